@@ -1,0 +1,168 @@
+"""``next_action``: the pure decision at the heart of the runtime (DESIGN §1).
+
+``next_action(head, now)`` looks only at the persisted run head and the injected ``now``; it does no
+I/O and draws no random numbers. The runtime loop is *decide → act → record*: it calls this function,
+does the one thing the returned action names, records the resulting facts in one compare-and-swap
+write, re-reads the run and decides again. Because this function is pure, a restarted run makes the
+same next decision the crashed run would have made — ``tests/unit/test_crash_prefixes.py`` checks
+that for every prefix of full runs' fact logs.
+
+Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``WaitUntil``) or end (``Idle``) make the
+loop return; the others are acted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
+from orchestration.vocabulary import RunStatus, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RequestApproval:
+    gate_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitApproval:
+    gate_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareHostTask:
+    task_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitHost:
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartAttempt:
+    """Call the provider for ``task_id`` (attempt ``attempt``)."""
+
+    task_id: str
+    attempt: int
+    possible_duplicate_call: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FailTask:
+    task_id: str
+    error: TypedError
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """A durable wait: nothing to do before ``not_before``."""
+
+    not_before: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRun:
+    status: Literal["completed", "completed_with_failures", "failed"]
+    error: TypedError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing to do: the run is terminal."""
+
+    status: RunStatus
+
+
+Action = (
+    RequestApproval
+    | AwaitApproval
+    | PrepareHostTask
+    | AwaitHost
+    | StartAttempt
+    | FailTask
+    | WaitUntil
+    | FinishRun
+    | Idle
+)
+
+PAUSING_ACTIONS = (AwaitApproval, AwaitHost, WaitUntil, Idle)
+
+
+def _gate_action(head: RunHead, gate_id: str) -> Action | None:
+    gate = head.gate(gate_id)
+    if gate is None or gate.status == "approved":
+        return None
+    if gate.status == "pending":
+        return RequestApproval(gate_id)
+    # "requested" (a "rejected" gate makes the run terminal, handled before we get here)
+    return AwaitApproval(gate_id)
+
+
+def _provider_action(head: RunHead, task: TaskState, now: datetime) -> Action:
+    max_attempts = head.contract.max_attempts
+    made = len(task.attempts)
+    if task.status == TaskStatus.RUNNING:
+        # The attempt in flight belongs to a worker that died (we hold the lease now): an orphan.
+        if made >= max_attempts:
+            return FailTask(
+                task.task_id,
+                TypedError(
+                    code="attempts_exhausted",
+                    message=f"the worker died during attempt {made} of {max_attempts}",
+                ),
+            )
+        return StartAttempt(task.task_id, made + 1, possible_duplicate_call=True)
+    if made == 0:
+        return StartAttempt(task.task_id, 1)
+    last = task.attempts[-1]
+    error = last.error or TypedError(code="unknown", message="the attempt failed")
+    if not error.retryable:
+        return FailTask(task.task_id, error)
+    if made >= max_attempts:
+        return FailTask(
+            task.task_id,
+            TypedError(
+                code="attempts_exhausted",
+                message=f"{made} of {max_attempts} attempts failed; the last with {error.code}: "
+                f"{error.message}",
+                http_status=error.http_status,
+                provider_request_id=error.provider_request_id,
+            ),
+        )
+    if head.not_before is not None and head.not_before > now:
+        return WaitUntil(head.not_before)
+    return StartAttempt(task.task_id, made + 1)
+
+
+def next_action(head: RunHead, now: datetime) -> Action:
+    """The one next thing to do for this run. Pure."""
+    if head.status.is_terminal:
+        return Idle(head.status)
+    any_failed = False
+    for step in head.chain.steps:
+        task = head.task(step.name)
+        if task.status.is_terminal:
+            if task.status == TaskStatus.FAILED:
+                if step.on_failure == "fail":
+                    return FinishRun("failed", task.error)
+                any_failed = True
+                continue
+            if task.status == TaskStatus.DONE and step.approve_after:
+                action = _gate_action(head, gate_id_for("after", step.name))
+                if action is not None:
+                    return action
+            continue
+        if step.approve_before:
+            action = _gate_action(head, gate_id_for("before", step.name))
+            if action is not None:
+                return action
+        if task.status == TaskStatus.AWAITING_HOST:
+            return AwaitHost(task.task_id)
+        if head.contract.worker_backend == "inline":
+            return PrepareHostTask(task.task_id, len(task.attempts) + 1)
+        return _provider_action(head, task, now)
+    return FinishRun("completed_with_failures" if any_failed else "completed")

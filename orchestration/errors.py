@@ -1,0 +1,119 @@
+"""The project's exception hierarchy.
+
+Every error a caller can act on carries a stable ``code`` (the MCP tools and the CLI show it) and a
+message that says what to do. Driver, filesystem and HTTP errors are translated into this hierarchy
+at the adapter edge (``raise ... from exc``)::
+
+    ConstructError                      code
+    ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
+    ├── RunNotFound                     run_not_found
+    ├── InvalidState                    invalid_state      the run's status does not allow this call
+    ├── Conflict                        conflict           idempotency key reused, different decision...
+    ├── VersionConflict                 version_conflict   a compare-and-swap write lost the race
+    ├── UnknownChain                    unknown_chain
+    ├── UnknownSpecialist               unknown_specialist
+    ├── TooLarge                        too_large          request or output over the configured limit
+    ├── ConfigError                     config_error       a bad construct.toml (file, field, problem)
+    ├── IllegalTransition               illegal_transition a status move the vocabulary forbids (a bug)
+    ├── LeaseLost                       lease_lost         another worker holds the run
+    └── StoreError                      store_error        the store failed (I/O, driver, corruption)
+        ├── StoreUnavailable            store_unavailable  cannot reach / open the backend
+        └── CorruptRecord               corrupt_record     a stored record cannot be read back
+"""
+
+from __future__ import annotations
+
+
+class ConstructError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(ConstructError):
+    code = "invalid_argument"
+
+
+class RunNotFound(ConstructError):
+    code = "run_not_found"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"no run with id {run_id!r} in this store; call runs_list to see the runs that exist"
+        )
+        self.run_id = run_id
+
+
+class InvalidState(ConstructError):
+    code = "invalid_state"
+
+
+class Conflict(ConstructError):
+    code = "conflict"
+
+
+class VersionConflict(ConstructError):
+    code = "version_conflict"
+
+    def __init__(self, run_id: str, expected: int, actual: int | None) -> None:
+        super().__init__(
+            f"run {run_id} changed concurrently (expected version {expected}, found {actual}); "
+            "re-read the run and try again"
+        )
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+
+
+class UnknownChain(ConstructError):
+    code = "unknown_chain"
+
+
+class UnknownSpecialist(ConstructError):
+    code = "unknown_specialist"
+
+
+class TooLarge(ConstructError):
+    code = "too_large"
+
+
+class ConfigError(ConstructError):
+    code = "config_error"
+
+    def __init__(self, file: str, field: str, problem: str) -> None:
+        super().__init__(f"{file}: {field}: {problem}")
+        self.file = file
+        self.field = field
+        self.problem = problem
+
+
+class IllegalTransition(ConstructError):
+    code = "illegal_transition"
+
+
+class LeaseLost(ConstructError):
+    code = "lease_lost"
+
+
+class StoreError(ConstructError):
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    code = "store_unavailable"
+
+
+class CorruptRecord(StoreError):
+    code = "corrupt_record"
+
+    def __init__(self, run_id: str, where: str, problem: str) -> None:
+        super().__init__(f"run {run_id}: {where} cannot be read: {problem}")
+        self.run_id = run_id
+        self.where = where

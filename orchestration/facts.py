@@ -1,0 +1,408 @@
+"""Typed facts and the fold that turns a run's fact log into its head (DESIGN §3).
+
+A run's record is an append-only, ordered log of facts. Each fact is a frozen pydantic model with a
+``type`` discriminator, the sequence number ``seq`` it has in its run's log (1, 2, 3, ...) and the
+time ``at`` it was recorded. :func:`apply` folds one fact into a head; :func:`apply_write` folds the
+facts of one atomic write and bumps the head's ``version``. A fact that the vocabulary does not allow
+in the head's current state raises :class:`~orchestration.errors.IllegalTransition`, so nothing is
+ever appended after a terminal fact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from orchestration.errors import IllegalTransition
+from orchestration.models import (
+    AttemptRecord,
+    ChainSnapshot,
+    ExecutionContract,
+    Frozen,
+    GateState,
+    RunHead,
+    TaskState,
+    Telemetry,
+    TypedError,
+    gate_id_for,
+)
+from orchestration.vocabulary import (
+    RunStatus,
+    TaskStatus,
+    check_run_transition,
+    check_task_transition,
+)
+
+
+class _Fact(Frozen):
+    seq: int
+    at: datetime
+
+
+class RunCreated(_Fact):
+    type: Literal["run_created"] = "run_created"
+    run_id: str
+    request: str
+    chain: ChainSnapshot
+    chain_hash: str
+    contract: ExecutionContract
+    idempotency_key: str | None = None
+    request_hash: str
+
+
+class ApprovalRequested(_Fact):
+    type: Literal["approval_requested"] = "approval_requested"
+    gate_id: str
+
+
+class ApprovalDecided(_Fact):
+    type: Literal["approval_decided"] = "approval_decided"
+    gate_id: str
+    decision: Literal["approve", "reject"]
+    comment: str | None = None
+    approver: str | None = None
+
+
+class HostTaskPrepared(_Fact):
+    """A task's prompts were materialized for the host's own model; the run waits for its output."""
+
+    type: Literal["host_task_prepared"] = "host_task_prepared"
+    task_id: str
+    attempt: int
+    executor: str
+    prompt_sha256: str
+
+
+class HostOutputSubmitted(_Fact):
+    """The host answered a prepared task (the output itself is carried by the ``task_completed``
+    fact written in the same atomic write)."""
+
+    type: Literal["host_output_submitted"] = "host_output_submitted"
+    task_id: str
+    attempt: int
+    output_sha256: str
+    output_chars: int
+
+
+class AttemptStarted(_Fact):
+    """Recorded *before* a provider is called."""
+
+    type: Literal["attempt_started"] = "attempt_started"
+    task_id: str
+    attempt: int
+    executor: str
+    possible_duplicate_call: bool = False
+
+
+class AttemptFailed(_Fact):
+    type: Literal["attempt_failed"] = "attempt_failed"
+    task_id: str
+    attempt: int
+    error: TypedError
+    telemetry: Telemetry = Telemetry()
+    not_before: datetime | None = None
+
+
+class TaskCompleted(_Fact):
+    type: Literal["task_completed"] = "task_completed"
+    task_id: str
+    attempt: int
+    executor: str
+    output: str
+    output_sha256: str
+    telemetry: Telemetry = Telemetry()
+
+
+class TaskFailed(_Fact):
+    type: Literal["task_failed"] = "task_failed"
+    task_id: str
+    error: TypedError
+
+
+class RunCancelled(_Fact):
+    type: Literal["run_cancelled"] = "run_cancelled"
+    reason: str | None = None
+    cancelled_by: str | None = None
+
+
+class RunFinished(_Fact):
+    type: Literal["run_finished"] = "run_finished"
+    status: Literal["completed", "completed_with_failures", "failed"]
+    error: TypedError | None = None
+
+
+Fact = Annotated[
+    RunCreated
+    | ApprovalRequested
+    | ApprovalDecided
+    | HostTaskPrepared
+    | HostOutputSubmitted
+    | AttemptStarted
+    | AttemptFailed
+    | TaskCompleted
+    | TaskFailed
+    | RunCancelled
+    | RunFinished,
+    Field(discriminator="type"),
+]
+
+FACT_ADAPTER: TypeAdapter[Fact] = TypeAdapter(Fact)
+FACTS_ADAPTER: TypeAdapter[list[Fact]] = TypeAdapter(list[Fact])
+
+
+def parse_fact(data: str | bytes) -> Fact:
+    return FACT_ADAPTER.validate_json(data)
+
+
+def dump_fact(fact: Fact) -> str:
+    return fact.model_dump_json()
+
+
+# --------------------------------------------------------------------------------------------
+# The fold
+
+
+def head_from_creation(fact: RunCreated) -> RunHead:
+    """The head a run has right after its ``run_created`` fact (version 1)."""
+    tasks = tuple(TaskState(task_id=s.name, specialist=s.specialist) for s in fact.chain.steps)
+    gates: list[GateState] = []
+    for step in fact.chain.steps:
+        if step.approve_before:
+            gates.append(
+                GateState(gate_id=gate_id_for("before", step.name), task_id=step.name, position="before")
+            )
+        if step.approve_after:
+            gates.append(
+                GateState(gate_id=gate_id_for("after", step.name), task_id=step.name, position="after")
+            )
+    return RunHead(
+        run_id=fact.run_id,
+        version=1,
+        last_seq=fact.seq,
+        status=RunStatus.QUEUED,
+        request=fact.request,
+        chain=fact.chain,
+        chain_hash=fact.chain_hash,
+        contract=fact.contract,
+        idempotency_key=fact.idempotency_key,
+        request_hash=fact.request_hash,
+        tasks=tasks,
+        gates=tuple(gates),
+        created_at=fact.at,
+        updated_at=fact.at,
+    )
+
+
+def _with_status(head: RunHead, status: RunStatus) -> dict[str, object]:
+    check_run_transition(head.status, status)
+    return {"status": status}
+
+
+def _replace_task(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
+    return tuple(task if t.task_id == task.task_id else t for t in head.tasks)
+
+
+def _task_update(head: RunHead, task_id: str, status: TaskStatus, **changes: object) -> tuple[TaskState, ...]:
+    try:
+        task = head.task(task_id)
+    except KeyError:
+        raise IllegalTransition(f"run {head.run_id} has no task {task_id!r}") from None
+    check_task_transition(task.status, status)
+    return _replace_task(head, task.model_copy(update={"status": status, **changes}))
+
+
+def _replace_attempt(task: TaskState, attempt: int, **changes: object) -> tuple[AttemptRecord, ...]:
+    return tuple(a.model_copy(update=changes) if a.number == attempt else a for a in task.attempts)
+
+
+def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[TaskState, ...]:
+    out = []
+    for task in head.tasks:
+        if task.status.is_terminal:
+            out.append(task)
+        else:
+            check_task_transition(task.status, status)
+            out.append(task.model_copy(update={"status": status, "finished_at": at}))
+    return tuple(out)
+
+
+def apply(head: RunHead | None, fact: Fact) -> RunHead:
+    """Fold one fact into ``head``. Pure; raises IllegalTransition for a fact that cannot happen."""
+    if head is None:
+        if not isinstance(fact, RunCreated):
+            raise IllegalTransition(f"the first fact of a run must be run_created, not {fact.type}")
+        return head_from_creation(fact)
+    if isinstance(fact, RunCreated):
+        raise IllegalTransition(f"run {head.run_id} already exists")
+    if head.status.is_terminal:
+        raise IllegalTransition(
+            f"run {head.run_id} is {head.status.value}: nothing can be appended after a terminal fact"
+        )
+    if fact.seq != head.last_seq + 1:
+        raise IllegalTransition(f"fact seq {fact.seq} does not follow {head.last_seq} in run {head.run_id}")
+    update: dict[str, object] = {"last_seq": fact.seq, "updated_at": fact.at}
+
+    if isinstance(fact, ApprovalRequested):
+        gate = head.gate(fact.gate_id)
+        if gate is None or gate.status != "pending":
+            raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
+        new_gate = gate.model_copy(update={"status": "requested", "requested_at": fact.at})
+        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
+        update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
+    elif isinstance(fact, ApprovalDecided):
+        gate = head.gate(fact.gate_id)
+        if gate is None or gate.status != "requested":
+            raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
+        approved = fact.decision == "approve"
+        new_gate = gate.model_copy(
+            update={
+                "status": "approved" if approved else "rejected",
+                "decided_at": fact.at,
+                "comment": fact.comment,
+                "approver": fact.approver,
+            }
+        )
+        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
+        if approved:
+            update |= _with_status(head, RunStatus.QUEUED)
+        else:
+            update |= _with_status(head, RunStatus.REJECTED)
+            update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+            update["finished_at"] = fact.at
+    elif isinstance(fact, HostTaskPrepared):
+        task = head.task(fact.task_id)
+        attempt = AttemptRecord(
+            number=fact.attempt, executor=fact.executor, started_at=fact.at, outcome="prepared"
+        )
+        update["tasks"] = _task_update(
+            head,
+            fact.task_id,
+            TaskStatus.AWAITING_HOST,
+            executor=fact.executor,
+            attempts=(*task.attempts, attempt),
+            prompt_sha256=fact.prompt_sha256,
+            started_at=task.started_at or fact.at,
+        )
+        update |= _with_status(head, RunStatus.AWAITING_HOST)
+    elif isinstance(fact, HostOutputSubmitted):
+        task = head.task(fact.task_id)
+        if task.status != TaskStatus.AWAITING_HOST:
+            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+    elif isinstance(fact, AttemptStarted):
+        task = head.task(fact.task_id)
+        attempt = AttemptRecord(
+            number=fact.attempt,
+            executor=fact.executor,
+            started_at=fact.at,
+            telemetry=Telemetry(possible_duplicate_call=fact.possible_duplicate_call),
+        )
+        # An orphaned attempt (the process died during it) is closed as failed when the next starts.
+        attempts = tuple(
+            a.model_copy(
+                update={
+                    "outcome": "failed",
+                    "finished_at": fact.at,
+                    "error": TypedError(code="orphaned", message="the worker died during this attempt"),
+                }
+            )
+            if a.outcome == "running"
+            else a
+            for a in task.attempts
+        )
+        status = TaskStatus.RUNNING
+        if task.status == TaskStatus.RUNNING:
+            tasks = _replace_task(head, task.model_copy(update={"attempts": (*attempts, attempt)}))
+        else:
+            tasks = _task_update(
+                head,
+                fact.task_id,
+                status,
+                executor=fact.executor,
+                attempts=(*attempts, attempt),
+                started_at=task.started_at or fact.at,
+            )
+        update["tasks"] = tasks
+        update["not_before"] = None
+        update |= _with_status(head, RunStatus.RUNNING)
+    elif isinstance(fact, AttemptFailed):
+        task = head.task(fact.task_id)
+        attempts = _replace_attempt(
+            task,
+            fact.attempt,
+            outcome="failed",
+            finished_at=fact.at,
+            error=fact.error,
+            telemetry=fact.telemetry,
+        )
+        update["tasks"] = _task_update(head, fact.task_id, TaskStatus.PENDING, attempts=attempts)
+        update["not_before"] = fact.not_before
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, TaskCompleted):
+        task = head.task(fact.task_id)
+        attempts = _replace_attempt(
+            task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=fact.telemetry
+        )
+        update["tasks"] = _task_update(
+            head,
+            fact.task_id,
+            TaskStatus.DONE,
+            executor=fact.executor,
+            attempts=attempts,
+            output_seq=fact.seq,
+            output_chars=len(fact.output),
+            output_sha256=fact.output_sha256,
+            finished_at=fact.at,
+            error=None,
+        )
+        update["not_before"] = None
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, TaskFailed):
+        task = head.task(fact.task_id)
+        attempts = tuple(
+            a.model_copy(update={"outcome": "failed", "finished_at": fact.at, "error": fact.error})
+            if a.outcome in ("running", "prepared")
+            else a
+            for a in task.attempts
+        )
+        update["tasks"] = _task_update(
+            head, fact.task_id, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
+        )
+        update["not_before"] = None
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, RunCancelled):
+        update |= _with_status(head, RunStatus.CANCELLED)
+        update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
+        update["finished_at"] = fact.at
+        update["not_before"] = None
+    elif isinstance(fact, RunFinished):
+        update |= _with_status(head, RunStatus(fact.status))
+        update["error"] = fact.error
+        update["finished_at"] = fact.at
+        if fact.status == "failed":
+            update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+    else:  # pragma: no cover - the union is closed
+        raise IllegalTransition(f"unknown fact {fact!r}")
+    return head.model_copy(update=update)
+
+
+def apply_write(head: RunHead, facts: Sequence[Fact]) -> RunHead:
+    """Fold the facts of one atomic write into ``head`` and bump its version."""
+    if not facts:
+        raise ValueError("a write appends at least one fact")
+    for fact in facts:
+        head = apply(head, fact)
+    return head.model_copy(update={"version": head.version + 1})
+
+
+def fold(facts: Iterable[Fact]) -> RunHead:
+    """The head of a run whose whole log is ``facts`` (one fact per write; used by tests and
+    recovery tools — a store keeps the head it was given, with the real write count)."""
+    head: RunHead | None = None
+    for fact in facts:
+        head = apply(head, fact)
+    if head is None:
+        raise ValueError("an empty log has no head")
+    return head

@@ -1,0 +1,203 @@
+"""Immutable domain records: chain snapshots, the execution contract, task and gate states, the
+run head, typed errors and telemetry.
+
+Every record is a frozen pydantic model; a change makes a copy (``model_copy(update=...)``). The run
+head is the fold of the run's facts (see :mod:`orchestration.facts`); it holds no task output, only a
+reference to the fact that carries it, so that writing a new head costs the same whatever the size
+of earlier outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestration.vocabulary import RunStatus, TaskStatus
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+OnFailure = Literal["fail", "continue"]
+WorkerBackend = Literal["inline", "provider"]
+
+
+class ChainStep(Frozen):
+    """One step of a chain: a named task run by one specialist."""
+
+    name: str = Field(description="Unique within the chain; also the task id.")
+    specialist: str
+    approve_before: bool = False
+    approve_after: bool = False
+    on_failure: OnFailure = "fail"
+    provider: str | None = None
+    model: str | None = None
+    timeout_seconds: float | None = None
+
+
+class SpecialistSnapshot(Frozen):
+    """A specialist as it was when the run started (its persona is part of the snapshot)."""
+
+    name: str
+    description: str
+    persona: str
+
+
+class ChainSnapshot(Frozen):
+    """The chain as resolved at start. Resuming never re-reads the config file."""
+
+    name: str
+    steps: tuple[ChainStep, ...]
+    specialists: tuple[SpecialistSnapshot, ...]
+
+    def step(self, name: str) -> ChainStep:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def specialist(self, name: str) -> SpecialistSnapshot:
+        for spec in self.specialists:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def content_hash(self) -> str:
+        return canonical_hash(self.model_dump(mode="json"))
+
+
+class ExecutionContract(Frozen):
+    """How the run's tasks are executed, resolved once at start and persisted (DESIGN §3)."""
+
+    worker_backend: WorkerBackend = "inline"
+    provider: str | None = None
+    model: str | None = None
+    max_attempts: int = 3
+
+    def executor_for(self, step: ChainStep) -> str:
+        if self.worker_backend == "inline":
+            return "inline:host"
+        provider = step.provider or self.provider
+        model = step.model or self.model
+        return f"provider:{provider}:{model}"
+
+
+class TypedError(Frozen):
+    """A failure as data: a stable ``code``, a message, and whether retrying could help."""
+
+    code: str
+    message: str
+    retryable: bool = False
+    http_status: int | None = None
+    retry_after_seconds: float | None = None
+    provider_request_id: str | None = None
+
+
+class Telemetry(Frozen):
+    latency_ms: float | None = None
+    http_status: int | None = None
+    provider_request_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    possible_duplicate_call: bool = False
+
+
+class AttemptRecord(Frozen):
+    number: int
+    executor: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: Literal["running", "succeeded", "failed", "prepared"] = "running"
+    error: TypedError | None = None
+    telemetry: Telemetry = Telemetry()
+
+
+class TaskState(Frozen):
+    task_id: str
+    specialist: str
+    status: TaskStatus = TaskStatus.PENDING
+    executor: str | None = None
+    attempts: tuple[AttemptRecord, ...] = ()
+    prompt_sha256: str | None = None
+    output_seq: int | None = Field(
+        default=None, description="Sequence number of the fact that carries the task's output."
+    )
+    output_chars: int | None = None
+    output_sha256: str | None = None
+    error: TypedError | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+GateStatus = Literal["pending", "requested", "approved", "rejected"]
+GatePosition = Literal["before", "after"]
+
+
+class GateState(Frozen):
+    gate_id: str
+    task_id: str
+    position: GatePosition
+    status: GateStatus = "pending"
+    requested_at: datetime | None = None
+    decided_at: datetime | None = None
+    comment: str | None = None
+    approver: str | None = None
+
+
+def gate_id_for(position: GatePosition, task_id: str) -> str:
+    return f"{position}:{task_id}"
+
+
+class RunHead(Frozen):
+    """The current state of a run: the fold of its facts, cached by the store for fast reads.
+
+    ``version`` counts the writes made to the run (creation is version 1); every write is a
+    compare-and-swap on it. ``last_seq`` is the sequence number of the newest fact.
+    """
+
+    run_id: str
+    version: int
+    last_seq: int
+    status: RunStatus
+    request: str
+    chain: ChainSnapshot
+    chain_hash: str
+    contract: ExecutionContract
+    idempotency_key: str | None = None
+    request_hash: str
+    tasks: tuple[TaskState, ...]
+    gates: tuple[GateState, ...]
+    not_before: datetime | None = None
+    error: TypedError | None = None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+
+    def task(self, task_id: str) -> TaskState:
+        for task in self.tasks:
+            if task.task_id == task_id:
+                return task
+        raise KeyError(task_id)
+
+    def gate(self, gate_id: str) -> GateState | None:
+        for gate in self.gates:
+            if gate.gate_id == gate_id:
+                return gate
+        return None
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def canonical_hash(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

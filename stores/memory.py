@@ -1,0 +1,126 @@
+"""The in-memory reference ``RunStore``: the simplest correct adapter, used by unit tests and as the
+reference the conformance suite holds every other adapter to. Nothing survives the process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import anyio
+
+from orchestration.errors import Conflict, LeaseLost, RunNotFound, VersionConflict
+from orchestration.facts import Fact
+from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.vocabulary import RunStatus
+from stores._common import check_append, decode_cursor, encode_cursor, list_order_key
+
+
+class MemoryStore:
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._heads: dict[str, RunHead] = {}
+        self._facts: dict[str, list[Fact]] = {}
+        self._keys: dict[str, str] = {}
+        self._leases: dict[str, Lease] = {}
+        self._lock = anyio.Lock()
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        validate_run_id(head.run_id)
+        async with self._lock:
+            if head.idempotency_key is not None and head.idempotency_key in self._keys:
+                return CreateResult(self._heads[self._keys[head.idempotency_key]], created=False)
+            if head.run_id in self._heads:
+                raise Conflict(f"a run with id {head.run_id} already exists")
+            self._heads[head.run_id] = head
+            self._facts[head.run_id] = list(facts)
+            if head.idempotency_key is not None:
+                self._keys[head.idempotency_key] = head.run_id
+            return CreateResult(head, created=True)
+
+    async def load(self, run_id: str) -> RunHead:
+        validate_run_id(run_id)
+        try:
+            return self._heads[run_id]
+        except KeyError:
+            raise RunNotFound(run_id) from None
+
+    async def append(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+    ) -> RunHead:
+        validate_run_id(run_id)
+        check_append(run_id, expected_version, facts, head)
+        async with self._lock:
+            current = await self.load(run_id)
+            if current.version != expected_version:
+                raise VersionConflict(run_id, expected_version, current.version)
+            self._facts[run_id].extend(facts)
+            self._heads[run_id] = head
+            return head
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        await self.load(run_id)
+        facts = [f for f in self._facts[run_id] if f.seq > after_seq]
+        return facts if limit is None else facts[:limit]
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        await self.load(run_id)
+        facts = self._facts[run_id]
+        if 1 <= seq <= len(facts):
+            return facts[seq - 1]
+        raise KeyError(seq)
+
+    async def list_runs(
+        self,
+        statuses: frozenset[RunStatus] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        after = decode_cursor(cursor)
+        heads = sorted(self._heads.values(), key=list_order_key, reverse=True)
+        if statuses:
+            heads = [h for h in heads if h.status in statuses]
+        if after is not None:
+            heads = [h for h in heads if list_order_key(h) < after]
+        page = heads[:limit]
+        more = len(heads) > limit
+        return RunPage(page, encode_cursor(page[-1]) if more and page else None)
+
+    async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        out = []
+        for head in sorted(self._heads.values(), key=list_order_key):
+            if head.status == RunStatus.RUNNING or (
+                head.status == RunStatus.QUEUED and (head.not_before is None or head.not_before <= now)
+            ):
+                out.append(head.run_id)
+        return out[:limit]
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        await self.load(run_id)
+        async with self._lock:
+            current = self._leases.get(run_id)
+            if current is not None and current.owner != owner and current.expires_at > now:
+                return None
+            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds))
+            self._leases[run_id] = lease
+            return lease
+
+    async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        async with self._lock:
+            current = self._leases.get(lease.run_id)
+            if current is None or current.owner != lease.owner:
+                raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+            self._leases[lease.run_id] = renewed
+            return renewed
+
+    async def release_lease(self, lease: Lease) -> None:
+        async with self._lock:
+            current = self._leases.get(lease.run_id)
+            if current is not None and current.owner == lease.owner:
+                del self._leases[lease.run_id]
+
+    async def close(self) -> None:
+        return None
