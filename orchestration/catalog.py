@@ -1,0 +1,303 @@
+"""Specialists and chains: the built-in catalog and the user's ``construct.toml``.
+
+Built-in specialists live as text files in :mod:`orchestration.specialists` (first line
+``description: ...``, then the persona prompt). The built-in chain ``default`` is
+architect → engineer → reviewer.
+
+A user adds or overrides specialists and chains in a TOML file::
+
+    [specialists.security]
+    description = "Threat-models the design and the code."
+    persona = "You are a security engineer..."        # or: persona_file = "security.md"
+
+    [chains.secure]
+    description = "Design, build, audit, review"
+    steps = [
+      "architect",
+      { specialist = "engineer", approve_before = true },
+      { name = "audit", specialist = "security", on_failure = "continue" },
+      "reviewer",
+    ]
+
+A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
+file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
+the file belong to the server's configuration and are ignored here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist
+from orchestration.models import ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
+
+BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Specialist:
+    name: str
+    description: str
+    persona: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDefinition:
+    name: str
+    description: str
+    steps: tuple[ChainStep, ...]
+
+
+def _load_builtin_specialist(name: str) -> Specialist:
+    text = resources.files("orchestration.specialists").joinpath(f"{name}.md").read_text("utf-8")
+    first, _, body = text.partition("\n")
+    if not first.startswith("description:"):
+        raise RuntimeError(f"built-in specialist file {name}.md must start with 'description:'")
+    return Specialist(name, first.removeprefix("description:").strip(), body.strip())
+
+
+# ------------------------------------------------------------------------------------------
+# The TOML schema
+
+
+def _check_name(value: str) -> str:
+    if not NAME_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use 1-48 lowercase letters, digits, '-' or '_', "
+            "starting with a letter"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _SpecialistConfig(_Strict):
+    description: str = Field(min_length=1, max_length=300)
+    persona: str | None = Field(default=None, min_length=1)
+    persona_file: str | None = None
+
+
+class _StepConfig(_Strict):
+    specialist: str
+    name: str | None = None
+    approve_before: bool = False
+    approve_after: bool = False
+    on_failure: OnFailure = "fail"
+    provider: str | None = None
+    model: str | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+    _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
+
+
+class _ChainConfig(_Strict):
+    description: str = ""
+    steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
+
+
+class _CatalogConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    specialists: dict[str, _SpecialistConfig] = Field(default_factory=dict)
+    chains: dict[str, _ChainConfig] = Field(default_factory=dict)
+
+
+def _loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "_StepConfig"):
+            # pydantic names the union member it tried; the user does not need to see it
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(file)"
+
+
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The specialists and chains a server knows. Immutable once loaded."""
+
+    specialists: Mapping[str, Specialist]
+    chains: Mapping[str, ChainDefinition]
+    source: str = "built-in"
+    _snapshots: dict[str, SpecialistSnapshot] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def builtin(cls) -> Catalog:
+        specialists = {name: _load_builtin_specialist(name) for name in BUILTIN_SPECIALISTS}
+        default = ChainDefinition(
+            "default",
+            "architect designs, engineer builds, reviewer reviews",
+            tuple(ChainStep(name=n, specialist=n) for n in ("architect", "engineer", "reviewer")),
+        )
+        return cls(specialists, {"default": default})
+
+    @classmethod
+    def load(cls, path: Path | None) -> Catalog:
+        """The built-in catalog extended (and overridden) by the TOML file at ``path``."""
+        base = cls.builtin()
+        if path is None:
+            return base
+        shown = str(path)
+        try:
+            raw = tomllib.loads(path.read_text("utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(shown, "(file)", "the file does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(shown, "(file)", f"cannot be read: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(shown, "(file)", f"is not valid TOML: {exc}") from None
+        return base.extended(raw, shown, path.parent)
+
+    def extended(self, raw: Mapping[str, Any], source: str, base_dir: Path) -> Catalog:
+        try:
+            config = _CatalogConfig.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
+        specialists = dict(self.specialists)
+        for name, spec in config.specialists.items():
+            where = f"specialists.{name}"
+            try:
+                _check_name(name)
+            except ValueError as exc:
+                raise ConfigError(source, where, str(exc)) from None
+            if (spec.persona is None) == (spec.persona_file is None):
+                raise ConfigError(source, where, "give exactly one of 'persona' or 'persona_file'")
+            persona = spec.persona
+            if spec.persona_file is not None:
+                file = base_dir / spec.persona_file
+                try:
+                    persona = file.read_text("utf-8").strip()
+                except OSError as exc:
+                    raise ConfigError(
+                        source, f"{where}.persona_file", f"cannot read {file}: {exc.strerror}"
+                    ) from None
+                if not persona:
+                    raise ConfigError(source, f"{where}.persona_file", f"{file} is empty")
+            assert persona is not None
+            specialists[name] = Specialist(name, spec.description, persona)
+        chains = dict(self.chains)
+        for name, chain in config.chains.items():
+            where = f"chains.{name}"
+            try:
+                _check_name(name)
+            except ValueError as exc:
+                raise ConfigError(source, where, str(exc)) from None
+            steps: list[ChainStep] = []
+            for i, item in enumerate(chain.steps):
+                step_cfg = _StepConfig(specialist=item) if isinstance(item, str) else item
+                if isinstance(item, str):
+                    try:
+                        _check_name(item)
+                    except ValueError as exc:
+                        raise ConfigError(source, f"{where}.steps[{i}]", str(exc)) from None
+                if step_cfg.specialist not in specialists:
+                    raise ConfigError(
+                        source,
+                        f"{where}.steps[{i}].specialist",
+                        f"unknown specialist {step_cfg.specialist!r}; "
+                        f"known: {', '.join(sorted(specialists))}",
+                    )
+                steps.append(
+                    ChainStep(
+                        name=step_cfg.name or step_cfg.specialist,
+                        specialist=step_cfg.specialist,
+                        approve_before=step_cfg.approve_before,
+                        approve_after=step_cfg.approve_after,
+                        on_failure=step_cfg.on_failure,
+                        provider=step_cfg.provider,
+                        model=step_cfg.model,
+                        timeout_seconds=step_cfg.timeout_seconds,
+                    )
+                )
+            try:
+                steps = _unique_names(steps)
+            except ValueError as exc:
+                raise ConfigError(source, f"{where}.steps", str(exc)) from None
+            chains[name] = ChainDefinition(name, chain.description, tuple(steps))
+        return Catalog(specialists, chains, source)
+
+    # -- resolution at start ------------------------------------------------------------------
+
+    def resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str] = ()) -> ChainSnapshot:
+        """Resolve a chain given at start (a chain name, or a list of specialist names) into the
+        snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
+        own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
+        if chain is None or isinstance(chain, str):
+            name = chain or "default"
+            if name not in self.chains:
+                raise UnknownChain(
+                    f"unknown chain {name!r}; known chains: {', '.join(sorted(self.chains))} "
+                    "(or pass a list of specialist names)"
+                )
+            definition = self.chains[name]
+            steps = list(definition.steps)
+        else:
+            if not chain:
+                raise InvalidArgument("chain is an empty list; give at least one specialist name")
+            if len(chain) > 50:
+                raise InvalidArgument("a chain has at most 50 steps")
+            for spec in chain:
+                if spec not in self.specialists:
+                    raise UnknownSpecialist(
+                        f"unknown specialist {spec!r}; known specialists: "
+                        f"{', '.join(sorted(self.specialists))}"
+                    )
+            name = "custom"
+            steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
+        step_names = [s.name for s in steps]
+        for gated in approve_before:
+            if gated not in step_names:
+                raise InvalidArgument(
+                    f"approve_before names step {gated!r}, which is not in the chain; "
+                    f"its steps are: {', '.join(step_names)}"
+                )
+        steps = [
+            s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
+        ]
+        used = sorted({s.specialist for s in steps})
+        snapshots = tuple(
+            SpecialistSnapshot(
+                name=n, description=self.specialists[n].description, persona=self.specialists[n].persona
+            )
+            for n in used
+        )
+        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots)
+
+
+def _unique_names(steps: Sequence[ChainStep]) -> list[ChainStep]:
+    """Give repeated specialists distinct step names (engineer, engineer-2, ...); explicit duplicate
+    names are an error."""
+    seen: dict[str, int] = {}
+    out: list[ChainStep] = []
+    explicit = [s.name for s in steps]
+    for step in steps:
+        name = step.name
+        if name in seen:
+            if explicit.count(name) > 1 and step.name != step.specialist:
+                raise ValueError(f"step name {name!r} is used twice")
+            seen[name] += 1
+            name = f"{name}-{seen[step.name]}"
+            while name in explicit:
+                seen[step.name] += 1
+                name = f"{step.name}-{seen[step.name]}"
+        else:
+            seen[name] = 1
+        out.append(step.model_copy(update={"name": name}) if name != step.name else step)
+    return out

@@ -1,0 +1,632 @@
+"""The runtime: start, resume, approve, cancel, status and list — and ``drive``, the
+decide → act → record loop that advances a run (DESIGN §1).
+
+Two kinds of writes happen here:
+
+* **external events** a caller brings (a new run, a host's output, an approval decision, a
+  cancellation). They are recorded with a compare-and-swap on the run's version; a caller that loses
+  the race re-reads and re-checks, so exactly one of two racing callers makes each transition, and a
+  repeat of the same request returns the current state without appending anything.
+* **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: it reads the
+  run, asks the pure :func:`~orchestration.decide.next_action`, does that one thing, records the
+  resulting facts in one write, and reads the run again.
+
+Nothing is ever decided from a value held in memory across a write: after every write the loop
+re-reads the record, so a restarted process makes exactly the decision the crashed one would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+import anyio
+
+from orchestration.catalog import Catalog
+from orchestration.clock import Clock, SystemClock
+from orchestration.decide import (
+    PAUSING_ACTIONS,
+    Action,
+    FailTask,
+    FinishRun,
+    PrepareHostTask,
+    RequestApproval,
+    StartAttempt,
+    WaitUntil,
+    next_action,
+)
+from orchestration.errors import (
+    Conflict,
+    InvalidArgument,
+    InvalidState,
+    LeaseLost,
+    TooLarge,
+    VersionConflict,
+)
+from orchestration.facts import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+    RunCancelled,
+    RunCreated,
+    RunFinished,
+    TaskCompleted,
+    TaskFailed,
+    apply,
+    apply_write,
+)
+from orchestration.ids import IdGenerator, new_run_id, validate_run_id
+from orchestration.models import (
+    ExecutionContract,
+    GateState,
+    RunHead,
+    WorkerBackend,
+    canonical_hash,
+    text_hash,
+)
+from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
+from orchestration.store import Lease, RunPage, RunStore
+from orchestration.vocabulary import RunStatus, TaskStatus
+from orchestration.workers.base import AttemptSucceeded, TaskWorker
+from orchestration.workers.host import host_output_facts, host_task_prepared
+
+log = logging.getLogger("construct.runtime")
+
+ChangeListener = Callable[[RunHead], Awaitable[None]]
+ProgressCallback = Callable[[RunHead], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits on what callers send (characters). Over a limit is a ``too_large`` error."""
+
+    max_request_chars: int = 200_000
+    max_output_chars: int = 1_000_000
+    max_comment_chars: int = 20_000
+    max_idempotency_key_chars: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    request: str
+    chain: str | tuple[str, ...] | None = None
+    approve_before: tuple[str, ...] = ()
+    idempotency_key: str | None = None
+    worker_backend: WorkerBackend | None = None
+    provider: str | None = None
+    model: str | None = None
+
+    def request_hash(self) -> str:
+        """What makes two starts "the same request" for idempotency."""
+        return canonical_hash(
+            {
+                "request": self.request,
+                "chain": list(self.chain) if isinstance(self.chain, tuple) else self.chain,
+                "approve_before": sorted(self.approve_before),
+                "worker_backend": self.worker_backend,
+                "provider": self.provider,
+                "model": self.model,
+            }
+        )
+
+
+ContractResolver = Callable[[StartRequest, RunHead | None], ExecutionContract]
+
+
+def inline_contract(request: StartRequest, _: RunHead | None) -> ExecutionContract:
+    if request.worker_backend not in (None, "inline"):
+        raise InvalidArgument(
+            f"worker_backend {request.worker_backend!r} is not available on this server; use 'inline'"
+        )
+    return ExecutionContract(worker_backend="inline")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Everything a view of a run needs: the head, the outputs of done tasks, and the prompts of
+    the task the host must run now (if any)."""
+
+    head: RunHead
+    outputs: dict[str, str]
+    host_task: TaskPrompt | None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class _Waiters:
+    events: dict[str, anyio.Event] = field(default_factory=dict)
+
+    def event(self, run_id: str) -> anyio.Event:
+        ev = self.events.get(run_id)
+        if ev is None:
+            ev = self.events[run_id] = anyio.Event()
+        return ev
+
+    def fire(self, run_id: str) -> None:
+        ev = self.events.pop(run_id, None)
+        if ev is not None:
+            ev.set()
+
+
+def is_settled(head: RunHead, now: datetime) -> bool:
+    """A run is settled when it needs someone outside the server (a host, an approver), has
+    ended, or waits durably until a time in the future."""
+    if head.status.is_terminal or head.status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
+        return True
+    return head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now
+
+
+class Runtime:
+    """The orchestration use cases over one :class:`RunStore`. All I/O seams are injected."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        catalog: Catalog,
+        *,
+        clock: Clock | None = None,
+        new_id: IdGenerator = new_run_id,
+        limits: Limits = Limits(),
+        owner: str = "runtime",
+        lease_ttl_seconds: float = 30.0,
+        resolve_contract: ContractResolver = inline_contract,
+        worker: TaskWorker | None = None,
+        in_memory_wait_cap_seconds: float = 30.0,
+        warnings: Sequence[str] = (),
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.new_id = new_id
+        self.limits = limits
+        self.owner = owner
+        self.lease_ttl_seconds = lease_ttl_seconds
+        self.resolve_contract = resolve_contract
+        self.worker = worker
+        self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
+        self.warnings = tuple(warnings)
+        self._listeners: list[ChangeListener] = []
+        self._waiters = _Waiters()
+        self._cancel_scopes: dict[str, anyio.CancelScope] = {}
+
+    # -- change notification ---------------------------------------------------------------
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """``listener(head)`` is awaited after every write this runtime makes (errors are logged)."""
+        self._listeners.append(listener)
+
+    async def _changed(self, head: RunHead) -> None:
+        self._waiters.fire(head.run_id)
+        for listener in self._listeners:
+            try:
+                await listener(head)
+            except Exception:
+                log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
+
+    async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        new_head = apply_write(head, facts)
+        stored = await self.store.append(head.run_id, head.version, facts, new_head)
+        log.info(
+            "recorded %s",
+            ",".join(f.type for f in facts),
+            extra={"action": "facts_recorded", "run_id": head.run_id, "version": stored.version},
+        )
+        await self._changed(stored)
+        return stored
+
+    # -- queries ---------------------------------------------------------------------------
+
+    async def status(self, run_id: str) -> RunHead:
+        return await self.store.load(validate_run_id(run_id))
+
+    async def list_runs(
+        self, statuses: frozenset[RunStatus] | None = None, limit: int = 50, cursor: str | None = None
+    ) -> RunPage:
+        if not 1 <= limit <= 500:
+            raise InvalidArgument(f"limit must be between 1 and 500, not {limit}")
+        return await self.store.list_runs(statuses, limit, cursor)
+
+    async def outputs(self, head: RunHead, task_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts."""
+        out: dict[str, str] = {}
+        for task in head.tasks:
+            if task.output_seq is None or (task_ids is not None and task.task_id not in task_ids):
+                continue
+            fact = await self.store.read_fact(head.run_id, task.output_seq)
+            if not isinstance(fact, TaskCompleted):
+                raise InvalidState(f"run {head.run_id}: fact {task.output_seq} is not a task output")
+            out[task.task_id] = fact.output
+        return out
+
+    async def prompt_for(self, head: RunHead, task_id: str) -> TaskPrompt:
+        """Materialize ``task_id``'s prompts from the persisted record only."""
+        upstream = upstream_task_ids(head, task_id)
+        return materialize(head, task_id, await self.outputs(head, upstream))
+
+    async def snapshot(self, run_id: str, head: RunHead | None = None) -> RunSnapshot:
+        head = head or await self.status(run_id)
+        outputs = await self.outputs(head)
+        host_task = None
+        awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
+        if awaiting and head.status == RunStatus.AWAITING_HOST:
+            upstream = upstream_task_ids(head, awaiting[0].task_id)
+            host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
+        return RunSnapshot(head, outputs, host_task, self.warnings)
+
+    # -- external events -------------------------------------------------------------------
+
+    async def start(self, request: StartRequest) -> tuple[RunHead, bool]:
+        """Create a run. Returns ``(head, created)``; ``created`` is False when an earlier start with
+        the same idempotency key and the same request made the run. The same key with a different
+        request is a ``Conflict``."""
+        text = request.request
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidArgument("request is empty; say what the chain should work on")
+        if len(text) > self.limits.max_request_chars:
+            raise TooLarge(
+                f"request is {len(text)} characters; the limit is {self.limits.max_request_chars} "
+                "(CONSTRUCT_MAX_REQUEST_CHARS)"
+            )
+        key = request.idempotency_key
+        if key is not None and not 1 <= len(key) <= self.limits.max_idempotency_key_chars:
+            raise InvalidArgument(
+                f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
+            )
+        chain = self.catalog.resolve(request.chain, request.approve_before)
+        contract = self.resolve_contract(request, None)
+        run_id = validate_run_id(self.new_id())
+        fact = RunCreated(
+            seq=1,
+            at=self.clock.now(),
+            run_id=run_id,
+            request=text,
+            chain=chain,
+            chain_hash=chain.content_hash(),
+            contract=contract,
+            idempotency_key=key,
+            request_hash=request.request_hash(),
+        )
+        head = apply(None, fact)
+        result = await self.store.create(head, [fact])
+        if not result.created:
+            if result.head.request_hash != head.request_hash:
+                raise Conflict(
+                    f"idempotency_key {key!r} was already used for run {result.head.run_id} with a "
+                    "different request; use a new key, or repeat the original request exactly"
+                )
+            return result.head, False
+        log.info("run created", extra={"action": "run_created", "run_id": run_id})
+        await self._changed(result.head)
+        return result.head, True
+
+    async def submit_host_output(self, run_id: str, task_id: str | None, output: str) -> RunHead:
+        """Record the host's output for the task awaiting it. Repeating the same output for a task
+        that is already done returns the current state and appends nothing; a different output for
+        a done task, or output for a task that is not the awaiting one, is a ``Conflict``."""
+        validate_run_id(run_id)
+        if not isinstance(output, str) or not output.strip():
+            raise InvalidArgument("output is empty; pass the host model's answer for the task")
+        if len(output) > self.limits.max_output_chars:
+            raise TooLarge(
+                f"output is {len(output)} characters; the limit is {self.limits.max_output_chars} "
+                "(CONSTRUCT_MAX_OUTPUT_CHARS)"
+            )
+        while True:
+            head = await self.store.load(run_id)
+            if task_id is None:
+                awaiting = _awaiting_host_task(head)
+                if awaiting is None:
+                    raise InvalidState(
+                        f"run {run_id} is {head.status.value} and awaits no host output; "
+                        "pass task_id to repeat an earlier answer"
+                    )
+                tid = awaiting
+            else:
+                tid = task_id
+            try:
+                task = head.task(tid)
+            except KeyError:
+                raise InvalidArgument(
+                    f"run {run_id} has no task {tid!r}; its tasks are: "
+                    f"{', '.join(t.task_id for t in head.tasks)}"
+                ) from None
+            if task.status == TaskStatus.DONE and task.output_seq is not None:
+                if task.output_sha256 == text_hash(output):
+                    return head
+                raise Conflict(
+                    f"task {tid} of run {run_id} is already done with a different output; "
+                    "a done task's output cannot be replaced"
+                )
+            if head.status.is_terminal:
+                raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
+            if task.status != TaskStatus.AWAITING_HOST:
+                awaiting = _awaiting_host_task(head)
+                hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
+                raise Conflict(
+                    f"task {tid} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
+                )
+            attempt = task.attempts[-1].number if task.attempts else 1
+            facts = host_output_facts(head, tid, attempt, output, self.clock.now())
+            try:
+                return await self._append(head, facts)
+            except VersionConflict:
+                continue
+
+    async def approve(
+        self,
+        run_id: str,
+        decision: Literal["approve", "reject"],
+        gate_id: str | None = None,
+        comment: str | None = None,
+        approver: str | None = None,
+    ) -> RunHead:
+        """Decide the gate the run is waiting at (or ``gate_id``). The same decision on an already
+        decided gate returns the current state and appends nothing; a different one is a
+        ``Conflict``. Approving a run that is not awaiting approval is ``InvalidState``."""
+        validate_run_id(run_id)
+        if decision not in ("approve", "reject"):
+            raise InvalidArgument(f"decision must be 'approve' or 'reject', not {decision!r}")
+        if comment is not None and len(comment) > self.limits.max_comment_chars:
+            raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
+        while True:
+            head = await self.store.load(run_id)
+            gate = _gate_to_decide(head, gate_id)
+            if gate.status in ("approved", "rejected"):
+                if (gate.status == "approved") == (decision == "approve"):
+                    return head
+                raise Conflict(
+                    f"gate {gate.gate_id} of run {run_id} was already {gate.status}; "
+                    "a decided gate cannot be changed"
+                )
+            if head.status != RunStatus.AWAITING_APPROVAL or gate.status != "requested":
+                raise InvalidState(
+                    f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
+                )
+            fact = ApprovalDecided(
+                seq=head.last_seq + 1,
+                at=self.clock.now(),
+                gate_id=gate.gate_id,
+                decision=decision,
+                comment=comment,
+                approver=approver,
+            )
+            try:
+                return await self._append(head, [fact])
+            except VersionConflict:
+                continue
+
+    async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
+        """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
+        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted."""
+        validate_run_id(run_id)
+        if reason is not None and len(reason) > self.limits.max_comment_chars:
+            raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
+        while True:
+            head = await self.store.load(run_id)
+            if head.status == RunStatus.CANCELLED:
+                return head
+            if head.status.is_terminal:
+                raise InvalidState(f"run {run_id} is already {head.status.value}; it cannot be cancelled")
+            fact = RunCancelled(seq=head.last_seq + 1, at=self.clock.now(), reason=reason, cancelled_by=by)
+            try:
+                stored = await self._append(head, [fact])
+            except VersionConflict:
+                continue
+            scope = self._cancel_scopes.get(run_id)
+            if scope is not None:
+                scope.cancel()
+            return stored
+
+    async def check_resumable(self, run_id: str) -> RunHead:
+        """For a resume without output: the run if it can be advanced by the server now, else the
+        error that tells the caller what the run needs instead."""
+        head = await self.status(run_id)
+        if head.status.is_terminal:
+            raise InvalidState(f"run {run_id} is {head.status.value}; there is nothing to resume")
+        if head.status == RunStatus.AWAITING_APPROVAL:
+            gate = next(g for g in head.gates if g.status == "requested")
+            raise InvalidState(
+                f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
+            )
+        if head.status == RunStatus.AWAITING_HOST:
+            awaiting = _awaiting_host_task(head)
+            raise InvalidArgument(
+                f"run {run_id} is awaiting the host's output for task {awaiting!r}; "
+                "call orchestrate_resume with task_id and output"
+            )
+        return head
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def wait_settled(
+        self,
+        run_id: str,
+        timeout_seconds: float,
+        on_progress: ProgressCallback | None = None,
+        poll_seconds: float = 0.25,
+    ) -> RunHead:
+        """Block (at most ``timeout_seconds``) until the run is settled (see :func:`is_settled`).
+        Woken at once by this process's writes; polls the store for other processes' writes."""
+        head = await self.status(run_id)
+        deadline = anyio.current_time() + max(0.0, timeout_seconds)
+        last_version = head.version
+        while not is_settled(head, self.clock.now()):
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            event = self._waiters.event(run_id)
+            with anyio.move_on_after(min(remaining, poll_seconds)):
+                await event.wait()
+            head = await self.status(run_id)
+            if on_progress is not None and head.version != last_version:
+                last_version = head.version
+                await on_progress(head)
+        return head
+
+    # -- the decide -> act -> record loop ----------------------------------------------------
+
+    async def drive(self, run_id: str) -> Action | None:
+        """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
+        or None when another worker holds the lease. Safe to call at any time from any process."""
+        lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
+        if lease is None:
+            return None
+        result: Action | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._renew_lease, lease, tg.cancel_scope)
+                result = await self._loop(run_id)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.store.release_lease(lease)
+        return result
+
+    async def _renew_lease(self, lease: Lease, scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(self.lease_ttl_seconds / 3)
+            try:
+                lease = await self.store.renew_lease(lease, self.lease_ttl_seconds, self.clock.now())
+            except LeaseLost:
+                log.warning("lease lost", extra={"action": "lease_lost", "run_id": lease.run_id})
+                scope.cancel()
+                return
+
+    async def _loop(self, run_id: str) -> Action:
+        while True:
+            head = await self.store.load(run_id)
+            action = next_action(head, self.clock.now())
+            if isinstance(action, WaitUntil):
+                delay = (action.not_before - self.clock.now()).total_seconds()
+                if delay <= self.in_memory_wait_cap_seconds:
+                    await anyio.sleep(max(0.0, delay))
+                    continue
+                return action
+            if isinstance(action, PAUSING_ACTIONS):
+                return action
+            try:
+                await self._act(head, action)
+            except VersionConflict:
+                # Someone else wrote (an approval, a cancel): re-read and decide again.
+                continue
+
+    async def _act(self, head: RunHead, action: Action) -> None:
+        now = self.clock.now()
+        seq = head.last_seq + 1
+        if isinstance(action, RequestApproval):
+            await self._append(head, [ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)])
+        elif isinstance(action, PrepareHostTask):
+            prompt = await self.prompt_for(head, action.task_id)
+            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+        elif isinstance(action, FinishRun):
+            finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
+            await self._append(head, [finished])
+        elif isinstance(action, FailTask):
+            failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
+            await self._append(head, [failed])
+        elif isinstance(action, StartAttempt):
+            await self._attempt(head, action)
+        else:  # pragma: no cover - pausing actions never reach here
+            raise AssertionError(action)
+
+    async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
+        """One provider attempt: record ``attempt_started`` *before* the call, call, record the
+        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries."""
+        if self.worker is None:
+            raise InvalidState(
+                f"run {head.run_id} uses the provider backend, which this server has not configured"
+            )
+        step = head.chain.step(action.task_id)
+        executor = head.contract.executor_for(step)
+        prompt = await self.prompt_for(head, action.task_id)
+        started = AttemptStarted(
+            seq=head.last_seq + 1,
+            at=self.clock.now(),
+            task_id=action.task_id,
+            attempt=action.attempt,
+            executor=executor,
+            possible_duplicate_call=action.possible_duplicate_call,
+        )
+        head = await self._append(head, [started])
+        previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
+        scope = anyio.CancelScope()
+        self._cancel_scopes[head.run_id] = scope
+        outcome = None
+        try:
+            with scope:
+                outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)
+        finally:
+            self._cancel_scopes.pop(head.run_id, None)
+        if outcome is None:
+            # Cancelled by orchestrate_cancel: the cancel fact is already recorded.
+            return
+        # The outcome is recorded against the head our attempt_started write produced: if anything
+        # was written since (a cancel), the compare-and-swap fails and the loop decides again.
+        now = self.clock.now()
+        fact: Fact
+        if isinstance(outcome, AttemptSucceeded):
+            fact = TaskCompleted(
+                seq=head.last_seq + 1,
+                at=now,
+                task_id=action.task_id,
+                attempt=action.attempt,
+                executor=executor,
+                output=outcome.output,
+                output_sha256=text_hash(outcome.output),
+                telemetry=outcome.telemetry.model_copy(
+                    update={"possible_duplicate_call": action.possible_duplicate_call}
+                ),
+            )
+        else:
+            fact = AttemptFailed(
+                seq=head.last_seq + 1,
+                at=now,
+                task_id=action.task_id,
+                attempt=action.attempt,
+                error=outcome.error,
+                telemetry=outcome.telemetry.model_copy(
+                    update={"possible_duplicate_call": action.possible_duplicate_call}
+                ),
+                not_before=outcome.not_before,
+            )
+        await self._append(head, [fact])
+
+
+def _awaiting_host_task(head: RunHead) -> str | None:
+    for task in head.tasks:
+        if task.status == TaskStatus.AWAITING_HOST:
+            return task.task_id
+    return None
+
+
+def _gate_to_decide(head: RunHead, gate_id: str | None) -> GateState:
+    if gate_id is not None:
+        gate = head.gate(gate_id)
+        if gate is None:
+            known = ", ".join(g.gate_id for g in head.gates) or "none"
+            raise InvalidArgument(f"run {head.run_id} has no gate {gate_id!r}; its gates are: {known}")
+        return gate
+    for gate in head.gates:
+        if gate.status == "requested":
+            return gate
+    decided = [g for g in head.gates if g.decided_at is not None]
+    if decided:
+        # A repeated approve without gate_id refers to the most recent decision.
+        return max(decided, key=lambda g: g.decided_at or head.created_at)
+    raise InvalidState(f"run {head.run_id} is {head.status.value}, not awaiting approval")
+
+
+__all__ = [
+    "ContractResolver",
+    "Limits",
+    "RunSnapshot",
+    "Runtime",
+    "StartRequest",
+    "inline_contract",
+    "is_settled",
+]
