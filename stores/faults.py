@@ -1,0 +1,88 @@
+"""Fault injection for crash tests: ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N``.
+
+Wrapping a store in :class:`CrashAfterWrites` makes the process kill itself with SIGKILL right after
+its N-th durable write (a create or an append) has returned — the fact is on disk, nothing after it
+ran. Off unless the server is configured with it; never use it outside tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from orchestration.facts import Fact
+from orchestration.models import RunHead
+from orchestration.store import CreateResult, Lease, RunPage, RunStore
+from orchestration.vocabulary import RunStatus
+
+log = logging.getLogger("construct.faults")
+
+
+class CrashAfterWrites:
+    """A ``RunStore`` that delegates everything and SIGKILLs the process after write ``n``."""
+
+    def __init__(self, inner: RunStore, n: int) -> None:
+        if n < 1:
+            raise ValueError("CONSTRUCT_FAULT_CRASH_AFTER_WRITES must be at least 1")
+        self.inner = inner
+        self.name = inner.name
+        self.crash_after = n
+        self.writes = 0
+
+    def _count(self) -> None:
+        self.writes += 1
+        if self.writes >= self.crash_after:
+            log.warning(
+                "fault injection: SIGKILL after write %d", self.writes, extra={"action": "fault_crash"}
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        result = await self.inner.create(head, facts)
+        if result.created:
+            self._count()
+        return result
+
+    async def append(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+    ) -> RunHead:
+        stored = await self.inner.append(run_id, expected_version, facts, head)
+        self._count()
+        return stored
+
+    async def load(self, run_id: str) -> RunHead:
+        return await self.inner.load(run_id)
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        return await self.inner.read_facts(run_id, after_seq, limit)
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        return await self.inner.read_fact(run_id, seq)
+
+    async def list_runs(
+        self, statuses: frozenset[RunStatus] | None = None, limit: int = 50, cursor: str | None = None
+    ) -> RunPage:
+        return await self.inner.list_runs(statuses, limit, cursor)
+
+    async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        return await self.inner.runnable(now, limit)
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        return await self.inner.claim_lease(run_id, owner, ttl_seconds, now)
+
+    async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        return await self.inner.renew_lease(lease, ttl_seconds, now)
+
+    async def release_lease(self, lease: Lease) -> None:
+        await self.inner.release_lease(lease)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional capabilities of the wrapped adapter (claim_runnable, listen, ...).
+        return getattr(self.inner, name)
