@@ -168,7 +168,10 @@ class Catalog:
         try:
             config = _CatalogConfig.model_validate(raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
+            errors = exc.errors()
+            # For a step given as a table, the error of the "plain string" branch of the union is
+            # noise: report the table's own problem.
+            err = next((e for e in errors if "str" not in e["loc"]), errors[0])
             raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
         specialists = dict(self.specialists)
         for name, spec in config.specialists.items():

@@ -1,0 +1,105 @@
+"""Builders shared by the unit tests: a runtime on the memory store with a manual clock, a fake
+provider worker, and a driver that plays the host and the approver."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from orchestration.catalog import Catalog
+from orchestration.clock import ManualClock
+from orchestration.decide import Action
+from orchestration.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
+from orchestration.prompts import TaskPrompt
+from orchestration.runtime import Runtime, StartRequest
+from orchestration.vocabulary import RunStatus
+from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from stores.memory import MemoryStore
+
+
+def sequential_ids() -> Callable[[], str]:
+    counter = itertools.count(1)
+    return lambda: f"run-test-{next(counter):04d}"
+
+
+@dataclass
+class ScriptedWorker:
+    """A provider worker that plays, per task, a list of outcomes ("ok" or a TypedError)."""
+
+    script: dict[str, list[str | TypedError]] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    async def execute(
+        self,
+        contract: ExecutionContract,
+        step: ChainStep,
+        prompt: TaskPrompt,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        n = self.calls.get(step.name, 0)
+        self.calls[step.name] = n + 1
+        plan = self.script.get(step.name, ["ok"])
+        item = plan[min(n, len(plan) - 1)]
+        if isinstance(item, TypedError):
+            return AttemptFailedOutcome(item, Telemetry(http_status=item.http_status))
+        return AttemptSucceeded(f"{step.name} output (attempt {attempt})", Telemetry(output_tokens=7))
+
+
+def provider_contract(request: StartRequest, _: RunHead | None) -> ExecutionContract:
+    if request.worker_backend == "provider":
+        return ExecutionContract(worker_backend="provider", provider="fake", model="fake-1", max_attempts=3)
+    return ExecutionContract(worker_backend="inline")
+
+
+def make_runtime(
+    store: MemoryStore | None = None,
+    worker: ScriptedWorker | None = None,
+    clock: ManualClock | None = None,
+    catalog: Catalog | None = None,
+) -> Runtime:
+    return Runtime(
+        store or MemoryStore(),
+        catalog or Catalog.builtin(),
+        clock=clock or ManualClock(),
+        new_id=sequential_ids(),
+        resolve_contract=provider_contract,
+        worker=worker or ScriptedWorker(),
+        lease_ttl_seconds=30,
+    )
+
+
+Decision = Literal["approve", "reject"]
+
+
+async def play(
+    runtime: Runtime,
+    run_id: str,
+    decisions: Callable[[str], Decision] = lambda gate: "approve",
+    output: Callable[[str], str] = lambda task: f"host output for {task}",
+    max_steps: int = 100,
+) -> RunHead:
+    """Drive the run to its end, answering host tasks and gates like a host and an approver."""
+    for _ in range(max_steps):
+        await runtime.drive(run_id)
+        head = await runtime.status(run_id)
+        if head.status.is_terminal:
+            return head
+        if head.status == RunStatus.AWAITING_HOST:
+            snap = await runtime.snapshot(run_id)
+            assert snap.host_task is not None
+            await runtime.submit_host_output(run_id, snap.host_task.task_id, output(snap.host_task.task_id))
+        elif head.status == RunStatus.AWAITING_APPROVAL:
+            gate = next(g for g in head.gates if g.status == "requested")
+            await runtime.approve(run_id, decisions(gate.gate_id), gate.gate_id, comment=f"ok {gate.gate_id}")
+    raise AssertionError("run did not finish")
+
+
+@dataclass
+class DecisionLog:
+    """What the uninterrupted run decided, keyed by the length of the fact log it decided on."""
+
+    entries: list[tuple[int, datetime, Action]] = field(default_factory=list)
