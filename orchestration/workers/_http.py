@@ -1,0 +1,265 @@
+"""The HTTP edge shared by the provider adapters: the pooled client, one POST, and the one place
+where ``httpx2`` exceptions become typed errors (:func:`map_transport_exception`).
+
+Nothing here retries. The durable step is the only retry layer (``notes/providers.md``), so the
+transport is created without connection retries and redirects are not followed (a redirect means
+a wrong base URL, and following one could carry the key to another host).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import httpx2
+
+from orchestration.workers._redact import Redactor
+from orchestration.workers.classify import AttemptFacts
+from orchestration.workers.providers import ProviderCallError, ProviderResponse
+from orchestration.workers.providers import ProviderErrorCode as Code
+
+if TYPE_CHECKING:
+    from httpx2._client import UseClientDefault
+
+log = logging.getLogger("construct.provider")
+
+USER_AGENT: Final = "construct-mcp/0.1"
+
+Monotonic = Callable[[], float]
+
+
+def make_http_client(
+    transport: httpx2.AsyncBaseTransport | None = None,
+    *,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 600.0,
+    write_timeout: float = 30.0,
+    pool_timeout: float = 30.0,
+    max_connections: int = 32,
+    max_keepalive_connections: int = 16,
+    keepalive_expiry: float = 30.0,
+    trust_env: bool = True,
+) -> httpx2.AsyncClient:
+    """A pooled client for provider calls; share one per process, close it at shutdown.
+
+    Every timeout is explicit: ``read_timeout`` is long by default because a non-streaming model
+    call sends nothing until the whole answer is ready (the official SDKs default to 600 s). Pass a
+    ``transport`` (``httpx2.MockTransport`` in unit tests) to replace the network; the pool limits
+    then belong to that transport. ``trust_env`` honours ``HTTPS_PROXY`` / ``NO_PROXY``.
+    """
+    return httpx2.AsyncClient(
+        transport=transport,
+        timeout=httpx2.Timeout(
+            connect=connect_timeout, read=read_timeout, write=write_timeout, pool=pool_timeout
+        ),
+        limits=httpx2.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_keepalive_connections,
+            keepalive_expiry=keepalive_expiry,
+        ),
+        follow_redirects=False,
+        trust_env=trust_env,
+        headers={"user-agent": USER_AGENT},
+    )
+
+
+def normalize_base_url(base_url: str) -> str:
+    """The base URL without a trailing ``/`` or ``/v1``; the adapters append ``/v1/...``.
+
+    The convention is "everything before ``/v1``": ``https://api.anthropic.com``,
+    ``https://api.openai.com``, ``https://openrouter.ai/api``, ``http://127.0.0.1:8000``. Since most
+    documentation quotes base URLs *with* ``/v1`` (``https://openrouter.ai/api/v1``), that form is
+    accepted too and means the same endpoint.
+    """
+    try:
+        url = httpx2.URL(base_url)
+    except httpx2.InvalidURL as exc:
+        raise ValueError(f"invalid provider base URL {base_url!r}: {exc}") from exc
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"provider base URL must be http(s)://host[:port][/prefix], got {base_url!r}")
+    if url.userinfo or url.query or url.fragment:
+        # Credentials or parameters in a base URL would end up in logs and error messages.
+        raise ValueError("provider base URL must not carry credentials, a query or a fragment")
+    text = str(url).rstrip("/")
+    if text.endswith("/v1"):
+        text = text[: -len("/v1")]
+    return text
+
+
+def request_timeout(
+    http: httpx2.AsyncClient, timeout_seconds: float | None
+) -> httpx2.Timeout | UseClientDefault:
+    """The client's timeouts, with the read timeout replaced when the request sets its own."""
+    if timeout_seconds is None:
+        return httpx2.USE_CLIENT_DEFAULT
+    base = http.timeout
+    return httpx2.Timeout(connect=base.connect, read=timeout_seconds, write=base.write, pool=base.pool)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpExchange:
+    """A response that arrived: status, headers, the raw body and the time it took."""
+
+    status: int
+    headers: httpx2.Headers
+    content: bytes
+    latency_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def map_transport_exception(exc: httpx2.HTTPError) -> tuple[Code, str, bool]:
+    """``(code, what happened, possible duplicate)`` for an exception raised by the HTTP client.
+
+    The only translation of ``httpx2`` exceptions in the package. "Possible duplicate" is true when
+    the request may have reached the provider in full before the failure (a read-side timeout or a
+    connection dropped while waiting for the answer): a retry can then be billed twice.
+    """
+    # Order matters: the specific classes first, their bases last.
+    table: tuple[tuple[type[httpx2.HTTPError], Code, str, bool], ...] = (
+        (httpx2.ConnectTimeout, Code.TIMEOUT, "timed out connecting", False),
+        (httpx2.PoolTimeout, Code.TIMEOUT, "timed out waiting for a pooled connection", False),
+        (httpx2.WriteTimeout, Code.TIMEOUT, "timed out sending the request", False),
+        (httpx2.ReadTimeout, Code.TIMEOUT, "no response within the read timeout", True),
+        (httpx2.TimeoutException, Code.TIMEOUT, "timed out", True),
+        (httpx2.ConnectError, Code.TRANSPORT_ERROR, "could not connect", False),
+        (httpx2.WriteError, Code.TRANSPORT_ERROR, "connection failed while sending", False),
+        (httpx2.ReadError, Code.TRANSPORT_ERROR, "connection failed while waiting for the answer", True),
+        (httpx2.RemoteProtocolError, Code.TRANSPORT_ERROR, "connection closed without a valid answer", True),
+        (httpx2.LocalProtocolError, Code.INVALID_REQUEST, "the request could not be sent as HTTP", False),
+        (httpx2.UnsupportedProtocol, Code.INVALID_REQUEST, "unsupported URL scheme", False),
+        (httpx2.ProxyError, Code.TRANSPORT_ERROR, "the proxy refused the connection", False),
+        (httpx2.TooManyRedirects, Code.INVALID_REQUEST, "too many redirects", False),
+        (httpx2.DecodingError, Code.MALFORMED_RESPONSE, "the response body could not be decoded", False),
+        (httpx2.NetworkError, Code.TRANSPORT_ERROR, "network error", True),
+        (httpx2.TransportError, Code.TRANSPORT_ERROR, "transport error", True),
+    )
+    for cls, code, what, duplicate in table:
+        if isinstance(exc, cls):
+            return code, what, duplicate
+    return Code.TRANSPORT_ERROR, "HTTP error", True
+
+
+async def post_json(
+    http: httpx2.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    timeout_seconds: float | None,
+    monotonic: Monotonic,
+    facts: AttemptFacts,
+) -> HttpExchange:
+    """POST ``body`` as JSON and return whatever answer arrived, whatever its status.
+
+    Raises :class:`ProviderCallError` when no answer arrived (see :func:`map_transport_exception`).
+    ``facts`` names the provider and holds the redactor; its timing fields are filled here.
+    Cancellation is not intercepted: only ``httpx2.HTTPError`` is caught.
+    """
+    started = monotonic()
+    try:
+        response = await http.post(
+            url, json=body, headers=dict(headers), timeout=request_timeout(http, timeout_seconds)
+        )
+    except httpx2.HTTPError as exc:
+        code, what, duplicate = map_transport_exception(exc)
+        detail = str(exc).strip()
+        message = f"{what} ({type(exc).__name__}{': ' + detail if detail else ''})"
+        failed = AttemptFacts(
+            provider=facts.provider, redact=facts.redact, latency_ms=_elapsed_ms(monotonic, started)
+        )
+        raise failed.failure(code, message, possible_duplicate_call=duplicate) from exc
+    return HttpExchange(
+        status=response.status_code,
+        headers=response.headers,
+        content=response.content,
+        latency_ms=_elapsed_ms(monotonic, started),
+    )
+
+
+class NotJson:
+    """The marker :func:`decode_json` returns for a body that is not JSON (``null`` is JSON)."""
+
+    __slots__ = ()
+
+
+NOT_JSON: Final = NotJson()
+
+
+def decode_json(content: bytes) -> Any:
+    """The decoded JSON body, or :data:`NOT_JSON`."""
+    try:
+        return json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return NOT_JSON
+
+
+def body_snippet(content: bytes, redact: Redactor, limit: int = 160) -> str:
+    """The start of a non-JSON body, for a message (an HTML error page says "502 Bad Gateway")."""
+    text = content[: limit * 4].decode("utf-8", errors="replace")
+    return redact(text, limit=limit) or "<empty body>"
+
+
+def first_header(headers: httpx2.Headers, *names: str) -> str | None:
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value.strip()
+    return None
+
+
+def log_outcome(
+    provider: str,
+    model: str,
+    outcome: ProviderResponse | ProviderCallError,
+) -> None:
+    """One log line per attempt: ids, status, timing, usage, the typed error. Never prompts, bodies,
+    headers or keys (the error message is already scrubbed)."""
+    if isinstance(outcome, ProviderResponse):
+        t = outcome.telemetry
+        log.info(
+            "%s call to %s succeeded (status %s, %.0f ms, request id %s)",
+            provider,
+            model,
+            t.http_status,
+            t.latency_ms or 0.0,
+            t.provider_request_id,
+            extra={
+                "action": "provider.call_succeeded",
+                "provider": provider,
+                "model": model,
+                "http_status": t.http_status,
+                "latency_ms": t.latency_ms,
+                "provider_request_id": t.provider_request_id,
+                "input_tokens": t.input_tokens,
+                "output_tokens": t.output_tokens,
+            },
+        )
+        return
+    e, t = outcome.error, outcome.telemetry
+    log.warning(
+        "call to %s failed: %s (retryable=%s)",
+        model,
+        e.message,
+        e.retryable,
+        extra={
+            "action": "provider.call_failed",
+            "provider": provider,
+            "model": model,
+            "code": e.code,
+            "retryable": e.retryable,
+            "http_status": e.http_status,
+            "retry_after_seconds": e.retry_after_seconds,
+            "latency_ms": t.latency_ms,
+            "provider_request_id": e.provider_request_id,
+        },
+    )
+
+
+def _elapsed_ms(monotonic: Monotonic, started: float) -> float:
+    return max(0.0, (monotonic() - started) * 1000.0)

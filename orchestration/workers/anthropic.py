@@ -1,0 +1,280 @@
+"""The Anthropic Messages API adapter: ``POST {base}/v1/messages``, one attempt per call.
+
+Error bodies look like ``{"type": "error", "error": {"type": "overloaded_error", "message": ...},
+"request_id": ...}``; the ``error.type`` is more precise than the HTTP status and is trusted first
+(the status is the fallback for bodies that are not Anthropic's, e.g. a proxy's HTML page).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import httpx2
+
+from orchestration.clock import Clock, SystemClock
+from orchestration.workers._http import (
+    NOT_JSON,
+    HttpExchange,
+    Monotonic,
+    body_snippet,
+    decode_json,
+    first_header,
+    log_outcome,
+    normalize_base_url,
+    post_json,
+)
+from orchestration.workers._redact import Redactor, check_api_key
+from orchestration.workers.classify import (
+    AttemptFacts,
+    apply_retry_hint,
+    as_int,
+    code_for_status,
+    is_context_length,
+    is_quota_code,
+    parse_retry_after,
+    possible_duplicate_for,
+    should_retry_hint,
+)
+from orchestration.workers.providers import (
+    RETRYABLE_BY_CODE,
+    ProviderCallError,
+    ProviderRequest,
+    ProviderResponse,
+)
+from orchestration.workers.providers import ProviderErrorCode as Code
+
+ANTHROPIC_BASE_URL: Final = "https://api.anthropic.com"
+#: Pinned: under ``2026-10-21`` the API rejects ``temperature`` with a 400.
+DEFAULT_ANTHROPIC_VERSION: Final = "2023-06-01"
+
+_PROVIDER: Final = "anthropic"
+
+_ERROR_TYPES: Final[Mapping[str, Code]] = {
+    "invalid_request_error": Code.INVALID_REQUEST,
+    "authentication_error": Code.AUTH,
+    "permission_error": Code.AUTH,
+    "billing_error": Code.QUOTA_EXHAUSTED,
+    "not_found_error": Code.INVALID_REQUEST,
+    "request_too_large": Code.INVALID_REQUEST,
+    "rate_limit_error": Code.RATE_LIMITED,
+    "api_error": Code.SERVER_ERROR,
+    "timeout_error": Code.TIMEOUT,
+    "overloaded_error": Code.OVERLOADED,
+}
+
+# The API answers an empty prepaid balance with a plain 400 invalid_request_error.
+_LOW_CREDIT = re.compile(r"credit balance is too low", re.IGNORECASE)
+
+_THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
+
+
+class AnthropicClient:
+    """A :class:`~orchestration.workers.providers.ProviderClient` for the Anthropic Messages API.
+
+    ``http`` is shared and owned by the caller (see :func:`~orchestration.workers._http.make_http_client`).
+    Arguments after ``http`` are keyword-only so that a key can never be passed where a URL is
+    expected (and end up in a log line). ``clock`` dates ``retry-after`` HTTP-dates; ``monotonic``
+    measures latency; both are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        *,
+        api_key: str,
+        base_url: str = ANTHROPIC_BASE_URL,
+        anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
+        clock: Clock | None = None,
+        monotonic: Monotonic | None = None,
+    ) -> None:
+        check_api_key(api_key)
+        self._http = http
+        self._api_key = api_key
+        self._base_url = normalize_base_url(base_url)
+        self._url = f"{self._base_url}/v1/messages"
+        self._version = anthropic_version
+        self._clock: Clock = clock or SystemClock()
+        self._monotonic: Monotonic = monotonic or time.monotonic
+        self._redact = Redactor([api_key])
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def __repr__(self) -> str:
+        return f"AnthropicClient(base_url={self._base_url!r}, anthropic_version={self._version!r})"
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        """One ``POST /v1/messages``; see :meth:`ProviderClient.complete` for the contract."""
+        try:
+            exchange = await post_json(
+                self._http,
+                self._url,
+                headers=self._headers(),
+                body=self._body(request),
+                timeout_seconds=request.timeout_seconds,
+                monotonic=self._monotonic,
+                facts=AttemptFacts(provider=_PROVIDER, redact=self._redact),
+            )
+            response = self._interpret(exchange, request)
+        except ProviderCallError as exc:
+            log_outcome(_PROVIDER, request.model, exc)
+            raise
+        log_outcome(_PROVIDER, request.model, response)
+        return response
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "x-api-key": self._api_key,
+            "anthropic-version": self._version,
+            "content-type": "application/json",
+            "accept": "application/json",
+        }
+
+    @staticmethod
+    def _body(request: ProviderRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model,
+            "max_tokens": request.max_tokens,
+            "messages": [{"role": "user", "content": request.user}],
+        }
+        if request.system:  # the API rejects an empty system text block; omit it instead
+            body["system"] = request.system
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        return body
+
+    def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
+        payload = decode_json(exchange.content)
+        obj: Mapping[str, Any] = payload if isinstance(payload, dict) else {}
+        body_request_id = obj.get("request_id")
+        usage = obj.get("usage")
+        facts = AttemptFacts(
+            provider=_PROVIDER,
+            redact=self._redact,
+            latency_ms=exchange.latency_ms,
+            http_status=exchange.status,
+            request_id=first_header(exchange.headers, "request-id")
+            or (body_request_id if isinstance(body_request_id, str) else None),
+            input_tokens=_input_tokens(usage),
+            output_tokens=as_int(usage.get("output_tokens")) if isinstance(usage, dict) else None,
+        )
+        if not exchange.ok or obj.get("type") == "error":
+            # A 2xx whose body is an error object (the streamed-error shape) is classified by its
+            # error.type, exactly like an HTTP error.
+            raise self._error(exchange, payload, facts)
+        if payload is NOT_JSON:
+            snippet = body_snippet(exchange.content, self._redact)
+            raise facts.failure(
+                Code.MALFORMED_RESPONSE, f"HTTP {exchange.status} body is not JSON: {snippet}"
+            )
+        if not isinstance(payload, dict):
+            raise facts.failure(Code.MALFORMED_RESPONSE, "the response body is not a JSON object")
+        return _parse_message(payload, facts, request)
+
+    def _error(self, exchange: HttpExchange, payload: Any, facts: AttemptFacts) -> ProviderCallError:
+        status = exchange.status
+        error = payload.get("error") if isinstance(payload, dict) else None
+        error = error if isinstance(error, dict) else {}
+        etype = error.get("type") if isinstance(error.get("type"), str) else None
+        raw_message = error.get("message")
+        if isinstance(raw_message, str):
+            message = raw_message
+        elif payload is NOT_JSON:
+            message = body_snippet(exchange.content, self._redact)
+        else:
+            message = "no error message"
+        details = error.get("details")
+        detail_code = details.get("error_code") if isinstance(details, dict) else None
+
+        if is_quota_code(detail_code) or _LOW_CREDIT.search(message):
+            code = Code.QUOTA_EXHAUSTED
+        elif etype is not None and etype in _ERROR_TYPES:
+            code = _ERROR_TYPES[etype]
+        elif exchange.ok:
+            code = Code.SERVER_ERROR  # an unknown error object inside a 2xx: the upstream failed
+        else:
+            code = code_for_status(status)
+        if code is Code.INVALID_REQUEST and status in (400, 413, 200) and is_context_length(None, message):
+            code = Code.CONTEXT_LENGTH_EXCEEDED
+
+        retryable = apply_retry_hint(code, RETRYABLE_BY_CODE[code], should_retry_hint(exchange.headers))
+        label = f"HTTP {status}" + (f" {etype}" if etype else "")
+        if detail_code:
+            label += f" ({detail_code})"
+        return facts.failure(
+            code,
+            f"{label}: {message}",
+            retryable=retryable,
+            retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
+            possible_duplicate_call=possible_duplicate_for(code),
+        )
+
+
+def _input_tokens(usage: object) -> int | None:
+    """All prompt tokens: ``input_tokens`` excludes the cached ones, which are billed too."""
+    if not isinstance(usage, dict):
+        return None
+    base = as_int(usage.get("input_tokens"))
+    if base is None:
+        return None
+    cached = (as_int(usage.get(k)) for k in ("cache_creation_input_tokens", "cache_read_input_tokens"))
+    return base + sum(c for c in cached if c is not None)
+
+
+def _parse_message(
+    payload: Mapping[str, Any], facts: AttemptFacts, request: ProviderRequest
+) -> ProviderResponse:
+    content = payload.get("content")
+    if not isinstance(content, list):
+        raise facts.failure(Code.MALFORMED_RESPONSE, "the response has no 'content' list")
+    raw_stop = payload.get("stop_reason")
+    stop = raw_stop if isinstance(raw_stop, str) else None
+    texts: list[str] = []
+    thinking = False
+    for block in content:
+        if not isinstance(block, dict):
+            raise facts.failure(Code.MALFORMED_RESPONSE, "a content block is not a JSON object")
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if not isinstance(text, str):
+                raise facts.failure(Code.MALFORMED_RESPONSE, "a text block has no 'text' string")
+            texts.append(text)
+        elif kind in _THINKING_BLOCKS:
+            thinking = True
+    text = "".join(texts)
+    has_text = bool(text.strip())
+
+    if stop == "refusal":
+        raise facts.failure(Code.CONTENT_FILTERED, "the model declined to answer (stop_reason 'refusal')")
+    if stop == "model_context_window_exceeded":
+        raise facts.failure(
+            Code.CONTEXT_LENGTH_EXCEEDED,
+            "the prompt and answer exceed the model's context window "
+            "(stop_reason 'model_context_window_exceeded'); shorten the input",
+        )
+    if stop == "max_tokens":
+        if not has_text and thinking:
+            raise facts.failure(
+                Code.REASONING_ONLY,
+                f"the model spent max_tokens={request.max_tokens} on thinking and wrote no text; "
+                "raise max_tokens",
+            )
+        raise facts.failure(
+            Code.TRUNCATED,
+            f"the answer was cut at max_tokens={request.max_tokens}; raise max_tokens or narrow the task",
+        )
+    if stop in ("pause_turn", "tool_use"):
+        # No tools are offered, so the turn is not a finished answer.
+        raise facts.failure(Code.TRUNCATED, f"the turn did not complete (stop_reason {stop!r})")
+    if not has_text:
+        if thinking:
+            raise facts.failure(
+                Code.REASONING_ONLY, f"the model produced thinking but no text (stop_reason {stop!r})"
+            )
+        raise facts.failure(Code.EMPTY_RESPONSE, f"the model returned no text (stop_reason {stop!r})")
+    return ProviderResponse(text=text, telemetry=facts.telemetry(), stop_reason=stop)

@@ -1,0 +1,346 @@
+"""The OpenAI-compatible Chat Completions adapter: ``POST {base}/v1/chat/completions``.
+
+One adapter serves OpenAI, OpenRouter, vLLM, llama.cpp and Ollama; the base URL is everything before
+``/v1`` (see :func:`~orchestration.workers._http.normalize_base_url`)::
+
+    OpenAI       https://api.openai.com
+    OpenRouter   https://openrouter.ai/api          (the default)
+    vLLM         http://127.0.0.1:8000
+    llama.cpp    http://127.0.0.1:8080
+    Ollama       http://127.0.0.1:11434
+
+Error bodies are ``{"error": {"message", "type", "param", "code"}}``; local servers vary (vLLM has
+used a flat ``{"object": "error", "message": ..., "code": 400}``, some send ``{"error": "text"}``),
+so the error object is looked up leniently. OpenRouter may answer **HTTP 200 with an ``error``
+object** when the upstream model fails mid-way: that is an error, classified by its in-body code.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import httpx2
+
+from orchestration.clock import Clock, SystemClock
+from orchestration.workers._http import (
+    NOT_JSON,
+    HttpExchange,
+    Monotonic,
+    body_snippet,
+    decode_json,
+    first_header,
+    log_outcome,
+    normalize_base_url,
+    post_json,
+)
+from orchestration.workers._redact import Redactor, check_api_key
+from orchestration.workers.classify import (
+    AttemptFacts,
+    apply_retry_hint,
+    as_int,
+    code_for_in_body_status,
+    code_for_status,
+    is_context_length,
+    is_quota_code,
+    parse_retry_after,
+    possible_duplicate_for,
+    should_retry_hint,
+)
+from orchestration.workers.providers import (
+    RETRYABLE_BY_CODE,
+    ProviderCallError,
+    ProviderRequest,
+    ProviderResponse,
+)
+from orchestration.workers.providers import ProviderErrorCode as Code
+
+OPENAI_BASE_URL: Final = "https://api.openai.com"
+OPENROUTER_BASE_URL: Final = "https://openrouter.ai/api"
+
+#: The body field that carries the output limit: current servers take ``max_completion_tokens``,
+#: older ones (and some local servers) only ``max_tokens``.
+MaxTokensField = Literal["max_completion_tokens", "max_tokens"]
+
+_CONTENT_FILTER_CODES: Final = frozenset({"content_filter", "content_policy_violation"})
+_MODERATION_MESSAGE = re.compile(r"moderation|flagged", re.IGNORECASE)
+# Extra headers whose values are credentials (a gateway's own key header): redacted like the key.
+_SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
+
+
+class OpenAICompatClient:
+    """A :class:`~orchestration.workers.providers.ProviderClient` for Chat Completions endpoints.
+
+    ``api_key`` is optional because local servers (vLLM, llama.cpp, Ollama) usually need none; when
+    given it is sent as ``Authorization: Bearer``. ``extra_headers`` carries e.g. OpenRouter's
+    attribution headers (``HTTP-Referer``, ``X-Title``); it cannot override the auth header.
+    Arguments after ``http`` are keyword-only so that a key cannot be passed where a URL belongs.
+    """
+
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        *,
+        base_url: str = OPENROUTER_BASE_URL,
+        api_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        max_tokens_field: MaxTokensField = "max_completion_tokens",
+        clock: Clock | None = None,
+        monotonic: Monotonic | None = None,
+    ) -> None:
+        if api_key is not None:
+            check_api_key(api_key)
+        self._http = http
+        self._api_key = api_key or None
+        self._base_url = normalize_base_url(base_url)
+        self._url = f"{self._base_url}/v1/chat/completions"
+        self._provider = _provider_label(self._base_url)
+        self._extra_headers = dict(extra_headers or {})
+        self._max_tokens_field: MaxTokensField = max_tokens_field
+        self._clock: Clock = clock or SystemClock()
+        self._monotonic: Monotonic = monotonic or time.monotonic
+        sensitive = [v for k, v in self._extra_headers.items() if _SENSITIVE_HEADER.search(k)]
+        self._redact = Redactor([api_key, *sensitive])
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def provider(self) -> str:
+        """``openai``, ``openrouter`` or ``openai-compat``: the prefix of every error message."""
+        return self._provider
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatClient(base_url={self._base_url!r})"
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        """One ``POST /v1/chat/completions``; see :meth:`ProviderClient.complete` for the contract."""
+        try:
+            exchange = await post_json(
+                self._http,
+                self._url,
+                headers=self._headers(),
+                body=self._body(request),
+                timeout_seconds=request.timeout_seconds,
+                monotonic=self._monotonic,
+                facts=AttemptFacts(provider=self._provider, redact=self._redact),
+            )
+            response = self._interpret(exchange, request)
+        except ProviderCallError as exc:
+            log_outcome(self._provider, request.model, exc)
+            raise
+        log_outcome(self._provider, request.model, response)
+        return response
+
+    def _headers(self) -> dict[str, str]:
+        headers = {k: v for k, v in self._extra_headers.items() if k.lower() != "authorization"}
+        headers["content-type"] = "application/json"
+        headers["accept"] = "application/json"
+        if self._api_key is not None:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _body(self, request: ProviderRequest) -> dict[str, Any]:
+        messages = []
+        if request.system:
+            messages.append({"role": "system", "content": request.system})
+        messages.append({"role": "user", "content": request.user})
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": messages,
+            self._max_tokens_field: request.max_tokens,
+        }
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        return body
+
+    def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
+        payload = decode_json(exchange.content)
+        obj: Mapping[str, Any] = payload if isinstance(payload, dict) else {}
+        body_id = obj.get("id")
+        usage = obj.get("usage")
+        facts = AttemptFacts(
+            provider=self._provider,
+            redact=self._redact,
+            latency_ms=exchange.latency_ms,
+            http_status=exchange.status,
+            # OpenAI and most servers: x-request-id; OpenRouter: X-Generation-Id, which is also
+            # the body's "id" (the fallback when a proxy dropped the header).
+            request_id=first_header(exchange.headers, "x-request-id", "x-generation-id")
+            or (body_id if isinstance(body_id, str) and body_id else None),
+            input_tokens=as_int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None,
+            output_tokens=as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
+        )
+        if not exchange.ok:
+            raise self._http_error(exchange, payload, facts)
+        if payload is NOT_JSON:
+            snippet = body_snippet(exchange.content, self._redact)
+            raise facts.failure(
+                Code.MALFORMED_RESPONSE, f"HTTP {exchange.status} body is not JSON: {snippet}"
+            )
+        if not isinstance(payload, dict):
+            raise facts.failure(Code.MALFORMED_RESPONSE, "the response body is not a JSON object")
+        if payload.get("error") is not None:
+            raise self._in_body_error(exchange, payload["error"], facts)
+        return _parse_completion(payload, facts, request)
+
+    def _http_error(self, exchange: HttpExchange, payload: Any, facts: AttemptFacts) -> ProviderCallError:
+        status = exchange.status
+        error = _error_object(payload)
+        message = _message(error, exchange, self._redact)
+        etype = error.get("type") if isinstance(error.get("type"), str) else None
+        ecode = error.get("code")
+
+        if is_quota_code(ecode) or is_quota_code(etype):
+            code = Code.QUOTA_EXHAUSTED
+        elif (isinstance(ecode, str) and ecode in _CONTENT_FILTER_CODES) or (
+            status == 403 and _is_moderation(error, message)
+        ):
+            code = Code.CONTENT_FILTERED
+        elif status in (400, 413, 422) and (
+            is_context_length(ecode, message) or is_context_length(etype, message)
+        ):
+            code = Code.CONTEXT_LENGTH_EXCEEDED
+        else:
+            code = code_for_status(status)
+
+        retryable = apply_retry_hint(code, RETRYABLE_BY_CODE[code], should_retry_hint(exchange.headers))
+        label = f"HTTP {status}" + (f" {ecode}" if isinstance(ecode, str) and ecode else "")
+        return facts.failure(
+            code,
+            f"{label}: {message}",
+            retryable=retryable,
+            retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
+            possible_duplicate_call=possible_duplicate_for(code),
+        )
+
+    def _in_body_error(self, exchange: HttpExchange, raw: Any, facts: AttemptFacts) -> ProviderCallError:
+        error = raw if isinstance(raw, dict) else {"message": raw}
+        ecode = error.get("code")
+        code = code_for_in_body_status(ecode)
+        message = _message(error, exchange, self._redact)
+        return facts.failure(
+            code,
+            f"HTTP {exchange.status} with an error object (code {ecode!r}): {message}",
+            retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
+            possible_duplicate_call=possible_duplicate_for(code),
+        )
+
+
+def _provider_label(base_url: str) -> str:
+    host = httpx2.URL(base_url).host
+    if host == "openrouter.ai" or host.endswith(".openrouter.ai"):
+        return "openrouter"
+    if host == "api.openai.com":
+        return "openai"
+    return "openai-compat"
+
+
+def _error_object(payload: Any) -> Mapping[str, Any]:
+    if not isinstance(payload, dict):
+        return {}
+    error = payload.get("error")
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str):
+        return {"message": error}
+    if "message" in payload:  # vLLM's flat {"object": "error", "message": ..., "code": 400}
+        return payload
+    return {}
+
+
+def _message(error: Mapping[str, Any], exchange: HttpExchange, redact: Redactor) -> str:
+    message = error.get("message")
+    if isinstance(message, str) and message:
+        return message
+    if decode_json(exchange.content) is NOT_JSON:
+        return body_snippet(exchange.content, redact)
+    return "no error message"
+
+
+def _is_moderation(error: Mapping[str, Any], message: str) -> bool:
+    """OpenRouter's moderation 403 carries ``metadata.reasons`` / ``flagged_input``. Only the fact is
+    used: the flagged input is part of the prompt and never enters a message."""
+    metadata = error.get("metadata")
+    if isinstance(metadata, dict) and ("reasons" in metadata or "flagged_input" in metadata):
+        return True
+    return bool(_MODERATION_MESSAGE.search(message))
+
+
+def _text_of(content: Any) -> str | None:
+    """``message.content`` as text: a string, null (None -> ""), or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(p for p in parts if isinstance(p, str))
+    return None
+
+
+def _has_reasoning(message: Mapping[str, Any]) -> bool:
+    # OpenRouter: "reasoning" (+ "reasoning_details"); vLLM, llama.cpp, DeepSeek: "reasoning_content".
+    for key in ("reasoning", "reasoning_content"):
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return True
+    details = message.get("reasoning_details")
+    return isinstance(details, list) and len(details) > 0
+
+
+def _parse_completion(
+    payload: Mapping[str, Any], facts: AttemptFacts, request: ProviderRequest
+) -> ProviderResponse:
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise facts.failure(Code.MALFORMED_RESPONSE, "the response has no 'choices'")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(message, dict):
+        raise facts.failure(Code.MALFORMED_RESPONSE, "the first choice has no 'message' object")
+    raw_finish = choice.get("finish_reason")
+    finish = raw_finish if isinstance(raw_finish, str) else None
+
+    if finish == "error":
+        choice_error = choice.get("error")
+        detail = choice_error.get("message") if isinstance(choice_error, dict) else None
+        raise facts.failure(
+            Code.SERVER_ERROR,
+            "the upstream model failed mid-answer (finish_reason 'error')"
+            + (f": {detail}" if isinstance(detail, str) and detail else ""),
+        )
+    text = _text_of(message.get("content"))
+    if text is None:
+        raise facts.failure(
+            Code.MALFORMED_RESPONSE, "message.content is neither text, null nor a list of parts"
+        )
+    has_text = bool(text.strip())
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal.strip():
+        raise facts.failure(Code.CONTENT_FILTERED, f"the model refused: {refusal}")
+    if finish == "content_filter":
+        raise facts.failure(Code.CONTENT_FILTERED, "the answer was withheld by a content filter")
+    reasoning = _has_reasoning(message)
+    if finish == "length":
+        if not has_text and reasoning:
+            raise facts.failure(
+                Code.REASONING_ONLY,
+                f"reasoning used the whole budget ({request.max_tokens} tokens) and left no answer; "
+                "raise max_tokens",
+            )
+        raise facts.failure(
+            Code.TRUNCATED,
+            f"the answer was cut at {request.max_tokens} tokens (finish_reason 'length'); "
+            "raise max_tokens or narrow the task",
+        )
+    if not has_text:
+        if reasoning:
+            raise facts.failure(
+                Code.REASONING_ONLY, f"the model produced reasoning but no answer (finish_reason {finish!r})"
+            )
+        raise facts.failure(Code.EMPTY_RESPONSE, f"the model returned no text (finish_reason {finish!r})")
+    return ProviderResponse(text=text, telemetry=facts.telemetry(), stop_reason=finish)
