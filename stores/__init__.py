@@ -1,0 +1,341 @@
+"""``RunStore`` adapters and how a store is chosen and opened.
+
+Store specs (``--store``, the config file's ``store``, ``CONSTRUCT_ORCHESTRATION_STORE``):
+
+==============================  ===============================================================
+``memory``                      in-process only (tests); nothing survives the process
+``filesystem``                  ``FilesystemStore(home)``: runs under ``<home>/runs/<run_id>``
+``file:///abs/dir``             ``FilesystemStore(/abs/dir)``: runs under ``/abs/dir/runs/``
+``sqlite``                      ``<home>/construct.db``
+``sqlite:///relative.db``       three slashes: a path relative to ``home`` (not to the process's
+                                working directory, which an MCP host chooses arbitrarily)
+``sqlite:////abs/path.db``      four slashes: an absolute path
+``postgres``                    PostgreSQL at ``CONSTRUCT_DATABASE_URL``, else ``DATABASE_URL``
+``postgresql://...``,           an asyncpg DSN; an extra ``?schema=name`` query parameter selects
+``postgres://...``              the schema (search_path) the tables live in (default ``public``)
+==============================  ===============================================================
+
+Drivers (aiosqlite, asyncpg) are imported only when their adapter is opened.
+
+Which spec applies (:func:`resolve_store_spec`): explicit (``--store``) > config file ``store`` >
+``CONSTRUCT_ORCHESTRATION_STORE`` > ``CONSTRUCT_DEPLOYMENT_MODE`` (``solo`` → filesystem, ``team`` /
+``enterprise`` → postgres) > filesystem. :func:`open_configured_store` opens it; a backend that
+cannot be opened (driver missing, database unreachable, schema not migrated) falls back to the
+filesystem store with a warning returned in :class:`OpenedStore` — unless ``fallback=False``, which
+raises instead. Warnings and errors never contain a password: every URL shown goes through
+:func:`redact_url`.
+
+Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``):
+
+- ``claim_runnable(owner, ttl_seconds, now, limit) -> list[Lease]`` (sqlite, postgres): claim up to
+  ``limit`` runnable runs whose lease is free, expired or ``owner``'s, in one transaction; two
+  concurrent claimers never get the same run (postgres: ``FOR UPDATE SKIP LOCKED``).
+- ``listen(callback)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is called when any
+  process commits a write that leaves a run ``queued``. A wake-up hint, not a queue: notifications
+  are lost while the listening connection is down, so a dispatcher still polls ``runnable``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from orchestration.errors import ConfigError, StoreUnavailable
+from orchestration.store import RunStore
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "OpenedStore",
+    "StoreSpec",
+    "open_configured_store",
+    "open_store",
+    "parse_store_spec",
+    "redact_url",
+    "resolve_store_spec",
+]
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["memory", "filesystem", "sqlite", "postgres"]
+
+#: Seconds to wait for a database connection before the store counts as unreachable.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+_SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    """A parsed store spec. ``display`` is safe to show; ``dsn`` may hold a password (kept out of
+    ``repr``)."""
+
+    backend: Backend
+    display: str
+    path: Path | None = None
+    dsn: str | None = field(default=None, repr=False)
+    schema: str = "public"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedStore:
+    """The store the server will use, what was asked for (redacted) and where that came from
+    (``--store``, ``config``, ``CONSTRUCT_ORCHESTRATION_STORE``, ``CONSTRUCT_DEPLOYMENT_MODE``,
+    ``default``), and the warnings to show in ``run_status`` and the logs (a fallback)."""
+
+    store: RunStore
+    requested: str
+    source: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.warnings) and self.store.name != _backend_of(self.requested)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password in its userinfo and any ``password=`` query parameter replaced by
+    ``***``. Anything that does not parse as a URL is returned as is unless it contains ``@``."""
+    if "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("://", 1)[0] + "://***"
+    netloc = parts.netloc
+    userinfo, at, hostinfo = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
+            query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _secrets_of(url: str) -> list[str]:
+    """The password strings a URL carries, to scrub from driver messages."""
+    if "://" not in url:
+        return []
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+        found += [v for k, v in parse_qsl(parts.query) if k.lower() in _SECRET_PARAMS and v]
+    except ValueError:
+        return []
+    return [unquote(s) for s in found] + found
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` with every password of ``url`` replaced by ``***`` (driver messages may echo
+    their connection parameters)."""
+    for secret in _secrets_of(url):
+        message = message.replace(secret, "***")
+    return message
+
+
+def _backend_of(spec: str) -> str:
+    scheme = spec.split("://", 1)[0].lower() if "://" in spec else spec.lower()
+    return {"file": "filesystem", "postgresql": "postgres"}.get(scheme, scheme)
+
+
+def _env_value(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def parse_store_spec(
+    spec: str, *, home: Path, env: Mapping[str, str] | None = None, source: str = "store"
+) -> StoreSpec:
+    """Parse a store spec (table in the module docstring). ``env`` (default ``os.environ``) gives
+    the database URL for the bare name ``postgres``. Raises ``ConfigError`` naming ``source`` for
+    a spec that is not one; ``StoreUnavailable`` for ``postgres`` without a database URL."""
+    env = os.environ if env is None else env
+    text = spec.strip()
+    lowered = text.lower()
+    if lowered == "memory":
+        return StoreSpec("memory", "memory")
+    if lowered in ("filesystem", "file"):
+        return StoreSpec("filesystem", f"file://{home}", path=home)
+    if lowered == "sqlite":
+        path = home / "construct.db"
+        return StoreSpec("sqlite", f"sqlite:///{path}", path=path)
+    if lowered in ("postgres", "postgresql"):
+        url = _env_value(env, "CONSTRUCT_DATABASE_URL") or _env_value(env, "DATABASE_URL")
+        if url is None:
+            raise StoreUnavailable(
+                "the postgres store needs a database URL: set CONSTRUCT_DATABASE_URL (or DATABASE_URL), "
+                "or give a postgresql:// URL as the store"
+            )
+        return _postgres_spec(url, source)
+    if "://" not in text:
+        raise _bad_spec(source, text, "unknown store")
+    scheme = lowered.split("://", 1)[0]
+    if scheme in ("postgres", "postgresql"):
+        return _postgres_spec(text, source)
+    if scheme == "file":
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost"):
+            raise _bad_spec(source, text, "a file:// URL cannot name a remote host")
+        path = _resolve(home, unquote(parts.path))
+        return StoreSpec("filesystem", f"file://{path}", path=path)
+    if scheme == "sqlite":
+        # Not urlsplit: sqlite:////abs keeps its leading slashes only if we cut by hand.
+        rest = text.split("://", 1)[1]
+        if not rest.startswith("/"):
+            raise _bad_spec(source, text, "write sqlite:///relative.db or sqlite:////absolute/path.db")
+        raw = unquote(rest[1:].split("?", 1)[0])
+        if raw in ("", ":memory:"):
+            raise _bad_spec(source, text, "name a database file (for a throwaway store use memory)")
+        path = _resolve(home, raw)
+        return StoreSpec("sqlite", f"sqlite:///{path}", path=path)
+    raise _bad_spec(source, text, f"unknown URL scheme {scheme!r}")
+
+
+def _resolve(home: Path, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else home / path
+
+
+def _postgres_spec(url: str, source: str) -> StoreSpec:
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise _bad_spec(source, url, f"not a URL ({exc})") from exc
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    schema = "public"
+    kept: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if key == "schema":
+            schema = value
+        else:
+            kept.append((key, value))
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise _bad_spec(source, url, f"schema {schema[:70]!r} must be a lowercase SQL identifier")
+    # asyncpg would pass an unknown query parameter on as a server setting: schema is ours.
+    dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(kept), parts.fragment))
+    return StoreSpec("postgres", redact_url(url), dsn=dsn, schema=schema)
+
+
+def _bad_spec(source: str, spec: str, problem: str) -> ConfigError:
+    return ConfigError(
+        source,
+        "store",
+        f"{redact_url(spec)!r}: {problem}; use memory, filesystem, sqlite, postgres, file:///dir, "
+        "sqlite:///file.db or postgresql://user@host/db",
+    )
+
+
+async def open_store(
+    spec: str,
+    *,
+    home: Path,
+    env: Mapping[str, str] | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> RunStore:
+    """Open the store ``spec`` names (see the module docstring), importing only its driver.
+
+    Raises ``ConfigError`` (not a store spec), ``StoreUnavailable`` (driver missing, backend
+    unreachable within ``connect_timeout`` seconds, schema behind: the message says what to do and
+    never contains a password)."""
+    parsed = parse_store_spec(spec, home=home, env=env)
+    return await _open_parsed(parsed, connect_timeout)
+
+
+async def _open_parsed(spec: StoreSpec, connect_timeout: float) -> RunStore:
+    if spec.backend == "memory":
+        from stores.memory import MemoryStore
+
+        return MemoryStore()
+    if spec.backend == "filesystem":
+        from stores.filesystem import FilesystemStore
+
+        assert spec.path is not None
+        return FilesystemStore(spec.path)
+    if spec.backend == "sqlite":
+        try:
+            from stores.sqlite import SqliteStore
+        except ImportError as exc:
+            raise StoreUnavailable(f"the sqlite store needs the aiosqlite package ({exc})") from exc
+        assert spec.path is not None
+        return await SqliteStore.open(spec.path)
+    try:
+        from stores.postgres import PostgresStore
+    except ImportError as exc:
+        raise StoreUnavailable(f"the postgres store needs the asyncpg package ({exc})") from exc
+    assert spec.dsn is not None
+    return await PostgresStore.open(spec.dsn, schema=spec.schema, connect_timeout=connect_timeout)
+
+
+def resolve_store_spec(
+    *, explicit: str | None = None, config: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """``(spec, source)`` by the precedence explicit (``--store``) > config file ``store`` >
+    ``CONSTRUCT_ORCHESTRATION_STORE`` > ``CONSTRUCT_DEPLOYMENT_MODE`` > ``filesystem``. Empty values
+    count as unset. Raises ``ConfigError`` for an unknown deployment mode."""
+    env = os.environ if env is None else env
+    if explicit and explicit.strip():
+        return explicit.strip(), "--store"
+    if config and config.strip():
+        return config.strip(), "config"
+    from_env = _env_value(env, "CONSTRUCT_ORCHESTRATION_STORE")
+    if from_env is not None:
+        return from_env, "CONSTRUCT_ORCHESTRATION_STORE"
+    mode = _env_value(env, "CONSTRUCT_DEPLOYMENT_MODE")
+    if mode is not None:
+        backend = {"solo": "filesystem", "team": "postgres", "enterprise": "postgres"}.get(mode.lower())
+        if backend is None:
+            raise ConfigError(
+                "environment", "CONSTRUCT_DEPLOYMENT_MODE", f"{mode!r} is not solo, team or enterprise"
+            )
+        return backend, "CONSTRUCT_DEPLOYMENT_MODE"
+    return "filesystem", "default"
+
+
+async def open_configured_store(
+    *,
+    home: Path,
+    explicit: str | None = None,
+    config: str | None = None,
+    env: Mapping[str, str] | None = None,
+    fallback: bool = True,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> OpenedStore:
+    """Resolve the store spec (:func:`resolve_store_spec`) and open it.
+
+    When the chosen backend cannot be opened (``StoreUnavailable``: driver missing, unreachable,
+    schema behind, postgres without a URL) and ``fallback`` is true, the filesystem store at
+    ``home`` is opened instead and the returned ``warnings`` say why (the server shows them in
+    ``run_status`` and logs them). With ``fallback=False`` that ``StoreUnavailable`` is raised,
+    naming the store (redacted), where its spec came from and the cause. A spec that is not one
+    (``ConfigError``) is raised either way: a typo is not an outage.
+    """
+    env = os.environ if env is None else env
+    spec, source = resolve_store_spec(explicit=explicit, config=config, env=env)
+    shown = redact_url(spec)
+    try:
+        parsed = parse_store_spec(spec, home=home, env=env, source=source)
+        shown = parsed.display
+        store = await _open_parsed(parsed, connect_timeout)
+        return OpenedStore(store, shown, source)
+    except StoreUnavailable as exc:
+        cause = scrub(str(exc), spec)
+        if not fallback or _backend_of(spec) == "filesystem":
+            raise StoreUnavailable(
+                f"cannot open the store {shown} (from {source}): {cause}"
+                + ("" if _backend_of(spec) == "filesystem" else "; store_fallback is off")
+            ) from exc
+        warning = (
+            f"store {shown} (from {source}) could not be opened: {cause}; using the filesystem store at "
+            f"{home} instead, so runs started now are not in {shown}"
+        )
+        log.warning(warning, extra={"action": "store.fallback", "requested": shown, "source": source})
+        fs = await _open_parsed(parse_store_spec("filesystem", home=home, env=env), connect_timeout)
+        return OpenedStore(fs, shown, source, [warning])

@@ -1,0 +1,169 @@
+"""SQL for the sqlite and postgres adapters: named queries and numbered migrations, read from the
+package's ``stores/sql/<dialect>/`` files (``importlib.resources``, so it works from a wheel too).
+
+``queries.sql`` holds blocks introduced by ``-- name: <query_name>``; everything up to the next such
+line is the query. ``migrations/NNNN_<slug>.sql`` are forward-only migrations applied in number
+order (:mod:`stores.migrate`). SQL is never assembled from fragments in Python.
+
+Also here: small helpers both SQL adapters share (row decoding into typed records, the list cursor
+for a row, splitting a SQLite script into statements).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Literal
+
+from pydantic import ValidationError
+
+from orchestration.errors import CorruptRecord, InvalidArgument
+from orchestration.facts import Fact, parse_fact
+from orchestration.models import RunHead
+
+Dialect = Literal["sqlite", "postgres"]
+
+_NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One forward-only migration: ``version`` is the file's number, ``name`` its file name."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def _sql_dir(dialect: Dialect) -> resources.abc.Traversable:
+    return resources.files("stores").joinpath("sql", dialect)
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """Split a ``queries.sql`` text into ``{name: sql}``. A duplicated name is a packaging bug."""
+    queries: dict[str, str] = {}
+    matches = list(_NAME_LINE.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        name = match.group(1)
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        body = text[match.end() : end].strip()
+        queries[name] = body
+    return queries
+
+
+@functools.cache
+def queries(dialect: Dialect) -> dict[str, str]:
+    """The named queries of ``dialect`` (cached: the files are part of the installed package)."""
+    return parse_queries(_sql_dir(dialect).joinpath("queries.sql").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def migrations(dialect: Dialect) -> tuple[Migration, ...]:
+    """The packaged migrations of ``dialect`` in version order. Versions must be 1, 2, 3, ...:
+    a gap would mean a file went missing from the package."""
+    found: list[Migration] = []
+    for entry in _sql_dir(dialect).joinpath("migrations").iterdir():
+        match = _MIGRATION_FILE.fullmatch(entry.name)
+        if match is None:
+            continue
+        found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise ValueError(f"{dialect} migrations are not numbered 1..n: {migration.name}")
+    return tuple(found)
+
+
+def head_version(dialect: Dialect) -> int:
+    """The schema version the packaged migrations lead to."""
+    found = migrations(dialect)
+    return found[-1].version if found else 0
+
+
+def split_sqlite_script(script: str) -> list[str]:
+    """Split a SQLite script into statements, using SQLite's own notion of a complete statement (so
+    a ``;`` inside a string, a comment or a trigger body does not split). The migrator runs the
+    statements one by one inside its own transaction, because ``executescript`` would commit first."""
+    statements: list[str] = []
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            statement = buffer.strip()
+            if _has_code(statement):
+                statements.append(statement)
+            buffer = ""
+    return statements
+
+
+def _has_code(statement: str) -> bool:
+    lines = [line for line in statement.splitlines() if not line.strip().startswith("--")]
+    return "".join(lines).strip().strip(";").strip() != ""
+
+
+# --------------------------------------------------------------------------------------------
+# Row decoding shared by the SQL adapters
+
+
+def decode_head(run_id: str, raw: str | bytes) -> RunHead:
+    try:
+        return RunHead.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CorruptRecord(run_id, "head", _first_error(exc)) from exc
+
+
+def decode_fact(run_id: str, seq: int, raw: str | bytes) -> Fact:
+    try:
+        fact = parse_fact(raw)
+    except ValidationError as exc:
+        raise CorruptRecord(run_id, f"fact {seq}", _first_error(exc)) from exc
+    if fact.seq != seq:
+        raise CorruptRecord(run_id, f"fact {seq}", f"it says it is fact {fact.seq}")
+    return fact
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid JSON"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return f"{where or 'record'}: {first.get('msg', 'invalid')}"
+
+
+# --------------------------------------------------------------------------------------------
+# List cursors for rows
+#
+# The cursor format is the one stores._common.encode_cursor writes for a head; the SQL adapters
+# build it from a row's (created_at, run_id) so that a row that cannot be decoded still advances
+# the page.
+
+
+def cursor_for_key(created_key: str, run_id: str) -> str:
+    raw = json.dumps([created_key, run_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+_SORTABLE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+#: Sorts after every real ``created_at`` key, so "no cursor" is the same query as "after the end".
+CURSOR_START_KEY = "9999-12-31T23:59:59.999999Z"
+
+
+def parse_sortable_time(key: str, cursor: str) -> datetime:
+    """The instant a cursor's ``created_at`` key stands for (postgres compares timestamps)."""
+    try:
+        return datetime.strptime(key, _SORTABLE_FORMAT).replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"cursor {cursor[:60]!r} is not a cursor this server gave out; "
+            "omit it to start from the newest run"
+        ) from exc

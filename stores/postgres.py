@@ -1,0 +1,486 @@
+"""The PostgreSQL ``RunStore`` (asyncpg): the store several server processes share.
+
+- A pool of connections whose ``search_path`` is the store's schema (``public`` unless the URL
+  says ``?schema=name``; tests use a schema per session).
+- Heads and facts are JSONB. Every write is one transaction: an append is the compare-and-swap
+  ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, one ``INSERT ... SELECT unnest(...)`` of
+  its facts and, when the new head is ``queued``, a ``pg_notify`` — delivered only on commit.
+- Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
+  me``; :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``,
+  which is how several processes share the work. :meth:`PostgresStore.listen` lets a dispatcher be
+  woken when another process makes a run runnable (an approval, a new run).
+- The schema is never changed here: opening checks it is at the packaged head and otherwise raises
+  :class:`stores.migrate.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
+
+Driver errors are translated at this edge: connection failures to ``StoreUnavailable``, the rest to
+``StoreError``, chained, with any password scrubbed from the message.
+
+JSONB cannot hold the character U+0000; a fact or head containing it is refused with
+``StoreError`` (SQLite and the filesystem store accept it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
+
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    CorruptRecord,
+    InvalidArgument,
+    LeaseLost,
+    RunNotFound,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from orchestration.facts import Fact
+from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.vocabulary import RunStatus
+from stores import redact_url, scrub
+from stores._common import check_append, decode_cursor, sortable_time
+from stores._sql import (
+    CURSOR_START_KEY,
+    Dialect,
+    Migration,
+    cursor_for_key,
+    decode_fact,
+    decode_head,
+    parse_sortable_time,
+    queries,
+)
+from stores.migrate import MigrationReport, check_schema, run_migrations
+
+log = logging.getLogger(__name__)
+
+Q = queries("postgres")
+
+#: The NOTIFY channel for the default schema; a store in schema ``s`` uses ``construct_runs_s`` so
+#: that stores sharing a database but not a schema do not wake each other.
+CHANNEL = "construct_runs"
+
+# Errors that mean "cannot reach or use the server", as opposed to "this statement failed".
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.InterfaceError,
+)
+
+
+def channel_for(schema: str) -> str:
+    return CHANNEL if schema == "public" else f"{CHANNEL}_{schema}"
+
+
+@contextmanager
+def _translated(where: str, dsn: str) -> Iterator[None]:
+    """Translate asyncpg errors at the adapter edge; the project's own errors pass through."""
+    try:
+        yield
+    except ConstructError:
+        raise
+    except _UNAVAILABLE as exc:
+        text = scrub(str(exc) or type(exc).__name__, dsn)
+        raise StoreUnavailable(f"cannot use the {where}: {text}") from exc
+    except asyncpg.PostgresError as exc:
+        text = scrub(str(exc), dsn)
+        raise StoreError(f"{where}: {type(exc).__name__}: {text}") from exc
+
+
+def _utc(at: datetime) -> datetime:
+    # The same reading of a naive time as stores._common.sortable_time (local time), so that every
+    # adapter orders and compares times alike.
+    return at.astimezone(UTC)
+
+
+def _connect_kwargs(schema: str, connect_timeout: float) -> dict[str, Any]:
+    return {
+        "timeout": connect_timeout,
+        "server_settings": {"search_path": schema, "application_name": "construct-mcp"},
+    }
+
+
+class _PostgresTarget:
+    """:class:`stores.migrate.MigrationTarget` over one connection."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def current_version(self) -> int:
+        if not await self._conn.fetchval(Q["migrations_table_exists"]):
+            return 0
+        return int(await self._conn.fetchval(Q["schema_version"]))
+
+    async def apply(self, migration: Migration) -> bool:
+        async with self._conn.transaction():
+            await self._conn.execute(Q["migration_lock"])
+            await self._conn.execute(Q["create_migrations_table"])
+            current = await self.current_version()
+            if current >= migration.version:
+                return False
+            if current != migration.version - 1:
+                raise StoreError(
+                    f"cannot apply {migration.name}: the schema is at version {current}, "
+                    f"not {migration.version - 1}"
+                )
+            # No arguments: asyncpg sends the file with the simple protocol, several statements at once.
+            await self._conn.execute(migration.sql)
+            await self._conn.execute(Q["record_migration"], migration.version, migration.name)
+            return True
+
+
+async def migrate_postgres(
+    dsn: str,
+    *,
+    schema: str = "public",
+    check_only: bool = False,
+    migrations: Sequence[Migration] | None = None,
+    connect_timeout: float = 10.0,
+) -> MigrationReport:
+    """:func:`stores.migrate.migrate` for a PostgreSQL database (creates ``schema`` unless
+    ``check_only``)."""
+    display = _display(dsn, schema)
+    with _translated(f"postgres store {display}", dsn):
+        conn = await asyncpg.connect(dsn, **_connect_kwargs(schema, connect_timeout))
+        try:
+            if not check_only:
+                await conn.execute(await conn.fetchval(Q["create_schema_statement"], schema))
+            return await run_migrations(
+                _PostgresTarget(conn),
+                store=display,
+                backend="postgres",
+                check_only=check_only,
+                migrations=migrations,
+            )
+        finally:
+            await conn.close()
+
+
+def _display(dsn: str, schema: str) -> str:
+    shown = redact_url(dsn)
+    return shown if schema == "public" else f"{shown} (schema {schema})"
+
+
+class PostgresStore:
+    """A ``RunStore`` in a PostgreSQL database. Open with :meth:`open`; share one instance per
+    process (it holds a pool) and any number of processes per database."""
+
+    name = "postgres"
+
+    def __init__(self, pool: Any, *, dsn: str, schema: str, connect_timeout: float) -> None:
+        """Use :meth:`open`."""
+        self.schema = schema
+        self.channel = channel_for(schema)
+        self._pool = pool
+        self._dsn = dsn
+        self._connect_timeout = connect_timeout
+        self._where = f"postgres store {_display(dsn, schema)}"
+        self._listener: Any = None
+        self._callbacks: list[Callable[[str], None]] = []
+        self._listen_lock = anyio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        schema: str = "public",
+        connect_timeout: float = 5.0,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> PostgresStore:
+        """Connect a pool to ``dsn`` (an asyncpg DSN without the ``schema`` parameter; see
+        :func:`stores.parse_store_spec`) and check the schema.
+
+        Raises ``StoreUnavailable`` when the server cannot be reached within ``connect_timeout``
+        seconds or refuses the login, :class:`stores.migrate.SchemaOutOfDate` when a migration is
+        pending (``construct-mcp migrate``)."""
+        where = f"postgres store {_display(dsn, schema)}"
+        with _translated(where, dsn):
+            # fail_after bounds the whole pool start, not only each connection attempt.
+            with anyio.fail_after(connect_timeout * 2 + 1):
+                pool = await asyncpg.create_pool(
+                    dsn, min_size=min_size, max_size=max_size, **_connect_kwargs(schema, connect_timeout)
+                )
+            try:
+                async with pool.acquire() as conn:
+                    await check_schema(_PostgresTarget(conn), f"the {where}")
+            except BaseException:
+                await pool.close()
+                raise
+        return cls(pool, dsn=dsn, schema=schema, connect_timeout=connect_timeout)
+
+    # ----------------------------------------------------------------------------------------
+    # plumbing
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        if self._closed:
+            raise StoreUnavailable(f"the {self._where} is closed")
+        with _translated(self._where, self._dsn):
+            async with self._pool.acquire() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Any]:
+        async with self._connection() as conn, conn.transaction():
+            yield conn
+
+    async def _notify_if_runnable(self, conn: Any, head: RunHead) -> None:
+        if head.status == RunStatus.QUEUED:
+            await conn.execute(Q["notify_runnable"], self.channel, head.run_id)
+
+    # ----------------------------------------------------------------------------------------
+    # RunStore
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        """See ``RunStore.create``. One transaction; a concurrent create with the same key waits for
+        the first to commit and then returns its run (``created=False``)."""
+        validate_run_id(head.run_id)
+        async with self._transaction() as conn:
+            inserted = await conn.fetchval(Q["insert_run"], *_run_values(head))
+            if inserted is None:
+                if head.idempotency_key is not None:
+                    row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
+                    if row is not None:
+                        return CreateResult(decode_head(row[0], row[1]), created=False)
+                raise Conflict(f"a run with id {head.run_id} already exists")
+            await conn.execute(Q["insert_facts"], *_fact_values(head.run_id, facts))
+            await self._notify_if_runnable(conn, head)
+        return CreateResult(head, created=True)
+
+    async def load(self, run_id: str) -> RunHead:
+        validate_run_id(run_id)
+        async with self._connection() as conn:
+            raw = await conn.fetchval(Q["load_head"], run_id)
+        if raw is None:
+            raise RunNotFound(run_id)
+        return decode_head(run_id, raw)
+
+    async def append(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+    ) -> RunHead:
+        """See ``RunStore.append``: one transaction (CAS update, one insert of all facts, a notify
+        when the run is left ``queued``), committed before it returns."""
+        validate_run_id(run_id)
+        check_append(run_id, expected_version, facts, head)
+        async with self._transaction() as conn:
+            updated = await conn.fetchval(
+                Q["update_head"],
+                run_id,
+                expected_version,
+                head.version,
+                head.status.value,
+                _utc(head.updated_at),
+                _utc(head.not_before) if head.not_before is not None else None,
+                head.model_dump_json(),
+            )
+            if updated is None:
+                actual = await conn.fetchval(Q["run_version"], run_id)
+                if actual is None:
+                    raise RunNotFound(run_id)
+                raise VersionConflict(run_id, expected_version, int(actual))
+            try:
+                await conn.execute(Q["insert_facts"], *_fact_values(run_id, facts))
+            except asyncpg.UniqueViolationError as exc:
+                seqs = ", ".join(str(f.seq) for f in facts)
+                raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
+            await self._notify_if_runnable(conn, head)
+        return head
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        validate_run_id(run_id)
+        async with self._connection() as conn:
+            if await conn.fetchval(Q["run_version"], run_id) is None:
+                raise RunNotFound(run_id)
+            rows = await conn.fetch(Q["read_facts"], run_id, after_seq, limit)
+        return [decode_fact(run_id, int(row[0]), row[1]) for row in rows]
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        validate_run_id(run_id)
+        async with self._connection() as conn:
+            if await conn.fetchval(Q["run_version"], run_id) is None:
+                raise RunNotFound(run_id)
+            row = await conn.fetchrow(Q["read_fact"], run_id, seq)
+        if row is None:
+            raise KeyError(seq)
+        return decode_fact(run_id, int(row[0]), row[1])
+
+    async def list_runs(
+        self,
+        statuses: frozenset[RunStatus] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """See ``RunStore.list_runs``: a keyset page read through ``runs_created`` (or
+        ``runs_status_created``); it reads ``limit + 1`` rows, never the whole table."""
+        after = decode_cursor(cursor) or (CURSOR_START_KEY, "")
+        after_at = parse_sortable_time(after[0], cursor or "")
+        limit = max(limit, 0)
+        async with self._connection() as conn:
+            if statuses:
+                rows = await conn.fetch(
+                    Q["list_runs_by_status"], after_at, after[1], limit + 1, sorted(s.value for s in statuses)
+                )
+            else:
+                rows = await conn.fetch(Q["list_runs"], after_at, after[1], limit + 1)
+        page_rows = rows[:limit]
+        runs: list[RunHead] = []
+        for run_id, _created, raw in page_rows:
+            try:
+                runs.append(decode_head(run_id, raw))
+            except CorruptRecord as exc:
+                log.warning(
+                    "unreadable run skipped in list",
+                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "error": str(exc)},
+                )
+        next_cursor = None
+        if len(rows) > limit and page_rows:
+            last_id, last_created, _ = page_rows[-1]
+            next_cursor = cursor_for_key(sortable_time(last_created), last_id)
+        return RunPage(runs, next_cursor)
+
+    async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["runnable"], _utc(now), limit)
+        return [str(row[0]) for row in rows]
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        validate_run_id(run_id)
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        async with self._connection() as conn:
+            try:
+                claimed = await conn.fetchval(Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now))
+            except asyncpg.ForeignKeyViolationError as exc:
+                raise RunNotFound(run_id) from exc
+        return Lease(run_id, owner, expires_at) if claimed is not None else None
+
+    async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+        async with self._connection() as conn:
+            kept = await conn.fetchval(Q["renew_lease"], lease.run_id, lease.owner, _utc(renewed.expires_at))
+        if kept is None:
+            raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+        return renewed
+
+    async def release_lease(self, lease: Lease) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["release_lease"], lease.run_id, lease.owner)
+
+    async def claim_runnable(
+        self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
+    ) -> list[Lease]:
+        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        :meth:`runnable` defines them) whose lease is free, expired or already ``owner``'s, oldest
+        first, in one statement. Concurrent claimers in any number of processes skip the runs
+        another is claiming (``SKIP LOCKED``) and never get the same run."""
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["claim_runnable"], owner, _utc(expires_at), _utc(now), limit)
+        return [Lease(str(row[0]), owner, expires_at) for row in rows]
+
+    # ----------------------------------------------------------------------------------------
+    # LISTEN / NOTIFY
+
+    async def listen(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(run_id)`` whenever any process commits a write that leaves a run
+        ``queued`` in this store (a new run, an approval, a scheduled retry). Runs on the event
+        loop; ``callback`` must not block. Uses one dedicated connection, opened by the first
+        ``listen``. A hint, not a queue: nothing is replayed after the connection drops (the
+        dispatcher keeps polling :meth:`runnable`); the next ``listen`` reconnects."""
+        async with self._listen_lock:
+            if self._closed:
+                raise StoreUnavailable(f"the {self._where} is closed")
+            if self._listener is None or self._listener.is_closed():
+                with _translated(self._where, self._dsn):
+                    conn = await asyncpg.connect(
+                        self._dsn, **_connect_kwargs(self.schema, self._connect_timeout)
+                    )
+                    try:
+                        await conn.add_listener(self.channel, self._on_notification)
+                    except BaseException:
+                        await conn.close()
+                        raise
+                    conn.add_termination_listener(self._on_listener_lost)
+                self._listener = conn
+            self._callbacks.append(callback)
+
+    async def unlisten(self, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback``; the connection closes with the last listener."""
+        async with self._listen_lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+            if not self._callbacks:
+                await self._close_listener()
+
+    def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        for callback in list(self._callbacks):
+            try:
+                callback(payload)
+            except Exception:
+                # One broken subscriber must not silence the others or the connection.
+                log.exception("listener callback failed", extra={"action": "store.listen_callback_failed"})
+
+    def _on_listener_lost(self, _conn: Any) -> None:
+        if not self._closed:
+            log.warning(
+                "notification connection lost; wake-ups pause until the next listen()",
+                extra={"action": "store.listen_lost", "store": self._where},
+            )
+
+    async def _close_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None and not conn.is_closed():
+            with _translated(self._where, self._dsn):
+                await conn.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._listen_lock:
+            self._callbacks.clear()
+            await self._close_listener()
+        with _translated(self._where, self._dsn):
+            await self._pool.close()
+
+
+def _run_values(head: RunHead) -> tuple[Any, ...]:
+    return (
+        head.run_id,
+        head.version,
+        head.status.value,
+        _utc(head.created_at),
+        _utc(head.updated_at),
+        _utc(head.not_before) if head.not_before is not None else None,
+        head.idempotency_key,
+        head.model_dump_json(),
+    )
+
+
+def _fact_values(run_id: str, facts: Sequence[Fact]) -> tuple[Any, ...]:
+    return (
+        run_id,
+        [f.seq for f in facts],
+        [f.type for f in facts],
+        [f.model_dump_json() for f in facts],
+    )

@@ -1,0 +1,126 @@
+-- Named queries of the postgres adapter (stores/postgres.py). Parameters are positional ($1, ...).
+-- Tables are unqualified: every connection's search_path is the store's schema.
+
+-- name: create_schema_statement
+-- The schema is an identifier, which cannot be a parameter: let the server quote it.
+SELECT format('CREATE SCHEMA IF NOT EXISTS %I', $1::text)
+
+-- name: migration_lock
+-- Held until the migration's transaction ends, so concurrent migrators apply each migration once.
+SELECT pg_advisory_xact_lock(hashtext('construct-mcp migrate ' || current_schema()))
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: migrations_table_exists
+SELECT to_regclass('schema_migrations') IS NOT NULL
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM schema_migrations
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name) VALUES ($1, $2)
+
+-- name: insert_run
+-- DO NOTHING covers both the run id and the idempotency key; it waits for a concurrent insert of the
+-- same key to commit, so the caller's follow-up read of the key sees the winner.
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)
+ON CONFLICT DO NOTHING
+RETURNING run_id
+
+-- name: head_by_idempotency_key
+SELECT run_id, head::text FROM runs WHERE idempotency_key = $1
+
+-- name: insert_facts
+-- All the facts of one write in one statement (one round trip).
+INSERT INTO facts (run_id, seq, type, body)
+SELECT $1, f.seq, f.type, f.body::jsonb
+FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
+
+-- name: update_head
+-- The compare-and-swap: no row changes unless the stored version is the one the writer read.
+UPDATE runs
+SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb
+WHERE run_id = $1 AND version = $2
+RETURNING run_id
+
+-- name: notify_runnable
+-- Sent inside the write's transaction, so listeners hear of it only once it is committed.
+SELECT pg_notify($1, $2)
+
+-- name: run_version
+SELECT version FROM runs WHERE run_id = $1
+
+-- name: load_head
+SELECT head::text FROM runs WHERE run_id = $1
+
+-- name: read_facts
+-- LIMIT NULL is "no limit".
+SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3
+
+-- name: read_fact
+SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq = $2
+
+-- name: list_runs
+-- Keyset pagination, newest first; "no cursor" passes a key after every real one.
+SELECT run_id, created_at, head::text FROM runs
+WHERE (created_at, run_id) < ($1, $2)
+ORDER BY created_at DESC, run_id DESC
+LIMIT $3
+
+-- name: list_runs_by_status
+SELECT run_id, created_at, head::text FROM runs
+WHERE status = ANY ($4::text[])
+  AND (created_at, run_id) < ($1, $2)
+ORDER BY created_at DESC, run_id DESC
+LIMIT $3
+
+-- name: runnable
+SELECT run_id FROM runs
+WHERE status IN ('queued', 'running')
+  AND (status = 'running' OR not_before IS NULL OR not_before <= $1)
+ORDER BY created_at, run_id
+LIMIT $2
+
+-- name: claim_lease
+-- Take the lease if it is free, expired or already ours. ON CONFLICT DO UPDATE locks the existing
+-- lease row and judges the WHERE on its latest committed version, so of two concurrent claimers
+-- exactly one gets a row back.
+INSERT INTO leases (run_id, owner, expires_at) VALUES ($1, $2, $3)
+ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+WHERE leases.expires_at <= $4 OR leases.owner = EXCLUDED.owner
+RETURNING run_id
+
+-- name: renew_lease
+UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND owner = $2 RETURNING run_id
+
+-- name: release_lease
+DELETE FROM leases WHERE run_id = $1 AND owner = $2
+
+-- name: claim_runnable
+-- Claim up to $4 runnable runs whose lease is free, expired or ours, oldest first. SKIP LOCKED lets
+-- concurrent claimers (other processes) pass over the runs this one is taking instead of waiting
+-- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
+-- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
+-- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
+WITH candidates AS (
+    SELECT runs.run_id, runs.created_at
+    FROM runs
+    LEFT JOIN leases ON leases.run_id = runs.run_id
+    WHERE runs.status IN ('queued', 'running')
+      AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3)
+      AND (leases.run_id IS NULL OR leases.expires_at <= $3 OR leases.owner = $1)
+    ORDER BY runs.created_at, runs.run_id
+    LIMIT $4
+    FOR NO KEY UPDATE OF runs SKIP LOCKED
+)
+INSERT INTO leases (run_id, owner, expires_at)
+SELECT run_id, $1, $2 FROM candidates ORDER BY created_at, run_id
+ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+WHERE leases.expires_at <= $3 OR leases.owner = EXCLUDED.owner
+RETURNING run_id

@@ -1,0 +1,107 @@
+-- Named queries of the sqlite adapter (stores/sqlite.py). Parameters are named (:name).
+-- Times are stores._common.sortable_time text.
+
+-- name: enable_wal
+-- Persistent: once set, every later connection to the file is in WAL mode too.
+PRAGMA journal_mode = WAL
+
+-- name: synchronous_full
+-- A commit is on disk when it returns (NORMAL would lose the last commits on power loss in WAL mode).
+PRAGMA synchronous = FULL
+
+-- name: foreign_keys_on
+PRAGMA foreign_keys = ON
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at TEXT NOT NULL
+)
+
+-- name: migrations_table_exists
+SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM schema_migrations
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :applied_at)
+
+-- name: head_by_idempotency_key
+SELECT run_id, head FROM runs WHERE idempotency_key = :idempotency_key
+
+-- name: run_version
+SELECT version FROM runs WHERE run_id = :run_id
+
+-- name: insert_run
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head)
+VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head)
+
+-- name: insert_fact
+INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
+
+-- name: update_head
+-- The compare-and-swap: no row changes unless the stored version is the one the writer read.
+UPDATE runs
+SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head
+WHERE run_id = :run_id AND version = :expected_version
+
+-- name: load_head
+SELECT head FROM runs WHERE run_id = :run_id
+
+-- name: read_facts
+-- LIMIT -1 is SQLite's "no limit".
+SELECT seq, body FROM facts WHERE run_id = :run_id AND seq > :after_seq ORDER BY seq LIMIT :limit
+
+-- name: read_fact
+SELECT seq, body FROM facts WHERE run_id = :run_id AND seq = :seq
+
+-- name: list_runs
+-- Keyset pagination, newest first; "no cursor" passes a key after every real one.
+SELECT run_id, created_at, head FROM runs
+WHERE (created_at, run_id) < (:after_created, :after_run_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit
+
+-- name: list_runs_by_status
+-- :statuses is a JSON array of status names.
+SELECT run_id, created_at, head FROM runs
+WHERE status IN (SELECT value FROM json_each(:statuses))
+  AND (created_at, run_id) < (:after_created, :after_run_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit
+
+-- name: runnable
+-- The status IN (...) term repeats the partial index's condition word for word, which is what lets
+-- SQLite's planner use runs_runnable.
+SELECT run_id FROM runs
+WHERE status IN ('queued', 'running')
+  AND (status = 'running' OR not_before IS NULL OR not_before <= :now)
+ORDER BY created_at, run_id
+LIMIT :limit
+
+-- name: claim_lease
+-- Take the lease if it is free, expired or already ours; no row comes back when another owner holds
+-- an unexpired lease.
+INSERT INTO leases (run_id, owner, expires_at) VALUES (:run_id, :owner, :expires_at)
+ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
+WHERE leases.expires_at <= :now OR leases.owner = excluded.owner
+RETURNING run_id
+
+-- name: renew_lease
+UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND owner = :owner
+
+-- name: release_lease
+DELETE FROM leases WHERE run_id = :run_id AND owner = :owner
+
+-- name: claim_runnable
+-- Runnable runs whose lease is free, expired or ours, oldest first; the caller holds BEGIN IMMEDIATE,
+-- so no other writer can claim between this select and the claim_lease upserts that follow.
+SELECT runs.run_id FROM runs
+LEFT JOIN leases ON leases.run_id = runs.run_id
+WHERE runs.status IN ('queued', 'running')
+  AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= :now)
+  AND (leases.run_id IS NULL OR leases.expires_at <= :now OR leases.owner = :owner)
+ORDER BY runs.created_at, runs.run_id
+LIMIT :limit

@@ -1,0 +1,473 @@
+"""The SQLite ``RunStore`` (aiosqlite): one file, several processes, WAL mode.
+
+- Every write is one ``BEGIN IMMEDIATE`` transaction on the store's writer connection: appends do
+  their compare-and-swap on ``runs.version`` inside it, creates check the idempotency key inside it,
+  lease claims read and upsert inside it. ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so
+  two processes never both decide on a stale read; the busy timeout makes the loser wait for the
+  lock instead of failing at once.
+- ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
+- Reads use a second connection; in WAL mode they see the last committed write and never block, or
+  wait for, the writer.
+- The head is kept as JSON next to the columns lists filter on (status, created_at, not_before,
+  idempotency_key), each indexed; facts are rows keyed by (run_id, seq), so an append costs one
+  head update and one indexed insert per fact whatever the run's history.
+
+Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim capability
+(see :mod:`stores`). Opening migrates the file to the packaged schema by default (a private file
+that only construct-mcp uses); pass ``auto_migrate=False`` to only check it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import anyio
+
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    CorruptRecord,
+    InvalidArgument,
+    LeaseLost,
+    RunNotFound,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from orchestration.facts import Fact
+from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.vocabulary import RunStatus
+from stores._common import check_append, decode_cursor, sortable_time
+from stores._sql import (
+    CURSOR_START_KEY,
+    Dialect,
+    Migration,
+    cursor_for_key,
+    decode_fact,
+    decode_head,
+    head_version,
+    queries,
+    split_sqlite_script,
+)
+from stores.migrate import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
+
+log = logging.getLogger(__name__)
+
+Q = queries("sqlite")
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT_SECONDS = 10.0
+
+
+@contextmanager
+def _translated(where: str) -> Iterator[None]:
+    """Translate sqlite3 errors at the adapter edge; the project's own errors pass through."""
+    try:
+        yield
+    except ConstructError:
+        raise
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "unable to open" in text or "readonly" in text or "disk I/O" in text:
+            raise StoreUnavailable(f"{where}: {text}") from exc
+        if "locked" in text or "busy" in text:
+            raise StoreError(f"{where}: the database stayed locked past the busy timeout ({text})") from exc
+        raise StoreError(f"{where}: {text}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{where}: {exc}") from exc
+    except OSError as exc:
+        raise StoreUnavailable(f"{where}: {exc}") from exc
+
+
+async def _connect(path: Path, busy_timeout: float) -> aiosqlite.Connection:
+    """A connection in autocommit mode (``isolation_level=None``): transactions are the explicit
+    ``BEGIN IMMEDIATE`` ... ``COMMIT`` of :meth:`SqliteStore._write`, never the sqlite3 module's
+    implicit ones. ``timeout`` is SQLite's busy timeout."""
+    conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout)
+    try:
+        await conn.execute(Q["enable_wal"])
+        await conn.execute(Q["synchronous_full"])
+        await conn.execute(Q["foreign_keys_on"])
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+class _SqliteTarget:
+    """:class:`stores.migrate.MigrationTarget` over one connection."""
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def current_version(self) -> int:
+        rows = list(await self._conn.execute_fetchall(Q["migrations_table_exists"]))
+        if not rows or not rows[0][0]:
+            return 0
+        rows = list(await self._conn.execute_fetchall(Q["schema_version"]))
+        return int(rows[0][0])
+
+    async def apply(self, migration: Migration) -> bool:
+        # executescript would COMMIT before running, so the statements run one by one inside our
+        # own BEGIN IMMEDIATE: the migration and its schema_migrations row land together or not at all.
+        async with _transaction(self._conn):
+            await self._conn.execute(Q["create_migrations_table"])
+            current = await self.current_version()
+            if current >= migration.version:
+                return False
+            if current != migration.version - 1:
+                raise StoreError(
+                    f"cannot apply {migration.name}: the schema is at version {current}, "
+                    f"not {migration.version - 1}"
+                )
+            for statement in split_sqlite_script(migration.sql):
+                await self._conn.execute(statement)
+            await self._conn.execute(
+                Q["record_migration"],
+                {
+                    "version": migration.version,
+                    "name": migration.name,
+                    "applied_at": sortable_time(datetime.now(UTC)),
+                },
+            )
+            return True
+
+
+@asynccontextmanager
+async def _transaction(conn: aiosqlite.Connection) -> AsyncIterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error.
+
+    Shielded from cancellation: aiosqlite runs each statement on its own thread, which a cancelled
+    await does not stop, so a write abandoned halfway would leave the connection inside an open
+    transaction (blocking every later write). A write is short; it finishes or rolls back.
+    """
+    with anyio.CancelScope(shield=True):
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            await conn.rollback()
+            raise
+        else:
+            await conn.commit()
+
+
+async def migrate_sqlite(
+    path: Path,
+    *,
+    check_only: bool = False,
+    migrations: Sequence[Migration] | None = None,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+) -> MigrationReport:
+    """:func:`stores.migrate.migrate` for a SQLite file (creates the file unless ``check_only``)."""
+    where = f"sqlite:///{path}"
+    if check_only and not await anyio.Path(path).exists():
+        # Checking must not create the file: a missing file is a schema at version 0.
+        wanted = migrations[-1].version if migrations else head_version("sqlite")
+        raise SchemaOutOfDate(f"the sqlite store {where}", 0, wanted)
+    with _translated(where):
+        await anyio.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = await _connect(path, busy_timeout)
+        try:
+            return await run_migrations(
+                _SqliteTarget(conn),
+                store=where,
+                backend="sqlite",
+                check_only=check_only,
+                migrations=migrations,
+            )
+        finally:
+            await conn.close()
+
+
+class SqliteStore:
+    """A ``RunStore`` in one SQLite file. Open with :meth:`open`; safe to share between tasks and
+    between processes that open the same file."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection) -> None:
+        """Use :meth:`open`."""
+        self.path = path
+        self._where = f"sqlite store {path}"
+        self._writer = writer
+        self._reader = reader
+        # One connection can hold one transaction: writes from concurrent tasks take turns here,
+        # and SQLite's own lock (BEGIN IMMEDIATE + busy timeout) orders them against other processes.
+        self._write_lock = anyio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+        auto_migrate: bool = True,
+    ) -> SqliteStore:
+        """Open (creating it if needed) the store file at ``path``.
+
+        With ``auto_migrate`` (the default) pending migrations are applied first: the file is the
+        server's own, and concurrent openers serialize on ``BEGIN IMMEDIATE``. Without it, a schema
+        that is behind raises :class:`stores.migrate.SchemaOutOfDate`. Raises ``StoreUnavailable``
+        when the file cannot be opened.
+        """
+        where = f"sqlite store {path}"
+        with _translated(where):
+            await anyio.Path(path).parent.mkdir(parents=True, exist_ok=True)
+            writer = await _connect(path, busy_timeout)
+            try:
+                target = _SqliteTarget(writer)
+                if auto_migrate:
+                    await run_migrations(target, store=f"sqlite:///{path}", backend="sqlite")
+                await check_schema(target, f"the {where}")
+                reader = await _connect(path, busy_timeout)
+            except BaseException:
+                await writer.close()
+                raise
+        return cls(path, writer, reader)
+
+    # ----------------------------------------------------------------------------------------
+    # plumbing
+
+    async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        """Run ``work`` in one write transaction, with errors translated."""
+        self._check_open()
+        with _translated(self._where):
+            async with self._write_lock, _transaction(self._writer):
+                return await work(self._writer)
+
+    async def _read(self, sql: str, params: dict[str, Any]) -> list[sqlite3.Row]:
+        self._check_open()
+        with _translated(self._where):
+            return list(await self._reader.execute_fetchall(sql, params))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"{self._where} is closed")
+
+    async def _version(self, run_id: str) -> int | None:
+        rows = await self._read(Q["run_version"], {"run_id": run_id})
+        return int(rows[0][0]) if rows else None
+
+    async def _require_run(self, run_id: str) -> None:
+        validate_run_id(run_id)
+        if await self._version(run_id) is None:
+            raise RunNotFound(run_id)
+
+    # ----------------------------------------------------------------------------------------
+    # RunStore
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        """See ``RunStore.create``. The key lookup and the inserts share one ``BEGIN IMMEDIATE``
+        transaction, so two concurrent creates with one key make one run."""
+        validate_run_id(head.run_id)
+
+        async def work(conn: aiosqlite.Connection) -> CreateResult:
+            if head.idempotency_key is not None:
+                rows = list(
+                    await conn.execute_fetchall(
+                        Q["head_by_idempotency_key"], {"idempotency_key": head.idempotency_key}
+                    )
+                )
+                if rows:
+                    return CreateResult(decode_head(str(rows[0][0]), rows[0][1]), created=False)
+            try:
+                await conn.execute(Q["insert_run"], _run_row(head))
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"a run with id {head.run_id} already exists") from exc
+            await conn.executemany(Q["insert_fact"], [_fact_row(head.run_id, f) for f in facts])
+            return CreateResult(head, created=True)
+
+        return await self._write(work)
+
+    async def load(self, run_id: str) -> RunHead:
+        validate_run_id(run_id)
+        rows = await self._read(Q["load_head"], {"run_id": run_id})
+        if not rows:
+            raise RunNotFound(run_id)
+        return decode_head(run_id, rows[0][0])
+
+    async def append(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+    ) -> RunHead:
+        """See ``RunStore.append``: one transaction holding the CAS update of the head and one
+        insert per fact; committed with ``synchronous = FULL`` before it returns."""
+        validate_run_id(run_id)
+        check_append(run_id, expected_version, facts, head)
+        row = _run_row(head) | {"expected_version": expected_version}
+
+        async def work(conn: aiosqlite.Connection) -> RunHead:
+            async with conn.execute(Q["update_head"], row) as cursor:
+                changed = cursor.rowcount
+            if changed != 1:
+                rows = list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id}))
+                if not rows:
+                    raise RunNotFound(run_id)
+                raise VersionConflict(run_id, expected_version, int(rows[0][0]))
+            try:
+                await conn.executemany(Q["insert_fact"], [_fact_row(run_id, f) for f in facts])
+            except sqlite3.IntegrityError as exc:
+                seqs = ", ".join(str(f.seq) for f in facts)
+                raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
+            return head
+
+        return await self._write(work)
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        await self._require_run(run_id)
+        rows = await self._read(
+            Q["read_facts"],
+            {"run_id": run_id, "after_seq": after_seq, "limit": -1 if limit is None else limit},
+        )
+        return [decode_fact(run_id, int(seq), body) for seq, body in rows]
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        await self._require_run(run_id)
+        rows = await self._read(Q["read_fact"], {"run_id": run_id, "seq": seq})
+        if not rows:
+            raise KeyError(seq)
+        return decode_fact(run_id, int(rows[0][0]), rows[0][1])
+
+    async def list_runs(
+        self,
+        statuses: frozenset[RunStatus] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """See ``RunStore.list_runs``: a keyset page read through ``runs_created`` (or
+        ``runs_status_created``); it reads ``limit + 1`` rows, never the whole table."""
+        after = decode_cursor(cursor) or (CURSOR_START_KEY, "")
+        limit = max(limit, 0)
+        params: dict[str, Any] = {"after_created": after[0], "after_run_id": after[1], "limit": limit + 1}
+        if statuses:
+            params["statuses"] = json.dumps(sorted(s.value for s in statuses))
+            rows = await self._read(Q["list_runs_by_status"], params)
+        else:
+            rows = await self._read(Q["list_runs"], params)
+        page_rows = rows[:limit]
+        runs: list[RunHead] = []
+        for run_id, _created, raw in page_rows:
+            try:
+                runs.append(decode_head(run_id, raw))
+            except CorruptRecord as exc:
+                log.warning(
+                    "unreadable run skipped in list",
+                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "error": str(exc)},
+                )
+        more = len(rows) > limit
+        next_cursor = cursor_for_key(page_rows[-1][1], page_rows[-1][0]) if more and page_rows else None
+        return RunPage(runs, next_cursor)
+
+    async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        rows = await self._read(Q["runnable"], {"now": sortable_time(now), "limit": limit})
+        return [str(row[0]) for row in rows]
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        validate_run_id(run_id)
+        expires_at = now + timedelta(seconds=ttl_seconds)
+
+        async def work(conn: aiosqlite.Connection) -> Lease | None:
+            if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
+                raise RunNotFound(run_id)
+            return await _claim(conn, run_id, owner, now, expires_at)
+
+        return await self._write(work)
+
+    async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+
+        async def work(conn: aiosqlite.Connection) -> Lease:
+            params = {
+                "run_id": lease.run_id,
+                "owner": lease.owner,
+                "expires_at": sortable_time(renewed.expires_at),
+            }
+            async with conn.execute(Q["renew_lease"], params) as cursor:
+                if cursor.rowcount != 1:
+                    raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+            return renewed
+
+        return await self._write(work)
+
+    async def release_lease(self, lease: Lease) -> None:
+        async def work(conn: aiosqlite.Connection) -> None:
+            await conn.execute(Q["release_lease"], {"run_id": lease.run_id, "owner": lease.owner})
+
+        await self._write(work)
+
+    async def claim_runnable(
+        self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
+    ) -> list[Lease]:
+        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        :meth:`runnable` defines them) whose lease is free, expired or already ``owner``'s, oldest
+        first, in one transaction. Of two concurrent claimers, in this or another process, no two
+        get the same run: ``BEGIN IMMEDIATE`` serializes them."""
+        expires_at = now + timedelta(seconds=ttl_seconds)
+
+        async def work(conn: aiosqlite.Connection) -> list[Lease]:
+            rows = list(
+                await conn.execute_fetchall(
+                    Q["claim_runnable"], {"now": sortable_time(now), "owner": owner, "limit": limit}
+                )
+            )
+            leases: list[Lease] = []
+            for (run_id,) in rows:
+                lease = await _claim(conn, str(run_id), owner, now, expires_at)
+                if lease is not None:
+                    leases.append(lease)
+            return leases
+
+        return await self._write(work)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Wait for a write in flight so that its commit is not cut off.
+        async with self._write_lock:
+            for conn in (self._reader, self._writer):
+                with _translated(self._where):
+                    await conn.close()
+
+
+async def _claim(
+    conn: aiosqlite.Connection, run_id: str, owner: str, now: datetime, expires_at: datetime
+) -> Lease | None:
+    params = {
+        "run_id": run_id,
+        "owner": owner,
+        "now": sortable_time(now),
+        "expires_at": sortable_time(expires_at),
+    }
+    rows = list(await conn.execute_fetchall(Q["claim_lease"], params))
+    return Lease(run_id, owner, expires_at) if rows else None
+
+
+def _run_row(head: RunHead) -> dict[str, Any]:
+    return {
+        "run_id": head.run_id,
+        "version": head.version,
+        "status": head.status.value,
+        "created_at": sortable_time(head.created_at),
+        "updated_at": sortable_time(head.updated_at),
+        "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
+        "idempotency_key": head.idempotency_key,
+        "head": head.model_dump_json(),
+    }
+
+
+def _fact_row(run_id: str, fact: Fact) -> dict[str, Any]:
+    return {"run_id": run_id, "seq": fact.seq, "type": fact.type, "body": fact.model_dump_json()}
