@@ -21,9 +21,11 @@ MAX_MESSAGE_CHARS = 500
 # (``sk-...``, ``sk-ant-...``, ``sk-or-v1-...``, masked with ``*``), bearer tokens, and an
 # ``x-api-key: ...`` header echoed back.
 _KEY_SHAPES = (
-    re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}"),
+    re.compile(
+        r"(?i)\b(x-api-key|api[_-]?key|authorization)([\"']?\s*[:=]\s*[\"']?)(?:bearer\s+)?[^\s\"',;]+"
+    ),
     re.compile(r"(?i)\bbearer\s+[^\s\"',;]+"),
-    re.compile(r"(?i)\b(x-api-key|api[_-]?key|authorization)([\"']?\s*[:=]\s*[\"']?)[^\s\"',;]+"),
 )
 
 
@@ -58,8 +60,9 @@ class Redactor:
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
         text = _KEY_SHAPES[0].sub(REDACTED, text)
-        text = _KEY_SHAPES[1].sub(f"Bearer {REDACTED}", text)
-        text = _KEY_SHAPES[2].sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+        # A header echoed whole first ("Authorization: Bearer x"), so its value goes in one piece.
+        text = _KEY_SHAPES[1].sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+        text = _KEY_SHAPES[2].sub(f"Bearer {REDACTED}", text)
         text = " ".join(text.split())  # one line: newlines in a message would split a log record
         if len(text) > limit:
             # Truncate after scrubbing, so a cut can never leave a partial key behind.
