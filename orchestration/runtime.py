@@ -62,6 +62,7 @@ from orchestration.facts import (
 )
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.models import (
+    ChainSnapshot,
     ExecutionContract,
     GateState,
     RunHead,
@@ -115,10 +116,10 @@ class StartRequest:
         )
 
 
-ContractResolver = Callable[[StartRequest, RunHead | None], ExecutionContract]
+ContractResolver = Callable[[StartRequest, ChainSnapshot], ExecutionContract]
 
 
-def inline_contract(request: StartRequest, _: RunHead | None) -> ExecutionContract:
+def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
     if request.worker_backend not in (None, "inline"):
         raise InvalidArgument(
             f"worker_backend {request.worker_backend!r} is not available on this server; use 'inline'"
@@ -278,7 +279,7 @@ class Runtime:
                 f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
             )
         chain = self.catalog.resolve(request.chain, request.approve_before)
-        contract = self.resolve_contract(request, None)
+        contract = self.resolve_contract(request, chain)
         run_id = validate_run_id(self.new_id())
         fact = RunCreated(
             seq=1,

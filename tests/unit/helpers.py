@@ -12,7 +12,7 @@ from typing import Literal
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
 from orchestration.decide import Action
-from orchestration.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
+from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
 from orchestration.prompts import TaskPrompt
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
@@ -49,7 +49,7 @@ class ScriptedWorker:
         return AttemptSucceeded(f"{step.name} output (attempt {attempt})", Telemetry(output_tokens=7))
 
 
-def provider_contract(request: StartRequest, _: RunHead | None) -> ExecutionContract:
+def provider_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
     if request.worker_backend == "provider":
         return ExecutionContract(worker_backend="provider", provider="fake", model="fake-1", max_attempts=3)
     return ExecutionContract(worker_backend="inline")

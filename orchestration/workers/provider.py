@@ -1,0 +1,249 @@
+"""The ``provider`` worker backend: the server calls the model itself.
+
+Two pieces live here:
+
+* :class:`ProviderSettings` and :meth:`ProviderSettings.resolve_contract` — which provider and model a
+  run uses, resolved **once at start** and persisted on the run as its execution contract:
+  the ``provider``/``model`` given at start, else the chain step's, else the configured default
+  (``CONSTRUCT_PROVIDER`` / ``CONSTRUCT_MODEL``); when no provider is named it is inferred from the
+  model (``claude-*`` → ``anthropic``, anything else → the OpenAI-compatible endpoint: ``openai`` when
+  ``CONSTRUCT_OPENAI_BASE_URL`` points somewhere other than OpenRouter, else ``openrouter``). A run
+  whose provider needs a key that is missing fails at start, before anything is stored, with an
+  error naming the variable to set.
+* :class:`ProviderWorker` — one attempt at a task: the persona as system prompt, the shared
+  materialization as the user turn, one HTTP call through the adapter for the step's provider,
+  bounded per provider by a concurrency limit. A failure comes back as data, with the retry
+  policy's decision folded in (``retryable`` cleared when the policy refuses, ``not_before`` set
+  when it allows), so the pure ``decide`` step only has to read the record.
+
+Keys are held only in :class:`ProviderEndpoint` (excluded from its repr) and in the HTTP adapters.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+from urllib.parse import urlsplit
+
+import anyio
+import httpx2
+
+from orchestration.clock import Clock, SystemClock
+from orchestration.errors import InvalidArgument
+from orchestration.models import (
+    ChainSnapshot,
+    ChainStep,
+    ExecutionContract,
+    Telemetry,
+    TypedError,
+    WorkerBackend,
+)
+from orchestration.prompts import TaskPrompt
+from orchestration.runtime import ContractResolver, StartRequest
+from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
+from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.workers.openai_compat import OPENAI_BASE_URL, OPENROUTER_BASE_URL, OpenAICompatClient
+from orchestration.workers.providers import ProviderCallError, ProviderClient, ProviderRequest
+from orchestration.workers.retry import RetryPolicy, Rng
+
+ProviderName = Literal["anthropic", "openrouter", "openai"]
+PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "openrouter", "openai")
+KEY_VARIABLES: Mapping[str, str] = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "openai": "OPENAI_API_KEY",
+}
+DEFAULT_BASE_URLS: Mapping[str, str] = {
+    "anthropic": ANTHROPIC_BASE_URL,
+    "openrouter": OPENROUTER_BASE_URL,
+    "openai": OPENAI_BASE_URL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEndpoint:
+    name: ProviderName
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    #: where the key came from, for messages ("ANTHROPIC_API_KEY", "config file"); never the key
+    key_source: str | None = None
+    max_concurrency: int = 4
+
+    @property
+    def key_optional(self) -> bool:
+        """Local OpenAI-compatible servers (llama.cpp, vLLM, Ollama on loopback) need no key."""
+        host = urlsplit(self.base_url).hostname or ""
+        return self.name != "anthropic" and (host in ("localhost", "::1") or host.startswith("127."))
+
+
+def _check_provider(name: str, where: str) -> ProviderName:
+    if name not in PROVIDERS:
+        raise InvalidArgument(f"{where} {name!r} is not a provider; use one of: {', '.join(PROVIDERS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """What the server knows about providers (built by the server from its config and env)."""
+
+    endpoints: Mapping[str, ProviderEndpoint]
+    default_provider: str | None = None
+    default_model: str | None = None
+    max_attempts: int = 3
+    max_tokens: int = 4096
+    request_timeout_seconds: float | None = None
+    #: the provider a non-``claude-*`` model goes to when none is named: ``openrouter``, or
+    #: ``openai`` when ``CONSTRUCT_OPENAI_BASE_URL`` points at another compatible server
+    compat_provider: ProviderName = "openrouter"
+
+    def infer_provider(self, model: str) -> ProviderName:
+        return "anthropic" if model.startswith("claude-") else self.compat_provider
+
+    def resolve_step(
+        self, step: ChainStep, provider: str | None, model: str | None
+    ) -> tuple[ProviderName, str]:
+        chosen_model = model or step.model or self.default_model
+        if not chosen_model:
+            raise InvalidArgument(
+                f"no model for step {step.name!r}: pass model to orchestrate_start, set it on the chain "
+                "step, or set CONSTRUCT_MODEL"
+            )
+        named = provider or step.provider or self.default_provider
+        chosen = (
+            _check_provider(named, "provider") if named is not None else self.infer_provider(chosen_model)
+        )
+        endpoint = self.endpoints.get(chosen)
+        if endpoint is None or (endpoint.api_key is None and not endpoint.key_optional):
+            raise InvalidArgument(
+                f"step {step.name!r} uses provider {chosen!r}, which needs an API key: set "
+                f"{KEY_VARIABLES[chosen]} (or api_key under [providers.{chosen}] in construct.toml)"
+            )
+        return chosen, chosen_model
+
+    def resolve_contract(
+        self, provider: str | None, model: str | None, chain: ChainSnapshot
+    ) -> ExecutionContract:
+        """The provider contract of a run. Every step is checked now (keys included), so a run
+        that could not execute is refused before anything is stored."""
+        resolved = [self.resolve_step(step, provider, model) for step in chain.steps]
+        run_provider, run_model = resolved[0]
+        return ExecutionContract(
+            worker_backend="provider",
+            provider=provider or self.default_provider or run_provider,
+            model=model or self.default_model or run_model,
+            max_attempts=self.max_attempts,
+        )
+
+
+class ProviderWorker:
+    """:class:`~orchestration.workers.base.TaskWorker` for the provider backend."""
+
+    def __init__(
+        self,
+        settings: ProviderSettings,
+        http: httpx2.AsyncClient,
+        *,
+        clock: Clock | None = None,
+        rng: Rng | None = None,
+        policy: RetryPolicy | None = None,
+        clients: Mapping[str, ProviderClient] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.rng: Rng = rng or random.random
+        self.policy = policy or RetryPolicy(max_attempts=settings.max_attempts)
+        self._clients: dict[str, ProviderClient] = dict(clients or {})
+        self._http = http
+        self._limits = {
+            name: anyio.CapacityLimiter(endpoint.max_concurrency)
+            for name, endpoint in settings.endpoints.items()
+        }
+
+    def client(self, provider: str) -> ProviderClient:
+        client = self._clients.get(provider)
+        if client is not None:
+            return client
+        endpoint = self.settings.endpoints.get(provider)
+        if endpoint is None:
+            raise InvalidArgument(f"provider {provider!r} is not configured on this server")
+        if endpoint.name == "anthropic":
+            if endpoint.api_key is None:
+                raise InvalidArgument(f"provider anthropic needs {KEY_VARIABLES['anthropic']}")
+            client = AnthropicClient(self._http, api_key=endpoint.api_key, base_url=endpoint.base_url)
+        else:
+            client = OpenAICompatClient(self._http, base_url=endpoint.base_url, api_key=endpoint.api_key)
+        self._clients[provider] = client
+        return client
+
+    def _route(self, contract: ExecutionContract, step: ChainStep) -> tuple[str, str]:
+        provider = step.provider or contract.provider
+        model = step.model or contract.model
+        if provider is None or model is None:
+            raise InvalidArgument(f"run has no provider/model for step {step.name!r}")
+        return provider, model
+
+    async def execute(
+        self,
+        contract: ExecutionContract,
+        step: ChainStep,
+        prompt: TaskPrompt,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        provider, model = self._route(contract, step)
+        request = ProviderRequest(
+            model=model,
+            system=prompt.system,
+            user=prompt.user,
+            max_tokens=self.settings.max_tokens,
+            timeout_seconds=self.settings.request_timeout_seconds,
+        )
+        try:
+            client = self.client(provider)
+        except InvalidArgument as exc:
+            error = TypedError(code="invalid_request", message=str(exc))
+            return AttemptFailedOutcome(error, Telemetry())
+        limiter = self._limits.get(provider) or anyio.CapacityLimiter(1)
+        try:
+            async with limiter:
+                response = await client.complete(request)
+        except ProviderCallError as exc:
+            policy = RetryPolicy(
+                max_attempts=contract.max_attempts,
+                base_delay_seconds=self.policy.base_delay_seconds,
+                max_backoff_seconds=self.policy.max_backoff_seconds,
+                min_jitter=self.policy.min_jitter,
+                max_retries_by_code=self.policy.max_retries_by_code,
+                max_retry_after_seconds=self.policy.max_retry_after_seconds,
+            )
+            decision = policy.decide_after(
+                (*previous_errors, exc.error), rng=self.rng, attempt_number=attempt
+            )
+            error = decision.error_to_record(exc.error)
+            not_before = (
+                self.clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
+            )
+            return AttemptFailedOutcome(error, exc.telemetry, not_before)
+        return AttemptSucceeded(response.text, response.telemetry)
+
+
+def contract_resolver(default_backend: WorkerBackend, settings: ProviderSettings | None) -> ContractResolver:
+    """The runtime's contract resolver: the backend given at start, else ``default_backend``
+    (``CONSTRUCT_WORKER_BACKEND`` / the config file); provider contracts via ``settings``."""
+
+    def resolve(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
+        backend = request.worker_backend or default_backend
+        if backend == "inline":
+            if request.provider or request.model:
+                raise InvalidArgument(
+                    "provider and model apply to worker_backend='provider'; this run would use 'inline'"
+                )
+            return ExecutionContract(worker_backend="inline")
+        if settings is None:
+            raise InvalidArgument("the provider backend is not configured on this server")
+        return settings.resolve_contract(request.provider, request.model, chain)
+
+    return resolve
