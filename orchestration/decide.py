@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from orchestration.facts import task_deadline
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
 from orchestration.vocabulary import RunStatus, TaskStatus
 
@@ -142,6 +143,15 @@ def next_action(head: RunHead, now: datetime) -> Action:
     """The one next thing to do for this run. Pure."""
     if head.status.is_terminal:
         return Idle(head.status)
+    if head.deadline_at is not None and now >= head.deadline_at:
+        error = TypedError(
+            code="deadline_exceeded",
+            message=f"the run's deadline ({head.deadline_at.isoformat()}) passed",
+        )
+        for task in head.tasks:
+            if task.status in (TaskStatus.RUNNING, TaskStatus.AWAITING_HOST):
+                return FailTask(task.task_id, error)
+        return FinishRun("failed", error)
     any_failed = False
     for step in head.chain.steps:
         task = head.task(step.name)
@@ -160,6 +170,15 @@ def next_action(head: RunHead, now: datetime) -> Action:
             action = _gate_action(head, gate_id_for("before", step.name))
             if action is not None:
                 return action
+        deadline = task_deadline(head, task)
+        if deadline is not None and now >= deadline:
+            return FailTask(
+                task.task_id,
+                TypedError(
+                    code="deadline_exceeded",
+                    message=f"task {task.task_id} ran past its limit of {step.timeout_seconds} s",
+                ),
+            )
         if task.status == TaskStatus.AWAITING_HOST:
             return AwaitHost(task.task_id)
         if head.contract.worker_backend == "inline":

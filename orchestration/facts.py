@@ -11,7 +11,7 @@ ever appended after a terminal fact.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
@@ -51,6 +51,7 @@ class RunCreated(_Fact):
     contract: ExecutionContract
     idempotency_key: str | None = None
     request_hash: str
+    deadline_at: datetime | None = None
 
 
 class ApprovalRequested(_Fact):
@@ -191,6 +192,8 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         request_hash=fact.request_hash,
         tasks=tasks,
         gates=tuple(gates),
+        deadline_at=fact.deadline_at,
+        wake_at=fact.deadline_at,
         created_at=fact.at,
         updated_at=fact.at,
     )
@@ -385,7 +388,25 @@ def apply(head: RunHead | None, fact: Fact) -> RunHead:
             update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
-    return head.model_copy(update=update)
+    new_head = head.model_copy(update=update)
+    return new_head.model_copy(update={"wake_at": wake_at(new_head)})
+
+
+def task_deadline(head: RunHead, task: TaskState) -> datetime | None:
+    """When the task in progress runs out of time (its step's ``timeout_seconds`` after it started)."""
+    if task.status not in (TaskStatus.RUNNING, TaskStatus.AWAITING_HOST) or task.started_at is None:
+        return None
+    timeout = head.chain.step(task.task_id).timeout_seconds
+    return None if timeout is None else task.started_at + timedelta(seconds=timeout)
+
+
+def wake_at(head: RunHead) -> datetime | None:
+    """The earliest deadline that can change the run's next decision without any write."""
+    if head.status.is_terminal:
+        return None
+    times = [head.deadline_at] + [task_deadline(head, t) for t in head.tasks]
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
 
 
 def apply_write(head: RunHead, facts: Sequence[Fact]) -> RunHead:

@@ -173,6 +173,12 @@ class RunHead(Frozen):
     tasks: tuple[TaskState, ...]
     gates: tuple[GateState, ...]
     not_before: datetime | None = None
+    #: the run's own deadline (``timeout_seconds`` at start); passing it fails the run
+    deadline_at: datetime | None = None
+    #: the earliest time at which the run needs a decision although nobody wrote to it: the run's
+    #: deadline or the deadline of the task in progress. Stores index it so that a dispatcher finds
+    #: paused runs whose time ran out while no process was up.
+    wake_at: datetime | None = None
     error: TypedError | None = None
     created_at: datetime
     updated_at: datetime

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import anyio
@@ -101,6 +101,10 @@ class StartRequest:
     worker_backend: WorkerBackend | None = None
     provider: str | None = None
     model: str | None = None
+    #: the whole run's time limit, from start; passing it fails the run with deadline_exceeded
+    timeout_seconds: float | None = None
+    #: each task's time limit, for steps whose chain definition sets none
+    task_timeout_seconds: float | None = None
 
     def request_hash(self) -> str:
         """What makes two starts "the same request" for idempotency."""
@@ -112,6 +116,8 @@ class StartRequest:
                 "worker_backend": self.worker_backend,
                 "provider": self.provider,
                 "model": self.model,
+                "timeout_seconds": self.timeout_seconds,
+                "task_timeout_seconds": self.task_timeout_seconds,
             }
         )
 
@@ -278,12 +284,31 @@ class Runtime:
             raise InvalidArgument(
                 f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
             )
+        for name, value in (
+            ("timeout_seconds", request.timeout_seconds),
+            ("task_timeout_seconds", request.task_timeout_seconds),
+        ):
+            if value is not None and not 0 < value <= 30 * 86400:
+                raise InvalidArgument(f"{name} must be between 0 and 2592000 (30 days), not {value}")
         chain = self.catalog.resolve(request.chain, request.approve_before)
+        if request.task_timeout_seconds is not None:
+            steps = tuple(
+                s
+                if s.timeout_seconds is not None
+                else s.model_copy(update={"timeout_seconds": request.task_timeout_seconds})
+                for s in chain.steps
+            )
+            chain = chain.model_copy(update={"steps": steps})
         contract = self.resolve_contract(request, chain)
         run_id = validate_run_id(self.new_id())
+        now = self.clock.now()
+        deadline = (
+            None if request.timeout_seconds is None else now + timedelta(seconds=request.timeout_seconds)
+        )
         fact = RunCreated(
             seq=1,
-            at=self.clock.now(),
+            at=now,
+            deadline_at=deadline,
             run_id=run_id,
             request=text,
             chain=chain,
@@ -345,6 +370,7 @@ class Runtime:
                 )
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
+            self._refuse_if_out_of_time(head)
             if task.status != TaskStatus.AWAITING_HOST:
                 awaiting = _awaiting_host_task(head)
                 hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
@@ -384,6 +410,7 @@ class Runtime:
                     f"gate {gate.gate_id} of run {run_id} was already {gate.status}; "
                     "a decided gate cannot be changed"
                 )
+            self._refuse_if_out_of_time(head)
             if head.status != RunStatus.AWAITING_APPROVAL or gate.status != "requested":
                 raise InvalidState(
                     f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
@@ -441,6 +468,13 @@ class Runtime:
                 "call orchestrate_resume with task_id and output"
             )
         return head
+
+    def _refuse_if_out_of_time(self, head: RunHead) -> None:
+        if head.wake_at is not None and self.clock.now() >= head.wake_at:
+            raise InvalidState(
+                f"run {head.run_id} ran out of time at {head.wake_at.isoformat()}; "
+                "the server records deadline_exceeded"
+            )
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -558,13 +592,21 @@ class Runtime:
         scope = anyio.CancelScope()
         self._cancel_scopes[head.run_id] = scope
         outcome = None
+        # The call may not outlive the run's or the task's deadline.
+        limit = head.wake_at
+        if limit is not None:
+            scope.deadline = anyio.current_time() + max(0.0, (limit - self.clock.now()).total_seconds())
         try:
             with scope:
                 outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)
         finally:
             self._cancel_scopes.pop(head.run_id, None)
         if outcome is None:
-            # Cancelled by orchestrate_cancel: the cancel fact is already recorded.
+            # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
+            # In the second case, let the injected clock reach the deadline too, so that the next
+            # decision records deadline_exceeded instead of seeing an orphaned attempt.
+            if limit is not None and anyio.current_time() >= scope.deadline:
+                await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
             return
         # The outcome is recorded against the head our attempt_started write produced: if anything
         # was written since (a cancel), the compare-and-swap fails and the loop decides again.

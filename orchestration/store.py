@@ -99,8 +99,9 @@ class RunStore(Protocol):
         ...
 
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
-        """Ids of runs a dispatcher should look at: ``queued`` with ``not_before`` unset or
-        ``<= now``, and ``running`` (possibly orphaned: the caller checks the lease by claiming)."""
+        """Ids of runs a dispatcher should look at, oldest first: ``queued`` with ``not_before``
+        unset or ``<= now``; ``running`` (possibly orphaned: the caller checks the lease by
+        claiming); and any non-terminal run whose ``wake_at`` is ``<= now`` (a deadline passed)."""
         ...
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
