@@ -40,6 +40,7 @@ from orchestration.decide import (
 )
 from orchestration.errors import (
     Conflict,
+    ConstructError,
     InvalidArgument,
     InvalidState,
     LeaseLost,
@@ -184,6 +185,7 @@ class Runtime:
         resolve_contract: ContractResolver = inline_contract,
         worker: TaskWorker | None = None,
         in_memory_wait_cap_seconds: float = 30.0,
+        cancel_poll_seconds: float = 0.5,
         warnings: Sequence[str] = (),
     ) -> None:
         self.store = store
@@ -196,6 +198,7 @@ class Runtime:
         self.resolve_contract = resolve_contract
         self.worker = worker
         self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
+        self.cancel_poll_seconds = cancel_poll_seconds
         self.warnings = tuple(warnings)
         self._listeners: list[ChangeListener] = []
         self._waiters = _Waiters()
@@ -569,6 +572,20 @@ class Runtime:
         else:  # pragma: no cover - pausing actions never reach here
             raise AssertionError(action)
 
+    async def _watch_for_cancel(self, run_id: str, version: int, scope: anyio.CancelScope) -> None:
+        """While a provider call is in flight, abort it as soon as the run is written to by anyone
+        else (in practice: cancelled from another process or another client)."""
+        while True:
+            await anyio.sleep(self.cancel_poll_seconds)
+            try:
+                head = await self.store.load(run_id)
+            except ConstructError:
+                continue
+            if head.version != version:
+                log.info("run changed during a call", extra={"action": "call_aborted", "run_id": run_id})
+                scope.cancel()
+                return
+
     async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
         """One provider attempt: record ``attempt_started`` *before* the call, call, record the
         outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries."""
@@ -596,11 +613,22 @@ class Runtime:
         limit = head.wake_at
         if limit is not None:
             scope.deadline = anyio.current_time() + max(0.0, (limit - self.clock.now()).total_seconds())
+        run_id = head.run_id
+        version = head.version
+
+        async def call() -> None:
+            nonlocal outcome
+            outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+            watch.cancel()
+
         try:
             with scope:
-                outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)
+                async with anyio.create_task_group() as tg:
+                    watch = tg.cancel_scope
+                    tg.start_soon(self._watch_for_cancel, run_id, version, scope)
+                    await call()
         finally:
-            self._cancel_scopes.pop(head.run_id, None)
+            self._cancel_scopes.pop(run_id, None)
         if outcome is None:
             # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
             # In the second case, let the injected clock reach the deadline too, so that the next
