@@ -522,7 +522,15 @@ class Runtime:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self.store.release_lease(lease)
+                try:
+                    await self.store.release_lease(lease)
+                except ConstructError as exc:
+                    # The store is down: the lease simply expires; the run is picked up again then.
+                    log.warning(
+                        "cannot release lease: %s",
+                        exc,
+                        extra={"action": "lease_release_failed", "run_id": run_id},
+                    )
         return result
 
     async def _renew_lease(self, lease: Lease, scope: anyio.CancelScope) -> None:
