@@ -1,0 +1,227 @@
+"""Server settings: command-line flags > the config file > environment variables > defaults.
+
+The config file is ``--config FILE``, else ``$CONSTRUCT_HOME/construct.toml`` when it exists. Its
+top-level keys configure the server; its ``[specialists]`` and ``[chains]`` tables extend the catalog
+and are validated by :meth:`orchestration.catalog.Catalog.load`::
+
+    store = "filesystem"            # memory | filesystem | sqlite | postgres | a store URL
+    store_fallback = true           # an unreachable store falls back to filesystem, with a warning
+    deployment_mode = "solo"        # solo -> filesystem; team / enterprise -> postgres
+    database_url = "postgresql://..."
+    worker_backend = "inline"       # inline | provider
+    lease_ttl_seconds = 30
+    dispatch_concurrency = 4
+    poll_seconds = 1.0
+    recover_on_start = true
+    max_request_chars = 200000
+    max_output_chars = 1000000
+    log_level = "INFO"
+
+Environment variables (each overridden by the same key in the config file and by a flag):
+
+=================================== ===================================================
+``CONSTRUCT_HOME``                  state directory (default ``~/.construct``)
+``CONSTRUCT_ORCHESTRATION_STORE``   ``store``
+``CONSTRUCT_STORE_FALLBACK``        ``store_fallback``
+``CONSTRUCT_DEPLOYMENT_MODE``       ``deployment_mode``
+``CONSTRUCT_DATABASE_URL``          ``database_url``
+``CONSTRUCT_WORKER_BACKEND``        ``worker_backend``
+``CONSTRUCT_LEASE_TTL_SECONDS``     ``lease_ttl_seconds`` (default 30)
+``CONSTRUCT_DISPATCH_CONCURRENCY``  ``dispatch_concurrency`` (default 4)
+``CONSTRUCT_POLL_SECONDS``          ``poll_seconds`` (default 1.0)
+``CONSTRUCT_RECOVER_ON_START``      ``recover_on_start`` (default true)
+``CONSTRUCT_MAX_REQUEST_CHARS``     ``max_request_chars`` (default 200000)
+``CONSTRUCT_MAX_OUTPUT_CHARS``      ``max_output_chars`` (default 1000000)
+``CONSTRUCT_LOG_LEVEL``             ``log_level`` (default INFO)
+``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
+``CONSTRUCT_PID_FILE``              tests and the demo: the server writes its process id there
+=================================== ===================================================
+
+Any bad value is a :class:`~orchestration.errors.ConfigError` naming where it came from (the file
+path, ``environment`` or ``command line``), the field or variable, and what is wrong; the CLI prints
+it on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestration.errors import ConfigError
+from orchestration.runtime import Limits
+
+DeploymentMode = Literal["solo", "team", "enterprise"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+WorkerBackendName = Literal["inline", "provider"]
+
+CONFIG_FILE_NAME = "construct.toml"
+_DEFAULT_LIMITS = Limits()
+#: Tables of the config file that belong to the catalog, not to the server settings.
+CATALOG_TABLES = frozenset({"specialists", "chains"})
+
+#: Environment variable -> settings field.
+ENV_VARS: dict[str, str] = {
+    "CONSTRUCT_ORCHESTRATION_STORE": "store",
+    "CONSTRUCT_STORE_FALLBACK": "store_fallback",
+    "CONSTRUCT_DEPLOYMENT_MODE": "deployment_mode",
+    "CONSTRUCT_DATABASE_URL": "database_url",
+    "CONSTRUCT_WORKER_BACKEND": "worker_backend",
+    "CONSTRUCT_LEASE_TTL_SECONDS": "lease_ttl_seconds",
+    "CONSTRUCT_DISPATCH_CONCURRENCY": "dispatch_concurrency",
+    "CONSTRUCT_POLL_SECONDS": "poll_seconds",
+    "CONSTRUCT_RECOVER_ON_START": "recover_on_start",
+    "CONSTRUCT_MAX_REQUEST_CHARS": "max_request_chars",
+    "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
+    "CONSTRUCT_LOG_LEVEL": "log_level",
+    "CONSTRUCT_FAULT_CRASH_AFTER_WRITES": "fault_crash_after_writes",
+    "CONSTRUCT_PID_FILE": "pid_file",
+}
+#: Fields only the environment may set: they are for tests, never for a config file.
+ENV_ONLY = frozenset({"fault_crash_after_writes", "pid_file"})
+
+
+class _Options(BaseModel):
+    """One source's settings, every field optional: a field left unset falls through to the next
+    source. Unknown keys are errors (a typo in a config file must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str | None = Field(default=None, min_length=1, max_length=2000)
+    store_fallback: bool | None = None
+    deployment_mode: DeploymentMode | None = None
+    database_url: str | None = Field(default=None, min_length=1, max_length=2000)
+    worker_backend: WorkerBackendName | None = None
+    lease_ttl_seconds: float | None = Field(default=None, ge=1, le=3600)
+    dispatch_concurrency: int | None = Field(default=None, ge=1, le=256)
+    poll_seconds: float | None = Field(default=None, gt=0, le=3600)
+    recover_on_start: bool | None = None
+    max_request_chars: int | None = Field(default=None, ge=1)
+    max_output_chars: int | None = Field(default=None, ge=1)
+    log_level: LogLevel | None = None
+    fault_crash_after_writes: int | None = Field(default=None, ge=1)
+    pid_file: Path | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The resolved settings of one process. Build with :func:`load_settings`."""
+
+    home: Path
+    config_file: Path | None = None
+    store: str | None = None
+    store_fallback: bool = True
+    deployment_mode: DeploymentMode = "solo"
+    database_url: str | None = field(default=None, repr=False)
+    worker_backend: WorkerBackendName = "inline"
+    lease_ttl_seconds: float = 30.0
+    dispatch_concurrency: int = 4
+    poll_seconds: float = 1.0
+    recover_on_start: bool = True
+    max_request_chars: int = _DEFAULT_LIMITS.max_request_chars
+    max_output_chars: int = _DEFAULT_LIMITS.max_output_chars
+    log_level: LogLevel = "INFO"
+    fault_crash_after_writes: int | None = None
+    pid_file: Path | None = None
+    #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def source_of(self, name: str) -> str:
+        return self.sources.get(name, "default")
+
+    def limits(self) -> Limits:
+        return Limits(max_request_chars=self.max_request_chars, max_output_chars=self.max_output_chars)
+
+
+def _problem(exc: ValidationError) -> tuple[str, str]:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(file)"
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown setting"
+    return where, message
+
+
+def _validate(source: str, values: Mapping[str, Any], name_of: Mapping[str, str] | None = None) -> _Options:
+    try:
+        return _Options.model_validate(dict(values))
+    except ValidationError as exc:
+        where, message = _problem(exc)
+        if name_of is not None:
+            where = name_of.get(where, where)
+        if message == "unknown setting":
+            known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
+            message = f"unknown setting; the known settings are: {known} (and the tables specialists, chains)"
+        raise ConfigError(source, where, message) from None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), "(file)", "the file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), "(file)", f"cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "(file)", f"is not valid TOML: {exc}") from None
+    values = {k: v for k, v in raw.items() if k not in CATALOG_TABLES}
+    for key in ENV_ONLY & values.keys():
+        raise ConfigError(str(path), key, "can only be set in the environment (it is for tests)")
+    return values
+
+
+def config_file_for(home: Path, explicit: Path | None) -> Path | None:
+    """``explicit`` (which must exist), else ``home/construct.toml`` if it exists, else None."""
+    if explicit is not None:
+        return explicit
+    candidate = home / CONFIG_FILE_NAME
+    return candidate if candidate.is_file() else None
+
+
+def resolve_home(explicit: Path | str | None, env: Mapping[str, str]) -> Path:
+    raw = str(explicit) if explicit is not None else env.get("CONSTRUCT_HOME") or "~/.construct"
+    if not raw.strip():
+        raise ConfigError("environment", "CONSTRUCT_HOME", "is empty")
+    return Path(raw).expanduser()
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    home: Path | str | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Resolve the settings: ``flags`` (settings field -> value, None meaning "not given") over the
+    config file over ``env`` (default ``os.environ``) over the defaults. Raises ConfigError."""
+    env = os.environ if env is None else env
+    resolved_home = resolve_home(home, env)
+    file = config_file_for(resolved_home, config_file)
+
+    env_values = {name: env[var] for var, name in ENV_VARS.items() if env.get(var, "") != ""}
+    env_var_of = {name: var for var, name in ENV_VARS.items()}
+    flag_of = {name: "--" + name.replace("_", "-") for name in _Options.model_fields}
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    layers: list[tuple[dict[str, Any], Mapping[str, str]]] = [
+        (_validate("environment", env_values, env_var_of).model_dump(exclude_unset=True), env_var_of)
+    ]
+    if file is not None:
+        from_file = _validate(str(file), _read_config_file(file)).model_dump(exclude_unset=True)
+        layers.append((from_file, dict.fromkeys(from_file, "config")))
+    layers.append((_validate("command line", given, flag_of).model_dump(exclude_unset=True), flag_of))
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for values, label_of in layers:
+        merged |= values
+        sources |= {name: label_of[name] for name in values}
+    return Settings(home=resolved_home, config_file=file, sources=sources, **merged)

@@ -1,0 +1,74 @@
+"""Logging for the server and the CLI: standard ``logging``, to **stderr only**.
+
+Over stdio, stdout is the MCP transport: a single stray line there breaks the host's session, so no
+handler here ever writes to stdout. Every record is one line::
+
+    2026-01-01T12:00:00.123Z INFO construct.runtime action=facts_recorded run_id=run-1 version=3 recorded ...
+
+The ``action`` extra is the stable name of the event (``run_created``, ``facts_recorded``,
+``server_started``, ...); the other known extras (``run_id``, ``code``, ...) follow it. Log lines
+never carry secrets (database URLs are redacted with :func:`redact_url` before they are logged) nor
+whole prompts or outputs (only ids, sizes and hashes).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+#: Extras rendered as ``key=value`` after the level and logger name, in this order.
+FIELDS = ("action", "run_id", "task_id", "gate_id", "code", "version", "transport", "store", "owner")
+
+
+class LineFormatter(logging.Formatter):
+    """One line per record: time, level, logger, the known extras, then the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [f"{stamp}.{int(record.msecs):03d}Z", record.levelname, record.name]
+        for name in FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                parts.append(f"{name}={value}")
+        message = record.getMessage()
+        if record.exc_info:
+            # Tracebacks stay on stderr but are folded onto the same line, so a log collector
+            # that splits on newlines still sees one event.
+            message += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        parts.append(message.replace("\n", "\\n"))
+        return " ".join(parts)
+
+
+def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
+    """Send every log record of the process to ``stream`` (stderr), one line each.
+
+    Replaces any handler already on the root logger, so libraries that call
+    ``logging.basicConfig`` later (the MCP SDK does, in ``MCPServer.__init__``) find it configured
+    and add nothing, in particular nothing that could write to stdout.
+    """
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(LineFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # Per-request chatter from the HTTP stack would drown the events that matter.
+    for noisy in ("uvicorn.access", "httpx", "httpcore", "mcp.server.streamable_http_manager"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``postgresql://user:***@host/db``); other text unchanged."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -1,0 +1,68 @@
+"""Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.RunView` as JSON.
+
+Subscribers hear about every change this process writes to the run (the runtime calls
+:meth:`~server.services.Services.publish_change` after each write):
+
+* 2026-07-28 clients open ``subscriptions/listen`` with the run's URI; the SDK serves it from the
+  subscription bus the app gives the server.
+* Handshake-era clients send ``resources/subscribe``; ``MCPServer`` has no handler for it, so one
+  is registered on its low-level server here, remembering the client's session so that
+  ``notifications/resources/updated`` can be sent on it.
+
+Changes made by *other* processes on the same store (the CLI, another server) are not announced:
+subscribers re-read on the next change this process sees, or poll ``run_status``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+from mcp.server import MCPServer
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+
+from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
+from server.services import LegacySubscribers, Services
+
+ResourceContext = Context[Services, Any]
+
+
+async def read_run(run_id: str, ctx: ResourceContext) -> str:
+    """A run: status, next_action, tasks with outputs, gates and warnings (the run_status view)."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        view = await services.view(run_id)
+    except (RunNotFound, InvalidArgument) as exc:
+        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
+    except ConstructError as exc:
+        raise ResourceError(f"{exc.code}: {exc.message}") from None
+    return view.model_dump_json()
+
+
+def register_resources(server: MCPServer[Services], legacy: LegacySubscribers) -> None:
+    server.resource(
+        "run://{run_id}",
+        name="run",
+        title="A construct-mcp run",
+        description="The run's status, next action, tasks, gates and warnings (JSON); subscribe for updates.",
+        mime_type="application/json",
+    )(read_run)
+
+    async def subscribe(
+        ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        legacy.add(str(params.uri), ctx.session)
+        return types.EmptyResult()
+
+    async def unsubscribe(
+        ctx: ServerRequestContext[Services, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        legacy.remove(str(params.uri), ctx.session)
+        return types.EmptyResult()
+
+    # MCPServer exposes no hook for the handshake-era subscribe methods; its low-level server does.
+    lowlevel = server._lowlevel_server
+    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)

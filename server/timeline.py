@@ -1,0 +1,77 @@
+"""A readable timeline of a run, rendered from its stored facts (``runs timeline``, the demo).
+
+One line per fact: its sequence number, the time since the run was created, its type and what it
+says. Outputs and prompts are summarized by size (and the first words of an output), never printed
+whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestration.facts import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+    HostOutputSubmitted,
+    HostTaskPrepared,
+    RunCancelled,
+    RunCreated,
+    RunFinished,
+    TaskCompleted,
+    TaskFailed,
+)
+from orchestration.models import RunHead
+
+PREVIEW_CHARS = 60
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
+
+
+def describe_fact(fact: Fact) -> str:
+    """What one fact says, in a few words."""
+    if isinstance(fact, RunCreated):
+        steps = " -> ".join(s.name for s in fact.chain.steps)
+        return (
+            f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
+            f'request "{_preview(fact.request)}"'
+        )
+    if isinstance(fact, HostTaskPrepared):
+        digest = fact.prompt_sha256[:12]
+        return f"{fact.task_id}: prompts handed to the host (attempt {fact.attempt}, sha256 {digest})"
+    if isinstance(fact, HostOutputSubmitted):
+        return f"{fact.task_id}: host answered ({fact.output_chars} chars)"
+    if isinstance(fact, TaskCompleted):
+        return f'{fact.task_id}: done by {fact.executor}: "{_preview(fact.output)}"'
+    if isinstance(fact, ApprovalRequested):
+        return f"{fact.gate_id}: waiting for a decision"
+    if isinstance(fact, ApprovalDecided):
+        who = f" by {fact.approver}" if fact.approver else ""
+        note = f' "{_preview(fact.comment)}"' if fact.comment else ""
+        return f"{fact.gate_id}: {fact.decision}{who}{note}"
+    if isinstance(fact, AttemptStarted):
+        dup = " (possible duplicate call)" if fact.possible_duplicate_call else ""
+        return f"{fact.task_id}: attempt {fact.attempt} by {fact.executor}{dup}"
+    if isinstance(fact, AttemptFailed):
+        return f"{fact.task_id}: attempt {fact.attempt} failed: {fact.error.code}: {fact.error.message}"
+    if isinstance(fact, TaskFailed):
+        return f"{fact.task_id}: failed: {fact.error.code}: {fact.error.message}"
+    if isinstance(fact, RunCancelled):
+        return f"cancelled{f': {fact.reason}' if fact.reason else ''}"
+    if isinstance(fact, RunFinished):
+        return f"{fact.status}{f': {fact.error.code}' if fact.error else ''}"
+    return fact.type  # pragma: no cover - the union is closed
+
+
+def render_timeline(head: RunHead, facts: Sequence[Fact]) -> str:
+    lines = [f"run {head.run_id}: {head.status.value} ({len(facts)} facts, {head.version} writes)"]
+    start = facts[0].at if facts else head.created_at
+    for fact in facts:
+        offset = (fact.at - start).total_seconds()
+        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {describe_fact(fact)}")
+    return "\n".join(lines) + "\n"

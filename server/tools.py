@@ -1,0 +1,365 @@
+"""The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_approve``,
+``run_status``, ``orchestrate_cancel`` and ``runs_list``.
+
+Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
+a :class:`~server.views.RunView` or :class:`~server.views.RunsPage` (``outputSchema`` and
+``structuredContent``). An error the caller can fix is an ``isError`` result whose text starts with
+its stable code — ``run_not_found: no run with id ...`` — followed by a sentence saying what to do.
+The result is built here rather than by raising ``ToolError``, because the SDK would prefix the
+text with ``Error executing tool <name>:`` and hide the code from a caller that reads the start.
+
+Repeating a call (the same host output, the same approval, a start with the same idempotency key)
+returns the current state and records nothing new; the runtime guarantees that.
+
+``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
+host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
+when the call carried a progress token. The default lets an inline run's first host task arrive in
+the ``orchestrate_start`` answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from orchestration.errors import ConstructError, InvalidArgument
+from orchestration.models import RunHead
+from orchestration.runtime import StartRequest
+from orchestration.vocabulary import RunStatus
+from server.services import Services
+from server.views import RunsPage, RunView, runs_page
+
+log = logging.getLogger("construct.tools")
+
+MAX_WAIT_SECONDS = 300.0
+DEFAULT_WAIT_SECONDS = 10.0
+
+#: The tools' context type. A parametrized pydantic model is a real class, which is what the SDK's
+#: context-parameter detection needs.
+ToolContext = Context[Services, Any]
+
+RunId = Annotated[
+    str,
+    Field(
+        description="The run's id, as returned by orchestrate_start or runs_list (e.g. run-0193a5f2c4d1-...)."
+    ),
+]
+WaitSeconds = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="Block up to this many seconds until the run needs you (a host task or an approval) "
+        "or ends; progress notifications are sent meanwhile. 0 answers at once.",
+    ),
+]
+
+
+def _services(ctx: ToolContext) -> Services:
+    return ctx.request_context.lifespan_context
+
+
+def _ok(model: BaseModel) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=model.model_dump_json())],
+        structured_content=model.model_dump(mode="json"),
+    )
+
+
+def error_result(exc: ConstructError) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")], is_error=True
+    )
+
+
+async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
+    """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code."""
+    try:
+        model = await work()
+    except ConstructError as exc:
+        log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
+        return error_result(exc)
+    return _ok(model)
+
+
+async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunView:
+    """Wait (bounded) until the run settles, reporting progress, then view it."""
+    services = _services(ctx)
+    if wait_seconds > 0:
+        step = 0
+
+        async def progress(current: RunHead) -> None:
+            nonlocal step
+            step += 1
+            await ctx.report_progress(step, None, f"run {current.run_id} is {current.status.value}")
+
+        head = await services.runtime.wait_settled(head.run_id, min(wait_seconds, MAX_WAIT_SECONDS), progress)
+    return await services.view(head.run_id, head)
+
+
+# ------------------------------------------------------------------------------------------------
+# The tools
+
+
+async def orchestrate_start(
+    ctx: ToolContext,
+    request: Annotated[
+        str, Field(description="What the chain should work on, in the user's words (the task, its context).")
+    ],
+    chain: Annotated[
+        str | list[str] | None,
+        Field(
+            description="A chain name (default: 'default' = architect -> engineer -> reviewer) or a list of "
+            "specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: architect, "
+            "engineer, reviewer, researcher, tester, writer."
+        ),
+    ] = None,
+    approve_before: Annotated[
+        list[str] | None,
+        Field(description="Step names to pause before, for a human approval (e.g. ['engineer'])."),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Field(
+            description="Any string unique to this request. Repeating a start with the same key and request "
+            "returns the existing run instead of starting a second one."
+        ),
+    ] = None,
+    worker_backend: Annotated[
+        Literal["inline", "provider"] | None,
+        Field(
+            description="'inline' (default): each task is handed to you to run with your own model. "
+            "'provider': the server calls a model itself (if configured)."
+        ),
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+) -> Annotated[CallToolResult, RunView]:
+    """Start a durable specialist chain on a request and return the run.
+
+    The answer's next_action says what to do: with the default inline backend it is usually
+    run_host_task — run system_prompt/user_prompt with your own model, then call orchestrate_resume
+    with the run_id, task_id and your output. Keep the run_id: runs survive server restarts and
+    run_status picks them up again. Pass idempotency_key to make a retried start safe.
+    """
+
+    async def work() -> RunView:
+        services = _services(ctx)
+        start = StartRequest(
+            request=request,
+            chain=tuple(chain) if isinstance(chain, list) else chain,
+            approve_before=tuple(approve_before or ()),
+            idempotency_key=idempotency_key,
+            worker_backend=worker_backend,
+        )
+        head, created = await services.runtime.start(start)
+        if created:
+            services.dispatcher.wake(head.run_id)
+        return await _settle(ctx, head, wait_seconds)
+
+    return await _answer("orchestrate_start", work)
+
+
+async def orchestrate_resume(
+    ctx: ToolContext,
+    run_id: RunId,
+    task_id: Annotated[
+        str | None,
+        Field(
+            description="The task whose output you pass (next_action.task_id). Default: the awaiting task."
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        Field(
+            description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
+            "output. Omit it only to continue a run that is queued or was interrupted."
+        ),
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+) -> Annotated[CallToolResult, RunView]:
+    """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
+    an interrupted run.
+
+    With output: records it as the task's output and moves the chain on; the answer holds the next
+    thing to do. Sending the same output again is safe (nothing is recorded twice). Without output:
+    makes the server continue a queued or interrupted run (e.g. after a server restart).
+    """
+
+    async def work() -> RunView:
+        services = _services(ctx)
+        runtime = services.runtime
+        if output is None:
+            if task_id is not None:
+                raise InvalidArgument(
+                    f"task_id {task_id!r} was given without output; pass the task's output, or omit "
+                    "both to continue an interrupted run"
+                )
+            head = await runtime.check_resumable(run_id)
+            services.dispatcher.wake(head.run_id)
+        else:
+            head = await runtime.submit_host_output(run_id, task_id, output)
+        return await _settle(ctx, head, wait_seconds)
+
+    return await _answer("orchestrate_resume", work)
+
+
+async def orchestrate_approve(
+    ctx: ToolContext,
+    run_id: RunId,
+    decision: Annotated[
+        Literal["approve", "reject"],
+        Field(description="'approve' lets the chain go on; 'reject' ends the run as rejected."),
+    ],
+    gate_id: Annotated[
+        str | None,
+        Field(
+            description="The gate to decide (next_action.gate_id, e.g. 'before:engineer'). "
+            "Default: the open one."
+        ),
+    ] = None,
+    comment: Annotated[
+        str | None,
+        Field(description="A note for the record; an approval's comment is shown to the following steps."),
+    ] = None,
+    approver: Annotated[
+        str | None, Field(description="Who decided (a name or handle), for the record.")
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+) -> Annotated[CallToolResult, RunView]:
+    """Approve or reject the approval gate a run is waiting at (next_action.kind == 'approve').
+
+    Ask the user first; do not decide on their behalf. Repeating the same decision returns the
+    current state; a different decision on a gate already decided is a conflict.
+    """
+
+    async def work() -> RunView:
+        services = _services(ctx)
+        head = await services.runtime.approve(run_id, decision, gate_id, comment, approver)
+        return await _settle(ctx, head, wait_seconds)
+
+    return await _answer("orchestrate_approve", work)
+
+
+async def run_status(
+    ctx: ToolContext,
+    run_id: RunId,
+    wait_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="0 (default) answers at once; more blocks until the run needs you or ends.",
+        ),
+    ] = 0.0,
+) -> Annotated[CallToolResult, RunView]:
+    """The current state of a run: status, next_action, tasks with outputs, attempts, errors, gates
+    and warnings. Use it to pick a run up again after a restart or to wait for a running one."""
+
+    async def work() -> RunView:
+        services = _services(ctx)
+        head = await services.runtime.status(run_id)
+        return await _settle(ctx, head, wait_seconds)
+
+    return await _answer("run_status", work)
+
+
+async def orchestrate_cancel(
+    ctx: ToolContext,
+    run_id: RunId,
+    reason: Annotated[str | None, Field(description="Why the run is cancelled, for the record.")] = None,
+) -> Annotated[CallToolResult, RunView]:
+    """Cancel a run that has not ended. Its pending tasks are cancelled and it never continues.
+    Cancelling a cancelled run again returns it unchanged; a run that ended otherwise cannot be
+    cancelled."""
+
+    async def work() -> RunView:
+        services = _services(ctx)
+        head = await services.runtime.cancel(run_id, reason=reason)
+        return await services.view(head.run_id, head)
+
+    return await _answer("orchestrate_cancel", work)
+
+
+async def runs_list(
+    ctx: ToolContext,
+    status: Annotated[
+        list[RunStatus] | None,
+        Field(
+            description="Only runs with one of these statuses (e.g. ['awaiting_host', 'awaiting_approval'])."
+        ),
+    ] = None,
+    limit: Annotated[int, Field(description="Page size, 1-500.")] = 20,
+    cursor: Annotated[
+        str | None, Field(description="next_cursor from the previous page; omit for the newest runs.")
+    ] = None,
+) -> Annotated[CallToolResult, RunsPage]:
+    """List runs, newest first, with what each is waiting for. Page with next_cursor."""
+
+    async def work() -> RunsPage:
+        services = _services(ctx)
+        page = await services.runtime.list_runs(frozenset(status) if status else None, limit, cursor)
+        return runs_page(page)
+
+    return await _answer("runs_list", work)
+
+
+def register_tools(server: MCPServer[Services]) -> None:
+    server.add_tool(
+        orchestrate_start,
+        title="Start a specialist chain",
+        annotations=ToolAnnotations(
+            title="Start a specialist chain",
+            read_only_hint=False,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        orchestrate_resume,
+        title="Give a host task's output / continue a run",
+        annotations=ToolAnnotations(
+            title="Resume a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        orchestrate_approve,
+        title="Approve or reject a gate",
+        annotations=ToolAnnotations(
+            title="Decide an approval gate",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        run_status,
+        title="Show a run",
+        annotations=ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+    )
+    server.add_tool(
+        orchestrate_cancel,
+        title="Cancel a run",
+        annotations=ToolAnnotations(
+            title="Cancel a run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        runs_list,
+        title="List runs",
+        annotations=ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False),
+    )

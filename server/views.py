@@ -1,0 +1,419 @@
+"""What the tools answer: typed views of a run, built from the persisted record only.
+
+These pydantic models are the tools' output models, so hosts see them as ``outputSchema`` and get
+them as ``structuredContent``. :func:`run_view` turns a :class:`~orchestration.runtime.RunSnapshot`
+(the head, the persisted outputs and, when the run awaits the host, the materialized prompts) into a
+:class:`RunView`; :func:`runs_page` turns a page of heads into a :class:`RunsPage`.
+
+The most important field is ``next_action``: what the caller must do now — run a host task and
+resume with its output, approve a gate, wait, or nothing — with an ``instruction`` sentence a host
+model can follow without reading any documentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, TaskState, TypedError
+from orchestration.runtime import RunSnapshot
+from orchestration.store import RunPage
+from orchestration.vocabulary import RunStatus, TaskStatus
+
+#: ``runs_list`` shows this much of each request.
+REQUEST_PREVIEW_CHARS = 200
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ErrorView(_View):
+    """A typed error: ``code`` is stable, ``message`` says what happened."""
+
+    code: str
+    message: str
+    retryable: bool = False
+    http_status: int | None = None
+    retry_after_seconds: float | None = None
+    provider_request_id: str | None = None
+
+
+class TelemetryView(_View):
+    latency_ms: float | None = None
+    http_status: int | None = None
+    provider_request_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    possible_duplicate_call: bool = Field(
+        default=False,
+        description="True when a worker died during an earlier attempt, so the provider may have been "
+        "called twice for this task.",
+    )
+
+
+class AttemptView(_View):
+    number: int
+    executor: str
+    outcome: Literal["running", "succeeded", "failed", "prepared"] = Field(
+        description="'prepared': the prompts were handed to the host, whose answer completes the attempt."
+    )
+    error: ErrorView | None = None
+    telemetry: TelemetryView
+    started_at: datetime
+    finished_at: datetime | None = None
+
+
+class TaskView(_View):
+    task_id: str
+    specialist: str
+    status: TaskStatus
+    executor: str | None = Field(
+        default=None, description="Who produced the output: 'inline:host' or 'provider:<name>:<model>'."
+    )
+    attempts: list[AttemptView]
+    output: str | None = Field(default=None, description="The task's recorded output, verbatim.")
+    output_chars: int | None = None
+    error: ErrorView | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class GateView(_View):
+    gate_id: str
+    task_id: str
+    position: Literal["before", "after"]
+    status: Literal["pending", "requested", "approved", "rejected"]
+    requested_at: datetime | None = None
+    decided_at: datetime | None = None
+    comment: str | None = None
+    approver: str | None = None
+
+
+class StepView(_View):
+    name: str
+    specialist: str
+    approve_before: bool
+    approve_after: bool
+    on_failure: Literal["fail", "continue"]
+
+
+class ChainView(_View):
+    name: str
+    steps: list[StepView]
+    hash: str = Field(description="Hash of the chain snapshot taken when the run started.")
+
+
+class ContractView(_View):
+    worker_backend: Literal["inline", "provider"]
+    provider: str | None = None
+    model: str | None = None
+    max_attempts: int
+
+
+class Totals(_View):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    attempts: int = 0
+
+
+class RunHostTask(_View):
+    """The run waits for the host's own model to do one task."""
+
+    kind: Literal["run_host_task"] = "run_host_task"
+    task_id: str
+    specialist: str
+    system_prompt: str
+    user_prompt: str
+    instruction: str
+
+
+class Approve(_View):
+    """The run waits at an approval gate."""
+
+    kind: Literal["approve"] = "approve"
+    gate_id: str
+    task_id: str
+    position: Literal["before", "after"]
+    guards: str = Field(description="What the gate guards, in one sentence.")
+    instruction: str
+
+
+class Wait(_View):
+    """The server is working on the run (or waits durably until ``not_before``)."""
+
+    kind: Literal["wait"] = "wait"
+    not_before: datetime | None = None
+    instruction: str
+
+
+class Done(_View):
+    """The run has ended; nothing more can happen to it."""
+
+    kind: Literal["none"] = "none"
+    instruction: str
+
+
+NextAction = Annotated[RunHostTask | Approve | Wait | Done, Field(discriminator="kind")]
+
+
+class RunView(_View):
+    """A run as the tools return it: its status, what the caller must do next, and its record."""
+
+    run_id: str
+    status: RunStatus
+    status_kind: Literal["active", "paused", "terminal"]
+    next_action: NextAction
+    chain: ChainView
+    contract: ContractView
+    request: str
+    idempotency_key: str | None = None
+    tasks: list[TaskView]
+    gates: list[GateView]
+    error: ErrorView | None = None
+    totals: Totals
+    warnings: list[str] = Field(default_factory=list)
+    semantics: str = Field(description="Which backend produced which output, and what this server did.")
+    version: int = Field(description="Number of durable writes made to the run.")
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+
+
+class RunSummary(_View):
+    run_id: str
+    status: RunStatus
+    status_kind: Literal["active", "paused", "terminal"]
+    chain: str
+    request_preview: str
+    waiting_for: str | None = Field(
+        default=None, description="What the run needs from outside, if anything (a host task, a gate)."
+    )
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+
+
+class RunsPage(_View):
+    runs: list[RunSummary]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as cursor to get the next page; null on the last page."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Building views
+
+
+def _error(error: TypedError | None) -> ErrorView | None:
+    return None if error is None else ErrorView.model_validate(error.model_dump())
+
+
+def _attempt(attempt: AttemptRecord) -> AttemptView:
+    return AttemptView(
+        number=attempt.number,
+        executor=attempt.executor,
+        outcome=attempt.outcome,
+        error=_error(attempt.error),
+        telemetry=TelemetryView.model_validate(attempt.telemetry.model_dump()),
+        started_at=attempt.started_at,
+        finished_at=attempt.finished_at,
+    )
+
+
+def _task(task: TaskState, output: str | None) -> TaskView:
+    return TaskView(
+        task_id=task.task_id,
+        specialist=task.specialist,
+        status=task.status,
+        executor=task.executor,
+        attempts=[_attempt(a) for a in task.attempts],
+        output=output,
+        output_chars=task.output_chars,
+        error=_error(task.error),
+        started_at=task.started_at,
+        finished_at=task.finished_at,
+    )
+
+
+def _gate(gate: GateState) -> GateView:
+    return GateView.model_validate(gate.model_dump())
+
+
+def _step(step: ChainStep) -> StepView:
+    return StepView(
+        name=step.name,
+        specialist=step.specialist,
+        approve_before=step.approve_before,
+        approve_after=step.approve_after,
+        on_failure=step.on_failure,
+    )
+
+
+def totals(head: RunHead) -> Totals:
+    input_tokens = output_tokens = attempts = 0
+    latency = 0.0
+    for task in head.tasks:
+        for attempt in task.attempts:
+            attempts += 1
+            input_tokens += attempt.telemetry.input_tokens or 0
+            output_tokens += attempt.telemetry.output_tokens or 0
+            latency += attempt.telemetry.latency_ms or 0.0
+    return Totals(
+        input_tokens=input_tokens, output_tokens=output_tokens, latency_ms=latency, attempts=attempts
+    )
+
+
+def semantics(head: RunHead) -> str:
+    """One sentence per executor that produced something, saying who did the work."""
+    executors = sorted({t.executor for t in head.tasks if t.executor is not None})
+    if not executors:
+        executors = ["inline:host"] if head.contract.worker_backend == "inline" else []
+    parts: list[str] = []
+    for executor in executors:
+        if executor == "inline:host":
+            parts.append(
+                "Outputs of tasks run by inline:host were produced by the host's own model and recorded "
+                "verbatim; this server called no model for them."
+            )
+        elif executor.startswith("provider:"):
+            parts.append(
+                f"Outputs of tasks run by {executor} were produced by this server calling that provider's "
+                "model over HTTP and recorded verbatim."
+            )
+        else:
+            parts.append(f"Outputs of tasks run by {executor} were recorded verbatim.")
+    if not parts:
+        parts.append("Tasks of this run are executed by this server through its provider backend.")
+    return " ".join(parts)
+
+
+def _gate_guards(gate: GateState, head: RunHead) -> str:
+    step = head.chain.step(gate.task_id)
+    if gate.position == "before":
+        return (
+            f"Approval before the {step.name!r} step ({step.specialist}) starts; "
+            "the outputs of the earlier tasks are in tasks[].output."
+        )
+    return (
+        f"Approval of the output of the {step.name!r} step ({step.specialist}) before the chain goes on; "
+        "that output is in tasks[].output."
+    )
+
+
+def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
+    head = snapshot.head
+    run_id = head.run_id
+    if head.status.is_terminal:
+        return Done(
+            instruction=f"The run is {head.status.value}; nothing more will happen to it. "
+            "Report the outcome (the tasks' outputs and errors) to the user."
+        )
+    if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
+        prompt = snapshot.host_task
+        return RunHostTask(
+            task_id=prompt.task_id,
+            specialist=prompt.specialist,
+            system_prompt=prompt.system,
+            user_prompt=prompt.user,
+            instruction=(
+                f"Do this task with your own model now: take system_prompt as your instructions and answer "
+                f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
+                f"task_id={prompt.task_id!r}, output=<your complete answer>). The server records your "
+                "answer verbatim as the task's output and moves the chain on."
+            ),
+        )
+    if head.status == RunStatus.AWAITING_APPROVAL:
+        gate = next((g for g in head.gates if g.status == "requested"), None)
+        if gate is not None:
+            return Approve(
+                gate_id=gate.gate_id,
+                task_id=gate.task_id,
+                position=gate.position,
+                guards=_gate_guards(gate, head),
+                instruction=(
+                    f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
+                    f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
+                    "the next steps>). Do not approve on the user's behalf without asking."
+                ),
+            )
+    not_before = head.not_before
+    return Wait(
+        not_before=not_before,
+        instruction=(
+            f"The server is working on the run (status {head.status.value}"
+            + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
+            + f"). Call run_status(run_id={run_id!r}, wait_seconds=30) to wait for the next step."
+        ),
+    )
+
+
+def run_view(snapshot: RunSnapshot) -> RunView:
+    head = snapshot.head
+    return RunView(
+        run_id=head.run_id,
+        status=head.status,
+        status_kind=_kind(head.status),
+        next_action=next_action(snapshot),
+        chain=ChainView(
+            name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
+        ),
+        contract=ContractView.model_validate(head.contract.model_dump()),
+        request=head.request,
+        idempotency_key=head.idempotency_key,
+        tasks=[_task(t, snapshot.outputs.get(t.task_id)) for t in head.tasks],
+        gates=[_gate(g) for g in head.gates],
+        error=_error(head.error),
+        totals=totals(head),
+        warnings=list(snapshot.warnings),
+        semantics=semantics(head),
+        version=head.version,
+        created_at=head.created_at,
+        updated_at=head.updated_at,
+        finished_at=head.finished_at,
+    )
+
+
+def _kind(status: RunStatus) -> Literal["active", "paused", "terminal"]:
+    kind = status.kind
+    if kind == "active":
+        return "active"
+    if kind == "paused":
+        return "paused"
+    return "terminal"
+
+
+def waiting_for(head: RunHead) -> str | None:
+    if head.status == RunStatus.AWAITING_HOST:
+        task = next((t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST), None)
+        return f"host output for task {task.task_id}" if task else "host output"
+    if head.status == RunStatus.AWAITING_APPROVAL:
+        gate = next((g for g in head.gates if g.status == "requested"), None)
+        return f"approval of gate {gate.gate_id}" if gate else "approval"
+    return None
+
+
+def run_summary(head: RunHead) -> RunSummary:
+    request = head.request.strip()
+    preview = request if len(request) <= REQUEST_PREVIEW_CHARS else request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+    return RunSummary(
+        run_id=head.run_id,
+        status=head.status,
+        status_kind=_kind(head.status),
+        chain=head.chain.name,
+        request_preview=preview,
+        waiting_for=waiting_for(head),
+        created_at=head.created_at,
+        updated_at=head.updated_at,
+        finished_at=head.finished_at,
+    )
+
+
+def runs_page(page: RunPage | Sequence[RunHead], next_cursor: str | None = None) -> RunsPage:
+    if isinstance(page, RunPage):
+        return RunsPage(runs=[run_summary(h) for h in page.runs], next_cursor=page.next_cursor)
+    return RunsPage(runs=[run_summary(h) for h in page], next_cursor=next_cursor)
