@@ -7,7 +7,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +28,10 @@ REQUEST = ProviderRequest(
 )
 REQ_ID = "req_011CSHoEeqs5C35K2UUqR7Fy"
 
-Handler = Callable[[httpx2.Request], httpx2.Response | Awaitable[httpx2.Response]]
+Handler = (
+    Callable[[httpx2.Request], httpx2.Response]
+    | Callable[[httpx2.Request], Coroutine[None, None, httpx2.Response]]
+)
 
 
 class Ticks:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +27,10 @@ REQUEST = ProviderRequest(
 )
 REQ_ID = "req_8c1f2e3d4b5a69788796a5b4c3d2e1f0"
 
-Handler = Callable[[httpx2.Request], httpx2.Response | Awaitable[httpx2.Response]]
+Handler = (
+    Callable[[httpx2.Request], httpx2.Response]
+    | Callable[[httpx2.Request], Coroutine[None, None, httpx2.Response]]
+)
 
 
 @asynccontextmanager

@@ -83,8 +83,8 @@ def test_a_hint_cannot_make_permanent_codes_retryable() -> None:
         assert apply_retry_hint(code, RETRYABLE_BY_CODE[code], None) is RETRYABLE_BY_CODE[code]
         assert apply_retry_hint(code, RETRYABLE_BY_CODE[code], False) is False
     assert apply_retry_hint(ProviderErrorCode.INVALID_REQUEST, False, True) is True
-    for code in ("auth", "quota_exhausted", "context_length_exceeded", "content_filtered"):
-        assert apply_retry_hint(ProviderErrorCode(code), False, True) is False
+    for permanent in ("auth", "quota_exhausted", "context_length_exceeded", "content_filtered"):
+        assert apply_retry_hint(ProviderErrorCode(permanent), False, True) is False
 
 
 # --- status tables -------------------------------------------------------------------------------
