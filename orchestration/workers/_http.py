@@ -1,9 +1,8 @@
-"""The HTTP edge shared by the provider adapters: the pooled client, one POST, and the one place
-where ``httpx2`` exceptions become typed errors (:func:`map_transport_exception`).
+"""The HTTP edge shared by the provider adapters: base URLs, one POST, and the one place where
+``httpx2`` exceptions become typed errors (:func:`map_transport_exception`).
 
-Nothing here retries. The durable step is the only retry layer (``notes/providers.md``), so the
-transport is created without connection retries and redirects are not followed (a redirect means
-a wrong base URL, and following one could carry the key to another host).
+Nothing here retries: the durable step is the only retry layer (``notes/providers.md``). The pooled
+client itself is made by :func:`orchestration.workers.providers.make_http_client`.
 """
 
 from __future__ import annotations
@@ -26,44 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("construct.provider")
 
-USER_AGENT: Final = "construct-mcp/0.1"
-
 Monotonic = Callable[[], float]
-
-
-def make_http_client(
-    transport: httpx2.AsyncBaseTransport | None = None,
-    *,
-    connect_timeout: float = 10.0,
-    read_timeout: float = 600.0,
-    write_timeout: float = 30.0,
-    pool_timeout: float = 30.0,
-    max_connections: int = 32,
-    max_keepalive_connections: int = 16,
-    keepalive_expiry: float = 30.0,
-    trust_env: bool = True,
-) -> httpx2.AsyncClient:
-    """A pooled client for provider calls; share one per process, close it at shutdown.
-
-    Every timeout is explicit: ``read_timeout`` is long by default because a non-streaming model
-    call sends nothing until the whole answer is ready (the official SDKs default to 600 s). Pass a
-    ``transport`` (``httpx2.MockTransport`` in unit tests) to replace the network; the pool limits
-    then belong to that transport. ``trust_env`` honours ``HTTPS_PROXY`` / ``NO_PROXY``.
-    """
-    return httpx2.AsyncClient(
-        transport=transport,
-        timeout=httpx2.Timeout(
-            connect=connect_timeout, read=read_timeout, write=write_timeout, pool=pool_timeout
-        ),
-        limits=httpx2.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_keepalive_connections,
-            keepalive_expiry=keepalive_expiry,
-        ),
-        follow_redirects=False,
-        trust_env=trust_env,
-        headers={"user-agent": USER_AGENT},
-    )
 
 
 def normalize_base_url(base_url: str) -> str:

@@ -46,6 +46,12 @@ from orchestration.workers.providers import (
 )
 from orchestration.workers.providers import ProviderErrorCode as Code
 
+__all__ = [
+    "ANTHROPIC_BASE_URL",
+    "DEFAULT_ANTHROPIC_VERSION",
+    "AnthropicClient",
+]
+
 ANTHROPIC_BASE_URL: Final = "https://api.anthropic.com"
 #: Pinned: under ``2026-10-21`` the API rejects ``temperature`` with a 400.
 DEFAULT_ANTHROPIC_VERSION: Final = "2023-06-01"
@@ -210,7 +216,7 @@ class AnthropicClient:
             f"{label}: {message}",
             retryable=retryable,
             retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
-            possible_duplicate_call=possible_duplicate_for(code),
+            possible_duplicate_call=possible_duplicate_for(code, exchange.status),
         )
 
 

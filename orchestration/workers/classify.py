@@ -20,6 +20,22 @@ from orchestration.workers._redact import Redactor
 from orchestration.workers.providers import RETRYABLE_BY_CODE, ProviderCallError
 from orchestration.workers.providers import ProviderErrorCode as Code
 
+__all__ = [
+    "CONTEXT_LENGTH_CODES",
+    "NEVER_RETRY",
+    "QUOTA_CODES",
+    "AttemptFacts",
+    "apply_retry_hint",
+    "as_int",
+    "code_for_in_body_status",
+    "code_for_status",
+    "is_context_length",
+    "is_quota_code",
+    "parse_retry_after",
+    "possible_duplicate_for",
+    "should_retry_hint",
+]
+
 # Codes a server hint (``x-should-retry: true``) cannot make retryable: sending the same request
 # again cannot fix a bad key, an empty wallet, a prompt that is too long or a policy refusal.
 NEVER_RETRY = frozenset(
@@ -206,11 +222,12 @@ class AttemptFacts:
         return ProviderCallError(error, self.telemetry(possible_duplicate_call=possible_duplicate_call))
 
 
-def possible_duplicate_for(code: Code) -> bool:
-    """Whether a failed HTTP answer with this code may still have run (and billed) the request.
+def possible_duplicate_for(code: Code, status: int) -> bool:
+    """Whether a failed HTTP answer may still have run (and billed) the request.
 
-    A gateway timeout (504 / ``timeout_error``) gives up waiting on a model that may well finish."""
-    return code is Code.TIMEOUT
+    A gateway timeout (504, or ``timeout_error`` in a body) gives up waiting on a model that may
+    well finish; a 408 says the server never received the whole request, so nothing ran."""
+    return code is Code.TIMEOUT and status != 408
 
 
 def as_int(value: object) -> int | None:

@@ -57,6 +57,13 @@ from orchestration.workers.providers import (
 )
 from orchestration.workers.providers import ProviderErrorCode as Code
 
+__all__ = [
+    "OPENAI_BASE_URL",
+    "OPENROUTER_BASE_URL",
+    "MaxTokensField",
+    "OpenAICompatClient",
+]
+
 OPENAI_BASE_URL: Final = "https://api.openai.com"
 OPENROUTER_BASE_URL: Final = "https://openrouter.ai/api"
 
@@ -214,7 +221,7 @@ class OpenAICompatClient:
             f"{label}: {message}",
             retryable=retryable,
             retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
-            possible_duplicate_call=possible_duplicate_for(code),
+            possible_duplicate_call=possible_duplicate_for(code, exchange.status),
         )
 
     def _in_body_error(self, exchange: HttpExchange, raw: Any, facts: AttemptFacts) -> ProviderCallError:
@@ -226,7 +233,7 @@ class OpenAICompatClient:
             code,
             f"HTTP {exchange.status} with an error object (code {ecode!r}): {message}",
             retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
-            possible_duplicate_call=possible_duplicate_for(code),
+            possible_duplicate_call=possible_duplicate_for(code, exchange.status),
         )
 
 

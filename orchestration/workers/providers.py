@@ -36,9 +36,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Protocol
+from typing import Final, Protocol
+
+import httpx2
 
 from orchestration.models import Telemetry, TypedError
+
+__all__ = [
+    "RETRYABLE_BY_CODE",
+    "ProviderCallError",
+    "ProviderClient",
+    "ProviderErrorCode",
+    "ProviderRequest",
+    "ProviderResponse",
+    "make_http_client",
+]
+
+USER_AGENT: Final = "construct-mcp/0.1"
 
 
 class ProviderErrorCode(StrEnum):
@@ -148,3 +162,41 @@ class ProviderClient(Protocol):
         out after the request was sent may still be billed (``telemetry.possible_duplicate_call``).
         """
         ...
+
+
+def make_http_client(
+    transport: httpx2.AsyncBaseTransport | None = None,
+    *,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 600.0,
+    write_timeout: float = 30.0,
+    pool_timeout: float = 30.0,
+    max_connections: int = 32,
+    max_keepalive_connections: int = 16,
+    keepalive_expiry: float = 30.0,
+    trust_env: bool = True,
+) -> httpx2.AsyncClient:
+    """A pooled client for provider calls; share one per process, close it at shutdown.
+
+    Redirects are not followed: a redirect means a wrong base URL, and following one could carry
+    the key to another host. The client makes no retries of its own (the durable step does).
+
+    Every timeout is explicit: ``read_timeout`` is long by default because a non-streaming model
+    call sends nothing until the whole answer is ready (the official SDKs default to 600 s). Pass a
+    ``transport`` (``httpx2.MockTransport`` in unit tests) to replace the network; the pool limits
+    then belong to that transport. ``trust_env`` honours ``HTTPS_PROXY`` / ``NO_PROXY``.
+    """
+    return httpx2.AsyncClient(
+        transport=transport,
+        timeout=httpx2.Timeout(
+            connect=connect_timeout, read=read_timeout, write=write_timeout, pool=pool_timeout
+        ),
+        limits=httpx2.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_keepalive_connections,
+            keepalive_expiry=keepalive_expiry,
+        ),
+        follow_redirects=False,
+        trust_env=trust_env,
+        headers={"user-agent": USER_AGENT},
+    )

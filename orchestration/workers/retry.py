@@ -23,6 +23,13 @@ from types import MappingProxyType
 from orchestration.models import TypedError
 from orchestration.workers.providers import ProviderErrorCode as Code
 
+__all__ = [
+    "DEFAULT_MAX_RETRIES_BY_CODE",
+    "RetryDecision",
+    "RetryPolicy",
+    "Rng",
+]
+
 #: A source of uniform floats in [0, 1): ``random.Random(seed).random`` or ``random.random``.
 Rng = Callable[[], float]
 

@@ -14,10 +14,14 @@ import anyio
 import httpx2
 import pytest
 
-from orchestration.workers._http import make_http_client
 from orchestration.workers.anthropic import AnthropicClient
 from orchestration.workers.openai_compat import OpenAICompatClient
-from orchestration.workers.providers import ProviderCallError, ProviderClient, ProviderRequest
+from orchestration.workers.providers import (
+    ProviderCallError,
+    ProviderClient,
+    ProviderRequest,
+    make_http_client,
+)
 from tests.fakes.fake_provider import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[2]

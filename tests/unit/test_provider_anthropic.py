@@ -17,9 +17,13 @@ import httpx2
 import pytest
 
 from orchestration.clock import ManualClock
-from orchestration.workers._http import make_http_client
 from orchestration.workers.anthropic import AnthropicClient
-from orchestration.workers.providers import ProviderCallError, ProviderRequest, ProviderResponse
+from orchestration.workers.providers import (
+    ProviderCallError,
+    ProviderRequest,
+    ProviderResponse,
+    make_http_client,
+)
 
 CANARY = "sk-ant-api03-" + secrets.token_urlsafe(32)
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -357,9 +361,12 @@ async def test_retry_after_http_date_uses_the_injected_clock() -> None:
     assert error.error.retry_after_seconds == 30.0
 
 
-async def test_gateway_timeout_may_have_billed() -> None:
+async def test_gateway_timeout_may_have_billed_but_a_408_has_not() -> None:
     error = await failure(reply(504, error_body("timeout_error", "Request timed out")))
     assert error.telemetry.possible_duplicate_call
+    error = await failure(reply(408, {"detail": "request timeout"}))
+    assert error.error.code == "timeout"
+    assert not error.telemetry.possible_duplicate_call
 
 
 @pytest.mark.parametrize(

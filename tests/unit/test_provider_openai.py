@@ -16,9 +16,13 @@ import httpx2
 import pytest
 
 from orchestration.clock import ManualClock
-from orchestration.workers._http import make_http_client
 from orchestration.workers.openai_compat import OpenAICompatClient
-from orchestration.workers.providers import ProviderCallError, ProviderRequest, ProviderResponse
+from orchestration.workers.providers import (
+    ProviderCallError,
+    ProviderRequest,
+    ProviderResponse,
+    make_http_client,
+)
 
 CANARY = "sk-or-v1-" + secrets.token_hex(32)
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

@@ -313,3 +313,16 @@ def test_redactor_removes_exact_secrets_before_truncating() -> None:
     assert secret[:10] not in out
     assert len(out) <= 500
     assert secret not in repr(redact)
+
+
+# --- public surface ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["providers", "classify", "anthropic", "openai_compat", "retry"])
+def test_export_lists_name_real_public_objects(module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(f"orchestration.workers.{module}")
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+        assert not name.startswith("_")
