@@ -40,11 +40,12 @@ def normalize_base_url(base_url: str) -> str:
         url = httpx2.URL(base_url)
     except httpx2.InvalidURL as exc:
         raise ValueError(f"invalid provider base URL {base_url!r}: {exc}") from exc
+    if url.userinfo or url.query or url.fragment:
+        # Checked first, and the URL is not quoted: credentials in a base URL must not reach a
+        # message, and parameters in it would end up in logs.
+        raise ValueError("provider base URL must not carry credentials, a query or a fragment")
     if url.scheme not in ("http", "https") or not url.host:
         raise ValueError(f"provider base URL must be http(s)://host[:port][/prefix], got {base_url!r}")
-    if url.userinfo or url.query or url.fragment:
-        # Credentials or parameters in a base URL would end up in logs and error messages.
-        raise ValueError("provider base URL must not carry credentials, a query or a fragment")
     text = str(url).rstrip("/")
     if text.endswith("/v1"):
         text = text[: -len("/v1")]

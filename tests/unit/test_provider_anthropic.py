@@ -174,8 +174,9 @@ async def test_base_url_convention(base: str) -> None:
 )
 async def test_bad_base_urls_are_refused(base: str) -> None:
     async with make_http_client(httpx2.MockTransport(reply(200, message()))) as http:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as info:
             AnthropicClient(http, api_key=CANARY, base_url=base)
+    assert "pw" not in str(info.value)  # credentials in a URL are never quoted back
 
 
 @pytest.mark.parametrize("bad", ["", " " + CANARY, CANARY + "\n", CANARY[:10] + "é" + CANARY[10:]])
