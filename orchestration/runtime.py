@@ -658,7 +658,10 @@ class Runtime:
                 output=outcome.output,
                 output_sha256=text_hash(outcome.output),
                 telemetry=outcome.telemetry.model_copy(
-                    update={"possible_duplicate_call": action.possible_duplicate_call}
+                    update={
+                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
+                        or action.possible_duplicate_call
+                    }
                 ),
             )
         else:
@@ -669,7 +672,10 @@ class Runtime:
                 attempt=action.attempt,
                 error=outcome.error,
                 telemetry=outcome.telemetry.model_copy(
-                    update={"possible_duplicate_call": action.possible_duplicate_call}
+                    update={
+                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
+                        or action.possible_duplicate_call
+                    }
                 ),
                 not_before=outcome.not_before,
             )
