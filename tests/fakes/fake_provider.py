@@ -75,6 +75,9 @@ __all__ = ["ERRORS", "ErrorKind", "FakeProvider", "Reply", "Scenario", "main"]
 log = logging.getLogger("construct.fake_provider")
 
 _TASK_MARKER = re.compile(r"\[task:([A-Za-z0-9_.:\-]+)\]")
+# construct-mcp's own user prompts open with 'You are step 2 of 3 ("engineer", ...': the step name is
+# the task id, so chains run by the provider worker are keyed by task without any marker.
+_STEP_LINE = re.compile(r'You are step \d+ of \d+ \("([A-Za-z0-9_.:\-]+)"')
 _TRANSPORT_KEY = "fake_provider.transport"
 
 
@@ -94,10 +97,11 @@ def as_scenario(value: ScenarioLike) -> Scenario:
 
 
 def task_key(texts: list[str]) -> str:
-    for text in texts:
-        match = _TASK_MARKER.search(text)
-        if match:
-            return match.group(1)
+    for pattern in (_TASK_MARKER, _STEP_LINE):
+        for text in texts:
+            match = pattern.search(text)
+            if match:
+                return match.group(1)
     return "default"
 
 
