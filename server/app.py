@@ -18,27 +18,27 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Literal
 
 import anyio
+import uvicorn
 from mcp.server import MCPServer
 from mcp.server.subscriptions import InMemorySubscriptionBus
+from starlette.types import ASGIApp
 
 from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
-from orchestration.runtime import Runtime
-from orchestration.store import RunStore
-from orchestration.workers.provider import contract_resolver
 from server.config import Settings
 from server.resources import register_resources
 from server.services import LegacySubscribers, Services
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import register_tools
+from server.wiring import build_runtime
 
 log = logging.getLogger("construct.server")
 
@@ -53,23 +53,6 @@ Start one with orchestrate_start. Every answer is a run view whose next_action s
 run_host_task (do the task with your own model, then orchestrate_resume with the output),
 approve (ask the user, then orchestrate_approve), wait (call run_status later) or none (finished).
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
-
-
-def process_owner() -> str:
-    """A lease owner unique to this process: host, pid and a random suffix (pids are reused)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def build_runtime(settings: Settings, store: RunStore, catalog: Catalog, warnings: list[str]) -> Runtime:
-    return Runtime(
-        store,
-        catalog,
-        limits=settings.limits(),
-        owner=process_owner(),
-        lease_ttl_seconds=settings.lease_ttl_seconds,
-        resolve_contract=contract_resolver(settings.worker_backend, None),
-        warnings=warnings,
-    )
 
 
 class ConstructApp:
@@ -175,14 +158,40 @@ class ConstructApp:
         if transport == "stdio":
             await server.run_stdio_async()
         elif transport == "streamable-http":
-            await server.run_streamable_http_async(host=host, port=port)
+            # The session manager enters the lifespan once, for the life of the ASGI app.
+            await _serve_http(server.streamable_http_app(host=host), host, port, self.settings.log_level)
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.
             async with self.lifespan(server):
-                await server.run_sse_async(host=host, port=port)
+                await _serve_http(server.sse_app(host=host), host, port, self.settings.log_level)
         else:  # pragma: no cover - the CLI restricts the choices
             raise ValueError(f"unknown transport {transport!r}")
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn, minus one habit: after a graceful shutdown on SIGTERM/SIGINT it re-raises the signal,
+    which would kill the process before the SSE lifespan above is closed and make a clean stop exit
+    with -15. Here the handlers are restored and the process exits normally (status 0)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+async def _serve_http(app: ASGIApp, host: str, port: int, log_level: str) -> None:
+    # log_config=None: uvicorn's own config would send access logs to stdout and bypass our
+    # one-line stderr format; with None its loggers propagate to the root handler we installed.
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level.lower())
+    await _GracefulServer(config).serve()
 
 
 def _version() -> str:

@@ -3,8 +3,8 @@
 ::
 
     construct-mcp serve [--transport stdio|sse|streamable-http] [--host H] [--port P] [--store S] [--config F]
-    construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c] [--approve-before STEP]...
-                             [--idempotency-key K]
+    construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c | --specialists a[,b]]
+                             [--approve-before STEP]... [--idempotency-key K]
     construct-mcp runs status RUN_ID
     construct-mcp runs resume RUN_ID [--task-id T] [--output TEXT | --output-file FILE|-]
     construct-mcp runs approve RUN_ID [--reject] [--gate-id G] [--comment C] [--approver A]
@@ -37,17 +37,18 @@ from typing import Any, Literal, TextIO
 
 import anyio
 
+from orchestration.catalog import Catalog
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument
 from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
-from server.app import ConstructApp, build_runtime
 from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
 from server.timeline import render_timeline
 from server.views import RunsPage, RunView, run_view, runs_page
+from server.wiring import build_runtime
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -103,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = runs_sub.add_parser("start", help="start a chain on a request")
     start.add_argument("request", help="what the chain should work on ('-' reads it from stdin)")
-    start.add_argument("--chain", help="a chain name, or specialist names separated by commas")
+    chain = start.add_mutually_exclusive_group()
+    chain.add_argument(
+        "--chain", help="a chain name (default: default), or specialist names separated by commas"
+    )
+    chain.add_argument("--specialists", help="specialist names separated by commas (one is enough)")
     start.add_argument("--approve-before", action="append", default=[], metavar="STEP", help="gate a step")
     start.add_argument("--idempotency-key")
     _common(start)
@@ -267,17 +272,19 @@ def _read_text(value: str | None, file: str | None, what: str) -> str | None:
         raise UsageError(f"cannot read {what} from {file}: {exc.strerror}") from None
 
 
-def _chain_arg(value: str | None) -> str | tuple[str, ...] | None:
-    if value is None or "," not in value:
-        return value
-    return tuple(part.strip() for part in value.split(",") if part.strip())
+def _chain_arg(chain: str | None, specialists: str | None) -> str | tuple[str, ...] | None:
+    """``--chain name`` is a chain; ``--chain a,b`` and ``--specialists a[,b]`` are specialist lists."""
+    listed = specialists if specialists is not None else chain if chain and "," in chain else None
+    if listed is None:
+        return chain
+    return tuple(part.strip() for part in listed.split(",") if part.strip())
 
 
 async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
-    app = ConstructApp(settings)
+    catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
     try:
-        runtime = build_runtime(settings, opened.store, app.catalog, list(opened.warnings))
+        runtime = build_runtime(settings, opened.store, catalog, list(opened.warnings))
         command = args.runs_command
         model: RunView | RunsPage
         if command == "list":
@@ -306,7 +313,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         head, _created = await runtime.start(
             StartRequest(
                 request=request,
-                chain=_chain_arg(args.chain),
+                chain=_chain_arg(args.chain, args.specialists),
                 approve_before=tuple(args.approve_before),
                 idempotency_key=args.idempotency_key,
             )
@@ -399,6 +406,9 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return int(exc.code or 0)
     try:
         if args.command == "serve":
+            # Imported here: the MCP SDK is slow to import and only serve needs it.
+            from server.app import ConstructApp
+
             settings = _settings(args)
             ConstructApp(settings).serve(args.transport, args.host, args.port)
             return EXIT_OK

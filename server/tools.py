@@ -99,6 +99,9 @@ async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunVi
             step += 1
             await ctx.report_progress(step, None, f"run {current.run_id} is {current.status.value}")
 
+        # One notification when the wait begins, then one per change the wait observes: a host
+        # that asked for progress always hears that the call is alive.
+        await progress(head)
         head = await services.runtime.wait_settled(head.run_id, min(wait_seconds, MAX_WAIT_SECONDS), progress)
     return await services.view(head.run_id, head)
 
@@ -299,7 +302,8 @@ async def runs_list(
         str | None, Field(description="next_cursor from the previous page; omit for the newest runs.")
     ] = None,
 ) -> Annotated[CallToolResult, RunsPage]:
-    """List runs, newest first, with what each is waiting for. Page with next_cursor."""
+    """List runs, newest first, with what each is waiting for (a host task, an approval). Filter by
+    status; page with next_cursor. Call run_status with a run_id for the full record."""
 
     async def work() -> RunsPage:
         services = _services(ctx)

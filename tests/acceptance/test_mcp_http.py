@@ -1,0 +1,116 @@
+"""The MCP surface over HTTP: ``construct-mcp serve --transport streamable-http`` (and ``sse``) as
+real subprocesses on a free port of 127.0.0.1, driven by the official client."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.sse import sse_client
+
+from tests.acceptance.harness import (
+    SERVER_COMMAND,
+    call,
+    call_error,
+    free_port,
+    play_host,
+    read_log,
+    server_env,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def http_server(home: Path, transport: str) -> AsyncIterator[int]:
+    """A server subprocess on a free loopback port; yields the port once it accepts connections,
+    and stops it with SIGTERM (the way a service manager would) afterwards."""
+    port = free_port()
+    env = {**server_env(home), "PATH": os.environ.get("PATH", "")}
+    log_path = home / "server.log"
+    with log_path.open("wb") as errlog:
+        process = await anyio.open_process(
+            [*SERVER_COMMAND, "serve", "--transport", transport, "--port", str(port)],
+            env=env,
+            stdout=errlog,
+            stderr=errlog,
+        )
+        try:
+            with anyio.fail_after(30):
+                while True:
+                    if process.returncode is not None:
+                        raise AssertionError(f"server exited early:\n{read_log(log_path)}")
+                    try:
+                        stream = await anyio.connect_tcp("127.0.0.1", port)
+                    except OSError:
+                        await anyio.sleep(0.1)
+                        continue
+                    await stream.aclose()
+                    break
+            yield port
+        finally:
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(20):
+                returncode = await process.wait()
+            await process.aclose()
+    assert returncode == 0, read_log(log_path)
+
+
+async def test_a_gated_chain_over_streamable_http(tmp_path: Path) -> None:
+    async with (
+        http_server(tmp_path, "streamable-http") as port,
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
+        tools = {t.name for t in (await client.list_tools()).tools}
+        assert "orchestrate_start" in tools
+        view = await call(
+            client, "orchestrate_start", request="Over HTTP, please.", approve_before=["engineer"]
+        )
+        assert view["next_action"]["kind"] == "run_host_task"
+        view = await play_host(client, view)
+        assert view["next_action"]["kind"] == "approve"
+        view = await call(client, "orchestrate_approve", run_id=view["run_id"], decision="approve")
+        view = await play_host(client, view)
+        assert view["status"] == "completed"
+        assert [t["status"] for t in view["tasks"]] == ["done", "done", "done"]
+        text = await call_error(client, "run_status", run_id="../../etc")
+        assert text.startswith("invalid_argument: ")
+        listed = await call(client, "runs_list")
+        assert [r["run_id"] for r in listed["runs"]] == [view["run_id"]]
+    log = read_log(tmp_path / "server.log")
+    assert "action=server_started" in log and "action=server_stopping" in log
+
+
+async def test_http_refuses_a_foreign_host_header(tmp_path: Path) -> None:
+    """Bound to loopback, the server turns DNS-rebinding protection on: a request whose Host is
+    not a loopback name is refused before it reaches a tool."""
+    async with http_server(tmp_path, "streamable-http") as port, httpx2.AsyncClient() as http:
+        response = await http.post(
+            f"http://127.0.0.1:{port}/mcp",
+            headers={
+                "Host": "evil.example",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+            content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+        )
+        assert response.status_code == 421
+
+
+async def test_sse_transport_serves_the_tools(tmp_path: Path) -> None:
+    async with http_server(tmp_path, "sse") as port:
+        for _ in range(2):  # two connections share the process's store and dispatcher
+            async with Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
+                view = await call(client, "orchestrate_start", request="Over SSE.", chain=["writer"])
+                assert view["next_action"]["kind"] == "run_host_task"
+                view = await play_host(client, view)
+                assert view["status"] == "completed"
+    log = read_log(tmp_path / "server.log")
+    assert log.count("action=server_started") == 1

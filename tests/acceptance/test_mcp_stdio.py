@@ -1,0 +1,516 @@
+"""The MCP surface over stdio: the official ``mcp.Client`` against ``python -m server serve`` running as
+a real subprocess on a filesystem store.
+
+Most tests share one server process (module scope); tests that need their own process (a legacy
+client, raw stdout inspection, a restart) start one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import pytest_asyncio
+from mcp import Client
+from mcp.client.subscriptions import ResourceUpdated
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.types import ServerNotification, TextResourceContents
+
+from tests.acceptance.harness import (
+    SERVER_COMMAND,
+    SharedClient,
+    call,
+    call_error,
+    play_host,
+    read_log,
+    server_env,
+    stdio_client_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+MAX_CHARS = 4000
+CONFIG = """
+[chains.quick]
+description = "research, then write"
+steps = ["researcher", "writer"]
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("construct-home")
+    (path / "construct.toml").write_text(CONFIG)
+    return path
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(home: Path) -> AsyncIterator[Client]:
+    env = server_env(
+        home, CONSTRUCT_MAX_REQUEST_CHARS=str(MAX_CHARS), CONSTRUCT_MAX_OUTPUT_CHARS=str(MAX_CHARS)
+    )
+    shared = SharedClient(env, home / "server.log")
+    try:
+        yield await shared.start()
+    finally:
+        await shared.stop()
+
+
+async def start(client: Client, **arguments: Any) -> dict[str, Any]:
+    arguments.setdefault("request", "Write a haiku about durable execution.")
+    return await call(client, "orchestrate_start", **arguments)
+
+
+# ------------------------------------------------------------------------------------------------
+# Discovery
+
+
+async def test_tools_list_shows_input_and_output_schemas_and_annotations(client: Client) -> None:
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {
+        "orchestrate_start",
+        "orchestrate_resume",
+        "orchestrate_approve",
+        "run_status",
+        "orchestrate_cancel",
+        "runs_list",
+    }
+    for name, tool in tools.items():
+        assert tool.description and len(tool.description) > 80, name
+        assert tool.output_schema is not None, name
+        props = tool.input_schema["properties"]
+        assert "ctx" not in props, name
+        for param, schema in props.items():
+            assert schema.get("description"), f"{name}.{param} has no description"
+    view_props = tools["run_status"].output_schema["properties"]  # type: ignore[index]
+    for key in ("run_id", "status", "next_action", "tasks", "gates", "warnings", "semantics", "totals"):
+        assert key in view_props
+    assert "next_cursor" in tools["runs_list"].output_schema["properties"]  # type: ignore[index]
+    assert tools["orchestrate_start"].input_schema["required"] == ["request"]
+    assert tools["orchestrate_approve"].input_schema["properties"]["decision"]["enum"] == [
+        "approve",
+        "reject",
+    ]
+
+    def hints(name: str) -> Any:
+        annotations = tools[name].annotations
+        assert annotations is not None
+        return annotations
+
+    assert hints("run_status").read_only_hint is True
+    assert hints("runs_list").read_only_hint is True
+    assert hints("orchestrate_approve").idempotent_hint is True
+    assert hints("orchestrate_cancel").destructive_hint is True
+    assert hints("orchestrate_start").read_only_hint is False
+
+
+async def test_run_resource_template_is_listed(client: Client) -> None:
+    templates = (await client.list_resource_templates()).resource_templates
+    assert [t.uri_template for t in templates] == ["run://{run_id}"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The happy path
+
+
+async def test_start_answers_with_the_first_host_task(client: Client) -> None:
+    view = await start(client, request="Design a URL shortener.")
+    assert view["status"] == "awaiting_host"
+    assert view["status_kind"] == "paused"
+    action = view["next_action"]
+    assert action["kind"] == "run_host_task"
+    assert action["task_id"] == "architect"
+    assert action["specialist"] == "architect"
+    assert "architect" in action["system_prompt"].lower()
+    assert "Design a URL shortener." in action["user_prompt"]
+    assert "orchestrate_resume" in action["instruction"] and view["run_id"] in action["instruction"]
+    assert [s["name"] for s in view["chain"]["steps"]] == ["architect", "engineer", "reviewer"]
+    assert view["tasks"][0]["status"] == "awaiting_host"
+    assert view["tasks"][0]["executor"] == "inline:host"
+    assert "inline:host" in view["semantics"] and "called no model" in view["semantics"]
+    assert view["warnings"] == []
+
+
+async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
+    view = await start(client, approve_before=["engineer"])
+    run_id = view["run_id"]
+    view = await play_host(client, view)
+    assert view["status"] == "awaiting_approval"
+    action = view["next_action"]
+    assert action["kind"] == "approve"
+    assert action["gate_id"] == "before:engineer"
+    assert "engineer" in action["guards"]
+    assert "orchestrate_approve" in action["instruction"]
+
+    view = await call(
+        client,
+        "orchestrate_approve",
+        run_id=run_id,
+        decision="approve",
+        gate_id="before:engineer",
+        comment="keep it small",
+        approver="alice",
+    )
+    assert view["next_action"]["kind"] == "run_host_task"
+    assert view["next_action"]["task_id"] == "engineer"
+    # The approver's note and the architect's recorded output reach the engineer's prompt.
+    assert "keep it small" in view["next_action"]["user_prompt"]
+    assert "[test host output] architect" in view["next_action"]["user_prompt"]
+
+    view = await play_host(client, view)
+    assert view["status"] == "completed"
+    assert view["status_kind"] == "terminal"
+    assert view["next_action"]["kind"] == "none"
+    assert view["finished_at"] is not None
+    for task in view["tasks"]:
+        assert task["status"] == "done"
+        assert task["output"] == f"[test host output] {task['task_id']}"
+        assert task["executor"] == "inline:host"
+        assert [a["outcome"] for a in task["attempts"]] == ["succeeded"]
+    gate = view["gates"][0]
+    assert (gate["status"], gate["approver"], gate["comment"]) == ("approved", "alice", "keep it small")
+    assert view["totals"]["attempts"] == 3
+
+    # run_status shows the same record; the resource too.
+    assert (await call(client, "run_status", run_id=run_id)) == view
+    resource = await client.read_resource(f"run://{run_id}")
+    content = resource.contents[0]
+    assert isinstance(content, TextResourceContents)
+    assert content.mime_type == "application/json"
+    assert json.loads(content.text) == view
+
+
+async def test_a_chain_given_as_specialists_and_a_configured_chain(client: Client) -> None:
+    view = await start(client, chain=["researcher", "writer", "researcher"])
+    assert view["chain"]["name"] == "custom"
+    assert [s["name"] for s in view["chain"]["steps"]] == ["researcher", "writer", "researcher-2"]
+    assert view["next_action"]["specialist"] == "researcher"
+    view = await start(client, chain="quick")
+    assert view["chain"]["name"] == "quick"
+    assert (await play_host(client, view))["status"] == "completed"
+
+
+async def test_reject_ends_the_run(client: Client) -> None:
+    view = await start(client, chain=["architect", "engineer"], approve_before=["engineer"])
+    view = await play_host(client, view)
+    view = await call(
+        client, "orchestrate_approve", run_id=view["run_id"], decision="reject", comment="not now"
+    )
+    assert view["status"] == "rejected"
+    assert view["next_action"]["kind"] == "none"
+    assert [t["status"] for t in view["tasks"]] == ["done", "skipped"]
+    assert view["gates"][0]["status"] == "rejected"
+
+
+async def test_cancel_is_final_and_repeatable(client: Client) -> None:
+    view = await start(client)
+    run_id = view["run_id"]
+    view = await call(client, "orchestrate_cancel", run_id=run_id, reason="changed my mind")
+    assert view["status"] == "cancelled"
+    assert {t["status"] for t in view["tasks"]} == {"cancelled"}
+    again = await call(client, "orchestrate_cancel", run_id=run_id)
+    assert again["version"] == view["version"]
+    text = await call_error(
+        client, "orchestrate_resume", run_id=run_id, task_id="architect", output="too late"
+    )
+    assert text.startswith("invalid_state: ")
+
+
+async def test_runs_list_filters_and_pages(client: Client) -> None:
+    first = await start(client, request="list me 1")
+    second = await start(client, request="list me 2")
+    page = await call(client, "runs_list", status=["awaiting_host"], limit=500)
+    ids = [r["run_id"] for r in page["runs"]]
+    assert first["run_id"] in ids and second["run_id"] in ids
+    assert all(r["status"] == "awaiting_host" for r in page["runs"])
+    summary = next(r for r in page["runs"] if r["run_id"] == second["run_id"])
+    assert summary["waiting_for"] == "host output for task architect"
+    assert summary["request_preview"] == "list me 2"
+
+    one = await call(client, "runs_list", limit=1)
+    assert len(one["runs"]) == 1 and one["next_cursor"]
+    two = await call(client, "runs_list", limit=1, cursor=one["next_cursor"])
+    assert two["runs"][0]["run_id"] != one["runs"][0]["run_id"]
+    assert two["runs"][0]["created_at"] <= one["runs"][0]["created_at"]
+
+    completed = await call(client, "runs_list", status=["completed"], limit=500)
+    assert all(r["status"] == "completed" for r in completed["runs"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Repeats are answered with the current state
+
+
+async def test_the_same_host_output_twice_records_it_once(client: Client) -> None:
+    view = await start(client, chain=["architect", "engineer"])
+    run_id = view["run_id"]
+    first = await call(client, "orchestrate_resume", run_id=run_id, task_id="architect", output="the design")
+    again = await call(client, "orchestrate_resume", run_id=run_id, task_id="architect", output="the design")
+    assert again["version"] == first["version"]
+    assert again["tasks"][0]["attempts"] == first["tasks"][0]["attempts"]
+    text = await call_error(client, "orchestrate_resume", run_id=run_id, task_id="architect", output="other")
+    assert text.startswith("conflict: ") and "already done" in text
+
+
+async def test_the_same_approval_twice_records_it_once(client: Client) -> None:
+    view = await start(client, chain=["architect", "engineer"], approve_before=["engineer"])
+    view = await play_host(client, view)
+    run_id = view["run_id"]
+    first = await call(
+        client, "orchestrate_approve", run_id=run_id, decision="approve", gate_id="before:engineer"
+    )
+    again = await call(
+        client, "orchestrate_approve", run_id=run_id, decision="approve", gate_id="before:engineer"
+    )
+    assert again["version"] == first["version"]
+    assert again["gates"] == first["gates"]
+    text = await call_error(
+        client, "orchestrate_approve", run_id=run_id, decision="reject", gate_id="before:engineer"
+    )
+    assert text.startswith("conflict: ") and "already approved" in text
+
+
+async def test_the_same_idempotency_key_returns_the_same_run(client: Client) -> None:
+    first = await start(client, request="only once", idempotency_key="key-123")
+    again = await start(client, request="only once", idempotency_key="key-123")
+    assert again["run_id"] == first["run_id"]
+    assert again["version"] == first["version"]
+    text = await call_error(client, "orchestrate_start", request="something else", idempotency_key="key-123")
+    assert text.startswith("conflict: ") and "key-123" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors the caller can fix: a stable code first, then what to do
+
+
+async def test_unknown_and_malformed_run_ids(client: Client) -> None:
+    text = await call_error(client, "run_status", run_id="run-0000000000aa-0000000000000000")
+    assert text.startswith("run_not_found: ") and "runs_list" in text
+    for tool, extra in (
+        ("run_status", {}),
+        ("orchestrate_cancel", {}),
+        ("orchestrate_approve", {"decision": "approve"}),
+        ("orchestrate_resume", {"output": "x"}),
+    ):
+        text = await call_error(client, tool, run_id="../../etc", **extra)
+        assert text.startswith("invalid_argument: "), (tool, text)
+    with pytest.raises(MCPError, match="run_not_found"):
+        await client.read_resource("run://run-0000000000aa-0000000000000000")
+
+
+async def test_invalid_state(client: Client) -> None:
+    view = await start(client)
+    run_id = view["run_id"]
+    text = await call_error(client, "orchestrate_approve", run_id=run_id, decision="approve")
+    assert text.startswith("invalid_state: ") and "not awaiting approval" in text
+    done = await play_host(client, await start(client, chain=["writer"]))
+    assert done["status"] == "completed"
+    text = await call_error(client, "orchestrate_resume", run_id=done["run_id"])
+    assert text.startswith("invalid_state: ") and "completed" in text
+    text = await call_error(client, "orchestrate_cancel", run_id=done["run_id"])
+    assert text.startswith("invalid_state: ")
+
+
+async def test_conflict_output_for_a_task_that_is_not_awaiting(client: Client) -> None:
+    view = await start(client)
+    text = await call_error(
+        client, "orchestrate_resume", run_id=view["run_id"], task_id="reviewer", output="x"
+    )
+    assert text.startswith("conflict: ") and "'architect'" in text
+    text = await call_error(client, "orchestrate_resume", run_id=view["run_id"], task_id="nope", output="x")
+    assert text.startswith("invalid_argument: ") and "architect, engineer, reviewer" in text
+
+
+async def test_unknown_chain_and_specialist_list_the_known_ones(client: Client) -> None:
+    text = await call_error(client, "orchestrate_start", request="x", chain="nope")
+    assert text.startswith("unknown_chain: ") and "default" in text and "quick" in text
+    text = await call_error(client, "orchestrate_start", request="x", chain=["architect", "wizard"])
+    assert text.startswith("unknown_specialist: ")
+    for name in ("architect", "engineer", "reviewer", "researcher", "tester", "writer"):
+        assert name in text
+    text = await call_error(client, "orchestrate_start", request="x", approve_before=["wizard"])
+    assert text.startswith("invalid_argument: ") and "architect" in text
+
+
+async def test_too_large_request_and_output(client: Client) -> None:
+    text = await call_error(client, "orchestrate_start", request="x" * (MAX_CHARS + 1))
+    assert text.startswith("too_large: ") and "CONSTRUCT_MAX_REQUEST_CHARS" in text
+    view = await start(client)
+    text = await call_error(
+        client, "orchestrate_resume", run_id=view["run_id"], task_id="architect", output="y" * (MAX_CHARS + 1)
+    )
+    assert text.startswith("too_large: ") and "CONSTRUCT_MAX_OUTPUT_CHARS" in text
+    # Nothing was recorded: the task still awaits its output.
+    assert (await call(client, "run_status", run_id=view["run_id"]))["version"] == view["version"]
+
+
+async def test_other_invalid_arguments(client: Client) -> None:
+    text = await call_error(client, "orchestrate_start", request="   ")
+    assert text.startswith("invalid_argument: ")
+    text = await call_error(client, "runs_list", cursor="not-a-cursor")
+    assert text.startswith("invalid_argument: ")
+    text = await call_error(client, "runs_list", limit=0)
+    assert text.startswith("invalid_argument: ")
+    text = await call_error(client, "orchestrate_start", request="x", worker_backend="provider")
+    assert text.startswith("invalid_argument: ")
+    view = await start(client)
+    text = await call_error(client, "orchestrate_resume", run_id=view["run_id"])
+    assert text.startswith("invalid_argument: ") and "task_id and output" in text
+    # A schema violation is refused by the SDK before our code runs.
+    result = await client.call_tool("orchestrate_approve", {"run_id": view["run_id"], "decision": "maybe"})
+    assert result.is_error
+
+
+# ------------------------------------------------------------------------------------------------
+# Waiting, progress, subscriptions
+
+
+async def test_wait_seconds_sends_progress_notifications(client: Client) -> None:
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append((done, message))
+
+    result = await client.call_tool(
+        "orchestrate_start", {"request": "progress please", "wait_seconds": 5}, progress_callback=on_progress
+    )
+    assert not result.is_error
+    assert progress, "no progress notification arrived"
+    assert progress[0][0] == 1 and "is" in (progress[0][1] or "")
+    assert [p for p, _ in progress] == sorted(p for p, _ in progress)
+
+    # wait_seconds=0 answers at once (the run may still be queued).
+    view = await call(client, "orchestrate_start", request="no wait", wait_seconds=0)
+    assert view["status"] in ("queued", "awaiting_host")
+    view = await call(client, "run_status", run_id=view["run_id"], wait_seconds=10)
+    assert view["status"] == "awaiting_host"
+
+
+async def test_resource_updates_reach_a_listening_client(client: Client) -> None:
+    view = await start(client, chain=["writer", "reviewer"])
+    uri = f"run://{view['run_id']}"
+    async with client.listen(resource_subscriptions=[uri]) as subscription:
+        await call(client, "orchestrate_resume", run_id=view["run_id"], task_id="writer", output="draft")
+        with anyio.fail_after(10):
+            async for event in subscription:
+                assert event == ResourceUpdated(uri=uri)
+                break
+
+
+async def test_resource_updates_reach_a_legacy_subscriber(tmp_path: Path) -> None:
+    received: list[str] = []
+    got = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ServerNotification) and message.method == "notifications/resources/updated":
+            received.append(str(message.params.uri))
+            got.set()
+
+    env = server_env(tmp_path)
+    async with stdio_client_for(
+        env, tmp_path / "server.log", mode="legacy", message_handler=on_message
+    ) as legacy:
+        assert legacy.server_capabilities.resources is not None
+        assert legacy.server_capabilities.resources.subscribe is True
+        view = await call(legacy, "orchestrate_start", request="legacy", chain=["writer"])
+        uri = f"run://{view['run_id']}"
+        # Handshake-era hosts still use resources/subscribe; the SDK flags it as deprecated.
+        with pytest.warns(MCPDeprecationWarning):
+            await legacy.subscribe_resource(uri)
+        await call(legacy, "orchestrate_resume", run_id=view["run_id"], task_id="writer", output="done")
+        with anyio.fail_after(10):
+            await got.wait()
+        assert uri in received
+
+
+# ------------------------------------------------------------------------------------------------
+# The process
+
+
+async def test_stdout_carries_only_json_rpc(tmp_path: Path) -> None:
+    """A stdio server writes nothing but JSON-RPC messages on stdout, logs go to stderr, and it
+    exits cleanly (status 0) when its stdin closes."""
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {
+                "name": "orchestrate_start",
+                "arguments": {"request": "stdout check", "wait_seconds": 5},
+            },
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "run_status", "arguments": {"run_id": "../../etc"}},
+        },
+    ]
+    env = server_env(tmp_path)
+    stderr_path = tmp_path / "stderr.log"
+    lines: list[str] = []
+    with anyio.fail_after(60), stderr_path.open("wb") as errlog:
+        async with await anyio.open_process(
+            [*SERVER_COMMAND, "serve"], env={**env, "PATH": os.environ.get("PATH", "")}, stderr=errlog
+        ) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.send("".join(json.dumps(m) + "\n" for m in messages).encode())
+            buffer = b""
+            # Read until every request is answered, then close stdin: the MCP way to stop a server.
+            while sum('"id"' in line for line in lines) < 4:
+                buffer += await proc.stdout.receive()
+                *complete, buffer = buffer.split(b"\n")
+                lines += [line.decode() for line in complete]
+            await proc.stdin.aclose()
+            lines += [
+                line.decode() for line in (buffer + b"".join([c async for c in proc.stdout])).splitlines()
+            ]
+            returncode = await proc.wait()
+    stderr = stderr_path.read_text()
+    assert returncode == 0, stderr
+    assert lines, stderr
+    for line in lines:
+        message = json.loads(line)
+        assert message["jsonrpc"] == "2.0", line
+    by_id = {m["id"]: m for m in map(json.loads, lines) if "id" in m}
+    assert set(by_id) == {1, 2, 3, 4}
+    assert by_id[3]["result"]["structuredContent"]["next_action"]["kind"] == "run_host_task"
+    assert by_id[4]["result"]["isError"] is True
+    assert "action=server_started" in stderr
+    assert "action=run_created" in stderr
+    # No prompt text in the logs: only ids and sizes.
+    assert "You are step 1 of 3" not in stderr
+
+
+async def test_a_run_survives_a_restart(tmp_path: Path) -> None:
+    """Stop a server after the first task, start another one on the same home: the run goes on."""
+    env = server_env(tmp_path)
+    async with stdio_client_for(env, tmp_path / "one.log") as one:
+        view = await call(one, "orchestrate_start", request="restart me", chain=["architect", "engineer"])
+        view = await call(one, "orchestrate_resume", run_id=view["run_id"], task_id="architect", output="A")
+    assert view["next_action"]["task_id"] == "engineer"
+    async with stdio_client_for(env, tmp_path / "two.log") as two:
+        again = await call(two, "run_status", run_id=view["run_id"])
+        assert again["next_action"] == view["next_action"]
+        done = await play_host(two, again)
+    assert done["status"] == "completed"
+    assert [t["output"] for t in done["tasks"]] == ["A", "[test host output] engineer"]
+    assert "action=server_stopping" in read_log(tmp_path / "one.log")
