@@ -1,0 +1,635 @@
+"""The filesystem ``RunStore``: one directory per run, safe across processes on one machine.
+
+Layout under ``root``::
+
+    runs/<run_id>/facts.jsonl   the fact log: one JSON fact per line, only ever appended to
+    runs/<run_id>/facts.idx     16 bytes per fact (big-endian start and end byte offsets of its line)
+    runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir)
+    runs/<run_id>/lease.json    the lease (owner, expiry), absent when nobody holds it
+    runs/<run_id>/lock          flock(2) target: every write to the run happens while holding it
+    keys/<sha256(key)>          idempotency index: the id of the run created with that key
+    create.lock                 flock(2) target serializing run creation (and the use of tmp/)
+    tmp/                        staging area for runs being created
+
+Commit point. ``head.json`` is the truth: a fact is part of the run only if its seq is
+``<= head.last_seq``. An append writes (and fsyncs) the facts and their index records first, then
+replaces the head. A process killed in between leaves bytes past the committed end; readers never
+look past ``head.last_seq``, and the next append (under the run lock) truncates the log and the
+index back to the committed end before appending, so nothing uncommitted is ever duplicated or
+resurrected.
+
+Cost. An append reads one head and one 16-byte index record, appends its own bytes and rewrites the
+head (which holds no task output): it does not depend on the run's history. ``read_fact`` is one
+index record plus one line. ``list_runs`` and ``runnable`` scan the run directories and read only
+``head.json`` files, which is acceptable for the single-machine (``solo``) deployments this adapter
+serves.
+
+Creation is atomic: the run directory is built and fsync'd under ``tmp/`` and renamed into
+``runs/``, so a crash never leaves a half-created run visible. The idempotency key is published
+before that rename, under ``create.lock``; a key left dangling by a crash between the two is
+detected (its run does not exist while we hold the lock, so its creator is dead) and replaced.
+
+All blocking I/O runs in worker threads (``anyio.to_thread``) so the event loop never waits on a
+disk or a lock. OS errors are translated into :class:`~orchestration.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import anyio
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    CorruptRecord,
+    InvalidArgument,
+    LeaseLost,
+    RunNotFound,
+    StoreError,
+    VersionConflict,
+)
+from orchestration.facts import Fact, dump_fact, parse_fact
+from orchestration.ids import RUN_ID_PATTERN, validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.vocabulary import RunStatus
+from stores._common import ListKey, check_append, decode_cursor, encode_cursor, list_order_key
+
+logger = logging.getLogger("construct.stores")
+
+FACTS_FILE = "facts.jsonl"
+INDEX_FILE = "facts.idx"
+HEAD_FILE = "head.json"
+LEASE_FILE = "lease.json"
+LOCK_FILE = "lock"
+
+#: One index record per fact: the byte offsets where its line starts and ends in facts.jsonl.
+#: Storing the end too means the committed end of the log is one record read away.
+_INDEX_RECORD = struct.Struct(">QQ")
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class _LeaseRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    owner: str
+    expires_at: datetime
+
+
+# --------------------------------------------------------------------------------------------
+# Small blocking helpers (always called from a worker thread)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename/creation/removal in ``path`` durable (the entry lives in the directory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace ``path``: readers see the old or the new content, never a mix.
+
+    The temp name is fixed because every caller holds the run lock, so no two writers share it.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    _write_new_file(tmp, data)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    # flock locks belong to the open file description, so each call opens its own descriptor:
+    # two threads of this process then exclude each other exactly like two processes do. Closing
+    # the descriptor releases the lock, also when the process dies.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _problem(exc: Exception) -> str:
+    """A short description of a decoding failure that never echoes the stored content."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(part) for part in first["loc"]) or "document"
+        return f"{exc.error_count()} validation error(s), first at {loc}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _key_name(idempotency_key: str) -> str:
+    # Hashing makes any key a safe, fixed-length file name.
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()
+
+
+def _encode_head(head: RunHead) -> bytes:
+    return head.model_dump_json().encode()
+
+
+def _encode_facts(facts: Sequence[Fact]) -> list[bytes]:
+    # JSON escapes newlines inside strings, so one fact is exactly one line.
+    return [dump_fact(fact).encode() + b"\n" for fact in facts]
+
+
+def _index_records(lines: Sequence[bytes], start: int) -> bytes:
+    out = bytearray()
+    for line in lines:
+        out += _INDEX_RECORD.pack(start, start + len(line))
+        start += len(line)
+    return bytes(out)
+
+
+def _check_contiguous(facts: Sequence[Fact]) -> None:
+    # read_fact finds a fact by position, so seqs must be gap-free; the fold guarantees this for
+    # honest writers, the check keeps a buggy one from corrupting the index.
+    for offset, fact in enumerate(facts):
+        if fact.seq != facts[0].seq + offset:
+            raise InvalidArgument("the facts of one write must have consecutive seq numbers")
+
+
+def _check_create(head: RunHead, facts: Sequence[Fact]) -> None:
+    if not facts:
+        raise InvalidArgument("a run is created with at least one fact")
+    if head.version != 1:
+        raise InvalidArgument(f"a new run's head has version 1, not {head.version}")
+    if facts[0].seq != 1:
+        raise InvalidArgument(f"a new run's first fact has seq 1, not {facts[0].seq}")
+    _check_contiguous(facts)
+    if head.last_seq != facts[-1].seq:
+        raise InvalidArgument("the new head's last_seq must be the seq of the last fact")
+
+
+def _check_aware(now: datetime) -> None:
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise InvalidArgument("now must be a timezone-aware datetime (use the injected clock)")
+
+
+def _lease_lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+
+
+def _paginate(
+    heads: list[RunHead], statuses: frozenset[RunStatus] | None, limit: int, after: ListKey | None
+) -> RunPage:
+    heads = sorted(heads, key=list_order_key, reverse=True)
+    if statuses:
+        heads = [h for h in heads if h.status in statuses]
+    if after is not None:
+        heads = [h for h in heads if list_order_key(h) < after]
+    page = heads[:limit]
+    more = len(heads) > limit
+    return RunPage(page, encode_cursor(page[-1]) if more and page else None)
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+
+
+class FilesystemStore:
+    """A :class:`~orchestration.store.RunStore` keeping each run in its own directory under
+    ``root``. Several processes may share one ``root`` (compare-and-swap and leases are guarded by
+    per-run ``flock`` locks); ``root`` must be on a local filesystem where ``flock`` and
+    ``rename`` behave (not NFS)."""
+
+    name = "filesystem"
+
+    def __init__(self, root: Path) -> None:
+        self._root = Path(root)
+        self._runs = self._root / "runs"
+        self._keys = self._root / "keys"
+        self._tmp = self._root / "tmp"
+        self._create_lock = self._root / "create.lock"
+        self._layout_ready = False
+        self._closed = False
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    # ---------------------------------------------------------------- plumbing
+
+    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run blocking ``fn`` in a worker thread; translate OS errors at this edge."""
+        if self._closed:
+            raise StoreError(f"the filesystem store at {self._root} is closed")
+        try:
+            if not self._layout_ready:
+                await anyio.to_thread.run_sync(self._ensure_layout)
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        except ConstructError:
+            raise
+        except OSError as exc:
+            raise StoreError(
+                f"the filesystem store at {self._root} failed: {exc.strerror or exc} "
+                f"({exc.filename or 'no file'})"
+            ) from exc
+
+    def _ensure_layout(self) -> None:
+        for path in (self._runs, self._keys, self._tmp):
+            path.mkdir(parents=True, exist_ok=True)
+        self._layout_ready = True
+
+    def _run_dir(self, run_id: str) -> Path:
+        # Every caller validated run_id, so it cannot climb out of runs/.
+        return self._runs / run_id
+
+    def _require_run(self, run_id: str) -> Path:
+        run_dir = self._run_dir(run_id)
+        if not run_dir.is_dir():
+            raise RunNotFound(run_id)
+        return run_dir
+
+    # ---------------------------------------------------------------- blocking internals
+
+    def _load_sync(self, run_id: str) -> RunHead:
+        path = self._run_dir(run_id) / HEAD_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            if not path.parent.is_dir():
+                raise RunNotFound(run_id) from None
+            raise CorruptRecord(run_id, str(path), "the file is missing") from None
+        try:
+            head = RunHead.model_validate_json(data)
+        except ValueError as exc:  # ValidationError, and UnicodeDecodeError on binary garbage
+            raise CorruptRecord(run_id, str(path), _problem(exc)) from exc
+        if head.run_id != run_id:
+            raise CorruptRecord(run_id, str(path), f"it holds the head of run {head.run_id}")
+        return head
+
+    def _read_key(self, path: Path) -> str | None:
+        try:
+            raw = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        if not RUN_ID_PATTERN.fullmatch(raw):
+            raise StoreError(f"idempotency index entry {path} does not hold a run id")
+        return raw
+
+    def _publish_key(self, path: Path, run_id: str) -> None:
+        staged = self._tmp / f"key.{secrets.token_hex(8)}"
+        _write_new_file(staged, run_id.encode())
+        try:
+            # link(2) fails if the name exists: at most one creator can own a key, even if the
+            # create lock were ever bypassed.
+            os.link(staged, path)
+        except FileExistsError:
+            raise StoreError(f"idempotency index entry {path} appeared during create") from None
+        finally:
+            staged.unlink(missing_ok=True)
+        _fsync_dir(self._keys)
+
+    def _sweep_tmp(self) -> None:
+        # Only creators holding create.lock use tmp/, and we hold it: anything left there was
+        # abandoned by a creator that died.
+        for entry in os.scandir(self._tmp):
+            logger.warning(
+                "removing %s left by an interrupted create",
+                entry.path,
+                extra={"action": "store.tmp_swept", "path": entry.path},
+            )
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+    def _create_sync(self, head: RunHead, lines: list[bytes]) -> CreateResult:
+        run_id = head.run_id
+        with _flocked(self._create_lock):
+            self._sweep_tmp()
+            key_path: Path | None = None
+            if head.idempotency_key is not None:
+                key_path = self._keys / _key_name(head.idempotency_key)
+                existing = self._read_key(key_path)
+                if existing is not None:
+                    try:
+                        return CreateResult(self._load_sync(existing), created=False)
+                    except RunNotFound:
+                        # Its creator died between publishing the key and the run (we hold the
+                        # create lock, so it is not still working): the key is free again.
+                        logger.warning(
+                            "idempotency key entry %s points to missing run %s; reusing it",
+                            key_path.name,
+                            existing,
+                            extra={"action": "store.dangling_key", "run_id": existing},
+                        )
+                        key_path.unlink()
+            run_dir = self._run_dir(run_id)
+            if run_dir.exists():
+                raise Conflict(f"a run with id {run_id} already exists")
+
+            staging = self._tmp / f"run.{run_id}.{secrets.token_hex(8)}"
+            try:
+                staging.mkdir()
+                blob = b"".join(lines)
+                _write_new_file(staging / FACTS_FILE, blob)
+                _write_new_file(staging / INDEX_FILE, _index_records(lines, 0))
+                _write_new_file(staging / HEAD_FILE, _encode_head(head))
+                _write_new_file(staging / LOCK_FILE, b"")
+                _fsync_dir(staging)
+                # Key before run: a crash in between leaves a dangling key (repaired above), never
+                # a keyed run without its key (which would let a retry create a second run).
+                if key_path is not None:
+                    self._publish_key(key_path, run_id)
+                try:
+                    os.rename(staging, run_dir)
+                except OSError as exc:
+                    if key_path is not None:
+                        key_path.unlink(missing_ok=True)
+                    if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise Conflict(f"a run with id {run_id} already exists") from exc
+                    raise
+                _fsync_dir(self._runs)
+            finally:
+                if staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+        return CreateResult(head, created=True)
+
+    def _committed_end(self, run_id: str, index_fd: int, last_seq: int) -> int:
+        record = os.pread(index_fd, _INDEX_RECORD.size, (last_seq - 1) * _INDEX_RECORD.size)
+        if len(record) != _INDEX_RECORD.size:
+            raise CorruptRecord(
+                run_id,
+                str(self._run_dir(run_id) / INDEX_FILE),
+                f"it has no record for committed fact {last_seq}",
+            )
+        _start, end = _INDEX_RECORD.unpack(record)
+        return int(end)
+
+    def _append_sync(self, run_id: str, expected_version: int, head: RunHead, lines: list[bytes]) -> None:
+        run_dir = self._require_run(run_id)
+        with _flocked(run_dir / LOCK_FILE):
+            current = self._load_sync(run_id)
+            if current.version != expected_version:
+                raise VersionConflict(run_id, expected_version, current.version)
+            first_seq = head.last_seq - len(lines) + 1
+            if first_seq != current.last_seq + 1:
+                raise InvalidArgument(
+                    f"the first fact appended to run {run_id} must have seq {current.last_seq + 1}, "
+                    f"not {first_seq}"
+                )
+            facts_fd = os.open(run_dir / FACTS_FILE, os.O_RDWR | os.O_APPEND)
+            try:
+                index_fd = os.open(run_dir / INDEX_FILE, os.O_RDWR | os.O_APPEND)
+                try:
+                    end = self._committed_end(run_id, index_fd, current.last_seq)
+                    self._discard_uncommitted(run_id, facts_fd, index_fd, end, current.last_seq)
+                    # Facts and index first, each durable, then the head: the head is the commit
+                    # point, so a crash anywhere before its rename leaves the run as it was.
+                    _write_all(facts_fd, b"".join(lines))
+                    os.fsync(facts_fd)
+                    _write_all(index_fd, _index_records(lines, end))
+                    os.fsync(index_fd)
+                finally:
+                    os.close(index_fd)
+            finally:
+                os.close(facts_fd)
+            _replace_file(run_dir / HEAD_FILE, _encode_head(head))
+
+    def _discard_uncommitted(
+        self, run_id: str, facts_fd: int, index_fd: int, end: int, last_seq: int
+    ) -> None:
+        run_dir = self._run_dir(run_id)
+        facts_size = os.fstat(facts_fd).st_size
+        if facts_size < end:
+            raise CorruptRecord(
+                run_id, str(run_dir / FACTS_FILE), f"it has {facts_size} bytes, the index says {end}"
+            )
+        index_end = last_seq * _INDEX_RECORD.size
+        index_size = os.fstat(index_fd).st_size
+        if facts_size > end or index_size > index_end:
+            # Left by a writer that died before replacing the head: never committed, so dropped.
+            logger.warning(
+                "run %s: discarding %d uncommitted bytes of facts and %d of index",
+                run_id,
+                facts_size - end,
+                index_size - index_end,
+                extra={"action": "store.uncommitted_discarded", "run_id": run_id},
+            )
+            os.ftruncate(facts_fd, end)
+            os.ftruncate(index_fd, index_end)
+
+    def _read_facts_sync(self, run_id: str, after_seq: int, limit: int | None) -> list[Fact]:
+        # Reading the head first bounds the read to committed facts: bytes past head.last_seq may
+        # belong to a write that is in progress or was abandoned by a dead writer.
+        head = self._load_sync(run_id)
+        first = max(after_seq, 0) + 1
+        last = head.last_seq if limit is None else min(head.last_seq, first + limit - 1)
+        if first > last:
+            return []
+        return self._read_range(run_id, first, last)
+
+    def _read_range(self, run_id: str, first: int, last: int) -> list[Fact]:
+        """Committed facts ``first..last``: their index records, then one read of their bytes."""
+        run_dir = self._run_dir(run_id)
+        count = last - first + 1
+        with open(run_dir / INDEX_FILE, "rb") as index:
+            index.seek((first - 1) * _INDEX_RECORD.size)
+            raw = index.read(count * _INDEX_RECORD.size)
+        if len(raw) != count * _INDEX_RECORD.size:
+            raise CorruptRecord(
+                run_id, str(run_dir / INDEX_FILE), f"it has fewer records than committed fact {last}"
+            )
+        records = list(_INDEX_RECORD.iter_unpack(raw))
+        start, end = int(records[0][0]), int(records[-1][1])
+        path = run_dir / FACTS_FILE
+        with open(path, "rb") as log:
+            log.seek(start)
+            blob = log.read(end - start)
+        if len(blob) != end - start:
+            raise CorruptRecord(run_id, str(path), f"it ends before committed fact {last}")
+        return [
+            self._decode_fact(run_id, path, seq, blob[s - start : e - start])
+            for seq, (s, e) in enumerate(records, start=first)
+        ]
+
+    def _decode_fact(self, run_id: str, path: Path, seq: int, line: bytes) -> Fact:
+        try:
+            fact = parse_fact(line)
+        except ValueError as exc:
+            raise CorruptRecord(run_id, f"{path} (fact {seq})", _problem(exc)) from exc
+        if fact.seq != seq:
+            raise CorruptRecord(run_id, f"{path} (fact {seq})", f"the line holds fact {fact.seq}")
+        return fact
+
+    def _read_fact_sync(self, run_id: str, seq: int) -> Fact:
+        head = self._load_sync(run_id)
+        if not 1 <= seq <= head.last_seq:
+            raise KeyError(seq)
+        return self._read_range(run_id, seq, seq)[0]
+
+    def _scan_heads(self) -> list[RunHead]:
+        heads: list[RunHead] = []
+        for entry in os.scandir(self._runs):
+            if not RUN_ID_PATTERN.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                heads.append(self._load_sync(entry.name))
+            except (CorruptRecord, RunNotFound, OSError) as exc:
+                # One damaged run must not hide every other run from the operator.
+                logger.warning(
+                    "skipping run %s: %s",
+                    entry.name,
+                    exc,
+                    extra={"action": "store.run_unreadable", "run_id": entry.name},
+                )
+        return heads
+
+    def _list_sync(self, statuses: frozenset[RunStatus] | None, limit: int, after: ListKey | None) -> RunPage:
+        return _paginate(self._scan_heads(), statuses, limit, after)
+
+    def _runnable_sync(self, now: datetime, limit: int) -> list[str]:
+        heads = sorted(self._scan_heads(), key=list_order_key)
+        out = [
+            h.run_id
+            for h in heads
+            if h.status == RunStatus.RUNNING
+            or (h.status == RunStatus.QUEUED and (h.not_before is None or h.not_before <= now))
+        ]
+        return out[:limit]
+
+    def _read_lease(self, run_id: str, run_dir: Path) -> _LeaseRecord | None:
+        path = run_dir / LEASE_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return _LeaseRecord.model_validate_json(data)
+        except ValueError as exc:
+            raise CorruptRecord(run_id, str(path), _problem(exc)) from exc
+
+    def _write_lease(self, run_dir: Path, lease: Lease) -> None:
+        record = _LeaseRecord(owner=lease.owner, expires_at=lease.expires_at)
+        _replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
+
+    def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        run_dir = self._require_run(run_id)
+        with _flocked(run_dir / LOCK_FILE):
+            current = self._read_lease(run_id, run_dir)
+            if current is not None and current.owner != owner and current.expires_at > now:
+                return None
+            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds))
+            self._write_lease(run_dir, lease)
+            return lease
+
+    def _renew_sync(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        run_dir = self._run_dir(lease.run_id)
+        if not run_dir.is_dir():
+            raise _lease_lost(lease)
+        with _flocked(run_dir / LOCK_FILE):
+            current = self._read_lease(lease.run_id, run_dir)
+            if current is None or current.owner != lease.owner:
+                raise _lease_lost(lease)
+            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+            self._write_lease(run_dir, renewed)
+            return renewed
+
+    def _release_sync(self, lease: Lease) -> None:
+        run_dir = self._run_dir(lease.run_id)
+        if not run_dir.is_dir():
+            return
+        with _flocked(run_dir / LOCK_FILE):
+            current = self._read_lease(lease.run_id, run_dir)
+            if current is not None and current.owner == lease.owner:
+                (run_dir / LEASE_FILE).unlink()
+                _fsync_dir(run_dir)
+
+    # ---------------------------------------------------------------- RunStore
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        validate_run_id(head.run_id)
+        _check_create(head, facts)
+        return await self._call(self._create_sync, head, _encode_facts(facts))
+
+    async def load(self, run_id: str) -> RunHead:
+        validate_run_id(run_id)
+        return await self._call(self._load_sync, run_id)
+
+    async def append(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+    ) -> RunHead:
+        validate_run_id(run_id)
+        check_append(run_id, expected_version, facts, head)
+        _check_contiguous(facts)
+        await self._call(self._append_sync, run_id, expected_version, head, _encode_facts(facts))
+        return head
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        validate_run_id(run_id)
+        if limit is not None and limit < 0:
+            raise InvalidArgument(f"limit must be >= 0, not {limit}")
+        return await self._call(self._read_facts_sync, run_id, after_seq, limit)
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        validate_run_id(run_id)
+        return await self._call(self._read_fact_sync, run_id, seq)
+
+    async def list_runs(
+        self,
+        statuses: frozenset[RunStatus] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        after = decode_cursor(cursor)
+        return await self._call(self._list_sync, statuses, limit, after)
+
+    async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        _check_aware(now)
+        return await self._call(self._runnable_sync, now, limit)
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        validate_run_id(run_id)
+        _check_aware(now)
+        return await self._call(self._claim_sync, run_id, owner, ttl_seconds, now)
+
+    async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
+        validate_run_id(lease.run_id)
+        _check_aware(now)
+        return await self._call(self._renew_sync, lease, ttl_seconds, now)
+
+    async def release_lease(self, lease: Lease) -> None:
+        validate_run_id(lease.run_id)
+        await self._call(self._release_sync, lease)
+
+    async def close(self) -> None:
+        # No descriptor outlives a call, so closing only refuses further use.
+        self._closed = True
