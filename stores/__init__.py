@@ -28,8 +28,9 @@ raises instead. Warnings and errors never contain a password: every URL shown go
 Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``):
 
 - ``claim_runnable(owner, ttl_seconds, now, limit) -> list[Lease]`` (sqlite, postgres): claim up to
-  ``limit`` runnable runs whose lease is free, expired or ``owner``'s, in one transaction; two
-  concurrent claimers never get the same run (postgres: ``FOR UPDATE SKIP LOCKED``).
+  ``limit`` runnable runs (as ``runnable`` defines them) whose lease is free or expired, oldest
+  first, in one transaction; runs ``owner`` already holds are not returned again; two concurrent
+  claimers never get the same run (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
 - ``listen(callback)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is called when any
   process commits a write that leaves a run ``queued``. A wake-up hint, not a queue: notifications
   are lost while the listening connection is down, so a dispatcher still polls ``runnable``.
@@ -85,39 +86,40 @@ class StoreSpec:
 
 @dataclass(frozen=True, slots=True)
 class OpenedStore:
-    """The store the server will use, what was asked for (redacted) and where that came from
+    """The store the server will use; what was asked for (redacted) and where that came from
     (``--store``, ``config``, ``CONSTRUCT_ORCHESTRATION_STORE``, ``CONSTRUCT_DEPLOYMENT_MODE``,
-    ``default``), and the warnings to show in ``run_status`` and the logs (a fallback)."""
+    ``default``); whether the filesystem fallback replaced it; and the warnings to show in
+    ``run_status`` and the logs."""
 
     store: RunStore
     requested: str
     source: str
     warnings: list[str] = field(default_factory=list)
-
-    @property
-    def fell_back(self) -> bool:
-        return bool(self.warnings) and self.store.name != _backend_of(self.requested)
+    fell_back: bool = False
 
 
 def redact_url(url: str) -> str:
     """``url`` with the password in its userinfo and any ``password=`` query parameter replaced by
-    ``***``. Anything that does not parse as a URL is returned as is unless it contains ``@``."""
+    ``***``; a URL without a password is returned unchanged."""
     if "://" not in url:
         return url
     try:
         parts = urlsplit(url)
     except ValueError:
         return url.split("://", 1)[0] + "://***"
-    netloc = parts.netloc
-    userinfo, at, hostinfo = netloc.rpartition("@")
+    # Edit the string rather than urlunsplit it: unsplitting normalizes (sqlite:////abs would lose
+    # two slashes), and a URL with nothing secret must come back unchanged.
+    shown = url
+    userinfo, at, hostinfo = parts.netloc.rpartition("@")
     if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
+        redacted = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+        shown = shown.replace(f"//{parts.netloc}", f"//{redacted}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
         if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
             query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+            shown = shown.replace(f"?{parts.query}", f"?{query}", 1)
+    return shown
 
 
 def _secrets_of(url: str) -> list[str]:
@@ -338,4 +340,4 @@ async def open_configured_store(
         )
         log.warning(warning, extra={"action": "store.fallback", "requested": shown, "source": source})
         fs = await _open_parsed(parse_store_spec("filesystem", home=home, env=env), connect_timeout)
-        return OpenedStore(fs, shown, source, [warning])
+        return OpenedStore(fs, shown, source, [warning], fell_back=True)

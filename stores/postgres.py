@@ -121,8 +121,9 @@ class _PostgresTarget:
 
     dialect: Dialect = "postgres"
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, schema: str) -> None:
         self._conn = conn
+        self._schema = schema
 
     async def current_version(self) -> int:
         if not await self._conn.fetchval(Q["migrations_table_exists"]):
@@ -131,7 +132,7 @@ class _PostgresTarget:
 
     async def apply(self, migration: Migration) -> bool:
         async with self._conn.transaction():
-            await self._conn.execute(Q["migration_lock"])
+            await self._conn.execute(Q["schema_lock"], self._schema)
             await self._conn.execute(Q["create_migrations_table"])
             current = await self.current_version()
             if current >= migration.version:
@@ -162,9 +163,11 @@ async def migrate_postgres(
         conn = await asyncpg.connect(dsn, **_connect_kwargs(schema, connect_timeout))
         try:
             if not check_only:
-                await conn.execute(await conn.fetchval(Q["create_schema_statement"], schema))
+                async with conn.transaction():
+                    await conn.execute(Q["schema_lock"], schema)
+                    await conn.execute(await conn.fetchval(Q["create_schema_statement"], schema))
             return await run_migrations(
-                _PostgresTarget(conn),
+                _PostgresTarget(conn, schema),
                 store=display,
                 backend="postgres",
                 check_only=check_only,
@@ -223,7 +226,7 @@ class PostgresStore:
                 )
             try:
                 async with pool.acquire() as conn:
-                    await check_schema(_PostgresTarget(conn), f"the {where}")
+                    await check_schema(_PostgresTarget(conn, schema), f"the {where}")
             except BaseException:
                 await pool.close()
                 raise
@@ -390,9 +393,10 @@ class PostgresStore:
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
         """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
-        :meth:`runnable` defines them) whose lease is free, expired or already ``owner``'s, oldest
-        first, in one statement. Concurrent claimers in any number of processes skip the runs
-        another is claiming (``SKIP LOCKED``) and never get the same run."""
+        :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
+        statement; runs ``owner`` already holds are not returned again. Concurrent claimers in any
+        number of processes skip the runs another is claiming (``SKIP LOCKED``) and never get the
+        same run."""
         expires_at = now + timedelta(seconds=ttl_seconds)
         async with self._connection() as conn:
             rows = await conn.fetch(Q["claim_runnable"], owner, _utc(expires_at), _utc(now), limit)

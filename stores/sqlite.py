@@ -412,16 +412,15 @@ class SqliteStore:
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
         """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
-        :meth:`runnable` defines them) whose lease is free, expired or already ``owner``'s, oldest
-        first, in one transaction. Of two concurrent claimers, in this or another process, no two
-        get the same run: ``BEGIN IMMEDIATE`` serializes them."""
+        :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
+        transaction; runs ``owner`` already holds are not returned again. Of two concurrent
+        claimers, in this or another process, no two get the same run: ``BEGIN IMMEDIATE``
+        serializes them."""
         expires_at = now + timedelta(seconds=ttl_seconds)
 
         async def work(conn: aiosqlite.Connection) -> list[Lease]:
             rows = list(
-                await conn.execute_fetchall(
-                    Q["claim_runnable"], {"now": sortable_time(now), "owner": owner, "limit": limit}
-                )
+                await conn.execute_fetchall(Q["claim_runnable"], {"now": sortable_time(now), "limit": limit})
             )
             leases: list[Lease] = []
             for (run_id,) in rows:

@@ -16,6 +16,7 @@ import pytest
 from orchestration.store import RunStore
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
+from tests.stores.sql_adapters import make_postgres, make_sqlite
 
 StoreFactory = Callable[[Path], AbstractAsyncContextManager[RunStore]]
 
@@ -41,6 +42,8 @@ async def make_filesystem(tmp_path: Path) -> AsyncIterator[RunStore]:
 ADAPTERS: dict[str, StoreFactory] = {
     "memory": make_memory,
     "filesystem": make_filesystem,
+    "sqlite": make_sqlite,
+    "postgres": make_postgres,
 }
 
 

@@ -5,9 +5,11 @@
 -- The schema is an identifier, which cannot be a parameter: let the server quote it.
 SELECT format('CREATE SCHEMA IF NOT EXISTS %I', $1::text)
 
--- name: migration_lock
--- Held until the migration's transaction ends, so concurrent migrators apply each migration once.
-SELECT pg_advisory_xact_lock(hashtext('construct-mcp migrate ' || current_schema()))
+-- name: schema_lock
+-- Held until the transaction ends: concurrent migrators create the schema and apply each migration
+-- once (CREATE SCHEMA IF NOT EXISTS alone still fails when two sessions race). Keyed by the schema
+-- name, not current_schema(), which is NULL until the schema exists.
+SELECT pg_advisory_xact_lock(hashtext('construct-mcp schema ' || $1::text))
 
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -103,7 +105,8 @@ UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND owner = $2 RETURNING run
 DELETE FROM leases WHERE run_id = $1 AND owner = $2
 
 -- name: claim_runnable
--- Claim up to $4 runnable runs whose lease is free, expired or ours, oldest first. SKIP LOCKED lets
+-- Claim up to $4 runnable runs whose lease is free or expired, oldest first (a run this owner
+-- already holds is being worked on: it is not handed out again). SKIP LOCKED lets
 -- concurrent claimers (other processes) pass over the runs this one is taking instead of waiting
 -- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
 -- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
@@ -114,7 +117,7 @@ WITH candidates AS (
     LEFT JOIN leases ON leases.run_id = runs.run_id
     WHERE runs.status IN ('queued', 'running')
       AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3)
-      AND (leases.run_id IS NULL OR leases.expires_at <= $3 OR leases.owner = $1)
+      AND (leases.run_id IS NULL OR leases.expires_at <= $3)
     ORDER BY runs.created_at, runs.run_id
     LIMIT $4
     FOR NO KEY UPDATE OF runs SKIP LOCKED
@@ -122,5 +125,5 @@ WITH candidates AS (
 INSERT INTO leases (run_id, owner, expires_at)
 SELECT run_id, $1, $2 FROM candidates ORDER BY created_at, run_id
 ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-WHERE leases.expires_at <= $3 OR leases.owner = EXCLUDED.owner
+WHERE leases.expires_at <= $3
 RETURNING run_id

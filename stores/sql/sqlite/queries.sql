@@ -73,9 +73,10 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT :limit
 
 -- name: runnable
--- The status IN (...) term repeats the partial index's condition word for word, which is what lets
--- SQLite's planner use runs_runnable.
-SELECT run_id FROM runs
+-- INDEXED BY: without statistics the planner prefers runs_status_created and then sorts every active
+-- run; the partial index yields them already in order, so LIMIT stops early. The status IN (...) term
+-- repeats the index's condition word for word, which SQLite needs to accept the partial index.
+SELECT run_id FROM runs INDEXED BY runs_runnable
 WHERE status IN ('queued', 'running')
   AND (status = 'running' OR not_before IS NULL OR not_before <= :now)
 ORDER BY created_at, run_id
@@ -96,12 +97,13 @@ UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND owner = :o
 DELETE FROM leases WHERE run_id = :run_id AND owner = :owner
 
 -- name: claim_runnable
--- Runnable runs whose lease is free, expired or ours, oldest first; the caller holds BEGIN IMMEDIATE,
--- so no other writer can claim between this select and the claim_lease upserts that follow.
-SELECT runs.run_id FROM runs
+-- Runnable runs whose lease is free or expired, oldest first (a run this owner already holds is being
+-- worked on: it is not handed out again). The caller holds BEGIN IMMEDIATE, so no other writer can
+-- claim between this select and the claim_lease upserts that follow.
+SELECT runs.run_id FROM runs INDEXED BY runs_runnable
 LEFT JOIN leases ON leases.run_id = runs.run_id
 WHERE runs.status IN ('queued', 'running')
   AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= :now)
-  AND (leases.run_id IS NULL OR leases.expires_at <= :now OR leases.owner = :owner)
+  AND (leases.run_id IS NULL OR leases.expires_at <= :now)
 ORDER BY runs.created_at, runs.run_id
 LIMIT :limit

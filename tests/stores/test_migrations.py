@@ -1,0 +1,217 @@
+"""Migrations: from empty to head, re-running is a no-op, ``--check`` on an older schema fails with the
+sentence that says what to do, a failed migration leaves nothing behind, and adapters refuse a schema
+that is not at the packaged head. Every test runs on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from orchestration.errors import StoreError, StoreUnavailable
+from orchestration.store import RunStore
+from stores import open_store, parse_store_spec
+from stores._sql import Migration, head_version, migrations, parse_queries, queries, split_sqlite_script
+from stores.migrate import SchemaOutOfDate, SchemaTooNew, migrate
+from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+
+EXTRA = Migration(2, "0002_extra.sql", "CREATE TABLE extra (id integer PRIMARY KEY);\n")
+BROKEN = Migration(
+    2, "0002_broken.sql", "CREATE TABLE half_done (id integer);\nSELECT * FROM no_such_table;\n"
+)
+
+
+@dataclass
+class Target:
+    """A store URL on an empty database, and a way to look inside it."""
+
+    dialect: str
+    url: str
+    home: Path
+
+    async def tables(self) -> set[str]:
+        spec = parse_store_spec(self.url, home=self.home)
+        if self.dialect == "sqlite":
+            assert spec.path is not None
+            if not spec.path.exists():
+                return set()
+            with sqlite3.connect(spec.path) as conn:
+                rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            conn.close()
+            return {r[0] for r in rows}
+        conn = await asyncpg.connect(spec.dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", spec.schema
+            )
+        finally:
+            await conn.close()
+        return {r[0] for r in rows}
+
+    async def execute(self, sql: str) -> None:
+        spec = parse_store_spec(self.url, home=self.home)
+        if self.dialect == "sqlite":
+            assert spec.path is not None
+            with sqlite3.connect(spec.path) as conn:
+                conn.execute(sql)
+            conn.close()
+            return
+        conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Target]:
+    if request.param == "sqlite":
+        yield Target("sqlite", "sqlite:///construct.db", tmp_path)
+        return
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        yield Target("postgres", schema_url(dsn, schema), tmp_path)
+
+
+async def test_from_empty_to_head(target: Target) -> None:
+    report = await migrate(target.url, home=target.home)
+    head = head_version(target.dialect)  # type: ignore[arg-type]
+    assert (report.from_version, report.to_version, report.head_version) == (0, head, head)
+    assert report.applied == tuple(m.name for m in migrations(target.dialect))  # type: ignore[arg-type]
+    assert {"runs", "facts", "leases", "schema_migrations"} <= await target.tables()
+    store = await open_store(target.url, home=target.home)
+    await store.close()
+
+
+async def test_migrating_twice_is_a_no_op(target: Target) -> None:
+    await migrate(target.url, home=target.home)
+    again = await migrate(target.url, home=target.home)
+    assert again.applied == ()
+    assert again.from_version == again.to_version == again.head_version
+    assert "nothing to do" in again.summary()
+    checked = await migrate(target.url, check_only=True, home=target.home)
+    assert checked.up_to_date
+
+
+async def test_concurrent_migrators_apply_each_migration_once(target: Target) -> None:
+    reports = []
+
+    async def run() -> None:
+        reports.append(await migrate(target.url, home=target.home))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(run)
+    applied = [name for report in reports for name in report.applied]
+    assert sorted(applied) == sorted(m.name for m in migrations(target.dialect))  # type: ignore[arg-type]
+
+
+async def test_check_on_an_empty_database_fails_and_creates_nothing(target: Target) -> None:
+    with pytest.raises(SchemaOutOfDate) as caught:
+        await migrate(target.url, check_only=True, home=target.home)
+    head = head_version(target.dialect)  # type: ignore[arg-type]
+    assert f"schema is at version 0, head is {head}, run `construct-mcp migrate`" in str(caught.value)
+    assert await target.tables() == set()
+
+
+async def test_check_on_an_older_schema_names_both_versions_and_the_command(target: Target) -> None:
+    first = migrations(target.dialect)[0]  # type: ignore[arg-type]
+    await migrate(target.url, home=target.home, migrations=[first])
+    with pytest.raises(SchemaOutOfDate) as caught:
+        await migrate(target.url, check_only=True, home=target.home, migrations=[first, EXTRA])
+    message = str(caught.value)
+    assert "schema is at version 1, head is 2, run `construct-mcp migrate`" in message
+    assert caught.value.code == "schema_out_of_date"
+    assert isinstance(caught.value, StoreUnavailable)
+    assert "extra" not in await target.tables()
+
+    report = await migrate(target.url, home=target.home, migrations=[first, EXTRA])
+    assert report.applied == ("0002_extra.sql",)
+    assert (report.from_version, report.to_version) == (1, 2)
+    assert "extra" in await target.tables()
+
+
+async def test_a_failing_migration_is_rolled_back_whole(target: Target) -> None:
+    first = migrations(target.dialect)[0]  # type: ignore[arg-type]
+    await migrate(target.url, home=target.home, migrations=[first])
+    with pytest.raises(StoreError):
+        await migrate(target.url, home=target.home, migrations=[first, BROKEN])
+    assert "half_done" not in await target.tables()
+    report = await migrate(target.url, check_only=True, home=target.home, migrations=[first])
+    assert report.to_version == 1
+
+
+async def test_the_adapter_refuses_a_schema_that_is_behind(target: Target) -> None:
+    await migrate(target.url, home=target.home)
+    await target.execute("DELETE FROM schema_migrations")
+    if target.dialect == "sqlite":
+        # The sqlite adapter migrates its own file at open; asked not to, it must refuse.
+        from stores.sqlite import SqliteStore
+
+        spec = parse_store_spec(target.url, home=target.home)
+        assert spec.path is not None
+        with pytest.raises(SchemaOutOfDate, match=r"run `construct-mcp migrate`"):
+            await SqliteStore.open(spec.path, auto_migrate=False)
+        return
+    with pytest.raises(
+        SchemaOutOfDate, match=r"schema is at version 0, head is 1, run `construct-mcp migrate`"
+    ):
+        await open_store(target.url, home=target.home)
+
+
+async def test_the_adapter_refuses_a_schema_from_a_newer_release(target: Target) -> None:
+    await migrate(target.url, home=target.home)
+    await target.execute(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'x', '2030-01-01')"
+    )
+    with pytest.raises(SchemaTooNew, match="upgrade construct-mcp"):
+        store: RunStore = await open_store(target.url, home=target.home)
+        await store.close()
+    with pytest.raises(SchemaTooNew):
+        await migrate(target.url, home=target.home)
+
+
+async def test_stores_without_a_schema_have_nothing_to_migrate(tmp_path: Path) -> None:
+    for url in ("memory", "filesystem", f"file://{tmp_path}"):
+        report = await migrate(url, home=tmp_path)
+        assert report.head_version == 0 and report.applied == ()
+        assert "no schema" in report.summary()
+
+
+# ------------------------------------------------------------------------------ the SQL files
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_packaged_sql_is_found_and_numbered(dialect: str) -> None:
+    found = migrations(dialect)  # type: ignore[arg-type]
+    assert [m.version for m in found] == list(range(1, len(found) + 1))
+    assert found[0].name == "0001_initial.sql"
+    named = queries(dialect)  # type: ignore[arg-type]
+    for name in ("load_head", "update_head", "insert_run", "claim_lease", "claim_runnable", "list_runs"):
+        assert named[name].strip(), name
+
+
+def test_query_files_are_split_by_name() -> None:
+    text = "-- header\n-- name: one\nSELECT 1\n\n-- name: two\n-- why\nSELECT 2;\n"
+    assert parse_queries(text) == {"one": "SELECT 1", "two": "-- why\nSELECT 2;"}
+    with pytest.raises(ValueError, match="twice"):
+        parse_queries("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_sqlite_scripts_split_on_statements_not_on_every_semicolon() -> None:
+    script = (
+        "-- a comment; with a semicolon\n"
+        "CREATE TABLE t (x TEXT DEFAULT 'a;b');\n"
+        "CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE t SET x = 'c;d'; SELECT 1; END;\n"
+        "-- trailing comment\n"
+    )
+    statements = split_sqlite_script(script)
+    assert len(statements) == 2
+    assert statements[0].endswith("DEFAULT 'a;b');")
+    assert re.search(r"SELECT 1; END;$", statements[1])

@@ -1,0 +1,288 @@
+"""What is specific to the postgres adapter: ``claim_runnable`` with ``SKIP LOCKED`` across pools,
+LISTEN/NOTIFY wake-ups from another connection, schema isolation, error translation."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from orchestration.errors import StoreError, StoreUnavailable
+from orchestration.vocabulary import RunStatus
+from stores import parse_store_spec
+from stores.migrate import migrate
+from stores.postgres import CHANNEL, PostgresStore, channel_for
+from tests.stores.builders import BASE_TIME, complete_task, fail_attempt, new_run, run_id, start_attempt
+from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+
+pytestmark = pytest.mark.postgres
+
+
+@dataclass
+class Database:
+    dsn: str
+    schema: str
+
+    async def open(self) -> PostgresStore:
+        return await PostgresStore.open(self.dsn, schema=self.schema)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        await migrate(schema_url(dsn, schema), home=tmp_path)
+        yield Database(parse_store_spec(dsn, home=tmp_path).dsn or dsn, schema)
+
+
+@pytest.fixture
+async def store(db: Database) -> AsyncIterator[PostgresStore]:
+    opened = await db.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def other(db: Database) -> AsyncIterator[PostgresStore]:
+    """A second store with its own pool: another server process, as far as the database can tell."""
+    opened = await db.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _create_runs(store: PostgresStore, count: int) -> list[str]:
+    ids = []
+    for n in range(1, count + 1):
+        head, facts = new_run(run_id(n), at=BASE_TIME + timedelta(seconds=n))
+        await store.create(head, facts)
+        ids.append(run_id(n))
+    return ids
+
+
+# ------------------------------------------------------------------------------ claim_runnable
+
+
+async def test_claim_runnable_claims_due_runs_oldest_first(store: PostgresStore) -> None:
+    await _create_runs(store, 4)
+    head = await store.load(run_id(2))
+    later = fail_attempt(head, not_before=BASE_TIME + timedelta(hours=1))
+    await store.append(run_id(2), later.expected_version, later.facts, later.head)
+    assert await store.claim_lease(run_id(3), "other", 60, BASE_TIME) is not None
+
+    leases = await store.claim_runnable("me", 30, BASE_TIME, limit=10)
+    assert [lease.run_id for lease in leases] == [run_id(1), run_id(4)]
+    assert all(
+        lease.owner == "me" and lease.expires_at == BASE_TIME + timedelta(seconds=30) for lease in leases
+    )
+    assert await store.claim_runnable("me", 30, BASE_TIME, limit=10) == []
+    # Two hours on, every lease has expired and run 2 is due.
+    taken = await store.claim_runnable("you", 30, BASE_TIME + timedelta(hours=2), limit=2)
+    assert [lease.run_id for lease in taken] == [run_id(1), run_id(2)]
+
+
+async def test_claim_runnable_skips_a_run_locked_by_another_transaction(
+    store: PostgresStore, db: Database
+) -> None:
+    await _create_runs(store, 2)
+    conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run_id(1))
+            # Blocking here (instead of skipping) would hang until the transaction ends.
+            with anyio.fail_after(5):
+                leases = await store.claim_runnable("me", 30, BASE_TIME, limit=10)
+            assert [lease.run_id for lease in leases] == [run_id(2)]
+    finally:
+        await conn.close()
+    assert [lease.run_id for lease in await store.claim_runnable("me", 30, BASE_TIME, limit=10)] == [
+        run_id(1)
+    ]
+
+
+async def test_concurrent_claimers_never_get_the_same_run(store: PostgresStore, other: PostgresStore) -> None:
+    expected = await _create_runs(store, 30)
+    claimed: dict[str, list[str]] = {"a": [], "b": [], "c": [], "d": []}
+
+    async def claimer(s: PostgresStore, owner: str) -> None:
+        while True:
+            leases = await s.claim_runnable(owner, 60, BASE_TIME, limit=2)
+            if not leases:
+                return
+            claimed[owner].extend(lease.run_id for lease in leases)
+
+    async with anyio.create_task_group() as tg:
+        for owner, s in zip(claimed, (store, other, store, other), strict=True):
+            tg.start_soon(claimer, s, owner)
+    every = [rid for ids in claimed.values() for rid in ids]
+    assert sorted(every) == expected  # each run exactly once
+    assert sum(1 for ids in claimed.values() if ids) >= 2  # the work was actually shared
+
+
+async def test_claim_runnable_and_claim_lease_race_for_one_run(
+    store: PostgresStore, other: PostgresStore
+) -> None:
+    for round_ in range(10):
+        rid = run_id(100 + round_)
+        await store.create(*new_run(rid))
+        winners: list[str] = []
+
+        async def batch(winners: list[str] = winners) -> None:
+            if await store.claim_runnable("batch", 60, BASE_TIME, limit=5):
+                winners.append("batch")
+
+        async def single(rid: str = rid, winners: list[str] = winners) -> None:
+            if await other.claim_lease(rid, "single", 60, BASE_TIME) is not None:
+                winners.append("single")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(batch)
+            tg.start_soon(single)
+        assert len(winners) == 1, winners
+        lease = await store.claim_lease(rid, winners[0], 60, BASE_TIME)
+        assert lease is not None
+        await store.release_lease(lease)
+        # finish the run so the next round's batch claim sees only the new one
+        head = await store.load(rid)
+        from tests.stores.builders import cancel
+
+        w = cancel(head)
+        await store.append(rid, w.expected_version, w.facts, w.head)
+
+
+# ------------------------------------------------------------------------------- LISTEN/NOTIFY
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._event = anyio.Event()
+
+    def __call__(self, run_id: str) -> None:
+        self.ids.append(run_id)
+        self._event.set()
+
+    async def next(self) -> str:
+        with anyio.fail_after(5):
+            while not self.ids:
+                await self._event.wait()
+                self._event = anyio.Event()
+        return self.ids.pop(0)
+
+    async def nothing_for(self, seconds: float) -> bool:
+        await anyio.sleep(seconds)
+        return not self.ids
+
+
+async def test_a_listener_is_woken_by_a_write_from_another_connection(
+    store: PostgresStore, other: PostgresStore
+) -> None:
+    heard = Heard()
+    await store.listen(heard)
+    head, facts = new_run(run_id(1))
+    await other.create(head, facts)
+    assert await heard.next() == run_id(1)
+
+    # A write that leaves the run running does not wake anyone; one that re-queues it does.
+    started = start_attempt(head)
+    running = await other.append(run_id(1), started.expected_version, started.facts, started.head)
+    assert running.status == RunStatus.RUNNING
+    assert await heard.nothing_for(0.3)
+    done = complete_task(running)
+    await other.append(run_id(1), done.expected_version, done.facts, done.head)
+    assert await heard.next() == run_id(1)
+
+
+async def test_a_rolled_back_write_wakes_nobody(store: PostgresStore, other: PostgresStore) -> None:
+    heard = Heard()
+    await store.listen(heard)
+    head, facts = new_run(run_id(1))
+    await other.create(head, facts)
+    assert await heard.next() == run_id(1)
+    stale = complete_task(head)
+    await other.append(run_id(1), stale.expected_version, stale.facts, stale.head)
+    assert await heard.next() == run_id(1)
+    with pytest.raises(Exception, match="changed concurrently"):
+        await other.append(run_id(1), stale.expected_version, stale.facts, stale.head)
+    assert await heard.nothing_for(0.3)
+
+
+async def test_unlisten_stops_the_callbacks(store: PostgresStore, other: PostgresStore) -> None:
+    heard = Heard()
+    await store.listen(heard)
+    await store.unlisten(heard)
+    await other.create(*new_run(run_id(1)))
+    assert await heard.nothing_for(0.3)
+
+
+async def test_stores_in_other_schemas_do_not_wake_each_other(
+    store: PostgresStore, db: Database, tmp_path: Path
+) -> None:
+    assert store.channel == channel_for(db.schema) != CHANNEL
+    heard = Heard()
+    await store.listen(heard)
+    async with postgres_schema(db.dsn) as schema:
+        await migrate(schema_url(db.dsn, schema), home=tmp_path)
+        elsewhere = await PostgresStore.open(db.dsn, schema=schema)
+        try:
+            await elsewhere.create(*new_run(run_id(1)))
+        finally:
+            await elsewhere.close()
+    assert await heard.nothing_for(0.3)
+
+
+# ----------------------------------------------------------------------------- errors, isolation
+
+
+async def test_schemas_isolate_stores(store: PostgresStore, db: Database, tmp_path: Path) -> None:
+    await store.create(*new_run(run_id(1)))
+    async with postgres_schema(db.dsn) as schema:
+        await migrate(schema_url(db.dsn, schema), home=tmp_path)
+        elsewhere = await PostgresStore.open(db.dsn, schema=schema)
+        try:
+            assert (await elsewhere.list_runs()).runs == []
+        finally:
+            await elsewhere.close()
+
+
+async def test_an_unreachable_server_is_store_unavailable_without_the_password() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with anyio.fail_after(10), pytest.raises(StoreUnavailable) as caught:
+        await PostgresStore.open(f"postgresql://u:hunter2secret@127.0.0.1:{port}/db", connect_timeout=2)
+    assert "hunter2secret" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_a_missing_database_is_store_unavailable(db: Database) -> None:
+    dsn = db.dsn.rsplit("/", 1)[0] + "/no_such_database_here"
+    with pytest.raises(StoreUnavailable, match="no_such_database_here"):
+        await PostgresStore.open(dsn)
+
+
+async def test_a_value_postgres_cannot_store_is_a_store_error(store: PostgresStore) -> None:
+    head, facts = new_run(run_id(1))
+    await store.create(head, facts)
+    write = complete_task(head, output="a NUL \x00 character")
+    with pytest.raises(StoreError) as caught:
+        await store.append(run_id(1), write.expected_version, write.facts, write.head)
+    assert isinstance(caught.value.__cause__, asyncpg.PostgresError)
+    assert (await store.load(run_id(1))).version == 1  # nothing was written
+
+
+async def test_a_closed_store_refuses_calls(db: Database) -> None:
+    opened = await db.open()
+    await opened.close()
+    await opened.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await opened.load(run_id(1))

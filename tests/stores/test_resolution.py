@@ -1,0 +1,289 @@
+"""Which store is opened: spec parsing, precedence (explicit > config > CONSTRUCT_ORCHESTRATION_STORE >
+CONSTRUCT_DEPLOYMENT_MODE), the filesystem fallback with its warning, the error when fallback is off,
+password redaction, and lazy driver imports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestration.errors import ConfigError, StoreUnavailable
+from stores import (
+    open_configured_store,
+    open_store,
+    parse_store_spec,
+    redact_url,
+    resolve_store_spec,
+)
+from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+
+SECRET = "s3cr3t-pa55"
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def unreachable_url() -> str:
+    return f"postgresql://construct:{SECRET}@127.0.0.1:{closed_port()}/construct"
+
+
+# ------------------------------------------------------------------------------------ precedence
+
+
+@pytest.mark.parametrize(
+    ("explicit", "config", "env", "expected"),
+    [
+        ("sqlite", "memory", {"CONSTRUCT_ORCHESTRATION_STORE": "postgres"}, ("sqlite", "--store")),
+        (None, "memory", {"CONSTRUCT_ORCHESTRATION_STORE": "sqlite"}, ("memory", "config")),
+        (
+            None,
+            None,
+            {"CONSTRUCT_ORCHESTRATION_STORE": "sqlite", "CONSTRUCT_DEPLOYMENT_MODE": "team"},
+            ("sqlite", "CONSTRUCT_ORCHESTRATION_STORE"),
+        ),
+        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "solo"}, ("filesystem", "CONSTRUCT_DEPLOYMENT_MODE")),
+        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "team"}, ("postgres", "CONSTRUCT_DEPLOYMENT_MODE")),
+        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "Enterprise"}, ("postgres", "CONSTRUCT_DEPLOYMENT_MODE")),
+        (None, None, {}, ("filesystem", "default")),
+        ("  ", "", {"CONSTRUCT_ORCHESTRATION_STORE": " "}, ("filesystem", "default")),
+    ],
+)
+def test_precedence(
+    explicit: str | None, config: str | None, env: dict[str, str], expected: tuple[str, str]
+) -> None:
+    assert resolve_store_spec(explicit=explicit, config=config, env=env) == expected
+
+
+def test_an_unknown_deployment_mode_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="solo, team or enterprise"):
+        resolve_store_spec(env={"CONSTRUCT_DEPLOYMENT_MODE": "galaxy"})
+
+
+# ----------------------------------------------------------------------------------- spec parsing
+
+
+def test_names_and_urls(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    cases = {
+        "memory": ("memory", None),
+        "filesystem": ("filesystem", home),
+        "sqlite": ("sqlite", home / "construct.db"),
+        "sqlite:///relative.db": ("sqlite", home / "relative.db"),
+        "sqlite:///sub/dir/x.db": ("sqlite", home / "sub/dir/x.db"),
+        "sqlite:////abs/path/x.db": ("sqlite", Path("/abs/path/x.db")),
+        "SQLite:////abs/y.db": ("sqlite", Path("/abs/y.db")),
+        "file:///srv/construct": ("filesystem", Path("/srv/construct")),
+        "file://localhost/srv/c": ("filesystem", Path("/srv/c")),
+    }
+    for spec, (backend, path) in cases.items():
+        parsed = parse_store_spec(spec, home=home, env={})
+        assert (parsed.backend, parsed.path) == (backend, path), spec
+
+
+def test_postgres_urls_and_the_schema_parameter(tmp_path: Path) -> None:
+    parsed = parse_store_spec(
+        f"postgres://u:{SECRET}@db:5433/app?schema=team_a&sslmode=disable", home=tmp_path
+    )
+    assert parsed.backend == "postgres"
+    assert parsed.schema == "team_a"
+    assert parsed.dsn == f"postgresql://u:{SECRET}@db:5433/app?sslmode=disable"
+    assert SECRET not in parsed.display and SECRET not in repr(parsed)
+    assert parse_store_spec("postgresql://db/app", home=tmp_path).schema == "public"
+
+
+def test_the_postgres_name_reads_the_database_url_from_the_environment(tmp_path: Path) -> None:
+    both = {"CONSTRUCT_DATABASE_URL": "postgresql://a/one", "DATABASE_URL": "postgresql://b/two"}
+    assert parse_store_spec("postgres", home=tmp_path, env=both).dsn == "postgresql://a/one"
+    only = {"DATABASE_URL": "postgresql://b/two"}
+    assert parse_store_spec("postgres", home=tmp_path, env=only).dsn == "postgresql://b/two"
+    with pytest.raises(StoreUnavailable, match="CONSTRUCT_DATABASE_URL"):
+        parse_store_spec("postgres", home=tmp_path, env={})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "mysql://db/app",
+        "redis",
+        "sqlite://relative.db",
+        "sqlite:///:memory:",
+        "sqlite:///",
+        "file://otherhost/dir",
+        "postgresql://db/app?schema=Robert');DROP",
+        f"postgresql://db/app?schema={'x' * 60}",
+    ],
+)
+def test_a_bad_spec_is_a_config_error(tmp_path: Path, spec: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_store_spec(spec, home=tmp_path, env={})
+
+
+def test_a_bad_spec_never_shows_its_password(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_store_spec(f"postgresql://u:{SECRET}@db/app?schema=Bad-Name", home=tmp_path)
+    assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (f"postgresql://user:{SECRET}@host:5432/db", "postgresql://user:***@host:5432/db"),
+        (f"postgres://user:{SECRET}@h1,h2/db", "postgres://user:***@h1,h2/db"),
+        (
+            f"postgresql://host/db?password={SECRET}&sslmode=require",
+            "postgresql://host/db?password=***&sslmode=require",
+        ),
+        ("postgresql://user@host/db", "postgresql://user@host/db"),
+        ("sqlite:////var/x.db", "sqlite:////var/x.db"),
+        ("filesystem", "filesystem"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+# ------------------------------------------------------------------------------ opening & fallback
+
+
+async def test_an_unreachable_postgres_falls_back_to_filesystem_with_a_warning(tmp_path: Path) -> None:
+    url = unreachable_url()
+    opened = await open_configured_store(home=tmp_path, explicit=url, env={}, connect_timeout=2)
+    try:
+        assert opened.store.name == "filesystem"
+        assert opened.fell_back
+        assert opened.source == "--store"
+        assert SECRET not in opened.requested
+        [warning] = opened.warnings
+        assert SECRET not in warning
+        assert "construct:***@127.0.0.1" in warning
+        assert "using the filesystem store" in warning
+    finally:
+        await opened.store.close()
+
+
+async def test_with_fallback_off_an_unreachable_postgres_is_an_error_naming_the_cause(tmp_path: Path) -> None:
+    url = unreachable_url()
+    with pytest.raises(StoreUnavailable) as caught:
+        await open_configured_store(home=tmp_path, config=url, env={}, fallback=False, connect_timeout=2)
+    message = str(caught.value)
+    assert SECRET not in message
+    assert "from config" in message
+    assert "127.0.0.1" in message
+    assert "refused" in message.lower() or "connect" in message.lower()
+    assert not (tmp_path / "runs").exists()
+
+
+async def test_team_mode_without_a_database_url_falls_back(tmp_path: Path) -> None:
+    opened = await open_configured_store(home=tmp_path, env={"CONSTRUCT_DEPLOYMENT_MODE": "team"})
+    try:
+        assert opened.store.name == "filesystem"
+        assert opened.source == "CONSTRUCT_DEPLOYMENT_MODE"
+        assert "CONSTRUCT_DATABASE_URL" in opened.warnings[0]
+    finally:
+        await opened.store.close()
+    with pytest.raises(StoreUnavailable, match="CONSTRUCT_DATABASE_URL"):
+        await open_configured_store(home=tmp_path, env={"CONSTRUCT_DEPLOYMENT_MODE": "team"}, fallback=False)
+
+
+async def test_a_bad_spec_is_raised_even_with_fallback_on(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        await open_configured_store(home=tmp_path, explicit="mongodb://x", env={})
+
+
+async def test_the_default_opens_the_filesystem_store_under_home(tmp_path: Path) -> None:
+    opened = await open_configured_store(home=tmp_path, env={})
+    try:
+        assert (opened.store.name, opened.source, opened.warnings, opened.fell_back) == (
+            "filesystem",
+            "default",
+            [],
+            False,
+        )
+    finally:
+        await opened.store.close()
+
+
+async def test_sqlite_by_name_opens_home_construct_db(tmp_path: Path) -> None:
+    opened = await open_configured_store(
+        home=tmp_path, env={"CONSTRUCT_ORCHESTRATION_STORE": "sqlite"}, fallback=False
+    )
+    try:
+        assert opened.store.name == "sqlite"
+        assert (tmp_path / "construct.db").exists()
+    finally:
+        await opened.store.close()
+
+
+async def test_an_unmigrated_postgres_falls_back_with_the_migrate_hint(tmp_path: Path) -> None:
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        opened = await open_configured_store(
+            home=tmp_path, env={"CONSTRUCT_ORCHESTRATION_STORE": schema_url(dsn, schema)}
+        )
+        try:
+            assert opened.fell_back
+            assert "run `construct-mcp migrate`" in opened.warnings[0]
+        finally:
+            await opened.store.close()
+
+
+async def test_a_reachable_migrated_postgres_is_opened(tmp_path: Path) -> None:
+    from stores.migrate import migrate
+
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        url = schema_url(dsn, schema)
+        await migrate(url, home=tmp_path)
+        opened = await open_configured_store(home=tmp_path, explicit=url, env={}, fallback=False)
+        try:
+            assert (opened.store.name, opened.warnings) == ("postgres", [])
+        finally:
+            await opened.store.close()
+
+
+async def test_open_store_by_name(tmp_path: Path) -> None:
+    store = await open_store("memory", home=tmp_path)
+    assert store.name == "memory"
+    await store.close()
+
+
+def test_drivers_are_imported_only_for_their_adapter(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from pathlib import Path
+        import stores
+        from stores import open_store
+
+        async def main():
+            for name in ("memory", "filesystem"):
+                store = await open_store(name, home=Path({str(tmp_path)!r}))
+                await store.close()
+            assert "aiosqlite" not in sys.modules, "aiosqlite"
+            assert "asyncpg" not in sys.modules, "asyncpg"
+            store = await open_store("sqlite", home=Path({str(tmp_path)!r}))
+            await store.close()
+            assert "aiosqlite" in sys.modules
+            assert "asyncpg" not in sys.modules, "asyncpg after sqlite"
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr
