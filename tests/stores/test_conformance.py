@@ -19,7 +19,7 @@ from orchestration.errors import (
 )
 from orchestration.facts import AttemptStarted, RunCreated
 from orchestration.models import RunHead
-from orchestration.store import Lease, RunStore
+from orchestration.store import CreateResult, Lease, RunStore
 from orchestration.vocabulary import RunStatus
 from stores._common import list_order_key
 from tests.stores.builders import (
@@ -86,6 +86,14 @@ async def test_create_with_an_existing_idempotency_key_returns_the_existing_run(
     page = await store.list_runs()
     assert [h.run_id for h in page.runs] == [run_id(1)]
     assert await seqs(store, run_id(1)) == [1, 2]
+
+
+async def test_retrying_the_same_keyed_create_returns_the_run(store: RunStore) -> None:
+    head, facts = new_run(run_id(1), key="retry-key")
+    assert (await store.create(head, facts)).created is True
+    again = await store.create(head, facts)
+    assert again == CreateResult(head, created=False)
+    assert await seqs(store, run_id(1)) == [1]
 
 
 async def test_different_idempotency_keys_create_different_runs(store: RunStore) -> None:
@@ -513,6 +521,17 @@ async def test_renew_extends_the_lease(store: RunStore) -> None:
     # Without the renewal worker-b could claim at t=12; with it the lease holds until t=15.
     assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=12)) is None
     assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=15)) is not None
+
+
+async def test_an_expired_lease_nobody_took_can_still_be_renewed(store: RunStore) -> None:
+    await create(store, run_id(1))
+    lease = await store.claim_lease(run_id(1), "worker-a", 10, BASE_TIME)
+    assert lease is not None
+    # LeaseLost means another owner took the run or the lease was released; a late renewal of a
+    # lease nobody took over is still the owner's.
+    renewed = await store.renew_lease(lease, 10, BASE_TIME + timedelta(seconds=20))
+    assert renewed.expires_at == BASE_TIME + timedelta(seconds=30)
+    assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=25)) is None
 
 
 async def test_renew_after_a_takeover_raises_lease_lost(store: RunStore) -> None:
