@@ -206,6 +206,15 @@ def _lease_lost(lease: Lease) -> LeaseLost:
     return LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
 
 
+def _is_runnable(head: RunHead, now: datetime) -> bool:
+    if head.status == RunStatus.RUNNING:
+        return True  # possibly orphaned: the dispatcher finds out by claiming the lease
+    if head.status == RunStatus.QUEUED and (head.not_before is None or head.not_before <= now):
+        return True
+    # A paused (or waiting) run whose deadline passed needs a decision although nobody wrote to it.
+    return not head.status.is_terminal and head.wake_at is not None and head.wake_at <= now
+
+
 def _paginate(
     heads: list[RunHead], statuses: frozenset[RunStatus] | None, limit: int, after: ListKey | None
 ) -> RunPage:
@@ -518,13 +527,7 @@ class FilesystemStore:
 
     def _runnable_sync(self, now: datetime, limit: int) -> list[str]:
         heads = sorted(self._scan_heads(), key=list_order_key)
-        out = [
-            h.run_id
-            for h in heads
-            if h.status == RunStatus.RUNNING
-            or (h.status == RunStatus.QUEUED and (h.not_before is None or h.not_before <= now))
-        ]
-        return out[:limit]
+        return [h.run_id for h in heads if _is_runnable(h, now)][:limit]
 
     def _read_lease(self, run_id: str, run_dir: Path) -> _LeaseRecord | None:
         path = run_dir / LEASE_FILE

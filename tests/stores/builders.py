@@ -71,6 +71,7 @@ def new_run(
     key: str | None = None,
     request: str = "build a to-do app",
     contract: ExecutionContract | None = None,
+    deadline_at: datetime | None = None,
 ) -> tuple[RunHead, list[Fact]]:
     """The head and facts of a run's first write (``create``)."""
     chain = chain_snapshot()
@@ -84,6 +85,7 @@ def new_run(
         contract=contract or ExecutionContract(worker_backend="provider", provider="fake", model="m"),
         idempotency_key=key,
         request_hash=text_hash(request),
+        deadline_at=deadline_at,
     )
     return head_from_creation(created), [created]
 
