@@ -33,12 +33,13 @@ from starlette.types import ASGIApp
 
 from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
+from orchestration.runtime import Runtime
 from server.config import Settings
 from server.resources import register_resources
 from server.services import LegacySubscribers, Services
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import register_tools
-from server.wiring import build_runtime
+from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
 
@@ -90,7 +91,10 @@ class ConstructApp:
             return
         opened = await open_run_store(self.settings)
         try:
-            async with self._running(opened) as services:
+            async with (
+                runtime_for(self.settings, opened.store, self.catalog, opened.warnings) as runtime,
+                self._running(opened, runtime) as services,
+            ):
                 yield services
         finally:
             with anyio.CancelScope(shield=True):
@@ -98,9 +102,8 @@ class ConstructApp:
             log.info("store closed", extra={"action": "store_closed"})
 
     @asynccontextmanager
-    async def _running(self, opened: OpenedRunStore) -> AsyncIterator[Services]:
+    async def _running(self, opened: OpenedRunStore, runtime: Runtime) -> AsyncIterator[Services]:
         settings = self.settings
-        runtime = build_runtime(settings, opened.store, self.catalog, list(opened.warnings))
         dispatcher = Dispatcher(
             runtime,
             concurrency=settings.dispatch_concurrency,

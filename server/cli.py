@@ -48,7 +48,7 @@ from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
 from server.timeline import render_timeline
 from server.views import RunsPage, RunView, run_view, runs_page
-from server.wiring import build_runtime
+from server.wiring import runtime_for
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     chain.add_argument("--specialists", help="specialist names separated by commas (one is enough)")
     start.add_argument("--approve-before", action="append", default=[], metavar="STEP", help="gate a step")
     start.add_argument("--idempotency-key")
+    start.add_argument("--worker-backend", choices=["inline", "provider"])
+    start.add_argument("--provider", choices=["anthropic", "openrouter", "openai"])
+    start.add_argument("--model")
     _common(start)
     _json_flag(start)
 
@@ -284,27 +287,31 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
     catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
     try:
-        runtime = build_runtime(settings, opened.store, catalog, list(opened.warnings))
-        command = args.runs_command
-        model: RunView | RunsPage
-        if command == "list":
-            page = await runtime.list_runs(
-                frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
-            )
-            model = runs_page(page)
-        elif command == "timeline":
-            head = await runtime.status(args.run_id)
-            facts = await runtime.store.read_facts(head.run_id)
-            _emit_timeline(head, facts, args.json, out)
-            return EXIT_OK
-        else:
-            head = await _run_command(command, args, runtime)
-            model = run_view(await runtime.snapshot(head.run_id, head))
-        _emit(model, args.json, out)
-        return EXIT_OK
+        async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
+            return await _runs_with(runtime, args, out)
     finally:
         with anyio.CancelScope(shield=True):
             await opened.store.close()
+
+
+async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
+    command = args.runs_command
+    model: RunView | RunsPage
+    if command == "list":
+        page = await runtime.list_runs(
+            frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
+        )
+        model = runs_page(page)
+    elif command == "timeline":
+        head = await runtime.status(args.run_id)
+        facts = await runtime.store.read_facts(head.run_id)
+        _emit_timeline(head, facts, args.json, out)
+        return EXIT_OK
+    else:
+        head = await _run_command(command, args, runtime)
+        model = run_view(await runtime.snapshot(head.run_id, head))
+    _emit(model, args.json, out)
+    return EXIT_OK
 
 
 async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime) -> RunHead:
@@ -316,6 +323,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
                 chain=_chain_arg(args.chain, args.specialists),
                 approve_before=tuple(args.approve_before),
                 idempotency_key=args.idempotency_key,
+                worker_backend=args.worker_backend,
+                provider=args.provider,
+                model=args.model,
             )
         )
         return await _advance(runtime, head)

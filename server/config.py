@@ -16,6 +16,16 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_request_chars = 200000
     max_output_chars = 1000000
     log_level = "INFO"
+    provider = "anthropic"          # provider backend: anthropic | openrouter | openai (else inferred)
+    model = "claude-sonnet-4-5"     # provider backend: the default model
+    max_attempts = 3                # provider backend: attempts per task
+    max_tokens = 4096
+    provider_timeout_seconds = 300
+
+    [providers.openai]              # also [providers.anthropic], [providers.openrouter]
+    base_url = "http://127.0.0.1:8080/v1"   # any OpenAI-compatible server (vLLM, llama.cpp, Ollama)
+    api_key = "..."                 # else the environment: ANTHROPIC_API_KEY, OPENROUTER_API_KEY,
+    max_concurrency = 4             #   OPENAI_API_KEY (keys never reach a log line or a stored record)
 
 Environment variables (each overridden by the same key in the config file and by a flag):
 
@@ -33,6 +43,13 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_MAX_REQUEST_CHARS``     ``max_request_chars`` (default 200000)
 ``CONSTRUCT_MAX_OUTPUT_CHARS``      ``max_output_chars`` (default 1000000)
 ``CONSTRUCT_LOG_LEVEL``             ``log_level`` (default INFO)
+``CONSTRUCT_PROVIDER``              ``provider``
+``CONSTRUCT_MODEL``                 ``model``
+``CONSTRUCT_MAX_ATTEMPTS``          ``max_attempts`` (default 3)
+``CONSTRUCT_MAX_TOKENS``            ``max_tokens`` (default 4096)
+``CONSTRUCT_PROVIDER_TIMEOUT_SECONDS`` ``provider_timeout_seconds``
+``CONSTRUCT_ANTHROPIC_BASE_URL``    ``[providers.anthropic] base_url`` (likewise ``OPENROUTER``, ``OPENAI``)
+``ANTHROPIC_API_KEY`` ...           provider keys, when the config file gives none
 ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
 ``CONSTRUCT_PID_FILE``              tests and the demo: the server writes its process id there
 =================================== ===================================================
@@ -64,6 +81,7 @@ CONFIG_FILE_NAME = "construct.toml"
 _DEFAULT_LIMITS = Limits()
 #: Tables of the config file that belong to the catalog, not to the server settings.
 CATALOG_TABLES = frozenset({"specialists", "chains"})
+ProviderName = Literal["anthropic", "openrouter", "openai"]
 
 #: Environment variable -> settings field.
 ENV_VARS: dict[str, str] = {
@@ -79,11 +97,35 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_MAX_REQUEST_CHARS": "max_request_chars",
     "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
     "CONSTRUCT_LOG_LEVEL": "log_level",
+    "CONSTRUCT_PROVIDER": "provider",
+    "CONSTRUCT_MODEL": "model",
+    "CONSTRUCT_MAX_ATTEMPTS": "max_attempts",
+    "CONSTRUCT_MAX_TOKENS": "max_tokens",
+    "CONSTRUCT_PROVIDER_TIMEOUT_SECONDS": "provider_timeout_seconds",
+    "CONSTRUCT_ANTHROPIC_BASE_URL": "anthropic_base_url",
+    "CONSTRUCT_OPENROUTER_BASE_URL": "openrouter_base_url",
+    "CONSTRUCT_OPENAI_BASE_URL": "openai_base_url",
     "CONSTRUCT_FAULT_CRASH_AFTER_WRITES": "fault_crash_after_writes",
     "CONSTRUCT_PID_FILE": "pid_file",
 }
-#: Fields only the environment may set: they are for tests, never for a config file.
-ENV_ONLY = frozenset({"fault_crash_after_writes", "pid_file"})
+#: Fields only the environment may set, and what to tell someone who puts them in the file.
+ENV_ONLY: dict[str, str] = {
+    "fault_crash_after_writes": "can only be set in the environment (it is for tests)",
+    "pid_file": "can only be set in the environment (it is for tests)",
+    "anthropic_base_url": "write base_url under [providers.anthropic] instead",
+    "openrouter_base_url": "write base_url under [providers.openrouter] instead",
+    "openai_base_url": "write base_url under [providers.openai] instead",
+}
+
+
+class ProviderTable(BaseModel):
+    """A ``[providers.<name>]`` table of the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str | None = Field(default=None, min_length=1, max_length=2000)
+    api_key: str | None = Field(default=None, min_length=1, repr=False)
+    max_concurrency: int = Field(default=4, ge=1, le=256)
 
 
 class _Options(BaseModel):
@@ -106,6 +148,15 @@ class _Options(BaseModel):
     log_level: LogLevel | None = None
     fault_crash_after_writes: int | None = Field(default=None, ge=1)
     pid_file: Path | None = None
+    provider: ProviderName | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    max_attempts: int | None = Field(default=None, ge=1, le=20)
+    max_tokens: int | None = Field(default=None, ge=1)
+    provider_timeout_seconds: float | None = Field(default=None, gt=0)
+    anthropic_base_url: str | None = Field(default=None, min_length=1)
+    openrouter_base_url: str | None = Field(default=None, min_length=1)
+    openai_base_url: str | None = Field(default=None, min_length=1)
+    providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -133,6 +184,16 @@ class Settings:
     log_level: LogLevel = "INFO"
     fault_crash_after_writes: int | None = None
     pid_file: Path | None = None
+    provider: ProviderName | None = None
+    model: str | None = None
+    max_attempts: int = 3
+    max_tokens: int = 4096
+    provider_timeout_seconds: float | None = None
+    anthropic_base_url: str | None = None
+    openrouter_base_url: str | None = None
+    openai_base_url: str | None = None
+    #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
+    providers: Mapping[str, ProviderTable] = field(default_factory=dict, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -145,10 +206,18 @@ class Settings:
 
 def _problem(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(file)"
+    loc = [str(p) for p in err["loc"] if p != "[key]"]
+    where = ".".join(loc) or "(file)"
     message = err["msg"]
     if err["type"] == "extra_forbidden":
-        message = "unknown setting"
+        if len(loc) == 1:
+            known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
+            message = (
+                f"unknown setting; the known settings are: {known} "
+                "(and the tables specialists, chains, providers)"
+            )
+        else:
+            message = f"unknown setting; a provider table takes: {', '.join(ProviderTable.model_fields)}"
     return where, message
 
 
@@ -159,9 +228,6 @@ def _validate(source: str, values: Mapping[str, Any], name_of: Mapping[str, str]
         where, message = _problem(exc)
         if name_of is not None:
             where = name_of.get(where, where)
-        if message == "unknown setting":
-            known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
-            message = f"unknown setting; the known settings are: {known} (and the tables specialists, chains)"
         raise ConfigError(source, where, message) from None
 
 
@@ -175,8 +241,8 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), "(file)", f"is not valid TOML: {exc}") from None
     values = {k: v for k, v in raw.items() if k not in CATALOG_TABLES}
-    for key in ENV_ONLY & values.keys():
-        raise ConfigError(str(path), key, "can only be set in the environment (it is for tests)")
+    for key in ENV_ONLY.keys() & values.keys():
+        raise ConfigError(str(path), key, ENV_ONLY[key])
     return values
 
 
@@ -224,4 +290,8 @@ def load_settings(
     for values, label_of in layers:
         merged |= values
         sources |= {name: label_of[name] for name in values}
+    # model_dump turned the provider tables into dicts; the settings keep them typed.
+    merged["providers"] = {
+        k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
+    }
     return Settings(home=resolved_home, config_file=file, sources=sources, **merged)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
+import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -102,7 +103,18 @@ async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunVi
         # One notification when the wait begins, then one per change the wait observes: a host
         # that asked for progress always hears that the call is alive.
         await progress(head)
-        head = await services.runtime.wait_settled(head.run_id, min(wait_seconds, MAX_WAIT_SECONDS), progress)
+        runtime = services.runtime
+        deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
+        while True:
+            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
+            # A durable wait (a provider's backoff) that ends within the caller's budget is not
+            # worth answering "wait" for: wait through it, then for the next settled state.
+            if head.status != RunStatus.QUEUED or head.not_before is None:
+                break
+            until = (head.not_before - runtime.clock.now()).total_seconds()
+            if until >= deadline - anyio.current_time():
+                break
+            await anyio.sleep(max(0.0, until) + 0.05)
     return await services.view(head.run_id, head)
 
 
@@ -137,8 +149,20 @@ async def orchestrate_start(
     worker_backend: Annotated[
         Literal["inline", "provider"] | None,
         Field(
-            description="'inline' (default): each task is handed to you to run with your own model. "
-            "'provider': the server calls a model itself (if configured)."
+            description="'inline' (the usual default): each task is handed to you to run with your own "
+            "model. 'provider': the server calls a model itself (needs a configured model and API key)."
+        ),
+    ] = None,
+    provider: Annotated[
+        Literal["anthropic", "openrouter", "openai"] | None,
+        Field(
+            description="Provider backend only: the provider to call (default: the server's, else inferred)."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        Field(
+            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's)."
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
@@ -159,6 +183,8 @@ async def orchestrate_start(
             approve_before=tuple(approve_before or ()),
             idempotency_key=idempotency_key,
             worker_backend=worker_backend,
+            provider=provider,
+            model=model,
         )
         head, created = await services.runtime.start(start)
         if created:

@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 from orchestration.catalog import Catalog
 from orchestration.runtime import Runtime
 from orchestration.store import RunStore
-from orchestration.workers.provider import contract_resolver
+from orchestration.workers.provider import ProviderWorker, contract_resolver
+from orchestration.workers.providers import make_http_client
 from server.config import Settings
+from server.providers import provider_settings
 
 
 def process_owner() -> str:
@@ -22,13 +26,22 @@ def process_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-def build_runtime(settings: Settings, store: RunStore, catalog: Catalog, warnings: list[str]) -> Runtime:
-    return Runtime(
-        store,
-        catalog,
-        limits=settings.limits(),
-        owner=process_owner(),
-        lease_ttl_seconds=settings.lease_ttl_seconds,
-        resolve_contract=contract_resolver(settings.worker_backend, None),
-        warnings=warnings,
-    )
+@asynccontextmanager
+async def runtime_for(
+    settings: Settings, store: RunStore, catalog: Catalog, warnings: Sequence[str] = ()
+) -> AsyncIterator[Runtime]:
+    """A runtime over ``store`` with both worker backends wired: ``inline`` (the host runs the
+    tasks) and ``provider`` (this process calls the model, through one pooled HTTP client that
+    is closed on exit)."""
+    providers = provider_settings(settings)
+    async with make_http_client() as http:
+        yield Runtime(
+            store,
+            catalog,
+            limits=settings.limits(),
+            owner=process_owner(),
+            lease_ttl_seconds=settings.lease_ttl_seconds,
+            resolve_contract=contract_resolver(settings.worker_backend, providers),
+            worker=ProviderWorker(providers, http),
+            warnings=warnings,
+        )
