@@ -1,0 +1,231 @@
+"""The tools' answers: run views built from the record, next actions, semantics, totals, summaries,
+and the error results' stable codes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestration.clock import ManualClock
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    InvalidArgument,
+    InvalidState,
+    RunNotFound,
+    TooLarge,
+    UnknownChain,
+    UnknownSpecialist,
+    VersionConflict,
+)
+from orchestration.models import TypedError
+from orchestration.runtime import RunSnapshot, Runtime, StartRequest
+from orchestration.vocabulary import RunStatus
+from server.tools import error_result
+from server.views import (
+    REQUEST_PREVIEW_CHARS,
+    Approve,
+    Done,
+    RunHostTask,
+    RunView,
+    Wait,
+    run_summary,
+    run_view,
+    runs_page,
+    semantics,
+)
+from tests.unit.helpers import ScriptedWorker, make_runtime, play
+
+
+async def begin(runtime: Runtime, request: str = "Build a URL shortener", **kwargs: object) -> str:
+    head, _ = await runtime.start(StartRequest(request, **kwargs))  # type: ignore[arg-type]
+    await runtime.drive(head.run_id)
+    return head.run_id
+
+
+async def view_of(runtime: Runtime, run_id: str, warnings: tuple[str, ...] = ()) -> RunView:
+    snap = await runtime.snapshot(run_id)
+    return run_view(RunSnapshot(snap.head, snap.outputs, snap.host_task, warnings))
+
+
+async def test_a_host_task_is_the_next_action_with_its_prompts() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime)
+    snap = await runtime.snapshot(run_id)
+    view = run_view(snap)
+    action = view.next_action
+    assert isinstance(action, RunHostTask)
+    assert snap.host_task is not None
+    assert (action.task_id, action.system_prompt, action.user_prompt) == (
+        "architect",
+        snap.host_task.system,
+        snap.host_task.user,
+    )
+    assert f"orchestrate_resume(run_id={run_id!r}, task_id='architect'" in action.instruction
+    assert view.status == RunStatus.AWAITING_HOST and view.status_kind == "paused"
+    assert [t.task_id for t in view.tasks] == ["architect", "engineer", "reviewer"]
+    assert view.tasks[0].attempts[0].outcome == "prepared"
+    assert view.tasks[0].output is None
+    assert "inline:host" in view.semantics and "called no model" in view.semantics
+
+
+async def test_a_requested_gate_is_the_next_action() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime, approve_before=("engineer",))
+    await runtime.submit_host_output(run_id, "architect", "the design")
+    await runtime.drive(run_id)
+    view = await view_of(runtime, run_id)
+    action = view.next_action
+    assert isinstance(action, Approve)
+    assert (action.gate_id, action.task_id, action.position) == ("before:engineer", "engineer", "before")
+    assert "'engineer' step" in action.guards
+    assert "orchestrate_approve" in action.instruction and "before:engineer" in action.instruction
+    assert view.tasks[0].output == "the design" and view.tasks[0].output_chars == len("the design")
+    assert view.gates[0].status == "requested"
+
+
+async def test_after_gates_guard_the_output() -> None:
+    # An approve_after gate comes from a chain definition (the TOML tables' shape).
+    from orchestration.catalog import Catalog
+
+    catalog = Catalog.builtin().extended(
+        {"chains": {"checked": {"steps": [{"specialist": "writer", "approve_after": True}]}}},
+        "test",
+        Path("."),
+    )
+    runtime = make_runtime(catalog=catalog)
+    run_id = await begin(runtime, chain="checked")
+    await runtime.submit_host_output(run_id, "writer", "a draft")
+    await runtime.drive(run_id)
+    action = (await view_of(runtime, run_id)).next_action
+    assert isinstance(action, Approve) and action.position == "after"
+    assert "output of the 'writer' step" in action.guards
+
+
+async def test_terminal_runs_need_nothing() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime)
+    head = await play(runtime, run_id)
+    view = await view_of(runtime, run_id)
+    assert isinstance(view.next_action, Done)
+    assert "completed" in view.next_action.instruction
+    assert view.status_kind == "terminal" and view.finished_at == head.finished_at
+    assert [t.output for t in view.tasks] == [
+        f"host output for {t}" for t in ("architect", "engineer", "reviewer")
+    ]
+
+    cancelled = await begin(runtime, "another")
+    await runtime.cancel(cancelled, reason="no")
+    assert isinstance((await view_of(runtime, cancelled)).next_action, Done)
+
+
+async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
+    failure = TypedError(code="overloaded", message="busy", retryable=True, http_status=529)
+    runtime = make_runtime(worker=ScriptedWorker({"architect": [failure, "ok"]}))
+    head, _ = await runtime.start(
+        StartRequest("x", chain=("architect", "engineer"), worker_backend="provider")
+    )
+    # Not driven yet: the server is on it, the caller waits.
+    view = await view_of(runtime, head.run_id)
+    assert view.status == RunStatus.QUEUED and view.status_kind == "active"
+    assert isinstance(view.next_action, Wait) and view.next_action.not_before is None
+    assert "run_status" in view.next_action.instruction
+
+    head = await play(runtime, head.run_id)
+    view = await view_of(runtime, head.run_id)
+    assert isinstance(view.next_action, Done)
+    assert view.contract.worker_backend == "provider"
+    assert {t.executor for t in view.tasks} == {"provider:fake:fake-1"}
+    assert "provider:fake:fake-1" in view.semantics and "inline:host" not in view.semantics
+    assert view.totals.attempts == 3
+    assert view.totals.output_tokens == 14  # two successful attempts of 7 tokens each
+    first = view.tasks[0].attempts[0]
+    assert first.outcome == "failed" and first.error is not None and first.error.code == "overloaded"
+    assert first.telemetry.http_status == 529
+    assert [a.outcome for a in view.tasks[0].attempts] == ["failed", "succeeded"]
+
+
+async def test_a_durable_wait_shows_not_before() -> None:
+    runtime = make_runtime()
+    head, _ = await runtime.start(StartRequest("x", chain=("architect",), worker_backend="provider"))
+    not_before = ManualClock().now() + timedelta(minutes=5)
+    snap = await runtime.snapshot(head.run_id, head.model_copy(update={"not_before": not_before}))
+    action = run_view(snap).next_action
+    assert isinstance(action, Wait)
+    assert action.not_before == not_before
+    assert "not before" in action.instruction and "run_status" in action.instruction
+
+
+async def test_warnings_and_the_schema() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime)
+    view = await view_of(runtime, run_id, warnings=("store postgres could not be opened",))
+    assert view.warnings == ["store postgres could not be opened"]
+    # The view survives a trip through JSON (what a host receives as structuredContent).
+    assert RunView.model_validate_json(view.model_dump_json()) == view
+    schema = RunView.model_json_schema()
+    kinds = {
+        schema["$defs"][ref.split("/")[-1]]["properties"]["kind"]["const"]
+        for ref in schema["properties"]["next_action"]["discriminator"]["mapping"].values()
+    }
+    assert kinds == {"run_host_task", "approve", "wait", "none"}
+
+
+async def test_summaries_and_pages() -> None:
+    runtime = make_runtime()
+    long_request = "word " * 100
+    run_id = await begin(runtime, long_request)
+    head = await runtime.status(run_id)
+    summary = run_summary(head)
+    assert summary.waiting_for == "host output for task architect"
+    assert len(summary.request_preview) == REQUEST_PREVIEW_CHARS and summary.request_preview.endswith("…")
+    page = runs_page(await runtime.list_runs())
+    assert [r.run_id for r in page.runs] == [run_id] and page.next_cursor is None
+    assert runs_page([head], "cursor").next_cursor == "cursor"
+
+
+def test_semantics_of_a_run_before_any_task_ran() -> None:
+    assert "inline:host" in semantics_for("inline")
+    assert "provider backend" in semantics_for("provider")
+
+
+def semantics_for(backend: str) -> str:
+    from orchestration.catalog import Catalog
+    from orchestration.facts import RunCreated, head_from_creation
+    from orchestration.models import ExecutionContract
+
+    chain = Catalog.builtin().resolve("default")
+    fact = RunCreated(
+        seq=1,
+        at=ManualClock().now(),
+        run_id="run-test-0001",
+        request="x",
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=ExecutionContract(worker_backend=backend),  # type: ignore[arg-type]
+        request_hash="h",
+    )
+    return semantics(head_from_creation(fact))
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (RunNotFound("run-x01"), "run_not_found"),
+        (InvalidArgument("bad id"), "invalid_argument"),
+        (InvalidState("run is completed"), "invalid_state"),
+        (Conflict("already decided"), "conflict"),
+        (UnknownChain("unknown chain 'x'"), "unknown_chain"),
+        (UnknownSpecialist("unknown specialist 'x'"), "unknown_specialist"),
+        (TooLarge("too big"), "too_large"),
+        (VersionConflict("run-x01", 3, 4), "version_conflict"),
+    ],
+)
+def test_error_results_start_with_the_stable_code(error: ConstructError, code: str) -> None:
+    result = error_result(error)
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert text == f"{code}: {error.message}"
+    assert result.structured_content is None
