@@ -4,6 +4,7 @@ run ids that never become paths outside the root, and appends that never rewrite
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -25,7 +26,7 @@ from orchestration.errors import (
 from orchestration.facts import AttemptStarted, fold
 from orchestration.models import RunHead
 from orchestration.store import Lease
-from stores.filesystem import FilesystemStore
+from stores.filesystem import FilesystemStore, _head_position
 from tests.stores.builders import (
     BASE_TIME,
     Write,
@@ -411,6 +412,28 @@ async def test_appends_never_rewrite_the_log(fs: FilesystemStore) -> None:
     assert len(grown) - len(prefix) == sum(len(f.model_dump_json()) + 1 for f in write.facts)
     # The head references outputs by seq instead of carrying them.
     assert (run_dir(fs, run_id(1)) / "head.json").stat().st_size < 10_000
+
+
+async def test_the_compare_and_swap_reads_only_the_start_of_the_head(fs: FilesystemStore) -> None:
+    head = await create(fs, run_id(1))
+    head = await commit(fs, complete_task(head))
+    raw = (run_dir(fs, run_id(1)) / "head.json").read_bytes()
+    # If RunHead's leading fields ever move, this fails and the fast path needs a new prefix.
+    assert _head_position(raw[:160]) == (run_id(1), 2, 3)
+    assert _head_position(raw[:40]) is None
+
+
+async def test_a_head_in_another_key_order_is_read_in_full(fs: FilesystemStore) -> None:
+    head = await create(fs, run_id(1))
+    path = run_dir(fs, run_id(1)) / "head.json"
+    path.write_text(json.dumps(json.loads(path.read_bytes()), sort_keys=True, indent=1))
+    assert _head_position(path.read_bytes()[:160]) is None
+    write = start_attempt(head)
+    with pytest.raises(VersionConflict) as info:
+        await commit(fs, Write(5, write.facts, write.head.model_copy(update={"version": 6})))
+    assert info.value.actual == 1
+    assert await commit(fs, write) == write.head
+    assert await fs.load(run_id(1)) == write.head
 
 
 # --------------------------------------------------------------------------- validation
