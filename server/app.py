@@ -65,6 +65,8 @@ class ConstructApp:
         # process before it answers anything.
         self.catalog = catalog if catalog is not None else Catalog.load(settings.config_file)
         self._services: Services | None = None
+        # The store serve_async opened before starting a transport (the lifespan then uses it).
+        self._opened: OpenedRunStore | None = None
 
     def build_server(self) -> MCPServer[Services]:
         bus = InMemorySubscriptionBus()
@@ -89,7 +91,8 @@ class ConstructApp:
             # SSE enters the lifespan once per connection: share the process's services.
             yield self._services
             return
-        opened = await open_run_store(self.settings)
+        owned = self._opened is None
+        opened = self._opened if self._opened is not None else await open_run_store(self.settings)
         try:
             async with (
                 runtime_for(self.settings, opened.store, self.catalog, opened.warnings) as runtime,
@@ -97,9 +100,8 @@ class ConstructApp:
             ):
                 yield services
         finally:
-            with anyio.CancelScope(shield=True):
-                await opened.store.close()
-            log.info("store closed", extra={"action": "store_closed"})
+            if owned:
+                await _close_store(opened)
 
     @asynccontextmanager
     async def _running(self, opened: OpenedRunStore, runtime: Runtime) -> AsyncIterator[Services]:
@@ -157,6 +159,18 @@ class ConstructApp:
         self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000
     ) -> None:
         server = self.build_server()
+        # Open the store before any transport starts: an unreachable store (with store_fallback
+        # off) is then a one-line startup error, not a traceback from inside the transport.
+        self._opened = await open_run_store(self.settings)
+        try:
+            await self._serve_transport(server, transport, host, port)
+        finally:
+            opened, self._opened = self._opened, None
+            await _close_store(opened)
+
+    async def _serve_transport(
+        self, server: MCPServer[Services], transport: Transport, host: str, port: int
+    ) -> None:
         log.info("serving", extra={"action": "serve", "transport": transport})
         if transport == "stdio":
             await server.run_stdio_async()
@@ -195,6 +209,12 @@ async def _serve_http(app: ASGIApp, host: str, port: int, log_level: str) -> Non
     # one-line stderr format; with None its loggers propagate to the root handler we installed.
     config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level.lower())
     await _GracefulServer(config).serve()
+
+
+async def _close_store(opened: OpenedRunStore) -> None:
+    with anyio.CancelScope(shield=True):
+        await opened.store.close()
+    log.info("store closed", extra={"action": "store_closed"})
 
 
 def _version() -> str:

@@ -444,8 +444,26 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:
+        # A task group wrapped the error; the person at the terminal needs the error, not the group.
+        leaf = _construct_error(group)
+        if leaf is None:
+            raise
+        sys.stderr.write(f"{leaf.code}: {leaf.message}\n")
+        return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
     return EXIT_USAGE  # pragma: no cover
+
+
+def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, ConstructError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _construct_error(exc)
+            if found is not None:
+                return found
+    return None
 
 
 def main() -> None:

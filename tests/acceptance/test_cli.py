@@ -150,6 +150,17 @@ def test_usage_and_configuration_errors_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "store" in proc.stderr
 
 
+def test_an_unreachable_store_without_fallback_stops_the_server(tmp_path: Path) -> None:
+    unreachable = "postgresql://nobody:hunter2@127.0.0.1:1/construct"
+    proc = cli(tmp_path, "serve", CONSTRUCT_ORCHESTRATION_STORE=unreachable, CONSTRUCT_STORE_FALLBACK="false")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1].startswith("store_unavailable: cannot open the store")
+    assert "hunter2" not in proc.stderr and "Traceback" not in proc.stderr
+    # With the fallback (the default) the CLI works on the filesystem store and says so.
+    view = ok_json(tmp_path, "runs", "start", "x", CONSTRUCT_ORCHESTRATION_STORE=unreachable)
+    assert "using the filesystem store" in view["warnings"][0]
+
+
 def test_the_config_file_in_home_is_read(tmp_path: Path) -> None:
     (tmp_path / "construct.toml").write_text('[chains.pair]\nsteps = ["writer", "reviewer"]\n')
     view = ok_json(tmp_path, "runs", "start", "x", "--chain", "pair")

@@ -514,3 +514,18 @@ async def test_a_run_survives_a_restart(tmp_path: Path) -> None:
     assert done["status"] == "completed"
     assert [t["output"] for t in done["tasks"]] == ["A", "[test host output] engineer"]
     assert "action=server_stopping" in read_log(tmp_path / "one.log")
+
+
+async def test_a_store_fallback_is_shown_in_every_run_view(tmp_path: Path) -> None:
+    unreachable = "postgresql://nobody:hunter2@127.0.0.1:1/construct"
+    env = server_env(tmp_path, CONSTRUCT_ORCHESTRATION_STORE=unreachable)
+    async with stdio_client_for(env, tmp_path / "server.log") as fallback:
+        view = await call(fallback, "orchestrate_start", request="where am I stored?")
+        assert len(view["warnings"]) == 1
+        warning = view["warnings"][0]
+        assert "could not be opened" in warning and "filesystem" in warning
+        assert "hunter2" not in warning
+        assert (await call(fallback, "run_status", run_id=view["run_id"]))["warnings"] == view["warnings"]
+    log = read_log(tmp_path / "server.log")
+    assert "action=startup_warning" in log and "hunter2" not in log
+    assert (tmp_path / "runs" / view["run_id"]).is_dir()
