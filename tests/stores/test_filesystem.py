@@ -319,6 +319,10 @@ async def test_a_missing_or_foreign_head_is_corrupt(fs: FilesystemStore) -> None
     (run_dir(fs, run_id(2)) / "head.json").write_bytes(new_run(run_id(3))[0].model_dump_json().encode())
     with pytest.raises(CorruptRecord, match="run-test-000003"):
         await fs.load(run_id(2))
+    # The compare-and-swap, which reads only the head's first bytes, notices it too.
+    write = start_attempt(new_run(run_id(2))[0])
+    with pytest.raises(CorruptRecord, match="run-test-000003"):
+        await commit(fs, write)
 
 
 async def test_a_corrupt_fact_is_reported_and_does_not_hide_the_others(fs: FilesystemStore) -> None:
