@@ -1,9 +1,11 @@
 """The composition root: the one place that builds real objects and wires them together.
 
 :class:`ConstructApp` holds the settings and the catalog (both validated before anything starts, so
-a bad config file fails the process at once) and builds the :class:`~mcp.server.MCPServer`. The
-server's ``lifespan`` opens the store (wrapped in
-:class:`~stores.faults.CrashAfterWrites` when ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set), builds
+a bad config file fails the process at once) and builds the :class:`~mcp.server.MCPServer`.
+:meth:`ConstructApp.serve_async` opens the store (wrapped in
+:class:`~stores.faults.CrashAfterWrites` when ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set) before
+any transport starts, so an unusable store is a clean startup error; the server's ``lifespan`` (which
+opens the store itself when the server is run some other way, e.g. in process) builds
 the :class:`~orchestration.runtime.Runtime` with an owner unique to this process
 (``host:pid:random``) and runs the :class:`~orchestration.dispatcher.Dispatcher` in a task group
 for as long as the server runs, whatever the transport. On shutdown it gives runs being driven a
@@ -65,20 +67,20 @@ class ConstructApp:
         # process before it answers anything.
         self.catalog = catalog if catalog is not None else Catalog.load(settings.config_file)
         self._services: Services | None = None
+        # Resource-change fan-out: 2026-07-28 listeners (the SDK's bus) and handshake-era sessions.
+        self._bus = InMemorySubscriptionBus()
+        self._legacy = LegacySubscribers()
         # The store serve_async opened before starting a transport (the lifespan then uses it).
         self._opened: OpenedRunStore | None = None
 
     def build_server(self) -> MCPServer[Services]:
-        bus = InMemorySubscriptionBus()
-        self._bus = bus
-        self._legacy = LegacySubscribers()
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
             title="construct-mcp: durable specialist chains",
             instructions=INSTRUCTIONS,
             version=_version(),
             lifespan=self.lifespan,
-            subscriptions=bus,
+            subscriptions=self._bus,
             log_level=self.settings.log_level,
         )
         register_tools(server)
