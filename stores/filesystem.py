@@ -18,8 +18,9 @@ look past ``head.last_seq``, and the next append (under the run lock) truncates 
 index back to the committed end before appending, so nothing uncommitted is ever duplicated or
 resurrected.
 
-Cost. An append reads one head and one 16-byte index record, appends its own bytes and rewrites the
-head (which holds no task output): it does not depend on the run's history. ``read_fact`` is one
+Cost. An append reads the first bytes of the head (its version and last_seq) and one 16-byte index
+record, appends its own bytes and rewrites the head (which holds no task output): it does not depend
+on the number or size of earlier facts. ``read_fact`` is one
 index record plus one line. ``list_runs`` and ``runnable`` scan the run directories and read only
 ``head.json`` files, which is acceptable for the single-machine (``solo``) deployments this adapter
 serves.
