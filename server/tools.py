@@ -19,6 +19,7 @@ the ``orchestrate_start`` answer.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -340,20 +341,25 @@ async def runs_list(
 
 
 def register_tools(server: MCPServer[Services]) -> None:
-    server.add_tool(
+    def add(fn: Callable[..., Awaitable[CallToolResult]], title: str, annotations: ToolAnnotations) -> None:
+        # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
+        description = inspect.cleandoc(fn.__doc__ or "")
+        server.add_tool(fn, title=title, description=description, annotations=annotations)
+
+    add(
         orchestrate_start,
-        title="Start a specialist chain",
-        annotations=ToolAnnotations(
+        "Start a specialist chain",
+        ToolAnnotations(
             title="Start a specialist chain",
             read_only_hint=False,
             destructive_hint=False,
             open_world_hint=False,
         ),
     )
-    server.add_tool(
+    add(
         orchestrate_resume,
-        title="Give a host task's output / continue a run",
-        annotations=ToolAnnotations(
+        "Give a host task's output / continue a run",
+        ToolAnnotations(
             title="Resume a run",
             read_only_hint=False,
             destructive_hint=False,
@@ -361,10 +367,10 @@ def register_tools(server: MCPServer[Services]) -> None:
             open_world_hint=False,
         ),
     )
-    server.add_tool(
+    add(
         orchestrate_approve,
-        title="Approve or reject a gate",
-        annotations=ToolAnnotations(
+        "Approve or reject a gate",
+        ToolAnnotations(
             title="Decide an approval gate",
             read_only_hint=False,
             destructive_hint=False,
@@ -372,15 +378,15 @@ def register_tools(server: MCPServer[Services]) -> None:
             open_world_hint=False,
         ),
     )
-    server.add_tool(
+    add(
         run_status,
-        title="Show a run",
-        annotations=ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+        "Show a run",
+        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
     )
-    server.add_tool(
+    add(
         orchestrate_cancel,
-        title="Cancel a run",
-        annotations=ToolAnnotations(
+        "Cancel a run",
+        ToolAnnotations(
             title="Cancel a run",
             read_only_hint=False,
             destructive_hint=True,
@@ -388,8 +394,6 @@ def register_tools(server: MCPServer[Services]) -> None:
             open_world_hint=False,
         ),
     )
-    server.add_tool(
-        runs_list,
-        title="List runs",
-        annotations=ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False),
+    add(
+        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
     )

@@ -82,6 +82,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
     }
     for name, tool in tools.items():
         assert tool.description and len(tool.description) > 80, name
+        assert "\n    " not in tool.description, f"{name}: description keeps its source indentation"
         assert tool.output_schema is not None, name
         props = tool.input_schema["properties"]
         assert "ctx" not in props, name
