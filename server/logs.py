@@ -7,7 +7,7 @@ handler here ever writes to stdout. Every record is one line::
 
 The ``action`` extra is the stable name of the event (``run_created``, ``facts_recorded``,
 ``server_started``, ...); the other known extras (``run_id``, ``code``, ...) follow it. Log lines
-never carry secrets (database URLs are redacted with :func:`redact_url` before they are logged) nor
+never carry secrets (store URLs are shown redacted by :func:`stores.redact_url`) nor
 whole prompts or outputs (only ids, sizes and hashes).
 """
 
@@ -17,7 +17,6 @@ import logging
 import sys
 import time
 from typing import TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 #: Extras rendered as ``key=value`` after the level and logger name, in this order.
 FIELDS = ("action", "run_id", "task_id", "gate_id", "code", "version", "transport", "store", "owner")
@@ -59,16 +58,3 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
     # Per-request chatter from the HTTP stack would drown the events that matter.
     for noisy in ("uvicorn.access", "httpx", "httpcore", "mcp.server.streamable_http_manager"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (``postgresql://user:***@host/db``); other text unchanged."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -11,7 +11,7 @@ import pytest
 
 from orchestration.errors import ConfigError
 from server.config import load_settings
-from server.logs import LineFormatter, configure_logging, redact_url
+from server.logs import LineFormatter, configure_logging
 from server.providers import provider_settings
 from server.storage import store_inputs
 
@@ -193,8 +193,3 @@ def test_configure_logging_writes_to_the_given_stream_only() -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
-
-
-def test_redact_url() -> None:
-    assert redact_url("postgresql://user:secret@db:5432/x") == "postgresql://user:***@db:5432/x"
-    assert redact_url("postgresql://db/x") == "postgresql://db/x"
