@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from orchestration.errors import ConfigError, StoreUnavailable
 from orchestration.store import RunStore
+from stores._sql import SCHEMA_NAME
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -68,7 +68,6 @@ Backend = Literal["memory", "filesystem", "sqlite", "postgres"]
 #: Seconds to wait for a database connection before the store counts as unreachable.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 _SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
 
@@ -219,7 +218,7 @@ def _postgres_spec(url: str, source: str) -> StoreSpec:
             schema = value
         else:
             kept.append((key, value))
-    if not _SCHEMA_NAME.fullmatch(schema):
+    if not SCHEMA_NAME.fullmatch(schema):
         raise _bad_spec(source, url, f"schema {schema[:70]!r} must be a lowercase SQL identifier")
     # asyncpg would pass an unknown query parameter on as a server setting: schema is ours.
     dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(kept), parts.fragment))

@@ -29,6 +29,10 @@ from orchestration.models import RunHead
 
 Dialect = Literal["sqlite", "postgres"]
 
+#: A PostgreSQL schema name the stores accept: a lowercase identifier short enough that the NOTIFY
+#: channel ``construct_runs_<schema>`` stays within PostgreSQL's 63-byte limit.
+SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 

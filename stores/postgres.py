@@ -50,6 +50,7 @@ from stores import redact_url, scrub
 from stores._common import check_append, decode_cursor, sortable_time
 from stores._sql import (
     CURSOR_START_KEY,
+    SCHEMA_NAME,
     Dialect,
     Migration,
     cursor_for_key,
@@ -158,6 +159,10 @@ async def migrate_postgres(
 ) -> MigrationReport:
     """:func:`stores.migrate.migrate` for a PostgreSQL database (creates ``schema`` unless
     ``check_only``)."""
+    if not SCHEMA_NAME.fullmatch(schema):
+        raise InvalidArgument(
+            f"schema {schema[:70]!r} must be a lowercase SQL identifier of at most 48 characters"
+        )
     display = _display(dsn, schema)
     with _translated(f"postgres store {display}", dsn):
         conn = await asyncpg.connect(dsn, **_connect_kwargs(schema, connect_timeout))
@@ -217,6 +222,10 @@ class PostgresStore:
         Raises ``StoreUnavailable`` when the server cannot be reached within ``connect_timeout``
         seconds or refuses the login, :class:`stores.migrate.SchemaOutOfDate` when a migration is
         pending (``construct-mcp migrate``)."""
+        if not SCHEMA_NAME.fullmatch(schema):
+            raise InvalidArgument(
+                f"schema {schema[:70]!r} must be a lowercase SQL identifier of at most 48 characters"
+            )
         where = f"postgres store {_display(dsn, schema)}"
         with _translated(where, dsn):
             # fail_after bounds the whole pool start, not only each connection attempt.

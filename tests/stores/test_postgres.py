@@ -286,3 +286,28 @@ async def test_a_closed_store_refuses_calls(db: Database) -> None:
     await opened.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         await opened.load(run_id(1))
+
+
+async def test_lists_and_runnable_can_read_through_indexes(store: PostgresStore, db: Database) -> None:
+    """With sequential and bitmap scans priced out (the test tables are tiny), each query has an index plan
+    that needs no sort: a page costs ``limit`` rows, not the table."""
+    from stores._sql import queries
+
+    await _create_runs(store, 3)
+    named = queries("postgres")
+    conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    try:
+        await conn.execute("SET enable_seqscan = off")
+        await conn.execute("SET enable_bitmapscan = off")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+        async def plan(name: str, *args: object) -> str:
+            rows = await conn.fetch("EXPLAIN " + named[name], *args)
+            return "\n".join(r[0] for r in rows)
+
+        listing = await plan("list_runs", BASE_TIME + timedelta(days=1), "", 5)
+        assert "runs_created" in listing and "Sort" not in listing, listing
+        runnable = await plan("runnable", BASE_TIME, 5)
+        assert "runs_runnable" in runnable and "Sort" not in runnable, runnable
+    finally:
+        await conn.close()
