@@ -92,16 +92,37 @@ def _translated(where: str) -> Iterator[None]:
 async def _connect(path: Path, busy_timeout: float) -> aiosqlite.Connection:
     """A connection in autocommit mode (``isolation_level=None``): transactions are the explicit
     ``BEGIN IMMEDIATE`` ... ``COMMIT`` of :meth:`SqliteStore._write`, never the sqlite3 module's
-    implicit ones. ``timeout`` is SQLite's busy timeout."""
-    conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout)
-    try:
-        await conn.execute(Q["enable_wal"])
-        await conn.execute(Q["synchronous_full"])
-        await conn.execute(Q["foreign_keys_on"])
-    except BaseException:
-        await conn.close()
-        raise
+    implicit ones. ``timeout`` is SQLite's busy timeout.
+
+    Shielded: a cancelled ``aiosqlite.connect`` would leave its worker thread running with nobody
+    to close it."""
+    with anyio.CancelScope(shield=True):
+        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout)
+        try:
+            await _enable_wal(conn, busy_timeout)
+            await conn.execute(Q["synchronous_full"])
+            await conn.execute(Q["foreign_keys_on"])
+        except BaseException:
+            await conn.close()
+            raise
     return conn
+
+
+async def _enable_wal(conn: aiosqlite.Connection, busy_timeout: float) -> None:
+    # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is locked"
+    # at once instead of calling the busy handler when another connection is doing the same; so
+    # this one statement is retried here, within the busy timeout.
+    deadline = anyio.current_time() + busy_timeout
+    delay = 0.005
+    while True:
+        try:
+            await conn.execute(Q["enable_wal"])
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or anyio.current_time() + delay > deadline:
+                raise
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 class _SqliteTarget:
@@ -437,8 +458,8 @@ class SqliteStore:
         self._closed = True
         # Wait for a write in flight so that its commit is not cut off.
         async with self._write_lock:
-            for conn in (self._reader, self._writer):
-                with _translated(self._where):
+            with anyio.CancelScope(shield=True), _translated(self._where):
+                for conn in (self._reader, self._writer):
                     await conn.close()
 
 
