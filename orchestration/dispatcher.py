@@ -51,6 +51,8 @@ class Dispatcher:
         self._wake = anyio.Event()
         self._stopping = False
         self.on_idle: Callable[[], None] | None = None
+        #: set when :meth:`run` has returned (after :meth:`stop`, every drive finished)
+        self.stopped = anyio.Event()
 
     def wake(self, run_id: str | None = None) -> None:
         """Look for work now (``run_id``: at least at this run). Safe from any task."""
@@ -59,8 +61,10 @@ class Dispatcher:
         self._wake.set()
 
     def stop(self) -> None:
-        """Stop taking new work; runs being driven finish their current step."""
+        """Stop taking new work; runs being driven stop at their next step boundary, and
+        :meth:`run` returns once they have (await :attr:`stopped`; bound the wait yourself)."""
         self._stopping = True
+        self.runtime.stop()
         self._wake.set()
 
     @property
@@ -68,8 +72,14 @@ class Dispatcher:
         return frozenset(self._active)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled (or :meth:`stop`)."""
+        """Run until cancelled, or until :meth:`stop` and the drives in progress have returned."""
         self.runtime.add_listener(self._on_change)
+        try:
+            await self._run(task_status)
+        finally:
+            self.stopped.set()
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             task_status.started()
             scan = self.recover
@@ -96,7 +106,8 @@ class Dispatcher:
                 with anyio.move_on_after(self.poll_seconds):
                     await self._wake.wait()
                 scan = self.recover
-            tg.cancel_scope.cancel()
+            # Leaving the task group waits for the drives in progress: each returns at its next
+            # step boundary because the runtime is stopping.
 
     async def _on_change(self, head: RunHead) -> None:
         if head.status.kind == "active":

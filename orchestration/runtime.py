@@ -203,6 +203,12 @@ class Runtime:
         self._listeners: list[ChangeListener] = []
         self._waiters = _Waiters()
         self._cancel_scopes: dict[str, anyio.CancelScope] = {}
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
+        progress), so nothing new is started; what is left is picked up from the record later."""
+        self._stopping = True
 
     # -- change notification ---------------------------------------------------------------
 
@@ -510,7 +516,10 @@ class Runtime:
 
     async def drive(self, run_id: str) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
-        or None when another worker holds the lease. Safe to call at any time from any process."""
+        or None when another worker holds the lease or the runtime is stopping. Safe to call at any
+        time from any process."""
+        if self._stopping:
+            return None
         lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
         if lease is None:
             return None
@@ -543,8 +552,8 @@ class Runtime:
                 scope.cancel()
                 return
 
-    async def _loop(self, run_id: str) -> Action:
-        while True:
+    async def _loop(self, run_id: str) -> Action | None:
+        while not self._stopping:
             head = await self.store.load(run_id)
             action = next_action(head, self.clock.now())
             if isinstance(action, WaitUntil):
@@ -560,6 +569,7 @@ class Runtime:
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
                 continue
+        return None
 
     async def _act(self, head: RunHead, action: Action) -> None:
         now = self.clock.now()

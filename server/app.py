@@ -140,13 +140,12 @@ class ConstructApp:
             finally:
                 self._services = None
                 with anyio.CancelScope(shield=True):
-                    # Let runs being driven reach a step boundary; whatever is still running after
-                    # the grace period is cancelled and recovered later from its facts.
+                    # Stop taking new work; let runs being driven reach their next step boundary
+                    # (the write in progress completes). Whatever still runs after the grace period
+                    # is cancelled and recovered later from its facts.
+                    dispatcher.stop()
                     with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                        # The dispatcher signals no "idle" event we could await; a short poll is enough.
-                        while dispatcher.active:  # noqa: ASYNC110
-                            await anyio.sleep(0.05)
-                dispatcher.stop()
+                        await dispatcher.stopped.wait()
                 tg.cancel_scope.cancel()
                 _remove_pid_file(settings.pid_file)
                 log.info("server stopping", extra={"action": "server_stopping", "owner": runtime.owner})
