@@ -175,7 +175,7 @@ async def _transaction(conn: aiosqlite.Connection) -> AsyncIterator[None]:
     transaction (blocking every later write). A write is short; it finishes or rolls back.
     """
     with anyio.CancelScope(shield=True):
-        await conn.execute("BEGIN IMMEDIATE")
+        await conn.execute(Q["begin_immediate"])
         try:
             yield
         except BaseException:

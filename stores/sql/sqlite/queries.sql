@@ -12,6 +12,11 @@ PRAGMA synchronous = FULL
 -- name: foreign_keys_on
 PRAGMA foreign_keys = ON
 
+-- name: begin_immediate
+-- Every write transaction: takes the file's write lock up front (waiting up to the busy timeout), so
+-- what the transaction reads cannot change before it commits.
+BEGIN IMMEDIATE
+
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version    INTEGER PRIMARY KEY,
