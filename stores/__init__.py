@@ -321,13 +321,16 @@ async def open_configured_store(
     env = os.environ if env is None else env
     spec, source = resolve_store_spec(explicit=explicit, config=config, env=env)
     shown = redact_url(spec)
+    # The bare name "postgres" takes its URL (and password) from the environment: scrub that one.
+    secret_source = spec
     try:
         parsed = parse_store_spec(spec, home=home, env=env, source=source)
         shown = parsed.display
+        secret_source = parsed.dsn or spec
         store = await _open_parsed(parsed, connect_timeout)
         return OpenedStore(store, shown, source)
     except StoreUnavailable as exc:
-        cause = scrub(str(exc), spec)
+        cause = scrub(str(exc), secret_source)
         if not fallback or _backend_of(spec) == "filesystem":
             raise StoreUnavailable(
                 f"cannot open the store {shown} (from {source}): {cause}"

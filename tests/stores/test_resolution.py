@@ -287,3 +287,17 @@ def test_drivers_are_imported_only_for_their_adapter(tmp_path: Path) -> None:
         cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_database_url_from_the_environment_is_redacted_too(tmp_path: Path) -> None:
+    env = {"CONSTRUCT_DEPLOYMENT_MODE": "team", "CONSTRUCT_DATABASE_URL": unreachable_url()}
+    opened = await open_configured_store(home=tmp_path, env=env, connect_timeout=2)
+    try:
+        assert opened.fell_back
+        assert SECRET not in opened.warnings[0] and SECRET not in opened.requested
+        assert "construct:***@127.0.0.1" in opened.warnings[0]
+    finally:
+        await opened.store.close()
+    with pytest.raises(StoreUnavailable) as caught:
+        await open_configured_store(home=tmp_path, env=env, fallback=False, connect_timeout=2)
+    assert SECRET not in str(caught.value)
