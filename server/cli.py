@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--worker-backend", choices=["inline", "provider"])
     start.add_argument("--provider", choices=["anthropic", "openrouter", "openai"])
     start.add_argument("--model")
+    start.add_argument("--timeout-seconds", type=float, help="a time limit for the whole run")
+    start.add_argument("--task-timeout-seconds", type=float, help="a time limit for each task")
     _common(start)
     _json_flag(start)
 
@@ -326,6 +328,8 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
                 worker_backend=args.worker_backend,
                 provider=args.provider,
                 model=args.model,
+                timeout_seconds=args.timeout_seconds,
+                task_timeout_seconds=args.task_timeout_seconds,
             )
         )
         return await _advance(runtime, head)

@@ -166,6 +166,22 @@ async def orchestrate_start(
             description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's)."
         ),
     ] = None,
+    timeout_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="A time limit for the whole run, in seconds; when it passes, the run fails "
+            "with deadline_exceeded (even if the server was down at that moment).",
+        ),
+    ] = None,
+    task_timeout_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="A time limit for each task (for you to answer a host task, or for a provider "
+            "call), for steps whose chain definition sets none.",
+        ),
+    ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView]:
     """Start a durable specialist chain on a request and return the run.
@@ -186,6 +202,8 @@ async def orchestrate_start(
             worker_backend=worker_backend,
             provider=provider,
             model=model,
+            timeout_seconds=timeout_seconds,
+            task_timeout_seconds=task_timeout_seconds,
         )
         head, created = await services.runtime.start(start)
         if created:
