@@ -21,6 +21,7 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_attempts = 3                # provider backend: attempts per task
     max_tokens = 4096
     provider_timeout_seconds = 300
+    retry_wait_cap_seconds = 30         # provider backend: longer retry waits are durable (not_before)
 
     [providers.openai]              # also [providers.anthropic], [providers.openrouter]
     base_url = "http://127.0.0.1:8080/v1"   # any OpenAI-compatible server (vLLM, llama.cpp, Ollama)
@@ -48,6 +49,8 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_MAX_ATTEMPTS``          ``max_attempts`` (default 3)
 ``CONSTRUCT_MAX_TOKENS``            ``max_tokens`` (default 4096)
 ``CONSTRUCT_PROVIDER_TIMEOUT_SECONDS`` ``provider_timeout_seconds``
+``CONSTRUCT_RETRY_WAIT_CAP_SECONDS`` ``retry_wait_cap_seconds`` (default 30): a retry wait up to this
+                                    long is slept in memory; a longer one is a durable ``not_before``
 ``CONSTRUCT_ANTHROPIC_BASE_URL``    ``[providers.anthropic] base_url`` (likewise ``OPENROUTER``, ``OPENAI``)
 ``ANTHROPIC_API_KEY`` ...           provider keys, when the config file gives none
 ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
@@ -102,6 +105,7 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_MAX_ATTEMPTS": "max_attempts",
     "CONSTRUCT_MAX_TOKENS": "max_tokens",
     "CONSTRUCT_PROVIDER_TIMEOUT_SECONDS": "provider_timeout_seconds",
+    "CONSTRUCT_RETRY_WAIT_CAP_SECONDS": "retry_wait_cap_seconds",
     "CONSTRUCT_ANTHROPIC_BASE_URL": "anthropic_base_url",
     "CONSTRUCT_OPENROUTER_BASE_URL": "openrouter_base_url",
     "CONSTRUCT_OPENAI_BASE_URL": "openai_base_url",
@@ -153,6 +157,7 @@ class _Options(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=20)
     max_tokens: int | None = Field(default=None, ge=1)
     provider_timeout_seconds: float | None = Field(default=None, gt=0)
+    retry_wait_cap_seconds: float | None = Field(default=None, ge=0, le=3600)
     anthropic_base_url: str | None = Field(default=None, min_length=1)
     openrouter_base_url: str | None = Field(default=None, min_length=1)
     openai_base_url: str | None = Field(default=None, min_length=1)
@@ -189,6 +194,7 @@ class Settings:
     max_attempts: int = 3
     max_tokens: int = 4096
     provider_timeout_seconds: float | None = None
+    retry_wait_cap_seconds: float = 30.0
     anthropic_base_url: str | None = None
     openrouter_base_url: str | None = None
     openai_base_url: str | None = None

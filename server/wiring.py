@@ -43,5 +43,6 @@ async def runtime_for(
             lease_ttl_seconds=settings.lease_ttl_seconds,
             resolve_contract=contract_resolver(settings.worker_backend, providers),
             worker=ProviderWorker(providers, http),
+            in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
             warnings=warnings,
         )
