@@ -67,6 +67,13 @@ class AttemptView(_View):
     finished_at: datetime | None = None
 
 
+class Totals(_View):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    attempts: int = 0
+
+
 class TaskView(_View):
     task_id: str
     specialist: str
@@ -80,6 +87,7 @@ class TaskView(_View):
     error: ErrorView | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    totals: Totals = Field(description="Tokens, latency and attempts of this task's attempts.")
 
 
 class GateView(_View):
@@ -112,13 +120,6 @@ class ContractView(_View):
     provider: str | None = None
     model: str | None = None
     max_attempts: int
-
-
-class Totals(_View):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    latency_ms: float = 0.0
-    attempts: int = 0
 
 
 class RunHostTask(_View):
@@ -237,6 +238,7 @@ def _task(task: TaskState, output: str | None) -> TaskView:
         error=_error(task.error),
         started_at=task.started_at,
         finished_at=task.finished_at,
+        totals=_sum_attempts([task]),
     )
 
 
@@ -255,9 +257,13 @@ def _step(step: ChainStep) -> StepView:
 
 
 def totals(head: RunHead) -> Totals:
+    return _sum_attempts(head.tasks)
+
+
+def _sum_attempts(tasks: Sequence[TaskState]) -> Totals:
     input_tokens = output_tokens = attempts = 0
     latency = 0.0
-    for task in head.tasks:
+    for task in tasks:
         for attempt in task.attempts:
             attempts += 1
             input_tokens += attempt.telemetry.input_tokens or 0
