@@ -305,6 +305,7 @@ class PostgresStore:
                 _utc(head.updated_at),
                 _utc(head.not_before) if head.not_before is not None else None,
                 head.model_dump_json(),
+                _wake_at(head),
             )
             if updated is None:
                 actual = await conn.fetchval(Q["run_version"], run_id)
@@ -487,7 +488,16 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
         head.model_dump_json(),
+        _wake_at(head),
     )
+
+
+def _wake_at(head: RunHead) -> datetime | None:
+    # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the partial
+    # index runs_wake_at then holds only the runs that can.
+    if head.status.is_terminal or head.wake_at is None:
+        return None
+    return _utc(head.wake_at)
 
 
 def _fact_values(run_id: str, facts: Sequence[Fact]) -> tuple[Any, ...]:

@@ -8,9 +8,10 @@
 - ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
 - Reads use a second connection; in WAL mode they see the last committed write and never block, or
   wait for, the writer.
-- The head is kept as JSON next to the columns lists filter on (status, created_at, not_before,
-  idempotency_key), each indexed; facts are rows keyed by (run_id, seq), so an append costs one
-  head update and one indexed insert per fact whatever the run's history.
+- The head is kept as JSON next to the columns lists and the dispatcher filter on (status,
+  created_at, not_before, wake_at, idempotency_key), each indexed; facts are rows keyed by
+  (run_id, seq), so an append costs one head update and one indexed insert per fact whatever the
+  run's history.
 
 Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim capability
 (see :mod:`stores`). Opening migrates the file to the packaged schema by default (a private file
@@ -486,6 +487,11 @@ def _run_row(head: RunHead) -> dict[str, Any]:
         "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
         "idempotency_key": head.idempotency_key,
         "head": head.model_dump_json(),
+        # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the
+        # partial index runs_wake_at then holds only the runs that can.
+        "wake_at": (
+            sortable_time(head.wake_at) if head.wake_at is not None and not head.status.is_terminal else None
+        ),
     }
 
 

@@ -489,10 +489,7 @@ async def test_runnable_lists_oldest_first(store: RunStore) -> None:
 #: Adapters known not to honour a promise yet, per test: strict xfail, so the fix turns the test red
 #: until its entry is deleted here.
 KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "wake_at": {
-        "sqlite": "the runs table has no wake_at column; the runnable query ignores deadlines",
-        "postgres": "the runs table has no wake_at column; the runnable query ignores deadlines",
-    },
+    "wake_at": {},
 }
 
 

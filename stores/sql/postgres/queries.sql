@@ -30,8 +30,8 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2)
 -- name: insert_run
 -- DO NOTHING covers both the run id and the idempotency key; it waits for a concurrent insert of the
 -- same key to commit, so the caller's follow-up read of the key sees the winner.
-INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9)
 ON CONFLICT DO NOTHING
 RETURNING run_id
 
@@ -47,7 +47,7 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- name: update_head
 -- The compare-and-swap: no row changes unless the stored version is the one the writer read.
 UPDATE runs
-SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb
+SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb, wake_at = $8
 WHERE run_id = $1 AND version = $2
 RETURNING run_id
 
@@ -83,9 +83,24 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT $3
 
 -- name: runnable
-SELECT run_id FROM runs
-WHERE status IN ('queued', 'running')
-  AND (status = 'running' OR not_before IS NULL OR not_before <= $1)
+-- Two disjoint sets, each read through its own index and each limited: the active runs (due queued
+-- ones and running ones, from runs_runnable, already in order) and the other runs whose wake_at
+-- passed (a range scan of runs_wake_at, sorted: there are only ever a few). Disjoint, so UNION ALL
+-- needs no de-duplication.
+SELECT run_id FROM (
+    (SELECT run_id, created_at FROM runs
+     WHERE status IN ('queued', 'running')
+       AND (status = 'running' OR not_before IS NULL OR not_before <= $1)
+     ORDER BY created_at, run_id
+     LIMIT $2)
+    UNION ALL
+    (SELECT run_id, created_at FROM runs
+     WHERE wake_at <= $1
+       AND NOT (status IN ('queued', 'running')
+                AND (status = 'running' OR not_before IS NULL OR not_before <= $1))
+     ORDER BY created_at, run_id
+     LIMIT $2)
+) AS due
 ORDER BY created_at, run_id
 LIMIT $2
 
@@ -105,9 +120,9 @@ UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND owner = $2 RETURNING run
 DELETE FROM leases WHERE run_id = $1 AND owner = $2
 
 -- name: claim_runnable
--- Claim up to $4 runnable runs whose lease is free or expired, oldest first (a run this owner
--- already holds is being worked on: it is not handed out again). SKIP LOCKED lets
--- concurrent claimers (other processes) pass over the runs this one is taking instead of waiting
+-- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest
+-- first (a run this owner already holds is being worked on: it is not handed out again). SKIP LOCKED
+-- lets concurrent claimers (other processes) pass over the runs this one is taking instead of waiting
 -- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
 -- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
 -- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
@@ -115,8 +130,11 @@ WITH candidates AS (
     SELECT runs.run_id, runs.created_at
     FROM runs
     LEFT JOIN leases ON leases.run_id = runs.run_id
-    WHERE runs.status IN ('queued', 'running')
-      AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3)
+    WHERE (
+        (runs.status IN ('queued', 'running')
+         AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3))
+        OR runs.wake_at <= $3
+      )
       AND (leases.run_id IS NULL OR leases.expires_at <= $3)
     ORDER BY runs.created_at, runs.run_id
     LIMIT $4

@@ -40,8 +40,8 @@ SELECT run_id, head FROM runs WHERE idempotency_key = :idempotency_key
 SELECT version FROM runs WHERE run_id = :run_id
 
 -- name: insert_run
-INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head)
-VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head)
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
+VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at)
 
 -- name: insert_fact
 INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
@@ -49,7 +49,8 @@ INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
 -- name: update_head
 -- The compare-and-swap: no row changes unless the stored version is the one the writer read.
 UPDATE runs
-SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head
+SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head,
+    wake_at = :wake_at
 WHERE run_id = :run_id AND version = :expected_version
 
 -- name: load_head
@@ -78,12 +79,30 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT :limit
 
 -- name: runnable
+-- Two disjoint sets, each read through its own index and each limited: the active runs (due queued
+-- ones and running ones) and the other runs whose wake_at passed (a range scan of runs_wake_at,
+-- sorted: there are only ever a few). Disjoint, so UNION ALL needs no de-duplication.
 -- INDEXED BY: without statistics the planner prefers runs_status_created and then sorts every active
 -- run; the partial index yields them already in order, so LIMIT stops early. The status IN (...) term
 -- repeats the index's condition word for word, which SQLite needs to accept the partial index.
-SELECT run_id FROM runs INDEXED BY runs_runnable
-WHERE status IN ('queued', 'running')
-  AND (status = 'running' OR not_before IS NULL OR not_before <= :now)
+SELECT run_id FROM (
+    SELECT * FROM (
+        SELECT run_id, created_at FROM runs INDEXED BY runs_runnable
+        WHERE status IN ('queued', 'running')
+          AND (status = 'running' OR not_before IS NULL OR not_before <= :now)
+        ORDER BY created_at, run_id
+        LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, created_at FROM runs INDEXED BY runs_wake_at
+        WHERE wake_at <= :now
+          AND NOT (status IN ('queued', 'running')
+                   AND (status = 'running' OR not_before IS NULL OR not_before <= :now))
+        ORDER BY created_at, run_id
+        LIMIT :limit
+    )
+)
 ORDER BY created_at, run_id
 LIMIT :limit
 
@@ -102,13 +121,31 @@ UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND owner = :o
 DELETE FROM leases WHERE run_id = :run_id AND owner = :owner
 
 -- name: claim_runnable
--- Runnable runs whose lease is free or expired, oldest first (a run this owner already holds is being
--- worked on: it is not handed out again). The caller holds BEGIN IMMEDIATE, so no other writer can
--- claim between this select and the claim_lease upserts that follow.
-SELECT runs.run_id FROM runs INDEXED BY runs_runnable
-LEFT JOIN leases ON leases.run_id = runs.run_id
-WHERE runs.status IN ('queued', 'running')
-  AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= :now)
-  AND (leases.run_id IS NULL OR leases.expires_at <= :now)
-ORDER BY runs.created_at, runs.run_id
+-- Runnable runs (as runnable defines them, through the same two indexes) whose lease is free or
+-- expired, oldest first (a run this owner already holds is being worked on: it is not handed out
+-- again). The caller holds BEGIN IMMEDIATE, so no other writer can claim between this select and the
+-- claim_lease upserts that follow.
+SELECT run_id FROM (
+    SELECT * FROM (
+        SELECT runs.run_id, runs.created_at FROM runs INDEXED BY runs_runnable
+        LEFT JOIN leases ON leases.run_id = runs.run_id
+        WHERE runs.status IN ('queued', 'running')
+          AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= :now)
+          AND (leases.run_id IS NULL OR leases.expires_at <= :now)
+        ORDER BY runs.created_at, runs.run_id
+        LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT runs.run_id, runs.created_at FROM runs INDEXED BY runs_wake_at
+        LEFT JOIN leases ON leases.run_id = runs.run_id
+        WHERE runs.wake_at <= :now
+          AND NOT (runs.status IN ('queued', 'running')
+                   AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= :now))
+          AND (leases.run_id IS NULL OR leases.expires_at <= :now)
+        ORDER BY runs.created_at, runs.run_id
+        LIMIT :limit
+    )
+)
+ORDER BY created_at, run_id
 LIMIT :limit
