@@ -210,6 +210,10 @@ class Runtime:
         progress), so nothing new is started; what is left is picked up from the record later."""
         self._stopping = True
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     # -- change notification ---------------------------------------------------------------
 
     def add_listener(self, listener: ChangeListener) -> None:
@@ -495,11 +499,13 @@ class Runtime:
         poll_seconds: float = 0.25,
     ) -> RunHead:
         """Block (at most ``timeout_seconds``) until the run is settled (see :func:`is_settled`).
-        Woken at once by this process's writes; polls the store for other processes' writes."""
+        Woken at once by this process's writes; polls the store for other processes' writes.
+        Returns the current state early when the runtime is stopping (a server shutting down must
+        not be held up by callers waiting)."""
         head = await self.status(run_id)
         deadline = anyio.current_time() + max(0.0, timeout_seconds)
         last_version = head.version
-        while not is_settled(head, self.clock.now()):
+        while not self._stopping and not is_settled(head, self.clock.now()):
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 break

@@ -12,19 +12,28 @@ for as long as the server runs, whatever the transport. On shutdown it gives run
 short grace period, stops the dispatcher (a run interrupted mid-step is an orphan that the next
 process recovers from its facts), and closes the store.
 
+Shutdown is the same whatever stops the server: the end of stdin or SIGTERM for stdio (SIGTERM ends
+the transport's input, see :mod:`server.stdio`), SIGTERM or SIGINT for the HTTP transports (open
+requests get :data:`HTTP_SHUTDOWN_TIMEOUT_SECONDS`). The dispatcher takes no new work, the write in
+progress completes, runs still being driven after :data:`SHUTDOWN_GRACE_SECONDS` are cancelled, and
+every lease is released on the way out, so another process can take the runs over at once instead
+of waiting for the leases to expire.
+
 The SSE transport enters the lifespan once per connection; the app therefore opens its services once
 per process and lets later entries share them (see :meth:`ConstructApp.lifespan`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Literal
 
 import anyio
@@ -39,6 +48,7 @@ from orchestration.runtime import Runtime
 from server.config import Settings
 from server.resources import register_resources
 from server.services import LegacySubscribers, Services
+from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import register_tools
 from server.wiring import runtime_for
@@ -48,7 +58,16 @@ log = logging.getLogger("construct.server")
 Transport = Literal["stdio", "sse", "streamable-http"]
 
 #: How long shutdown waits for runs being driven to reach a step boundary before cancelling them.
-SHUTDOWN_GRACE_SECONDS = 5.0
+#: Short on purpose: the MCP SDK's stdio client sends SIGTERM 2 s after closing a server's stdin and
+#: SIGKILL 2 s after that, and a killed server leaves its leases to expire instead of releasing them.
+#: A provider call still running after this is abandoned; the next worker retries it (marked as a
+#: possible duplicate call).
+SHUTDOWN_GRACE_SECONDS = 1.0
+
+#: On SIGTERM/SIGINT, how long the HTTP transports wait for open requests and streams before
+#: cancelling them. Without a bound, one client waiting on a call (``wait_seconds`` up to 300 s) or
+#: holding an SSE stream open keeps the server from ever reaching its lifespan's shutdown.
+HTTP_SHUTDOWN_TIMEOUT_SECONDS = 3
 
 INSTRUCTIONS = """\
 construct-mcp runs durable specialist chains (for example architect -> engineer -> reviewer).
@@ -153,7 +172,8 @@ class ConstructApp:
     # -- transports ------------------------------------------------------------------------------
 
     def serve(self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
-        """Run the server until it is stopped (stdin closed, SIGINT/SIGTERM for HTTP)."""
+        """Run the server until it is stopped: stdio by the end of stdin or SIGTERM, HTTP by SIGINT or
+        SIGTERM. Every way runs the same orderly shutdown (see the module docstring)."""
         anyio.run(self.serve_async, transport, host, port)
 
     async def serve_async(
@@ -174,23 +194,50 @@ class ConstructApp:
     ) -> None:
         log.info("serving", extra={"action": "serve", "transport": transport})
         if transport == "stdio":
-            await server.run_stdio_async()
+            # SIGTERM ends the input, so it stops the server the way the end of stdin does.
+            await serve_stdio(server)
         elif transport == "streamable-http":
             # The session manager enters the lifespan once, for the life of the ASGI app.
-            await _serve_http(server.streamable_http_app(host=host), host, port, self.settings.log_level)
+            await _serve_http(
+                server.streamable_http_app(host=host), host, port, self.settings.log_level, self._stop_work
+            )
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.
             async with self.lifespan(server):
-                await _serve_http(server.sse_app(host=host), host, port, self.settings.log_level)
+                await _serve_http(
+                    server.sse_app(host=host), host, port, self.settings.log_level, self._stop_work
+                )
         else:  # pragma: no cover - the CLI restricts the choices
             raise ValueError(f"unknown transport {transport!r}")
+
+    def _stop_work(self) -> None:
+        """At SIGTERM/SIGINT on HTTP, before uvicorn waits for open requests: take no new work, and
+        let calls waiting for a run to settle answer now, so the requests end and the lifespan's
+        shutdown is reached without cancelling them."""
+        if self._services is not None:
+            log.info("stopping: no new work", extra={"action": "shutdown_requested"})
+            self._services.dispatcher.stop()
 
 
 class _GracefulServer(uvicorn.Server):
     """uvicorn, minus one habit: after a graceful shutdown on SIGTERM/SIGINT it re-raises the signal,
     which would kill the process before the SSE lifespan above is closed and make a clean stop exit
-    with -15. Here the handlers are restored and the process exits normally (status 0)."""
+    with -15. Here the handlers are restored and the process exits normally (status 0).
+
+    ``on_exit`` is called (on the event loop) at the first SIGTERM/SIGINT, as soon as the shutdown
+    begins."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first and self._on_exit is not None:
+            # A signal handler may interrupt the loop anywhere: run the callback from the loop.
+            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -205,11 +252,20 @@ class _GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve_http(app: ASGIApp, host: str, port: int, log_level: str) -> None:
+async def _serve_http(
+    app: ASGIApp, host: str, port: int, log_level: str, on_exit: Callable[[], None] | None = None
+) -> None:
     # log_config=None: uvicorn's own config would send access logs to stdout and bypass our
     # one-line stderr format; with None its loggers propagate to the root handler we installed.
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level.lower())
-    await _GracefulServer(config).serve()
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=HTTP_SHUTDOWN_TIMEOUT_SECONDS,
+    )
+    await _GracefulServer(config, on_exit).serve()
 
 
 async def _close_store(opened: OpenedRunStore) -> None:

@@ -109,8 +109,9 @@ async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunVi
         while True:
             head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
             # A durable wait (a provider's backoff) that ends within the caller's budget is not
-            # worth answering "wait" for: wait through it, then for the next settled state.
-            if head.status != RunStatus.QUEUED or head.not_before is None:
+            # worth answering "wait" for: wait through it, then for the next settled state. Not
+            # when the server is stopping: nothing will move the run on in this process.
+            if runtime.stopping or head.status != RunStatus.QUEUED or head.not_before is None:
                 break
             until = (head.not_before - runtime.clock.now()).total_seconds()
             if until >= deadline - anyio.current_time():
