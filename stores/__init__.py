@@ -31,9 +31,10 @@ Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``)
   ``limit`` runnable runs (as ``runnable`` defines them) whose lease is free or expired, oldest
   first, in one transaction; runs ``owner`` already holds are not returned again; two concurrent
   claimers never get the same run (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
-- ``listen(callback)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is called when any
-  process commits a write that leaves a run ``queued``. A wake-up hint, not a queue: notifications
-  are lost while the listening connection is down, so a dispatcher still polls ``runnable``.
+- ``listen(callback, on_lost=None)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is
+  called when any process commits a write that leaves a run ``queued``. A wake-up hint, not a queue:
+  notifications are lost while the listening connection is down, so a dispatcher still polls
+  ``runnable``; ``on_lost()`` says the connection dropped, and calling ``listen`` again reconnects.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
   me``; :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``,
   which is how several processes share the work. :meth:`PostgresStore.listen` lets a dispatcher be
-  woken when another process makes a run runnable (an approval, a new run).
+  woken when another process makes a run runnable (an approval, a new run), and tells it when the
+  notification connection drops so that it can listen again once the server is back.
 - The schema is never changed here: opening checks it is at the packaged head and otherwise raises
   :class:`stores.migrate.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
 
@@ -202,7 +203,9 @@ class PostgresStore:
         self._connect_timeout = connect_timeout
         self._where = f"postgres store {_display(dsn, schema)}"
         self._listener: Any = None
-        self._callbacks: list[Callable[[str], None]] = []
+        # callback -> its on_lost hook (a dict keeps registration order and makes listen idempotent)
+        self._callbacks: dict[Callable[[str], None], Callable[[], None] | None] = {}
+        self._lost_once = False
         self._listen_lock = anyio.Lock()
         self._closed = False
 
@@ -415,12 +418,19 @@ class PostgresStore:
     # ----------------------------------------------------------------------------------------
     # LISTEN / NOTIFY
 
-    async def listen(self, callback: Callable[[str], None]) -> None:
+    async def listen(
+        self, callback: Callable[[str], None], on_lost: Callable[[], None] | None = None
+    ) -> None:
         """Call ``callback(run_id)`` whenever any process commits a write that leaves a run
         ``queued`` in this store (a new run, an approval, a scheduled retry). Runs on the event
         loop; ``callback`` must not block. Uses one dedicated connection, opened by the first
-        ``listen``. A hint, not a queue: nothing is replayed after the connection drops (the
-        dispatcher keeps polling :meth:`runnable`); the next ``listen`` reconnects."""
+        ``listen``.
+
+        A hint, not a queue: nothing is replayed after the connection drops (the dispatcher keeps
+        polling :meth:`runnable`). ``on_lost()`` is called when the connection drops, so that the
+        subscriber can call ``listen`` again: that reconnects (and raises ``StoreUnavailable`` while
+        the server is still away). Idempotent per ``callback``: listening again with a callback
+        already registered only reconnects if needed."""
         async with self._listen_lock:
             if self._closed:
                 raise StoreUnavailable(f"the {self._where} is closed")
@@ -436,13 +446,22 @@ class PostgresStore:
                         raise
                     conn.add_termination_listener(self._on_listener_lost)
                 self._listener = conn
-            self._callbacks.append(callback)
+                if self._lost_once:
+                    log.info(
+                        "notification connection re-established",
+                        extra={"action": "store.listen_restored", "store": self._where},
+                    )
+            self._callbacks[callback] = on_lost
+
+    @property
+    def listening(self) -> bool:
+        """Whether the notification connection is up (``listen`` was called and it has not dropped)."""
+        return self._listener is not None and not self._listener.is_closed()
 
     async def unlisten(self, callback: Callable[[str], None]) -> None:
         """Stop calling ``callback``; the connection closes with the last listener."""
         async with self._listen_lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
+            self._callbacks.pop(callback, None)
             if not self._callbacks:
                 await self._close_listener()
 
@@ -454,12 +473,21 @@ class PostgresStore:
                 # One broken subscriber must not silence the others or the connection.
                 log.exception("listener callback failed", extra={"action": "store.listen_callback_failed"})
 
-    def _on_listener_lost(self, _conn: Any) -> None:
-        if not self._closed:
-            log.warning(
-                "notification connection lost; wake-ups pause until the next listen()",
-                extra={"action": "store.listen_lost", "store": self._where},
-            )
+    def _on_listener_lost(self, conn: Any) -> None:
+        if self._closed or conn is not self._listener:
+            return
+        self._lost_once = True
+        log.warning(
+            "notification connection lost; wake-ups pause until the next listen()",
+            extra={"action": "store.listen_lost", "store": self._where},
+        )
+        for on_lost in list(self._callbacks.values()):
+            if on_lost is None:
+                continue
+            try:
+                on_lost()
+            except Exception:
+                log.exception("on_lost callback failed", extra={"action": "store.listen_callback_failed"})
 
     async def _close_listener(self) -> None:
         conn, self._listener = self._listener, None
