@@ -41,6 +41,7 @@ from orchestration.decide import (
 from orchestration.errors import (
     Conflict,
     ConstructError,
+    CorruptRecord,
     InvalidArgument,
     InvalidState,
     LeaseLost,
@@ -204,6 +205,9 @@ class Runtime:
         self._waiters = _Waiters()
         self._cancel_scopes: dict[str, anyio.CancelScope] = {}
         self._stopping = False
+        #: how long :meth:`drive` leaves a run alone after its record could not be read
+        self.unreadable_retry_seconds = 60.0
+        self._unreadable: dict[str, datetime] = {}
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -523,18 +527,36 @@ class Runtime:
     async def drive(self, run_id: str) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
         or None when another worker holds the lease or the runtime is stopping. Safe to call at any
-        time from any process."""
+        time from any process. A run whose record turned out unreadable (``CorruptRecord``) is
+        left alone (None) for :attr:`unreadable_retry_seconds` after the error."""
         if self._stopping:
+            return None
+        set_aside = self._unreadable.get(run_id)
+        if set_aside is not None and self.clock.now() < set_aside:
             return None
         lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
         if lease is None:
             return None
         result: Action | None = None
+        error: ConstructError | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._renew_lease, lease, tg.cancel_scope)
-                result = await self._loop(run_id)
+                try:
+                    result = await self._loop(run_id)
+                except ConstructError as exc:
+                    # Raised below, outside the task group, so that the caller gets the error
+                    # itself and not an ExceptionGroup around it.
+                    error = exc
                 tg.cancel_scope.cancel()
+            if isinstance(error, CorruptRecord):
+                # Retrying at every dispatcher poll would only repeat the error: leave the run
+                # alone for a while (an operator may repair the file meanwhile).
+                retry = self.clock.now() + timedelta(seconds=self.unreadable_retry_seconds)
+                self._unreadable[run_id] = retry
+            if error is not None:
+                raise error
+            self._unreadable.pop(run_id, None)
         finally:
             with anyio.CancelScope(shield=True):
                 try:

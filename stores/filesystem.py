@@ -157,6 +157,15 @@ def _problem(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _head_signature(path: Path) -> tuple[int, int] | None:
+    """What tells one state of a head file from another without reading it: mtime and size."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
 def _key_name(idempotency_key: str) -> str:
     # Hashing makes any key a safe, fixed-length file name.
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
@@ -267,6 +276,8 @@ class FilesystemStore:
         self._create_lock = self._root / "create.lock"
         self._layout_ready = False
         self._closed = False
+        #: run id -> (mtime, size) of the unreadable head last reported at WARNING
+        self._unreadable_reported: dict[str, tuple[int, int] | None] = {}
 
     @property
     def root(self) -> Path:
@@ -548,8 +559,16 @@ class FilesystemStore:
             try:
                 heads.append(self._load_sync(entry.name))
             except (CorruptRecord, RunNotFound, OSError) as exc:
-                # One damaged run must not hide every other run from the operator.
-                logger.warning(
+                # One damaged run must not hide every other run from the operator. Scans repeat
+                # (a dispatcher polls every second): a damage already reported is logged again only
+                # at DEBUG, until the head changes.
+                seen = _head_signature(Path(entry.path) / HEAD_FILE)
+                repeated = (
+                    entry.name in self._unreadable_reported and self._unreadable_reported[entry.name] == seen
+                )
+                self._unreadable_reported[entry.name] = seen
+                logger.log(
+                    logging.DEBUG if repeated else logging.WARNING,
                     "skipping run %s: %s",
                     entry.name,
                     exc,
