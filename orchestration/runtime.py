@@ -25,6 +25,7 @@ from typing import Literal
 
 import anyio
 
+from orchestration.backoff import Backoff, Outage
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock, SystemClock
 from orchestration.decide import (
@@ -45,6 +46,8 @@ from orchestration.errors import (
     InvalidArgument,
     InvalidState,
     LeaseLost,
+    StoreError,
+    StoreUnavailable,
     TooLarge,
     VersionConflict,
 )
@@ -81,6 +84,9 @@ from orchestration.workers.host import host_output_facts, host_task_prepared
 log = logging.getLogger("construct.runtime")
 
 ChangeListener = Callable[[RunHead], Awaitable[None]]
+
+#: How long a drive waits to release its lease before leaving it to expire.
+_RELEASE_SECONDS = 5.0
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 
@@ -188,6 +194,7 @@ class Runtime:
         in_memory_wait_cap_seconds: float = 30.0,
         cancel_poll_seconds: float = 0.5,
         warnings: Sequence[str] = (),
+        store_outage_seconds: float = 30.0,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -201,6 +208,9 @@ class Runtime:
         self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
         self.cancel_poll_seconds = cancel_poll_seconds
         self.warnings = tuple(warnings)
+        #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
+        #: stops; see :meth:`drive`
+        self.store_outage_seconds = store_outage_seconds
         self._listeners: list[ChangeListener] = []
         self._waiters = _Waiters()
         self._cancel_scopes: dict[str, anyio.CancelScope] = {}
@@ -232,9 +242,14 @@ class Runtime:
             except Exception:
                 log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
 
-    async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+    async def _append(self, head: RunHead, facts: Sequence[Fact], outage: Outage | None = None) -> RunHead:
+        """Record ``facts`` on top of ``head`` (compare-and-swap). With ``outage`` (a drive's), a
+        store error does not end the write: see :meth:`_append_through_outage`."""
         new_head = apply_write(head, facts)
-        stored = await self.store.append(head.run_id, head.version, facts, new_head)
+        if outage is None:
+            stored = await self.store.append(head.run_id, head.version, facts, new_head)
+        else:
+            stored = await self._append_through_outage(head, facts, new_head, outage)
         log.info(
             "recorded %s",
             ",".join(f.type for f in facts),
@@ -524,31 +539,53 @@ class Runtime:
 
     # -- the decide -> act -> record loop ----------------------------------------------------
 
-    async def drive(self, run_id: str) -> Action | None:
+    async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
         or None when another worker holds the lease or the runtime is stopping. Safe to call at any
         time from any process. A run whose record turned out unreadable (``CorruptRecord``) is
-        left alone (None) for :attr:`unreadable_retry_seconds` after the error."""
-        if self._stopping:
-            return None
+        left alone (None) for :attr:`unreadable_retry_seconds` after the error.
+
+        ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
+        batch claim); the drive then does not claim again, and renews and releases that lease as
+        its own.
+
+        **Store outages.** A drive rides out a short outage: a provider call in flight goes on,
+        the write of its outcome waits for the store (an append whose commit status is unknown is
+        reconciled by re-reading the run), the lease is renewed again once the store answers. When
+        the store has been failing for :attr:`store_outage_seconds`, the drive stops cleanly — a
+        call in flight is cancelled rather than finished into a dead store — and raises
+        ``StoreUnavailable``; its lease expires (or the dispatcher releases it) and the run is
+        resumed later from its facts, the cancelled attempt as an orphan."""
+        if lease is not None and lease.owner != self.owner:
+            raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
         set_aside = self._unreadable.get(run_id)
-        if set_aside is not None and self.clock.now() < set_aside:
+        if self._stopping or (set_aside is not None and self.clock.now() < set_aside):
+            if lease is not None:
+                await self._release(lease)
             return None
-        lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
         if lease is None:
-            return None
+            lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
+            if lease is None:
+                return None
         result: Action | None = None
         error: ConstructError | None = None
+        outage = Outage(self.store_outage_seconds)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._renew_lease, lease, tg.cancel_scope)
+                tg.start_soon(self._renew_lease, lease, tg.cancel_scope, outage)
                 try:
-                    result = await self._loop(run_id)
+                    result = await self._loop(run_id, outage)
                 except ConstructError as exc:
                     # Raised below, outside the task group, so that the caller gets the error
                     # itself and not an ExceptionGroup around it.
                     error = exc
                 tg.cancel_scope.cancel()
+            if error is None and result is None and outage.over:
+                # The lease keeper stopped the drive: the store stayed away too long.
+                error = StoreUnavailable(
+                    f"the store did not answer for {outage.seconds:.0f} s (store_outage_seconds is "
+                    f"{self.store_outage_seconds:g}); run {run_id} stopped and resumes from its facts"
+                )
             if isinstance(error, CorruptRecord):
                 # Retrying at every dispatcher poll would only repeat the error: leave the run
                 # alone for a while (an operator may repair the file meanwhile).
@@ -558,31 +595,134 @@ class Runtime:
                 raise error
             self._unreadable.pop(run_id, None)
         finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.store.release_lease(lease)
-                except ConstructError as exc:
-                    # The store is down: the lease simply expires; the run is picked up again then.
-                    log.warning(
-                        "cannot release lease: %s",
-                        exc,
-                        extra={"action": "lease_release_failed", "run_id": run_id},
-                    )
+            await self._release(lease)
         return result
 
-    async def _renew_lease(self, lease: Lease, scope: anyio.CancelScope) -> None:
+    async def _release(self, lease: Lease) -> None:
+        # Shielded (a cancelled drive must still give its lease up) but bounded: with the store
+        # away, waiting for it would hold up a shutdown, and the lease expires anyway.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_SECONDS):
+            try:
+                await self.store.release_lease(lease)
+            except ConstructError as exc:
+                # The store is down: the lease simply expires; the run is picked up again then.
+                log.warning(
+                    "cannot release lease: %s",
+                    exc,
+                    extra={"action": "lease_release_failed", "run_id": lease.run_id},
+                )
+
+    async def _renew_lease(self, lease: Lease, scope: anyio.CancelScope, outage: Outage) -> None:
+        """Keep the lease while the drive runs. Stops the drive (cancels ``scope``) when another
+        worker took the lease, or when the store has been failing past the outage limit."""
+        interval = self.lease_ttl_seconds / 3
+        backoff = Backoff(base=min(0.1, interval), cap=interval)
+        delay = interval
         while True:
-            await anyio.sleep(self.lease_ttl_seconds / 3)
+            await anyio.sleep(delay)
             try:
                 lease = await self.store.renew_lease(lease, self.lease_ttl_seconds, self.clock.now())
             except LeaseLost:
                 log.warning("lease lost", extra={"action": "lease_lost", "run_id": lease.run_id})
                 scope.cancel()
                 return
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if self._outage_over(outage, lease.run_id, exc):
+                    scope.cancel()
+                    return
+                # Retry sooner than the renewal interval: the lease may run out meanwhile.
+                delay = backoff.next_delay()
+                continue
+            outage.recovered()
+            backoff.reset()
+            delay = interval
 
-    async def _loop(self, run_id: str) -> Action | None:
+    def _outage_over(self, outage: Outage, run_id: str, exc: StoreError) -> bool:
+        """Count a store failure against the drive's outage; True (and logged) once it is too long."""
+        if outage.seconds == 0:
+            log.warning(
+                "store error during a drive; waiting up to %g s for the store: %s",
+                outage.limit_seconds,
+                exc,
+                extra={"action": "drive_store_error", "run_id": run_id, "code": exc.code},
+            )
+        outage.failed()
+        if outage.over:
+            log.warning(
+                "store unavailable for %.1f s: stopping the drive",
+                outage.seconds,
+                extra={"action": "drive_store_outage", "run_id": run_id},
+            )
+            return True
+        return False
+
+    async def _load_through_outage(self, run_id: str, outage: Outage) -> RunHead:
+        backoff = Backoff(cap=2.0)
+        while True:
+            try:
+                head = await self.store.load(run_id)
+            except CorruptRecord:
+                # Unreadable is not unavailable: waiting would not help.
+                raise
+            except StoreError as exc:
+                if self._outage_over(outage, run_id, exc):
+                    raise
+                await anyio.sleep(backoff.next_delay())
+                continue
+            outage.recovered()
+            return head
+
+    async def _append_through_outage(
+        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead, outage: Outage
+    ) -> RunHead:
+        """``store.append``, riding out a store outage up to its limit.
+
+        After a failed append nobody knows whether it committed (the connection may have died
+        during COMMIT), so it is never simply sent again: the run is re-read first. Still at the
+        version we wrote on: nothing was written, append again. Our facts at their sequence
+        numbers: it committed, and that is the result. Anything else: another writer moved the run
+        (``VersionConflict``; the drive decides again from the record). The compare-and-swap
+        makes every path safe: a fact is never lost and never written twice."""
+        run_id = head.run_id
+        backoff = Backoff(cap=2.0)
+        try:
+            return await self.store.append(run_id, head.version, facts, new_head)
+        except CorruptRecord:
+            raise
+        except StoreError as exc:
+            if self._outage_over(outage, run_id, exc):
+                raise
+        while True:
+            await anyio.sleep(backoff.next_delay())
+            try:
+                current = await self.store.load(run_id)
+                if current.version == head.version:
+                    stored = await self.store.append(run_id, head.version, facts, new_head)
+                    outage.recovered()
+                    return stored
+                outage.recovered()
+                if current.version >= new_head.version and await self._has_facts(run_id, facts):
+                    log.info(
+                        "an append interrupted by a store error had committed",
+                        extra={"action": "append_reconciled", "run_id": run_id, "version": new_head.version},
+                    )
+                    return new_head
+                raise VersionConflict(run_id, head.version, current.version)
+            except CorruptRecord:
+                raise
+            except StoreError as exc:
+                if self._outage_over(outage, run_id, exc):
+                    raise
+
+    async def _has_facts(self, run_id: str, facts: Sequence[Fact]) -> bool:
+        stored = await self.store.read_facts(run_id, facts[0].seq - 1, len(facts))
+        return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
+
+    async def _loop(self, run_id: str, outage: Outage) -> Action | None:
         while not self._stopping:
-            head = await self.store.load(run_id)
+            head = await self._load_through_outage(run_id, outage)
             action = next_action(head, self.clock.now())
             if isinstance(action, WaitUntil):
                 delay = (action.not_before - self.clock.now()).total_seconds()
@@ -593,46 +733,57 @@ class Runtime:
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
-                await self._act(head, action)
+                await self._act(head, action, outage)
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
                 continue
         return None
 
-    async def _act(self, head: RunHead, action: Action) -> None:
+    async def _act(self, head: RunHead, action: Action, outage: Outage) -> None:
         now = self.clock.now()
         seq = head.last_seq + 1
         if isinstance(action, RequestApproval):
-            await self._append(head, [ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)])
+            await self._append(head, [ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)], outage)
         elif isinstance(action, PrepareHostTask):
             prompt = await self.prompt_for(head, action.task_id)
-            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)], outage)
         elif isinstance(action, FinishRun):
             finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
-            await self._append(head, [finished])
+            await self._append(head, [finished], outage)
         elif isinstance(action, FailTask):
             failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
-            await self._append(head, [failed])
+            await self._append(head, [failed], outage)
         elif isinstance(action, StartAttempt):
-            await self._attempt(head, action)
+            await self._attempt(head, action, outage)
         else:  # pragma: no cover - pausing actions never reach here
             raise AssertionError(action)
 
-    async def _watch_for_cancel(self, run_id: str, version: int, scope: anyio.CancelScope) -> None:
+    async def _watch_for_cancel(
+        self, run_id: str, version: int, scope: anyio.CancelScope, outage: Outage
+    ) -> None:
         """While a provider call is in flight, abort it as soon as the run is written to by anyone
-        else (in practice: cancelled from another process or another client)."""
+        else (in practice: cancelled from another process or another client), or once the store
+        has been away past the outage limit (its outcome could not be recorded)."""
         while True:
             await anyio.sleep(self.cancel_poll_seconds)
             try:
                 head = await self.store.load(run_id)
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if self._outage_over(outage, run_id, exc):
+                    scope.cancel()
+                    return
+                continue
             except ConstructError:
                 continue
+            outage.recovered()
             if head.version != version:
                 log.info("run changed during a call", extra={"action": "call_aborted", "run_id": run_id})
                 scope.cancel()
                 return
 
-    async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
+    async def _attempt(self, head: RunHead, action: StartAttempt, outage: Outage) -> None:
         """One provider attempt: record ``attempt_started`` *before* the call, call, record the
         outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries."""
         if self.worker is None:
@@ -650,7 +801,7 @@ class Runtime:
             executor=executor,
             possible_duplicate_call=action.possible_duplicate_call,
         )
-        head = await self._append(head, [started])
+        head = await self._append(head, [started], outage)
         previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
         scope = anyio.CancelScope()
         self._cancel_scopes[head.run_id] = scope
@@ -671,11 +822,17 @@ class Runtime:
             with scope:
                 async with anyio.create_task_group() as tg:
                     watch = tg.cancel_scope
-                    tg.start_soon(self._watch_for_cancel, run_id, version, scope)
+                    tg.start_soon(self._watch_for_cancel, run_id, version, scope, outage)
                     await call()
         finally:
             self._cancel_scopes.pop(run_id, None)
         if outcome is None:
+            if outage.over:
+                # Stopped by the store outage: the attempt is left as an orphan, retried later.
+                raise StoreUnavailable(
+                    f"the store did not answer for {outage.seconds:.0f} s; the call for task "
+                    f"{action.task_id} of run {run_id} was cancelled and will be retried"
+                )
             # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
             # In the second case, let the injected clock reach the deadline too, so that the next
             # decision records deadline_exceeded instead of seeing an orphaned attempt.
@@ -717,7 +874,7 @@ class Runtime:
                 ),
                 not_before=outcome.not_before,
             )
-        await self._append(head, [fact])
+        await self._append(head, [fact], outage)
 
 
 def _awaiting_host_task(head: RunHead) -> str | None:

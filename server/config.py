@@ -13,6 +13,7 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     dispatch_concurrency = 4
     poll_seconds = 1.0
     recover_on_start = true
+    store_outage_seconds = 30       # in-flight work waits this long for a store that went away
     max_request_chars = 200000
     max_output_chars = 1000000
     log_level = "INFO"
@@ -41,6 +42,10 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_DISPATCH_CONCURRENCY``  ``dispatch_concurrency`` (default 4)
 ``CONSTRUCT_POLL_SECONDS``          ``poll_seconds`` (default 1.0)
 ``CONSTRUCT_RECOVER_ON_START``      ``recover_on_start`` (default true)
+``CONSTRUCT_STORE_OUTAGE_SECONDS``  ``store_outage_seconds`` (default 30): a run being driven waits this
+                                    long for a store that stopped answering (its provider call goes on,
+                                    its next write waits); then the call is cancelled and the run resumes
+                                    from its facts once the store is back
 ``CONSTRUCT_MAX_REQUEST_CHARS``     ``max_request_chars`` (default 200000)
 ``CONSTRUCT_MAX_OUTPUT_CHARS``      ``max_output_chars`` (default 1000000)
 ``CONSTRUCT_LOG_LEVEL``             ``log_level`` (default INFO)
@@ -97,6 +102,7 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_DISPATCH_CONCURRENCY": "dispatch_concurrency",
     "CONSTRUCT_POLL_SECONDS": "poll_seconds",
     "CONSTRUCT_RECOVER_ON_START": "recover_on_start",
+    "CONSTRUCT_STORE_OUTAGE_SECONDS": "store_outage_seconds",
     "CONSTRUCT_MAX_REQUEST_CHARS": "max_request_chars",
     "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
     "CONSTRUCT_LOG_LEVEL": "log_level",
@@ -147,6 +153,7 @@ class _Options(BaseModel):
     dispatch_concurrency: int | None = Field(default=None, ge=1, le=256)
     poll_seconds: float | None = Field(default=None, gt=0, le=3600)
     recover_on_start: bool | None = None
+    store_outage_seconds: float | None = Field(default=None, gt=0, le=86400)
     max_request_chars: int | None = Field(default=None, ge=1)
     max_output_chars: int | None = Field(default=None, ge=1)
     log_level: LogLevel | None = None
@@ -184,6 +191,7 @@ class Settings:
     dispatch_concurrency: int = 4
     poll_seconds: float = 1.0
     recover_on_start: bool = True
+    store_outage_seconds: float = 30.0
     max_request_chars: int = _DEFAULT_LIMITS.max_request_chars
     max_output_chars: int = _DEFAULT_LIMITS.max_output_chars
     log_level: LogLevel = "INFO"

@@ -44,5 +44,6 @@ async def runtime_for(
             resolve_contract=contract_resolver(settings.worker_backend, providers),
             worker=ProviderWorker(providers, http),
             in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
+            store_outage_seconds=settings.store_outage_seconds,
             warnings=warnings,
         )
