@@ -1,0 +1,252 @@
+"""The dispatcher in process: several dispatchers (each with its own store connection, as separate
+processes would have) share runs through batch claims without executing any task twice; scans that
+fail back off and recover; a store notification wakes the dispatcher long before its poll; a drive
+stopped by an outage has its lease released once the store is back, so the run resumes at once."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from orchestration.backoff import Backoff
+from orchestration.catalog import Catalog
+from orchestration.clock import SystemClock
+from orchestration.dispatcher import Dispatcher
+from orchestration.facts import AttemptStarted
+from orchestration.runtime import Runtime
+from orchestration.store import RunStore
+from orchestration.vocabulary import RunStatus
+from stores.memory import MemoryStore
+from stores.sqlite import SqliteStore
+from tests.stores.sql_adapters import make_postgres
+from tests.unit.faulty import CountingWorker, FaultyStore, provider_contract, start_request
+from tests.unit.helpers import sequential_ids
+
+TASKS = ("architect", "engineer", "reviewer")
+
+
+def runtime_on(store: RunStore, worker: CountingWorker, owner: str, **kwargs: Any) -> Runtime:
+    ids = sequential_ids()
+    return Runtime(
+        store,
+        Catalog.builtin(),
+        clock=SystemClock(),
+        # Ids unique across the runtimes that share a store.
+        new_id=lambda: ids().replace("test", owner),
+        resolve_contract=provider_contract,
+        worker=worker,
+        owner=owner,
+        lease_ttl_seconds=kwargs.pop("lease_ttl_seconds", 5),
+        cancel_poll_seconds=0.05,
+        **kwargs,
+    )
+
+
+@asynccontextmanager
+async def dispatching(*dispatchers: Dispatcher) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        for dispatcher in dispatchers:
+            await tg.start(dispatcher.run)
+        try:
+            yield
+        finally:
+            for dispatcher in dispatchers:
+                dispatcher.stop()
+
+
+async def wait_until(predicate: Callable[[], Any], within: float, step: float = 0.02) -> None:
+    with anyio.fail_after(within):
+        # Polling: the state lives in a store or a counter, neither of which has an event.
+        while not await predicate():  # noqa: ASYNC110
+            await anyio.sleep(step)
+
+
+async def all_completed(store: RunStore, run_ids: list[str]) -> bool:
+    for run_id in run_ids:
+        if (await store.load(run_id)).status != RunStatus.COMPLETED:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------ scale-out
+
+
+@asynccontextmanager
+async def shared_stores(backend: str, tmp_path: Path, count: int) -> AsyncIterator[list[RunStore]]:
+    """``count`` store instances on one database, as ``count`` server processes would open it."""
+    async with AsyncExitStack() as stack:
+        if backend == "sqlite":
+            stores: list[RunStore] = []
+            for _ in range(count):
+                store = await SqliteStore.open(tmp_path / "shared.db")
+                stack.push_async_callback(store.close)
+                stores.append(store)
+            yield stores
+            return
+        first = await stack.enter_async_context(make_postgres(tmp_path))
+        from stores.postgres import PostgresStore
+
+        assert isinstance(first, PostgresStore)
+        dsn, schema = first._dsn, first.schema
+        stores = [first]
+        for _ in range(count - 1):
+            store = await PostgresStore.open(dsn, schema=schema)
+            stack.push_async_callback(store.close)
+            stores.append(store)
+        yield stores
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_dispatchers_on_one_database_share_runs_and_run_each_task_once(
+    backend: str, tmp_path: Path
+) -> None:
+    async with shared_stores(backend, tmp_path, 3) as stores:
+        workers = [CountingWorker(delay=0.01) for _ in stores]
+        runtimes = [runtime_on(s, w, f"w{n}") for n, (s, w) in enumerate(zip(stores, workers, strict=True))]
+        dispatchers = [Dispatcher(r, concurrency=4, poll_seconds=0.05) for r in runtimes]
+        run_ids = []
+        async with dispatching(*dispatchers):
+            for n in range(30):
+                head, _ = await runtimes[n % 3].start(start_request(f"r{n}"))
+                run_ids.append(head.run_id)
+            await wait_until(lambda: all_completed(stores[0], run_ids), within=60)
+        for run_id in run_ids:
+            facts = await stores[0].read_facts(run_id)
+            assert [f.seq for f in facts] == list(range(1, len(facts) + 1))
+            assert not any(isinstance(f, AttemptStarted) and f.possible_duplicate_call for f in facts)
+    calls = sum((w.calls for w in workers), start=type(workers[0].calls)())
+    assert calls == {(f"r{n}", t): 1 for n in range(30) for t in TASKS}
+    # Every dispatcher took part.
+    assert all(sum(w.calls.values()) > 0 for w in workers), [sum(w.calls.values()) for w in workers]
+
+
+async def test_a_claimed_run_is_driven_with_its_claim(tmp_path: Path) -> None:
+    """The batch claim is the lease the drive uses: no second claim per run."""
+    store = FaultyStore(await SqliteStore.open(tmp_path / "one.db"))
+    try:
+        runtime = runtime_on(store, CountingWorker(), "w")
+        dispatcher = Dispatcher(runtime, poll_seconds=0.05)
+        async with dispatching(dispatcher):
+            head, _ = await runtime.start(start_request("r1"))
+            await wait_until(lambda: all_completed(store, [head.run_id]), within=10)
+        assert store.calls["claim_runnable"] >= 1
+        # One claim_lease at most: the pass after the drive, if something woke the run meanwhile.
+        assert store.calls["claim_lease"] <= 1
+    finally:
+        await store.close()
+
+
+# ------------------------------------------------------------------------------ store faults
+
+
+async def test_failed_scans_back_off_and_the_dispatcher_recovers() -> None:
+    store = FaultyStore(MemoryStore())
+    runtime = runtime_on(store, CountingWorker(), "w")
+    head, _ = await runtime.start(start_request("r1"))
+    store.down = True
+    delays: list[float] = []
+    backoff = Backoff(base=0.05, cap=0.4, rng=random.Random(7))
+    next_delay = backoff.next_delay
+
+    def recording() -> float:
+        delays.append(next_delay())
+        return delays[-1]
+
+    backoff.next_delay = recording  # type: ignore[method-assign]
+    # A poll far longer than the test: only the backoff can bring the dispatcher back.
+    dispatcher = Dispatcher(runtime, poll_seconds=60, backoff=backoff)
+    async with dispatching(dispatcher):
+        await anyio.sleep(1.0)
+        assert not dispatcher.store_healthy
+        failed_scans = store.calls["runnable"]
+        store.down = False
+        await wait_until(lambda: all_completed(store.inner, [head.run_id]), within=5)
+        assert dispatcher.store_healthy
+    # Exponential, capped, jittered: a handful of scans in a second, not a busy loop.
+    assert 3 <= failed_scans <= 12, failed_scans
+    assert delays[:3] == sorted(delays[:3]) and max(delays) <= 0.4
+    assert len(set(delays)) == len(delays), "jittered"
+
+
+async def test_a_drive_stopped_by_an_outage_resumes_when_the_store_is_back() -> None:
+    store = FaultyStore(MemoryStore())
+    worker = CountingWorker(delay=10)
+    # A long lease: without the dispatcher releasing it, the run would wait 60 s for its expiry.
+    runtime = runtime_on(store, worker, "w", store_outage_seconds=0.3, lease_ttl_seconds=60)
+    dispatcher = Dispatcher(runtime, poll_seconds=0.1, backoff=Backoff(base=0.05, cap=0.2))
+    async with dispatching(dispatcher):
+        head, _ = await runtime.start(start_request("r1"))
+        await wait_until(lambda: _true(worker.in_flight > 0), within=5)
+        store.down = True
+        await wait_until(lambda: _true(sum(worker.cancelled.values()) == 1), within=5)
+        worker.delay = 0
+        store.down = False
+        await wait_until(lambda: all_completed(store.inner, [head.run_id]), within=5)
+    facts = await store.inner.read_facts(head.run_id)
+    marked = [
+        (f.task_id, f.attempt) for f in facts if isinstance(f, AttemptStarted) and f.possible_duplicate_call
+    ]
+    assert marked == [("architect", 2)]
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# ------------------------------------------------------------------------------ notifications
+
+
+class NotifyingStore(MemoryStore):
+    """A memory store with the ``listen`` capability, fired by the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: dict[Callable[[str], None], Callable[[], None] | None] = {}
+        self.listen_calls = 0
+
+    async def listen(
+        self, callback: Callable[[str], None], on_lost: Callable[[], None] | None = None
+    ) -> None:
+        self.listen_calls += 1
+        self.listeners[callback] = on_lost
+
+    async def unlisten(self, callback: Callable[[str], None]) -> None:
+        self.listeners.pop(callback, None)
+
+    def notify(self, run_id: str) -> None:
+        for callback in list(self.listeners):
+            callback(run_id)
+
+    def lose(self) -> None:
+        for on_lost in list(self.listeners.values()):
+            if on_lost is not None:
+                on_lost()
+
+
+async def test_a_notification_wakes_the_dispatcher_long_before_its_poll() -> None:
+    store = NotifyingStore()
+    runtime = runtime_on(store, CountingWorker(), "w")
+    # Another process: it writes to the same store, but this dispatcher hears only the store.
+    elsewhere = runtime_on(store, CountingWorker(), "elsewhere")
+    dispatcher = Dispatcher(runtime, poll_seconds=60)
+    async with dispatching(dispatcher):
+        assert len(store.listeners) == 1
+        head, _ = await elsewhere.start(start_request("r1"))
+        await anyio.sleep(0.2)
+        assert (await store.load(head.run_id)).status == RunStatus.QUEUED, "not woken without a notification"
+        started = anyio.current_time()
+        store.notify(head.run_id)
+        await wait_until(lambda: all_completed(store, [head.run_id]), within=5)
+        assert anyio.current_time() - started < 2
+
+        # A dropped notification connection makes the dispatcher listen again at once.
+        calls = store.listen_calls
+        store.lose()
+        await wait_until(lambda: _true(store.listen_calls > calls), within=2)
+    assert store.listeners == {}, "unsubscribed when stopped"
