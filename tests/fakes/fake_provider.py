@@ -16,7 +16,13 @@ Endpoints::
 script runs out its last reply repeats. The task key comes from a ``[task:NAME]`` marker in the
 system prompt (else the user prompt); requests without one use the key ``default``. A key with no
 script of its own plays the ``default`` script (with its own cursor); with no ``default`` either, it
-gets a success. As JSON (also the ``--scenario-file`` format)::
+gets a success.
+
+**Per run.** When the prompts also carry a ``[run:NAME]`` marker (put it in the run's request: every
+task's prompt repeats the request), the key is ``NAME/<task key>``, so that many runs of one chain
+are counted apart (``{"r7/architect": 1, ...}``); such a key plays the script of ``NAME/<task>``,
+else of ``<task>``, else ``default``, each run with its own cursor. As JSON (also the
+``--scenario-file`` format)::
 
     {"engineer": [{"error": "rate_limited", "retry_after": 1}, {"text": "the patch"}],
      "reviewer": [{"reset": true}, {"delay_seconds": 5, "text": "late"}],
@@ -75,6 +81,7 @@ __all__ = ["ERRORS", "ErrorKind", "FakeProvider", "Reply", "Scenario", "main"]
 log = logging.getLogger("construct.fake_provider")
 
 _TASK_MARKER = re.compile(r"\[task:([A-Za-z0-9_.:\-]+)\]")
+_RUN_MARKER = re.compile(r"\[run:([A-Za-z0-9_.:\-]+)\]")
 # construct-mcp's own user prompts open with 'You are step 2 of 3 ("engineer", ...': the step name is
 # the task id, so chains run by the provider worker are keyed by task without any marker.
 _STEP_LINE = re.compile(r'You are step \d+ of \d+ \("([A-Za-z0-9_.:\-]+)"')
@@ -97,12 +104,14 @@ def as_scenario(value: ScenarioLike) -> Scenario:
 
 
 def task_key(texts: list[str]) -> str:
+    task = "default"
     for pattern in (_TASK_MARKER, _STEP_LINE):
-        for text in texts:
-            match = pattern.search(text)
-            if match:
-                return match.group(1)
-    return "default"
+        match = next((m for m in map(pattern.search, texts) if m), None)
+        if match:
+            task = match.group(1)
+            break
+    run = next((m for m in map(_RUN_MARKER.search, texts) if m), None)
+    return f"{run.group(1)}/{task}" if run else task
 
 
 def _texts(value: Any) -> list[str]:
@@ -135,7 +144,13 @@ class _State:
             self.calls[key] = n
             self.requests.append(record)
             scripts = self.scenario.root
-            script = scripts.get(key) or scripts.get("default") or [Reply(text=f"fake answer for {key}")]
+            task = key.rsplit("/", 1)[-1]
+            script = (
+                scripts.get(key)
+                or scripts.get(task)
+                or scripts.get("default")
+                or [Reply(text=f"fake answer for {key}")]
+            )
             return script[min(n, len(script)) - 1], n
 
     def reset(self, scenario: Scenario | None = None) -> None:
