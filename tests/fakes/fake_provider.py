@@ -185,9 +185,12 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         reply, n = state.next_reply(key, record)
 
         if reply.delay_seconds > 0:
-            # Waits on the stop flag rather than sleeping, so stopping the server never waits out
-            # a long scripted delay.
-            await asyncio.to_thread(stopping.wait, reply.delay_seconds)
+            # Short sleeps that check the stop flag, so stopping the server never waits out a long
+            # scripted delay; not a thread per waiting request (the default executor runs only a
+            # handful), so many delayed answers can be pending at once, as at a real provider.
+            deadline = time.monotonic() + reply.delay_seconds
+            while not stopping.is_set() and (remaining := deadline - time.monotonic()) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(min(remaining, 0.05))
         if reply.reset:
             await _reset_connection(request)
             return Response(status_code=500)  # never sent: the connection is gone
