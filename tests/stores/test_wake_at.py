@@ -18,7 +18,7 @@ from orchestration.models import RunHead
 from orchestration.store import Lease
 from stores import open_store, parse_store_spec
 from stores._common import sortable_time
-from stores._sql import migrations
+from stores._sql import Dialect, migrations
 from stores.migrate import migrate
 from tests.stores.builders import (
     BASE_TIME,
@@ -46,7 +46,7 @@ class ClaimingStore(Protocol):
 
 @dataclass
 class Target:
-    dialect: str
+    dialect: Dialect
     url: str
     home: Path
 
@@ -140,7 +140,7 @@ async def test_a_terminal_head_never_stores_a_wake_at(target: Target) -> None:
 
 
 async def test_migration_0002_backfills_wake_at_from_the_heads(target: Target) -> None:
-    first = migrations(target.dialect)[0]  # type: ignore[arg-type]
+    first = migrations(target.dialect)[0]
     await migrate(target.url, home=target.home, migrations=[first])
     # Rows as the 0001 schema held them: no wake_at column, the deadline only inside the head JSON.
     # Both forms pydantic writes: with microseconds ('...00.123450Z') and without ('...00Z').

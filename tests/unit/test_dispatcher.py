@@ -23,8 +23,10 @@ from orchestration.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
+from stores.migrate import migrate
+from stores.postgres import PostgresStore
 from stores.sqlite import SqliteStore
-from tests.stores.sql_adapters import make_postgres
+from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 from tests.unit.faulty import CountingWorker, FaultyStore, provider_contract, start_request
 from tests.unit.helpers import sequential_ids
 
@@ -81,25 +83,19 @@ async def all_completed(store: RunStore, run_ids: list[str]) -> bool:
 async def shared_stores(backend: str, tmp_path: Path, count: int) -> AsyncIterator[list[RunStore]]:
     """``count`` store instances on one database, as ``count`` server processes would open it."""
     async with AsyncExitStack() as stack:
+        opened: list[RunStore] = []
         if backend == "sqlite":
-            stores: list[RunStore] = []
             for _ in range(count):
-                store = await SqliteStore.open(tmp_path / "shared.db")
-                stack.push_async_callback(store.close)
-                stores.append(store)
-            yield stores
-            return
-        first = await stack.enter_async_context(make_postgres(tmp_path))
-        from stores.postgres import PostgresStore
-
-        assert isinstance(first, PostgresStore)
-        dsn, schema = first._dsn, first.schema
-        stores = [first]
-        for _ in range(count - 1):
-            store = await PostgresStore.open(dsn, schema=schema)
-            stack.push_async_callback(store.close)
-            stores.append(store)
-        yield stores
+                opened.append(await SqliteStore.open(tmp_path / "shared.db"))
+                stack.push_async_callback(opened[-1].close)
+        else:
+            dsn = await postgres_dsn()
+            schema = await stack.enter_async_context(postgres_schema(dsn))
+            await migrate(schema_url(dsn, schema), home=tmp_path)
+            for _ in range(count):
+                opened.append(await PostgresStore.open(dsn, schema=schema))
+                stack.push_async_callback(opened[-1].close)
+        yield opened
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
