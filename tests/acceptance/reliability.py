@@ -88,6 +88,9 @@ def _write(current: Trial, seconds: float, error: BaseException | None) -> None:
 
 
 def _first_line(error: BaseException) -> str:
+    # A task group wraps what failed: the report needs the failure itself.
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:300] if text else ''}"
 

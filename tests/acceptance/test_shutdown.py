@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,8 @@ import pytest
 from mcp import Client
 
 from orchestration.facts import AttemptStarted, TaskCompleted, fold
-from tests.acceptance.harness import (
-    SERVER_COMMAND,
-    call,
-    free_port,
-    pid_alive,
-    read_log,
-    stdio_client_for,
-)
+from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
+from tests.acceptance.processes import http_server, until_gone
 from tests.acceptance.reliability import trial
 from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
 from tests.fakes.fake_provider import FakeProvider
@@ -89,16 +82,6 @@ async def until_called(fake: FakeProvider, task: str) -> None:
         # The fake counts on its own thread; there is no event to wait on.
         while fake.calls_for(task) < 1:  # noqa: ASYNC110
             await anyio.sleep(0.01)
-
-
-async def until_gone(pid: int, bound: float = 30.0) -> float:
-    """Seconds until process ``pid`` is gone (and reaped)."""
-    started = anyio.current_time()
-    with anyio.fail_after(bound):
-        # Nothing signals another process's exit to us but polling.
-        while pid_alive(pid):  # noqa: ASYNC110
-            await anyio.sleep(0.02)
-    return anyio.current_time() - started
 
 
 async def pid_of(home: Path) -> int:
@@ -276,34 +259,6 @@ async def test_sigterm_on_an_idle_stdio_server(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # Streamable HTTP
-
-
-@asynccontextmanager
-async def http_server(env: dict[str, str], log_path: Path) -> AsyncIterator[tuple[anyio.abc.Process, int]]:
-    port = free_port()
-    with log_path.open("wb") as errlog:
-        process = await anyio.open_process(
-            [*SERVER_COMMAND, "serve", "--transport", "streamable-http", "--port", str(port)],
-            env={**env, "PATH": os.environ.get("PATH", "")},
-            stdout=errlog,
-            stderr=errlog,
-        )
-        try:
-            with anyio.fail_after(30):
-                while True:
-                    assert process.returncode is None, read_log(log_path)
-                    try:
-                        stream = await anyio.connect_tcp("127.0.0.1", port)
-                    except OSError:
-                        await anyio.sleep(0.05)
-                        continue
-                    await stream.aclose()
-                    break
-            yield process, port
-        finally:
-            if process.returncode is None:
-                process.kill()
-            await process.aclose()
 
 
 @pytest.mark.parametrize("backend", ["filesystem", "postgres"])
