@@ -79,7 +79,10 @@ async def bench(args: argparse.Namespace) -> None:
         f"{args.store}: {args.runs} runs x {len(TASKS)} tasks, {args.servers} servers x concurrency "
         f"{args.concurrency}, provider delay {args.delay * 1000:.0f} ms per call"
     )
-    print(f"  started in {all_started:.1f} s; all completed after {seconds:.1f} s")
+    print(
+        f"  {args.runs} orchestrate_start calls took {all_started:.1f} s "
+        f"({args.runs / all_started:.0f}/s); all runs completed after {seconds:.1f} s"
+    )
     print(f"  {args.runs / seconds:.1f} runs/s ({args.runs * len(TASKS) / seconds:.0f} tasks/s)")
     print(f"  tasks per server: {shares}; every task called exactly once")
 
@@ -92,7 +95,8 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.02, help="seconds per provider call")
     parser.add_argument("--store", choices=["postgres", "sqlite", "filesystem"], default="postgres")
     parser.add_argument("--postgres-dsn", default=None)
-    parser.add_argument("--log-level", default="WARNING")
+    # INFO, as a server normally runs: the per-server task counts are read from the logs.
+    parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args()
     if args.postgres_dsn:
         os.environ["CONSTRUCT_TEST_POSTGRES_DSN"] = args.postgres_dsn

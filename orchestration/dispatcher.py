@@ -180,6 +180,11 @@ class Dispatcher:
             runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
         )
         for lease in leases:
+            if lease.run_id in self._active:
+                # Our own lease had run out (a stalled loop) and was claimed anew: the drive in
+                # progress goes on with it (same owner); a second drive would call twice.
+                self._again.add(lease.run_id)
+                continue
             self._start(tg, lease.run_id, lease)
 
     async def _scan(self, tg: TaskGroup, woken: list[str]) -> None:

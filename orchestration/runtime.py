@@ -85,8 +85,9 @@ log = logging.getLogger("construct.runtime")
 
 ChangeListener = Callable[[RunHead], Awaitable[None]]
 
-#: How long a drive waits to release its lease before leaving it to expire.
-_RELEASE_SECONDS = 5.0
+#: How long a drive waits to release its lease before leaving it to expire (short: a server shutting
+#: down with its store away must not be held up by it).
+_RELEASE_SECONDS = 2.0
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 
@@ -640,7 +641,10 @@ class Runtime:
             delay = interval
 
     def _outage_over(self, outage: Outage, run_id: str, exc: StoreError) -> bool:
-        """Count a store failure against the drive's outage; True (and logged) once it is too long."""
+        """Count a store failure against the drive's outage; True (and logged) once it is too long,
+        or at once when the runtime is stopping (a shutdown does not wait for the store)."""
+        if self._stopping:
+            return True
         if outage.seconds == 0:
             log.warning(
                 "store error during a drive; waiting up to %g s for the store: %s",
