@@ -41,7 +41,7 @@ from tests.acceptance.cluster import (
     start_runs,
     wait_for_runs,
 )
-from tests.acceptance.harness import call_error
+from tests.acceptance.harness import call, call_error
 from tests.acceptance.reliability import trial
 from tests.acceptance.store_targets import store_target
 from tests.stores.sql_adapters import POSTGRES_DSN_ENV, _unavailable
@@ -137,9 +137,8 @@ async def test_a_restart_mid_run_loses_nothing_and_every_run_completes(tmp_path:
             },
         )
         with trial("postgres_restart", store="postgres", runs=len(names)) as t:
-            async with server("s", env, tmp_path / "s") as s:
-                async with clients([s]) as via:
-                    run_ids = await start_runs(via, names)
+            async with server("s", env, tmp_path / "s") as s, clients([s]) as via:
+                run_ids = await start_runs(via, names)
                 # Mid-run: calls in flight, some tasks done, some not started.
                 with anyio.fail_after(30):
                     while sum((await fake.calls()).values()) < len(names) + 2:  # noqa: ASYNC110
@@ -151,8 +150,14 @@ async def test_a_restart_mid_run_loses_nothing_and_every_run_completes(tmp_path:
                 await wait_for_runs(target, len(names), within=60)
                 finished = anyio.current_time() - restarted
                 assert s.process.returncode is None, s.log()
-                # The server did see the database go away.
+                # The server did see the database go away, and is whole again: its tools answer
+                # (the same MCP session as before the restart), and it listens for notifications.
                 assert log_has(s, "drive_store_error") or log_has(s, "dispatch_store_unavailable"), s.log()
+                for run_id in run_ids.values():
+                    assert (await call(via[0], "run_status", run_id=run_id))["status"] == "completed"
+                with anyio.fail_after(10):
+                    while not log_has(s, "store.listen_restored"):  # noqa: ASYNC110
+                        await anyio.sleep(0.1)
             calls = await fake.calls()
             check_runs(await records(target, run_ids), calls)
             assert sum(calls.values()) == len(names) * len(TASKS)
