@@ -53,6 +53,11 @@ class Outage:
         self._since = None
 
     @property
+    def ongoing(self) -> bool:
+        """Whether the store has failed since it last answered."""
+        return self._since is not None
+
+    @property
     def seconds(self) -> float:
         """How long the current outage has lasted (0 when the store is answering)."""
         return 0.0 if self._since is None else anyio.current_time() - self._since

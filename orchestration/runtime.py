@@ -645,7 +645,7 @@ class Runtime:
         or at once when the runtime is stopping (a shutdown does not wait for the store)."""
         if self._stopping:
             return True
-        if outage.seconds == 0:
+        if not outage.ongoing:
             log.warning(
                 "store error during a drive; waiting up to %g s for the store: %s",
                 outage.limit_seconds,
@@ -692,12 +692,15 @@ class Runtime:
         run_id = head.run_id
         backoff = Backoff(cap=2.0)
         try:
-            return await self.store.append(run_id, head.version, facts, new_head)
+            stored = await self.store.append(run_id, head.version, facts, new_head)
         except CorruptRecord:
             raise
         except StoreError as exc:
             if self._outage_over(outage, run_id, exc):
                 raise
+        else:
+            outage.recovered()
+            return stored
         while True:
             await anyio.sleep(backoff.next_delay())
             try:
