@@ -314,4 +314,6 @@ async def test_random_sigkill_during_a_provider_call(
                 assert fake.calls() == {t_: 2 if t_ == task else 1 for t_ in TASKS}
             got = await only_run(target)
         assert_same_as_reference(got, reference, task)
-        t.note(restarts=1, provider_calls=sum(fake.calls().values()), kill_into_call_seconds=landed[0])
+        t.note(
+            restarts=1, provider_calls=sum(fake.calls().values()), kill_into_call_seconds=round(landed[0], 3)
+        )
