@@ -21,8 +21,6 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -92,24 +90,28 @@ class StdinRelay:
         return True
 
 
-@contextmanager
-def relayed_stdin() -> Iterator[StdinRelay]:
-    relay = StdinRelay()
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.end()
-
-
 async def serve_stdio(server: MCPServer[Any]) -> None:
     """Serve ``server`` over stdio until the end of stdin or SIGTERM, whichever comes first; both
     end the same way (see the module docstring)."""
-    with relayed_stdin() as relay:
+    try:
+        relay = StdinRelay()
+    except OSError as exc:
+        # No usable stdin descriptor: serve as the SDK does; SIGTERM then just ends the process.
+        log.warning(
+            "stdin cannot be relayed (%s); SIGTERM will not stop the server in order",
+            exc,
+            extra={"action": "stdin_relay_unavailable"},
+        )
+        await server.run_stdio_async()
+        return
+    relay.start()
+    try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_end_input_on_sigterm, relay)
             await server.run_stdio_async()
             tg.cancel_scope.cancel()
+    finally:
+        relay.end()
 
 
 async def _end_input_on_sigterm(relay: StdinRelay) -> None:
