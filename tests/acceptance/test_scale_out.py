@@ -53,6 +53,7 @@ RUNS = 200
 KILL_RUNS = 45
 #: Per call: short in the throughput phase, longer in the kill phase so that calls are in flight.
 FAST_CALL, SLOW_CALL = 0.02, 0.3
+LEASE_TTL = 3.0
 
 
 def scenario() -> dict[str, Any]:
@@ -106,7 +107,11 @@ async def test_three_servers_on_postgres_share_the_runs_and_take_over_a_killed_o
         store_target("postgres", tmp_path / "pg") as target,
         fake_provider_process(scenario(), tmp_path / "fake") as fake,
     ):
-        env = cluster(target, fake, 3, CONSTRUCT_LEASE_TTL_SECONDS="2", CONSTRUCT_POLL_SECONDS="0.5")
+        # A short lease, for a quick takeover after the kill; renewed every second, it still leaves
+        # a server on a busy machine two seconds of slack before another may take its run.
+        env = cluster(
+            target, fake, 3, CONSTRUCT_LEASE_TTL_SECONDS=str(LEASE_TTL), CONSTRUCT_POLL_SECONDS="0.5"
+        )
         async with servers(env) as running:
             # -- phase 1: throughput, every task exactly once -------------------------------------
             with trial("scale_out", store="postgres", servers=3, runs=RUNS) as t:
@@ -145,7 +150,7 @@ async def test_three_servers_on_postgres_share_the_runs_and_take_over_a_killed_o
                 victim.kill()
                 killed_at = anyio.current_time()
                 await victim.process.wait()
-                # Read before the survivors' claims overwrite them (the leases run 2 s).
+                # Read before the survivors' claims overwrite them (when the leases run out).
                 held = await leases_of(target, victim, live_only=False)
                 assert held, "the victim held runs when it died"
                 await wait_for_runs(target, RUNS + KILL_RUNS, within=90)
@@ -162,8 +167,8 @@ async def test_three_servers_on_postgres_share_the_runs_and_take_over_a_killed_o
                 assert all(s.process.returncode is None for s in survivors)
                 print(
                     f"\nscale-out kill: SIGKILL of 1 of 3 servers holding {len(held)} runs; all "
-                    f"{KILL_RUNS} runs done {taken_over:.1f} s later (lease ttl 2 s); {twice} task(s) "
-                    "called twice, each marked possible_duplicate_call"
+                    f"{KILL_RUNS} runs done {taken_over:.1f} s later (lease ttl {LEASE_TTL:g} s); "
+                    f"{twice} task(s) called twice, each marked possible_duplicate_call"
                 )
                 t.note(
                     runs_held_by_victim=len(held), called_twice=twice, seconds_to_finish=round(taken_over, 1)
