@@ -196,18 +196,10 @@ async def server(name: str, env: dict[str, str], home: Path) -> AsyncIterator[Se
 
 @asynccontextmanager
 async def servers(envs: Sequence[tuple[str, dict[str, str], Path]]) -> AsyncIterator[list[Server]]:
-    """Several :func:`server` processes, started concurrently."""
+    """Several :func:`server` processes, started one after the other (each context owns its
+    process's cancel scopes, so they are entered from this task) and stopped in reverse order."""
     async with AsyncExitStack() as stack:
-        started: dict[str, Server] = {}
-
-        async def start(name: str, env: dict[str, str], home: Path) -> None:
-            started[name] = await stack.enter_async_context(server(name, env, home))
-
-        # Entered one by one (an exit stack is not task-safe), but each waits for its port while
-        # the next process is already booting.
-        for name, env, home in envs:
-            await start(name, env, home)
-        yield [started[name] for name, _, _ in envs]
+        yield [await stack.enter_async_context(server(name, env, home)) for name, env, home in envs]
 
 
 @asynccontextmanager
