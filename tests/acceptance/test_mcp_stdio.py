@@ -1,5 +1,5 @@
 """The MCP surface over stdio: the official ``mcp.Client`` against ``python -m server serve`` running as
-a real subprocess on a filesystem store.
+a real subprocess, on every persistent store (filesystem, sqlite, postgres).
 
 Most tests share one server process (module scope); tests that need their own process (a legacy
 client, raw stdout inspection, a restart) start one.
@@ -31,6 +31,7 @@ from tests.acceptance.harness import (
     server_env,
     stdio_client_for,
 )
+from tests.acceptance.store_targets import BACKENDS, store_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -49,16 +50,18 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(home: Path) -> AsyncIterator[Client]:
-    env = server_env(
-        home, CONSTRUCT_MAX_REQUEST_CHARS=str(MAX_CHARS), CONSTRUCT_MAX_OUTPUT_CHARS=str(MAX_CHARS)
-    )
-    shared = SharedClient(env, home / "server.log")
-    try:
-        yield await shared.start()
-    finally:
-        await shared.stop()
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
+async def client(home: Path, request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    """One shared server per store backend: the whole shared-client suite runs on every store."""
+    async with store_target(request.param, home / request.param) as target:
+        env = target.env(
+            home, CONSTRUCT_MAX_REQUEST_CHARS=str(MAX_CHARS), CONSTRUCT_MAX_OUTPUT_CHARS=str(MAX_CHARS)
+        )
+        shared = SharedClient(env, home / f"server-{request.param}.log")
+        try:
+            yield await shared.start()
+        finally:
+            await shared.stop()
 
 
 async def start(client: Client, **arguments: Any) -> dict[str, Any]:
