@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import sys
@@ -43,6 +44,8 @@ from tests.acceptance.reliability import OUT_ENV, load_records  # noqa: E402
 
 DSN_ENV = "CONSTRUCT_TEST_POSTGRES_DSN"
 JUNIT = "junit.xml"
+#: When and on which commit the records were made (JSON; not a record, hence not *.json).
+RUN_INFO = "run-info.txt"
 
 DEFAULT_TESTS = (
     "tests/acceptance/test_kill_matrix.py",
@@ -336,6 +339,41 @@ def _generic(records: list[dict[str, Any]]) -> list[str]:
     return _table(header, rows)
 
 
+def _counts(by_category: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The headline counts: kills, restarts, racing calls, damaged files, shutdowns."""
+
+    def total(category: str, key: str) -> int:
+        return sum(int(r["notes"].get(key, r["params"].get(key, 0)) or 0) for r in by_category[category])
+
+    fault, outside = len(by_category["kill_after_write"]), len(by_category["random_kill"])
+    parts = []
+    if fault or outside:
+        restarts = total("kill_after_write", "restarts") + total("random_kill", "restarts")
+        parts.append(
+            f"{fault + outside} server processes SIGKILLed ({fault} by fault injection after a chosen "
+            f"write, {outside} from outside during a provider call) and {restarts} restarts on the "
+            "same store"
+        )
+    if by_category["race"]:
+        parts.append(
+            f"{total('race', 'racing_calls')} racing tool calls from "
+            f"{max(int(r['params'].get('clients', 0)) for r in by_category['race'])} clients over "
+            f"{max(int(r['params'].get('servers', 0)) for r in by_category['race'])} servers"
+        )
+    if by_category["provider_race"]:
+        parts.append(f"{total('provider_race', 'runs')} provider runs raced for by two servers")
+    if by_category["corrupt_records"]:
+        parts.append(f"{total('corrupt_records', 'damaged')} damaged run files")
+    if by_category["shutdown"]:
+        parts.append(f"{len(by_category['shutdown'])} shutdowns with work in progress or idle")
+    if by_category["postgres_restart"] or by_category["postgres_down"]:
+        parts.append(
+            f"{len(by_category['postgres_restart']) + len(by_category['postgres_down'])} PostgreSQL "
+            "restarts or outages"
+        )
+    return parts
+
+
 def render(
     records: list[dict[str, Any]],
     junit: JUnitSummary | None,
@@ -395,6 +433,9 @@ def render(
         + ", ".join(f"{n} on {s}" for s, n in sorted(totals.items(), key=lambda kv: _store_key(kv[0])))
         + f"); {sum(not r['held'] for r in records)} did not hold.",
     ]
+    counts = _counts(by_category)
+    if counts:
+        out += ["", "In numbers: " + "; ".join(counts) + "."]
     if junit is not None and junit.skip_reasons:
         out += ["", "Skipped tests:", ""]
         out += [f"- {n} x {reason}" for reason, n in sorted(junit.skip_reasons.items())]
@@ -443,19 +484,31 @@ async def main(argv: Sequence[str] | None = None) -> int:
         results = args.results or Path(tmp)
         if not args.no_run:
             results.mkdir(parents=True, exist_ok=True)
-            for old in results.glob("*.json"):
-                old.unlink()
+            for old in [*results.glob("*.json"), results / JUNIT, results / RUN_INFO]:
+                old.unlink(missing_ok=True)
+            # What the records were made with, kept for a later --no-run rendering.
+            info: dict[str, str | None] = {
+                "started": datetime.now(UTC).isoformat(),
+                "commit": await git_commit(),
+            }
             status = await run_tests(results.resolve(), tests, args.pytest_args)
+            info["postgres"] = await postgres_version()
+            (results / RUN_INFO).write_text(json.dumps(info), encoding="utf-8")
         records = load_records(results)
         if not records:
             print(f"no records in {results}", file=sys.stderr)
             return status or 1
+        try:
+            info = json.loads((results / RUN_INFO).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            info = {"started": datetime.now(UTC).isoformat(), "commit": await git_commit()}
+            info["postgres"] = await postgres_version()
         text = render(
             records,
             read_junit(results / JUNIT),
-            generated=datetime.now(UTC),
-            commit=await git_commit(),
-            postgres=await postgres_version(),
+            generated=datetime.fromisoformat(str(info["started"])),
+            commit=str(info["commit"]),
+            postgres=info.get("postgres"),
             tests=tests,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
