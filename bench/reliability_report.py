@@ -111,10 +111,17 @@ CATEGORIES: dict[str, Category] = {
     "shutdown": Category(
         "Graceful shutdown",
         "A server is stopped (SIGTERM, or the end of stdin as the MCP SDK's client does it) while "
-        "the fake provider holds one of its calls, and with a client waiting on a call.",
-        "It stopped taking work, the write in progress finished (the head equals the fold of the "
-        "facts), the run's lease was released (a probe claims it at once; a second server with a "
-        "30 s lease TTL finished the run within seconds), and it exited in bounded time (shown).",
+        "the fake provider holds one of its calls (`long`: the call outlasts the 1 s grace period; "
+        "`short`: it ends within it; `none`: an idle server), with a client waiting on a call. "
+        "`exit_seconds`: from the signal (or stdin closing) to the process being gone; "
+        "`takeover_seconds`: a second server, started afterwards, finishing the run (its own "
+        "start-up included).",
+        "It stopped taking work (after a `short` call its result was recorded and the next task not "
+        "started), the write in progress finished (the head equals the fold of the facts), the "
+        "run's lease was released (a probe claims it at once; the second server, with a 30 s lease "
+        "TTL, finished the run within seconds, a `long` call retried and marked "
+        "`possible_duplicate_call`), and it exited within the bound (15 s; the end of stdin also "
+        "before the SDK's SIGTERM at 2 s).",
         "tests/acceptance/test_shutdown.py",
     ),
     "corrupt_records": Category(
