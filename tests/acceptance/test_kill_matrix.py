@@ -50,7 +50,9 @@ MODEL = "claude-test-1"
 WRITES = 10
 #: How long the fake holds the call the random kill aims at.
 CALL_SECONDS = 1.2
-RANDOM_SEEDS = (1, 2, 3)
+#: Seeds of the random kills (each picks the task and the moment): ``CONSTRUCT_RANDOM_KILL_SEEDS=1,2,...``
+#: explores more of them than the three a normal run tries.
+RANDOM_SEEDS = tuple(int(s) for s in os.environ.get("CONSTRUCT_RANDOM_KILL_SEEDS", "1,2,3").split(","))
 
 
 def answer(task: str) -> str:
