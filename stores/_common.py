@@ -36,9 +36,14 @@ def list_order_key(head: RunHead) -> ListKey:
     return (sortable_time(head.created_at), head.run_id)
 
 
-def encode_cursor(head: RunHead) -> str:
-    raw = json.dumps(list(list_order_key(head))).encode()
+def encode_cursor_key(key: ListKey) -> str:
+    """The opaque cursor for a list position (``created_at`` sortable key, run id)."""
+    raw = json.dumps(list(key)).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def encode_cursor(head: RunHead) -> str:
+    return encode_cursor_key(list_order_key(head))
 
 
 def decode_cursor(cursor: str | None) -> ListKey | None:

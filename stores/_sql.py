@@ -11,9 +11,7 @@ for a row, splitting a SQLite script into statements).
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from pydantic import ValidationError
 from orchestration.errors import CorruptRecord, InvalidArgument
 from orchestration.facts import Fact, parse_fact
 from orchestration.models import RunHead
+from stores._common import encode_cursor_key
 
 Dialect = Literal["sqlite", "postgres"]
 
@@ -147,14 +146,13 @@ def _first_error(exc: ValidationError) -> str:
 # --------------------------------------------------------------------------------------------
 # List cursors for rows
 #
-# The cursor format is the one stores._common.encode_cursor writes for a head; the SQL adapters
+# The cursor format is stores._common.encode_cursor_key's (one encoder for every adapter); the SQL adapters
 # build it from a row's (created_at, run_id) so that a row that cannot be decoded still advances
 # the page.
 
 
 def cursor_for_key(created_key: str, run_id: str) -> str:
-    raw = json.dumps([created_key, run_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return encode_cursor_key((created_key, run_id))
 
 
 _SORTABLE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
