@@ -232,8 +232,20 @@ def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[
     return tuple(out)
 
 
-def apply(head: RunHead | None, fact: Fact) -> RunHead:
-    """Fold one fact into ``head``. Pure; raises IllegalTransition for a fact that cannot happen."""
+def _settle_finished(before: tuple[TaskState, ...], after: tuple[TaskState, ...]) -> tuple[TaskState, ...]:
+    """``after`` with every task that this fact made terminal settled (see ``TaskState.settled``)."""
+    return tuple(
+        new if new is old or not new.status.is_terminal else new.settled()
+        for old, new in zip(before, after, strict=True)
+    )
+
+
+def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> RunHead:
+    """Fold one fact into ``head``. Pure; raises IllegalTransition for a fact that cannot happen.
+
+    Tasks that become terminal are settled (their attempts, executor, hashes and times dropped from
+    the head) unless ``keep_history``: the head a store keeps does not grow with finished tasks, and
+    views fold the full history back with :func:`with_history`."""
     if head is None:
         if not isinstance(fact, RunCreated):
             raise IllegalTransition(f"the first fact of a run must be run_created, not {fact.type}")
@@ -388,6 +400,9 @@ def apply(head: RunHead | None, fact: Fact) -> RunHead:
             update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
+    changed = update.get("tasks")
+    if not keep_history and isinstance(changed, tuple):
+        update["tasks"] = _settle_finished(head.tasks, changed)
     new_head = head.model_copy(update=update)
     return new_head.model_copy(update={"wake_at": wake_at(new_head)})
 
@@ -409,21 +424,34 @@ def wake_at(head: RunHead) -> datetime | None:
     return min(present) if present else None
 
 
-def apply_write(head: RunHead, facts: Sequence[Fact]) -> RunHead:
+def apply_write(head: RunHead, facts: Sequence[Fact], *, keep_history: bool = False) -> RunHead:
     """Fold the facts of one atomic write into ``head`` and bump its version."""
     if not facts:
         raise ValueError("a write appends at least one fact")
     for fact in facts:
-        head = apply(head, fact)
+        head = apply(head, fact, keep_history=keep_history)
     return head.model_copy(update={"version": head.version + 1})
 
 
-def fold(facts: Iterable[Fact]) -> RunHead:
+def fold(facts: Iterable[Fact], *, keep_history: bool = False) -> RunHead:
     """The head of a run whose whole log is ``facts`` (one fact per write; used by tests and
     recovery tools — a store keeps the head it was given, with the real write count)."""
     head: RunHead | None = None
     for fact in facts:
-        head = apply(head, fact)
+        head = apply(head, fact, keep_history=keep_history)
     if head is None:
         raise ValueError("an empty log has no head")
     return head
+
+
+def with_history(head: RunHead, facts: Iterable[Fact]) -> RunHead:
+    """``head`` with every task's full history (attempts, executor, hashes, times), folded from the
+    run's log ``facts`` up to ``head.last_seq`` (later facts, written since ``head`` was read, are
+    ignored). Raises ``ValueError`` when the log does not reach ``head.last_seq``."""
+    detailed = fold((f for f in facts if f.seq <= head.last_seq), keep_history=True)
+    if detailed.run_id != head.run_id or detailed.last_seq != head.last_seq:
+        raise ValueError(
+            f"the log of run {head.run_id} ends at fact {detailed.last_seq}, "
+            f"not at the head's {head.last_seq}"
+        )
+    return head.model_copy(update={"tasks": detailed.tasks})

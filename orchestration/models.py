@@ -118,6 +118,16 @@ class AttemptRecord(Frozen):
 
 
 class TaskState(Frozen):
+    """A task's state in the run head.
+
+    While a task is pending or in progress the head carries everything :func:`next_action
+    <orchestration.decide.next_action>` needs: its attempts, executor, prompt hash and times. Once the
+    task is terminal the head keeps it *settled* (:meth:`settled`): only its id, specialist, status,
+    the sequence number of its output fact and its error. Its history stays in the fact log, and
+    :func:`orchestration.facts.with_history` folds it back for views. So the head, which a store
+    rewrites at every append, does not grow as tasks finish, and neither does the cost of a write.
+    """
+
     task_id: str
     specialist: str
     status: TaskStatus = TaskStatus.PENDING
@@ -132,6 +142,16 @@ class TaskState(Frozen):
     error: TypedError | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+
+    def settled(self) -> TaskState:
+        """This terminal task as the head keeps it: what deciding and reading outputs need."""
+        return TaskState(
+            task_id=self.task_id,
+            specialist=self.specialist,
+            status=self.status,
+            output_seq=self.output_seq,
+            error=self.error,
+        )
 
 
 GateStatus = Literal["pending", "requested", "approved", "rejected"]

@@ -43,6 +43,7 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
+    IllegalTransition,
     InvalidArgument,
     InvalidState,
     LeaseLost,
@@ -64,6 +65,7 @@ from orchestration.facts import (
     TaskFailed,
     apply,
     apply_write,
+    with_history,
 )
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.models import (
@@ -144,8 +146,9 @@ def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContrac
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """Everything a view of a run needs: the head, the outputs of done tasks, and the prompts of
-    the task the host must run now (if any)."""
+    """Everything a view of a run needs: the head with every task's history (see
+    :func:`~orchestration.facts.with_history`), the outputs of done tasks, and the prompts of the
+    task the host must run now (if any)."""
 
     head: RunHead
     outputs: dict[str, str]
@@ -289,8 +292,14 @@ class Runtime:
         return materialize(head, task_id, await self.outputs(head, upstream))
 
     async def snapshot(self, run_id: str, head: RunHead | None = None) -> RunSnapshot:
+        """The run as a view shows it, read in one pass over its log (up to ``head``)."""
         head = head or await self.status(run_id)
-        outputs = await self.outputs(head)
+        facts = await self.store.read_facts(head.run_id, 0, head.last_seq)
+        try:
+            head = with_history(head, facts)
+        except (ValueError, IllegalTransition) as exc:
+            raise CorruptRecord(head.run_id, "its fact log", f"it does not fold to its head ({exc})") from exc
+        outputs = {f.task_id: f.output for f in facts if isinstance(f, TaskCompleted)}
         host_task = None
         awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
         if awaiting and head.status == RunStatus.AWAITING_HOST:
@@ -395,7 +404,8 @@ class Runtime:
                     f"{', '.join(t.task_id for t in head.tasks)}"
                 ) from None
             if task.status == TaskStatus.DONE and task.output_seq is not None:
-                if task.output_sha256 == text_hash(output):
+                done = await self.store.read_fact(run_id, task.output_seq)
+                if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
                     return head
                 raise Conflict(
                     f"task {tid} of run {run_id} is already done with a different output; "

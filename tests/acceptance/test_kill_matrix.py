@@ -34,7 +34,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import AttemptStarted, Fact, TaskCompleted
+from orchestration.facts import AttemptStarted, Fact, TaskCompleted, with_history
 from orchestration.models import RunHead
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.reliability import trial
@@ -198,7 +198,8 @@ def assert_same_as_reference(got: Outcome, reference: Outcome, in_flight: str | 
     assert got.marked() == {in_flight: [2]}
     completion = next(f for f in got.facts if isinstance(f, TaskCompleted) and f.task_id == in_flight)
     assert completion.attempt == 2 and completion.telemetry.possible_duplicate_call
-    task = got.head.task(in_flight)
+    task = with_history(got.head, got.facts).task(in_flight)
+    assert got.head.task(in_flight).attempts == (), "a finished task is settled in the stored head"
     assert [a.outcome for a in task.attempts] == ["failed", "succeeded"]
     assert task.attempts[0].error is not None and task.attempts[0].error.code == "orphaned"
     assert got.head.version == reference.head.version + 1

@@ -94,6 +94,6 @@ async def test_a_provider_call_is_aborted_at_the_task_deadline() -> None:
     final = await runtime.status(head.run_id)
     assert worker.cancelled == 1
     assert final.status == RunStatus.FAILED
-    writer = final.task("writer")
+    writer = (await runtime.snapshot(head.run_id)).head.task("writer")
     assert writer.error is not None and writer.error.code == "deadline_exceeded"
     assert len(writer.attempts) == 1, "no second (orphan) attempt after the deadline"

@@ -13,7 +13,7 @@ async def test_same_record_same_prompt_and_only_persisted_inputs() -> None:
     outputs = await runtime.outputs(final)
     # A second runtime on the same store (a restarted server) materializes the same bytes.
     other = make_runtime(store=runtime.store)  # type: ignore[arg-type]
-    for task in final.tasks:
+    for task in (await runtime.snapshot(head.run_id)).head.tasks:
         a = await runtime.prompt_for(final, task.task_id)
         b = await other.prompt_for(await other.status(head.run_id), task.task_id)
         assert a == b

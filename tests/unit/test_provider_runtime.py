@@ -90,7 +90,7 @@ async def test_full_chain_completes_with_the_providers_outputs(fake: FakeProvide
     fake.set_scenario({t: [{"text": f"{t} says hi"}] for t in ("architect", "engineer", "reviewer")})
     runtime = await make(fake, model)
     run_id = await run_to_end(runtime)
-    head = await runtime.status(run_id)
+    head = (await runtime.snapshot(run_id)).head
     assert head.status == RunStatus.COMPLETED
     provider = "anthropic" if model.startswith("claude") else "openrouter"
     assert {t.executor for t in head.tasks} == {f"provider:{provider}:{model}"}
@@ -103,7 +103,7 @@ async def test_full_chain_completes_with_the_providers_outputs(fake: FakeProvide
 async def test_rate_limited_then_success_is_retried(fake: FakeProvider) -> None:
     fake.set_scenario({"engineer": [{"error": "rate_limited", "retry_after": 0}, {"text": "patched"}]})
     runtime = await make(fake)
-    head = await runtime.status(await run_to_end(runtime))
+    head = (await runtime.snapshot(await run_to_end(runtime))).head
     assert head.status == RunStatus.COMPLETED
     engineer = head.task("engineer")
     assert [a.outcome for a in engineer.attempts] == ["failed", "succeeded"]

@@ -35,7 +35,9 @@ async def test_full_run_completes_and_records_executor() -> None:
     run_id = await started(runtime, approve_before=("engineer",))
     head = await play(runtime, run_id)
     assert head.status == RunStatus.COMPLETED
-    assert all(t.status == TaskStatus.DONE and t.executor == "inline:host" for t in head.tasks)
+    assert all(t.status == TaskStatus.DONE and t.output_seq is not None for t in head.tasks)
+    history = (await runtime.snapshot(run_id)).head
+    assert all(t.executor == "inline:host" and len(t.attempts) == 1 for t in history.tasks)
     outputs = await runtime.outputs(head)
     assert outputs == {t: f"host output for {t}" for t in ("architect", "engineer", "reviewer")}
     gate = head.gate("before:engineer")
