@@ -1,4 +1,5 @@
-"""Helpers every adapter shares: argument checks for appends and the list cursor codec."""
+"""Helpers every adapter shares: argument checks for appends, the head's stored form and the list
+cursor codec."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from orchestration.facts import Fact
 from orchestration.models import RunHead
 
 ListKey = tuple[str, str]
+
+
+def encode_head(head: RunHead) -> str:
+    """The head as stored: JSON without the fields that hold their default (a pending task is its
+    id and specialist), read back by ``RunHead.model_validate_json``. A store rewrites the head at
+    every append, so its size is the main cost of a write; this keeps it about a quarter of the full
+    dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first)."""
+    return head.model_dump_json(exclude_defaults=True)
 
 
 def check_append(run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead) -> None:

@@ -70,7 +70,14 @@ from orchestration.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
-from stores._common import ListKey, check_append, decode_cursor, encode_cursor, list_order_key
+from stores._common import (
+    ListKey,
+    check_append,
+    decode_cursor,
+    encode_cursor,
+    encode_head,
+    list_order_key,
+)
 
 logger = logging.getLogger("construct.stores")
 
@@ -189,7 +196,7 @@ def _head_position(prefix: bytes) -> tuple[str, int, int] | None:
 
 
 def _encode_head(head: RunHead) -> bytes:
-    return head.model_dump_json().encode()
+    return encode_head(head).encode()
 
 
 def _encode_facts(facts: Sequence[Fact]) -> list[bytes]:

@@ -48,7 +48,7 @@ from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
 from stores import redact_url, scrub
-from stores._common import check_append, decode_cursor, sortable_time
+from stores._common import check_append, decode_cursor, encode_head, sortable_time
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -307,7 +307,7 @@ class PostgresStore:
                 head.status.value,
                 _utc(head.updated_at),
                 _utc(head.not_before) if head.not_before is not None else None,
-                head.model_dump_json(),
+                encode_head(head),
                 _wake_at(head),
             )
             if updated is None:
@@ -515,7 +515,7 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.updated_at),
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
-        head.model_dump_json(),
+        encode_head(head),
         _wake_at(head),
     )
 

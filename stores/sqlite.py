@@ -48,7 +48,7 @@ from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
-from stores._common import check_append, decode_cursor, sortable_time
+from stores._common import check_append, decode_cursor, encode_head, sortable_time
 from stores._sql import (
     CURSOR_START_KEY,
     Dialect,
@@ -486,7 +486,7 @@ def _run_row(head: RunHead) -> dict[str, Any]:
         "updated_at": sortable_time(head.updated_at),
         "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
         "idempotency_key": head.idempotency_key,
-        "head": head.model_dump_json(),
+        "head": encode_head(head),
         # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the
         # partial index runs_wake_at then holds only the runs that can.
         "wake_at": (
