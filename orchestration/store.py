@@ -3,8 +3,9 @@ conformance suite (``tests/stores``) checks every adapter against them.
 
 A run is an append-only log of facts plus a head (the fold of the log, see
 :mod:`orchestration.facts`). Stores never fold: the writer passes the facts *and* the head they
-produce, and the store persists both atomically. A store keeps no task output in the head, so the
-cost of one append does not depend on the run's history.
+produce, and the store persists both atomically. The head carries no task output and keeps finished
+tasks settled (see ``TaskState.settled``), so it does not grow with the run's history, and neither
+does the cost of one append.
 
 Leases are not facts: they are a small mutable record per run (owner, expiry) that says which worker
 may execute the run now. Expiry is judged with the ``now`` the caller passes (its injected clock),
