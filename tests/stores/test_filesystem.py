@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,10 +27,12 @@ from orchestration.errors import (
 from orchestration.facts import AttemptStarted, fold
 from orchestration.models import RunHead
 from orchestration.store import Lease
+from orchestration.vocabulary import RunStatus
 from stores.filesystem import FilesystemStore, _head_position
 from tests.stores.builders import (
     BASE_TIME,
     Write,
+    cancel,
     complete_task,
     new_run,
     run_id,
@@ -501,3 +504,47 @@ async def test_os_errors_become_store_errors(fs: FilesystemStore) -> None:
     with pytest.raises(StoreError) as info:
         await commit(fs, write)
     assert isinstance(info.value.__cause__, OSError)
+
+
+async def test_scans_read_a_terminal_run_once_and_see_every_change_of_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list_runs`` and ``runnable`` scan every run directory; a terminal head never changes
+    again, so after one scan only the runs that can still change (and a listed page) are read."""
+    store, other = FilesystemStore(tmp_path / "s"), FilesystemStore(tmp_path / "s")
+    heads = [await create(store, run_id(i), at=BASE_TIME + timedelta(seconds=i)) for i in range(6)]
+    for head in heads[:4]:
+        await commit(store, cancel(head))
+    reads: list[str] = []
+    load = store._load_sync
+
+    def counting(rid: str) -> RunHead:
+        reads.append(rid)
+        return load(rid)
+
+    monkeypatch.setattr(store, "_load_sync", counting)
+    now = BASE_TIME + timedelta(days=1)
+    assert await store.runnable(now) == [run_id(4), run_id(5)]
+    assert sorted(reads) == [run_id(i) for i in range(6)]
+    reads.clear()
+    assert await store.runnable(now) == [run_id(4), run_id(5)]
+    assert sorted(reads) == [run_id(4), run_id(5)], "terminal runs are not read again"
+
+    # Another store object (another process) finishes run 4: this one sees it at once.
+    await commit(other, cancel(await other.load(run_id(4))))
+    assert await store.runnable(now) == [run_id(5)]
+    reads.clear()
+    page = await store.list_runs(frozenset({RunStatus.CANCELLED}), limit=2)
+    assert [h.run_id for h in page.runs] == [run_id(4), run_id(3)]
+    assert all(h.status == RunStatus.CANCELLED for h in page.runs)
+    assert sorted(reads) == [run_id(3), run_id(4), run_id(5)], "the page and the live run only"
+    rest = await store.list_runs(frozenset({RunStatus.CANCELLED}), limit=10, cursor=page.next_cursor)
+    assert [h.run_id for h in rest.runs] == [run_id(2), run_id(1), run_id(0)]
+    assert rest.next_cursor is None
+
+    # A run directory removed by hand leaves the listing.
+    shutil.rmtree(tmp_path / "s" / "runs" / run_id(2))
+    listed = await store.list_runs(limit=10)
+    assert [h.run_id for h in listed.runs] == [run_id(i) for i in (5, 4, 3, 1, 0)]
+    await other.close()
+    await store.close()
