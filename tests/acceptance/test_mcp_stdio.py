@@ -375,18 +375,18 @@ async def test_other_invalid_arguments(client: Client) -> None:
 
 
 async def test_wait_seconds_sends_progress_notifications(client: Client) -> None:
-    progress: list[tuple[float, str | None]] = []
+    seen: list[tuple[float, str | None]] = []
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
-        progress.append((done, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
 
     result = await client.call_tool(
         "orchestrate_start", {"request": "progress please", "wait_seconds": 5}, progress_callback=on_progress
     )
     assert not result.is_error
-    assert progress, "no progress notification arrived"
-    assert progress[0][0] == 1 and "is" in (progress[0][1] or "")
-    assert [p for p, _ in progress] == sorted(p for p, _ in progress)
+    assert seen, "no progress notification arrived"
+    assert seen[0][0] == 1 and "is" in (seen[0][1] or "")
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen)
 
     # wait_seconds=0 answers at once (the run may still be queued).
     view = await call(client, "orchestrate_start", request="no wait", wait_seconds=0)

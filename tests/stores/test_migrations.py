@@ -83,7 +83,7 @@ async def test_from_empty_to_head(target: Target) -> None:
     report = await migrate(target.url, home=target.home)
     head = head_version(target.dialect)  # type: ignore[arg-type]
     assert (report.from_version, report.to_version, report.head_version) == (0, head, head)
-    assert report.applied == tuple(m.name for m in migrations(target.dialect))  # type: ignore[arg-type]
+    assert report.applied == tuple(m.name for m in migrations(target.dialect))
     assert {"runs", "facts", "leases", "schema_migrations"} <= await target.tables()
     store = await open_store(target.url, home=target.home)
     await store.close()
@@ -109,7 +109,7 @@ async def test_concurrent_migrators_apply_each_migration_once(target: Target) ->
         for _ in range(3):
             tg.start_soon(run)
     applied = [name for report in reports for name in report.applied]
-    assert sorted(applied) == sorted(m.name for m in migrations(target.dialect))  # type: ignore[arg-type]
+    assert sorted(applied) == sorted(m.name for m in migrations(target.dialect))
 
 
 async def test_check_on_an_empty_database_fails_and_creates_nothing(target: Target) -> None:
@@ -121,7 +121,7 @@ async def test_check_on_an_empty_database_fails_and_creates_nothing(target: Targ
 
 
 async def test_check_on_an_older_schema_names_both_versions_and_the_command(target: Target) -> None:
-    first = migrations(target.dialect)[0]  # type: ignore[arg-type]
+    first = migrations(target.dialect)[0]
     await migrate(target.url, home=target.home, migrations=[first])
     with pytest.raises(SchemaOutOfDate) as caught:
         await migrate(target.url, check_only=True, home=target.home, migrations=[first, EXTRA])
@@ -138,7 +138,7 @@ async def test_check_on_an_older_schema_names_both_versions_and_the_command(targ
 
 
 async def test_a_failing_migration_is_rolled_back_whole(target: Target) -> None:
-    first = migrations(target.dialect)[0]  # type: ignore[arg-type]
+    first = migrations(target.dialect)[0]
     await migrate(target.url, home=target.home, migrations=[first])
     with pytest.raises(StoreError):
         await migrate(target.url, home=target.home, migrations=[first, BROKEN])
@@ -190,10 +190,10 @@ async def test_stores_without_a_schema_have_nothing_to_migrate(tmp_path: Path) -
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
 def test_packaged_sql_is_found_and_numbered(dialect: str) -> None:
-    found = migrations(dialect)  # type: ignore[arg-type]
+    found = migrations(dialect)
     assert [m.version for m in found] == list(range(1, len(found) + 1))
     assert found[0].name == "0001_initial.sql"
-    named = queries(dialect)  # type: ignore[arg-type]
+    named = queries(dialect)
     for name in ("load_head", "update_head", "insert_run", "claim_lease", "claim_runnable", "list_runs"):
         assert named[name].strip(), name
 

@@ -19,7 +19,7 @@ from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
 from orchestration.store import CreateResult
 from stores.memory import MemoryStore
-from tests.unit.helpers import ScriptedWorker, make_runtime, play
+from tests.unit.helpers import Decision, ScriptedWorker, make_runtime, play
 
 RATE_LIMITED = TypedError(code="rate_limited", message="slow down", retryable=True, http_status=429)
 AUTH = TypedError(code="auth", message="bad key", retryable=False, http_status=401)
@@ -42,7 +42,7 @@ GATED_CATALOG = Catalog.builtin().extended(
     __import__("pathlib").Path("."),
 )
 
-Scenario = tuple[StartRequest, dict[str, list[str | TypedError]], Callable[[str], str]]
+Scenario = tuple[StartRequest, dict[str, list[str | TypedError]], Callable[[str], Decision]]
 
 SCENARIOS: dict[str, Scenario] = {
     "inline default, gate before engineer": (
