@@ -16,13 +16,17 @@
 Driver errors are translated at this edge: connection failures to ``StoreUnavailable``, the rest to
 ``StoreError``, chained, with any password scrubbed from the message.
 
-JSONB cannot hold the character U+0000; a fact or head containing it is refused with
-``StoreError`` (SQLite and the filesystem store accept it).
+JSONB cannot hold the character U+0000, which a model or a host may well put in an output. The JSON
+this adapter stores therefore carries it as two characters, U+E000 (a private-use character) then
+``0``, and a U+E000 of the data as U+E000 twice (:func:`to_jsonb_text`, undone on every read by
+:func:`from_jsonb_text`). So every text reads back exactly as written, as on the other stores;
+migration 0003 escaped the U+E000 characters of rows written before.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -277,7 +281,7 @@ class PostgresStore:
                 if head.idempotency_key is not None:
                     row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
                     if row is not None:
-                        return CreateResult(decode_head(row[0], row[1]), created=False)
+                        return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
                 raise Conflict(f"a run with id {head.run_id} already exists")
             await conn.execute(Q["insert_facts"], *_fact_values(head.run_id, facts))
             await self._notify_if_runnable(conn, head)
@@ -289,7 +293,7 @@ class PostgresStore:
             raw = await conn.fetchval(Q["load_head"], run_id)
         if raw is None:
             raise RunNotFound(run_id)
-        return decode_head(run_id, raw)
+        return decode_head(run_id, from_jsonb_text(raw))
 
     async def append(
         self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
@@ -307,7 +311,7 @@ class PostgresStore:
                 head.status.value,
                 _utc(head.updated_at),
                 _utc(head.not_before) if head.not_before is not None else None,
-                encode_head(head),
+                to_jsonb_text(encode_head(head)),
                 _wake_at(head),
             )
             if updated is None:
@@ -329,7 +333,7 @@ class PostgresStore:
             if await conn.fetchval(Q["run_version"], run_id) is None:
                 raise RunNotFound(run_id)
             rows = await conn.fetch(Q["read_facts"], run_id, after_seq, limit)
-        return [decode_fact(run_id, int(row[0]), row[1]) for row in rows]
+        return [decode_fact(run_id, int(row[0]), from_jsonb_text(row[1])) for row in rows]
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         validate_run_id(run_id)
@@ -339,7 +343,7 @@ class PostgresStore:
             row = await conn.fetchrow(Q["read_fact"], run_id, seq)
         if row is None:
             raise KeyError(seq)
-        return decode_fact(run_id, int(row[0]), row[1])
+        return decode_fact(run_id, int(row[0]), from_jsonb_text(row[1]))
 
     async def list_runs(
         self,
@@ -363,7 +367,7 @@ class PostgresStore:
         runs: list[RunHead] = []
         for run_id, _created, raw in page_rows:
             try:
-                runs.append(decode_head(run_id, raw))
+                runs.append(decode_head(run_id, from_jsonb_text(raw)))
             except CorruptRecord as exc:
                 log.warning(
                     "unreadable run skipped in list",
@@ -515,7 +519,7 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.updated_at),
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
-        encode_head(head),
+        to_jsonb_text(encode_head(head)),
         _wake_at(head),
     )
 
@@ -528,10 +532,39 @@ def _wake_at(head: RunHead) -> datetime | None:
     return _utc(head.wake_at)
 
 
+_ESC = "\ue000"
+#: In JSON text: an escaped backslash (kept, so that the ``\u0000`` after it is not taken for an
+#: escape), the escape of U+0000, or the escape character itself.
+_TO_JSONB = re.compile(r"\\\\|\\u0000|\ue000")
+_FROM_JSONB = re.compile("\ue000(.)", re.DOTALL)
+
+
+def _to_jsonb(match: re.Match[str]) -> str:
+    token = match[0]
+    if token == "\\u0000":
+        return _ESC + "0"
+    return _ESC + _ESC if token == _ESC else token
+
+
+def to_jsonb_text(text: str) -> str:
+    """JSON text that PostgreSQL's JSONB accepts: the escape of U+0000 (backslash, ``u0000``) becomes
+    U+E000 ``0``, and U+E000 becomes U+E000 U+E000. Other text is returned as it is."""
+    if "\\u0000" not in text and _ESC not in text:
+        return text
+    return _TO_JSONB.sub(_to_jsonb, text)
+
+
+def from_jsonb_text(text: str) -> str:
+    """The JSON text :func:`to_jsonb_text` was given, from what PostgreSQL hands back."""
+    if _ESC not in text:
+        return text
+    return _FROM_JSONB.sub(lambda m: "\\u0000" if m[1] == "0" else m[1], text)
+
+
 def _fact_values(run_id: str, facts: Sequence[Fact]) -> tuple[Any, ...]:
     return (
         run_id,
         [f.seq for f in facts],
         [f.type for f in facts],
-        [f.model_dump_json() for f in facts],
+        [to_jsonb_text(f.model_dump_json()) for f in facts],
     )

@@ -343,6 +343,31 @@ async def test_the_task_output_is_found_through_the_head(store: RunStore) -> Non
     assert fact.output == "a design document"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a NUL \x00 in the middle",
+        "\x00",
+        "\ue000 a private-use character, \ue000\ue000 twice, \ue0000 before a zero",
+        "a backslash and u0000: \\u0000, \\\x00, \\\\u0000",
+        "control \x01\x1f and emoji \U0001f600",
+    ],
+    ids=["nul", "only-nul", "escape-char", "backslashes", "control"],
+)
+async def test_any_text_reads_back_exactly(store: RunStore, text: str) -> None:
+    """Outputs and requests are recorded verbatim, whatever characters they hold (PostgreSQL's
+    JSONB cannot hold U+0000: that adapter escapes it)."""
+    head = await create(store, run_id(1), request=f"request: {text}")
+    head = await commit(store, complete_task(head, "architect", text))
+    loaded = await store.load(run_id(1))
+    assert loaded == head and loaded.request == f"request: {text}"
+    facts = await store.read_facts(run_id(1))
+    assert facts[-1].type == "task_completed" and facts[-1].output == text
+    assert (await store.read_fact(run_id(1), facts[-1].seq)) == facts[-1]
+    page = await store.list_runs()
+    assert [h.request for h in page.runs] == [f"request: {text}"]
+
+
 # --------------------------------------------------------------------------------- list_runs
 
 

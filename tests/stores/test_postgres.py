@@ -13,7 +13,7 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.errors import StoreError, StoreUnavailable
+from orchestration.errors import StoreUnavailable
 from orchestration.vocabulary import RunStatus
 from stores import parse_store_spec
 from stores.migrate import migrate
@@ -270,14 +270,50 @@ async def test_a_missing_database_is_store_unavailable(db: Database) -> None:
         await PostgresStore.open(dsn)
 
 
-async def test_a_value_postgres_cannot_store_is_a_store_error(store: PostgresStore) -> None:
-    head, facts = new_run(run_id(1))
+async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(store: PostgresStore, db: Database) -> None:
+    """JSONB refuses U+0000: the adapter stores it as U+E000 '0' (and U+E000 as U+E000 twice), so the
+    column stays JSONB that SQL can query, and the text reads back exactly."""
+    head, facts = new_run(run_id(1), request="req \x00 \ue000")
     await store.create(head, facts)
     write = complete_task(head, output="a NUL \x00 character")
-    with pytest.raises(StoreError) as caught:
-        await store.append(run_id(1), write.expected_version, write.facts, write.head)
-    assert isinstance(caught.value.__cause__, asyncpg.PostgresError)
-    assert (await store.load(run_id(1))).version == 1  # nothing was written
+    await store.append(run_id(1), write.expected_version, write.facts, write.head)
+    conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    try:
+        body = await conn.fetchval(
+            "SELECT body ->> 'output' FROM facts WHERE run_id = $1 AND seq = 3", run_id(1)
+        )
+        request = await conn.fetchval("SELECT head ->> 'request' FROM runs WHERE run_id = $1", run_id(1))
+    finally:
+        await conn.close()
+    assert body == "a NUL \ue0000 character"
+    assert request == "req \ue0000 \ue000\ue000"
+    assert (await store.read_fact(run_id(1), 3)).output == "a NUL \x00 character"  # type: ignore[union-attr]
+    assert (await store.load(run_id(1))).request == "req \x00 \ue000"
+
+
+async def test_migration_3_escapes_the_private_use_character_of_older_rows(
+    store: PostgresStore, db: Database, tmp_path: Path
+) -> None:
+    text = "older \ue000 text, \ue0000 too"
+    head, facts = new_run(run_id(1), request=text)
+    await store.create(head, facts)
+    write = complete_task(head, output=text)
+    await store.append(run_id(1), write.expected_version, write.facts, write.head)
+    # Undo the escape, as a release before migration 3 wrote these rows, and forget migration 3.
+    conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    try:
+        for table, column in (("runs", "head"), ("facts", "body")):
+            await conn.execute(
+                f"UPDATE {table} SET {column} = "
+                f"replace({column}::text, chr(57344) || chr(57344), chr(57344))::jsonb"
+            )
+        await conn.execute("DELETE FROM schema_migrations WHERE version = 3")
+    finally:
+        await conn.close()
+    report = await migrate(schema_url(db.dsn, db.schema), home=tmp_path)
+    assert report.applied == ("0003_nul_escape.sql",)
+    assert (await store.load(run_id(1))).request == text
+    assert (await store.read_fact(run_id(1), 3)).output == text  # type: ignore[union-attr]
 
 
 async def test_a_closed_store_refuses_calls(db: Database) -> None:
