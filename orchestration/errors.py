@@ -7,6 +7,7 @@ at the adapter edge (``raise ... from exc``)::
     ConstructError                      code
     ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
     ├── RunNotFound                     run_not_found
+    ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
     ├── Conflict                        conflict           idempotency key reused, different decision...
     ├── VersionConflict                 version_conflict   a compare-and-swap write lost the race
@@ -49,6 +50,15 @@ class RunNotFound(ConstructError):
             f"no run with id {run_id!r} in this store; call runs_list to see the runs that exist"
         )
         self.run_id = run_id
+
+
+class FactNotFound(ConstructError):
+    code = "fact_not_found"
+
+    def __init__(self, run_id: str, seq: int) -> None:
+        super().__init__(f"run {run_id} has no fact {seq}; its facts are numbered 1 to its head's last_seq")
+        self.run_id = run_id
+        self.seq = seq
 
 
 class InvalidState(ConstructError):

@@ -84,8 +84,8 @@ class RunStore(Protocol):
         ...
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
-        """The fact with sequence number ``seq``. Raises ``RunNotFound``, or ``KeyError`` when
-        the run has no such fact."""
+        """The fact with sequence number ``seq``. Raises ``RunNotFound``, or ``FactNotFound``
+        when the run has no such fact (committed)."""
         ...
 
     async def list_runs(

@@ -61,6 +61,7 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
+    FactNotFound,
     InvalidArgument,
     LeaseLost,
     RunNotFound,
@@ -557,7 +558,7 @@ class FilesystemStore:
     def _read_fact_sync(self, run_id: str, seq: int) -> Fact:
         head = self._load_sync(run_id)
         if not 1 <= seq <= head.last_seq:
-            raise KeyError(seq)
+            raise FactNotFound(run_id, seq)
         return self._read_range(run_id, seq, seq)[0]
 
     def _scan(self) -> list[_Listed]:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import anyio
 
-from orchestration.errors import Conflict, LeaseLost, RunNotFound, VersionConflict
+from orchestration.errors import Conflict, FactNotFound, LeaseLost, RunNotFound, VersionConflict
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
@@ -70,7 +70,7 @@ class MemoryStore:
         facts = self._facts[run_id]
         if 1 <= seq <= len(facts):
             return facts[seq - 1]
-        raise KeyError(seq)
+        raise FactNotFound(run_id, seq)
 
     async def list_runs(
         self,

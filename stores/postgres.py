@@ -39,6 +39,7 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
+    FactNotFound,
     InvalidArgument,
     LeaseLost,
     RunNotFound,
@@ -342,7 +343,7 @@ class PostgresStore:
                 raise RunNotFound(run_id)
             row = await conn.fetchrow(Q["read_fact"], run_id, seq)
         if row is None:
-            raise KeyError(seq)
+            raise FactNotFound(run_id, seq)
         return decode_fact(run_id, int(row[0]), from_jsonb_text(row[1]))
 
     async def list_runs(

@@ -36,6 +36,7 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
+    FactNotFound,
     InvalidArgument,
     LeaseLost,
     RunNotFound,
@@ -360,7 +361,7 @@ class SqliteStore:
         await self._require_run(run_id)
         rows = await self._read(Q["read_fact"], {"run_id": run_id, "seq": seq})
         if not rows:
-            raise KeyError(seq)
+            raise FactNotFound(run_id, seq)
         return decode_fact(run_id, int(rows[0][0]), rows[0][1])
 
     async def list_runs(

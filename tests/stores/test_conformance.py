@@ -12,6 +12,7 @@ import pytest
 
 from orchestration.errors import (
     Conflict,
+    FactNotFound,
     InvalidArgument,
     LeaseLost,
     RunNotFound,
@@ -328,7 +329,7 @@ async def test_read_fact_by_seq(store: RunStore) -> None:
     assert completed.type == "task_completed"
     assert completed.output == "code"
     for missing in (0, -1, 8, 1000):
-        with pytest.raises(KeyError):
+        with pytest.raises(FactNotFound):
             await store.read_fact(run_id(1), missing)
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from orchestration.errors import (
     CorruptRecord,
+    FactNotFound,
     InvalidArgument,
     RunNotFound,
     StoreError,
@@ -198,7 +199,7 @@ async def test_a_torn_tail_is_ignored_by_readers_and_discarded_by_the_next_appen
 
     assert await fs.read_facts(run_id(1)) == before
     assert await fs.read_fact(run_id(1), 3) == before[-1]
-    with pytest.raises(KeyError):
+    with pytest.raises(FactNotFound):
         await fs.read_fact(run_id(1), 4)
 
     write = start_attempt(head, "engineer")

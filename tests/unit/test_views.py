@@ -12,6 +12,7 @@ from orchestration.clock import ManualClock
 from orchestration.errors import (
     Conflict,
     ConstructError,
+    FactNotFound,
     InvalidArgument,
     InvalidState,
     RunNotFound,
@@ -214,6 +215,7 @@ def semantics_for(backend: str) -> str:
     ("error", "code"),
     [
         (RunNotFound("run-x01"), "run_not_found"),
+        (FactNotFound("run-x01", 7), "fact_not_found"),
         (InvalidArgument("bad id"), "invalid_argument"),
         (InvalidState("run is completed"), "invalid_state"),
         (Conflict("already decided"), "conflict"),
