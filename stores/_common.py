@@ -23,16 +23,49 @@ def encode_head(head: RunHead) -> str:
     return head.model_dump_json(exclude_defaults=True)
 
 
+def _check_consecutive(facts: Sequence[Fact]) -> None:
+    # read_fact finds a fact by its seq, so seqs must be gap-free; the fold guarantees this for
+    # honest writers, the check keeps a buggy one from corrupting the log.
+    for offset, fact in enumerate(facts):
+        if fact.seq != facts[0].seq + offset:
+            raise InvalidArgument("the facts of one write must have consecutive seq numbers")
+
+
+def check_create(head: RunHead, facts: Sequence[Fact]) -> None:
+    """Reject a malformed create before anything is written."""
+    if not facts:
+        raise InvalidArgument("a run is created with at least one fact")
+    if head.version != 1:
+        raise InvalidArgument(f"a new run's head has version 1, not {head.version}")
+    if facts[0].seq != 1:
+        raise InvalidArgument(f"a new run's first fact has seq 1, not {facts[0].seq}")
+    _check_consecutive(facts)
+    if head.last_seq != facts[-1].seq:
+        raise InvalidArgument("the new head's last_seq must be the seq of the last fact")
+
+
 def check_append(run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead) -> None:
-    """Reject a malformed append before anything is written."""
+    """Reject a malformed append before anything is written. (Whether the first fact continues
+    the stored log is checked by each store, under its compare-and-swap: see :func:`not_continuing`.)"""
     if not facts:
         raise InvalidArgument("an append needs at least one fact")
     if head.run_id != run_id:
         raise InvalidArgument(f"head is for run {head.run_id}, not {run_id}")
     if head.version != expected_version + 1:
         raise InvalidArgument(f"the new head's version must be {expected_version + 1}, not {head.version}")
+    _check_consecutive(facts)
     if head.last_seq != facts[-1].seq:
         raise InvalidArgument("the new head's last_seq must be the seq of the last fact appended")
+
+
+def not_continuing(run_id: str, first_seq: int, last_seq: int | None = None) -> InvalidArgument:
+    """The error for an append whose first fact does not follow the stored log's last one."""
+    expected = (
+        f" must have seq {last_seq + 1}, not {first_seq}"
+        if last_seq is not None
+        else (f" has seq {first_seq}, but the log has no fact {first_seq - 1}")
+    )
+    return InvalidArgument(f"the first fact appended to run {run_id}{expected}")
 
 
 def sortable_time(at: datetime) -> str:

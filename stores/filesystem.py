@@ -76,10 +76,12 @@ from orchestration.vocabulary import RunStatus
 from stores._common import (
     ListKey,
     check_append,
+    check_create,
     decode_cursor,
     encode_cursor_key,
     encode_head,
     list_order_key,
+    not_continuing,
 )
 
 logger = logging.getLogger("construct.stores")
@@ -213,26 +215,6 @@ def _index_records(lines: Sequence[bytes], start: int) -> bytes:
         out += _INDEX_RECORD.pack(start, start + len(line))
         start += len(line)
     return bytes(out)
-
-
-def _check_contiguous(facts: Sequence[Fact]) -> None:
-    # read_fact finds a fact by position, so seqs must be gap-free; the fold guarantees this for
-    # honest writers, the check keeps a buggy one from corrupting the index.
-    for offset, fact in enumerate(facts):
-        if fact.seq != facts[0].seq + offset:
-            raise InvalidArgument("the facts of one write must have consecutive seq numbers")
-
-
-def _check_create(head: RunHead, facts: Sequence[Fact]) -> None:
-    if not facts:
-        raise InvalidArgument("a run is created with at least one fact")
-    if head.version != 1:
-        raise InvalidArgument(f"a new run's head has version 1, not {head.version}")
-    if facts[0].seq != 1:
-        raise InvalidArgument(f"a new run's first fact has seq 1, not {facts[0].seq}")
-    _check_contiguous(facts)
-    if head.last_seq != facts[-1].seq:
-        raise InvalidArgument("the new head's last_seq must be the seq of the last fact")
 
 
 def _check_aware(now: datetime) -> None:
@@ -467,10 +449,7 @@ class FilesystemStore:
             if version != expected_version:
                 raise VersionConflict(run_id, expected_version, version)
             if facts[0].seq != last_seq + 1:
-                raise InvalidArgument(
-                    f"the first fact appended to run {run_id} must have seq {last_seq + 1}, "
-                    f"not {facts[0].seq}"
-                )
+                raise not_continuing(run_id, facts[0].seq, last_seq)
             facts_fd = os.open(run_dir / FACTS_FILE, os.O_RDWR | os.O_APPEND)
             try:
                 index_fd = os.open(run_dir / INDEX_FILE, os.O_RDWR | os.O_APPEND)
@@ -673,7 +652,7 @@ class FilesystemStore:
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
         validate_run_id(head.run_id)
-        _check_create(head, facts)
+        check_create(head, facts)
         return await self._call(self._create_sync, head, facts)
 
     async def load(self, run_id: str) -> RunHead:
@@ -685,7 +664,6 @@ class FilesystemStore:
     ) -> RunHead:
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
-        _check_contiguous(facts)
         await self._call(self._append_sync, run_id, expected_version, facts, head)
         return head
 

@@ -14,7 +14,14 @@ from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
-from stores._common import check_append, decode_cursor, encode_cursor, list_order_key
+from stores._common import (
+    check_append,
+    check_create,
+    decode_cursor,
+    encode_cursor,
+    list_order_key,
+    not_continuing,
+)
 
 
 class MemoryStore:
@@ -29,6 +36,7 @@ class MemoryStore:
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
         validate_run_id(head.run_id)
+        check_create(head, facts)
         async with self._lock:
             if head.idempotency_key is not None and head.idempotency_key in self._keys:
                 return CreateResult(self._heads[self._keys[head.idempotency_key]], created=False)
@@ -56,6 +64,8 @@ class MemoryStore:
             current = await self.load(run_id)
             if current.version != expected_version:
                 raise VersionConflict(run_id, expected_version, current.version)
+            if facts[0].seq != current.last_seq + 1:
+                raise not_continuing(run_id, facts[0].seq, current.last_seq)
             self._facts[run_id].extend(facts)
             self._heads[run_id] = head
             return head

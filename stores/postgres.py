@@ -53,7 +53,14 @@ from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
 from stores import redact_url, scrub
-from stores._common import check_append, decode_cursor, encode_head, sortable_time
+from stores._common import (
+    check_append,
+    check_create,
+    decode_cursor,
+    encode_head,
+    not_continuing,
+    sortable_time,
+)
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -276,6 +283,7 @@ class PostgresStore:
         """See ``RunStore.create``. One transaction; a concurrent create with the same key waits for
         the first to commit and then returns its run (``created=False``)."""
         validate_run_id(head.run_id)
+        check_create(head, facts)
         async with self._transaction() as conn:
             inserted = await conn.fetchval(Q["insert_run"], *_run_values(head))
             if inserted is None:
@@ -321,10 +329,12 @@ class PostgresStore:
                     raise RunNotFound(run_id)
                 raise VersionConflict(run_id, expected_version, int(actual))
             try:
-                await conn.execute(Q["insert_facts"], *_fact_values(run_id, facts))
+                status = await conn.execute(Q["append_facts"], *_fact_values(run_id, facts), facts[0].seq - 1)
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
+            if status != f"INSERT 0 {len(facts)}":
+                raise not_continuing(run_id, facts[0].seq)
             await self._notify_if_runnable(conn, head)
         return head
 

@@ -49,7 +49,14 @@ from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
 from orchestration.vocabulary import RunStatus
-from stores._common import check_append, decode_cursor, encode_head, sortable_time
+from stores._common import (
+    check_append,
+    check_create,
+    decode_cursor,
+    encode_head,
+    not_continuing,
+    sortable_time,
+)
 from stores._sql import (
     CURSOR_START_KEY,
     Dialect,
@@ -297,6 +304,7 @@ class SqliteStore:
         """See ``RunStore.create``. The key lookup and the inserts share one ``BEGIN IMMEDIATE``
         transaction, so two concurrent creates with one key make one run."""
         validate_run_id(head.run_id)
+        check_create(head, facts)
 
         async def work(conn: aiosqlite.Connection) -> CreateResult:
             if head.idempotency_key is not None:
@@ -340,6 +348,9 @@ class SqliteStore:
                 if not rows:
                     raise RunNotFound(run_id)
                 raise VersionConflict(run_id, expected_version, int(rows[0][0]))
+            previous = {"run_id": run_id, "seq": facts[0].seq - 1}
+            if not list(await conn.execute_fetchall(Q["fact_exists"], previous)):
+                raise not_continuing(run_id, facts[0].seq)
             try:
                 await conn.executemany(Q["insert_fact"], [_fact_row(run_id, f) for f in facts])
             except sqlite3.IntegrityError as exc:

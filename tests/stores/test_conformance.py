@@ -285,6 +285,40 @@ async def test_a_malformed_append_is_rejected_and_writes_nothing(
     assert await seqs(store, run_id(2)) == [1]
 
 
+async def test_appended_facts_must_continue_the_log(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    write = start_attempt(head)
+    skipped = write.facts[0].model_copy(update={"seq": 3})
+    with pytest.raises(InvalidArgument, match=f"first fact appended to run {run_id(1)}"):
+        await store.append(run_id(1), 1, [skipped], write.head.model_copy(update={"last_seq": 3}))
+    repeated = write.facts[0].model_copy(update={"seq": 1})
+    with pytest.raises(InvalidArgument, match=run_id(1)):
+        await store.append(run_id(1), 1, [repeated], write.head.model_copy(update={"last_seq": 1}))
+
+    two = complete_task(head)
+    gap = [two.facts[0], two.facts[1].model_copy(update={"seq": 4})]
+    with pytest.raises(InvalidArgument, match="consecutive"):
+        await store.append(run_id(1), 1, gap, two.head.model_copy(update={"last_seq": 4}))
+    assert await seqs(store, run_id(1)) == [1]
+    assert await store.load(run_id(1)) == head
+    assert await commit(store, write) == write.head, "a correct append still goes through"
+
+
+async def test_create_checks_its_first_write(store: RunStore) -> None:
+    head, facts = new_run(run_id(1))
+    with pytest.raises(InvalidArgument, match="at least one fact"):
+        await store.create(head, [])
+    with pytest.raises(InvalidArgument, match="version 1"):
+        await store.create(head.model_copy(update={"version": 2}), facts)
+    with pytest.raises(InvalidArgument, match="seq 1"):
+        await store.create(head.model_copy(update={"last_seq": 2}), [facts[0].model_copy(update={"seq": 2})])
+    with pytest.raises(InvalidArgument, match="last_seq"):
+        await store.create(head.model_copy(update={"last_seq": 2}), facts)
+    assert (await store.list_runs()).runs == []
+    with pytest.raises(RunNotFound):
+        await store.load(run_id(1))
+
+
 # -------------------------------------------------------------------------------- read facts
 
 

@@ -454,33 +454,6 @@ async def test_a_head_in_another_key_order_is_read_in_full(fs: FilesystemStore) 
 # --------------------------------------------------------------------------- validation
 
 
-async def test_appended_facts_must_continue_the_log(fs: FilesystemStore) -> None:
-    head = await create(fs, run_id(1))
-    write = start_attempt(head)
-    skipped = write.facts[0].model_copy(update={"seq": 3})
-    bad_head = write.head.model_copy(update={"last_seq": 3})
-    with pytest.raises(InvalidArgument, match="seq 2"):
-        await fs.append(run_id(1), 1, [skipped], bad_head)
-
-    two = complete_task(head)
-    gap = [two.facts[0], two.facts[1].model_copy(update={"seq": 4})]
-    with pytest.raises(InvalidArgument, match="consecutive"):
-        await fs.append(run_id(1), 1, gap, two.head.model_copy(update={"last_seq": 4}))
-    assert [f.seq for f in await fs.read_facts(run_id(1))] == [1]
-    assert await fs.load(run_id(1)) == head
-
-
-async def test_create_checks_its_first_write(fs: FilesystemStore) -> None:
-    head, facts = new_run(run_id(1))
-    with pytest.raises(InvalidArgument):
-        await fs.create(head, [])
-    with pytest.raises(InvalidArgument):
-        await fs.create(head.model_copy(update={"version": 2}), facts)
-    with pytest.raises(InvalidArgument):
-        await fs.create(head.model_copy(update={"last_seq": 2}), [facts[0].model_copy(update={"seq": 2})])
-    assert (await fs.list_runs()).runs == []
-
-
 async def test_lease_times_must_be_timezone_aware(fs: FilesystemStore) -> None:
     await create(fs, run_id(1))
     naive = datetime(2026, 1, 1)

@@ -44,6 +44,14 @@ INSERT INTO facts (run_id, seq, type, body)
 SELECT $1, f.seq, f.type, f.body::jsonb
 FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 
+-- name: append_facts
+-- The facts of an append, in one statement, inserted only if they continue the log: the fact
+-- before the first ($5) exists. The command tag says how many were inserted (none otherwise).
+INSERT INTO facts (run_id, seq, type, body)
+SELECT $1, f.seq, f.type, f.body::jsonb
+FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
+WHERE EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $5)
+
 -- name: update_head
 -- The compare-and-swap: no row changes unless the stored version is the one the writer read.
 UPDATE runs

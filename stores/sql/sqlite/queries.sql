@@ -43,6 +43,10 @@ SELECT version FROM runs WHERE run_id = :run_id
 INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
 VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at)
 
+-- name: fact_exists
+-- An append's first fact must follow the log's last one: the fact before it exists.
+SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :seq
+
 -- name: insert_fact
 INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
 
