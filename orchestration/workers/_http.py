@@ -17,7 +17,7 @@ import httpx2
 
 from orchestration.workers._redact import Redactor
 from orchestration.workers.classify import AttemptFacts
-from orchestration.workers.providers import ProviderCallError, ProviderResponse
+from orchestration.workers.providers import ProviderCallError, ProviderRequest, ProviderResponse
 from orchestration.workers.providers import ProviderErrorCode as Code
 
 if TYPE_CHECKING:
@@ -174,6 +174,37 @@ def first_header(headers: httpx2.Headers, *names: str) -> str | None:
         if value:
             return value.strip()
     return None
+
+
+async def complete_once(
+    http: httpx2.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    request: ProviderRequest,
+    monotonic: Monotonic,
+    facts: AttemptFacts,
+    interpret: Callable[[HttpExchange, ProviderRequest], ProviderResponse],
+) -> ProviderResponse:
+    """One attempt of an adapter's ``complete``: POST ``body``, turn the answer into a response or a
+    typed failure with the adapter's ``interpret``, and log the outcome either way."""
+    try:
+        exchange = await post_json(
+            http,
+            url,
+            headers=headers,
+            body=body,
+            timeout_seconds=request.timeout_seconds,
+            monotonic=monotonic,
+            facts=facts,
+        )
+        response = interpret(exchange, request)
+    except ProviderCallError as exc:
+        log_outcome(facts.provider, request.model, exc)
+        raise
+    log_outcome(facts.provider, request.model, response)
+    return response
 
 
 def log_outcome(

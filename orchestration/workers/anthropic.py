@@ -20,11 +20,10 @@ from orchestration.workers._http import (
     HttpExchange,
     Monotonic,
     body_snippet,
+    complete_once,
     decode_json,
     first_header,
-    log_outcome,
     normalize_base_url,
-    post_json,
 )
 from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.classify import (
@@ -115,22 +114,16 @@ class AnthropicClient:
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         """One ``POST /v1/messages``; see :meth:`ProviderClient.complete` for the contract."""
-        try:
-            exchange = await post_json(
-                self._http,
-                self._url,
-                headers=self._headers(),
-                body=self._body(request),
-                timeout_seconds=request.timeout_seconds,
-                monotonic=self._monotonic,
-                facts=AttemptFacts(provider=_PROVIDER, redact=self._redact),
-            )
-            response = self._interpret(exchange, request)
-        except ProviderCallError as exc:
-            log_outcome(_PROVIDER, request.model, exc)
-            raise
-        log_outcome(_PROVIDER, request.model, response)
-        return response
+        return await complete_once(
+            self._http,
+            self._url,
+            headers=self._headers(),
+            body=self._body(request),
+            request=request,
+            monotonic=self._monotonic,
+            facts=AttemptFacts(provider=_PROVIDER, redact=self._redact),
+            interpret=self._interpret,
+        )
 
     def _headers(self) -> dict[str, str]:
         return {

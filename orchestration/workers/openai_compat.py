@@ -30,11 +30,10 @@ from orchestration.workers._http import (
     HttpExchange,
     Monotonic,
     body_snippet,
+    complete_once,
     decode_json,
     first_header,
-    log_outcome,
     normalize_base_url,
-    post_json,
 )
 from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.classify import (
@@ -125,22 +124,16 @@ class OpenAICompatClient:
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
         """One ``POST /v1/chat/completions``; see :meth:`ProviderClient.complete` for the contract."""
-        try:
-            exchange = await post_json(
-                self._http,
-                self._url,
-                headers=self._headers(),
-                body=self._body(request),
-                timeout_seconds=request.timeout_seconds,
-                monotonic=self._monotonic,
-                facts=AttemptFacts(provider=self._provider, redact=self._redact),
-            )
-            response = self._interpret(exchange, request)
-        except ProviderCallError as exc:
-            log_outcome(self._provider, request.model, exc)
-            raise
-        log_outcome(self._provider, request.model, response)
-        return response
+        return await complete_once(
+            self._http,
+            self._url,
+            headers=self._headers(),
+            body=self._body(request),
+            request=request,
+            monotonic=self._monotonic,
+            facts=AttemptFacts(provider=self._provider, redact=self._redact),
+            interpret=self._interpret,
+        )
 
     def _headers(self) -> dict[str, str]:
         headers = {k: v for k, v in self._extra_headers.items() if k.lower() != "authorization"}
