@@ -49,6 +49,7 @@ from server.storage import open_run_store, store_inputs
 from server.timeline import render_timeline
 from server.views import RunsPage, RunView, run_view, runs_page
 from server.wiring import runtime_for
+from stores import parse_store_spec
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -435,6 +436,11 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "demo":
             from server.demo import run_demo
 
+            if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
+                raise UsageError(
+                    "the demo kills its server and starts another on the same store, and the memory "
+                    "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
+                )
             configure_logging("WARNING")
             return _run_async(lambda: run_demo(home=args.home, store=args.store, keep=args.keep, out=out))
     except ConfigError as exc:

@@ -45,6 +45,7 @@ from orchestration.vocabulary import RunStatus
 from server.config import load_settings
 from server.storage import open_run_store
 from server.timeline import render_timeline
+from stores import redact_url
 
 #: How long the demo waits for a server to start (or a killed one to die).
 STARTUP_TIMEOUT_SECONDS = 30.0
@@ -192,7 +193,12 @@ async def run_demo(
     }
     if store is not None:
         env["CONSTRUCT_ORCHESTRATION_STORE"] = store
-    _say(out, f"construct-mcp demo — state in {demo_home} (no API key, no database)\n")
+    where = (
+        f"store {redact_url(store)}, logs in {demo_home}"
+        if store is not None
+        else f"state in {demo_home} (no API key, no database)"
+    )
+    _say(out, f"construct-mcp demo — {where}\n")
     try:
         ok = await _demo(env, demo_home, pid_file, out)
     except (DemoFailed, TimeoutError, OSError) as exc:

@@ -8,9 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.acceptance.harness import SERVER_COMMAND, call, server_env, stdio_client_for
+from tests.acceptance.store_targets import BACKENDS, store_target
 
 pytestmark = pytest.mark.slow
 
@@ -195,11 +197,25 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
         assert command in proc.stdout
 
 
-def test_demo_exits_0(tmp_path: Path) -> None:
-    proc = cli(tmp_path, "demo", "--home", str(tmp_path / "demo"))
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_demo_exits_0_on_every_store(tmp_path: Path, backend: str) -> None:
+    async with store_target(backend, tmp_path / "target") as target:
+        args = ["demo", "--home", str(tmp_path / "demo")]
+        if backend != "filesystem":  # the default: a filesystem store under the demo home
+            args += ["--store", target.url]
+        proc = await anyio.to_thread.run_sync(lambda: cli(tmp_path, *args))
+        if backend != "filesystem":
+            runs = await target.runs()
+            assert len(runs) == 1 and runs[0][0].status == "completed", "the demo ran on this store"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "SIGKILL server #1" in out and "[server #2" in out
     assert "Demo passed." in out
     assert out.count(": ok") == 4  # the run completed; each of the three tasks ran exactly once
     assert "[demo host output]" in out
+
+
+def test_the_demo_refuses_the_memory_store(tmp_path: Path) -> None:
+    proc = cli(tmp_path, "demo", "--store", "memory")
+    assert proc.returncode == 2
+    assert "memory store keeps nothing across processes" in proc.stderr
