@@ -37,13 +37,15 @@ from types import FrameType
 from typing import Literal
 
 import anyio
+import mcp_types
 import uvicorn
 from mcp.server import MCPServer
-from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from starlette.types import ASGIApp
 
 from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
+from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.config import Settings
 from server.resources import register_resources
@@ -51,6 +53,7 @@ from server.services import LegacySubscribers, Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import register_tools
+from server.watch import RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
@@ -89,6 +92,8 @@ class ConstructApp:
         # Resource-change fan-out: 2026-07-28 listeners (the SDK's bus) and handshake-era sessions.
         self._bus = InMemorySubscriptionBus()
         self._legacy = LegacySubscribers()
+        # Which runs have subscribers here, so that changes other processes write are announced too.
+        self._subscriptions = RunSubscriptions(lambda: list(self._legacy.by_uri))
         # The store serve_async opened before starting a transport (the lifespan then uses it).
         self._opened: OpenedRunStore | None = None
 
@@ -103,7 +108,13 @@ class ConstructApp:
             log_level=self.settings.log_level,
         )
         register_tools(server)
-        register_resources(server, self._legacy)
+        register_resources(server, self._legacy, self._subscriptions)
+        # The SDK's listen handler, told which run resources each open stream covers.
+        server._lowlevel_server.add_request_handler(
+            "subscriptions/listen",
+            mcp_types.SubscriptionsListenRequestParams,
+            watching_listen_handler(ListenHandler(self._bus), self._subscriptions),
+        )
         return server
 
     @asynccontextmanager
@@ -142,11 +153,19 @@ class ConstructApp:
             store_description=opened.description,
             warnings=tuple(opened.warnings),
         )
-        runtime.add_listener(services.publish_change)
+        subscriptions = self._subscriptions
+        subscriptions.attach(runtime.status)
+
+        async def announce(head: RunHead) -> None:
+            subscriptions.announced(head)
+            await services.publish_change(head)
+
+        runtime.add_listener(announce)
         for warning in opened.warnings:
             log.warning(warning, extra={"action": "startup_warning"})
         async with anyio.create_task_group() as tg:
             await tg.start(dispatcher.run)
+            await tg.start(subscriptions.run, services.publish_change, settings.poll_seconds)
             self._services = services
             _write_pid_file(settings.pid_file)
             log.info(

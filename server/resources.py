@@ -9,8 +9,8 @@ Subscribers hear about every change this process writes to the run (the runtime 
   is registered on its low-level server here, remembering the client's session so that
   ``notifications/resources/updated`` can be sent on it.
 
-Changes made by *other* processes on the same store (the CLI, another server) are not announced:
-subscribers re-read on the next change this process sees, or poll ``run_status``.
+Changes made by *other* processes on the same store (the CLI, another server) are announced too,
+within about one poll interval: :class:`~server.watch.RunSubscriptions` polls the subscribed runs.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
 from server.services import LegacySubscribers, Services
+from server.watch import RunSubscriptions
 
 ResourceContext = Context[Services, Any]
 
@@ -41,7 +42,9 @@ async def read_run(run_id: str, ctx: ResourceContext) -> str:
     return view.model_dump_json()
 
 
-def register_resources(server: MCPServer[Services], legacy: LegacySubscribers) -> None:
+def register_resources(
+    server: MCPServer[Services], legacy: LegacySubscribers, subscriptions: RunSubscriptions
+) -> None:
     server.resource(
         "run://{run_id}",
         name="run",
@@ -54,6 +57,7 @@ def register_resources(server: MCPServer[Services], legacy: LegacySubscribers) -
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         legacy.add(str(params.uri), ctx.session)
+        await subscriptions.add([str(params.uri)], listening=False)
         return types.EmptyResult()
 
     async def unsubscribe(
