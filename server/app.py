@@ -47,6 +47,7 @@ from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
+from server.auth import BearerTokenMiddleware, check_exposure
 from server.config import Settings
 from server.resources import register_resources
 from server.services import LegacySubscribers, Services
@@ -198,6 +199,8 @@ class ConstructApp:
     async def serve_async(
         self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000
     ) -> None:
+        if transport != "stdio":
+            check_exposure(host, self.settings.auth_token)
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
         # off) is then a one-line startup error, not a traceback from inside the transport.
@@ -218,17 +221,33 @@ class ConstructApp:
         elif transport == "streamable-http":
             # The session manager enters the lifespan once, for the life of the ASGI app.
             await _serve_http(
-                server.streamable_http_app(host=host), host, port, self.settings.log_level, self._stop_work
+                self._guarded(server.streamable_http_app(host=host)),
+                host,
+                port,
+                self.settings.log_level,
+                self._stop_work,
             )
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.
             async with self.lifespan(server):
                 await _serve_http(
-                    server.sse_app(host=host), host, port, self.settings.log_level, self._stop_work
+                    self._guarded(server.sse_app(host=host)),
+                    host,
+                    port,
+                    self.settings.log_level,
+                    self._stop_work,
                 )
         else:  # pragma: no cover - the CLI restricts the choices
             raise ValueError(f"unknown transport {transport!r}")
+
+    def _guarded(self, app: ASGIApp) -> ASGIApp:
+        """``app`` behind the bearer token, when one is configured (see :mod:`server.auth`)."""
+        token = self.settings.auth_token
+        if token is None:
+            return app
+        log.info("HTTP requests need the bearer token", extra={"action": "auth_enabled"})
+        return BearerTokenMiddleware(app, token)
 
     def _stop_work(self) -> None:
         """At SIGTERM/SIGINT on HTTP, before uvicorn waits for open requests: take no new work, and

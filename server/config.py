@@ -17,6 +17,7 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_request_chars = 200000
     max_output_chars = 1000000
     log_level = "INFO"
+    auth_token = "..."              # HTTP transports: clients send 'Authorization: Bearer <token>'
     provider = "anthropic"          # provider backend: anthropic | openrouter | openai (else inferred)
     model = "claude-sonnet-4-5"     # provider backend: the default model
     max_attempts = 3                # provider backend: attempts per task
@@ -49,6 +50,9 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_MAX_REQUEST_CHARS``     ``max_request_chars`` (default 200000)
 ``CONSTRUCT_MAX_OUTPUT_CHARS``      ``max_output_chars`` (default 1000000)
 ``CONSTRUCT_LOG_LEVEL``             ``log_level`` (default INFO)
+``CONSTRUCT_AUTH_TOKEN``            ``auth_token``: a secret (16+ characters) every HTTP request must carry
+                                    as ``Authorization: Bearer <token>``; required to bind a host other
+                                    than a loopback one (see :mod:`server.auth`); never logged
 ``CONSTRUCT_PROVIDER``              ``provider``
 ``CONSTRUCT_MODEL``                 ``model``
 ``CONSTRUCT_MAX_ATTEMPTS``          ``max_attempts`` (default 3)
@@ -106,6 +110,7 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_MAX_REQUEST_CHARS": "max_request_chars",
     "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
     "CONSTRUCT_LOG_LEVEL": "log_level",
+    "CONSTRUCT_AUTH_TOKEN": "auth_token",
     "CONSTRUCT_PROVIDER": "provider",
     "CONSTRUCT_MODEL": "model",
     "CONSTRUCT_MAX_ATTEMPTS": "max_attempts",
@@ -157,6 +162,7 @@ class _Options(BaseModel):
     max_request_chars: int | None = Field(default=None, ge=1)
     max_output_chars: int | None = Field(default=None, ge=1)
     log_level: LogLevel | None = None
+    auth_token: str | None = Field(default=None, min_length=16, max_length=4096, repr=False)
     fault_crash_after_writes: int | None = Field(default=None, ge=1)
     pid_file: Path | None = None
     provider: ProviderName | None = None
@@ -195,6 +201,8 @@ class Settings:
     max_request_chars: int = _DEFAULT_LIMITS.max_request_chars
     max_output_chars: int = _DEFAULT_LIMITS.max_output_chars
     log_level: LogLevel = "INFO"
+    #: The HTTP transports' bearer token (kept out of ``repr``).
+    auth_token: str | None = field(default=None, repr=False)
     fault_crash_after_writes: int | None = None
     pid_file: Path | None = None
     provider: ProviderName | None = None

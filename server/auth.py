@@ -1,0 +1,94 @@
+"""Bearer-token protection of the HTTP transports (SSE and Streamable HTTP).
+
+stdio needs none: only the host that started the process can talk to it. Over HTTP, anyone who can
+reach the port could start runs (and, with the provider backend, spend the provider account), so:
+
+* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 characters) makes every HTTP request carry
+  ``Authorization: Bearer <token>``; a request without it, or with another token, gets ``401`` with
+  ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant time and never
+  logged.
+* Binding a host other than a loopback one (``127.0.0.1``, ``::1``, ``localhost``) without a token
+  is a startup error: the server would otherwise answer the whole network.
+
+This is a shared secret, not OAuth: the SDK's OAuth resource-server support needs an authorization
+server to point clients at, which a single shared token does not have.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from orchestration.errors import ConfigError
+
+#: The smallest token accepted: a shorter one could be guessed.
+MIN_TOKEN_CHARS = 16
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 possibly in brackets) is this machine only."""
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse to serve HTTP beyond this machine without a token (a ``ConfigError`` naming the fix)."""
+    if token is None and not is_loopback(host):
+        raise ConfigError(
+            "command line",
+            "--host",
+            f"{host} would serve runs to the network without authentication; set CONSTRUCT_AUTH_TOKEN "
+            f"(or auth_token in the config file) to a secret of at least {MIN_TOKEN_CHARS} characters "
+            "that clients send as 'Authorization: Bearer <token>', or bind 127.0.0.1",
+        )
+
+
+class BearerTokenMiddleware:
+    """An ASGI middleware letting through only HTTP requests that carry the bearer token. Lifespan
+    events pass untouched."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"the auth token must have at least {MIN_TOKEN_CHARS} characters")
+        self._app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._authorized(scope):
+            await _unauthorized(send)
+            return
+        await self._app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
+        return len(values) == 1 and hmac.compare_digest(values[0], self._expected)
+
+
+async def _unauthorized(send: Send) -> None:
+    body = json.dumps(
+        {
+            "error": "unauthorized",
+            "message": "send 'Authorization: Bearer <token>' with the server's CONSTRUCT_AUTH_TOKEN",
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b'Bearer realm="construct-mcp"'),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
