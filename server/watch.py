@@ -55,6 +55,8 @@ class RunSubscriptions:
         self._legacy_uris = legacy_uris
         self._listening: Counter[str] = Counter()
         self._announced: dict[str, int] = {}
+        #: watched runs seen terminal: never read again
+        self._ended: set[str] = set()
         self._load: LoadHead | None = None
 
     def attach(self, load: LoadHead) -> None:
@@ -98,8 +100,9 @@ class RunSubscriptions:
         watched = self.watched()
         for run_id in [r for r in self._announced if r not in watched]:
             del self._announced[run_id]
+        self._ended &= watched
         out: list[RunHead] = []
-        for run_id in sorted(watched):
+        for run_id in sorted(watched - self._ended):
             head = await self._head(run_id)
             if head is None:
                 continue
@@ -107,6 +110,8 @@ class RunSubscriptions:
             self._announced[run_id] = max(head.version, last or 0)
             if last is not None and head.version > last:
                 out.append(head)
+            if head.status.is_terminal:
+                self._ended.add(run_id)  # nothing is ever written after a terminal fact
         return out
 
     async def run(

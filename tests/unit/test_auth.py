@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from orchestration.errors import ConfigError
 from server.auth import BearerTokenMiddleware, check_exposure, is_loopback
@@ -44,21 +45,21 @@ class Recorder:
         self.calls: list[str] = []
         self.sent: list[dict[str, Any]] = []
 
-    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.calls.append(scope["type"])
 
-    async def send(self, message: dict[str, Any]) -> None:
-        self.sent.append(message)
+    async def send(self, message: Message) -> None:
+        self.sent.append(dict(message))
 
 
-async def receive() -> dict[str, Any]:
+async def receive() -> Message:
     return {"type": "http.request", "body": b""}
 
 
 async def request(headers: list[tuple[bytes, bytes]]) -> Recorder:
     recorder = Recorder()
     guarded = BearerTokenMiddleware(recorder.app, TOKEN)
-    await guarded({"type": "http", "headers": headers}, receive, recorder.send)  # type: ignore[arg-type]
+    await guarded({"type": "http", "headers": headers}, receive, recorder.send)
     return recorder
 
 
@@ -80,7 +81,7 @@ async def test_the_middleware_lets_through_only_the_token() -> None:
 async def test_lifespan_events_pass() -> None:
     recorder = Recorder()
     guarded = BearerTokenMiddleware(recorder.app, TOKEN)
-    await guarded({"type": "lifespan"}, receive, recorder.send)  # type: ignore[arg-type]
+    await guarded({"type": "lifespan"}, receive, recorder.send)
     assert recorder.calls == ["lifespan"]
 
 

@@ -110,3 +110,21 @@ async def test_a_run_that_cannot_be_read_is_skipped() -> None:
     subs.attach(here.status)
     await subs.add([uri("run-does-not-exist")], listening=True)
     assert await subs.changed() == []
+
+
+async def test_a_terminal_run_is_announced_and_then_not_read_again() -> None:
+    here, elsewhere, run_id = await two_runtimes()
+    reads: list[str] = []
+
+    async def load(rid: str) -> RunHead:
+        reads.append(rid)
+        return await here.status(rid)
+
+    subs = RunSubscriptions(lambda: [])
+    subs.attach(load)
+    await subs.add([uri(run_id)], listening=True)
+    await elsewhere.cancel(run_id, reason="elsewhere")
+    assert [h.status.value for h in await subs.changed()] == ["cancelled"]
+    reads.clear()
+    assert await subs.changed() == []
+    assert reads == [], "a terminal run never changes again"
