@@ -84,6 +84,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestration.errors import ConfigError
 from orchestration.runtime import Limits
+from server.auth import MIN_TOKEN_CHARS
 
 DeploymentMode = Literal["solo", "team", "enterprise"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -162,7 +163,7 @@ class _Options(BaseModel):
     max_request_chars: int | None = Field(default=None, ge=1)
     max_output_chars: int | None = Field(default=None, ge=1)
     log_level: LogLevel | None = None
-    auth_token: str | None = Field(default=None, min_length=16, max_length=4096, repr=False)
+    auth_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=4096, repr=False)
     fault_crash_after_writes: int | None = Field(default=None, ge=1)
     pid_file: Path | None = None
     provider: ProviderName | None = None

@@ -125,8 +125,6 @@ class RunSubscriptions:
         task_status.started()
         while True:
             await anyio.sleep(poll_seconds)
-            if not self._listening and not any(True for _ in self._legacy_uris()):
-                continue
             for head in await self.changed():
                 await publish(head)
 
