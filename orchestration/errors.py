@@ -20,6 +20,12 @@ at the adapter edge (``raise ... from exc``)::
     └── StoreError                      store_error        the store failed (I/O, driver, corruption)
         ├── StoreUnavailable            store_unavailable  cannot reach / open the backend
         └── CorruptRecord               corrupt_record     a stored record cannot be read back
+            └── RecordTooNew            record_too_new     ... because a newer version wrote it
+
+``RecordTooNew`` is a kind of ``CorruptRecord`` on purpose: everything that leaves an unreadable run
+alone (a drive sets it aside, lists skip it, the dispatcher moves on) does the same for a record of
+a newer format, which must neither be decided from nor written over. Its own code and message tell
+an operator that nothing is damaged (see "Record formats" in :mod:`orchestration.facts`).
 """
 
 from __future__ import annotations
@@ -127,3 +133,35 @@ class CorruptRecord(StoreError):
         super().__init__(f"run {run_id}: {where} cannot be read: {problem}")
         self.run_id = run_id
         self.where = where
+
+
+class RecordTooNew(CorruptRecord):
+    """A stored record written in a newer record format than this code reads (by a newer version
+    of the server: a rolling upgrade, or a rollback). ``record_format`` is the format the record
+    states, ``supported_format`` the newest this code reads; ``fact_type`` is set when the record
+    is a fact whose type this code does not know."""
+
+    code = "record_too_new"
+
+    def __init__(
+        self,
+        run_id: str,
+        where: str,
+        record_format: int,
+        supported_format: int,
+        fact_type: str | None = None,
+    ) -> None:
+        if fact_type is None:
+            why = f"it was written in record format {record_format}"
+        else:
+            why = f"its fact type {fact_type[:60]!r} (record format {record_format}) is unknown here"
+        super().__init__(
+            run_id,
+            where,
+            f"{why}, and this server reads record formats up to {supported_format}: a newer "
+            "version of construct-mcp wrote it. The run is left as it is; drive it from a server "
+            "of that version, or upgrade this one",
+        )
+        self.record_format = record_format
+        self.supported_format = supported_format
+        self.fact_type = fact_type

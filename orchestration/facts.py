@@ -6,13 +6,43 @@ time ``at`` it was recorded. :func:`apply` folds one fact into a head; :func:`ap
 facts of one atomic write and bumps the head's ``version``. A fact that the vocabulary does not allow
 in the head's current state raises :class:`~orchestration.errors.IllegalTransition`, so nothing is
 ever appended after a terminal fact.
+
+Record formats
+--------------
+Records outlive the code that wrote them: during a rolling upgrade two versions of the server share
+one store, and after a rollback an older one reads what a newer one wrote. So every stored head and
+fact carries ``format``, the record format a reader must understand to read it correctly (a record
+without it is format 1, as every record written before formats existed). :data:`RECORD_FORMAT
+<orchestration.models.RECORD_FORMAT>` is the newest format this code understands. The rules:
+
+- **Reading.** Stores decode heads and facts with :func:`parse_head` and :func:`parse_fact`, which
+  *ignore* fields they do not know, at every format up to ``RECORD_FORMAT``. Only stored records
+  are read so: building a record in code, tool inputs and configuration stay strict
+  (``extra="forbid"``).
+- **Too new.** A record whose ``format`` is above ``RECORD_FORMAT`` is refused with
+  :class:`~orchestration.errors.RecordTooNew` (``record_too_new``, naming both formats), even when
+  it would happen to parse. So is a fact whose ``type`` this code does not know, whatever format it
+  states: a fold that skipped a fact would decide differently from the server that wrote it, and
+  such a type is a newer version's (whose writer forgot to raise the format) far more often than
+  damage. The run is left alone: nothing is decided from it, and nothing writes over it (a write is
+  a compare-and-swap on the version of a head the writer could read). Damage that is not a newer
+  format stays ``corrupt_record``.
+- **Writing.** A writer raises the format when it adds something an older reader must not ignore:
+  a new fact type (its class declares ``format`` with the higher default), a new status or other
+  enum value, a field whose absence would change what the record means. The fold keeps the highest
+  format of the facts folded into a head (:func:`apply`), so a run that used something new is
+  refused by older servers as a whole, while runs that did not stay theirs during a rolling upgrade.
+- **Adding a field without a new format** is allowed only if a reader that does not find it does
+  the right thing. That is what an older server leaves behind: it ignores the field on read and,
+  for a head (rewritten at every append), writes the next head without it. Facts are never
+  rewritten, so a new fact field survives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, TypeAdapter
 
@@ -40,6 +70,9 @@ from orchestration.vocabulary import (
 class _Fact(Frozen):
     seq: int
     at: datetime
+    #: the record format a reader must understand to read this fact ("Record formats" above); a
+    #: fact type added in a later format declares that format as its default
+    format: int = Field(default=1, ge=1)
 
 
 class RunCreated(_Fact):
@@ -154,8 +187,22 @@ FACT_ADAPTER: TypeAdapter[Fact] = TypeAdapter(Fact)
 FACTS_ADAPTER: TypeAdapter[list[Fact]] = TypeAdapter(list[Fact])
 
 
+#: Every fact ``type`` this code knows.
+FACT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["type"].default for cls in get_args(get_args(Fact)[0])
+)
+
+
 def parse_fact(data: str | bytes) -> Fact:
-    return FACT_ADAPTER.validate_json(data)
+    """A stored fact read back; fields this code does not know are ignored ("Record formats"
+    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    return FACT_ADAPTER.validate_json(data, extra="ignore")
+
+
+def parse_head(data: str | bytes) -> RunHead:
+    """A stored head read back; fields this code does not know are ignored ("Record formats"
+    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    return RunHead.model_validate_json(data, extra="ignore")
 
 
 def dump_fact(fact: Fact) -> str:
@@ -196,6 +243,7 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         wake_at=fact.deadline_at,
         created_at=fact.at,
         updated_at=fact.at,
+        format=fact.format,
     )
 
 
@@ -259,6 +307,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     if fact.seq != head.last_seq + 1:
         raise IllegalTransition(f"fact seq {fact.seq} does not follow {head.last_seq} in run {head.run_id}")
     update: dict[str, object] = {"last_seq": fact.seq, "updated_at": fact.at}
+    if fact.format > head.format:
+        # A head that folds a newer fact is no longer readable by a reader that would not know it.
+        update["format"] = fact.format
 
     if isinstance(fact, ApprovalRequested):
         gate = head.gate(fact.gate_id)

@@ -18,8 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestration.vocabulary import RunStatus, TaskStatus
 
+#: The newest stored-record format this code understands.
+#: Every stored head and fact states the format a reader must understand to read it; a record
+#: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
+RECORD_FORMAT = 1
+
 
 class Frozen(BaseModel):
+    """Immutable and strict: building a record with a field it does not have is an error. Stored
+    records are read back leniently instead (see ``parse_head``/``parse_fact`` in
+    :mod:`orchestration.facts`)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -203,6 +212,10 @@ class RunHead(Frozen):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
+    #: the record format a reader must understand to read this head: the highest ``format`` of the
+    #: facts folded into it (see "Record formats" in :mod:`orchestration.facts`). Declared last, so
+    #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.
+    format: int = Field(default=1, ge=1)
 
     def task(self, task_id: str) -> TaskState:
         for task in self.tasks:

@@ -1,26 +1,88 @@
-"""Helpers every adapter shares: argument checks for appends, the head's stored form and the list
-cursor codec."""
+"""Helpers every adapter shares: argument checks for appends, the stored form of heads and facts
+(and how it is read back: "Record formats" in :mod:`orchestration.facts`) and the list cursor
+codec."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from orchestration.errors import InvalidArgument
-from orchestration.facts import Fact
-from orchestration.models import RunHead
+from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew
+from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
+from orchestration.models import RECORD_FORMAT, RunHead
 
 ListKey = tuple[str, str]
+
+_DEFAULT_FORMAT = RunHead.model_fields["format"].default
 
 
 def encode_head(head: RunHead) -> str:
     """The head as stored: JSON without the fields that hold their default (a pending task is its
-    id and specialist), read back by ``RunHead.model_validate_json``. A store rewrites the head at
-    every append, so its size is the main cost of a write; this keeps it about a quarter of the full
-    dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first)."""
-    return head.model_dump_json(exclude_defaults=True)
+    id and specialist), read back by :func:`decode_stored_head`. A store rewrites the head at every
+    append, so its size is the main cost of a write; this keeps it about a quarter of the full
+    dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first), and
+    ``format``, declared last, is always written."""
+    data = head.model_dump_json(exclude_defaults=True)
+    if head.format == _DEFAULT_FORMAT:
+        # Left out as a default; every stored head states its format all the same. The dump is a
+        # JSON object with required fields, so the key goes before its closing brace.
+        data = f'{data[:-1]},"format":{head.format}}}'
+    return data
+
+
+Problem = Callable[[Exception], str]
+
+
+def check_format(run_id: str, where: str, record_format: int) -> None:
+    """Raise ``RecordTooNew`` for a record (``where`` in run ``run_id``) that states a format newer
+    than :data:`~orchestration.models.RECORD_FORMAT`."""
+    if record_format > RECORD_FORMAT:
+        raise RecordTooNew(run_id, where, record_format, RECORD_FORMAT)
+
+
+def decode_stored_head(run_id: str, where: str, data: str | bytes, problem: Problem) -> RunHead:
+    """A stored head read back. Raises ``RecordTooNew`` when a newer format wrote it,
+    ``CorruptRecord`` (``problem`` describes the decoding error) when it cannot be read."""
+    try:
+        head = parse_head(data)
+    except ValueError as exc:  # ValidationError; UnicodeDecodeError on binary garbage
+        raise _too_new(run_id, where, data, fact=False) or CorruptRecord(run_id, where, problem(exc)) from exc
+    check_format(run_id, where, head.format)
+    return head
+
+
+def decode_stored_fact(run_id: str, where: str, data: str | bytes, problem: Problem) -> Fact:
+    """A stored fact read back. Raises ``RecordTooNew`` when a newer format wrote it or its type is
+    unknown, ``CorruptRecord`` (``problem`` describes the decoding error) when it cannot be read.
+    The caller checks that its ``seq`` is the one it asked for."""
+    try:
+        fact = parse_fact(data)
+    except ValueError as exc:
+        raise _too_new(run_id, where, data, fact=True) or CorruptRecord(run_id, where, problem(exc)) from exc
+    check_format(run_id, where, fact.format)
+    return fact
+
+
+def _too_new(run_id: str, where: str, data: str | bytes, *, fact: bool) -> RecordTooNew | None:
+    """Why a record that did not decode did not: it states a newer format, or it is a fact of a type
+    this code does not know (``RecordTooNew``); otherwise it is damaged (None)."""
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    stated = record.get("format", 1)
+    if type(stated) is not int or stated < 1:
+        return None
+    if stated > RECORD_FORMAT:
+        return RecordTooNew(run_id, where, stated, RECORD_FORMAT)
+    kind = record.get("type")
+    if fact and isinstance(kind, str) and kind not in FACT_TYPES:
+        return RecordTooNew(run_id, where, stated, RECORD_FORMAT, fact_type=kind)
+    return None
 
 
 def _check_consecutive(facts: Sequence[Fact]) -> None:

@@ -22,9 +22,9 @@ from typing import Literal
 from pydantic import ValidationError
 
 from orchestration.errors import CorruptRecord, InvalidArgument
-from orchestration.facts import Fact, parse_fact
+from orchestration.facts import Fact
 from orchestration.models import RunHead
-from stores._common import encode_cursor_key
+from stores._common import decode_stored_fact, decode_stored_head, encode_cursor_key
 
 Dialect = Literal["sqlite", "postgres"]
 
@@ -118,23 +118,21 @@ def _has_code(statement: str) -> bool:
 
 
 def decode_head(run_id: str, raw: str | bytes) -> RunHead:
-    try:
-        return RunHead.model_validate_json(raw)
-    except ValidationError as exc:
-        raise CorruptRecord(run_id, "head", _first_error(exc)) from exc
+    """A row's head (``RecordTooNew`` from a newer format, ``CorruptRecord`` if unreadable)."""
+    return decode_stored_head(run_id, "head", raw, _first_error)
 
 
 def decode_fact(run_id: str, seq: int, raw: str | bytes) -> Fact:
-    try:
-        fact = parse_fact(raw)
-    except ValidationError as exc:
-        raise CorruptRecord(run_id, f"fact {seq}", _first_error(exc)) from exc
+    """A row's fact (``RecordTooNew`` from a newer format, ``CorruptRecord`` if unreadable)."""
+    fact = decode_stored_fact(run_id, f"fact {seq}", raw, _first_error)
     if fact.seq != seq:
         raise CorruptRecord(run_id, f"fact {seq}", f"it says it is fact {fact.seq}")
     return fact
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: Exception) -> str:
+    if not isinstance(exc, ValidationError):
+        return f"{type(exc).__name__}: {exc}"
     errors = exc.errors()
     if not errors:
         return "invalid JSON"

@@ -68,7 +68,7 @@ from orchestration.errors import (
     StoreError,
     VersionConflict,
 )
-from orchestration.facts import Fact, dump_fact, parse_fact
+from orchestration.facts import Fact, dump_fact
 from orchestration.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage
@@ -78,6 +78,8 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    decode_stored_fact,
+    decode_stored_head,
     encode_cursor_key,
     encode_head,
     list_order_key,
@@ -318,10 +320,7 @@ class FilesystemStore:
             if not path.parent.is_dir():
                 raise RunNotFound(run_id) from None
             raise CorruptRecord(run_id, str(path), "the file is missing") from None
-        try:
-            head = RunHead.model_validate_json(data)
-        except ValueError as exc:  # ValidationError, and UnicodeDecodeError on binary garbage
-            raise CorruptRecord(run_id, str(path), _problem(exc)) from exc
+        head = decode_stored_head(run_id, str(path), data, _problem)
         if head.run_id != run_id:
             raise CorruptRecord(run_id, str(path), f"it holds the head of run {head.run_id}")
         return head
@@ -526,10 +525,7 @@ class FilesystemStore:
         ]
 
     def _decode_fact(self, run_id: str, path: Path, seq: int, line: bytes) -> Fact:
-        try:
-            fact = parse_fact(line)
-        except ValueError as exc:
-            raise CorruptRecord(run_id, f"{path} (fact {seq})", _problem(exc)) from exc
+        fact = decode_stored_fact(run_id, f"{path} (fact {seq})", line, _problem)
         if fact.seq != seq:
             raise CorruptRecord(run_id, f"{path} (fact {seq})", f"the line holds fact {fact.seq}")
         return fact

@@ -3,12 +3,20 @@ reference the conformance suite holds every other adapter to. Nothing survives t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import anyio
 
-from orchestration.errors import Conflict, FactNotFound, LeaseLost, RunNotFound, VersionConflict
+from orchestration.errors import (
+    Conflict,
+    FactNotFound,
+    LeaseLost,
+    RecordTooNew,
+    RunNotFound,
+    VersionConflict,
+)
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
@@ -17,11 +25,14 @@ from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
     check_create,
+    check_format,
     decode_cursor,
     encode_cursor,
     list_order_key,
     not_continuing,
 )
+
+log = logging.getLogger(__name__)
 
 
 class MemoryStore:
@@ -51,9 +62,11 @@ class MemoryStore:
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
         try:
-            return self._heads[run_id]
+            head = self._heads[run_id]
         except KeyError:
             raise RunNotFound(run_id) from None
+        check_format(run_id, "head", head.format)
+        return head
 
     async def append(
         self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
@@ -73,12 +86,16 @@ class MemoryStore:
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         await self.load(run_id)
         facts = [f for f in self._facts[run_id] if f.seq > after_seq]
-        return facts if limit is None else facts[:limit]
+        facts = facts if limit is None else facts[:limit]
+        for fact in facts:
+            check_format(run_id, f"fact {fact.seq}", fact.format)
+        return facts
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         await self.load(run_id)
         facts = self._facts[run_id]
         if 1 <= seq <= len(facts):
+            check_format(run_id, f"fact {seq}", facts[seq - 1].format)
             return facts[seq - 1]
         raise FactNotFound(run_id, seq)
 
@@ -96,7 +113,19 @@ class MemoryStore:
             heads = [h for h in heads if list_order_key(h) < after]
         page = heads[:limit]
         more = len(heads) > limit
-        return RunPage(page, encode_cursor(page[-1]) if more and page else None)
+        runs = []
+        for head in page:
+            try:
+                check_format(head.run_id, "head", head.format)
+            except RecordTooNew as exc:
+                log.warning(
+                    "unreadable run skipped in list: %s",
+                    exc,
+                    extra={"action": "store.list_skipped_corrupt", "run_id": head.run_id, "code": exc.code},
+                )
+                continue
+            runs.append(head)
+        return RunPage(runs, encode_cursor(page[-1]) if more and page else None)
 
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
         out = []

@@ -379,10 +379,11 @@ class PostgresStore:
         for run_id, _created, raw in page_rows:
             try:
                 runs.append(decode_head(run_id, from_jsonb_text(raw)))
-            except CorruptRecord as exc:
+            except CorruptRecord as exc:  # RecordTooNew too: a newer version's run is left to it
                 log.warning(
-                    "unreadable run skipped in list",
-                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "error": str(exc)},
+                    "unreadable run skipped in list: %s",
+                    exc,
+                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "code": exc.code},
                 )
         next_cursor = None
         if len(rows) > limit and page_rows:

@@ -396,10 +396,11 @@ class SqliteStore:
         for run_id, _created, raw in page_rows:
             try:
                 runs.append(decode_head(run_id, raw))
-            except CorruptRecord as exc:
+            except CorruptRecord as exc:  # RecordTooNew too: a newer version's run is left to it
                 log.warning(
-                    "unreadable run skipped in list",
-                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "error": str(exc)},
+                    "unreadable run skipped in list: %s",
+                    exc,
+                    extra={"action": "store.list_skipped_corrupt", "run_id": run_id, "code": exc.code},
                 )
         more = len(rows) > limit
         next_cursor = cursor_for_key(page_rows[-1][1], page_rows[-1][0]) if more and page_rows else None
