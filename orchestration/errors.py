@@ -159,8 +159,8 @@ class RecordTooNew(CorruptRecord):
             run_id,
             where,
             f"{why}, and this server reads record formats up to {supported_format}: a newer "
-            "version of construct-mcp wrote it. The run is left as it is; drive it from a server "
-            "of that version, or upgrade this one",
+            "version of construct-mcp wrote it. The run is left as it is: leave it to a server of "
+            "the newer version, or upgrade this one",
         )
         self.record_format = record_format
         self.supported_format = supported_format

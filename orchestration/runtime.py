@@ -599,7 +599,8 @@ class Runtime:
                 )
             if isinstance(error, CorruptRecord):
                 # Retrying at every dispatcher poll would only repeat the error: leave the run
-                # alone for a while (an operator may repair the file meanwhile).
+                # alone for a while (an operator may repair the file meanwhile). The same for
+                # RecordTooNew: a newer version's run is left to it, never decided or written here.
                 retry = self.clock.now() + timedelta(seconds=self.unreadable_retry_seconds)
                 self._unreadable[run_id] = retry
             if error is not None:

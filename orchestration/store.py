@@ -10,6 +10,11 @@ does the cost of one append.
 Leases are not facts: they are a small mutable record per run (owner, expiry) that says which worker
 may execute the run now. Expiry is judged with the ``now`` the caller passes (its injected clock),
 never with the store's own clock.
+
+Stored heads and facts state their record format, and a store reads them back by the rules in
+:mod:`orchestration.facts` ("Record formats"): fields it does not know are ignored; a record of a
+newer format, or a fact of an unknown type, raises ``RecordTooNew`` (a ``CorruptRecord``) and is
+never rewritten; lists skip such a run like any unreadable one.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ class RunStore(Protocol):
 
     async def load(self, run_id: str) -> RunHead:
         """The current head. Raises ``RunNotFound``, ``InvalidArgument`` (malformed id),
-        ``CorruptRecord`` (the stored head cannot be read back)."""
+        ``CorruptRecord`` (the stored head cannot be read back), ``RecordTooNew`` (a newer
+        version wrote it)."""
         ...
 
     async def append(
@@ -80,7 +86,8 @@ class RunStore(Protocol):
         ...
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
-        """Facts with ``seq > after_seq`` in order, at most ``limit``. Raises ``RunNotFound``."""
+        """Facts with ``seq > after_seq`` in order, at most ``limit``. Raises ``RunNotFound``,
+        ``CorruptRecord`` or ``RecordTooNew`` (as :meth:`load`) for a fact it cannot read."""
         ...
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
