@@ -200,8 +200,8 @@ def _print_view(view: RunView, out: TextIO) -> None:
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
     out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
-    request = view.request.strip().replace("\n", " ")
-    out.write(f"request: {request[:200]}{'…' if len(request) > 200 else ''}\n")
+    request = view.request_preview.replace("\n", " ")
+    out.write(f"request: {request}\n")
     out.write("tasks:\n")
     for task in view.tasks:
         executor = task.executor or "-"

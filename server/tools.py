@@ -15,6 +15,11 @@ returns the current state and records nothing new; the runtime guarantees that.
 host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
 when the call carried a progress token. The default lets an inline run's first host task arrive in
 the ``orchestrate_start`` answer.
+
+A run view is compact (see :mod:`server.views`): each finished task's output is a preview, and the
+upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
+``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
+as its structured content, without indentation: many hosts show their model only the text.
 """
 
 from __future__ import annotations
@@ -328,7 +333,8 @@ async def run_status(
 ) -> Annotated[CallToolResult, RunView]:
     """The current state of a run: status, next_action, tasks (outputs as previews), attempts,
     errors, gates and warnings. Use it to pick a run up again after a restart, to wait for a running
-    one, or to read whole outputs: detail='full' for all, task_id='<task>' for one."""
+    one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
+    for one."""
 
     async def work() -> RunView:
         services = _services(ctx)

@@ -14,7 +14,8 @@ model. So a view is *compact* by default: each finished task's output appears as
 first :data:`OUTPUT_PREVIEW_CHARS` characters, its length, its sha256 and the URI of the whole
 output, ``run://<run_id>/tasks/<task_id>/output``), and the prompts of the host task to run now are
 the only place upstream outputs appear in full. ``detail="full"`` puts every whole output in the
-view; ``full_task`` puts one task's whole output in it.
+view; ``full_task`` puts one task's whole output in it. The request, which the host gave and the
+host task's prompt carries, is a preview too (whole with ``detail="full"``).
 
 The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
 :class:`_Outlined`): their top-level fields with types and descriptions, nested objects as plain
@@ -38,7 +39,7 @@ from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
 
-#: ``runs_list`` shows this much of each request.
+#: ``runs_list`` and compact views show this much of each request.
 REQUEST_PREVIEW_CHARS = 200
 
 #: A compact view shows this many characters of each task's output.
@@ -61,8 +62,9 @@ class _Outlined(_View):
     """A view whose JSON schema is an outline: its own fields, nested objects as plain objects.
 
     The outline is derived from the full schema, so it stays true as the fields change: titles,
-    defaults and nested models' definitions are left out, enums are kept inline. Validation is
-    unaffected (the model still validates every nested field); only the published schema is lean.
+    defaults, nested models' definitions and the descriptions of plain fields are left out, enums
+    are kept inline. Validation is unaffected (the model still validates every nested field); only
+    the published schema is lean.
     """
 
     @classmethod
@@ -102,10 +104,29 @@ def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = F
         elif key == "items":
             out[key] = _outline(value, handler)
         elif key == "properties":
-            out[key] = {name: _outline(prop, handler) for name, prop in value.items()}
+            out[key] = {name: _outline_property(prop, handler) for name, prop in value.items()}
         else:
             out[key] = value
     return out
+
+
+def _outline_property(prop: dict[str, Any], handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    """A field of the outline. Its description is kept only where the outline hides a shape (an
+    object or a list of objects), so that words say what the schema no longer does."""
+    lean = _outline(prop, handler)
+    if not _holds_objects(lean):
+        lean.pop("description", None)
+    return lean
+
+
+def _holds_objects(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return (
+        "object" in kinds
+        or any(_holds_objects(v) for v in node.get("anyOf", []))
+        or ("items" in node and _holds_objects(node["items"]))
+    )
 
 
 class ErrorView(_View):
@@ -263,7 +284,11 @@ class RunView(_Outlined):
     )
     chain: ChainView
     contract: ContractView
-    request: str
+    request: str | None = Field(
+        default=None, description="The whole request: only in a full view (run_status detail='full')."
+    )
+    request_preview: str = Field(description=f"The request's first {REQUEST_PREVIEW_CHARS} characters.")
+    request_chars: int
     idempotency_key: str | None = None
     tasks: list[TaskView] = Field(
         description="Outputs as output_preview, output_chars, output_sha256, output_uri; "
@@ -473,10 +498,10 @@ def check_task_id(head: RunHead, task_id: str) -> TaskState:
 def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str | None = None) -> RunView:
     """The run as the tools show it.
 
-    ``detail="compact"`` (the default) shows each finished task's output as a preview (its start,
-    length, sha256 and resource URI); ``"full"`` shows every whole output. ``full_task`` shows that
-    one task's whole output whatever ``detail`` says; a task id the run does not have is an
-    :class:`~orchestration.errors.InvalidArgument`.
+    ``detail="compact"`` (the default) shows each finished task's output and the request as
+    previews (an output's start, length, sha256 and resource URI); ``"full"`` shows them whole.
+    ``full_task`` shows that one task's whole output whatever ``detail`` says; a task id the run
+    does not have is an :class:`~orchestration.errors.InvalidArgument`.
     """
     head = snapshot.head
     if full_task is not None:
@@ -490,7 +515,9 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
             name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
         ),
         contract=ContractView.model_validate(head.contract.model_dump()),
-        request=head.request,
+        request=head.request if detail == "full" else None,
+        request_preview=request_preview(head.request),
+        request_chars=len(head.request),
         idempotency_key=head.idempotency_key,
         tasks=[
             _task(head.run_id, t, snapshot.outputs.get(t.task_id), detail == "full" or t.task_id == full_task)
@@ -527,9 +554,14 @@ def waiting_for(head: RunHead) -> str | None:
     return None
 
 
+def request_preview(request: str) -> str:
+    """The request's start (at most :data:`REQUEST_PREVIEW_CHARS` characters, '…' marking a cut)."""
+    request = request.strip()
+    return request if len(request) <= REQUEST_PREVIEW_CHARS else request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+
+
 def run_summary(head: RunHead) -> RunSummary:
-    request = head.request.strip()
-    preview = request if len(request) <= REQUEST_PREVIEW_CHARS else request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+    preview = request_preview(head.request)
     return RunSummary(
         run_id=head.run_id,
         status=head.status,

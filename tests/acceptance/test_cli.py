@@ -114,7 +114,7 @@ def test_idempotency_key_and_stdin(tmp_path: Path) -> None:
     proc = cli(tmp_path, "runs", "start", "-", "--idempotency-key", "k1", "--json", stdin="from stdin")
     assert proc.returncode == 0, proc.stderr
     first = json.loads(proc.stdout)
-    assert first["request"] == "from stdin"
+    assert first["request_preview"] == "from stdin" and first["request_chars"] == len("from stdin")
     again = cli(tmp_path, "runs", "start", "-", "--idempotency-key", "k1", "--json", stdin="from stdin")
     assert json.loads(again.stdout)["run_id"] == first["run_id"]
     conflict = cli(tmp_path, "runs", "start", "other", "--idempotency-key", "k1")

@@ -149,6 +149,19 @@ async def test_a_compact_view_previews_each_output_once_and_points_at_the_whole(
     assert view.tasks[1].output_preview is None and view.tasks[1].output_uri is None
 
 
+async def test_a_long_request_travels_once_in_a_compact_view() -> None:
+    runtime = make_runtime()
+    request = "Build it. " + "context " * 5000 + "END OF REQUEST"
+    run_id = await begin(runtime, request)
+    snap = await runtime.snapshot(run_id)
+    view = run_view(snap)
+    assert view.request is None and view.request_chars == len(request)
+    assert view.request_preview == request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+    # The host task's prompt carries the request; the rest of the view does not repeat it.
+    assert view.model_dump_json().count("END OF REQUEST") == 1
+    assert run_view(snap, "full").request == request
+
+
 async def test_full_detail_and_full_task_carry_whole_outputs() -> None:
     runtime = make_runtime()
     run_id = await begin(runtime)
