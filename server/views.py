@@ -18,8 +18,8 @@ view; ``full_task`` puts one task's whole output in it. The request, which the h
 host task's prompt carries, is a preview too (whole with ``detail="full"``).
 
 The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
-:class:`_Outlined`): their top-level fields with types and descriptions, nested objects as plain
-objects. The whole nested schema, repeated by each of the five tools that answer with a run view,
+:class:`_Outlined`): their top-level fields with types, nested objects as plain objects described in
+a sentence. The whole nested schema, repeated by each of the five tools that answer with a run view,
 made ``tools/list`` about 60 KB, which a host pays for in every conversation.
 """
 
@@ -77,13 +77,14 @@ class _Outlined(_View):
 
 
 def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = False) -> dict[str, Any]:
+    said = {"description": node["description"]} if "description" in node else {}
     if "$ref" in node:
-        target = handler.resolve_ref_schema(node)
+        target = handler.resolve_ref_schema({"$ref": node["$ref"]})
         if "enum" in target:
-            return {key: target[key] for key in ("type", "enum") if key in target}
-        return {"type": "object"}
+            return {key: target[key] for key in ("type", "enum") if key in target} | said
+        return {"type": "object"} | said
     if not root and node.get("type") == "object":
-        return {"type": "object"}
+        return {"type": "object"} | said
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "default", "discriminator"):

@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from orchestration.clock import ManualClock
 from orchestration.errors import (
@@ -30,11 +30,13 @@ from server.views import (
     OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
     Approve,
+    ChainView,
     Done,
     NextAction,
     RunHostTask,
     RunView,
     Wait,
+    _Outlined,
     run_summary,
     run_view,
     runs_page,
@@ -191,6 +193,17 @@ def test_the_published_run_view_schema_is_an_outline() -> None:
     assert schema["properties"]["status"]["enum"] == [s.value for s in RunStatus]
     assert schema["properties"]["error"]["type"] == ["object", "null"]
     assert schema["additionalProperties"] is False
+    # Words stay where the outline hides a shape; a plain field's type says enough.
+    assert "description" in schema["properties"]["tasks"]
+    assert "description" not in schema["properties"]["version"]
+
+    class Described(_Outlined):
+        chain: ChainView = Field(description="the chain the run follows")
+
+    assert Described.model_json_schema()["properties"]["chain"] == {
+        "description": "the chain the run follows",
+        "type": "object",
+    }
 
 
 async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
