@@ -321,7 +321,9 @@ class RunSummary(_View):
 
 
 class RunsPage(_Outlined):
-    runs: list[RunSummary]
+    runs: list[RunSummary] = Field(
+        description="Newest first: run_id, status, status_kind, chain, request_preview, waiting_for, times."
+    )
     next_cursor: str | None = Field(
         default=None, description="Pass as cursor to get the next page; null on the last page."
     )
