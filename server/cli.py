@@ -5,7 +5,7 @@
     construct-mcp serve [--transport stdio|sse|streamable-http] [--host H] [--port P] [--store S] [--config F]
     construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c | --specialists a[,b]]
                              [--approve-before STEP]... [--idempotency-key K]
-    construct-mcp runs status RUN_ID
+    construct-mcp runs status RUN_ID [--full]
     construct-mcp runs resume RUN_ID [--task-id T] [--output TEXT | --output-file FILE|-]
     construct-mcp runs approve RUN_ID [--reject] [--gate-id G] [--comment C] [--approver A]
     construct-mcp runs cancel RUN_ID [--reason R]
@@ -18,7 +18,9 @@ The ``runs`` commands work directly on the configured store, without a server: e
 event through the :class:`~orchestration.runtime.Runtime` and then drives the run in this process
 until it settles (a host task, a gate, the end), so the CLI alone can run a chain. If a server holds
 the run's lease, the CLI leaves the driving to it and waits briefly for it. Output is
-human-readable; ``--json`` prints the same run view the MCP tools return.
+human-readable; ``--json`` prints the same run view the MCP tools return: compact, each task's output
+as a preview. ``runs status --full`` shows every task's whole output (``--json --full``: the view of
+``run_status(detail="full")``).
 
 Exit status: 0 success; 2 usage or configuration error; 1 operation error, with ``code: message``
 on stderr (``run_not_found: no run with id ...``).
@@ -47,7 +49,7 @@ from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
 from server.timeline import render_timeline
-from server.views import RunsPage, RunView, run_view, runs_page
+from server.views import Detail, RunsPage, RunView, run_view, runs_page
 from server.wiring import runtime_for
 from stores import parse_store_spec
 
@@ -122,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = runs_sub.add_parser("status", help="show a run")
     status.add_argument("run_id")
+    status.add_argument("--full", action="store_true", help="show every task's whole output")
     _common(status)
     _json_flag(status)
 
@@ -197,8 +200,8 @@ def _print_view(view: RunView, out: TextIO) -> None:
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
     out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
-    request = view.request.strip().replace("\n", " ")
-    out.write(f"request: {request[:200]}{'…' if len(request) > 200 else ''}\n")
+    request = view.request_preview.replace("\n", " ")
+    out.write(f"request: {request}\n")
     out.write("tasks:\n")
     for task in view.tasks:
         executor = task.executor or "-"
@@ -209,6 +212,11 @@ def _print_view(view: RunView, out: TextIO) -> None:
             f"{size}{error}\n".rstrip()
             + "\n"
         )
+    for task in view.tasks:
+        if task.output is not None:
+            out.write(
+                f"--- {task.task_id} output ({len(task.output)} chars) ---\n{task.output.rstrip()}\n---\n"
+            )
     for gate in view.gates:
         who = f" by {gate.approver}" if gate.approver else ""
         note = f" ({gate.comment})" if gate.comment else ""
@@ -312,7 +320,8 @@ async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) ->
         return EXIT_OK
     else:
         head = await _run_command(command, args, runtime)
-        model = run_view(await runtime.snapshot(head.run_id, head))
+        detail: Detail = "full" if getattr(args, "full", False) else "compact"
+        model = run_view(await runtime.snapshot(head.run_id, head), detail)
     _emit(model, args.json, out)
     return EXIT_OK
 

@@ -1,4 +1,7 @@
-"""Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.RunView` as JSON.
+"""Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.RunView` as JSON
+(the compact view the tools answer with), and ``run://{run_id}/tasks/{task_id}/output`` is one
+task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``). An
+output never changes once recorded, so only ``run://{run_id}`` is worth subscribing to.
 
 Subscribers hear about every change this process writes to the run (the runtime calls
 :meth:`~server.services.Services.publish_change` after each write):
@@ -23,15 +26,19 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
+from orchestration.errors import ConstructError, InvalidArgument, InvalidState, RunNotFound
+from orchestration.ids import validate_run_id
+from orchestration.vocabulary import TaskStatus
 from server.services import LegacySubscribers, Services
+from server.views import check_task_id
 from server.watch import RunSubscriptions
 
 ResourceContext = Context[Services, Any]
 
 
 async def read_run(run_id: str, ctx: ResourceContext) -> str:
-    """A run: status, next_action, tasks with outputs, gates and warnings (the run_status view)."""
+    """A run: status, next_action, tasks with output previews, gates and warnings (the compact
+    run_status view)."""
     services: Services = ctx.request_context.lifespan_context
     try:
         view = await services.view(run_id)
@@ -40,6 +47,24 @@ async def read_run(run_id: str, ctx: ResourceContext) -> str:
     except ConstructError as exc:
         raise ResourceError(f"{exc.code}: {exc.message}") from None
     return view.model_dump_json()
+
+
+async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> str:
+    """One task's whole output, verbatim (the view's ``output_uri``)."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        head = await services.runtime.status(validate_run_id(run_id))
+        task = check_task_id(head, task_id)
+        if task.status != TaskStatus.DONE or task.output_seq is None:
+            raise InvalidState(
+                f"task {task.task_id!r} of run {head.run_id} has no output: it is {task.status.value}"
+            )
+        outputs = await services.runtime.outputs(head, [task.task_id])
+    except (RunNotFound, InvalidArgument, InvalidState) as exc:
+        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
+    except ConstructError as exc:
+        raise ResourceError(f"{exc.code}: {exc.message}") from None
+    return outputs[task.task_id]
 
 
 def register_resources(
@@ -52,6 +77,13 @@ def register_resources(
         description="The run's status, next action, tasks, gates and warnings (JSON); subscribe for updates.",
         mime_type="application/json",
     )(read_run)
+    server.resource(
+        "run://{run_id}/tasks/{task_id}/output",
+        name="task_output",
+        title="A task's output",
+        description="One task's whole output, verbatim (a run view's tasks[].output_uri).",
+        mime_type="text/plain",
+    )(read_task_output)
 
     async def subscribe(
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams

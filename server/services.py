@@ -18,7 +18,7 @@ from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.config import Settings
-from server.views import RunView, run_view
+from server.views import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
 
@@ -75,9 +75,16 @@ class Services:
     store_description: str
     warnings: Sequence[str] = ()
 
-    async def view(self, run_id: str, head: RunHead | None = None) -> RunView:
-        """The run as the tools show it, read from the store (``head`` if the caller has it)."""
-        return run_view(await self.runtime.snapshot(run_id, head))
+    async def view(
+        self,
+        run_id: str,
+        head: RunHead | None = None,
+        detail: Detail = "compact",
+        full_task: str | None = None,
+    ) -> RunView:
+        """The run as the tools show it, read from the store (``head`` if the caller has it);
+        ``detail`` and ``full_task`` as in :func:`~server.views.run_view`."""
+        return run_view(await self.runtime.snapshot(run_id, head), detail, full_task)
 
     async def publish_change(self, head: RunHead) -> None:
         """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""

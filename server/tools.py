@@ -15,6 +15,11 @@ returns the current state and records nothing new; the runtime guarantees that.
 host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
 when the call carried a progress token. The default lets an inline run's first host task arrive in
 the ``orchestrate_start`` answer.
+
+A run view is compact (see :mod:`server.views`): each finished task's output is a preview, and the
+upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
+``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
+as its structured content, without indentation: many hosts show their model only the text.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import RunStatus
 from server.services import Services
-from server.views import RunsPage, RunView, runs_page
+from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
 log = logging.getLogger("construct.tools")
 
@@ -90,7 +95,13 @@ async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallTo
     return _ok(model)
 
 
-async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunView:
+async def _settle(
+    ctx: ToolContext,
+    head: RunHead,
+    wait_seconds: float,
+    detail: Detail = "compact",
+    full_task: str | None = None,
+) -> RunView:
     """Wait (bounded) until the run settles, reporting progress, then view it."""
     services = _services(ctx)
     if wait_seconds > 0:
@@ -117,7 +128,7 @@ async def _settle(ctx: ToolContext, head: RunHead, wait_seconds: float) -> RunVi
             if until >= deadline - anyio.current_time():
                 break
             await anyio.sleep(max(0.0, until) + 0.05)
-    return await services.view(head.run_id, head)
+    return await services.view(head.run_id, head, detail, full_task)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,14 +317,31 @@ async def run_status(
             description="0 (default) answers at once; more blocks until the run needs you or ends.",
         ),
     ] = 0.0,
+    detail: Annotated[
+        Detail,
+        Field(
+            description="'compact' (default): each task's output as a preview (start, length, sha256, URI). "
+            "'full': every task's whole output."
+        ),
+    ] = "compact",
+    task_id: Annotated[
+        str | None,
+        Field(
+            description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says."
+        ),
+    ] = None,
 ) -> Annotated[CallToolResult, RunView]:
-    """The current state of a run: status, next_action, tasks with outputs, attempts, errors, gates
-    and warnings. Use it to pick a run up again after a restart or to wait for a running one."""
+    """The current state of a run: status, next_action, tasks (outputs as previews), attempts,
+    errors, gates and warnings. Use it to pick a run up again after a restart, to wait for a running
+    one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
+    for one."""
 
     async def work() -> RunView:
         services = _services(ctx)
         head = await services.runtime.status(run_id)
-        return await _settle(ctx, head, wait_seconds)
+        if task_id is not None:
+            check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
+        return await _settle(ctx, head, wait_seconds, detail, task_id)
 
     return await _answer("run_status", work)
 

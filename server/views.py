@@ -1,34 +1,133 @@
 """What the tools answer: typed views of a run, built from the persisted record only.
 
-These pydantic models are the tools' output models, so hosts see them as ``outputSchema`` and get
-them as ``structuredContent``. :func:`run_view` turns a :class:`~orchestration.runtime.RunSnapshot`
-(the head, the persisted outputs and, when the run awaits the host, the materialized prompts) into a
+These pydantic models are the tools' output models, so hosts get them as ``structuredContent`` (and
+as the JSON text). :func:`run_view` turns a :class:`~orchestration.runtime.RunSnapshot` (the head,
+the persisted outputs and, when the run awaits the host, the materialized prompts) into a
 :class:`RunView`; :func:`runs_page` turns a page of heads into a :class:`RunsPage`.
 
 The most important field is ``next_action``: what the caller must do now — run a host task and
 resume with its output, approve a gate, wait, or nothing — with an ``instruction`` sentence a host
 model can follow without reading any documentation.
+
+Views are sized for a model's context: every answer is a view, and a host may show all of it to its
+model. So a view is *compact* by default: each finished task's output appears as a preview (its
+first :data:`OUTPUT_PREVIEW_CHARS` characters, its length, its sha256 and the URI of the whole
+output, ``run://<run_id>/tasks/<task_id>/output``), and the prompts of the host task to run now are
+the only place upstream outputs appear in full. ``detail="full"`` puts every whole output in the
+view; ``full_task`` puts one task's whole output in it. The request, which the host gave and the
+host task's prompt carries, is a preview too (whole with ``detail="full"``).
+
+The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
+:class:`_Outlined`): their top-level fields with types, nested objects as plain objects described in
+a sentence. The whole nested schema, repeated by each of the five tools that answer with a run view,
+made ``tools/list`` about 60 KB, which a host pays for in every conversation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from orchestration.errors import InvalidArgument
 from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, TaskState, TypedError
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
 
-#: ``runs_list`` shows this much of each request.
+#: ``runs_list`` and compact views show this much of each request.
 REQUEST_PREVIEW_CHARS = 200
+
+#: A compact view shows this many characters of each task's output.
+OUTPUT_PREVIEW_CHARS = 300
+
+#: How much of each task's output a view carries: a preview (``compact``) or all of it (``full``).
+Detail = Literal["compact", "full"]
+
+
+def output_uri(run_id: str, task_id: str) -> str:
+    """The resource holding a task's whole output (``text/plain``, verbatim)."""
+    return f"run://{run_id}/tasks/{task_id}/output"
 
 
 class _View(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Outlined(_View):
+    """A view whose JSON schema is an outline: its own fields, nested objects as plain objects.
+
+    The outline is derived from the full schema, so it stays true as the fields change: titles,
+    defaults, nested models' definitions and the descriptions of plain fields are left out, enums
+    are kept inline. Validation is unaffected (the model still validates every nested field); only
+    the published schema is lean.
+    """
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        full = handler.resolve_ref_schema(handler(core_schema))
+        # The tool's description says what it answers; the model's docstring would repeat it.
+        return {k: v for k, v in _outline(full, handler, root=True).items() if k != "description"}
+
+
+def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = False) -> dict[str, Any]:
+    said = {"description": node["description"]} if "description" in node else {}
+    if "$ref" in node:
+        target = handler.resolve_ref_schema({"$ref": node["$ref"]})
+        if "enum" in target:
+            return {key: target[key] for key in ("type", "enum") if key in target} | said
+        return {"type": "object"} | said
+    if not root and node.get("type") == "object":
+        return {"type": "object"} | said
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "default", "discriminator"):
+            continue
+        if key in ("anyOf", "oneOf"):
+            variants: list[dict[str, Any]] = []
+            for variant in value:
+                lean = _outline(variant, handler)
+                if lean not in variants:
+                    variants.append(lean)
+            types = [v.get("type") for v in variants]
+            if len(variants) == 1:
+                out.update(variants[0])
+            elif all(isinstance(t, str) and v == {"type": t} for t, v in zip(types, variants, strict=True)):
+                out["type"] = types  # {"anyOf": [{"type": "object"}, {"type": "null"}]}, said shorter
+            else:
+                out[key] = variants
+        elif key == "items":
+            out[key] = _outline(value, handler)
+        elif key == "properties":
+            out[key] = {name: _outline_property(prop, handler) for name, prop in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
+def _outline_property(prop: dict[str, Any], handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    """A field of the outline. Its description is kept only where the outline hides a shape (an
+    object or a list of objects), so that words say what the schema no longer does."""
+    lean = _outline(prop, handler)
+    if not _holds_objects(lean):
+        lean.pop("description", None)
+    return lean
+
+
+def _holds_objects(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return (
+        "object" in kinds
+        or any(_holds_objects(v) for v in node.get("anyOf", []))
+        or ("items" in node and _holds_objects(node["items"]))
+    )
 
 
 class ErrorView(_View):
@@ -82,8 +181,21 @@ class TaskView(_View):
         default=None, description="Who produced the output: 'inline:host' or 'provider:<name>:<model>'."
     )
     attempts: list[AttemptView]
-    output: str | None = Field(default=None, description="The task's recorded output, verbatim.")
-    output_chars: int | None = None
+    output: str | None = Field(
+        default=None,
+        description="The task's whole recorded output, verbatim: only in a full view "
+        "(run_status detail='full', or task_id naming this task).",
+    )
+    output_preview: str | None = Field(
+        default=None,
+        description=f"The output's first {OUTPUT_PREVIEW_CHARS} characters (all of it when shorter), "
+        "in a compact view.",
+    )
+    output_chars: int | None = Field(default=None, description="The output's length in characters.")
+    output_sha256: str | None = Field(default=None, description="sha256 of the output's UTF-8 bytes.")
+    output_uri: str | None = Field(
+        default=None, description="The resource that holds the whole output as text/plain."
+    )
     error: ErrorView | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -162,18 +274,27 @@ class Done(_View):
 NextAction = Annotated[RunHostTask | Approve | Wait | Done, Field(discriminator="kind")]
 
 
-class RunView(_View):
+class RunView(_Outlined):
     """A run as the tools return it: its status, what the caller must do next, and its record."""
 
     run_id: str
     status: RunStatus
     status_kind: Literal["active", "paused", "terminal"]
-    next_action: NextAction
+    next_action: NextAction = Field(
+        description="What to do now: kind run_host_task, approve, wait or none; instruction says how."
+    )
     chain: ChainView
     contract: ContractView
-    request: str
+    request: str | None = Field(
+        default=None, description="The whole request: only in a full view (run_status detail='full')."
+    )
+    request_preview: str = Field(description=f"The request's first {REQUEST_PREVIEW_CHARS} characters.")
+    request_chars: int
     idempotency_key: str | None = None
-    tasks: list[TaskView]
+    tasks: list[TaskView] = Field(
+        description="Outputs as output_preview, output_chars, output_sha256, output_uri; "
+        "whole in output only when asked for."
+    )
     gates: list[GateView]
     error: ErrorView | None = None
     totals: Totals
@@ -199,8 +320,10 @@ class RunSummary(_View):
     finished_at: datetime | None = None
 
 
-class RunsPage(_View):
-    runs: list[RunSummary]
+class RunsPage(_Outlined):
+    runs: list[RunSummary] = Field(
+        description="Newest first: run_id, status, status_kind, chain, request_preview, waiting_for, times."
+    )
     next_cursor: str | None = Field(
         default=None, description="Pass as cursor to get the next page; null on the last page."
     )
@@ -226,15 +349,19 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
     )
 
 
-def _task(task: TaskState, output: str | None) -> TaskView:
+def _task(run_id: str, task: TaskState, output: str | None, whole: bool) -> TaskView:
+    """``whole``: the view carries the whole output; otherwise a preview of it."""
     return TaskView(
         task_id=task.task_id,
         specialist=task.specialist,
         status=task.status,
         executor=task.executor,
         attempts=[_attempt(a) for a in task.attempts],
-        output=output,
-        output_chars=task.output_chars,
+        output=output if whole else None,
+        output_preview=output[:OUTPUT_PREVIEW_CHARS] if output is not None and not whole else None,
+        output_chars=len(output) if output is not None else task.output_chars,
+        output_sha256=task.output_sha256 if output is not None else None,
+        output_uri=output_uri(run_id, task.task_id) if output is not None else None,
         error=_error(task.error),
         started_at=task.started_at,
         finished_at=task.finished_at,
@@ -302,12 +429,13 @@ def _gate_guards(gate: GateState, head: RunHead) -> str:
     step = head.chain.step(gate.task_id)
     if gate.position == "before":
         return (
-            f"Approval before the {step.name!r} step ({step.specialist}) starts; "
-            "the outputs of the earlier tasks are in tasks[].output."
+            f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
+            f"outputs are previewed in tasks[]; run_status(run_id={head.run_id!r}, detail='full') "
+            "shows them whole."
         )
     return (
         f"Approval of the output of the {step.name!r} step ({step.specialist}) before the chain goes on; "
-        "that output is in tasks[].output."
+        f"run_status(run_id={head.run_id!r}, task_id={gate.task_id!r}) shows that output whole."
     )
 
 
@@ -317,7 +445,8 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     if head.status.is_terminal:
         return Done(
             instruction=f"The run is {head.status.value}; nothing more will happen to it. "
-            "Report the outcome (the tasks' outputs and errors) to the user."
+            "Report the outcome (the tasks' outputs and errors) to the user; "
+            f"run_status(run_id={run_id!r}, detail='full') gives the whole outputs."
         )
     if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
         prompt = snapshot.host_task
@@ -358,8 +487,28 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     )
 
 
-def run_view(snapshot: RunSnapshot) -> RunView:
+def check_task_id(head: RunHead, task_id: str) -> TaskState:
+    """The run's task ``task_id``; an id the run does not have is an ``InvalidArgument``."""
+    for task in head.tasks:
+        if task.task_id == task_id:
+            return task
+    raise InvalidArgument(
+        f"run {head.run_id} has no task {task_id[:100]!r}; its tasks are "
+        + ", ".join(t.task_id for t in head.tasks)
+    )
+
+
+def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str | None = None) -> RunView:
+    """The run as the tools show it.
+
+    ``detail="compact"`` (the default) shows each finished task's output and the request as
+    previews (an output's start, length, sha256 and resource URI); ``"full"`` shows them whole.
+    ``full_task`` shows that one task's whole output whatever ``detail`` says; a task id the run
+    does not have is an :class:`~orchestration.errors.InvalidArgument`.
+    """
     head = snapshot.head
+    if full_task is not None:
+        check_task_id(head, full_task)
     return RunView(
         run_id=head.run_id,
         status=head.status,
@@ -369,9 +518,14 @@ def run_view(snapshot: RunSnapshot) -> RunView:
             name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
         ),
         contract=ContractView.model_validate(head.contract.model_dump()),
-        request=head.request,
+        request=head.request if detail == "full" else None,
+        request_preview=request_preview(head.request),
+        request_chars=len(head.request),
         idempotency_key=head.idempotency_key,
-        tasks=[_task(t, snapshot.outputs.get(t.task_id)) for t in head.tasks],
+        tasks=[
+            _task(head.run_id, t, snapshot.outputs.get(t.task_id), detail == "full" or t.task_id == full_task)
+            for t in head.tasks
+        ],
         gates=[_gate(g) for g in head.gates],
         error=_error(head.error),
         totals=totals(head),
@@ -403,9 +557,14 @@ def waiting_for(head: RunHead) -> str | None:
     return None
 
 
+def request_preview(request: str) -> str:
+    """The request's start (at most :data:`REQUEST_PREVIEW_CHARS` characters, '…' marking a cut)."""
+    request = request.strip()
+    return request if len(request) <= REQUEST_PREVIEW_CHARS else request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+
+
 def run_summary(head: RunHead) -> RunSummary:
-    request = head.request.strip()
-    preview = request if len(request) <= REQUEST_PREVIEW_CHARS else request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+    preview = request_preview(head.request)
     return RunSummary(
         run_id=head.run_id,
         status=head.status,

@@ -46,7 +46,8 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     answer.write_text("[test host output] the design")
     view = ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "architect", "--output-file", str(answer))
     assert view["status"] == "awaiting_approval"
-    assert view["tasks"][0]["output"] == "[test host output] the design"
+    assert view["tasks"][0]["output_preview"] == "[test host output] the design"
+    assert view["tasks"][0]["output"] is None  # compact: `runs status --full` shows it whole
 
     view = ok_json(tmp_path, "runs", "approve", run_id, "--comment", "go", "--approver", "bob")
     assert view["next_action"]["task_id"] == "engineer"
@@ -55,6 +56,12 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     assert view["status"] == "completed"
 
     assert ok_json(tmp_path, "runs", "status", run_id) == view
+    full = ok_json(tmp_path, "runs", "status", run_id, "--full")
+    assert [t["output"] for t in full["tasks"]] == [
+        "[test host output] the design",
+        "[test host output] code",
+        "[test host output] review",
+    ]
     listed = ok_json(tmp_path, "runs", "list", "--status", "completed")
     assert [r["run_id"] for r in listed["runs"]] == [run_id]
 
@@ -70,6 +77,10 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     assert (
         f"run {run_id}: completed" in human.stdout and "gate before:engineer: approved by bob" in human.stdout
     )
+    assert "[test host output] code" not in human.stdout
+    human = cli(tmp_path, "runs", "status", run_id, "--full")
+    assert human.returncode == 0
+    assert "--- engineer output (23 chars) ---\n[test host output] code\n" in human.stdout
 
 
 def test_human_output_shows_the_prompts_and_the_next_command(tmp_path: Path) -> None:
@@ -103,7 +114,7 @@ def test_idempotency_key_and_stdin(tmp_path: Path) -> None:
     proc = cli(tmp_path, "runs", "start", "-", "--idempotency-key", "k1", "--json", stdin="from stdin")
     assert proc.returncode == 0, proc.stderr
     first = json.loads(proc.stdout)
-    assert first["request"] == "from stdin"
+    assert first["request_preview"] == "from stdin" and first["request_chars"] == len("from stdin")
     again = cli(tmp_path, "runs", "start", "-", "--idempotency-key", "k1", "--json", stdin="from stdin")
     assert json.loads(again.stdout)["run_id"] == first["run_id"]
     conflict = cli(tmp_path, "runs", "start", "other", "--idempotency-key", "k1")

@@ -43,7 +43,7 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
             assert view["contract"]["worker_backend"] == "provider"
             assert view["status"] == "awaiting_approval", view
             architect = view["tasks"][0]
-            assert architect["output"] == "the design, from the model"
+            assert architect["output_preview"] == "the design, from the model"
             assert architect["executor"] == "provider:anthropic:claude-test-1"
             # The overloaded answer was one recorded attempt; the second succeeded.
             assert [a["outcome"] for a in architect["attempts"]] == ["failed", "succeeded"]
@@ -53,7 +53,7 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
                 client, "orchestrate_approve", run_id=view["run_id"], decision="approve", wait_seconds=60
             )
             assert view["status"] == "completed", view
-            assert view["tasks"][1]["output"] == "the code, from the model"
+            assert view["tasks"][1]["output_preview"] == "the code, from the model"
             assert "provider:anthropic:claude-test-1" in view["semantics"]
             assert view["totals"]["output_tokens"] > 0
 

@@ -113,9 +113,12 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
     assert hints("orchestrate_start").read_only_hint is False
 
 
-async def test_run_resource_template_is_listed(client: Client) -> None:
+async def test_run_resource_templates_are_listed(client: Client) -> None:
     templates = (await client.list_resource_templates()).resource_templates
-    assert [t.uri_template for t in templates] == ["run://{run_id}"]
+    assert [(t.uri_template, t.mime_type) for t in templates] == [
+        ("run://{run_id}", "application/json"),
+        ("run://{run_id}/tasks/{task_id}/output", "text/plain"),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,7 +176,8 @@ async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
     assert view["finished_at"] is not None
     for task in view["tasks"]:
         assert task["status"] == "done"
-        assert task["output"] == f"[test host output] {task['task_id']}"
+        assert task["output_preview"] == f"[test host output] {task['task_id']}"
+        assert task["output"] is None  # compact: asked for with detail='full', task_id or the URI
         assert task["executor"] == "inline:host"
         assert [a["outcome"] for a in task["attempts"]] == ["succeeded"]
     gate = view["gates"][0]
@@ -187,6 +191,15 @@ async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
     assert isinstance(content, TextResourceContents)
     assert content.mime_type == "application/json"
     assert json.loads(content.text) == view
+
+    # Whole outputs: one tool call away, and resources.
+    full = await call(client, "run_status", run_id=run_id, detail="full")
+    assert [t["output"] for t in full["tasks"]] == [
+        f"[test host output] {t['task_id']}" for t in view["tasks"]
+    ]
+    output = (await client.read_resource(view["tasks"][1]["output_uri"])).contents[0]
+    assert isinstance(output, TextResourceContents)
+    assert (output.mime_type, output.text) == ("text/plain", "[test host output] engineer")
 
 
 async def test_a_chain_given_as_specialists_and_a_configured_chain(client: Client) -> None:
@@ -516,7 +529,7 @@ async def test_a_run_survives_a_restart(tmp_path: Path) -> None:
         assert again["next_action"] == view["next_action"]
         done = await play_host(two, again)
     assert done["status"] == "completed"
-    assert [t["output"] for t in done["tasks"]] == ["A", "[test host output] engineer"]
+    assert [t["output_preview"] for t in done["tasks"]] == ["A", "[test host output] engineer"]
     assert "action=server_stopping" in read_log(tmp_path / "one.log")
 
 

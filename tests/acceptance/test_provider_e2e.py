@@ -52,7 +52,7 @@ async def test_full_chain_retry_and_auth_failure(tmp_path: Path) -> None:
         async with stdio_client_for(provider_env(tmp_path, fake), log) as client:
             view = await call(client, "orchestrate_start", request="Build a cache", wait_seconds=60)
             assert view["status"] == "completed", view
-            outputs = {t["task_id"]: t["output"] for t in view["tasks"]}
+            outputs = {t["task_id"]: t["output_preview"] for t in view["tasks"]}
             assert outputs == {
                 "architect": "design from the model",
                 "engineer": "code from the model",
@@ -97,7 +97,7 @@ async def test_long_retry_after_is_a_durable_wait_that_survives_a_restart(tmp_pa
         async with stdio_client_for(env, log) as client:
             done = await until(client, run_id, lambda v: v["status_kind"] == "terminal")
         assert done["status"] == "completed"
-        assert done["tasks"][0]["output"] == "the docs"
+        assert done["tasks"][0]["output_preview"] == "the docs"
         assert fake.calls() == {"writer": 2}
 
 
@@ -116,5 +116,5 @@ async def test_cancel_aborts_a_call_in_flight(tmp_path: Path) -> None:
             after = await call(client, "run_status", run_id=run_id)
         assert after["status"] == "cancelled"
         assert after["tasks"][0]["status"] == "cancelled"
-        assert after["tasks"][0]["output"] is None
+        assert after["tasks"][0]["output_preview"] is None
         assert "call_aborted" in read_log(log) or "cancel" in read_log(log)

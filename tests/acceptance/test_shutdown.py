@@ -110,7 +110,7 @@ async def finish_on_a_second_server(
     """Start another server on the store; return how long it took to finish the run."""
     started = anyio.current_time()
     async with stdio_client_for(provider_env(target, home, fake), home / "server.log") as client:
-        view = await call(client, "run_status", run_id=run_id, wait_seconds=LEASE_TTL)
+        view = await call(client, "run_status", run_id=run_id, wait_seconds=LEASE_TTL, detail="full")
     took = anyio.current_time() - started
     assert view["status"] == "completed", read_log(home / "server.log")
     assert [t["output"] for t in view["tasks"]] == [answer(t) for t in CHAIN]

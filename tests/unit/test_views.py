@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import Field, TypeAdapter
 
 from orchestration.clock import ManualClock
 from orchestration.errors import (
@@ -21,17 +22,21 @@ from orchestration.errors import (
     UnknownSpecialist,
     VersionConflict,
 )
-from orchestration.models import TypedError
+from orchestration.models import TypedError, text_hash
 from orchestration.runtime import RunSnapshot, Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.tools import error_result
 from server.views import (
+    OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
     Approve,
+    ChainView,
     Done,
+    NextAction,
     RunHostTask,
     RunView,
     Wait,
+    _Outlined,
     run_summary,
     run_view,
     runs_page,
@@ -68,7 +73,8 @@ async def test_a_host_task_is_the_next_action_with_its_prompts() -> None:
     assert view.status == RunStatus.AWAITING_HOST and view.status_kind == "paused"
     assert [t.task_id for t in view.tasks] == ["architect", "engineer", "reviewer"]
     assert view.tasks[0].attempts[0].outcome == "prepared"
-    assert view.tasks[0].output is None
+    assert view.tasks[0].output is None and view.tasks[0].output_preview is None
+    assert view.tasks[0].output_uri is None
     assert "inline:host" in view.semantics and "called no model" in view.semantics
 
 
@@ -83,7 +89,9 @@ async def test_a_requested_gate_is_the_next_action() -> None:
     assert (action.gate_id, action.task_id, action.position) == ("before:engineer", "engineer", "before")
     assert "'engineer' step" in action.guards
     assert "orchestrate_approve" in action.instruction and "before:engineer" in action.instruction
-    assert view.tasks[0].output == "the design" and view.tasks[0].output_chars == len("the design")
+    assert view.tasks[0].output_preview == "the design" and view.tasks[0].output_chars == len("the design")
+    assert view.tasks[0].output is None  # compact: the whole output is asked for
+    assert f"run_status(run_id={run_id!r}, detail='full')" in action.guards
     assert view.gates[0].status == "requested"
 
 
@@ -103,6 +111,7 @@ async def test_after_gates_guard_the_output() -> None:
     action = (await view_of(runtime, run_id)).next_action
     assert isinstance(action, Approve) and action.position == "after"
     assert "output of the 'writer' step" in action.guards
+    assert f"run_status(run_id={run_id!r}, task_id='writer')" in action.guards
 
 
 async def test_terminal_runs_need_nothing() -> None:
@@ -113,13 +122,88 @@ async def test_terminal_runs_need_nothing() -> None:
     assert isinstance(view.next_action, Done)
     assert "completed" in view.next_action.instruction
     assert view.status_kind == "terminal" and view.finished_at == head.finished_at
-    assert [t.output for t in view.tasks] == [
+    assert [t.output_preview for t in view.tasks] == [
         f"host output for {t}" for t in ("architect", "engineer", "reviewer")
     ]
+    assert "detail='full'" in view.next_action.instruction
 
     cancelled = await begin(runtime, "another")
     await runtime.cancel(cancelled, reason="no")
     assert isinstance((await view_of(runtime, cancelled)).next_action, Done)
+
+
+async def test_a_compact_view_previews_each_output_once_and_points_at_the_whole() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime)
+    design = "d" * 5000 + "END"
+    await runtime.submit_host_output(run_id, "architect", design)
+    await runtime.drive(run_id)
+    view = await view_of(runtime, run_id)
+    architect = view.tasks[0]
+    assert architect.output is None
+    assert architect.output_preview == design[:OUTPUT_PREVIEW_CHARS]
+    assert architect.output_chars == len(design) and architect.output_sha256 == text_hash(design)
+    assert architect.output_uri == f"run://{run_id}/tasks/architect/output"
+    # The engineer's prompt carries the design; nothing else in the view does.
+    action = view.next_action
+    assert isinstance(action, RunHostTask) and design in action.user_prompt
+    assert view.model_dump_json().count(design) == 1
+    assert view.tasks[1].output_preview is None and view.tasks[1].output_uri is None
+
+
+async def test_a_long_request_travels_once_in_a_compact_view() -> None:
+    runtime = make_runtime()
+    request = "Build it. " + "context " * 5000 + "END OF REQUEST"
+    run_id = await begin(runtime, request)
+    snap = await runtime.snapshot(run_id)
+    view = run_view(snap)
+    assert view.request is None and view.request_chars == len(request)
+    assert view.request_preview == request[: REQUEST_PREVIEW_CHARS - 1] + "…"
+    # The host task's prompt carries the request; the rest of the view does not repeat it.
+    assert view.model_dump_json().count("END OF REQUEST") == 1
+    assert run_view(snap, "full").request == request
+
+
+async def test_full_detail_and_full_task_carry_whole_outputs() -> None:
+    runtime = make_runtime()
+    run_id = await begin(runtime)
+    head = await play(runtime, run_id, output=lambda t: f"{t}:" + "x" * 1000)
+    assert head.status == RunStatus.COMPLETED
+    snap = await runtime.snapshot(run_id)
+    full = run_view(snap, "full")
+    assert [t.output for t in full.tasks] == [
+        f"{t}:" + "x" * 1000 for t in ("architect", "engineer", "reviewer")
+    ]
+    assert all(t.output_preview is None for t in full.tasks)  # the whole output, not twice
+    one = run_view(snap, full_task="engineer")
+    assert [t.output is not None for t in one.tasks] == [False, True, False]
+    assert one.tasks[1].output == "engineer:" + "x" * 1000
+    assert one.tasks[0].output_preview == ("architect:" + "x" * 1000)[:OUTPUT_PREVIEW_CHARS]
+    with pytest.raises(
+        InvalidArgument, match="has no task 'coder'; its tasks are architect, engineer, reviewer"
+    ):
+        run_view(snap, full_task="coder")
+
+
+def test_the_published_run_view_schema_is_an_outline() -> None:
+    schema = RunView.model_json_schema()
+    assert "$defs" not in schema and "$ref" not in str(schema)
+    assert set(schema["properties"]) == set(RunView.model_fields)
+    assert schema["properties"]["next_action"]["type"] == "object"
+    assert schema["properties"]["status"]["enum"] == [s.value for s in RunStatus]
+    assert schema["properties"]["error"]["type"] == ["object", "null"]
+    assert schema["additionalProperties"] is False
+    # Words stay where the outline hides a shape; a plain field's type says enough.
+    assert "description" in schema["properties"]["tasks"]
+    assert "description" not in schema["properties"]["version"]
+
+    class Described(_Outlined):
+        chain: ChainView = Field(description="the chain the run follows")
+
+    assert Described.model_json_schema()["properties"]["chain"] == {
+        "description": "the chain the run follows",
+        "type": "object",
+    }
 
 
 async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
@@ -166,12 +250,15 @@ async def test_warnings_and_the_schema() -> None:
     assert view.warnings == ["store postgres could not be opened"]
     # The view survives a trip through JSON (what a host receives as structuredContent).
     assert RunView.model_validate_json(view.model_dump_json()) == view
-    schema = RunView.model_json_schema()
+    # The full schema of next_action is a union on kind; the published outline names every kind.
+    schema = TypeAdapter(NextAction).json_schema()
     kinds = {
         schema["$defs"][ref.split("/")[-1]]["properties"]["kind"]["const"]
-        for ref in schema["properties"]["next_action"]["discriminator"]["mapping"].values()
+        for ref in schema["discriminator"]["mapping"].values()
     }
     assert kinds == {"run_host_task", "approve", "wait", "none"}
+    described = RunView.model_json_schema()["properties"]["next_action"]["description"]
+    assert all(kind in described for kind in kinds)
 
 
 async def test_summaries_and_pages() -> None:
