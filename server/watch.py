@@ -129,8 +129,15 @@ class LegacySubscribers:
 
     def drop(self, connection: object) -> None:
         """Forget every subscription of ``connection`` (it closed)."""
-        for uri in self._by_connection.pop(connection, set()):
+        uris = self._by_connection.pop(connection, set())
+        for uri in uris:
             self._discard(uri, connection)
+        if uris:
+            log.info(
+                "a session ended: dropped its %d resource subscription(s)",
+                len(uris),
+                extra={"action": "subscriptions_dropped"},
+            )
 
     def count(self) -> int:
         """How many (connection, URI) subscriptions are held."""
