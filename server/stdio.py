@@ -43,13 +43,19 @@ from mcp.shared.exceptions import MCPError
 log = logging.getLogger("construct.server")
 
 _CHUNK = 65536
-#: How much of a line's start is kept to find its request id if the line turns out too long.
-_HEAD_BYTES = 512
+#: How much of a line's start is kept: to find its request id if the line turns out too long, and
+#: the protocol era of the connection in its first request.
+_HEAD_BYTES = 8192
 #: The method of the stand-in request that answers an over-long message with ``too_large``.
 TOO_LARGE_METHOD = "construct/message_too_large"
 # The first "id" member, if it comes before "params" (the SDK's clients write jsonrpc, id, method,
 # params in that order); a string (escapes allowed) or an integer.
 _ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,19})(?=\s*[,}])')
+
+
+# A 2026-07-28 request's protocol version, from its ``_meta`` envelope (the stand-in must carry one).
+_VERSION = re.compile(rb'"io\.modelcontextprotocol/protocolVersion"\s*:\s*"([0-9A-Za-z.-]{1,40})"')
+_INITIALIZE = re.compile(rb'"method"\s*:\s*"initialize"')
 
 
 def request_id_in(head: bytes) -> str | int | None:
@@ -75,6 +81,10 @@ class StdinRelay:
         self._line_bytes = 0  # bytes of the current line copied so far
         self._head = b""  # the current line's first bytes
         self._skipping = False  # dropping the rest of an over-long line
+        # The connection's era is decided by its first request (see mcp.server.runner); a stand-in
+        # request on a 2026-07-28 connection must carry the envelope with this version.
+        self._era_known = False
+        self._modern_version: str | None = None
         # The real input, on a descriptor of its own. Never closed: the copying thread may be
         # blocked reading it, and a closed number could be reused by a file the server opens.
         self._source = os.dup(fd)
@@ -136,9 +146,20 @@ class StdinRelay:
                         return False
             if newline == -1:
                 break
+            if not self._era_known and not self._skipping and self._line_bytes <= _HEAD_BYTES:
+                self._learn_era()  # from a whole line only: the envelope may come last
             self._line_bytes, self._head, self._skipping = 0, b"", False
             pos = newline + 1
         return True
+
+    def _learn_era(self) -> None:
+        """At the end of a line: if it is the first request, note the connection's protocol era."""
+        if request_id_in(self._head) is None:
+            return  # not a request (or not all of it is in the head): the era is still open
+        self._era_known = True
+        version = _VERSION.search(self._head)
+        if version is not None and _INITIALIZE.search(self._head) is None:
+            self._modern_version = version.group(1).decode()
 
     def _refusal(self, limit: int) -> bytes:
         """The stand-in for an over-long line: a request with its id, or nothing if it has none."""
@@ -151,7 +172,14 @@ class StdinRelay:
         )
         if request_id is None:
             return b""
-        message = {"jsonrpc": "2.0", "id": request_id, "method": TOO_LARGE_METHOD, "params": {"limit": limit}}
+        params: dict[str, Any] = {"limit": limit}
+        if self._modern_version is not None:
+            # A 2026-07-28 connection answers only requests that carry the envelope.
+            params["_meta"] = {
+                "io.modelcontextprotocol/protocolVersion": self._modern_version,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        message = {"jsonrpc": "2.0", "id": request_id, "method": TOO_LARGE_METHOD, "params": params}
         return json.dumps(message).encode() + b"\n"
 
     def _send(self, data: bytes) -> bool:
