@@ -8,7 +8,8 @@
   runtime's ``too_large``). A body over the bound is refused before it is parsed, with HTTP 413 and
   a JSON-RPC error whose message starts with ``too_large`` (the SDK's client hands that error to the
   caller). The bound is enforced while the body streams in: a client cannot make the server hold
-  more than that.
+  more than that. (The rest of the body is read and dropped first, so that the client can read the
+  answer; a body more than twice the bound is answered at once and its connection closed.)
 * **Streamable HTTP sessions.** At most ``http_max_sessions`` (``CONSTRUCT_HTTP_MAX_SESSIONS``,
   default 200) are open at once, and a session with no request in flight for
   ``http_session_idle_seconds`` (default 600) is closed. When a new client comes while the server is
@@ -78,8 +79,12 @@ def security_settings(host: str) -> TransportSecuritySettings | None:
 
 class BodyLimitMiddleware:
     """Refuses an HTTP request whose body is over ``max_bytes``: 413 with a JSON-RPC error whose
-    message starts with ``too_large``. Reads the body as it streams in, never more than the bound,
-    then hands the app what it read."""
+    message starts with ``too_large``. Reads the body as it streams in, keeping never more than the
+    bound, then hands the app what it read.
+
+    The rest of a body over the bound is read and dropped before the answer, up to ``max_bytes``
+    more, so that a client still sending its body can read the error (answering mid-upload closes
+    the connection under it); a body larger still is answered at once."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self._app = app
@@ -91,6 +96,8 @@ class BodyLimitMiddleware:
             return
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if int(declared) <= 2 * self.max_bytes:
+                await self._drain(receive, 2 * self.max_bytes)
             await self._refuse(send)
             return
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
@@ -105,6 +112,8 @@ class BodyLimitMiddleware:
                 break
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
+                if message.get("more_body", False):
+                    await self._drain(receive, 2 * self.max_bytes - len(body))
                 await self._refuse(send)
                 return
             if not message.get("more_body", False):
@@ -115,6 +124,16 @@ class BodyLimitMiddleware:
             return replay.pop(0) if replay else await receive()
 
         await self._app(scope, replayed, send)
+
+    async def _drain(self, receive: Receive, budget: int) -> None:
+        """Read and drop the rest of the body, while no more than ``budget`` bytes were read."""
+        while budget >= 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     async def _refuse(self, send: Send) -> None:
         log.warning(
