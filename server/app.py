@@ -54,7 +54,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.config import Settings
-from server.http import EvictingSessionManager, bind_host, max_message_bytes, sse_app, streamable_http_app
+from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
@@ -103,8 +103,6 @@ class ConstructApp:
         self._subscriptions = RunSubscriptions(lambda: list(self._legacy.by_uri))
         # The store serve_async opened before starting a transport (the lifespan then uses it).
         self._opened: OpenedRunStore | None = None
-        # Streamable HTTP's session manager, while that transport runs.
-        self._sessions: EvictingSessionManager | None = None
 
     def build_server(self) -> MCPServer[Services]:
         server: MCPServer[Services] = MCPServer(
@@ -232,17 +230,14 @@ class ConstructApp:
             await serve_stdio(server, max_bytes)
         elif transport == "streamable-http":
             # The session manager enters the lifespan once, for the life of the ASGI app.
-            app, self._sessions = streamable_http_app(
+            app = streamable_http_app(
                 server,
                 host=host,
                 max_body_bytes=max_bytes,
                 max_sessions=self.settings.http_max_sessions,
                 idle_seconds=self.settings.http_session_idle_seconds,
             )
-            try:
-                await _serve_http(self._guarded(app), host, port, self.settings.log_level, self._stop_work)
-            finally:
-                self._sessions = None
+            await _serve_http(self._guarded(app), host, port, self.settings.log_level, self._stop_work)
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.

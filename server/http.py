@@ -171,8 +171,9 @@ class EvictingSessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager (its cap and idle timeout), except that a new session over the cap
     closes the session idle the longest instead of being refused, when one is idle.
 
-    Relies on the SDK's session table and each transport's in-flight count (mcp 2.3); the unit
-    tests pin that behaviour."""
+    Relies on the SDK's private session table and each transport's in-flight count (mcp 2.3);
+    ``tests/acceptance/test_http_hygiene.py`` pins the behaviour, so an SDK that changes them fails
+    there."""
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
@@ -200,10 +201,6 @@ class EvictingSessionManager(StreamableHTTPSessionManager):
             extra={"action": "http_session_evicted"},
         )
 
-    @property
-    def open_sessions(self) -> int:
-        return len(self._server_instances)
-
 
 def streamable_http_app(
     server: MCPServer[Any],
@@ -212,7 +209,7 @@ def streamable_http_app(
     max_body_bytes: int,
     max_sessions: int,
     idle_seconds: float,
-) -> tuple[ASGIApp, EvictingSessionManager]:
+) -> ASGIApp:
     """The Streamable HTTP app at ``/mcp`` (plus the server's custom routes), behind the body limit.
 
     Built here rather than by ``MCPServer.streamable_http_app`` so that the session manager is
@@ -227,7 +224,7 @@ def streamable_http_app(
     endpoint = StreamableHTTPASGIApp(manager)
     routes = [Route(STREAMABLE_HTTP_PATH, endpoint=endpoint), *server._custom_starlette_routes]
     app = Starlette(routes=routes, lifespan=lambda _app: manager.run())
-    return BodyLimitMiddleware(app, max_body_bytes), manager
+    return BodyLimitMiddleware(app, max_body_bytes)
 
 
 def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIApp:
