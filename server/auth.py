@@ -3,8 +3,8 @@
 stdio needs none: only the host that started the process can talk to it. Over HTTP, anyone who can
 reach the port could start runs (and, with the provider backend, spend the provider account), so:
 
-* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 characters once surrounding whitespace is
-  trimmed; a blank or shorter one is a startup error) makes every HTTP request carry
+* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 printable ASCII characters once surrounding
+  whitespace is trimmed; a blank, shorter or unprintable one is a startup error) makes every HTTP request carry
   ``Authorization: Bearer <token>``; the scheme name is case-insensitive (``bearer <token>`` works,
   as RFC 9110 says). A request without it, or with another token, gets ``401`` with
   ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant time and never

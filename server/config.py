@@ -203,11 +203,17 @@ class _Options(BaseModel):
     def _token(cls, value: str | None) -> str | None:
         # Trimmed: a token pasted with a newline, or made of spaces, is not a secret of 16 characters.
         # The message never repeats the value.
-        if value is not None and len(value.strip()) < MIN_TOKEN_CHARS:
+        if value is None:
+            return None
+        token = value.strip()
+        if len(token) < MIN_TOKEN_CHARS:
             raise ValueError(
                 f"must have at least {MIN_TOKEN_CHARS} characters, not counting surrounding whitespace"
             )
-        return None if value is None else value.strip()
+        if not all(33 <= ord(c) <= 126 for c in token):
+            # It travels in an HTTP header: anything else could never be matched.
+            raise ValueError("must be printable ASCII characters without spaces")
+        return token
 
 
 @dataclass(frozen=True, slots=True)

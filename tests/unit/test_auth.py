@@ -137,3 +137,9 @@ def test_the_access_log_never_shows_a_query_string() -> None:
     line = record.getMessage()
     assert TOKEN not in line
     assert line == '127.0.0.1:5000 - "GET /mcp?[redacted] HTTP/1.1" 200'
+
+
+@pytest.mark.parametrize("token", ["a token with spaces inside", "jeton-\u00e9t\u00e9-0123456789"])
+def test_a_token_that_cannot_travel_in_a_header_is_refused(token: str, tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="printable ASCII"):
+        load_settings(env={"CONSTRUCT_AUTH_TOKEN": token}, home=tmp_path)
