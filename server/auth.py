@@ -4,11 +4,11 @@ stdio needs none: only the host that started the process can talk to it. Over HT
 reach the port could start runs (and, with the provider backend, spend the provider account), so:
 
 * ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 printable ASCII characters once surrounding
-  whitespace is trimmed; a blank, shorter or unprintable one is a startup error) makes every HTTP request carry
-  ``Authorization: Bearer <token>``; the scheme name is case-insensitive (``bearer <token>`` works,
-  as RFC 9110 says). A request without it, or with another token, gets ``401`` with
-  ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant time and never
-  logged: the HTTP access log shows request paths without their query string (see
+  whitespace is trimmed; a blank, shorter or unprintable one is a startup error) makes every HTTP
+  request carry ``Authorization: Bearer <token>``; the scheme name is case-insensitive
+  (``bearer <token>`` works, as RFC 9110 says). A request without it, or with another token, gets
+  ``401`` with ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant
+  time and never logged: the HTTP access log shows request paths without their query string (see
   :class:`RedactQueryStrings`), since a client may put a token there.
 * Binding a host other than a loopback one (``127.0.0.1``, ``::1``, ``localhost``) without a token
   is a startup error: the server would otherwise answer the whole network.
