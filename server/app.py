@@ -21,6 +21,11 @@ of waiting for the leases to expire.
 
 The SSE transport enters the lifespan once per connection; the app therefore opens its services once
 per process and lets later entries share them (see :meth:`ConstructApp.lifespan`).
+
+The HTTP apps themselves (message size bound, Streamable HTTP session cap and idle timeout,
+DNS-rebinding protection on loopback, IPv6 included) are built by :mod:`server.http`; the bearer
+token and the redaction of query strings from the access log are :mod:`server.auth`'s. On stdio the
+same message size bound applies to each line of input (see :mod:`server.stdio`).
 """
 
 from __future__ import annotations
@@ -47,14 +52,15 @@ from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
-from server.auth import BearerTokenMiddleware, check_exposure
+from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.config import Settings
+from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.resources import register_resources
-from server.services import LegacySubscribers, Services
+from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import register_tools
-from server.watch import RunSubscriptions, watching_listen_handler
+from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
@@ -93,7 +99,7 @@ class ConstructApp:
         self._services: Services | None = None
         # Resource-change fan-out: 2026-07-28 listeners (the SDK's bus) and handshake-era sessions.
         self._bus = InMemorySubscriptionBus()
-        self._legacy = LegacySubscribers()
+        self._legacy = LegacySubscribers(settings.max_subscriptions)
         # Which runs have subscribers here, so that changes other processes write are announced too.
         self._subscriptions = RunSubscriptions(lambda: list(self._legacy.by_uri))
         # The store serve_async opened before starting a transport (the lifespan then uses it).
@@ -115,7 +121,9 @@ class ConstructApp:
         server._lowlevel_server.add_request_handler(
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
-            watching_listen_handler(ListenHandler(self._bus), self._subscriptions),
+            watching_listen_handler(
+                ListenHandler(self._bus), self._subscriptions, self.settings.max_subscriptions
+            ),
         )
         return server
 
@@ -202,6 +210,7 @@ class ConstructApp:
     ) -> None:
         if transport != "stdio":
             check_exposure(host, self.settings.auth_token)
+            host = bind_host(host)  # "[::1]" binds as "::1"
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
         # off) is then a one-line startup error, not a traceback from inside the transport.
@@ -216,24 +225,26 @@ class ConstructApp:
         self, server: MCPServer[Services], transport: Transport, host: str, port: int
     ) -> None:
         log.info("serving", extra={"action": "serve", "transport": transport})
+        max_bytes = max_message_bytes(self.settings.limits())
         if transport == "stdio":
             # SIGTERM ends the input, so it stops the server the way the end of stdin does.
-            await serve_stdio(server)
+            await serve_stdio(server, max_bytes)
         elif transport == "streamable-http":
             # The session manager enters the lifespan once, for the life of the ASGI app.
-            await _serve_http(
-                self._guarded(server.streamable_http_app(host=host)),
-                host,
-                port,
-                self.settings.log_level,
-                self._stop_work,
+            app = streamable_http_app(
+                server,
+                host=host,
+                max_body_bytes=max_bytes,
+                max_sessions=self.settings.http_max_sessions,
+                idle_seconds=self.settings.http_session_idle_seconds,
             )
+            await _serve_http(self._guarded(app), host, port, self.settings.log_level, self._stop_work)
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.
             async with self.lifespan(server):
                 await _serve_http(
-                    self._guarded(server.sse_app(host=host)),
+                    self._guarded(sse_app(server, host=host, max_body_bytes=max_bytes)),
                     host,
                     port,
                     self.settings.log_level,
@@ -304,7 +315,14 @@ async def _serve_http(
         log_level=log_level.lower(),
         timeout_graceful_shutdown=HTTP_SHUTDOWN_TIMEOUT_SECONDS,
     )
-    await _GracefulServer(config, on_exit).serve()
+    # A query string may carry a token: the access log shows paths without it.
+    access = logging.getLogger("uvicorn.access")
+    redact = RedactQueryStrings()
+    access.addFilter(redact)
+    try:
+        await _GracefulServer(config, on_exit).serve()
+    finally:
+        access.removeFilter(redact)
 
 
 async def _close_store(opened: OpenedRunStore) -> None:

@@ -3,10 +3,13 @@
 stdio needs none: only the host that started the process can talk to it. Over HTTP, anyone who can
 reach the port could start runs (and, with the provider backend, spend the provider account), so:
 
-* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 characters) makes every HTTP request carry
-  ``Authorization: Bearer <token>``; a request without it, or with another token, gets ``401`` with
-  ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant time and never
-  logged.
+* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 printable ASCII characters once surrounding
+  whitespace is trimmed; a blank, shorter or unprintable one is a startup error) makes every HTTP
+  request carry ``Authorization: Bearer <token>``; the scheme name is case-insensitive
+  (``bearer <token>`` works, as RFC 9110 says). A request without it, or with another token, gets
+  ``401`` with ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant
+  time and never logged: the HTTP access log shows request paths without their query string (see
+  :class:`RedactQueryStrings`), since a client may put a token there.
 * Binding a host other than a loopback one (``127.0.0.1``, ``::1``, ``localhost``) without a token
   is a startup error: the server would otherwise answer the whole network.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -57,10 +61,11 @@ class BearerTokenMiddleware:
     events pass untouched."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
+        token = token.strip()
         if len(token) < MIN_TOKEN_CHARS:
             raise ValueError(f"the auth token must have at least {MIN_TOKEN_CHARS} characters")
         self._app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authorized(scope):
@@ -70,7 +75,25 @@ class BearerTokenMiddleware:
 
     def _authorized(self, scope: Scope) -> bool:
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
-        return len(values) == 1 and hmac.compare_digest(values[0], self._expected)
+        if len(values) != 1:
+            return False
+        # "Bearer" SP token; the scheme is case-insensitive (RFC 9110, 11.1).
+        scheme, _, credentials = values[0].strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self._expected)
+
+
+class RedactQueryStrings(logging.Filter):
+    """Drops the query string from uvicorn's access log lines (``GET /mcp?token=... HTTP/1.1``).
+
+    uvicorn logs ``client, method, path with query, http version, status``; a client may carry a
+    token in the query (some hosts cannot set headers), and a log line must never show it. Attached
+    to the ``uvicorn.access`` logger by :mod:`server.app`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?[redacted]", *args[3:])
+        return True
 
 
 async def _unauthorized(send: Send) -> None:

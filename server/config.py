@@ -18,6 +18,9 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_output_chars = 1000000
     log_level = "INFO"
     auth_token = "..."              # HTTP transports: clients send 'Authorization: Bearer <token>'
+    max_subscriptions = 100         # resource subscriptions per session
+    http_max_sessions = 200         # Streamable HTTP: open sessions (the oldest idle one makes room)
+    http_session_idle_seconds = 600 # Streamable HTTP: a session idle this long is closed
     provider = "anthropic"          # provider backend: anthropic | openrouter | openai (else inferred)
     model = "claude-sonnet-4-5"     # provider backend: the default model
     max_attempts = 3                # provider backend: attempts per task
@@ -53,6 +56,13 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_AUTH_TOKEN``            ``auth_token``: a secret (16+ characters) every HTTP request must carry
                                     as ``Authorization: Bearer <token>``; required to bind a host other
                                     than a loopback one (see :mod:`server.auth`); never logged
+``CONSTRUCT_MAX_SUBSCRIPTIONS``     ``max_subscriptions`` (default 100): resource subscriptions one session
+                                    may hold (see :mod:`server.watch`)
+``CONSTRUCT_HTTP_MAX_SESSIONS``     ``http_max_sessions`` (default 200): open Streamable HTTP sessions; a
+                                    new one closes the session idle the longest, or gets 503 when none is
+                                    idle (see :mod:`server.app`)
+``CONSTRUCT_HTTP_SESSION_IDLE_SECONDS`` ``http_session_idle_seconds`` (default 600): a Streamable HTTP
+                                    session with no request in flight for this long is closed
 ``CONSTRUCT_PROVIDER``              ``provider``
 ``CONSTRUCT_MODEL``                 ``model``
 ``CONSTRUCT_MAX_ATTEMPTS``          ``max_attempts`` (default 3)
@@ -112,6 +122,9 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
     "CONSTRUCT_LOG_LEVEL": "log_level",
     "CONSTRUCT_AUTH_TOKEN": "auth_token",
+    "CONSTRUCT_MAX_SUBSCRIPTIONS": "max_subscriptions",
+    "CONSTRUCT_HTTP_MAX_SESSIONS": "http_max_sessions",
+    "CONSTRUCT_HTTP_SESSION_IDLE_SECONDS": "http_session_idle_seconds",
     "CONSTRUCT_PROVIDER": "provider",
     "CONSTRUCT_MODEL": "model",
     "CONSTRUCT_MAX_ATTEMPTS": "max_attempts",
@@ -163,7 +176,10 @@ class _Options(BaseModel):
     max_request_chars: int | None = Field(default=None, ge=1)
     max_output_chars: int | None = Field(default=None, ge=1)
     log_level: LogLevel | None = None
-    auth_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=4096, repr=False)
+    auth_token: str | None = Field(default=None, max_length=4096, repr=False)
+    max_subscriptions: int | None = Field(default=None, ge=1, le=100_000)
+    http_max_sessions: int | None = Field(default=None, ge=1, le=100_000)
+    http_session_idle_seconds: float | None = Field(default=None, gt=0, le=86400)
     fault_crash_after_writes: int | None = Field(default=None, ge=1)
     pid_file: Path | None = None
     provider: ProviderName | None = None
@@ -181,6 +197,23 @@ class _Options(BaseModel):
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("auth_token")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        # Trimmed: a token pasted with a newline, or made of spaces, is not a secret of 16 characters.
+        # The message never repeats the value.
+        if value is None:
+            return None
+        token = value.strip()
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"must have at least {MIN_TOKEN_CHARS} characters, not counting surrounding whitespace"
+            )
+        if not all(33 <= ord(c) <= 126 for c in token):
+            # It travels in an HTTP header: anything else could never be matched.
+            raise ValueError("must be printable ASCII characters without spaces")
+        return token
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +237,9 @@ class Settings:
     log_level: LogLevel = "INFO"
     #: The HTTP transports' bearer token (kept out of ``repr``).
     auth_token: str | None = field(default=None, repr=False)
+    max_subscriptions: int = 100
+    http_max_sessions: int = 200
+    http_session_idle_seconds: float = 600.0
     fault_crash_after_writes: int | None = None
     pid_file: Path | None = None
     provider: ProviderName | None = None
@@ -298,6 +334,9 @@ def load_settings(
     file = config_file_for(resolved_home, config_file)
 
     env_values = {name: env[var] for var, name in ENV_VARS.items() if env.get(var, "") != ""}
+    if env.get("CONSTRUCT_AUTH_TOKEN") == "":
+        # Set but empty (e.g. from an unset shell variable) is a mistake, not "no token": refused.
+        env_values["auth_token"] = ""
     env_var_of = {name: var for var, name in ENV_VARS.items()}
     flag_of = {name: "--" + name.replace("_", "-") for name in _Options.model_fields}
     given = {k: v for k, v in (flags or {}).items() if v is not None}

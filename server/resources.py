@@ -10,7 +10,9 @@ Subscribers hear about every change this process writes to the run (the runtime 
   subscription bus the app gives the server.
 * Handshake-era clients send ``resources/subscribe``; ``MCPServer`` has no handler for it, so one
   is registered on its low-level server here, remembering the client's session so that
-  ``notifications/resources/updated`` can be sent on it.
+  ``notifications/resources/updated`` can be sent on it (only ``run://<run id>``, at most
+  ``CONSTRUCT_MAX_SUBSCRIPTIONS`` per session, forgotten when the session ends: see
+  :mod:`server.watch`).
 
 Changes made by *other* processes on the same store (the CLI, another server) are announced too,
 within about one poll interval: :class:`~server.watch.RunSubscriptions` polls the subscribed runs.
@@ -29,9 +31,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from orchestration.errors import ConstructError, InvalidArgument, InvalidState, RunNotFound
 from orchestration.ids import validate_run_id
 from orchestration.vocabulary import TaskStatus
-from server.services import LegacySubscribers, Services
+from server.services import Services
 from server.views import check_task_id
-from server.watch import RunSubscriptions
+from server.watch import LegacySubscribers, RunSubscriptions, as_protocol_error
 
 ResourceContext = Context[Services, Any]
 
@@ -88,7 +90,10 @@ def register_resources(
     async def subscribe(
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
-        legacy.add(str(params.uri), ctx.session)
+        try:
+            legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
+        except ConstructError as exc:
+            raise as_protocol_error(exc) from None
         await subscriptions.add([str(params.uri)], listening=False)
         return types.EmptyResult()
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from mcp.server.session import ServerSession
 from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
 
 from orchestration.dispatcher import Dispatcher
@@ -19,48 +18,13 @@ from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.config import Settings
 from server.views import Detail, RunView, run_view
+from server.watch import LegacySubscribers
 
 log = logging.getLogger("construct.server")
 
 
 def run_uri(run_id: str) -> str:
     return f"run://{run_id}"
-
-
-@dataclass
-class LegacySubscribers:
-    """Sessions of handshake-era clients (``resources/subscribe``) per resource URI.
-
-    2026-07-28 clients subscribe with ``subscriptions/listen`` and are served by the SDK's
-    subscription bus; older clients need a ``notifications/resources/updated`` sent on their own
-    session, so we remember which session asked for which URI."""
-
-    by_uri: dict[str, list[ServerSession]] = field(default_factory=dict)
-
-    def add(self, uri: str, session: ServerSession) -> None:
-        sessions = self.by_uri.setdefault(uri, [])
-        if all(s is not session for s in sessions):
-            sessions.append(session)
-
-    def remove(self, uri: str, session: ServerSession) -> None:
-        sessions = [s for s in self.by_uri.get(uri, []) if s is not session]
-        if sessions:
-            self.by_uri[uri] = sessions
-        else:
-            self.by_uri.pop(uri, None)
-
-    async def notify(self, uri: str) -> None:
-        for session in list(self.by_uri.get(uri, [])):
-            try:
-                await session.send_resource_updated(uri)
-            except Exception as exc:
-                # The client went away: forget it rather than fail the write that triggered this.
-                log.info(
-                    "dropping a resource subscriber: %s",
-                    type(exc).__name__,
-                    extra={"action": "subscriber_dropped"},
-                )
-                self.remove(uri, session)
 
 
 @dataclass(frozen=True)

@@ -12,29 +12,79 @@ come. Instead the transport never reads the real stdin: :class:`StdinRelay` puts
 it (fd 0 becomes the pipe's read end) and copies the real input into the pipe from a daemon thread.
 SIGTERM closes the pipe: the transport reads what was already copied, then sees the end of its
 input. The daemon thread may stay blocked on the real stdin; it does not keep the process alive.
+
+The relay also bounds each message. The SDK reads stdin line by line with no limit, so one huge line
+would be held whole in memory. The relay counts the bytes of the current line as it copies them; a
+line longer than ``max_line_bytes`` (the largest message the size limits allow, JSON-escaped: see
+:func:`server.http.max_message_bytes`) is cut there: the part already copied is ended with a
+newline (the SDK discards it as unparsable), the rest of the line is read and dropped without being
+kept, and if the line's start named a request id, a stand-in request with that id is passed on
+instead, which the server answers with a ``too_large`` error. So the server holds at most one
+bound's worth of a message. (Without a relay, when stdin cannot be duplicated, lines are unbounded.)
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import select
 import signal
 import threading
 from typing import Any
 
 import anyio
+import mcp_types as types
 from mcp.server import MCPServer
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 log = logging.getLogger("construct.server")
 
 _CHUNK = 65536
+#: How much of a line's start is kept: to find its request id if the line turns out too long, and
+#: the protocol era of the connection in its first request.
+_HEAD_BYTES = 8192
+#: The method of the stand-in request that answers an over-long message with ``too_large``.
+TOO_LARGE_METHOD = "construct/message_too_large"
+# The first "id" member, if it comes before "params" (the SDK's clients write jsonrpc, id, method,
+# params in that order); a string (escapes allowed) or an integer.
+_ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,19})(?=\s*[,}])')
+
+
+# A 2026-07-28 request's protocol version, from its ``_meta`` envelope (the stand-in must carry one).
+_VERSION = re.compile(rb'"io\.modelcontextprotocol/protocolVersion"\s*:\s*"([0-9A-Za-z.-]{1,40})"')
+_INITIALIZE = re.compile(rb'"method"\s*:\s*"initialize"')
+
+
+def request_id_in(head: bytes) -> str | int | None:
+    """The JSON-RPC id named near the start of a message, if one is found before ``params``."""
+    match = _ID.search(head)
+    if match is None:
+        return None
+    params = head.find(b'"params"')
+    if params != -1 and params < match.start():
+        return None
+    try:
+        value = json.loads(match.group(1))
+    except ValueError:
+        return None
+    return value if isinstance(value, str | int) else None
 
 
 class StdinRelay:
     """Copies the process's stdin into a pipe that replaces it as fd 0, until :meth:`end`."""
 
-    def __init__(self, fd: int = 0) -> None:
+    def __init__(self, fd: int = 0, max_line_bytes: int | None = None) -> None:
+        self._max_line_bytes = max_line_bytes
+        self._line_bytes = 0  # bytes of the current line copied so far
+        self._head = b""  # the current line's first bytes
+        self._skipping = False  # dropping the rest of an over-long line
+        # The connection's era is decided by its first request (see mcp.server.runner); a stand-in
+        # request on a 2026-07-28 connection must carry the envelope with this version.
+        self._era_known = False
+        self._modern_version: str | None = None
         # The real input, on a descriptor of its own. Never closed: the copying thread may be
         # blocked reading it, and a closed number could be reused by a file the server opens.
         self._source = os.dup(fd)
@@ -65,13 +115,72 @@ class StdinRelay:
     def _copy(self) -> None:
         try:
             while chunk := os.read(self._source, _CHUNK):
-                if not self._send(chunk):
+                if not self._relay(chunk):
                     return
         except OSError as exc:
             log.warning("cannot read stdin: %s", exc, extra={"action": "stdin_failed"})
         finally:
             # The host closed stdin (or it failed): the transport sees the end of its input.
             self.end()
+
+    def _relay(self, chunk: bytes) -> bool:
+        """Copy ``chunk``, cutting lines over the bound (see the module docstring)."""
+        limit = self._max_line_bytes
+        if limit is None:
+            return self._send(chunk)
+        pos = 0
+        while pos < len(chunk):
+            newline = chunk.find(b"\n", pos)
+            end = len(chunk) if newline == -1 else newline
+            piece = chunk[pos:end]
+            if not self._skipping:
+                if len(self._head) < _HEAD_BYTES:
+                    self._head += piece[: _HEAD_BYTES - len(self._head)]
+                if self._line_bytes + len(piece) > limit:
+                    self._skipping = True
+                    if not self._send(b"\n" + self._refusal(limit)):
+                        return False
+                else:
+                    self._line_bytes += len(piece)
+                    if not self._send(piece + b"\n" if newline != -1 else piece):
+                        return False
+            if newline == -1:
+                break
+            if not self._era_known and not self._skipping and self._line_bytes <= _HEAD_BYTES:
+                self._learn_era()  # from a whole line only: the envelope may come last
+            self._line_bytes, self._head, self._skipping = 0, b"", False
+            pos = newline + 1
+        return True
+
+    def _learn_era(self) -> None:
+        """At the end of a line: if it is the first request, note the connection's protocol era."""
+        if request_id_in(self._head) is None:
+            return  # not a request (or not all of it is in the head): the era is still open
+        self._era_known = True
+        version = _VERSION.search(self._head)
+        if version is not None and _INITIALIZE.search(self._head) is None:
+            self._modern_version = version.group(1).decode()
+
+    def _refusal(self, limit: int) -> bytes:
+        """The stand-in for an over-long line: a request with its id, or nothing if it has none."""
+        request_id = request_id_in(self._head)
+        log.warning(
+            "refused a message over %d bytes on stdin (request id %s)",
+            limit,
+            "none" if request_id is None else "found",
+            extra={"action": "message_too_large"},
+        )
+        if request_id is None:
+            return b""
+        params: dict[str, Any] = {"limit": limit}
+        if self._modern_version is not None:
+            # A 2026-07-28 connection answers only requests that carry the envelope.
+            params["_meta"] = {
+                "io.modelcontextprotocol/protocolVersion": self._modern_version,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        message = {"jsonrpc": "2.0", "id": request_id, "method": TOO_LARGE_METHOD, "params": params}
+        return json.dumps(message).encode() + b"\n"
 
     def _send(self, data: bytes) -> bool:
         view = memoryview(data)
@@ -90,11 +199,27 @@ class StdinRelay:
         return True
 
 
-async def serve_stdio(server: MCPServer[Any]) -> None:
+class _TooLargeParams(types.RequestParams):
+    limit: int = 0
+
+
+async def _too_large(ctx: ServerRequestContext[Any, Any], params: _TooLargeParams) -> types.EmptyResult:
+    raise MCPError(
+        code=types.INVALID_REQUEST,
+        message=(
+            f"too_large: the message is over {params.limit} bytes, the most a message within this "
+            "server's size limits can take (CONSTRUCT_MAX_OUTPUT_CHARS, CONSTRUCT_MAX_REQUEST_CHARS); "
+            "it was not read"
+        ),
+    )
+
+
+async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None) -> None:
     """Serve ``server`` over stdio until the end of stdin or SIGTERM, whichever comes first; both
-    end the same way (see the module docstring)."""
+    end the same way (see the module docstring). A line over ``max_line_bytes`` is refused."""
+    server._lowlevel_server.add_request_handler(TOO_LARGE_METHOD, _TooLargeParams, _too_large)
     try:
-        relay = StdinRelay()
+        relay = StdinRelay(max_line_bytes=max_line_bytes)
     except OSError as exc:
         # No usable stdin descriptor: serve as the SDK does; SIGTERM then just ends the process.
         log.warning(
