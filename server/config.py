@@ -188,11 +188,6 @@ class _Options(BaseModel):
     openai_max_tokens_field: MaxTokensField | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
 
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
-
     @field_validator("providers")
     @classmethod
     def _no_max_tokens_field_for_anthropic(
@@ -205,6 +200,11 @@ class _Options(BaseModel):
                 "it applies to openai and openrouter"
             )
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
 
 @dataclass(frozen=True, slots=True)
