@@ -32,6 +32,9 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     base_url = "http://127.0.0.1:8080/v1"   # any OpenAI-compatible server (vLLM, llama.cpp, Ollama)
     api_key = "..."                 # else the environment: ANTHROPIC_API_KEY, OPENROUTER_API_KEY,
     max_concurrency = 4             #   OPENAI_API_KEY (keys never reach a log line or a stored record)
+    max_tokens_field = "max_tokens" # openai / openrouter only: the one body field that carries the
+                                    #   output limit; default max_completion_tokens for api.openai.com,
+                                    #   max_tokens for any other host (llama.cpp, vLLM, Ollama, OpenRouter)
 
 Environment variables (each overridden by the same key in the config file and by a flag):
 
@@ -71,6 +74,8 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_RETRY_WAIT_CAP_SECONDS`` ``retry_wait_cap_seconds`` (default 30): a retry wait up to this
                                     long is slept in memory; a longer one is a durable ``not_before``
 ``CONSTRUCT_ANTHROPIC_BASE_URL``    ``[providers.anthropic] base_url`` (likewise ``OPENROUTER``, ``OPENAI``)
+``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD`` ``[providers.openai] max_tokens_field``: ``max_tokens`` or
+                                    ``max_completion_tokens`` (default: from the base URL, see above)
 ``ANTHROPIC_API_KEY`` ...           provider keys, when the config file gives none
 ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
 ``CONSTRUCT_PID_FILE``              tests and the demo: the server writes its process id there
@@ -94,6 +99,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestration.errors import ConfigError
 from orchestration.runtime import Limits
+from orchestration.workers.openai_compat import MaxTokensField
 from server.auth import MIN_TOKEN_CHARS
 
 DeploymentMode = Literal["solo", "team", "enterprise"]
@@ -134,6 +140,7 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_ANTHROPIC_BASE_URL": "anthropic_base_url",
     "CONSTRUCT_OPENROUTER_BASE_URL": "openrouter_base_url",
     "CONSTRUCT_OPENAI_BASE_URL": "openai_base_url",
+    "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "openai_max_tokens_field",
     "CONSTRUCT_FAULT_CRASH_AFTER_WRITES": "fault_crash_after_writes",
     "CONSTRUCT_PID_FILE": "pid_file",
 }
@@ -144,6 +151,7 @@ ENV_ONLY: dict[str, str] = {
     "anthropic_base_url": "write base_url under [providers.anthropic] instead",
     "openrouter_base_url": "write base_url under [providers.openrouter] instead",
     "openai_base_url": "write base_url under [providers.openai] instead",
+    "openai_max_tokens_field": "write max_tokens_field under [providers.openai] instead",
 }
 
 
@@ -155,6 +163,8 @@ class ProviderTable(BaseModel):
     base_url: str | None = Field(default=None, min_length=1, max_length=2000)
     api_key: str | None = Field(default=None, min_length=1, repr=False)
     max_concurrency: int = Field(default=4, ge=1, le=256)
+    #: OpenAI-compatible providers only; None: chosen from the base URL.
+    max_tokens_field: MaxTokensField | None = None
 
 
 class _Options(BaseModel):
@@ -191,7 +201,21 @@ class _Options(BaseModel):
     anthropic_base_url: str | None = Field(default=None, min_length=1)
     openrouter_base_url: str | None = Field(default=None, min_length=1)
     openai_base_url: str | None = Field(default=None, min_length=1)
+    openai_max_tokens_field: MaxTokensField | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
+
+    @field_validator("providers")
+    @classmethod
+    def _no_max_tokens_field_for_anthropic(
+        cls, value: dict[ProviderName, ProviderTable] | None
+    ) -> dict[ProviderName, ProviderTable] | None:
+        anthropic = (value or {}).get("anthropic")
+        if anthropic is not None and anthropic.max_tokens_field is not None:
+            raise ValueError(
+                "[providers.anthropic] takes no max_tokens_field (the Messages API has only max_tokens); "
+                "it applies to openai and openrouter"
+            )
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -251,6 +275,7 @@ class Settings:
     anthropic_base_url: str | None = None
     openrouter_base_url: str | None = None
     openai_base_url: str | None = None
+    openai_max_tokens_field: MaxTokensField | None = None
     #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
     providers: Mapping[str, ProviderTable] = field(default_factory=dict, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.

@@ -5,8 +5,10 @@ For each provider (``anthropic``, ``openrouter``, ``openai``): the base URL is t
 API key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_API_KEY`` /
 ``OPENAI_API_KEY``. A model whose provider is not named goes to ``anthropic`` when it is
 ``claude-*``, else to ``openai`` when an OpenAI-compatible base URL other than OpenRouter's is
-configured, else to ``openrouter``. Keys live only in the returned endpoints (kept out of their
-repr); nothing here logs them.
+configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers)
+is the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``,
+else the adapter's choice from the base URL. Keys live only in the returned endpoints (kept out of
+their repr); nothing here logs them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.provider import (
     DEFAULT_BASE_URLS,
     KEY_VARIABLES,
@@ -38,6 +41,13 @@ def _configured_base_url(settings: Settings, name: ProviderName) -> str | None:
     return by_env[name]
 
 
+def _max_tokens_field(settings: Settings, name: ProviderName) -> MaxTokensField | None:
+    table = settings.providers.get(name)
+    if table is not None and table.max_tokens_field is not None:
+        return table.max_tokens_field
+    return settings.openai_max_tokens_field if name == "openai" else None
+
+
 def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) -> ProviderSettings:
     env = os.environ if env is None else env
     endpoints: dict[str, ProviderEndpoint] = {}
@@ -55,6 +65,7 @@ def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) 
             api_key=key,
             key_source=key_source,
             max_concurrency=table.max_concurrency if table is not None else 4,
+            max_tokens_field=_max_tokens_field(settings, name),
         )
     openai_url = _configured_base_url(settings, "openai")
     compat: ProviderName = "openrouter"

@@ -9,6 +9,12 @@ One adapter serves OpenAI, OpenRouter, vLLM, llama.cpp and Ollama; the base URL 
     llama.cpp    http://127.0.0.1:8080
     Ollama       http://127.0.0.1:11434
 
+The output limit travels in exactly one body field, never both: OpenAI reads
+``max_completion_tokens`` (and refuses ``max_tokens`` for its reasoning models), while llama.cpp,
+vLLM, Ollama and OpenRouter read ``max_tokens`` (llama.cpp ignores the other one, so the limit would
+silently not apply). The field is ``max_tokens_field`` when given, else :func:`default_max_tokens_field`
+of the base URL: ``max_completion_tokens`` for ``api.openai.com``, ``max_tokens`` for any other host.
+
 Error bodies are ``{"error": {"message", "type", "param", "code"}}``; local servers vary (vLLM has
 used a flat ``{"object": "error", "message": ..., "code": 400}``, some send ``{"error": "text"}``),
 so the error object is looked up leniently. OpenRouter may answer **HTTP 200 with an ``error``
@@ -57,18 +63,21 @@ from orchestration.workers.providers import (
 from orchestration.workers.providers import ProviderErrorCode as Code
 
 __all__ = [
+    "MAX_TOKENS_FIELDS",
     "OPENAI_BASE_URL",
     "OPENROUTER_BASE_URL",
     "MaxTokensField",
     "OpenAICompatClient",
+    "default_max_tokens_field",
 ]
 
 OPENAI_BASE_URL: Final = "https://api.openai.com"
 OPENROUTER_BASE_URL: Final = "https://openrouter.ai/api"
 
-#: The body field that carries the output limit: current servers take ``max_completion_tokens``,
-#: older ones (and some local servers) only ``max_tokens``.
+#: The body field that carries the output limit: OpenAI takes ``max_completion_tokens``; most other
+#: OpenAI-compatible servers (llama.cpp, vLLM, Ollama, OpenRouter) read ``max_tokens``.
 MaxTokensField = Literal["max_completion_tokens", "max_tokens"]
+MAX_TOKENS_FIELDS: Final[tuple[MaxTokensField, ...]] = ("max_completion_tokens", "max_tokens")
 
 _CONTENT_FILTER_CODES: Final = frozenset({"content_filter", "content_policy_violation"})
 _MODERATION_MESSAGE = re.compile(r"moderation|flagged", re.IGNORECASE)
@@ -82,6 +91,8 @@ class OpenAICompatClient:
     ``api_key`` is optional because local servers (vLLM, llama.cpp, Ollama) usually need none; when
     given it is sent as ``Authorization: Bearer``. ``extra_headers`` carries e.g. OpenRouter's
     attribution headers (``HTTP-Referer``, ``X-Title``); it cannot override the auth header.
+    ``max_tokens_field`` names the one body field that carries the output limit; None (the default)
+    picks it from the base URL (:func:`default_max_tokens_field`).
     Arguments after ``http`` are keyword-only so that a key cannot be passed where a URL belongs.
     """
 
@@ -92,7 +103,7 @@ class OpenAICompatClient:
         base_url: str = OPENROUTER_BASE_URL,
         api_key: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
-        max_tokens_field: MaxTokensField = "max_completion_tokens",
+        max_tokens_field: MaxTokensField | None = None,
         clock: Clock | None = None,
         monotonic: Monotonic | None = None,
     ) -> None:
@@ -104,7 +115,11 @@ class OpenAICompatClient:
         self._url = f"{self._base_url}/v1/chat/completions"
         self._provider = _provider_label(self._base_url)
         self._extra_headers = dict(extra_headers or {})
-        self._max_tokens_field: MaxTokensField = max_tokens_field
+        if max_tokens_field is not None and max_tokens_field not in MAX_TOKENS_FIELDS:
+            raise ValueError(
+                f"max_tokens_field {max_tokens_field!r} is not one of: {', '.join(MAX_TOKENS_FIELDS)}"
+            )
+        self._max_tokens_field: MaxTokensField = max_tokens_field or default_max_tokens_field(self._base_url)
         self._clock: Clock = clock or SystemClock()
         self._monotonic: Monotonic = monotonic or time.monotonic
         sensitive = [v for k, v in self._extra_headers.items() if _SENSITIVE_HEADER.search(k)]
@@ -118,6 +133,11 @@ class OpenAICompatClient:
     def provider(self) -> str:
         """``openai``, ``openrouter`` or ``openai-compat``: the prefix of every error message."""
         return self._provider
+
+    @property
+    def max_tokens_field(self) -> MaxTokensField:
+        """The body field that carries the output limit (the only one sent)."""
+        return self._max_tokens_field
 
     def __repr__(self) -> str:
         return f"OpenAICompatClient(base_url={self._base_url!r})"
@@ -228,6 +248,13 @@ class OpenAICompatClient:
             retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
             possible_duplicate_call=possible_duplicate_for(code, exchange.status),
         )
+
+
+def default_max_tokens_field(base_url: str) -> MaxTokensField:
+    """``max_completion_tokens`` for OpenAI's own API (``api.openai.com``), else ``max_tokens``: the
+    field llama.cpp, vLLM, Ollama and OpenRouter read (llama.cpp ignores ``max_completion_tokens``)."""
+    host = httpx2.URL(normalize_base_url(base_url)).host
+    return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
 
 
 def _provider_label(base_url: str) -> str:

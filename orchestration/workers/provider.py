@@ -45,7 +45,12 @@ from orchestration.prompts import TaskPrompt
 from orchestration.runtime import ContractResolver, StartRequest
 from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
-from orchestration.workers.openai_compat import OPENAI_BASE_URL, OPENROUTER_BASE_URL, OpenAICompatClient
+from orchestration.workers.openai_compat import (
+    OPENAI_BASE_URL,
+    OPENROUTER_BASE_URL,
+    MaxTokensField,
+    OpenAICompatClient,
+)
 from orchestration.workers.providers import ProviderCallError, ProviderClient, ProviderRequest
 from orchestration.workers.retry import RetryPolicy, Rng
 
@@ -71,6 +76,9 @@ class ProviderEndpoint:
     #: where the key came from, for messages ("ANTHROPIC_API_KEY", "config file"); never the key
     key_source: str | None = None
     max_concurrency: int = 4
+    #: OpenAI-compatible endpoints: the body field of the output limit; None picks it from the base
+    #: URL (see :func:`~orchestration.workers.openai_compat.default_max_tokens_field`)
+    max_tokens_field: MaxTokensField | None = None
 
     @property
     def key_optional(self) -> bool:
@@ -174,7 +182,12 @@ class ProviderWorker:
                 raise InvalidArgument(f"provider anthropic needs {KEY_VARIABLES['anthropic']}")
             client = AnthropicClient(self._http, api_key=endpoint.api_key, base_url=endpoint.base_url)
         else:
-            client = OpenAICompatClient(self._http, base_url=endpoint.base_url, api_key=endpoint.api_key)
+            client = OpenAICompatClient(
+                self._http,
+                base_url=endpoint.base_url,
+                api_key=endpoint.api_key,
+                max_tokens_field=endpoint.max_tokens_field,
+            )
         self._clients[provider] = client
         return client
 

@@ -171,7 +171,7 @@ async def test_auth_headers_and_bodies_are_recorded(fake: FakeProvider, http: ht
     assert seen[0]["headers"]["anthropic-version"] == "2023-06-01"
     assert seen[1]["headers"]["authorization"] == f"Bearer {KEY}"
     assert seen[0]["body"]["system"].startswith("[task:engineer]")
-    assert seen[1]["body"]["max_completion_tokens"] == 64
+    assert seen[1]["body"]["max_tokens"] == 64  # a local server: the field llama.cpp reads
     over_http = (await http.get(f"{fake.base_url}/_requests")).json()
     assert [r["task"] for r in over_http] == ["engineer", "reviewer"]
 

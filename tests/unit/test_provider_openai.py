@@ -10,19 +10,26 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
 from orchestration.clock import ManualClock
+from orchestration.errors import ConfigError
 from orchestration.workers.openai_compat import OpenAICompatClient
+from orchestration.workers.provider import ProviderWorker
 from orchestration.workers.providers import (
     ProviderCallError,
     ProviderRequest,
     ProviderResponse,
     make_http_client,
 )
+from server import cli
+from server.app import ConstructApp
+from server.config import load_settings
+from server.providers import provider_settings
 
 CANARY = "sk-or-v1-" + secrets.token_hex(32)
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -179,6 +186,158 @@ async def test_extra_headers_cannot_replace_the_auth_header() -> None:
     seen: list[httpx2.Request] = []
     await complete(capture(seen), extra_headers={"Authorization": "Bearer other"})
     assert seen[0].headers.get_list("authorization") == [f"Bearer {CANARY}"]
+
+
+# --- the output limit travels in the one field the endpoint reads --------------------------------
+
+LIMIT_FIELDS = {"max_tokens", "max_completion_tokens"}
+
+
+def limit_fields(request: httpx2.Request) -> dict[str, Any]:
+    """The output-limit fields of a request body (exactly one must be there)."""
+    body = json.loads(request.content)
+    return {k: v for k, v in body.items() if k in LIMIT_FIELDS}
+
+
+@pytest.mark.parametrize(
+    ("base", "field"),
+    [
+        ("https://api.openai.com", "max_completion_tokens"),
+        ("https://API.OpenAI.com/v1/", "max_completion_tokens"),
+        ("https://openrouter.ai/api/v1", "max_tokens"),
+        ("http://127.0.0.1:8080", "max_tokens"),  # llama.cpp ignores max_completion_tokens
+        ("http://localhost:11434/v1", "max_tokens"),  # Ollama
+        ("http://gpu-box.internal:8000", "max_tokens"),  # vLLM
+        ("https://api.openai.com.example.net", "max_tokens"),  # not OpenAI's host
+    ],
+)
+async def test_the_default_limit_field_follows_the_base_url(base: str, field: str) -> None:
+    seen: list[httpx2.Request] = []
+    async with client_for(capture(seen), base_url=base) as client:
+        assert client.max_tokens_field == field
+        await client.complete(REQUEST)
+    assert limit_fields(seen[0]) == {field: 512}
+
+
+@pytest.mark.parametrize(
+    ("base", "field"),
+    [
+        ("https://api.openai.com", "max_tokens"),
+        ("http://127.0.0.1:8080", "max_completion_tokens"),
+        ("https://openrouter.ai/api", "max_completion_tokens"),
+    ],
+)
+async def test_an_explicit_limit_field_beats_the_default(base: str, field: str) -> None:
+    seen: list[httpx2.Request] = []
+    await complete(capture(seen), base_url=base, max_tokens_field=field)
+    assert limit_fields(seen[0]) == {field: 512}
+
+
+async def test_an_unknown_limit_field_is_refused() -> None:
+    async with make_http_client(httpx2.MockTransport(capture([]))) as http:
+        with pytest.raises(
+            ValueError, match="'max_output_tokens' is not one of: max_completion_tokens, max_tokens"
+        ):
+            OpenAICompatClient(http, max_tokens_field="max_output_tokens")  # type: ignore[arg-type]
+
+
+async def provider_body(
+    home: Path, provider: str, env: dict[str, str], config: str | None = None
+) -> httpx2.Request:
+    """The request the provider backend sends for ``provider``, configured like a server would be:
+    ``env`` (and a ``construct.toml`` with ``config``) through load_settings and provider_settings."""
+    if config is not None:
+        (home / "construct.toml").write_text(config, "utf-8")
+    settings = load_settings(env=env, home=home)
+    seen: list[httpx2.Request] = []
+    async with make_http_client(httpx2.MockTransport(capture(seen))) as http:
+        worker = ProviderWorker(provider_settings(settings, env), http)
+        await worker.client(provider).complete(REQUEST)
+    [request] = seen
+    return request
+
+
+async def test_the_server_sends_max_tokens_to_a_local_openai_compatible_server(tmp_path: Path) -> None:
+    # The bug: CONSTRUCT_MAX_TOKENS was ignored by llama.cpp, which reads max_tokens only.
+    request = await provider_body(
+        tmp_path, "openai", {"CONSTRUCT_OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"}
+    )
+    assert str(request.url) == "http://127.0.0.1:8080/v1/chat/completions"
+    assert limit_fields(request) == {"max_tokens": 512}
+
+
+async def test_the_server_defaults_for_openai_and_openrouter(tmp_path: Path) -> None:
+    env = {"OPENAI_API_KEY": CANARY, "OPENROUTER_API_KEY": CANARY}
+    assert limit_fields(await provider_body(tmp_path, "openai", env)) == {"max_completion_tokens": 512}
+    assert limit_fields(await provider_body(tmp_path, "openrouter", env)) == {"max_tokens": 512}
+
+
+async def test_the_environment_chooses_the_openai_limit_field(tmp_path: Path) -> None:
+    env = {
+        "OPENAI_API_KEY": CANARY,
+        "CONSTRUCT_OPENAI_BASE_URL": "http://127.0.0.1:8000",
+        "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "max_completion_tokens",
+    }
+    assert limit_fields(await provider_body(tmp_path, "openai", env)) == {"max_completion_tokens": 512}
+    env = {"OPENAI_API_KEY": CANARY, "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "max_tokens"}
+    assert limit_fields(await provider_body(tmp_path, "openai", env)) == {"max_tokens": 512}
+
+
+async def test_a_provider_table_chooses_its_limit_field(tmp_path: Path) -> None:
+    config = (
+        '[providers.openrouter]\nmax_tokens_field = "max_completion_tokens"\n'
+        '[providers.openai]\nbase_url = "http://127.0.0.1:8080"\nmax_tokens_field = "max_completion_tokens"\n'
+    )
+    # The table beats the environment, like every other setting of the file.
+    env = {"OPENROUTER_API_KEY": CANARY, "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "max_tokens"}
+    for provider in ("openrouter", "openai"):
+        request = await provider_body(tmp_path, provider, env, config)
+        assert limit_fields(request) == {"max_completion_tokens": 512}
+
+
+def test_a_bad_limit_field_in_the_environment_is_a_startup_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={"CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "max_output_tokens"})
+    assert (caught.value.file, caught.value.field) == ("environment", "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD")
+    assert "'max_completion_tokens' or 'max_tokens'" in caught.value.problem
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        (
+            '[providers.openai]\nmax_tokens_field = "max_token"\n',
+            "providers.openai.max_tokens_field",
+            "'max_tokens'",
+        ),
+        (
+            '[providers.anthropic]\nmax_tokens_field = "max_tokens"\n',
+            "providers",
+            "applies to openai and openrouter",
+        ),
+        ('openai_max_tokens_field = "max_tokens"\n', "openai_max_tokens_field", "[providers.openai]"),
+    ],
+)
+def test_a_bad_limit_field_in_the_config_file_is_a_startup_error(
+    tmp_path: Path, text: str, field: str, problem: str
+) -> None:
+    (tmp_path / "construct.toml").write_text(text, "utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={}, home=tmp_path)
+    assert (caught.value.file, caught.value.field) == (str(tmp_path / "construct.toml"), field)
+    assert problem in caught.value.problem
+
+
+def test_the_cli_refuses_to_start_with_a_bad_limit_field(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CONSTRUCT_HOME", str(tmp_path))
+    monkeypatch.setenv("CONSTRUCT_OPENAI_MAX_TOKENS_FIELD", "both")
+    # Were the value accepted, the server would start and serve: return at once instead of hanging.
+    monkeypatch.setattr(ConstructApp, "serve", lambda *args: None)
+    assert cli.run(["serve", "--transport", "streamable-http"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "configuration error: environment: CONSTRUCT_OPENAI_MAX_TOKENS_FIELD:" in err
 
 
 # --- success -------------------------------------------------------------------------------------
