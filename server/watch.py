@@ -12,8 +12,11 @@ change written elsewhere within about one poll interval, and of a change written
 Subscriptions are bounded, so that forgotten ones cannot pile up (each watched run is read from the
 store at every poll):
 
-* only ``run://<run id>`` with a valid run id can be subscribed to; anything else is refused with
-  ``invalid_argument``;
+* only runs are watched: ``run://<run id>`` with a valid run id. A ``run://`` URI whose id is not
+  valid is refused with ``invalid_argument``. A URI of any other scheme names nothing of this
+  server that can change, so a subscription to it is acknowledged and **not kept** (nothing is
+  stored, no store is read, it counts against no cap): this keeps generic clients (the official
+  MCP conformance suite subscribes to ``test://watched-resource``) working while costing nothing;
 * a handshake-era session holds at most ``max_subscriptions`` (``CONSTRUCT_MAX_SUBSCRIPTIONS``,
   default 100) ``resources/subscribe`` entries, and a ``subscriptions/listen`` request names at most
   as many URIs; more is refused with ``too_many_subscriptions``;
@@ -76,14 +79,19 @@ def run_id_of(uri: str) -> str | None:
     return run_id
 
 
-def check_subscribable(uri: str) -> None:
-    """Raise :class:`InvalidArgument` unless ``uri`` is ``run://<a valid run id>``."""
+def check_subscribable(uri: str) -> bool:
+    """True when ``uri`` is a run to watch (``run://<a valid run id>``); False for a URI of another
+    scheme, which is acknowledged and not kept (see the module docstring). Raises
+    :class:`InvalidArgument` for a ``run://`` URI whose id is not a valid run id."""
+    if not uri.startswith(RUN_URI_PREFIX):
+        return False
     if run_id_of(uri) is None:
         shown = uri if len(uri) <= 100 else uri[:100] + "..."
         raise InvalidArgument(
-            f"cannot subscribe to {shown!r}: only run resources can be subscribed to, as "
+            f"cannot subscribe to {shown!r}: not a valid run resource; subscribe to "
             "'run://<run_id>' with a run id from orchestrate_start or runs_list"
         )
+    return True
 
 
 def as_protocol_error(exc: ConstructError) -> MCPError:
@@ -112,7 +120,12 @@ class LegacySubscribers:
     def add(self, uri: str, session: ServerSession) -> None:
         """Subscribe ``session``'s connection to ``uri``. Idempotent. Raises InvalidArgument for a
         URI that is not a valid run's, TooManySubscriptions over the cap."""
-        check_subscribable(uri)
+        if not check_subscribable(uri):
+            log.debug(
+                "subscription to a non-run resource acknowledged, not kept",
+                extra={"action": "subscribe_ignored"},
+            )
+            return
         key = _connection_of(session)
         uris = self._by_connection.get(key)
         if uris is None:
@@ -296,12 +309,11 @@ def watching_listen_handler(
     async def handle(
         ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        uris = [str(uri) for uri in params.notifications.resource_subscriptions or ()]
+        named = [str(uri) for uri in params.notifications.resource_subscriptions or ()]
         try:
+            uris = [uri for uri in named if check_subscribable(uri)]
             if len(set(uris)) > max_subscriptions:
                 raise TooManySubscriptions(max_subscriptions)
-            for uri in uris:
-                check_subscribable(uri)
         except ConstructError as exc:
             raise as_protocol_error(exc) from None
         await subscriptions.add(uris, listening=True)

@@ -58,12 +58,19 @@ async def test_a_sessions_subscriptions_end_with_the_session(tmp_path: Path) -> 
 async def test_only_run_uris_with_valid_ids_can_be_subscribed(tmp_path: Path) -> None:
     app = make_app(tmp_path)
     async with Client(app.build_server(), mode="legacy") as client:
-        for uri in ("test://watched-resource", "run://../../etc/passwd", "file:///etc/passwd", "run://"):
+        for uri in ("run://../../etc/passwd", "run://", "run://" + "x" * 5000):
             with pytest.raises(MCPError) as refused, pytest.warns(MCPDeprecationWarning):
                 await client.subscribe_resource(uri)
             assert refused.value.error.message.startswith("invalid_argument: "), uri
             assert "run://<run_id>" in refused.value.error.message
+            assert len(refused.value.error.message) < 400
+        # Another scheme names nothing here that can change: acknowledged, nothing kept, no cap used.
+        with pytest.warns(MCPDeprecationWarning):
+            for n in range(app.settings.max_subscriptions + 5):
+                await client.subscribe_resource(f"test://watched-resource-{n}")
+            await client.subscribe_resource("file:///etc/passwd")
         assert app._legacy.count() == 0
+        assert app._subscriptions.watched() == set()
 
 
 async def test_a_session_has_a_cap_on_subscriptions(tmp_path: Path) -> None:
@@ -91,9 +98,11 @@ async def test_a_listen_stream_is_bounded_the_same_way(tmp_path: Path) -> None:
     app = make_app(tmp_path, CONSTRUCT_MAX_SUBSCRIPTIONS="2")
     async with Client(app.build_server()) as client:
         with pytest.raises(MCPError) as refused:
-            async with client.listen(resource_subscriptions=["test://watched-resource"]):
+            async with client.listen(resource_subscriptions=["run://../x"]):
                 pass
         assert refused.value.error.message.startswith("invalid_argument: ")
+        async with client.listen(resource_subscriptions=[f"test://r{n}" for n in range(5)]):
+            assert app._subscriptions.watched() == set()
         with pytest.raises(MCPError) as refused:
             async with client.listen(resource_subscriptions=[f"run://run-{n}" for n in range(3)]):
                 pass
