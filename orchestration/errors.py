@@ -24,6 +24,9 @@ at the adapter edge (``raise ... from exc``)::
 
 from __future__ import annotations
 
+#: The most characters of a caller's input an error message quotes (see :func:`quoted`).
+QUOTED_CHARS = 100
+
 
 class ConstructError(Exception):
     """Base of every error this project raises on purpose."""
@@ -127,3 +130,14 @@ class CorruptRecord(StoreError):
         super().__init__(f"run {run_id}: {where} cannot be read: {problem}")
         self.run_id = run_id
         self.where = where
+
+
+def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
+    """``repr(value)`` for an error message that names a caller's input, cut to ``limit``
+    characters: a message never echoes a huge (or hostile) input back. A cut string says how long
+    it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}...{size}"

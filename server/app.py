@@ -53,7 +53,7 @@ from server.resources import register_resources
 from server.services import LegacySubscribers, Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
-from server.tools import register_tools
+from server.tools import build_tools
 from server.watch import RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 
@@ -107,8 +107,8 @@ class ConstructApp:
             lifespan=self.lifespan,
             subscriptions=self._bus,
             log_level=self.settings.log_level,
+            tools=build_tools(self.settings.limits()),
         )
-        register_tools(server)
         register_resources(server, self._legacy, self._subscriptions)
         # The SDK's listen handler, told which run resources each open stream covers.
         server._lowlevel_server.add_request_handler(

@@ -48,10 +48,25 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     assert view["status"] == "awaiting_approval"
     assert view["tasks"][0]["output"] == "[test host output] the design"
 
-    view = ok_json(tmp_path, "runs", "approve", run_id, "--comment", "go", "--approver", "bob")
+    view = ok_json(
+        tmp_path,
+        "runs",
+        "approve",
+        run_id,
+        "--gate-id",
+        "before:engineer",
+        "--comment",
+        "go",
+        "--approver",
+        "bob",
+    )
     assert view["next_action"]["task_id"] == "engineer"
-    view = ok_json(tmp_path, "runs", "resume", run_id, "--output", "[test host output] code")
-    view = ok_json(tmp_path, "runs", "resume", run_id, "--output", "[test host output] review")
+    view = ok_json(
+        tmp_path, "runs", "resume", run_id, "--task-id", "engineer", "--output", "[test host output] code"
+    )
+    view = ok_json(
+        tmp_path, "runs", "resume", run_id, "--task-id", "reviewer", "--output", "[test host output] review"
+    )
     assert view["status"] == "completed"
 
     assert ok_json(tmp_path, "runs", "status", run_id) == view
@@ -86,8 +101,18 @@ def test_reject_and_cancel(tmp_path: Path) -> None:
     view = ok_json(
         tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
     )
-    view = ok_json(tmp_path, "runs", "resume", view["run_id"], "--output", "design")
-    view = ok_json(tmp_path, "runs", "approve", view["run_id"], "--reject", "--comment", "no")
+    view = ok_json(tmp_path, "runs", "resume", view["run_id"], "--task-id", "architect", "--output", "design")
+    view = ok_json(
+        tmp_path,
+        "runs",
+        "approve",
+        view["run_id"],
+        "--gate-id",
+        "before:engineer",
+        "--reject",
+        "--comment",
+        "no",
+    )
     assert view["status"] == "rejected"
 
     other = ok_json(tmp_path, "runs", "start", "y", "--specialists", "writer")
