@@ -495,10 +495,9 @@ async def runs_list(
     limit: Annotated[int, Field(ge=1, le=500, description="Page size, 1-500.")] = 20,
     cursor: Annotated[
         str | None,
-        Field(
-            max_length=LIMITS.max_cursor_chars,
-            description="next_cursor from the previous page; omit for the newest runs.",
-        ),
+        # Bounded in the published schema (_strict_schema); a longer one is forged: the runtime
+        # refuses it as invalid_argument, like any other forged cursor, not as too_large.
+        Field(description="next_cursor from the previous page; omit for the newest runs."),
     ] = None,
 ) -> Annotated[CallToolResult, RunsPage]:
     """List runs, newest first, with what each is waiting for (a host task, an approval). Filter by
@@ -593,10 +592,15 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
 
 def _strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """The published input schema: no property beyond the declared ones, the configured size
-    limits on ``request`` and ``output``, and ``task_id`` required whenever ``output`` is given."""
+    limits on ``request`` and ``output`` and the cursor's bound (the runtime enforces these
+    three), and ``task_id`` required whenever ``output`` is given."""
     schema = {**schema, "additionalProperties": False}
     properties = dict(schema.get("properties", {}))
-    for name, limit in (("request", limits.max_request_chars), ("output", limits.max_output_chars)):
+    for name, limit in (
+        ("request", limits.max_request_chars),
+        ("output", limits.max_output_chars),
+        ("cursor", limits.max_cursor_chars),
+    ):
         if name in properties:
             properties[name] = _with_max_length(properties[name], limit)
     schema["properties"] = properties

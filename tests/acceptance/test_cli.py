@@ -124,6 +124,27 @@ def test_reject_and_cancel(tmp_path: Path) -> None:
     assert proc.stderr.startswith("invalid_state: ")
 
 
+def test_resume_and_approve_name_what_they_answer(tmp_path: Path) -> None:
+    view = ok_json(
+        tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
+    )
+    run_id = view["run_id"]
+    proc = cli(tmp_path, "runs", "resume", run_id, "--output", "design")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("invalid_argument: --task-id is missing"), proc.stderr
+    assert "--task-id='architect'" in proc.stderr
+    ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "architect", "--output", "design")
+    proc = cli(tmp_path, "runs", "approve", run_id)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("invalid_argument: --gate-id is missing"), proc.stderr
+    assert "--gate-id='before:engineer'" in proc.stderr
+    # The human output shows the whole next command.
+    human = cli(tmp_path, "runs", "status", run_id)
+    assert f"construct-mcp runs approve {run_id} --gate-id before:engineer" in human.stdout
+    # Nothing was decided.
+    assert ok_json(tmp_path, "runs", "status", run_id)["gates"][0]["status"] == "requested"
+
+
 def test_idempotency_key_and_stdin(tmp_path: Path) -> None:
     proc = cli(tmp_path, "runs", "start", "-", "--idempotency-key", "k1", "--json", stdin="from stdin")
     assert proc.returncode == 0, proc.stderr
