@@ -76,8 +76,9 @@ HTTP_SHUTDOWN_TIMEOUT_SECONDS = 3
 INSTRUCTIONS = """\
 construct-mcp runs durable specialist chains (for example architect -> engineer -> reviewer).
 Start one with orchestrate_start. Every answer is a run view whose next_action says what to do:
-run_host_task (do the task with your own model, then orchestrate_resume with the output),
-approve (ask the user, then orchestrate_approve), wait (call run_status later) or none (finished).
+run_host_task (do the task with your own model, then orchestrate_resume with its task_id and the
+output), approve (ask the user, then orchestrate_approve with its gate_id), wait (call run_status
+later) or none (finished).
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 
 

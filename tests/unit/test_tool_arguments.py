@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.server import MCPServer
-from mcp.types import TextContent
+from mcp.types import CallToolResult, TextContent
 
 from orchestration.catalog import Catalog
 from orchestration.errors import InvalidArgument, TooLarge
@@ -137,7 +137,7 @@ async def test_a_non_finite_number_is_invalid_argument(server: MCPServer[Service
     # The official client sends NaN as null; a raw JSON-RPC peer can send NaN itself.
     for value in (float("nan"), float("inf")):
         result = await server.call_tool("run_status", {"run_id": "run-abc", "wait_seconds": value})
-        assert result.is_error
+        assert isinstance(result, CallToolResult) and result.is_error
         block = result.content[0]
         assert isinstance(block, TextContent)
         assert block.text == "invalid_argument: wait_seconds: input should be a finite number"
