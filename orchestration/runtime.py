@@ -97,9 +97,10 @@ ProgressCallback = Callable[[RunHead], Awaitable[None]]
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Size limits on what callers send (characters, or items for a list). Over a limit is a
-    ``too_large`` error. Every string a caller sends has one: what is recorded (a comment, an
-    approver) is copied into the run's head or facts, and a 1 MB approver would slow every later
-    write. The MCP tools publish the same bounds in their input schemas."""
+    ``too_large`` error (an idempotency key or a cursor of the wrong length: ``invalid_argument``,
+    since no valid one is that long). Every string a caller sends has one: what is recorded (a
+    comment, an approver) is copied into the run's head or facts, and a 1 MB approver would slow
+    every later write. The MCP tools publish the same bounds in their input schemas."""
 
     max_request_chars: int = 200_000
     max_output_chars: int = 1_000_000

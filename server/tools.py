@@ -17,7 +17,7 @@ length limit: ``too_large``), never the SDK's raw validation text.
 A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
 ``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
 retried after the run moved on then cannot land on the next task or gate; a missing id is
-``invalid_argument`` naming the value the run awaits (or saying that the run ended).
+``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
 
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
@@ -514,7 +514,7 @@ async def runs_list(
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
     """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
     server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
-    (over one is ``too_large``, from the runtime)."""
+    (over one is ``too_large``, from the runtime) and of ``cursor``."""
     tools: list[Tool] = []
 
     def add(
