@@ -53,7 +53,7 @@ from server.resources import register_resources
 from server.services import LegacySubscribers, Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
-from server.tools import build_tools
+from server.tools import UnknownToolRefusal, build_tools
 from server.watch import RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 
@@ -100,6 +100,7 @@ class ConstructApp:
         self._opened: OpenedRunStore | None = None
 
     def build_server(self) -> MCPServer[Services]:
+        tools = build_tools(self.settings.limits())
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
             title="construct-mcp: durable specialist chains",
@@ -108,7 +109,8 @@ class ConstructApp:
             lifespan=self.lifespan,
             subscriptions=self._bus,
             log_level=self.settings.log_level,
-            tools=build_tools(self.settings.limits()),
+            tools=tools,
+            middleware=[UnknownToolRefusal(tools)],
         )
         register_resources(server, self._legacy, self._subscriptions)
         # The SDK's listen handler, told which run resources each open stream covers.

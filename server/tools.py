@@ -33,10 +33,12 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import anyio
+from mcp.server import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -166,6 +168,28 @@ class StrictTool(Tool):
                         return lookup_failed
             return _schema_error(errors)
         return None
+
+
+class UnknownToolRefusal:
+    """Server middleware: a ``tools/call`` naming a tool this server does not have is refused like
+    any other mistake, ``invalid_argument: unknown tool 'x' (did you mean ...)``, instead of the
+    SDK's ``Unknown tool: <the whole name, however long>``."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.names = [tool.name for tool in tools]
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params
+        if ctx.method == "tools/call" and params is not None:
+            name = params.get("name")
+            if isinstance(name, str) and name not in self.names:
+                close = difflib.get_close_matches(name, self.names, n=1)
+                hint = (
+                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
+                )
+                log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
+                return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
+        return await call_next(ctx)
 
 
 def _unknown_argument(name: str, tool: str, known: list[str]) -> str:

@@ -247,3 +247,12 @@ async def test_a_repeated_approval_with_another_comment_is_a_conflict(server: MC
             assert text.startswith("conflict: gate before:architect"), text
         gates = (await call(client, "run_status", run_id=view["run_id"]))["gates"]
         assert (gates[0]["comment"], gates[0]["approver"]) == ("go", "ann")
+
+
+async def test_an_unknown_tool_is_refused_with_the_closest_name(server: MCPServer[Services]) -> None:
+    async with connected(server) as client:
+        text = await call_error(client, "run_stauts", run_id="run-abc")
+        assert text == "invalid_argument: unknown tool 'run_stauts' (did you mean 'run_status'?)"
+        text = await call_error(client, "z" * 5000)
+        assert text.startswith("invalid_argument: unknown tool 'zzz") and "orchestrate_start" in text
+        assert not re.search(r"z{101}", text), text
