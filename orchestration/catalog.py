@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist
+from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
 from orchestration.models import ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
@@ -243,10 +243,16 @@ class Catalog:
         snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
         own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
         if chain is None or isinstance(chain, str):
-            name = chain or "default"
+            if chain is not None and not chain.strip():
+                # Not the default chain: a blank name is more likely a bug than a choice.
+                raise InvalidArgument(
+                    "chain is empty; omit it for the default chain, or give a chain name "
+                    f"({', '.join(sorted(self.chains))}) or a list of specialist names"
+                )
+            name = "default" if chain is None else chain
             if name not in self.chains:
                 raise UnknownChain(
-                    f"unknown chain {name!r}; known chains: {', '.join(sorted(self.chains))} "
+                    f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
                     "(or pass a list of specialist names)"
                 )
             definition = self.chains[name]
@@ -259,7 +265,7 @@ class Catalog:
             for spec in chain:
                 if spec not in self.specialists:
                     raise UnknownSpecialist(
-                        f"unknown specialist {spec!r}; known specialists: "
+                        f"unknown specialist {quoted(spec)}; known specialists: "
                         f"{', '.join(sorted(self.specialists))}"
                     )
             name = "custom"
@@ -268,7 +274,7 @@ class Catalog:
         for gated in approve_before:
             if gated not in step_names:
                 raise InvalidArgument(
-                    f"approve_before names step {gated!r}, which is not in the chain; "
+                    f"approve_before names step {quoted(gated)}, which is not in the chain; "
                     f"its steps are: {', '.join(step_names)}"
                 )
         steps = [

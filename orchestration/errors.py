@@ -30,6 +30,9 @@ an operator that nothing is damaged (see "Record formats" in :mod:`orchestration
 
 from __future__ import annotations
 
+#: The most characters of a caller's input an error message quotes (see :func:`quoted`).
+QUOTED_CHARS = 100
+
 
 class ConstructError(Exception):
     """Base of every error this project raises on purpose."""
@@ -165,3 +168,14 @@ class RecordTooNew(CorruptRecord):
         self.record_format = record_format
         self.supported_format = supported_format
         self.fact_type = fact_type
+
+
+def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
+    """``repr(value)`` for an error message that names a caller's input, cut to ``limit``
+    characters: a message never echoes a huge (or hostile) input back. A cut string says how long
+    it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}...{size}"

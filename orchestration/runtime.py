@@ -51,6 +51,7 @@ from orchestration.errors import (
     StoreUnavailable,
     TooLarge,
     VersionConflict,
+    quoted,
 )
 from orchestration.facts import (
     ApprovalDecided,
@@ -95,12 +96,26 @@ ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Size limits on what callers send (characters). Over a limit is a ``too_large`` error."""
+    """Size limits on what callers send (characters, or items for a list). Over a limit is a
+    ``too_large`` error (an idempotency key or a cursor of the wrong length: ``invalid_argument``,
+    since no valid one is that long). Every string a caller sends has one: what is recorded (a
+    comment, an approver) is copied into the run's head or facts, and a 1 MB approver would slow
+    every later write. The MCP tools publish the same bounds in their input schemas."""
 
     max_request_chars: int = 200_000
     max_output_chars: int = 1_000_000
+    #: an approval's comment, a cancellation's reason
     max_comment_chars: int = 20_000
+    max_approver_chars: int = 200
     max_idempotency_key_chars: int = 200
+    #: a task id, a gate id
+    max_id_chars: int = 100
+    #: a chain, specialist or step name, a provider or model name
+    max_name_chars: int = 100
+    #: the specialists of a chain given as a list, the steps named in approve_before
+    max_list_items: int = 50
+    #: a runs_list cursor (the ones the stores give out are about 150 characters)
+    max_cursor_chars: int = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +154,7 @@ ContractResolver = Callable[[StartRequest, ChainSnapshot], ExecutionContract]
 def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
     if request.worker_backend not in (None, "inline"):
         raise InvalidArgument(
-            f"worker_backend {request.worker_backend!r} is not available on this server; use 'inline'"
+            f"worker_backend {quoted(request.worker_backend)} is not available on this server; use 'inline'"
         )
     return ExecutionContract(worker_backend="inline")
 
@@ -272,6 +287,11 @@ class Runtime:
     ) -> RunPage:
         if not 1 <= limit <= 500:
             raise InvalidArgument(f"limit must be between 1 and 500, not {limit}")
+        if cursor is not None and len(cursor) > self.limits.max_cursor_chars:
+            raise InvalidArgument(
+                f"cursor {quoted(cursor, 60)} is not a cursor this server gave out; "
+                "omit it to start from the newest run"
+            )
         return await self.store.list_runs(statuses, limit, cursor)
 
     async def outputs(self, head: RunHead, task_ids: Sequence[str] | None = None) -> dict[str, str]:
@@ -326,6 +346,7 @@ class Runtime:
             raise InvalidArgument(
                 f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
             )
+        self._check_names(request)
         for name, value in (
             ("timeout_seconds", request.timeout_seconds),
             ("task_timeout_seconds", request.task_timeout_seconds),
@@ -364,7 +385,7 @@ class Runtime:
         if not result.created:
             if result.head.request_hash != head.request_hash:
                 raise Conflict(
-                    f"idempotency_key {key!r} was already used for run {result.head.run_id} with a "
+                    f"idempotency_key {quoted(key)} was already used for run {result.head.run_id} with a "
                     "different request; use a new key, or repeat the original request exactly"
                 )
             return result.head, False
@@ -372,11 +393,32 @@ class Runtime:
         await self._changed(result.head)
         return result.head, True
 
-    async def submit_host_output(self, run_id: str, task_id: str | None, output: str) -> RunHead:
-        """Record the host's output for the task awaiting it. Repeating the same output for a task
+    def _check_names(self, request: StartRequest) -> None:
+        """Bound the names a start carries (the chain, approve_before, provider and model): they are
+        copied into the run, and an error quoting one must stay short."""
+        limits = self.limits
+        names: list[tuple[str, str | None]] = [("provider", request.provider), ("model", request.model)]
+        for field_name, values in (("chain", request.chain), ("approve_before", request.approve_before)):
+            if isinstance(values, str) or values is None:
+                names.append((field_name, values))
+                continue
+            if len(values) > limits.max_list_items:
+                raise TooLarge(f"{field_name} has {len(values)} items; the limit is {limits.max_list_items}")
+            names += [(f"{field_name}[{i}]", v) for i, v in enumerate(values)]
+        for field_name, value in names:
+            if value is not None and len(value) > limits.max_name_chars:
+                raise TooLarge(
+                    f"{field_name} is {len(value)} characters; names have at most {limits.max_name_chars}"
+                )
+
+    async def submit_host_output(self, run_id: str, task_id: str, output: str) -> RunHead:
+        """Record the host's output for ``task_id``, the task awaiting it. The caller always names
+        the task its output answers (there is no "the awaiting one" default): a call retried after
+        the run moved on must not land on the next task. Repeating the same output for a task
         that is already done returns the current state and appends nothing; a different output for
         a done task, or output for a task that is not the awaiting one, is a ``Conflict``."""
         validate_run_id(run_id)
+        self._check_id("task_id", task_id)
         if not isinstance(output, str) or not output.strip():
             raise InvalidArgument("output is empty; pass the host model's answer for the task")
         if len(output) > self.limits.max_output_chars:
@@ -386,21 +428,11 @@ class Runtime:
             )
         while True:
             head = await self.store.load(run_id)
-            if task_id is None:
-                awaiting = _awaiting_host_task(head)
-                if awaiting is None:
-                    raise InvalidState(
-                        f"run {run_id} is {head.status.value} and awaits no host output; "
-                        "pass task_id to repeat an earlier answer"
-                    )
-                tid = awaiting
-            else:
-                tid = task_id
             try:
-                task = head.task(tid)
+                task = head.task(task_id)
             except KeyError:
                 raise InvalidArgument(
-                    f"run {run_id} has no task {tid!r}; its tasks are: "
+                    f"run {run_id} has no task {quoted(task_id)}; its tasks are: "
                     f"{', '.join(t.task_id for t in head.tasks)}"
                 ) from None
             if task.status == TaskStatus.DONE and task.output_seq is not None:
@@ -408,7 +440,7 @@ class Runtime:
                 if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
                     return head
                 raise Conflict(
-                    f"task {tid} of run {run_id} is already done with a different output; "
+                    f"task {task_id} of run {run_id} is already done with a different output; "
                     "a done task's output cannot be replaced"
                 )
             if head.status.is_terminal:
@@ -418,10 +450,10 @@ class Runtime:
                 awaiting = _awaiting_host_task(head)
                 hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
                 raise Conflict(
-                    f"task {tid} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
+                    f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
                 )
             attempt = task.attempts[-1].number if task.attempts else 1
-            facts = host_output_facts(head, tid, attempt, output, self.clock.now())
+            facts = host_output_facts(head, task_id, attempt, output, self.clock.now())
             try:
                 return await self._append(head, facts)
             except VersionConflict:
@@ -431,28 +463,40 @@ class Runtime:
         self,
         run_id: str,
         decision: Literal["approve", "reject"],
-        gate_id: str | None = None,
+        gate_id: str,
         comment: str | None = None,
         approver: str | None = None,
     ) -> RunHead:
-        """Decide the gate the run is waiting at (or ``gate_id``). The same decision on an already
-        decided gate returns the current state and appends nothing; a different one is a
-        ``Conflict``. Approving a run that is not awaiting approval is ``InvalidState``."""
+        """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
+        the gate (there is no "the open one" default): an approval retried after the run moved on
+        must not approve the next gate, which nobody has seen. The decision record is immutable:
+        the same decision, comment and approver on an already decided gate returns the current
+        state and appends nothing; anything else there is a ``Conflict``. Approving a run that is
+        not awaiting approval is ``InvalidState``."""
         validate_run_id(run_id)
         if decision not in ("approve", "reject"):
-            raise InvalidArgument(f"decision must be 'approve' or 'reject', not {decision!r}")
+            raise InvalidArgument(f"decision must be 'approve' or 'reject', not {quoted(decision)}")
+        self._check_id("gate_id", gate_id)
         if comment is not None and len(comment) > self.limits.max_comment_chars:
             raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
+        if approver is not None and len(approver) > self.limits.max_approver_chars:
+            raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
         while True:
             head = await self.store.load(run_id)
             gate = _gate_to_decide(head, gate_id)
             if gate.status in ("approved", "rejected"):
-                if (gate.status == "approved") == (decision == "approve"):
-                    return head
-                raise Conflict(
-                    f"gate {gate.gate_id} of run {run_id} was already {gate.status}; "
-                    "a decided gate cannot be changed"
-                )
+                if (gate.status == "approved") != (decision == "approve"):
+                    raise Conflict(
+                        f"gate {gate.gate_id} of run {run_id} was already {gate.status}; "
+                        "a decided gate cannot be changed"
+                    )
+                if (gate.comment, gate.approver) != (comment, approver):
+                    raise Conflict(
+                        f"gate {gate.gate_id} of run {run_id} was already {gate.status} with "
+                        f"comment {quoted(gate.comment)} by approver {quoted(gate.approver)}; "
+                        "a decision's record cannot be changed (repeat it exactly, or leave it)"
+                    )
+                return head
             self._refuse_if_out_of_time(head)
             if head.status != RunStatus.AWAITING_APPROVAL or gate.status != "requested":
                 raise InvalidState(
@@ -470,6 +514,57 @@ class Runtime:
                 return await self._append(head, [fact])
             except VersionConflict:
                 continue
+
+    async def missing_task_id(self, run_id: str, name: str = "task_id") -> ConstructError:
+        """The error for host output given without the task it answers (argument ``name``):
+        ``invalid_argument`` naming the task the run awaits output for, or saying that none is
+        awaited; ``invalid_state`` when the run has ended. It never picks the task itself: a
+        retried call must not record its output as the next task's."""
+        head = await self.status(run_id)
+        done = [t.task_id for t in head.tasks if t.status == TaskStatus.DONE]
+        recorded = f" (output is recorded already for: {', '.join(done)})" if done else ""
+        if head.status.is_terminal:
+            return InvalidState(
+                f"run {run_id} is {head.status.value}; nothing awaits output ({name} was not given){recorded}"
+            )
+        awaiting = _awaiting_host_task(head)
+        if head.status == RunStatus.AWAITING_HOST and awaiting is not None:
+            return InvalidArgument(
+                f"{name} is missing: name the task your output answers. Run {run_id} awaits output "
+                f"for task {awaiting!r}: pass {name}={awaiting!r} if your output is its answer{recorded}"
+            )
+        return InvalidArgument(
+            f"{name} is missing; run {run_id} is {head.status.value} and awaits no host output{recorded}"
+        )
+
+    async def missing_gate_id(self, run_id: str, name: str = "gate_id") -> ConstructError:
+        """The error for a decision given without the gate it decides (argument ``name``):
+        ``invalid_argument`` naming the gate the run waits at, or saying that none waits;
+        ``invalid_state`` when the run has ended. It never picks the gate itself: a retried
+        approval must not approve the next gate, which nobody has seen."""
+        head = await self.status(run_id)
+        decided = [f"{g.gate_id} ({g.status})" for g in head.gates if g.decided_at is not None]
+        recorded = f" (already decided: {', '.join(decided)})" if decided else ""
+        if head.status.is_terminal:
+            return InvalidState(
+                f"run {run_id} is {head.status.value}; no gate awaits a decision ({name} was not given)"
+                f"{recorded}"
+            )
+        open_gate = next((g for g in head.gates if g.status == "requested"), None)
+        if head.status == RunStatus.AWAITING_APPROVAL and open_gate is not None:
+            return InvalidArgument(
+                f"{name} is missing: name the gate you decide. Run {run_id} awaits a decision at gate "
+                f"{open_gate.gate_id!r}: pass {name}={open_gate.gate_id!r} once the user decided it{recorded}"
+            )
+        return InvalidArgument(
+            f"{name} is missing; run {run_id} is {head.status.value}, not awaiting approval{recorded}"
+        )
+
+    def _check_id(self, name: str, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise InvalidArgument(f"{name} is empty; pass the id from next_action.{name}")
+        if len(value) > self.limits.max_id_chars:
+            raise TooLarge(f"{name} is {len(value)} characters; ids have at most {self.limits.max_id_chars}")
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
         """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
@@ -902,21 +997,12 @@ def _awaiting_host_task(head: RunHead) -> str | None:
     return None
 
 
-def _gate_to_decide(head: RunHead, gate_id: str | None) -> GateState:
-    if gate_id is not None:
-        gate = head.gate(gate_id)
-        if gate is None:
-            known = ", ".join(g.gate_id for g in head.gates) or "none"
-            raise InvalidArgument(f"run {head.run_id} has no gate {gate_id!r}; its gates are: {known}")
-        return gate
-    for gate in head.gates:
-        if gate.status == "requested":
-            return gate
-    decided = [g for g in head.gates if g.decided_at is not None]
-    if decided:
-        # A repeated approve without gate_id refers to the most recent decision.
-        return max(decided, key=lambda g: g.decided_at or head.created_at)
-    raise InvalidState(f"run {head.run_id} is {head.status.value}, not awaiting approval")
+def _gate_to_decide(head: RunHead, gate_id: str) -> GateState:
+    gate = head.gate(gate_id)
+    if gate is None:
+        known = ", ".join(g.gate_id for g in head.gates) or "none"
+        raise InvalidArgument(f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}")
+    return gate
 
 
 __all__ = [

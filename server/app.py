@@ -59,7 +59,7 @@ from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
-from server.tools import register_tools
+from server.tools import UnknownToolRefusal, build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 
@@ -82,8 +82,9 @@ HTTP_SHUTDOWN_TIMEOUT_SECONDS = 3
 INSTRUCTIONS = """\
 construct-mcp runs durable specialist chains (for example architect -> engineer -> reviewer).
 Start one with orchestrate_start. Every answer is a run view whose next_action says what to do:
-run_host_task (do the task with your own model, then orchestrate_resume with the output),
-approve (ask the user, then orchestrate_approve), wait (call run_status later) or none (finished).
+run_host_task (do the task with your own model, then orchestrate_resume with its task_id and the
+output), approve (ask the user, then orchestrate_approve with its gate_id), wait (call run_status
+later) or none (finished).
 Views show task outputs as previews; run_status(run_id, detail='full') shows them whole.
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 
@@ -106,6 +107,7 @@ class ConstructApp:
         self._opened: OpenedRunStore | None = None
 
     def build_server(self) -> MCPServer[Services]:
+        tools = build_tools(self.settings.limits())
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
             title="construct-mcp: durable specialist chains",
@@ -114,8 +116,9 @@ class ConstructApp:
             lifespan=self.lifespan,
             subscriptions=self._bus,
             log_level=self.settings.log_level,
+            tools=tools,
+            middleware=[UnknownToolRefusal(tools)],
         )
-        register_tools(server)
         register_resources(server, self._legacy, self._subscriptions)
         # The SDK's listen handler, told which run resources each open stream covers.
         server._lowlevel_server.add_request_handler(

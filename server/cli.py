@@ -6,8 +6,8 @@
     construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c | --specialists a[,b]]
                              [--approve-before STEP]... [--idempotency-key K]
     construct-mcp runs status RUN_ID [--full]
-    construct-mcp runs resume RUN_ID [--task-id T] [--output TEXT | --output-file FILE|-]
-    construct-mcp runs approve RUN_ID [--reject] [--gate-id G] [--comment C] [--approver A]
+    construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
+    construct-mcp runs approve RUN_ID --gate-id G [--reject] [--comment C] [--approver A]
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
@@ -20,7 +20,9 @@ until it settles (a host task, a gate, the end), so the CLI alone can run a chai
 the run's lease, the CLI leaves the driving to it and waits briefly for it. Output is
 human-readable; ``--json`` prints the same run view the MCP tools return: compact, each task's output
 as a preview. ``runs status --full`` shows every task's whole output (``--json --full``: the view of
-``run_status(detail="full")``).
+``run_status(detail="full")``). Like the tools, a command that records something names what it
+answers: ``resume`` with an output needs ``--task-id`` and ``approve`` needs ``--gate-id``; without
+one, the error names the task or gate the run awaits.
 
 Exit status: 0 success; 2 usage or configuration error; 1 operation error, with ``code: message``
 on stderr (``run_not_found: no run with id ...``).
@@ -130,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = runs_sub.add_parser("resume", help="record a host task's output, or continue an interrupted run")
     resume.add_argument("run_id")
-    resume.add_argument("--task-id")
+    resume.add_argument("--task-id", help="the task the output answers (required with an output)")
     given = resume.add_mutually_exclusive_group()
     given.add_argument("--output", help="the task's output")
     given.add_argument("--output-file", help="read the task's output from a file ('-': stdin)")
@@ -140,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     approve = runs_sub.add_parser("approve", help="approve (or --reject) the gate a run waits at")
     approve.add_argument("run_id")
     approve.add_argument("--reject", action="store_true", help="reject instead of approving")
-    approve.add_argument("--gate-id")
+    approve.add_argument("--gate-id", help="the gate decided (required; the run view names it)")
     approve.add_argument("--comment")
     approve.add_argument("--approver")
     _common(approve)
@@ -235,7 +237,10 @@ def _print_view(view: RunView, out: TextIO) -> None:
         out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
     elif action.kind == "approve":
         out.write(f"\nnext: decide gate {action.gate_id}: {action.guards}\n")
-        out.write(f"  construct-mcp runs approve {view.run_id} [--reject] [--comment TEXT]\n")
+        out.write(
+            f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} "
+            "[--reject] [--comment TEXT]\n"
+        )
     elif action.kind == "wait":
         out.write(f"\nnext: wait — {action.instruction}\n")
     else:
@@ -351,11 +356,15 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
             if args.task_id is not None:
                 raise InvalidArgument("--task-id was given without --output or --output-file")
             head = await runtime.check_resumable(args.run_id)
+        elif args.task_id is None:
+            raise await runtime.missing_task_id(args.run_id, "--task-id")
         else:
             head = await runtime.submit_host_output(args.run_id, args.task_id, output)
         return await _advance(runtime, head)
     if command == "approve":
         decision: Literal["approve", "reject"] = "reject" if args.reject else "approve"
+        if args.gate_id is None:
+            raise await runtime.missing_gate_id(args.run_id, "--gate-id")
         head = await runtime.approve(args.run_id, decision, args.gate_id, args.comment, args.approver)
         return await _advance(runtime, head)
     if command == "cancel":

@@ -8,6 +8,17 @@ its stable code — ``run_not_found: no run with id ...`` — followed by a sent
 The result is built here rather than by raising ``ToolError``, because the SDK would prefix the
 text with ``Error executing tool <name>:`` and hide the code from a caller that reads the start.
 
+Arguments are strict (:class:`StrictTool`): every input schema says ``additionalProperties: false``
+and bounds every string; an unknown argument (``approve_befor``) is refused with a suggestion
+instead of being dropped, and a schema violation (a wrong type, a missing argument, a bad enum, an
+out-of-range or non-finite number) is ``invalid_argument: <argument>: <what is wrong>`` (over a
+length limit: ``too_large``), never the SDK's raw validation text.
+
+A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
+``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
+retried after the run moved on then cannot land on the next task or gate; a missing id is
+``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
+
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
 
@@ -24,20 +35,23 @@ as its structured content, without indentation: many hosts show their model only
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server import MCPServer
+from mcp.server import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from orchestration.errors import ConstructError, InvalidArgument
+from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
 from orchestration.models import RunHead
-from orchestration.runtime import StartRequest
+from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
@@ -51,17 +65,25 @@ DEFAULT_WAIT_SECONDS = 10.0
 #: context-parameter detection needs.
 ToolContext = Context[Services, Any]
 
+#: The bounds the input schemas publish; the runtime enforces the same ones (request and output
+#: limits are configurable: :func:`build_tools` publishes the configured ones).
+LIMITS = Limits()
+
 RunId = Annotated[
     str,
     Field(
-        description="The run's id, as returned by orchestrate_start or runs_list (e.g. run-0193a5f2c4d1-...)."
+        max_length=80,
+        description="The run's id, as returned by orchestrate_start or runs_list "
+        "(e.g. run-0193a5f2c4d1-...).",
     ),
 ]
+Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
 WaitSeconds = Annotated[
     float,
     Field(
         ge=0,
         le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
         description="Block up to this many seconds until the run needs you (a host task or an approval) "
         "or ends; progress notifications are sent meanwhile. 0 answers at once.",
     ),
@@ -93,6 +115,126 @@ async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallTo
         log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
         return error_result(exc)
     return _ok(model)
+
+
+# ------------------------------------------------------------------------------------------------
+# Strict arguments
+
+#: Given the call's context and raw arguments, the error for a required argument the caller left out
+#: (naming the value to pass); see ``missing`` in :func:`build_tools`.
+MissingHint = Callable[[ToolContext, Mapping[str, Any]], Awaitable[ConstructError]]
+
+
+class StrictTool(Tool):
+    """A tool whose arguments are checked before the SDK validates them, so that every refusal is
+    an ``isError`` result starting with its stable code (the SDK's own would be its raw
+    validation text after ``Error executing tool <name>:``):
+
+    * an argument the tool does not take is ``invalid_argument: unknown argument 'x'`` with the
+      closest known name (an ignored ``approve_befor`` would silently drop a gate);
+    * a schema violation is ``invalid_argument: <argument>: <what is wrong>``, or ``too_large``
+      for a string or list over its bound; nothing of the rejected value is echoed;
+    * a missing argument with a hint in :attr:`missing` gets the hint's error, which names the
+      value to pass (looked up in the run).
+    """
+
+    missing: dict[str, MissingHint] = Field(default_factory=dict, exclude=True)
+
+    async def run(
+        self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
+    ) -> Any:
+        error = await self._refusal(arguments, context)
+        if error is not None:
+            log.info(
+                "%s refused its arguments: %s",
+                self.name,
+                error.code,
+                extra={"action": "tool_error", "code": error.code},
+            )
+            return error_result(error)
+        return await super().run(arguments, context, convert_result)
+
+    async def _refusal(self, arguments: dict[str, Any], context: Context[Any, Any]) -> ConstructError | None:
+        known = list(self.fn_metadata.arg_model.model_fields)
+        unknown = [name for name in arguments if name not in known]
+        if unknown:
+            said = [_unknown_argument(name, self.name, known) for name in unknown[:5]]
+            return InvalidArgument("; ".join(said))
+        try:
+            self.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False)
+            for err in errors:
+                hint = self.missing.get(str(err["loc"][0])) if err["type"] == "missing" else None
+                if hint is not None and isinstance(arguments.get("run_id"), str):
+                    try:
+                        return await hint(context, arguments)
+                    except ConstructError as lookup_failed:
+                        return lookup_failed
+            return _schema_error(errors)
+        return None
+
+
+class UnknownToolRefusal:
+    """Server middleware: a ``tools/call`` naming a tool this server does not have is refused like
+    any other mistake, ``invalid_argument: unknown tool 'x' (did you mean ...)``, instead of the
+    SDK's ``Unknown tool: <the whole name, however long>``."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.names = [tool.name for tool in tools]
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params
+        if ctx.method == "tools/call" and params is not None:
+            name = params.get("name")
+            if isinstance(name, str) and name not in self.names:
+                close = difflib.get_close_matches(name, self.names, n=1)
+                hint = (
+                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
+                )
+                log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
+                return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
+        return await call_next(ctx)
+
+
+def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown argument {quoted(name)} (did you mean {close[0]!r}?)"
+    return f"unknown argument {quoted(name)}; {tool} takes: {', '.join(known)}"
+
+
+def _schema_error(errors: list[Any]) -> ConstructError:
+    """One error for a failed argument validation: the first argument at fault, in plain words.
+    pydantic reports each member of a union (``chain``: a name or a list) as its own error; they
+    are said together."""
+    first = errors[0]["loc"][0]
+    mine = [e for e in errors if e["loc"][0] == first]
+    for err in mine:
+        limit = (err.get("ctx") or {}).get("max_length")
+        if err["type"] == "string_too_long":
+            return TooLarge(f"{_where(err['loc'])} is over {limit} characters")
+        if err["type"] == "too_long":
+            return TooLarge(f"{_where(err['loc'])} has more than {limit} items")
+    if mine[0]["type"] == "missing":
+        return InvalidArgument(f"{first} is required; see the tool's input schema")
+    # A value of the right type for one member of a union that breaks that member's constraint
+    # (chain: "") is about that constraint, not about the other members' types.
+    constrained = [e for e in mine if not str(e["type"]).endswith("_type")]
+    said = dict.fromkeys(f"{_where(e['loc'])}: {_plain(e['msg'])}" for e in constrained or mine)
+    return InvalidArgument("; or ".join(said))
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """``approve_before[1]``: the argument and the list positions; the other strings of a location
+    name union members (``str``, ``list[str]``), not arguments."""
+    return str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+
+
+def _plain(message: str) -> str:
+    # pydantic's messages ("Input should be a valid string") name no input value; keep them short.
+    message = message[:1].lower() + message[1:]
+    return message if len(message) <= 200 else message[:200] + "..."
 
 
 async def _settle(
@@ -141,22 +283,29 @@ async def orchestrate_start(
         str, Field(description="What the chain should work on, in the user's words (the task, its context).")
     ],
     chain: Annotated[
-        str | list[str] | None,
+        Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
+        | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
+        | None,
         Field(
-            description="A chain name (default: 'default' = architect -> engineer -> reviewer) or a list of "
-            "specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: architect, "
-            "engineer, reviewer, researcher, tester, writer."
+            description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
+            "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
+            "architect, engineer, reviewer, researcher, tester, writer."
         ),
     ] = None,
     approve_before: Annotated[
-        list[str] | None,
-        Field(description="Step names to pause before, for a human approval (e.g. ['engineer'])."),
+        list[Name] | None,
+        Field(
+            max_length=LIMITS.max_list_items,
+            description="Step names to pause before, for a human approval (e.g. ['engineer']).",
+        ),
     ] = None,
     idempotency_key: Annotated[
         str | None,
         Field(
+            min_length=1,
+            max_length=LIMITS.max_idempotency_key_chars,
             description="Any string unique to this request. Repeating a start with the same key and request "
-            "returns the existing run instead of starting a second one."
+            "returns the existing run instead of starting a second one.",
         ),
     ] = None,
     worker_backend: Annotated[
@@ -175,13 +324,15 @@ async def orchestrate_start(
     model: Annotated[
         str | None,
         Field(
-            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's)."
+            max_length=LIMITS.max_name_chars,
+            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
         ),
     ] = None,
     timeout_seconds: Annotated[
         float | None,
         Field(
             gt=0,
+            allow_inf_nan=False,
             description="A time limit for the whole run, in seconds; when it passes, the run fails "
             "with deadline_exceeded (even if the server was down at that moment).",
         ),
@@ -190,6 +341,7 @@ async def orchestrate_start(
         float | None,
         Field(
             gt=0,
+            allow_inf_nan=False,
             description="A time limit for each task (for you to answer a host task, or for a provider "
             "call), for steps whose chain definition sets none.",
         ),
@@ -231,7 +383,10 @@ async def orchestrate_resume(
     task_id: Annotated[
         str | None,
         Field(
-            description="The task whose output you pass (next_action.task_id). Default: the awaiting task."
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
+            "output: a retried call then never lands on the next task.",
         ),
     ] = None,
     output: Annotated[
@@ -246,8 +401,9 @@ async def orchestrate_resume(
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
 
-    With output: records it as the task's output and moves the chain on; the answer holds the next
-    thing to do. Sending the same output again is safe (nothing is recorded twice). Without output:
+    With output and task_id (both from next_action): records it as that task's output and moves the
+    chain on; the answer holds the next thing to do. Sending the same task_id and output again is
+    safe (nothing is recorded twice). Without output:
     makes the server continue a queued or interrupted run (e.g. after a server restart).
     """
 
@@ -257,11 +413,13 @@ async def orchestrate_resume(
         if output is None:
             if task_id is not None:
                 raise InvalidArgument(
-                    f"task_id {task_id!r} was given without output; pass the task's output, or omit "
+                    f"task_id {quoted(task_id)} was given without output; pass the task's output, or omit "
                     "both to continue an interrupted run"
                 )
             head = await runtime.check_resumable(run_id)
             services.dispatcher.wake(head.run_id)
+        elif task_id is None:
+            raise await runtime.missing_task_id(run_id)
         else:
             head = await runtime.submit_host_output(run_id, task_id, output)
         return await _settle(ctx, head, wait_seconds)
@@ -277,25 +435,35 @@ async def orchestrate_approve(
         Field(description="'approve' lets the chain go on; 'reject' ends the run as rejected."),
     ],
     gate_id: Annotated[
-        str | None,
+        str,
         Field(
-            description="The gate to decide (next_action.gate_id, e.g. 'before:engineer'). "
-            "Default: the open one."
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
+            "a retried call then never decides the next gate.",
         ),
-    ] = None,
+    ],
     comment: Annotated[
         str | None,
-        Field(description="A note for the record; an approval's comment is shown to the following steps."),
+        Field(
+            max_length=LIMITS.max_comment_chars,
+            description="A note for the record; an approval's comment is shown to the following steps.",
+        ),
     ] = None,
     approver: Annotated[
-        str | None, Field(description="Who decided (a name or handle), for the record.")
+        str | None,
+        Field(
+            max_length=LIMITS.max_approver_chars,
+            description="Who decided (a name or handle), for the record.",
+        ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView]:
     """Approve or reject the approval gate a run is waiting at (next_action.kind == 'approve').
 
-    Ask the user first; do not decide on their behalf. Repeating the same decision returns the
-    current state; a different decision on a gate already decided is a conflict.
+    Ask the user first; do not decide on their behalf. Repeating the same call (gate, decision,
+    comment, approver) returns the current state; anything different on a gate already decided is a
+    conflict.
     """
 
     async def work() -> RunView:
@@ -314,6 +482,7 @@ async def run_status(
         Field(
             ge=0,
             le=MAX_WAIT_SECONDS,
+            allow_inf_nan=False,
             description="0 (default) answers at once; more blocks until the run needs you or ends.",
         ),
     ] = 0.0,
@@ -327,7 +496,8 @@ async def run_status(
     task_id: Annotated[
         str | None,
         Field(
-            description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says."
+            max_length=LIMITS.max_id_chars,
+            description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says.",
         ),
     ] = None,
 ) -> Annotated[CallToolResult, RunView]:
@@ -349,7 +519,10 @@ async def run_status(
 async def orchestrate_cancel(
     ctx: ToolContext,
     run_id: RunId,
-    reason: Annotated[str | None, Field(description="Why the run is cancelled, for the record.")] = None,
+    reason: Annotated[
+        str | None,
+        Field(max_length=LIMITS.max_comment_chars, description="Why the run is cancelled, for the record."),
+    ] = None,
 ) -> Annotated[CallToolResult, RunView]:
     """Cancel a run that has not ended. Its pending tasks are cancelled and it never continues.
     Cancelling a cancelled run again returns it unchanged; a run that ended otherwise cannot be
@@ -368,12 +541,16 @@ async def runs_list(
     status: Annotated[
         list[RunStatus] | None,
         Field(
-            description="Only runs with one of these statuses (e.g. ['awaiting_host', 'awaiting_approval'])."
+            max_length=len(RunStatus),
+            description="Only runs with one of these statuses (e.g. ['awaiting_host', 'awaiting_approval']).",
         ),
     ] = None,
-    limit: Annotated[int, Field(description="Page size, 1-500.")] = 20,
+    limit: Annotated[int, Field(ge=1, le=500, description="Page size, 1-500.")] = 20,
     cursor: Annotated[
-        str | None, Field(description="next_cursor from the previous page; omit for the newest runs.")
+        str | None,
+        # Bounded in the published schema (_strict_schema); a longer one is forged: the runtime
+        # refuses it as invalid_argument, like any other forged cursor, not as too_large.
+        Field(description="next_cursor from the previous page; omit for the newest runs."),
     ] = None,
 ) -> Annotated[CallToolResult, RunsPage]:
     """List runs, newest first, with what each is waiting for (a host task, an approval). Filter by
@@ -387,11 +564,25 @@ async def runs_list(
     return await _answer("runs_list", work)
 
 
-def register_tools(server: MCPServer[Services]) -> None:
-    def add(fn: Callable[..., Awaitable[CallToolResult]], title: str, annotations: ToolAnnotations) -> None:
+def build_tools(limits: Limits = LIMITS) -> list[Tool]:
+    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
+    server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
+    (over one is ``too_large``, from the runtime) and of ``cursor``."""
+    tools: list[Tool] = []
+
+    def add(
+        fn: Callable[..., Awaitable[CallToolResult]],
+        title: str,
+        annotations: ToolAnnotations,
+        missing: dict[str, MissingHint] | None = None,
+    ) -> None:
         # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
         description = inspect.cleandoc(fn.__doc__ or "")
-        server.add_tool(fn, title=title, description=description, annotations=annotations)
+        tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
+        assert isinstance(tool, StrictTool)  # from_function builds its own class
+        tool.missing = missing or {}
+        tool.parameters = _strict_schema(tool.parameters, limits)
+        tools.append(tool)
 
     add(
         orchestrate_start,
@@ -424,6 +615,7 @@ def register_tools(server: MCPServer[Services]) -> None:
             idempotent_hint=True,
             open_world_hint=False,
         ),
+        missing={"gate_id": _missing_gate_id},
     )
     add(
         run_status,
@@ -444,3 +636,34 @@ def register_tools(server: MCPServer[Services]) -> None:
     add(
         runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
     )
+    return tools
+
+
+async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
+    return await _services(ctx).runtime.missing_gate_id(str(arguments["run_id"]))
+
+
+def _strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """The published input schema: no property beyond the declared ones, the configured size
+    limits on ``request`` and ``output`` and the cursor's bound (the runtime enforces these
+    three), and ``task_id`` required whenever ``output`` is given."""
+    schema = {**schema, "additionalProperties": False}
+    properties = dict(schema.get("properties", {}))
+    for name, limit in (
+        ("request", limits.max_request_chars),
+        ("output", limits.max_output_chars),
+        ("cursor", limits.max_cursor_chars),
+    ):
+        if name in properties:
+            properties[name] = _with_max_length(properties[name], limit)
+    schema["properties"] = properties
+    if "output" in properties and "task_id" in properties:
+        schema["dependentRequired"] = {"output": ["task_id"]}
+    return schema
+
+
+def _with_max_length(prop: dict[str, Any], limit: int) -> dict[str, Any]:
+    if "anyOf" in prop:  # an optional string: string | null
+        branches = [_with_max_length(b, limit) if b.get("type") == "string" else b for b in prop["anyOf"]]
+        return {**prop, "anyOf": branches}
+    return {**prop, "maxLength": limit}

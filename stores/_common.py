@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew
+from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
 from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
 from orchestration.models import RECORD_FORMAT, RunHead
 
@@ -150,18 +150,30 @@ def encode_cursor(head: RunHead) -> str:
     return encode_cursor_key(list_order_key(head))
 
 
+#: The longest cursor a store reads. The cursors it gives out are about 150 characters; a longer
+#: one was not given out, and is refused before it is decoded.
+MAX_CURSOR_CHARS = 400
+
+
 def decode_cursor(cursor: str | None) -> ListKey | None:
-    """The (created_at iso, run_id) position a cursor stands for; ``InvalidArgument`` if unreadable."""
+    """The (created_at iso, run_id) position a cursor stands for. A cursor this server did not give
+    out — too long, not base64, not JSON, nested too deep for the parser, not two strings — is
+    always ``InvalidArgument``, never another exception."""
     if cursor is None or cursor == "":
         return None
     try:
+        if len(cursor) > MAX_CURSOR_CHARS:
+            raise ValueError("cursor too long")
         padded = cursor + "=" * (-len(cursor) % 4)
-        created, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(decoded, list) or len(decoded) != 2:
+            raise ValueError("cursor shape")
+        created, run_id = decoded
         if not isinstance(created, str) or not isinstance(run_id, str):
             raise ValueError("cursor fields")
         return (created, run_id)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidArgument(
-            f"cursor {cursor[:60]!r} is not a cursor this server gave out; "
+            f"cursor {quoted(cursor, 60)} is not a cursor this server gave out; "
             "omit it to start from the newest run"
         ) from exc

@@ -49,10 +49,25 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     assert view["tasks"][0]["output_preview"] == "[test host output] the design"
     assert view["tasks"][0]["output"] is None  # compact: `runs status --full` shows it whole
 
-    view = ok_json(tmp_path, "runs", "approve", run_id, "--comment", "go", "--approver", "bob")
+    view = ok_json(
+        tmp_path,
+        "runs",
+        "approve",
+        run_id,
+        "--gate-id",
+        "before:engineer",
+        "--comment",
+        "go",
+        "--approver",
+        "bob",
+    )
     assert view["next_action"]["task_id"] == "engineer"
-    view = ok_json(tmp_path, "runs", "resume", run_id, "--output", "[test host output] code")
-    view = ok_json(tmp_path, "runs", "resume", run_id, "--output", "[test host output] review")
+    view = ok_json(
+        tmp_path, "runs", "resume", run_id, "--task-id", "engineer", "--output", "[test host output] code"
+    )
+    view = ok_json(
+        tmp_path, "runs", "resume", run_id, "--task-id", "reviewer", "--output", "[test host output] review"
+    )
     assert view["status"] == "completed"
 
     assert ok_json(tmp_path, "runs", "status", run_id) == view
@@ -97,8 +112,18 @@ def test_reject_and_cancel(tmp_path: Path) -> None:
     view = ok_json(
         tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
     )
-    view = ok_json(tmp_path, "runs", "resume", view["run_id"], "--output", "design")
-    view = ok_json(tmp_path, "runs", "approve", view["run_id"], "--reject", "--comment", "no")
+    view = ok_json(tmp_path, "runs", "resume", view["run_id"], "--task-id", "architect", "--output", "design")
+    view = ok_json(
+        tmp_path,
+        "runs",
+        "approve",
+        view["run_id"],
+        "--gate-id",
+        "before:engineer",
+        "--reject",
+        "--comment",
+        "no",
+    )
     assert view["status"] == "rejected"
 
     other = ok_json(tmp_path, "runs", "start", "y", "--specialists", "writer")
@@ -108,6 +133,27 @@ def test_reject_and_cancel(tmp_path: Path) -> None:
     proc = cli(tmp_path, "runs", "resume", other["run_id"], "--output", "late")
     assert proc.returncode == 1
     assert proc.stderr.startswith("invalid_state: ")
+
+
+def test_resume_and_approve_name_what_they_answer(tmp_path: Path) -> None:
+    view = ok_json(
+        tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
+    )
+    run_id = view["run_id"]
+    proc = cli(tmp_path, "runs", "resume", run_id, "--output", "design")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("invalid_argument: --task-id is missing"), proc.stderr
+    assert "--task-id='architect'" in proc.stderr
+    ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "architect", "--output", "design")
+    proc = cli(tmp_path, "runs", "approve", run_id)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("invalid_argument: --gate-id is missing"), proc.stderr
+    assert "--gate-id='before:engineer'" in proc.stderr
+    # The human output shows the whole next command.
+    human = cli(tmp_path, "runs", "status", run_id)
+    assert f"construct-mcp runs approve {run_id} --gate-id before:engineer" in human.stdout
+    # Nothing was decided.
+    assert ok_json(tmp_path, "runs", "status", run_id)["gates"][0]["status"] == "requested"
 
 
 def test_idempotency_key_and_stdin(tmp_path: Path) -> None:

@@ -44,7 +44,15 @@ async def host(client: Client, rounds: int = 30) -> dict[str, Any]:
                 client, "orchestrate_resume", run_id=run_id, task_id=task_id, output=output_for(task_id)
             )
         elif kind == "approve":
-            view = await call(client, "orchestrate_approve", run_id=run_id, decision="approve", comment="ok")
+            gate_id = view["next_action"]["gate_id"]
+            view = await call(
+                client,
+                "orchestrate_approve",
+                run_id=run_id,
+                decision="approve",
+                gate_id=gate_id,
+                comment="ok",
+            )
         else:
             view = await call(client, "run_status", run_id=run_id, wait_seconds=2)
     raise AssertionError(f"run did not finish: {view['status']}")

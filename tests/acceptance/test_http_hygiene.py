@@ -257,7 +257,7 @@ async def test_a_sessions_subscriptions_end_with_it_over_http(tmp_path: Path) ->
             with pytest.warns(MCPDeprecationWarning):
                 await client.subscribe_resource(f"run://{view['run_id']}")
                 with pytest.raises(MCPError, match=r"^invalid_argument: "):
-                    await client.subscribe_resource("test://watched-resource")
+                    await client.subscribe_resource("run://../watched")
         # The client closed (DELETE): the server forgets the session's subscription.
         log_path = tmp_path / "server.log"
         with anyio.fail_after(10):

@@ -84,8 +84,14 @@ async def host(client: Client, key: str) -> dict[str, Any]:
         if kind == "none":
             return view
         if kind == "approve":
+            gate_id = view["next_action"]["gate_id"]
             view = await call(
-                client, "orchestrate_approve", run_id=run_id, decision="approve", wait_seconds=30
+                client,
+                "orchestrate_approve",
+                run_id=run_id,
+                decision="approve",
+                gate_id=gate_id,
+                wait_seconds=30,
             )
         else:
             view = await call(client, "run_status", run_id=run_id, wait_seconds=30)

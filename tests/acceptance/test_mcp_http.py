@@ -79,7 +79,10 @@ async def test_a_gated_chain_over_streamable_http(tmp_path: Path) -> None:
         assert view["next_action"]["kind"] == "run_host_task"
         view = await play_host(client, view)
         assert view["next_action"]["kind"] == "approve"
-        view = await call(client, "orchestrate_approve", run_id=view["run_id"], decision="approve")
+        gate_id = view["next_action"]["gate_id"]
+        view = await call(
+            client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate_id
+        )
         view = await play_host(client, view)
         assert view["status"] == "completed"
         assert [t["status"] for t in view["tasks"]] == ["done", "done", "done"]

@@ -50,7 +50,12 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
             assert architect["attempts"][0]["error"]["code"] == "overloaded"
 
             view = await call(
-                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", wait_seconds=60
+                client,
+                "orchestrate_approve",
+                run_id=view["run_id"],
+                decision="approve",
+                gate_id="before:engineer",
+                wait_seconds=60,
             )
             assert view["status"] == "completed", view
             assert view["tasks"][1]["output_preview"] == "the code, from the model"

@@ -216,7 +216,12 @@ async def test_reject_ends_the_run(client: Client) -> None:
     view = await start(client, chain=["architect", "engineer"], approve_before=["engineer"])
     view = await play_host(client, view)
     view = await call(
-        client, "orchestrate_approve", run_id=view["run_id"], decision="reject", comment="not now"
+        client,
+        "orchestrate_approve",
+        run_id=view["run_id"],
+        decision="reject",
+        gate_id="before:engineer",
+        comment="not now",
     )
     assert view["status"] == "rejected"
     assert view["next_action"]["kind"] == "none"
@@ -321,9 +326,11 @@ async def test_unknown_and_malformed_run_ids(client: Client) -> None:
 
 
 async def test_invalid_state(client: Client) -> None:
-    view = await start(client)
+    view = await start(client, approve_before=["engineer"])
     run_id = view["run_id"]
-    text = await call_error(client, "orchestrate_approve", run_id=run_id, decision="approve")
+    text = await call_error(
+        client, "orchestrate_approve", run_id=run_id, decision="approve", gate_id="before:engineer"
+    )
     assert text.startswith("invalid_state: ") and "not awaiting approval" in text
     done = await play_host(client, await start(client, chain=["writer"]))
     assert done["status"] == "completed"
@@ -378,9 +385,11 @@ async def test_other_invalid_arguments(client: Client) -> None:
     view = await start(client)
     text = await call_error(client, "orchestrate_resume", run_id=view["run_id"])
     assert text.startswith("invalid_argument: ") and "task_id and output" in text
-    # A schema violation is refused by the SDK before our code runs.
-    result = await client.call_tool("orchestrate_approve", {"run_id": view["run_id"], "decision": "maybe"})
-    assert result.is_error
+    # A schema violation is refused before the tool runs, with the code first.
+    text = await call_error(
+        client, "orchestrate_approve", run_id=view["run_id"], decision="maybe", gate_id="before:engineer"
+    )
+    assert text == "invalid_argument: decision: input should be 'approve' or 'reject'"
 
 
 # ------------------------------------------------------------------------------------------------

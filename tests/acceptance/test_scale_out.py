@@ -204,7 +204,7 @@ async def test_an_approval_from_another_process_wakes_a_server_through_notify(tm
                 async with target.opened() as store:
                     approver = Runtime(store, Catalog.builtin(), owner="approver")
                     for name in names:
-                        await approver.approve(run_ids[name], "approve", approver="test")
+                        await approver.approve(run_ids[name], "approve", "before:engineer", approver="test")
                         with anyio.fail_after(POLL / 3):
                             # The servers write; the test can only look.
                             while (await store.load(run_ids[name])).status != RunStatus.COMPLETED:  # noqa: ASYNC110
@@ -229,7 +229,12 @@ async def test_an_approval_from_another_process_wakes_a_server_through_notify(tm
             view = await call(via[0], "run_status", run_id=run_id, wait_seconds=15)
             assert view["status"] == "awaiting_approval", view["status"]
             view = await call(
-                via[1], "orchestrate_approve", run_id=run_id, decision="approve", wait_seconds=10
+                via[1],
+                "orchestrate_approve",
+                run_id=run_id,
+                decision="approve",
+                gate_id="before:engineer",
+                wait_seconds=10,
             )
             assert view["status"] == "completed", view["status"]
             check_runs(await records(target, {**run_ids, "n-tool": run_id}), await fake.calls())

@@ -3,6 +3,7 @@ docstrings, checked against every adapter (the ``store`` fixture in ``conftest.p
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -503,7 +504,24 @@ async def test_list_runs_on_an_empty_store(store: RunStore) -> None:
     assert page.next_cursor is None
 
 
-@pytest.mark.parametrize("cursor", ["not a cursor!", "bm90IGpzb24", "WzEsIDJd", "e30"])
+def _forged(payload: str) -> str:
+    return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+#: Cursors nobody gave out: nested past the JSON parser's recursion limit, an object whose two keys
+#: would unpack as two strings, a list of three.
+FORGED_CURSORS = [
+    _forged("[" * 100_000 + "]" * 100_000),
+    _forged('{"2026-01-01T00:00:00.000000Z": 1, "run-x": 2}'),
+    _forged('["2026-01-01T00:00:00.000000Z", "run-x", "more"]'),
+]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["not a cursor!", "bm90IGpzb24", "WzEsIDJd", "e30", *FORGED_CURSORS],
+    ids=["text", "not-json", "numbers", "empty-object", "deep", "object", "three"],
+)
 async def test_an_unreadable_cursor_is_invalid_argument(store: RunStore, cursor: str) -> None:
     await create(store, run_id(1))
     with pytest.raises(InvalidArgument):

@@ -46,7 +46,7 @@ async def test_run_deadline_while_awaiting_approval() -> None:
     await runtime.drive(head.run_id)
     clock.advance(10)
     with pytest.raises(InvalidState, match="ran out of time"):
-        await runtime.approve(head.run_id, "approve")
+        await runtime.approve(head.run_id, "approve", "before:architect")
     await runtime.drive(head.run_id)
     final = await runtime.status(head.run_id)
     assert final.status == RunStatus.FAILED and final.error is not None

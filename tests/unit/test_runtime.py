@@ -86,17 +86,18 @@ async def test_host_output_repeat_conflict_and_wrong_task() -> None:
 async def test_approve_repeat_conflict_and_wrong_state() -> None:
     runtime = make_runtime()
     run_id = await started(runtime, approve_before=("engineer",))
+    gate = "before:engineer"
     with pytest.raises(InvalidState, match="not awaiting approval"):
-        await runtime.approve(run_id, "approve")
+        await runtime.approve(run_id, "approve", gate)
     await runtime.submit_host_output(run_id, "architect", "design")
     await runtime.drive(run_id)
     head = await runtime.status(run_id)
     assert head.status == RunStatus.AWAITING_APPROVAL
-    approved = await runtime.approve(run_id, "approve", comment="fine", approver="ann")
-    assert (await runtime.approve(run_id, "approve")).version == approved.version
-    assert (await runtime.approve(run_id, "approve", "before:engineer")).version == approved.version
+    approved = await runtime.approve(run_id, "approve", gate, comment="fine", approver="ann")
+    again = await runtime.approve(run_id, "approve", gate, comment="fine", approver="ann")
+    assert again.version == approved.version
     with pytest.raises(Conflict, match="already approved"):
-        await runtime.approve(run_id, "reject")
+        await runtime.approve(run_id, "reject", gate)
     with pytest.raises(InvalidArgument, match="no gate 'after:x'"):
         await runtime.approve(run_id, "approve", "after:x")
 
@@ -104,7 +105,7 @@ async def test_approve_repeat_conflict_and_wrong_state() -> None:
 async def test_reject_ends_the_run() -> None:
     runtime = make_runtime()
     run_id = await started(runtime, approve_before=("architect",))
-    head = await runtime.approve(run_id, "reject", comment="no")
+    head = await runtime.approve(run_id, "reject", "before:architect", comment="no")
     assert head.status == RunStatus.REJECTED
     assert all(t.status == TaskStatus.SKIPPED for t in head.tasks)
     with pytest.raises(InvalidState):
@@ -131,7 +132,7 @@ async def test_resume_without_output_says_what_the_run_needs() -> None:
     run_id = await started(runtime, approve_before=("architect",))
     with pytest.raises(InvalidState, match="orchestrate_approve"):
         await runtime.check_resumable(run_id)
-    await runtime.approve(run_id, "approve")
+    await runtime.approve(run_id, "approve", "before:architect")
     assert (await runtime.check_resumable(run_id)).status == RunStatus.QUEUED
     await runtime.drive(run_id)
     with pytest.raises(InvalidArgument, match="task_id and output"):
@@ -154,7 +155,7 @@ async def test_racing_approvers_make_one_decision() -> None:
 
     async def approve(decision: str) -> None:
         try:
-            results.append(await runtime.approve(run_id, decision))  # type: ignore[arg-type]
+            results.append(await runtime.approve(run_id, decision, "before:architect"))  # type: ignore[arg-type]
         except Conflict as exc:
             results.append(exc)
 
