@@ -579,9 +579,9 @@ class Runtime:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
         or None when another worker holds the lease, this runtime is already driving the run, or
         the runtime is stopping. May be called at any time from any process: the lease and the
-        compare-and-swap decide who advances the run. A run whose record turned out unreadable
-        (``CorruptRecord``) is left alone (None) for :attr:`unreadable_retry_seconds` after the
-        error.
+        compare-and-swap decide who advances the run. A drive that meets an unreadable record
+        raises ``CorruptRecord``; later drives of that run return None at once for
+        :attr:`unreadable_retry_seconds` after the error.
 
         ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
         batch claim); the drive then does not claim again, and renews and releases that lease as
@@ -593,12 +593,12 @@ class Runtime:
         first drive's lease token and two drives would call the provider twice.
 
         **The lease is a fence.** Every write the drive makes carries its lease, and the store
-        accepts it only while the run's lease still carries its token. When another worker claimed
-        the run meanwhile (this process stalled past the lease's expiry: a GC pause, a suspended
-        VM), the drive stops at its next write — or at its next renewal, which also cancels a
-        provider call in flight — records nothing, and raises ``LeaseLost``: the run belongs to
-        the other worker now. A lease that expired but that nobody claimed again still carries its
-        token, so a slow drive goes on.
+        accepts it only while the run's lease still carries its token. When the run was claimed
+        again meanwhile — by another worker, typically because this process stalled past the
+        lease's expiry (a GC pause, a suspended VM) — the drive stops at its next write or at its
+        next renewal (which also cancels a provider call in flight), whichever comes first, records
+        nothing more, and raises ``LeaseLost``: the run belongs to the new holder. A lease that
+        expired but that nobody claimed again still carries its token, so a slow drive goes on.
 
         **Store outages.** A drive rides out a short outage: a provider call in flight goes on,
         the write of its outcome waits for the store (an append whose commit status is unknown is
