@@ -193,9 +193,21 @@ class Dispatcher:
                 # would call twice). Between two drives of the run, the next one claims anew.
                 self._again.add(lease.run_id)
                 if not runtime.hand_over(lease):
-                    await runtime.store.release_lease(lease)
+                    await self._release_unused(lease)
                 continue
             self._start(tg, lease.run_id, lease)
+
+    async def _release_unused(self, lease: Lease) -> None:
+        """Give up a claimed lease no drive will use. Best effort: the other claims of the batch
+        must still be driven, and a lease that could not be released expires."""
+        try:
+            await self.runtime.store.release_lease(lease)
+        except ConstructError as exc:
+            log.info(
+                "cannot release an unused lease: %s",
+                exc,
+                extra={"action": "lease_release_failed", "run_id": lease.run_id},
+            )
 
     async def _scan(self, tg: TaskGroup, woken: list[str]) -> None:
         candidates = list(woken)
