@@ -149,7 +149,8 @@ SELECT token FROM leases WHERE run_id = $1
 -- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
 -- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
 -- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
--- Each claimed lease gets a new random token (a gen_random_uuid: 122 random bits, as hex).
+-- Each claimed lease gets a new random token (a gen_random_uuid, built in since PostgreSQL 13: 122
+-- random bits, as hex).
 WITH candidates AS (
     SELECT runs.run_id, runs.created_at
     FROM runs
