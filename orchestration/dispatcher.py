@@ -9,7 +9,10 @@ on what the store can do:
   claimer (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``), and drives each with the lease it already
   holds (:meth:`Runtime.drive` with ``lease=``). Several server processes on one database share
   the work this way; a run claimed by one is never driven by another while the lease holds, and a
-  dead process's runs are claimed by the others once their leases expire.
+  dead process's runs are claimed by the others once their leases expire. When the claim hands out
+  a run this process is still driving (its drive stalled past the lease's expiry without
+  renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
+  starting a second one.
 * **Scans** (memory, filesystem; or ``recover=False``). It lists runnable runs and drives each
   through :meth:`Runtime.drive`, which claims the lease first: a run another worker holds is
   skipped. With ``recover=False`` it never scans: it drives only the runs it is woken for (the ones
@@ -27,6 +30,10 @@ interval once the store answers. A drive interrupted by a store error (see :meth
 stops cleanly; its lease could not be released while the store was away, so the dispatcher
 releases it once the store is back and the run is claimed again, by this process or another, and
 resumed from its facts.
+
+**Lost leases.** A drive that finds its lease taken by another worker (``LeaseLost``: this process
+stalled past the lease while another one claimed the run) has recorded nothing and stops; that is
+the lease doing its job, not a failure. The run is left to its holder (logged at INFO).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from orchestration.backoff import Backoff
 from orchestration.decide import WaitUntil
-from orchestration.errors import ConstructError, CorruptRecord, StoreError
+from orchestration.errors import ConstructError, CorruptRecord, LeaseLost, StoreError
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, is_settled
 from orchestration.store import Lease
@@ -181,11 +188,26 @@ class Dispatcher:
         )
         for lease in leases:
             if lease.run_id in self._active:
-                # Our own lease had run out (a stalled loop) and was claimed anew: the drive in
-                # progress goes on with it (same owner); a second drive would call twice.
+                # Our own lease had run out (a stalled loop) and was claimed anew, which replaced
+                # its token: the drive in progress goes on with the new lease (a second drive
+                # would call twice). Between two drives of the run, the next one claims anew.
                 self._again.add(lease.run_id)
+                if not runtime.hand_over(lease):
+                    await self._release_unused(lease)
                 continue
             self._start(tg, lease.run_id, lease)
+
+    async def _release_unused(self, lease: Lease) -> None:
+        """Give up a claimed lease no drive will use. Best effort: the other claims of the batch
+        must still be driven, and a lease that could not be released expires."""
+        try:
+            await self.runtime.store.release_lease(lease)
+        except ConstructError as exc:
+            log.info(
+                "cannot release an unused lease: %s",
+                exc,
+                extra={"action": "lease_release_failed", "run_id": lease.run_id},
+            )
 
     async def _scan(self, tg: TaskGroup, woken: list[str]) -> None:
         candidates = list(woken)
@@ -209,8 +231,7 @@ class Dispatcher:
                 # Driven again already (with a lease of its own, which must not be released here).
                 self._interrupted.discard(run_id)
                 continue
-            stale = Lease(run_id, self.runtime.owner, self.runtime.clock.now())
-            await self.runtime.store.release_lease(stale)
+            await self.runtime.release_unreleased(run_id)
             self._interrupted.discard(run_id)
             self._woken.add(run_id)
 
@@ -280,6 +301,15 @@ class Dispatcher:
                     self._again.discard(run_id)
                     try:
                         action = await self.runtime.drive(run_id, lease=lease)
+                    except LeaseLost:
+                        # Another worker claimed the run while this drive stalled; the drive
+                        # recorded nothing more. Not a failure: the run is the holder's now.
+                        log.info(
+                            "run %s is held by another worker; left to it",
+                            run_id,
+                            extra={"action": "drive_lease_lost", "run_id": run_id},
+                        )
+                        action = None
                     except CorruptRecord as exc:
                         log.warning(
                             "run %s could not be advanced: %s",

@@ -9,7 +9,9 @@ Two kinds of writes happen here:
   repeat of the same request returns the current state without appending anything.
 * **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: it reads the
   run, asks the pure :func:`~orchestration.decide.next_action`, does that one thing, records the
-  resulting facts in one write, and reads the run again.
+  resulting facts in one write, and reads the run again. Every write of a drive is fenced by its
+  lease (the store refuses it once a later claim replaced the lease's token), so a drive that
+  stalled past its lease while another worker took the run over records nothing more.
 
 Nothing is ever decided from a value held in memory across a write: after every write the loop
 re-reads the record, so a restarted process makes exactly the decision the crashed one would have.
@@ -172,6 +174,17 @@ class RunSnapshot:
 
 
 @dataclass
+class _Hold:
+    """The lease one drive holds. Renewal replaces it (same token, later expiry); a claim this
+    runtime made again on the run meanwhile is handed over here (:meth:`Runtime.hand_over`), so
+    the drive's next write carries the current token."""
+
+    lease: Lease
+    #: set when a renewal found the lease replaced by another claim (the drive then stops)
+    lost: bool = False
+
+
+@dataclass
 class _Waiters:
     events: dict[str, anyio.Event] = field(default_factory=dict)
 
@@ -237,6 +250,10 @@ class Runtime:
         #: how long :meth:`drive` leaves a run alone after its record could not be read
         self.unreadable_retry_seconds = 60.0
         self._unreadable: dict[str, datetime] = {}
+        #: the runs this runtime is driving now (None while the drive is claiming): one drive per run
+        self._driving: dict[str, _Hold | None] = {}
+        #: leases a drive could not release (the store was away); see :meth:`release_unreleased`
+        self._unreleased: dict[str, Lease] = {}
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -261,14 +278,22 @@ class Runtime:
             except Exception:
                 log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
 
-    async def _append(self, head: RunHead, facts: Sequence[Fact], outage: Outage | None = None) -> RunHead:
-        """Record ``facts`` on top of ``head`` (compare-and-swap). With ``outage`` (a drive's), a
-        store error does not end the write: see :meth:`_append_through_outage`."""
+    async def _append(
+        self,
+        head: RunHead,
+        facts: Sequence[Fact],
+        outage: Outage | None = None,
+        hold: _Hold | None = None,
+    ) -> RunHead:
+        """Record ``facts`` on top of ``head`` (compare-and-swap). A drive passes its ``outage`` and
+        its lease (``hold``): the write is then fenced by the lease (``LeaseLost`` once another
+        claim replaced it), and a store error does not end it: see :meth:`_append_through_outage`.
+        External events pass neither."""
         new_head = apply_write(head, facts)
-        if outage is None:
+        if outage is None or hold is None:
             stored = await self.store.append(head.run_id, head.version, facts, new_head)
         else:
-            stored = await self._append_through_outage(head, facts, new_head, outage)
+            stored = await self._append_through_outage(head, facts, new_head, outage, hold)
         log.info(
             "recorded %s",
             ",".join(f.type for f in facts),
@@ -647,13 +672,28 @@ class Runtime:
 
     async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
-        or None when another worker holds the lease or the runtime is stopping. Safe to call at any
-        time from any process. A run whose record turned out unreadable (``CorruptRecord``) is
-        left alone (None) for :attr:`unreadable_retry_seconds` after the error.
+        or None when another worker holds the lease, this runtime is already driving the run, or
+        the runtime is stopping. May be called at any time from any process: the lease and the
+        compare-and-swap decide who advances the run. A drive that meets an unreadable record
+        raises ``CorruptRecord``; later drives of that run return None at once for
+        :attr:`unreadable_retry_seconds` after the error.
 
         ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
         batch claim); the drive then does not claim again, and renews and releases that lease as
-        its own.
+        its own. If this runtime is driving the run already, that drive takes the lease over
+        (:meth:`hand_over`) and this call returns None.
+
+        **One drive per run per runtime.** A second drive of a run this runtime is driving (or
+        claiming) returns None at once, without claiming: a same-owner claim would replace the
+        first drive's lease token and two drives would call the provider twice.
+
+        **The lease is a fence.** Every write the drive makes carries its lease, and the store
+        accepts it only while the run's lease still carries its token. When the run was claimed
+        again meanwhile — by another worker, typically because this process stalled past the
+        lease's expiry (a GC pause, a suspended VM) — the drive stops at its next write or at its
+        next renewal (which also cancels a provider call in flight), whichever comes first, records
+        nothing more, and raises ``LeaseLost``: the run belongs to the new holder. A lease that
+        expired but that nobody claimed again still carries its token, so a slow drive goes on.
 
         **Store outages.** A drive rides out a short outage: a provider call in flight goes on,
         the write of its outcome waits for the store (an append whose commit status is unknown is
@@ -664,33 +704,70 @@ class Runtime:
         resumed later from its facts, the cancelled attempt as an orphan."""
         if lease is not None and lease.owner != self.owner:
             raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
+        if run_id in self._driving:
+            if lease is not None and not self.hand_over(lease):
+                await self._release(lease)
+            return None
         set_aside = self._unreadable.get(run_id)
         if self._stopping or (set_aside is not None and self.clock.now() < set_aside):
             if lease is not None:
                 await self._release(lease)
             return None
-        if lease is None:
-            lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
+        # Taken before the first await, so that a concurrent drive of the run sees it.
+        self._driving[run_id] = None
+        try:
             if lease is None:
-                return None
+                lease = await self.store.claim_lease(
+                    run_id, self.owner, self.lease_ttl_seconds, self.clock.now()
+                )
+                if lease is None:
+                    return None
+            hold = self._driving[run_id] = _Hold(lease)
+            return await self._drive_holding(run_id, hold)
+        finally:
+            del self._driving[run_id]
+
+    def hand_over(self, lease: Lease) -> bool:
+        """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a
+        dispatcher's batch claim after the drive's lease had expired unrenewed) — to that drive,
+        whose old token the claim replaced: its next write and renewal carry the new token.
+        False (nothing done) when this runtime is not driving the run."""
+        hold = self._driving.get(lease.run_id)
+        if hold is None or lease.owner != self.owner:
+            return False
+        hold.lease = lease
+        return True
+
+    async def _drive_holding(self, run_id: str, hold: _Hold) -> Action | None:
         result: Action | None = None
         error: ConstructError | None = None
         outage = Outage(self.store_outage_seconds)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._renew_lease, lease, tg.cancel_scope, outage)
+                tg.start_soon(self._renew_lease, hold, tg.cancel_scope, outage)
                 try:
-                    result = await self._loop(run_id, outage)
+                    result = await self._loop(run_id, outage, hold)
                 except ConstructError as exc:
                     # Raised below, outside the task group, so that the caller gets the error
                     # itself and not an ExceptionGroup around it.
                     error = exc
                 tg.cancel_scope.cancel()
-            if error is None and result is None and outage.over:
+            if error is None and result is None and hold.lost:
+                # The lease keeper found the lease taken by another claim and stopped the drive.
+                error = LeaseLost(
+                    f"the lease on run {run_id} was claimed by another worker while {self.owner} "
+                    "held it; this drive stopped and leaves the run to the new holder"
+                )
+            elif error is None and result is None and outage.over:
                 # The lease keeper stopped the drive: the store stayed away too long.
                 error = StoreUnavailable(
                     f"the store did not answer for {outage.seconds:.0f} s (store_outage_seconds is "
                     f"{self.store_outage_seconds:g}); run {run_id} stopped and resumes from its facts"
+                )
+            if isinstance(error, LeaseLost):
+                log.info(
+                    "lease lost: another worker holds the run; this drive stops",
+                    extra={"action": "lease_lost", "run_id": run_id},
                 )
             if isinstance(error, CorruptRecord):
                 # Retrying at every dispatcher poll would only repeat the error: leave the run
@@ -702,12 +779,14 @@ class Runtime:
                 raise error
             self._unreadable.pop(run_id, None)
         finally:
-            await self._release(lease)
+            await self._release(hold.lease)
         return result
 
     async def _release(self, lease: Lease) -> None:
         # Shielded (a cancelled drive must still give its lease up) but bounded: with the store
-        # away, waiting for it would hold up a shutdown, and the lease expires anyway.
+        # away, waiting for it would hold up a shutdown, and the lease expires anyway. Until the
+        # release is known to have happened, the lease is kept for release_unreleased.
+        self._unreleased[lease.run_id] = lease
         with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_SECONDS):
             try:
                 await self.store.release_lease(lease)
@@ -718,19 +797,40 @@ class Runtime:
                     exc,
                     extra={"action": "lease_release_failed", "run_id": lease.run_id},
                 )
+            else:
+                if self._unreleased.get(lease.run_id) is lease:
+                    del self._unreleased[lease.run_id]
 
-    async def _renew_lease(self, lease: Lease, scope: anyio.CancelScope, outage: Outage) -> None:
-        """Keep the lease while the drive runs. Stops the drive (cancels ``scope``) when another
-        worker took the lease, or when the store has been failing past the outage limit."""
+    async def release_unreleased(self, run_id: str) -> None:
+        """Release the lease a drive of ``run_id`` could not release (the store was away), if any,
+        so that the run can be claimed at once rather than when the lease expires. Raises the
+        store's error while it is still away. A lease claimed again since is not touched (the
+        release matches the token)."""
+        lease = self._unreleased.get(run_id)
+        if lease is None:
+            return
+        await self.store.release_lease(lease)
+        if self._unreleased.get(run_id) is lease:
+            del self._unreleased[run_id]
+
+    async def _renew_lease(self, hold: _Hold, scope: anyio.CancelScope, outage: Outage) -> None:
+        """Keep the drive's lease (``hold.lease``: same token, later expiry) while the drive runs.
+        Stops the drive (cancels ``scope``, sets ``hold.lost``) when another claim replaced the
+        lease, or when the store has been failing past the outage limit."""
         interval = self.lease_ttl_seconds / 3
         backoff = Backoff(base=min(0.1, interval), cap=interval)
         delay = interval
         while True:
             await anyio.sleep(delay)
+            lease = hold.lease
             try:
-                lease = await self.store.renew_lease(lease, self.lease_ttl_seconds, self.clock.now())
+                renewed = await self.store.renew_lease(lease, self.lease_ttl_seconds, self.clock.now())
             except LeaseLost:
-                log.warning("lease lost", extra={"action": "lease_lost", "run_id": lease.run_id})
+                if hold.lease is not lease:
+                    # A new claim was handed over meanwhile: renew that one at once.
+                    delay = 0
+                    continue
+                hold.lost = True
                 scope.cancel()
                 return
             except CorruptRecord:
@@ -742,6 +842,8 @@ class Runtime:
                 # Retry sooner than the renewal interval: the lease may run out meanwhile.
                 delay = backoff.next_delay()
                 continue
+            if hold.lease is lease:
+                hold.lease = renewed
             outage.recovered()
             backoff.reset()
             delay = interval
@@ -784,21 +886,37 @@ class Runtime:
             outage.recovered()
             return head
 
-    async def _append_through_outage(
-        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead, outage: Outage
+    async def _fenced_append(
+        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead, hold: _Hold
     ) -> RunHead:
-        """``store.append``, riding out a store outage up to its limit.
+        """``store.append`` fenced by the drive's lease. ``LeaseLost`` ends the drive, unless a
+        claim of this runtime was handed over during the write: then it is made with that one."""
+        while True:
+            lease = hold.lease
+            try:
+                return await self.store.append(head.run_id, head.version, facts, new_head, lease=lease)
+            except LeaseLost:
+                if hold.lease is lease:
+                    raise
+
+    async def _append_through_outage(
+        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead, outage: Outage, hold: _Hold
+    ) -> RunHead:
+        """``store.append`` fenced by the drive's lease, riding out a store outage up to its limit.
 
         After a failed append nobody knows whether it committed (the connection may have died
         during COMMIT), so it is never simply sent again: the run is re-read first. Still at the
-        version we wrote on: nothing was written, append again. Our facts at their sequence
-        numbers: it committed, and that is the result. Anything else: another writer moved the run
-        (``VersionConflict``; the drive decides again from the record). The compare-and-swap
-        makes every path safe: a fact is never lost and never written twice."""
+        version we wrote on: nothing was written, append again (fenced again). Our facts at their
+        sequence numbers: it committed, and that is the result. Anything else: another writer
+        moved the run (``VersionConflict``; the drive decides again from the record). The
+        compare-and-swap makes every path safe: a fact is never lost and never written twice.
+
+        ``LeaseLost`` is not an outage: the store answered, and the answer is that another worker
+        holds the run. It is raised at once, whichever append gets it, and nothing is retried."""
         run_id = head.run_id
         backoff = Backoff(cap=2.0)
         try:
-            stored = await self.store.append(run_id, head.version, facts, new_head)
+            stored = await self._fenced_append(head, facts, new_head, hold)
         except CorruptRecord:
             raise
         except StoreError as exc:
@@ -812,7 +930,7 @@ class Runtime:
             try:
                 current = await self.store.load(run_id)
                 if current.version == head.version:
-                    stored = await self.store.append(run_id, head.version, facts, new_head)
+                    stored = await self._fenced_append(head, facts, new_head, hold)
                     outage.recovered()
                     return stored
                 outage.recovered()
@@ -833,7 +951,7 @@ class Runtime:
         stored = await self.store.read_facts(run_id, facts[0].seq - 1, len(facts))
         return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
 
-    async def _loop(self, run_id: str, outage: Outage) -> Action | None:
+    async def _loop(self, run_id: str, outage: Outage, hold: _Hold) -> Action | None:
         while not self._stopping:
             head = await self._load_through_outage(run_id, outage)
             action = next_action(head, self.clock.now())
@@ -846,28 +964,29 @@ class Runtime:
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
-                await self._act(head, action, outage)
+                await self._act(head, action, outage, hold)
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
                 continue
         return None
 
-    async def _act(self, head: RunHead, action: Action, outage: Outage) -> None:
+    async def _act(self, head: RunHead, action: Action, outage: Outage, hold: _Hold) -> None:
         now = self.clock.now()
         seq = head.last_seq + 1
         if isinstance(action, RequestApproval):
-            await self._append(head, [ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)], outage)
+            requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
+            await self._append(head, [requested], outage, hold)
         elif isinstance(action, PrepareHostTask):
             prompt = await self.prompt_for(head, action.task_id)
-            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)], outage)
+            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)], outage, hold)
         elif isinstance(action, FinishRun):
             finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
-            await self._append(head, [finished], outage)
+            await self._append(head, [finished], outage, hold)
         elif isinstance(action, FailTask):
             failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
-            await self._append(head, [failed], outage)
+            await self._append(head, [failed], outage, hold)
         elif isinstance(action, StartAttempt):
-            await self._attempt(head, action, outage)
+            await self._attempt(head, action, outage, hold)
         else:  # pragma: no cover - pausing actions never reach here
             raise AssertionError(action)
 
@@ -896,9 +1015,11 @@ class Runtime:
                 scope.cancel()
                 return
 
-    async def _attempt(self, head: RunHead, action: StartAttempt, outage: Outage) -> None:
+    async def _attempt(self, head: RunHead, action: StartAttempt, outage: Outage, hold: _Hold) -> None:
         """One provider attempt: record ``attempt_started`` *before* the call, call, record the
-        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries."""
+        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries.
+        Both writes are fenced by the drive's lease: a drive that lost it meanwhile records no
+        outcome (``LeaseLost``), and the worker that holds the run decides about the task."""
         if self.worker is None:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
@@ -914,7 +1035,7 @@ class Runtime:
             executor=executor,
             possible_duplicate_call=action.possible_duplicate_call,
         )
-        head = await self._append(head, [started], outage)
+        head = await self._append(head, [started], outage, hold)
         previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
         scope = anyio.CancelScope()
         self._cancel_scopes[head.run_id] = scope
@@ -987,7 +1108,7 @@ class Runtime:
                 ),
                 not_before=outcome.not_before,
             )
-        await self._append(head, [fact], outage)
+        await self._append(head, [fact], outage, hold)
 
 
 def _awaiting_host_task(head: RunHead) -> str | None:

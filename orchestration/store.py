@@ -7,9 +7,17 @@ produce, and the store persists both atomically. The head carries no task output
 tasks settled (see ``TaskState.settled``), so it does not grow with the run's history, and neither
 does the cost of one append.
 
-Leases are not facts: they are a small mutable record per run (owner, expiry) that says which worker
-may execute the run now. Expiry is judged with the ``now`` the caller passes (its injected clock),
-never with the store's own clock.
+Leases are not facts: they are a small mutable record per run (owner, expiry, token) that says which
+worker may execute the run now. Expiry is judged with the ``now`` the caller passes (its injected
+clock), never with the store's own clock.
+
+A lease is a fence, not a hint (DESIGN §9). Every successful claim gives the lease a new, unique
+``token``; a later claim, by another owner or by the same one, replaces it. Renewal and release act
+only while the stored lease still carries the caller's token, and an ``append`` that passes a lease
+is accepted only while it does, checked in the same atomic step as the version compare-and-swap. A
+lease that expired but that nobody claimed again still carries its token: it does not stop its
+holder, whose writes and renewals still go through. Writes that bring an external event (a new run,
+a host's output, an approval, a cancellation) pass no lease and are fenced by the version alone.
 
 Stored heads and facts state their record format, and a store reads them back by the rules in
 :mod:`orchestration.facts` ("Record formats"): fields it does not know are ignored; a record of a
@@ -19,6 +27,7 @@ never rewritten; lists skip such a run like any unreadable one.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,9 +40,18 @@ from orchestration.vocabulary import RunStatus
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """A claim on a run: ``owner`` may execute it until ``expires_at`` (renewable). ``token`` is
+    unique to the claim that made it (a renewal keeps it): it is what fences the holder's writes."""
+
     run_id: str
     owner: str
     expires_at: datetime
+    token: str
+
+
+def new_lease_token() -> str:
+    """A fresh lease token: 128 random bits, hex. Stores call it at every successful claim."""
+    return secrets.token_hex(16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +91,27 @@ class RunStore(Protocol):
         ...
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
         """Append ``facts`` and replace the head with ``head``, atomically, if and only if the
-        stored head's version is ``expected_version`` (compare-and-swap). ``head.version`` must be
-        ``expected_version + 1``. Returns the stored head.
+        stored head's version is ``expected_version`` (compare-and-swap) and, when ``lease`` is
+        given, the run's stored lease still carries ``lease.token`` (the fence). ``head.version``
+        must be ``expected_version + 1``. Returns the stored head.
 
-        A writer that lost the race writes nothing and gets ``VersionConflict``. Durable on return
-        (fsync'd / committed). The cost does not grow with the number or size of earlier facts.
-        Raises ``RunNotFound``, ``InvalidArgument``.
+        Both conditions are checked in one atomic step with the write (one transaction, or under
+        the run's lock): no claim can slip in between the check and the write. The lease's expiry
+        is not judged: an expired lease nobody claimed again still carries its token. A writer that
+        lost its lease writes nothing and gets ``LeaseLost`` (also when the version moved too); a
+        writer that lost the version race writes nothing and gets ``VersionConflict``. Without
+        ``lease`` (external events: a host's output, an approval, a cancel) no lease is needed.
+
+        Durable on return (fsync'd / committed). The cost does not grow with the number or size of
+        earlier facts. Raises ``RunNotFound``, ``InvalidArgument`` (also for a lease on another run).
         """
         ...
 
@@ -114,17 +144,22 @@ class RunStore(Protocol):
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         """Take the run's lease for ``owner`` until ``now + ttl_seconds`` if it is free, expired, or
-        already ``owner``'s. Returns ``None`` when another owner holds an unexpired lease. Atomic
-        across processes: of two concurrent claimers exactly one gets the lease."""
+        already ``owner``'s. Every successful claim gets a new token (:func:`new_lease_token`),
+        which replaces the previous holder's — also when that holder is ``owner`` itself — so the
+        lease returned earlier no longer fences anything. Returns ``None`` when another owner holds
+        an unexpired lease. Atomic across processes: of two concurrent claimers exactly one gets the
+        lease. Raises ``RunNotFound``."""
         ...
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
-        """Extend a lease still held by ``lease.owner``. Raises ``LeaseLost`` if another owner
-        took it (after it expired) or it was released."""
+        """Extend the lease to ``now + ttl_seconds`` if the stored lease still carries
+        ``lease.token`` (also after it expired, if nobody claimed it since); the renewed lease keeps
+        the token. Raises ``LeaseLost`` if a later claim replaced it or it was released."""
         ...
 
     async def release_lease(self, lease: Lease) -> None:
-        """Give the lease up if ``lease.owner`` still holds it; otherwise do nothing."""
+        """Give the lease up if the stored lease still carries ``lease.token``; otherwise (a later
+        claim replaced it, or it is already released) do nothing."""
         ...
 
     async def close(self) -> None:

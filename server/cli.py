@@ -42,7 +42,7 @@ from typing import Any, Literal, TextIO
 import anyio
 
 from orchestration.catalog import Catalog
-from orchestration.errors import ConfigError, ConstructError, InvalidArgument
+from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, StartRequest
@@ -276,7 +276,11 @@ async def _advance(runtime: Runtime, head: RunHead) -> RunHead:
     that process a moment to move it on."""
     if head.status.kind != "active":
         return head
-    action = await runtime.drive(head.run_id)
+    try:
+        action = await runtime.drive(head.run_id)
+    except LeaseLost:
+        # Another process claimed the run while this one drove it: it is that process's now.
+        action = None
     if action is None:
         return await runtime.wait_settled(head.run_id, CLI_WAIT_SECONDS)
     return await runtime.status(head.run_id)

@@ -29,8 +29,9 @@ Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``)
 
 - ``claim_runnable(owner, ttl_seconds, now, limit) -> list[Lease]`` (sqlite, postgres): claim up to
   ``limit`` runnable runs (as ``runnable`` defines them) whose lease is free or expired, oldest
-  first, in one transaction; runs ``owner`` already holds are not returned again; two concurrent
-  claimers never get the same run (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
+  first, in one transaction; runs ``owner`` already holds are not returned again; each lease gets a
+  new token, as from ``claim_lease``; two concurrent claimers never get the same run (postgres:
+  ``FOR NO KEY UPDATE SKIP LOCKED``).
 - ``listen(callback, on_lost=None)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is
   called when any process commits a write that leaves a run ``queued``. A wake-up hint, not a queue:
   notifications are lost while the listening connection is down, so a dispatcher still polls

@@ -48,9 +48,14 @@ class CrashAfterWrites:
         return result
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
-        stored = await self.inner.append(run_id, expected_version, facts, head)
+        stored = await self.inner.append(run_id, expected_version, facts, head, lease)
         self._count()
         return stored
 

@@ -5,8 +5,10 @@ Layout under ``root``::
     runs/<run_id>/facts.jsonl   the fact log: one JSON fact per line, only ever appended to
     runs/<run_id>/facts.idx     16 bytes per fact (big-endian start and end byte offsets of its line)
     runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir)
-    runs/<run_id>/lease.json    the lease (owner, expiry), absent when nobody holds it
-    runs/<run_id>/lock          flock(2) target: every write to the run happens while holding it
+    runs/<run_id>/lease.json    the lease (owner, expiry, token), absent when nobody holds it
+    runs/<run_id>/lock          flock(2) target: every write to the run (facts, head, lease) happens
+                                while holding it, so a fenced append reads the lease and the head
+                                and writes under one lock that every claim takes too
     keys/<sha256(key)>          idempotency index: the id of the run created with that key
     create.lock                 flock(2) target serializing run creation (and the use of tmp/)
     tmp/                        staging area for runs being created
@@ -19,8 +21,8 @@ index back to the committed end before appending, so nothing uncommitted is ever
 resurrected.
 
 Cost. An append reads the first bytes of the head (its version and last_seq) and one 16-byte index
-record, appends its own bytes and rewrites the head (which holds no task output): it does not depend
-on the number or size of earlier facts. ``read_fact`` is one
+record (a fenced append reads the small lease.json too), appends its own bytes and rewrites the head
+(which holds no task output): it does not depend on the number or size of earlier facts. ``read_fact`` is one
 index record plus one line. ``list_runs`` and ``runnable`` scan the run directories. A terminal run's
 head never changes again, so a store object reads it once and remembers its list position and
 status; later scans read only the runs that can still change (plus, for ``list_runs``, the heads of
@@ -63,7 +65,6 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
-    LeaseLost,
     RunNotFound,
     StoreError,
     VersionConflict,
@@ -71,7 +72,7 @@ from orchestration.errors import (
 from orchestration.facts import Fact, dump_fact
 from orchestration.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
 from orchestration.vocabulary import RunStatus
 from stores._common import (
     ListKey,
@@ -85,6 +86,7 @@ from stores._common import (
     list_order_key,
     not_continuing,
 )
+from stores._lease import check_fence, lease_lost
 
 logger = logging.getLogger("construct.stores")
 
@@ -107,6 +109,8 @@ class _LeaseRecord(BaseModel):
 
     owner: str
     expires_at: datetime
+    #: empty in a lease written before leases had tokens: it fences every token (none is empty)
+    token: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,10 +226,6 @@ def _index_records(lines: Sequence[bytes], start: int) -> bytes:
 def _check_aware(now: datetime) -> None:
     if now.tzinfo is None or now.utcoffset() is None:
         raise InvalidArgument("now must be a timezone-aware datetime (use the injected clock)")
-
-
-def _lease_lost(lease: Lease) -> LeaseLost:
-    return LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
 
 
 def _is_runnable(head: RunHead, now: datetime) -> bool:
@@ -439,11 +439,17 @@ class FilesystemStore:
             return current.version, current.last_seq
         return position[1], position[2]
 
-    def _append_sync(self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead) -> None:
+    def _append_sync(
+        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead, lease: Lease | None
+    ) -> None:
         run_dir = self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
         lines, head_bytes = _encode_facts(facts), _encode_head(head)
         with _flocked(run_dir / LOCK_FILE):
+            # The fence: claims write lease.json under this same lock, so none can slip in
+            # between this check and the write below.
+            if lease is not None and not self._holds(run_dir, lease):
+                raise lease_lost(lease)
             version, last_seq = self._stored_position(run_id)
             if version != expected_version:
                 raise VersionConflict(run_id, expected_version, version)
@@ -609,8 +615,13 @@ class FilesystemStore:
             raise CorruptRecord(run_id, str(path), _problem(exc)) from exc
 
     def _write_lease(self, run_dir: Path, lease: Lease) -> None:
-        record = _LeaseRecord(owner=lease.owner, expires_at=lease.expires_at)
+        record = _LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
         _replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
+
+    def _holds(self, run_dir: Path, lease: Lease) -> bool:
+        """Whether the stored lease still carries ``lease.token`` (the caller holds the run lock)."""
+        current = self._read_lease(lease.run_id, run_dir)
+        return current is not None and current.token == lease.token
 
     def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         run_dir = self._require_run(run_id)
@@ -618,19 +629,18 @@ class FilesystemStore:
             current = self._read_lease(run_id, run_dir)
             if current is not None and current.owner != owner and current.expires_at > now:
                 return None
-            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds))
+            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds), new_lease_token())
             self._write_lease(run_dir, lease)
             return lease
 
     def _renew_sync(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         run_dir = self._run_dir(lease.run_id)
         if not run_dir.is_dir():
-            raise _lease_lost(lease)
+            raise lease_lost(lease)
         with _flocked(run_dir / LOCK_FILE):
-            current = self._read_lease(lease.run_id, run_dir)
-            if current is None or current.owner != lease.owner:
-                raise _lease_lost(lease)
-            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+            if not self._holds(run_dir, lease):
+                raise lease_lost(lease)
+            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
             self._write_lease(run_dir, renewed)
             return renewed
 
@@ -639,8 +649,7 @@ class FilesystemStore:
         if not run_dir.is_dir():
             return
         with _flocked(run_dir / LOCK_FILE):
-            current = self._read_lease(lease.run_id, run_dir)
-            if current is not None and current.owner == lease.owner:
+            if self._holds(run_dir, lease):
                 (run_dir / LEASE_FILE).unlink()
                 _fsync_dir(run_dir)
 
@@ -656,11 +665,17 @@ class FilesystemStore:
         return await self._call(self._load_sync, run_id)
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
-        await self._call(self._append_sync, run_id, expected_version, facts, head)
+        check_fence(run_id, lease)
+        await self._call(self._append_sync, run_id, expected_version, facts, head, lease)
         return head
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:

@@ -9,18 +9,11 @@ from datetime import datetime, timedelta
 
 import anyio
 
-from orchestration.errors import (
-    Conflict,
-    FactNotFound,
-    LeaseLost,
-    RecordTooNew,
-    RunNotFound,
-    VersionConflict,
-)
+from orchestration.errors import Conflict, FactNotFound, RecordTooNew, RunNotFound, VersionConflict
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
 from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
@@ -31,6 +24,7 @@ from stores._common import (
     list_order_key,
     not_continuing,
 )
+from stores._lease import check_fence, lease_lost
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +63,20 @@ class MemoryStore:
         return head
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
+        check_fence(run_id, lease)
         async with self._lock:
             current = await self.load(run_id)
+            if lease is not None and not self._holds(lease):
+                raise lease_lost(lease)
             if current.version != expected_version:
                 raise VersionConflict(run_id, expected_version, current.version)
             if facts[0].seq != current.last_seq + 1:
@@ -144,23 +146,25 @@ class MemoryStore:
             current = self._leases.get(run_id)
             if current is not None and current.owner != owner and current.expires_at > now:
                 return None
-            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds))
+            lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds), new_lease_token())
             self._leases[run_id] = lease
             return lease
 
+    def _holds(self, lease: Lease) -> bool:
+        current = self._leases.get(lease.run_id)
+        return current is not None and current.token == lease.token
+
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         async with self._lock:
-            current = self._leases.get(lease.run_id)
-            if current is None or current.owner != lease.owner:
-                raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
-            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+            if not self._holds(lease):
+                raise lease_lost(lease)
+            renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
             self._leases[lease.run_id] = renewed
             return renewed
 
     async def release_lease(self, lease: Lease) -> None:
         async with self._lock:
-            current = self._leases.get(lease.run_id)
-            if current is not None and current.owner == lease.owner:
+            if self._holds(lease):
                 del self._leases[lease.run_id]
 
     async def close(self) -> None:

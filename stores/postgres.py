@@ -6,10 +6,12 @@
   ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, one ``INSERT ... SELECT unnest(...)`` of
   its facts and, when the new head is ``queued``, a ``pg_notify`` — delivered only on commit.
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
-  me``; :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``,
-  which is how several processes share the work. :meth:`PostgresStore.listen` lets a dispatcher be
-  woken when another process makes a run runnable (an approval, a new run), and tells it when the
-  notification connection drops so that it can listen again once the server is back.
+  me``, each claim with a new token; a fenced append checks the token in its own transaction, with
+  the lease row locked ``FOR SHARE`` until it commits; :meth:`PostgresStore.claim_runnable` claims
+  a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which is how several processes share the work.
+  :meth:`PostgresStore.listen` lets a dispatcher be woken when another process makes a run
+  runnable (an approval, a new run), and tells it when the notification connection drops so that
+  it can listen again once the server is back.
 - The schema is never changed here: opening checks it is at the packaged head and otherwise raises
   :class:`stores.migrate.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
 
@@ -41,7 +43,6 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
-    LeaseLost,
     RunNotFound,
     StoreError,
     StoreUnavailable,
@@ -50,7 +51,7 @@ from orchestration.errors import (
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
 from orchestration.vocabulary import RunStatus
 from stores import redact_url, scrub
 from stores._common import (
@@ -61,6 +62,7 @@ from stores._common import (
     not_continuing,
     sortable_time,
 )
+from stores._lease import check_fence, lease_lost
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -305,12 +307,20 @@ class PostgresStore:
         return decode_head(run_id, from_jsonb_text(raw))
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
-        """See ``RunStore.append``: one transaction (CAS update, one insert of all facts, a notify
-        when the run is left ``queued``), committed before it returns."""
+        """See ``RunStore.append``: one transaction (CAS update, the lease check when fenced, one
+        insert of all facts, a notify when the run is left ``queued``), committed before it
+        returns. The lease check locks the lease row (``FOR SHARE``) until the commit, so a claim
+        either commits before it (and the append is refused) or waits for the append."""
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
+        check_fence(run_id, lease)
         async with self._transaction() as conn:
             updated = await conn.fetchval(
                 Q["update_head"],
@@ -327,7 +337,12 @@ class PostgresStore:
                 actual = await conn.fetchval(Q["run_version"], run_id)
                 if actual is None:
                     raise RunNotFound(run_id)
+                if lease is not None and await conn.fetchval(Q["lease_token"], run_id) != lease.token:
+                    raise lease_lost(lease)
                 raise VersionConflict(run_id, expected_version, int(actual))
+            if lease is not None and await conn.fetchval(Q["lock_lease"], run_id, lease.token) is None:
+                # Raised inside the transaction: the head update above is rolled back.
+                raise lease_lost(lease)
             try:
                 status = await conn.execute(Q["append_facts"], *_fact_values(run_id, facts), facts[0].seq - 1)
             except asyncpg.UniqueViolationError as exc:
@@ -399,37 +414,40 @@ class PostgresStore:
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         validate_run_id(run_id)
         expires_at = now + timedelta(seconds=ttl_seconds)
+        token = new_lease_token()
         async with self._connection() as conn:
             try:
-                claimed = await conn.fetchval(Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now))
+                claimed = await conn.fetchval(
+                    Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now), token
+                )
             except asyncpg.ForeignKeyViolationError as exc:
                 raise RunNotFound(run_id) from exc
-        return Lease(run_id, owner, expires_at) if claimed is not None else None
+        return Lease(run_id, owner, expires_at, token) if claimed is not None else None
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
-        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
         async with self._connection() as conn:
-            kept = await conn.fetchval(Q["renew_lease"], lease.run_id, lease.owner, _utc(renewed.expires_at))
+            kept = await conn.fetchval(Q["renew_lease"], lease.run_id, lease.token, _utc(renewed.expires_at))
         if kept is None:
-            raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+            raise lease_lost(lease)
         return renewed
 
     async def release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:
-            await conn.execute(Q["release_lease"], lease.run_id, lease.owner)
+            await conn.execute(Q["release_lease"], lease.run_id, lease.token)
 
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
         """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
-        statement; runs ``owner`` already holds are not returned again. Concurrent claimers in any
-        number of processes skip the runs another is claiming (``SKIP LOCKED``) and never get the
-        same run."""
+        statement; runs ``owner`` already holds are not returned again. Each lease gets a new
+        token (see ``RunStore.claim_lease``). Concurrent claimers in any number of processes skip
+        the runs another is claiming (``SKIP LOCKED``) and never get the same run."""
         expires_at = now + timedelta(seconds=ttl_seconds)
         async with self._connection() as conn:
             rows = await conn.fetch(Q["claim_runnable"], owner, _utc(expires_at), _utc(now), limit)
-        return [Lease(str(row[0]), owner, expires_at) for row in rows]
+        return [Lease(str(row[0]), owner, expires_at, str(row[1])) for row in rows]
 
     # ----------------------------------------------------------------------------------------
     # LISTEN / NOTIFY

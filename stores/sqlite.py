@@ -1,10 +1,10 @@
 """The SQLite ``RunStore`` (aiosqlite): one file, several processes, WAL mode.
 
 - Every write is one ``BEGIN IMMEDIATE`` transaction on the store's writer connection: appends do
-  their compare-and-swap on ``runs.version`` inside it, creates check the idempotency key inside it,
-  lease claims read and upsert inside it. ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so
-  two processes never both decide on a stale read; the busy timeout makes the loser wait for the
-  lock instead of failing at once.
+  their compare-and-swap on ``runs.version`` (and, when fenced, check the lease's token) inside it,
+  creates check the idempotency key inside it, lease claims read and upsert inside it.
+  ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so two processes never both decide on a
+  stale read; the busy timeout makes the loser wait for the lock instead of failing at once.
 - ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
 - Reads use a second connection; in WAL mode they see the last committed write and never block, or
   wait for, the writer.
@@ -38,7 +38,6 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
-    LeaseLost,
     RunNotFound,
     StoreError,
     StoreUnavailable,
@@ -47,7 +46,7 @@ from orchestration.errors import (
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage
+from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
 from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
@@ -57,6 +56,7 @@ from stores._common import (
     not_continuing,
     sortable_time,
 )
+from stores._lease import check_fence, lease_lost
 from stores._sql import (
     CURSOR_START_KEY,
     Dialect,
@@ -332,15 +332,28 @@ class SqliteStore:
         return decode_head(run_id, rows[0][0])
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
-        """See ``RunStore.append``: one transaction holding the CAS update of the head and one
-        insert per fact; committed with ``synchronous = FULL`` before it returns."""
+        """See ``RunStore.append``: one transaction holding the lease check (when fenced), the CAS
+        update of the head and one insert per fact; committed with ``synchronous = FULL`` before it
+        returns."""
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
+        check_fence(run_id, lease)
         row = _run_row(head) | {"expected_version": expected_version}
 
         async def work(conn: aiosqlite.Connection) -> RunHead:
+            if lease is not None:
+                held = {"run_id": run_id, "token": lease.token}
+                if not list(await conn.execute_fetchall(Q["lease_held"], held)):
+                    if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
+                        raise RunNotFound(run_id)
+                    raise lease_lost(lease)
             async with conn.execute(Q["update_head"], row) as cursor:
                 changed = cursor.rowcount
             if changed != 1:
@@ -422,24 +435,24 @@ class SqliteStore:
         return await self._write(work)
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
-        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds))
+        renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
 
         async def work(conn: aiosqlite.Connection) -> Lease:
             params = {
                 "run_id": lease.run_id,
-                "owner": lease.owner,
+                "token": lease.token,
                 "expires_at": sortable_time(renewed.expires_at),
             }
             async with conn.execute(Q["renew_lease"], params) as cursor:
                 if cursor.rowcount != 1:
-                    raise LeaseLost(f"the lease on run {lease.run_id} is no longer held by {lease.owner}")
+                    raise lease_lost(lease)
             return renewed
 
         return await self._write(work)
 
     async def release_lease(self, lease: Lease) -> None:
         async def work(conn: aiosqlite.Connection) -> None:
-            await conn.execute(Q["release_lease"], {"run_id": lease.run_id, "owner": lease.owner})
+            await conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})
 
         await self._write(work)
 
@@ -448,9 +461,9 @@ class SqliteStore:
     ) -> list[Lease]:
         """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
-        transaction; runs ``owner`` already holds are not returned again. Of two concurrent
-        claimers, in this or another process, no two get the same run: ``BEGIN IMMEDIATE``
-        serializes them."""
+        transaction; runs ``owner`` already holds are not returned again. Each lease gets a new
+        token (see ``RunStore.claim_lease``). Of two concurrent claimers, in this or another
+        process, no two get the same run: ``BEGIN IMMEDIATE`` serializes them."""
         expires_at = now + timedelta(seconds=ttl_seconds)
 
         async def work(conn: aiosqlite.Connection) -> list[Lease]:
@@ -480,14 +493,16 @@ class SqliteStore:
 async def _claim(
     conn: aiosqlite.Connection, run_id: str, owner: str, now: datetime, expires_at: datetime
 ) -> Lease | None:
+    token = new_lease_token()
     params = {
         "run_id": run_id,
         "owner": owner,
         "now": sortable_time(now),
         "expires_at": sortable_time(expires_at),
+        "token": token,
     }
     rows = list(await conn.execute_fetchall(Q["claim_lease"], params))
-    return Lease(run_id, owner, expires_at) if rows else None
+    return Lease(run_id, owner, expires_at, token) if rows else None
 
 
 def _run_row(head: RunHead) -> dict[str, Any]:

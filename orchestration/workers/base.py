@@ -3,8 +3,21 @@
 The ``inline`` backend executes nothing (the host's own model does the work; see
 :mod:`orchestration.workers.host`). The ``provider`` backend implements :class:`TaskWorker`: one
 call per attempt, whose outcome is data (:class:`AttemptSucceeded` or :class:`AttemptFailedOutcome`),
-never an exception the runtime has to guess about. Retries are not the worker's business: the
-durable step in the runtime records each attempt and decides (purely) whether to make another.
+never an exception the runtime has to guess about.
+
+Who retries. A worker never retries and never sleeps: :meth:`TaskWorker.execute` makes one call.
+Whether another attempt follows is settled from recorded data, in two places:
+
+* the worker may fold a retry policy's verdict into a failed outcome. The provider worker does:
+  it asks :class:`~orchestration.workers.retry.RetryPolicy` with the errors of the earlier
+  attempts (read from the record by the runtime, ``previous_errors``) plus this one, clears
+  ``retryable`` on the error when the policy refuses another attempt, and sets ``not_before``
+  (now + backoff or retry-after) when it allows one;
+* the runtime records the outcome as an ``attempt_failed`` fact (error and ``not_before``), and the
+  pure ``decide`` step reads the record: a non-retryable error fails the task, the attempt budget
+  (``ExecutionContract.max_attempts``, counting every recorded attempt) ends it, and ``not_before``
+  is a durable wait before the next attempt. An attempt whose worker died (no outcome recorded) is
+  retried by ``decide`` alone, within the same budget, marked as a possible duplicate call.
 """
 
 from __future__ import annotations
@@ -27,7 +40,8 @@ class AttemptSucceeded:
 class AttemptFailedOutcome:
     error: TypedError
     telemetry: Telemetry
-    #: when the next attempt may start at the earliest (backoff / retry-after); None: at once
+    #: when the next attempt may start at the earliest (backoff / retry-after); None: no wait (the
+    #: recorded error and the attempt budget still decide whether there is a next attempt)
     not_before: datetime | None = None
 
 

@@ -1,9 +1,10 @@
 """The provider-call port: one model call, its typed outcome, and the error taxonomy.
 
 A :class:`ProviderClient` makes exactly **one** HTTP attempt per :meth:`~ProviderClient.complete`
-call. It never retries and never sleeps: the durable step in the runtime is the only retry layer
-(``notes/providers.md``), and it asks :mod:`orchestration.workers.retry` whether and when to try
-again. Every outcome that is not a usable text is a :class:`ProviderCallError` carrying a
+call. It never retries and never sleeps: the durable step is the only retry layer
+(``notes/providers.md``). The provider worker asks :mod:`orchestration.workers.retry` whether and
+when to try again and folds the answer into the attempt's outcome; the runtime records it, and the
+pure decide step starts the next attempt (or fails the task) from that record. Every outcome that is not a usable text is a :class:`ProviderCallError` carrying a
 :class:`~orchestration.models.TypedError` whose ``code`` is one of :class:`ProviderErrorCode`::
 
     code                      retryable   detected by

@@ -1,10 +1,22 @@
 """The retry policy for provider calls: whether another attempt is allowed, and after what delay.
 
-Pure functions of their arguments (randomness is an injected ``rng``). The durable step in the
-runtime is the only retry layer: after a failed attempt it asks :meth:`RetryPolicy.decide` (or
-:meth:`RetryPolicy.decide_after` with the errors recorded so far) and either schedules the next
-attempt ``delay_seconds`` later — a long delay becomes the run's durable ``not_before`` rather than
-a sleep — or records the error as final (:meth:`RetryDecision.error_to_record`).
+Pure functions of their arguments (randomness is an injected ``rng``). Who asks, and what happens
+with the answer:
+
+* the provider worker (:class:`~orchestration.workers.provider.ProviderWorker`), after a failed
+  call, asks :meth:`RetryPolicy.decide_after` with the errors of the earlier attempts as the run
+  records them plus the new one, and returns the verdict inside its outcome: the error as
+  :meth:`RetryDecision.error_to_record` gives it (``retryable`` cleared when the policy refuses),
+  and, when the policy allows another attempt, ``not_before = now + delay_seconds``;
+* the runtime records both in the ``attempt_failed`` fact, and the pure ``decide`` step acts on the
+  record alone: a non-retryable error fails the task, ``ExecutionContract.max_attempts`` bounds the
+  attempts (orphaned ones included), and the next attempt starts once ``not_before`` has passed. The
+  wait is durable either way (``not_before`` is recorded): a drive sleeps through it in memory when
+  it is at most ``Runtime.in_memory_wait_cap_seconds`` (``CONSTRUCT_RETRY_WAIT_CAP_SECONDS``, 30 s by
+  default), otherwise it stops and the dispatcher resumes the run once ``not_before`` has passed.
+
+Nothing else retries a provider call: the HTTP clients make one request per attempt, and a worker
+makes one call per :meth:`~orchestration.workers.base.TaskWorker.execute`.
 
 How the "at most once" rule for ``empty_response`` works: the client marks every
 ``empty_response`` as ``retryable=True`` (it cannot know the history), and this policy caps the

@@ -608,7 +608,13 @@ async def test_runnable_on_an_empty_store(store: RunStore) -> None:
 async def test_claim_a_free_lease(store: RunStore) -> None:
     await create(store, run_id(1))
     lease = await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)
-    assert lease == Lease(run_id(1), "worker-a", BASE_TIME + timedelta(seconds=30))
+    assert lease is not None
+    assert (lease.run_id, lease.owner, lease.expires_at) == (
+        run_id(1),
+        "worker-a",
+        BASE_TIME + timedelta(seconds=30),
+    )
+    assert isinstance(lease.token, str) and len(lease.token) >= 16
 
 
 async def test_a_held_lease_cannot_be_claimed_by_another_owner(store: RunStore) -> None:
@@ -620,11 +626,13 @@ async def test_a_held_lease_cannot_be_claimed_by_another_owner(store: RunStore) 
     assert await store.claim_lease(run_id(2), "worker-b", 30, BASE_TIME) is not None
 
 
-async def test_the_owner_can_claim_its_lease_again(store: RunStore) -> None:
+async def test_the_owner_can_claim_its_lease_again_with_a_new_token(store: RunStore) -> None:
     await create(store, run_id(1))
-    await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)
+    first = await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)
     again = await store.claim_lease(run_id(1), "worker-a", 60, BASE_TIME + timedelta(seconds=10))
-    assert again == Lease(run_id(1), "worker-a", BASE_TIME + timedelta(seconds=70))
+    assert first is not None and again is not None
+    assert again.expires_at == BASE_TIME + timedelta(seconds=70)
+    assert again.token != first.token
 
 
 async def test_an_expired_lease_can_be_taken_over(store: RunStore) -> None:
@@ -632,7 +640,8 @@ async def test_an_expired_lease_can_be_taken_over(store: RunStore) -> None:
     await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)
     # Expiry is judged by the caller's clock: at expires_at the lease is no longer held.
     taken = await store.claim_lease(run_id(1), "worker-b", 30, BASE_TIME + timedelta(seconds=30))
-    assert taken == Lease(run_id(1), "worker-b", BASE_TIME + timedelta(seconds=60))
+    assert taken is not None
+    assert (taken.owner, taken.expires_at) == ("worker-b", BASE_TIME + timedelta(seconds=60))
     assert await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME + timedelta(seconds=31)) is None
 
 
@@ -641,7 +650,8 @@ async def test_renew_extends_the_lease(store: RunStore) -> None:
     lease = await store.claim_lease(run_id(1), "worker-a", 10, BASE_TIME)
     assert lease is not None
     renewed = await store.renew_lease(lease, 10, BASE_TIME + timedelta(seconds=5))
-    assert renewed == Lease(run_id(1), "worker-a", BASE_TIME + timedelta(seconds=15))
+    # A renewal keeps the claim's token.
+    assert renewed == Lease(run_id(1), "worker-a", BASE_TIME + timedelta(seconds=15), lease.token)
     # Without the renewal worker-b could claim at t=12; with it the lease holds until t=15.
     assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=12)) is None
     assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=15)) is not None
@@ -669,7 +679,7 @@ async def test_renew_after_a_takeover_raises_lease_lost(store: RunStore) -> None
     # The failed renewal did not disturb worker-b's lease.
     assert await store.claim_lease(run_id(1), "worker-c", 10, BASE_TIME + timedelta(seconds=12)) is None
     assert await store.renew_lease(lease_b, 10, BASE_TIME + timedelta(seconds=12)) == Lease(
-        run_id(1), "worker-b", BASE_TIME + timedelta(seconds=22)
+        run_id(1), "worker-b", BASE_TIME + timedelta(seconds=22), lease_b.token
     )
 
 
@@ -720,6 +730,32 @@ async def test_of_concurrent_claimers_exactly_one_gets_the_lease(store: RunStore
         assert len(winners) == 1, f"round {round_}: {winners}"
 
 
+async def test_renew_and_release_with_a_token_the_owner_replaced_do_nothing(store: RunStore) -> None:
+    await create(store, run_id(1))
+    old = await store.claim_lease(run_id(1), "worker-a", 10, BASE_TIME)
+    new = await store.claim_lease(run_id(1), "worker-a", 10, BASE_TIME + timedelta(seconds=1))
+    assert old is not None and new is not None
+    with pytest.raises(LeaseLost):
+        await store.renew_lease(old, 10, BASE_TIME + timedelta(seconds=2))
+    await store.release_lease(old)
+    # The new claim still holds the run, and its token still renews.
+    assert await store.claim_lease(run_id(1), "worker-b", 10, BASE_TIME + timedelta(seconds=2)) is None
+    renewed = await store.renew_lease(new, 10, BASE_TIME + timedelta(seconds=2))
+    assert renewed.token == new.token
+
+
+async def test_every_claim_gets_a_token_of_its_own(store: RunStore) -> None:
+    tokens: set[str] = set()
+    for n in range(1, 4):
+        await create(store, run_id(n))
+        for owner in ("worker-a", "worker-a", "worker-b"):
+            at = BASE_TIME + timedelta(seconds=100 * len(tokens))
+            lease = await store.claim_lease(run_id(n), owner, 10, at)
+            assert lease is not None
+            tokens.add(lease.token)
+    assert len(tokens) == 9
+
+
 async def test_leases_are_not_facts(store: RunStore) -> None:
     head = await create(store, run_id(1))
     lease = await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)
@@ -746,3 +782,129 @@ async def test_a_written_fact_is_the_typed_model(store: RunStore) -> None:
     assert isinstance(fact, AttemptStarted)
     assert fact == write.facts[0]
     assert fact.at.tzinfo is not None
+
+
+# ------------------------------------------------------------------------------ the lease fence
+
+
+async def _claim(store: RunStore, owner: str, at_seconds: float, ttl: float = 10) -> Lease:
+    lease = await store.claim_lease(run_id(1), owner, ttl, BASE_TIME + timedelta(seconds=at_seconds))
+    assert lease is not None
+    return lease
+
+
+async def _refused(store: RunStore, write: Write, lease: Lease, before: RunHead) -> None:
+    """The fenced append raises ``LeaseLost`` and writes nothing."""
+    with pytest.raises(LeaseLost) as caught:
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=lease)
+    assert caught.value.code == "lease_lost"
+    assert await store.load(run_id(1)) == before
+    assert await seqs(store, run_id(1)) == list(range(1, before.last_seq + 1))
+
+
+async def test_an_append_with_the_lease_it_holds_is_accepted(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    lease = await _claim(store, "worker-a", 0)
+    write = start_attempt(head)
+    stored = await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=lease)
+    assert stored == write.head
+    # A renewed lease is the same claim: it fences nothing out.
+    renewed = await store.renew_lease(lease, 10, BASE_TIME + timedelta(seconds=5))
+    nxt = start_attempt(stored)
+    assert await store.append(run_id(1), nxt.expected_version, nxt.facts, nxt.head, lease=renewed) == nxt.head
+
+
+async def test_an_append_whose_lease_another_owner_took_is_refused_and_writes_nothing(
+    store: RunStore,
+) -> None:
+    head = await create(store, run_id(1))
+    stale = await _claim(store, "worker-a", 0)
+    await _claim(store, "worker-b", 11)  # worker-a's lease had expired
+    await _refused(store, start_attempt(head), stale, head)
+
+
+async def test_a_lost_lease_is_reported_before_a_lost_version_race(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    stale = await _claim(store, "worker-a", 0)
+    fresh = await _claim(store, "worker-b", 11)
+    theirs = start_attempt(head)
+    moved = await store.append(run_id(1), 1, theirs.facts, theirs.head, lease=fresh)
+    # worker-a writes on the version it read before worker-b moved the run: LeaseLost, which tells
+    # it to stop, not VersionConflict, which would make it decide again.
+    await _refused(store, start_attempt(head), stale, moved)
+
+
+async def test_an_append_after_the_owner_claimed_again_is_refused_for_the_old_token(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    old = await _claim(store, "worker-a", 0)
+    new = await _claim(store, "worker-a", 5)
+    write = start_attempt(head)
+    await _refused(store, write, old, head)
+    assert (
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=new)
+        == write.head
+    )
+
+
+async def test_an_expired_lease_nobody_claimed_still_lets_its_holder_write(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    lease = await _claim(store, "worker-a", 0, ttl=10)
+    # Long past its expiry, but nobody claimed the run since: the token still holds.
+    write = start_attempt(head)
+    stored = await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=lease)
+    assert stored == write.head
+    renewed = await store.renew_lease(lease, 10, BASE_TIME + timedelta(seconds=60))
+    assert renewed.token == lease.token
+
+
+async def test_an_append_with_a_released_lease_is_refused(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    lease = await _claim(store, "worker-a", 0)
+    await store.release_lease(lease)
+    await _refused(store, start_attempt(head), lease, head)
+
+
+async def test_appends_without_a_lease_need_none(store: RunStore) -> None:
+    """External events (a host's output, an approval, a cancel) hold no lease."""
+    head = await create(store, run_id(1))
+    await _claim(store, "worker-a", 0)
+    write = cancel(head)
+    assert await commit(store, write) == write.head
+
+
+async def test_a_fenced_append_needs_a_lease_on_its_own_run(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    await create(store, run_id(2))
+    other = await store.claim_lease(run_id(2), "worker-a", 10, BASE_TIME)
+    assert other is not None
+    write = start_attempt(head)
+    with pytest.raises(InvalidArgument):
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=other)
+    assert await store.load(run_id(1)) == head
+
+
+async def test_a_fenced_append_to_a_missing_run_is_run_not_found(store: RunStore) -> None:
+    head, _ = new_run(run_id(1))
+    write = start_attempt(head)
+    lease = Lease(run_id(1), "worker-a", BASE_TIME, "0" * 32)
+    with pytest.raises(RunNotFound):
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=lease)
+
+
+async def test_batch_claims_carry_tokens_that_fence(store: RunStore) -> None:
+    """The optional ``claim_runnable`` capability (sqlite, postgres) hands out leases like
+    ``claim_lease`` does: each with a new token, which fences the previous holder."""
+    claim_runnable = getattr(store, "claim_runnable", None)
+    if claim_runnable is None:
+        pytest.skip(f"{store.name} has no claim_runnable")
+    head = await create(store, run_id(1))
+    stale = await _claim(store, "worker-a", 0)
+    leases = await claim_runnable("worker-b", 10, BASE_TIME + timedelta(seconds=11), 10)
+    assert [lease.run_id for lease in leases] == [run_id(1)]
+    assert leases[0].token and leases[0].token != stale.token
+    await _refused(store, start_attempt(head), stale, head)
+    write = start_attempt(head)
+    assert (
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=leases[0])
+        == write.head
+    )

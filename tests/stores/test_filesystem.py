@@ -178,7 +178,7 @@ async def test_a_reopened_store_sees_everything(tmp_path: Path) -> None:
     assert await second.claim_lease(run_id(1), "worker-b", 30, BASE_TIME) is None
     assert lease is not None
     assert await second.renew_lease(lease, 30, BASE_TIME) == Lease(
-        run_id(1), "worker-a", BASE_TIME + timedelta(seconds=30)
+        run_id(1), "worker-a", BASE_TIME + timedelta(seconds=30), lease.token
     )
     await second.close()
 
@@ -388,7 +388,7 @@ TRAVERSALS = [
 @pytest.mark.parametrize("bad", TRAVERSALS, ids=repr)
 async def test_run_ids_never_become_paths(fs: FilesystemStore, tmp_path: Path, bad: str) -> None:
     head = await create(fs, run_id(1))
-    lease = Lease(bad, "worker-a", BASE_TIME)
+    lease = Lease(bad, "worker-a", BASE_TIME, "token")
     bad_head, bad_facts = new_run(run_id(2))
     bad_head = bad_head.model_copy(update={"run_id": bad})
     write = start_attempt(head.model_copy(update={"run_id": bad}))

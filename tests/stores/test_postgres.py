@@ -1,5 +1,6 @@
 """What is specific to the postgres adapter: ``claim_runnable`` with ``SKIP LOCKED`` across pools,
-LISTEN/NOTIFY wake-ups from another connection, schema isolation, error translation."""
+the lease fence checked under a lock on the lease row, LISTEN/NOTIFY wake-ups from another
+connection, schema isolation, error translation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.errors import StoreUnavailable
+from orchestration.errors import LeaseLost, StoreUnavailable
 from orchestration.vocabulary import RunStatus
 from stores import parse_store_spec
 from stores.migrate import migrate
@@ -107,6 +108,63 @@ async def test_claim_runnable_skips_a_run_locked_by_another_transaction(
     assert [lease.run_id for lease in await store.claim_runnable("me", 30, BASE_TIME, limit=10)] == [
         run_id(1)
     ]
+
+
+# ------------------------------------------------------------------------------ the lease fence
+
+
+async def _blocked_on_a_lock(db: Database, fragment: str) -> None:
+    """Wait until a session of this database waits for a lock in a statement containing ``fragment``."""
+    conn = await asyncpg.connect(db.dsn)
+    try:
+        with anyio.fail_after(10):
+            # Another session's lock wait: nothing signals it but pg_stat_activity.
+            while not await conn.fetchval(  # noqa: ASYNC110
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+                fragment,
+            ):
+                await anyio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+async def test_a_claim_in_progress_makes_a_fenced_append_wait_and_then_refuses_it(
+    store: PostgresStore, db: Database
+) -> None:
+    """The fence is checked under a lock on the lease row: an append whose token a concurrent claim is
+    replacing waits for that claim and is then refused (a check against its snapshot alone would let
+    it through while the claim commits)."""
+    head, facts = new_run(run_id(1))
+    await store.create(head, facts)
+    stale = await store.claim_lease(run_id(1), "worker-a", 10, BASE_TIME)
+    assert stale is not None
+    claimer = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    try:
+        claim = claimer.transaction()
+        await claim.start()
+        await claimer.execute(
+            "UPDATE leases SET owner = 'worker-b', token = 'claimed-by-b' WHERE run_id = $1", run_id(1)
+        )
+        write = start_attempt(head)
+        outcome: list[BaseException | None] = []
+
+        async def append() -> None:
+            try:
+                await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=stale)
+                outcome.append(None)
+            except LeaseLost as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            await _blocked_on_a_lock(db, "FOR SHARE")
+            assert outcome == []
+            await claim.commit()
+        assert len(outcome) == 1 and isinstance(outcome[0], LeaseLost)
+    finally:
+        await claimer.close()
+    assert await store.load(run_id(1)) == head
 
 
 async def test_concurrent_claimers_never_get_the_same_run(store: PostgresStore, other: PostgresStore) -> None:
@@ -307,11 +365,13 @@ async def test_migration_3_escapes_the_private_use_character_of_older_rows(
                 f"UPDATE {table} SET {column} = "
                 f"replace({column}::text, chr(57344) || chr(57344), chr(57344))::jsonb"
             )
-        await conn.execute("DELETE FROM schema_migrations WHERE version = 3")
+        # Forget the migrations after 3 too (undoing 0004_lease_token), so that 3 is pending again.
+        await conn.execute("ALTER TABLE leases DROP COLUMN token")
+        await conn.execute("DELETE FROM schema_migrations WHERE version >= 3")
     finally:
         await conn.close()
     report = await migrate(schema_url(db.dsn, db.schema), home=tmp_path)
-    assert report.applied == ("0003_nul_escape.sql",)
+    assert report.applied == ("0003_nul_escape.sql", "0004_lease_token.sql")
     assert (await store.load(run_id(1))).request == text
     assert (await store.read_fact(run_id(1), 3)).output == text  # type: ignore[union-attr]
 

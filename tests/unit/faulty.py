@@ -64,13 +64,18 @@ class FaultyStore:
         return await self.inner.load(run_id)
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
         self._check("append")
         if self.fail_before_commit:
             self.fail_before_commit -= 1
             raise StoreUnavailable("connection lost before commit")
-        stored = await self.inner.append(run_id, expected_version, facts, head)
+        stored = await self.inner.append(run_id, expected_version, facts, head, lease)
         if self.fail_after_commit:
             self.fail_after_commit -= 1
             raise StoreUnavailable("connection lost during COMMIT")

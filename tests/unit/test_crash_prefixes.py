@@ -17,7 +17,7 @@ from orchestration.decide import Action, FailTask, StartAttempt, next_action
 from orchestration.facts import AttemptStarted, Fact, fold
 from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
-from orchestration.store import CreateResult
+from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime, play
 
@@ -135,9 +135,14 @@ class BoundaryStore(MemoryStore):
         return result
 
     async def append(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head)
+        stored = await super().append(run_id, expected_version, facts, head, lease)
         self.boundaries.append(head.last_seq)
         return stored
 

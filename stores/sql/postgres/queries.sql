@@ -113,19 +113,34 @@ ORDER BY created_at, run_id
 LIMIT $2
 
 -- name: claim_lease
--- Take the lease if it is free, expired or already ours. ON CONFLICT DO UPDATE locks the existing
--- lease row and judges the WHERE on its latest committed version, so of two concurrent claimers
--- exactly one gets a row back.
-INSERT INTO leases (run_id, owner, expires_at) VALUES ($1, $2, $3)
-ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+-- Take the lease if it is free, expired or already ours, with a new token ($5, which fences the
+-- previous holder, even when that is us). ON CONFLICT DO UPDATE locks the existing lease row and
+-- judges the WHERE on its latest committed version, so of two concurrent claimers exactly one gets a
+-- row back.
+INSERT INTO leases (run_id, owner, expires_at, token) VALUES ($1, $2, $3, $5)
+ON CONFLICT (run_id) DO UPDATE
+SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
 WHERE leases.expires_at <= $4 OR leases.owner = EXCLUDED.owner
 RETURNING run_id
 
 -- name: renew_lease
-UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND owner = $2 RETURNING run_id
+-- Only while the lease carries the caller's token (expired or not: nobody claimed it since).
+UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND token = $2 RETURNING run_id
 
 -- name: release_lease
-DELETE FROM leases WHERE run_id = $1 AND owner = $2
+DELETE FROM leases WHERE run_id = $1 AND token = $2
+
+-- name: lock_lease
+-- The fence of an append, after its compare-and-swap UPDATE (so the run row is locked first, in the
+-- order claim_runnable locks them too, and the two cannot deadlock). FOR SHARE makes a concurrent
+-- claim of this lease wait for the append to commit; a claim that committed first is seen (READ
+-- COMMITTED re-checks the locked row's latest version), so no claim can slip in between the check
+-- and the commit.
+SELECT 1 FROM leases WHERE run_id = $1 AND token = $2 FOR SHARE
+
+-- name: lease_token
+-- Which error a refused append gets: the lease is gone (lease_lost) or only the version moved.
+SELECT token FROM leases WHERE run_id = $1
 
 -- name: claim_runnable
 -- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest
@@ -134,6 +149,8 @@ DELETE FROM leases WHERE run_id = $1 AND owner = $2
 -- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
 -- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
 -- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
+-- Each claimed lease gets a new random token (a gen_random_uuid, built in since PostgreSQL 13: 122
+-- random bits, as hex).
 WITH candidates AS (
     SELECT runs.run_id, runs.created_at
     FROM runs
@@ -148,8 +165,9 @@ WITH candidates AS (
     LIMIT $4
     FOR NO KEY UPDATE OF runs SKIP LOCKED
 )
-INSERT INTO leases (run_id, owner, expires_at)
-SELECT run_id, $1, $2 FROM candidates ORDER BY created_at, run_id
-ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+INSERT INTO leases (run_id, owner, expires_at, token)
+SELECT run_id, $1, $2, replace(gen_random_uuid()::text, '-', '') FROM candidates ORDER BY created_at, run_id
+ON CONFLICT (run_id) DO UPDATE
+SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
 WHERE leases.expires_at <= $3
-RETURNING run_id
+RETURNING run_id, token

@@ -111,18 +111,24 @@ ORDER BY created_at, run_id
 LIMIT :limit
 
 -- name: claim_lease
--- Take the lease if it is free, expired or already ours; no row comes back when another owner holds
--- an unexpired lease.
-INSERT INTO leases (run_id, owner, expires_at) VALUES (:run_id, :owner, :expires_at)
-ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
+-- Take the lease if it is free, expired or already ours, with a new token (which fences the previous
+-- holder, even when that is us); no row comes back when another owner holds an unexpired lease.
+INSERT INTO leases (run_id, owner, expires_at, token) VALUES (:run_id, :owner, :expires_at, :token)
+ON CONFLICT (run_id) DO UPDATE
+SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token
 WHERE leases.expires_at <= :now OR leases.owner = excluded.owner
 RETURNING run_id
 
 -- name: renew_lease
-UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND owner = :owner
+-- Only while the lease carries the caller's token (expired or not: nobody claimed it since).
+UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND token = :token
 
 -- name: release_lease
-DELETE FROM leases WHERE run_id = :run_id AND owner = :owner
+DELETE FROM leases WHERE run_id = :run_id AND token = :token
+
+-- name: lease_held
+-- The fence of an append, inside its transaction: the run's lease still carries the writer's token.
+SELECT 1 FROM leases WHERE run_id = :run_id AND token = :token
 
 -- name: claim_runnable
 -- Runnable runs (as runnable defines them, through the same two indexes) whose lease is free or
