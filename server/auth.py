@@ -96,22 +96,26 @@ class RedactQueryStrings(logging.Filter):
         return True
 
 
+async def send_json(send: Send, status: int, payload: object, *headers: tuple[bytes, bytes]) -> None:
+    """Answer an ASGI HTTP request with ``payload`` as JSON (used for refusals made before the MCP
+    app sees the request: a missing token here, an oversized body in :mod:`server.http`)."""
+    body = json.dumps(payload).encode()
+    start_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def _unauthorized(send: Send) -> None:
-    body = json.dumps(
+    await send_json(
+        send,
+        401,
         {
             "error": "unauthorized",
             "message": "send 'Authorization: Bearer <token>' with the server's CONSTRUCT_AUTH_TOKEN",
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b'Bearer realm="construct-mcp"'),
-            ],
-        }
+        },
+        (b"www-authenticate", b'Bearer realm="construct-mcp"'),
     )
-    await send({"type": "http.response.body", "body": body})

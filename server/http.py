@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -40,7 +39,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestration.runtime import Limits
-from server.auth import is_loopback
+from server.auth import is_loopback, send_json
 
 log = logging.getLogger("construct.server")
 
@@ -139,7 +138,9 @@ class BodyLimitMiddleware:
         log.warning(
             "refused a request body over %d bytes", self.max_bytes, extra={"action": "body_too_large"}
         )
-        body = json.dumps(
+        await send_json(
+            send,
+            413,
             {
                 "jsonrpc": "2.0",
                 "id": None,
@@ -151,20 +152,9 @@ class BodyLimitMiddleware:
                         "CONSTRUCT_MAX_REQUEST_CHARS); send a shorter output or request"
                     ),
                 },
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
+            },
+            (b"connection", b"close"),
         )
-        await send({"type": "http.response.body", "body": body})
 
 
 class EvictingSessionManager(StreamableHTTPSessionManager):
