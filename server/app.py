@@ -52,6 +52,7 @@ from orchestration.catalog import Catalog
 from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
+from server.arguments import UnknownToolRefusal
 from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.config import Settings
 from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
@@ -59,7 +60,7 @@ from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
-from server.tools import UnknownToolRefusal, build_tools
+from server.tools import build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.wiring import runtime_for
 

@@ -35,24 +35,22 @@ as its structured content, without indentation: many hosts show their model only
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server import ServerRequestContext
-from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
+from orchestration.errors import ConstructError, InvalidArgument, quoted
 from orchestration.models import RunHead
 from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
+from server.arguments import MissingHint, StrictTool, error_result, strict_schema
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
@@ -101,12 +99,6 @@ def _ok(model: BaseModel) -> CallToolResult:
     )
 
 
-def error_result(exc: ConstructError) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")], is_error=True
-    )
-
-
 async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
     """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code."""
     try:
@@ -115,126 +107,6 @@ async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallTo
         log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
         return error_result(exc)
     return _ok(model)
-
-
-# ------------------------------------------------------------------------------------------------
-# Strict arguments
-
-#: Given the call's context and raw arguments, the error for a required argument the caller left out
-#: (naming the value to pass); see ``missing`` in :func:`build_tools`.
-MissingHint = Callable[[ToolContext, Mapping[str, Any]], Awaitable[ConstructError]]
-
-
-class StrictTool(Tool):
-    """A tool whose arguments are checked before the SDK validates them, so that every refusal is
-    an ``isError`` result starting with its stable code (the SDK's own would be its raw
-    validation text after ``Error executing tool <name>:``):
-
-    * an argument the tool does not take is ``invalid_argument: unknown argument 'x'`` with the
-      closest known name (an ignored ``approve_befor`` would silently drop a gate);
-    * a schema violation is ``invalid_argument: <argument>: <what is wrong>``, or ``too_large``
-      for a string or list over its bound; nothing of the rejected value is echoed;
-    * a missing argument with a hint in :attr:`missing` gets the hint's error, which names the
-      value to pass (looked up in the run).
-    """
-
-    missing: dict[str, MissingHint] = Field(default_factory=dict, exclude=True)
-
-    async def run(
-        self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
-    ) -> Any:
-        error = await self._refusal(arguments, context)
-        if error is not None:
-            log.info(
-                "%s refused its arguments: %s",
-                self.name,
-                error.code,
-                extra={"action": "tool_error", "code": error.code},
-            )
-            return error_result(error)
-        return await super().run(arguments, context, convert_result)
-
-    async def _refusal(self, arguments: dict[str, Any], context: Context[Any, Any]) -> ConstructError | None:
-        known = list(self.fn_metadata.arg_model.model_fields)
-        unknown = [name for name in arguments if name not in known]
-        if unknown:
-            said = [_unknown_argument(name, self.name, known) for name in unknown[:5]]
-            return InvalidArgument("; ".join(said))
-        try:
-            self.fn_metadata.validate_arguments(arguments)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False)
-            for err in errors:
-                hint = self.missing.get(str(err["loc"][0])) if err["type"] == "missing" else None
-                if hint is not None and isinstance(arguments.get("run_id"), str):
-                    try:
-                        return await hint(context, arguments)
-                    except ConstructError as lookup_failed:
-                        return lookup_failed
-            return _schema_error(errors)
-        return None
-
-
-class UnknownToolRefusal:
-    """Server middleware: a ``tools/call`` naming a tool this server does not have is refused like
-    any other mistake, ``invalid_argument: unknown tool 'x' (did you mean ...)``, instead of the
-    SDK's ``Unknown tool: <the whole name, however long>``."""
-
-    def __init__(self, tools: Sequence[Tool]) -> None:
-        self.names = [tool.name for tool in tools]
-
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        params = ctx.params
-        if ctx.method == "tools/call" and params is not None:
-            name = params.get("name")
-            if isinstance(name, str) and name not in self.names:
-                close = difflib.get_close_matches(name, self.names, n=1)
-                hint = (
-                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
-                )
-                log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
-                return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
-        return await call_next(ctx)
-
-
-def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    if close:
-        return f"unknown argument {quoted(name)} (did you mean {close[0]!r}?)"
-    return f"unknown argument {quoted(name)}; {tool} takes: {', '.join(known)}"
-
-
-def _schema_error(errors: list[Any]) -> ConstructError:
-    """One error for a failed argument validation: the first argument at fault, in plain words.
-    pydantic reports each member of a union (``chain``: a name or a list) as its own error; they
-    are said together."""
-    first = errors[0]["loc"][0]
-    mine = [e for e in errors if e["loc"][0] == first]
-    for err in mine:
-        limit = (err.get("ctx") or {}).get("max_length")
-        if err["type"] == "string_too_long":
-            return TooLarge(f"{_where(err['loc'])} is over {limit} characters")
-        if err["type"] == "too_long":
-            return TooLarge(f"{_where(err['loc'])} has more than {limit} items")
-    if mine[0]["type"] == "missing":
-        return InvalidArgument(f"{first} is required; see the tool's input schema")
-    # A value of the right type for one member of a union that breaks that member's constraint
-    # (chain: "") is about that constraint, not about the other members' types.
-    constrained = [e for e in mine if not str(e["type"]).endswith("_type")]
-    said = dict.fromkeys(f"{_where(e['loc'])}: {_plain(e['msg'])}" for e in constrained or mine)
-    return InvalidArgument("; or ".join(said))
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """``approve_before[1]``: the argument and the list positions; the other strings of a location
-    name union members (``str``, ``list[str]``), not arguments."""
-    return str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
-
-
-def _plain(message: str) -> str:
-    # pydantic's messages ("Input should be a valid string") name no input value; keep them short.
-    message = message[:1].lower() + message[1:]
-    return message if len(message) <= 200 else message[:200] + "..."
 
 
 async def _settle(
@@ -581,7 +453,7 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
         tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
         assert isinstance(tool, StrictTool)  # from_function builds its own class
         tool.missing = missing or {}
-        tool.parameters = _strict_schema(tool.parameters, limits)
+        tool.parameters = strict_schema(tool.parameters, limits)
         tools.append(tool)
 
     add(
@@ -641,29 +513,3 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
 
 async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
     return await _services(ctx).runtime.missing_gate_id(str(arguments["run_id"]))
-
-
-def _strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
-    """The published input schema: no property beyond the declared ones, the configured size
-    limits on ``request`` and ``output`` and the cursor's bound (the runtime enforces these
-    three), and ``task_id`` required whenever ``output`` is given."""
-    schema = {**schema, "additionalProperties": False}
-    properties = dict(schema.get("properties", {}))
-    for name, limit in (
-        ("request", limits.max_request_chars),
-        ("output", limits.max_output_chars),
-        ("cursor", limits.max_cursor_chars),
-    ):
-        if name in properties:
-            properties[name] = _with_max_length(properties[name], limit)
-    schema["properties"] = properties
-    if "output" in properties and "task_id" in properties:
-        schema["dependentRequired"] = {"output": ["task_id"]}
-    return schema
-
-
-def _with_max_length(prop: dict[str, Any], limit: int) -> dict[str, Any]:
-    if "anyOf" in prop:  # an optional string: string | null
-        branches = [_with_max_length(b, limit) if b.get("type") == "string" else b for b in prop["anyOf"]]
-        return {**prop, "anyOf": branches}
-    return {**prop, "maxLength": limit}

@@ -4,7 +4,8 @@ A :class:`ProviderClient` makes exactly **one** HTTP attempt per :meth:`~Provide
 call. It never retries and never sleeps: the durable step is the only retry layer
 (``notes/providers.md``). The provider worker asks :mod:`orchestration.workers.retry` whether and
 when to try again and folds the answer into the attempt's outcome; the runtime records it, and the
-pure decide step starts the next attempt (or fails the task) from that record. Every outcome that is not a usable text is a :class:`ProviderCallError` carrying a
+pure decide step starts the next attempt (or fails the task) from that record. Every outcome that
+is not a usable text is a :class:`ProviderCallError` carrying a
 :class:`~orchestration.models.TypedError` whose ``code`` is one of :class:`ProviderErrorCode`::
 
     code                      retryable   detected by

@@ -25,7 +25,7 @@ from orchestration.errors import (
 from orchestration.models import TypedError, text_hash
 from orchestration.runtime import RunSnapshot, Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
-from server.tools import error_result
+from server.arguments import error_result
 from server.views import (
     OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
