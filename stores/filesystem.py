@@ -40,17 +40,12 @@ disk or a lock. OS errors are translated into :class:`~orchestration.errors.Stor
 from __future__ import annotations
 
 import errno
-import fcntl
 import functools
-import hashlib
 import logging
 import os
-import re
 import secrets
 import shutil
-import struct
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -69,7 +64,7 @@ from orchestration.errors import (
     StoreError,
     VersionConflict,
 )
-from orchestration.facts import Fact, dump_fact
+from orchestration.facts import Fact
 from orchestration.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
@@ -86,6 +81,20 @@ from stores._common import (
     list_order_key,
     not_continuing,
 )
+from stores._fs_files import (
+    HEAD_PREFIX_BYTES,
+    INDEX_RECORD,
+    encode_facts,
+    flocked,
+    fsync_dir,
+    head_position,
+    head_signature,
+    index_records,
+    key_name,
+    replace_file,
+    write_all,
+    write_new_file,
+)
 from stores._lease import check_fence, lease_lost
 
 logger = logging.getLogger("construct.stores")
@@ -96,9 +105,6 @@ HEAD_FILE = "head.json"
 LEASE_FILE = "lease.json"
 LOCK_FILE = "lock"
 
-#: One index record per fact: the byte offsets where its line starts and ends in facts.jsonl.
-#: Storing the end too means the committed end of the log is one record read away.
-_INDEX_RECORD = struct.Struct(">QQ")
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -113,59 +119,6 @@ class _LeaseRecord(BaseModel):
     token: str = ""
 
 
-# --------------------------------------------------------------------------------------------
-# Small blocking helpers (always called from a worker thread)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename/creation/removal in ``path`` durable (the entry lives in the directory)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _write_new_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Atomically replace ``path``: readers see the old or the new content, never a mix.
-
-    The temp name is fixed because every caller holds the run lock, so no two writers share it.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    _write_new_file(tmp, data)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-@contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    # flock locks belong to the open file description, so each call opens its own descriptor:
-    # two threads of this process then exclude each other exactly like two processes do. Closing
-    # the descriptor releases the lock, also when the process dies.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _problem(exc: Exception) -> str:
     """A short description of a decoding failure that never echoes the stored content."""
     if isinstance(exc, ValidationError):
@@ -175,52 +128,8 @@ def _problem(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _head_signature(path: Path) -> tuple[int, int] | None:
-    """What tells one state of a head file from another without reading it: mtime and size."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_mtime_ns, stat.st_size
-
-
-def _key_name(idempotency_key: str) -> str:
-    # Hashing makes any key a safe, fixed-length file name.
-    return hashlib.sha256(idempotency_key.encode()).hexdigest()
-
-
-#: The CAS check needs only the stored head's version and last_seq. RunHead declares run_id, version
-#: and last_seq first and pydantic dumps fields in declaration order, so they lead head.json; reading
-#: them from its first bytes keeps an append from re-validating the whole head, whose size grows with
-#: the run's tasks and attempts (about 8 ms for a 200 KB head). A head that does not start this way
-#: is read in full instead: slower, never wrong.
-_HEAD_PREFIX = re.compile(rb'\A\{"run_id":"([a-z0-9_-]+)","version":(\d+),"last_seq":(\d+),')
-_HEAD_PREFIX_BYTES = 160
-
-
-def _head_position(prefix: bytes) -> tuple[str, int, int] | None:
-    """``(run_id, version, last_seq)`` from the first bytes of a head written by this module."""
-    match = _HEAD_PREFIX.match(prefix)
-    if match is None:
-        return None
-    return match[1].decode(), int(match[2]), int(match[3])
-
-
 def _encode_head(head: RunHead) -> bytes:
     return encode_head(head).encode()
-
-
-def _encode_facts(facts: Sequence[Fact]) -> list[bytes]:
-    # JSON escapes newlines inside strings, so one fact is exactly one line.
-    return [dump_fact(fact).encode() + b"\n" for fact in facts]
-
-
-def _index_records(lines: Sequence[bytes], start: int) -> bytes:
-    out = bytearray()
-    for line in lines:
-        out += _INDEX_RECORD.pack(start, start + len(line))
-        start += len(line)
-    return bytes(out)
 
 
 def _check_aware(now: datetime) -> None:
@@ -336,7 +245,7 @@ class FilesystemStore:
 
     def _publish_key(self, path: Path, run_id: str) -> None:
         staged = self._tmp / f"key.{secrets.token_hex(8)}"
-        _write_new_file(staged, run_id.encode())
+        write_new_file(staged, run_id.encode())
         try:
             # link(2) fails if the name exists: at most one creator can own a key, even if the
             # create lock were ever bypassed.
@@ -345,7 +254,7 @@ class FilesystemStore:
             raise StoreError(f"idempotency index entry {path} appeared during create") from None
         finally:
             staged.unlink(missing_ok=True)
-        _fsync_dir(self._keys)
+        fsync_dir(self._keys)
 
     def _sweep_tmp(self) -> None:
         # Only creators holding create.lock use tmp/, and we hold it: anything left there was
@@ -363,12 +272,12 @@ class FilesystemStore:
 
     def _create_sync(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
         run_id = head.run_id
-        lines = _encode_facts(facts)
-        with _flocked(self._create_lock):
+        lines = encode_facts(facts)
+        with flocked(self._create_lock):
             self._sweep_tmp()
             key_path: Path | None = None
             if head.idempotency_key is not None:
-                key_path = self._keys / _key_name(head.idempotency_key)
+                key_path = self._keys / key_name(head.idempotency_key)
                 existing = self._read_key(key_path)
                 if existing is not None:
                     try:
@@ -391,11 +300,11 @@ class FilesystemStore:
             try:
                 staging.mkdir()
                 blob = b"".join(lines)
-                _write_new_file(staging / FACTS_FILE, blob)
-                _write_new_file(staging / INDEX_FILE, _index_records(lines, 0))
-                _write_new_file(staging / HEAD_FILE, _encode_head(head))
-                _write_new_file(staging / LOCK_FILE, b"")
-                _fsync_dir(staging)
+                write_new_file(staging / FACTS_FILE, blob)
+                write_new_file(staging / INDEX_FILE, index_records(lines, 0))
+                write_new_file(staging / HEAD_FILE, _encode_head(head))
+                write_new_file(staging / LOCK_FILE, b"")
+                fsync_dir(staging)
                 # Key before run: a crash in between leaves a dangling key (repaired above), never
                 # a keyed run without its key (which would let a retry create a second run).
                 if key_path is not None:
@@ -408,21 +317,21 @@ class FilesystemStore:
                     if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                         raise Conflict(f"a run with id {run_id} already exists") from exc
                     raise
-                _fsync_dir(self._runs)
+                fsync_dir(self._runs)
             finally:
                 if staging.exists():
                     shutil.rmtree(staging, ignore_errors=True)
         return CreateResult(head, created=True)
 
     def _committed_end(self, run_id: str, index_fd: int, last_seq: int) -> int:
-        record = os.pread(index_fd, _INDEX_RECORD.size, (last_seq - 1) * _INDEX_RECORD.size)
-        if len(record) != _INDEX_RECORD.size:
+        record = os.pread(index_fd, INDEX_RECORD.size, (last_seq - 1) * INDEX_RECORD.size)
+        if len(record) != INDEX_RECORD.size:
             raise CorruptRecord(
                 run_id,
                 str(self._run_dir(run_id) / INDEX_FILE),
                 f"it has no record for committed fact {last_seq}",
             )
-        _start, end = _INDEX_RECORD.unpack(record)
+        _start, end = INDEX_RECORD.unpack(record)
         return int(end)
 
     def _stored_position(self, run_id: str) -> tuple[int, int]:
@@ -430,10 +339,10 @@ class FilesystemStore:
         path = self._run_dir(run_id) / HEAD_FILE
         try:
             with open(path, "rb") as file:
-                prefix = file.read(_HEAD_PREFIX_BYTES)
+                prefix = file.read(HEAD_PREFIX_BYTES)
         except FileNotFoundError:
             raise CorruptRecord(run_id, str(path), "the file is missing") from None
-        position = _head_position(prefix)
+        position = head_position(prefix)
         if position is None or position[0] != run_id:
             current = self._load_sync(run_id)  # raises CorruptRecord for a damaged head
             return current.version, current.last_seq
@@ -444,8 +353,8 @@ class FilesystemStore:
     ) -> None:
         run_dir = self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
-        lines, head_bytes = _encode_facts(facts), _encode_head(head)
-        with _flocked(run_dir / LOCK_FILE):
+        lines, head_bytes = encode_facts(facts), _encode_head(head)
+        with flocked(run_dir / LOCK_FILE):
             # The fence: claims write lease.json under this same lock, so none can slip in
             # between this check and the write below.
             if lease is not None and not self._holds(run_dir, lease):
@@ -463,15 +372,15 @@ class FilesystemStore:
                     self._discard_uncommitted(run_id, facts_fd, index_fd, end, last_seq)
                     # Facts and index first, each durable, then the head: the head is the commit
                     # point, so a crash anywhere before its rename leaves the run as it was.
-                    _write_all(facts_fd, b"".join(lines))
+                    write_all(facts_fd, b"".join(lines))
                     os.fsync(facts_fd)
-                    _write_all(index_fd, _index_records(lines, end))
+                    write_all(index_fd, index_records(lines, end))
                     os.fsync(index_fd)
                 finally:
                     os.close(index_fd)
             finally:
                 os.close(facts_fd)
-            _replace_file(run_dir / HEAD_FILE, head_bytes)
+            replace_file(run_dir / HEAD_FILE, head_bytes)
 
     def _discard_uncommitted(
         self, run_id: str, facts_fd: int, index_fd: int, end: int, last_seq: int
@@ -482,7 +391,7 @@ class FilesystemStore:
             raise CorruptRecord(
                 run_id, str(run_dir / FACTS_FILE), f"it has {facts_size} bytes, the index says {end}"
             )
-        index_end = last_seq * _INDEX_RECORD.size
+        index_end = last_seq * INDEX_RECORD.size
         index_size = os.fstat(index_fd).st_size
         if facts_size > end or index_size > index_end:
             # Left by a writer that died before replacing the head: never committed, so dropped.
@@ -511,13 +420,13 @@ class FilesystemStore:
         run_dir = self._run_dir(run_id)
         count = last - first + 1
         with open(run_dir / INDEX_FILE, "rb") as index:
-            index.seek((first - 1) * _INDEX_RECORD.size)
-            raw = index.read(count * _INDEX_RECORD.size)
-        if len(raw) != count * _INDEX_RECORD.size:
+            index.seek((first - 1) * INDEX_RECORD.size)
+            raw = index.read(count * INDEX_RECORD.size)
+        if len(raw) != count * INDEX_RECORD.size:
             raise CorruptRecord(
                 run_id, str(run_dir / INDEX_FILE), f"it has fewer records than committed fact {last}"
             )
-        records = list(_INDEX_RECORD.iter_unpack(raw))
+        records = list(INDEX_RECORD.iter_unpack(raw))
         start, end = int(records[0][0]), int(records[-1][1])
         path = run_dir / FACTS_FILE
         with open(path, "rb") as log:
@@ -574,7 +483,7 @@ class FilesystemStore:
             # One damaged run must not hide every other run from the operator. Scans repeat
             # (a dispatcher polls every second): a damage already reported is logged again only
             # at DEBUG, until the head changes.
-            seen = _head_signature(self._runs / run_id / HEAD_FILE)
+            seen = head_signature(self._runs / run_id / HEAD_FILE)
             repeated = run_id in self._unreadable_reported and self._unreadable_reported[run_id] == seen
             self._unreadable_reported[run_id] = seen
             logger.log(
@@ -616,7 +525,7 @@ class FilesystemStore:
 
     def _write_lease(self, run_dir: Path, lease: Lease) -> None:
         record = _LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
-        _replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
+        replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
 
     def _holds(self, run_dir: Path, lease: Lease) -> bool:
         """Whether the stored lease still carries ``lease.token`` (the caller holds the run lock)."""
@@ -625,7 +534,7 @@ class FilesystemStore:
 
     def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         run_dir = self._require_run(run_id)
-        with _flocked(run_dir / LOCK_FILE):
+        with flocked(run_dir / LOCK_FILE):
             current = self._read_lease(run_id, run_dir)
             if current is not None and current.owner != owner and current.expires_at > now:
                 return None
@@ -637,7 +546,7 @@ class FilesystemStore:
         run_dir = self._run_dir(lease.run_id)
         if not run_dir.is_dir():
             raise lease_lost(lease)
-        with _flocked(run_dir / LOCK_FILE):
+        with flocked(run_dir / LOCK_FILE):
             if not self._holds(run_dir, lease):
                 raise lease_lost(lease)
             renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
@@ -648,10 +557,10 @@ class FilesystemStore:
         run_dir = self._run_dir(lease.run_id)
         if not run_dir.is_dir():
             return
-        with _flocked(run_dir / LOCK_FILE):
+        with flocked(run_dir / LOCK_FILE):
             if self._holds(run_dir, lease):
                 (run_dir / LEASE_FILE).unlink()
-                _fsync_dir(run_dir)
+                fsync_dir(run_dir)
 
     # ---------------------------------------------------------------- RunStore
 

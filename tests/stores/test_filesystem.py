@@ -29,7 +29,8 @@ from orchestration.facts import AttemptStarted, fold
 from orchestration.models import RunHead
 from orchestration.store import Lease
 from orchestration.vocabulary import RunStatus
-from stores.filesystem import FilesystemStore, _head_position
+from stores._fs_files import head_position as _head_position
+from stores.filesystem import FilesystemStore
 from tests.stores.builders import (
     BASE_TIME,
     Write,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from orchestration.facts import AttemptStarted, RunCreated, apply, head_from_creation
 from orchestration.models import ChainStep, RunHead
 from stores._common import encode_head
-from stores.filesystem import _head_position
+from stores._fs_files import head_position as _head_position
 from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
 
 

@@ -1,0 +1,113 @@
+"""The filesystem store's files: durable writes (fsync'd, atomically replaced), the run lock, and
+the on-disk encodings of the fact index and the head's leading fields. Blocking: always called from a
+worker thread (see :mod:`stores.filesystem`)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import struct
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from orchestration.facts import Fact, dump_fact
+
+#: One index record per fact: the byte offsets where its line starts and ends in facts.jsonl.
+#: Storing the end too means the committed end of the log is one record read away.
+INDEX_RECORD = struct.Struct(">QQ")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename/creation/removal in ``path`` durable (the entry lives in the directory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace ``path``: readers see the old or the new content, never a mix.
+
+    The temp name is fixed because every caller holds the run lock, so no two writers share it.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    write_new_file(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    # flock locks belong to the open file description, so each call opens its own descriptor:
+    # two threads of this process then exclude each other exactly like two processes do. Closing
+    # the descriptor releases the lock, also when the process dies.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def head_signature(path: Path) -> tuple[int, int] | None:
+    """What tells one state of a head file from another without reading it: mtime and size."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def key_name(idempotency_key: str) -> str:
+    # Hashing makes any key a safe, fixed-length file name.
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()
+
+
+#: The CAS check needs only the stored head's version and last_seq. RunHead declares run_id, version
+#: and last_seq first and pydantic dumps fields in declaration order, so they lead head.json; reading
+#: them from its first bytes keeps an append from re-validating the whole head, whose size grows with
+#: the run's tasks and attempts (about 8 ms for a 200 KB head). A head that does not start this way
+#: is read in full instead: slower, never wrong.
+HEAD_PREFIX = re.compile(rb'\A\{"run_id":"([a-z0-9_-]+)","version":(\d+),"last_seq":(\d+),')
+HEAD_PREFIX_BYTES = 160
+
+
+def head_position(prefix: bytes) -> tuple[str, int, int] | None:
+    """``(run_id, version, last_seq)`` from the first bytes of a head written by this module."""
+    match = HEAD_PREFIX.match(prefix)
+    if match is None:
+        return None
+    return match[1].decode(), int(match[2]), int(match[3])
+
+
+def encode_facts(facts: Sequence[Fact]) -> list[bytes]:
+    # JSON escapes newlines inside strings, so one fact is exactly one line.
+    return [dump_fact(fact).encode() + b"\n" for fact in facts]
+
+
+def index_records(lines: Sequence[bytes], start: int) -> bytes:
+    out = bytearray()
+    for line in lines:
+        out += INDEX_RECORD.pack(start, start + len(line))
+        start += len(line)
+    return bytes(out)
