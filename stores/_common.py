@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
 from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
 from orchestration.models import RECORD_FORMAT, RunHead
+from orchestration.vocabulary import RunStatus
 
 ListKey = tuple[str, str]
 
@@ -177,3 +178,14 @@ def decode_cursor(cursor: str | None) -> ListKey | None:
             f"cursor {quoted(cursor, 60)} is not a cursor this server gave out; "
             "omit it to start from the newest run"
         ) from exc
+
+
+def is_runnable(head: RunHead, now: datetime) -> bool:
+    """Whether ``runnable`` lists the run (see ``RunStore.runnable``), for stores that filter heads
+    in Python."""
+    if head.status == RunStatus.RUNNING:
+        return True  # possibly orphaned: the dispatcher finds out by claiming the lease
+    if head.status == RunStatus.QUEUED and (head.not_before is None or head.not_before <= now):
+        return True
+    # A paused (or waiting) run whose deadline passed needs a decision although nobody wrote to it.
+    return not head.status.is_terminal and head.wake_at is not None and head.wake_at <= now

@@ -78,6 +78,7 @@ from stores._common import (
     decode_stored_head,
     encode_cursor_key,
     encode_head,
+    is_runnable,
     list_order_key,
     not_continuing,
 )
@@ -135,15 +136,6 @@ def _encode_head(head: RunHead) -> bytes:
 def _check_aware(now: datetime) -> None:
     if now.tzinfo is None or now.utcoffset() is None:
         raise InvalidArgument("now must be a timezone-aware datetime (use the injected clock)")
-
-
-def _is_runnable(head: RunHead, now: datetime) -> bool:
-    if head.status == RunStatus.RUNNING:
-        return True  # possibly orphaned: the dispatcher finds out by claiming the lease
-    if head.status == RunStatus.QUEUED and (head.not_before is None or head.not_before <= now):
-        return True
-    # A paused (or waiting) run whose deadline passed needs a decision although nobody wrote to it.
-    return not head.status.is_terminal and head.wake_at is not None and head.wake_at <= now
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,7 +502,7 @@ class FilesystemStore:
 
     def _runnable_sync(self, now: datetime, limit: int) -> list[str]:
         listed = sorted(self._scan(), key=lambda run: run.key)
-        return [run.run_id for run in listed if run.head is not None and _is_runnable(run.head, now)][:limit]
+        return [run.run_id for run in listed if run.head is not None and is_runnable(run.head, now)][:limit]
 
     def _read_lease(self, run_id: str, run_dir: Path) -> _LeaseRecord | None:
         path = run_dir / LEASE_FILE

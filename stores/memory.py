@@ -21,6 +21,7 @@ from stores._common import (
     check_format,
     decode_cursor,
     encode_cursor,
+    is_runnable,
     list_order_key,
     not_continuing,
 )
@@ -132,11 +133,7 @@ class MemoryStore:
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
         out = []
         for head in sorted(self._heads.values(), key=list_order_key):
-            if (
-                head.status == RunStatus.RUNNING
-                or (head.status == RunStatus.QUEUED and (head.not_before is None or head.not_before <= now))
-                or (not head.status.is_terminal and head.wake_at is not None and head.wake_at <= now)
-            ):
+            if is_runnable(head, now):
                 out.append(head.run_id)
         return out[:limit]
 
