@@ -223,7 +223,8 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
     except OSError as exc:
         # No usable stdin descriptor: serve as the SDK does; SIGTERM then just ends the process.
         log.warning(
-            "stdin cannot be relayed (%s); SIGTERM will not stop the server in order",
+            "stdin cannot be relayed (%s); SIGTERM will not stop the server in order, and no line "
+            "length bound applies",
             exc,
             extra={"action": "stdin_relay_unavailable"},
         )
