@@ -1,13 +1,20 @@
 """The read side of a run: the outputs of its done tasks, a task's prompts, the snapshot a view
-shows. Everything is read from the persisted record (the head and the facts it points to), never
-from a value held in memory, so a restarted process reads exactly what the crashed one would have."""
+shows, and what the run waits for from a caller. Everything is read from the persisted record (the
+head and the facts it points to), never from a value held in memory, so a restarted process reads
+exactly what the crashed one would have."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestration.errors import CorruptRecord, IllegalTransition, InvalidState
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    IllegalTransition,
+    InvalidArgument,
+    InvalidState,
+)
 from orchestration.facts import TaskCompleted, with_history
 from orchestration.models import RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
@@ -64,4 +71,90 @@ async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...
     return RunSnapshot(head, outputs, host_task, warnings)
 
 
-__all__ = ["RunSnapshot", "read_outputs", "read_prompt", "read_snapshot"]
+# -- what a run waits for ----------------------------------------------------------------------
+
+
+def awaiting_host_task(head: RunHead) -> str | None:
+    """The task awaiting the host's output, if any."""
+    for task in head.tasks:
+        if task.status == TaskStatus.AWAITING_HOST:
+            return task.task_id
+    return None
+
+
+def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructError:
+    """The error for host output given without the task it answers (argument ``name``):
+    ``invalid_argument`` naming the task the run awaits output for, or saying that none is
+    awaited; ``invalid_state`` when the run has ended. It never picks the task itself: a
+    retried call must not record its output as the next task's."""
+    run_id = head.run_id
+    done = [t.task_id for t in head.tasks if t.status == TaskStatus.DONE]
+    recorded = f" (output is recorded already for: {', '.join(done)})" if done else ""
+    if head.status.is_terminal:
+        return InvalidState(
+            f"run {run_id} is {head.status.value}; nothing awaits output ({name} was not given){recorded}"
+        )
+    awaiting = awaiting_host_task(head)
+    if head.status == RunStatus.AWAITING_HOST and awaiting is not None:
+        return InvalidArgument(
+            f"{name} is missing: name the task your output answers. Run {run_id} awaits output "
+            f"for task {awaiting!r}: pass {name}={awaiting!r} if your output is its answer{recorded}"
+        )
+    return InvalidArgument(
+        f"{name} is missing; run {run_id} is {head.status.value} and awaits no host output{recorded}"
+    )
+
+
+def missing_gate_id_error(head: RunHead, name: str = "gate_id") -> ConstructError:
+    """The error for a decision given without the gate it decides (argument ``name``):
+    ``invalid_argument`` naming the gate the run waits at, or saying that none waits;
+    ``invalid_state`` when the run has ended. It never picks the gate itself: a retried
+    approval must not approve the next gate, which nobody has seen."""
+    run_id = head.run_id
+    decided = [f"{g.gate_id} ({g.status})" for g in head.gates if g.decided_at is not None]
+    recorded = f" (already decided: {', '.join(decided)})" if decided else ""
+    if head.status.is_terminal:
+        return InvalidState(
+            f"run {run_id} is {head.status.value}; no gate awaits a decision ({name} was not given){recorded}"
+        )
+    open_gate = next((g for g in head.gates if g.status == "requested"), None)
+    if head.status == RunStatus.AWAITING_APPROVAL and open_gate is not None:
+        return InvalidArgument(
+            f"{name} is missing: name the gate you decide. Run {run_id} awaits a decision at gate "
+            f"{open_gate.gate_id!r}: pass {name}={open_gate.gate_id!r} once the user decided it{recorded}"
+        )
+    return InvalidArgument(
+        f"{name} is missing; run {run_id} is {head.status.value}, not awaiting approval{recorded}"
+    )
+
+
+def require_resumable(head: RunHead) -> RunHead:
+    """For a resume without output: ``head`` if the server can advance the run now, else the
+    error that tells the caller what the run needs instead."""
+    run_id = head.run_id
+    if head.status.is_terminal:
+        raise InvalidState(f"run {run_id} is {head.status.value}; there is nothing to resume")
+    if head.status == RunStatus.AWAITING_APPROVAL:
+        gate = next(g for g in head.gates if g.status == "requested")
+        raise InvalidState(
+            f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
+        )
+    if head.status == RunStatus.AWAITING_HOST:
+        awaiting = awaiting_host_task(head)
+        raise InvalidArgument(
+            f"run {run_id} is awaiting the host's output for task {awaiting!r}; "
+            "call orchestrate_resume with task_id and output"
+        )
+    return head
+
+
+__all__ = [
+    "RunSnapshot",
+    "awaiting_host_task",
+    "missing_gate_id_error",
+    "missing_task_id_error",
+    "read_outputs",
+    "read_prompt",
+    "read_snapshot",
+    "require_resumable",
+]

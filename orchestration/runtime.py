@@ -53,17 +53,19 @@ from orchestration.facts import (
     apply_write,
 )
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
-from orchestration.models import (
-    ChainSnapshot,
-    ExecutionContract,
-    GateState,
-    RunHead,
-    WorkerBackend,
-    canonical_hash,
-    text_hash,
-)
+from orchestration.inputs import ContractResolver, Limits, StartRequest, inline_contract
+from orchestration.models import GateState, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
-from orchestration.reading import RunSnapshot, read_outputs, read_prompt, read_snapshot
+from orchestration.reading import (
+    RunSnapshot,
+    missing_gate_id_error,
+    missing_task_id_error,
+    read_outputs,
+    read_prompt,
+    read_snapshot,
+    require_resumable,
+)
+from orchestration.reading import awaiting_host_task as _awaiting_host_task
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.base import TaskWorker
@@ -73,75 +75,12 @@ log = logging.getLogger("construct.runtime")
 
 ChangeListener = Callable[[RunHead], Awaitable[None]]
 
+ProgressCallback = Callable[[RunHead], Awaitable[None]]
+
 #: How long a drive waits to release its lease before leaving it to expire (short: a server shutting
 #: down with its store away must not be held up by it).
 _RELEASE_SECONDS = 2.0
-ProgressCallback = Callable[[RunHead], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Size limits on what callers send (characters, or items for a list). Over a limit is a
-    ``too_large`` error (an idempotency key or a cursor of the wrong length: ``invalid_argument``,
-    since no valid one is that long). Every string a caller sends has one: what is recorded (a
-    comment, an approver) is copied into the run's head or facts, and a 1 MB approver would slow
-    every later write. The MCP tools publish the same bounds in their input schemas."""
-
-    max_request_chars: int = 200_000
-    max_output_chars: int = 1_000_000
-    #: an approval's comment, a cancellation's reason
-    max_comment_chars: int = 20_000
-    max_approver_chars: int = 200
-    max_idempotency_key_chars: int = 200
-    #: a task id, a gate id
-    max_id_chars: int = 100
-    #: a chain, specialist or step name, a provider or model name
-    max_name_chars: int = 100
-    #: the specialists of a chain given as a list, the steps named in approve_before
-    max_list_items: int = 50
-    #: a runs_list cursor (the ones the stores give out are about 150 characters)
-    max_cursor_chars: int = 400
-
-
-@dataclass(frozen=True, slots=True)
-class StartRequest:
-    request: str
-    chain: str | tuple[str, ...] | None = None
-    approve_before: tuple[str, ...] = ()
-    idempotency_key: str | None = None
-    worker_backend: WorkerBackend | None = None
-    provider: str | None = None
-    model: str | None = None
-    #: the whole run's time limit, from start; passing it fails the run with deadline_exceeded
-    timeout_seconds: float | None = None
-    #: each task's time limit, for steps whose chain definition sets none
-    task_timeout_seconds: float | None = None
-
-    def request_hash(self) -> str:
-        """What makes two starts "the same request" for idempotency."""
-        return canonical_hash(
-            {
-                "request": self.request,
-                "chain": list(self.chain) if isinstance(self.chain, tuple) else self.chain,
-                "approve_before": sorted(self.approve_before),
-                "worker_backend": self.worker_backend,
-                "provider": self.provider,
-                "model": self.model,
-                "timeout_seconds": self.timeout_seconds,
-                "task_timeout_seconds": self.task_timeout_seconds,
-            }
-        )
-
-
-ContractResolver = Callable[[StartRequest, ChainSnapshot], ExecutionContract]
-
-
-def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
-    if request.worker_backend not in (None, "inline"):
-        raise InvalidArgument(
-            f"worker_backend {quoted(request.worker_backend)} is not available on this server; use 'inline'"
-        )
-    return ExecutionContract(worker_backend="inline")
+_DEFAULT_LIMITS = Limits()
 
 
 @dataclass
@@ -178,7 +117,7 @@ class Runtime:
         *,
         clock: Clock | None = None,
         new_id: IdGenerator = new_run_id,
-        limits: Limits = Limits(),
+        limits: Limits = _DEFAULT_LIMITS,
         owner: str = "runtime",
         lease_ttl_seconds: float = 30.0,
         resolve_contract: ContractResolver = inline_contract,
@@ -472,49 +411,14 @@ class Runtime:
                 continue
 
     async def missing_task_id(self, run_id: str, name: str = "task_id") -> ConstructError:
-        """The error for host output given without the task it answers (argument ``name``):
-        ``invalid_argument`` naming the task the run awaits output for, or saying that none is
-        awaited; ``invalid_state`` when the run has ended. It never picks the task itself: a
-        retried call must not record its output as the next task's."""
-        head = await self.status(run_id)
-        done = [t.task_id for t in head.tasks if t.status == TaskStatus.DONE]
-        recorded = f" (output is recorded already for: {', '.join(done)})" if done else ""
-        if head.status.is_terminal:
-            return InvalidState(
-                f"run {run_id} is {head.status.value}; nothing awaits output ({name} was not given){recorded}"
-            )
-        awaiting = _awaiting_host_task(head)
-        if head.status == RunStatus.AWAITING_HOST and awaiting is not None:
-            return InvalidArgument(
-                f"{name} is missing: name the task your output answers. Run {run_id} awaits output "
-                f"for task {awaiting!r}: pass {name}={awaiting!r} if your output is its answer{recorded}"
-            )
-        return InvalidArgument(
-            f"{name} is missing; run {run_id} is {head.status.value} and awaits no host output{recorded}"
-        )
+        """The error for host output given without the task it answers (argument ``name``): see
+        :func:`~orchestration.reading.missing_task_id_error`."""
+        return missing_task_id_error(await self.status(run_id), name)
 
     async def missing_gate_id(self, run_id: str, name: str = "gate_id") -> ConstructError:
-        """The error for a decision given without the gate it decides (argument ``name``):
-        ``invalid_argument`` naming the gate the run waits at, or saying that none waits;
-        ``invalid_state`` when the run has ended. It never picks the gate itself: a retried
-        approval must not approve the next gate, which nobody has seen."""
-        head = await self.status(run_id)
-        decided = [f"{g.gate_id} ({g.status})" for g in head.gates if g.decided_at is not None]
-        recorded = f" (already decided: {', '.join(decided)})" if decided else ""
-        if head.status.is_terminal:
-            return InvalidState(
-                f"run {run_id} is {head.status.value}; no gate awaits a decision ({name} was not given)"
-                f"{recorded}"
-            )
-        open_gate = next((g for g in head.gates if g.status == "requested"), None)
-        if head.status == RunStatus.AWAITING_APPROVAL and open_gate is not None:
-            return InvalidArgument(
-                f"{name} is missing: name the gate you decide. Run {run_id} awaits a decision at gate "
-                f"{open_gate.gate_id!r}: pass {name}={open_gate.gate_id!r} once the user decided it{recorded}"
-            )
-        return InvalidArgument(
-            f"{name} is missing; run {run_id} is {head.status.value}, not awaiting approval{recorded}"
-        )
+        """The error for a decision given without the gate it decides (argument ``name``): see
+        :func:`~orchestration.reading.missing_gate_id_error`."""
+        return missing_gate_id_error(await self.status(run_id), name)
 
     def _check_id(self, name: str, value: str) -> None:
         if not isinstance(value, str) or not value:
@@ -546,22 +450,9 @@ class Runtime:
 
     async def check_resumable(self, run_id: str) -> RunHead:
         """For a resume without output: the run if it can be advanced by the server now, else the
-        error that tells the caller what the run needs instead."""
-        head = await self.status(run_id)
-        if head.status.is_terminal:
-            raise InvalidState(f"run {run_id} is {head.status.value}; there is nothing to resume")
-        if head.status == RunStatus.AWAITING_APPROVAL:
-            gate = next(g for g in head.gates if g.status == "requested")
-            raise InvalidState(
-                f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
-            )
-        if head.status == RunStatus.AWAITING_HOST:
-            awaiting = _awaiting_host_task(head)
-            raise InvalidArgument(
-                f"run {run_id} is awaiting the host's output for task {awaiting!r}; "
-                "call orchestrate_resume with task_id and output"
-            )
-        return head
+        error that tells the caller what the run needs instead (see
+        :func:`~orchestration.reading.require_resumable`)."""
+        return require_resumable(await self.status(run_id))
 
     def _refuse_if_out_of_time(self, head: RunHead) -> None:
         if head.wake_at is not None and self.clock.now() >= head.wake_at:
@@ -731,13 +622,6 @@ class Runtime:
         await self.store.release_lease(lease)
         if self._unreleased.get(run_id) is lease:
             del self._unreleased[run_id]
-
-
-def _awaiting_host_task(head: RunHead) -> str | None:
-    for task in head.tasks:
-        if task.status == TaskStatus.AWAITING_HOST:
-            return task.task_id
-    return None
 
 
 def _gate_to_decide(head: RunHead, gate_id: str) -> GateState:
