@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -81,6 +81,7 @@ from orchestration.models import (
     text_hash,
 )
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
+from orchestration.schemas import validate_output
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.base import AttemptSucceeded, TaskWorker
@@ -165,12 +166,13 @@ def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContrac
 class RunSnapshot:
     """Everything a view of a run needs: the head with every task's history (see
     :func:`~orchestration.facts.with_history`), the outputs of done tasks, and the prompts of the
-    task the host must run now (if any)."""
+    task the host must run now (if any), and the validated values of typed outputs."""
 
     head: RunHead
     outputs: dict[str, str]
     host_task: TaskPrompt | None
     warnings: tuple[str, ...] = ()
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -345,12 +347,13 @@ class Runtime:
         except (ValueError, IllegalTransition) as exc:
             raise CorruptRecord(head.run_id, "its fact log", f"it does not fold to its head ({exc})") from exc
         outputs = {f.task_id: f.output for f in facts if isinstance(f, TaskCompleted)}
+        values = {f.task_id: f.value for f in facts if isinstance(f, TaskCompleted) and f.value is not None}
         host_task = None
         awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
         if awaiting and head.status == RunStatus.AWAITING_HOST:
             upstream = upstream_task_ids(head, awaiting[0].task_id)
             host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
-        return RunSnapshot(head, outputs, host_task, self.warnings)
+        return RunSnapshot(head, outputs, host_task, self.warnings, values)
 
     # -- external events -------------------------------------------------------------------
 
@@ -441,7 +444,10 @@ class Runtime:
         the task its output answers (there is no "the awaiting one" default): a call retried after
         the run moved on must not land on the next task. Repeating the same output for a task
         that is already done returns the current state and appends nothing; a different output for
-        a done task, or output for a task that is not the awaiting one, is a ``Conflict``."""
+        a done task, or output for a task that is not the awaiting one, is a ``Conflict``. For a
+        step with an ``output_schema`` the output must be JSON matching it: otherwise
+        ``InvalidOutput`` (``invalid_output``) and nothing is recorded; the validated value is
+        recorded in the ``task_completed`` fact."""
         validate_run_id(run_id)
         self._check_id("task_id", task_id)
         if not isinstance(output, str) or not output.strip():
@@ -478,7 +484,11 @@ class Runtime:
                     f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
                 )
             attempt = task.attempts[-1].number if task.attempts else 1
-            facts = host_output_facts(head, task_id, attempt, output, self.clock.now())
+            schema = head.chain.step(task_id).output_schema
+            # An answer that does not match the step's schema is refused (InvalidOutput) and
+            # nothing is recorded: the host corrects it and calls again.
+            value = None if schema is None else validate_output(schema, output)
+            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value)
             try:
                 return await self._append(head, facts)
             except VersionConflict:
@@ -1086,6 +1096,7 @@ class Runtime:
                 executor=executor,
                 output=outcome.output,
                 output_sha256=text_hash(outcome.output),
+                value=outcome.value,
                 telemetry=outcome.telemetry.model_copy(
                     update={
                         "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
