@@ -46,6 +46,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
@@ -123,6 +124,22 @@ async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallTo
 #: Given the call's context and raw arguments, the error for a required argument the caller left out
 #: (naming the value to pass); see ``missing`` in :func:`build_tools`.
 MissingHint = Callable[[ToolContext, Mapping[str, Any]], Awaitable[ConstructError]]
+
+
+#: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
+_TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
+
+
+class _VerbatimText(FuncMetadata):
+    """The SDK turns a string argument that parses as a JSON object or array into that object
+    unless the parameter is annotated exactly ``str`` (for hosts that send lists as JSON text);
+    ``output: str | None`` then refused a typed step's answer, which *is* a JSON object. Free-text
+    arguments keep the string the caller sent (recorded verbatim); the others are pre-parsed as
+    before (``chain`` may still arrive as a JSON list in a string)."""
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        parsed = super().pre_parse_json(data)
+        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items()}
 
 
 class StrictTool(Tool):
@@ -581,6 +598,13 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
         tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
         assert isinstance(tool, StrictTool)  # from_function builds its own class
         tool.missing = missing or {}
+        meta = tool.fn_metadata
+        tool.fn_metadata = _VerbatimText(
+            arg_model=meta.arg_model,
+            output_schema=meta.output_schema,
+            output_model=meta.output_model,
+            wrap_output=meta.wrap_output,
+        )
         tool.parameters = _strict_schema(tool.parameters, limits)
         tools.append(tool)
 
