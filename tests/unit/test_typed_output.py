@@ -43,9 +43,8 @@ def test_a_step_gives_an_inline_json_schema(tmp_path: Path) -> None:
         tmp_path,
         """
 [chains.score]
-steps = [
-  { specialist = "reviewer", output_schema = { type = "object", properties = { score = { type = "integer", minimum = 0 } }, required = ["score"] } },
-]
+steps = [{ specialist = "reviewer", output_schema = { type = "object", properties = """
+        """{ score = { type = "integer", minimum = 0 } }, required = ["score"] } }]
 """,
     )
     schema = catalog.resolve("score").step("reviewer").output_schema
