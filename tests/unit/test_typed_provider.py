@@ -403,3 +403,50 @@ def test_a_bad_structured_output_setting_is_a_startup_error(
         load_settings(env=env, home=tmp_path)
     assert caught.value.field == field
     assert problem in caught.value.problem
+
+
+async def test_through_the_mcp_tools_with_the_provider_backend(
+    fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp import Client
+
+    from server.app import ConstructApp
+
+    fake.set_scenario(
+        {
+            "engineer": [{"text": "the parser"}],
+            "reviewer": [{"text": "Approved!"}, {"text": json.dumps(APPROVE)}],
+        }
+    )
+    config = tmp_path / "construct.toml"
+    config.write_text(
+        '[chains.rev]\nsteps = ["engineer", { specialist = "reviewer", output_schema = "verdict" }]\n'
+    )
+    env = {
+        "CONSTRUCT_HOME": str(tmp_path),
+        "CONSTRUCT_POLL_SECONDS": "0.1",
+        "CONSTRUCT_WORKER_BACKEND": "provider",
+        "CONSTRUCT_MODEL": "claude-test-1",
+        "CONSTRUCT_ANTHROPIC_BASE_URL": fake.base_url,
+    }
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)  # keys come from the process environment
+    app = ConstructApp(load_settings(env=env, config_file=config))
+    async with Client(app.build_server()) as client:
+        started = await client.call_tool("orchestrate_start", {"request": "Build a parser", "chain": "rev"})
+        assert not started.is_error, started.content
+        run_id = (started.structured_content or {})["run_id"]
+        view: dict[str, Any] = {}
+        for _ in range(10):
+            result = await client.call_tool("run_status", {"run_id": run_id, "wait_seconds": 30})
+            view = result.structured_content or {}
+            if view["status_kind"] == "terminal":
+                break
+    assert view["status"] == "completed"
+    reviewer = view["tasks"][1]
+    assert reviewer["value"] == APPROVE
+    assert [a["error"]["code"] if a["error"] else None for a in reviewer["attempts"]] == [
+        "invalid_output",
+        None,
+    ]
+    [tool_request] = [r for r in fake.requests() if r["task"] == "reviewer"][:1]
+    assert tool_request["body"]["tool_choice"] == {"type": "tool", "name": "answer"}
