@@ -141,7 +141,7 @@ def validate_output(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
     body = fenced.group("body") if fenced else text
     try:
         value = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise InvalidOutput(
             f"the answer is not JSON ({_json_problem(exc)}); it starts {quoted(body.strip())}. "
             "Answer with only a JSON object matching the output schema"
@@ -171,9 +171,11 @@ def answer_format(schema: Mapping[str, Any]) -> str:
     )
 
 
-def _json_problem(exc: ValueError) -> str:
+def _json_problem(exc: ValueError | RecursionError) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
     return str(exc)
 
 

@@ -154,6 +154,11 @@ def test_invalid_json_says_where_and_echoes_a_bounded_start() -> None:
     assert len(message) < 400
 
 
+def test_json_nested_too_deeply_is_invalid_not_a_crash() -> None:
+    with pytest.raises(InvalidOutput, match="nested too deeply"):
+        validate_output(VERDICT, "[" * 100_000)
+
+
 def test_schema_violations_name_their_json_pointer() -> None:
     with pytest.raises(InvalidOutput) as info:
         validate_output(VERDICT, '{"verdict": "maybe", "extra": 1}')
