@@ -16,8 +16,14 @@ A user adds or overrides specialists and chains in a TOML file::
       "architect",
       { specialist = "engineer", approve_before = true },
       { name = "audit", specialist = "security", on_failure = "continue" },
-      "reviewer",
+      { specialist = "reviewer", output_schema = "verdict" },
     ]
+
+A step's ``output_schema`` makes its output typed: the name of a built-in schema (``verdict``) or
+an inline table holding a JSON Schema whose top level is ``type = "object"``, e.g.
+``output_schema = { type = "object", properties = { score = { type = "integer" } }, required =
+["score"] }``. It is checked when the file is loaded and resolved into the run's chain snapshot
+(see :mod:`orchestration.schemas`).
 
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
@@ -38,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
 from orchestration.models import ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
+from orchestration.schemas import resolve_schema
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
@@ -97,6 +104,9 @@ class _StepConfig(_Strict):
     provider: str | None = None
     model: str | None = None
     timeout_seconds: float | None = Field(default=None, gt=0)
+    #: a built-in schema's name or a JSON Schema table; checked by :func:`resolve_schema`, which
+    #: says more than a pydantic union error would
+    output_schema: Any = None
 
     _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
 
@@ -217,6 +227,12 @@ class Catalog:
                         f"unknown specialist {step_cfg.specialist!r}; "
                         f"known: {', '.join(sorted(specialists))}",
                     )
+                schema = None
+                if step_cfg.output_schema is not None:
+                    try:
+                        schema = resolve_schema(step_cfg.output_schema)
+                    except ValueError as exc:
+                        raise ConfigError(source, f"{where}.steps[{i}].output_schema", str(exc)) from None
                 steps.append(
                     ChainStep(
                         name=step_cfg.name or step_cfg.specialist,
@@ -227,6 +243,7 @@ class Catalog:
                         provider=step_cfg.provider,
                         model=step_cfg.model,
                         timeout_seconds=step_cfg.timeout_seconds,
+                        output_schema=schema,
                     )
                 )
             try:

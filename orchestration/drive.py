@@ -444,6 +444,7 @@ class Drive:
                 executor=executor,
                 output=outcome.output,
                 output_sha256=text_hash(outcome.output),
+                value=outcome.value,
                 telemetry=outcome.telemetry.model_copy(
                     update={
                         "possible_duplicate_call": outcome.telemetry.possible_duplicate_call

@@ -15,6 +15,7 @@ at the adapter edge (``raise ... from exc``)::
     ├── UnknownSpecialist               unknown_specialist
     ├── TooLarge                        too_large          request or output over the configured limit
     ├── ConfigError                     config_error       a bad construct.toml (file, field, problem)
+    ├── InvalidOutput                   invalid_output     an answer does not match its step's output schema
     ├── IllegalTransition               illegal_transition a status move the vocabulary forbids (a bug)
     ├── LeaseLost                       lease_lost         another worker holds the run
     └── StoreError                      store_error        the store failed (I/O, driver, corruption)
@@ -111,6 +112,15 @@ class ConfigError(ConstructError):
         self.file = file
         self.field = field
         self.problem = problem
+
+
+class InvalidOutput(ConstructError):
+    """An answer for a step with an ``output_schema`` is not JSON or does not match the schema. The
+    message says what is wrong and where (a JSON pointer), quoting little of the answer. Nothing is
+    recorded: the host corrects its answer and calls again (a provider attempt records the failure
+    under the same code, and the next attempt is told what was wrong)."""
+
+    code = "invalid_output"
 
 
 class IllegalTransition(ConstructError):

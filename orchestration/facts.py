@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter
 
@@ -148,6 +148,10 @@ class TaskCompleted(_Fact):
     output: str
     output_sha256: str
     telemetry: Telemetry = Telemetry()
+    #: The validated value of ``output`` for a step with an ``output_schema`` (None otherwise).
+    #: Added without a new record format ("Record formats" above): a fact without it is the output
+    #: of an untyped step, and a reader that does not know the field loses nothing it decides on.
+    value: dict[str, Any] | None = None
 
 
 class TaskFailed(_Fact):

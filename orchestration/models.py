@@ -47,6 +47,11 @@ class ChainStep(Frozen):
     provider: str | None = None
     model: str | None = None
     timeout_seconds: float | None = None
+    #: The JSON Schema every answer of this step must match (resolved from a built-in name or the
+    #: chain definition when the run started, see :mod:`orchestration.schemas`); None: free text.
+    #: Added without a new record format: a snapshot without it is a chain of free-text steps,
+    #: which is what it was when it was written.
+    output_schema: dict[str, Any] | None = None
 
 
 class SpecialistSnapshot(Frozen):

@@ -2,7 +2,9 @@
 
 The system prompt is the specialist's persona from the run's chain snapshot. The user prompt is the
 run's request, the outputs of the earlier tasks (from persisted facts only, in chain order) and the
-comments approvers left on gates passed so far. The same run record always gives the same prompt,
+comments approvers left on gates passed so far; a step with an ``output_schema`` ends with an "Answer
+format" section giving the schema (every backend, so a provider asked for structured output only
+through its prompt gets it too). The same run record always gives the same prompt,
 byte for byte: nothing here reads a clock, the environment or the config file.
 """
 
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestration.models import RunHead, text_hash
+from orchestration.schemas import answer_format
 from orchestration.vocabulary import TaskStatus
 
 
@@ -79,6 +82,8 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
         f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
         "Build on the work so far; the next step sees only what you write.",
     ]
+    if step.output_schema is not None:
+        parts += ["", "## Answer format", "", answer_format(step.output_schema)]
     return TaskPrompt(task_id, specialist.name, specialist.persona, "\n".join(parts) + "\n")
 
 

@@ -6,7 +6,8 @@ exactly what the crashed one would have."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from orchestration.errors import (
     ConstructError,
@@ -26,12 +27,13 @@ from orchestration.vocabulary import RunStatus, TaskStatus
 class RunSnapshot:
     """Everything a view of a run needs: the head with every task's history (see
     :func:`~orchestration.facts.with_history`), the outputs of done tasks, and the prompts of the
-    task the host must run now (if any)."""
+    task the host must run now (if any), and the validated values of typed outputs."""
 
     head: RunHead
     outputs: dict[str, str]
     host_task: TaskPrompt | None
     warnings: tuple[str, ...] = ()
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 async def read_outputs(
@@ -63,12 +65,13 @@ async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...
     except (ValueError, IllegalTransition) as exc:
         raise CorruptRecord(head.run_id, "its fact log", f"it does not fold to its head ({exc})") from exc
     outputs = {f.task_id: f.output for f in facts if isinstance(f, TaskCompleted)}
+    values = {f.task_id: f.value for f in facts if isinstance(f, TaskCompleted) and f.value is not None}
     host_task = None
     awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
     if awaiting and head.status == RunStatus.AWAITING_HOST:
         upstream = upstream_task_ids(head, awaiting[0].task_id)
         host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
-    return RunSnapshot(head, outputs, host_task, warnings)
+    return RunSnapshot(head, outputs, host_task, warnings, values)
 
 
 # -- what a run waits for ----------------------------------------------------------------------

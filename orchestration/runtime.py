@@ -66,6 +66,7 @@ from orchestration.reading import (
     require_resumable,
 )
 from orchestration.reading import awaiting_host_task as _awaiting_host_task
+from orchestration.schemas import validate_output
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.base import TaskWorker
@@ -311,7 +312,10 @@ class Runtime:
         the task its output answers (there is no "the awaiting one" default): a call retried after
         the run moved on must not land on the next task. Repeating the same output for a task
         that is already done returns the current state and appends nothing; a different output for
-        a done task, or output for a task that is not the awaiting one, is a ``Conflict``."""
+        a done task, or output for a task that is not the awaiting one, is a ``Conflict``. For a
+        step with an ``output_schema`` the output must be JSON matching it: otherwise
+        ``InvalidOutput`` (``invalid_output``) and nothing is recorded; the validated value is
+        recorded in the ``task_completed`` fact."""
         validate_run_id(run_id)
         self._check_id("task_id", task_id)
         if not isinstance(output, str) or not output.strip():
@@ -348,7 +352,11 @@ class Runtime:
                     f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
                 )
             attempt = task.attempts[-1].number if task.attempts else 1
-            facts = host_output_facts(head, task_id, attempt, output, self.clock.now())
+            schema = head.chain.step(task_id).output_schema
+            # An answer that does not match the step's schema is refused (InvalidOutput) and
+            # nothing is recorded: the host corrects it and calls again.
+            value = None if schema is None else validate_output(schema, output)
+            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value)
             try:
                 return await self._append(head, facts)
             except VersionConflict:

@@ -19,6 +19,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
@@ -37,6 +38,32 @@ def error_result(exc: ConstructError) -> CallToolResult:
 #: Given the call's context and raw arguments, the error for a required argument the caller left out
 #: (naming the value to pass); see ``missing`` in :func:`server.tools.build_tools`.
 MissingHint = Callable[[Context[Any, Any], Mapping[str, Any]], Awaitable[ConstructError]]
+
+
+#: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
+_TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
+
+
+class _VerbatimText(FuncMetadata):
+    """The SDK turns a string argument that parses as a JSON object or array into that object
+    unless the parameter is annotated exactly ``str`` (for hosts that send lists as JSON text);
+    ``output: str | None`` then refused a typed step's answer, which *is* a JSON object. Free-text
+    arguments keep the string the caller sent (recorded verbatim); the others are pre-parsed as
+    before (``chain`` may still arrive as a JSON list in a string)."""
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        parsed = super().pre_parse_json(data)
+        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items()}
+
+
+def verbatim_text(meta: FuncMetadata) -> FuncMetadata:
+    """``meta`` with free-text arguments kept as sent (see :class:`_VerbatimText`)."""
+    return _VerbatimText(
+        arg_model=meta.arg_model,
+        output_schema=meta.output_schema,
+        output_model=meta.output_model,
+        wrap_output=meta.wrap_output,
+    )
 
 
 class StrictTool(Tool):

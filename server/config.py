@@ -35,6 +35,9 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_tokens_field = "max_tokens" # openai / openrouter only: the one body field that carries the
                                     #   output limit; default max_completion_tokens for api.openai.com,
                                     #   max_tokens for any other host (llama.cpp, vLLM, Ollama, OpenRouter)
+    structured_output = "auto"      # how typed steps ask for JSON: auto | json_schema | json_object |
+                                    #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
+                                    #   back json_schema -> json_object -> prompt when refused
 
 Environment variables (each overridden by the same key in the config file and by a flag):
 
@@ -76,6 +79,8 @@ Environment variables (each overridden by the same key in the config file and by
 ``CONSTRUCT_ANTHROPIC_BASE_URL``    ``[providers.anthropic] base_url`` (likewise ``OPENROUTER``, ``OPENAI``)
 ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD`` ``[providers.openai] max_tokens_field``: ``max_tokens`` or
                                     ``max_completion_tokens`` (default: from the base URL, see above)
+``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT`` ``[providers.openai] structured_output``: ``auto`` (default),
+                                    ``json_schema``, ``json_object`` or ``prompt``
 ``ANTHROPIC_API_KEY`` ...           provider keys, when the config file gives none
 ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
 ``CONSTRUCT_PID_FILE``              tests and the demo: the server writes its process id there
@@ -100,6 +105,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestration.errors import ConfigError
 from orchestration.runtime import Limits
 from orchestration.workers.openai_compat import MaxTokensField
+from orchestration.workers.providers import StructuredOutputMode
 from server.auth import MIN_TOKEN_CHARS
 
 DeploymentMode = Literal["solo", "team", "enterprise"]
@@ -141,6 +147,7 @@ ENV_VARS: dict[str, str] = {
     "CONSTRUCT_OPENROUTER_BASE_URL": "openrouter_base_url",
     "CONSTRUCT_OPENAI_BASE_URL": "openai_base_url",
     "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "openai_max_tokens_field",
+    "CONSTRUCT_OPENAI_STRUCTURED_OUTPUT": "openai_structured_output",
     "CONSTRUCT_FAULT_CRASH_AFTER_WRITES": "fault_crash_after_writes",
     "CONSTRUCT_PID_FILE": "pid_file",
 }
@@ -152,6 +159,7 @@ ENV_ONLY: dict[str, str] = {
     "openrouter_base_url": "write base_url under [providers.openrouter] instead",
     "openai_base_url": "write base_url under [providers.openai] instead",
     "openai_max_tokens_field": "write max_tokens_field under [providers.openai] instead",
+    "openai_structured_output": "write structured_output under [providers.openai] instead",
 }
 
 
@@ -165,6 +173,8 @@ class ProviderTable(BaseModel):
     max_concurrency: int = Field(default=4, ge=1, le=256)
     #: OpenAI-compatible providers only; None: chosen from the base URL.
     max_tokens_field: MaxTokensField | None = None
+    #: How typed steps ask for JSON; None: ``auto``. Anthropic takes ``auto`` or ``prompt``.
+    structured_output: StructuredOutputMode | None = None
 
 
 class _Options(BaseModel):
@@ -202,6 +212,7 @@ class _Options(BaseModel):
     openrouter_base_url: str | None = Field(default=None, min_length=1)
     openai_base_url: str | None = Field(default=None, min_length=1)
     openai_max_tokens_field: MaxTokensField | None = None
+    openai_structured_output: StructuredOutputMode | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
 
     @field_validator("providers")
@@ -214,6 +225,11 @@ class _Options(BaseModel):
             raise ValueError(
                 "[providers.anthropic] takes no max_tokens_field (the Messages API has only max_tokens); "
                 "it applies to openai and openrouter"
+            )
+        if anthropic is not None and anthropic.structured_output in ("json_schema", "json_object"):
+            raise ValueError(
+                "[providers.anthropic] structured_output is 'auto' (a forced tool) or 'prompt'; "
+                "json_schema and json_object apply to openai and openrouter"
             )
         return value
 
@@ -276,6 +292,7 @@ class Settings:
     openrouter_base_url: str | None = None
     openai_base_url: str | None = None
     openai_max_tokens_field: MaxTokensField | None = None
+    openai_structured_output: StructuredOutputMode | None = None
     #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
     providers: Mapping[str, ProviderTable] = field(default_factory=dict, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.

@@ -7,7 +7,9 @@ API key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_AP
 ``claude-*``, else to ``openai`` when an OpenAI-compatible base URL other than OpenRouter's is
 configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers)
 is the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``,
-else the adapter's choice from the base URL. Keys live only in the returned endpoints (kept out of
+else the adapter's choice from the base URL. How typed steps ask for structured output is the
+table's ``structured_output``, else (``openai`` only) ``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT``, else
+``auto``. Keys live only in the returned endpoints (kept out of
 their repr); nothing here logs them.
 """
 
@@ -26,6 +28,7 @@ from orchestration.workers.provider import (
     ProviderName,
     ProviderSettings,
 )
+from orchestration.workers.providers import StructuredOutputMode
 from server.config import Settings
 
 
@@ -48,6 +51,14 @@ def _max_tokens_field(settings: Settings, name: ProviderName) -> MaxTokensField 
     return settings.openai_max_tokens_field if name == "openai" else None
 
 
+def _structured_output(settings: Settings, name: ProviderName) -> StructuredOutputMode:
+    table = settings.providers.get(name)
+    if table is not None and table.structured_output is not None:
+        return table.structured_output
+    chosen = settings.openai_structured_output if name == "openai" else None
+    return chosen or "auto"
+
+
 def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) -> ProviderSettings:
     env = os.environ if env is None else env
     endpoints: dict[str, ProviderEndpoint] = {}
@@ -66,6 +77,7 @@ def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) 
             key_source=key_source,
             max_concurrency=table.max_concurrency if table is not None else 4,
             max_tokens_field=_max_tokens_field(settings, name),
+            structured_output=_structured_output(settings, name),
         )
     openai_url = _configured_base_url(settings, "openai")
     compat: ProviderName = "openrouter"

@@ -1,12 +1,13 @@
 """A readable timeline of a run, rendered from its stored facts (``runs timeline``, the demo).
 
 One line per fact: its sequence number, the time since the run was created, its type and what it
-says. Outputs and prompts are summarized by size (and the first words of an output), never printed
-whole.
+says. Outputs and prompts are summarized by size (and the first words of an output, or of a typed
+output's value), never printed whole.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from orchestration.facts import (
@@ -47,6 +48,8 @@ def describe_fact(fact: Fact) -> str:
     if isinstance(fact, HostOutputSubmitted):
         return f"{fact.task_id}: host answered ({fact.output_chars} chars)"
     if isinstance(fact, TaskCompleted):
+        if fact.value is not None:  # a typed answer: its value says more than the text's start
+            return f"{fact.task_id}: done by {fact.executor}: value {_preview(json.dumps(fact.value))}"
         return f'{fact.task_id}: done by {fact.executor}: "{_preview(fact.output)}"'
     if isinstance(fact, ApprovalRequested):
         return f"{fact.gate_id}: waiting for a decision"

@@ -50,7 +50,7 @@ from orchestration.errors import ConstructError, InvalidArgument, quoted
 from orchestration.models import RunHead
 from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
-from server.arguments import MissingHint, StrictTool, error_result, strict_schema
+from server.arguments import MissingHint, StrictTool, error_result, strict_schema, verbatim_text
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
@@ -265,7 +265,8 @@ async def orchestrate_resume(
         str | None,
         Field(
             description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
-            "output. Omit it only to continue a run that is queued or was interrupted."
+            "output (a JSON object matching next_action.output_schema when that is set; else refused with "
+            "invalid_output). Omit it only to continue a run that is queued or was interrupted."
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
@@ -453,6 +454,7 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
         tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
         assert isinstance(tool, StrictTool)  # from_function builds its own class
         tool.missing = missing or {}
+        tool.fn_metadata = verbatim_text(tool.fn_metadata)
         tool.parameters = strict_schema(tool.parameters, limits)
         tools.append(tool)
 

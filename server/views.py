@@ -15,7 +15,9 @@ first :data:`OUTPUT_PREVIEW_CHARS` characters, its length, its sha256 and the UR
 output, ``run://<run_id>/tasks/<task_id>/output``), and the prompts of the host task to run now are
 the only place upstream outputs appear in full. ``detail="full"`` puts every whole output in the
 view; ``full_task`` puts one task's whole output in it. The request, which the host gave and the
-host task's prompt carries, is a preview too (whole with ``detail="full"``).
+host task's prompt carries, is a preview too (whole with ``detail="full"``). A typed task's validated
+``value`` is shown whole when its JSON is small (:data:`VALUE_INLINE_CHARS`; a verdict with its notes
+is), else only in a full view: its text is the output, one call away like any other.
 
 The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
 :class:`_Outlined`): their top-level fields with types, nested objects as plain objects described in
@@ -25,6 +27,7 @@ made ``tools/list`` about 60 KB, which a host pays for in every conversation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -44,6 +47,10 @@ REQUEST_PREVIEW_CHARS = 200
 
 #: A compact view shows this many characters of each task's output.
 OUTPUT_PREVIEW_CHARS = 300
+
+#: A compact view shows a typed task's validated value whole when its JSON has at most this many
+#: characters (a verdict with its notes, typically); a larger value only in a full view.
+VALUE_INLINE_CHARS = 2000
 
 #: How much of each task's output a view carries: a preview (``compact``) or all of it (``full``).
 Detail = Literal["compact", "full"]
@@ -196,6 +203,11 @@ class TaskView(_View):
     output_uri: str | None = Field(
         default=None, description="The resource that holds the whole output as text/plain."
     )
+    value: dict[str, Any] | None = Field(
+        default=None,
+        description="A typed step's validated answer (it matched the step's output_schema); in a "
+        f"compact view only when its JSON has at most {VALUE_INLINE_CHARS} characters.",
+    )
     error: ErrorView | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -242,6 +254,10 @@ class RunHostTask(_View):
     specialist: str
     system_prompt: str
     user_prompt: str
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="When set, the output must be one JSON object matching this JSON Schema.",
+    )
     instruction: str
 
 
@@ -293,7 +309,7 @@ class RunView(_Outlined):
     idempotency_key: str | None = None
     tasks: list[TaskView] = Field(
         description="Outputs as output_preview, output_chars, output_sha256, output_uri; "
-        "whole in output only when asked for."
+        "whole in output only when asked for; a typed step's validated answer in value."
     )
     gates: list[GateView]
     error: ErrorView | None = None
@@ -349,8 +365,13 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
     )
 
 
-def _task(run_id: str, task: TaskState, output: str | None, whole: bool) -> TaskView:
-    """``whole``: the view carries the whole output; otherwise a preview of it."""
+def _task(
+    run_id: str, task: TaskState, output: str | None, whole: bool, value: dict[str, Any] | None = None
+) -> TaskView:
+    """``whole``: the view carries the whole output (and value); otherwise a preview of it, and the
+    value when it is small (:data:`VALUE_INLINE_CHARS`)."""
+    if value is not None and not whole and len(json.dumps(value, ensure_ascii=False)) > VALUE_INLINE_CHARS:
+        value = None
     return TaskView(
         task_id=task.task_id,
         specialist=task.specialist,
@@ -362,6 +383,7 @@ def _task(run_id: str, task: TaskState, output: str | None, whole: bool) -> Task
         output_chars=len(output) if output is not None else task.output_chars,
         output_sha256=task.output_sha256 if output is not None else None,
         output_uri=output_uri(run_id, task.task_id) if output is not None else None,
+        value=value,
         error=_error(task.error),
         started_at=task.started_at,
         finished_at=task.finished_at,
@@ -439,6 +461,13 @@ def _gate_guards(gate: GateState, head: RunHead) -> str:
     )
 
 
+_TYPED = (
+    " This task's answer is typed: output must be only a JSON object that matches output_schema (no "
+    "prose around it); one that does not match is refused with invalid_output saying what is wrong, "
+    "and nothing is recorded, so fix it and call again."
+)
+
+
 def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     head = snapshot.head
     run_id = head.run_id
@@ -450,16 +479,20 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         )
     if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
         prompt = snapshot.host_task
+        schema = head.chain.step(prompt.task_id).output_schema
+        answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
         return RunHostTask(
             task_id=prompt.task_id,
             specialist=prompt.specialist,
             system_prompt=prompt.system,
             user_prompt=prompt.user,
+            output_schema=schema,
             instruction=(
                 f"Do this task with your own model now: take system_prompt as your instructions and answer "
                 f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
-                f"task_id={prompt.task_id!r}, output=<your complete answer>). The server records your "
+                f"task_id={prompt.task_id!r}, output={answer}). The server records your "
                 "answer verbatim as the task's output and moves the chain on."
+                + ("" if schema is None else _TYPED)
             ),
         )
     if head.status == RunStatus.AWAITING_APPROVAL:
@@ -523,7 +556,13 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         request_chars=len(head.request),
         idempotency_key=head.idempotency_key,
         tasks=[
-            _task(head.run_id, t, snapshot.outputs.get(t.task_id), detail == "full" or t.task_id == full_task)
+            _task(
+                head.run_id,
+                t,
+                snapshot.outputs.get(t.task_id),
+                detail == "full" or t.task_id == full_task,
+                snapshot.values.get(t.task_id),
+            )
             for t in head.tasks
         ],
         gates=[_gate(g) for g in head.gates],

@@ -3,10 +3,17 @@
 Error bodies look like ``{"type": "error", "error": {"type": "overloaded_error", "message": ...},
 "request_id": ...}``; the ``error.type`` is more precise than the HTTP status and is trusted first
 (the status is the fallback for bodies that are not Anthropic's, e.g. a proxy's HTML page).
+
+Typed answers: a request with an ``output_schema`` offers one tool, ``answer``, whose
+``input_schema`` is the schema, and forces it (``tool_choice: {"type": "tool", "name": "answer"}``);
+the reply's ``tool_use`` block's ``input`` is the answer, returned as its JSON text. With
+``structured_output="prompt"`` no tool is offered and the text answer is returned as it is (the
+prompt carries the schema). The caller validates the answer either way.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -38,10 +45,12 @@ from orchestration.workers.classify import (
     should_retry_hint,
 )
 from orchestration.workers.providers import (
+    ANSWER_TOOL,
     RETRYABLE_BY_CODE,
     ProviderCallError,
     ProviderRequest,
     ProviderResponse,
+    StructuredOutputMode,
 )
 from orchestration.workers.providers import ProviderErrorCode as Code
 
@@ -82,7 +91,8 @@ class AnthropicClient:
     ``http`` is shared and owned by the caller (see :func:`~orchestration.workers._http.make_http_client`).
     Arguments after ``http`` are keyword-only so that a key can never be passed where a URL is
     expected (and end up in a log line). ``clock`` dates ``retry-after`` HTTP-dates; ``monotonic``
-    measures latency; both are injectable for tests.
+    measures latency; both are injectable for tests. ``structured_output``: ``auto`` (a forced
+    tool) or ``prompt`` (see the module docstring).
     """
 
     def __init__(
@@ -92,10 +102,16 @@ class AnthropicClient:
         api_key: str,
         base_url: str = ANTHROPIC_BASE_URL,
         anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
+        structured_output: StructuredOutputMode = "auto",
         clock: Clock | None = None,
         monotonic: Monotonic | None = None,
     ) -> None:
         check_api_key(api_key)
+        if structured_output not in ("auto", "prompt"):
+            raise ValueError(
+                f"anthropic structured_output must be 'auto' or 'prompt', not {structured_output!r}"
+            )
+        self._tool = structured_output == "auto"
         self._http = http
         self._api_key = api_key
         self._base_url = normalize_base_url(base_url)
@@ -133,8 +149,7 @@ class AnthropicClient:
             "accept": "application/json",
         }
 
-    @staticmethod
-    def _body(request: ProviderRequest) -> dict[str, Any]:
+    def _body(self, request: ProviderRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_tokens,
@@ -144,6 +159,15 @@ class AnthropicClient:
             body["system"] = request.system
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.output_schema is not None and self._tool:
+            body["tools"] = [
+                {
+                    "name": ANSWER_TOOL,
+                    "description": "Give your answer to the task. Its input is your whole answer.",
+                    "input_schema": dict(request.output_schema),
+                }
+            ]
+            body["tool_choice"] = {"type": "tool", "name": ANSWER_TOOL}
         return body
 
     def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
@@ -234,6 +258,7 @@ def _parse_message(
     stop = raw_stop if isinstance(raw_stop, str) else None
     texts: list[str] = []
     thinking = False
+    answer: str | None = None  # the forced tool's input, as JSON text
     for block in content:
         if not isinstance(block, dict):
             raise facts.failure(Code.MALFORMED_RESPONSE, "a content block is not a JSON object")
@@ -245,6 +270,11 @@ def _parse_message(
             texts.append(text)
         elif kind in _THINKING_BLOCKS:
             thinking = True
+        elif kind == "tool_use" and block.get("name") == ANSWER_TOOL and answer is None:
+            tool_input = block.get("input")
+            if not isinstance(tool_input, dict):
+                raise facts.failure(Code.MALFORMED_RESPONSE, "the tool_use block has no 'input' object")
+            answer = json.dumps(tool_input, ensure_ascii=False)
     text = "".join(texts)
     has_text = bool(text.strip())
 
@@ -267,8 +297,10 @@ def _parse_message(
             Code.TRUNCATED,
             f"the answer was cut at max_tokens={request.max_tokens}; raise max_tokens or narrow the task",
         )
+    if answer is not None and request.output_schema is not None:
+        return ProviderResponse(text=answer, telemetry=facts.telemetry(), stop_reason=stop)
     if stop in ("pause_turn", "tool_use"):
-        # No tools are offered, so the turn is not a finished answer.
+        # No answer tool was used, so the turn is not a finished answer.
         raise facts.failure(Code.TRUNCATED, f"the turn did not complete (stop_reason {stop!r})")
     if not has_text:
         if thinking:

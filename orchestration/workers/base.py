@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.prompts import TaskPrompt
@@ -34,6 +34,8 @@ from orchestration.prompts import TaskPrompt
 class AttemptSucceeded:
     output: str
     telemetry: Telemetry
+    #: the validated value of ``output`` when the step has an ``output_schema`` (None otherwise)
+    value: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ pauses ``awaiting_host`` until ``orchestrate_resume`` brings the output.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from orchestration.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
 from orchestration.models import RunHead, Telemetry, text_hash
@@ -29,9 +30,15 @@ def host_task_prepared(head: RunHead, prompt: TaskPrompt, attempt: int, at: date
 
 
 def host_output_facts(
-    head: RunHead, task_id: str, attempt: int, output: str, at: datetime
+    head: RunHead,
+    task_id: str,
+    attempt: int,
+    output: str,
+    at: datetime,
+    value: dict[str, Any] | None = None,
 ) -> list[HostOutputSubmitted | TaskCompleted]:
-    """The facts of one host answer, written together: the submission and the task's completion."""
+    """The facts of one host answer, written together: the submission and the task's completion.
+    ``value``: the answer's validated value when the step has an output schema."""
     digest = text_hash(output)
     return [
         HostOutputSubmitted(
@@ -51,5 +58,6 @@ def host_output_facts(
             output=output,
             output_sha256=digest,
             telemetry=Telemetry(),
+            value=value,
         ),
     ]

@@ -19,10 +19,22 @@ Error bodies are ``{"error": {"message", "type", "param", "code"}}``; local serv
 used a flat ``{"object": "error", "message": ..., "code": 400}``, some send ``{"error": "text"}``),
 so the error object is looked up leniently. OpenRouter may answer **HTTP 200 with an ``error``
 object** when the upstream model fails mid-way: that is an error, classified by its in-body code.
+
+Typed answers (a request with an ``output_schema``) ask for JSON in one of three modes:
+``json_schema`` (``response_format: {"type": "json_schema", "json_schema": {"name": "answer",
+"schema": ..., "strict": false}}``; not strict, because strict mode refuses ordinary schemas
+without ``additionalProperties: false`` everywhere), ``json_object`` (``{"type": "json_object",
+"schema": ...}``: llama.cpp's servers refuse ``json_schema`` but constrain decoding with this) and
+``prompt`` (no ``response_format``: the prompt's "Answer format" section, then parsing). With
+``structured_output="auto"`` (the default) a 400/422 whose message names ``response_format``,
+``json_schema`` or ``json_object`` moves on to the next mode *within the same attempt*, and the
+client remembers (for the life of the process) the mode the endpoint took, so later calls start
+there. Another value pins one mode, without fallback.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Mapping
@@ -55,10 +67,13 @@ from orchestration.workers.classify import (
     should_retry_hint,
 )
 from orchestration.workers.providers import (
+    ANSWER_TOOL,
     RETRYABLE_BY_CODE,
+    STRUCTURED_OUTPUT_MODES,
     ProviderCallError,
     ProviderRequest,
     ProviderResponse,
+    StructuredOutputMode,
 )
 from orchestration.workers.providers import ProviderErrorCode as Code
 
@@ -71,6 +86,8 @@ __all__ = [
     "default_max_tokens_field",
 ]
 
+log = logging.getLogger("construct.provider")
+
 OPENAI_BASE_URL: Final = "https://api.openai.com"
 OPENROUTER_BASE_URL: Final = "https://openrouter.ai/api"
 
@@ -81,6 +98,10 @@ MAX_TOKENS_FIELDS: Final[tuple[MaxTokensField, ...]] = ("max_completion_tokens",
 
 _CONTENT_FILTER_CODES: Final = frozenset({"content_filter", "content_policy_violation"})
 _MODERATION_MESSAGE = re.compile(r"moderation|flagged", re.IGNORECASE)
+# A refusal of the structured-output request itself (not of the prompt): try the next mode.
+_FORMAT_REFUSED = re.compile(r"response_format|json_schema|json_object", re.IGNORECASE)
+#: The structured-output modes ``auto`` tries, best first.
+_AUTO_MODES: Final[tuple[StructuredOutputMode, ...]] = ("json_schema", "json_object", "prompt")
 # Extra headers whose values are credentials (a gateway's own key header): redacted like the key.
 _SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
 
@@ -92,7 +113,8 @@ class OpenAICompatClient:
     given it is sent as ``Authorization: Bearer``. ``extra_headers`` carries e.g. OpenRouter's
     attribution headers (``HTTP-Referer``, ``X-Title``); it cannot override the auth header.
     ``max_tokens_field`` names the one body field that carries the output limit; None (the default)
-    picks it from the base URL (:func:`default_max_tokens_field`).
+    picks it from the base URL (:func:`default_max_tokens_field`). ``structured_output`` says how
+    a typed answer is asked for (see the module docstring).
     Arguments after ``http`` are keyword-only so that a key cannot be passed where a URL belongs.
     """
 
@@ -104,6 +126,7 @@ class OpenAICompatClient:
         api_key: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         max_tokens_field: MaxTokensField | None = None,
+        structured_output: StructuredOutputMode = "auto",
         clock: Clock | None = None,
         monotonic: Monotonic | None = None,
     ) -> None:
@@ -120,6 +143,13 @@ class OpenAICompatClient:
                 f"max_tokens_field {max_tokens_field!r} is not one of: {', '.join(MAX_TOKENS_FIELDS)}"
             )
         self._max_tokens_field: MaxTokensField = max_tokens_field or default_max_tokens_field(self._base_url)
+        if structured_output not in STRUCTURED_OUTPUT_MODES:
+            raise ValueError(
+                f"structured_output {structured_output!r} is not one of: {', '.join(STRUCTURED_OUTPUT_MODES)}"
+            )
+        self._structured_output: StructuredOutputMode = structured_output
+        #: auto: the mode to start with, learnt from the endpoint's refusals (in process only)
+        self._auto_start = 0
         self._clock: Clock = clock or SystemClock()
         self._monotonic: Monotonic = monotonic or time.monotonic
         sensitive = [v for k, v in self._extra_headers.items() if _SENSITIVE_HEADER.search(k)]
@@ -139,16 +169,46 @@ class OpenAICompatClient:
         """The body field that carries the output limit (the only one sent)."""
         return self._max_tokens_field
 
+    @property
+    def structured_output_mode(self) -> StructuredOutputMode:
+        """The mode the next typed request starts with (``auto`` resolved to what the endpoint took)."""
+        if self._structured_output != "auto":
+            return self._structured_output
+        return _AUTO_MODES[self._auto_start]
+
     def __repr__(self) -> str:
         return f"OpenAICompatClient(base_url={self._base_url!r})"
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
-        """One ``POST /v1/chat/completions``; see :meth:`ProviderClient.complete` for the contract."""
+        """One ``POST /v1/chat/completions``; see :meth:`ProviderClient.complete` for the contract.
+        A typed request (``output_schema``) under ``auto`` may make up to three posts, one per
+        mode, when the endpoint refuses the earlier modes (see the module docstring)."""
+        if request.output_schema is None:
+            return await self._post(request, None)
+        if self._structured_output != "auto":
+            return await self._post(request, self._structured_output)
+        while True:
+            mode = _AUTO_MODES[self._auto_start]
+            try:
+                return await self._post(request, mode)
+            except ProviderCallError as exc:
+                if mode == "prompt" or not _format_refused(exc):
+                    raise
+                log.info(
+                    "%s refused response_format %s; trying %s",
+                    self._provider,
+                    mode,
+                    _AUTO_MODES[self._auto_start + 1],
+                    extra={"action": "provider.structured_output_fallback", "provider": self._provider},
+                )
+                self._auto_start = max(self._auto_start, _AUTO_MODES.index(mode) + 1)
+
+    async def _post(self, request: ProviderRequest, mode: StructuredOutputMode | None) -> ProviderResponse:
         return await complete_once(
             self._http,
             self._url,
             headers=self._headers(),
-            body=self._body(request),
+            body=self._body(request, mode),
             request=request,
             monotonic=self._monotonic,
             facts=AttemptFacts(provider=self._provider, redact=self._redact),
@@ -163,7 +223,7 @@ class OpenAICompatClient:
             headers["authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def _body(self, request: ProviderRequest) -> dict[str, Any]:
+    def _body(self, request: ProviderRequest, mode: StructuredOutputMode | None = None) -> dict[str, Any]:
         messages = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
@@ -175,6 +235,14 @@ class OpenAICompatClient:
         }
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        schema = dict(request.output_schema) if request.output_schema is not None else None
+        if schema is not None and mode == "json_schema":
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": ANSWER_TOOL, "schema": schema, "strict": False},
+            }
+        elif schema is not None and mode == "json_object":
+            body["response_format"] = {"type": "json_object", "schema": schema}
         return body
 
     def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
@@ -248,6 +316,11 @@ class OpenAICompatClient:
             retry_after_seconds=parse_retry_after(exchange.headers, self._clock.now()),
             possible_duplicate_call=possible_duplicate_for(code, exchange.status),
         )
+
+
+def _format_refused(exc: ProviderCallError) -> bool:
+    """The endpoint refused the request's ``response_format`` (a 400/422 naming it)."""
+    return exc.error.http_status in (400, 422) and bool(_FORMAT_REFUSED.search(exc.error.message))
 
 
 def default_max_tokens_field(base_url: str) -> MaxTokensField:

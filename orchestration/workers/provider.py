@@ -16,6 +16,13 @@ Two pieces live here:
   policy's decision folded in (``retryable`` cleared when the policy refuses, ``not_before`` set
   when it allows), so the pure ``decide`` step only has to read the record.
 
+Typed steps (an ``output_schema``): the request asks for structured output (see the adapters and
+``ProviderEndpoint.structured_output``), and the answer is validated here, at the boundary, with
+:func:`~orchestration.schemas.validate_output`. An answer that does not match is a failed attempt
+with the retryable error ``invalid_output`` (what was wrong, where), bounded by the attempt budget
+like any other; the next attempt's user turn ends with a "Your previous answer was rejected"
+section quoting that error (built from the recorded errors, so a resumed run asks the same).
+
 Keys are held only in :class:`ProviderEndpoint` (excluded from its repr) and in the HTTP adapters.
 """
 
@@ -32,7 +39,7 @@ import anyio
 import httpx2
 
 from orchestration.clock import Clock, SystemClock
-from orchestration.errors import InvalidArgument
+from orchestration.errors import InvalidArgument, InvalidOutput
 from orchestration.models import (
     ChainSnapshot,
     ChainStep,
@@ -43,6 +50,7 @@ from orchestration.models import (
 )
 from orchestration.prompts import TaskPrompt
 from orchestration.runtime import ContractResolver, StartRequest
+from orchestration.schemas import validate_output
 from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.workers.openai_compat import (
@@ -51,7 +59,12 @@ from orchestration.workers.openai_compat import (
     MaxTokensField,
     OpenAICompatClient,
 )
-from orchestration.workers.providers import ProviderCallError, ProviderClient, ProviderRequest
+from orchestration.workers.providers import (
+    ProviderCallError,
+    ProviderClient,
+    ProviderRequest,
+    StructuredOutputMode,
+)
 from orchestration.workers.retry import RetryPolicy, Rng
 
 ProviderName = Literal["anthropic", "openrouter", "openai"]
@@ -79,6 +92,9 @@ class ProviderEndpoint:
     #: OpenAI-compatible endpoints: the body field of the output limit; None picks it from the base
     #: URL (see :func:`~orchestration.workers.openai_compat.default_max_tokens_field`)
     max_tokens_field: MaxTokensField | None = None
+    #: how a typed step's request asks for structured output (``auto``: the best the endpoint
+    #: supports; see :data:`~orchestration.workers.providers.StructuredOutputMode`)
+    structured_output: StructuredOutputMode = "auto"
 
     @property
     def key_optional(self) -> bool:
@@ -180,13 +196,19 @@ class ProviderWorker:
         if endpoint.name == "anthropic":
             if endpoint.api_key is None:
                 raise InvalidArgument(f"provider anthropic needs {KEY_VARIABLES['anthropic']}")
-            client = AnthropicClient(self._http, api_key=endpoint.api_key, base_url=endpoint.base_url)
+            client = AnthropicClient(
+                self._http,
+                api_key=endpoint.api_key,
+                base_url=endpoint.base_url,
+                structured_output=endpoint.structured_output,
+            )
         else:
             client = OpenAICompatClient(
                 self._http,
                 base_url=endpoint.base_url,
                 api_key=endpoint.api_key,
                 max_tokens_field=endpoint.max_tokens_field,
+                structured_output=endpoint.structured_output,
             )
         self._clients[provider] = client
         return client
@@ -207,12 +229,14 @@ class ProviderWorker:
         previous_errors: tuple[TypedError, ...],
     ) -> AttemptOutcome:
         provider, model = self._route(contract, step)
+        schema = step.output_schema
         request = ProviderRequest(
             model=model,
             system=prompt.system,
-            user=prompt.user,
+            user=prompt.user + _correction(previous_errors) if schema is not None else prompt.user,
             max_tokens=self.settings.max_tokens,
             timeout_seconds=self.settings.request_timeout_seconds,
+            output_schema=schema,
         )
         try:
             client = self.client(provider)
@@ -224,23 +248,55 @@ class ProviderWorker:
             async with limiter:
                 response = await client.complete(request)
         except ProviderCallError as exc:
-            policy = RetryPolicy(
-                max_attempts=contract.max_attempts,
-                base_delay_seconds=self.policy.base_delay_seconds,
-                max_backoff_seconds=self.policy.max_backoff_seconds,
-                min_jitter=self.policy.min_jitter,
-                max_retries_by_code=self.policy.max_retries_by_code,
-                max_retry_after_seconds=self.policy.max_retry_after_seconds,
+            return self._failed(contract, attempt, previous_errors, exc.error, exc.telemetry)
+        if schema is None:
+            return AttemptSucceeded(response.text, response.telemetry)
+        try:
+            value = validate_output(schema, response.text)
+        except InvalidOutput as exc:
+            error = TypedError(
+                code=InvalidOutput.code,
+                message=exc.message,
+                retryable=True,
+                http_status=response.telemetry.http_status,
+                provider_request_id=response.telemetry.provider_request_id,
             )
-            decision = policy.decide_after(
-                (*previous_errors, exc.error), rng=self.rng, attempt_number=attempt
-            )
-            error = decision.error_to_record(exc.error)
-            not_before = (
-                self.clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
-            )
-            return AttemptFailedOutcome(error, exc.telemetry, not_before)
-        return AttemptSucceeded(response.text, response.telemetry)
+            return self._failed(contract, attempt, previous_errors, error, response.telemetry)
+        return AttemptSucceeded(response.text, response.telemetry, value)
+
+    def _failed(
+        self,
+        contract: ExecutionContract,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+        telemetry: Telemetry,
+    ) -> AttemptFailedOutcome:
+        """The failed outcome of this attempt, with the retry policy's decision folded in."""
+        policy = RetryPolicy(
+            max_attempts=contract.max_attempts,
+            base_delay_seconds=self.policy.base_delay_seconds,
+            max_backoff_seconds=self.policy.max_backoff_seconds,
+            min_jitter=self.policy.min_jitter,
+            max_retries_by_code=self.policy.max_retries_by_code,
+            max_retry_after_seconds=self.policy.max_retry_after_seconds,
+        )
+        decision = policy.decide_after((*previous_errors, error), rng=self.rng, attempt_number=attempt)
+        recorded = decision.error_to_record(error)
+        not_before = self.clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
+        return AttemptFailedOutcome(recorded, telemetry, not_before)
+
+
+def _correction(previous_errors: tuple[TypedError, ...]) -> str:
+    """For a typed step: what was wrong with the latest rejected answer, for the next attempt."""
+    rejected = next((e for e in reversed(previous_errors) if e.code == InvalidOutput.code), None)
+    if rejected is None:
+        return ""
+    return (
+        "\n## Your previous answer was rejected\n\n"
+        f"{rejected.message}\n\n"
+        'Answer again, with only a JSON object that matches the schema under "Answer format".\n'
+    )
 
 
 def contract_resolver(default_backend: WorkerBackend, settings: ProviderSettings | None) -> ContractResolver:

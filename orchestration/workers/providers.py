@@ -24,6 +24,10 @@ is not a usable text is a :class:`ProviderCallError` carrying a
     empty_response            yes (x1)    2xx, no text, normal stop
     malformed_response        yes (x2)    non-JSON 2xx, missing ``content`` / ``choices``
 
+(``invalid_output`` — a usable text that does not match the step's output schema — is not a call
+failure: the provider worker finds it when it validates the answer, and records it as a retryable
+failed attempt.)
+
 ``empty_response`` and ``malformed_response`` are marked ``retryable=True`` here; the *number* of
 retries they deserve ("at most once", "1-2 times") is a policy matter, enforced by
 :class:`orchestration.workers.retry.RetryPolicy` through its per-code caps. The client cannot know
@@ -35,10 +39,11 @@ an exception message, a :class:`TypedError`, :class:`Telemetry` or a log line.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import httpx2
 
@@ -51,10 +56,26 @@ __all__ = [
     "ProviderErrorCode",
     "ProviderRequest",
     "ProviderResponse",
+    "StructuredOutputMode",
     "make_http_client",
 ]
 
 USER_AGENT: Final = "construct-mcp/0.1"
+
+#: How a request asks for an answer matching the step's output schema. ``auto``: the best way the
+#: endpoint supports (Anthropic: a forced tool; OpenAI-compatible: ``json_schema``, falling back to
+#: ``json_object`` with the schema, then to ``prompt``); ``prompt``: only the prompt's "Answer
+#: format" section, then parsing. ``json_schema`` / ``json_object`` pin one OpenAI-compatible mode.
+StructuredOutputMode = Literal["auto", "json_schema", "json_object", "prompt"]
+STRUCTURED_OUTPUT_MODES: Final[tuple[StructuredOutputMode, ...]] = (
+    "auto",
+    "json_schema",
+    "json_object",
+    "prompt",
+)
+
+#: The name of the tool / response format that carries a typed answer.
+ANSWER_TOOL: Final = "answer"
 
 
 class ProviderErrorCode(StrEnum):
@@ -104,6 +125,9 @@ class ProviderRequest:
 
     ``timeout_seconds``, when set, replaces the HTTP client's *read* timeout for this call only
     (a step's own time limit); connect, write and pool timeouts stay as configured on the client.
+    ``output_schema``, when set, asks for a JSON answer matching it, the way the client's
+    :data:`StructuredOutputMode` says; the response's ``text`` is then that JSON (the caller
+    validates it).
     """
 
     model: str
@@ -112,6 +136,7 @@ class ProviderRequest:
     max_tokens: int
     temperature: float | None = None
     timeout_seconds: float | None = None
+    output_schema: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -32,7 +32,9 @@ A reply (:class:`Reply`) is a success by default; ``error`` names a realistic fa
 the dialect of the endpoint that was called (see :data:`ERRORS`; the rendering lives in
 :mod:`tests.fakes.provider_wire`); ``reset`` closes the connection with a TCP RST and no response;
 ``delay_seconds`` waits before answering; ``status``, ``body``, ``raw``, ``headers``,
-``retry_after``, ``retry_after_ms`` and ``should_retry`` override parts of the answer.
+``retry_after``, ``retry_after_ms`` and ``should_retry`` override parts of the answer. A success
+for an Anthropic request that forces a tool (a typed step) whose ``text`` is a JSON object answers
+with that tool's ``tool_use`` block, as a model would; OpenAI-style answers are always the text.
 
 **In process** (from sync or async tests; the server runs in a background thread with its own event
 loop, so it keeps answering while the test's loop awaits)::
@@ -195,7 +197,9 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
             await _reset_connection(request)
             return Response(status_code=500)  # never sent: the connection is gone
         if dialect == "anthropic":
-            wire = anthropic_wire(reply, model, n)
+            choice = payload.get("tool_choice") if isinstance(payload, dict) else None
+            forced = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
+            wire = anthropic_wire(reply, model, n, tool=forced if isinstance(forced, str) else None)
         else:
             wire = openai_wire(reply, model, n, openrouter=dialect == "openrouter")
         return to_response(reply, wire)

@@ -6,6 +6,7 @@ OpenAI-compatible dialect with realistic bodies and headers (``notes/providers.m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -90,7 +91,9 @@ Wire = tuple[int, dict[str, str], Any, str | None]  # status, headers, JSON body
 _HTML_502 = "<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
 
-def anthropic_wire(reply: Reply, model: str, n: int) -> Wire:
+def anthropic_wire(reply: Reply, model: str, n: int, tool: str | None = None) -> Wire:
+    """``tool``: the tool the request forces (typed output); a success whose text is a JSON
+    object then answers as that tool's ``tool_use`` block, as a model would."""
     rid = f"req_fake{n:016d}"
     headers = {"request-id": rid}
     text = reply.text if reply.text is not None else "fake answer"
@@ -121,6 +124,10 @@ def anthropic_wire(reply: Reply, model: str, n: int) -> Wire:
     }
     match reply.error:
         case None:
+            tool_input = _json_object(text) if tool is not None else None
+            if tool_input is not None:
+                block = {"type": "tool_use", "id": f"toolu_fake{n:012d}", "name": tool, "input": tool_input}
+                return message([block], "tool_use")
             return message([{"type": "text", "text": text}], "end_turn")
         case "rate_limited":
             headers["retry-after"] = "1"
@@ -176,6 +183,14 @@ def anthropic_wire(reply: Reply, model: str, n: int) -> Wire:
         case "finish_error":
             return error(200, "api_error", "Internal server error")
     raise AssertionError(reply.error)  # pragma: no cover - ErrorKind is exhaustive
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def openai_wire(reply: Reply, model: str, n: int, *, openrouter: bool) -> Wire:
