@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-import orchestration.runtime as runtime_module
+import orchestration.drive as drive_module
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
 from orchestration.decide import Action, FailTask, StartAttempt, next_action
@@ -92,7 +92,7 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
         heads[head.last_seq] = head
         return action
 
-    monkeypatch.setattr(runtime_module, "next_action", recording_next_action)
+    monkeypatch.setattr(drive_module, "next_action", recording_next_action)
     store = BoundaryStore()
     runtime = make_runtime(store, ScriptedWorker(script), ManualClock(), GATED_CATALOG)
     head, _ = await runtime.start(request)
@@ -157,7 +157,7 @@ async def test_scenarios_cover_every_kind_of_decision(monkeypatch: pytest.Monkey
         seen.add(type(action).__name__)
         return action
 
-    monkeypatch.setattr(runtime_module, "next_action", recording)
+    monkeypatch.setattr(drive_module, "next_action", recording)
     for request, script, decisions in SCENARIOS.values():
         runtime = make_runtime(MemoryStore(), ScriptedWorker(script), ManualClock(), GATED_CATALOG)
         head, _ = await runtime.start(request)

@@ -1,0 +1,473 @@
+"""The decide → act → record loop that advances a run (DESIGN §1): one :class:`Drive` per drive of
+one run, made by :meth:`Runtime.drive <orchestration.runtime.Runtime.drive>` once it holds the
+run's lease.
+
+A drive reads the run, asks the pure :func:`~orchestration.decide.next_action`, does that one
+thing, records the resulting facts in one write, and reads the run again. Every write of a drive is
+fenced by its lease (the store refuses it once a later claim replaced the lease's token), so a drive
+that stalled past its lease while another worker took the run over records nothing more. Meanwhile
+the drive keeps its lease renewed, rides out a short store outage, and watches a provider call in
+flight for a write by anyone else (a cancel).
+
+Nothing is ever decided from a value held in memory across a write: after every write the loop
+re-reads the record, so a restarted process makes exactly the decision the crashed one would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from orchestration.backoff import Backoff, Outage
+from orchestration.clock import Clock
+from orchestration.decide import (
+    PAUSING_ACTIONS,
+    Action,
+    FailTask,
+    FinishRun,
+    PrepareHostTask,
+    RequestApproval,
+    StartAttempt,
+    WaitUntil,
+    next_action,
+)
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    InvalidState,
+    LeaseLost,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from orchestration.facts import (
+    ApprovalRequested,
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+    RunFinished,
+    TaskCompleted,
+    TaskFailed,
+    apply_write,
+)
+from orchestration.models import RunHead, text_hash
+from orchestration.reading import read_prompt
+from orchestration.store import Lease, RunStore
+from orchestration.workers.base import AttemptSucceeded, TaskWorker
+from orchestration.workers.host import host_task_prepared
+
+# The drive's events keep the logger they had when the loop lived in the runtime module.
+log = logging.getLogger("construct.runtime")
+
+#: ``recorded(facts, head)`` is awaited after every write a drive makes (logs it, notifies listeners)
+Recorded = Callable[[Sequence[Fact], RunHead], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class DriveSettings:
+    """The runtime's settings a drive uses (see :class:`~orchestration.runtime.Runtime`), as they
+    were when the drive began."""
+
+    owner: str
+    lease_ttl_seconds: float
+    in_memory_wait_cap_seconds: float
+    cancel_poll_seconds: float
+    store_outage_seconds: float
+
+
+class Drive:
+    """One drive of one run: it advances the run until it pauses or ends (:meth:`run`), holding
+    :attr:`lease`. It holds the loop's state — the run, the lease its writes carry, the store
+    outage it is riding out — and the services it uses, shared with the runtime that made it: the
+    store, the clock, the worker, ``recorded`` (the runtime's log and change notification), the
+    registry of cancel scopes of provider calls in flight (by run id; the runtime's ``cancel``
+    aborts a call through it) and ``stopping`` (whether the runtime is shutting down). Releasing
+    the lease afterwards is the caller's part: see :attr:`lease`."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        store: RunStore,
+        clock: Clock,
+        worker: TaskWorker | None,
+        settings: DriveSettings,
+        recorded: Recorded,
+        cancel_scopes: dict[str, anyio.CancelScope],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.run_id = lease.run_id
+        #: the lease the drive holds, and the one to release once :meth:`run` returns. Renewal
+        #: replaces it (same token, later expiry); a claim the runtime made again on the run meanwhile
+        #: is handed over here (:meth:`hand_over`), so that the drive's next write carries the
+        #: current token.
+        self.lease = lease
+        #: set when a renewal found the lease replaced by another claim (the drive then stops)
+        self.lost = False
+        self.outage = Outage(settings.store_outage_seconds)
+        self.store = store
+        self.clock = clock
+        self.worker = worker
+        self.settings = settings
+        self._recorded = recorded
+        self._cancel_scopes = cancel_scopes
+        self._stopping = stopping
+
+    def hand_over(self, lease: Lease) -> None:
+        """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
+        self.lease = lease
+
+    async def run(self) -> Action | None:
+        """Advance the run until it pauses or ends, and return the pausing action; None when the
+        runtime is stopping. Raises ``LeaseLost`` once another claim replaced the lease,
+        ``StoreUnavailable`` once the store has been failing past the outage limit, and what else
+        the loop met (``CorruptRecord`` for an unreadable record) as itself."""
+        result: Action | None = None
+        error: ConstructError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew_lease, tg.cancel_scope)
+            try:
+                result = await self._loop()
+            except ConstructError as exc:
+                # Raised below, outside the task group, so that the caller gets the error itself
+                # and not an ExceptionGroup around it.
+                error = exc
+            tg.cancel_scope.cancel()
+        if error is None and result is None and self.lost:
+            # The lease keeper found the lease taken by another claim and stopped the drive.
+            error = LeaseLost(
+                f"the lease on run {self.run_id} was claimed by another worker while "
+                f"{self.settings.owner} held it; this drive stopped and leaves the run to the new holder"
+            )
+        elif error is None and result is None and self.outage.over:
+            # The lease keeper stopped the drive: the store stayed away too long.
+            error = StoreUnavailable(
+                f"the store did not answer for {self.outage.seconds:.0f} s (store_outage_seconds is "
+                f"{self.settings.store_outage_seconds:g}); run {self.run_id} stopped and resumes from "
+                "its facts"
+            )
+        if isinstance(error, LeaseLost):
+            log.info(
+                "lease lost: another worker holds the run; this drive stops",
+                extra={"action": "lease_lost", "run_id": self.run_id},
+            )
+        if error is not None:
+            raise error
+        return result
+
+    # -- the lease and the store -------------------------------------------------------------
+
+    async def _renew_lease(self, scope: anyio.CancelScope) -> None:
+        """Keep the drive's lease (:attr:`lease`: same token, later expiry) while the drive runs.
+        Stops the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the
+        lease, or when the store has been failing past the outage limit."""
+        ttl = self.settings.lease_ttl_seconds
+        interval = ttl / 3
+        backoff = Backoff(base=min(0.1, interval), cap=interval)
+        delay = interval
+        while True:
+            await anyio.sleep(delay)
+            lease = self.lease
+            try:
+                renewed = await self.store.renew_lease(lease, ttl, self.clock.now())
+            except LeaseLost:
+                if self.lease is not lease:
+                    # A new claim was handed over meanwhile: renew that one at once.
+                    delay = 0
+                    continue
+                self.lost = True
+                scope.cancel()
+                return
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    scope.cancel()
+                    return
+                # Retry sooner than the renewal interval: the lease may run out meanwhile.
+                delay = backoff.next_delay()
+                continue
+            if self.lease is lease:
+                self.lease = renewed
+            self.outage.recovered()
+            backoff.reset()
+            delay = interval
+
+    def _outage_over(self, exc: StoreError) -> bool:
+        """Count a store failure against the drive's outage; True (and logged) once it is too long,
+        or at once when the runtime is stopping (a shutdown does not wait for the store)."""
+        if self._stopping():
+            return True
+        outage = self.outage
+        if not outage.ongoing:
+            log.warning(
+                "store error during a drive; waiting up to %g s for the store: %s",
+                outage.limit_seconds,
+                exc,
+                extra={"action": "drive_store_error", "run_id": self.run_id, "code": exc.code},
+            )
+        outage.failed()
+        if outage.over:
+            log.warning(
+                "store unavailable for %.1f s: stopping the drive",
+                outage.seconds,
+                extra={"action": "drive_store_outage", "run_id": self.run_id},
+            )
+            return True
+        return False
+
+    async def _load(self) -> RunHead:
+        """The run, read through a store outage up to its limit."""
+        backoff = Backoff(cap=2.0)
+        while True:
+            try:
+                head = await self.store.load(self.run_id)
+            except CorruptRecord:
+                # Unreadable is not unavailable: waiting would not help.
+                raise
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    raise
+                await anyio.sleep(backoff.next_delay())
+                continue
+            self.outage.recovered()
+            return head
+
+    async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        """Record ``facts`` on top of ``head`` (compare-and-swap), fenced by the drive's lease
+        (``LeaseLost`` once another claim replaced it); a store error does not end it: see
+        :meth:`_append_through_outage`."""
+        stored = await self._append_through_outage(head, facts, apply_write(head, facts))
+        await self._recorded(facts, stored)
+        return stored
+
+    async def _fenced_append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead) -> RunHead:
+        """``store.append`` fenced by the drive's lease. ``LeaseLost`` ends the drive, unless a
+        claim of this runtime was handed over during the write: then it is made with that one."""
+        while True:
+            lease = self.lease
+            try:
+                return await self.store.append(head.run_id, head.version, facts, new_head, lease=lease)
+            except LeaseLost:
+                if self.lease is lease:
+                    raise
+
+    async def _append_through_outage(
+        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead
+    ) -> RunHead:
+        """``store.append`` fenced by the drive's lease, riding out a store outage up to its limit.
+
+        After a failed append nobody knows whether it committed (the connection may have died
+        during COMMIT), so it is never simply sent again: the run is re-read first. Still at the
+        version we wrote on: nothing was written, append again (fenced again). Our facts at their
+        sequence numbers: it committed, and that is the result. Anything else: another writer
+        moved the run (``VersionConflict``; the drive decides again from the record). The
+        compare-and-swap makes every path safe: a fact is never lost and never written twice.
+
+        ``LeaseLost`` is not an outage: the store answered, and the answer is that another worker
+        holds the run. It is raised at once, whichever append gets it, and nothing is retried."""
+        run_id = head.run_id
+        outage = self.outage
+        backoff = Backoff(cap=2.0)
+        try:
+            stored = await self._fenced_append(head, facts, new_head)
+        except CorruptRecord:
+            raise
+        except StoreError as exc:
+            if self._outage_over(exc):
+                raise
+        else:
+            outage.recovered()
+            return stored
+        while True:
+            await anyio.sleep(backoff.next_delay())
+            try:
+                current = await self.store.load(run_id)
+                if current.version == head.version:
+                    stored = await self._fenced_append(head, facts, new_head)
+                    outage.recovered()
+                    return stored
+                outage.recovered()
+                if current.version >= new_head.version and await self._has_facts(facts):
+                    log.info(
+                        "an append interrupted by a store error had committed",
+                        extra={"action": "append_reconciled", "run_id": run_id, "version": new_head.version},
+                    )
+                    return new_head
+                raise VersionConflict(run_id, head.version, current.version)
+            except CorruptRecord:
+                raise
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    raise
+
+    async def _has_facts(self, facts: Sequence[Fact]) -> bool:
+        stored = await self.store.read_facts(self.run_id, facts[0].seq - 1, len(facts))
+        return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
+
+    # -- decide -> act -> record ---------------------------------------------------------------
+
+    async def _loop(self) -> Action | None:
+        while not self._stopping():
+            head = await self._load()
+            action = next_action(head, self.clock.now())
+            if isinstance(action, WaitUntil):
+                delay = (action.not_before - self.clock.now()).total_seconds()
+                if delay <= self.settings.in_memory_wait_cap_seconds:
+                    await anyio.sleep(max(0.0, delay))
+                    continue
+                return action
+            if isinstance(action, PAUSING_ACTIONS):
+                return action
+            try:
+                await self._act(head, action)
+            except VersionConflict:
+                # Someone else wrote (an approval, a cancel): re-read and decide again.
+                continue
+        return None
+
+    async def _act(self, head: RunHead, action: Action) -> None:
+        now = self.clock.now()
+        seq = head.last_seq + 1
+        if isinstance(action, RequestApproval):
+            requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
+            await self._append(head, [requested])
+        elif isinstance(action, PrepareHostTask):
+            prompt = await read_prompt(self.store, head, action.task_id)
+            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+        elif isinstance(action, FinishRun):
+            finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
+            await self._append(head, [finished])
+        elif isinstance(action, FailTask):
+            failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
+            await self._append(head, [failed])
+        elif isinstance(action, StartAttempt):
+            await self._attempt(head, action)
+        else:  # pragma: no cover - pausing actions never reach here
+            raise AssertionError(action)
+
+    async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:
+        """While a provider call is in flight, abort it as soon as the run is written to by anyone
+        else (in practice: cancelled from another process or another client), or once the store
+        has been away past the outage limit (its outcome could not be recorded)."""
+        run_id = self.run_id
+        while True:
+            await anyio.sleep(self.settings.cancel_poll_seconds)
+            try:
+                head = await self.store.load(run_id)
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    scope.cancel()
+                    return
+                continue
+            except ConstructError:
+                continue
+            self.outage.recovered()
+            if head.version != version:
+                log.info("run changed during a call", extra={"action": "call_aborted", "run_id": run_id})
+                scope.cancel()
+                return
+
+    async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
+        """One provider attempt: record ``attempt_started`` *before* the call, call, record the
+        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries.
+        Both writes are fenced by the drive's lease: a drive that lost it meanwhile records no
+        outcome (``LeaseLost``), and the worker that holds the run decides about the task."""
+        if self.worker is None:
+            raise InvalidState(
+                f"run {head.run_id} uses the provider backend, which this server has not configured"
+            )
+        step = head.chain.step(action.task_id)
+        executor = head.contract.executor_for(step)
+        prompt = await read_prompt(self.store, head, action.task_id)
+        started = AttemptStarted(
+            seq=head.last_seq + 1,
+            at=self.clock.now(),
+            task_id=action.task_id,
+            attempt=action.attempt,
+            executor=executor,
+            possible_duplicate_call=action.possible_duplicate_call,
+        )
+        head = await self._append(head, [started])
+        previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
+        scope = anyio.CancelScope()
+        self._cancel_scopes[head.run_id] = scope
+        outcome = None
+        # The call may not outlive the run's or the task's deadline.
+        limit = head.wake_at
+        if limit is not None:
+            scope.deadline = anyio.current_time() + max(0.0, (limit - self.clock.now()).total_seconds())
+        run_id = head.run_id
+        version = head.version
+
+        async def call() -> None:
+            nonlocal outcome
+            outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+            watch.cancel()
+
+        try:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    watch = tg.cancel_scope
+                    tg.start_soon(self._watch_for_cancel, version, scope)
+                    await call()
+        finally:
+            self._cancel_scopes.pop(run_id, None)
+        if outcome is None:
+            if self.outage.over:
+                # Stopped by the store outage: the attempt is left as an orphan, retried later.
+                raise StoreUnavailable(
+                    f"the store did not answer for {self.outage.seconds:.0f} s; the call for task "
+                    f"{action.task_id} of run {run_id} was cancelled and will be retried"
+                )
+            # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
+            # In the second case, let the injected clock reach the deadline too, so that the next
+            # decision records deadline_exceeded instead of seeing an orphaned attempt.
+            if limit is not None and anyio.current_time() >= scope.deadline:
+                await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
+            return
+        # The outcome is recorded against the head our attempt_started write produced: if anything
+        # was written since (a cancel), the compare-and-swap fails and the loop decides again.
+        now = self.clock.now()
+        fact: Fact
+        if isinstance(outcome, AttemptSucceeded):
+            fact = TaskCompleted(
+                seq=head.last_seq + 1,
+                at=now,
+                task_id=action.task_id,
+                attempt=action.attempt,
+                executor=executor,
+                output=outcome.output,
+                output_sha256=text_hash(outcome.output),
+                value=outcome.value,
+                telemetry=outcome.telemetry.model_copy(
+                    update={
+                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
+                        or action.possible_duplicate_call
+                    }
+                ),
+            )
+        else:
+            fact = AttemptFailed(
+                seq=head.last_seq + 1,
+                at=now,
+                task_id=action.task_id,
+                attempt=action.attempt,
+                error=outcome.error,
+                telemetry=outcome.telemetry.model_copy(
+                    update={
+                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
+                        or action.possible_duplicate_call
+                    }
+                ),
+                not_before=outcome.not_before,
+            )
+        await self._append(head, [fact])
+
+
+__all__ = ["Drive", "DriveSettings", "Recorded"]

@@ -1,0 +1,79 @@
+"""What callers send to the runtime's use cases: a :class:`StartRequest`, and the :class:`Limits` on
+the size of everything they send; and how a start's execution contract is resolved
+(:data:`ContractResolver`; :func:`inline_contract` when no provider is configured)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestration.errors import InvalidArgument, quoted
+from orchestration.models import ChainSnapshot, ExecutionContract, WorkerBackend, canonical_hash
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits on what callers send (characters, or items for a list). Over a limit is a
+    ``too_large`` error (an idempotency key or a cursor of the wrong length: ``invalid_argument``,
+    since no valid one is that long). Every string a caller sends has one: what is recorded (a
+    comment, an approver) is copied into the run's head or facts, and a 1 MB approver would slow
+    every later write. The MCP tools publish the same bounds in their input schemas."""
+
+    max_request_chars: int = 200_000
+    max_output_chars: int = 1_000_000
+    #: an approval's comment, a cancellation's reason
+    max_comment_chars: int = 20_000
+    max_approver_chars: int = 200
+    max_idempotency_key_chars: int = 200
+    #: a task id, a gate id
+    max_id_chars: int = 100
+    #: a chain, specialist or step name, a provider or model name
+    max_name_chars: int = 100
+    #: the specialists of a chain given as a list, the steps named in approve_before
+    max_list_items: int = 50
+    #: a runs_list cursor (the ones the stores give out are about 150 characters)
+    max_cursor_chars: int = 400
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    request: str
+    chain: str | tuple[str, ...] | None = None
+    approve_before: tuple[str, ...] = ()
+    idempotency_key: str | None = None
+    worker_backend: WorkerBackend | None = None
+    provider: str | None = None
+    model: str | None = None
+    #: the whole run's time limit, from start; passing it fails the run with deadline_exceeded
+    timeout_seconds: float | None = None
+    #: each task's time limit, for steps whose chain definition sets none
+    task_timeout_seconds: float | None = None
+
+    def request_hash(self) -> str:
+        """What makes two starts "the same request" for idempotency."""
+        return canonical_hash(
+            {
+                "request": self.request,
+                "chain": list(self.chain) if isinstance(self.chain, tuple) else self.chain,
+                "approve_before": sorted(self.approve_before),
+                "worker_backend": self.worker_backend,
+                "provider": self.provider,
+                "model": self.model,
+                "timeout_seconds": self.timeout_seconds,
+                "task_timeout_seconds": self.task_timeout_seconds,
+            }
+        )
+
+
+ContractResolver = Callable[[StartRequest, ChainSnapshot], ExecutionContract]
+
+
+def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
+    if request.worker_backend not in (None, "inline"):
+        raise InvalidArgument(
+            f"worker_backend {quoted(request.worker_backend)} is not available on this server; use 'inline'"
+        )
+    return ExecutionContract(worker_backend="inline")
+
+
+__all__ = ["ContractResolver", "Limits", "StartRequest", "inline_contract"]

@@ -1,0 +1,163 @@
+"""The read side of a run: the outputs of its done tasks, a task's prompts, the snapshot a view
+shows, and what the run waits for from a caller. Everything is read from the persisted record (the
+head and the facts it points to), never from a value held in memory, so a restarted process reads
+exactly what the crashed one would have."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    IllegalTransition,
+    InvalidArgument,
+    InvalidState,
+)
+from orchestration.facts import TaskCompleted, with_history
+from orchestration.models import RunHead
+from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
+from orchestration.store import RunStore
+from orchestration.vocabulary import RunStatus, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Everything a view of a run needs: the head with every task's history (see
+    :func:`~orchestration.facts.with_history`), the outputs of done tasks, and the prompts of the
+    task the host must run now (if any), and the validated values of typed outputs."""
+
+    head: RunHead
+    outputs: dict[str, str]
+    host_task: TaskPrompt | None
+    warnings: tuple[str, ...] = ()
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+async def read_outputs(
+    store: RunStore, head: RunHead, task_ids: Sequence[str] | None = None
+) -> dict[str, str]:
+    """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts."""
+    out: dict[str, str] = {}
+    for task in head.tasks:
+        if task.output_seq is None or (task_ids is not None and task.task_id not in task_ids):
+            continue
+        fact = await store.read_fact(head.run_id, task.output_seq)
+        if not isinstance(fact, TaskCompleted):
+            raise InvalidState(f"run {head.run_id}: fact {task.output_seq} is not a task output")
+        out[task.task_id] = fact.output
+    return out
+
+
+async def read_prompt(store: RunStore, head: RunHead, task_id: str) -> TaskPrompt:
+    """Materialize ``task_id``'s prompts from the persisted record only."""
+    upstream = upstream_task_ids(head, task_id)
+    return materialize(head, task_id, await read_outputs(store, head, upstream))
+
+
+async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...] = ()) -> RunSnapshot:
+    """The run as a view shows it, read in one pass over its log (up to ``head``)."""
+    facts = await store.read_facts(head.run_id, 0, head.last_seq)
+    try:
+        head = with_history(head, facts)
+    except (ValueError, IllegalTransition) as exc:
+        raise CorruptRecord(head.run_id, "its fact log", f"it does not fold to its head ({exc})") from exc
+    outputs = {f.task_id: f.output for f in facts if isinstance(f, TaskCompleted)}
+    values = {f.task_id: f.value for f in facts if isinstance(f, TaskCompleted) and f.value is not None}
+    host_task = None
+    awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
+    if awaiting and head.status == RunStatus.AWAITING_HOST:
+        upstream = upstream_task_ids(head, awaiting[0].task_id)
+        host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
+    return RunSnapshot(head, outputs, host_task, warnings, values)
+
+
+# -- what a run waits for ----------------------------------------------------------------------
+
+
+def awaiting_host_task(head: RunHead) -> str | None:
+    """The task awaiting the host's output, if any."""
+    for task in head.tasks:
+        if task.status == TaskStatus.AWAITING_HOST:
+            return task.task_id
+    return None
+
+
+def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructError:
+    """The error for host output given without the task it answers (argument ``name``):
+    ``invalid_argument`` naming the task the run awaits output for, or saying that none is
+    awaited; ``invalid_state`` when the run has ended. It never picks the task itself: a
+    retried call must not record its output as the next task's."""
+    run_id = head.run_id
+    done = [t.task_id for t in head.tasks if t.status == TaskStatus.DONE]
+    recorded = f" (output is recorded already for: {', '.join(done)})" if done else ""
+    if head.status.is_terminal:
+        return InvalidState(
+            f"run {run_id} is {head.status.value}; nothing awaits output ({name} was not given){recorded}"
+        )
+    awaiting = awaiting_host_task(head)
+    if head.status == RunStatus.AWAITING_HOST and awaiting is not None:
+        return InvalidArgument(
+            f"{name} is missing: name the task your output answers. Run {run_id} awaits output "
+            f"for task {awaiting!r}: pass {name}={awaiting!r} if your output is its answer{recorded}"
+        )
+    return InvalidArgument(
+        f"{name} is missing; run {run_id} is {head.status.value} and awaits no host output{recorded}"
+    )
+
+
+def missing_gate_id_error(head: RunHead, name: str = "gate_id") -> ConstructError:
+    """The error for a decision given without the gate it decides (argument ``name``):
+    ``invalid_argument`` naming the gate the run waits at, or saying that none waits;
+    ``invalid_state`` when the run has ended. It never picks the gate itself: a retried
+    approval must not approve the next gate, which nobody has seen."""
+    run_id = head.run_id
+    decided = [f"{g.gate_id} ({g.status})" for g in head.gates if g.decided_at is not None]
+    recorded = f" (already decided: {', '.join(decided)})" if decided else ""
+    if head.status.is_terminal:
+        return InvalidState(
+            f"run {run_id} is {head.status.value}; no gate awaits a decision ({name} was not given){recorded}"
+        )
+    open_gate = next((g for g in head.gates if g.status == "requested"), None)
+    if head.status == RunStatus.AWAITING_APPROVAL and open_gate is not None:
+        return InvalidArgument(
+            f"{name} is missing: name the gate you decide. Run {run_id} awaits a decision at gate "
+            f"{open_gate.gate_id!r}: pass {name}={open_gate.gate_id!r} once the user decided it{recorded}"
+        )
+    return InvalidArgument(
+        f"{name} is missing; run {run_id} is {head.status.value}, not awaiting approval{recorded}"
+    )
+
+
+def require_resumable(head: RunHead) -> RunHead:
+    """For a resume without output: ``head`` if the server can advance the run now, else the
+    error that tells the caller what the run needs instead."""
+    run_id = head.run_id
+    if head.status.is_terminal:
+        raise InvalidState(f"run {run_id} is {head.status.value}; there is nothing to resume")
+    if head.status == RunStatus.AWAITING_APPROVAL:
+        gate = next(g for g in head.gates if g.status == "requested")
+        raise InvalidState(
+            f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
+        )
+    if head.status == RunStatus.AWAITING_HOST:
+        awaiting = awaiting_host_task(head)
+        raise InvalidArgument(
+            f"run {run_id} is awaiting the host's output for task {awaiting!r}; "
+            "call orchestrate_resume with task_id and output"
+        )
+    return head
+
+
+__all__ = [
+    "RunSnapshot",
+    "awaiting_host_task",
+    "missing_gate_id_error",
+    "missing_task_id_error",
+    "read_outputs",
+    "read_prompt",
+    "read_snapshot",
+    "require_resumable",
+]
