@@ -352,7 +352,7 @@ class Runtime:
                     f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
                 )
             attempt = task.attempts[-1].number if task.attempts else 1
-            schema = head.chain.step(task_id).output_schema
+            schema = head.step_of(task_id).output_schema
             # An answer that does not match the step's schema is refused (InvalidOutput) and
             # nothing is recorded: the host corrects it and calls again.
             value = None if schema is None else validate_output(schema, output)

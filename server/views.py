@@ -222,7 +222,7 @@ class TaskView(_View):
 class GateView(_View):
     gate_id: str
     task_id: str
-    position: Literal["before", "after"]
+    position: Literal["before", "after", "exhausted"]
     status: Literal["pending", "requested", "approved", "rejected"]
     requested_at: datetime | None = None
     decided_at: datetime | None = None
@@ -272,7 +272,7 @@ class Approve(_View):
     kind: Literal["approve"] = "approve"
     gate_id: str
     task_id: str
-    position: Literal["before", "after"]
+    position: Literal["before", "after", "exhausted"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
 
@@ -453,7 +453,7 @@ def semantics(head: RunHead) -> str:
 
 
 def _gate_guards(gate: GateState, head: RunHead) -> str:
-    step = head.chain.step(gate.task_id)
+    step = head.step_of(gate.task_id)
     if gate.position == "before":
         return (
             f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
@@ -477,7 +477,7 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         )
     if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
         prompt = snapshot.host_task
-        schema = head.chain.step(prompt.task_id).output_schema
+        schema = head.step_of(prompt.task_id).output_schema
         if schema is None:
             answer = "<your complete answer>"
             typed = ""
