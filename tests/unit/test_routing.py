@@ -15,6 +15,8 @@ from orchestration.models import RECORD_FORMAT, ChainStep, instance_id
 from orchestration.prompts import materialize
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
+from server.timeline import render_timeline
+from server.views import run_view
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, answer_for
@@ -310,3 +312,49 @@ async def test_a_revisited_step_sees_the_notes_that_sent_the_work_back() -> None
     assert (await runtime.snapshot(run_id)).head.task("engineer~2").prompt_sha256 == materialize(
         head, "engineer~2", outputs
     ).sha256
+
+
+# --- views and timeline ------------------------------------------------------------------------
+
+
+async def test_the_view_shows_the_path_the_routes_and_the_loop_history_at_the_gate() -> None:
+    verdicts = {"reviewer": "revise", "reviewer~2": "revise", "reviewer~3": "revise"}
+    runtime = routed_runtime()
+    head, _ = await runtime.start(StartRequest("Build it", chain="review-loop"))
+    answer = answer_for(verdicts)
+    for _ in range(20):
+        await runtime.drive(head.run_id)
+        current = await runtime.status(head.run_id)
+        if current.status != RunStatus.AWAITING_HOST:
+            break
+        task = next(t for t in current.tasks if t.status == TaskStatus.AWAITING_HOST)
+        if task.task_id == "engineer~2":
+            # Mid-loop, a waiting task says what it waits for.
+            mid = run_view(await runtime.snapshot(head.run_id))
+            waits = {t.task_id: t.waits_for for t in mid.tasks}
+            assert waits["engineer~2"] == "the host's output (orchestrate_resume)"
+            assert waits["reviewer~2"] == "task engineer~2" and waits["reviewer"] is None
+        await runtime.submit_host_output(head.run_id, task.task_id, answer(task.task_id))
+    view = run_view(await runtime.snapshot(head.run_id))
+    assert [(t.task_id, t.step, t.visit) for t in view.tasks][2:4] == [
+        ("reviewer", "reviewer", 1),
+        ("engineer~2", "engineer", 2),
+    ]
+    reviewer_step = view.chain.steps[2]
+    assert reviewer_step.routes == {"approve": "end", "revise": "engineer", "reject": "fail"}
+    assert reviewer_step.on_exhausted == "ask" and view.chain.steps[1].max_visits == 3
+    assert [(r.task_id, r.value, r.applied, r.next_task_id) for r in view.routes] == [
+        ("reviewer", "revise", "engineer", "engineer~2"),
+        ("reviewer~2", "revise", "engineer", "engineer~3"),
+        ("reviewer~3", "revise", "ask", None),
+    ]
+    action = view.next_action
+    assert action.kind == "approve" and action.gate_id == "exhausted:reviewer~3"
+    assert action.position == "exhausted"
+    for n, task_id in ((1, "reviewer"), (2, "reviewer~2"), (3, "reviewer~3")):
+        assert f"round {n} ({task_id}): verdict=revise, notes: round notes from {task_id}" in action.guards
+    gate = next(g for g in view.gates if g.gate_id == "exhausted:reviewer~3")
+    assert gate.description == action.guards
+    timeline = render_timeline(await runtime.status(head.run_id), await runtime.store.read_facts(head.run_id))
+    assert "reviewer~2: verdict=revise -> engineer: goes on with engineer~3" in timeline
+    assert "bound reached: engineer had 3 visits; on_exhausted ask" in timeline
