@@ -36,6 +36,7 @@ from typing import Any
 
 from orchestration.models import (
     RESERVED_STEP_NAMES,
+    ChainSnapshot,
     ChainStep,
     GateState,
     RunHead,
@@ -70,6 +71,13 @@ class RoutePlan:
     bounded_step: str | None = None
     visits: int | None = None
     error: TypedError | None = None
+
+
+def chain_format(chain: ChainSnapshot) -> int:
+    """The record format a run of ``chain`` is created with: 2 when a step routes (a server that
+    does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
+    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1."""
+    return 2 if any(step.route_on is not None for step in chain.steps) else 1
 
 
 def route_value_of(step: ChainStep, value: dict[str, Any] | None) -> str | None:
@@ -364,6 +372,7 @@ __all__ = [
     "FAIL",
     "RouteEffect",
     "RoutePlan",
+    "chain_format",
     "check_chain",
     "plan_route",
     "reachable",

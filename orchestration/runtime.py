@@ -66,6 +66,7 @@ from orchestration.reading import (
     require_resumable,
 )
 from orchestration.reading import awaiting_host_task as _awaiting_host_task
+from orchestration.routing import chain_format
 from orchestration.schemas import validate_output
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -275,6 +276,7 @@ class Runtime:
             contract=contract,
             idempotency_key=key,
             request_hash=request.request_hash(),
+            format=chain_format(chain),
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])

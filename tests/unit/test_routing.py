@@ -185,6 +185,15 @@ async def test_revise_revise_approve_runs_three_rounds_as_instances() -> None:
     assert outputs["engineer~2"] == "the work of engineer~2"
 
 
+async def test_a_run_of_a_routing_chain_is_format_2_from_its_creation() -> None:
+    """A server that does not know routes would read the chain as a linear one (and finish the run
+    after the first review): it must refuse the run from its first record on."""
+    runtime = routed_runtime()
+    head, _ = await runtime.start(StartRequest("Build it", chain="review-loop"))
+    [created] = await runtime.store.read_facts(head.run_id)
+    assert created.format == 2 and (await runtime.status(head.run_id)).format == 2
+
+
 async def test_a_linear_run_keeps_format_1_and_step_named_task_ids() -> None:
     runtime = make_runtime()
     head, _ = await runtime.start(StartRequest("Build it"))
