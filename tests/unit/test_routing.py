@@ -4,6 +4,7 @@ carries. The every-prefix check over routed runs is in ``test_route_prefixes.py`
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from orchestration.models import RECORD_FORMAT, ChainStep, instance_id
 from orchestration.prompts import materialize
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
+from server.cli import _print_view as print_view
 from server.timeline import render_timeline
 from server.views import run_view
 from stores.memory import MemoryStore
@@ -364,6 +366,13 @@ async def test_the_view_shows_the_path_the_routes_and_the_loop_history_at_the_ga
         assert f"round {n} ({task_id}): verdict=revise, notes: round notes from {task_id}" in action.guards
     gate = next(g for g in view.gates if g.gate_id == "exhausted:reviewer~3")
     assert gate.description == action.guards
+    printed = io.StringIO()
+    print_view(view, printed)
+    assert "reviewer [verdict: approve->end, revise->engineer, reject->fail]" in printed.getvalue()
+    assert "route reviewer~2: verdict=revise -> engineer: engineer~3" in printed.getvalue()
+    assert "route reviewer~3: verdict=revise -> engineer (bound reached; on_exhausted ask): ask" in (
+        printed.getvalue()
+    )
     timeline = render_timeline(await runtime.status(head.run_id), await runtime.store.read_facts(head.run_id))
     assert "reviewer~2: verdict=revise -> engineer: goes on with engineer~3" in timeline
     assert "bound reached: engineer had 3 visits; on_exhausted ask" in timeline
