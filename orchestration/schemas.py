@@ -20,6 +20,9 @@ from typing import Any, Final
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # ships no type information
 from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from orchestration.errors import InvalidOutput, quoted
 from orchestration.models import canonical_json
@@ -78,7 +81,37 @@ def check_schema(schema: object) -> dict[str, Any]:
         raise ValueError(f"is not a valid JSON Schema: at {where}: {_cut(exc.message)}") from None
     if as_json.get("type") != "object":
         raise ValueError('must describe an object: give it "type": "object" at the top level')
+    _check_refs(as_json)
     return dict(as_json)
+
+
+def _check_refs(schema: dict[str, Any]) -> None:
+    """Every ``$ref`` points inside the schema (``#/$defs/...``) at something that is there:
+    nothing is fetched from elsewhere, and a dangling reference is found now, not when an answer
+    is validated."""
+    uri = "urn:construct:output-schema"
+    resolver = Registry().with_resource(uri, DRAFT202012.create_resource(schema)).resolver(base_uri=uri)
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise ValueError(
+                f"$ref {quoted(ref)} is not inside the schema; use #/$defs/... (nothing is fetched)"
+            )
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise ValueError(f"$ref {quoted(ref)} points at nothing in the schema") from None
+
+
+def _refs(node: object) -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
 
 
 def resolve_schema(spec: object) -> dict[str, Any]:
@@ -108,7 +141,7 @@ def validate_output(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
     body = fenced.group("body") if fenced else text
     try:
         value = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise InvalidOutput(
             f"the answer is not JSON ({_json_problem(exc)}); it starts {quoted(body.strip())}. "
             "Answer with only a JSON object matching the output schema"
@@ -138,9 +171,11 @@ def answer_format(schema: Mapping[str, Any]) -> str:
     )
 
 
-def _json_problem(exc: ValueError) -> str:
+def _json_problem(exc: ValueError | RecursionError) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
     return str(exc)
 
 

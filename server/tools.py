@@ -410,7 +410,8 @@ async def orchestrate_resume(
         str | None,
         Field(
             description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
-            "output. Omit it only to continue a run that is queued or was interrupted."
+            "output (a JSON object matching next_action.output_schema when that is set; else refused with "
+            "invalid_output). Omit it only to continue a run that is queued or was interrupted."
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,

@@ -15,7 +15,9 @@ first :data:`OUTPUT_PREVIEW_CHARS` characters, its length, its sha256 and the UR
 output, ``run://<run_id>/tasks/<task_id>/output``), and the prompts of the host task to run now are
 the only place upstream outputs appear in full. ``detail="full"`` puts every whole output in the
 view; ``full_task`` puts one task's whole output in it. The request, which the host gave and the
-host task's prompt carries, is a preview too (whole with ``detail="full"``).
+host task's prompt carries, is a preview too (whole with ``detail="full"``). A typed task's validated
+``value`` is shown whole when its JSON is small (:data:`VALUE_INLINE_CHARS`; a verdict with its notes
+is), else only in a full view: its text is the output, one call away like any other.
 
 The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
 :class:`_Outlined`): their top-level fields with types, nested objects as plain objects described in
@@ -25,6 +27,7 @@ made ``tools/list`` about 60 KB, which a host pays for in every conversation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -34,15 +37,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from orchestration.errors import InvalidArgument
-from orchestration.models import (
-    AttemptRecord,
-    ChainStep,
-    GateState,
-    RunHead,
-    TaskState,
-    TypedError,
-    canonical_json,
-)
+from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, TaskState, TypedError
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -334,12 +329,10 @@ class RunView(_Outlined):
     idempotency_key: str | None = None
     tasks: list[TaskView] = Field(
         description="Task instances in run order; outputs as output_preview, output_chars, "
-        "output_sha256, output_uri; whole in output only when asked for."
+        "output_sha256, output_uri; whole in output only when asked for; a typed answer in value."
     )
     gates: list[GateView]
-    routes: list[RouteView] = Field(
-        default_factory=list, description="Routing facts: task_id, value, target, applied, next_task_id."
-    )
+    routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
     error: ErrorView | None = None
     totals: Totals
     warnings: list[str] = Field(default_factory=list)
@@ -398,7 +391,7 @@ def _task(
 ) -> TaskView:
     """``whole``: the view carries the whole output (and value); otherwise a preview of it, and the
     value when it is small (:data:`VALUE_INLINE_CHARS`)."""
-    if value is not None and not whole and len(canonical_json(value)) > VALUE_INLINE_CHARS:
+    if value is not None and not whole and len(json.dumps(value, ensure_ascii=False)) > VALUE_INLINE_CHARS:
         value = None
     return TaskView(
         task_id=task.task_id,
@@ -501,6 +494,13 @@ def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
     )
 
 
+_TYPED = (
+    " This task's answer is typed: output must be only a JSON object that matches output_schema (no "
+    "prose around it); one that does not match is refused with invalid_output saying what is wrong, "
+    "and nothing is recorded, so fix it and call again."
+)
+
+
 def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     head = snapshot.head
     run_id = head.run_id
@@ -513,16 +513,7 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
         prompt = snapshot.host_task
         schema = head.step_of(prompt.task_id).output_schema
-        if schema is None:
-            answer = "<your complete answer>"
-            typed = ""
-        else:
-            answer = "<one JSON object matching output_schema>"
-            typed = (
-                " This task's answer is typed: output must be only a JSON object that matches "
-                "output_schema (no prose around it); an answer that does not match is refused with "
-                "invalid_output saying what is wrong, and nothing is recorded, so fix it and call again."
-            )
+        answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
         return RunHostTask(
             task_id=prompt.task_id,
             specialist=prompt.specialist,
@@ -533,7 +524,8 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
                 f"Do this task with your own model now: take system_prompt as your instructions and answer "
                 f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
                 f"task_id={prompt.task_id!r}, output={answer}). The server records your "
-                "answer verbatim as the task's output and moves the chain on." + typed
+                "answer verbatim as the task's output and moves the chain on."
+                + ("" if schema is None else _TYPED)
             ),
         )
     if head.status == RunStatus.AWAITING_APPROVAL:

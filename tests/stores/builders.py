@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from orchestration.facts import (
     ApprovalRequested,
@@ -45,14 +46,16 @@ class Write:
     head: RunHead
 
 
-def chain_snapshot() -> ChainSnapshot:
+def chain_snapshot(reviewer_schema: dict[str, Any] | None = None) -> ChainSnapshot:
     names = ("architect", "engineer", "reviewer")
     return ChainSnapshot(
         name="build",
         steps=(
             ChainStep(name="architect", specialist="architect"),
             ChainStep(name="engineer", specialist="engineer"),
-            ChainStep(name="reviewer", specialist="reviewer", approve_before=True),
+            ChainStep(
+                name="reviewer", specialist="reviewer", approve_before=True, output_schema=reviewer_schema
+            ),
         ),
         specialists=tuple(
             SpecialistSnapshot(name=n, description=f"the {n}", persona=f"You are the {n}.") for n in names
@@ -72,9 +75,10 @@ def new_run(
     request: str = "build a to-do app",
     contract: ExecutionContract | None = None,
     deadline_at: datetime | None = None,
+    reviewer_schema: dict[str, Any] | None = None,
 ) -> tuple[RunHead, list[Fact]]:
     """The head and facts of a run's first write (``create``)."""
-    chain = chain_snapshot()
+    chain = chain_snapshot(reviewer_schema)
     created = RunCreated(
         seq=1,
         at=at,
@@ -107,7 +111,9 @@ def start_attempt(head: RunHead, task_id: str = "architect", *, executor: str = 
     return _write(head, [fact])
 
 
-def complete_task(head: RunHead, task_id: str = "architect", output: str = "the output") -> Write:
+def complete_task(
+    head: RunHead, task_id: str = "architect", output: str = "the output", value: dict[str, Any] | None = None
+) -> Write:
     """Two facts in one write: an attempt starts and the task completes with ``output``."""
     attempt = len(head.task(task_id).attempts) + 1
     at = _later(head)
@@ -123,6 +129,7 @@ def complete_task(head: RunHead, task_id: str = "architect", output: str = "the 
             executor="provider:fake:m",
             output=output,
             output_sha256=text_hash(output),
+            value=value,
         ),
     ]
     return _write(head, facts)

@@ -404,6 +404,23 @@ async def test_any_text_reads_back_exactly(store: RunStore, text: str) -> None:
     assert [h.request for h in page.runs] == [f"request: {text}"]
 
 
+async def test_a_typed_output_and_its_schema_read_back_exactly(store: RunStore) -> None:
+    """A step's output schema (in the chain snapshot) and a typed task's validated value (in its
+    ``task_completed`` fact) are plain JSON and come back as they were written."""
+    schema = {
+        "type": "object",
+        "properties": {"verdict": {"enum": ["approve", "revise"]}, "notes": {"type": "string"}},
+        "required": ["verdict"],
+    }
+    head = await create(store, run_id(1), reviewer_schema=schema)
+    value = {"verdict": "revise", "notes": "a NUL \x00, \U0001f600", "score": 0.5, "tags": [None, True]}
+    head = await commit(store, complete_task(head, "reviewer", '{"verdict": "revise"}', value))
+    loaded = await store.load(run_id(1))
+    assert loaded == head and loaded.chain.step("reviewer").output_schema == schema
+    fact = await store.read_fact(run_id(1), loaded.task("reviewer").output_seq or 0)
+    assert fact.type == "task_completed" and fact.value == value
+
+
 # --------------------------------------------------------------------------------- list_runs
 
 

@@ -66,6 +66,14 @@ steps = [{ specialist = "reviewer", output_schema = { type = "object", propertie
             'must describe an object: give it "type": "object"',
         ),
         ("42", "must be the name of a built-in schema or a table holding a JSON Schema"),
+        (
+            '{ type = "object", properties = { v = { "$ref" = "#/$defs/nope" } } }',
+            "$ref '#/$defs/nope' points at nothing in the schema",
+        ),
+        (
+            '{ type = "object", properties = { v = { "$ref" = "https://example.com/v.json" } } }',
+            "$ref 'https://example.com/v.json' is not inside the schema",
+        ),
     ],
 )
 def test_bad_output_schemas_name_the_file_and_field(tmp_path: Path, value: str, problem: str) -> None:
@@ -79,6 +87,19 @@ def test_bad_output_schemas_name_the_file_and_field(tmp_path: Path, value: str, 
     assert error.file == str(tmp_path / "construct.toml")
     assert error.field == "chains.x.steps[1].output_schema"
     assert problem in error.problem
+
+
+def test_a_schema_may_refer_to_its_own_definitions(tmp_path: Path) -> None:
+    catalog = load(
+        tmp_path,
+        '[chains.x]\nsteps = [{ specialist = "reviewer", output_schema = { type = "object", '
+        '"$defs" = { grade = { enum = ["a", "b"] } }, '
+        'properties = { g = { "$ref" = "#/$defs/grade" } } } }]\n',
+    )
+    schema = catalog.resolve("x").step("reviewer").output_schema
+    assert schema is not None and validate_output(schema, '{"g": "a"}') == {"g": "a"}
+    with pytest.raises(InvalidOutput, match=r"at /g: 'c' is not one of \['a', 'b'\]"):
+        validate_output(schema, '{"g": "c"}')
 
 
 def test_a_schema_is_bounded_in_size(tmp_path: Path) -> None:
@@ -131,6 +152,11 @@ def test_invalid_json_says_where_and_echoes_a_bounded_start() -> None:
     assert "Unterminated string" in message and "line 1 column" in message
     assert "x" * 100 not in message and "(5033 characters)" in message
     assert len(message) < 400
+
+
+def test_json_nested_too_deeply_is_invalid_not_a_crash() -> None:
+    with pytest.raises(InvalidOutput, match="nested too deeply"):
+        validate_output(VERDICT, "[" * 100_000)
 
 
 def test_schema_violations_name_their_json_pointer() -> None:
