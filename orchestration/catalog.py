@@ -25,6 +25,24 @@ an inline table holding a JSON Schema whose top level is ``type = "object"``, e.
 ["score"] }``. It is checked when the file is loaded and resolved into the run's chain snapshot
 (see :mod:`orchestration.schemas`).
 
+A step with a typed output may route on one of its fields, and a run then loops or jumps (the rule
+is in :mod:`orchestration.routing`); the built-in chain ``review-loop`` is::
+
+    [chains.review-loop]
+    steps = [
+      "architect",
+      { specialist = "engineer", max_visits = 3 },
+      { specialist = "reviewer", output_schema = "verdict", route_on = "verdict",
+        routes = { approve = "end", revise = "engineer", reject = "fail" }, on_exhausted = "ask" },
+    ]
+
+``route_on`` names a required field of the step's ``output_schema`` whose values are a fixed set of
+strings (an ``enum``); ``routes`` maps every one of them (and nothing else) to a step of the chain,
+``end`` or ``fail``; ``max_visits`` (default 3) bounds every step's visits; ``on_exhausted`` (on
+the routing step: ``fail`` by default, ``ask``, ``end`` or a later step) says what a route that
+would exceed a bound does instead. Step names cannot be ``end``, ``fail`` or ``ask``, and every
+step must be reachable from the first.
+
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
 the file belong to the server's configuration and are ignored here.
@@ -43,7 +61,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
-from orchestration.models import ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
+from orchestration.models import RESERVED_STEP_NAMES, ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
+from orchestration.routing import check_chain
 from orchestration.schemas import resolve_schema
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
@@ -107,6 +126,10 @@ class _StepConfig(_Strict):
     #: a built-in schema's name or a JSON Schema table; checked by :func:`resolve_schema`, which
     #: says more than a pydantic union error would
     output_schema: Any = None
+    route_on: str | None = Field(default=None, min_length=1, max_length=100)
+    routes: dict[str, str] | None = None
+    max_visits: int = Field(default=3, ge=1, le=100)
+    on_exhausted: str = "fail"
 
     _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
 
@@ -155,7 +178,26 @@ class Catalog:
             "architect designs, engineer builds, reviewer reviews",
             tuple(ChainStep(name=n, specialist=n) for n in ("architect", "engineer", "reviewer")),
         )
-        return cls(specialists, {"default": default})
+        review_loop = ChainDefinition(
+            "review-loop",
+            "architect designs, engineer builds, reviewer approves (the run ends), asks for a "
+            "revision (back to the engineer with the notes, at most 3 engineer rounds, then a human "
+            "decides) or rejects (the run fails)",
+            (
+                ChainStep(name="architect", specialist="architect"),
+                ChainStep(name="engineer", specialist="engineer", max_visits=3),
+                ChainStep(
+                    name="reviewer",
+                    specialist="reviewer",
+                    output_schema=resolve_schema("verdict"),
+                    route_on="verdict",
+                    routes={"approve": "end", "revise": "engineer", "reject": "fail"},
+                    on_exhausted="ask",
+                ),
+            ),
+        )
+        assert check_chain(review_loop.steps) is None
+        return cls(specialists, {"default": default, "review-loop": review_loop})
 
     @classmethod
     def load(cls, path: Path | None) -> Catalog:
@@ -244,12 +286,19 @@ class Catalog:
                         model=step_cfg.model,
                         timeout_seconds=step_cfg.timeout_seconds,
                         output_schema=schema,
+                        route_on=step_cfg.route_on,
+                        routes=step_cfg.routes,
+                        max_visits=step_cfg.max_visits,
+                        on_exhausted=step_cfg.on_exhausted,
                     )
                 )
             try:
                 steps = _unique_names(steps)
             except ValueError as exc:
                 raise ConfigError(source, f"{where}.steps", str(exc)) from None
+            problem = check_chain(steps)
+            if problem is not None:
+                raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
             chains[name] = ChainDefinition(name, chain.description, tuple(steps))
         return Catalog(specialists, chains, source)
 
@@ -287,6 +336,12 @@ class Catalog:
                     )
             name = "custom"
             steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
+            reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
+            if reserved:
+                raise InvalidArgument(
+                    f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
+                    "targets); define a chain that gives the step another name"
+                )
         step_names = [s.name for s in steps]
         for gated in approve_before:
             if gated not in step_names:

@@ -9,6 +9,17 @@ that for every prefix of full runs' fact logs.
 
 Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``WaitUntil``) or end (``Idle``) make the
 loop return; the others are acted on.
+
+**Task instances and routes.** The run's tasks are task instances, in the order they run
+(``head.tasks``); a linear chain has one per step, named after it, exactly as before steps could
+be revisited. The first instance that is not settled decides, as a step did. A done task of a
+routing step that has no routing fact yet gives :class:`RouteTask`: the plan of
+:func:`orchestration.routing.plan_route`, made from the routed value the head keeps on the task,
+which the drive records as a ``route_decided`` fact. Its fold makes the route happen — new
+instances for a loop back, skipped instances for a jump forward, the run's end for ``end`` or
+``fail``, an ``exhausted:<task>`` gate for a bound reached with ``on_exhausted = "ask"`` (the rule,
+in full, is in :mod:`orchestration.routing`). Approving that gate accepts the work: the decision
+is then ``FinishRun("completed")``.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from typing import Literal
 
 from orchestration.facts import task_deadline
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
+from orchestration.routing import ASK, RoutePlan, plan_route
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 
@@ -59,6 +71,14 @@ class FailTask:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteTask:
+    """Record where the done routing task ``plan.task_id`` sends the run (a ``route_decided``
+    fact carrying ``plan``)."""
+
+    plan: RoutePlan
+
+
+@dataclass(frozen=True, slots=True)
 class WaitUntil:
     """A durable wait: nothing to do before ``not_before``."""
 
@@ -85,6 +105,7 @@ Action = (
     | AwaitHost
     | StartAttempt
     | FailTask
+    | RouteTask
     | WaitUntil
     | FinishRun
     | Idle
@@ -153,8 +174,8 @@ def next_action(head: RunHead, now: datetime) -> Action:
                 return FailTask(task.task_id, error)
         return FinishRun("failed", error)
     any_failed = False
-    for step in head.chain.steps:
-        task = head.task(step.name)
+    for task in head.tasks:
+        step = head.chain.step(task.step_name)
         if task.status.is_terminal:
             if task.status == TaskStatus.FAILED:
                 if step.on_failure == "fail":
@@ -162,12 +183,21 @@ def next_action(head: RunHead, now: datetime) -> Action:
                 any_failed = True
                 continue
             if task.status == TaskStatus.DONE and step.approve_after:
-                action = _gate_action(head, gate_id_for("after", step.name))
+                action = _gate_action(head, gate_id_for("after", task.task_id))
                 if action is not None:
                     return action
+            if task.status == TaskStatus.DONE and step.route_on is not None:
+                if task.routed_to is None:
+                    return RouteTask(plan_route(head, task))
+                if task.routed_to == ASK:
+                    action = _gate_action(head, gate_id_for("exhausted", task.task_id))
+                    if action is not None:
+                        return action
+                    # The gate was approved: the work is accepted as it is.
+                    return FinishRun("completed_with_failures" if any_failed else "completed")
             continue
         if step.approve_before:
-            action = _gate_action(head, gate_id_for("before", step.name))
+            action = _gate_action(head, gate_id_for("before", task.task_id))
             if action is not None:
                 return action
         deadline = task_deadline(head, task)

@@ -30,6 +30,7 @@ from orchestration.decide import (
     FinishRun,
     PrepareHostTask,
     RequestApproval,
+    RouteTask,
     StartAttempt,
     WaitUntil,
     next_action,
@@ -52,6 +53,7 @@ from orchestration.facts import (
     TaskCompleted,
     TaskFailed,
     apply_write,
+    route_decided,
 )
 from orchestration.models import RunHead, text_hash
 from orchestration.reading import read_prompt
@@ -346,6 +348,8 @@ class Drive:
             await self._append(head, [failed])
         elif isinstance(action, StartAttempt):
             await self._attempt(head, action)
+        elif isinstance(action, RouteTask):
+            await self._append(head, [route_decided(action.plan, seq, now)])
         else:  # pragma: no cover - pausing actions never reach here
             raise AssertionError(action)
 
@@ -382,7 +386,7 @@ class Drive:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
-        step = head.chain.step(action.task_id)
+        step = head.step_of(action.task_id)
         executor = head.contract.executor_for(step)
         prompt = await read_prompt(self.store, head, action.task_id)
         started = AttemptStarted(

@@ -59,6 +59,7 @@ from orchestration.models import (
     TypedError,
     gate_id_for,
 )
+from orchestration.routing import RoutePlan, route_effect, route_value_of
 from orchestration.vocabulary import (
     RunStatus,
     TaskStatus,
@@ -151,6 +152,7 @@ class TaskCompleted(_Fact):
     #: The validated value of ``output`` for a step with an ``output_schema`` (None otherwise).
     #: Added without a new record format ("Record formats" above): a fact without it is the output
     #: of an untyped step, and a reader that does not know the field loses nothing it decides on.
+    #: (A routed value is decided on; but a run that routes holds route_decided facts, format 2.)
     value: dict[str, Any] | None = None
 
 
@@ -158,6 +160,47 @@ class TaskFailed(_Fact):
     type: Literal["task_failed"] = "task_failed"
     task_id: str
     error: TypedError
+
+
+class RouteDecided(_Fact):
+    """Where a routing task's validated output sent the run (see :mod:`orchestration.routing`):
+    which task and output fact, which field and value, the route's target, and what was done —
+    the target, or the routing step's ``on_exhausted`` when the target's bound was reached.
+    Written by the drive from ``next_action``'s ``RouteTask``; folding it creates the instances a
+    loop needs, skips what a forward route jumps over, or ends the run (``end``/``fail``)."""
+
+    type: Literal["route_decided"] = "route_decided"
+    format: int = Field(default=2, ge=1)
+    task_id: str
+    output_seq: int
+    route_on: str
+    value: str | None
+    target: str
+    applied: str
+    next_task_id: str | None = None
+    exhausted: bool = False
+    bounded_step: str | None = None
+    visits: int | None = None
+    error: TypedError | None = None
+
+
+def route_decided(plan: RoutePlan, seq: int, at: datetime) -> RouteDecided:
+    """The fact that records ``plan`` (made by ``next_action``) as the ``seq``-th fact."""
+    return RouteDecided(
+        seq=seq,
+        at=at,
+        task_id=plan.task_id,
+        output_seq=plan.output_seq,
+        route_on=plan.route_on,
+        value=plan.value,
+        target=plan.target,
+        applied=plan.applied,
+        next_task_id=plan.next_task_id,
+        exhausted=plan.exhausted,
+        bounded_step=plan.bounded_step,
+        visits=plan.visits,
+        error=plan.error,
+    )
 
 
 class RunCancelled(_Fact):
@@ -182,6 +225,7 @@ Fact = Annotated[
     | AttemptFailed
     | TaskCompleted
     | TaskFailed
+    | RouteDecided
     | RunCancelled
     | RunFinished,
     Field(discriminator="type"),
@@ -285,10 +329,11 @@ def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[
 
 
 def _settle_finished(before: tuple[TaskState, ...], after: tuple[TaskState, ...]) -> tuple[TaskState, ...]:
-    """``after`` with every task that this fact made terminal settled (see ``TaskState.settled``)."""
+    """``after`` with every task that this fact made terminal settled (see ``TaskState.settled``).
+    Tasks are matched by id: a route may insert new instances."""
+    old = {t.task_id: t for t in before}
     return tuple(
-        new if new is old or not new.status.is_terminal else new.settled()
-        for old, new in zip(before, after, strict=True)
+        new if old.get(new.task_id) is new or not new.status.is_terminal else new.settled() for new in after
     )
 
 
@@ -415,6 +460,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         attempts = _replace_attempt(
             task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=fact.telemetry
         )
+        routed = route_value_of(head.chain.step(task.step_name), fact.value)
         update["tasks"] = _task_update(
             head,
             fact.task_id,
@@ -426,6 +472,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             output_sha256=fact.output_sha256,
             finished_at=fact.at,
             error=None,
+            **({} if routed is None else {"route_value": routed}),
         )
         update["not_before"] = None
         update |= _with_status(head, RunStatus.QUEUED)
@@ -442,6 +489,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         )
         update["not_before"] = None
         update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, RouteDecided):
+        update |= _route(head, fact)
     elif isinstance(fact, RunCancelled):
         update |= _with_status(head, RunStatus.CANCELLED)
         update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
@@ -451,7 +500,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update |= _with_status(head, RunStatus(fact.status))
         update["error"] = fact.error
         update["finished_at"] = fact.at
-        if fact.status == "failed":
+        if fact.status == "failed" or any(not t.status.is_terminal for t in head.tasks):
+            # A run that completes with tasks not run (an exhausted loop's work accepted at its
+            # gate) skips them, as a failed one does.
             update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
@@ -462,11 +513,35 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     return new_head.model_copy(update={"wake_at": wake_at(new_head)})
 
 
+def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
+    """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.routing`)."""
+    try:
+        task = head.task(fact.task_id)
+    except KeyError:
+        raise IllegalTransition(f"run {head.run_id} has no task {fact.task_id!r}") from None
+    step = head.chain.step(task.step_name)
+    if step.route_on is None or task.status != TaskStatus.DONE or task.routed_to is not None:
+        raise IllegalTransition(f"task {fact.task_id} cannot be routed (it is {task.status.value})")
+    try:
+        effect = route_effect(head, fact.task_id, fact.applied, fact.next_task_id, fact.at)
+    except (KeyError, ValueError) as exc:
+        raise IllegalTransition(f"run {head.run_id}: route of {fact.task_id}: {exc}") from None
+    update: dict[str, object] = {"tasks": effect.tasks, "gates": effect.gates}
+    if effect.ends == "completed":
+        update |= _with_status(head, RunStatus.COMPLETED)
+        update["finished_at"] = fact.at
+    elif effect.ends == "failed":
+        update |= _with_status(head, RunStatus.FAILED)
+        update["error"] = fact.error
+        update["finished_at"] = fact.at
+    return update
+
+
 def task_deadline(head: RunHead, task: TaskState) -> datetime | None:
     """When the task in progress runs out of time (its step's ``timeout_seconds`` after it started)."""
     if task.status not in (TaskStatus.RUNNING, TaskStatus.AWAITING_HOST) or task.started_at is None:
         return None
-    timeout = head.chain.step(task.task_id).timeout_seconds
+    timeout = head.chain.step(task.step_name).timeout_seconds
     return None if timeout is None else task.started_at + timedelta(seconds=timeout)
 
 

@@ -14,14 +14,14 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 #: The newest stored-record format this code understands.
 #: Every stored head and fact states the format a reader must understand to read it; a record
 #: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 
 
 class Frozen(BaseModel):
@@ -36,10 +36,26 @@ OnFailure = Literal["fail", "continue"]
 WorkerBackend = Literal["inline", "provider"]
 
 
-class ChainStep(Frozen):
-    """One step of a chain: a named task run by one specialist."""
+#: Separates a step's name from its visit number in the id of a later task instance
+#: (``engineer~2``). Step names never contain it, so an instance id is never a step name.
+INSTANCE_SEPARATOR = "~"
 
-    name: str = Field(description="Unique within the chain; also the task id.")
+#: Route targets that are not steps: ``end`` finishes the run, ``fail`` fails it. ``ask`` is an
+#: ``on_exhausted`` choice (a human decides). No step may be called any of these.
+RESERVED_STEP_NAMES = frozenset({"end", "fail", "ask"})
+
+
+class ChainStep(Frozen):
+    """One step of a chain: a named task run by one specialist.
+
+    A step with an ``output_schema`` may *route* on one of its output's fields (``route_on``):
+    ``routes`` maps each value the schema allows to a step name, ``end`` or ``fail``. Each visit of
+    a step is a task instance of its own (see :func:`instance_id`); ``max_visits`` bounds them, and
+    the routing step's ``on_exhausted`` says what happens when a route would exceed a bound
+    (``fail``, ``end``, ``ask`` or a later step's name). :mod:`orchestration.routing` holds the
+    rules and the checks made when a chain is loaded."""
+
+    name: str = Field(description="Unique within the chain; the first visit's task id.")
     specialist: str
     approve_before: bool = False
     approve_after: bool = False
@@ -52,6 +68,19 @@ class ChainStep(Frozen):
     #: Added without a new record format: a snapshot without it is a chain of free-text steps,
     #: which is what it was when it was written.
     output_schema: dict[str, Any] | None = None
+    #: the field of the output this step routes on, and where each of its values goes
+    #: (a step name, ``end`` or ``fail``); a snapshot without them is a linear chain
+    route_on: str | None = None
+    routes: dict[str, str] | None = None
+    max_visits: int = Field(default=3, ge=1)
+    on_exhausted: str = "fail"
+
+    @field_validator("name")
+    @classmethod
+    def _no_separator(cls, value: str) -> str:
+        if INSTANCE_SEPARATOR in value:
+            raise ValueError(f"a step name cannot contain {INSTANCE_SEPARATOR!r} (it marks later visits)")
+        return value
 
 
 class SpecialistSnapshot(Frozen):
@@ -73,6 +102,13 @@ class ChainSnapshot(Frozen):
         for step in self.steps:
             if step.name == name:
                 return step
+        raise KeyError(name)
+
+    def index(self, name: str) -> int:
+        """The position of step ``name`` in the chain (KeyError when it has none)."""
+        for i, step in enumerate(self.steps):
+            if step.name == name:
+                return i
         raise KeyError(name)
 
     def specialist(self, name: str) -> SpecialistSnapshot:
@@ -140,10 +176,26 @@ class TaskState(Frozen):
     the sequence number of its output fact and its error. Its history stays in the fact log, and
     :func:`orchestration.facts.with_history` folds it back for views. So the head, which a store
     rewrites at every append, does not grow as tasks finish, and neither does the cost of a write.
+
+    A task is one *instance* of a chain step: ``step`` names the step and ``visit`` counts its
+    visits (both absent for a first visit, whose task id is the step name: so every head written
+    before steps could be revisited reads the same). A routing step's settled task keeps the value
+    of the field it routes on (``route_value``, small) and what its route did (``routed_to``),
+    which is all :func:`~orchestration.decide.next_action` needs; the output stays in its fact.
     """
 
     task_id: str
     specialist: str
+    #: the chain step this task instantiates; None: the step named ``task_id``
+    step: str | None = None
+    #: which visit of its step this is; None: the first
+    visit: int | None = None
+    #: the routing task whose route created this instance (its output sent the work back)
+    sent_back_by: str | None = None
+    #: a routing step's task: the value of the field it routes on, from its validated output
+    route_value: str | None = None
+    #: a routing step's task, once routed: the task the run went on with, or end, fail or ask
+    routed_to: str | None = None
     status: TaskStatus = TaskStatus.PENDING
     executor: str | None = None
     attempts: tuple[AttemptRecord, ...] = ()
@@ -157,19 +209,43 @@ class TaskState(Frozen):
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
+    @property
+    def step_name(self) -> str:
+        """The chain step this task instantiates."""
+        return self.step or self.task_id
+
+    @property
+    def visit_number(self) -> int:
+        return self.visit or 1
+
     def settled(self) -> TaskState:
         """This terminal task as the head keeps it: what deciding and reading outputs need."""
         return TaskState(
             task_id=self.task_id,
             specialist=self.specialist,
+            step=self.step,
+            visit=self.visit,
+            sent_back_by=self.sent_back_by,
+            route_value=self.route_value,
+            routed_to=self.routed_to,
             status=self.status,
             output_seq=self.output_seq,
             error=self.error,
         )
 
 
+def instance_id(step: str, visit: int) -> str:
+    """The task id of a step's ``visit``-th instance: the step's name for the first visit (as in
+    every run recorded before steps could be revisited), ``engineer~2`` for the second, and so
+    on. Unique within a run, URI-safe (``~`` is unreserved in RFC 3986) and never a step name."""
+    return step if visit == 1 else f"{step}{INSTANCE_SEPARATOR}{visit}"
+
+
 GateStatus = Literal["pending", "requested", "approved", "rejected"]
-GatePosition = Literal["before", "after"]
+#: ``exhausted``: a routing task's route would exceed a step's ``max_visits`` and its step's
+#: ``on_exhausted`` is ``ask``: a human decides whether the work is accepted (gate id
+#: ``exhausted:<task id>``)
+GatePosition = Literal["before", "after", "exhausted"]
 
 
 class GateState(Frozen):
@@ -227,6 +303,10 @@ class RunHead(Frozen):
             if task.task_id == task_id:
                 return task
         raise KeyError(task_id)
+
+    def step_of(self, task_id: str) -> ChainStep:
+        """The chain step task ``task_id`` instantiates (KeyError for an unknown task)."""
+        return self.chain.step(self.task(task_id).step_name)
 
     def gate(self, gate_id: str) -> GateState | None:
         for gate in self.gates:

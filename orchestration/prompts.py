@@ -6,6 +6,12 @@ comments approvers left on gates passed so far; a step with an ``output_schema``
 format" section giving the schema (every backend, so a provider asked for structured output only
 through its prompt gets it too). The same run record always gives the same prompt,
 byte for byte: nothing here reads a clock, the environment or the config file.
+
+A later visit of a step (``engineer~2``, created by a route back) sees, for each step before its own
+in the chain, the output of that step's latest done instance that ran before it (so the architect's
+design, and for ``reviewer~2`` the work of ``engineer~2``), labelled with the instance's id; and,
+under "Sent back by", the output of the routing task whose route created it (the reviewer's notes).
+A routing step is told what each value of its routed field does.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestration.models import RunHead, text_hash
+from orchestration.models import RunHead, TaskState, text_hash
+from orchestration.routing import routing_note
 from orchestration.schemas import answer_format
 from orchestration.vocabulary import TaskStatus
 
@@ -30,14 +37,31 @@ class TaskPrompt:
         return text_hash(self.system + "\x00" + self.user)
 
 
+def _position(head: RunHead, task_id: str) -> int:
+    return next(i for i, t in enumerate(head.tasks) if t.task_id == task_id)
+
+
+def _earlier_steps(head: RunHead, task: TaskState) -> list[TaskState]:
+    """For each step before ``task``'s in the chain, its latest instance that ran before ``task``
+    (for a linear chain: the tasks before it)."""
+    position = _position(head, task.task_id)
+    before = head.tasks[:position]
+    out: list[TaskState] = []
+    for step in head.chain.steps[: head.chain.index(task.step_name)]:
+        instances = [t for t in before if t.step_name == step.name and t.status != TaskStatus.SKIPPED]
+        if instances:
+            out.append(instances[-1])
+    return out
+
+
 def upstream_task_ids(head: RunHead, task_id: str) -> list[str]:
-    """The done tasks before ``task_id`` whose outputs its prompt includes."""
-    ids: list[str] = []
-    for step in head.chain.steps:
-        if step.name == task_id:
-            break
-        if head.task(step.name).status == TaskStatus.DONE:
-            ids.append(step.name)
+    """The done tasks whose outputs ``task_id``'s prompt includes: the latest done instance of each
+    earlier step, and the routing task that sent the work back (if any), last."""
+    task = head.task(task_id)
+    ids = [t.task_id for t in _earlier_steps(head, task) if t.status == TaskStatus.DONE]
+    sender = task.sent_back_by
+    if sender is not None and sender not in ids and head.task(sender).status == TaskStatus.DONE:
+        ids.append(sender)
     return ids
 
 
@@ -45,34 +69,53 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
     """The prompts for ``task_id``. ``outputs`` maps the ids from :func:`upstream_task_ids` to their
     persisted outputs; a missing one is a programming error (KeyError)."""
     steps = head.chain.steps
-    index = next(i for i, s in enumerate(steps) if s.name == task_id)
+    task = head.task(task_id)
+    index = head.chain.index(task.step_name)
     step = steps[index]
     specialist = head.chain.specialist(step.specialist)
+    visit = task.visit_number
+    round_note = f", round {visit} (task {task_id})" if visit > 1 else ""
     parts = [
-        f'You are step {index + 1} of {len(steps)} ("{step.name}", the {specialist.name}) in the '
-        f'chain "{head.chain.name}": {" -> ".join(s.name for s in steps)}.',
+        f'You are step {index + 1} of {len(steps)} ("{step.name}", the {specialist.name}){round_note} in '
+        f'the chain "{head.chain.name}": {" -> ".join(s.name for s in steps)}.',
         "",
         "## Request",
         "",
         head.request.strip(),
     ]
-    upstream = upstream_task_ids(head, task_id)
+    sender = task.sent_back_by
+    upstream = [tid for tid in upstream_task_ids(head, task_id) if tid != sender]
     if upstream:
         parts += ["", "## Work so far"]
         for tid in upstream:
             spec = head.task(tid).specialist
             parts += ["", f"### {tid} ({spec})", "", outputs[tid].strip()]
+    if sender is not None and sender in outputs:
+        by = head.task(sender)
+        parts += [
+            "",
+            f"## Sent back by {by.step_name} (round {by.visit_number}, task {sender})",
+            "",
+            f"The {by.step_name}'s output below sent the work back for round {visit} of {step.name}. "
+            "Take it into account.",
+            "",
+            outputs[sender].strip(),
+        ]
+    position = _position(head, task_id)
+    order = {t.task_id: i for i, t in enumerate(head.tasks)}
     notes = [
         g
         for g in head.gates
-        if g.status == "approved" and g.comment and _gate_precedes(head, g.task_id, g.position, task_id)
+        if g.status == "approved"
+        and g.comment
+        and (order[g.task_id] < position or (g.task_id == task_id and g.position == "before"))
     ]
     if notes:
         parts += ["", "## Approver notes"]
         for gate in notes:
             who = f" ({gate.approver})" if gate.approver else ""
             parts += ["", f"- {gate.gate_id}{who}: {gate.comment}"]
-    failed = [s.name for s in steps[:index] if head.task(s.name).status == TaskStatus.FAILED]
+    failed = [t.task_id for t in head.tasks[:position] if t.status == TaskStatus.FAILED]
     if failed:
         parts += ["", f"Note: these earlier steps failed and produced no output: {', '.join(failed)}."]
     parts += [
@@ -82,12 +125,9 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
         f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
         "Build on the work so far; the next step sees only what you write.",
     ]
+    note = routing_note(step)
+    if note is not None:
+        parts += ["", note]
     if step.output_schema is not None:
         parts += ["", "## Answer format", "", answer_format(step.output_schema)]
     return TaskPrompt(task_id, specialist.name, specialist.persona, "\n".join(parts) + "\n")
-
-
-def _gate_precedes(head: RunHead, gate_task: str, position: str, task_id: str) -> bool:
-    order = [s.name for s in head.chain.steps]
-    gate_index, task_index = order.index(gate_task), order.index(task_id)
-    return gate_index < task_index or (gate_index == task_index and position == "before")

@@ -16,7 +16,7 @@ from orchestration.errors import (
     InvalidArgument,
     InvalidState,
 )
-from orchestration.facts import TaskCompleted, with_history
+from orchestration.facts import RouteDecided, TaskCompleted, with_history
 from orchestration.models import RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
 from orchestration.store import RunStore
@@ -34,6 +34,8 @@ class RunSnapshot:
     host_task: TaskPrompt | None
     warnings: tuple[str, ...] = ()
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the run's routing facts, in order
+    routes: tuple[RouteDecided, ...] = ()
 
 
 async def read_outputs(
@@ -71,7 +73,8 @@ async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...
     if awaiting and head.status == RunStatus.AWAITING_HOST:
         upstream = upstream_task_ids(head, awaiting[0].task_id)
         host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
-    return RunSnapshot(head, outputs, host_task, warnings, values)
+    routes = tuple(f for f in facts if isinstance(f, RouteDecided))
+    return RunSnapshot(head, outputs, host_task, warnings, values, routes)
 
 
 # -- what a run waits for ----------------------------------------------------------------------

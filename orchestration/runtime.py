@@ -66,6 +66,7 @@ from orchestration.reading import (
     require_resumable,
 )
 from orchestration.reading import awaiting_host_task as _awaiting_host_task
+from orchestration.routing import chain_format
 from orchestration.schemas import validate_output
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -275,6 +276,7 @@ class Runtime:
             contract=contract,
             idempotency_key=key,
             request_hash=request.request_hash(),
+            format=chain_format(chain),
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])
@@ -352,7 +354,7 @@ class Runtime:
                     f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
                 )
             attempt = task.attempts[-1].number if task.attempts else 1
-            schema = head.chain.step(task_id).output_schema
+            schema = head.step_of(task_id).output_schema
             # An answer that does not match the step's schema is refused (InvalidOutput) and
             # nothing is recorded: the host corrects it and calls again.
             value = None if schema is None else validate_output(schema, output)

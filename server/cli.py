@@ -198,7 +198,10 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
 
 def _print_view(view: RunView, out: TextIO) -> None:
     steps = " -> ".join(
-        s.name + ("*" if s.approve_before or s.approve_after else "") for s in view.chain.steps
+        s.name
+        + ("*" if s.approve_before or s.approve_after else "")
+        + (f" [{s.route_on}: {', '.join(f'{v}->{t}' for v, t in s.routes.items())}]" if s.routes else "")
+        for s in view.chain.steps
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
     out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
@@ -219,6 +222,10 @@ def _print_view(view: RunView, out: TextIO) -> None:
             out.write(
                 f"--- {task.task_id} output ({len(task.output)} chars) ---\n{task.output.rstrip()}\n---\n"
             )
+    for route in view.routes:
+        bound = f" (bound reached; on_exhausted {route.applied})" if route.exhausted else ""
+        went = route.next_task_id or route.applied
+        out.write(f"route {route.task_id}: {route.route_on}={route.value} -> {route.target}{bound}: {went}\n")
     for gate in view.gates:
         who = f" by {gate.approver}" if gate.approver else ""
         note = f" ({gate.comment})" if gate.comment else ""

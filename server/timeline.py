@@ -18,6 +18,7 @@ from orchestration.facts import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    RouteDecided,
     RunCancelled,
     RunCreated,
     RunFinished,
@@ -34,10 +35,16 @@ def _preview(text: str) -> str:
     return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
 
 
+def _routes(routes: dict[str, str]) -> str:
+    return ", ".join(f"{value}->{target}" for value, target in routes.items())
+
+
 def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
-        steps = " -> ".join(s.name for s in fact.chain.steps)
+        steps = " -> ".join(
+            s.name + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "") for s in fact.chain.steps
+        )
         return (
             f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
             f'request "{_preview(fact.request)}"'
@@ -64,6 +71,14 @@ def describe_fact(fact: Fact) -> str:
         return f"{fact.task_id}: attempt {fact.attempt} failed: {fact.error.code}: {fact.error.message}"
     if isinstance(fact, TaskFailed):
         return f"{fact.task_id}: failed: {fact.error.code}: {fact.error.message}"
+    if isinstance(fact, RouteDecided):
+        went = fact.next_task_id or fact.applied
+        bound = (
+            f" (bound reached: {fact.bounded_step} had {fact.visits} visits; on_exhausted {fact.applied})"
+            if fact.exhausted
+            else ""
+        )
+        return f"{fact.task_id}: {fact.route_on}={fact.value} -> {fact.target}{bound}: goes on with {went}"
     if isinstance(fact, RunCancelled):
         return f"cancelled{f': {fact.reason}' if fact.reason else ''}"
     if isinstance(fact, RunFinished):

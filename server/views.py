@@ -41,6 +41,7 @@ from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, T
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
+from server.graph import RouteView, loop_history, route_view, waits_for
 
 #: ``runs_list`` and compact views show this much of each request.
 REQUEST_PREVIEW_CHARS = 200
@@ -203,6 +204,12 @@ class TaskView(_View):
     output_uri: str | None = Field(
         default=None, description="The resource that holds the whole output as text/plain."
     )
+    step: str = Field(description="The chain step this task is an instance of.")
+    visit: int = Field(default=1, description="Which visit of its step (task id step~N for N > 1).")
+    sent_back_by: str | None = Field(
+        default=None, description="The routing task whose output sent the work back to this one."
+    )
+    waits_for: str | None = Field(default=None, description="What this task waits for, if it has not ended.")
     value: dict[str, Any] | None = Field(
         default=None,
         description="A typed step's validated answer (it matched the step's output_schema); in a "
@@ -217,8 +224,13 @@ class TaskView(_View):
 class GateView(_View):
     gate_id: str
     task_id: str
-    position: Literal["before", "after"]
+    position: Literal["before", "after", "exhausted"] = Field(
+        description="exhausted: a loop reached its bound and a human decides (see description)."
+    )
     status: Literal["pending", "requested", "approved", "rejected"]
+    description: str | None = Field(
+        default=None, description="For an exhausted gate: the loop's rounds, each value and notes."
+    )
     requested_at: datetime | None = None
     decided_at: datetime | None = None
     comment: str | None = None
@@ -231,6 +243,14 @@ class StepView(_View):
     approve_before: bool
     approve_after: bool
     on_failure: Literal["fail", "continue"]
+    max_visits: int = Field(default=3, description="How many task instances the step may have.")
+    route_on: str | None = Field(default=None, description="The output field this step routes on.")
+    routes: dict[str, str] | None = Field(
+        default=None, description="Where each value of route_on sends the run: a step, end or fail."
+    )
+    on_exhausted: str | None = Field(
+        default=None, description="What a route that would exceed a max_visits does instead."
+    )
 
 
 class ChainView(_View):
@@ -267,7 +287,7 @@ class Approve(_View):
     kind: Literal["approve"] = "approve"
     gate_id: str
     task_id: str
-    position: Literal["before", "after"]
+    position: Literal["before", "after", "exhausted"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
 
@@ -308,10 +328,11 @@ class RunView(_Outlined):
     request_chars: int
     idempotency_key: str | None = None
     tasks: list[TaskView] = Field(
-        description="Outputs as output_preview, output_chars, output_sha256, output_uri; "
-        "whole in output only when asked for; a typed step's validated answer in value."
+        description="Task instances in run order; outputs as output_preview, output_chars, "
+        "output_sha256, output_uri; whole in output only when asked for; a typed answer in value."
     )
     gates: list[GateView]
+    routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
     error: ErrorView | None = None
     totals: Totals
     warnings: list[str] = Field(default_factory=list)
@@ -366,7 +387,7 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
 
 
 def _task(
-    run_id: str, task: TaskState, output: str | None, whole: bool, value: dict[str, Any] | None = None
+    head: RunHead, task: TaskState, output: str | None, whole: bool, value: dict[str, Any] | None = None
 ) -> TaskView:
     """``whole``: the view carries the whole output (and value); otherwise a preview of it, and the
     value when it is small (:data:`VALUE_INLINE_CHARS`)."""
@@ -382,7 +403,11 @@ def _task(
         output_preview=output[:OUTPUT_PREVIEW_CHARS] if output is not None and not whole else None,
         output_chars=len(output) if output is not None else task.output_chars,
         output_sha256=task.output_sha256 if output is not None else None,
-        output_uri=output_uri(run_id, task.task_id) if output is not None else None,
+        output_uri=output_uri(head.run_id, task.task_id) if output is not None else None,
+        step=task.step_name,
+        visit=task.visit_number,
+        sent_back_by=task.sent_back_by,
+        waits_for=waits_for(head, task),
         value=value,
         error=_error(task.error),
         started_at=task.started_at,
@@ -391,8 +416,9 @@ def _task(
     )
 
 
-def _gate(gate: GateState) -> GateView:
-    return GateView.model_validate(gate.model_dump())
+def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
+    description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
+    return GateView.model_validate(gate.model_dump() | {"description": description})
 
 
 def _step(step: ChainStep) -> StepView:
@@ -402,6 +428,10 @@ def _step(step: ChainStep) -> StepView:
         approve_before=step.approve_before,
         approve_after=step.approve_after,
         on_failure=step.on_failure,
+        max_visits=step.max_visits,
+        route_on=step.route_on,
+        routes=step.routes,
+        on_exhausted=step.on_exhausted if step.route_on is not None else None,
     )
 
 
@@ -447,8 +477,11 @@ def semantics(head: RunHead) -> str:
     return " ".join(parts)
 
 
-def _gate_guards(gate: GateState, head: RunHead) -> str:
-    step = head.chain.step(gate.task_id)
+def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
+    head = snapshot.head
+    step = head.step_of(gate.task_id)
+    if gate.position == "exhausted":
+        return loop_history(snapshot, gate)
     if gate.position == "before":
         return (
             f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
@@ -479,7 +512,7 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         )
     if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
         prompt = snapshot.host_task
-        schema = head.chain.step(prompt.task_id).output_schema
+        schema = head.step_of(prompt.task_id).output_schema
         answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
         return RunHostTask(
             task_id=prompt.task_id,
@@ -502,7 +535,7 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
                 gate_id=gate.gate_id,
                 task_id=gate.task_id,
                 position=gate.position,
-                guards=_gate_guards(gate, head),
+                guards=_gate_guards(gate, snapshot),
                 instruction=(
                     f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
                     f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
@@ -557,7 +590,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         idempotency_key=head.idempotency_key,
         tasks=[
             _task(
-                head.run_id,
+                head,
                 t,
                 snapshot.outputs.get(t.task_id),
                 detail == "full" or t.task_id == full_task,
@@ -565,7 +598,8 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
             )
             for t in head.tasks
         ],
-        gates=[_gate(g) for g in head.gates],
+        gates=[_gate(g, snapshot) for g in head.gates],
+        routes=[route_view(r) for r in snapshot.routes],
         error=_error(head.error),
         totals=totals(head),
         warnings=list(snapshot.warnings),

@@ -85,8 +85,12 @@ log = logging.getLogger("construct.fake_provider")
 _TASK_MARKER = re.compile(r"\[task:([A-Za-z0-9_.:\-]+)\]")
 _RUN_MARKER = re.compile(r"\[run:([A-Za-z0-9_.:\-]+)\]")
 # construct-mcp's own user prompts open with 'You are step 2 of 3 ("engineer", ...': the step name is
-# the task id, so chains run by the provider worker are keyed by task without any marker.
-_STEP_LINE = re.compile(r'You are step \d+ of \d+ \("([A-Za-z0-9_.:\-]+)"')
+# the task id, so chains run by the provider worker are keyed by task without any marker. A later
+# visit of a step (a loop) says its task id: '("engineer", the engineer), round 2 (task engineer~2)',
+# so each task instance has a key (and a script) of its own.
+_STEP_LINE = re.compile(
+    r'You are step \d+ of \d+ \("([A-Za-z0-9_.:\-]+)"[^)\n]*\)(?:, round \d+ \(task ([A-Za-z0-9_.:~\-]+)\))?'
+)
 _TRANSPORT_KEY = "fake_provider.transport"
 
 
@@ -110,7 +114,7 @@ def task_key(texts: list[str]) -> str:
     for pattern in (_TASK_MARKER, _STEP_LINE):
         match = next((m for m in map(pattern.search, texts) if m), None)
         if match:
-            task = match.group(1)
+            task = match.group(match.lastindex or 1)
             break
     run = next((m for m in map(_RUN_MARKER.search, texts) if m), None)
     return f"{run.group(1)}/{task}" if run else task

@@ -37,3 +37,13 @@ async def test_per_run_keys_count_apart_and_play_the_task_script() -> None:
             assert [await ask("r1"), await ask("r1"), await ask("r3")] == [529, 200, 529]
             assert await ask("r2") == 200
         assert fake.calls() == {"r1/architect": 2, "r3/architect": 1, "r2/architect": 1}
+
+
+def test_a_later_visit_of_a_step_has_its_own_task_key() -> None:
+    """Loops are scripted per task instance (``reviewer~2`` answers differently from ``reviewer``),
+    from the task id the prompt of a later visit states."""
+    again = 'You are step 3 of 3 ("reviewer", the reviewer), round 2 (task reviewer~2) in the chain "x".'
+    assert task_key(["persona", again]) == "reviewer~2"
+    assert task_key(["persona", again + "\n\nDo it [run:r1]"]) == "r1/reviewer~2"
+    first = 'You are step 3 of 3 ("reviewer", the reviewer) in the chain "x": a -> b (c).'
+    assert task_key(["persona", first]) == "reviewer"

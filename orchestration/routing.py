@@ -1,0 +1,384 @@
+"""Routing and bounded loops: the rules shared by the pure decision, the fold and the catalog.
+
+A step whose output is typed (``output_schema``) may route on one of its fields (``route_on``):
+``routes`` maps every value the schema allows to a step name, ``end`` (finish the run) or ``fail``
+(fail it). Deciding is pure and reads only the head: the fold of a ``task_completed`` fact puts the
+routed field's value on the task (``TaskState.route_value``); :func:`plan_route` turns it into a
+:class:`RoutePlan`; the drive records the plan as a ``route_decided`` fact; folding that fact
+(:func:`route_update`) moves the run. A restarted run therefore routes exactly as the crashed one
+would have, and the log says why the run went where it went.
+
+The rule (a run is a sequence of task instances, in the order they run):
+
+* **Forward** (the target comes after the routing step in the chain): the instances between the
+  routing task and the target's next instance are ``skipped``; the run goes on with the target.
+* **Back** (the target is the routing step itself or comes before it): the loop body — every step
+  from the target to the routing step, in chain order — gets new instances (``engineer~2``,
+  ``reviewer~2``), inserted right after the routing task, with their own gates; the steps after the
+  routing step keep their pending instances and run once the loop has been left.
+* ``end`` finishes the run ``completed`` and ``fail`` fails it (``route_failed``, naming the step,
+  the field and the value); both skip whatever had not run.
+* **Bounds.** A step is visited at most ``max_visits`` times (default 3); every instance counts,
+  a skipped one too. When a back route would give a body step one visit more than its bound, the
+  routing step's ``on_exhausted`` decides instead: ``fail`` (the run fails with ``loop_exhausted``
+  naming the step and its count), ``end`` (the run completes with the work as it is), a step name
+  (a step after the routing step: the run goes on there, as a forward route would) or ``ask``: an
+  approval gate ``exhausted:<routing task>`` on the routing instance; approving it accepts the work
+  and the run completes, rejecting it ends the run ``rejected``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from orchestration.models import (
+    RESERVED_STEP_NAMES,
+    ChainSnapshot,
+    ChainStep,
+    GateState,
+    RunHead,
+    TaskState,
+    TypedError,
+    gate_id_for,
+    instance_id,
+)
+from orchestration.vocabulary import TaskStatus
+
+END = "end"
+FAIL = "fail"
+ASK = "ask"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """What a routing task's recorded value makes the run do (the content of a ``route_decided``
+    fact). ``target`` is what ``routes`` says for the value; ``applied`` is what is done: the same,
+    unless the bound was reached (``exhausted``), when it is the step's ``on_exhausted``."""
+
+    task_id: str
+    output_seq: int
+    route_on: str
+    value: str | None
+    target: str
+    applied: str
+    #: the task the run goes on with (a step's instance); None for end, fail and ask
+    next_task_id: str | None
+    exhausted: bool = False
+    #: when exhausted: the step whose bound was reached and the visits it has had
+    bounded_step: str | None = None
+    visits: int | None = None
+    error: TypedError | None = None
+
+
+def chain_format(chain: ChainSnapshot) -> int:
+    """The record format a run of ``chain`` is created with: 2 when a step routes (a server that
+    does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
+    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1."""
+    return 2 if any(step.route_on is not None for step in chain.steps) else 1
+
+
+def route_value_of(step: ChainStep, value: dict[str, Any] | None) -> str | None:
+    """The value of the field ``step`` routes on, as the head keeps it (None when it does not
+    route, or the output carries no such string)."""
+    if step.route_on is None or value is None:
+        return None
+    found = value.get(step.route_on)
+    return found if isinstance(found, str) else None
+
+
+def _position(head: RunHead, task_id: str) -> int:
+    return next(i for i, t in enumerate(head.tasks) if t.task_id == task_id)
+
+
+def visits(head: RunHead, step: str) -> int:
+    """How many instances of ``step`` the run has (skipped ones included)."""
+    return sum(1 for t in head.tasks if t.step_name == step)
+
+
+def _next_pending(head: RunHead, after: int, step: str) -> TaskState | None:
+    for task in head.tasks[after + 1 :]:
+        if task.step_name == step and task.status == TaskStatus.PENDING:
+            return task
+    return None
+
+
+def plan_route(head: RunHead, task: TaskState) -> RoutePlan:
+    """Where ``task`` (a done task of a routing step) sends the run. Pure."""
+    chain = head.chain
+    step = chain.step(task.step_name)
+    field = step.route_on or ""
+    value = task.route_value
+    target = (step.routes or {}).get(value) if value is not None else None
+    base: dict[str, Any] = {
+        "task_id": task.task_id,
+        "output_seq": task.output_seq or 0,
+        "route_on": field,
+        "value": value,
+    }
+    if target is None:
+        # Cannot happen for a checked chain and a validated output; fail rather than guess.
+        error = TypedError(
+            code="route_failed",
+            message=f"step {step.name} (task {task.task_id}) has no route for {field} = {value!r}",
+        )
+        return RoutePlan(**base, target=FAIL, applied=FAIL, next_task_id=None, error=error)
+    if target == END:
+        return RoutePlan(**base, target=END, applied=END, next_task_id=None)
+    if target == FAIL:
+        error = TypedError(
+            code="route_failed",
+            message=f"step {step.name} (task {task.task_id}) answered {field} = {value!r}, which routes "
+            "to fail",
+        )
+        return RoutePlan(**base, target=FAIL, applied=FAIL, next_task_id=None, error=error)
+    here = chain.index(step.name)
+    there = chain.index(target)
+    position = _position(head, task.task_id)
+    if there > here:
+        return _forward(head, base, target, target, position)
+    for body_step in chain.steps[there : here + 1]:
+        made = visits(head, body_step.name)
+        if made >= body_step.max_visits:
+            return _exhausted(head, base, step, target, position, body_step, made)
+    next_id = instance_id(target, visits(head, target) + 1)
+    return RoutePlan(**base, target=target, applied=target, next_task_id=next_id)
+
+
+def _forward(
+    head: RunHead, base: dict[str, Any], target: str, applied: str, position: int, **extra: Any
+) -> RoutePlan:
+    upcoming = _next_pending(head, position, applied)
+    if upcoming is None:  # pragma: no cover - every later step keeps a pending instance
+        error = TypedError(code="route_failed", message=f"no pending instance of step {applied} to route to")
+        return RoutePlan(**base, target=target, applied=FAIL, next_task_id=None, error=error, **extra)
+    return RoutePlan(**base, target=target, applied=applied, next_task_id=upcoming.task_id, **extra)
+
+
+def _exhausted(
+    head: RunHead,
+    base: dict[str, Any],
+    step: ChainStep,
+    target: str,
+    position: int,
+    bounded: ChainStep,
+    made: int,
+) -> RoutePlan:
+    extra: dict[str, Any] = {"exhausted": True, "bounded_step": bounded.name, "visits": made}
+    choice = step.on_exhausted
+    if choice in (END, ASK):
+        return RoutePlan(**base, target=target, applied=choice, next_task_id=None, **extra)
+    if choice == FAIL:
+        error = TypedError(
+            code="loop_exhausted",
+            message=f"step {step.name} (task {base['task_id']}) routed {base['route_on']} = "
+            f"{base['value']!r} back to {target}, but step {bounded.name} has had {made} visits "
+            f"(max_visits {bounded.max_visits}); on_exhausted is fail",
+        )
+        return RoutePlan(**base, target=target, applied=FAIL, next_task_id=None, error=error, **extra)
+    return _forward(head, base, target, choice, position, **extra)
+
+
+# --------------------------------------------------------------------------------------------
+# The fold of a route_decided fact
+
+
+def new_instance(step: ChainStep, visit: int, sent_back_by: str) -> tuple[TaskState, list[GateState]]:
+    """A later visit of ``step`` (with its own gates), created by the route of ``sent_back_by``."""
+    task_id = instance_id(step.name, visit)
+    task = TaskState(
+        task_id=task_id, specialist=step.specialist, step=step.name, visit=visit, sent_back_by=sent_back_by
+    )
+    return task, instance_gates(step, task_id)
+
+
+def instance_gates(step: ChainStep, task_id: str) -> list[GateState]:
+    gates: list[GateState] = []
+    if step.approve_before:
+        gates.append(GateState(gate_id=gate_id_for("before", task_id), task_id=task_id, position="before"))
+    if step.approve_after:
+        gates.append(GateState(gate_id=gate_id_for("after", task_id), task_id=task_id, position="after"))
+    return gates
+
+
+@dataclass(frozen=True, slots=True)
+class RouteEffect:
+    """What folding a route changes: the tasks and gates, and whether the run ends (with what)."""
+
+    tasks: tuple[TaskState, ...]
+    gates: tuple[GateState, ...]
+    ends: str | None = None  # "completed" or "failed"
+
+
+def route_effect(
+    head: RunHead, task_id: str, applied: str, next_task_id: str | None, at: datetime
+) -> RouteEffect:
+    """The tasks and gates after the route of ``task_id`` did ``applied``. Raises ``ValueError``
+    for a route that cannot happen on this head (the fold turns it into IllegalTransition)."""
+    chain = head.chain
+    position = _position(head, task_id)
+    router = head.tasks[position]
+    tasks = list(head.tasks)
+    gates = list(head.gates)
+    tasks[position] = router.model_copy(update={"routed_to": next_task_id or applied})
+    if applied in (END, FAIL):
+        for i, t in enumerate(tasks):
+            if not t.status.is_terminal:
+                tasks[i] = t.model_copy(update={"status": TaskStatus.SKIPPED, "finished_at": at})
+        return RouteEffect(tuple(tasks), tuple(gates), "completed" if applied == END else "failed")
+    if applied == ASK:
+        gate_id = gate_id_for("exhausted", task_id)
+        gates.append(GateState(gate_id=gate_id, task_id=task_id, position="exhausted"))
+        return RouteEffect(tuple(tasks), tuple(gates))
+    here = chain.index(router.step_name)
+    there = chain.index(applied)
+    if there > here:
+        for i in range(position + 1, len(tasks)):
+            t = tasks[i]
+            if t.task_id == next_task_id:
+                break
+            if t.status != TaskStatus.PENDING:
+                raise ValueError(f"task {t.task_id} is {t.status.value}; a route cannot skip it")
+            tasks[i] = t.model_copy(update={"status": TaskStatus.SKIPPED, "finished_at": at})
+        else:
+            raise ValueError(f"no pending task {next_task_id} follows {task_id}")
+        return RouteEffect(tuple(tasks), tuple(gates))
+    body: list[TaskState] = []
+    for step in chain.steps[there : here + 1]:
+        instance, instance_gates_ = new_instance(step, visits(head, step.name) + 1, task_id)
+        body.append(instance)
+        gates.extend(instance_gates_)
+    if body[0].task_id != next_task_id:
+        raise ValueError(f"the route of {task_id} creates {body[0].task_id}, not {next_task_id}")
+    tasks[position + 1 : position + 1] = body
+    return RouteEffect(tuple(tasks), tuple(gates))
+
+
+# --------------------------------------------------------------------------------------------
+# Checks made when a chain is loaded
+
+
+def route_values(schema: dict[str, Any] | None, field: str) -> list[str] | str:
+    """The values ``schema`` allows for its required string field ``field``, or what is wrong."""
+    if schema is None:
+        return "a step that routes needs an output_schema"
+    props = schema.get("properties")
+    if not isinstance(props, dict) or field not in props:
+        return f"the step's output_schema has no field {field!r}"
+    if field not in (schema.get("required") or []):
+        return f"field {field!r} is not required by the step's output_schema, so an output could lack it"
+    prop = props[field]
+    allowed = prop.get("enum") if isinstance(prop, dict) else None
+    if allowed is None and isinstance(prop, dict) and "const" in prop:
+        allowed = [prop["const"]]
+    if not isinstance(allowed, list) or not allowed or not all(isinstance(v, str) for v in allowed):
+        return f"field {field!r} must allow a fixed set of strings (an enum) to be routed on"
+    return list(allowed)
+
+
+def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
+    """The first configuration problem of a chain's routes and bounds, as ``(field, message)``
+    with ``field`` relative to the chain (``steps[2].routes.revise``); None when it is sound."""
+    names = [s.name for s in steps]
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if step.name in RESERVED_STEP_NAMES:
+            return (
+                f"{where}.name",
+                f"{step.name!r} is reserved (end, fail and ask are route targets); name the step otherwise",
+            )
+        if (step.routes is None) != (step.route_on is None):
+            missing = "routes" if step.routes is None else "route_on"
+            return f"{where}.{missing}", "route_on and routes go together: give both or neither"
+        if step.route_on is not None and step.routes is not None:
+            allowed = route_values(step.output_schema, step.route_on)
+            if isinstance(allowed, str):
+                return f"{where}.route_on", allowed
+            for value, target in step.routes.items():
+                if value not in allowed:
+                    return (
+                        f"{where}.routes.{value}",
+                        f"the output_schema does not allow {step.route_on} = {value!r}; it allows: "
+                        + ", ".join(allowed),
+                    )
+                if target not in (END, FAIL) and target not in names:
+                    return (
+                        f"{where}.routes.{value}",
+                        f"unknown target {target!r}: name a step of the chain ({', '.join(names)}), "
+                        "'end' or 'fail'",
+                    )
+            unrouted = [v for v in allowed if v not in step.routes]
+            if unrouted:
+                return (
+                    f"{where}.routes",
+                    f"no route for {step.route_on} = {', '.join(map(repr, unrouted))}; every value "
+                    "the output_schema allows needs one",
+                )
+        choice = step.on_exhausted
+        if step.route_on is None and choice != FAIL:
+            return f"{where}.on_exhausted", "only a step that routes (route_on) has on_exhausted"
+        if choice not in (END, FAIL, ASK) and (choice not in names or names.index(choice) <= i):
+            later = ", ".join(names[i + 1 :]) or "none"
+            return (
+                f"{where}.on_exhausted",
+                f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
+            )
+    unreachable = [n for n in names if n not in reachable(steps)]
+    if unreachable:
+        i = names.index(unreachable[0])
+        return f"steps[{i}]", f"step {unreachable[0]!r} can never run: no route or earlier step leads to it"
+    return None
+
+
+def reachable(steps: Sequence[ChainStep]) -> set[str]:
+    """The steps a run can reach from the first: a step without routes goes on to the next one, a
+    routing step to its targets and its ``on_exhausted`` step."""
+    names = [s.name for s in steps]
+    seen: set[str] = set()
+    todo = [names[0]] if names else []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        i = names.index(name)
+        step = steps[i]
+        if step.routes is None:
+            if i + 1 < len(names):
+                todo.append(names[i + 1])
+            continue
+        todo += [t for t in step.routes.values() if t in names]
+        if step.on_exhausted in names:
+            todo.append(step.on_exhausted)
+    return seen
+
+
+def routing_note(step: ChainStep) -> str | None:
+    """One sentence for a routing step's prompt: what each value of its field does."""
+    if step.route_on is None or not step.routes:
+        return None
+    said = []
+    for value, target in step.routes.items():
+        where = {END: "ends the run", FAIL: "fails the run"}.get(target, f"sends the work to {target}")
+        said.append(f"{value!r} {where}")
+    return f"Your answer's {step.route_on!r} decides where the run goes: " + "; ".join(said) + "."
+
+
+__all__ = [
+    "ASK",
+    "END",
+    "FAIL",
+    "RouteEffect",
+    "RoutePlan",
+    "chain_format",
+    "check_chain",
+    "plan_route",
+    "reachable",
+    "route_effect",
+    "route_value_of",
+    "route_values",
+    "routing_note",
+    "visits",
+]
