@@ -73,6 +73,7 @@ from orchestration.facts import (
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.models import (
     ChainSnapshot,
+    DecisionChannel,
     ExecutionContract,
     GateState,
     RunHead,
@@ -133,6 +134,9 @@ class StartRequest:
     timeout_seconds: float | None = None
     #: each task's time limit, for steps whose chain definition sets none
     task_timeout_seconds: float | None = None
+    #: the verified identity starting the run (recorded on ``run_created``); not part of the
+    #: request's hash: who retries a start does not make it another request
+    started_by: str | None = None
 
     def request_hash(self) -> str:
         """What makes two starts "the same request" for idempotency."""
@@ -404,6 +408,7 @@ class Runtime:
             contract=contract,
             idempotency_key=key,
             request_hash=request.request_hash(),
+            started_by=request.started_by,
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])
@@ -491,13 +496,21 @@ class Runtime:
         gate_id: str,
         comment: str | None = None,
         approver: str | None = None,
+        *,
+        channel: DecisionChannel | None = None,
+        verified: bool = False,
     ) -> RunHead:
         """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
         the gate (there is no "the open one" default): an approval retried after the run moved on
         must not approve the next gate, which nobody has seen. The decision record is immutable:
         the same decision, comment and approver on an already decided gate returns the current
-        state and appends nothing; anything else there is a ``Conflict``. Approving a run that is
-        not awaiting approval is ``InvalidState``."""
+        state and appends nothing, whatever ``channel`` and ``verified`` the repeat came with;
+        anything else there is a ``Conflict``. Approving a run that is not awaiting approval is
+        ``InvalidState``.
+
+        ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
+        identity the edge verified, or only claimed) are recorded with the decision; the edge
+        (:mod:`server`) says which."""
         validate_run_id(run_id)
         if decision not in ("approve", "reject"):
             raise InvalidArgument(f"decision must be 'approve' or 'reject', not {quoted(decision)}")
@@ -534,6 +547,8 @@ class Runtime:
                 decision=decision,
                 comment=comment,
                 approver=approver,
+                channel=channel,
+                verified=verified,
             )
             try:
                 return await self._append(head, [fact])

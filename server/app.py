@@ -213,7 +213,7 @@ class ConstructApp:
         self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000
     ) -> None:
         if transport != "stdio":
-            check_exposure(host, self.settings.auth_token)
+            check_exposure(host, self.settings.named_tokens())
             host = bind_host(host)  # "[::1]" binds as "::1"
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
@@ -258,12 +258,16 @@ class ConstructApp:
             raise ValueError(f"unknown transport {transport!r}")
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
-        """``app`` behind the bearer token, when one is configured (see :mod:`server.auth`)."""
-        token = self.settings.auth_token
-        if token is None:
+        """``app`` behind the bearer tokens, when any is configured (see :mod:`server.auth`)."""
+        tokens = self.settings.named_tokens()
+        if not tokens:
             return app
-        log.info("HTTP requests need the bearer token", extra={"action": "auth_enabled"})
-        return BearerTokenMiddleware(app, token)
+        log.info(
+            "HTTP requests need a bearer token; identities: %s",
+            ", ".join(t.identity for t in tokens),
+            extra={"action": "auth_enabled"},
+        )
+        return BearerTokenMiddleware(app, tokens)
 
     def _stop_work(self) -> None:
         """At SIGTERM/SIGINT on HTTP, before uvicorn waits for open requests: take no new work, and

@@ -33,6 +33,16 @@ def _preview(text: str) -> str:
     return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
 
 
+def decided_by(approver: str | None, channel: str | None, verified: bool) -> str:
+    """Who decided a gate and how, for a line of text: `` by alice (verified, http)``,
+    `` by bob (claimed, stdio)``; empty when nothing was recorded."""
+    who = f" by {approver}" if approver else ""
+    if channel is None:
+        return who
+    how = ("verified, " if verified else "claimed, ") if approver else ""
+    return f"{who} ({how}{channel})"
+
+
 def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
@@ -51,7 +61,7 @@ def describe_fact(fact: Fact) -> str:
     if isinstance(fact, ApprovalRequested):
         return f"{fact.gate_id}: waiting for a decision"
     if isinstance(fact, ApprovalDecided):
-        who = f" by {fact.approver}" if fact.approver else ""
+        who = decided_by(fact.approver, fact.channel, fact.verified)
         note = f' "{_preview(fact.comment)}"' if fact.comment else ""
         return f"{fact.gate_id}: {fact.decision}{who}{note}"
     if isinstance(fact, AttemptStarted):
