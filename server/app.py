@@ -54,6 +54,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.arguments import UnknownToolRefusal
 from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
+from server.chain_prompts import register_chain_prompts
 from server.config import Settings
 from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.resources import register_resources
@@ -121,6 +122,7 @@ class ConstructApp:
             middleware=[UnknownToolRefusal(tools)],
         )
         register_resources(server, self._legacy, self._subscriptions)
+        register_chain_prompts(server, self.catalog)
         # The SDK's listen handler, told which run resources each open stream covers.
         server._lowlevel_server.add_request_handler(
             "subscriptions/listen",

@@ -42,8 +42,9 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     own_runs_only = false           # true: alice sees and acts on only the runs she started
 
 Every token must differ from the others and from ``auth_token`` (which stands for the identity
-``admin`` with every role); a duplicate, a short token, an unknown role or a ``token_env`` that is
-not set is a startup error naming the table, never the value.
+``admin`` with every role). An unknown role or a short inline token is an error wherever the file is
+read; a duplicate token or a ``token_env`` that is not set (or too short) stops the HTTP transports
+at startup (stdio and the CLI do not use the tokens). Errors name the table, never the value.
 
 Environment variables (each overridden by the same key in the config file and by a flag):
 
@@ -328,6 +329,9 @@ class Settings:
     #: The HTTP transports' named tokens (``[tokens.<identity>]``, with ``token_env`` resolved),
     #: besides ``auth_token``; secrets, kept out of ``repr``.
     tokens: tuple[NamedToken, ...] = field(default=(), repr=False)
+    #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
+    #: a duplicate token), raised by :meth:`named_tokens`.
+    tokens_error: ConfigError | None = field(default=None, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -339,7 +343,11 @@ class Settings:
 
     def named_tokens(self) -> tuple[NamedToken, ...]:
         """Every token HTTP requests may carry: ``auth_token`` as the identity
-        :data:`~server.identity.AUTH_TOKEN_IDENTITY` with every role, then ``[tokens]``."""
+        :data:`~server.identity.AUTH_TOKEN_IDENTITY` with every role, then ``[tokens]``. Raises
+        the ``ConfigError`` of a ``token_env`` that is not set or is too short, or of a token used
+        twice: the HTTP transports call this before they start; stdio and the CLI never do."""
+        if self.tokens_error is not None:
+            raise self.tokens_error
         single = () if self.auth_token is None else (NamedToken(AUTH_TOKEN_IDENTITY, self.auth_token),)
         return (*single, *self.tokens)
 
@@ -440,8 +448,22 @@ def load_settings(
         k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
     }
     tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
-    tokens = _named_tokens(tables, env, str(file), merged.get("auth_token"))
-    return Settings(home=resolved_home, config_file=file, sources=sources, tokens=tokens, **merged)
+    tokens: tuple[NamedToken, ...] = ()
+    tokens_error: ConfigError | None = None
+    try:
+        tokens = _named_tokens(tables, env, str(file), merged.get("auth_token"))
+    except ConfigError as exc:
+        # Raised by named_tokens(), when a transport needs the tokens: stdio and the CLI do not,
+        # and need not see the HTTP server's token variables.
+        tokens_error = exc
+    return Settings(
+        home=resolved_home,
+        config_file=file,
+        sources=sources,
+        tokens=tokens,
+        tokens_error=tokens_error,
+        **merged,
+    )
 
 
 def _named_tokens(
