@@ -17,6 +17,7 @@ import httpx2
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tests.acceptance.harness import (
     SERVER_COMMAND,
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.slow
 ALICE = "alice-token-" + "3b8e61f0c2d94a57"  # read, operate
 BOB = "bob-token-" + "9c04d7e2a1f65b38"  # read, approve (from the environment)
 CAROL = "carol-token-" + "5f2a8c1e7d3b9064"  # read, operate, approve; only her own runs
-TOKENS = (ALICE, BOB, CAROL)
+DAVE = "dave-token-" + "0e7b3d9a6c2f4185"  # approve only
+TOKENS = (ALICE, BOB, CAROL, DAVE)
 
 CONFIG = f"""
 [tokens.alice]
@@ -50,14 +52,20 @@ roles = ["approve", "read"]
 token = "{CAROL}"
 roles = ["read", "operate", "approve"]
 own_runs_only = true
+
+[tokens.dave]
+token = "{DAVE}"
+roles = ["approve"]
 """
 
 
 @asynccontextmanager
-async def as_identity(port: int, token: str) -> AsyncIterator[Client]:
+async def as_identity(port: int, token: str, mode: str = "auto") -> AsyncIterator[Client]:
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as authed,
-        Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=authed)) as client,
+        Client(
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=authed), mode=mode
+        ) as client,
     ):
         yield client
 
@@ -154,8 +162,22 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         assert len((await alice.list_resources()).resources) == 3
         # Discovery needs only a valid token.
         assert {p.name for p in (await bob.list_prompts()).prompts} == {"default"}
+
+        # dave may only decide gates (and connects the handshake way: the same rules hold).
+        async with as_identity(port, DAVE, mode="legacy") as dave:
+            assert_forbidden(await call_error(dave, "run_status", run_id=run_id), "read")
+            assert_forbidden(await call_error(dave, "runs_list"), "read")
+            assert (await dave.list_resources()).resources == []
+            refused = "forbidden: subscribing to a run resource needs the role 'read'"
+            with pytest.warns(MCPDeprecationWarning), pytest.raises(MCPError, match=refused):
+                await dave.subscribe_resource(f"run://{run_id}")
+            assert {p.name for p in (await dave.list_prompts()).prompts} == {"default"}
+        async with as_identity(port, DAVE) as dave:
+            with pytest.raises(MCPError, match=refused):
+                async with dave.listen(resource_subscriptions=[f"run://{run_id}"]):
+                    pass
     log = read_log(tmp_path / "server.log")
-    assert "identities: alice, bob, carol" in log
+    assert "identities: alice, bob, carol, dave" in log
     for token in TOKENS:
         assert token not in log
 
