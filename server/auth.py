@@ -28,6 +28,7 @@ import json
 import logging
 from collections.abc import Sequence
 
+from mcp.server.auth.middleware.auth_context import auth_context_var
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -73,8 +74,9 @@ class BearerTokenMiddleware:
     a presented token is hashed and compared with *every* digest in constant time
     (:func:`hmac.compare_digest`), so neither the match nor its position shows in the timing. The
     request then carries its verified :class:`~server.identity.Caller` in the ASGI scope
-    (:data:`~server.identity.SCOPE_KEY`), for the tools, and as the scope's ``user`` for the MCP
-    SDK, which binds each Streamable HTTP session to the identity that opened it."""
+    (:data:`~server.identity.SCOPE_KEY`), for the tools, and as the scope's ``user`` (and
+    :func:`mcp.server.auth.middleware.auth_context.get_access_token`'s context) for the MCP SDK,
+    which binds each Streamable HTTP session to the identity that opened it."""
 
     def __init__(self, app: ASGIApp, tokens: str | Sequence[NamedToken]) -> None:
         named = [NamedToken(AUTH_TOKEN_IDENTITY, tokens)] if isinstance(tokens, str) else list(tokens)
@@ -101,8 +103,14 @@ class BearerTokenMiddleware:
         if found is None:
             await _unauthorized(send)
             return
-        scope[SCOPE_KEY], scope["user"] = found
-        await self._app(scope, receive, send)
+        caller, user = found
+        scope[SCOPE_KEY], scope["user"] = caller, user
+        # Also where the SDK's get_access_token() looks (the SDK carries it to the handlers).
+        reset = auth_context_var.set(user)
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            auth_context_var.reset(reset)
 
     def _identify(self, scope: Scope) -> tuple[Caller, AuthenticatedUser] | None:
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]

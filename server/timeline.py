@@ -47,9 +47,10 @@ def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
         steps = " -> ".join(s.name for s in fact.chain.steps)
+        by = f", started by {fact.started_by} (verified)" if fact.started_by else ""
         return (
             f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
-            f'request "{_preview(fact.request)}"'
+            f'request "{_preview(fact.request)}"{by}'
         )
     if isinstance(fact, HostTaskPrepared):
         digest = fact.prompt_sha256[:12]
@@ -72,7 +73,8 @@ def describe_fact(fact: Fact) -> str:
     if isinstance(fact, TaskFailed):
         return f"{fact.task_id}: failed: {fact.error.code}: {fact.error.message}"
     if isinstance(fact, RunCancelled):
-        return f"cancelled{f': {fact.reason}' if fact.reason else ''}"
+        by = f" by {fact.cancelled_by}" if fact.cancelled_by else ""
+        return f"cancelled{by}{f': {fact.reason}' if fact.reason else ''}"
     if isinstance(fact, RunFinished):
         return f"{fact.status}{f': {fact.error.code}' if fact.error else ''}"
     return fact.type  # pragma: no cover - the union is closed

@@ -290,6 +290,7 @@ async def test_decisions_record_who_when_and_through_which_channel(tmp_path: Pat
     assert "gate before:writer: approved by bob (verified, http) at " in shown.stdout
     timelines = [cli(tmp_path, "runs", "timeline", run_id).stdout for run_id in runs]
     assert 'before:writer: approve by bob (verified, http) "bob ok"' in timelines[0]
+    assert all("started by alice (verified)" in timeline for timeline in timelines)
     assert "before:writer: reject by dana (claimed, stdio)" in timelines[1]
     assert 'before:writer: approve by erin (claimed, cli) "from the shell"' in timelines[2]
 

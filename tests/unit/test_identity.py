@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.server.auth.middleware.auth_context import get_access_token
 from starlette.types import Message, Receive, Scope, Send
 
 from orchestration.errors import ConfigError, Forbidden
@@ -151,6 +152,8 @@ class Recorder:
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scopes.append(scope)
+        access = get_access_token()
+        assert access is not None and access.client_id == scope[SCOPE_KEY].identity
 
     async def send(self, message: Message) -> None:
         self.sent.append(message)
