@@ -19,6 +19,12 @@ A call that records something names what it answers: ``orchestrate_resume`` with
 retried after the run moved on then cannot land on the next task or gate; a missing id is
 ``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
 
+Over HTTP with tokens, each tool needs a role of the token's identity (:data:`ROLE_OF`: ``read``,
+``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
+else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
+the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
+refused), the ``approver`` argument, claimed, elsewhere.
+
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
 

@@ -16,6 +16,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, MCPError
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
@@ -207,6 +208,31 @@ async def test_a_session_belongs_to_the_identity_that_opened_it(tmp_path: Path) 
             json=listing,
         )
         assert stolen.status_code == 404, "another identity's token cannot use bob's session"
+
+
+async def test_roles_hold_over_sse_too(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    async with http_server(tmp_path, "sse", BOB_TOKEN=BOB) as port:
+        url = f"http://127.0.0.1:{port}/sse"
+        async with Client(sse_client(url, headers={"Authorization": f"Bearer {ALICE}"})) as alice:
+            view = await call(
+                alice, "orchestrate_start", request="Over SSE.", chain=["writer"], approve_before=["writer"]
+            )
+            assert view["started_by"] == "alice"
+        async with Client(sse_client(url, headers={"Authorization": f"Bearer {BOB}"})) as bob:
+            assert_forbidden(await call_error(bob, "orchestrate_start", request="No."), "operate")
+            view = await call(
+                bob, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id="before:writer"
+            )
+            assert (
+                view["gates"][0]["approver"],
+                view["gates"][0]["channel"],
+                view["gates"][0]["verified"],
+            ) == (
+                "bob",
+                "http",
+                True,
+            )
 
 
 def cli(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
