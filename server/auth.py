@@ -70,8 +70,8 @@ class BearerTokenMiddleware:
     tokens. Lifespan events pass untouched.
 
     ``tokens`` is one token (the identity :data:`~server.identity.AUTH_TOKEN_IDENTITY`, every role)
-    or several :class:`~server.identity.NamedToken`. Only the SHA-256 digest of each token is kept;
-    a presented token is hashed and compared with *every* digest in constant time
+    or several :class:`~server.identity.NamedToken`. The middleware keeps only the SHA-256 digest of
+    each token; a presented token is hashed and compared with *every* digest in constant time
     (:func:`hmac.compare_digest`), so neither the match nor its position shows in the timing. The
     request then carries its verified :class:`~server.identity.Caller` in the ASGI scope
     (:data:`~server.identity.SCOPE_KEY`), for the tools, and as the scope's ``user`` (and
