@@ -50,8 +50,8 @@ SCOPE_KEY = "construct.caller"
 
 @dataclass(frozen=True, slots=True)
 class NamedToken:
-    """One configured token and the identity it stands for. The token is kept only until the
-    middleware has hashed it (it is left out of ``repr``)."""
+    """One configured token and the identity it stands for. The token is a secret: it is left out
+    of ``repr``, and the bearer-token middleware keeps only its digest."""
 
     identity: str
     token: str
