@@ -10,6 +10,7 @@ at the adapter edge (``raise ... from exc``)::
     ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
     ├── Conflict                        conflict           idempotency key reused, different decision...
+    ├── Forbidden                       forbidden          the caller's identity lacks the role (or the run)
     ├── VersionConflict                 version_conflict   a compare-and-swap write lost the race
     ├── UnknownChain                    unknown_chain
     ├── UnknownSpecialist               unknown_specialist
@@ -77,6 +78,14 @@ class InvalidState(ConstructError):
 
 class Conflict(ConstructError):
     code = "conflict"
+
+
+class Forbidden(ConstructError):
+    """The caller is authenticated but may not do this: its identity lacks the role the call needs,
+    or the call names a run it may not see. The message names the identity and the role that would
+    be needed, never a token."""
+
+    code = "forbidden"
 
 
 class VersionConflict(ConstructError):

@@ -50,6 +50,7 @@ from orchestration.errors import IllegalTransition
 from orchestration.models import (
     AttemptRecord,
     ChainSnapshot,
+    DecisionChannel,
     ExecutionContract,
     Frozen,
     GateState,
@@ -86,6 +87,8 @@ class RunCreated(_Fact):
     idempotency_key: str | None = None
     request_hash: str
     deadline_at: datetime | None = None
+    #: the verified identity that started the run (HTTP with a token); optional, so no new format
+    started_by: str | None = None
 
 
 class ApprovalRequested(_Fact):
@@ -99,6 +102,10 @@ class ApprovalDecided(_Fact):
     decision: Literal["approve", "reject"]
     comment: str | None = None
     approver: str | None = None
+    #: how the decision came in, and whether ``approver`` was verified (an HTTP token's identity)
+    #: or only claimed; both optional: a fact without them reads as "channel unknown, claimed"
+    channel: DecisionChannel | None = None
+    verified: bool = False
 
 
 class HostTaskPrepared(_Fact):
@@ -285,6 +292,7 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         contract=fact.contract,
         idempotency_key=fact.idempotency_key,
         request_hash=fact.request_hash,
+        started_by=fact.started_by,
         tasks=tasks,
         gates=tuple(gates),
         deadline_at=fact.deadline_at,
@@ -378,6 +386,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
                 "decided_at": fact.at,
                 "comment": fact.comment,
                 "approver": fact.approver,
+                "channel": fact.channel,
+                "verified": fact.verified,
             }
         )
         update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)

@@ -48,6 +48,9 @@ class StartRequest:
     timeout_seconds: float | None = None
     #: each task's time limit, for steps whose chain definition sets none
     task_timeout_seconds: float | None = None
+    #: the verified identity starting the run (recorded on ``run_created``); not part of the
+    #: request's hash: who retries a start does not make it another request
+    started_by: str | None = None
 
     def request_hash(self) -> str:
         """What makes two starts "the same request" for idempotency."""

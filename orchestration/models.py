@@ -246,6 +246,10 @@ GateStatus = Literal["pending", "requested", "approved", "rejected"]
 #: ``on_exhausted`` is ``ask``: a human decides whether the work is accepted (gate id
 #: ``exhausted:<task id>``)
 GatePosition = Literal["before", "after", "exhausted"]
+#: How a decision reached the server: a tool call over HTTP or stdio, the CLI; ``elicitation``,
+#: ``web`` and ``expiry`` are reserved for the ways still to come (declared now, so that a fact
+#: recording one stays readable by this code without a new record format).
+DecisionChannel = Literal["http", "stdio", "cli", "elicitation", "web", "expiry"]
 
 
 class GateState(Frozen):
@@ -257,6 +261,11 @@ class GateState(Frozen):
     decided_at: datetime | None = None
     comment: str | None = None
     approver: str | None = None
+    #: how the decision came in (None: recorded before channels were, or by an older server)
+    channel: DecisionChannel | None = None
+    #: True when ``approver`` is an identity the server verified (an HTTP token's); False when it
+    #: is only what the caller claimed (stdio's ``approver`` argument, the CLI's user)
+    verified: bool = False
 
 
 def gate_id_for(position: GatePosition, task_id: str) -> str:
@@ -280,6 +289,10 @@ class RunHead(Frozen):
     contract: ExecutionContract
     idempotency_key: str | None = None
     request_hash: str
+    #: the verified identity (an HTTP token's) that started the run; None for stdio and the CLI.
+    #: A head rewritten by a server that predates the field loses it: identities limited to their
+    #: own runs then no longer see the run (the safe direction).
+    started_by: str | None = None
     tasks: tuple[TaskState, ...]
     gates: tuple[GateState, ...]
     not_before: datetime | None = None

@@ -54,7 +54,7 @@ from orchestration.facts import (
 )
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.inputs import ContractResolver, Limits, StartRequest, inline_contract
-from orchestration.models import GateState, RunHead, text_hash
+from orchestration.models import DecisionChannel, GateState, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import (
     RunSnapshot,
@@ -277,6 +277,7 @@ class Runtime:
             idempotency_key=key,
             request_hash=request.request_hash(),
             format=chain_format(chain),
+            started_by=request.started_by,
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])
@@ -371,13 +372,21 @@ class Runtime:
         gate_id: str,
         comment: str | None = None,
         approver: str | None = None,
+        *,
+        channel: DecisionChannel | None = None,
+        verified: bool = False,
     ) -> RunHead:
         """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
         the gate (there is no "the open one" default): an approval retried after the run moved on
         must not approve the next gate, which nobody has seen. The decision record is immutable:
         the same decision, comment and approver on an already decided gate returns the current
-        state and appends nothing; anything else there is a ``Conflict``. Approving a run that is
-        not awaiting approval is ``InvalidState``."""
+        state and appends nothing, whatever ``channel`` and ``verified`` the repeat came with;
+        anything else there is a ``Conflict``. Approving a run that is not awaiting approval is
+        ``InvalidState``.
+
+        ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
+        identity the edge verified, or only claimed) are recorded with the decision; the edge
+        (:mod:`server`) says which."""
         validate_run_id(run_id)
         if decision not in ("approve", "reject"):
             raise InvalidArgument(f"decision must be 'approve' or 'reject', not {quoted(decision)}")
@@ -414,6 +423,8 @@ class Runtime:
                 decision=decision,
                 comment=comment,
                 approver=approver,
+                channel=channel,
+                verified=verified,
             )
             try:
                 return await self._append(head, [fact])

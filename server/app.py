@@ -54,6 +54,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.arguments import UnknownToolRefusal
 from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
+from server.chain_prompts import register_chain_prompts
 from server.config import Settings
 from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.resources import register_resources
@@ -121,6 +122,7 @@ class ConstructApp:
             middleware=[UnknownToolRefusal(tools)],
         )
         register_resources(server, self._legacy, self._subscriptions)
+        register_chain_prompts(server, self.catalog)
         # The SDK's listen handler, told which run resources each open stream covers.
         server._lowlevel_server.add_request_handler(
             "subscriptions/listen",
@@ -213,7 +215,7 @@ class ConstructApp:
         self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000
     ) -> None:
         if transport != "stdio":
-            check_exposure(host, self.settings.auth_token)
+            check_exposure(host, self.settings.named_tokens())
             host = bind_host(host)  # "[::1]" binds as "::1"
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
@@ -258,12 +260,16 @@ class ConstructApp:
             raise ValueError(f"unknown transport {transport!r}")
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
-        """``app`` behind the bearer token, when one is configured (see :mod:`server.auth`)."""
-        token = self.settings.auth_token
-        if token is None:
+        """``app`` behind the bearer tokens, when any is configured (see :mod:`server.auth`)."""
+        tokens = self.settings.named_tokens()
+        if not tokens:
             return app
-        log.info("HTTP requests need the bearer token", extra={"action": "auth_enabled"})
-        return BearerTokenMiddleware(app, token)
+        log.info(
+            "HTTP requests need a bearer token; identities: %s",
+            ", ".join(t.identity for t in tokens),
+            extra={"action": "auth_enabled"},
+        )
+        return BearerTokenMiddleware(app, tokens)
 
     def _stop_work(self) -> None:
         """At SIGTERM/SIGINT on HTTP, before uvicorn waits for open requests: take no new work, and

@@ -31,6 +31,7 @@ on stderr (``run_not_found: no run with id ...``).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
@@ -50,7 +51,7 @@ from orchestration.vocabulary import RunStatus
 from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
-from server.timeline import render_timeline
+from server.timeline import decided_by, render_timeline
 from server.views import Detail, RunsPage, RunView, run_view, runs_page
 from server.wiring import runtime_for
 from stores import parse_store_spec
@@ -144,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("--reject", action="store_true", help="reject instead of approving")
     approve.add_argument("--gate-id", help="the gate decided (required; the run view names it)")
     approve.add_argument("--comment")
-    approve.add_argument("--approver")
+    approve.add_argument(
+        "--approver", help="who decided, for the record (default: the OS user); recorded as claimed"
+    )
     _common(approve)
     _json_flag(approve)
 
@@ -227,9 +230,10 @@ def _print_view(view: RunView, out: TextIO) -> None:
         went = route.next_task_id or route.applied
         out.write(f"route {route.task_id}: {route.route_on}={route.value} -> {route.target}{bound}: {went}\n")
     for gate in view.gates:
-        who = f" by {gate.approver}" if gate.approver else ""
+        who = decided_by(gate.approver, gate.channel, gate.verified)
+        when = f" at {gate.decided_at:%Y-%m-%d %H:%M:%S}Z" if gate.decided_at else ""
         note = f" ({gate.comment})" if gate.comment else ""
-        out.write(f"gate {gate.gate_id}: {gate.status}{who}{note}\n")
+        out.write(f"gate {gate.gate_id}: {gate.status}{who}{when}{note}\n")
     if view.error is not None:
         out.write(f"error: {view.error.code}: {view.error.message}\n")
     for warning in view.warnings:
@@ -376,11 +380,24 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         decision: Literal["approve", "reject"] = "reject" if args.reject else "approve"
         if args.gate_id is None:
             raise await runtime.missing_gate_id(args.run_id, "--gate-id")
-        head = await runtime.approve(args.run_id, decision, args.gate_id, args.comment, args.approver)
+        # The CLI is a local, trusted channel: the approver is what it says (--approver, else the
+        # OS user), recorded as claimed.
+        approver = args.approver if args.approver is not None else _os_user()
+        head = await runtime.approve(
+            args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", verified=False
+        )
         return await _advance(runtime, head)
     if command == "cancel":
         return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
     raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
+
+
+def _os_user() -> str | None:
+    """The name of the user running the CLI, or None when the system cannot say."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        return None
 
 
 def _emit_timeline(head: RunHead, facts: Sequence[Fact], as_json: bool, out: TextIO) -> None:

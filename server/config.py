@@ -39,6 +39,16 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
                                     #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
                                     #   back json_schema -> json_object -> prompt when refused
 
+    [tokens.alice]                  # HTTP transports: a bearer token for the identity "alice"
+    token_env = "ALICE_TOKEN"       # the variable holding it (or token = "..."; 16+ characters)
+    roles = ["read", "approve"]     # read | operate | approve, combined (see server.identity)
+    own_runs_only = false           # true: alice sees and acts on only the runs she started
+
+Every token must differ from the others and from ``auth_token`` (which stands for the identity
+``admin`` with every role). An unknown role or a short inline token is an error wherever the file is
+read; a duplicate token or a ``token_env`` that is not set (or too short) stops the HTTP transports
+at startup (stdio and the CLI do not use the tokens). Errors name the table, never the value.
+
 Environment variables (each overridden by the same key in the config file and by a flag):
 
 =================================== ===================================================
@@ -107,6 +117,7 @@ from orchestration.runtime import Limits
 from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.providers import StructuredOutputMode
 from server.auth import MIN_TOKEN_CHARS
+from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 
 DeploymentMode = Literal["solo", "team", "enterprise"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -177,6 +188,41 @@ class ProviderTable(BaseModel):
     structured_output: StructuredOutputMode | None = None
 
 
+def _checked_token(value: str) -> str:
+    """A bearer token, trimmed, or ValueError. The message never repeats the value."""
+    # Trimmed: a token pasted with a newline, or made of spaces, is not a secret of 16 characters.
+    token = value.strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(
+            f"must have at least {MIN_TOKEN_CHARS} characters, not counting surrounding whitespace"
+        )
+    if not all(33 <= ord(c) <= 126 for c in token):
+        # It travels in an HTTP header: anything else could never be matched.
+        raise ValueError("must be printable ASCII characters without spaces")
+    return token
+
+
+class TokenTable(BaseModel):
+    """A ``[tokens.<identity>]`` table of the config file: one bearer token and what its identity
+    may do (see :mod:`server.identity`). The token is given either inline (``token``) or as the
+    name of the environment variable that holds it (``token_env``), so the file need not hold the
+    secret."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str | None = Field(default=None, max_length=4096, repr=False)
+    token_env: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"
+    )
+    roles: list[Role] = Field(min_length=1, max_length=len(ROLES))
+    own_runs_only: bool = False
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        return None if value is None else _checked_token(value)
+
+
 class _Options(BaseModel):
     """One source's settings, every field optional: a field left unset falls through to the next
     source. Unknown keys are errors (a typo in a config file must not be silently ignored)."""
@@ -214,6 +260,20 @@ class _Options(BaseModel):
     openai_max_tokens_field: MaxTokensField | None = None
     openai_structured_output: StructuredOutputMode | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
+    tokens: dict[str, TokenTable] | None = Field(default=None, repr=False)
+
+    @field_validator("tokens")
+    @classmethod
+    def _identities(cls, value: dict[str, TokenTable] | None) -> dict[str, TokenTable] | None:
+        for name, table in (value or {}).items():
+            if not IDENTITY_PATTERN.match(name):
+                raise ValueError(
+                    f"identity {name[:100]!r} must be 1-100 letters, digits or ._@- (starting with a letter "
+                    "or digit)"
+                )
+            if (table.token is None) == (table.token_env is None):
+                raise ValueError(f"[tokens.{name}] needs exactly one of token and token_env")
+        return value
 
     @field_validator("providers")
     @classmethod
@@ -241,19 +301,7 @@ class _Options(BaseModel):
     @field_validator("auth_token")
     @classmethod
     def _token(cls, value: str | None) -> str | None:
-        # Trimmed: a token pasted with a newline, or made of spaces, is not a secret of 16 characters.
-        # The message never repeats the value.
-        if value is None:
-            return None
-        token = value.strip()
-        if len(token) < MIN_TOKEN_CHARS:
-            raise ValueError(
-                f"must have at least {MIN_TOKEN_CHARS} characters, not counting surrounding whitespace"
-            )
-        if not all(33 <= ord(c) <= 126 for c in token):
-            # It travels in an HTTP header: anything else could never be matched.
-            raise ValueError("must be printable ASCII characters without spaces")
-        return token
+        return None if value is None else _checked_token(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +343,12 @@ class Settings:
     openai_structured_output: StructuredOutputMode | None = None
     #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
     providers: Mapping[str, ProviderTable] = field(default_factory=dict, repr=False)
+    #: The HTTP transports' named tokens (``[tokens.<identity>]``, with ``token_env`` resolved),
+    #: besides ``auth_token``; secrets, kept out of ``repr``.
+    tokens: tuple[NamedToken, ...] = field(default=(), repr=False)
+    #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
+    #: a duplicate token), raised by :meth:`named_tokens`.
+    tokens_error: ConfigError | None = field(default=None, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -303,6 +357,16 @@ class Settings:
 
     def limits(self) -> Limits:
         return Limits(max_request_chars=self.max_request_chars, max_output_chars=self.max_output_chars)
+
+    def named_tokens(self) -> tuple[NamedToken, ...]:
+        """Every token HTTP requests may carry: ``auth_token`` as the identity
+        :data:`~server.identity.AUTH_TOKEN_IDENTITY` with every role, then ``[tokens]``. Raises
+        the ``ConfigError`` of a ``token_env`` that is not set or is too short, or of a token used
+        twice: the HTTP transports call this before they start; stdio and the CLI never do."""
+        if self.tokens_error is not None:
+            raise self.tokens_error
+        single = () if self.auth_token is None else (NamedToken(AUTH_TOKEN_IDENTITY, self.auth_token),)
+        return (*single, *self.tokens)
 
 
 def _problem(exc: ValidationError) -> tuple[str, str]:
@@ -315,8 +379,10 @@ def _problem(exc: ValidationError) -> tuple[str, str]:
             known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
             message = (
                 f"unknown setting; the known settings are: {known} "
-                "(and the tables specialists, chains, providers)"
+                "(and the tables specialists, chains, providers, tokens)"
             )
+        elif loc[0] == "tokens":
+            message = f"unknown setting; a tokens table takes: {', '.join(TokenTable.model_fields)}"
         else:
             message = f"unknown setting; a provider table takes: {', '.join(ProviderTable.model_fields)}"
     return where, message
@@ -398,4 +464,61 @@ def load_settings(
     merged["providers"] = {
         k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
     }
-    return Settings(home=resolved_home, config_file=file, sources=sources, **merged)
+    tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
+    tokens: tuple[NamedToken, ...] = ()
+    tokens_error: ConfigError | None = None
+    try:
+        tokens = _named_tokens(tables, env, str(file), merged.get("auth_token"))
+    except ConfigError as exc:
+        # Raised by named_tokens(), when a transport needs the tokens: stdio and the CLI do not,
+        # and need not see the HTTP server's token variables.
+        tokens_error = exc
+    return Settings(
+        home=resolved_home,
+        config_file=file,
+        sources=sources,
+        tokens=tokens,
+        tokens_error=tokens_error,
+        **merged,
+    )
+
+
+def _named_tokens(
+    tables: Mapping[str, TokenTable], env: Mapping[str, str], source: str, auth_token: str | None
+) -> tuple[NamedToken, ...]:
+    """The ``[tokens]`` tables with ``token_env`` read from ``env``; every token must be distinct
+    (also from ``auth_token``) and every identity too. Errors name the table, never a value."""
+    seen: dict[str, str] = {}
+    if auth_token is not None:
+        seen[auth_token] = "auth_token (CONSTRUCT_AUTH_TOKEN)"
+    out: list[NamedToken] = []
+    for name, table in tables.items():
+        where = f"tokens.{name}"
+        if name == AUTH_TOKEN_IDENTITY and auth_token is not None:
+            raise ConfigError(
+                source,
+                where,
+                f"the identity {AUTH_TOKEN_IDENTITY!r} is the one auth_token (CONSTRUCT_AUTH_TOKEN) "
+                "stands for; name this identity otherwise",
+            )
+        token = table.token
+        if table.token_env is not None:
+            raw = env.get(table.token_env)
+            if raw is None or not raw.strip():
+                raise ConfigError(
+                    source, f"{where}.token_env", f"the environment variable {table.token_env} is not set"
+                )
+            try:
+                token = _checked_token(raw)
+            except ValueError as exc:
+                raise ConfigError(source, f"{where}.token_env", f"{table.token_env} {exc}") from None
+        assert token is not None  # exactly one of token and token_env (checked by _Options)
+        if token in seen:
+            raise ConfigError(
+                source,
+                where,
+                f"its token is the same as {seen[token]}'s; every identity needs a token of its own",
+            )
+        seen[token] = where
+        out.append(NamedToken(name, token, frozenset(table.roles), table.own_runs_only))
+    return tuple(out)

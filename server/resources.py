@@ -14,6 +14,13 @@ Subscribers hear about every change this process writes to the run (the runtime 
   ``CONSTRUCT_MAX_SUBSCRIPTIONS`` per session, forgotten when the session ends: see
   :mod:`server.watch`).
 
+``resources/list`` lists the :data:`RECENT_RUNS` newest runs (the ones the caller may read),
+newest first, as ``run://{run_id}`` named by chain, status and the start of the request, so that a
+user can attach a run to a conversation in any host and pick it up there. The list is made at each
+request (the SDK's own list holds only resources registered up front, so its handler is replaced,
+keeping those first). Reading, listing and subscribing need the ``read`` role over HTTP with
+tokens (see :mod:`server.identity`); a caller without it is listed no runs.
+
 Changes made by *other* processes on the same store (the CLI, another server) are announced too,
 within about one poll interval: :class:`~server.watch.RunSubscriptions` polls the subscribed runs.
 """
@@ -28,14 +35,29 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from orchestration.errors import ConstructError, InvalidArgument, InvalidState, RunNotFound
+from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
 from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
 from orchestration.vocabulary import TaskStatus
-from server.services import Services
-from server.views import check_task_id
+from server.identity import caller_of
+from server.services import Services, run_uri
+from server.views import check_task_id, waiting_for
 from server.watch import LegacySubscribers, RunSubscriptions, as_protocol_error
 
 ResourceContext = Context[Services, Any]
+#: How many runs ``resources/list`` shows (the newest); runs_list pages through all of them.
+RECENT_RUNS = 20
+#: How much of a run's request its resource name shows.
+NAME_PREVIEW_CHARS = 60
+
+
+async def _readable(ctx: ResourceContext, run_id: str) -> RunHead:
+    """The run ``run_id``, once it is checked that the caller may read it (``forbidden``)."""
+    caller = caller_of(ctx.request_context.request)
+    caller.require("read", "reading a run resource")
+    head = await ctx.request_context.lifespan_context.runtime.status(validate_run_id(run_id))
+    caller.check_run(head)
+    return head
 
 
 async def read_run(run_id: str, ctx: ResourceContext) -> str:
@@ -43,7 +65,9 @@ async def read_run(run_id: str, ctx: ResourceContext) -> str:
     run_status view)."""
     services: Services = ctx.request_context.lifespan_context
     try:
-        view = await services.view(run_id)
+        view = await services.view(run_id, await _readable(ctx, run_id))
+    except Forbidden as exc:
+        raise as_protocol_error(exc) from None
     except (RunNotFound, InvalidArgument) as exc:
         raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
     except ConstructError as exc:
@@ -55,18 +79,40 @@ async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> s
     """One task's whole output, verbatim (the view's ``output_uri``)."""
     services: Services = ctx.request_context.lifespan_context
     try:
-        head = await services.runtime.status(validate_run_id(run_id))
+        head = await _readable(ctx, run_id)
         task = check_task_id(head, task_id)
         if task.status != TaskStatus.DONE or task.output_seq is None:
             raise InvalidState(
                 f"task {task.task_id!r} of run {head.run_id} has no output: it is {task.status.value}"
             )
         outputs = await services.runtime.outputs(head, [task.task_id])
+    except Forbidden as exc:
+        raise as_protocol_error(exc) from None
     except (RunNotFound, InvalidArgument, InvalidState) as exc:
         raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
     except ConstructError as exc:
         raise ResourceError(f"{exc.code}: {exc.message}") from None
     return outputs[task.task_id]
+
+
+def run_resource(head: RunHead) -> types.Resource:
+    """A run as ``resources/list`` shows it: ``run://<id>``, named by its chain, status and request."""
+    name = f"{head.chain.name} · {head.status.value} · {_flat_preview(head.request)}"
+    waiting = waiting_for(head)
+    return types.Resource(
+        uri=run_uri(head.run_id),
+        name=name,
+        title=name,
+        description=f"Run {head.run_id}"
+        + (f", waiting for {waiting}" if waiting else "")
+        + ". Attach it to pick the run up: its next_action says what to do.",
+        mime_type="application/json",
+    )
+
+
+def _flat_preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= NAME_PREVIEW_CHARS else flat[: NAME_PREVIEW_CHARS - 1] + "…"
 
 
 def register_resources(
@@ -91,6 +137,7 @@ def register_resources(
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         try:
+            caller_of(ctx.request).require("read", "subscribing to a run resource")
             legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
         except ConstructError as exc:
             raise as_protocol_error(exc) from None
@@ -103,7 +150,23 @@ def register_resources(
         legacy.remove(str(params.uri), ctx.session)
         return types.EmptyResult()
 
-    # MCPServer exposes no hook for the handshake-era subscribe methods; its low-level server does.
+    async def list_resources(
+        ctx: ServerRequestContext[Services, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        static = await server.list_resources()
+        caller = caller_of(ctx.request)
+        if "read" not in caller.roles:
+            return types.ListResourcesResult(resources=static)
+        try:
+            page = await ctx.lifespan_context.runtime.list_runs(None, RECENT_RUNS)
+        except ConstructError as exc:
+            raise as_protocol_error(exc) from None
+        runs = [run_resource(head) for head in page.runs if caller.may_see(head)]
+        return types.ListResourcesResult(resources=[*static, *runs])
+
+    # MCPServer exposes no hook for the handshake-era subscribe methods, nor lists resources that
+    # change (its list is of resources registered up front); its low-level server does.
     lowlevel = server._lowlevel_server
+    lowlevel.add_request_handler("resources/list", types.PaginatedRequestParams, list_resources)
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)

@@ -39,15 +39,26 @@ def _routes(routes: dict[str, str]) -> str:
     return ", ".join(f"{value}->{target}" for value, target in routes.items())
 
 
+def decided_by(approver: str | None, channel: str | None, verified: bool) -> str:
+    """Who decided a gate and how, for a line of text: `` by alice (verified, http)``,
+    `` by bob (claimed, stdio)``; empty when nothing was recorded."""
+    who = f" by {approver}" if approver else ""
+    if channel is None:
+        return who
+    how = ("verified, " if verified else "claimed, ") if approver else ""
+    return f"{who} ({how}{channel})"
+
+
 def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
         steps = " -> ".join(
             s.name + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "") for s in fact.chain.steps
         )
+        by = f", started by {fact.started_by} (verified)" if fact.started_by else ""
         return (
             f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
-            f'request "{_preview(fact.request)}"'
+            f'request "{_preview(fact.request)}"{by}'
         )
     if isinstance(fact, HostTaskPrepared):
         digest = fact.prompt_sha256[:12]
@@ -61,7 +72,7 @@ def describe_fact(fact: Fact) -> str:
     if isinstance(fact, ApprovalRequested):
         return f"{fact.gate_id}: waiting for a decision"
     if isinstance(fact, ApprovalDecided):
-        who = f" by {fact.approver}" if fact.approver else ""
+        who = decided_by(fact.approver, fact.channel, fact.verified)
         note = f' "{_preview(fact.comment)}"' if fact.comment else ""
         return f"{fact.gate_id}: {fact.decision}{who}{note}"
     if isinstance(fact, AttemptStarted):
@@ -80,7 +91,8 @@ def describe_fact(fact: Fact) -> str:
         )
         return f"{fact.task_id}: {fact.route_on}={fact.value} -> {fact.target}{bound}: goes on with {went}"
     if isinstance(fact, RunCancelled):
-        return f"cancelled{f': {fact.reason}' if fact.reason else ''}"
+        by = f" by {fact.cancelled_by}" if fact.cancelled_by else ""
+        return f"cancelled{by}{f': {fact.reason}' if fact.reason else ''}"
     if isinstance(fact, RunFinished):
         return f"{fact.status}{f': {fact.error.code}' if fact.error else ''}"
     return fact.type  # pragma: no cover - the union is closed

@@ -19,6 +19,12 @@ A call that records something names what it answers: ``orchestrate_resume`` with
 retried after the run moved on then cannot land on the next task or gate; a missing id is
 ``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
 
+Over HTTP with tokens, each tool needs a role of the token's identity (:data:`ROLE_OF`: ``read``,
+``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
+else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
+the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
+refused), the ``approver`` argument, claimed, elsewhere.
+
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
 
@@ -46,11 +52,12 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from orchestration.errors import ConstructError, InvalidArgument, quoted
+from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.models import RunHead
 from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.arguments import MissingHint, StrictTool, error_result, strict_schema, verbatim_text
+from server.identity import Caller, Role, caller_of
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
@@ -90,6 +97,27 @@ WaitSeconds = Annotated[
 
 def _services(ctx: ToolContext) -> Services:
     return ctx.request_context.lifespan_context
+
+
+#: The role each tool needs (see :mod:`server.identity`).
+ROLE_OF: dict[str, Role] = {
+    "orchestrate_start": "operate",
+    "orchestrate_resume": "operate",
+    "orchestrate_cancel": "operate",
+    "orchestrate_approve": "approve",
+    "run_status": "read",
+    "runs_list": "read",
+}
+
+
+async def _caller(ctx: ToolContext, tool: str, run_id: str | None = None) -> Caller:
+    """Who calls ``tool``, once it is checked that they may: ``forbidden`` when their identity
+    lacks the tool's role, or is limited to its own runs and ``run_id`` is not one."""
+    caller = caller_of(ctx.request_context.request)
+    caller.require(ROLE_OF[tool], tool)
+    if run_id is not None and caller.own_runs_only:
+        caller.check_run(await _services(ctx).runtime.status(run_id))
+    return caller
 
 
 def _ok(model: BaseModel) -> CallToolResult:
@@ -229,6 +257,7 @@ async def orchestrate_start(
     """
 
     async def work() -> RunView:
+        caller = await _caller(ctx, "orchestrate_start")
         services = _services(ctx)
         start = StartRequest(
             request=request,
@@ -240,8 +269,12 @@ async def orchestrate_start(
             model=model,
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
+            started_by=caller.identity if caller.verified else None,
         )
         head, created = await services.runtime.start(start)
+        # An idempotency key another identity used returns that identity's run: not to one
+        # limited to its own runs.
+        caller.check_run(head)
         if created:
             services.dispatcher.wake(head.run_id)
         return await _settle(ctx, head, wait_seconds)
@@ -281,6 +314,7 @@ async def orchestrate_resume(
     """
 
     async def work() -> RunView:
+        await _caller(ctx, "orchestrate_resume", run_id)
         services = _services(ctx)
         runtime = services.runtime
         if output is None:
@@ -327,7 +361,8 @@ async def orchestrate_approve(
         str | None,
         Field(
             max_length=LIMITS.max_approver_chars,
-            description="Who decided (a name or handle), for the record.",
+            description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
+            "the token's identity is recorded.",
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
@@ -340,8 +375,22 @@ async def orchestrate_approve(
     """
 
     async def work() -> RunView:
+        caller = await _caller(ctx, "orchestrate_approve", run_id)
         services = _services(ctx)
-        head = await services.runtime.approve(run_id, decision, gate_id, comment, approver)
+        who = approver
+        if caller.verified:
+            # The record names the verified identity; a different name would be a claim the
+            # server cannot back, so it is refused rather than recorded or silently replaced.
+            if approver is not None and approver != caller.identity:
+                raise Forbidden(
+                    f"approver {quoted(approver)} is not the identity of this connection's token, "
+                    f"{caller.identity!r}, which the record names; omit approver "
+                    f"(or pass {caller.identity!r})"
+                )
+            who = caller.identity
+        head = await services.runtime.approve(
+            run_id, decision, gate_id, comment, who, channel=caller.channel, verified=caller.verified
+        )
         return await _settle(ctx, head, wait_seconds)
 
     return await _answer("orchestrate_approve", work)
@@ -380,6 +429,7 @@ async def run_status(
     for one."""
 
     async def work() -> RunView:
+        await _caller(ctx, "run_status", run_id)
         services = _services(ctx)
         head = await services.runtime.status(run_id)
         if task_id is not None:
@@ -402,8 +452,9 @@ async def orchestrate_cancel(
     cancelled."""
 
     async def work() -> RunView:
+        caller = await _caller(ctx, "orchestrate_cancel", run_id)
         services = _services(ctx)
-        head = await services.runtime.cancel(run_id, reason=reason)
+        head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
         return await services.view(head.run_id, head)
 
     return await _answer("orchestrate_cancel", work)
@@ -430,8 +481,13 @@ async def runs_list(
     status; page with next_cursor. Call run_status with a run_id for the full record."""
 
     async def work() -> RunsPage:
+        caller = await _caller(ctx, "runs_list")
         services = _services(ctx)
         page = await services.runtime.list_runs(frozenset(status) if status else None, limit, cursor)
+        if caller.own_runs_only:
+            # Filtered page by page: a page may then hold fewer than limit runs (next_cursor still
+            # says whether more follow).
+            return runs_page([h for h in page.runs if caller.may_see(h)], page.next_cursor)
         return runs_page(page)
 
     return await _answer("runs_list", work)
@@ -514,4 +570,10 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
 
 
 async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
-    return await _services(ctx).runtime.missing_gate_id(str(arguments["run_id"]))
+    run_id = str(arguments["run_id"])
+    try:
+        # The hint names the run's gates: only to a caller who may decide them.
+        await _caller(ctx, "orchestrate_approve", run_id)
+    except ConstructError as exc:
+        return exc
+    return await _services(ctx).runtime.missing_gate_id(run_id)

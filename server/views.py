@@ -37,7 +37,15 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from orchestration.errors import InvalidArgument
-from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, TaskState, TypedError
+from orchestration.models import (
+    AttemptRecord,
+    ChainStep,
+    DecisionChannel,
+    GateState,
+    RunHead,
+    TaskState,
+    TypedError,
+)
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -235,6 +243,10 @@ class GateView(_View):
     decided_at: datetime | None = None
     comment: str | None = None
     approver: str | None = None
+    channel: DecisionChannel | None = Field(default=None, description="How the decision came in.")
+    verified: bool = Field(
+        default=False, description="True: approver is the verified identity of an HTTP token; false: claimed."
+    )
 
 
 class StepView(_View):
@@ -327,6 +339,7 @@ class RunView(_Outlined):
     request_preview: str = Field(description=f"The request's first {REQUEST_PREVIEW_CHARS} characters.")
     request_chars: int
     idempotency_key: str | None = None
+    started_by: str | None = Field(default=None, description="The verified identity that started the run.")
     tasks: list[TaskView] = Field(
         description="Task instances in run order; outputs as output_preview, output_chars, "
         "output_sha256, output_uri; whole in output only when asked for; a typed answer in value."
@@ -588,6 +601,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         request_preview=request_preview(head.request),
         request_chars=len(head.request),
         idempotency_key=head.idempotency_key,
+        started_by=head.started_by,
         tasks=[
             _task(
                 head,

@@ -43,6 +43,7 @@ from mcp.shared.exceptions import MCPError
 from orchestration.errors import ConstructError, InvalidArgument
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
+from server.identity import caller_of
 
 log = logging.getLogger("construct.server")
 
@@ -304,7 +305,8 @@ def watching_listen_handler(
 ) -> Callable[[ServerRequestContext[Any, Any], types.SubscriptionsListenRequestParams], Awaitable[Any]]:
     """The SDK's ``subscriptions/listen`` handler, telling ``subscriptions`` which run resources
     the stream covers while it is open. A stream names at most ``max_subscriptions`` resources,
-    each ``run://<run id>`` (else a JSON-RPC error whose message starts with the code)."""
+    each ``run://<run id>`` (else a JSON-RPC error whose message starts with the code); naming any
+    needs the ``read`` role (see :mod:`server.identity`)."""
 
     async def handle(
         ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
@@ -312,6 +314,8 @@ def watching_listen_handler(
         named = [str(uri) for uri in params.notifications.resource_subscriptions or ()]
         try:
             uris = [uri for uri in named if check_subscribable(uri)]
+            if uris:
+                caller_of(ctx.request).require("read", "subscribing to a run resource")
             if len(set(uris)) > max_subscriptions:
                 raise TooManySubscriptions(max_subscriptions)
         except ConstructError as exc:

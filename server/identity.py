@@ -1,0 +1,124 @@
+"""Who is calling, and what they may do: identities, roles and channels.
+
+Over HTTP, each bearer token belongs to a named **identity** (``[tokens.<identity>]`` in the config
+file; the single ``CONSTRUCT_AUTH_TOKEN`` is the identity :data:`AUTH_TOKEN_IDENTITY` with every
+role). An identity has one or more **roles**, which combine:
+
+=========== ===================================================================================
+``read``    see runs: ``run_status``, ``runs_list``, the ``run://`` resources (read, list, subscribe)
+``operate`` ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_cancel``
+``approve`` ``orchestrate_approve`` (decide gates)
+=========== ===================================================================================
+
+and may be limited to the runs it started (``own_runs_only``): a run records the verified identity
+that started it (``started_by`` on ``run_created``), and such an identity sees, lists, resumes,
+cancels and decides only those. A call outside an identity's roles or runs is refused as
+``forbidden`` naming the role (or the limit) that stands in the way, never the token. Listing
+tools, prompts and resource templates, and reading a prompt, need only a valid token: they show
+what the server offers, not what it holds.
+
+stdio, an in-process client and the CLI are **local, trusted channels**: whoever can write to the
+process's stdin or run the CLI on the store already holds everything the server does, so they have
+every role and see every run. What they say about who they are (the ``approver`` argument, the
+CLI's ``--approver`` or the OS user) is recorded as *claimed*, not verified. Over HTTP without any
+token (loopback only, see :mod:`server.auth`) the same holds, with channel ``http``.
+
+The caller of a request is read from the HTTP request the MCP SDK hands each handler
+(``ctx.request_context.request``): :class:`~server.auth.BearerTokenMiddleware` puts the verified
+:class:`Caller` into the ASGI scope under :data:`SCOPE_KEY` before the MCP app sees the request.
+A request with no HTTP request behind it is local (stdio, in process).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from orchestration.errors import Forbidden
+from orchestration.models import DecisionChannel, RunHead
+
+Role = Literal["read", "operate", "approve"]
+ROLES: frozenset[Role] = frozenset(get_args(Role))
+#: The identity the single ``CONSTRUCT_AUTH_TOKEN`` (``auth_token``) stands for.
+AUTH_TOKEN_IDENTITY = "admin"
+#: What an identity's name may look like: it is shown in views and recorded with decisions.
+IDENTITY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
+#: Where the bearer-token middleware leaves the verified caller in the ASGI scope.
+SCOPE_KEY = "construct.caller"
+
+
+@dataclass(frozen=True, slots=True)
+class NamedToken:
+    """One configured token and the identity it stands for. The token is a secret: it is left out
+    of ``repr``, and the bearer-token middleware keeps only its digest."""
+
+    identity: str
+    token: str
+    roles: frozenset[Role] = ROLES
+    own_runs_only: bool = False
+
+    def __repr__(self) -> str:
+        return f"NamedToken(identity={self.identity!r}, roles={sorted(self.roles)}, own={self.own_runs_only})"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a request: a verified identity (HTTP with a token), or a local caller."""
+
+    #: the verified identity, or None when the channel has no identities (stdio, CLI, HTTP
+    #: without tokens)
+    identity: str | None
+    roles: frozenset[Role]
+    own_runs_only: bool
+    channel: DecisionChannel
+    #: True when ``identity`` comes from a token the server checked
+    verified: bool
+
+    def require(self, role: Role, action: str) -> None:
+        """Raise ``forbidden`` unless this caller has ``role`` (``action`` names what was asked)."""
+        if role in self.roles:
+            return
+        has = ", ".join(sorted(self.roles)) or "no role"
+        raise Forbidden(
+            f"{action} needs the role '{role}'; identity {self.identity!r} has {has}. Ask the server's "
+            f"operator for a token whose identity has the '{role}' role"
+        )
+
+    def may_see(self, head: RunHead) -> bool:
+        return not self.own_runs_only or (head.started_by is not None and head.started_by == self.identity)
+
+    def check_run(self, head: RunHead) -> None:
+        """Raise ``forbidden`` when this caller is limited to its own runs and ``head`` is not one."""
+        if not self.may_see(head):
+            raise Forbidden(
+                f"run {head.run_id} was not started by identity {self.identity!r}, which may only see and "
+                "act on the runs it started; use a token whose identity is not limited to its own runs"
+            )
+
+
+#: stdio, an in-process client: every role, nothing verified.
+LOCAL = Caller(identity=None, roles=ROLES, own_runs_only=False, channel="stdio", verified=False)
+#: HTTP when no token is configured (loopback only): every role, nothing verified.
+UNAUTHENTICATED_HTTP = Caller(identity=None, roles=ROLES, own_runs_only=False, channel="http", verified=False)
+
+
+def caller_for(token: NamedToken) -> Caller:
+    return Caller(
+        identity=token.identity,
+        roles=token.roles,
+        own_runs_only=token.own_runs_only,
+        channel="http",
+        verified=True,
+    )
+
+
+def caller_of(request: Any) -> Caller:
+    """The caller behind ``request`` (a handler's ``ctx.request_context.request``): the verified
+    caller the middleware left in the ASGI scope, :data:`UNAUTHENTICATED_HTTP` for an HTTP request
+    without one (no token is configured), :data:`LOCAL` when there is no HTTP request."""
+    if request is None:
+        return LOCAL
+    scope = getattr(request, "scope", None)
+    caller = scope.get(SCOPE_KEY) if isinstance(scope, dict) else None
+    return caller if isinstance(caller, Caller) else UNAUTHENTICATED_HTTP

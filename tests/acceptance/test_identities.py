@@ -1,0 +1,339 @@
+"""Who may do what, and who did: named tokens with roles over Streamable HTTP (a real server
+subprocess, the official client), and decision records made over HTTP, stdio and the CLI, as the
+run view and the timeline show them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, MCPError
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from orchestration.catalog import Catalog
+from tests.acceptance.harness import (
+    SERVER_COMMAND,
+    call,
+    call_error,
+    free_port,
+    play_host,
+    read_log,
+    server_env,
+    stdio_client_for,
+)
+from tests.acceptance.test_mcp_http import http_server
+
+pytestmark = pytest.mark.slow
+
+ALICE = "alice-token-" + "3b8e61f0c2d94a57"  # read, operate
+BOB = "bob-token-" + "9c04d7e2a1f65b38"  # read, approve (from the environment)
+CAROL = "carol-token-" + "5f2a8c1e7d3b9064"  # read, operate, approve; only her own runs
+DAVE = "dave-token-" + "0e7b3d9a6c2f4185"  # approve only
+TOKENS = (ALICE, BOB, CAROL, DAVE)
+
+CONFIG = f"""
+[tokens.alice]
+token = "{ALICE}"
+roles = ["read", "operate"]
+
+[tokens.bob]
+token_env = "BOB_TOKEN"
+roles = ["approve", "read"]
+
+[tokens.carol]
+token = "{CAROL}"
+roles = ["read", "operate", "approve"]
+own_runs_only = true
+
+[tokens.dave]
+token = "{DAVE}"
+roles = ["approve"]
+"""
+
+
+@asynccontextmanager
+async def as_identity(port: int, token: str, mode: str = "auto") -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as authed,
+        Client(
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=authed), mode=mode
+        ) as client,
+    ):
+        yield client
+
+
+def assert_forbidden(text: str, role: str | None = None) -> None:
+    assert text.startswith("forbidden: "), text
+    if role is not None:
+        assert f"needs the role '{role}'" in text, text
+    for token in TOKENS:
+        assert token not in text
+
+
+async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    async with (
+        http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port,
+        as_identity(port, ALICE) as alice,
+        as_identity(port, BOB) as bob,
+        as_identity(port, CAROL) as carol,
+    ):
+        # alice operates: she starts and runs the chain, but may not decide its gate.
+        view = await call(alice, "orchestrate_start", request="Roles, please.", approve_before=["engineer"])
+        run_id = view["run_id"]
+        assert view["started_by"] == "alice"
+        view = await play_host(alice, view)
+        gate = view["next_action"]["gate_id"]
+        text = await call_error(alice, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate)
+        assert_forbidden(text, "approve")
+        assert "identity 'alice' has operate, read" in text
+
+        # bob reads and approves, and may not operate.
+        text = await call_error(bob, "orchestrate_start", request="Not bob's to start.")
+        assert_forbidden(text, "operate")
+        assert_forbidden(await call_error(bob, "orchestrate_resume", run_id=run_id), "operate")
+        assert_forbidden(await call_error(bob, "orchestrate_cancel", run_id=run_id), "operate")
+        assert (await call(bob, "run_status", run_id=run_id))["status"] == "awaiting_approval"
+        # He decides as himself: another name is refused, not recorded.
+        text = await call_error(
+            bob, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate, approver="mallory"
+        )
+        assert_forbidden(text)
+        assert "'bob'" in text
+        view = await call(
+            bob,
+            "orchestrate_approve",
+            run_id=run_id,
+            decision="approve",
+            gate_id=gate,
+            comment="ok",
+            wait_seconds=0,
+        )
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["approver"], decided["channel"], decided["verified"]) == ("bob", "http", True)
+        assert decided["comment"] == "ok" and decided["decided_at"] is not None
+        # A repeat is a no-op, with his name given explicitly or not.
+        again = await call(
+            bob,
+            "orchestrate_approve",
+            run_id=run_id,
+            decision="approve",
+            gate_id=gate,
+            comment="ok",
+            approver="bob",
+        )
+        assert again["version"] >= view["version"]
+        assert next(g for g in again["gates"] if g["gate_id"] == gate) == decided
+
+        # carol sees only the runs she started.
+        mine = await call(carol, "orchestrate_start", request="Carol's own.", chain=["writer"])
+        assert mine["started_by"] == "carol"
+        assert_forbidden(await call_error(carol, "run_status", run_id=run_id))
+        assert_forbidden(await call_error(carol, "orchestrate_cancel", run_id=run_id))
+        assert_forbidden(
+            await call_error(carol, "orchestrate_approve", run_id=run_id, decision="reject", gate_id=gate)
+        )
+        assert_forbidden(await call_error(carol, "orchestrate_approve", run_id=run_id, decision="reject"))
+        assert [r["run_id"] for r in (await call(carol, "runs_list"))["runs"]] == [mine["run_id"]]
+        assert [str(r.uri) for r in (await carol.list_resources()).resources] == [f"run://{mine['run_id']}"]
+        with pytest.raises(MCPError, match="forbidden"):
+            await carol.read_resource(f"run://{run_id}")
+        # An idempotency key someone else used does not hand carol their run.
+        theirs = await call(
+            alice, "orchestrate_start", request="Keyed.", chain=["writer"], idempotency_key="k-1"
+        )
+        text = await call_error(
+            carol, "orchestrate_start", request="Keyed.", chain=["writer"], idempotency_key="k-1"
+        )
+        assert_forbidden(text)
+        assert theirs["run_id"] in text
+
+        # Without the read role there is nothing to list; the others see every run.
+        listed = {r["run_id"] for r in (await call(bob, "runs_list"))["runs"]}
+        assert listed == {run_id, mine["run_id"], theirs["run_id"]}
+        assert len((await alice.list_resources()).resources) == 3
+        # Discovery needs only a valid token.
+        assert {p.name for p in (await bob.list_prompts()).prompts} == set(Catalog.builtin().chains)
+
+        # dave may only decide gates (and connects the handshake way: the same rules hold).
+        async with as_identity(port, DAVE, mode="legacy") as dave:
+            assert_forbidden(await call_error(dave, "run_status", run_id=run_id), "read")
+            assert_forbidden(await call_error(dave, "runs_list"), "read")
+            assert (await dave.list_resources()).resources == []
+            refused = "forbidden: subscribing to a run resource needs the role 'read'"
+            with pytest.warns(MCPDeprecationWarning), pytest.raises(MCPError, match=refused):
+                await dave.subscribe_resource(f"run://{run_id}")
+            assert {p.name for p in (await dave.list_prompts()).prompts} == set(Catalog.builtin().chains)
+        async with as_identity(port, DAVE) as dave:
+            with pytest.raises(MCPError, match=refused):
+                async with dave.listen(resource_subscriptions=[f"run://{run_id}"]):
+                    pass
+    log = read_log(tmp_path / "server.log")
+    assert "identities: alice, bob, carol, dave" in log
+    for token in TOKENS:
+        assert token not in log
+
+
+async def test_a_session_belongs_to_the_identity_that_opened_it(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    async with http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port, httpx2.AsyncClient() as http:
+        url = f"http://127.0.0.1:{port}/mcp"
+        opened = await http.post(url, headers={**headers, "Authorization": f"Bearer {BOB}"}, json=initialize)
+        assert opened.status_code == 200
+        session = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        stolen = await http.post(
+            url,
+            headers={**headers, "Authorization": f"Bearer {ALICE}", "mcp-session-id": session},
+            json=listing,
+        )
+        assert stolen.status_code == 404, "another identity's token cannot use bob's session"
+
+
+async def test_roles_hold_over_sse_too(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    async with http_server(tmp_path, "sse", BOB_TOKEN=BOB) as port:
+        url = f"http://127.0.0.1:{port}/sse"
+        async with Client(sse_client(url, headers={"Authorization": f"Bearer {ALICE}"})) as alice:
+            view = await call(
+                alice, "orchestrate_start", request="Over SSE.", chain=["writer"], approve_before=["writer"]
+            )
+            assert view["started_by"] == "alice"
+        async with Client(sse_client(url, headers={"Authorization": f"Bearer {BOB}"})) as bob:
+            assert_forbidden(await call_error(bob, "orchestrate_start", request="No."), "operate")
+            view = await call(
+                bob, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id="before:writer"
+            )
+            assert (
+                view["gates"][0]["approver"],
+                view["gates"][0]["channel"],
+                view["gates"][0]["verified"],
+            ) == (
+                "bob",
+                "http",
+                True,
+            )
+
+
+def cli(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SERVER_COMMAND, *args],
+        capture_output=True,
+        text=True,
+        env={**server_env(home), "PATH": os.environ.get("PATH", ""), **env},
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_decisions_record_who_when_and_through_which_channel(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    gate = "before:writer"
+    # Three runs gated before their one step, each decided another way.
+    async with http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port:
+        async with as_identity(port, ALICE) as alice:
+            runs = [
+                (
+                    await call(
+                        alice,
+                        "orchestrate_start",
+                        request=f"Run {n}",
+                        chain=["writer"],
+                        approve_before=["writer"],
+                    )
+                )["run_id"]
+                for n in range(3)
+            ]
+        async with as_identity(port, BOB) as bob:
+            await call(
+                bob, "orchestrate_approve", run_id=runs[0], decision="approve", gate_id=gate, comment="bob ok"
+            )
+    env = {**server_env(tmp_path), "PATH": os.environ.get("PATH", "")}
+    async with stdio_client_for(env, tmp_path / "stdio.log") as client:
+        view = await call(
+            client, "orchestrate_approve", run_id=runs[1], decision="reject", gate_id=gate, approver="dana"
+        )
+        # A repeat through another channel (the CLI) with the same record is a no-op.
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["approver"], decided["channel"], decided["verified"]) == ("dana", "stdio", False)
+    repeat = cli(
+        tmp_path, "runs", "approve", runs[1], "--gate-id", gate, "--reject", "--approver", "dana", "--json"
+    )
+    assert repeat.returncode == 0, repeat.stderr
+    assert json.loads(repeat.stdout)["version"] == view["version"]
+
+    user = {"USER": "erin", "LOGNAME": "erin", "LNAME": "erin", "USERNAME": "erin"}
+    approved = cli(
+        tmp_path, "runs", "approve", runs[2], "--gate-id", gate, "--comment", "from the shell", **user
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "gate before:writer: approved by erin (claimed, cli) at " in approved.stdout
+
+    views: list[dict[str, Any]] = []
+    for run_id in runs:
+        status = cli(tmp_path, "runs", "status", run_id, "--json")
+        assert status.returncode == 0, status.stderr
+        views.append(json.loads(status.stdout))
+    records = [
+        {k: g[k] for k in ("approver", "channel", "verified", "comment")}
+        | {"decided": g["decided_at"] is not None}
+        for g in (v["gates"][0] for v in views)
+    ]
+    assert records == [
+        {"approver": "bob", "channel": "http", "verified": True, "comment": "bob ok", "decided": True},
+        {"approver": "dana", "channel": "stdio", "verified": False, "comment": None, "decided": True},
+        {
+            "approver": "erin",
+            "channel": "cli",
+            "verified": False,
+            "comment": "from the shell",
+            "decided": True,
+        },
+    ]
+    assert [v["started_by"] for v in views] == ["alice"] * 3
+
+    shown = cli(tmp_path, "runs", "status", runs[0])
+    assert "gate before:writer: approved by bob (verified, http) at " in shown.stdout
+    timelines = [cli(tmp_path, "runs", "timeline", run_id).stdout for run_id in runs]
+    assert 'before:writer: approve by bob (verified, http) "bob ok"' in timelines[0]
+    assert all("started by alice (verified)" in timeline for timeline in timelines)
+    assert "before:writer: reject by dana (claimed, stdio)" in timelines[1]
+    assert 'before:writer: approve by erin (claimed, cli) "from the shell"' in timelines[2]
+
+
+async def test_a_bad_tokens_table_stops_the_server_at_startup(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(
+        f'[tokens.alice]\ntoken = "{ALICE}"\nroles = ["read"]\n'
+        f'[tokens.bob]\ntoken = "{ALICE}"\nroles = ["approve"]\n'
+    )
+    env = {**server_env(tmp_path), "PATH": os.environ.get("PATH", "")}
+    refused = await anyio.run_process(
+        [*SERVER_COMMAND, "serve", "--transport", "streamable-http", "--port", str(free_port())],
+        env=env,
+        check=False,
+    )
+    assert refused.returncode == 2
+    message = refused.stderr.decode()
+    assert "tokens.bob" in message and "same as tokens.alice" in message
+    assert ALICE not in message
