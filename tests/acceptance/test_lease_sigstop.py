@@ -14,9 +14,11 @@ marked, and A logged the lost lease without a failure. The call counts are print
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -93,13 +95,44 @@ async def wait_for_calls(fake: FakeProcess, key: str, count: int, within: float)
 
 async def stop_right_after_a_renewal(a: Server, target: StoreTarget, run_id: str) -> None:
     """SIGSTOP ``a`` just after its lease record changed (a renewal committed): its next renewal is
-    a third of the TTL away, so it is not stopped holding the store's lock."""
+    a third of the TTL away, so it is not stopped holding the store's lock. On a busy machine ``a``
+    may still be finishing that renewal (the filesystem store fsyncs the directory before it lets go
+    of the run's lock): where the lock is the process's own (a file lock), the test takes the same
+    lock first, so ``a`` cannot hold it at the moment it stops."""
     with anyio.fail_after(10):
         seen = await lease_record(target, run_id)
         # Another process's lease record: nothing signals its change but looking.
         while (now := await lease_record(target, run_id)) == seen or now in (None, []):  # noqa: ASYNC110
             await anyio.sleep(0.005)
-    os.kill(a.pid, signal.SIGSTOP)
+    with anyio.fail_after(10):
+        release = await hold_the_runs_write_lock(target, run_id)
+    try:
+        os.kill(a.pid, signal.SIGSTOP)
+    finally:
+        release()
+
+
+async def hold_the_runs_write_lock(target: StoreTarget, run_id: str) -> Callable[[], None]:
+    """Take the lock a write to ``run_id`` takes (filesystem: the run's flock; sqlite: the
+    database's write lock) and return what gives it back. Postgres takes its locks in the server,
+    for the statement a client is running: nothing to take here (a renewal is one statement)."""
+    spec = parse_store_spec(target.url, home=target.workdir)
+    if target.backend == "filesystem":
+        assert spec.path is not None
+        fd = os.open(spec.path / "runs" / run_id / "lock", os.O_RDWR)
+        await anyio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX)
+        return lambda: os.close(fd)
+    if target.backend == "sqlite":
+        assert spec.path is not None
+        conn = sqlite3.connect(spec.path, timeout=10, isolation_level=None, check_same_thread=False)
+        await anyio.to_thread.run_sync(conn.execute, "BEGIN IMMEDIATE")
+
+        def release() -> None:
+            conn.execute("ROLLBACK")
+            conn.close()
+
+        return release
+    return lambda: None
 
 
 @pytest.mark.parametrize(
