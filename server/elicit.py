@@ -87,6 +87,7 @@ INPUT_REQUIRED_VERSION = "2026-07-28"
 #: How long a ``request_state`` this server issued is good for (the SDK's seal defaults to the same).
 STATE_TTL_SECONDS = 600.0
 
+_DID = {"decline": "declined", "cancel": "cancelled", "accept": "accepted"}
 _NOTES_KEPT = 5
 _NOTE_CHARS = 400
 
@@ -266,7 +267,7 @@ async def _take_answer(
     """Record the user's answer to the form for ``gate_id`` (see the module docstring); returns the
     run as it is now."""
     if response is None or response.action != "accept":
-        said = "gave no answer to" if response is None else f"{response.action}d"
+        said = "gave no answer to" if response is None else _DID[response.action]
         notes.append(
             f"elicitation: the user {said} the form for gate {gate_id}; the gate is still pending: decide "
             "it with orchestrate_approve when the user has"

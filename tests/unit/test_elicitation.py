@@ -159,6 +159,7 @@ async def test_a_rejection_in_the_form_rejects_the_run(tmp_path: Path, mode: Mod
 async def test_declining_or_cancelling_leaves_the_gate_pending_and_says_so(
     tmp_path: Path, mode: Mode, store: str, action: Literal["decline", "cancel"]
 ) -> None:
+    said = {"decline": "declined", "cancel": "cancelled"}[action]
     answers = Answers(ElicitResult(action=action))
     async with client_for(_app(tmp_path, store), mode, answers) as client:
         run_id = await _to_gate(client)
@@ -169,7 +170,7 @@ async def test_declining_or_cancelling_leaves_the_gate_pending_and_says_so(
     assert view["gates"][0]["status"] == "requested"
     assert any(
         w.startswith(
-            f"elicitation: the user {action}d the form for gate before:writer; the gate is still pending"
+            f"elicitation: the user {said} the form for gate before:writer; the gate is still pending"
         )
         for w in view["warnings"]
     ), view["warnings"]
