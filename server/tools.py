@@ -33,6 +33,10 @@ host or an approver, it ended, or it waits durably — and sends progress notifi
 when the call carried a progress token. The default lets an inline run's first host task arrive in
 the ``orchestrate_start`` answer.
 
+A waiting call that finds the run at an approval gate asks the user with a form where the client
+declared elicitation (see :mod:`server.elicit`); on 2026-07-28 connections the answer is a retry of
+the same call, so only calls whose retry records nothing new ask there (``retry_safe``).
+
 A run view is compact (see :mod:`server.views`): each finished task's output is a preview, and the
 upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
 ``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
