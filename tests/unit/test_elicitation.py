@@ -389,3 +389,59 @@ async def test_a_late_answer_that_differs_is_a_conflict_and_one_that_agrees_reco
         ), view["warnings"]
     decided = await _decisions(tmp_path, store, run_id)
     assert [(d.decision, d.approver, d.channel) for d in decided] == [(elsewhere, "carol", "stdio")]
+
+
+REVIEWED = """
+[chains.reviewed]
+steps = [{ specialist = "architect", approve_after = true }, "writer"]
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_form_of_a_gate_after_a_step_shows_that_steps_output_and_what_follows(
+    tmp_path: Path, mode: Mode
+) -> None:
+    (tmp_path / "construct.toml").write_text(REVIEWED)
+    short = "A short design."
+    answers = Answers(approve())
+    async with client_for(_app(tmp_path, "sqlite"), mode, answers) as client:
+        started = await client.call_tool("orchestrate_start", {"request": "Review me", "chain": "reviewed"})
+        run_id = (started.structured_content or {})["run_id"]
+        result = await client.call_tool(
+            "orchestrate_resume",
+            {"run_id": run_id, "task_id": "architect", "output": short, "wait_seconds": 5},
+        )
+    message = answers.asked[0].message
+    assert "gate after:architect" in message
+    assert "Approve: the chain goes on with 'writer'. Reject: the run ends as rejected." in message
+    assert message.endswith(
+        f"Output under review — architect (15 characters, all of it; whole at run://{run_id}/tasks/architect/output):"
+        f"\n{short}"
+    )
+    assert (result.structured_content or {})["next_action"]["task_id"] == "writer"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_form_of_an_exhausted_loop_shows_its_history(tmp_path: Path, mode: Mode) -> None:
+    revise = '{"verdict": "revise", "notes": "not yet"}'
+    answers = Answers(approve())
+    async with client_for(_app(tmp_path, "filesystem"), mode, answers) as client:
+        view = (
+            await client.call_tool("orchestrate_start", {"request": "Loop", "chain": "review-loop"})
+        ).structured_content
+        assert view is not None
+        while view["next_action"]["kind"] == "run_host_task":
+            task_id = view["next_action"]["task_id"]
+            output = revise if task_id.startswith("reviewer") else f"work of {task_id}"
+            result = await client.call_tool(
+                "orchestrate_resume",
+                {"run_id": view["run_id"], "task_id": task_id, "output": output, "wait_seconds": 5},
+            )
+            view = result.structured_content
+            assert view is not None
+    assert len(answers.asked) == 1
+    message = answers.asked[0].message
+    assert "gate exhausted:reviewer~3" in message and "The loop through 'reviewer' is exhausted" in message
+    assert "Approve to accept the work as it is (the run completes)" in message
+    assert "Output under review — reviewer~3" in message and revise in message
+    assert view["status"] == "completed"
