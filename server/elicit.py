@@ -34,11 +34,13 @@ recorded: a warning starting ``conflict:`` says so. Those warnings start with a 
   resume without output (which, retried at a gate, is ``invalid_state``) do not ask on that era.
   The ``request_state`` is this module's :class:`AskedGate` — run, gate, identity, expiry —
   signed with HMAC-SHA256 under a per-process secret (:class:`GateAsks`); the SDK also seals it
-  (AES-GCM, bound to the tool, its arguments and an expiry) under its own per-process key. A state
-  that was tampered with, forged, issued to another identity or for another run, or expired, is
-  refused (``invalid_argument``) and nothing is recorded. A retry that reaches a restarted server or
-  another process is refused the same way (both keys are per process): the decision is not lost,
-  only the form's answer, and calling again asks again.
+  (AES-GCM, bound to the tool, its arguments, the token's identity over HTTP and an expiry)
+  under its own per-process key. A state that was tampered with, forged, issued to another
+  identity, for another call or run, or expired, is refused — by the SDK's seal with the JSON-RPC
+  error ``Invalid or expired requestState``, or by this module's signature with
+  ``invalid_argument`` — and nothing is recorded. A retry that reaches a restarted server or
+  another process is refused the same way (both keys are per process): the user's answer is lost,
+  the gate stays pending, and calling again asks again.
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ from typing import Any
 
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import ElicitRequestParams, ElicitResult, ErrorData
+from mcp.types import ElicitRequestParams, ElicitResult, ErrorData, InputRequiredResult
 
-from tests.acceptance.harness import call
+from server.elicit import FORM_KEY
+from tests.acceptance.harness import call, read_log
 from tests.acceptance.test_identities import ALICE, BOB, CONFIG
 from tests.acceptance.test_mcp_http import http_server
 
@@ -81,3 +82,43 @@ async def test_the_form_over_http_records_the_verified_identity(tmp_path: Path, 
             True,
             "fine by me",
         )
+
+
+ERIN = "erin-token-" + "6d1f0a9b3e7c2854"  # read, approve: like bob
+
+
+async def test_a_form_state_issued_to_one_identity_does_not_answer_for_another(tmp_path: Path) -> None:
+    """erin replays the state bob was given, with an answer: refused (the SDK's seal binds the
+    token's identity, and so does the server's own signature), and nothing is recorded."""
+    (tmp_path / "construct.toml").write_text(
+        CONFIG + f'\n[tokens.erin]\ntoken = "{ERIN}"\nroles = ["read", "approve"]\n'
+    )
+    async with (
+        http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port,
+        as_identity(port, ALICE, "auto", Answers()) as alice,
+        as_identity(port, BOB, "auto", Answers()) as bob,
+        as_identity(port, ERIN, "auto", Answers()) as erin,
+    ):
+        view = await call(
+            alice,
+            "orchestrate_start",
+            request="Replay.",
+            chain=["writer"],
+            approve_before=["writer"],
+            wait_seconds=0,
+        )
+        args = {"run_id": view["run_id"], "wait_seconds": 5}
+        asked = await bob.session.call_tool("run_status", args, allow_input_required=True)
+        assert isinstance(asked, InputRequiredResult) and asked.request_state is not None
+        reject = ElicitResult(action="accept", content={"decision": "reject"})
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):
+            await erin.session.call_tool(
+                "run_status",
+                args,
+                input_responses={FORM_KEY: reject},
+                request_state=asked.request_state,
+                allow_input_required=True,
+            )
+        status = await call(bob, "run_status", run_id=view["run_id"])
+        assert status["gates"][0]["status"] == "requested", "nothing was recorded"
+    assert "requestState rejected on tools/call: principal" in read_log(tmp_path / "server.log")

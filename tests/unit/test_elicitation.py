@@ -17,7 +17,7 @@ from mcp.client.context import ClientRequestContext
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, InputRequiredResult
 
 from orchestration.errors import InvalidArgument
-from orchestration.facts import ApprovalDecided
+from orchestration.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.store import RunStore
 from server.app import ConstructApp
 from server.config import load_settings
@@ -98,12 +98,16 @@ async def _resume(client: Client, run_id: str) -> dict[str, Any]:
     return view
 
 
-async def _decisions(home: Path, store: str, run_id: str) -> list[ApprovalDecided]:
+async def _facts(home: Path, store: str, run_id: str) -> list[Fact]:
     opened: RunStore = await open_store(store, home=home)
     try:
-        return [f for f in await opened.read_facts(run_id) if isinstance(f, ApprovalDecided)]
+        return await opened.read_facts(run_id)
     finally:
         await opened.close()
+
+
+async def _decisions(home: Path, store: str, run_id: str) -> list[ApprovalDecided]:
+    return [f for f in await _facts(home, store, run_id) if isinstance(f, ApprovalDecided)]
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -136,10 +140,13 @@ async def test_a_waiting_call_that_reaches_a_gate_asks_and_records_the_approval(
         False,
     )
     assert view["warnings"] == []
-    decided = await _decisions(tmp_path, store, run_id)
+    facts = await _facts(tmp_path, store, run_id)
+    decided = [f for f in facts if isinstance(f, ApprovalDecided)]
     assert [(d.gate_id, d.decision, d.channel, d.approver, d.verified) for d in decided] == [
         ("before:writer", "approve", "elicitation", None, False)
     ]
+    # On 2026-07-28 the answer came as a retry of the resume: its output is recorded once.
+    assert [f.task_id for f in facts if isinstance(f, TaskCompleted)] == ["architect"]
 
 
 @pytest.mark.parametrize("store", STORES)
