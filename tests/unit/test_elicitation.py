@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import pytest
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
@@ -452,3 +453,32 @@ async def test_the_form_of_an_exhausted_loop_shows_its_history(tmp_path: Path, m
     assert "Approve to accept the work as it is (the run completes)" in message
     assert "Output under review — reviewer~3" in message and revise in message
     assert view["status"] == "completed"
+
+
+async def test_on_a_handshake_connection_an_unanswered_form_ends_with_the_wait(tmp_path: Path) -> None:
+    never = anyio.Event()
+
+    class Silent(Answers):
+        async def __call__(
+            self, context: ClientRequestContext, params: ElicitRequestParams
+        ) -> ElicitResult | ErrorData:
+            self.asked.append(params)
+            await never.wait()  # the user walked away
+            return approve()
+
+    answers = Silent()
+    async with client_for(_app(tmp_path, "filesystem"), "legacy", answers) as client:
+        run_id = await _to_gate(client)
+        with anyio.fail_after(60):  # a hang guard, not a timing assertion
+            result = await client.call_tool(
+                "orchestrate_resume",
+                {"run_id": run_id, "task_id": "architect", "output": DESIGN, "wait_seconds": 1},
+            )
+    view = result.structured_content
+    assert view is not None and len(answers.asked) == 1
+    assert view["status"] == "awaiting_approval" and view["next_action"]["kind"] == "approve"
+    assert (
+        "elicitation: no answer to the form for gate before:writer within 1 s; the gate is still pending"
+        in (view["warnings"])
+    )
+    assert await _decisions(tmp_path, "filesystem", run_id) == []
