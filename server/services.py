@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
@@ -17,6 +17,7 @@ from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from server.config import Settings
+from server.elicit import GateAsks
 from server.views import Detail, RunView, run_view
 from server.watch import LegacySubscribers
 
@@ -38,6 +39,8 @@ class Services:
     legacy_subscribers: LegacySubscribers
     store_description: str
     warnings: Sequence[str] = ()
+    #: signs the state of gate forms (see :mod:`server.elicit`), under a secret of this process
+    asks: GateAsks = field(default_factory=GateAsks)
 
     async def view(
         self,

@@ -33,6 +33,10 @@ host or an approver, it ended, or it waits durably — and sends progress notifi
 when the call carried a progress token. The default lets an inline run's first host task arrive in
 the ``orchestrate_start`` answer.
 
+A waiting call that finds the run at an approval gate asks the user with a form where the client
+declared elicitation (see :mod:`server.elicit`); on 2026-07-28 connections the answer is a retry of
+the same call, so only calls whose retry records nothing new ask there (``retry_safe``).
+
 A run view is compact (see :mod:`server.views`): each finished task's output is a preview, and the
 upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
 ``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
@@ -49,7 +53,7 @@ from typing import Annotated, Any, Literal
 import anyio
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
@@ -57,6 +61,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.arguments import MissingHint, StrictTool, error_result, strict_schema, verbatim_text
+from server.elicit import settle_and_ask
 from server.identity import Caller, Role, caller_of
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
@@ -137,6 +142,19 @@ async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallTo
     return _ok(model)
 
 
+async def _answer_or_ask(
+    tool: str, work: Callable[[], Awaitable[RunView | InputRequiredResult]]
+) -> CallToolResult | InputRequiredResult:
+    """:func:`_answer` for a call that may ask the user at a gate instead: its form
+    (``input_required``, see :mod:`server.elicit`) goes out as it is."""
+    try:
+        model = await work()
+    except ConstructError as exc:
+        log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
+        return error_result(exc)
+    return model if isinstance(model, InputRequiredResult) else _ok(model)
+
+
 async def _settle(
     ctx: ToolContext,
     head: RunHead,
@@ -171,6 +189,24 @@ async def _settle(
                 break
             await anyio.sleep(max(0.0, until) + 0.05)
     return await services.view(head.run_id, head, detail, full_task)
+
+
+async def _settle_asking(
+    ctx: ToolContext,
+    head: RunHead,
+    wait_seconds: float,
+    *,
+    retry_safe: bool,
+    detail: Detail = "compact",
+    full_task: str | None = None,
+) -> RunView | InputRequiredResult:
+    """:func:`_settle`, then ask the user at a gate where the client can (:mod:`server.elicit`).
+    ``retry_safe``: the call, repeated with the same arguments, records nothing new."""
+
+    async def settle(current: RunHead, wait: float) -> RunView:
+        return await _settle(ctx, current, wait, detail, full_task)
+
+    return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,7 +283,7 @@ async def orchestrate_start(
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-) -> Annotated[CallToolResult, RunView]:
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a durable specialist chain on a request and return the run.
 
     The answer's next_action says what to do: with the default inline backend it is usually
@@ -256,7 +292,7 @@ async def orchestrate_start(
     run_status picks them up again. Pass idempotency_key to make a retried start safe.
     """
 
-    async def work() -> RunView:
+    async def work() -> RunView | InputRequiredResult:
         caller = await _caller(ctx, "orchestrate_start")
         services = _services(ctx)
         start = StartRequest(
@@ -277,9 +313,9 @@ async def orchestrate_start(
         caller.check_run(head)
         if created:
             services.dispatcher.wake(head.run_id)
-        return await _settle(ctx, head, wait_seconds)
+        return await _settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
 
-    return await _answer("orchestrate_start", work)
+    return await _answer_or_ask("orchestrate_start", work)
 
 
 async def orchestrate_resume(
@@ -303,7 +339,7 @@ async def orchestrate_resume(
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-) -> Annotated[CallToolResult, RunView]:
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
 
@@ -313,7 +349,7 @@ async def orchestrate_resume(
     makes the server continue a queued or interrupted run (e.g. after a server restart).
     """
 
-    async def work() -> RunView:
+    async def work() -> RunView | InputRequiredResult:
         await _caller(ctx, "orchestrate_resume", run_id)
         services = _services(ctx)
         runtime = services.runtime
@@ -329,9 +365,11 @@ async def orchestrate_resume(
             raise await runtime.missing_task_id(run_id)
         else:
             head = await runtime.submit_host_output(run_id, task_id, output)
-        return await _settle(ctx, head, wait_seconds)
+        # Retried with the same task_id and output, the call records nothing; without output, a
+        # retry at the gate would be invalid_state.
+        return await _settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
 
-    return await _answer("orchestrate_resume", work)
+    return await _answer_or_ask("orchestrate_resume", work)
 
 
 async def orchestrate_approve(
@@ -366,7 +404,7 @@ async def orchestrate_approve(
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-) -> Annotated[CallToolResult, RunView]:
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Approve or reject the approval gate a run is waiting at (next_action.kind == 'approve').
 
     Ask the user first; do not decide on their behalf. Repeating the same call (gate, decision,
@@ -374,7 +412,7 @@ async def orchestrate_approve(
     conflict.
     """
 
-    async def work() -> RunView:
+    async def work() -> RunView | InputRequiredResult:
         caller = await _caller(ctx, "orchestrate_approve", run_id)
         services = _services(ctx)
         who = approver
@@ -391,9 +429,9 @@ async def orchestrate_approve(
         head = await services.runtime.approve(
             run_id, decision, gate_id, comment, who, channel=caller.channel, verified=caller.verified
         )
-        return await _settle(ctx, head, wait_seconds)
+        return await _settle_asking(ctx, head, wait_seconds, retry_safe=True)
 
-    return await _answer("orchestrate_approve", work)
+    return await _answer_or_ask("orchestrate_approve", work)
 
 
 async def run_status(
@@ -422,21 +460,23 @@ async def run_status(
             description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says.",
         ),
     ] = None,
-) -> Annotated[CallToolResult, RunView]:
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """The current state of a run: status, next_action, tasks (outputs as previews), attempts,
     errors, gates and warnings. Use it to pick a run up again after a restart, to wait for a running
     one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
     for one."""
 
-    async def work() -> RunView:
+    async def work() -> RunView | InputRequiredResult:
         await _caller(ctx, "run_status", run_id)
         services = _services(ctx)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
-        return await _settle(ctx, head, wait_seconds, detail, task_id)
+        return await _settle_asking(
+            ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
+        )
 
-    return await _answer("run_status", work)
+    return await _answer_or_ask("run_status", work)
 
 
 async def orchestrate_cancel(
@@ -500,7 +540,7 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
     tools: list[Tool] = []
 
     def add(
-        fn: Callable[..., Awaitable[CallToolResult]],
+        fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]],
         title: str,
         annotations: ToolAnnotations,
         missing: dict[str, MissingHint] | None = None,
