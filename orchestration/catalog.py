@@ -66,6 +66,24 @@ from orchestration.routing import check_chain
 from orchestration.schemas import resolve_schema
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
+#: The built-in chain ``research``: three researchers, each with its own angle, then a writer
+RESEARCH_ANGLES = (
+    (
+        "research-sources",
+        "Your angle: the facts. Find what is established about the request, from primary sources "
+        "where you can, and say how sure each finding is.",
+    ),
+    (
+        "research-practice",
+        "Your angle: practice. Find how people actually do this today: tools, examples, costs and "
+        "the pitfalls they report.",
+    ),
+    (
+        "research-critique",
+        "Your angle: the case against. Find the risks, the counter-evidence and the alternatives a "
+        "careful skeptic would raise.",
+    ),
+)
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
 
 
@@ -81,6 +99,8 @@ class ChainDefinition:
     name: str
     description: str
     steps: tuple[ChainStep, ...]
+    #: how many ready steps of a run the provider backend runs at once
+    max_parallel: int = 4
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -130,12 +150,15 @@ class _StepConfig(_Strict):
     routes: dict[str, str] | None = None
     max_visits: int = Field(default=3, ge=1, le=100)
     on_exhausted: str = "fail"
+    after: list[str] | None = Field(default=None, max_length=50)
+    instruction: str | None = Field(default=None, max_length=4000)
 
     _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
 
 
 class _ChainConfig(_Strict):
     description: str = ""
+    max_parallel: int = Field(default=4, ge=1, le=64)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
 
 
@@ -197,7 +220,25 @@ class Catalog:
             ),
         )
         assert check_chain(review_loop.steps) is None
-        return cls(specialists, {"default": default, "review-loop": review_loop})
+        research = ChainDefinition(
+            "research",
+            "three researchers work at the same time, each on its own angle; a writer merges their findings",
+            (
+                *(
+                    ChainStep(name=name, specialist="researcher", after=(), instruction=angle)
+                    for name, angle in RESEARCH_ANGLES
+                ),
+                ChainStep(
+                    name="writer",
+                    specialist="writer",
+                    after=tuple(n for n, _ in RESEARCH_ANGLES),
+                    instruction="Merge the three researchers' findings into one report: where they "
+                    "agree, where they differ, and what is still open.",
+                ),
+            ),
+        )
+        assert check_chain(research.steps) is None
+        return cls(specialists, {"default": default, "review-loop": review_loop, "research": research})
 
     @classmethod
     def load(cls, path: Path | None) -> Catalog:
@@ -290,6 +331,8 @@ class Catalog:
                         routes=step_cfg.routes,
                         max_visits=step_cfg.max_visits,
                         on_exhausted=step_cfg.on_exhausted,
+                        after=None if step_cfg.after is None else tuple(step_cfg.after),
+                        instruction=step_cfg.instruction,
                     )
                 )
             try:
@@ -299,7 +342,7 @@ class Catalog:
             problem = check_chain(steps)
             if problem is not None:
                 raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
-            chains[name] = ChainDefinition(name, chain.description, tuple(steps))
+            chains[name] = ChainDefinition(name, chain.description, tuple(steps), chain.max_parallel)
         return Catalog(specialists, chains, source)
 
     # -- resolution at start ------------------------------------------------------------------
@@ -323,6 +366,7 @@ class Catalog:
                 )
             definition = self.chains[name]
             steps = list(definition.steps)
+            max_parallel = definition.max_parallel
         else:
             if not chain:
                 raise InvalidArgument("chain is an empty list; give at least one specialist name")
@@ -335,6 +379,7 @@ class Catalog:
                         f"{', '.join(sorted(self.specialists))}"
                     )
             name = "custom"
+            max_parallel = 4
             steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
             reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
             if reserved:
@@ -359,7 +404,7 @@ class Catalog:
             )
             for n in used
         )
-        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots)
+        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots, max_parallel=max_parallel)
 
 
 def _unique_names(steps: Sequence[ChainStep]) -> list[ChainStep]:

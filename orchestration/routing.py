@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from orchestration.graph import check_graph
 from orchestration.models import (
     RESERVED_STEP_NAMES,
     ChainSnapshot,
@@ -76,8 +77,11 @@ class RoutePlan:
 def chain_format(chain: ChainSnapshot) -> int:
     """The record format a run of ``chain`` is created with: 2 when a step routes (a server that
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
-    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1."""
-    return 2 if any(step.route_on is not None for step in chain.steps) else 1
+    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1. A parallel
+    chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
+    parallel steps came in the same format, so no server reads format 2 without knowing both."""
+    graph = any(step.after is not None or step.instruction is not None for step in chain.steps)
+    return 2 if graph or any(step.route_on is not None for step in chain.steps) else 1
 
 
 def route_value_of(step: ChainStep, value: dict[str, Any] | None) -> str | None:
@@ -325,6 +329,9 @@ def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
                 f"{where}.on_exhausted",
                 f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
             )
+    problem = check_graph(steps)
+    if problem is not None:
+        return problem
     unreachable = [n for n in names if n not in reachable(steps)]
     if unreachable:
         i = names.index(unreachable[0])
