@@ -38,6 +38,7 @@ from pydantic_core import CoreSchema
 
 from orchestration.errors import InvalidArgument
 from orchestration.models import AttemptRecord, ChainStep, GateState, RunHead, TaskState, TypedError
+from orchestration.prompts import TaskPrompt
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -319,6 +320,9 @@ class RunView(_Outlined):
     next_action: NextAction = Field(
         description="What to do now: kind run_host_task, approve, wait or none; instruction says how."
     )
+    more_actions: list[RunHostTask | Approve] = Field(
+        default_factory=list, description="What else waits now (parallel steps), each like next_action."
+    )
     chain: ChainView
     contract: ContractView
     request: str | None = Field(
@@ -501,7 +505,58 @@ _TYPED = (
 )
 
 
+def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
+    head = snapshot.head
+    run_id = head.run_id
+    schema = head.step_of(prompt.task_id).output_schema
+    answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
+    return RunHostTask(
+        task_id=prompt.task_id,
+        specialist=prompt.specialist,
+        system_prompt=prompt.system,
+        user_prompt=prompt.user,
+        output_schema=schema,
+        instruction=(
+            f"Do this task with your own model now: take system_prompt as your instructions and answer "
+            f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
+            f"task_id={prompt.task_id!r}, output={answer}). The server records your "
+            "answer verbatim as the task's output and moves the chain on."
+            + ("" if schema is None else _TYPED)
+        ),
+    )
+
+
+def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
+    run_id = snapshot.head.run_id
+    return Approve(
+        gate_id=gate.gate_id,
+        task_id=gate.task_id,
+        position=gate.position,
+        guards=_gate_guards(gate, snapshot),
+        instruction=(
+            f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
+            f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
+            "the next steps>). Do not approve on the user's behalf without asking."
+        ),
+    )
+
+
+def waiting_items(snapshot: RunSnapshot) -> list[RunHostTask | Approve]:
+    """Everything that waits for the caller, in run order: each task awaiting the host (with its
+    prompts), then each gate awaiting a decision. A linear run has at most one; a parallel run
+    may have several (its branches wait at once)."""
+    head = snapshot.head
+    if head.status.is_terminal:
+        return []
+    prompts = snapshot.host_tasks or ((snapshot.host_task,) if snapshot.host_task is not None else ())
+    items: list[RunHostTask | Approve] = [_host_item(snapshot, p) for p in prompts]
+    items += [_gate_item(snapshot, g) for g in head.gates if g.status == "requested"]
+    return items
+
+
 def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
+    """What the caller does now: the first of :func:`waiting_items` when the run is paused (the
+    others are the view's ``more_actions``), else wait or nothing."""
     head = snapshot.head
     run_id = head.run_id
     if head.status.is_terminal:
@@ -510,38 +565,14 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
             "Report the outcome (the tasks' outputs and errors) to the user; "
             f"run_status(run_id={run_id!r}, detail='full') gives the whole outputs."
         )
-    if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
-        prompt = snapshot.host_task
-        schema = head.step_of(prompt.task_id).output_schema
-        answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
-        return RunHostTask(
-            task_id=prompt.task_id,
-            specialist=prompt.specialist,
-            system_prompt=prompt.system,
-            user_prompt=prompt.user,
-            output_schema=schema,
-            instruction=(
-                f"Do this task with your own model now: take system_prompt as your instructions and answer "
-                f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
-                f"task_id={prompt.task_id!r}, output={answer}). The server records your "
-                "answer verbatim as the task's output and moves the chain on."
-                + ("" if schema is None else _TYPED)
-            ),
-        )
-    if head.status == RunStatus.AWAITING_APPROVAL:
-        gate = next((g for g in head.gates if g.status == "requested"), None)
-        if gate is not None:
-            return Approve(
-                gate_id=gate.gate_id,
-                task_id=gate.task_id,
-                position=gate.position,
-                guards=_gate_guards(gate, snapshot),
-                instruction=(
-                    f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-                    f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
-                    "the next steps>). Do not approve on the user's behalf without asking."
-                ),
-            )
+    if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+        items = waiting_items(snapshot)
+        if head.status == RunStatus.AWAITING_APPROVAL:
+            items = [i for i in items if isinstance(i, Approve)] + [
+                i for i in items if isinstance(i, RunHostTask)
+            ]
+        if items:
+            return items[0]
     not_before = head.not_before
     return Wait(
         not_before=not_before,
@@ -575,11 +606,13 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
     head = snapshot.head
     if full_task is not None:
         check_task_id(head, full_task)
+    action = next_action(snapshot)
     return RunView(
         run_id=head.run_id,
         status=head.status,
         status_kind=_kind(head.status),
-        next_action=next_action(snapshot),
+        next_action=action,
+        more_actions=[i for i in waiting_items(snapshot) if i != action],
         chain=ChainView(
             name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
         ),
@@ -621,13 +654,20 @@ def _kind(status: RunStatus) -> Literal["active", "paused", "terminal"]:
 
 
 def waiting_for(head: RunHead) -> str | None:
-    if head.status == RunStatus.AWAITING_HOST:
-        task = next((t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST), None)
-        return f"host output for task {task.task_id}" if task else "host output"
+    """What a paused run waits for, in a few words: every task awaiting the host's output and
+    every gate awaiting a decision (a parallel run's branches may wait at once)."""
+    if head.status not in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+        return None
+    tasks = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
+    gates = [g.gate_id for g in head.gates if g.status == "requested"]
+    said = []
+    if tasks:
+        said.append(f"host output for task{'s' if len(tasks) > 1 else ''} {', '.join(tasks)}")
+    if gates:
+        said.append(f"approval of gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}")
     if head.status == RunStatus.AWAITING_APPROVAL:
-        gate = next((g for g in head.gates if g.status == "requested"), None)
-        return f"approval of gate {gate.gate_id}" if gate else "approval"
-    return None
+        said.reverse()
+    return "; ".join(said) or ("host output" if head.status == RunStatus.AWAITING_HOST else "approval")
 
 
 def request_preview(request: str) -> str:
