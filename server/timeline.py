@@ -42,8 +42,12 @@ def _routes(routes: dict[str, str]) -> str:
 def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
-        steps = " -> ".join(
-            s.name + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "") for s in fact.chain.steps
+        parallel = any(s.after is not None for s in fact.chain.steps)
+        steps = (", " if parallel else " -> ").join(
+            s.name
+            + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "")
+            + (f" (after {', '.join(s.after)})" if s.after else "")
+            for s in fact.chain.steps
         )
         return (
             f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "

@@ -252,11 +252,21 @@ class StepView(_View):
     on_exhausted: str | None = Field(
         default=None, description="What a route that would exceed a max_visits does instead."
     )
+    after: list[str] | None = Field(
+        default=None,
+        description="The steps this one runs after (all settled first); none: the previous step.",
+    )
+    instruction: str | None = Field(
+        default=None, description="The step's own instruction, added to its prompt."
+    )
 
 
 class ChainView(_View):
     name: str
     steps: list[StepView]
+    max_parallel: int = Field(
+        default=4, description="How many ready steps the provider backend runs at once."
+    )
     hash: str = Field(description="Hash of the chain snapshot taken when the run started.")
 
 
@@ -436,6 +446,8 @@ def _step(step: ChainStep) -> StepView:
         route_on=step.route_on,
         routes=step.routes,
         on_exhausted=step.on_exhausted if step.route_on is not None else None,
+        after=None if step.after is None else list(step.after),
+        instruction=step.instruction,
     )
 
 
@@ -614,7 +626,10 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         next_action=action,
         more_actions=[i for i in waiting_items(snapshot) if i != action],
         chain=ChainView(
-            name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
+            name=head.chain.name,
+            steps=[_step(s) for s in head.chain.steps],
+            hash=head.chain_hash,
+            max_parallel=head.chain.max_parallel,
         ),
         contract=ContractView.model_validate(head.contract.model_dump()),
         request=head.request if detail == "full" else None,
