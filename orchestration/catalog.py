@@ -43,6 +43,14 @@ the routing step: ``fail`` by default, ``ask``, ``end`` or a later step) says wh
 would exceed a bound does instead. Step names cannot be ``end``, ``fail`` or ``ask``, and every
 step must be reachable from the first.
 
+Steps may run in parallel (the rule is in :mod:`orchestration.graph`): ``after`` names the steps a
+step runs after (``after = []``: at the start; no ``after``: the previous step), ``instruction`` is a
+step's own instruction added to its prompt, and the chain's ``max_parallel`` (default 4) bounds how
+many of a run's steps the provider backend runs at once. The built-in chain ``research`` is three
+researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a writer after all
+three. ``after`` is checked at load: unknown steps, a step after itself, cycles; a parallel chain
+cannot route (yet).
+
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
 the file belong to the server's configuration and are ignored here.
