@@ -404,7 +404,7 @@ class Runtime:
                 return head
             self._refuse_if_out_of_time(head)
             # A requested gate is what waits (a parallel run may wait for a host task too).
-            if gate.status != "requested":
+            if head.status.is_terminal or gate.status != "requested":
                 raise InvalidState(
                     f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
                 )
