@@ -20,7 +20,8 @@
   stops a call. A watcher polls the run while calls are in flight and stops them all once it has
   ended (cancelled from another process, or failed by a sibling's required failure).
 * The drive pauses (returns the first pausing action) once nothing is in flight and nothing is
-  left to record: every branch waits for the host, a gate or a retry-after, or the run ended.
+  left to record: every branch waits for the host, a gate or a retry-after, or the run ended. A
+  runtime that is stopping starts nothing more and returns once the calls in flight have ended.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import anyio.abc
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
-    AwaitApproval,
     AwaitHost,
     FailTask,
     PrepareHostTask,
@@ -131,7 +131,7 @@ class Fanout:
 
     async def _loop(self, tg: anyio.abc.TaskGroup) -> Action | None:
         drive = self.drive
-        while not drive._stopping():
+        while True:
             if self.error is not None:
                 raise self.error
             if drive.outage.over:
@@ -139,6 +139,13 @@ class Fanout:
                     f"the store did not answer for {drive.outage.seconds:.0f} s; the calls of run "
                     f"{drive.run_id} were stopped and will be retried"
                 )
+            if drive._stopping():
+                # A graceful shutdown starts nothing more, and lets the calls in flight end and
+                # their outcomes be recorded, as a linear drive finishes its one call.
+                if not self.in_flight:
+                    return None
+                await self._wait_for_change(None)
+                continue
             async with self.lock:
                 head = await drive._load()
                 now = drive.clock.now()
@@ -168,8 +175,8 @@ class Fanout:
                 if delay <= drive.settings.in_memory_wait_cap_seconds:
                     await anyio.sleep(max(0.0, delay))
                     continue
-            return next((a for a in actions if isinstance(a, (AwaitHost, AwaitApproval))), pause)
-        return None
+            # A durable wait first: the dispatcher schedules the run's wake-up from it.
+            return next((a for a in actions if isinstance(a, WaitUntil)), pause)
 
     def _wait_seconds(self, actions: list[Action], now: datetime) -> float | None:
         """How long to wait for a call's end before deciding again: until the earliest

@@ -261,3 +261,42 @@ async def test_a_required_branch_failing_ends_the_run_and_stops_its_siblings(fai
         "c": TaskStatus.CANCELLED,
         "writer": TaskStatus.SKIPPED,
     }
+
+
+@dataclass
+class Released:
+    """Calls wait until released; ``all_in`` is set once three are in flight."""
+
+    started: int = 0
+    all_in: anyio.Event = field(default_factory=anyio.Event)
+    release: anyio.Event = field(default_factory=anyio.Event)
+
+    async def execute(
+        self,
+        contract: ExecutionContract,
+        step: ChainStep,
+        prompt: TaskPrompt,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        self.started += 1
+        if self.started == 3:
+            self.all_in.set()
+        await self.release.wait()
+        return AttemptSucceeded(f"{step.name} output", Telemetry())
+
+
+async def test_a_graceful_stop_lets_the_calls_in_flight_end_and_records_them() -> None:
+    worker = Released()
+    runtime = runtime_with(worker)
+    head, _ = await runtime.start(StartRequest("Study it", chain="research", worker_backend="provider"))
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runtime.drive, head.run_id)
+            await worker.all_in.wait()
+            runtime.stop()
+            worker.release.set()
+    final = await runtime.status(head.run_id)
+    # The three outputs are recorded; the writer was not started (the runtime is stopping).
+    assert [t.status for t in final.tasks] == [TaskStatus.DONE] * 3 + [TaskStatus.PENDING]
+    assert worker.started == 3
