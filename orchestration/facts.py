@@ -299,7 +299,10 @@ def head_from_creation(fact: RunCreated) -> RunHead:
 def _with_status(head: RunHead, status: RunStatus) -> dict[str, object]:
     if is_parallel(head.chain):
         # A run of a parallel chain has several branches: its status is their summary, set once
-        # the fact is folded (see ``apply``), not a move of one line of work.
+        # the fact is folded (see ``apply``), not a move of one line of work. Its end is still
+        # checked, but a gate may be rejected whatever else waits.
+        if status.is_terminal and status != RunStatus.REJECTED:
+            check_run_transition(head.status, status)
         return {"status": status}
     check_run_transition(head.status, status)
     return {"status": status}
