@@ -297,7 +297,7 @@ class RunView(_Outlined):
         description="What to do now: kind run_host_task, approve, wait or none; instruction says how."
     )
     more_actions: list[RunHostTask | Approve] = Field(
-        default_factory=list, description="What else waits now (parallel steps), each like next_action."
+        default_factory=list, description="Others waiting too (parallel steps)."
     )
     chain: ChainView
     contract: ContractView
@@ -308,8 +308,8 @@ class RunView(_Outlined):
     request_chars: int
     idempotency_key: str | None = None
     tasks: list[TaskView] = Field(
-        description="Task instances in run order; outputs as output_preview, output_chars, "
-        "output_sha256, output_uri; whole in output only when asked for; a typed answer in value."
+        description="Task instances in run order; outputs as previews with output_uri, whole in output "
+        "only when asked for; typed answers in value."
     )
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
