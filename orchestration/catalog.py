@@ -48,8 +48,8 @@ step runs after (``after = []``: at the start; no ``after``: the previous step),
 step's own instruction added to its prompt, and the chain's ``max_parallel`` (default 4) bounds how
 many of a run's steps the provider backend runs at once. The built-in chain ``research`` is three
 researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a writer after all
-three. ``after`` is checked at load: unknown steps, a step after itself, cycles; a parallel chain
-cannot route (yet).
+three. ``after`` is checked at load: unknown steps, a step after itself, cycles; routes of a
+parallel chain loop back or jump forward along its edges (see :mod:`orchestration.routing`).
 
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of

@@ -183,24 +183,38 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
         return (_linear_action(head, now),)
     if head.status.is_terminal or (head.deadline_at is not None and now >= head.deadline_at):
         return (_linear_action(head, now),)
+    failed = [t for t in head.tasks if t.status == TaskStatus.FAILED]
+    for task in failed:
+        if head.chain.step(task.step_name).on_failure == "fail":
+            return (FinishRun("failed", task.error),)
+    any_failed = bool(failed)
     actions: list[Action] = []
-    any_failed = False
     for task in head.tasks:
         step = head.chain.step(task.step_name)
         if task.status == TaskStatus.FAILED:
-            if step.on_failure == "fail":
-                return (FinishRun("failed", task.error),)
-            any_failed = True
             continue
         if task.status.is_terminal:
             if task.status == TaskStatus.DONE and step.approve_after:
                 action = _gate_action(head, gate_id_for("after", task.task_id))
                 if action is not None:
                     actions.append(action)
+                    continue
+            if task.status == TaskStatus.DONE and step.route_on is not None:
+                if task.routed_to is None:
+                    actions.append(RouteTask(plan_route(head, task)))
+                elif task.routed_to == ASK:
+                    action = _gate_action(head, gate_id_for("exhausted", task.task_id))
+                    # Approved: the work is accepted as it is.
+                    accepted = FinishRun("completed_with_failures" if any_failed else "completed")
+                    actions.append(action if action is not None else accepted)
             continue
         if not preds_settled(head, task):
             continue
         actions.append(_task_action(head, task, now))
+    finish = next((a for a in actions if isinstance(a, FinishRun)), None)
+    if finish is not None:
+        # A loop's work accepted at its gate ends the run, whatever else was still to do.
+        return (finish,)
     if not actions:
         return (FinishRun("completed_with_failures" if any_failed else "completed"),)
     return tuple(actions)

@@ -10,9 +10,11 @@ Settled, for a predecessor: its latest instance is done (and its ``approve_after
 approved), failed with ``on_failure = "continue"``, or skipped. A predecessor that failed with
 ``on_failure = "fail"`` fails the run, so nothing after it runs.
 
-Routing (``route_on``) is not combined with ``after`` yet: a parallel chain whose step routes is
-refused at load (:func:`check_graph`), so a run of a parallel chain has exactly one instance per
-step and no routing facts.
+A routing step of a parallel chain (see :mod:`orchestration.routing`) is settled once its route
+is recorded. A route back to the routing step or a step it runs after is a loop: the steps on the
+paths between them (:func:`loop_body`) get new instances, and "latest instance" is what the steps
+after them wait for and read; the other steps keep theirs. A route forward to a step that runs after
+it is a jump: the steps between them (:func:`jumped`) are skipped.
 """
 
 from __future__ import annotations
@@ -53,6 +55,34 @@ def ancestors(chain: ChainSnapshot, name: str) -> list[str]:
     return [s.name for s in chain.steps if s.name in seen]
 
 
+def descendants(chain: ChainSnapshot, name: str) -> list[str]:
+    """Every step that runs after ``name``, transitively, in chain order."""
+    return [s.name for s in chain.steps if name in ancestors(chain, s.name)]
+
+
+def loop_body(chain: ChainSnapshot, target: str, router: str) -> list[str]:
+    """The steps a route from ``router`` back to ``target`` runs again: those on the paths from
+    the target to the router (both included), in chain order."""
+    down = {target, *descendants(chain, target)}
+    up = {router, *ancestors(chain, router)}
+    return [s.name for s in chain.steps if s.name in down and s.name in up]
+
+
+def jumped(chain: ChainSnapshot, router: str, target: str) -> list[str]:
+    """The steps a route from ``router`` forward to ``target`` skips: those between them (after
+    the router and before the target), in chain order."""
+    after = set(descendants(chain, router))
+    return [name for name in ancestors(chain, target) if name in after]
+
+
+def goes_back(chain: ChainSnapshot, router: str, target: str) -> bool:
+    """Whether a route from ``router`` to ``target`` is a loop (the target is the router or runs
+    before it) rather than a jump forward."""
+    if is_parallel(chain):
+        return target == router or target in ancestors(chain, router)
+    return chain.index(target) <= chain.index(router)
+
+
 def latest(head: RunHead, step: str) -> TaskState | None:
     """The latest instance of ``step`` in the run."""
     found = None
@@ -66,6 +96,9 @@ def settled(head: RunHead, task: TaskState) -> bool:
     """Whether the steps after ``task``'s may start: see the module's docstring."""
     if task.status == TaskStatus.DONE:
         step = head.chain.step(task.step_name)
+        if step.route_on is not None and (task.routed_to is None or task.routed_to == "ask"):
+            # A routing task is settled once its route is recorded (and did not end at a gate).
+            return False
         if step.approve_after:
             gate = head.gate(gate_id_for("after", task.task_id))
             return gate is None or gate.status == "approved"
@@ -106,6 +139,14 @@ def summary_status(head: RunHead) -> RunStatus:
             if status == "pending":
                 return RunStatus.QUEUED
             gate = gate or status == "requested"
+        if task.status == TaskStatus.DONE and step.route_on is not None and settled_gate(head, task):
+            if task.routed_to is None:
+                return RunStatus.QUEUED  # its route is to be recorded
+            if task.routed_to == "ask":
+                status = _gate_status(head, "exhausted", task)
+                if status != "requested":
+                    return RunStatus.QUEUED  # to request, or approved: the run finishes
+                gate = True
         if task.status.is_terminal or not preds_settled(head, task):
             continue
         status = _gate_status(head, "before", task) if step.approve_before else None
@@ -124,14 +165,21 @@ def summary_status(head: RunHead) -> RunStatus:
     return RunStatus.QUEUED
 
 
+def settled_gate(head: RunHead, task: TaskState) -> bool:
+    """Whether a done task's ``approve_after`` gate (if any) has been approved."""
+    if not head.chain.step(task.step_name).approve_after:
+        return True
+    return _gate_status(head, "after", task) == "approved"
+
+
 def _gate_status(head: RunHead, position: str, task: TaskState) -> str | None:
     found = head.gate(f"{position}:{task.task_id}")
     return None if found is None else found.status
 
 
 def check_graph(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
-    """The first problem of a chain's ``after`` edges, ``instruction`` and routes, as ``(field,
-    message)`` relative to the chain; None when it is sound."""
+    """The first problem of a chain's ``after`` edges and ``instruction``, as ``(field, message)``
+    relative to the chain; None when it is sound."""
     names = [s.name for s in steps]
     for i, step in enumerate(steps):
         where = f"steps[{i}]"
@@ -153,12 +201,6 @@ def check_graph(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
             if pred == step.name:
                 return f"{where}.after", f"step {step.name!r} cannot run after itself"
     if is_parallel(steps):
-        routing = next((i for i, s in enumerate(steps) if s.route_on is not None), None)
-        if routing is not None:
-            return (
-                f"steps[{routing}].route_on",
-                "a chain whose steps run in parallel (after) cannot route yet; use a linear chain to route",
-            )
         cycle = _cycle(steps)
         if cycle is not None:
             i = names.index(cycle[0])

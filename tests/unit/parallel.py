@@ -12,6 +12,7 @@ from orchestration.runtime import Runtime
 from orchestration.vocabulary import TaskStatus
 from tests.unit.helpers import Decision
 
+VERDICT = {"specialist": "reviewer", "output_schema": "verdict", "route_on": "verdict"}
 RESEARCHERS = ("research-sources", "research-practice", "research-critique")
 
 
@@ -33,6 +34,35 @@ PARALLEL_CATALOG = Catalog.builtin().extended(
             ),
             "fan-continue": fan({"on_failure": "continue"}, {}, {}),
             "fan-two": {**fan({}, {}, {}), "max_parallel": 2},
+            # a diamond whose reviewer loops back to one branch (front): the loop body is front and
+            # the reviewer; back keeps its one instance
+            "diamond-loop": {
+                "steps": [
+                    "architect",
+                    {"name": "front", "specialist": "engineer", "after": ["architect"]},
+                    {"name": "back", "specialist": "engineer", "after": ["architect"]},
+                    {
+                        **VERDICT,
+                        "after": ["front", "back"],
+                        "routes": {"approve": "end", "revise": "front", "reject": "fail"},
+                        "on_exhausted": "ask",
+                    },
+                ]
+            },
+            # a reviewer that jumps over two parallel steps to the writer (approve), or loops back
+            "graph-jump": {
+                "steps": [
+                    "engineer",
+                    {
+                        **VERDICT,
+                        "after": ["engineer"],
+                        "routes": {"approve": "writer", "revise": "engineer", "reject": "fail"},
+                    },
+                    {"specialist": "tester", "after": ["reviewer"]},
+                    {"name": "docs", "specialist": "writer", "after": ["reviewer"]},
+                    {"specialist": "writer", "after": ["tester", "docs"]},
+                ]
+            },
             # architect, then two engineers at once, then a reviewer after both
             "diamond": {
                 "steps": [

@@ -60,11 +60,29 @@ def write(tmp_path: Path, text: str) -> Path:
             "greater than or equal to 1",
         ),
         (
+            # a route to a step that runs neither before nor after the routing step
+            '[chains.x]\nsteps = ["engineer", { name = "side", specialist = "tester", after = [] }, '
+            '{ specialist = "reviewer", after = ["engineer"], output_schema = "verdict", '
+            'route_on = "verdict", routes = { approve = "end", revise = "side", reject = "fail" } }]\n',
+            "chains.x.steps[2].routes.revise",
+            "neither runs before 'reviewer' (a loop) nor after it (a jump)",
+        ),
+        (
+            '[chains.x]\nsteps = ["engineer", { name = "side", specialist = "tester", after = [] }, '
+            '{ specialist = "reviewer", after = ["engineer"], output_schema = "verdict", '
+            'route_on = "verdict", routes = { approve = "end", revise = "engineer", reject = "fail" }, '
+            'on_exhausted = "side" }]\n',
+            "chains.x.steps[2].on_exhausted",
+            "'side' is not 'fail', 'ask', 'end' or a step after reviewer",
+        ),
+        (
+            # the writer runs after a reviewer whose routes all end or loop: it can never run
             '[chains.x]\nsteps = ["engineer", { specialist = "reviewer", after = ["engineer"], '
             'output_schema = "verdict", route_on = "verdict", '
-            'routes = { approve = "end", revise = "engineer", reject = "fail" } }]\n',
-            "chains.x.steps[1].route_on",
-            "cannot route yet",
+            'routes = { approve = "end", revise = "engineer", reject = "fail" } }, '
+            '{ specialist = "writer", after = ["reviewer"] }]\n',
+            "chains.x.steps[2]",
+            "can never run",
         ),
     ],
 )

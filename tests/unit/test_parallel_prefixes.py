@@ -22,6 +22,7 @@ from orchestration.decide import (
     FinishRun,
     PrepareHostTask,
     RequestApproval,
+    RouteTask,
     StartAttempt,
     WaitUntil,
     next_actions,
@@ -31,16 +32,19 @@ from orchestration.facts import (
     AttemptStarted,
     Fact,
     HostTaskPrepared,
+    RouteDecided,
     RunFinished,
     TaskCompleted,
     TaskFailed,
     fold,
+    route_decided,
 )
 from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import TaskStatus
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel
+from tests.unit.routed import InstanceWorker, answer_for
 from tests.unit.test_crash_prefixes import BoundaryStore
 
 RATE_LIMITED = TypedError(code="rate_limited", message="slow down", retryable=True, http_status=429)
@@ -53,6 +57,12 @@ class Scenario:
     script: dict[str, list[str | TypedError]] = field(default_factory=dict)
     decisions: Callable[[str], Decision] = lambda gate: "approve"
     status: str = "completed"
+    #: routed runs: the verdict of each routing task instance (answered by instance)
+    verdicts: dict[str, str] | None = None
+    #: routed runs: the task instances the run ends with, in run order
+    tasks: tuple[str, ...] | None = None
+    #: the most actions one decision names (2: branches were ready together)
+    most_actions: int = 2
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -91,6 +101,29 @@ SCENARIOS: dict[str, Scenario] = {
     "provider fan-out with gates": Scenario(
         StartRequest("Study it", chain="fan-gated", worker_backend="provider")
     ),
+    "inline diamond looping back to one branch: revise, approve": Scenario(
+        StartRequest("Build it", chain="diamond-loop"),
+        verdicts={"reviewer": "revise", "reviewer~2": "approve"},
+        tasks=("architect", "front", "back", "reviewer", "front~2", "reviewer~2"),
+    ),
+    "provider diamond loop exhausted, the human accepts": Scenario(
+        StartRequest("Build it", chain="diamond-loop", worker_backend="provider"),
+        verdicts={"reviewer": "revise", "reviewer~2": "revise", "reviewer~3": "revise"},
+        tasks=("architect", "front", "back", "reviewer", "front~2", "reviewer~2", "front~3", "reviewer~3"),
+    ),
+    "provider graph: revise, then a jump over two parallel steps": Scenario(
+        StartRequest("Build it", chain="graph-jump", worker_backend="provider"),
+        verdicts={"reviewer": "revise", "reviewer~2": "approve"},
+        tasks=("engineer", "reviewer", "engineer~2", "reviewer~2", "tester", "docs", "writer"),
+        most_actions=1,  # the route jumps over the two steps that would have run at once
+    ),
+    "inline graph: reject": Scenario(
+        StartRequest("Build it", chain="graph-jump"),
+        verdicts={"reviewer": "reject"},
+        status="failed",
+        tasks=("engineer", "reviewer", "tester", "docs", "writer"),
+        most_actions=1,
+    ),
 }
 
 
@@ -106,10 +139,12 @@ def _matches(fact: Fact, action: Action) -> bool:
         return action == FailTask(fact.task_id, fact.error)
     if isinstance(fact, RunFinished):
         return isinstance(action, FinishRun) and action.status == fact.status
+    if isinstance(fact, RouteDecided):
+        return isinstance(action, RouteTask) and route_decided(action.plan, fact.seq, fact.at) == fact
     return False
 
 
-DECISION_FACTS = (AttemptStarted, HostTaskPrepared, ApprovalRequested, TaskFailed, RunFinished)
+DECISION_FACTS = (AttemptStarted, HostTaskPrepared, ApprovalRequested, TaskFailed, RunFinished, RouteDecided)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -135,15 +170,22 @@ async def test_every_prefix_of_a_parallel_run_decides_as_the_uninterrupted_run(
 
     monkeypatch.setattr(fanout_module, "next_actions", recording)
     store = BoundaryStore()
-    runtime = make_runtime(store, ScriptedWorker(scenario.script), ManualClock(), PARALLEL_CATALOG)
+    verdicts = scenario.verdicts
+    worker = ScriptedWorker(scenario.script) if verdicts is None else InstanceWorker(verdicts)
+    runtime = make_runtime(store, worker, ManualClock(), PARALLEL_CATALOG)  # type: ignore[arg-type]
     head, _ = await runtime.start(scenario.request)
-    await play_parallel(runtime, head.run_id, decisions=scenario.decisions)
+    if verdicts is None:
+        await play_parallel(runtime, head.run_id, decisions=scenario.decisions)
+    else:
+        await play_parallel(runtime, head.run_id, decisions=scenario.decisions, output=answer_for(verdicts))
     final = await runtime.status(head.run_id)
     facts = await store.read_facts(head.run_id)
     assert final.status.value == scenario.status
+    if scenario.tasks is not None:
+        assert tuple(t.task_id for t in final.tasks) == scenario.tasks
     assert store.boundaries[-1] == len(facts) and len(store.boundaries) == final.version
     # The branches were ready together: some decision named several of them at once.
-    assert most_actions >= 2
+    assert most_actions >= scenario.most_actions
     # Each task's output is recorded once.
     completed = [f.task_id for f in facts if isinstance(f, TaskCompleted)]
     assert len(completed) == len(set(completed))
