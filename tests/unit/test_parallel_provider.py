@@ -89,13 +89,13 @@ async def test_three_calls_are_in_flight_at_once() -> None:
 
 @dataclass
 class Bounded:
-    """A worker that holds each researcher call until the next one starts or none can: it sees
-    how many calls the drive lets run at once."""
+    """Researcher calls wait for ``release``; ``two_in`` is set once two are in flight."""
 
     in_flight: int = 0
     most: int = 0
-    calls: int = 0
-    moved: anyio.Event = field(default_factory=anyio.Event)
+    started: int = 0
+    two_in: anyio.Event = field(default_factory=anyio.Event)
+    release: anyio.Event = field(default_factory=anyio.Event)
 
     async def execute(
         self,
@@ -105,14 +105,13 @@ class Bounded:
         attempt: int,
         previous_errors: tuple[TypedError, ...],
     ) -> AttemptOutcome:
-        self.calls += 1
+        self.started += 1
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
-        self.moved.set()
-        self.moved = anyio.Event()
-        if step.specialist == "researcher" and self.calls < 3:
-            # Wait for another call to start; the second researcher's start releases the first.
-            await self.moved.wait()
+        if self.in_flight == 2:
+            self.two_in.set()
+        if step.specialist == "researcher":
+            await self.release.wait()
         self.in_flight -= 1
         return AttemptSucceeded(f"{step.name} output", Telemetry())
 
@@ -122,10 +121,17 @@ async def test_max_parallel_bounds_the_calls_in_flight() -> None:
     runtime = runtime_with(worker)
     head, _ = await runtime.start(StartRequest("Study it", chain="fan-two", worker_backend="provider"))
     with anyio.fail_after(HANG_GUARD_SECONDS):
-        await runtime.drive(head.run_id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runtime.drive, head.run_id)
+            await worker.two_in.wait()
+            # Give the drive every chance to start the third branch (the memory store never
+            # blocks, so a drive without the bound would have started it by now).
+            for _ in range(200):
+                await anyio.lowlevel.checkpoint()
+            assert worker.started == 2
+            worker.release.set()
     assert (await runtime.status(head.run_id)).status == RunStatus.COMPLETED
-    # Two ran together (the first waited for the second), never three (max_parallel = 2).
-    assert worker.most == 2
+    assert worker.most == 2 and worker.started == 4
 
 
 class NotifyingStore(MemoryStore):
