@@ -26,7 +26,9 @@ is then ``FinishRun("completed")``.
 action of every one of them, in run order (a host task to prepare or await, a provider attempt, a
 gate to request or await, a task to fail); :func:`next_action` is its first. A failed required task
 (``on_failure = "fail"``) finishes the run failed at once, whatever its siblings are doing; the run
-finishes otherwise when every task has ended. For a linear chain both are the one action above.
+finishes otherwise when every task has ended. A done routing task gives its ``RouteTask`` there
+too (what a route does in a parallel chain: :mod:`orchestration.routing`); a loop's work accepted
+at its ``exhausted`` gate finishes the run. For a linear chain both are the one action above.
 The drive acts on every action that is not a pause, and pauses when only pauses are left.
 """
 
