@@ -43,6 +43,14 @@ the routing step: ``fail`` by default, ``ask``, ``end`` or a later step) says wh
 would exceed a bound does instead. Step names cannot be ``end``, ``fail`` or ``ask``, and every
 step must be reachable from the first.
 
+Steps may run in parallel (the rule is in :mod:`orchestration.graph`): ``after`` names the steps a
+step runs after (``after = []``: at the start; no ``after``: the previous step), ``instruction`` is a
+step's own instruction added to its prompt, and the chain's ``max_parallel`` (default 4) bounds how
+many of a run's steps the provider backend runs at once. The built-in chain ``research`` is three
+researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a writer after all
+three. ``after`` is checked at load: unknown steps, a step after itself, cycles; routes of a
+parallel chain loop back or jump forward along its edges (see :mod:`orchestration.routing`).
+
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
 the file belong to the server's configuration and are ignored here.
@@ -66,6 +74,24 @@ from orchestration.routing import check_chain
 from orchestration.schemas import resolve_schema
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
+#: The built-in chain ``research``: three researchers, each with its own angle, then a writer
+RESEARCH_ANGLES = (
+    (
+        "research-sources",
+        "Your angle: the facts. Find what is established about the request, from primary sources "
+        "where you can, and say how sure each finding is.",
+    ),
+    (
+        "research-practice",
+        "Your angle: practice. Find how people actually do this today: tools, examples, costs and "
+        "the pitfalls they report.",
+    ),
+    (
+        "research-critique",
+        "Your angle: the case against. Find the risks, the counter-evidence and the alternatives a "
+        "careful skeptic would raise.",
+    ),
+)
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
 
 
@@ -81,6 +107,8 @@ class ChainDefinition:
     name: str
     description: str
     steps: tuple[ChainStep, ...]
+    #: how many ready steps of a run the provider backend runs at once
+    max_parallel: int = 4
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -130,12 +158,15 @@ class _StepConfig(_Strict):
     routes: dict[str, str] | None = None
     max_visits: int = Field(default=3, ge=1, le=100)
     on_exhausted: str = "fail"
+    after: list[str] | None = Field(default=None, max_length=50)
+    instruction: str | None = Field(default=None, max_length=4000)
 
     _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
 
 
 class _ChainConfig(_Strict):
     description: str = ""
+    max_parallel: int = Field(default=4, ge=1, le=64)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
 
 
@@ -197,7 +228,25 @@ class Catalog:
             ),
         )
         assert check_chain(review_loop.steps) is None
-        return cls(specialists, {"default": default, "review-loop": review_loop})
+        research = ChainDefinition(
+            "research",
+            "three researchers work at the same time, each on its own angle; a writer merges their findings",
+            (
+                *(
+                    ChainStep(name=name, specialist="researcher", after=(), instruction=angle)
+                    for name, angle in RESEARCH_ANGLES
+                ),
+                ChainStep(
+                    name="writer",
+                    specialist="writer",
+                    after=tuple(n for n, _ in RESEARCH_ANGLES),
+                    instruction="Merge the three researchers' findings into one report: where they "
+                    "agree, where they differ, and what is still open.",
+                ),
+            ),
+        )
+        assert check_chain(research.steps) is None
+        return cls(specialists, {"default": default, "review-loop": review_loop, "research": research})
 
     @classmethod
     def load(cls, path: Path | None) -> Catalog:
@@ -290,6 +339,8 @@ class Catalog:
                         routes=step_cfg.routes,
                         max_visits=step_cfg.max_visits,
                         on_exhausted=step_cfg.on_exhausted,
+                        after=None if step_cfg.after is None else tuple(step_cfg.after),
+                        instruction=step_cfg.instruction,
                     )
                 )
             try:
@@ -299,7 +350,7 @@ class Catalog:
             problem = check_chain(steps)
             if problem is not None:
                 raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
-            chains[name] = ChainDefinition(name, chain.description, tuple(steps))
+            chains[name] = ChainDefinition(name, chain.description, tuple(steps), chain.max_parallel)
         return Catalog(specialists, chains, source)
 
     # -- resolution at start ------------------------------------------------------------------
@@ -323,6 +374,7 @@ class Catalog:
                 )
             definition = self.chains[name]
             steps = list(definition.steps)
+            max_parallel = definition.max_parallel
         else:
             if not chain:
                 raise InvalidArgument("chain is an empty list; give at least one specialist name")
@@ -335,6 +387,7 @@ class Catalog:
                         f"{', '.join(sorted(self.specialists))}"
                     )
             name = "custom"
+            max_parallel = 4
             steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
             reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
             if reserved:
@@ -359,7 +412,7 @@ class Catalog:
             )
             for n in used
         )
-        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots)
+        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots, max_parallel=max_parallel)
 
 
 def _unique_names(steps: Sequence[ChainStep]) -> list[ChainStep]:

@@ -20,6 +20,16 @@ instances for a loop back, skipped instances for a jump forward, the run's end f
 ``fail``, an ``exhausted:<task>`` gate for a bound reached with ``on_exhausted = "ask"`` (the rule,
 in full, is in :mod:`orchestration.routing`). Approving that gate accepts the work: the decision
 is then ``FinishRun("completed")``.
+
+**Parallel steps.** In a chain whose steps name what they run ``after`` (see
+:mod:`orchestration.graph`), several tasks may be ready at once: :func:`next_actions` returns the
+action of every one of them, in run order (a host task to prepare or await, a provider attempt, a
+gate to request or await, a task to fail); :func:`next_action` is its first. A failed required task
+(``on_failure = "fail"``) finishes the run failed at once, whatever its siblings are doing; the run
+finishes otherwise when every task has ended. A done routing task gives its ``RouteTask`` there
+too (what a route does in a parallel chain: :mod:`orchestration.routing`); a loop's work accepted
+at its ``exhausted`` gate finishes the run. For a linear chain both are the one action above.
+The drive acts on every action that is not a pause, and pauses when only pauses are left.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from datetime import datetime
 from typing import Literal
 
 from orchestration.facts import task_deadline
+from orchestration.graph import is_parallel, preds_settled
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
 from orchestration.routing import ASK, RoutePlan, plan_route
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -161,7 +172,83 @@ def _provider_action(head: RunHead, task: TaskState, now: datetime) -> Action:
 
 
 def next_action(head: RunHead, now: datetime) -> Action:
-    """The one next thing to do for this run. Pure."""
+    """The next thing to do for this run (the first of :func:`next_actions`). Pure."""
+    if is_parallel(head.chain):
+        return next_actions(head, now)[0]
+    return _linear_action(head, now)
+
+
+def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
+    """Every next thing to do for this run, one per ready task or gate, in run order (at least
+    one). Pure."""
+    if not is_parallel(head.chain):
+        return (_linear_action(head, now),)
+    if head.status.is_terminal or (head.deadline_at is not None and now >= head.deadline_at):
+        return (_linear_action(head, now),)
+    failed = [t for t in head.tasks if t.status == TaskStatus.FAILED]
+    for task in failed:
+        if head.chain.step(task.step_name).on_failure == "fail":
+            return (FinishRun("failed", task.error),)
+    any_failed = bool(failed)
+    actions: list[Action] = []
+    for task in head.tasks:
+        step = head.chain.step(task.step_name)
+        if task.status == TaskStatus.FAILED:
+            continue
+        if task.status.is_terminal:
+            if task.status == TaskStatus.DONE and step.approve_after:
+                action = _gate_action(head, gate_id_for("after", task.task_id))
+                if action is not None:
+                    actions.append(action)
+                    continue
+            if task.status == TaskStatus.DONE and step.route_on is not None:
+                if task.routed_to is None:
+                    actions.append(RouteTask(plan_route(head, task)))
+                elif task.routed_to == ASK:
+                    action = _gate_action(head, gate_id_for("exhausted", task.task_id))
+                    # Approved: the work is accepted as it is.
+                    accepted = FinishRun("completed_with_failures" if any_failed else "completed")
+                    actions.append(action if action is not None else accepted)
+            continue
+        if not preds_settled(head, task):
+            continue
+        actions.append(_task_action(head, task, now))
+    finish = next((a for a in actions if isinstance(a, FinishRun)), None)
+    if finish is not None:
+        # A loop's work accepted at its gate ends the run, whatever else was still to do.
+        return (finish,)
+    if not actions:
+        return (FinishRun("completed_with_failures" if any_failed else "completed"),)
+    return tuple(actions)
+
+
+def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
+    """The action of a ready task of a parallel chain (as the linear rule decides for its one)."""
+    step = head.chain.step(task.step_name)
+    if step.approve_before:
+        action = _gate_action(head, gate_id_for("before", task.task_id))
+        if action is not None:
+            return action
+    deadline = task_deadline(head, task)
+    if deadline is not None and now >= deadline:
+        return FailTask(
+            task.task_id,
+            TypedError(
+                code="deadline_exceeded",
+                message=f"task {task.task_id} ran past its limit of {step.timeout_seconds} s",
+            ),
+        )
+    if task.status == TaskStatus.AWAITING_HOST:
+        return AwaitHost(task.task_id)
+    if head.contract.worker_backend == "inline":
+        return PrepareHostTask(task.task_id, len(task.attempts) + 1)
+    if not task.attempts and head.not_before is not None and head.not_before > now:
+        # A provider asked the run to wait (retry-after): its first calls wait too.
+        return WaitUntil(head.not_before)
+    return _provider_action(head, task, now)
+
+
+def _linear_action(head: RunHead, now: datetime) -> Action:
     if head.status.is_terminal:
         return Idle(head.status)
     if head.deadline_at is not None and now >= head.deadline_at:

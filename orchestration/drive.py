@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 
@@ -55,6 +56,8 @@ from orchestration.facts import (
     apply_write,
     route_decided,
 )
+from orchestration.fanout import Fanout
+from orchestration.graph import is_parallel
 from orchestration.models import RunHead, text_hash
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
@@ -66,6 +69,13 @@ log = logging.getLogger("construct.runtime")
 
 #: ``recorded(facts, head)`` is awaited after every write a drive makes (logs it, notifies listeners)
 Recorded = Callable[[Sequence[Fact], RunHead], Awaitable[None]]
+
+
+class Cancellable(Protocol):
+    """What the runtime's cancel stops: a provider call's cancel scope, or a parallel run's calls
+    (:class:`~orchestration.fanout.ScopeSet`)."""
+
+    def cancel(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +108,7 @@ class Drive:
         worker: TaskWorker | None,
         settings: DriveSettings,
         recorded: Recorded,
-        cancel_scopes: dict[str, anyio.CancelScope],
+        cancel_scopes: dict[str, Cancellable],
         stopping: Callable[[], bool],
     ) -> None:
         self.run_id = lease.run_id
@@ -315,6 +325,9 @@ class Drive:
     async def _loop(self) -> Action | None:
         while not self._stopping():
             head = await self._load()
+            if is_parallel(head.chain):
+                # Several steps may be ready at once: see orchestration.fanout.
+                return await Fanout(self).run()
             action = next_action(head, self.clock.now())
             if isinstance(action, WaitUntil):
                 delay = (action.not_before - self.clock.now()).total_seconds()
@@ -474,4 +487,4 @@ class Drive:
         await self._append(head, [fact])
 
 
-__all__ = ["Drive", "DriveSettings", "Recorded"]
+__all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

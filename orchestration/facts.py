@@ -47,6 +47,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, TypeAdapter
 
 from orchestration.errors import IllegalTransition
+from orchestration.graph import is_parallel, summary_status
 from orchestration.models import (
     AttemptRecord,
     ChainSnapshot,
@@ -304,8 +305,27 @@ def head_from_creation(fact: RunCreated) -> RunHead:
 
 
 def _with_status(head: RunHead, status: RunStatus) -> dict[str, object]:
+    if is_parallel(head.chain):
+        # A run of a parallel chain has several branches: its status is their summary, set once
+        # the fact is folded (see ``apply``), not a move of one line of work. Its end is still
+        # checked, but a gate may be rejected whatever else waits.
+        if status.is_terminal and status != RunStatus.REJECTED:
+            check_run_transition(head.status, status)
+        return {"status": status}
     check_run_transition(head.status, status)
     return {"status": status}
+
+
+def _not_before(head: RunHead, at: datetime, new: datetime | None = None) -> datetime | None:
+    """The run's ``not_before`` after a fact recorded ``at`` that sets ``new`` (None: clears it).
+    In a parallel chain a provider's wait holds the run's other calls too, so a sibling's fact
+    does not clear it before its time and a shorter wait does not replace a longer one."""
+    if not is_parallel(head.chain):
+        return new
+    kept = head.not_before if head.not_before is not None and head.not_before > at else None
+    if kept is None or (new is not None and new > kept):
+        return new
+    return kept
 
 
 def _replace_task(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
@@ -331,8 +351,12 @@ def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[
         if task.status.is_terminal:
             out.append(task)
         else:
-            check_task_transition(task.status, status)
-            out.append(task.model_copy(update={"status": status, "finished_at": at}))
+            closed = status
+            if status == TaskStatus.SKIPPED and task.status != TaskStatus.PENDING:
+                # A parallel branch still at work when the run ends (a sibling failed) is cancelled.
+                closed = TaskStatus.CANCELLED
+            check_task_transition(task.status, closed)
+            out.append(task.model_copy(update={"status": closed, "finished_at": at}))
     return tuple(out)
 
 
@@ -450,7 +474,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
                 started_at=task.started_at or fact.at,
             )
         update["tasks"] = tasks
-        update["not_before"] = None
+        update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.RUNNING)
     elif isinstance(fact, AttemptFailed):
         task = head.task(fact.task_id)
@@ -463,7 +487,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             telemetry=fact.telemetry,
         )
         update["tasks"] = _task_update(head, fact.task_id, TaskStatus.PENDING, attempts=attempts)
-        update["not_before"] = fact.not_before
+        update["not_before"] = _not_before(head, fact.at, fact.not_before)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, TaskCompleted):
         task = head.task(fact.task_id)
@@ -484,7 +508,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             error=None,
             **({} if routed is None else {"route_value": routed}),
         )
-        update["not_before"] = None
+        update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, TaskFailed):
         task = head.task(fact.task_id)
@@ -497,7 +521,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update["tasks"] = _task_update(
             head, fact.task_id, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
         )
-        update["not_before"] = None
+        update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, RouteDecided):
         update |= _route(head, fact)
@@ -520,6 +544,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     if not keep_history and isinstance(changed, tuple):
         update["tasks"] = _settle_finished(head.tasks, changed)
     new_head = head.model_copy(update=update)
+    if is_parallel(new_head.chain) and not new_head.status.is_terminal:
+        new_head = new_head.model_copy(update={"status": summary_status(new_head)})
     return new_head.model_copy(update={"wake_at": wake_at(new_head)})
 
 

@@ -74,6 +74,12 @@ class ChainStep(Frozen):
     routes: dict[str, str] | None = None
     max_visits: int = Field(default=3, ge=1)
     on_exhausted: str = "fail"
+    #: the steps this one runs after (all of them settled first); None: the previous step of the
+    #: chain, as in every chain written before steps could run in parallel (see
+    #: :mod:`orchestration.graph`). A snapshot without it is a linear chain.
+    after: tuple[str, ...] | None = None
+    #: this step's own instruction, added to its prompt (the angle a researcher takes)
+    instruction: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -97,6 +103,8 @@ class ChainSnapshot(Frozen):
     name: str
     steps: tuple[ChainStep, ...]
     specialists: tuple[SpecialistSnapshot, ...]
+    #: how many of the run's ready steps the provider backend runs at the same time
+    max_parallel: int = Field(default=4, ge=1)
 
     def step(self, name: str) -> ChainStep:
         for step in self.steps:

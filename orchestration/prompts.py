@@ -12,6 +12,12 @@ in the chain, the output of that step's latest done instance that ran before it 
 design, and for ``reviewer~2`` the work of ``engineer~2``), labelled with the instance's id; and,
 under "Sent back by", the output of the routing task whose route created it (the reviewer's notes).
 A routing step is told what each value of its routed field does.
+
+In a parallel chain (steps naming what they run ``after``, see :mod:`orchestration.graph`) the
+work a task sees is that of its step's *ancestors* in the graph, not of every earlier step: a
+writer after three researchers sees all three outputs, each labelled with its task id, and a
+researcher does not see its siblings'. A step's own ``instruction`` (the angle a researcher
+takes) ends its task section, in every chain.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestration.models import RunHead, TaskState, text_hash
+from orchestration.graph import ancestors, is_parallel, latest, predecessors
+from orchestration.models import ChainSnapshot, RunHead, TaskState, text_hash
 from orchestration.routing import routing_note
 from orchestration.schemas import answer_format
 from orchestration.vocabulary import TaskStatus
@@ -43,7 +50,11 @@ def _position(head: RunHead, task_id: str) -> int:
 
 def _earlier_steps(head: RunHead, task: TaskState) -> list[TaskState]:
     """For each step before ``task``'s in the chain, its latest instance that ran before ``task``
-    (for a linear chain: the tasks before it)."""
+    (for a linear chain: the tasks before it); in a parallel chain, each ancestor's latest
+    instance."""
+    if is_parallel(head.chain):
+        found = (latest(head, name) for name in ancestors(head.chain, task.step_name))
+        return [t for t in found if t is not None and t.status != TaskStatus.SKIPPED]
     position = _position(head, task.task_id)
     before = head.tasks[:position]
     out: list[TaskState] = []
@@ -52,6 +63,15 @@ def _earlier_steps(head: RunHead, task: TaskState) -> list[TaskState]:
         if instances:
             out.append(instances[-1])
     return out
+
+
+def _seen(head: RunHead, task: TaskState, position: int) -> set[str]:
+    """The tasks whose gates' notes and failures ``task``'s prompt mentions: the tasks before it,
+    or in a parallel chain the instances of its step's ancestors."""
+    if is_parallel(head.chain):
+        names = set(ancestors(head.chain, task.step_name))
+        return {t.task_id for t in head.tasks if t.step_name in names}
+    return {t.task_id for t in head.tasks[:position]}
 
 
 def upstream_task_ids(head: RunHead, task_id: str) -> list[str]:
@@ -63,6 +83,18 @@ def upstream_task_ids(head: RunHead, task_id: str) -> list[str]:
     if sender is not None and sender not in ids and head.task(sender).status == TaskStatus.DONE:
         ids.append(sender)
     return ids
+
+
+def describe(chain: ChainSnapshot) -> str:
+    """The chain's steps in a line: ``a -> b -> c``, or for a parallel chain each step with what it
+    runs after (``r1, r2, writer (after r1, r2)``)."""
+    if not is_parallel(chain):
+        return " -> ".join(s.name for s in chain.steps)
+    said = []
+    for step in chain.steps:
+        preds = predecessors(chain, step.name)
+        said.append(f"{step.name} (after {', '.join(preds)})" if preds else step.name)
+    return ", ".join(said)
 
 
 def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> TaskPrompt:
@@ -77,7 +109,7 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
     round_note = f", round {visit} (task {task_id})" if visit > 1 else ""
     parts = [
         f'You are step {index + 1} of {len(steps)} ("{step.name}", the {specialist.name}){round_note} in '
-        f'the chain "{head.chain.name}": {" -> ".join(s.name for s in steps)}.',
+        f'the chain "{head.chain.name}": {describe(head.chain)}.',
         "",
         "## Request",
         "",
@@ -102,20 +134,20 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
             outputs[sender].strip(),
         ]
     position = _position(head, task_id)
-    order = {t.task_id: i for i, t in enumerate(head.tasks)}
+    seen = _seen(head, task, position)
     notes = [
         g
         for g in head.gates
         if g.status == "approved"
         and g.comment
-        and (order[g.task_id] < position or (g.task_id == task_id and g.position == "before"))
+        and (g.task_id in seen or (g.task_id == task_id and g.position == "before"))
     ]
     if notes:
         parts += ["", "## Approver notes"]
         for gate in notes:
             who = f" ({gate.approver})" if gate.approver else ""
             parts += ["", f"- {gate.gate_id}{who}: {gate.comment}"]
-    failed = [t.task_id for t in head.tasks[:position] if t.status == TaskStatus.FAILED]
+    failed = [t.task_id for t in head.tasks if t.status == TaskStatus.FAILED and t.task_id in seen]
     if failed:
         parts += ["", f"Note: these earlier steps failed and produced no output: {', '.join(failed)}."]
     parts += [
@@ -125,6 +157,8 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
         f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
         "Build on the work so far; the next step sees only what you write.",
     ]
+    if step.instruction is not None:
+        parts += ["", step.instruction.strip()]
     note = routing_note(step)
     if note is not None:
         parts += ["", note]

@@ -17,6 +17,7 @@ from orchestration.errors import (
     InvalidState,
 )
 from orchestration.facts import RouteDecided, TaskCompleted, with_history
+from orchestration.graph import is_parallel
 from orchestration.models import RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
 from orchestration.store import RunStore
@@ -36,6 +37,8 @@ class RunSnapshot:
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the run's routing facts, in order
     routes: tuple[RouteDecided, ...] = ()
+    #: the prompts of every task awaiting the host, in run order (several in a parallel run)
+    host_tasks: tuple[TaskPrompt, ...] = ()
 
 
 async def read_outputs(
@@ -70,11 +73,16 @@ async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...
     values = {f.task_id: f.value for f in facts if isinstance(f, TaskCompleted) and f.value is not None}
     host_task = None
     awaiting = [t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
-    if awaiting and head.status == RunStatus.AWAITING_HOST:
-        upstream = upstream_task_ids(head, awaiting[0].task_id)
-        host_task = materialize(head, awaiting[0].task_id, {k: outputs[k] for k in upstream})
+    host_tasks: tuple[TaskPrompt, ...] = ()
+    if awaiting and (head.status == RunStatus.AWAITING_HOST or is_parallel(head.chain)):
+        host_tasks = tuple(
+            materialize(head, t.task_id, {k: outputs[k] for k in upstream_task_ids(head, t.task_id)})
+            for t in awaiting
+        )
+        if head.status == RunStatus.AWAITING_HOST:
+            host_task = host_tasks[0]
     routes = tuple(f for f in facts if isinstance(f, RouteDecided))
-    return RunSnapshot(head, outputs, host_task, warnings, values, routes)
+    return RunSnapshot(head, outputs, host_task, warnings, values, routes, host_tasks)
 
 
 # -- what a run waits for ----------------------------------------------------------------------
@@ -101,7 +109,7 @@ def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructErro
             f"run {run_id} is {head.status.value}; nothing awaits output ({name} was not given){recorded}"
         )
     awaiting = awaiting_host_task(head)
-    if head.status == RunStatus.AWAITING_HOST and awaiting is not None:
+    if awaiting is not None and (head.status == RunStatus.AWAITING_HOST or is_parallel(head.chain)):
         return InvalidArgument(
             f"{name} is missing: name the task your output answers. Run {run_id} awaits output "
             f"for task {awaiting!r}: pass {name}={awaiting!r} if your output is its answer{recorded}"
@@ -124,7 +132,7 @@ def missing_gate_id_error(head: RunHead, name: str = "gate_id") -> ConstructErro
             f"run {run_id} is {head.status.value}; no gate awaits a decision ({name} was not given){recorded}"
         )
     open_gate = next((g for g in head.gates if g.status == "requested"), None)
-    if head.status == RunStatus.AWAITING_APPROVAL and open_gate is not None:
+    if open_gate is not None and (head.status == RunStatus.AWAITING_APPROVAL or is_parallel(head.chain)):
         return InvalidArgument(
             f"{name} is missing: name the gate you decide. Run {run_id} awaits a decision at gate "
             f"{open_gate.gate_id!r}: pass {name}={open_gate.gate_id!r} once the user decided it{recorded}"
@@ -144,6 +152,14 @@ def require_resumable(head: RunHead) -> RunHead:
         gate = next(g for g in head.gates if g.status == "requested")
         raise InvalidState(
             f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
+        )
+    if head.status == RunStatus.AWAITING_HOST and is_parallel(head.chain):
+        waiting = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
+        gates = [g.gate_id for g in head.gates if g.status == "requested"]
+        raise InvalidArgument(
+            f"run {run_id} is awaiting the host's output for tasks {', '.join(map(repr, waiting))}; "
+            "call orchestrate_resume with task_id and output for each"
+            + (f"; gates {', '.join(map(repr, gates))} await orchestrate_approve" if gates else "")
         )
     if head.status == RunStatus.AWAITING_HOST:
         awaiting = awaiting_host_task(head)

@@ -12,6 +12,10 @@ The rule (a run is a sequence of task instances, in the order they run):
 
 * **Forward** (the target comes after the routing step in the chain): the instances between the
   routing task and the target's next instance are ``skipped``; the run goes on with the target.
+  In a parallel chain (:mod:`orchestration.graph`), "after" and "before" follow the ``after``
+  edges: a jump skips the latest instances of the steps between the router and the target
+  (:func:`~orchestration.graph.jumped`), and a loop's body is the steps on the paths from the
+  target to the router (:func:`~orchestration.graph.loop_body`), the target first.
 * **Back** (the target is the routing step itself or comes before it): the loop body — every step
   from the target to the routing step, in chain order — gets new instances (``engineer~2``,
   ``reviewer~2``), inserted right after the routing task, with their own gates; the steps after the
@@ -34,6 +38,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from orchestration.graph import (
+    check_graph,
+    descendants,
+    goes_back,
+    is_parallel,
+    jumped,
+    latest,
+    loop_body,
+    predecessors_in,
+)
 from orchestration.models import (
     RESERVED_STEP_NAMES,
     ChainSnapshot,
@@ -76,8 +90,11 @@ class RoutePlan:
 def chain_format(chain: ChainSnapshot) -> int:
     """The record format a run of ``chain`` is created with: 2 when a step routes (a server that
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
-    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1."""
-    return 2 if any(step.route_on is not None for step in chain.steps) else 1
+    refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1. A parallel
+    chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
+    parallel steps came in the same format, so no server reads format 2 without knowing both."""
+    graph = any(step.after is not None or step.instruction is not None for step in chain.steps)
+    return 2 if graph or any(step.route_on is not None for step in chain.steps) else 1
 
 
 def route_value_of(step: ChainStep, value: dict[str, Any] | None) -> str | None:
@@ -134,12 +151,10 @@ def plan_route(head: RunHead, task: TaskState) -> RoutePlan:
             "to fail",
         )
         return RoutePlan(**base, target=FAIL, applied=FAIL, next_task_id=None, error=error)
-    here = chain.index(step.name)
-    there = chain.index(target)
     position = _position(head, task.task_id)
-    if there > here:
+    if not goes_back(chain, step.name, target):
         return _forward(head, base, target, target, position)
-    for body_step in chain.steps[there : here + 1]:
+    for body_step in _body(chain, target, step.name):
         made = visits(head, body_step.name)
         if made >= body_step.max_visits:
             return _exhausted(head, base, step, target, position, body_step, made)
@@ -147,10 +162,24 @@ def plan_route(head: RunHead, task: TaskState) -> RoutePlan:
     return RoutePlan(**base, target=target, applied=target, next_task_id=next_id)
 
 
+def _body(chain: ChainSnapshot, target: str, router: str) -> list[ChainStep]:
+    """The steps a loop back from ``router`` to ``target`` visits again, the target first: in a
+    linear chain every step from the target to the router; in a parallel one the steps on the
+    paths between them (:func:`orchestration.graph.loop_body`)."""
+    if not is_parallel(chain):
+        return list(chain.steps[chain.index(target) : chain.index(router) + 1])
+    names = loop_body(chain, target, router)
+    return [chain.step(target)] + [chain.step(n) for n in names if n != target]
+
+
 def _forward(
     head: RunHead, base: dict[str, Any], target: str, applied: str, position: int, **extra: Any
 ) -> RoutePlan:
-    upcoming = _next_pending(head, position, applied)
+    if is_parallel(head.chain):
+        found = latest(head, applied)
+        upcoming = found if found is not None and found.status == TaskStatus.PENDING else None
+    else:
+        upcoming = _next_pending(head, position, applied)
     if upcoming is None:  # pragma: no cover - every later step keeps a pending instance
         error = TypedError(code="route_failed", message=f"no pending instance of step {applied} to route to")
         return RoutePlan(**base, target=target, applied=FAIL, next_task_id=None, error=error, **extra)
@@ -226,15 +255,31 @@ def route_effect(
     if applied in (END, FAIL):
         for i, t in enumerate(tasks):
             if not t.status.is_terminal:
-                tasks[i] = t.model_copy(update={"status": TaskStatus.SKIPPED, "finished_at": at})
+                # A parallel branch still at work when the run ends is cancelled, not skipped.
+                closed = TaskStatus.SKIPPED if t.status == TaskStatus.PENDING else TaskStatus.CANCELLED
+                tasks[i] = t.model_copy(update={"status": closed, "finished_at": at})
         return RouteEffect(tuple(tasks), tuple(gates), "completed" if applied == END else "failed")
     if applied == ASK:
         gate_id = gate_id_for("exhausted", task_id)
         gates.append(GateState(gate_id=gate_id, task_id=task_id, position="exhausted"))
         return RouteEffect(tuple(tasks), tuple(gates))
-    here = chain.index(router.step_name)
-    there = chain.index(applied)
-    if there > here:
+    if is_parallel(chain) and not goes_back(chain, router.step_name, applied):
+        # A jump forward skips the steps between the router and the target.
+        upcoming = latest(head, applied)
+        if upcoming is None or upcoming.task_id != next_task_id or upcoming.status != TaskStatus.PENDING:
+            raise ValueError(f"no pending task {next_task_id} of step {applied} to go on with")
+        order = {t.task_id: i for i, t in enumerate(tasks)}
+        for name in jumped(chain, router.step_name, applied):
+            skipped = latest(head, name)
+            if skipped is None:  # pragma: no cover - every step has an instance
+                continue
+            if skipped.status != TaskStatus.PENDING:
+                raise ValueError(f"task {skipped.task_id} is {skipped.status.value}; a route cannot skip it")
+            tasks[order[skipped.task_id]] = skipped.model_copy(
+                update={"status": TaskStatus.SKIPPED, "finished_at": at}
+            )
+        return RouteEffect(tuple(tasks), tuple(gates))
+    if not goes_back(chain, router.step_name, applied):
         for i in range(position + 1, len(tasks)):
             t = tasks[i]
             if t.task_id == next_task_id:
@@ -246,7 +291,7 @@ def route_effect(
             raise ValueError(f"no pending task {next_task_id} follows {task_id}")
         return RouteEffect(tuple(tasks), tuple(gates))
     body: list[TaskState] = []
-    for step in chain.steps[there : here + 1]:
+    for step in _body(chain, applied, router.step_name):
         instance, instance_gates_ = new_instance(step, visits(head, step.name) + 1, task_id)
         body.append(instance)
         gates.extend(instance_gates_)
@@ -280,8 +325,16 @@ def route_values(schema: dict[str, Any] | None, field: str) -> list[str] | str:
 
 def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
     """The first configuration problem of a chain's routes and bounds, as ``(field, message)``
-    with ``field`` relative to the chain (``steps[2].routes.revise``); None when it is sound."""
+    with ``field`` relative to the chain (``steps[2].routes.revise``); None when it is sound.
+    In a parallel chain (:mod:`orchestration.graph`) a route goes back to the routing step or one
+    it runs after (a loop: the steps on the paths between them run again) or forward to a step
+    that runs after it (a jump: the steps between are skipped), and ``on_exhausted`` names a
+    step that runs after the routing step."""
     names = [s.name for s in steps]
+    problem = check_graph(steps)
+    if problem is not None:
+        return problem
+    graph = ChainSnapshot(name="check", steps=tuple(steps), specialists=()) if is_parallel(steps) else None
     for i, step in enumerate(steps):
         where = f"steps[{i}]"
         if step.name in RESERVED_STEP_NAMES:
@@ -309,6 +362,17 @@ def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
                         f"unknown target {target!r}: name a step of the chain ({', '.join(names)}), "
                         "'end' or 'fail'",
                     )
+                if (
+                    graph is not None
+                    and target in names
+                    and not goes_back(graph, step.name, target)
+                    and target not in descendants(graph, step.name)
+                ):
+                    return (
+                        f"{where}.routes.{value}",
+                        f"step {target!r} neither runs before {step.name!r} (a loop) nor after it (a jump); "
+                        "a route in a parallel chain goes to one or the other",
+                    )
             unrouted = [v for v in allowed if v not in step.routes]
             if unrouted:
                 return (
@@ -319,6 +383,16 @@ def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
         choice = step.on_exhausted
         if step.route_on is None and choice != FAIL:
             return f"{where}.on_exhausted", "only a step that routes (route_on) has on_exhausted"
+        if (
+            graph is not None
+            and choice not in (END, FAIL, ASK)
+            and choice not in descendants(graph, step.name)
+        ):
+            later = ", ".join(descendants(graph, step.name)) or "none"
+            return (
+                f"{where}.on_exhausted",
+                f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
+            )
         if choice not in (END, FAIL, ASK) and (choice not in names or names.index(choice) <= i):
             later = ", ".join(names[i + 1 :]) or "none"
             return (
@@ -334,7 +408,11 @@ def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
 
 def reachable(steps: Sequence[ChainStep]) -> set[str]:
     """The steps a run can reach from the first: a step without routes goes on to the next one, a
-    routing step to its targets and its ``on_exhausted`` step."""
+    routing step to its targets and its ``on_exhausted`` step. In a parallel chain: from the steps
+    that run after nothing, a step goes on to the steps that run after it (a routing step only
+    when one of its routes or its ``on_exhausted`` jumps forward)."""
+    if is_parallel(steps):
+        return _reachable_graph(steps)
     names = [s.name for s in steps]
     seen: set[str] = set()
     todo = [names[0]] if names else []
@@ -352,6 +430,29 @@ def reachable(steps: Sequence[ChainStep]) -> set[str]:
         todo += [t for t in step.routes.values() if t in names]
         if step.on_exhausted in names:
             todo.append(step.on_exhausted)
+    return seen
+
+
+def _reachable_graph(steps: Sequence[ChainStep]) -> set[str]:
+    graph = ChainSnapshot(name="check", steps=tuple(steps), specialists=())
+    names = [s.name for s in steps]
+    after = {s.name: set(predecessors_in(steps, i)) for i, s in enumerate(steps)}
+    seen: set[str] = set()
+    todo = [n for n in names if not after[n]]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        step = graph.step(name)
+        successors = [n for n in names if name in after[n]]
+        if step.routes is None:
+            todo += successors
+            continue
+        targets = [t for t in (*step.routes.values(), step.on_exhausted) if t in names]
+        todo += targets
+        if any(t in descendants(graph, name) for t in targets):
+            todo += successors
     return seen
 
 

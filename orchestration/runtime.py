@@ -32,7 +32,7 @@ import anyio
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock, SystemClock
 from orchestration.decide import Action
-from orchestration.drive import Drive, DriveSettings
+from orchestration.drive import Cancellable, Drive, DriveSettings
 from orchestration.errors import (
     Conflict,
     ConstructError,
@@ -146,7 +146,7 @@ class Runtime:
         self.store_outage_seconds = store_outage_seconds
         self._listeners: list[ChangeListener] = []
         self._waiters = _Waiters()
-        self._cancel_scopes: dict[str, anyio.CancelScope] = {}
+        self._cancel_scopes: dict[str, Cancellable] = {}
         self._stopping = False
         #: how long :meth:`drive` leaves a run alone after its record could not be read
         self.unreadable_retry_seconds = 60.0
@@ -412,7 +412,8 @@ class Runtime:
                     )
                 return head
             self._refuse_if_out_of_time(head)
-            if head.status != RunStatus.AWAITING_APPROVAL or gate.status != "requested":
+            # A requested gate is what waits (a parallel run may wait for a host task too).
+            if head.status.is_terminal or gate.status != "requested":
                 raise InvalidState(
                     f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
                 )

@@ -86,7 +86,8 @@ construct-mcp runs durable specialist chains (for example architect -> engineer 
 Start one with orchestrate_start. Every answer is a run view whose next_action says what to do:
 run_host_task (do the task with your own model, then orchestrate_resume with its task_id and the
 output), approve (ask the user, then orchestrate_approve with its gate_id), wait (call run_status
-later) or none (finished).
+later) or none (finished). Parallel steps may wait at once: more_actions lists the others, each like
+next_action; do them in any order, or at once.
 Views show task outputs as previews; run_status(run_id, detail='full') shows them whole.
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 

@@ -52,7 +52,7 @@ from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
 from server.timeline import decided_by, render_timeline
-from server.views import Detail, RunsPage, RunView, run_view, runs_page
+from server.views import Approve, Detail, Done, RunHostTask, RunsPage, RunView, Wait, run_view, runs_page
 from server.wiring import runtime_for
 from stores import parse_store_spec
 
@@ -200,10 +200,12 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
 
 
 def _print_view(view: RunView, out: TextIO) -> None:
-    steps = " -> ".join(
+    parallel = any(s.after is not None for s in view.chain.steps)
+    steps = (", " if parallel else " -> ").join(
         s.name
         + ("*" if s.approve_before or s.approve_after else "")
         + (f" [{s.route_on}: {', '.join(f'{v}->{t}' for v, t in s.routes.items())}]" if s.routes else "")
+        + (f" (after {', '.join(s.after)})" if s.after else "")
         for s in view.chain.steps
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
@@ -239,6 +241,14 @@ def _print_view(view: RunView, out: TextIO) -> None:
     for warning in view.warnings:
         out.write(f"warning: {warning}\n")
     action = view.next_action
+    _print_action(view, action, out)
+    if view.more_actions:
+        out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
+        for more in view.more_actions:
+            _print_action(view, more, out)
+
+
+def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, out: TextIO) -> None:
     if action.kind == "run_host_task":
         out.write(f"\nnext: run host task {action.task_id!r} ({action.specialist}) with your model, then\n")
         out.write(

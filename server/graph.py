@@ -1,7 +1,8 @@
 """The graph part of a run view, whose ``tasks`` are the task instances in run order (the path the
 run took through its chain): the routing facts that chose the path, what each waiting task waits
-for, and the history of a loop whose bound was reached (shown at its ``exhausted:<task>`` gate).
-Built from the persisted record only.
+for (in a parallel chain: the predecessors it runs after that have not settled), and the history
+of a loop whose bound was reached (shown at its ``exhausted:<task>`` gate). Built from the
+persisted record only.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from orchestration.facts import RouteDecided
+from orchestration.graph import is_parallel, latest, predecessors, settled
 from orchestration.models import GateState, RunHead, TaskState, gate_id_for
 from orchestration.reading import RunSnapshot
 from orchestration.vocabulary import TaskStatus
@@ -62,6 +64,15 @@ def waits_for(head: RunHead, task: TaskState) -> str | None:
     gate = head.gate(gate_id_for("before", task.task_id))
     if gate is not None and gate.status == "requested":
         return f"approval of gate {gate.gate_id}"
+    if is_parallel(head.chain):
+        # A step after several waits for every predecessor that has not settled.
+        found = (latest(head, name) for name in predecessors(head.chain, task.step_name))
+        blocking = [t.task_id for t in found if t is not None and not settled(head, t)]
+        if blocking:
+            return f"task{'s' if len(blocking) > 1 else ''} {', '.join(blocking)}"
+        if gate is not None and gate.status == "pending":
+            return f"approval of gate {gate.gate_id}"
+        return "its turn: the server starts it next"
     index = next(i for i, t in enumerate(head.tasks) if t.task_id == task.task_id)
     earlier = [t for t in head.tasks[:index] if not t.status.is_terminal]
     if earlier:

@@ -52,8 +52,12 @@ def decided_by(approver: str | None, channel: str | None, verified: bool) -> str
 def describe_fact(fact: Fact) -> str:
     """What one fact says, in a few words."""
     if isinstance(fact, RunCreated):
-        steps = " -> ".join(
-            s.name + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "") for s in fact.chain.steps
+        parallel = any(s.after is not None for s in fact.chain.steps)
+        steps = (", " if parallel else " -> ").join(
+            s.name
+            + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "")
+            + (f" (after {', '.join(s.after)})" if s.after else "")
+            for s in fact.chain.steps
         )
         by = f", started by {fact.started_by} (verified)" if fact.started_by else ""
         return (

@@ -7,7 +7,8 @@ the persisted outputs and, when the run awaits the host, the materialized prompt
 
 The most important field is ``next_action``: what the caller must do now — run a host task and
 resume with its output, approve a gate, wait, or nothing — with an ``instruction`` sentence a host
-model can follow without reading any documentation.
+model can follow without reading any documentation; in a parallel run whose branches wait at once,
+``more_actions`` holds every other host task and gate (see :mod:`server.actions`).
 
 Views are sized for a model's context: every answer is a view, and a host may show all of it to its
 model. So a view is *compact* by default: each finished task's output appears as a preview (its
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
@@ -49,6 +50,16 @@ from orchestration.models import (
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
+
+# The next-action models live in server.actions; views re-exports them (tools, the CLI and tests
+# import them from here).
+from server.actions import Approve as Approve
+from server.actions import Done as Done
+from server.actions import NextAction as NextAction
+from server.actions import RunHostTask as RunHostTask
+from server.actions import Wait as Wait
+from server.actions import next_action as next_action
+from server.actions import waiting_items
 from server.graph import RouteView, loop_history, route_view, waits_for
 
 #: ``runs_list`` and compact views show this much of each request.
@@ -263,11 +274,21 @@ class StepView(_View):
     on_exhausted: str | None = Field(
         default=None, description="What a route that would exceed a max_visits does instead."
     )
+    after: list[str] | None = Field(
+        default=None,
+        description="The steps this one runs after (all settled first); none: the previous step.",
+    )
+    instruction: str | None = Field(
+        default=None, description="The step's own instruction, added to its prompt."
+    )
 
 
 class ChainView(_View):
     name: str
     steps: list[StepView]
+    max_parallel: int = Field(
+        default=4, description="How many ready steps the provider backend runs at once."
+    )
     hash: str = Field(description="Hash of the chain snapshot taken when the run started.")
 
 
@@ -276,50 +297,6 @@ class ContractView(_View):
     provider: str | None = None
     model: str | None = None
     max_attempts: int
-
-
-class RunHostTask(_View):
-    """The run waits for the host's own model to do one task."""
-
-    kind: Literal["run_host_task"] = "run_host_task"
-    task_id: str
-    specialist: str
-    system_prompt: str
-    user_prompt: str
-    output_schema: dict[str, Any] | None = Field(
-        default=None,
-        description="When set, the output must be one JSON object matching this JSON Schema.",
-    )
-    instruction: str
-
-
-class Approve(_View):
-    """The run waits at an approval gate."""
-
-    kind: Literal["approve"] = "approve"
-    gate_id: str
-    task_id: str
-    position: Literal["before", "after", "exhausted"]
-    guards: str = Field(description="What the gate guards, in one sentence.")
-    instruction: str
-
-
-class Wait(_View):
-    """The server is working on the run (or waits durably until ``not_before``)."""
-
-    kind: Literal["wait"] = "wait"
-    not_before: datetime | None = None
-    instruction: str
-
-
-class Done(_View):
-    """The run has ended; nothing more can happen to it."""
-
-    kind: Literal["none"] = "none"
-    instruction: str
-
-
-NextAction = Annotated[RunHostTask | Approve | Wait | Done, Field(discriminator="kind")]
 
 
 class RunView(_Outlined):
@@ -331,6 +308,9 @@ class RunView(_Outlined):
     next_action: NextAction = Field(
         description="What to do now: kind run_host_task, approve, wait or none; instruction says how."
     )
+    more_actions: list[RunHostTask | Approve] = Field(
+        default_factory=list, description="Others waiting too (parallel steps)."
+    )
     chain: ChainView
     contract: ContractView
     request: str | None = Field(
@@ -341,8 +321,8 @@ class RunView(_Outlined):
     idempotency_key: str | None = None
     started_by: str | None = Field(default=None, description="The verified identity that started the run.")
     tasks: list[TaskView] = Field(
-        description="Task instances in run order; outputs as output_preview, output_chars, "
-        "output_sha256, output_uri; whole in output only when asked for; a typed answer in value."
+        description="Task instances in run order; outputs as previews with output_uri, whole in output "
+        "only when asked for; typed answers in value."
     )
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
@@ -445,6 +425,8 @@ def _step(step: ChainStep) -> StepView:
         route_on=step.route_on,
         routes=step.routes,
         on_exhausted=step.on_exhausted if step.route_on is not None else None,
+        after=None if step.after is None else list(step.after),
+        instruction=step.instruction,
     )
 
 
@@ -490,82 +472,6 @@ def semantics(head: RunHead) -> str:
     return " ".join(parts)
 
 
-def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
-    head = snapshot.head
-    step = head.step_of(gate.task_id)
-    if gate.position == "exhausted":
-        return loop_history(snapshot, gate)
-    if gate.position == "before":
-        return (
-            f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
-            f"outputs are previewed in tasks[]; run_status(run_id={head.run_id!r}, detail='full') "
-            "shows them whole."
-        )
-    return (
-        f"Approval of the output of the {step.name!r} step ({step.specialist}) before the chain goes on; "
-        f"run_status(run_id={head.run_id!r}, task_id={gate.task_id!r}) shows that output whole."
-    )
-
-
-_TYPED = (
-    " This task's answer is typed: output must be only a JSON object that matches output_schema (no "
-    "prose around it); one that does not match is refused with invalid_output saying what is wrong, "
-    "and nothing is recorded, so fix it and call again."
-)
-
-
-def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
-    head = snapshot.head
-    run_id = head.run_id
-    if head.status.is_terminal:
-        return Done(
-            instruction=f"The run is {head.status.value}; nothing more will happen to it. "
-            "Report the outcome (the tasks' outputs and errors) to the user; "
-            f"run_status(run_id={run_id!r}, detail='full') gives the whole outputs."
-        )
-    if head.status == RunStatus.AWAITING_HOST and snapshot.host_task is not None:
-        prompt = snapshot.host_task
-        schema = head.step_of(prompt.task_id).output_schema
-        answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
-        return RunHostTask(
-            task_id=prompt.task_id,
-            specialist=prompt.specialist,
-            system_prompt=prompt.system,
-            user_prompt=prompt.user,
-            output_schema=schema,
-            instruction=(
-                f"Do this task with your own model now: take system_prompt as your instructions and answer "
-                f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
-                f"task_id={prompt.task_id!r}, output={answer}). The server records your "
-                "answer verbatim as the task's output and moves the chain on."
-                + ("" if schema is None else _TYPED)
-            ),
-        )
-    if head.status == RunStatus.AWAITING_APPROVAL:
-        gate = next((g for g in head.gates if g.status == "requested"), None)
-        if gate is not None:
-            return Approve(
-                gate_id=gate.gate_id,
-                task_id=gate.task_id,
-                position=gate.position,
-                guards=_gate_guards(gate, snapshot),
-                instruction=(
-                    f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-                    f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
-                    "the next steps>). Do not approve on the user's behalf without asking."
-                ),
-            )
-    not_before = head.not_before
-    return Wait(
-        not_before=not_before,
-        instruction=(
-            f"The server is working on the run (status {head.status.value}"
-            + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
-            + f"). Call run_status(run_id={run_id!r}, wait_seconds=30) to wait for the next step."
-        ),
-    )
-
-
 def check_task_id(head: RunHead, task_id: str) -> TaskState:
     """The run's task ``task_id``; an id the run does not have is an ``InvalidArgument``."""
     for task in head.tasks:
@@ -588,13 +494,18 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
     head = snapshot.head
     if full_task is not None:
         check_task_id(head, full_task)
+    action = next_action(snapshot)
     return RunView(
         run_id=head.run_id,
         status=head.status,
         status_kind=_kind(head.status),
-        next_action=next_action(snapshot),
+        next_action=action,
+        more_actions=[i for i in waiting_items(snapshot) if i != action],
         chain=ChainView(
-            name=head.chain.name, steps=[_step(s) for s in head.chain.steps], hash=head.chain_hash
+            name=head.chain.name,
+            steps=[_step(s) for s in head.chain.steps],
+            hash=head.chain_hash,
+            max_parallel=head.chain.max_parallel,
         ),
         contract=ContractView.model_validate(head.contract.model_dump()),
         request=head.request if detail == "full" else None,
@@ -635,13 +546,20 @@ def _kind(status: RunStatus) -> Literal["active", "paused", "terminal"]:
 
 
 def waiting_for(head: RunHead) -> str | None:
-    if head.status == RunStatus.AWAITING_HOST:
-        task = next((t for t in head.tasks if t.status == TaskStatus.AWAITING_HOST), None)
-        return f"host output for task {task.task_id}" if task else "host output"
+    """What a paused run waits for, in a few words: every task awaiting the host's output and
+    every gate awaiting a decision (a parallel run's branches may wait at once)."""
+    if head.status not in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+        return None
+    tasks = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
+    gates = [g.gate_id for g in head.gates if g.status == "requested"]
+    said = []
+    if tasks:
+        said.append(f"host output for task{'s' if len(tasks) > 1 else ''} {', '.join(tasks)}")
+    if gates:
+        said.append(f"approval of gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}")
     if head.status == RunStatus.AWAITING_APPROVAL:
-        gate = next((g for g in head.gates if g.status == "requested"), None)
-        return f"approval of gate {gate.gate_id}" if gate else "approval"
-    return None
+        said.reverse()
+    return "; ".join(said) or ("host output" if head.status == RunStatus.AWAITING_HOST else "approval")
 
 
 def request_preview(request: str) -> str:

@@ -12,7 +12,12 @@ Two pieces live here:
   error naming the variable to set.
 * :class:`ProviderWorker` — one attempt at a task: the persona as system prompt, the shared
   materialization as the user turn, one HTTP call through the adapter for the step's provider,
-  bounded per provider by a concurrency limit. A failure comes back as data, with the retry
+  bounded per provider by a concurrency limit (``max_concurrency``, shared by every run of the
+  process: a parallel run's calls count against it too). A 429 with ``retry-after`` holds back
+  every call of the process to that provider, not just the task that got it: a call made before
+  that time waits for it in memory (up to ``hold_wait_cap_seconds``), or, for a longer wait, is
+  not made and fails as ``rate_limited`` with the remaining wait, which the runtime records as
+  the task's durable ``not_before``. A failure comes back as data, with the retry
   policy's decision folded in (``retryable`` cleared when the policy refuses, ``not_before`` set
   when it allows), so the pure ``decide`` step only has to read the record.
 
@@ -31,7 +36,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -174,8 +179,13 @@ class ProviderWorker:
         rng: Rng | None = None,
         policy: RetryPolicy | None = None,
         clients: Mapping[str, ProviderClient] | None = None,
+        hold_wait_cap_seconds: float = 30.0,
     ) -> None:
         self.settings = settings
+        #: how long a call waits in memory for a provider's retry-after before giving up on it
+        self.hold_wait_cap_seconds = hold_wait_cap_seconds
+        #: per provider: no call before this time (a 429's retry-after, shared by the process)
+        self._held_until: dict[str, datetime] = {}
         self.clock = clock or SystemClock()
         self.rng: Rng = rng or random.random
         self.policy = policy or RetryPolicy(max_attempts=settings.max_attempts)
@@ -246,8 +256,12 @@ class ProviderWorker:
         limiter = self._limits.get(provider) or anyio.CapacityLimiter(1)
         try:
             async with limiter:
+                held = await self._wait_for_provider(provider)
+                if held is not None:
+                    return self._failed(contract, attempt, previous_errors, held, Telemetry())
                 response = await client.complete(request)
         except ProviderCallError as exc:
+            self._hold(provider, exc.error)
             return self._failed(contract, attempt, previous_errors, exc.error, exc.telemetry)
         if schema is None:
             return AttemptSucceeded(response.text, response.telemetry)
@@ -263,6 +277,36 @@ class ProviderWorker:
             )
             return self._failed(contract, attempt, previous_errors, error, response.telemetry)
         return AttemptSucceeded(response.text, response.telemetry, value)
+
+    def _hold(self, provider: str, error: TypedError) -> None:
+        """After a 429 with retry-after: hold back every call to ``provider`` until then."""
+        if error.http_status != 429 or not error.retry_after_seconds:
+            return
+        until = self.clock.now() + timedelta(seconds=error.retry_after_seconds)
+        current = self._held_until.get(provider)
+        if current is None or until > current:
+            self._held_until[provider] = until
+
+    async def _wait_for_provider(self, provider: str) -> TypedError | None:
+        """Wait out a hold on ``provider`` (see the module's docstring); the error to record
+        instead of calling when the hold is longer than ``hold_wait_cap_seconds``."""
+        until = self._held_until.get(provider)
+        if until is None:
+            return None
+        remaining = (until - self.clock.now()).total_seconds()
+        if remaining <= 0:
+            return None
+        if remaining > self.hold_wait_cap_seconds:
+            return TypedError(
+                code="rate_limited",
+                message=f"provider {provider} asked this server to wait until {until.isoformat()} "
+                "(a retry-after on another call); this call was not made",
+                retryable=True,
+                http_status=429,
+                retry_after_seconds=remaining,
+            )
+        await anyio.sleep(remaining)
+        return None
 
     def _failed(
         self,

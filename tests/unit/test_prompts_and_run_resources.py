@@ -8,6 +8,7 @@ from pathlib import Path
 from mcp import Client
 from mcp.types import TextContent
 
+from orchestration.catalog import Catalog
 from server.app import ConstructApp
 from server.config import load_settings
 from server.resources import RECENT_RUNS
@@ -32,7 +33,7 @@ steps = [
 async def test_each_chain_is_a_prompt_that_starts_and_drives_it(tmp_path: Path) -> None:
     async with Client(_app(tmp_path, CHAINS).build_server()) as client:
         prompts = {p.name: p for p in (await client.list_prompts()).prompts}
-        assert set(prompts) == {"default", "review-loop", "docs"}  # the built-ins and the configured one
+        assert set(prompts) == {*Catalog.builtin().chains, "docs"}  # the built-ins and the configured one
         docs = prompts["docs"]
         assert docs.description is not None and "research a topic, then write it up" in docs.description
         assert [(a.name, a.required) for a in docs.arguments or []] == [("request", True)]
