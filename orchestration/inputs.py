@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestration.errors import InvalidArgument, quoted
+from orchestration.errors import InvalidArgument, TooLarge, quoted
 from orchestration.models import ChainSnapshot, ExecutionContract, WorkerBackend, canonical_hash
 
 
@@ -80,3 +80,29 @@ def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContrac
 
 
 __all__ = ["ContractResolver", "Limits", "StartRequest", "inline_contract"]
+
+
+def check_names(request: StartRequest, limits: Limits) -> None:
+    """Bound the names a start carries (the chain, approve_before, provider and model): they are
+    copied into the run, and an error quoting one must stay short."""
+    names: list[tuple[str, str | None]] = [("provider", request.provider), ("model", request.model)]
+    for field_name, values in (("chain", request.chain), ("approve_before", request.approve_before)):
+        if isinstance(values, str) or values is None:
+            names.append((field_name, values))
+            continue
+        if len(values) > limits.max_list_items:
+            raise TooLarge(f"{field_name} has {len(values)} items; the limit is {limits.max_list_items}")
+        names += [(f"{field_name}[{i}]", v) for i, v in enumerate(values)]
+    for field_name, value in names:
+        if value is not None and len(value) > limits.max_name_chars:
+            raise TooLarge(
+                f"{field_name} is {len(value)} characters; names have at most {limits.max_name_chars}"
+            )
+
+
+def check_id(name: str, value: str, limits: Limits) -> None:
+    """A task or gate id a caller sends: present, and within ``limits.max_id_chars``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name} is empty; pass the id from next_action.{name}")
+    if len(value) > limits.max_id_chars:
+        raise TooLarge(f"{name} is {len(value)} characters; ids have at most {limits.max_id_chars}")

@@ -15,10 +15,11 @@ from orchestration.errors import (
     IllegalTransition,
     InvalidArgument,
     InvalidState,
+    quoted,
 )
 from orchestration.facts import RouteDecided, TaskCompleted, with_history
 from orchestration.graph import is_parallel
-from orchestration.models import RunHead
+from orchestration.models import GateState, RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
 from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -180,3 +181,12 @@ __all__ = [
     "read_snapshot",
     "require_resumable",
 ]
+
+
+def gate_to_decide(head: RunHead, gate_id: str) -> GateState:
+    """The gate ``gate_id`` of the run, or ``InvalidArgument`` naming the gates it has."""
+    gate = head.gate(gate_id)
+    if gate is None:
+        known = ", ".join(g.gate_id for g in head.gates) or "none"
+        raise InvalidArgument(f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}")
+    return gate

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
 import anyio
 
+from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock, SystemClock
 from orchestration.decide import Action
@@ -53,11 +53,19 @@ from orchestration.facts import (
     apply_write,
 )
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
-from orchestration.inputs import ContractResolver, Limits, StartRequest, inline_contract
-from orchestration.models import DecisionChannel, GateState, RunHead, text_hash
+from orchestration.inputs import (
+    ContractResolver,
+    Limits,
+    StartRequest,
+    check_id,
+    check_names,
+    inline_contract,
+)
+from orchestration.models import DecisionChannel, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import (
     RunSnapshot,
+    gate_to_decide,
     missing_gate_id_error,
     missing_task_id_error,
     read_outputs,
@@ -79,34 +87,7 @@ ChangeListener = Callable[[RunHead], Awaitable[None]]
 
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
-#: How long a drive waits to release its lease before leaving it to expire (short: a server shutting
-#: down with its store away must not be held up by it).
-_RELEASE_SECONDS = 2.0
 _DEFAULT_LIMITS = Limits()
-
-
-@dataclass
-class _Waiters:
-    events: dict[str, anyio.Event] = field(default_factory=dict)
-
-    def event(self, run_id: str) -> anyio.Event:
-        ev = self.events.get(run_id)
-        if ev is None:
-            ev = self.events[run_id] = anyio.Event()
-        return ev
-
-    def fire(self, run_id: str) -> None:
-        ev = self.events.pop(run_id, None)
-        if ev is not None:
-            ev.set()
-
-
-def is_settled(head: RunHead, now: datetime) -> bool:
-    """A run is settled when it needs someone outside the server (a host, an approver), has
-    ended, or waits durably until a time in the future."""
-    if head.status.is_terminal or head.status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
-        return True
-    return head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now
 
 
 class Runtime:
@@ -145,7 +126,7 @@ class Runtime:
         #: stops; see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
         self._listeners: list[ChangeListener] = []
-        self._waiters = _Waiters()
+        self._waiters = Waiters()
         self._cancel_scopes: dict[str, Cancellable] = {}
         self._stopping = False
         #: how long :meth:`drive` leaves a run alone after its record could not be read
@@ -153,8 +134,8 @@ class Runtime:
         self._unreadable: dict[str, datetime] = {}
         #: the runs this runtime is driving now (None while the drive is claiming): one drive per run
         self._driving: dict[str, Drive | None] = {}
-        #: leases a drive could not release (the store was away); see :meth:`release_unreleased`
-        self._unreleased: dict[str, Lease] = {}
+        #: gives drives' leases back; keeps those it could not (the store was away)
+        self._releases = LeaseReleases(store)
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -243,7 +224,7 @@ class Runtime:
             raise InvalidArgument(
                 f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
             )
-        self._check_names(request)
+        check_names(request, self.limits)
         for name, value in (
             ("timeout_seconds", request.timeout_seconds),
             ("task_timeout_seconds", request.task_timeout_seconds),
@@ -292,24 +273,6 @@ class Runtime:
         await self._changed(result.head)
         return result.head, True
 
-    def _check_names(self, request: StartRequest) -> None:
-        """Bound the names a start carries (the chain, approve_before, provider and model): they are
-        copied into the run, and an error quoting one must stay short."""
-        limits = self.limits
-        names: list[tuple[str, str | None]] = [("provider", request.provider), ("model", request.model)]
-        for field_name, values in (("chain", request.chain), ("approve_before", request.approve_before)):
-            if isinstance(values, str) or values is None:
-                names.append((field_name, values))
-                continue
-            if len(values) > limits.max_list_items:
-                raise TooLarge(f"{field_name} has {len(values)} items; the limit is {limits.max_list_items}")
-            names += [(f"{field_name}[{i}]", v) for i, v in enumerate(values)]
-        for field_name, value in names:
-            if value is not None and len(value) > limits.max_name_chars:
-                raise TooLarge(
-                    f"{field_name} is {len(value)} characters; names have at most {limits.max_name_chars}"
-                )
-
     async def submit_host_output(self, run_id: str, task_id: str, output: str) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it. The caller always names
         the task its output answers (there is no "the awaiting one" default): a call retried after
@@ -320,7 +283,7 @@ class Runtime:
         ``InvalidOutput`` (``invalid_output``) and nothing is recorded; the validated value is
         recorded in the ``task_completed`` fact."""
         validate_run_id(run_id)
-        self._check_id("task_id", task_id)
+        check_id("task_id", task_id, self.limits)
         if not isinstance(output, str) or not output.strip():
             raise InvalidArgument("output is empty; pass the host model's answer for the task")
         if len(output) > self.limits.max_output_chars:
@@ -390,14 +353,14 @@ class Runtime:
         validate_run_id(run_id)
         if decision not in ("approve", "reject"):
             raise InvalidArgument(f"decision must be 'approve' or 'reject', not {quoted(decision)}")
-        self._check_id("gate_id", gate_id)
+        check_id("gate_id", gate_id, self.limits)
         if comment is not None and len(comment) > self.limits.max_comment_chars:
             raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
         if approver is not None and len(approver) > self.limits.max_approver_chars:
             raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
         while True:
             head = await self.store.load(run_id)
-            gate = _gate_to_decide(head, gate_id)
+            gate = gate_to_decide(head, gate_id)
             if gate.status in ("approved", "rejected"):
                 if (gate.status == "approved") != (decision == "approve"):
                     raise Conflict(
@@ -441,12 +404,6 @@ class Runtime:
         """The error for a decision given without the gate it decides (argument ``name``): see
         :func:`~orchestration.reading.missing_gate_id_error`."""
         return missing_gate_id_error(await self.status(run_id), name)
-
-    def _check_id(self, name: str, value: str) -> None:
-        if not isinstance(value, str) or not value:
-            raise InvalidArgument(f"{name} is empty; pass the id from next_action.{name}")
-        if len(value) > self.limits.max_id_chars:
-            raise TooLarge(f"{name} is {len(value)} characters; ids have at most {self.limits.max_id_chars}")
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
         """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
@@ -550,12 +507,12 @@ class Runtime:
             raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
         if run_id in self._driving:
             if lease is not None and not self.hand_over(lease):
-                await self._release(lease)
+                await self._releases.release(lease)
             return None
         set_aside = self._unreadable.get(run_id)
         if self._stopping or (set_aside is not None and self.clock.now() < set_aside):
             if lease is not None:
-                await self._release(lease)
+                await self._releases.release(lease)
             return None
         # Taken before the first await, so that a concurrent drive of the run sees it.
         self._driving[run_id] = None
@@ -579,7 +536,7 @@ class Runtime:
             else:
                 self._unreadable.pop(run_id, None)
             finally:
-                await self._release(drive.lease)
+                await self._releases.release(drive.lease)
             return result
         finally:
             del self._driving[run_id]
@@ -614,44 +571,12 @@ class Runtime:
         drive.hand_over(lease)
         return True
 
-    async def _release(self, lease: Lease) -> None:
-        # Shielded (a cancelled drive must still give its lease up) but bounded: with the store
-        # away, waiting for it would hold up a shutdown, and the lease expires anyway. Until the
-        # release is known to have happened, the lease is kept for release_unreleased.
-        self._unreleased[lease.run_id] = lease
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_SECONDS):
-            try:
-                await self.store.release_lease(lease)
-            except ConstructError as exc:
-                # The store is down: the lease simply expires; the run is picked up again then.
-                log.warning(
-                    "cannot release lease: %s",
-                    exc,
-                    extra={"action": "lease_release_failed", "run_id": lease.run_id},
-                )
-            else:
-                if self._unreleased.get(lease.run_id) is lease:
-                    del self._unreleased[lease.run_id]
-
     async def release_unreleased(self, run_id: str) -> None:
         """Release the lease a drive of ``run_id`` could not release (the store was away), if any,
         so that the run can be claimed at once rather than when the lease expires. Raises the
         store's error while it is still away. A lease claimed again since is not touched (the
         release matches the token)."""
-        lease = self._unreleased.get(run_id)
-        if lease is None:
-            return
-        await self.store.release_lease(lease)
-        if self._unreleased.get(run_id) is lease:
-            del self._unreleased[run_id]
-
-
-def _gate_to_decide(head: RunHead, gate_id: str) -> GateState:
-    gate = head.gate(gate_id)
-    if gate is None:
-        known = ", ".join(g.gate_id for g in head.gates) or "none"
-        raise InvalidArgument(f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}")
-    return gate
+        await self._releases.release_unreleased(run_id)
 
 
 __all__ = [
