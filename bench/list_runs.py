@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.store_append import open_filesystem, open_sqlite, postgres_opener, postgres_reachable
-from orchestration.facts import RunCancelled, RunCreated, apply_write, head_from_creation
+from orchestration.facts import RunCancelled, RunCreated
+from orchestration.fold import apply_write, head_from_creation
 from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, SpecialistSnapshot, text_hash
 from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus

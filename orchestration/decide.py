@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from orchestration.facts import task_deadline
+from orchestration.fold import task_deadline
 from orchestration.graph import is_parallel, preds_settled
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
 from orchestration.routing import ASK, RoutePlan, plan_route

@@ -53,10 +53,10 @@ from orchestration.facts import (
     RunFinished,
     TaskCompleted,
     TaskFailed,
-    apply_write,
     route_decided,
 )
 from orchestration.fanout import Fanout
+from orchestration.fold import apply_write
 from orchestration.graph import is_parallel
 from orchestration.models import RunHead, text_hash
 from orchestration.reading import read_prompt

@@ -51,7 +51,8 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.facts import AttemptFailed, AttemptStarted, Fact, TaskCompleted, task_deadline
+from orchestration.facts import AttemptFailed, AttemptStarted, Fact, TaskCompleted
+from orchestration.fold import task_deadline
 from orchestration.models import RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt

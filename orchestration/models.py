@@ -182,7 +182,7 @@ class TaskState(Frozen):
     <orchestration.decide.next_action>` needs: its attempts, executor, prompt hash and times. Once the
     task is terminal the head keeps it *settled* (:meth:`settled`): only its id, specialist, status,
     the sequence number of its output fact and its error. Its history stays in the fact log, and
-    :func:`orchestration.facts.with_history` folds it back for views. So the head, which a store
+    :func:`orchestration.fold.with_history` folds it back for views. So the head, which a store
     rewrites at every append, does not grow as tasks finish, and neither does the cost of a write.
 
     A task is one *instance* of a chain step: ``step`` names the step and ``visit`` counts its

@@ -17,7 +17,8 @@ from orchestration.errors import (
     InvalidState,
     quoted,
 )
-from orchestration.facts import RouteDecided, TaskCompleted, with_history
+from orchestration.facts import RouteDecided, TaskCompleted
+from orchestration.fold import with_history
 from orchestration.graph import is_parallel
 from orchestration.models import GateState, RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
@@ -28,7 +29,7 @@ from orchestration.vocabulary import RunStatus, TaskStatus
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
     """Everything a view of a run needs: the head with every task's history (see
-    :func:`~orchestration.facts.with_history`), the outputs of done tasks, and the prompts of the
+    :func:`~orchestration.fold.with_history`), the outputs of done tasks, and the prompts of the
     task the host must run now (if any), and the validated values of typed outputs."""
 
     head: RunHead

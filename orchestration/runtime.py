@@ -43,15 +43,8 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.facts import (
-    ApprovalDecided,
-    Fact,
-    RunCancelled,
-    RunCreated,
-    TaskCompleted,
-    apply,
-    apply_write,
-)
+from orchestration.facts import ApprovalDecided, Fact, RunCancelled, RunCreated, TaskCompleted
+from orchestration.fold import apply, apply_write
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.inputs import (
     ContractResolver,

@@ -34,7 +34,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import AttemptStarted, Fact, TaskCompleted, with_history
+from orchestration.facts import AttemptStarted, Fact, TaskCompleted
+from orchestration.fold import with_history
 from orchestration.models import RunHead
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.reliability import trial

@@ -39,7 +39,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from orchestration.facts import ApprovalDecided, Fact, RunCancelled, TaskCompleted, fold
+from orchestration.facts import ApprovalDecided, Fact, RunCancelled, TaskCompleted
+from orchestration.fold import fold
 from orchestration.models import RunHead
 from tests.acceptance.harness import call, read_log, text_of
 from tests.acceptance.processes import http_server

@@ -1,7 +1,7 @@
 """Builders for store tests: real chain snapshots, real facts, heads produced by the real fold.
 
 Every write a builder returns is what the runtime would hand a store: the facts of one atomic write
-and the head :func:`orchestration.facts.apply_write` folds them into, so the conformance suite
+and the head :func:`orchestration.fold.apply_write` folds them into, so the conformance suite
 exercises stores with legal records only (an illegal one would raise here, not in the store).
 """
 
@@ -19,9 +19,8 @@ from orchestration.facts import (
     RunCancelled,
     RunCreated,
     TaskCompleted,
-    apply_write,
-    head_from_creation,
 )
+from orchestration.fold import apply_write, head_from_creation
 from orchestration.models import (
     ChainSnapshot,
     ChainStep,

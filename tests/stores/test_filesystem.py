@@ -25,7 +25,8 @@ from orchestration.errors import (
     StoreError,
     VersionConflict,
 )
-from orchestration.facts import AttemptStarted, fold
+from orchestration.facts import AttemptStarted
+from orchestration.fold import fold
 from orchestration.models import RunHead
 from orchestration.store import Lease
 from orchestration.vocabulary import RunStatus

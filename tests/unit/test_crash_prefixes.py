@@ -14,7 +14,8 @@ import orchestration.drive as drive_module
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
 from orchestration.decide import Action, FailTask, StartAttempt, next_action
-from orchestration.facts import AttemptStarted, Fact, fold
+from orchestration.facts import AttemptStarted, Fact
+from orchestration.fold import fold
 from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
 from orchestration.store import CreateResult, Lease

@@ -36,9 +36,9 @@ from orchestration.facts import (
     RunFinished,
     TaskCompleted,
     TaskFailed,
-    fold,
     route_decided,
 )
+from orchestration.fold import fold
 from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import TaskStatus

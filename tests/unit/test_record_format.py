@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from orchestration.facts import AttemptStarted, RunCreated, apply, head_from_creation
+from orchestration.facts import AttemptStarted, RunCreated
+from orchestration.fold import apply, head_from_creation
 from orchestration.models import ChainStep, RunHead
 from stores._common import encode_head
 from stores._fs_files import head_position as _head_position

@@ -14,7 +14,8 @@ import pytest
 import orchestration.drive as drive_module
 from orchestration.clock import ManualClock
 from orchestration.decide import Action, FailTask, RouteTask, StartAttempt, next_action
-from orchestration.facts import AttemptStarted, fold
+from orchestration.facts import AttemptStarted
+from orchestration.fold import fold
 from orchestration.models import RunHead, TypedError
 from orchestration.runtime import StartRequest
 from tests.unit.helpers import Decision, make_runtime, play

@@ -12,18 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from orchestration.errors import CorruptRecord
-from orchestration.facts import (
-    AttemptFailed,
-    AttemptStarted,
-    Fact,
-    RunCreated,
-    TaskCompleted,
-    TaskFailed,
-    apply_write,
-    fold,
-    head_from_creation,
-    with_history,
-)
+from orchestration.facts import AttemptFailed, AttemptStarted, Fact, RunCreated, TaskCompleted, TaskFailed
+from orchestration.fold import apply_write, fold, head_from_creation, with_history
 from orchestration.models import (
     ChainSnapshot,
     ChainStep,

@@ -281,7 +281,8 @@ def test_semantics_of_a_run_before_any_task_ran() -> None:
 
 def semantics_for(backend: str) -> str:
     from orchestration.catalog import Catalog
-    from orchestration.facts import RunCreated, head_from_creation
+    from orchestration.facts import RunCreated
+    from orchestration.fold import head_from_creation
     from orchestration.models import ExecutionContract
 
     chain = Catalog.builtin().resolve("default")
