@@ -5,19 +5,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
+from tests.acceptance.store_targets import BACKENDS, store_target
 from tests.acceptance.test_cli import cli, ok_json
 
 pytestmark = pytest.mark.slow
 
 
-def test_tail_prints_a_finished_runs_events_and_exits_0(tmp_path: Path) -> None:
-    run_id = ok_json(tmp_path, "runs", "start", "Tail me", "--specialists", "writer")["run_id"]
-    done = ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "writer", "--output", "The draft.")
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_tail_prints_a_finished_runs_events_and_exits_0(tmp_path: Path, backend: str) -> None:
+    async with store_target(backend, tmp_path / "target") as target:
+        await anyio.to_thread.run_sync(lambda: tail_a_finished_run(tmp_path, "--store", target.url))
+
+
+def tail_a_finished_run(tmp_path: Path, *store: str) -> None:
+    run_id = ok_json(tmp_path, "runs", "start", "Tail me", "--specialists", "writer", *store)["run_id"]
+    done = ok_json(
+        tmp_path, "runs", "resume", run_id, "--task-id", "writer", "--output", "The draft.", *store
+    )
     assert done["status"] == "completed"
 
-    proc = cli(tmp_path, "runs", "tail", run_id, "--from-start")
+    proc = cli(tmp_path, "runs", "tail", run_id, "--from-start", *store)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"run {run_id} (custom): completed"
@@ -28,13 +38,13 @@ def test_tail_prints_a_finished_runs_events_and_exits_0(tmp_path: Path) -> None:
     assert lines[-1] == f"run {run_id} ended: completed"
 
     # --json: one event per line, the run_events shape.
-    proc = cli(tmp_path, "runs", "tail", run_id, "--from-start", "--json")
+    proc = cli(tmp_path, "runs", "tail", run_id, "--from-start", "--json", *store)
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["type"] == "run_finished"
 
-    proc = cli(tmp_path, "runs", "tail", "run-nope")
+    proc = cli(tmp_path, "runs", "tail", "run-nope", *store)
     assert proc.returncode == 1 and proc.stderr.startswith("run_not_found: ")
 
 
