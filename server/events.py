@@ -133,13 +133,15 @@ async def read_events(
     Raises ``RunNotFound``, and ``InvalidArgument`` for a negative ``after_seq``, a ``limit`` out of
     1..500, or an ``after_seq`` past the run's last event (a sequence number the run never gave)."""
     check_page(after_seq, limit)
-    if head is None or (head.last_seq <= after_seq and wait_seconds > 0):
-        head = await runtime.wait_for_facts(run_id, after_seq, wait_seconds)
-    if after_seq > head.last_seq:
+    if head is None:
+        head = await runtime.status(run_id)
+    if after_seq > head.last_seq:  # refused before any wait: no event will ever have that seq
         raise InvalidArgument(
             f"after_seq {after_seq} is past the last event of run {head.run_id}, {head.last_seq}; "
             "pass a next_after_seq this feed gave, or 0 to read from the start"
         )
+    if head.last_seq == after_seq and wait_seconds > 0 and not head.status.is_terminal:
+        head = await runtime.wait_for_facts(head.run_id, after_seq, wait_seconds)
     facts = await runtime.store.read_facts(head.run_id, after_seq, limit) if head.last_seq > after_seq else []
     if facts and facts[-1].seq > head.last_seq:
         head = await runtime.status(head.run_id)  # written since: the page says so

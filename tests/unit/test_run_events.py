@@ -194,6 +194,8 @@ async def test_reading_events_needs_the_read_role(
         ({"after_seq": "soon"}, "invalid_argument: after_seq: "),
         ({"from_seq": 3}, "invalid_argument: unknown argument 'from_seq'"),
         ({"after_seq": 999}, "invalid_argument: after_seq 999 is past the last event of run "),
+        # At once, not after the wait: no event will ever have that seq.
+        ({"after_seq": 99, "wait_seconds": 300}, "invalid_argument: after_seq 99 is past the last event "),
     ],
 )
 async def test_bad_arguments_are_refused_with_a_code(
@@ -201,7 +203,8 @@ async def test_bad_arguments_are_refused_with_a_code(
 ) -> None:
     async with connected(server) as client:
         run_id = (await call(client, "orchestrate_start", request="Args.", chain=["writer"]))["run_id"]
-        text = await call_error(client, "run_events", run_id=run_id, **arguments)
+        with anyio.fail_after(60):
+            text = await call_error(client, "run_events", run_id=run_id, **arguments)
         assert text.startswith(expected), text
         assert (await call_error(client, "run_events", run_id="run-nope")).startswith("run_not_found: ")
 
