@@ -1,6 +1,6 @@
 """The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_approve``,
 ``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a run's event feed, see
-:mod:`server.events`).
+:mod:`server.events`: it answers with an :class:`~server.events.EventsPage`).
 
 Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
 a :class:`~server.views.RunView` or :class:`~server.views.RunsPage` (``outputSchema`` and
@@ -32,7 +32,7 @@ returns the current state and records nothing new; the runtime guarantees that.
 ``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
 host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
 when the call carried a progress token. The default lets an inline run's first host task arrive in
-the ``orchestrate_start`` answer.
+the ``orchestrate_start`` answer. ``run_events`` waits instead until the run records its next event.
 
 A run view is compact (see :mod:`server.views`): each finished task's output is a preview, and the
 upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
