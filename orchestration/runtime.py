@@ -462,6 +462,25 @@ class Runtime:
                 await on_progress(head)
         return head
 
+    async def wait_for_facts(
+        self, run_id: str, after_seq: int, timeout_seconds: float, poll_seconds: float = 0.25
+    ) -> RunHead:
+        """Block (at most ``timeout_seconds``) until the run has a fact after ``after_seq`` or has
+        ended; returns its head then (or at the timeout, or at once when the runtime is stopping).
+        Woken at once by this process's writes; polls the store for other processes' writes, so
+        the cost of a wait is one head read per poll, whatever the size of the run."""
+        head = await self.status(run_id)
+        deadline = anyio.current_time() + max(0.0, timeout_seconds)
+        while not self._stopping and head.last_seq <= after_seq and not head.status.is_terminal:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            event = self._waiters.event(run_id)
+            with anyio.move_on_after(min(remaining, poll_seconds)):
+                await event.wait()
+            head = await self.status(run_id)
+        return head
+
     # -- driving (the loop itself is orchestration.drive) -------------------------------------
 
     async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:

@@ -11,12 +11,15 @@
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
+    construct-mcp runs tail RUN_ID [--from-start] [--json]
+    construct-mcp runs watch [--once] [--limit N]
     construct-mcp migrate [--check] [--store S]
     construct-mcp demo [--store S] [--home DIR]
 
 The ``runs`` commands work directly on the configured store, without a server: each records its
 event through the :class:`~orchestration.runtime.Runtime` and then drives the run in this process
-until it settles (a host task, a gate, the end), so the CLI alone can run a chain. If a server holds
+until it settles (a host task, a gate, the end), so the CLI alone can run a chain (``tail`` and
+``watch`` only follow runs: :mod:`server.cli_live`). If a server holds
 the run's lease, the CLI leaves the driving to it and waits briefly for it. Output is
 human-readable; ``--json`` prints the same run view the MCP tools return: compact, each task's output
 as a preview. ``runs status --full`` shows every task's whole output (``--json --full``: the view of
@@ -48,6 +51,7 @@ from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
+from server.cli_live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
@@ -168,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("run_id")
     _common(timeline)
     _json_flag(timeline)
+    add_live_parsers(runs_sub, _common, _json_flag)
 
     migrate = sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations")
     migrate.add_argument("--check", action="store_true", help="only check; exit 1 if a migration is pending")
@@ -338,6 +343,8 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
 async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
     command = args.runs_command
     model: RunView | RunsPage
+    if command in LIVE_COMMANDS:
+        return await run_live(runtime, args, out)
     if command == "list":
         page = await runtime.list_runs(
             frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor

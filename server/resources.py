@@ -1,7 +1,9 @@
 """Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.RunView` as JSON
 (the compact view the tools answer with), and ``run://{run_id}/tasks/{task_id}/output`` is one
-task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``). An
-output never changes once recorded, so only ``run://{run_id}`` is worth subscribing to.
+task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``), and
+``run://{run_id}/events`` is the run's newest events (:mod:`server.events`; the ``run_events`` tool
+reads on from its ``next_after_seq``). An output never changes once recorded, so only
+``run://{run_id}`` is worth subscribing to (it changes whenever an event is recorded).
 
 Subscribers hear about every change this process writes to the run (the runtime calls
 :meth:`~server.services.Services.publish_change` after each write):
@@ -39,6 +41,7 @@ from orchestration.errors import ConstructError, Forbidden, InvalidArgument, Inv
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.vocabulary import TaskStatus
+from server.events import newest_events
 from server.identity import caller_of
 from server.services import Services, run_uri
 from server.views import check_task_id, waiting_for
@@ -95,6 +98,21 @@ async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> s
     return outputs[task.task_id]
 
 
+async def read_run_events(run_id: str, ctx: ResourceContext) -> str:
+    """The run's newest events (at most :data:`~server.events.RESOURCE_EVENTS`), as the
+    ``run_events`` tool pages them: read on with ``run_events(after_seq=next_after_seq)``."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        page = await newest_events(services.runtime, await _readable(ctx, run_id))
+    except Forbidden as exc:
+        raise as_protocol_error(exc) from None
+    except (RunNotFound, InvalidArgument) as exc:
+        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
+    except ConstructError as exc:
+        raise ResourceError(f"{exc.code}: {exc.message}") from None
+    return page.model_dump_json()
+
+
 def run_resource(head: RunHead) -> types.Resource:
     """A run as ``resources/list`` shows it: ``run://<id>``, named by its chain, status and request."""
     name = f"{head.chain.name} · {head.status.value} · {_flat_preview(head.request)}"
@@ -132,6 +150,13 @@ def register_resources(
         description="One task's whole output, verbatim (a run view's tasks[].output_uri).",
         mime_type="text/plain",
     )(read_task_output)
+    server.resource(
+        "run://{run_id}/events",
+        name="run_events",
+        title="A run's newest events",
+        description="The run's newest events (JSON, as run_events pages them); read on with run_events.",
+        mime_type="application/json",
+    )(read_run_events)
 
     async def subscribe(
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams

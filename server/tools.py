@@ -1,5 +1,6 @@
 """The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_approve``,
-``run_status``, ``orchestrate_cancel`` and ``runs_list``.
+``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a run's event feed, see
+:mod:`server.events`: it answers with an :class:`~server.events.EventsPage`).
 
 Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
 a :class:`~server.views.RunView` or :class:`~server.views.RunsPage` (``outputSchema`` and
@@ -31,7 +32,7 @@ returns the current state and records nothing new; the runtime guarantees that.
 ``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
 host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
 when the call carried a progress token. The default lets an inline run's first host task arrive in
-the ``orchestrate_start`` answer.
+the ``orchestrate_start`` answer. ``run_events`` waits instead until the run records its next event.
 
 A waiting call that finds the run at an approval gate asks the user with a form where the client
 declared elicitation (see :mod:`server.elicit`); on 2026-07-28 connections the answer is a retry of
@@ -62,6 +63,7 @@ from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.arguments import MissingHint, StrictTool, error_result, strict_schema, verbatim_text
 from server.elicit import settle_and_ask
+from server.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.identity import Caller, Role, caller_of
 from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
@@ -112,6 +114,7 @@ ROLE_OF: dict[str, Role] = {
     "orchestrate_approve": "approve",
     "run_status": "read",
     "runs_list": "read",
+    "run_events": "read",
 }
 
 
@@ -533,6 +536,29 @@ async def runs_list(
     return await _answer("runs_list", work)
 
 
+async def run_events(
+    ctx: ToolContext,
+    run_id: RunId,
+    after_seq: Annotated[int, Field(ge=0, description="Events after this seq; 0: from the start.")] = 0,
+    limit: Annotated[int, Field(ge=1, le=MAX_EVENTS_LIMIT, description="Page size.")] = 50,
+    wait_seconds: Annotated[
+        float,
+        Field(
+            ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="With no event yet, wait this long."
+        ),
+    ] = 0.0,
+) -> Annotated[CallToolResult, EventsPage]:
+    """A run's recorded facts as small typed events after after_seq (outputs as previews with their
+    URI). Continue with after_seq=next_after_seq; with wait_seconds it long-polls. Done when
+    terminal and not more."""
+
+    async def work() -> EventsPage:
+        await _caller(ctx, "run_events", run_id)
+        return await read_events(_services(ctx).runtime, run_id, after_seq, limit, wait_seconds)
+
+    return await _answer("run_events", work)
+
+
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
     """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
     server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
@@ -605,6 +631,11 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
     )
     add(
         runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
+    )
+    add(
+        run_events,
+        "Follow a run's events",
+        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
     )
     return tools
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
@@ -92,7 +92,13 @@ class _Outlined(_View):
     defaults, nested models' definitions and the descriptions of plain fields are left out, enums
     are kept inline. Validation is unaffected (the model still validates every nested field); only
     the published schema is lean.
+
+    A view that sets :attr:`published` publishes only those fields (the ones a host reads) and
+    allows the others (``additionalProperties: true``): the answer still validates against it.
     """
+
+    #: The fields the outline names; None: all of them.
+    published: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -100,7 +106,13 @@ class _Outlined(_View):
     ) -> JsonSchemaValue:
         full = handler.resolve_ref_schema(handler(core_schema))
         # The tool's description says what it answers; the model's docstring would repeat it.
-        return {k: v for k, v in _outline(full, handler, root=True).items() if k != "description"}
+        outline = {k: v for k, v in _outline(full, handler, root=True).items() if k != "description"}
+        if cls.published is not None:
+            keep = cls.published
+            outline["properties"] = {k: v for k, v in outline["properties"].items() if k in keep}
+            outline["required"] = [k for k in outline.get("required", []) if k in keep]
+            outline["additionalProperties"] = True
+        return outline
 
 
 def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = False) -> dict[str, Any]:
@@ -301,6 +313,10 @@ class ContractView(_View):
 
 class RunView(_Outlined):
     """A run as the tools return it: its status, what the caller must do next, and its record."""
+
+    # Published to hosts: what they read (five tools answer with a run view; every field named
+    # costs tools/list bytes in each of them). The answer holds all the fields below.
+    published = ("run_id", "status", "status_kind", "next_action", "tasks", "gates", "warnings")
 
     run_id: str
     status: RunStatus

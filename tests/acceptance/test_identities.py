@@ -104,6 +104,7 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         assert_forbidden(await call_error(bob, "orchestrate_resume", run_id=run_id), "operate")
         assert_forbidden(await call_error(bob, "orchestrate_cancel", run_id=run_id), "operate")
         assert (await call(bob, "run_status", run_id=run_id))["status"] == "awaiting_approval"
+        assert (await call(bob, "run_events", run_id=run_id))["events"][0]["type"] == "run_created"
         # He decides as himself: another name is refused, not recorded.
         text = await call_error(
             bob, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate, approver="mallory"
@@ -139,6 +140,10 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         mine = await call(carol, "orchestrate_start", request="Carol's own.", chain=["writer"])
         assert mine["started_by"] == "carol"
         assert_forbidden(await call_error(carol, "run_status", run_id=run_id))
+        assert_forbidden(await call_error(carol, "run_events", run_id=run_id))
+        with pytest.raises(MCPError, match="forbidden"):
+            await carol.read_resource(f"run://{run_id}/events")
+        assert (await call(carol, "run_events", run_id=mine["run_id"]))["events"]
         assert_forbidden(await call_error(carol, "orchestrate_cancel", run_id=run_id))
         assert_forbidden(
             await call_error(carol, "orchestrate_approve", run_id=run_id, decision="reject", gate_id=gate)
@@ -168,6 +173,7 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         # dave may only decide gates (and connects the handshake way: the same rules hold).
         async with as_identity(port, DAVE, mode="legacy") as dave:
             assert_forbidden(await call_error(dave, "run_status", run_id=run_id), "read")
+            assert_forbidden(await call_error(dave, "run_events", run_id=run_id, wait_seconds=5), "read")
             assert_forbidden(await call_error(dave, "runs_list"), "read")
             assert (await dave.list_resources()).resources == []
             refused = "forbidden: subscribing to a run resource needs the role 'read'"

@@ -82,6 +82,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
         "run_status",
         "orchestrate_cancel",
         "runs_list",
+        "run_events",
     }
     for name, tool in tools.items():
         assert tool.description and len(tool.description) > 80, name
@@ -92,8 +93,10 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
         for param, schema in props.items():
             assert schema.get("description"), f"{name}.{param} has no description"
     view_props = tools["run_status"].output_schema["properties"]  # type: ignore[index]
-    for key in ("run_id", "status", "next_action", "tasks", "gates", "warnings", "semantics", "totals"):
+    for key in ("run_id", "status", "status_kind", "next_action", "tasks", "gates", "warnings"):
         assert key in view_props
+    # The view's other fields (semantics, totals, ...) are in every answer, not named in the schema.
+    assert tools["run_status"].output_schema["additionalProperties"] is True  # type: ignore[index]
     assert "next_cursor" in tools["runs_list"].output_schema["properties"]  # type: ignore[index]
     assert tools["orchestrate_start"].input_schema["required"] == ["request"]
     assert tools["orchestrate_approve"].input_schema["properties"]["decision"]["enum"] == [
@@ -108,6 +111,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
 
     assert hints("run_status").read_only_hint is True
     assert hints("runs_list").read_only_hint is True
+    assert hints("run_events").read_only_hint is True
     assert hints("orchestrate_approve").idempotent_hint is True
     assert hints("orchestrate_cancel").destructive_hint is True
     assert hints("orchestrate_start").read_only_hint is False
@@ -118,6 +122,7 @@ async def test_run_resource_templates_are_listed(client: Client) -> None:
     assert [(t.uri_template, t.mime_type) for t in templates] == [
         ("run://{run_id}", "application/json"),
         ("run://{run_id}/tasks/{task_id}/output", "text/plain"),
+        ("run://{run_id}/events", "application/json"),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import jsonschema  # type: ignore[import-untyped]  # ships no type information
 import pytest
 from pydantic import Field, TypeAdapter
 
@@ -32,6 +33,7 @@ from server.views import (
     Approve,
     ChainView,
     Done,
+    ErrorView,
     NextAction,
     RunHostTask,
     RunView,
@@ -188,22 +190,32 @@ async def test_full_detail_and_full_task_carry_whole_outputs() -> None:
 def test_the_published_run_view_schema_is_an_outline() -> None:
     schema = RunView.model_json_schema()
     assert "$defs" not in schema and "$ref" not in str(schema)
-    assert set(schema["properties"]) == set(RunView.model_fields)
+    # Only the fields a host reads are named (five tools publish it); the others are allowed.
+    published = {"run_id", "status", "status_kind", "next_action", "tasks", "gates", "warnings"}
+    assert set(schema["properties"]) == published and published <= set(RunView.model_fields)
+    assert set(schema["required"]) == published - {"warnings"}
+    assert schema["additionalProperties"] is True
     assert schema["properties"]["next_action"]["type"] == "object"
     assert schema["properties"]["status"]["enum"] == [s.value for s in RunStatus]
-    assert schema["properties"]["error"]["type"] == ["object", "null"]
-    assert schema["additionalProperties"] is False
     # Words stay where the outline hides a shape; a plain field's type says enough.
     assert "description" in schema["properties"]["tasks"]
-    assert "description" not in schema["properties"]["version"]
+    assert "description" not in schema["properties"]["run_id"]
 
     class Described(_Outlined):
         chain: ChainView = Field(description="the chain the run follows")
+        error: ErrorView | None = None
 
-    assert Described.model_json_schema()["properties"]["chain"] == {
-        "description": "the chain the run follows",
-        "type": "object",
-    }
+    described = Described.model_json_schema()
+    assert described["properties"]["chain"] == {"description": "the chain the run follows", "type": "object"}
+    assert described["properties"]["error"]["type"] == ["object", "null"]
+    assert described["additionalProperties"] is False  # without ``published``: every field, closed
+
+
+async def test_a_run_view_validates_against_its_published_schema() -> None:
+    runtime = make_runtime()
+    head, _ = await runtime.start(StartRequest("x", chain=("architect",), approve_before=("architect",)))
+    view = run_view(await runtime.snapshot(head.run_id), "full")
+    jsonschema.validate(view.model_dump(mode="json"), RunView.model_json_schema())
 
 
 async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
