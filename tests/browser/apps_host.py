@@ -134,7 +134,7 @@ async def click_in_frame(host: Page, frame: Page, selector: str) -> None:
     rect = await frame.evaluate(
         f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
             e.scrollIntoView({{block: 'center'}});
-            const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()"""
+            const r = e.getClientRects()[0]; return [r.x + r.width / 2, r.y + r.height / 2]; }})()"""
     )
     origin = await host.evaluate(
         "(() => { const r = document.getElementById('panel').getBoundingClientRect(); return [r.x, r.y]; })()"

@@ -185,14 +185,21 @@ class Page:
 
     async def wait_for(self, expression: str) -> Any:
         """Wait until ``expression``'s value is truthy in Python (checked every 50 ms); that value.
-        (A DOM node comes back as ``{}``: test for one with ``!!``.) The bound is only a guard
-        against a test hanging."""
-        async with asyncio.timeout(COMMAND_TIMEOUT_SECONDS):
-            while True:
-                value = await self.evaluate(expression)
-                if value:
-                    return value
-                await asyncio.sleep(0.05)
+        (A DOM node comes back as ``{}``: test for one with ``!!``.) An expression that throws counts
+        as false (the page may be loading). The bound is only a guard against a test hanging."""
+        last: Exception | None = None
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT_SECONDS):
+                while True:
+                    try:
+                        value = await self.evaluate(expression)
+                    except ProtocolError as exc:  # e.g. the page is between two documents
+                        last, value = exc, None
+                    if value:
+                        return value
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise AssertionError(f"still false: {expression} (last error: {last})") from None
 
     async def navigate(self, url: str) -> None:
         await self.send("Page.navigate", {"url": url})
