@@ -225,8 +225,13 @@ class Page:
     async def type_text(self, text: str) -> None:
         await self.send("Input.insertText", {"text": text})
 
-    async def screenshot(self, path: Path) -> None:
-        data = (await self.send("Page.captureScreenshot", {"format": "png"}))["data"]
+    async def screenshot(self, path: Path, height: float | None = None) -> None:
+        """A PNG of the viewport (its top ``height`` pixels, when given)."""
+        params: dict[str, Any] = {"format": "png"}
+        if height is not None:
+            width = await self.evaluate("window.innerWidth")
+            params["clip"] = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+        data = (await self.send("Page.captureScreenshot", params))["data"]
         await asyncio.to_thread(path.write_bytes, base64.b64decode(data))
 
 

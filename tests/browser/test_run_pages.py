@@ -18,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.acceptance.test_mcp_http import http_server
 from tests.browser.cdp import Page, chromium, chromium_path
-from tests.browser.test_run_panel import HOSTILE, PLAN, screenshot_path
+from tests.browser.test_run_panel import BOTTOM, HOSTILE, PLAN, screenshot_path
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,8 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         # The token lives in this tab's session storage; there is no cookie.
         assert await page.evaluate("sessionStorage.getItem('construct-mcp-token')") == BOB
         assert await page.evaluate("document.cookie") == ""
-        await page.screenshot(screenshot_path(tmp_path, "run-page.png"))
+        used = await page.evaluate(BOTTOM)
+        await page.screenshot(screenshot_path(tmp_path, "run-page.png"), min(used, 1000))
 
         # The keyboard alone: a comment, Tab to Approve, Enter.
         await page.evaluate("document.querySelector('#gates textarea').focus()")
@@ -142,4 +143,4 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         await log_in(narrow, VERA)
         await narrow.wait_for("document.getElementById('status').textContent === 'awaiting host'")
         assert await narrow.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-        await narrow.screenshot(screenshot_path(tmp_path, "run-page-narrow.png"))
+        await narrow.screenshot(tmp_path / "run-page-narrow.png")

@@ -35,6 +35,9 @@ PLAN = (
     + "".join(f"{i}. Step {i}: a token bucket per client id.\n" for i in range(1, 40))
 )
 
+#: Where a page's content ends (a screenshot is cut there).
+BOTTOM = "Math.ceil(document.querySelector('main').getBoundingClientRect().bottom) + 12"
+
 
 def screenshot_path(tmp_path: Path, name: str) -> Path:
     folder = os.environ.get("CONSTRUCT_SCREENSHOTS")
@@ -95,7 +98,8 @@ async def test_the_panel_renders_a_gated_run_approves_it_through_the_host_and_fo
             assert "<script>document.title='pwned'</script>" in out
             assert await frame.evaluate("document.querySelectorAll('img, main script').length") == 0
             assert await frame.evaluate("document.title") != "pwned"
-            await page.screenshot(screenshot_path(tmp_path, "run-panel.png"))
+            used = await frame.evaluate(BOTTOM) + 24  # + the host's bar
+            await page.screenshot(screenshot_path(tmp_path, "run-panel.png"), min(used, 1100))
 
             # Approve: the panel calls orchestrate_approve through the host, with the gate's id.
             await frame.evaluate("document.querySelector('#gates textarea').focus()")
