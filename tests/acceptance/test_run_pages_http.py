@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from tests.acceptance.test_mcp_http import http_server
-from tests.browser.test_run_pages import ALICE, BOB, CONFIG, VERA, as_identity, gated_run
+from tests.browser.test_run_pages import ALICE, BOB, CAROL, CONFIG, VERA, as_identity, gated_run
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,13 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         refused = await http.post(gate_url, json={"decision": "approve"}, headers=_bearer(VERA))
         assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
         assert "'approve'" in refused.json()["message"] and VERA not in refused.text
+
+        # An identity limited to its own runs neither sees nor decides anyone else's.
+        carol = _bearer(CAROL)
+        assert (await http.get("/runs/api/runs", headers=carol)).json()["runs"] == []
+        hidden = await http.get(f"/runs/api/runs/{run_id}", headers=carol)
+        assert hidden.status_code == 403 and hidden.json()["error"] == "forbidden"
+        assert (await http.post(gate_url, json={"decision": "approve"}, headers=carol)).status_code == 403
 
         # Checked before anything is recorded: ids, media type, body, decision.
         bob = _bearer(BOB)

@@ -35,12 +35,16 @@ COMMAND_TIMEOUT_SECONDS = 30.0
 
 
 def chromium_path() -> str:
-    """The Chromium binary (``CONSTRUCT_TEST_CHROMIUM``, else ``chromium`` on the PATH, else
-    ``/usr/bin/chromium``). Skips the test when there is none, fails it under ``CI=true``."""
+    """The Chromium binary: ``CONSTRUCT_TEST_CHROMIUM`` when set (and only that), else ``chromium``
+    on the PATH, else ``/usr/bin/chromium``. Skips the test when there is none, fails it under
+    ``CI=true``."""
     explicit = os.environ.get("CONSTRUCT_TEST_CHROMIUM")
-    found = explicit or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found and Path("/usr/bin/chromium").exists():
-        found = "/usr/bin/chromium"
+    if explicit:
+        found = explicit if os.access(explicit, os.X_OK) else None
+    else:
+        found = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not found and os.access("/usr/bin/chromium", os.X_OK):
+            found = "/usr/bin/chromium"
     if found:
         return found
     message = (

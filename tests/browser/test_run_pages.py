@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 ALICE = "alice-token-" + "7d1e5c3a9b2f4086"  # read, operate: starts the runs
 BOB = "bob-token-" + "2a9c6e0f4b7d1358"  # read, approve
 VERA = "vera-token-" + "c5e81b3d07a96f24"  # read only
+CAROL = "carol-token-" + "8e2f0a6d4c1b9375"  # read, approve; only her own runs (she starts none)
 
 CONFIG = f"""
 [tokens.alice]
@@ -38,6 +39,11 @@ roles = ["read", "approve"]
 [tokens.vera]
 token = "{VERA}"
 roles = ["read"]
+
+[tokens.carol]
+token = "{CAROL}"
+roles = ["read", "approve"]
+own_runs_only = true
 """
 
 
