@@ -225,7 +225,12 @@ class RunPages:
             limit_text = query.get("limit", "20")
             if not limit_text.isdigit():
                 raise InvalidArgument(f"limit {quoted(limit_text)} is not a number from 1 to 500")
-            statuses = frozenset(RunStatus(s) for s in query.getlist("status") if s in set(RunStatus))
+            known = {status.value for status in RunStatus}
+            asked = query.getlist("status")
+            for status in asked:
+                if status not in known:
+                    raise InvalidArgument(f"status {quoted(status)} is not one of {', '.join(sorted(known))}")
+            statuses = frozenset(RunStatus(status) for status in asked)
             page_ = await self._running().runtime.list_runs(
                 statuses or None, int(limit_text), query.get("cursor") or None
             )

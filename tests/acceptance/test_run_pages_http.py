@@ -63,6 +63,12 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         }
         listed = (await http.get("/runs/api/runs", headers=_bearer(VERA))).json()
         assert [r["run_id"] for r in listed["runs"]] == [run_id]
+        paused = "/runs/api/runs?status=awaiting_approval&status=awaiting_host"
+        assert [r["run_id"] for r in (await http.get(paused, headers=_bearer(VERA))).json()["runs"]] == [
+            run_id
+        ]
+        done = (await http.get("/runs/api/runs?status=completed", headers=_bearer(VERA))).json()
+        assert done["runs"] == []
         view = (await http.get(f"/runs/api/runs/{run_id}", headers=_bearer(VERA))).json()
         assert view["status"] == "awaiting_approval" and view["tasks"][0]["output"] is None
         whole = (await http.get(f"/runs/api/runs/{run_id}?task_id=architect", headers=_bearer(VERA))).json()
@@ -86,6 +92,8 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
             ("/runs/api/runs/run-0000000000000-0000000000000000", "run_not_found", 404),
             (f"/runs/api/runs/{run_id}?task_id=nobody", "invalid_argument", 400),
             ("/runs/api/nothing", "not_found", 404),
+            ("/runs/api/runs?status=sleeping", "invalid_argument", 400),
+            ("/runs/api/runs?limit=many", "invalid_argument", 400),
         ):
             answer = await http.get(path, headers=bob)
             assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
