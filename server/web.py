@@ -74,6 +74,7 @@ STATUS_OF = {
     "forbidden": 403,
     "run_not_found": 404,
     "not_found": 404,
+    "method_not_allowed": 405,
     "conflict": 409,
     "invalid_state": 409,
     "version_conflict": 409,
@@ -157,7 +158,8 @@ class RunPages:
                 Route("/runs/{run_id}", self.run, methods=["GET"]),
                 Route("/runs/{run_id}/gates/{gate_id}", self.decide, methods=["POST"]),
                 Route("/{rest:path}", _not_found),
-            ]
+            ],
+            exception_handlers={405: _not_allowed},
         )
         if tokens:
             api = BearerTokenMiddleware(api, tokens)
@@ -167,7 +169,8 @@ class RunPages:
                 Mount(PREFIX + "/api", app=api),
                 Route(PREFIX + "/{run_id}", self.run_page, methods=["GET"]),
                 Route(PREFIX + "/{rest:path}", _not_found),
-            ]
+            ],
+            exception_handlers={405: _not_allowed},
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -283,6 +286,13 @@ class RunPages:
 
 async def _not_found(request: Request) -> Response:
     return _error("not_found", f"nothing at {request.url.path}; the run pages are /runs and /runs/<run_id>")
+
+
+async def _not_allowed(request: Request, _exc: Exception) -> Response:
+    return _error(
+        "method_not_allowed",
+        f"{request.method} is not answered at {request.url.path}; pages and reads are GET, decisions POST",
+    )
 
 
 def _decision(body: bytes) -> tuple[str, str | None]:

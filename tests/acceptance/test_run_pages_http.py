@@ -97,6 +97,9 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         ):
             answer = await http.get(path, headers=bob)
             assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
+        wrong = await http.delete(f"/runs/api/runs/{run_id}", headers=bob)
+        assert wrong.status_code == 405 and wrong.json()["error"] == "method_not_allowed"
+        assert (await http.put("/runs", headers=bob)).json()["error"] == "method_not_allowed"
         form = await http.post(
             gate_url, content=b"decision=approve", headers={**bob, "content-type": "text/plain"}
         )
