@@ -57,12 +57,14 @@ from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposur
 from server.chain_prompts import register_chain_prompts
 from server.config import Settings
 from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
+from server.panel import panel_extension
 from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
 from server.tools import build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
+from server.web import with_run_pages
 from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
@@ -111,6 +113,7 @@ class ConstructApp:
 
     def build_server(self) -> MCPServer[Services]:
         tools = build_tools(self.settings.limits())
+        panel = panel_extension(tools)  # the run panel (MCP Apps): marks two of the tools
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
             title="construct-mcp: durable specialist chains",
@@ -121,6 +124,7 @@ class ConstructApp:
             log_level=self.settings.log_level,
             tools=tools,
             middleware=[UnknownToolRefusal(tools)],
+            extensions=[panel],
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
@@ -245,7 +249,11 @@ class ConstructApp:
                 max_sessions=self.settings.http_max_sessions,
                 idle_seconds=self.settings.http_session_idle_seconds,
             )
-            await _serve_http(self._guarded(app), host, port, self.settings.log_level, self._stop_work)
+            # ... and the run pages for a browser at /runs (see server.web).
+            app = with_run_pages(
+                self._guarded(app), lambda: self._services, self.settings.named_tokens(), host, max_bytes
+            )
+            await _serve_http(app, host, port, self.settings.log_level, self._stop_work)
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.

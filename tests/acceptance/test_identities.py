@@ -72,6 +72,11 @@ async def as_identity(port: int, token: str, mode: str = "auto") -> AsyncIterato
         yield client
 
 
+async def run_uris(client: Client) -> list[str]:
+    """The runs among the listed resources (the run panel, ``ui://construct/run``, is listed too)."""
+    return [str(r.uri) for r in (await client.list_resources()).resources if str(r.uri).startswith("run://")]
+
+
 def assert_forbidden(text: str, role: str | None = None) -> None:
     assert text.startswith("forbidden: "), text
     if role is not None:
@@ -150,7 +155,7 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         )
         assert_forbidden(await call_error(carol, "orchestrate_approve", run_id=run_id, decision="reject"))
         assert [r["run_id"] for r in (await call(carol, "runs_list"))["runs"]] == [mine["run_id"]]
-        assert [str(r.uri) for r in (await carol.list_resources()).resources] == [f"run://{mine['run_id']}"]
+        assert await run_uris(carol) == [f"run://{mine['run_id']}"]
         with pytest.raises(MCPError, match="forbidden"):
             await carol.read_resource(f"run://{run_id}")
         # An idempotency key someone else used does not hand carol their run.
@@ -166,7 +171,7 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         # Without the read role there is nothing to list; the others see every run.
         listed = {r["run_id"] for r in (await call(bob, "runs_list"))["runs"]}
         assert listed == {run_id, mine["run_id"], theirs["run_id"]}
-        assert len((await alice.list_resources()).resources) == 3
+        assert len(await run_uris(alice)) == 3
         # Discovery needs only a valid token.
         assert {p.name for p in (await bob.list_prompts()).prompts} == set(Catalog.builtin().chains)
 
@@ -175,7 +180,7 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
             assert_forbidden(await call_error(dave, "run_status", run_id=run_id), "read")
             assert_forbidden(await call_error(dave, "run_events", run_id=run_id, wait_seconds=5), "read")
             assert_forbidden(await call_error(dave, "runs_list"), "read")
-            assert (await dave.list_resources()).resources == []
+            assert await run_uris(dave) == []
             refused = "forbidden: subscribing to a run resource needs the role 'read'"
             with pytest.warns(MCPDeprecationWarning), pytest.raises(MCPError, match=refused):
                 await dave.subscribe_resource(f"run://{run_id}")

@@ -59,7 +59,8 @@ async def test_each_chain_is_a_prompt_that_starts_and_drives_it(tmp_path: Path) 
 
 async def test_recent_runs_are_listed_as_resources_newest_first(tmp_path: Path) -> None:
     async with Client(_app(tmp_path).build_server()) as client:
-        assert (await client.list_resources()).resources == []
+        # Only the run panel (MCP Apps, see server.panel) is listed before any run exists.
+        assert [str(r.uri) for r in (await client.list_resources()).resources] == ["ui://construct/run"]
         run_ids = []
         for n in range(RECENT_RUNS + 2):
             result = await client.call_tool(
@@ -72,7 +73,7 @@ async def test_recent_runs_are_listed_as_resources_newest_first(tmp_path: Path) 
             )
             assert result.structured_content is not None
             run_ids.append(result.structured_content["run_id"])
-        listed = (await client.list_resources()).resources
+        listed = [r for r in (await client.list_resources()).resources if str(r.uri).startswith("run://")]
         assert len(listed) == RECENT_RUNS
         assert [str(r.uri) for r in listed] == [f"run://{i}" for i in reversed(run_ids[-RECENT_RUNS:])]
         newest = listed[0]
