@@ -51,6 +51,12 @@ researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a w
 three. ``after`` is checked at load: unknown steps, a step after itself, cycles; routes of a
 parallel chain loop back or jump forward along its edges (see :mod:`orchestration.routing`).
 
+A step's gates (``approve_before``, ``approve_after``, and the ``exhausted`` gate of a routing step
+whose ``on_exhausted`` is ``ask``) may expire: ``expires_after_seconds`` after a gate is requested
+it is decided by ``on_expiry`` (``reject``, the default; ``approve``; or ``fail``: the run fails
+with ``approval_expired``), recorded with channel ``expiry``. ``approvers`` names the identities
+allowed to decide them (anyone else is ``forbidden``). Both are refused on a step without gates.
+
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
 the file belong to the server's configuration and are ignored here.
@@ -64,12 +70,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
-from orchestration.models import RESERVED_STEP_NAMES, ChainSnapshot, ChainStep, OnFailure, SpecialistSnapshot
+from orchestration.models import (
+    RESERVED_STEP_NAMES,
+    ChainSnapshot,
+    ChainStep,
+    OnExpiry,
+    OnFailure,
+    SpecialistSnapshot,
+)
 from orchestration.routing import check_chain
 from orchestration.schemas import resolve_schema
 
@@ -160,6 +173,11 @@ class _StepConfig(_Strict):
     on_exhausted: str = "fail"
     after: list[str] | None = Field(default=None, max_length=50)
     instruction: str | None = Field(default=None, max_length=4000)
+    expires_after_seconds: float | None = Field(default=None, gt=0)
+    on_expiry: OnExpiry = "reject"
+    approvers: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, min_length=1, max_length=100
+    )
 
     _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
 
@@ -318,6 +336,20 @@ class Catalog:
                         f"unknown specialist {step_cfg.specialist!r}; "
                         f"known: {', '.join(sorted(specialists))}",
                     )
+                gated = step_cfg.approve_before or step_cfg.approve_after or step_cfg.on_exhausted == "ask"
+                for key in ("expires_after_seconds", "approvers"):
+                    if getattr(step_cfg, key) is not None and not gated:
+                        raise ConfigError(
+                            source,
+                            f"{where}.steps[{i}].{key}",
+                            "the step has no gate (set approve_before or approve_after)",
+                        )
+                if "on_expiry" in step_cfg.model_fields_set and step_cfg.expires_after_seconds is None:
+                    raise ConfigError(
+                        source,
+                        f"{where}.steps[{i}].on_expiry",
+                        "on_expiry needs expires_after_seconds (the gate never expires otherwise)",
+                    )
                 schema = None
                 if step_cfg.output_schema is not None:
                     try:
@@ -341,6 +373,9 @@ class Catalog:
                         on_exhausted=step_cfg.on_exhausted,
                         after=None if step_cfg.after is None else tuple(step_cfg.after),
                         instruction=step_cfg.instruction,
+                        expires_after_seconds=step_cfg.expires_after_seconds,
+                        on_expiry=step_cfg.on_expiry,
+                        approvers=None if step_cfg.approvers is None else tuple(step_cfg.approvers),
                     )
                 )
             try:

@@ -56,6 +56,15 @@ class AwaitApproval:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpireGate:
+    """The requested gate ``gate_id`` expired undecided: record its step's ``on_expiry`` as the
+    decision (an ``approval_decided`` fact with channel ``expiry``)."""
+
+    gate_id: str
+    decision: Literal["approve", "reject", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
 class PrepareHostTask:
     task_id: str
     attempt: int
@@ -112,6 +121,7 @@ class Idle:
 Action = (
     RequestApproval
     | AwaitApproval
+    | ExpireGate
     | PrepareHostTask
     | AwaitHost
     | StartAttempt
@@ -125,14 +135,24 @@ Action = (
 PAUSING_ACTIONS = (AwaitApproval, AwaitHost, WaitUntil, Idle)
 
 
-def _gate_action(head: RunHead, gate_id: str) -> Action | None:
+def _gate_action(head: RunHead, gate_id: str, now: datetime) -> Action | None:
     gate = head.gate(gate_id)
-    if gate is None or gate.status == "approved":
+    if gate is None or gate.status in ("approved", "revised"):
+        # A revised gate's task is superseded by the instances its revise created, which follow.
         return None
     if gate.status == "pending":
         return RequestApproval(gate_id)
-    # "requested" (a "rejected" gate makes the run terminal, handled before we get here)
+    if gate.expires_at is not None and now >= gate.expires_at:
+        return ExpireGate(gate_id, head.step_of(gate.task_id).on_expiry)
+    # "requested" (a "rejected" or "failed" gate makes the run terminal, handled before we get here)
     return AwaitApproval(gate_id)
+
+
+def _revised(head: RunHead, task: TaskState) -> bool:
+    """Whether ``task``'s output was sent back at its ``after`` gate (it routes nowhere: the new
+    instance its revise created does)."""
+    gate = head.gate(gate_id_for("after", task.task_id))
+    return gate is not None and gate.status == "revised"
 
 
 def _provider_action(head: RunHead, task: TaskState, now: datetime) -> Action:
@@ -197,15 +217,15 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
             continue
         if task.status.is_terminal:
             if task.status == TaskStatus.DONE and step.approve_after:
-                action = _gate_action(head, gate_id_for("after", task.task_id))
+                action = _gate_action(head, gate_id_for("after", task.task_id), now)
                 if action is not None:
                     actions.append(action)
                     continue
-            if task.status == TaskStatus.DONE and step.route_on is not None:
+            if task.status == TaskStatus.DONE and step.route_on is not None and not _revised(head, task):
                 if task.routed_to is None:
                     actions.append(RouteTask(plan_route(head, task)))
                 elif task.routed_to == ASK:
-                    action = _gate_action(head, gate_id_for("exhausted", task.task_id))
+                    action = _gate_action(head, gate_id_for("exhausted", task.task_id), now)
                     # Approved: the work is accepted as it is.
                     accepted = FinishRun("completed_with_failures" if any_failed else "completed")
                     actions.append(action if action is not None else accepted)
@@ -226,7 +246,7 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
     """The action of a ready task of a parallel chain (as the linear rule decides for its one)."""
     step = head.chain.step(task.step_name)
     if step.approve_before:
-        action = _gate_action(head, gate_id_for("before", task.task_id))
+        action = _gate_action(head, gate_id_for("before", task.task_id), now)
         if action is not None:
             return action
     deadline = task_deadline(head, task)
@@ -270,21 +290,21 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
                 any_failed = True
                 continue
             if task.status == TaskStatus.DONE and step.approve_after:
-                action = _gate_action(head, gate_id_for("after", task.task_id))
+                action = _gate_action(head, gate_id_for("after", task.task_id), now)
                 if action is not None:
                     return action
-            if task.status == TaskStatus.DONE and step.route_on is not None:
+            if task.status == TaskStatus.DONE and step.route_on is not None and not _revised(head, task):
                 if task.routed_to is None:
                     return RouteTask(plan_route(head, task))
                 if task.routed_to == ASK:
-                    action = _gate_action(head, gate_id_for("exhausted", task.task_id))
+                    action = _gate_action(head, gate_id_for("exhausted", task.task_id), now)
                     if action is not None:
                         return action
                     # The gate was approved: the work is accepted as it is.
                     return FinishRun("completed_with_failures" if any_failed else "completed")
             continue
         if step.approve_before:
-            action = _gate_action(head, gate_id_for("before", task.task_id))
+            action = _gate_action(head, gate_id_for("before", task.task_id), now)
             if action is not None:
                 return action
         deadline = task_deadline(head, task)

@@ -27,6 +27,7 @@ from orchestration.clock import Clock
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
+    ExpireGate,
     FailTask,
     FinishRun,
     PrepareHostTask,
@@ -53,6 +54,7 @@ from orchestration.facts import (
     RunFinished,
     TaskCompleted,
     TaskFailed,
+    gate_expired,
     route_decided,
 )
 from orchestration.fanout import Fanout
@@ -363,6 +365,8 @@ class Drive:
             await self._attempt(head, action)
         elif isinstance(action, RouteTask):
             await self._append(head, [route_decided(action.plan, seq, now)])
+        elif isinstance(action, ExpireGate):
+            await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
         else:  # pragma: no cover - pausing actions never reach here
             raise AssertionError(action)
 

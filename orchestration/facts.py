@@ -45,6 +45,7 @@ from pydantic import Field, TypeAdapter
 
 from orchestration.models import (
     ChainSnapshot,
+    Decision,
     DecisionChannel,
     ExecutionContract,
     Frozen,
@@ -85,13 +86,39 @@ class ApprovalRequested(_Fact):
 class ApprovalDecided(_Fact):
     type: Literal["approval_decided"] = "approval_decided"
     gate_id: str
-    decision: Literal["approve", "reject"]
+    #: ``revise`` and ``fail`` (expiry's) came with record format 3: :func:`decision_format`
+    decision: Decision
     comment: str | None = None
     approver: str | None = None
     #: how the decision came in, and whether ``approver`` was verified (an HTTP token's identity)
     #: or only claimed; both optional: a fact without them reads as "channel unknown, claimed"
     channel: DecisionChannel | None = None
     verified: bool = False
+
+
+def decision_format(decision: Decision) -> int:
+    """The record format of an ``approval_decided`` fact recording ``decision``: 3 for ``revise``
+    and ``fail`` (an older reader cannot read them: "Record formats" above), else 1."""
+    return 3 if decision in ("revise", "fail") else 1
+
+
+def gate_expired(head: RunHead, gate_id: str, decision: Decision, seq: int, at: datetime) -> ApprovalDecided:
+    """The decision expiry records for the requested gate ``gate_id`` (its step's ``on_expiry``):
+    channel ``expiry``, no approver, not verified."""
+    gate = head.gate(gate_id)
+    expires_at = gate.expires_at if gate is not None else None
+    when = f" at {expires_at:%Y-%m-%dT%H:%M:%SZ}" if expires_at is not None else ""
+    return ApprovalDecided(
+        seq=seq,
+        at=at,
+        format=decision_format(decision),
+        gate_id=gate_id,
+        decision=decision,
+        comment=f"expired{when} undecided; on_expiry = {decision!r}",
+        approver=None,
+        channel="expiry",
+        verified=False,
+    )
 
 
 class HostTaskPrepared(_Fact):

@@ -30,6 +30,7 @@ from orchestration.facts import (
 )
 from orchestration.graph import is_parallel, summary_status
 from orchestration.models import (
+    GATE_STATUS_OF,
     AttemptRecord,
     GateState,
     RunHead,
@@ -38,7 +39,7 @@ from orchestration.models import (
     TypedError,
     gate_id_for,
 )
-from orchestration.routing import route_effect, route_value_of
+from orchestration.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
 from orchestration.vocabulary import (
     RunStatus,
     TaskStatus,
@@ -174,31 +175,15 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         gate = head.gate(fact.gate_id)
         if gate is None or gate.status != "pending":
             raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
-        new_gate = gate.model_copy(update={"status": "requested", "requested_at": fact.at})
+        expiry = head.step_of(gate.task_id).expires_after_seconds
+        expires_at = None if expiry is None else fact.at + timedelta(seconds=expiry)
+        new_gate = gate.model_copy(
+            update={"status": "requested", "requested_at": fact.at, "expires_at": expires_at}
+        )
         update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
         update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
     elif isinstance(fact, ApprovalDecided):
-        gate = head.gate(fact.gate_id)
-        if gate is None or gate.status != "requested":
-            raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
-        approved = fact.decision == "approve"
-        new_gate = gate.model_copy(
-            update={
-                "status": "approved" if approved else "rejected",
-                "decided_at": fact.at,
-                "comment": fact.comment,
-                "approver": fact.approver,
-                "channel": fact.channel,
-                "verified": fact.verified,
-            }
-        )
-        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
-        if approved:
-            update |= _with_status(head, RunStatus.QUEUED)
-        else:
-            update |= _with_status(head, RunStatus.REJECTED)
-            update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
-            update["finished_at"] = fact.at
+        update |= _decide_gate(head, fact)
     elif isinstance(fact, HostTaskPrepared):
         task = head.task(fact.task_id)
         attempt = AttemptRecord(
@@ -327,6 +312,56 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     return new_head.model_copy(update={"wake_at": wake_at(new_head)})
 
 
+def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
+    """The head's changes for an ``approval_decided`` fact: approve goes on, reject ends the run
+    ``rejected``, revise re-runs the step whose output the gate shows
+    (:func:`~orchestration.routing.revise_plan`), fail (expiry with ``on_expiry = "fail"``) fails
+    the run with ``approval_expired``."""
+    gate = head.gate(fact.gate_id)
+    if gate is None or gate.status != "requested":
+        raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
+    new_gate = gate.model_copy(
+        update={
+            "status": GATE_STATUS_OF[fact.decision],
+            "decided_at": fact.at,
+            "comment": fact.comment,
+            "approver": fact.approver,
+            "channel": fact.channel,
+            "verified": fact.verified,
+        }
+    )
+    gates = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
+    update: dict[str, object] = {"gates": gates}
+    if fact.decision == "approve":
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif fact.decision == "revise":
+        plan = revise_plan(head, gate)
+        if not isinstance(plan, RevisePlan):
+            raise IllegalTransition(
+                f"run {head.run_id}: gate {gate.gate_id} cannot be revised: {plan.reason}"
+            )
+        try:
+            effect = revise_effect(head.model_copy(update={"gates": gates}), plan, fact.at)
+        except ValueError as exc:
+            raise IllegalTransition(f"run {head.run_id}: revise of {gate.gate_id}: {exc}") from None
+        update |= {"tasks": effect.tasks, "gates": effect.gates}
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif fact.decision == "fail":
+        update |= _with_status(head, RunStatus.FAILED)
+        update["error"] = TypedError(
+            code="approval_expired",
+            message=f"gate {gate.gate_id} was not decided by {gate.expires_at or fact.at:%Y-%m-%dT%H:%M:%SZ}"
+            ' and its step says on_expiry = "fail"',
+        )
+        update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+        update["finished_at"] = fact.at
+    else:
+        update |= _with_status(head, RunStatus.REJECTED)
+        update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+        update["finished_at"] = fact.at
+    return update
+
+
 def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
     """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.routing`)."""
     try:
@@ -359,11 +394,22 @@ def task_deadline(head: RunHead, task: TaskState) -> datetime | None:
     return None if timeout is None else task.started_at + timedelta(seconds=timeout)
 
 
-def wake_at(head: RunHead) -> datetime | None:
-    """The earliest deadline that can change the run's next decision without any write."""
+def time_limit(head: RunHead) -> datetime | None:
+    """The earliest deadline of the run: its own, or a task's in progress (past it, the run records
+    ``deadline_exceeded`` and takes no more output or decisions)."""
     if head.status.is_terminal:
         return None
     times = [head.deadline_at] + [task_deadline(head, t) for t in head.tasks]
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
+
+
+def wake_at(head: RunHead) -> datetime | None:
+    """The earliest time that can change the run's next decision without any write: its
+    :func:`time_limit`, or a requested gate's expiry."""
+    if head.status.is_terminal:
+        return None
+    times = [time_limit(head)] + [g.expires_at for g in head.gates if g.status == "requested"]
     present = [t for t in times if t is not None]
     return min(present) if present else None
 

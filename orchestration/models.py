@@ -21,7 +21,7 @@ from orchestration.vocabulary import RunStatus, TaskStatus
 #: The newest stored-record format this code understands.
 #: Every stored head and fact states the format a reader must understand to read it; a record
 #: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 
 
 class Frozen(BaseModel):
@@ -33,6 +33,7 @@ class Frozen(BaseModel):
 
 
 OnFailure = Literal["fail", "continue"]
+OnExpiry = Literal["reject", "approve", "fail"]
 WorkerBackend = Literal["inline", "provider"]
 
 
@@ -80,6 +81,12 @@ class ChainStep(Frozen):
     after: tuple[str, ...] | None = None
     #: this step's own instruction, added to its prompt (the angle a researcher takes)
     instruction: str | None = None
+    #: a gate of this step left undecided this long after it was requested is decided by expiry
+    #: (``on_expiry``: reject, approve, or fail the run with ``approval_expired``); None: it waits
+    expires_after_seconds: float | None = Field(default=None, gt=0)
+    on_expiry: OnExpiry = "reject"
+    #: the identities allowed to decide this step's gates; None: anyone with the approve role
+    approvers: tuple[str, ...] | None = None
 
     @field_validator("name")
     @classmethod
@@ -200,6 +207,9 @@ class TaskState(Frozen):
     visit: int | None = None
     #: the routing task whose route created this instance (its output sent the work back)
     sent_back_by: str | None = None
+    #: the gate whose ``revise`` created this instance, and the task whose output it sent back
+    revised_by: str | None = None
+    revision_of: str | None = None
     #: a routing step's task: the value of the field it routes on, from its validated output
     route_value: str | None = None
     #: a routing step's task, once routed: the task the run went on with, or end, fail or ask
@@ -234,6 +244,8 @@ class TaskState(Frozen):
             step=self.step,
             visit=self.visit,
             sent_back_by=self.sent_back_by,
+            revised_by=self.revised_by,
+            revision_of=self.revision_of,
             route_value=self.route_value,
             routed_to=self.routed_to,
             status=self.status,
@@ -249,7 +261,19 @@ def instance_id(step: str, visit: int) -> str:
     return step if visit == 1 else f"{step}{INSTANCE_SEPARATOR}{visit}"
 
 
-GateStatus = Literal["pending", "requested", "approved", "rejected"]
+#: ``revised``: sent back (the step whose output the gate showed runs again, see
+#: :func:`orchestration.routing.revise_plan`); ``failed``: expired with ``on_expiry = "fail"``
+GateStatus = Literal["pending", "requested", "approved", "rejected", "revised", "failed"]
+#: What a gate's decision can be: ``revise`` sends the work back; ``fail`` is only recorded by
+#: expiry (``on_expiry = "fail"``). ``revise`` and ``fail`` came with record format 3.
+Decision = Literal["approve", "reject", "revise", "fail"]
+#: the status a gate's decision leaves it in
+GATE_STATUS_OF: dict[str, GateStatus] = {
+    "approve": "approved",
+    "reject": "rejected",
+    "revise": "revised",
+    "fail": "failed",
+}
 #: ``exhausted``: a routing task's route would exceed a step's ``max_visits`` and its step's
 #: ``on_exhausted`` is ``ask``: a human decides whether the work is accepted (gate id
 #: ``exhausted:<task id>``)
@@ -274,6 +298,8 @@ class GateState(Frozen):
     #: True when ``approver`` is an identity the server verified (an HTTP token's); False when it
     #: is only what the caller claimed (stdio's ``approver`` argument, the CLI's user)
     verified: bool = False
+    #: when a requested gate of a step with ``expires_after_seconds`` is decided by expiry
+    expires_at: datetime | None = None
 
 
 def gate_id_for(position: GatePosition, task_id: str) -> str:

@@ -11,7 +11,9 @@ A later visit of a step (``engineer~2``, created by a route back) sees, for each
 in the chain, the output of that step's latest done instance that ran before it (so the architect's
 design, and for ``reviewer~2`` the work of ``engineer~2``), labelled with the instance's id; and,
 under "Sent back by", the output of the routing task whose route created it (the reviewer's notes).
-A routing step is told what each value of its routed field does.
+A routing step is told what each value of its routed field does. An instance created by a gate's
+``revise`` (see :mod:`orchestration.routing`) sees, under "Sent back by the approver", the output
+that was sent back and the approver's comment.
 
 In a parallel chain (steps naming what they run ``after``, see :mod:`orchestration.graph`) the
 work a task sees is that of its step's *ancestors* in the graph, not of every earlier step: a
@@ -82,7 +84,31 @@ def upstream_task_ids(head: RunHead, task_id: str) -> list[str]:
     sender = task.sent_back_by
     if sender is not None and sender not in ids and head.task(sender).status == TaskStatus.DONE:
         ids.append(sender)
+    revised = task.revision_of
+    if revised is not None and revised not in ids and head.task(revised).status == TaskStatus.DONE:
+        ids.append(revised)
     return ids
+
+
+def _sent_back_by_approver(head: RunHead, task: TaskState, outputs: Mapping[str, str]) -> list[str]:
+    """The section of a task created by a gate's ``revise``: the comment and the output sent back."""
+    gate = head.gate(task.revised_by) if task.revised_by is not None else None
+    if gate is None or task.revision_of is None:
+        return []
+    who = f" ({gate.approver})" if gate.approver else ""
+    comment = gate.comment.strip() if gate.comment else "(no comment)"
+    parts = [
+        "",
+        f"## Sent back by the approver{who}",
+        "",
+        f"At gate {gate.gate_id} the approver sent the output of task {task.revision_of} back with "
+        f"this comment: {comment}",
+        "",
+        "Redo that work, taking the comment into account.",
+    ]
+    if task.revision_of in outputs:
+        parts += ["", f"### {task.revision_of} (the output sent back)", "", outputs[task.revision_of].strip()]
+    return parts
 
 
 def describe(chain: ChainSnapshot) -> str:
@@ -116,7 +142,7 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
         head.request.strip(),
     ]
     sender = task.sent_back_by
-    upstream = [tid for tid in upstream_task_ids(head, task_id) if tid != sender]
+    upstream = [tid for tid in upstream_task_ids(head, task_id) if tid not in (sender, task.revision_of)]
     if upstream:
         parts += ["", "## Work so far"]
         for tid in upstream:
@@ -133,6 +159,7 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
             "",
             outputs[sender].strip(),
         ]
+    parts += _sent_back_by_approver(head, task, outputs)
     position = _position(head, task_id)
     seen = _seen(head, task, position)
     notes = [

@@ -29,6 +29,18 @@ The rule (a run is a sequence of task instances, in the order they run):
   (a step after the routing step: the run goes on there, as a forward route would) or ``ask``: an
   approval gate ``exhausted:<routing task>`` on the routing instance; approving it accepts the work
   and the run completes, rejecting it ends the run ``rejected``.
+
+**Revise** (a gate's third decision, :func:`revise_plan`) is a loop a person asks for: it re-runs
+the step whose output the gate shows — for an ``after`` gate the gated step, for a ``before`` gate
+the step before it (its only predecessor in a parallel chain) — as new instances (``step~n``),
+inserted right after the gated task, with their own gates, as a route back would. For a ``before``
+gate the loop body runs from that step to the gated one, and the gated instance is skipped (its
+new instance asks the gate again). The first new instance carries the gate (``revised_by``) and
+the task whose output was sent back (``revision_of``): its prompt shows that output and the
+approver's comment. The same bounds hold: a revise that would give a body step more visits than
+its ``max_visits`` is refused (the gate stays open for approve or reject). An ``exhausted`` gate,
+a ``before`` gate of a first step (or of a step after several), or one whose previous step has no
+output, offers no revise.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from orchestration.graph import (
     jumped,
     latest,
     loop_body,
+    predecessors,
     predecessors_in,
 )
 from orchestration.models import (
@@ -88,11 +101,15 @@ class RoutePlan:
 
 
 def chain_format(chain: ChainSnapshot) -> int:
-    """The record format a run of ``chain`` is created with: 2 when a step routes (a server that
+    """The record format a run of ``chain`` is created with: 3 when a step's gates expire or name
+    their approvers (a server that does not know them would let a gate wait forever, or let anyone
+    decide it), else 2 when a step routes (a server that
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
     refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1. A parallel
     chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
     parallel steps came in the same format, so no server reads format 2 without knowing both."""
+    if any(s.expires_after_seconds is not None or s.approvers is not None for s in chain.steps):
+        return 3
     graph = any(step.after is not None or step.instruction is not None for step in chain.steps)
     return 2 if graph or any(step.route_on is not None for step in chain.steps) else 1
 
@@ -302,6 +319,110 @@ def route_effect(
 
 
 # --------------------------------------------------------------------------------------------
+# Revise: a loop a gate's decision asks for
+
+
+@dataclass(frozen=True, slots=True)
+class RevisePlan:
+    """What a ``revise`` of a gate re-runs (see the module's docstring): the task whose output the
+    gate shows (``revision_of``), the steps that get new instances (the first is re-run), and
+    whether the gated task itself is skipped (a ``before`` gate)."""
+
+    gate_id: str
+    revision_of: str
+    body: tuple[str, ...]
+    skip_gated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NoRevise:
+    """Why a gate cannot be revised: ``reason`` (a sentence); ``bound``: because a step's
+    ``max_visits`` was reached (the gate has a step to re-run, just no visit left)."""
+
+    reason: str
+    bound: bool = False
+
+
+def revise_plan(head: RunHead, gate: GateState) -> RevisePlan | NoRevise:
+    """The plan of a ``revise`` of ``gate``, or why the gate cannot be revised. Pure."""
+    chain = head.chain
+    if gate.position == "exhausted":
+        return NoRevise(
+            "an exhausted gate accepts or rejects a loop's work whose bound was reached; it cannot be revised"
+        )
+    gated = next((t for t in head.tasks if t.task_id == gate.task_id), None)
+    if gated is None:
+        return NoRevise(f"gate {gate.gate_id} has no task")
+    step = chain.step(gated.step_name)
+    if gate.position == "after":
+        shown: TaskState | None = gated
+        body = [step]
+    else:
+        preds = predecessors(chain, step.name)
+        if len(preds) != 1:
+            said = "it is the chain's first step" if not preds else f"it runs after {len(preds)} steps"
+            return NoRevise(
+                f"gate {gate.gate_id} is before step {step.name}, which has no single step before it "
+                f"({said}): no output to send back"
+            )
+        shown = latest(head, preds[0])
+        body = _body(chain, preds[0], step.name)
+    if shown is None or shown.status != TaskStatus.DONE:
+        return NoRevise(f"gate {gate.gate_id} shows no output to send back (the step before it did not run)")
+    for body_step in body:
+        made = visits(head, body_step.name)
+        if made >= body_step.max_visits:
+            return NoRevise(
+                f"revise would run step {body_step.name} again, but it has had {made} visits "
+                f"(max_visits {body_step.max_visits}): the loop is exhausted; approve or reject the "
+                "gate instead",
+                bound=True,
+            )
+    return RevisePlan(gate.gate_id, shown.task_id, tuple(s.name for s in body), gate.position == "before")
+
+
+def revise_offered(head: RunHead, gate: GateState) -> bool:
+    """Whether a requested ``gate`` can be revised now (its step has output to send back and the
+    bounds allow another visit)."""
+    return isinstance(revise_plan(head, gate), RevisePlan)
+
+
+def revise_effect(head: RunHead, plan: RevisePlan, at: datetime) -> RouteEffect:
+    """The tasks and gates after a ``revise`` made ``plan``: the new instances inserted right after
+    the gated task (skipped for a ``before`` gate)."""
+    gate = head.gate(plan.gate_id)
+    if gate is None:  # pragma: no cover - the plan was made from this head
+        raise ValueError(f"no gate {plan.gate_id}")
+    position = _position(head, gate.task_id)
+    tasks = list(head.tasks)
+    gates = list(head.gates)
+    if plan.skip_gated:
+        gated = tasks[position]
+        if gated.status != TaskStatus.PENDING:
+            raise ValueError(f"task {gated.task_id} is {gated.status.value}; a revise cannot skip it")
+        tasks[position] = gated.model_copy(update={"status": TaskStatus.SKIPPED, "finished_at": at})
+    body: list[TaskState] = []
+    for name in plan.body:
+        step = head.chain.step(name)
+        visit = visits(head, name) + 1
+        task_id = instance_id(name, visit)
+        first = not body
+        body.append(
+            TaskState(
+                task_id=task_id,
+                specialist=step.specialist,
+                step=name,
+                visit=visit,
+                revised_by=plan.gate_id if first else None,
+                revision_of=plan.revision_of if first else None,
+            )
+        )
+        gates.extend(instance_gates(step, task_id))
+    tasks[position + 1 : position + 1] = body
+    return RouteEffect(tuple(tasks), tuple(gates))
+
+
+# --------------------------------------------------------------------------------------------
 # Checks made when a chain is loaded
 
 
@@ -471,12 +592,17 @@ __all__ = [
     "ASK",
     "END",
     "FAIL",
+    "NoRevise",
+    "RevisePlan",
     "RouteEffect",
     "RoutePlan",
     "chain_format",
     "check_chain",
     "plan_route",
     "reachable",
+    "revise_effect",
+    "revise_offered",
+    "revise_plan",
     "route_effect",
     "route_value_of",
     "route_values",

@@ -37,14 +37,22 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
+    Forbidden,
     InvalidArgument,
     InvalidState,
     TooLarge,
     VersionConflict,
     quoted,
 )
-from orchestration.facts import ApprovalDecided, Fact, RunCancelled, RunCreated, TaskCompleted
-from orchestration.fold import apply, apply_write
+from orchestration.facts import (
+    ApprovalDecided,
+    Fact,
+    RunCancelled,
+    RunCreated,
+    TaskCompleted,
+    decision_format,
+)
+from orchestration.fold import apply, apply_write, time_limit
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.inputs import (
     ContractResolver,
@@ -54,7 +62,7 @@ from orchestration.inputs import (
     check_names,
     inline_contract,
 )
-from orchestration.models import DecisionChannel, RunHead, text_hash
+from orchestration.models import GATE_STATUS_OF, DecisionChannel, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import (
     RunSnapshot,
@@ -67,7 +75,7 @@ from orchestration.reading import (
     require_resumable,
 )
 from orchestration.reading import awaiting_host_task as _awaiting_host_task
-from orchestration.routing import chain_format
+from orchestration.routing import RevisePlan, chain_format, revise_plan
 from orchestration.schemas import validate_output
 from orchestration.store import Lease, RunPage, RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -324,7 +332,7 @@ class Runtime:
     async def approve(
         self,
         run_id: str,
-        decision: Literal["approve", "reject"],
+        decision: Literal["approve", "reject", "revise"],
         gate_id: str,
         comment: str | None = None,
         approver: str | None = None,
@@ -340,12 +348,19 @@ class Runtime:
         anything else there is a ``Conflict``. Approving a run that is not awaiting approval is
         ``InvalidState``.
 
+        ``revise`` re-runs the step whose output the gate shows, with the comment in its prompt
+        (:func:`~orchestration.routing.revise_plan`): ``InvalidArgument`` when the gate has no such
+        step, ``InvalidState`` when its bound (``max_visits``) is reached; the gate stays open.
+        A gate whose step names ``approvers`` takes decisions only from them (``Forbidden``
+        otherwise; over stdio and the CLI the approver is the claimed one). A gate past its
+        ``expires_at`` is decided by expiry, not by a late caller (``InvalidState``).
+
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
         identity the edge verified, or only claimed) are recorded with the decision; the edge
         (:mod:`server`) says which."""
         validate_run_id(run_id)
-        if decision not in ("approve", "reject"):
-            raise InvalidArgument(f"decision must be 'approve' or 'reject', not {quoted(decision)}")
+        if decision not in ("approve", "reject", "revise"):
+            raise InvalidArgument(f"decision must be 'approve', 'reject' or 'revise', not {quoted(decision)}")
         check_id("gate_id", gate_id, self.limits)
         if comment is not None and len(comment) > self.limits.max_comment_chars:
             raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
@@ -354,10 +369,22 @@ class Runtime:
         while True:
             head = await self.store.load(run_id)
             gate = gate_to_decide(head, gate_id)
-            if gate.status in ("approved", "rejected"):
-                if (gate.status == "approved") != (decision == "approve"):
+            allowed = head.step_of(gate.task_id).approvers
+            if allowed is not None and approver not in allowed:
+                who = (
+                    f"{quoted(approver)} ({'verified' if verified else 'claimed'})"
+                    if approver
+                    else "nobody named"
+                )
+                raise Forbidden(
+                    f"gate {gate.gate_id} of run {run_id} may be decided only by {', '.join(allowed)}; "
+                    f"the decision came from {who}: ask one of them to decide it"
+                )
+            if gate.status not in ("pending", "requested"):
+                if gate.status != GATE_STATUS_OF[decision]:
+                    how = " by expiry" if gate.channel == "expiry" else ""
                     raise Conflict(
-                        f"gate {gate.gate_id} of run {run_id} was already {gate.status}; "
+                        f"gate {gate.gate_id} of run {run_id} was already {gate.status}{how}; "
                         "a decided gate cannot be changed"
                     )
                 if (gate.comment, gate.approver) != (comment, approver):
@@ -373,9 +400,22 @@ class Runtime:
                 raise InvalidState(
                     f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
                 )
+            now = self.clock.now()
+            if gate.expires_at is not None and now >= gate.expires_at:
+                on_expiry = head.step_of(gate.task_id).on_expiry
+                raise InvalidState(
+                    f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()}; "
+                    f"it is decided by expiry ({on_expiry}), which the server records"
+                )
+            if decision == "revise":
+                plan = revise_plan(head, gate)
+                if not isinstance(plan, RevisePlan):
+                    refused = f"gate {gate.gate_id} of run {run_id} cannot be revised: {plan.reason}"
+                    raise InvalidState(refused) if plan.bound else InvalidArgument(refused)
             fact = ApprovalDecided(
                 seq=head.last_seq + 1,
-                at=self.clock.now(),
+                at=now,
+                format=decision_format(decision),
                 gate_id=gate.gate_id,
                 decision=decision,
                 comment=comment,
@@ -427,9 +467,10 @@ class Runtime:
         return require_resumable(await self.status(run_id))
 
     def _refuse_if_out_of_time(self, head: RunHead) -> None:
-        if head.wake_at is not None and self.clock.now() >= head.wake_at:
+        limit = time_limit(head)
+        if limit is not None and self.clock.now() >= limit:
             raise InvalidState(
-                f"run {head.run_id} ran out of time at {head.wake_at.isoformat()}; "
+                f"run {head.run_id} ran out of time at {limit.isoformat()}; "
                 "the server records deadline_exceeded"
             )
 

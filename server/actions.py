@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestration.models import GateState
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import RunSnapshot
+from orchestration.routing import revise_offered
 from orchestration.vocabulary import RunStatus
 from server.graph import loop_history
 
@@ -112,6 +113,12 @@ def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
 
 def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
     run_id = snapshot.head.run_id
+    revise = revise_offered(snapshot.head, gate)
+    decisions = (
+        "'approve', 'reject' or 'revise' (re-run the work shown, with the comment)"
+        if revise
+        else ("'approve' or 'reject'")
+    )
     return Approve(
         gate_id=gate.gate_id,
         task_id=gate.task_id,
@@ -119,7 +126,7 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
         guards=_gate_guards(gate, snapshot),
         instruction=(
             f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-            f"decision='approve' or 'reject', gate_id={gate.gate_id!r}, comment=<optional note for "
+            f"decision={decisions}, gate_id={gate.gate_id!r}, comment=<optional note for "
             "the next steps>). Do not approve on the user's behalf without asking."
         ),
     )

@@ -379,8 +379,11 @@ async def orchestrate_approve(
     ctx: ToolContext,
     run_id: RunId,
     decision: Annotated[
-        Literal["approve", "reject"],
-        Field(description="'approve' lets the chain go on; 'reject' ends the run as rejected."),
+        Literal["approve", "reject", "revise"],
+        Field(
+            description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
+            "shows with comment in its prompt (if the gate's decisions offer it)."
+        ),
     ],
     gate_id: Annotated[
         str,
@@ -408,7 +411,7 @@ async def orchestrate_approve(
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """Approve or reject the approval gate a run is waiting at (next_action.kind == 'approve').
+    """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
 
     Ask the user first; do not decide on their behalf. Repeating the same call (gate, decision,
     comment, approver) returns the current state; anything different on a gate already decided is a
@@ -603,7 +606,7 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
     )
     add(
         orchestrate_approve,
-        "Approve or reject a gate",
+        "Approve, reject or revise a gate",
         ToolAnnotations(
             title="Decide an approval gate",
             read_only_hint=False,

@@ -47,6 +47,7 @@ from orchestration.models import (
     TaskState,
     TypedError,
 )
+from orchestration.routing import revise_offered
 from orchestration.runtime import RunSnapshot
 from orchestration.store import RunPage
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -240,6 +241,7 @@ class TaskView(_View):
     sent_back_by: str | None = Field(
         default=None, description="The routing task whose output sent the work back to this one."
     )
+    revised_by: str | None = Field(default=None, description="The gate whose revise created this task.")
     waits_for: str | None = Field(default=None, description="What this task waits for, if it has not ended.")
     value: dict[str, Any] | None = Field(
         default=None,
@@ -258,10 +260,18 @@ class GateView(_View):
     position: Literal["before", "after", "exhausted"] = Field(
         description="exhausted: a loop reached its bound and a human decides (see description)."
     )
-    status: Literal["pending", "requested", "approved", "rejected"]
+    status: Literal["pending", "requested", "approved", "rejected", "revised", "failed"] = Field(
+        description="revised: sent back (revise); failed: expired with on_expiry fail."
+    )
     description: str | None = Field(
         default=None, description="For an exhausted gate: the loop's rounds, each value and notes."
     )
+    decisions: list[Literal["approve", "reject", "revise"]] = Field(
+        default_factory=list, description="The decisions a requested gate takes now."
+    )
+    approvers: list[str] | None = Field(default=None, description="Who may decide it; none: anyone.")
+    expires_at: datetime | None = Field(default=None, description="When it is decided by on_expiry.")
+    on_expiry: Literal["reject", "approve", "fail"] | None = None
     requested_at: datetime | None = None
     decided_at: datetime | None = None
     comment: str | None = None
@@ -416,6 +426,7 @@ def _task(
         step=task.step_name,
         visit=task.visit_number,
         sent_back_by=task.sent_back_by,
+        revised_by=task.revised_by,
         waits_for=waits_for(head, task),
         value=value,
         error=_error(task.error),
@@ -425,9 +436,27 @@ def _task(
     )
 
 
+def gate_decisions(head: RunHead, gate: GateState) -> list[Literal["approve", "reject", "revise"]]:
+    """The decisions ``gate`` takes now: none unless it is requested; revise only when the gate
+    has a step to re-run and its bound allows it (:func:`~orchestration.routing.revise_offered`)."""
+    if gate.status != "requested" or head.status.is_terminal:
+        return []
+    return ["approve", "reject", "revise"] if revise_offered(head, gate) else ["approve", "reject"]
+
+
 def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
+    head = snapshot.head
     description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
-    return GateView.model_validate(gate.model_dump() | {"description": description})
+    step = head.step_of(gate.task_id)
+    return GateView.model_validate(
+        gate.model_dump()
+        | {
+            "description": description,
+            "decisions": gate_decisions(head, gate),
+            "approvers": None if step.approvers is None else list(step.approvers),
+            "on_expiry": step.on_expiry if step.expires_after_seconds is not None else None,
+        }
+    )
 
 
 def _step(step: ChainStep) -> StepView:

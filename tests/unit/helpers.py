@@ -72,7 +72,9 @@ def make_runtime(
     )
 
 
-Decision = Literal["approve", "reject"]
+#: what :func:`play` does at a gate: decide it, or ``wait`` (advance the manual clock to the gate's
+#: expiry and let the run decide it by ``on_expiry``)
+Decision = Literal["approve", "reject", "revise", "wait"]
 
 
 async def play(
@@ -94,7 +96,12 @@ async def play(
             await runtime.submit_host_output(run_id, snap.host_task.task_id, output(snap.host_task.task_id))
         elif head.status == RunStatus.AWAITING_APPROVAL:
             gate = next(g for g in head.gates if g.status == "requested")
-            await runtime.approve(run_id, decisions(gate.gate_id), gate.gate_id, comment=f"ok {gate.gate_id}")
+            decision = decisions(gate.gate_id)
+            if decision == "wait":
+                assert gate.expires_at is not None and isinstance(runtime.clock, ManualClock)
+                runtime.clock.advance((gate.expires_at - runtime.clock.now()).total_seconds())
+                continue
+            await runtime.approve(run_id, decision, gate.gate_id, comment=f"ok {gate.gate_id}")
     raise AssertionError("run did not finish")
 
 

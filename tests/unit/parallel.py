@@ -97,9 +97,9 @@ async def play_parallel(
                 await runtime.submit_host_output(run_id, task.task_id, output(task.task_id))
         for gate in head.gates:
             if gate.status == "requested":
-                await runtime.approve(
-                    run_id, decisions(gate.gate_id), gate.gate_id, comment=f"ok {gate.gate_id}"
-                )
+                decision = decisions(gate.gate_id)
+                assert decision != "wait", "parallel plays decide every gate"
+                await runtime.approve(run_id, decision, gate.gate_id, comment=f"ok {gate.gate_id}")
                 if decisions(gate.gate_id) == "reject":
                     return
     raise AssertionError("run did not finish")

@@ -47,6 +47,29 @@ ROUTED_CATALOG = Catalog.builtin().extended(
                     {**VERDICT_STEP, "routes": LOOP_ROUTES, "on_exhausted": "ask", "approve_after": True},
                 ]
             },
+            # gates a person may send back (revise): after the engineer, before the tester
+            "gated-revise": {
+                "steps": [
+                    "architect",
+                    {"specialist": "engineer", "approve_after": True, "max_visits": 3},
+                    {"specialist": "tester", "approve_before": True},
+                ]
+            },
+            **{
+                f"expiring-{on_expiry}": {
+                    "steps": [
+                        "architect",
+                        {
+                            "specialist": "engineer",
+                            "approve_after": True,
+                            "expires_after_seconds": 60,
+                            "on_expiry": on_expiry,
+                        },
+                        "tester",
+                    ]
+                }
+                for on_expiry in ("approve", "reject", "fail")
+            },
             # a forward route: approve jumps over the tester to the writer
             "jump": {
                 "steps": [

@@ -198,8 +198,9 @@ async def test_a_client_without_elicitation_gets_next_action_as_before(tmp_path:
         "position": "before",
         "guards": view["next_action"]["guards"],
         "instruction": f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-        "decision='approve' or 'reject', gate_id='before:writer', comment=<optional note for the next "
-        "steps>). Do not approve on the user's behalf without asking.",
+        "decision='approve', 'reject' or 'revise' (re-run the work shown, with the comment), "
+        "gate_id='before:writer', comment=<optional note for the next steps>). Do not approve on the "
+        "user's behalf without asking.",
     }
     assert view["warnings"] == []
 

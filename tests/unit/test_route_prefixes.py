@@ -13,7 +13,7 @@ import pytest
 
 import orchestration.drive as drive_module
 from orchestration.clock import ManualClock
-from orchestration.decide import Action, FailTask, RouteTask, StartAttempt, next_action
+from orchestration.decide import Action, ExpireGate, FailTask, RouteTask, StartAttempt, next_action
 from orchestration.facts import AttemptStarted
 from orchestration.fold import fold
 from orchestration.models import RunHead, TypedError
@@ -82,6 +82,29 @@ SCENARIOS: dict[str, Scenario] = {
         errors={"reviewer~2": [RATE_LIMITED], "engineer~2": [RATE_LIMITED, RATE_LIMITED]},
         routes=(("reviewer", "engineer"), ("reviewer~2", "end")),
     ),
+    # A gate's revise re-runs the work it shows (after: the gated step; before: the step before
+    # it, then the gated one again), as a loop does.
+    "inline revise at an after gate and a before gate": Scenario(
+        StartRequest("Build it", chain="gated-revise"),
+        {},
+        decisions=lambda gate: "revise" if gate in ("after:engineer", "before:tester") else "approve",
+    ),
+    "provider revise at an after gate and a before gate": Scenario(
+        StartRequest("Build it", chain="gated-revise", worker_backend="provider"),
+        {},
+        decisions=lambda gate: "revise" if gate in ("after:engineer", "before:tester") else "approve",
+        errors={"engineer~2": [RATE_LIMITED]},
+    ),
+    # Nobody decides: the gate expires, and its on_expiry decides.
+    **{
+        f"{backend} gate expiry with on_expiry {on_expiry}": Scenario(
+            StartRequest("Build it", chain=f"expiring-{on_expiry}", worker_backend=backend),
+            {},
+            decisions=lambda gate: "wait",
+        )
+        for on_expiry in ("approve", "reject", "fail")
+        for backend in ("inline", "provider")
+    },
     "provider review-loop: reject": Scenario(
         StartRequest("Build it", chain="review-loop", worker_backend="provider"),
         {"reviewer": "reject"},
@@ -101,7 +124,8 @@ async def test_every_prefix_of_a_routed_run_decides_as_the_uninterrupted_run(
     def recording_next_action(head: RunHead, now: datetime) -> Action:
         action = next_action(head, now)
         previous = decided.get(head.last_seq)
-        if previous is not None:
+        if previous is not None and previous[0] == now:
+            # (A gate's expiry makes the same head decide differently later: time is an input.)
             assert previous[1] == action
         decided[head.last_seq] = (now, action)
         heads[head.last_seq] = head
@@ -120,6 +144,26 @@ async def test_every_prefix_of_a_routed_run_decides_as_the_uninterrupted_run(
     assert store.boundaries[-1] == len(facts) and len(store.boundaries) == final.version
     routes = [(a.plan.task_id, a.plan.applied) for _, a in decided.values() if isinstance(a, RouteTask)]
     assert tuple(routes) == scenario.routes
+    if scenario.request.chain == "gated-revise":
+        assert [t.task_id for t in final.tasks] == [
+            "architect",
+            "engineer",
+            "engineer~2",
+            "tester",
+            "engineer~3",
+            "tester~2",
+        ]
+        assert [t.status.value for t in final.tasks] == ["done"] * 3 + ["skipped"] + ["done"] * 2
+        assert final.status.value == "completed" and final.format == 3
+    if str(scenario.request.chain).startswith("expiring-"):
+        expired = [a for _, a in decided.values() if isinstance(a, ExpireGate)]
+        assert expired == [ExpireGate("after:engineer", expired[0].decision)]
+        gate = final.gate("after:engineer")
+        assert gate is not None and (gate.channel, gate.approver, gate.verified) == ("expiry", None, False)
+        expected = {"approve": "completed", "reject": "rejected", "fail": "failed"}[expired[0].decision]
+        assert final.status.value == expected
+        if expected == "failed":
+            assert final.error is not None and final.error.code == "approval_expired"
 
     for prefix_len in store.boundaries:
         folded = fold(facts[:prefix_len])
