@@ -4,7 +4,9 @@ When a tool call that waits (``wait_seconds`` > 0: ``orchestrate_start``, ``orch
 ``orchestrate_approve``, ``run_status``) finds the run settled at an approval gate, and the client
 declared form elicitation, the server asks the user itself: a form with the gate, what comes next,
 the output under review (a bounded preview: :data:`REVIEW_PREVIEW_CHARS`) and the fields of
-:class:`GateForm` — a ``decision`` (:data:`Choice`) and an optional ``comment``. A caller whose
+:class:`GateForm` — a ``decision`` (:data:`Choice`: approve, reject, and revise where the gate
+can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose step names
+``approvers`` is asked only of them (a verified identity in the list). A caller whose
 identity may not decide gates (over HTTP, a token without the ``approve`` role) is not asked, nor is
 a client without elicitation: they get the view with ``next_action`` ``approve``, as before.
 
@@ -63,9 +65,10 @@ from mcp.types import ElicitRequest, ElicitRequestFormParams, ElicitResult, Inpu
 from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 
-from orchestration.errors import Conflict, InvalidArgument, InvalidState
-from orchestration.models import GateState, RunHead
+from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
+from orchestration.models import GATE_STATUS_OF, GateState, RunHead
 from orchestration.reading import RunSnapshot
+from orchestration.routing import RevisePlan, revise_offered, revise_plan
 from orchestration.runtime import Limits
 from orchestration.vocabulary import RunStatus, TaskStatus
 from server.identity import Caller, caller_of
@@ -74,8 +77,9 @@ from server.views import RunView, next_action, output_uri, request_preview
 if TYPE_CHECKING:
     from server.services import Services
 
-#: The decisions the form offers. ``revise`` (re-run the step under review) will be one more value.
-Choice = Literal["approve", "reject"]
+#: The decisions the form offers: ``revise`` (re-run the step under review, with the comment) only
+#: where the gate can be revised (:class:`RevisableGateForm`).
+Choice = Literal["approve", "reject", "revise"]
 
 #: The form shows this many characters of the output under review.
 REVIEW_PREVIEW_CHARS = 1500
@@ -95,9 +99,9 @@ _NOTE_CHARS = 400
 
 
 class GateForm(BaseModel):
-    """The form's fields (primitive, as elicitation requires)."""
+    """The form's fields (primitive, as elicitation requires), for a gate that cannot be revised."""
 
-    decision: Choice = Field(
+    decision: Literal["approve", "reject"] = Field(
         title="Decision",
         description="approve: the chain goes on; reject: the run ends as rejected.",
     )
@@ -107,6 +111,38 @@ class GateForm(BaseModel):
         max_length=Limits().max_comment_chars,
         description="Optional. An approval's comment is shown to the following steps.",
     )
+
+
+class RevisableGateForm(BaseModel):
+    """The form for a gate that can be revised (:func:`~orchestration.routing.revise_offered`)."""
+
+    decision: Choice = Field(
+        title="Decision",
+        description="approve: the chain goes on; reject: the run ends as rejected; revise: the work "
+        "under review is done again, with your comment.",
+    )
+    comment: str | None = Field(
+        default=None,
+        title="Comment",
+        max_length=Limits().max_comment_chars,
+        description="Optional (for revise: what to change). An approval's comment is shown to the "
+        "following steps.",
+    )
+
+
+def form_for(head: RunHead, gate_id: str) -> type[GateForm] | type[RevisableGateForm]:
+    """The form the user is shown at ``gate_id``: with revise only where the gate offers it."""
+    gate = head.gate(gate_id)
+    return RevisableGateForm if gate is not None and revise_offered(head, gate) else GateForm
+
+
+def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
+    """Whether the answer of ``caller`` could be recorded at ``gate_id`` by its approvers (the
+    form records the verified identity, else nobody): a gate whose step names approvers is not
+    asked of anyone else."""
+    gate = head.gate(gate_id)
+    allowed = head.step_of(gate.task_id).approvers if gate is not None else None
+    return allowed is None or (caller.verified and caller.identity in allowed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +252,8 @@ async def settle_and_ask(
         if not retry_safe or gate is None or gate == answered:
             return _noted(view, notes)
         snapshot = await services.runtime.snapshot(view.run_id)
+        if not _may_decide(snapshot.head, gate, caller):
+            return _noted(view, notes)
         asked = AskedGate(
             run_id=view.run_id,
             gate_id=gate,
@@ -225,17 +263,20 @@ async def settle_and_ask(
         )
         form = ElicitRequest(
             params=ElicitRequestFormParams(
-                message=gate_message(snapshot, gate), requested_schema=render_elicitation_schema(GateForm)
+                message=gate_message(snapshot, gate),
+                requested_schema=render_elicitation_schema(form_for(snapshot.head, gate)),
             )
         )
         return InputRequiredResult(input_requests={FORM_KEY: form}, request_state=services.asks.seal(asked))
     # Handshake era: ask in the middle of the call, each form bounded by wait_seconds.
     while (gate := _open_gate(view)) is not None:
         snapshot = await services.runtime.snapshot(view.run_id)
+        if not _may_decide(snapshot.head, gate, caller):
+            break
         result: ElicitResult | None = None
         with anyio.move_on_after(wait_seconds):
             try:
-                outcome = await ctx.elicit(gate_message(snapshot, gate), GateForm)
+                outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
             except (MCPError, ValueError) as exc:
                 notes.append(f"elicitation: the form for gate {gate} failed ({exc}); it is still pending")
                 break
@@ -276,7 +317,7 @@ async def _take_answer(
         )
         return head
     try:
-        form = GateForm.model_validate(response.content or {})
+        form = RevisableGateForm.model_validate(response.content or {})
     except ValidationError:
         notes.append(
             f"elicitation: the answer to the form for gate {gate_id} did not fit the form; nothing was "
@@ -305,7 +346,7 @@ async def _take_answer(
             raise
         by = f" by {gate.approver!r}" if gate.approver else ""
         via = f" via {gate.channel}" if gate.channel else ""
-        if (gate.status == "approved") == (form.decision == "approve"):
+        if gate.status == GATE_STATUS_OF[form.decision]:
             notes.append(
                 f"elicitation: gate {gate_id} was already {gate.status}{by}{via} while the form was open; "
                 "the answer agrees, so nothing more was recorded"
@@ -316,8 +357,8 @@ async def _take_answer(
                 f"answer ({form.decision}) differs and was not recorded"
             )
         return head
-    except InvalidState as exc:
-        notes.append(f"invalid_state: the answer ({form.decision}) to gate {gate_id} was not recorded: {exc}")
+    except (InvalidState, InvalidArgument, Forbidden) as exc:
+        notes.append(f"{exc.code}: the answer ({form.decision}) to gate {gate_id} was not recorded: {exc}")
         return await runtime.status(run_id)
 
 
@@ -349,6 +390,9 @@ def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:
         then = "the run completes" if last else f"the chain goes on with {steps[index + 1]!r}"
         lines.append(f"Approve: {then}. Reject: the run ends as rejected.")
         reviewed = gate.task_id
+    plan = revise_plan(head, gate)
+    if isinstance(plan, RevisePlan):
+        lines.append(f"Revise: {plan.body[0]!r} runs again with your comment (as a new task instance).")
     output = snapshot.outputs.get(reviewed) if reviewed is not None else None
     if reviewed is not None and output is not None:
         cut = output if len(output) <= REVIEW_PREVIEW_CHARS else output[: REVIEW_PREVIEW_CHARS - 1] + "…"
@@ -399,7 +443,7 @@ def _open_gate(view: RunView) -> str | None:
 
 def _decided(head: RunHead, gate_id: str) -> GateState | None:
     gate = next((g for g in head.gates if g.gate_id == gate_id), None)
-    return gate if gate is not None and gate.status in ("approved", "rejected") else None
+    return gate if gate is not None and gate.status not in ("pending", "requested") else None
 
 
 def _noted(view: RunView, notes: list[str]) -> RunView:

@@ -128,7 +128,9 @@ async def test_a_waiting_call_that_reaches_a_gate_asks_and_records_the_approval(
     assert "Output under review — architect" in message and DESIGN[:1000] in message
     assert DESIGN not in message and len(message) < 2500
     schema = answers.asked[0].requested_schema  # type: ignore[union-attr]
-    assert schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    # The architect's output can be sent back: the form offers revise.
+    assert schema["properties"]["decision"]["enum"] == ["approve", "reject", "revise"]
+    assert "Revise: 'architect' runs again with your comment" in message
     assert schema["required"] == ["decision"]
     # The run went on: the writer's host task is the answer's next action.
     assert view["status"] == "awaiting_host"
@@ -454,6 +456,32 @@ async def test_the_form_of_an_exhausted_loop_shows_its_history(tmp_path: Path, m
     assert "Approve to accept the work as it is (the run completes)" in message
     assert "Output under review — reviewer~3" in message and revise in message
     assert view["status"] == "completed"
+    # An exhausted gate cannot be revised: its form offers approve and reject only.
+    schema = answers.asked[0].requested_schema  # type: ignore[union-attr]
+    assert schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    assert "Revise:" not in message
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_revise_in_the_form_reruns_the_step_under_review_with_the_comment(
+    tmp_path: Path, mode: Mode
+) -> None:
+    answers = Answers(
+        ElicitResult(action="accept", content={"decision": "revise", "comment": "cite sources"})
+    )
+    async with client_for(_app(tmp_path, "sqlite"), mode, answers) as client:
+        view = await _resume(client, await _to_gate(client))
+    assert view["next_action"]["kind"] == "run_host_task"
+    assert view["next_action"]["task_id"] == "architect~2"
+    assert "cite sources" in view["next_action"]["user_prompt"]
+    gate = view["gates"][0]
+    assert (gate["status"], gate["channel"], gate["decisions"]) == ("revised", "elicitation", [])
+    assert [(t["task_id"], t["status"]) for t in view["tasks"]] == [
+        ("architect", "done"),
+        ("writer", "skipped"),
+        ("architect~2", "awaiting_host"),
+        ("writer~2", "pending"),
+    ]
 
 
 async def test_on_a_handshake_connection_an_unanswered_form_ends_with_the_wait(tmp_path: Path) -> None:
