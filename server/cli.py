@@ -7,7 +7,7 @@
                              [--approve-before STEP]... [--idempotency-key K]
     construct-mcp runs status RUN_ID [--full]
     construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
-    construct-mcp runs approve RUN_ID --gate-id G [--reject] [--comment C] [--approver A]
+    construct-mcp runs approve RUN_ID --gate-id G [--reject | --revise] [--comment C] [--approver A]
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
@@ -144,9 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(resume)
     _json_flag(resume)
 
-    approve = runs_sub.add_parser("approve", help="approve (or --reject) the gate a run waits at")
+    approve = runs_sub.add_parser(
+        "approve", help="approve (or --reject, or --revise) the gate a run waits at"
+    )
     approve.add_argument("run_id")
-    approve.add_argument("--reject", action="store_true", help="reject instead of approving")
+    decided = approve.add_mutually_exclusive_group()
+    decided.add_argument("--reject", action="store_true", help="reject instead of approving")
+    decided.add_argument(
+        "--revise",
+        action="store_true",
+        help="send the work the gate shows back: its step runs again with --comment in its prompt",
+    )
     approve.add_argument("--gate-id", help="the gate decided (required; the run view names it)")
     approve.add_argument("--comment")
     approve.add_argument(
@@ -263,9 +271,11 @@ def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, ou
         out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
     elif action.kind == "approve":
         out.write(f"\nnext: decide gate {action.gate_id}: {action.guards}\n")
+        gate = next((g for g in view.gates if g.gate_id == action.gate_id), None)
+        choices = "[--reject | --revise]" if gate is not None and "revise" in gate.decisions else "[--reject]"
         out.write(
-            f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} "
-            "[--reject] [--comment TEXT]\n"
+            f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} {choices} "
+            "[--comment TEXT]\n"
         )
     elif action.kind == "wait":
         out.write(f"\nnext: wait — {action.instruction}\n")
@@ -394,7 +404,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
             head = await runtime.submit_host_output(args.run_id, args.task_id, output)
         return await _advance(runtime, head)
     if command == "approve":
-        decision: Literal["approve", "reject"] = "reject" if args.reject else "approve"
+        decision: Literal["approve", "reject", "revise"] = (
+            "reject" if args.reject else "revise" if args.revise else "approve"
+        )
         if args.gate_id is None:
             raise await runtime.missing_gate_id(args.run_id, "--gate-id")
         # The CLI is a local, trusted channel: the approver is what it says (--approver, else the

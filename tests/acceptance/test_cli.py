@@ -276,3 +276,64 @@ def test_the_demo_refuses_the_memory_store(tmp_path: Path) -> None:
     proc = cli(tmp_path, "demo", "--store", "memory")
     assert proc.returncode == 2
     assert "memory store keeps nothing across processes" in proc.stderr
+
+
+GUARDED = """
+[chains.guarded]
+steps = [
+  "architect",
+  { specialist = "engineer", approve_after = true, approvers = ["alice"], max_visits = 2 },
+]
+"""
+
+
+def test_revise_and_per_gate_approvers_from_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(GUARDED)
+    view = ok_json(tmp_path, "runs", "start", "x", "--chain", "guarded")
+    run_id = view["run_id"]
+    ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "architect", "--output", "design")
+    view = ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "engineer", "--output", "code v1")
+    gate = view["gates"][0]
+    assert (gate["gate_id"], gate["decisions"], gate["approvers"]) == (
+        "after:engineer",
+        ["approve", "reject", "revise"],
+        ["alice"],
+    )
+    human = cli(tmp_path, "runs", "status", run_id)
+    assert f"runs approve {run_id} --gate-id after:engineer [--reject | --revise]" in human.stdout
+    # The CLI's approver is claimed (--approver, else the OS user): it must be one of the gate's.
+    proc = cli(tmp_path, "runs", "approve", run_id, "--gate-id", "after:engineer", "--approver", "mallory")
+    assert proc.returncode == 1 and proc.stderr.startswith("forbidden: "), proc.stderr
+    assert "alice" in proc.stderr
+    view = ok_json(
+        tmp_path,
+        "runs",
+        "approve",
+        run_id,
+        "--gate-id",
+        "after:engineer",
+        "--revise",
+        "--comment",
+        "add tests",
+        "--approver",
+        "alice",
+    )
+    assert view["next_action"]["task_id"] == "engineer~2"
+    assert (
+        "add tests" in view["next_action"]["user_prompt"] and "code v1" in view["next_action"]["user_prompt"]
+    )
+    view = ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "engineer~2", "--output", "code v2")
+    assert view["gates"][1]["decisions"] == ["approve", "reject"]  # max_visits 2 reached
+    proc = cli(
+        tmp_path,
+        "runs",
+        "approve",
+        run_id,
+        "--gate-id",
+        "after:engineer~2",
+        "--revise",
+        "--approver",
+        "alice",
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("invalid_state: "), proc.stderr
+    assert "max_visits 2" in proc.stderr
