@@ -11,7 +11,8 @@ themselves (so they need no token) and read small JSON endpoints of this server 
 ``GET /runs/api/runs/{run_id}?task_id=``            a :class:`~server.views.RunView` (``task_id``:
                                                     that task's output whole)
 ``POST /runs/api/runs/{run_id}/gates/{gate_id}``    decide a gate: ``{"decision": "approve" |
-                                                    "reject", "comment": "..."}``; the run view
+                                                    "reject" | "revise", "comment": "..."}``; the
+                                                    run view
 =================================================== ==========================================
 
 **Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``), every
@@ -64,8 +65,8 @@ log = logging.getLogger("construct.web")
 
 #: The path under which the pages and their endpoints live.
 PREFIX = "/runs"
-#: The decisions the page may send (``revise`` joins when the runtime records it).
-DECISIONS = ("approve", "reject")
+#: The decisions the page may send (it shows only those a gate's view offers: ``decisions``).
+DECISIONS = ("approve", "reject", "revise")
 #: Ids in a path are at most this long (the runtime checks its own, smaller, limits next).
 MAX_PATH_ID_CHARS = 200
 #: What an HTTP status each error code is answered with (others: 400).
@@ -301,7 +302,9 @@ def _decision(body: bytes) -> tuple[str, str | None]:
     except ValueError as exc:
         raise InvalidArgument('the body is not JSON; send {"decision": "approve"}') from exc
     if not isinstance(data, dict) or set(data) - {"decision", "comment"}:
-        raise InvalidArgument('send a JSON object {"decision": "approve" | "reject", "comment": "..."}')
+        raise InvalidArgument(
+            'send a JSON object {"decision": "approve" | "reject" | "revise", "comment": "..."}'
+        )
     decision, comment = data.get("decision"), data.get("comment")
     if decision not in DECISIONS:
         raise InvalidArgument(f"decision must be one of {', '.join(DECISIONS)}, not {quoted(str(decision))}")

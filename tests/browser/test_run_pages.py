@@ -112,6 +112,8 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         await click(page, "#signout")
         await log_in(page, BOB)
         await page.wait_for("!!document.querySelector('button.approve')")
+        # The architect's plan can be sent back: this gate offers Revise.
+        assert await page.evaluate("document.querySelectorAll('button.revise').length") == 1
         # Untrusted text is shown as text.
         assert HOSTILE in await page.evaluate("document.getElementById('request').textContent")
         assert await page.evaluate("document.querySelectorAll('img, main script').length") == 0
@@ -150,3 +152,13 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         await narrow.wait_for("document.getElementById('status').textContent === 'awaiting host'")
         assert await narrow.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         await narrow.screenshot(tmp_path / "run-page-narrow.png")
+
+        # A gate before the first step has nothing to send back: no Revise button there.
+        first = await alice.call_tool(
+            "orchestrate_start", {"request": "Plan it", "approve_before": ["architect"]}
+        )
+        first_id = str((first.structured_content or {})["run_id"])
+        await page.navigate(f"{base}/runs/{first_id}")
+        await page.wait_for("!!document.querySelector('button.approve')")
+        assert await page.evaluate("document.querySelectorAll('button.revise').length") == 0
+        assert await page.evaluate("document.querySelectorAll('button.reject').length") == 1

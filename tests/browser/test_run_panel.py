@@ -82,6 +82,8 @@ async def test_the_panel_renders_a_gated_run_approves_it_through_the_host_and_fo
         bridge = asyncio.create_task(host.serve())
         try:
             await frame.wait_for("!!document.querySelector('button.approve')")
+            # The gate offers revise (the architect's output can be sent back): a Revise button.
+            assert await frame.evaluate("document.querySelectorAll('#gates button.revise').length") == 1
             # The run as the tool answered it: its gate, its steps, the architect's output.
             body = await frame.evaluate("document.body.textContent")
             assert run_id in body and "before:engineer" in body and "Timeline" in body
