@@ -42,8 +42,13 @@ class Waiters:
 
 def is_settled(head: RunHead, now: datetime) -> bool:
     """A run is settled when it needs someone outside the server (a host, an approver), has
-    ended, or waits durably until a time in the future."""
-    if head.status.is_terminal or head.status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
+    ended, or waits durably until a time in the future — unless a time that decides without
+    anyone (its ``wake_at``: a deadline, a gate's expiry) has passed: then the server acts."""
+    if head.status.is_terminal:
+        return True
+    if head.wake_at is not None and head.wake_at <= now:
+        return False
+    if head.status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
         return True
     return head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now
 

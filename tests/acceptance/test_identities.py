@@ -348,3 +348,52 @@ async def test_a_bad_tokens_table_stops_the_server_at_startup(tmp_path: Path) ->
     message = refused.stderr.decode()
     assert "tokens.bob" in message and "same as tokens.alice" in message
     assert ALICE not in message
+
+
+GUARDED = """
+[chains.guarded]
+steps = ["architect", { specialist = "writer", approve_before = true, approvers = ["bob"] }]
+"""
+
+
+async def test_a_gate_with_approvers_is_decided_only_by_them_over_http_and_stdio(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(CONFIG + GUARDED)
+    gate = "before:writer"
+    async with (
+        http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port,
+        as_identity(port, ALICE) as alice,
+        as_identity(port, BOB) as bob,
+        as_identity(port, DAVE) as dave,
+    ):
+        view = await play_host(
+            alice, await call(alice, "orchestrate_start", request="Guarded", chain="guarded")
+        )
+        run_id = view["run_id"]
+        shown = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert shown["approvers"] == ["bob"] and shown["decisions"] == ["approve", "reject", "revise"]
+        # dave has the approve role, but this gate names only bob.
+        text = await call_error(dave, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate)
+        assert_forbidden(text)
+        assert "may be decided only by bob" in text and "'dave' (verified)" in text
+        view = await call(bob, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate)
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["status"], decided["approver"], decided["verified"]) == ("approved", "bob", True)
+
+    # stdio is a local, trusted channel: the approver is claimed, and must be one of the gate's.
+    env = {**server_env(tmp_path), "PATH": os.environ.get("PATH", "")}
+    async with stdio_client_for(env, tmp_path / "stdio.log") as client:
+        view = await play_host(
+            client, await call(client, "orchestrate_start", request="Local", chain="guarded")
+        )
+        run_id = view["run_id"]
+        for claimed in ({}, {"approver": "mallory"}):
+            text = await call_error(
+                client, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate, **claimed
+            )
+            assert_forbidden(text)
+            assert "may be decided only by bob" in text
+        view = await call(
+            client, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate, approver="bob"
+        )
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["approver"], decided["channel"], decided["verified"]) == ("bob", "stdio", False)
