@@ -21,6 +21,15 @@ instances for a loop back, skipped instances for a jump forward, the run's end f
 in full, is in :mod:`orchestration.routing`). Approving that gate accepts the work: the decision
 is then ``FinishRun("completed")``.
 
+**Gates.** A pending gate gives ``RequestApproval``, a requested one ``AwaitApproval`` — or, once
+its ``expires_at`` (its step's ``expires_after_seconds`` after it was requested) has passed,
+``ExpireGate``: the drive records the step's ``on_expiry`` as the decision, with channel
+``expiry``. Time is an input like the head, so the same head decides differently before and after
+the expiry, and a run nobody touched is found by the stores' ``wake_at`` (which includes the
+expiry). An approved gate lets its task go on; a ``revised`` one (see
+:mod:`orchestration.routing`) is passed over: the new instances its revise inserted come next, and
+a revised routing task does not route.
+
 **Parallel steps.** In a chain whose steps name what they run ``after`` (see
 :mod:`orchestration.graph`), several tasks may be ready at once: :func:`next_actions` returns the
 action of every one of them, in run order (a host task to prepare or await, a provider attempt, a

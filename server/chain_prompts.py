@@ -40,7 +40,8 @@ Keep the run_id it returns.
    - run_host_task: run its system_prompt and user_prompt with your own model, then call \
 orchestrate_resume with the run_id, task_id set to next_action.task_id, and your whole answer as output.
    - approve: show the user what the gate guards (next_action.guards) and the output under review, \
-ask them to approve or reject it (with a comment if they like), then call orchestrate_approve with \
+ask them to approve or reject it, or to revise it where the instruction offers that (with a comment \
+if they like), then call orchestrate_approve with \
 the run_id, gate_id set to next_action.gate_id, and their decision. Never decide for them.
    - wait: call run_status with the run_id and wait_seconds until the run needs you again.
    - none: the run has ended; tell the user its status and what the last step produced.

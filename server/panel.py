@@ -9,8 +9,9 @@
   result (``ui/notifications/tool-result``: the run view), and calls tools through the host
   (``tools/call``): ``run_status`` every 2 s while the run has not ended (and with ``task_id`` to
   show one output whole), ``orchestrate_approve`` (with the gate's ``gate_id``) for the approve and
-  reject buttons. The tools answer exactly what they answered before: the ``_meta`` entry is the only
-  change, so hosts without Apps see no difference.
+  reject buttons, and revise where the gate's view offers it (``decisions``). The tools answer
+  exactly what they answered before: the ``_meta`` entry is the only change, so hosts without Apps
+  see no difference.
 * **In a browser**, over Streamable HTTP, at ``/runs`` and ``/runs/{run_id}`` (see
   :mod:`server.web`), where it reads JSON endpoints of the same server with ``fetch``.
 
@@ -91,7 +92,7 @@ def panel_extension(tools: Sequence[Tool]) -> Apps:
         page("app"),
         name="run-panel",
         title="Run panel",
-        description="A run's steps, gates (approve / reject), outputs, tokens and timeline, live.",
+        description="A run's steps, gates (approve / reject / revise), outputs, tokens and timeline, live.",
         prefers_border=True,
     )
     for tool in tools:

@@ -192,3 +192,59 @@ def test_bad_on_expiry_and_empty_approvers_are_refused_at_load() -> None:
     ):
         with pytest.raises(ConfigError):
             Catalog.builtin().extended({"chains": {"bad": {"steps": [step]}}}, "bad-test", Path("."))
+
+
+PARALLEL = Catalog.builtin().extended(
+    {
+        "chains": {
+            "fan-in": {
+                "steps": [
+                    {"specialist": "researcher", "name": "r1", "after": []},
+                    {"specialist": "researcher", "name": "r2", "after": []},
+                    {
+                        "specialist": "writer",
+                        "after": ["r1", "r2"],
+                        "approve_before": True,
+                        "approve_after": True,
+                    },
+                ]
+            }
+        }
+    },
+    "parallel-gates-test",
+    Path("."),
+)
+
+
+async def _answer_all(runtime: Runtime, run_id: str) -> RunHead:
+    """Answer every host task of a parallel run until it waits only at gates (or ends)."""
+    while True:
+        await runtime.drive(run_id)
+        snap = await runtime.snapshot(run_id)
+        if not snap.host_tasks:
+            return snap.head
+        for prompt in snap.host_tasks:
+            await runtime.submit_host_output(run_id, prompt.task_id, f"the work of {prompt.task_id}")
+
+
+async def test_revise_in_a_parallel_chain_reruns_the_gated_step_not_its_several_predecessors() -> None:
+    runtime = make_runtime(catalog=PARALLEL)
+    head, _ = await runtime.start(StartRequest("Research it", chain="fan-in"))
+    head = await _answer_all(runtime, head.run_id)
+    before = head.gate("before:writer")
+    assert before is not None and before.status == "requested"
+    with pytest.raises(InvalidArgument, match="runs after 2 steps"):
+        await runtime.approve(head.run_id, "revise", "before:writer")
+    await runtime.approve(head.run_id, "approve", "before:writer")
+    head = await _answer_all(runtime, head.run_id)
+    assert _requested(head) == "after:writer"
+    head = await runtime.approve(head.run_id, "revise", "after:writer", "shorter")
+    head = await _answer_all(runtime, head.run_id)
+    assert [t.task_id for t in head.tasks] == ["r1", "r2", "writer", "writer~2"]
+    # writer~2 asks its own gates again, and the run ends once they are approved.
+    assert _requested(head) == "before:writer~2"
+    await runtime.approve(head.run_id, "approve", "before:writer~2")
+    head = await _answer_all(runtime, head.run_id)
+    await runtime.approve(head.run_id, "approve", "after:writer~2")
+    await runtime.drive(head.run_id)
+    assert (await runtime.status(head.run_id)).status.value == "completed"
