@@ -1,7 +1,7 @@
-"""Revise and expiry through the MCP tools, in process through the official client, on the
-filesystem store: revise re-runs the right step as ``step~2`` with the comment in its prompt
-(after and before gates), bounded; a gate expires while no server is up and the next server
-decides it by expiry."""
+"""Revise and expiry through the MCP tools, in process through the official client: revise
+re-runs the right step as ``step~2`` with the comment in its prompt (after and before gates),
+bounded; a gate expires while no server is up and the next server decides it by expiry (on every
+persistent store: filesystem, sqlite, postgres)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 
 from orchestration.facts import ApprovalDecided
 from server.app import ConstructApp
 from server.config import load_settings
-from stores import open_store
+from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
 
 CHAINS = """
 [chains.after-gated]
@@ -39,9 +40,11 @@ steps = [
 )
 
 
-def _app(home: Path) -> ConstructApp:
+def _app(home: Path, store: str | None = None) -> ConstructApp:
     (home / "construct.toml").write_text(CHAINS)
     env = {"CONSTRUCT_HOME": str(home), "CONSTRUCT_POLL_SECONDS": "0.1"}
+    if store is not None:
+        env |= {"CONSTRUCT_ORCHESTRATION_STORE": store, "CONSTRUCT_STORE_FALLBACK": "false"}
     return ConstructApp(load_settings(env=env))
 
 
@@ -157,10 +160,18 @@ async def test_revise_at_a_before_gate_reruns_the_step_before_it(tmp_path: Path)
         assert text.startswith("invalid_argument: ") and "first step" in text
 
 
-async def test_a_gate_that_expires_while_no_server_is_up_is_decided_by_the_next_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_gate_that_expires_while_no_server_is_up_is_decided_by_the_next_one(
+    tmp_path: Path, backend: str
+) -> None:
+    async with store_target(backend, tmp_path / "store") as target:
+        await _expire_while_down(tmp_path, target)
+
+
+async def _expire_while_down(tmp_path: Path, target: StoreTarget) -> None:
     runs: dict[str, str] = {}
     expiries: list[datetime] = []
-    async with Client(_app(tmp_path).build_server()) as client:
+    async with Client(_app(tmp_path, target.url).build_server()) as client:
         for on_expiry in ("approve", "reject", "fail"):
             view = await _call(client, "orchestrate_start", request="x", chain=f"expiring-{on_expiry}")
             view = await _host(client, view)
@@ -170,7 +181,7 @@ async def test_a_gate_that_expires_while_no_server_is_up_is_decided_by_the_next_
             runs[on_expiry] = view["run_id"]
     # No server is up while the gates expire.
     await anyio.sleep(max(0.0, (max(expiries) - datetime.now(UTC)).total_seconds()) + 0.2)
-    async with Client(_app(tmp_path).build_server()) as client:
+    async with Client(_app(tmp_path, target.url).build_server()) as client:
         views = {k: await _call(client, "run_status", run_id=r, wait_seconds=10) for k, r in runs.items()}
     assert views["approve"]["status"] == "awaiting_host"
     assert views["approve"]["next_action"]["task_id"] == "tester"
@@ -180,10 +191,7 @@ async def test_a_gate_that_expires_while_no_server_is_up_is_decided_by_the_next_
         gate = _gate(view, "after:engineer")
         assert (gate["channel"], gate["approver"], gate["verified"]) == ("expiry", None, False)
         assert gate["status"] == {"approve": "approved", "reject": "rejected", "fail": "failed"}[on_expiry]
-    store = await open_store("filesystem", home=tmp_path)
-    try:
+    async with target.opened() as store:
         for on_expiry, run_id in runs.items():
             decided = [f for f in await store.read_facts(run_id) if isinstance(f, ApprovalDecided)]
             assert [(f.decision, f.channel) for f in decided] == [(on_expiry, "expiry")]
-    finally:
-        await store.close()
