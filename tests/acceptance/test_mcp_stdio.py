@@ -102,6 +102,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
     assert tools["orchestrate_approve"].input_schema["properties"]["decision"]["enum"] == [
         "approve",
         "reject",
+        "revise",
     ]
 
     def hints(name: str) -> Any:
@@ -394,7 +395,7 @@ async def test_other_invalid_arguments(client: Client) -> None:
     text = await call_error(
         client, "orchestrate_approve", run_id=view["run_id"], decision="maybe", gate_id="before:engineer"
     )
-    assert text == "invalid_argument: decision: input should be 'approve' or 'reject'"
+    assert text == "invalid_argument: decision: input should be 'approve', 'reject' or 'revise'"
 
 
 # ------------------------------------------------------------------------------------------------
