@@ -119,6 +119,12 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
         if revise
         else ("'approve' or 'reject'")
     )
+    step = snapshot.head.step_of(gate.task_id)
+    limits = ""
+    if step.approvers is not None:
+        limits += f" Only {', '.join(step.approvers)} may decide this gate."
+    if gate.expires_at is not None:
+        limits += f" Undecided at {gate.expires_at.isoformat()}, it is decided by expiry ({step.on_expiry})."
     return Approve(
         gate_id=gate.gate_id,
         task_id=gate.task_id,
@@ -127,7 +133,7 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
         instruction=(
             f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
             f"decision={decisions}, gate_id={gate.gate_id!r}, comment=<optional note for "
-            "the next steps>). Do not approve on the user's behalf without asking."
+            "the next steps>). Do not approve on the user's behalf without asking." + limits
         ),
     )
 

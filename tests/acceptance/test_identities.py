@@ -371,6 +371,7 @@ async def test_a_gate_with_approvers_is_decided_only_by_them_over_http_and_stdio
         run_id = view["run_id"]
         shown = next(g for g in view["gates"] if g["gate_id"] == gate)
         assert shown["approvers"] == ["bob"] and shown["decisions"] == ["approve", "reject", "revise"]
+        assert "Only bob may decide this gate." in view["next_action"]["instruction"]
         # dave has the approve role, but this gate names only bob.
         text = await call_error(dave, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate)
         assert_forbidden(text)

@@ -177,6 +177,7 @@ async def _expire_while_down(tmp_path: Path, target: StoreTarget) -> None:
             view = await _host(client, view)
             gate = _gate(view, "after:engineer")
             assert gate["status"] == "requested" and gate["on_expiry"] == on_expiry
+            assert f"it is decided by expiry ({on_expiry})" in view["next_action"]["instruction"]
             expiries.append(datetime.fromisoformat(gate["expires_at"]))
             runs[on_expiry] = view["run_id"]
     # No server is up while the gates expire.
