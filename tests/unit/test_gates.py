@@ -248,3 +248,41 @@ async def test_revise_in_a_parallel_chain_reruns_the_gated_step_not_its_several_
     await runtime.approve(head.run_id, "approve", "after:writer~2")
     await runtime.drive(head.run_id)
     assert (await runtime.status(head.run_id)).status.value == "completed"
+
+
+async def test_a_gate_of_a_parallel_branch_expires_while_the_other_branch_works() -> None:
+    catalog = Catalog.builtin().extended(
+        {
+            "chains": {
+                "two-branches": {
+                    "steps": [
+                        {"specialist": "researcher", "name": "r1", "after": []},
+                        {
+                            "specialist": "researcher",
+                            "name": "r2",
+                            "after": [],
+                            "approve_before": True,
+                            "expires_after_seconds": 10,
+                            "on_expiry": "fail",
+                        },
+                    ]
+                }
+            }
+        },
+        "parallel-expiry-test",
+        Path("."),
+    )
+    clock = ManualClock()
+    runtime = make_runtime(clock=clock, catalog=catalog)
+    head, _ = await runtime.start(StartRequest("Research it", chain="two-branches"))
+    await runtime.drive(head.run_id)
+    head = await runtime.status(head.run_id)
+    assert head.task("r1").status.value == "awaiting_host" and _requested(head) == "before:r2"
+    clock.advance(10)
+    await runtime.drive(head.run_id)
+    head = await runtime.status(head.run_id)
+    assert head.status.value == "failed" and head.error is not None
+    assert head.error.code == "approval_expired" and "before:r2" in head.error.message
+    assert head.task("r1").status.value == "cancelled"
+    gate = head.gate("before:r2")
+    assert gate is not None and (gate.status, gate.channel) == ("failed", "expiry")
