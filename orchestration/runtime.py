@@ -51,6 +51,7 @@ from orchestration.facts import (
     RunCreated,
     TaskCompleted,
     decision_format,
+    gate_expired,
 )
 from orchestration.fold import apply, apply_write, time_limit
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
@@ -353,7 +354,8 @@ class Runtime:
         step, ``InvalidState`` when its bound (``max_visits``) is reached; the gate stays open.
         A gate whose step names ``approvers`` takes decisions only from them (``Forbidden``
         otherwise; over stdio and the CLI the approver is the claimed one). A gate past its
-        ``expires_at`` is decided by expiry, not by a late caller (``InvalidState``).
+        ``expires_at`` is decided by expiry, not by a late caller: the expiry is recorded then (if
+        no drive did yet) and the call is ``InvalidState``.
 
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
         identity the edge verified, or only claimed) are recorded with the decision; the edge
@@ -402,10 +404,18 @@ class Runtime:
                 )
             now = self.clock.now()
             if gate.expires_at is not None and now >= gate.expires_at:
+                # Too late: the gate is decided by expiry. Record it now (as a drive would: it
+                # follows from the facts), so that it holds without a server, and refuse this one.
                 on_expiry = head.step_of(gate.task_id).on_expiry
+                try:
+                    await self._append(
+                        head, [gate_expired(head, gate.gate_id, on_expiry, head.last_seq + 1, now)]
+                    )
+                except VersionConflict:
+                    continue
                 raise InvalidState(
-                    f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()}; "
-                    f"it is decided by expiry ({on_expiry}), which the server records"
+                    f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()} and "
+                    f"was decided by expiry ({on_expiry}); this decision was not recorded"
                 )
             if decision == "revise":
                 plan = revise_plan(head, gate)
