@@ -104,6 +104,10 @@ async def test_revise_after_reruns_the_gated_step_with_the_comment_until_its_bou
     head = await runtime.approve(head.run_id, "approve", "after:engineer~2")
     await runtime.drive(head.run_id)
     assert (await runtime.status(head.run_id)).status.value == "completed"
+    # A revise is a new enum value: its fact is format 3, so an older server refuses the run
+    # (record_too_new) rather than reading it as something else; an approval stays format 1.
+    decided = [f for f in await runtime.store.read_facts(head.run_id) if isinstance(f, ApprovalDecided)]
+    assert [(f.decision, f.format) for f in decided] == [("revise", 3), ("approve", 1)]
 
 
 async def test_revise_before_reruns_the_previous_step_then_asks_again() -> None:
