@@ -51,31 +51,28 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal
 
-import anyio
-from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
-from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import Field
 
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
-from orchestration.models import RunHead
 from orchestration.runtime import Limits, StartRequest
 from orchestration.vocabulary import RunStatus
-from server.arguments import MissingHint, StrictTool, error_result, strict_schema, verbatim_text
-from server.elicit import settle_and_ask
+from server.answering import (
+    DEFAULT_WAIT_SECONDS,
+    MAX_WAIT_SECONDS,
+    ToolContext,
+    answer,
+    answer_or_ask,
+    caller_for,
+    services_of,
+    settle_asking,
+)
+from server.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.events import MAX_EVENTS_LIMIT, EventsPage, read_events
-from server.identity import Caller, Role, caller_of
-from server.services import Services
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
 log = logging.getLogger("construct.tools")
-
-MAX_WAIT_SECONDS = 300.0
-DEFAULT_WAIT_SECONDS = 10.0
-
-#: The tools' context type. A parametrized pydantic model is a real class, which is what the SDK's
-#: context-parameter detection needs.
-ToolContext = Context[Services, Any]
 
 #: The bounds the input schemas publish; the runtime enforces the same ones (request and output
 #: limits are configurable: :func:`build_tools` publishes the configured ones).
@@ -100,116 +97,6 @@ WaitSeconds = Annotated[
         "or ends; progress notifications are sent meanwhile. 0 answers at once.",
     ),
 ]
-
-
-def _services(ctx: ToolContext) -> Services:
-    return ctx.request_context.lifespan_context
-
-
-#: The role each tool needs (see :mod:`server.identity`).
-ROLE_OF: dict[str, Role] = {
-    "orchestrate_start": "operate",
-    "orchestrate_resume": "operate",
-    "orchestrate_cancel": "operate",
-    "orchestrate_approve": "approve",
-    "run_status": "read",
-    "runs_list": "read",
-    "run_events": "read",
-}
-
-
-async def _caller(ctx: ToolContext, tool: str, run_id: str | None = None) -> Caller:
-    """Who calls ``tool``, once it is checked that they may: ``forbidden`` when their identity
-    lacks the tool's role, or is limited to its own runs and ``run_id`` is not one."""
-    caller = caller_of(ctx.request_context.request)
-    caller.require(ROLE_OF[tool], tool)
-    if run_id is not None and caller.own_runs_only:
-        caller.check_run(await _services(ctx).runtime.status(run_id))
-    return caller
-
-
-def _ok(model: BaseModel) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=model.model_dump_json())],
-        structured_content=model.model_dump(mode="json"),
-    )
-
-
-async def _answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
-    """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code."""
-    try:
-        model = await work()
-    except ConstructError as exc:
-        log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
-        return error_result(exc)
-    return _ok(model)
-
-
-async def _answer_or_ask(
-    tool: str, work: Callable[[], Awaitable[RunView | InputRequiredResult]]
-) -> CallToolResult | InputRequiredResult:
-    """:func:`_answer` for a call that may ask the user at a gate instead: its form
-    (``input_required``, see :mod:`server.elicit`) goes out as it is."""
-    try:
-        model = await work()
-    except ConstructError as exc:
-        log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
-        return error_result(exc)
-    return model if isinstance(model, InputRequiredResult) else _ok(model)
-
-
-async def _settle(
-    ctx: ToolContext,
-    head: RunHead,
-    wait_seconds: float,
-    detail: Detail = "compact",
-    full_task: str | None = None,
-) -> RunView:
-    """Wait (bounded) until the run settles, reporting progress, then view it."""
-    services = _services(ctx)
-    if wait_seconds > 0:
-        step = 0
-
-        async def progress(current: RunHead) -> None:
-            nonlocal step
-            step += 1
-            await ctx.report_progress(step, None, f"run {current.run_id} is {current.status.value}")
-
-        # One notification when the wait begins, then one per change the wait observes: a host
-        # that asked for progress always hears that the call is alive.
-        await progress(head)
-        runtime = services.runtime
-        deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
-        while True:
-            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
-            # A durable wait (a provider's backoff) that ends within the caller's budget is not
-            # worth answering "wait" for: wait through it, then for the next settled state. Not
-            # when the server is stopping: nothing will move the run on in this process.
-            if runtime.stopping or head.status != RunStatus.QUEUED or head.not_before is None:
-                break
-            until = (head.not_before - runtime.clock.now()).total_seconds()
-            if until >= deadline - anyio.current_time():
-                break
-            await anyio.sleep(max(0.0, until) + 0.05)
-    return await services.view(head.run_id, head, detail, full_task)
-
-
-async def _settle_asking(
-    ctx: ToolContext,
-    head: RunHead,
-    wait_seconds: float,
-    *,
-    retry_safe: bool,
-    detail: Detail = "compact",
-    full_task: str | None = None,
-) -> RunView | InputRequiredResult:
-    """:func:`_settle`, then ask the user at a gate where the client can (:mod:`server.elicit`).
-    ``retry_safe``: the call, repeated with the same arguments, records nothing new."""
-
-    async def settle(current: RunHead, wait: float) -> RunView:
-        return await _settle(ctx, current, wait, detail, full_task)
-
-    return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,8 +183,8 @@ async def orchestrate_start(
     """
 
     async def work() -> RunView | InputRequiredResult:
-        caller = await _caller(ctx, "orchestrate_start")
-        services = _services(ctx)
+        caller = await caller_for(ctx, "orchestrate_start")
+        services = services_of(ctx)
         start = StartRequest(
             request=request,
             chain=tuple(chain) if isinstance(chain, list) else chain,
@@ -316,9 +203,9 @@ async def orchestrate_start(
         caller.check_run(head)
         if created:
             services.dispatcher.wake(head.run_id)
-        return await _settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
 
-    return await _answer_or_ask("orchestrate_start", work)
+    return await answer_or_ask("orchestrate_start", work)
 
 
 async def orchestrate_resume(
@@ -353,8 +240,8 @@ async def orchestrate_resume(
     """
 
     async def work() -> RunView | InputRequiredResult:
-        await _caller(ctx, "orchestrate_resume", run_id)
-        services = _services(ctx)
+        await caller_for(ctx, "orchestrate_resume", run_id)
+        services = services_of(ctx)
         runtime = services.runtime
         if output is None:
             if task_id is not None:
@@ -370,9 +257,9 @@ async def orchestrate_resume(
             head = await runtime.submit_host_output(run_id, task_id, output)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
-        return await _settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
 
-    return await _answer_or_ask("orchestrate_resume", work)
+    return await answer_or_ask("orchestrate_resume", work)
 
 
 async def orchestrate_approve(
@@ -419,8 +306,8 @@ async def orchestrate_approve(
     """
 
     async def work() -> RunView | InputRequiredResult:
-        caller = await _caller(ctx, "orchestrate_approve", run_id)
-        services = _services(ctx)
+        caller = await caller_for(ctx, "orchestrate_approve", run_id)
+        services = services_of(ctx)
         who = approver
         if caller.verified:
             # The record names the verified identity; a different name would be a claim the
@@ -435,9 +322,9 @@ async def orchestrate_approve(
         head = await services.runtime.approve(
             run_id, decision, gate_id, comment, who, channel=caller.channel, verified=caller.verified
         )
-        return await _settle_asking(ctx, head, wait_seconds, retry_safe=True)
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
 
-    return await _answer_or_ask("orchestrate_approve", work)
+    return await answer_or_ask("orchestrate_approve", work)
 
 
 async def run_status(
@@ -473,16 +360,14 @@ async def run_status(
     for one."""
 
     async def work() -> RunView | InputRequiredResult:
-        await _caller(ctx, "run_status", run_id)
-        services = _services(ctx)
+        await caller_for(ctx, "run_status", run_id)
+        services = services_of(ctx)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
-        return await _settle_asking(
-            ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
-        )
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id)
 
-    return await _answer_or_ask("run_status", work)
+    return await answer_or_ask("run_status", work)
 
 
 async def orchestrate_cancel(
@@ -498,12 +383,12 @@ async def orchestrate_cancel(
     cancelled."""
 
     async def work() -> RunView:
-        caller = await _caller(ctx, "orchestrate_cancel", run_id)
-        services = _services(ctx)
+        caller = await caller_for(ctx, "orchestrate_cancel", run_id)
+        services = services_of(ctx)
         head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
         return await services.view(head.run_id, head)
 
-    return await _answer("orchestrate_cancel", work)
+    return await answer("orchestrate_cancel", work)
 
 
 async def runs_list(
@@ -527,8 +412,8 @@ async def runs_list(
     status; page with next_cursor. Call run_status with a run_id for the full record."""
 
     async def work() -> RunsPage:
-        caller = await _caller(ctx, "runs_list")
-        services = _services(ctx)
+        caller = await caller_for(ctx, "runs_list")
+        services = services_of(ctx)
         page = await services.runtime.list_runs(frozenset(status) if status else None, limit, cursor)
         if caller.own_runs_only:
             # Filtered page by page: a page may then hold fewer than limit runs (next_cursor still
@@ -536,7 +421,7 @@ async def runs_list(
             return runs_page([h for h in page.runs if caller.may_see(h)], page.next_cursor)
         return runs_page(page)
 
-    return await _answer("runs_list", work)
+    return await answer("runs_list", work)
 
 
 async def run_events(
@@ -556,10 +441,10 @@ async def run_events(
     terminal and not more."""
 
     async def work() -> EventsPage:
-        await _caller(ctx, "run_events", run_id)
-        return await read_events(_services(ctx).runtime, run_id, after_seq, limit, wait_seconds)
+        await caller_for(ctx, "run_events", run_id)
+        return await read_events(services_of(ctx).runtime, run_id, after_seq, limit, wait_seconds)
 
-    return await _answer("run_events", work)
+    return await answer("run_events", work)
 
 
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
@@ -647,7 +532,7 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
     run_id = str(arguments["run_id"])
     try:
         # The hint names the run's gates: only to a caller who may decide them.
-        await _caller(ctx, "orchestrate_approve", run_id)
+        await caller_for(ctx, "orchestrate_approve", run_id)
     except ConstructError as exc:
         return exc
-    return await _services(ctx).runtime.missing_gate_id(run_id)
+    return await services_of(ctx).runtime.missing_gate_id(run_id)

@@ -16,7 +16,7 @@ from mcp.server import MCPServer
 from mcp.types import TextResourceContents
 
 from orchestration.runtime import Runtime
-from server import resources, tools
+from server import answering, resources
 from server.app import ConstructApp
 from server.config import load_settings
 from server.events import EVENT_PREVIEW_CHARS, RESOURCE_EVENTS
@@ -170,17 +170,17 @@ async def test_reading_events_needs_the_read_role(
         dave = Caller("dave", frozenset({"approve"}), False, "http", True)
         carol = Caller("carol", frozenset({"read", "operate"}), True, "http", True)
         for who in (dave, carol):
-            monkeypatch.setattr(tools, "caller_of", lambda _request, who=who: who)
+            monkeypatch.setattr(answering, "caller_of", lambda _request, who=who: who)
             monkeypatch.setattr(resources, "caller_of", lambda _request, who=who: who)
             text = await call_error(client, "run_events", run_id=run_id)
             assert text.startswith("forbidden: "), text
             with pytest.raises(MCPError, match="forbidden"):
                 await client.read_resource(f"run://{run_id}/events")
-        monkeypatch.setattr(tools, "caller_of", lambda _request: dave)
+        monkeypatch.setattr(answering, "caller_of", lambda _request: dave)
         text = await call_error(client, "run_events", run_id=run_id)
         assert "run_events needs the role 'read'" in text
         bob = Caller("bob", frozenset({"read"}), False, "http", True)
-        monkeypatch.setattr(tools, "caller_of", lambda _request: bob)
+        monkeypatch.setattr(answering, "caller_of", lambda _request: bob)
         assert (await events(client, run_id))["events"]
 
 
