@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from orchestration.models import GateState
 from orchestration.prompts import TaskPrompt
@@ -16,13 +16,10 @@ from orchestration.reading import RunSnapshot
 from orchestration.routing import revise_offered
 from orchestration.vocabulary import RunStatus
 from server.graph import loop_history
+from server.outline import View
 
 
-class _View(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RunHostTask(_View):
+class RunHostTask(View):
     """The run waits for the host's own model to do one task."""
 
     kind: Literal["run_host_task"] = "run_host_task"
@@ -37,7 +34,7 @@ class RunHostTask(_View):
     instruction: str
 
 
-class Approve(_View):
+class Approve(View):
     """The run waits at an approval gate."""
 
     kind: Literal["approve"] = "approve"
@@ -48,7 +45,7 @@ class Approve(_View):
     instruction: str
 
 
-class Wait(_View):
+class Wait(View):
     """The server is working on the run (or waits durably until ``not_before``)."""
 
     kind: Literal["wait"] = "wait"
@@ -56,7 +53,7 @@ class Wait(_View):
     instruction: str
 
 
-class Done(_View):
+class Done(View):
     """The run has ended; nothing more can happen to it."""
 
     kind: Literal["none"] = "none"

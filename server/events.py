@@ -31,8 +31,9 @@ from orchestration.facts import Fact, TaskCompleted
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from orchestration.vocabulary import RunStatus
+from server.outline import Outlined, View
 from server.timeline import describe_fact
-from server.views import _Outlined, _View, output_uri
+from server.views import output_uri
 
 #: An event shows this many characters of a recorded output.
 EVENT_PREVIEW_CHARS = 200
@@ -44,7 +45,7 @@ MAX_EVENTS_LIMIT = 500
 RESOURCE_EVENTS = 50
 
 
-class OutputPreview(_View):
+class OutputPreview(View):
     """A recorded output, previewed: its start, its length, its sha256 and where the whole is."""
 
     preview: str
@@ -53,7 +54,7 @@ class OutputPreview(_View):
     uri: str
 
 
-class Event(_View):
+class Event(View):
     """One recorded fact, small. Fields that do not apply to the fact are left out (not null)."""
 
     seq: int
@@ -70,7 +71,7 @@ class Event(_View):
         return {key: value for key, value in data.items() if value is not None}
 
 
-class EventsPage(_Outlined):
+class EventsPage(Outlined):
     """A page of a run's event feed."""
 
     run_id: str

@@ -21,9 +21,10 @@ host task's prompt carries, is a preview too (whole with ``detail="full"``). A t
 is), else only in a full view: its text is the output, one call away like any other.
 
 The published ``outputSchema`` of :class:`RunView` and :class:`RunsPage` is an *outline* (see
-:class:`_Outlined`): their top-level fields with types, nested objects as plain objects described in
-a sentence. The whole nested schema, repeated by each of the five tools that answer with a run view,
-made ``tools/list`` about 60 KB, which a host pays for in every conversation.
+:class:`~server.outline.Outlined`): their top-level fields with types, nested objects as plain
+objects described in a sentence. The whole nested schema, repeated by each of the five tools that
+answer with a run view, made ``tools/list`` about 60 KB, which a host pays for in every
+conversation.
 """
 
 from __future__ import annotations
@@ -31,11 +32,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema
+from pydantic import Field
 
 from orchestration.errors import InvalidArgument
 from orchestration.models import (
@@ -62,6 +61,7 @@ from server.actions import Wait as Wait
 from server.actions import next_action as next_action
 from server.actions import waiting_items
 from server.graph import RouteView, loop_history, route_view, waits_for
+from server.outline import Outlined, View
 
 #: ``runs_list`` and compact views show this much of each request.
 REQUEST_PREVIEW_CHARS = 200
@@ -82,95 +82,7 @@ def output_uri(run_id: str, task_id: str) -> str:
     return f"run://{run_id}/tasks/{task_id}/output"
 
 
-class _View(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class _Outlined(_View):
-    """A view whose JSON schema is an outline: its own fields, nested objects as plain objects.
-
-    The outline is derived from the full schema, so it stays true as the fields change: titles,
-    defaults, nested models' definitions and the descriptions of plain fields are left out, enums
-    are kept inline. Validation is unaffected (the model still validates every nested field); only
-    the published schema is lean.
-
-    A view that sets :attr:`published` publishes only those fields (the ones a host reads) and
-    allows the others (``additionalProperties: true``): the answer still validates against it.
-    """
-
-    #: The fields the outline names; None: all of them.
-    published: ClassVar[tuple[str, ...] | None] = None
-
-    @classmethod
-    def __get_pydantic_json_schema__(
-        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        full = handler.resolve_ref_schema(handler(core_schema))
-        # The tool's description says what it answers; the model's docstring would repeat it.
-        outline = {k: v for k, v in _outline(full, handler, root=True).items() if k != "description"}
-        if cls.published is not None:
-            keep = cls.published
-            outline["properties"] = {k: v for k, v in outline["properties"].items() if k in keep}
-            outline["required"] = [k for k in outline.get("required", []) if k in keep]
-            outline["additionalProperties"] = True
-        return outline
-
-
-def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = False) -> dict[str, Any]:
-    said = {"description": node["description"]} if "description" in node else {}
-    if "$ref" in node:
-        target = handler.resolve_ref_schema({"$ref": node["$ref"]})
-        if "enum" in target:
-            return {key: target[key] for key in ("type", "enum") if key in target} | said
-        return {"type": "object"} | said
-    if not root and node.get("type") == "object":
-        return {"type": "object"} | said
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in ("title", "default", "discriminator"):
-            continue
-        if key in ("anyOf", "oneOf"):
-            variants: list[dict[str, Any]] = []
-            for variant in value:
-                lean = _outline(variant, handler)
-                if lean not in variants:
-                    variants.append(lean)
-            types = [v.get("type") for v in variants]
-            if len(variants) == 1:
-                out.update(variants[0])
-            elif all(isinstance(t, str) and v == {"type": t} for t, v in zip(types, variants, strict=True)):
-                out["type"] = types  # {"anyOf": [{"type": "object"}, {"type": "null"}]}, said shorter
-            else:
-                out[key] = variants
-        elif key == "items":
-            out[key] = _outline(value, handler)
-        elif key == "properties":
-            out[key] = {name: _outline_property(prop, handler) for name, prop in value.items()}
-        else:
-            out[key] = value
-    return out
-
-
-def _outline_property(prop: dict[str, Any], handler: GetJsonSchemaHandler) -> dict[str, Any]:
-    """A field of the outline. Its description is kept only where the outline hides a shape (an
-    object or a list of objects), so that words say what the schema no longer does."""
-    lean = _outline(prop, handler)
-    if not _holds_objects(lean):
-        lean.pop("description", None)
-    return lean
-
-
-def _holds_objects(node: dict[str, Any]) -> bool:
-    kind = node.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    return (
-        "object" in kinds
-        or any(_holds_objects(v) for v in node.get("anyOf", []))
-        or ("items" in node and _holds_objects(node["items"]))
-    )
-
-
-class ErrorView(_View):
+class ErrorView(View):
     """A typed error: ``code`` is stable, ``message`` says what happened."""
 
     code: str
@@ -181,7 +93,7 @@ class ErrorView(_View):
     provider_request_id: str | None = None
 
 
-class TelemetryView(_View):
+class TelemetryView(View):
     latency_ms: float | None = None
     http_status: int | None = None
     provider_request_id: str | None = None
@@ -194,7 +106,7 @@ class TelemetryView(_View):
     )
 
 
-class AttemptView(_View):
+class AttemptView(View):
     number: int
     executor: str
     outcome: Literal["running", "succeeded", "failed", "prepared"] = Field(
@@ -206,14 +118,14 @@ class AttemptView(_View):
     finished_at: datetime | None = None
 
 
-class Totals(_View):
+class Totals(View):
     input_tokens: int = 0
     output_tokens: int = 0
     latency_ms: float = 0.0
     attempts: int = 0
 
 
-class TaskView(_View):
+class TaskView(View):
     task_id: str
     specialist: str
     status: TaskStatus
@@ -254,7 +166,7 @@ class TaskView(_View):
     totals: Totals = Field(description="Tokens, latency and attempts of this task's attempts.")
 
 
-class GateView(_View):
+class GateView(View):
     gate_id: str
     task_id: str
     position: Literal["before", "after", "exhausted"] = Field(
@@ -282,7 +194,7 @@ class GateView(_View):
     )
 
 
-class StepView(_View):
+class StepView(View):
     name: str
     specialist: str
     approve_before: bool
@@ -305,7 +217,7 @@ class StepView(_View):
     )
 
 
-class ChainView(_View):
+class ChainView(View):
     name: str
     steps: list[StepView]
     max_parallel: int = Field(
@@ -314,14 +226,14 @@ class ChainView(_View):
     hash: str = Field(description="Hash of the chain snapshot taken when the run started.")
 
 
-class ContractView(_View):
+class ContractView(View):
     worker_backend: Literal["inline", "provider"]
     provider: str | None = None
     model: str | None = None
     max_attempts: int
 
 
-class RunView(_Outlined):
+class RunView(Outlined):
     """A run as the tools return it: its status, what the caller must do next, and its record."""
 
     # Published to hosts: what they read (five tools answer with a run view; every field named
@@ -362,7 +274,7 @@ class RunView(_Outlined):
     finished_at: datetime | None = None
 
 
-class RunSummary(_View):
+class RunSummary(View):
     run_id: str
     status: RunStatus
     status_kind: Literal["active", "paused", "terminal"]
@@ -376,7 +288,7 @@ class RunSummary(_View):
     finished_at: datetime | None = None
 
 
-class RunsPage(_Outlined):
+class RunsPage(Outlined):
     runs: list[RunSummary] = Field(
         description="Newest first: run_id, status, status_kind, chain, request_preview, waiting_for, times."
     )

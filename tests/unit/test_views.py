@@ -27,6 +27,7 @@ from orchestration.models import TypedError, text_hash
 from orchestration.runtime import RunSnapshot, Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.arguments import error_result
+from server.outline import Outlined
 from server.views import (
     OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
@@ -38,7 +39,6 @@ from server.views import (
     RunHostTask,
     RunView,
     Wait,
-    _Outlined,
     run_summary,
     run_view,
     runs_page,
@@ -201,7 +201,7 @@ def test_the_published_run_view_schema_is_an_outline() -> None:
     assert "description" in schema["properties"]["tasks"]
     assert "description" not in schema["properties"]["run_id"]
 
-    class Described(_Outlined):
+    class Described(Outlined):
         chain: ChainView = Field(description="the chain the run follows")
         error: ErrorView | None = None
 
