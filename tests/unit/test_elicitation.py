@@ -24,10 +24,20 @@ from server.app import ConstructApp
 from server.config import load_settings
 from server.elicit import FORM_KEY, AskedGate, GateAsks
 from stores import open_store
+from tests.acceptance.store_targets import store_target
 
 Mode = Literal["modern", "legacy"]
 MODES: list[Mode] = ["modern", "legacy"]
-STORES = ["filesystem", "sqlite"]
+
+
+@pytest.fixture(params=["filesystem", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a fresh store of each persistent kind (the tests read its facts back after the
+    server is gone, which the memory store cannot do)."""
+    async with store_target(request.param, tmp_path / "store") as target:
+        yield target.url
+
+
 DESIGN = "Design: a token bucket per API key.\n" + "d" * 3000
 
 #: One host task (architect), then a gate before the writer.
@@ -111,7 +121,6 @@ async def _decisions(home: Path, store: str, run_id: str) -> list[ApprovalDecide
     return [f for f in await _facts(home, store, run_id) if isinstance(f, ApprovalDecided)]
 
 
-@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_waiting_call_that_reaches_a_gate_asks_and_records_the_approval(
     tmp_path: Path, mode: Mode, store: str
@@ -152,7 +161,6 @@ async def test_a_waiting_call_that_reaches_a_gate_asks_and_records_the_approval(
     assert [f.task_id for f in facts if isinstance(f, TaskCompleted)] == ["architect"]
 
 
-@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_rejection_in_the_form_rejects_the_run(tmp_path: Path, mode: Mode, store: str) -> None:
     answers = Answers(REJECT)
@@ -164,7 +172,6 @@ async def test_a_rejection_in_the_form_rejects_the_run(tmp_path: Path, mode: Mod
 
 
 @pytest.mark.parametrize("action", ["decline", "cancel"])
-@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("mode", MODES)
 async def test_declining_or_cancelling_leaves_the_gate_pending_and_says_so(
     tmp_path: Path, mode: Mode, store: str, action: Literal["decline", "cancel"]
@@ -226,7 +233,6 @@ async def test_a_call_that_does_not_wait_does_not_ask(tmp_path: Path, mode: Mode
         assert len(answers2.asked) == 1
 
 
-@pytest.mark.parametrize("store", STORES)
 async def test_a_start_without_idempotency_key_asks_only_on_a_handshake_connection(
     tmp_path: Path, store: str
 ) -> None:
@@ -248,7 +254,6 @@ async def test_a_start_without_idempotency_key_asks_only_on_a_handshake_connecti
         assert len(legacy.asked) == 1
 
 
-@pytest.mark.parametrize("store", STORES)
 async def test_a_retried_answer_records_one_decision_and_starts_no_second_run(
     tmp_path: Path, store: str
 ) -> None:
@@ -355,7 +360,6 @@ def test_the_gate_state_is_signed_over_run_gate_identity_and_expiry() -> None:
         asks.open(state, datetime(2026, 11, 30, 12, 1, tzinfo=UTC))
 
 
-@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("elsewhere", ["approve", "reject"])
 async def test_a_late_answer_that_differs_is_a_conflict_and_one_that_agrees_records_nothing(
