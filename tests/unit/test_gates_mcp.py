@@ -5,6 +5,7 @@ persistent store: filesystem, sqlite, postgres)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,22 @@ def _gate(view: dict[str, Any], gate_id: str) -> dict[str, Any]:
     return next(g for g in view["gates"] if g["gate_id"] == gate_id)
 
 
-async def test_revise_through_the_tools_reruns_the_step_with_the_comment_bounded(tmp_path: Path) -> None:
-    async with Client(_app(tmp_path).build_server()) as client:
+@pytest.fixture(
+    params=["memory", "filesystem", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Each store's URL (memory: the process's own)."""
+    if request.param == "memory":
+        yield "memory"
+        return
+    async with store_target(request.param, tmp_path / "store") as target:
+        yield target.url
+
+
+async def test_revise_through_the_tools_reruns_the_step_with_the_comment_bounded(
+    tmp_path: Path, store: str
+) -> None:
+    async with Client(_app(tmp_path, store).build_server()) as client:
         view = await _host(client, await _call(client, "orchestrate_start", request="x", chain="after-gated"))
         run_id = view["run_id"]
         assert view["next_action"]["gate_id"] == "after:engineer"
@@ -122,8 +137,8 @@ async def test_revise_through_the_tools_reruns_the_step_with_the_comment_bounded
         )
 
 
-async def test_revise_at_a_before_gate_reruns_the_step_before_it(tmp_path: Path) -> None:
-    async with Client(_app(tmp_path).build_server()) as client:
+async def test_revise_at_a_before_gate_reruns_the_step_before_it(tmp_path: Path, store: str) -> None:
+    async with Client(_app(tmp_path, store).build_server()) as client:
         view = await _host(
             client, await _call(client, "orchestrate_start", request="x", chain="before-gated")
         )
