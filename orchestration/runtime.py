@@ -28,6 +28,7 @@ from typing import Literal
 
 import anyio
 
+from orchestration.approvals import check_approver, check_repeat
 from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock, SystemClock
@@ -37,7 +38,6 @@ from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
-    Forbidden,
     InvalidArgument,
     InvalidState,
     TooLarge,
@@ -63,7 +63,7 @@ from orchestration.inputs import (
     check_names,
     inline_contract,
 )
-from orchestration.models import GATE_STATUS_OF, DecisionChannel, RunHead, text_hash
+from orchestration.models import DecisionChannel, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import (
     RunSnapshot,
@@ -371,30 +371,9 @@ class Runtime:
         while True:
             head = await self.store.load(run_id)
             gate = gate_to_decide(head, gate_id)
-            allowed = head.step_of(gate.task_id).approvers
-            if allowed is not None and approver not in allowed:
-                who = (
-                    f"{quoted(approver)} ({'verified' if verified else 'claimed'})"
-                    if approver
-                    else "nobody named"
-                )
-                raise Forbidden(
-                    f"gate {gate.gate_id} of run {run_id} may be decided only by {', '.join(allowed)}; "
-                    f"the decision came from {who}: ask one of them to decide it"
-                )
+            check_approver(head, gate, approver, verified)
             if gate.status not in ("pending", "requested"):
-                if gate.status != GATE_STATUS_OF[decision]:
-                    how = " by expiry" if gate.channel == "expiry" else ""
-                    raise Conflict(
-                        f"gate {gate.gate_id} of run {run_id} was already {gate.status}{how}; "
-                        "a decided gate cannot be changed"
-                    )
-                if (gate.comment, gate.approver) != (comment, approver):
-                    raise Conflict(
-                        f"gate {gate.gate_id} of run {run_id} was already {gate.status} with "
-                        f"comment {quoted(gate.comment)} by approver {quoted(gate.approver)}; "
-                        "a decision's record cannot be changed (repeat it exactly, or leave it)"
-                    )
+                check_repeat(head, gate, decision, comment, approver)
                 return head
             self._refuse_if_out_of_time(head)
             # A requested gate is what waits (a parallel run may wait for a host task too).
@@ -493,14 +472,45 @@ class Runtime:
         on_progress: ProgressCallback | None = None,
         poll_seconds: float = 0.25,
     ) -> RunHead:
-        """Block (at most ``timeout_seconds``) until the run is settled (see :func:`is_settled`).
-        Woken at once by this process's writes; polls the store for other processes' writes.
-        Returns the current state early when the runtime is stopping (a server shutting down must
-        not be held up by callers waiting)."""
+        """Block (at most ``timeout_seconds``) until the run is settled (see :func:`is_settled`),
+        calling ``on_progress`` with each new version seen meanwhile."""
+        return await self._wait_until(
+            run_id,
+            lambda head: is_settled(head, self.clock.now()),
+            timeout_seconds,
+            on_progress,
+            poll_seconds,
+        )
+
+    async def wait_for_facts(
+        self, run_id: str, after_seq: int, timeout_seconds: float, poll_seconds: float = 0.25
+    ) -> RunHead:
+        """Block (at most ``timeout_seconds``) until the run has a fact after ``after_seq`` or has
+        ended; returns its head then. The cost of a wait is one head read per poll, whatever the
+        size of the run."""
+        return await self._wait_until(
+            run_id,
+            lambda head: head.last_seq > after_seq or head.status.is_terminal,
+            timeout_seconds,
+            None,
+            poll_seconds,
+        )
+
+    async def _wait_until(
+        self,
+        run_id: str,
+        done: Callable[[RunHead], bool],
+        timeout_seconds: float,
+        on_progress: ProgressCallback | None,
+        poll_seconds: float,
+    ) -> RunHead:
+        """The run's head once ``done(head)``, or at the timeout. Woken at once by this process's
+        writes; polls the store for other processes' writes. Returns the current state early when
+        the runtime is stopping (a server shutting down must not be held up by callers waiting)."""
         head = await self.status(run_id)
         deadline = anyio.current_time() + max(0.0, timeout_seconds)
         last_version = head.version
-        while not self._stopping and not is_settled(head, self.clock.now()):
+        while not self._stopping and not done(head):
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 break
@@ -511,25 +521,6 @@ class Runtime:
             if on_progress is not None and head.version != last_version:
                 last_version = head.version
                 await on_progress(head)
-        return head
-
-    async def wait_for_facts(
-        self, run_id: str, after_seq: int, timeout_seconds: float, poll_seconds: float = 0.25
-    ) -> RunHead:
-        """Block (at most ``timeout_seconds``) until the run has a fact after ``after_seq`` or has
-        ended; returns its head then (or at the timeout, or at once when the runtime is stopping).
-        Woken at once by this process's writes; polls the store for other processes' writes, so
-        the cost of a wait is one head read per poll, whatever the size of the run."""
-        head = await self.status(run_id)
-        deadline = anyio.current_time() + max(0.0, timeout_seconds)
-        while not self._stopping and head.last_seq <= after_seq and not head.status.is_terminal:
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
-                break
-            event = self._waiters.event(run_id)
-            with anyio.move_on_after(min(remaining, poll_seconds)):
-                await event.wait()
-            head = await self.status(run_id)
         return head
 
     # -- driving (the loop itself is orchestration.drive) -------------------------------------
