@@ -252,7 +252,8 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
 
 
 def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
-    """The action of a ready task of a parallel chain (as the linear rule decides for its one)."""
+    """The action of a ready task that is not terminal: of each ready task of a parallel chain, and
+    of the first such task of a linear one."""
     step = head.chain.step(task.step_name)
     if step.approve_before:
         action = _gate_action(head, gate_id_for("before", task.task_id), now)
@@ -312,22 +313,7 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
                     # The gate was approved: the work is accepted as it is.
                     return FinishRun("completed_with_failures" if any_failed else "completed")
             continue
-        if step.approve_before:
-            action = _gate_action(head, gate_id_for("before", task.task_id), now)
-            if action is not None:
-                return action
-        deadline = task_deadline(head, task)
-        if deadline is not None and now >= deadline:
-            return FailTask(
-                task.task_id,
-                TypedError(
-                    code="deadline_exceeded",
-                    message=f"task {task.task_id} ran past its limit of {step.timeout_seconds} s",
-                ),
-            )
-        if task.status == TaskStatus.AWAITING_HOST:
-            return AwaitHost(task.task_id)
-        if head.contract.worker_backend == "inline":
-            return PrepareHostTask(task.task_id, len(task.attempts) + 1)
-        return _provider_action(head, task, now)
+        # The first task that is not terminal decides, as one ready task of a parallel chain does
+        # (a linear run's head never holds a durable wait for a task without attempts).
+        return _task_action(head, task, now)
     return FinishRun("completed_with_failures" if any_failed else "completed")
