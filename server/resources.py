@@ -63,18 +63,26 @@ async def _readable(ctx: ResourceContext, run_id: str) -> RunHead:
     return head
 
 
+def _resource_error(exc: ConstructError) -> Exception:
+    """How a resource read reports an error: ``forbidden`` as a coded JSON-RPC error; what names no
+    readable run, task or output (a bad or unknown id, an output not there yet) as "not found";
+    anything else as a resource error. Each message starts with the error's stable code."""
+    if isinstance(exc, Forbidden):
+        return as_protocol_error(exc)
+    said = f"{exc.code}: {exc.message}"
+    if isinstance(exc, RunNotFound | InvalidArgument | InvalidState):
+        return ResourceNotFoundError(said)
+    return ResourceError(said)
+
+
 async def read_run(run_id: str, ctx: ResourceContext) -> str:
     """A run: status, next_action, tasks with output previews, gates and warnings (the compact
     run_status view)."""
     services: Services = ctx.request_context.lifespan_context
     try:
         view = await services.view(run_id, await _readable(ctx, run_id))
-    except Forbidden as exc:
-        raise as_protocol_error(exc) from None
-    except (RunNotFound, InvalidArgument) as exc:
-        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
     except ConstructError as exc:
-        raise ResourceError(f"{exc.code}: {exc.message}") from None
+        raise _resource_error(exc) from None
     return view.model_dump_json()
 
 
@@ -89,12 +97,8 @@ async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> s
                 f"task {task.task_id!r} of run {head.run_id} has no output: it is {task.status.value}"
             )
         outputs = await services.runtime.outputs(head, [task.task_id])
-    except Forbidden as exc:
-        raise as_protocol_error(exc) from None
-    except (RunNotFound, InvalidArgument, InvalidState) as exc:
-        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
     except ConstructError as exc:
-        raise ResourceError(f"{exc.code}: {exc.message}") from None
+        raise _resource_error(exc) from None
     return outputs[task.task_id]
 
 
@@ -104,12 +108,8 @@ async def read_run_events(run_id: str, ctx: ResourceContext) -> str:
     services: Services = ctx.request_context.lifespan_context
     try:
         page = await newest_events(services.runtime, await _readable(ctx, run_id))
-    except Forbidden as exc:
-        raise as_protocol_error(exc) from None
-    except (RunNotFound, InvalidArgument) as exc:
-        raise ResourceNotFoundError(f"{exc.code}: {exc.message}") from None
     except ConstructError as exc:
-        raise ResourceError(f"{exc.code}: {exc.message}") from None
+        raise _resource_error(exc) from None
     return page.model_dump_json()
 
 
