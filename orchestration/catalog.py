@@ -74,6 +74,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestration.chain_checks import check_chain
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
 from orchestration.models import (
     RESERVED_STEP_NAMES,
@@ -83,7 +84,6 @@ from orchestration.models import (
     OnFailure,
     SpecialistSnapshot,
 )
-from orchestration.routing import check_chain
 from orchestration.schemas import resolve_schema
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
