@@ -127,6 +127,10 @@ class Drive:
         self._recorded = recorded
         self._cancel_scopes = cancel_scopes
         self._stopping = stopping
+        #: task outputs of this run read or committed by this drive, by sequence number: a
+        #: recorded fact never changes, so a prompt reads each earlier output from the store at
+        #: most once per drive (see :func:`~orchestration.reading.read_outputs`)
+        self.known: dict[int, Fact] = {}
 
     def hand_over(self, lease: Lease) -> None:
         """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
@@ -253,6 +257,10 @@ class Drive:
         (``LeaseLost`` once another claim replaced it); a store error does not end it: see
         :meth:`_append_through_outage`."""
         stored = await self._append_through_outage(head, facts, apply_write(head, facts))
+        for fact in facts:
+            if isinstance(fact, TaskCompleted):
+                # Committed: this is the fact the store holds at that sequence number.
+                self.known[fact.seq] = fact
         await self._recorded(facts, stored)
         return stored
 
@@ -351,7 +359,7 @@ class Drive:
             requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
             await self._append(head, [requested])
         elif isinstance(action, PrepareHostTask):
-            prompt = await read_prompt(self.store, head, action.task_id)
+            prompt = await read_prompt(self.store, head, action.task_id, self.known)
             await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
         elif isinstance(action, FinishRun):
             finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
@@ -401,7 +409,7 @@ class Drive:
             )
         step = head.step_of(action.task_id)
         executor = head.contract.executor_for(step)
-        prompt = await read_prompt(self.store, head, action.task_id)
+        prompt = await read_prompt(self.store, head, action.task_id, self.known)
         started = AttemptStarted(
             seq=head.last_seq + 1,
             at=self.clock.now(),
