@@ -3,14 +3,18 @@ one run, made by :meth:`Runtime.drive <orchestration.runtime.Runtime.drive>` onc
 run's lease.
 
 A drive reads the run, asks the pure :func:`~orchestration.decide.next_action`, does that one
-thing, records the resulting facts in one write, and reads the run again. Every write of a drive is
+thing, records the resulting facts in one write, and decides again from the head that write
+recorded. Every write of a drive is
 fenced by its lease (the store refuses it once a later claim replaced the lease's token), so a drive
 that stalled past its lease while another worker took the run over records nothing more. Meanwhile
 the drive keeps its lease renewed, rides out a short store outage, and watches a provider call in
 flight for a write by anyone else (a cancel).
 
-Nothing is ever decided from a value held in memory across a write: after every write the loop
-re-reads the record, so a restarted process makes exactly the decision the crashed one would have.
+Every decision is made from the recorded state, so a restarted process makes exactly the decision
+the crashed one would have: after a successful compare-and-swap the head it wrote *is* the recorded
+state (the store accepted it on top of the version it was decided from), so the loop decides from
+it without reading the run back; after a failed one (``VersionConflict``: someone else wrote), a
+wait, or a call that ended without an outcome, it reads the run again.
 """
 
 from __future__ import annotations
@@ -331,8 +335,12 @@ class Drive:
     # -- decide -> act -> record ---------------------------------------------------------------
 
     async def _loop(self) -> Action | None:
+        # The run as recorded: read from the store, or the head our last compare-and-swap wrote
+        # (a successful one proves that head is the recorded state); None: read it again.
+        head: RunHead | None = None
         while not self._stopping():
-            head = await self._load()
+            if head is None:
+                head = await self._load()
             if is_parallel(head.chain):
                 # Several steps may be ready at once: see orchestration.fanout.
                 return await Fanout(self).run()
@@ -341,38 +349,41 @@ class Drive:
                 delay = (action.not_before - self.clock.now()).total_seconds()
                 if delay <= self.settings.in_memory_wait_cap_seconds:
                     await anyio.sleep(max(0.0, delay))
+                    head = None
                     continue
                 return action
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
-                await self._act(head, action)
+                head = await self._act(head, action)
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
+                head = None
                 continue
         return None
 
-    async def _act(self, head: RunHead, action: Action) -> None:
+    async def _act(self, head: RunHead, action: Action) -> RunHead | None:
+        """Do ``action``; the head its last write recorded, or None when the run must be read
+        again (a provider call that ended without an outcome to record)."""
         now = self.clock.now()
         seq = head.last_seq + 1
         if isinstance(action, RequestApproval):
             requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
-            await self._append(head, [requested])
-        elif isinstance(action, PrepareHostTask):
+            return await self._append(head, [requested])
+        if isinstance(action, PrepareHostTask):
             prompt = await read_prompt(self.store, head, action.task_id, self.known)
-            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
-        elif isinstance(action, FinishRun):
+            return await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+        if isinstance(action, FinishRun):
             finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
-            await self._append(head, [finished])
-        elif isinstance(action, FailTask):
+            return await self._append(head, [finished])
+        if isinstance(action, FailTask):
             failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
-            await self._append(head, [failed])
-        elif isinstance(action, StartAttempt):
-            await self._attempt(head, action)
-        elif isinstance(action, RouteTask):
-            await self._append(head, [route_decided(action.plan, seq, now)])
-        else:  # pragma: no cover - pausing actions never reach here
-            raise AssertionError(action)
+            return await self._append(head, [failed])
+        if isinstance(action, StartAttempt):
+            return await self._attempt(head, action)
+        if isinstance(action, RouteTask):
+            return await self._append(head, [route_decided(action.plan, seq, now)])
+        raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
 
     async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:
         """While a provider call is in flight, abort it as soon as the run is written to by anyone
@@ -398,9 +409,11 @@ class Drive:
                 scope.cancel()
                 return
 
-    async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
+    async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
         """One provider attempt: record ``attempt_started`` *before* the call, call, record the
-        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries.
+        outcome (returns the head that write recorded; None when the call ended without an
+        outcome: cancelled, out of time). A crash in between leaves a ``running`` task: an orphan
+        the next worker retries.
         Both writes are fenced by the drive's lease: a drive that lost it meanwhile records no
         outcome (``LeaseLost``), and the worker that holds the run decides about the task."""
         if self.worker is None:
@@ -455,7 +468,7 @@ class Drive:
             # decision records deadline_exceeded instead of seeing an orphaned attempt.
             if limit is not None and anyio.current_time() >= scope.deadline:
                 await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
-            return
+            return None
         # The outcome is recorded against the head our attempt_started write produced: if anything
         # was written since (a cancel), the compare-and-swap fails and the loop decides again.
         now = self.clock.now()
@@ -492,7 +505,7 @@ class Drive:
                 ),
                 not_before=outcome.not_before,
             )
-        await self._append(head, [fact])
+        return await self._append(head, [fact])
 
 
 __all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

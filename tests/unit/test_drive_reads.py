@@ -3,21 +3,43 @@ so a drive does not read back an output it committed itself."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestration.facts import Fact
 from orchestration.inputs import StartRequest
+from orchestration.models import RunHead
 from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
-from tests.unit.helpers import make_runtime
+from tests.unit.helpers import ScriptedWorker, make_runtime
 
 
 class CountingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.fact_reads: list[int] = []
+        self.loads = 0
+
+        self._inside = 0
+
+    async def load(self, run_id: str) -> RunHead:
+        # Only the runtime's reads count, not the ones the memory store makes for itself.
+        self.loads += self._inside == 0
+        return await super().load(run_id)
+
+    async def append(self, *args: Any, **kwargs: Any) -> RunHead:
+        self._inside += 1
+        try:
+            return await super().append(*args, **kwargs)
+        finally:
+            self._inside -= 1
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         self.fact_reads.append(seq)
-        return await super().read_fact(run_id, seq)
+        self._inside += 1
+        try:
+            return await super().read_fact(run_id, seq)
+        finally:
+            self._inside -= 1
 
 
 CHAIN = ("architect", "engineer", "reviewer", "tester", "writer")
@@ -31,3 +53,41 @@ async def test_a_drive_reads_no_output_it_committed_itself() -> None:
     assert (await runtime.status(head.run_id)).status == RunStatus.COMPLETED
     # Every prompt needs the earlier outputs; the drive recorded all of them itself.
     assert store.fact_reads == []
+
+
+async def test_a_drive_reads_the_run_once_and_decides_from_the_heads_it_wrote() -> None:
+    store = CountingStore()
+    runtime = make_runtime(store)
+    head, _ = await runtime.start(StartRequest(request="x", chain=CHAIN, worker_backend="provider"))
+    await runtime.drive(head.run_id)
+    assert (await runtime.status(head.run_id)).status == RunStatus.COMPLETED
+    # Ten successful compare-and-swaps (attempt_started + outcome per task) and run_finished:
+    # the run is read once, at the start of the drive.
+    # (the other two: the memory store's lease claim checks the run exists; the status above)
+    assert store.loads == 3
+
+
+async def test_after_a_failed_compare_and_swap_the_drive_reads_the_run_again() -> None:
+    store = CountingStore()
+    worker = ScriptedWorker()
+    runtime = make_runtime(store, worker)
+    head, _ = await runtime.start(StartRequest(request="x", chain=CHAIN[:2], worker_backend="provider"))
+    run_id = head.run_id
+    real_append = store.append
+    raced = False
+
+    async def append_after_a_cancel(*args: Any, **kwargs: Any) -> RunHead:
+        # Just before the first outcome is recorded, another client cancels the run.
+        nonlocal raced
+        facts = args[2]
+        if not raced and type(facts[0]).__name__ == "TaskCompleted":
+            raced = True
+            await runtime.cancel(run_id, "changed my mind")
+        return await real_append(*args, **kwargs)
+
+    store.append = append_after_a_cancel  # type: ignore[method-assign]
+    await runtime.drive(run_id)
+    final = await runtime.status(run_id)
+    # The outcome's compare-and-swap failed; the drive read the run again and saw the cancel.
+    assert final.status == RunStatus.CANCELLED
+    assert worker.calls == {"architect": 1}
