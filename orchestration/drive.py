@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import anyio
@@ -63,6 +64,7 @@ from orchestration.fanout import Fanout
 from orchestration.fold import apply_write
 from orchestration.graph import is_parallel
 from orchestration.models import RunHead, text_hash
+from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
 from orchestration.workers.base import AttemptSucceeded, TaskWorker
@@ -410,28 +412,62 @@ class Drive:
                 return
 
     async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
-        """One provider attempt: record ``attempt_started`` *before* the call, call, record the
-        outcome (returns the head that write recorded; None when the call ended without an
+        """Provider attempts: record ``attempt_started`` *before* the call, call, record the
+        outcome; returns the head the last write recorded (None when a call ended without an
         outcome: cancelled, out of time). A crash in between leaves a ``running`` task: an orphan
-        the next worker retries.
-        Both writes are fenced by the drive's lease: a drive that lost it meanwhile records no
-        outcome (``LeaseLost``), and the worker that holds the run decides about the task."""
+        the next worker retries. Every write is fenced by the drive's lease: a drive that lost it
+        meanwhile records no outcome (``LeaseLost``), and the worker that holds the run decides
+        about the task.
+
+        **One write per boundary.** When the decision on the run with the outcome folded in is
+        again :class:`StartAttempt` (the next task, or a retry without a wait), that decision is
+        made from recorded facts plus the outcome alone, so the outcome and the next
+        ``attempt_started`` are recorded together in one atomic write, and the next call follows.
+        A crash leaves either neither fact (the call's outcome is lost: its attempt is an orphan,
+        as before) or both (the next attempt is the orphan). Anything else the run needs next (a
+        gate, a host task, the end, a wait) is decided by the loop after the outcome's own write."""
         if self.worker is None:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
-        step = head.step_of(action.task_id)
-        executor = head.contract.executor_for(step)
         prompt = await read_prompt(self.store, head, action.task_id, self.known)
-        started = AttemptStarted(
+        head = await self._append(head, [self._started(head, action, self.clock.now())])
+        while True:
+            fact = await self._call(head, action, prompt)
+            if fact is None:
+                return None
+            after = apply_write(head, [fact])
+            now = self.clock.now()
+            following = None if self._stopping() else next_action(after, now)
+            if not isinstance(following, StartAttempt):
+                return await self._append(head, [fact])
+            if isinstance(fact, TaskCompleted):
+                # For the next prompt; dropped again below unless the write commits.
+                self.known[fact.seq] = fact
+            try:
+                prompt = await read_prompt(self.store, after, following.task_id, self.known)
+                started = self._started(after, following, now)
+                head = await self._append(head, [fact, started])
+            except BaseException:
+                self.known.pop(fact.seq, None)
+                raise
+            action = following
+
+    def _started(self, head: RunHead, action: StartAttempt, now: datetime) -> AttemptStarted:
+        return AttemptStarted(
             seq=head.last_seq + 1,
-            at=self.clock.now(),
+            at=now,
             task_id=action.task_id,
             attempt=action.attempt,
-            executor=executor,
+            executor=head.contract.executor_for(head.step_of(action.task_id)),
             possible_duplicate_call=action.possible_duplicate_call,
         )
-        head = await self._append(head, [started])
+
+    async def _call(self, head: RunHead, action: StartAttempt, prompt: TaskPrompt) -> Fact | None:
+        """The call of the attempt ``head`` records as started; the outcome's fact (not yet
+        recorded), or None when the call ended without an outcome."""
+        step = head.step_of(action.task_id)
+        executor = head.contract.executor_for(step)
         previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
         scope = anyio.CancelScope()
         self._cancel_scopes[head.run_id] = scope
@@ -505,7 +541,7 @@ class Drive:
                 ),
                 not_before=outcome.not_before,
             )
-        return await self._append(head, [fact])
+        return fact
 
 
 __all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from orchestration.facts import Fact
 from orchestration.inputs import StartRequest
-from orchestration.models import RunHead
+from orchestration.models import RunHead, TypedError
 from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime
@@ -91,3 +91,41 @@ async def test_after_a_failed_compare_and_swap_the_drive_reads_the_run_again() -
     # The outcome's compare-and-swap failed; the drive read the run again and saw the cancel.
     assert final.status == RunStatus.CANCELLED
     assert worker.calls == {"architect": 1}
+
+
+async def test_an_outcome_and_the_next_attempt_started_are_one_write() -> None:
+    store = CountingStore()
+    runtime = make_runtime(store)
+    head, _ = await runtime.start(StartRequest(request="x", chain=CHAIN, worker_backend="provider"))
+    await runtime.drive(head.run_id)
+    final = await runtime.status(head.run_id)
+    assert final.status == RunStatus.COMPLETED
+    facts = await store.read_facts(head.run_id)
+    # run_created, attempt_started + outcome per task, run_finished ...
+    assert len(facts) == 1 + 2 * len(CHAIN) + 1
+    # ... in created, the first attempt_started, four outcomes each with the next task's
+    # attempt_started, the last outcome, run_finished.
+    assert final.version == 1 + 1 + (len(CHAIN) - 1) + 1 + 1
+
+
+async def test_a_retry_without_a_wait_is_started_in_the_failed_attempts_write() -> None:
+    store = CountingStore()
+    retryable = TypedError(code="provider_unavailable", message="down", retryable=True)
+    worker = ScriptedWorker({"architect": [retryable, "ok"]})
+    runtime = make_runtime(store, worker)
+    head, _ = await runtime.start(StartRequest(request="x", chain=CHAIN[:1], worker_backend="provider"))
+    await runtime.drive(head.run_id)
+    final = await runtime.status(head.run_id)
+    assert final.status == RunStatus.COMPLETED
+    types = [type(f).__name__ for f in await store.read_facts(head.run_id)]
+    assert types == [
+        "RunCreated",
+        "AttemptStarted",
+        "AttemptFailed",
+        "AttemptStarted",
+        "TaskCompleted",
+        "RunFinished",
+    ]
+    # created, started, (failed + started again), completed, finished
+    assert final.version == 5
+    assert worker.calls == {"architect": 2}
