@@ -49,23 +49,34 @@ async def read_outputs(
     task_ids: Sequence[str] | None = None,
     known: MutableMapping[int, Fact] | None = None,
 ) -> dict[str, str]:
-    """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts.
+    """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts: the
+    ones not in ``known`` in one read of the log (``read_facts`` over the stretch that holds them).
 
     ``known``: facts of this run already read from (or committed to) the store, by sequence
     number. A recorded fact never changes, so one found there is not read again, and every fact
     read here is added to it (a drive keeps one for its run: see :class:`~orchestration.drive.Drive`)."""
+    wanted = [
+        (task.task_id, task.output_seq)
+        for task in head.tasks
+        if task.output_seq is not None and (task_ids is None or task.task_id in task_ids)
+    ]
+    found: MutableMapping[int, Fact] = {} if known is None else known
+    missing = {seq for _, seq in wanted if seq not in found}
+    if len(missing) > 1:
+        # One read of the stretch of the log that holds them, not one read per output.
+        first, last = min(missing), max(missing)
+        for fact in await store.read_facts(head.run_id, first - 1, last - first + 1):
+            if fact.seq in missing:
+                found[fact.seq] = fact
     out: dict[str, str] = {}
-    for task in head.tasks:
-        if task.output_seq is None or (task_ids is not None and task.task_id not in task_ids):
-            continue
-        fact = None if known is None else known.get(task.output_seq)
-        if fact is None:
-            fact = await store.read_fact(head.run_id, task.output_seq)
-            if known is not None:
-                known[task.output_seq] = fact
+    for task_id, seq in wanted:
+        cached = found.get(seq)
+        if cached is None:
+            cached = found[seq] = await store.read_fact(head.run_id, seq)
+        fact = cached
         if not isinstance(fact, TaskCompleted):
-            raise InvalidState(f"run {head.run_id}: fact {task.output_seq} is not a task output")
-        out[task.task_id] = fact.output
+            raise InvalidState(f"run {head.run_id}: fact {seq} is not a task output")
+        out[task_id] = fact.output
     return out
 
 

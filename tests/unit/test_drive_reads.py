@@ -18,6 +18,7 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.fact_reads: list[int] = []
         self.loads = 0
+        self.range_reads = 0
 
         self._inside = 0
 
@@ -25,6 +26,14 @@ class CountingStore(MemoryStore):
         # Only the runtime's reads count, not the ones the memory store makes for itself.
         self.loads += self._inside == 0
         return await super().load(run_id)
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        self.range_reads += self._inside == 0
+        self._inside += 1
+        try:
+            return await super().read_facts(run_id, after_seq, limit)
+        finally:
+            self._inside -= 1
 
     async def append(self, *args: Any, **kwargs: Any) -> RunHead:
         self._inside += 1
@@ -129,3 +138,25 @@ async def test_a_retry_without_a_wait_is_started_in_the_failed_attempts_write() 
     # created, started, (failed + started again), completed, finished
     assert final.version == 5
     assert worker.calls == {"architect": 2}
+
+
+async def test_a_prompt_reads_the_outputs_it_lacks_in_one_read() -> None:
+    store = CountingStore()
+    runtime = make_runtime(store)
+    head, _ = await runtime.start(StartRequest(request="x", chain=CHAIN, worker_backend="inline"))
+    run_id = head.run_id
+    await runtime.drive(run_id)
+    for _ in CHAIN[:4]:
+        snap = await runtime.snapshot(run_id)
+        assert snap.host_task is not None
+        store.fact_reads.clear()
+        store.range_reads = 0
+        await runtime.submit_host_output(run_id, snap.host_task.task_id, "out")
+        await runtime.drive(run_id)
+    # Each host output starts a new drive; the last one prepared the fifth task, whose prompt
+    # needs the four earlier outputs: one read of the log, no read per output.
+    assert store.fact_reads == []
+    assert store.range_reads == 1
+    snap = await runtime.snapshot(run_id)
+    assert snap.host_task is not None and snap.host_task.task_id == CHAIN[4]
+    assert snap.host_task.user.count("\nout") == 4
