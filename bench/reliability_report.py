@@ -70,8 +70,8 @@ class Category:
 CATEGORIES: dict[str, Category] = {
     "kill_after_write": Category(
         "SIGKILL after each durable write",
-        "A gated provider chain (architect, an approval gate, engineer, reviewer: 10 durable writes) "
-        "runs on a server started with `CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N`, which SIGKILLs itself "
+        "A gated provider chain (architect, an approval gate, engineer, reviewer: 10 facts in 9 durable "
+        "writes) runs on a server started with `CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N`, which SIGKILLs itself "
         "right after its N-th write; a second server is started on the same store and the host repeats "
         "its idempotent calls (start with the same idempotency key, approve, wait).",
         "The run ended exactly as the uninterrupted run: same status, outputs and decisions, the same "

@@ -3,14 +3,18 @@ one run, made by :meth:`Runtime.drive <orchestration.runtime.Runtime.drive>` onc
 run's lease.
 
 A drive reads the run, asks the pure :func:`~orchestration.decide.next_action`, does that one
-thing, records the resulting facts in one write, and reads the run again. Every write of a drive is
+thing, records the resulting facts in one write, and decides again from the head that write
+recorded. Every write of a drive is
 fenced by its lease (the store refuses it once a later claim replaced the lease's token), so a drive
 that stalled past its lease while another worker took the run over records nothing more. Meanwhile
 the drive keeps its lease renewed, rides out a short store outage, and watches a provider call in
 flight for a write by anyone else (a cancel).
 
-Nothing is ever decided from a value held in memory across a write: after every write the loop
-re-reads the record, so a restarted process makes exactly the decision the crashed one would have.
+Every decision is made from the recorded state, so a restarted process makes exactly the decision
+the crashed one would have: after a successful compare-and-swap the head it wrote *is* the recorded
+state (the store accepted it on top of the version it was decided from), so the loop decides from
+it without reading the run back; after a failed one (``VersionConflict``: someone else wrote), a
+wait, or a call that ended without an outcome, it reads the run again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import anyio
@@ -61,6 +66,7 @@ from orchestration.fanout import Fanout
 from orchestration.fold import apply_write
 from orchestration.graph import is_parallel
 from orchestration.models import RunHead, text_hash
+from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
 from orchestration.workers.base import AttemptSucceeded, TaskWorker
@@ -129,6 +135,10 @@ class Drive:
         self._recorded = recorded
         self._cancel_scopes = cancel_scopes
         self._stopping = stopping
+        #: task outputs of this run read or committed by this drive, by sequence number: a
+        #: recorded fact never changes, so a prompt reads each earlier output from the store at
+        #: most once per drive (see :func:`~orchestration.reading.read_outputs`)
+        self.known: dict[int, Fact] = {}
 
     def hand_over(self, lease: Lease) -> None:
         """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
@@ -255,6 +265,10 @@ class Drive:
         (``LeaseLost`` once another claim replaced it); a store error does not end it: see
         :meth:`_append_through_outage`."""
         stored = await self._append_through_outage(head, facts, apply_write(head, facts))
+        for fact in facts:
+            if isinstance(fact, TaskCompleted):
+                # Committed: this is the fact the store holds at that sequence number.
+                self.known[fact.seq] = fact
         await self._recorded(facts, stored)
         return stored
 
@@ -325,8 +339,12 @@ class Drive:
     # -- decide -> act -> record ---------------------------------------------------------------
 
     async def _loop(self) -> Action | None:
+        # The run as recorded: read from the store, or the head our last compare-and-swap wrote
+        # (a successful one proves that head is the recorded state); None: read it again.
+        head: RunHead | None = None
         while not self._stopping():
-            head = await self._load()
+            if head is None:
+                head = await self._load()
             if is_parallel(head.chain):
                 # Several steps may be ready at once: see orchestration.fanout.
                 return await Fanout(self).run()
@@ -335,40 +353,43 @@ class Drive:
                 delay = (action.not_before - self.clock.now()).total_seconds()
                 if delay <= self.settings.in_memory_wait_cap_seconds:
                     await anyio.sleep(max(0.0, delay))
+                    head = None
                     continue
                 return action
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
-                await self._act(head, action)
+                head = await self._act(head, action)
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
+                head = None
                 continue
         return None
 
-    async def _act(self, head: RunHead, action: Action) -> None:
+    async def _act(self, head: RunHead, action: Action) -> RunHead | None:
+        """Do ``action``; the head its last write recorded, or None when the run must be read
+        again (a provider call that ended without an outcome to record)."""
         now = self.clock.now()
         seq = head.last_seq + 1
         if isinstance(action, RequestApproval):
             requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
-            await self._append(head, [requested])
-        elif isinstance(action, PrepareHostTask):
-            prompt = await read_prompt(self.store, head, action.task_id)
-            await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
-        elif isinstance(action, FinishRun):
+            return await self._append(head, [requested])
+        if isinstance(action, PrepareHostTask):
+            prompt = await read_prompt(self.store, head, action.task_id, self.known)
+            return await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+        if isinstance(action, FinishRun):
             finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
-            await self._append(head, [finished])
-        elif isinstance(action, FailTask):
+            return await self._append(head, [finished])
+        if isinstance(action, FailTask):
             failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
-            await self._append(head, [failed])
-        elif isinstance(action, StartAttempt):
-            await self._attempt(head, action)
-        elif isinstance(action, RouteTask):
-            await self._append(head, [route_decided(action.plan, seq, now)])
-        elif isinstance(action, ExpireGate):
-            await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
-        else:  # pragma: no cover - pausing actions never reach here
-            raise AssertionError(action)
+            return await self._append(head, [failed])
+        if isinstance(action, StartAttempt):
+            return await self._attempt(head, action)
+        if isinstance(action, RouteTask):
+            return await self._append(head, [route_decided(action.plan, seq, now)])
+        if isinstance(action, ExpireGate):
+            return await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
+        raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
 
     async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:
         """While a provider call is in flight, abort it as soon as the run is written to by anyone
@@ -394,27 +415,63 @@ class Drive:
                 scope.cancel()
                 return
 
-    async def _attempt(self, head: RunHead, action: StartAttempt) -> None:
-        """One provider attempt: record ``attempt_started`` *before* the call, call, record the
-        outcome. A crash in between leaves a ``running`` task: an orphan the next worker retries.
-        Both writes are fenced by the drive's lease: a drive that lost it meanwhile records no
-        outcome (``LeaseLost``), and the worker that holds the run decides about the task."""
+    async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
+        """Provider attempts: record ``attempt_started`` *before* the call, call, record the
+        outcome; returns the head the last write recorded (None when a call ended without an
+        outcome: cancelled, out of time). A crash in between leaves a ``running`` task: an orphan
+        the next worker retries. Every write is fenced by the drive's lease: a drive that lost it
+        meanwhile records no outcome (``LeaseLost``), and the worker that holds the run decides
+        about the task.
+
+        **One write per boundary.** When the decision on the run with the outcome folded in is
+        again :class:`StartAttempt` (the next task, or a retry without a wait), that decision is
+        made from recorded facts plus the outcome alone, so the outcome and the next
+        ``attempt_started`` are recorded together in one atomic write, and the next call follows.
+        A crash leaves either neither fact (the call's outcome is lost: its attempt is an orphan,
+        as before) or both (the next attempt is the orphan). Anything else the run needs next (a
+        gate, a host task, the end, a wait) is decided by the loop after the outcome's own write."""
         if self.worker is None:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
-        step = head.step_of(action.task_id)
-        executor = head.contract.executor_for(step)
-        prompt = await read_prompt(self.store, head, action.task_id)
-        started = AttemptStarted(
+        prompt = await read_prompt(self.store, head, action.task_id, self.known)
+        head = await self._append(head, [self._started(head, action, self.clock.now())])
+        while True:
+            fact = await self._call(head, action, prompt)
+            if fact is None:
+                return None
+            after = apply_write(head, [fact])
+            now = self.clock.now()
+            following = None if self._stopping() else next_action(after, now)
+            if not isinstance(following, StartAttempt):
+                return await self._append(head, [fact])
+            if isinstance(fact, TaskCompleted):
+                # For the next prompt; dropped again below unless the write commits.
+                self.known[fact.seq] = fact
+            try:
+                prompt = await read_prompt(self.store, after, following.task_id, self.known)
+                started = self._started(after, following, now)
+                head = await self._append(head, [fact, started])
+            except BaseException:
+                self.known.pop(fact.seq, None)
+                raise
+            action = following
+
+    def _started(self, head: RunHead, action: StartAttempt, now: datetime) -> AttemptStarted:
+        return AttemptStarted(
             seq=head.last_seq + 1,
-            at=self.clock.now(),
+            at=now,
             task_id=action.task_id,
             attempt=action.attempt,
-            executor=executor,
+            executor=head.contract.executor_for(head.step_of(action.task_id)),
             possible_duplicate_call=action.possible_duplicate_call,
         )
-        head = await self._append(head, [started])
+
+    async def _call(self, head: RunHead, action: StartAttempt, prompt: TaskPrompt) -> Fact | None:
+        """The call of the attempt ``head`` records as started; the outcome's fact (not yet
+        recorded), or None when the call ended without an outcome."""
+        step = head.step_of(action.task_id)
+        executor = head.contract.executor_for(step)
         previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
         scope = anyio.CancelScope()
         self._cancel_scopes[head.run_id] = scope
@@ -451,7 +508,7 @@ class Drive:
             # decision records deadline_exceeded instead of seeing an orphaned attempt.
             if limit is not None and anyio.current_time() >= scope.deadline:
                 await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
-            return
+            return None
         # The outcome is recorded against the head our attempt_started write produced: if anything
         # was written since (a cancel), the compare-and-swap fails and the loop decides again.
         now = self.clock.now()
@@ -488,7 +545,7 @@ class Drive:
                 ),
                 not_before=outcome.not_before,
             )
-        await self._append(head, [fact])
+        return fact
 
 
 __all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

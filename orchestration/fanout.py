@@ -197,7 +197,7 @@ class Fanout:
             )
         step = head.step_of(action.task_id)
         executor = head.contract.executor_for(step)
-        prompt = await read_prompt(drive.store, head, action.task_id)
+        prompt = await read_prompt(drive.store, head, action.task_id, drive.known)
         started = AttemptStarted(
             seq=head.last_seq + 1,
             at=drive.clock.now(),

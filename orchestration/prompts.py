@@ -58,13 +58,14 @@ def _earlier_steps(head: RunHead, task: TaskState) -> list[TaskState]:
         found = (latest(head, name) for name in ancestors(head.chain, task.step_name))
         return [t for t in found if t is not None and t.status != TaskStatus.SKIPPED]
     position = _position(head, task.task_id)
-    before = head.tasks[:position]
-    out: list[TaskState] = []
-    for step in head.chain.steps[: head.chain.index(task.step_name)]:
-        instances = [t for t in before if t.step_name == step.name and t.status != TaskStatus.SKIPPED]
-        if instances:
-            out.append(instances[-1])
-    return out
+    # One pass over the tasks before it, not one per earlier step: the latest instance of each
+    # step that was not skipped.
+    latest_before: dict[str, TaskState] = {}
+    for t in head.tasks[:position]:
+        if t.status != TaskStatus.SKIPPED:
+            latest_before[t.step_name] = t
+    steps = head.chain.steps[: head.chain.index(task.step_name)]
+    return [latest_before[step.name] for step in steps if step.name in latest_before]
 
 
 def _seen(head: RunHead, task: TaskState, position: int) -> set[str]:

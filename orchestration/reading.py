@@ -5,7 +5,7 @@ exactly what the crashed one would have."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from orchestration.errors import (
     InvalidState,
     quoted,
 )
-from orchestration.facts import RouteDecided, TaskCompleted
+from orchestration.facts import Fact, RouteDecided, TaskCompleted
 from orchestration.fold import with_history
 from orchestration.graph import is_parallel
 from orchestration.models import GateState, RunHead
@@ -44,24 +44,49 @@ class RunSnapshot:
 
 
 async def read_outputs(
-    store: RunStore, head: RunHead, task_ids: Sequence[str] | None = None
+    store: RunStore,
+    head: RunHead,
+    task_ids: Sequence[str] | None = None,
+    known: MutableMapping[int, Fact] | None = None,
 ) -> dict[str, str]:
-    """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts."""
+    """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts: the
+    ones not in ``known`` in one read of the log (``read_facts`` over the stretch that holds them).
+
+    ``known``: facts of this run already read from (or committed to) the store, by sequence
+    number. A recorded fact never changes, so one found there is not read again, and every fact
+    read here is added to it (a drive keeps one for its run: see :class:`~orchestration.drive.Drive`)."""
+    wanted = [
+        (task.task_id, task.output_seq)
+        for task in head.tasks
+        if task.output_seq is not None and (task_ids is None or task.task_id in task_ids)
+    ]
+    found: MutableMapping[int, Fact] = {} if known is None else known
+    missing = {seq for _, seq in wanted if seq not in found}
+    if len(missing) > 1:
+        # One read of the stretch of the log that holds them, not one read per output.
+        first, last = min(missing), max(missing)
+        for fact in await store.read_facts(head.run_id, first - 1, last - first + 1):
+            if fact.seq in missing:
+                found[fact.seq] = fact
     out: dict[str, str] = {}
-    for task in head.tasks:
-        if task.output_seq is None or (task_ids is not None and task.task_id not in task_ids):
-            continue
-        fact = await store.read_fact(head.run_id, task.output_seq)
+    for task_id, seq in wanted:
+        cached = found.get(seq)
+        if cached is None:
+            cached = found[seq] = await store.read_fact(head.run_id, seq)
+        fact = cached
         if not isinstance(fact, TaskCompleted):
-            raise InvalidState(f"run {head.run_id}: fact {task.output_seq} is not a task output")
-        out[task.task_id] = fact.output
+            raise InvalidState(f"run {head.run_id}: fact {seq} is not a task output")
+        out[task_id] = fact.output
     return out
 
 
-async def read_prompt(store: RunStore, head: RunHead, task_id: str) -> TaskPrompt:
-    """Materialize ``task_id``'s prompts from the persisted record only."""
+async def read_prompt(
+    store: RunStore, head: RunHead, task_id: str, known: MutableMapping[int, Fact] | None = None
+) -> TaskPrompt:
+    """Materialize ``task_id``'s prompts from the persisted record only (``known``: see
+    :func:`read_outputs`)."""
     upstream = upstream_task_ids(head, task_id)
-    return materialize(head, task_id, await read_outputs(store, head, upstream))
+    return materialize(head, task_id, await read_outputs(store, head, upstream, known))
 
 
 async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...] = ()) -> RunSnapshot:

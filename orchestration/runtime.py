@@ -10,9 +10,10 @@ Two kinds of writes happen here:
 * **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
   :class:`~orchestration.drive.Drive` reads the run, asks the pure
   :func:`~orchestration.decide.next_action`, does that one thing, records the resulting facts in
-  one write, and reads the run again. Every write of a drive is fenced by its lease (the store
-  refuses it once a later claim replaced the lease's token), so a drive that stalled past its lease
-  while another worker took the run over records nothing more.
+  one write, and decides again from the head that write recorded (re-reading the run after a failed
+  compare-and-swap). Every write of a drive is fenced by its lease (the store refuses it once a
+  later claim replaced the lease's token), so a drive that stalled past its lease while another
+  worker took the run over records nothing more.
 
 This module keeps what the drives of one runtime share with its use cases: the runs it is driving
 (one drive per run), the cancel scopes of provider calls in flight, the runs whose record could not

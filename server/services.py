@@ -15,6 +15,7 @@ from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
 
 from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
+from orchestration.reading import RunSnapshot
 from orchestration.runtime import Runtime
 from server.config import Settings
 from server.elicit import GateAsks
@@ -22,6 +23,10 @@ from server.views import Detail, RunView, run_view
 from server.watch import LegacySubscribers
 
 log = logging.getLogger("construct.server")
+
+
+#: how many run versions' snapshots :meth:`Services.view` keeps (the oldest goes first)
+SNAPSHOTS_KEPT = 64
 
 
 def run_uri(run_id: str) -> str:
@@ -42,6 +47,9 @@ class Services:
     #: signs the state of gate forms (see :mod:`server.elicit`), under a secret of this process
     asks: GateAsks = field(default_factory=GateAsks)
 
+    #: the snapshots of the last few run versions viewed (see :meth:`view`)
+    snapshots: dict[tuple[str, int], RunSnapshot] = field(default_factory=dict, repr=False, compare=False)
+
     async def view(
         self,
         run_id: str,
@@ -50,8 +58,22 @@ class Services:
         full_task: str | None = None,
     ) -> RunView:
         """The run as the tools show it, read from the store (``head`` if the caller has it);
-        ``detail`` and ``full_task`` as in :func:`~server.views.run_view`."""
-        return run_view(await self.runtime.snapshot(run_id, head), detail, full_task)
+        ``detail`` and ``full_task`` as in :func:`~server.views.run_view`.
+
+        The head is always read (or given); the log behind it only when this version of the run
+        was not viewed lately: a version is one committed state (each write is a compare-and-swap
+        on it), so its snapshot never changes. A host polling ``run_status`` on a run that does
+        not move reads one head per call."""
+        if head is None:
+            head = await self.runtime.status(run_id)
+        key = (head.run_id, head.version)
+        snapshot = self.snapshots.get(key)
+        if snapshot is None:
+            snapshot = await self.runtime.snapshot(run_id, head)
+            while len(self.snapshots) >= SNAPSHOTS_KEPT:
+                del self.snapshots[next(iter(self.snapshots))]
+            self.snapshots[key] = snapshot
+        return run_view(snapshot, detail, full_task)
 
     async def publish_change(self, head: RunHead) -> None:
         """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""

@@ -132,6 +132,14 @@ def _connect_kwargs(schema: str, connect_timeout: float) -> dict[str, Any]:
     }
 
 
+async def _keep_session(conn: Any) -> None:
+    """The pool's reset of a released connection: nothing to undo. The store's pooled connections
+    keep no session state (no ``SET``, ``LISTEN``, advisory locks or cursors: the listener has a
+    connection of its own), and asyncpg still rolls back a transaction left open before calling
+    this; asyncpg's default reset would cost a round trip per query (``RESET ALL``, ``UNLISTEN *``,
+    ...)."""
+
+
 class _PostgresTarget:
     """:class:`stores.migrate.MigrationTarget` over one connection."""
 
@@ -248,7 +256,11 @@ class PostgresStore:
             # fail_after bounds the whole pool start, not only each connection attempt.
             with anyio.fail_after(connect_timeout * 2 + 1):
                 pool = await asyncpg.create_pool(
-                    dsn, min_size=min_size, max_size=max_size, **_connect_kwargs(schema, connect_timeout)
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    reset=_keep_session,
+                    **_connect_kwargs(schema, connect_timeout),
                 )
             try:
                 async with pool.acquire() as conn:

@@ -4,9 +4,11 @@ of its durable writes, on every persistent store, and routes exactly as the unin
 The server runs architect -> engineer -> reviewer against the fake provider (real HTTP), which
 answers *by task instance* (the prompt of a later visit states its task id): the first reviewer
 says ``revise`` and ``reviewer~2`` says ``approve``. So every kill point is deterministic, however
-many calls were made before it. The uninterrupted run makes 13 writes: run_created; attempt_started
+many calls were made before it. The uninterrupted run records 13 facts: run_created; attempt_started
 and task_completed for architect, engineer, reviewer, engineer~2 and reviewer~2; and two
-route_decided facts (reviewer -> engineer~2, reviewer~2 -> end, which completes the run).
+route_decided facts (reviewer -> engineer~2, reviewer~2 -> end, which completes the run). They take
+10 writes: an outcome followed by the next ``attempt_started`` is one write (see
+:func:`~tests.acceptance.test_kill_matrix.write_ends`).
 
 A server started with ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N`` SIGKILLs itself right after its
 N-th write; a second server on the same store finishes the run while the host repeats what it was
@@ -28,13 +30,14 @@ from mcp import Client
 from orchestration.facts import AttemptStarted, Fact, RouteDecided, TaskCompleted
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
-from tests.acceptance.test_kill_matrix import Outcome, only_run, orphaned_attempts, server_env
+from tests.acceptance.test_kill_matrix import Outcome, only_run, orphaned_attempts, server_env, write_ends
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
 
 INSTANCES = ("architect", "engineer", "reviewer", "engineer~2", "reviewer~2")
-WRITES = 13
+FACTS = 13
+WRITES = 10
 
 
 def scenario() -> dict[str, Any]:
@@ -136,7 +139,10 @@ async def reference_for(backend: str, references: dict[str, Outcome], workdir: P
                 assert view is not None and view["status"] == "completed", read_log(workdir / "ref.log")
                 assert fake.calls() == dict.fromkeys(INSTANCES, 1)
             outcome = await only_run(target)
-        assert outcome.head.version == WRITES == len(outcome.facts), [f.type for f in outcome.facts]
+        assert outcome.head.version == WRITES == len(write_ends(outcome.facts)), [
+            f.type for f in outcome.facts
+        ]
+        assert len(outcome.facts) == FACTS
         references[backend] = outcome
     return references[backend]
 
@@ -147,7 +153,7 @@ async def test_review_loop_sigkill_after_write_n_then_resume(
     backend: str, position: int, tmp_path: Path, references: dict[str, Outcome]
 ) -> None:
     reference = await reference_for(backend, references, tmp_path / "ref")
-    killed_after = reference.facts[position - 1]
+    killed_after = reference.facts[write_ends(reference.facts)[position - 1] - 1]
     orphaned = killed_after.task_id if isinstance(killed_after, AttemptStarted) else None
     target: StoreTarget
     async with store_target(backend, tmp_path / "store") as target:

@@ -409,3 +409,14 @@ async def test_lists_and_runnable_can_read_through_indexes(store: PostgresStore,
         assert "Seq Scan" not in runnable, runnable
     finally:
         await conn.close()
+
+
+async def test_a_released_connection_costs_no_reset_round_trip(store: PostgresStore) -> None:
+    """The pooled connections keep no session state, so giving one back sends nothing (asyncpg's
+    default reset sends ``RESET ALL``, ``UNLISTEN *``, ... each time)."""
+    sent: list[str] = []
+    pool = store._pool
+    async with pool.acquire() as conn:
+        conn.add_query_logger(lambda record: sent.append(record.query))
+        await conn.fetchval("SELECT 1")
+    assert sent == ["SELECT 1"]

@@ -1,0 +1,753 @@
+"""Task boundaries per store, side by side with LangGraph and DBOS (issue 11; not a test: run it and
+read the figures, or run it with ``--check`` as a guard before merging a change to the drive loop or
+a store).
+
+The shape: a 50-step chain (the longest allowed), 1 KB output per step, an instant in-process
+worker (provider time excluded). A **boundary** on the provider path is the time between two
+consecutive worker calls: a task's outcome recorded, the next task decided, its prompt read and
+its ``attempt_started`` recorded. On the inline path it is a host's output recorded
+(``submit_host_output``) plus the drive that prepares the next host task. Each figure is the median
+of ``--runs`` runs (each run's figure is the median of its 49 boundaries).
+
+It prints, in one run:
+
+* ms per boundary on every store (memory, filesystem, sqlite, postgres), provider and inline path;
+* on postgres, the boundary at step 5 and at step 50 (reading what a prompt needs must not cost a
+  query per earlier output);
+* boundaries/s for 20 runs driven at once on sqlite and postgres;
+* the floors, measured in the same run: on the same Postgres a compare-and-swap of a small head
+  plus a 1 KB fact insert committed as one statement (and a bare round trip, and 20 clients at
+  once), and an append + fsync of 1 KB in the store's directory;
+* with the ``bench`` extra (``pip install -e '.[bench]'``): LangGraph (``durability="sync"``, its
+  memory, sqlite and postgres savers) and DBOS (postgres) with the same shape on the same
+  databases, and each ratio; without it, what was skipped;
+* the MCP round trip: ``run_status`` on a completed 3-task run with 1 KB outputs against a bare
+  ``bench_echo`` tool returning 1 KB on the same server (bench/_echo_server.py), over stdio and
+  Streamable HTTP, and the cold start to an initialized session.
+
+``--check`` then exits 1 when a target of issue 11 is missed (a target whose figures were not
+measured, e.g. without the extra or without Postgres, is reported as not checked).
+
+    python bench/boundaries.py [--runs 5] [--check] [--postgres-dsn postgresql://...]
+                               [--skip anchors,mcp,concurrent]
+
+PostgreSQL comes from ``--postgres-dsn`` or ``CONSTRUCT_TEST_POSTGRES_DSN``; everything works in
+throwaway schemas (DBOS in a throwaway database) dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import itertools
+import os
+import secrets
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+
+# Runnable as a plain script from anywhere in the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.store_append import open_filesystem, open_memory, open_sqlite, postgres_opener, postgres_reachable
+from orchestration.catalog import Catalog
+from orchestration.inputs import StartRequest
+from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.prompts import TaskPrompt
+from orchestration.runtime import Runtime
+from orchestration.store import RunStore
+from orchestration.vocabulary import RunStatus
+from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 50
+CONCURRENT = 20
+OUTPUT = ("0123456789abcdef" * 64)[:1024]  # 1 KB
+CHAIN = tuple(["engineer"] * STEPS)
+
+Opener = Callable[[Path], Any]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# ----------------------------------------------------------------------------------- construct-mcp
+
+
+@dataclass
+class InstantWorker:
+    """A provider worker that answers at once with 1 KB, noting when each call came."""
+
+    calls: dict[str, list[float]] = field(default_factory=dict)
+
+    async def execute(
+        self,
+        contract: ExecutionContract,
+        step: ChainStep,
+        prompt: TaskPrompt,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        self.calls.setdefault(CURRENT_RUN.get(), []).append(time.perf_counter())
+        return AttemptSucceeded(OUTPUT, Telemetry())
+
+
+#: the run a drive is driving (set by :func:`drive`), for the worker's notes
+CURRENT_RUN: contextvars.ContextVar[str] = contextvars.ContextVar("run", default="")
+
+
+async def drive(runtime: Runtime, run_id: str) -> None:
+    CURRENT_RUN.set(run_id)
+    await runtime.drive(run_id)
+
+
+def contract_for(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
+    if request.worker_backend == "provider":
+        return ExecutionContract(worker_backend="provider", provider="bench", model="m")
+    return ExecutionContract(worker_backend="inline")
+
+
+def new_runtime(store: RunStore, worker: InstantWorker) -> Runtime:
+    return Runtime(
+        store,
+        Catalog.builtin(),
+        resolve_contract=contract_for,
+        worker=worker,
+        owner=f"bench-{secrets.token_hex(3)}",
+    )
+
+
+async def provider_run(runtime: Runtime, worker: InstantWorker) -> list[float]:
+    """One 50-step provider run driven to its end; its 49 boundaries (seconds)."""
+    head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="provider"))
+    await drive(runtime, head.run_id)
+    done = await runtime.status(head.run_id)
+    assert done.status == RunStatus.COMPLETED, done.status
+    calls = worker.calls.pop(head.run_id)
+    assert len(calls) == STEPS, len(calls)
+    return [b - a for a, b in itertools.pairwise(calls)]
+
+
+async def inline_run(runtime: Runtime) -> list[float]:
+    """One 50-step inline run played like a host; its boundaries (output recorded + next task
+    prepared), seconds."""
+    head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
+    run_id = head.run_id
+    await runtime.drive(run_id)
+    times: list[float] = []
+    for _ in range(STEPS):
+        snap = await runtime.snapshot(run_id)
+        assert snap.host_task is not None
+        started = time.perf_counter()
+        await runtime.submit_host_output(run_id, snap.host_task.task_id, OUTPUT)
+        await runtime.drive(run_id)
+        times.append(time.perf_counter() - started)
+    done = await runtime.status(run_id)
+    assert done.status == RunStatus.COMPLETED, done.status
+    return times[:-1]  # the last one finishes the run: no next task
+
+
+async def concurrent_runs(runtime: Runtime, worker: InstantWorker) -> float:
+    """20 provider runs driven at once; boundaries per second."""
+    ids = []
+    for _ in range(CONCURRENT):
+        head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="provider"))
+        ids.append(head.run_id)
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for run_id in ids:
+            tg.start_soon(drive, runtime, run_id)
+    elapsed = time.perf_counter() - started
+    for run_id in ids:
+        assert len(worker.calls.pop(run_id)) == STEPS
+    return CONCURRENT * STEPS / elapsed
+
+
+@dataclass
+class StoreFigures:
+    provider: float = float("nan")
+    inline: float = float("nan")
+    step5: float = float("nan")
+    step50: float = float("nan")
+    concurrent: float = float("nan")
+
+
+async def measure_construct(name: str, opener: Opener, runs: int, concurrent: bool) -> StoreFigures:
+    figures = StoreFigures()
+    with tempfile.TemporaryDirectory(prefix="construct-bench-") as tmp:
+        async with opener(Path(tmp)) as store:
+            worker = InstantWorker()
+            runtime = new_runtime(store, worker)
+            await provider_run(runtime, worker)  # warm-up
+            per_run: list[float] = []
+            step5: list[float] = []
+            step50: list[float] = []
+            for _ in range(runs):
+                boundaries = await provider_run(runtime, worker)
+                per_run.append(median(boundaries))
+                step5.append(median(boundaries[2:5]))  # the boundaries after steps 3-5
+                step50.append(median(boundaries[-3:]))  # the boundaries after steps 47-49
+            figures.provider, figures.step5, figures.step50 = median(per_run), median(step5), median(step50)
+            figures.inline = median([median(await inline_run(runtime)) for _ in range(runs)])
+            if concurrent and name in ("sqlite", "postgres"):
+                figures.concurrent = median([await concurrent_runs(runtime, worker) for _ in range(3)])
+    return figures
+
+
+# ------------------------------------------------------------------------------------------ floors
+
+
+async def postgres_floor(dsn: str, samples: int = 300) -> tuple[float, float, float]:
+    """(one CAS + 1 KB insert as one statement, one round trip, commits/s with 20 clients)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    schema = f"construct_floor_{secrets.token_hex(4)}"
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        await conn.execute(
+            f'CREATE TABLE "{schema}".heads (run_id text PRIMARY KEY, version int NOT NULL, head jsonb)'
+        )
+        await conn.execute(
+            f'CREATE TABLE "{schema}".facts (run_id text, seq int, body jsonb, PRIMARY KEY (run_id, seq))'
+        )
+        write = (
+            f'WITH u AS (UPDATE "{schema}".heads SET version = version + 1, head = $3::jsonb '
+            "WHERE run_id = $1 AND version = $2 RETURNING run_id, version) "
+            f'INSERT INTO "{schema}".facts SELECT run_id, version, $4::jsonb FROM u'
+        )
+        head = '{"status": "running", "version": 1, "tasks": []}'
+        fact = f'{{"type": "task_completed", "output": "{OUTPUT}"}}'
+
+        async def one_client(run_id: str, count: int | None, until: float | None) -> tuple[list[float], int]:
+            c = await asyncpg.connect(dsn)
+            try:
+                await c.execute(f'INSERT INTO "{schema}".heads VALUES ($1, 0, $2::jsonb)', run_id, head)
+                stmt = await c.prepare(write)
+                version, times = 0, []
+                while (count is not None and version < count) or (
+                    until is not None and time.perf_counter() < until
+                ):
+                    started = time.perf_counter()
+                    await stmt.fetch(run_id, version, head, fact)
+                    times.append(time.perf_counter() - started)
+                    version += 1
+                return times, version
+            finally:
+                await c.close()
+
+        times, _ = await one_client("single", samples, None)
+        rt = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            await conn.fetchval("SELECT 1")
+            rt.append(time.perf_counter() - started)
+        until = time.perf_counter() + 3.0
+        results = await asyncio.gather(*(one_client(f"c{i}", None, until) for i in range(CONCURRENT)))
+        commits = sum(n for _, n in results) / 3.0
+        return median(times), median(rt), commits
+    finally:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.close()
+
+
+def fsync_floor(directory: Path, samples: int = 300) -> float:
+    """Append + fsync of 1 KB to a file in ``directory``."""
+    data = OUTPUT.encode()
+    path = directory / "floor.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        times = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            os.write(fd, data)
+            os.fsync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return median(times)
+
+
+# ------------------------------------------------------------------------------------------ anchors
+
+
+@dataclass
+class AnchorFigures:
+    per_step: dict[str, float] = field(default_factory=dict)
+    concurrent: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def langgraph_graph(checkpointer: Any) -> Any:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    state = TypedDict("State", {f"o{i:02d}": str for i in range(STEPS)}, total=False)  # type: ignore[misc]
+
+    def node(i: int) -> Callable[[dict[str, str]], Any]:
+        async def run(s: dict[str, str]) -> dict[str, str]:
+            _prompt = s.get(f"o{i - 1:02d}", "")  # what the step reads: the previous output
+            return {f"o{i:02d}": OUTPUT}
+
+        return run
+
+    builder: Any = StateGraph(state)
+    for i in range(STEPS):
+        builder.add_node(f"n{i:02d}", node(i))
+        builder.add_edge(START if i == 0 else f"n{i - 1:02d}", f"n{i:02d}")
+    builder.add_edge(f"n{STEPS - 1:02d}", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def langgraph_chain(graph: Any) -> float:
+    """One 50-step graph run with durability "sync"; seconds per superstep."""
+    config = {"configurable": {"thread_id": secrets.token_hex(8)}}
+    started = time.perf_counter()
+    await graph.ainvoke({}, config, durability="sync")
+    return (time.perf_counter() - started) / STEPS
+
+
+async def langgraph_concurrent(graph: Any) -> float:
+    started = time.perf_counter()
+    await asyncio.gather(*(langgraph_chain(graph) for _ in range(CONCURRENT)))
+    return CONCURRENT * STEPS / (time.perf_counter() - started)
+
+
+async def measure_langgraph(figures: AnchorFigures, dsn: str, runs: int, concurrent: bool) -> None:
+    try:
+        from langgraph.checkpoint.memory import InMemorySaver
+    except ImportError:
+        figures.skipped.append("LangGraph (not installed: pip install -e '.[bench]')")
+        return
+
+    async def series(name: str, graph: Any, with_concurrent: bool) -> None:
+        await langgraph_chain(graph)  # warm-up
+        figures.per_step[name] = median([await langgraph_chain(graph) for _ in range(runs)])
+        if with_concurrent:
+            figures.concurrent[name] = median([await langgraph_concurrent(graph) for _ in range(3)])
+
+    await series("memory", langgraph_graph(InMemorySaver()), False)
+    try:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        with tempfile.TemporaryDirectory(prefix="langgraph-bench-") as tmp:
+            async with AsyncSqliteSaver.from_conn_string(str(Path(tmp) / "lg.db")) as saver:
+                await series("sqlite", langgraph_graph(saver), concurrent)
+    except ImportError:
+        figures.skipped.append("LangGraph sqlite (langgraph-checkpoint-sqlite not installed)")
+    if not dsn:
+        figures.skipped.append("LangGraph postgres (no Postgres)")
+        return
+    try:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
+    except ImportError:
+        figures.skipped.append("LangGraph postgres (langgraph-checkpoint-postgres not installed)")
+        return
+    import asyncpg
+
+    schema = f"langgraph_bench_{secrets.token_hex(4)}"
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        async with AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=CONCURRENT,
+            open=False,
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": 0,
+                "row_factory": dict_row,
+                "options": f"-c search_path={schema}",
+            },
+        ) as pool:
+            pg_saver = AsyncPostgresSaver(cast(Any, pool))
+            await pg_saver.setup()
+            await series("postgres", langgraph_graph(pg_saver), concurrent)
+    finally:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.close()
+
+
+async def measure_dbos(figures: AnchorFigures, dsn: str, runs: int, concurrent: bool) -> None:
+    try:
+        from dbos import DBOS
+    except ImportError:
+        figures.skipped.append("DBOS (not installed: pip install -e '.[bench]')")
+        return
+    if not dsn:
+        figures.skipped.append("DBOS (no Postgres)")
+        return
+    import asyncpg
+
+    database = f"construct_bench_dbos_{secrets.token_hex(4)}"
+    base, _, _ = dsn.rpartition("/")
+    url = f"{base}/{database}"
+
+    @DBOS.step()
+    async def step(i: int, previous: str) -> str:
+        return OUTPUT
+
+    @DBOS.workflow()
+    async def chain(n: int) -> str:
+        previous = ""
+        for i in range(n):
+            previous = await step(i, previous)
+        return previous
+
+    async def one() -> float:
+        started = time.perf_counter()
+        handle = await DBOS.start_workflow_async(chain, STEPS)
+        await handle.get_result()
+        return (time.perf_counter() - started) / STEPS
+
+    async def many() -> float:
+        started = time.perf_counter()
+        handles = [await DBOS.start_workflow_async(chain, STEPS) for _ in range(CONCURRENT)]
+        for handle in handles:
+            await handle.get_result()
+        return CONCURRENT * STEPS / (time.perf_counter() - started)
+
+    DBOS(
+        config=cast(
+            Any,
+            {
+                "name": "construct-bench",
+                "system_database_url": url,
+                "run_admin_server": False,
+                "log_level": "WARNING",
+            },
+        )
+    )
+    try:
+        DBOS.launch()
+        await one()  # warm-up
+        figures.per_step["postgres"] = median([await one() for _ in range(runs)])
+        if concurrent:
+            figures.concurrent["postgres"] = median([await many() for _ in range(3)])
+    finally:
+        DBOS.destroy(destroy_registry=True)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+# -------------------------------------------------------------------------------------------- MCP
+
+
+@dataclass
+class McpFigures:
+    status: float
+    echo: float
+    cold_start: float
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _mcp_session(client: Any, samples: int) -> tuple[float, float]:
+    from mcp.types import TextContent
+
+    view = (
+        await client.call_tool("orchestrate_start", {"request": "bench", "chain": ["engineer"] * 3})
+    ).structured_content
+    while view["next_action"]["kind"] == "run_host_task":
+        view = (
+            await client.call_tool(
+                "orchestrate_resume",
+                {"run_id": view["run_id"], "task_id": view["next_action"]["task_id"], "output": OUTPUT},
+            )
+        ).structured_content
+    assert view["status"] == "completed", view["status"]
+    run_id = view["run_id"]
+    status: list[float] = []
+    echo: list[float] = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        result = await client.call_tool("run_status", {"run_id": run_id})
+        status.append(time.perf_counter() - started)
+        assert not result.is_error
+        started = time.perf_counter()
+        result = await client.call_tool("bench_echo", {"run_id": run_id})
+        echo.append(time.perf_counter() - started)
+        assert isinstance(result.content[0], TextContent) and len(result.content[0].text) == 1024
+    return median(status), median(echo)
+
+
+async def measure_mcp(transport: str, samples: int) -> McpFigures:
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    with tempfile.TemporaryDirectory(prefix="construct-bench-mcp-") as tmp:
+        env = {
+            **os.environ,
+            "CONSTRUCT_HOME": tmp,
+            "CONSTRUCT_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(REPO),
+        }
+        command = [sys.executable, str(REPO / "bench" / "_echo_server.py"), "serve"]
+        async with AsyncExitStack() as stack:
+            started = time.perf_counter()
+            if transport == "stdio":
+                errlog = stack.enter_context((Path(tmp) / "server.log").open("w"))
+                params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(REPO))
+                client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog)))
+            else:
+                port = _free_port()
+                errlog = stack.enter_context((Path(tmp) / "server.log").open("w"))
+                process = await anyio.open_process(
+                    [*command, "--transport", "streamable-http", "--port", str(port)],
+                    env=env,
+                    stdout=errlog,
+                    stderr=errlog,
+                )
+
+                async def stop() -> None:
+                    process.terminate()
+                    await process.wait()
+
+                stack.push_async_callback(stop)
+                while True:
+                    try:
+                        stream = await anyio.connect_tcp("127.0.0.1", port)
+                        await stream.aclose()
+                        break
+                    except OSError:
+                        await anyio.sleep(0.02)
+                client = await stack.enter_async_context(Client(f"http://127.0.0.1:{port}/mcp"))
+            cold = time.perf_counter() - started
+            status, echo = await _mcp_session(client, samples)
+    return McpFigures(status, echo, cold)
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+@dataclass
+class Check:
+    what: str
+    ok: bool | None  # None: not measured
+    detail: str
+
+
+def check_line(check: Check) -> str:
+    verdict = "not checked" if check.ok is None else ("met" if check.ok else "MISSED")
+    return f"  [{verdict:>11}] {check.what}: {check.detail}"
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (the median is printed)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target of issue 11 is missed")
+    parser.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
+    parser.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
+    parser.add_argument("--skip", default="", help="comma-separated: anchors, mcp, concurrent")
+    args = parser.parse_args()
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    concurrent = "concurrent" not in skip
+
+    wanted = {s.strip() for s in args.stores.split(",") if s.strip()}
+    openers: dict[str, Opener] = {"memory": open_memory, "filesystem": open_filesystem, "sqlite": open_sqlite}
+    openers = {name: opener for name, opener in openers.items() if name in wanted}
+    dsn = args.postgres_dsn if "postgres" in wanted else ""
+    if not dsn:
+        print("postgres: skipped (no --postgres-dsn and no CONSTRUCT_TEST_POSTGRES_DSN)")
+    elif await postgres_reachable(dsn):
+        openers["postgres"] = postgres_opener(dsn)
+    else:
+        dsn = ""
+
+    print(
+        f"shape: a {STEPS}-step chain, 1 KB output per step, an instant in-process worker; "
+        f"median of {args.runs} runs; {CONCURRENT} runs at once for the concurrent figures"
+    )
+    ours: dict[str, StoreFigures] = {}
+    for name, opener in openers.items():
+        ours[name] = await measure_construct(name, opener, args.runs, concurrent)
+        f = ours[name]
+        extra = (
+            f", {f.concurrent:.0f} boundaries/s with {CONCURRENT} runs"
+            if f.concurrent == f.concurrent
+            else ""
+        )
+        print(
+            f"  construct-mcp {name:<10} provider {ms(f.provider)}, inline {ms(f.inline)}{extra}", flush=True
+        )
+
+    with tempfile.TemporaryDirectory(prefix="construct-floor-") as tmp:
+        fsync = fsync_floor(Path(tmp))
+    pg_floor = pg_rt = pg_commits = float("nan")
+    if dsn:
+        pg_floor, pg_rt, pg_commits = await postgres_floor(dsn)
+    print(
+        f"  floors: append+fsync of 1 KB {ms(fsync)}; postgres CAS + 1 KB insert as one statement "
+        f"{ms(pg_floor)}, one round trip {ms(pg_rt)}, {pg_commits:.0f} commits/s with {CONCURRENT} clients",
+        flush=True,
+    )
+
+    anchors = AnchorFigures()
+    dbos = AnchorFigures()
+    if "anchors" in skip:
+        anchors.skipped.append("LangGraph and DBOS (--skip anchors)")
+    else:
+        await measure_langgraph(anchors, dsn, args.runs, concurrent)
+        await measure_dbos(dbos, dsn, args.runs, concurrent)
+        anchors.skipped += dbos.skipped
+
+    mcp: dict[str, McpFigures] = {}
+    if "mcp" in skip:
+        print("  mcp: skipped (--skip mcp)")
+    else:
+        for transport in ("stdio", "streamable-http"):
+            mcp[transport] = await measure_mcp(transport, 200)
+
+    # ---- the table
+    stores = ("memory", "filesystem", "sqlite", "postgres")
+    print()
+    print(f"{'per boundary':<34}" + "".join(f"{s:>12}" for s in stores) + f"{'pg, 20 runs':>16}")
+
+    def row(label: str, values: dict[str, float], rate: float | None) -> None:
+        cells = "".join(f"{values[s] * 1000:>9.2f} ms" if s in values else f"{'—':>12}" for s in stores)
+        tail = f"{rate:>11.0f} /s" if rate is not None and rate == rate else f"{'—':>16}"
+        print(f"{label:<34}{cells}{tail}")
+
+    pg = ours.get("postgres", StoreFigures())
+    row("construct-mcp (provider path)", {s: f.provider for s, f in ours.items()}, pg.concurrent)
+    row("construct-mcp (inline path)", {s: f.inline for s, f in ours.items()}, None)
+    row("LangGraph (superstep, sync)", anchors.per_step, anchors.concurrent.get("postgres"))
+    row("DBOS (step)", dbos.per_step, dbos.concurrent.get("postgres"))
+    floors = {"filesystem": fsync}
+    if dsn:
+        floors["postgres"] = pg_floor
+    row("floor (fsync 1 KB / one write)", floors, pg_commits if dsn else None)
+    sq = ours.get("sqlite")
+    if sq is not None and sq.concurrent == sq.concurrent:
+        lg = anchors.concurrent.get("sqlite")
+        print(
+            f"sqlite, {CONCURRENT} runs at once: construct-mcp {sq.concurrent:.0f} boundaries/s"
+            + (f", LangGraph {lg:.0f} supersteps/s" if lg else "")
+        )
+    if dsn:
+        print(
+            f"postgres, boundary at step 5 {ms(pg.step5)}, at step 50 {ms(pg.step50)} "
+            f"(ratio {pg.step50 / pg.step5:.2f})"
+        )
+    for transport, m in mcp.items():
+        print(
+            f"mcp {transport}: run_status {ms(m.status)}, bench_echo {ms(m.echo)} "
+            f"(ratio {m.status / m.echo:.2f}); cold start to an initialized session {m.cold_start:.2f} s"
+        )
+    for skipped in anchors.skipped:
+        print(f"skipped: {skipped}")
+
+    # ---- ratios and targets
+    print()
+    print("ratios and targets (issue 11):")
+    checks: list[Check] = []
+
+    def ratio_check(what: str, ours_value: float, theirs: float | None, factor: float) -> None:
+        if theirs is None or ours_value != ours_value or theirs != theirs:
+            checks.append(Check(what, None, "not measured"))
+        else:
+            checks.append(
+                Check(what, theirs / ours_value >= factor, f"{theirs / ours_value:.2f} x (need {factor:g} x)")
+            )
+
+    for store in stores:
+        if store in ours and store in anchors.per_step:
+            times = anchors.per_step[store] / ours[store].provider
+            print(f"  LangGraph / construct-mcp, {store}: {times:.2f} x")
+    ratio_check("postgres: 5 x faster than LangGraph", pg.provider, anchors.per_step.get("postgres"), 5)
+    ratio_check("postgres: 5 x faster than DBOS", pg.provider, dbos.per_step.get("postgres"), 5)
+    if dsn:
+        checks.append(
+            Check(
+                "postgres: at most 2 x the floor of one durable write",
+                pg.provider <= 2 * pg_floor,
+                f"{pg.provider / pg_floor:.2f} x the floor",
+            )
+        )
+        checks.append(
+            Check(
+                "postgres: step 50 at most 1.3 x step 5",
+                pg.step50 <= 1.3 * pg.step5,
+                f"{pg.step50 / pg.step5:.2f} x",
+            )
+        )
+    else:
+        checks.append(Check("postgres targets", None, "no Postgres"))
+    if pg.concurrent == pg.concurrent:
+        checks.append(
+            Check(
+                f"postgres, {CONCURRENT} runs: at least 1,000 boundaries/s",
+                pg.concurrent >= 1000,
+                f"{pg.concurrent:.0f} /s",
+            )
+        )
+        # ratio_check compares "theirs / ours" for times; for rates it is ours / theirs.
+        theirs = dbos.concurrent.get("postgres")
+        if theirs is None:
+            checks.append(Check(f"postgres, {CONCURRENT} runs: 5 x DBOS", None, "not measured"))
+        else:
+            checks.append(
+                Check(
+                    f"postgres, {CONCURRENT} runs: 5 x DBOS",
+                    pg.concurrent >= 5 * theirs,
+                    f"{pg.concurrent / theirs:.2f} x",
+                )
+            )
+    for store, limit in (("sqlite", 1.5e-3), ("filesystem", 2e-3), ("memory", 0.3e-3)):
+        if store in ours:
+            checks.append(
+                Check(
+                    f"{store}: at most {limit * 1000:g} ms",
+                    ours[store].provider <= limit,
+                    ms(ours[store].provider),
+                )
+            )
+    for transport, m in mcp.items():
+        checks.append(
+            Check(
+                f"mcp {transport}: run_status at most 1.5 x bench_echo",
+                m.status <= 1.5 * m.echo,
+                f"{m.status / m.echo:.2f} x",
+            )
+        )
+    for check in checks:
+        print(check_line(check))
+    missed = [c for c in checks if c.ok is False]
+    if args.check and missed:
+        print(f"--check: {len(missed)} target(s) missed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -1,0 +1,59 @@
+"""``Services.view`` reads a run's log once per version (issue 11): a host polling ``run_status``
+on a run that does not move costs one head read per call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcp.server.subscriptions import InMemorySubscriptionBus
+
+from orchestration.dispatcher import Dispatcher
+from orchestration.facts import Fact
+from orchestration.inputs import StartRequest
+from server.config import Settings
+from server.services import Services
+from server.watch import LegacySubscribers
+from stores.memory import MemoryStore
+from tests.unit.helpers import make_runtime
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_reads = 0
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        self.log_reads += 1
+        return await super().read_facts(run_id, after_seq, limit)
+
+
+def services_on(store: MemoryStore, home: Path) -> Services:
+    runtime = make_runtime(store)
+    return Services(
+        settings=Settings(home=home),
+        runtime=runtime,
+        dispatcher=Dispatcher(runtime),
+        bus=InMemorySubscriptionBus(),
+        legacy_subscribers=LegacySubscribers(),
+        store_description="memory",
+    )
+
+
+async def test_a_version_viewed_again_is_not_read_again_and_a_new_one_is(tmp_path: Path) -> None:
+    store = CountingStore()
+    services = services_on(store, tmp_path)
+    runtime = services.runtime
+    head, _ = await runtime.start(StartRequest(request="x", chain=("architect", "engineer")))
+    await runtime.drive(head.run_id)
+    first = await services.view(head.run_id)
+    reads = store.log_reads
+    assert await services.view(head.run_id) == first
+    assert await services.view(head.run_id, detail="full") is not None
+    assert store.log_reads == reads
+    # The run moves on: the new version is read from the store.
+    assert first.next_action.kind == "run_host_task"
+    await runtime.submit_host_output(head.run_id, "architect", "the design")
+    await runtime.drive(head.run_id)
+    second = await services.view(head.run_id)
+    assert store.log_reads == reads + 1
+    assert second != first
