@@ -4,11 +4,24 @@ run's lease.
 
 A drive reads the run, asks the pure :func:`~orchestration.decide.next_action`, does that one
 thing, records the resulting facts in one write, and decides again from the head that write
-recorded. Every write of a drive is
-fenced by its lease (the store refuses it once a later claim replaced the lease's token), so a drive
-that stalled past its lease while another worker took the run over records nothing more. Meanwhile
-the drive keeps its lease renewed, rides out a short store outage, and watches a provider call in
-flight for a write by anyone else (a cancel).
+recorded. Meanwhile it keeps its lease renewed and watches a provider call in flight for a write by
+anyone else (a cancel).
+
+**The lease is a fence.** Every write the drive makes carries its lease, and the store accepts it
+only while the run's lease still carries its token. When the run was claimed again meanwhile — by
+another worker, typically because this process stalled past the lease's expiry (a GC pause, a
+suspended VM) — the drive stops at its next write or at its next renewal (which also cancels a
+provider call in flight), whichever comes first, records nothing more, and raises ``LeaseLost``:
+the run belongs to the new holder. A lease that expired but that nobody claimed again still
+carries its token, so a slow drive goes on.
+
+**Store outages.** A drive rides out a short outage: a provider call in flight goes on, the write
+of its outcome waits for the store (an append whose commit status is unknown is reconciled by
+re-reading the run), the lease is renewed again once the store answers. When the store has been
+failing for ``store_outage_seconds``, the drive stops cleanly — a call in flight is cancelled
+rather than finished into a dead store — and raises ``StoreUnavailable``; its lease expires (or
+the dispatcher releases it) and the run is resumed later from its facts, the cancelled attempt as
+an orphan.
 
 Every decision is made from the recorded state, so a restarted process makes exactly the decision
 the crashed one would have: after a successful compare-and-swap the head it wrote *is* the recorded

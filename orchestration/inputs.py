@@ -106,3 +106,38 @@ def check_id(name: str, value: str, limits: Limits) -> None:
         raise InvalidArgument(f"{name} is empty; pass the id from next_action.{name}")
     if len(value) > limits.max_id_chars:
         raise TooLarge(f"{name} is {len(value)} characters; ids have at most {limits.max_id_chars}")
+
+
+def check_start(request: StartRequest, limits: Limits) -> None:
+    """What a start carries, checked before anything is resolved or written: a request that says
+    something and is within its limit, an idempotency key of a sane length, bounded names, and time
+    limits between 0 and 30 days."""
+    text = request.request
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArgument("request is empty; say what the chain should work on")
+    if len(text) > limits.max_request_chars:
+        raise TooLarge(
+            f"request is {len(text)} characters; the limit is {limits.max_request_chars} "
+            "(CONSTRUCT_MAX_REQUEST_CHARS)"
+        )
+    key = request.idempotency_key
+    if key is not None and not 1 <= len(key) <= limits.max_idempotency_key_chars:
+        raise InvalidArgument(f"idempotency_key must be 1-{limits.max_idempotency_key_chars} characters")
+    check_names(request, limits)
+    for name, value in (
+        ("timeout_seconds", request.timeout_seconds),
+        ("task_timeout_seconds", request.task_timeout_seconds),
+    ):
+        if value is not None and not 0 < value <= 30 * 86400:
+            raise InvalidArgument(f"{name} must be between 0 and 2592000 (30 days), not {value}")
+
+
+def with_task_timeout(chain: ChainSnapshot, seconds: float | None) -> ChainSnapshot:
+    """``chain`` with ``seconds`` as the time limit of every step whose definition sets none."""
+    if seconds is None:
+        return chain
+    steps = tuple(
+        s if s.timeout_seconds is not None else s.model_copy(update={"timeout_seconds": seconds})
+        for s in chain.steps
+    )
+    return chain.model_copy(update={"steps": steps})

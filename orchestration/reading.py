@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from orchestration.errors import (
@@ -18,7 +19,7 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.facts import Fact, RouteDecided, TaskCompleted
-from orchestration.fold import with_history
+from orchestration.fold import time_limit, with_history
 from orchestration.graph import is_parallel
 from orchestration.models import GateState, RunHead
 from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
@@ -216,3 +217,14 @@ def gate_to_decide(head: RunHead, gate_id: str) -> GateState:
         known = ", ".join(g.gate_id for g in head.gates) or "none"
         raise InvalidArgument(f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}")
     return gate
+
+
+def refuse_if_out_of_time(head: RunHead, now: datetime) -> None:
+    """``InvalidState`` when the run or its task in progress ran out of time (at ``now``): an
+    output or a decision that comes too late is not recorded, the server records
+    ``deadline_exceeded``."""
+    limit = time_limit(head)
+    if limit is not None and now >= limit:
+        raise InvalidState(
+            f"run {head.run_id} ran out of time at {limit.isoformat()}; the server records deadline_exceeded"
+        )

@@ -10,10 +10,8 @@ Two kinds of writes happen here:
 * **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
   :class:`~orchestration.drive.Drive` reads the run, asks the pure
   :func:`~orchestration.decide.next_action`, does that one thing, records the resulting facts in
-  one write, and decides again from the head that write recorded (re-reading the run after a failed
-  compare-and-swap). Every write of a drive is fenced by its lease (the store refuses it once a
-  later claim replaced the lease's token), so a drive that stalled past its lease while another
-  worker took the run over records nothing more.
+  one write, and decides again from the head that write recorded. Every write of a drive is
+  fenced by its lease (see :mod:`orchestration.drive`).
 
 This module keeps what the drives of one runtime share with its use cases: the runs it is driving
 (one drive per run), the cancel scopes of provider calls in flight, the runs whose record could not
@@ -54,15 +52,16 @@ from orchestration.facts import (
     decision_format,
     gate_expired,
 )
-from orchestration.fold import apply, apply_write, time_limit
+from orchestration.fold import apply, apply_write
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.inputs import (
     ContractResolver,
     Limits,
     StartRequest,
     check_id,
-    check_names,
+    check_start,
     inline_contract,
+    with_task_timeout,
 )
 from orchestration.models import DecisionChannel, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
@@ -74,6 +73,7 @@ from orchestration.reading import (
     read_outputs,
     read_prompt,
     read_snapshot,
+    refuse_if_out_of_time,
     require_resumable,
 )
 from orchestration.reading import awaiting_host_task as _awaiting_host_task
@@ -214,35 +214,10 @@ class Runtime:
         """Create a run. Returns ``(head, created)``; ``created`` is False when an earlier start with
         the same idempotency key and the same request made the run. The same key with a different
         request is a ``Conflict``."""
-        text = request.request
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidArgument("request is empty; say what the chain should work on")
-        if len(text) > self.limits.max_request_chars:
-            raise TooLarge(
-                f"request is {len(text)} characters; the limit is {self.limits.max_request_chars} "
-                "(CONSTRUCT_MAX_REQUEST_CHARS)"
-            )
-        key = request.idempotency_key
-        if key is not None and not 1 <= len(key) <= self.limits.max_idempotency_key_chars:
-            raise InvalidArgument(
-                f"idempotency_key must be 1-{self.limits.max_idempotency_key_chars} characters"
-            )
-        check_names(request, self.limits)
-        for name, value in (
-            ("timeout_seconds", request.timeout_seconds),
-            ("task_timeout_seconds", request.task_timeout_seconds),
-        ):
-            if value is not None and not 0 < value <= 30 * 86400:
-                raise InvalidArgument(f"{name} must be between 0 and 2592000 (30 days), not {value}")
-        chain = self.catalog.resolve(request.chain, request.approve_before)
-        if request.task_timeout_seconds is not None:
-            steps = tuple(
-                s
-                if s.timeout_seconds is not None
-                else s.model_copy(update={"timeout_seconds": request.task_timeout_seconds})
-                for s in chain.steps
-            )
-            chain = chain.model_copy(update={"steps": steps})
+        check_start(request, self.limits)
+        chain = with_task_timeout(
+            self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
+        )
         contract = self.resolve_contract(request, chain)
         run_id = validate_run_id(self.new_id())
         now = self.clock.now()
@@ -254,11 +229,11 @@ class Runtime:
             at=now,
             deadline_at=deadline,
             run_id=run_id,
-            request=text,
+            request=request.request,
             chain=chain,
             chain_hash=chain.content_hash(),
             contract=contract,
-            idempotency_key=key,
+            idempotency_key=request.idempotency_key,
             request_hash=request.request_hash(),
             format=chain_format(chain),
             started_by=request.started_by,
@@ -268,8 +243,9 @@ class Runtime:
         if not result.created:
             if result.head.request_hash != head.request_hash:
                 raise Conflict(
-                    f"idempotency_key {quoted(key)} was already used for run {result.head.run_id} with a "
-                    "different request; use a new key, or repeat the original request exactly"
+                    f"idempotency_key {quoted(request.idempotency_key)} was already used for run "
+                    f"{result.head.run_id} with a different request; use a new key, or repeat the "
+                    "original request exactly"
                 )
             return result.head, False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
@@ -313,7 +289,7 @@ class Runtime:
                 )
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
-            self._refuse_if_out_of_time(head)
+            refuse_if_out_of_time(head, self.clock.now())
             if task.status != TaskStatus.AWAITING_HOST:
                 awaiting = _awaiting_host_task(head)
                 hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
@@ -376,7 +352,7 @@ class Runtime:
             if gate.status not in ("pending", "requested"):
                 check_repeat(head, gate, decision, comment, approver)
                 return head
-            self._refuse_if_out_of_time(head)
+            refuse_if_out_of_time(head, self.clock.now())
             # A requested gate is what waits (a parallel run may wait for a host task too).
             if head.status.is_terminal or gate.status != "requested":
                 raise InvalidState(
@@ -455,14 +431,6 @@ class Runtime:
         error that tells the caller what the run needs instead (see
         :func:`~orchestration.reading.require_resumable`)."""
         return require_resumable(await self.status(run_id))
-
-    def _refuse_if_out_of_time(self, head: RunHead) -> None:
-        limit = time_limit(head)
-        if limit is not None and self.clock.now() >= limit:
-            raise InvalidState(
-                f"run {head.run_id} ran out of time at {limit.isoformat()}; "
-                "the server records deadline_exceeded"
-            )
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -543,21 +511,8 @@ class Runtime:
         claiming) returns None at once, without claiming: a same-owner claim would replace the
         first drive's lease token and two drives would call the provider twice.
 
-        **The lease is a fence.** Every write the drive makes carries its lease, and the store
-        accepts it only while the run's lease still carries its token. When the run was claimed
-        again meanwhile — by another worker, typically because this process stalled past the
-        lease's expiry (a GC pause, a suspended VM) — the drive stops at its next write or at its
-        next renewal (which also cancels a provider call in flight), whichever comes first, records
-        nothing more, and raises ``LeaseLost``: the run belongs to the new holder. A lease that
-        expired but that nobody claimed again still carries its token, so a slow drive goes on.
-
-        **Store outages.** A drive rides out a short outage: a provider call in flight goes on,
-        the write of its outcome waits for the store (an append whose commit status is unknown is
-        reconciled by re-reading the run), the lease is renewed again once the store answers. When
-        the store has been failing for :attr:`store_outage_seconds`, the drive stops cleanly — a
-        call in flight is cancelled rather than finished into a dead store — and raises
-        ``StoreUnavailable``; its lease expires (or the dispatcher releases it) and the run is
-        resumed later from its facts, the cancelled attempt as an orphan."""
+        The lease is a fence, and a drive rides out a short store outage: see
+        :mod:`orchestration.drive` (``LeaseLost``, ``StoreUnavailable``)."""
         if lease is not None and lease.owner != self.owner:
             raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
         if run_id in self._driving:
