@@ -11,7 +11,10 @@ import re
 import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestration.facts import Fact, dump_fact
 
@@ -111,3 +114,23 @@ def index_records(lines: Sequence[bytes], start: int) -> bytes:
         out += INDEX_RECORD.pack(start, start + len(line))
         start += len(line)
     return bytes(out)
+
+
+class LeaseRecord(BaseModel):
+    """``lease.json``: who holds the run's lease, until when, with which token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    owner: str
+    expires_at: datetime
+    #: empty in a lease written before leases had tokens: it fences every token (none is empty)
+    token: str = ""
+
+
+def decode_problem(exc: Exception) -> str:
+    """A short description of a decoding failure that never echoes the stored content."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(part) for part in first["loc"]) or "document"
+        return f"{exc.error_count()} validation error(s), first at {loc}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}"

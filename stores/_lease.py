@@ -3,6 +3,8 @@ append (see the ``RunStore`` docstring: a lease is a fence)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from orchestration.errors import InvalidArgument, LeaseLost
 from orchestration.store import Lease
 
@@ -20,3 +22,9 @@ def check_fence(run_id: str, lease: Lease | None) -> None:
     """Reject a fenced append whose lease is for another run, before anything is read or written."""
     if lease is not None and lease.run_id != run_id:
         raise InvalidArgument(f"the lease passed to an append on run {run_id} is for run {lease.run_id}")
+
+
+def check_aware(now: datetime) -> None:
+    """Reject a naive ``now``: lease expiry is judged with the caller's (injected, aware) clock."""
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise InvalidArgument("now must be a timezone-aware datetime (use the injected clock)")

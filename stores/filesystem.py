@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import anyio
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestration.errors import (
     Conflict,
@@ -85,6 +84,8 @@ from stores._common import (
 from stores._fs_files import (
     HEAD_PREFIX_BYTES,
     INDEX_RECORD,
+    LeaseRecord,
+    decode_problem,
     encode_facts,
     flocked,
     fsync_dir,
@@ -96,7 +97,7 @@ from stores._fs_files import (
     write_all,
     write_new_file,
 )
-from stores._lease import check_fence, lease_lost
+from stores._lease import check_aware, check_fence, lease_lost
 
 logger = logging.getLogger("construct.stores")
 
@@ -111,31 +112,8 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class _LeaseRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    owner: str
-    expires_at: datetime
-    #: empty in a lease written before leases had tokens: it fences every token (none is empty)
-    token: str = ""
-
-
-def _problem(exc: Exception) -> str:
-    """A short description of a decoding failure that never echoes the stored content."""
-    if isinstance(exc, ValidationError):
-        first = exc.errors(include_input=False, include_url=False)[0]
-        loc = ".".join(str(part) for part in first["loc"]) or "document"
-        return f"{exc.error_count()} validation error(s), first at {loc}: {first['msg']}"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _encode_head(head: RunHead) -> bytes:
     return encode_head(head).encode()
-
-
-def _check_aware(now: datetime) -> None:
-    if now.tzinfo is None or now.utcoffset() is None:
-        raise InvalidArgument("now must be a timezone-aware datetime (use the injected clock)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +199,7 @@ class FilesystemStore:
             if not path.parent.is_dir():
                 raise RunNotFound(run_id) from None
             raise CorruptRecord(run_id, str(path), "the file is missing") from None
-        head = decode_stored_head(run_id, str(path), data, _problem)
+        head = decode_stored_head(run_id, str(path), data, decode_problem)
         if head.run_id != run_id:
             raise CorruptRecord(run_id, str(path), f"it holds the head of run {head.run_id}")
         return head
@@ -432,7 +410,7 @@ class FilesystemStore:
         ]
 
     def _decode_fact(self, run_id: str, path: Path, seq: int, line: bytes) -> Fact:
-        fact = decode_stored_fact(run_id, f"{path} (fact {seq})", line, _problem)
+        fact = decode_stored_fact(run_id, f"{path} (fact {seq})", line, decode_problem)
         if fact.seq != seq:
             raise CorruptRecord(run_id, f"{path} (fact {seq})", f"the line holds fact {fact.seq}")
         return fact
@@ -504,19 +482,19 @@ class FilesystemStore:
         listed = sorted(self._scan(), key=lambda run: run.key)
         return [run.run_id for run in listed if run.head is not None and is_runnable(run.head, now)][:limit]
 
-    def _read_lease(self, run_id: str, run_dir: Path) -> _LeaseRecord | None:
+    def _read_lease(self, run_id: str, run_dir: Path) -> LeaseRecord | None:
         path = run_dir / LEASE_FILE
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
         try:
-            return _LeaseRecord.model_validate_json(data)
+            return LeaseRecord.model_validate_json(data)
         except ValueError as exc:
-            raise CorruptRecord(run_id, str(path), _problem(exc)) from exc
+            raise CorruptRecord(run_id, str(path), decode_problem(exc)) from exc
 
     def _write_lease(self, run_dir: Path, lease: Lease) -> None:
-        record = _LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
+        record = LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
         replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
 
     def _holds(self, run_dir: Path, lease: Lease) -> bool:
@@ -599,17 +577,17 @@ class FilesystemStore:
         return await self._call(self._list_sync, statuses, limit, after)
 
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
-        _check_aware(now)
+        check_aware(now)
         return await self._call(self._runnable_sync, now, limit)
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         validate_run_id(run_id)
-        _check_aware(now)
+        check_aware(now)
         return await self._call(self._claim_sync, run_id, owner, ttl_seconds, now)
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         validate_run_id(lease.run_id)
-        _check_aware(now)
+        check_aware(now)
         return await self._call(self._renew_sync, lease, ttl_seconds, now)
 
     async def release_lease(self, lease: Lease) -> None:

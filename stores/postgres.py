@@ -20,15 +20,14 @@ Driver errors are translated at this edge: connection failures to ``StoreUnavail
 
 JSONB cannot hold the character U+0000, which a model or a host may well put in an output. The JSON
 this adapter stores therefore carries it as two characters, U+E000 (a private-use character) then
-``0``, and a U+E000 of the data as U+E000 twice (:func:`to_jsonb_text`, undone on every read by
-:func:`from_jsonb_text`). So every text reads back exactly as written, as on the other stores;
+``0``, and a U+E000 of the data as U+E000 twice (:func:`~stores._jsonb.to_jsonb_text`, undone on every read by
+:func:`~stores._jsonb.from_jsonb_text`). So every text reads back exactly as written, as on the other stores;
 migration 0003 escaped the U+E000 characters of rows written before.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -62,6 +61,7 @@ from stores._common import (
     not_continuing,
     sortable_time,
 )
+from stores._jsonb import from_jsonb_text, to_jsonb_text
 from stores._lease import check_fence, lease_lost
 from stores._sql import (
     CURSOR_START_KEY,
@@ -572,35 +572,6 @@ def _wake_at(head: RunHead) -> datetime | None:
     if head.status.is_terminal or head.wake_at is None:
         return None
     return _utc(head.wake_at)
-
-
-_ESC = "\ue000"
-#: In JSON text: an escaped backslash (kept, so that the ``\u0000`` after it is not taken for an
-#: escape), the escape of U+0000, or the escape character itself.
-_TO_JSONB = re.compile(r"\\\\|\\u0000|\ue000")
-_FROM_JSONB = re.compile("\ue000(.)", re.DOTALL)
-
-
-def _to_jsonb(match: re.Match[str]) -> str:
-    token = match[0]
-    if token == "\\u0000":
-        return _ESC + "0"
-    return _ESC + _ESC if token == _ESC else token
-
-
-def to_jsonb_text(text: str) -> str:
-    """JSON text that PostgreSQL's JSONB accepts: the escape of U+0000 (backslash, ``u0000``) becomes
-    U+E000 ``0``, and U+E000 becomes U+E000 U+E000. Other text is returned as it is."""
-    if "\\u0000" not in text and _ESC not in text:
-        return text
-    return _TO_JSONB.sub(_to_jsonb, text)
-
-
-def from_jsonb_text(text: str) -> str:
-    """The JSON text :func:`to_jsonb_text` was given, from what PostgreSQL hands back."""
-    if _ESC not in text:
-        return text
-    return _FROM_JSONB.sub(lambda m: "\\u0000" if m[1] == "0" else m[1], text)
 
 
 def _fact_values(run_id: str, facts: Sequence[Fact]) -> tuple[Any, ...]:
