@@ -6,6 +6,7 @@ at the adapter edge (``raise ... from exc``)::
 
     ConstructError                      code
     ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
+    │   └── ForkMismatch                fork_mismatch      a fork's chain changed a step it copies
     ├── RunNotFound                     run_not_found
     ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
@@ -51,6 +52,13 @@ class ConstructError(Exception):
 
 class InvalidArgument(ConstructError):
     code = "invalid_argument"
+
+
+class ForkMismatch(InvalidArgument):
+    """A fork's chain (changed, or re-read from the configuration) lacks a step whose recorded
+    output the fork copies, or defines it differently (see :mod:`orchestration.forking`)."""
+
+    code = "fork_mismatch"
 
 
 class RunNotFound(ConstructError):

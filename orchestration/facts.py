@@ -62,6 +62,17 @@ class _Fact(Frozen):
     #: the record format a reader must understand to read this fact ("Record formats" above); a
     #: fact type added in a later format declares that format as its default
     format: int = Field(default=1, ge=1)
+    #: a fork's copy of a source run's fact: that fact's ``seq`` in the run its ``run_created``
+    #: names (``forked_from``; see :mod:`orchestration.forking`). Optional and left out of the
+    #: record when absent, so no new format: an older reader folds a copy as the fact it copies.
+    copied_from: int | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ForkOrigin(Frozen):
+    """The run and task instance a forked run was started from."""
+
+    run_id: str
+    task_id: str
 
 
 class RunCreated(_Fact):
@@ -76,6 +87,8 @@ class RunCreated(_Fact):
     deadline_at: datetime | None = None
     #: the verified identity that started the run (HTTP with a token); optional, so no new format
     started_by: str | None = None
+    #: set on a fork (:mod:`orchestration.forking`); optional, so no new format
+    forked_from: ForkOrigin | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ApprovalRequested(_Fact):

@@ -18,7 +18,7 @@ from orchestration.errors import (
     InvalidState,
     quoted,
 )
-from orchestration.facts import Fact, RouteDecided, TaskCompleted
+from orchestration.facts import Fact, ForkOrigin, RouteDecided, RunCreated, TaskCompleted, TaskFailed
 from orchestration.fold import time_limit, with_history
 from orchestration.graph import is_parallel
 from orchestration.models import GateState, RunHead
@@ -42,6 +42,9 @@ class RunSnapshot:
     routes: tuple[RouteDecided, ...] = ()
     #: the prompts of every task awaiting the host, in run order (several in a parallel run)
     host_tasks: tuple[TaskPrompt, ...] = ()
+    #: a fork's source run and task, and its copied tasks (task id -> the source fact's seq)
+    forked_from: ForkOrigin | None = None
+    copied: dict[str, int] = field(default_factory=dict)
 
 
 async def read_outputs(
@@ -110,7 +113,13 @@ async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...
         if head.status == RunStatus.AWAITING_HOST:
             host_task = host_tasks[0]
     routes = tuple(f for f in facts if isinstance(f, RouteDecided))
-    return RunSnapshot(head, outputs, host_task, warnings, values, routes, host_tasks)
+    forked_from = facts[0].forked_from if facts and isinstance(facts[0], RunCreated) else None
+    copied = {
+        f.task_id: f.copied_from
+        for f in facts
+        if isinstance(f, TaskCompleted | TaskFailed) and f.copied_from is not None
+    }
+    return RunSnapshot(head, outputs, host_task, warnings, values, routes, host_tasks, forked_from, copied)
 
 
 # -- what a run waits for ----------------------------------------------------------------------

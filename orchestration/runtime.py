@@ -53,6 +53,7 @@ from orchestration.facts import (
     gate_expired,
 )
 from orchestration.fold import apply, apply_write
+from orchestration.forking import ForkRequest, fork_run
 from orchestration.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.inputs import (
     ContractResolver,
@@ -251,6 +252,13 @@ class Runtime:
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
         await self._changed(result.head)
         return result.head, True
+
+    async def fork(self, request: ForkRequest) -> tuple[RunHead, bool]:
+        """A new run from another's recorded work: :func:`orchestration.forking.fork_run`."""
+        head, created = await fork_run(self, request)
+        if created:
+            await self._changed(head)
+        return head, created
 
     async def submit_host_output(self, run_id: str, task_id: str, output: str) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it. The caller always names

@@ -40,6 +40,7 @@ def services_of(ctx: ToolContext) -> Services:
 #: The role each tool needs (see :mod:`server.identity`).
 ROLE_OF: dict[str, Role] = {
     "orchestrate_start": "operate",
+    "orchestrate_fork": "operate",
     "orchestrate_resume": "operate",
     "orchestrate_cancel": "operate",
     "orchestrate_approve": "approve",

@@ -70,6 +70,7 @@ from server.answering import (
 )
 from server.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.events import MAX_EVENTS_LIMIT, EventsPage, read_events
+from server.fork_tool import orchestrate_fork
 from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
 
 log = logging.getLogger("construct.tools")
@@ -476,6 +477,13 @@ def build_tools(limits: Limits = LIMITS) -> list[Tool]:
             read_only_hint=False,
             destructive_hint=False,
             open_world_hint=False,
+        ),
+    )
+    add(
+        orchestrate_fork,
+        "Fork a run from a task",
+        ToolAnnotations(
+            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
         ),
     )
     add(

@@ -164,6 +164,12 @@ class TaskView(View):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     totals: Totals = Field(description="Tokens, latency and attempts of this task's attempts.")
+    # Left out when absent (like forked_from): views of runs that are not forks stay as they were.
+    copied_from: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="A fork's copy, not run here: the seq of its fact in forked_from's run.",
+    )
 
 
 class GateView(View):
@@ -233,6 +239,11 @@ class ContractView(View):
     max_attempts: int
 
 
+class ForkView(View):
+    run_id: str
+    task_id: str
+
+
 class RunView(Outlined):
     """A run as the tools return it: its status, what the caller must do next, and its record."""
 
@@ -258,6 +269,9 @@ class RunView(Outlined):
     request_chars: int
     idempotency_key: str | None = None
     started_by: str | None = Field(default=None, description="The verified identity that started the run.")
+    forked_from: ForkView | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="The run and task this run was forked from."
+    )
     tasks: list[TaskView] = Field(
         description="Task instances in run order; outputs as previews with output_uri, whole in output "
         "only when asked for; typed answers in value."
@@ -318,7 +332,12 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
 
 
 def _task(
-    head: RunHead, task: TaskState, output: str | None, whole: bool, value: dict[str, Any] | None = None
+    head: RunHead,
+    task: TaskState,
+    output: str | None,
+    whole: bool,
+    value: dict[str, Any] | None = None,
+    copied_from: int | None = None,
 ) -> TaskView:
     """``whole``: the view carries the whole output (and value); otherwise a preview of it, and the
     value when it is small (:data:`VALUE_INLINE_CHARS`)."""
@@ -345,6 +364,7 @@ def _task(
         started_at=task.started_at,
         finished_at=task.finished_at,
         totals=_sum_attempts([task]),
+        copied_from=copied_from,
     )
 
 
@@ -470,6 +490,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         request_chars=len(head.request),
         idempotency_key=head.idempotency_key,
         started_by=head.started_by,
+        forked_from=None if snapshot.forked_from is None else ForkView(**snapshot.forked_from.model_dump()),
         tasks=[
             _task(
                 head,
@@ -477,6 +498,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
                 snapshot.outputs.get(t.task_id),
                 detail == "full" or t.task_id == full_task,
                 snapshot.values.get(t.task_id),
+                snapshot.copied.get(t.task_id),
             )
             for t in head.tasks
         ],
