@@ -11,6 +11,7 @@
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
+    construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli_fork)
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
     construct-mcp migrate [--check] [--store S]
@@ -51,6 +52,7 @@ from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
+from server.cli_fork import add_fork_parser, run_fork
 from server.cli_live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.config import Settings, load_settings
 from server.logs import configure_logging
@@ -181,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(timeline)
     _json_flag(timeline)
     add_live_parsers(runs_sub, _common, _json_flag)
+    add_fork_parser(runs_sub, _common, _json_flag)
 
     migrate = sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations")
     migrate.add_argument("--check", action="store_true", help="only check; exit 1 if a migration is pending")
@@ -225,11 +228,14 @@ def _print_view(view: RunView, out: TextIO) -> None:
     out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
     request = view.request_preview.replace("\n", " ")
     out.write(f"request: {request}\n")
+    if view.forked_from is not None:
+        out.write(f"forked from {view.forked_from.run_id} at task {view.forked_from.task_id}\n")
     out.write("tasks:\n")
     for task in view.tasks:
         executor = task.executor or "-"
         size = f"{task.output_chars} chars" if task.output_chars is not None else ""
         error = f" error={task.error.code}: {task.error.message}" if task.error else ""
+        error += " (copied)" if task.copied_from is not None else ""
         out.write(
             f"  {task.task_id:<14} {task.status.value:<14} {executor:<14} attempts={len(task.attempts)} "
             f"{size}{error}\n".rstrip()
@@ -390,6 +396,8 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
             )
         )
         return await _advance(runtime, head)
+    if command == "fork":
+        return await _advance(runtime, await run_fork(runtime, args))
     if command == "status":
         return await runtime.status(args.run_id)
     if command == "resume":
