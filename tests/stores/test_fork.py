@@ -23,7 +23,7 @@ from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded, TaskWorker
 from server.views import run_view
-from tests.unit.helpers import play, provider_contract, sequential_ids
+from tests.unit.helpers import Decision, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker
 
 MISSING_MODEL = "no-such-model"
@@ -267,3 +267,38 @@ async def test_bad_forks_are_refused_with_coded_errors(store: RunStore) -> None:
     with pytest.raises(InvalidArgument, match="skipped"):
         await jumper.fork(ForkRequest(jumped.run_id, "tester"))
     assert len((await store.list_runs(None, 10, None)).runs) == 3  # the source runs and one good fork
+
+
+async def test_a_revise_replays_and_a_changed_chain_takes_the_copies_it_defines_alike(
+    store: RunStore,
+) -> None:
+    ids = sequential_ids()
+    runtime = runtime_on(store, ROUTED_CATALOG, ModelWorker(), ids)
+    started, _ = await runtime.start(StartRequest("Revise me", chain="gated-revise"))
+    revised: set[str] = set()
+
+    def decide(gate: str) -> Decision:
+        if gate == "after:engineer" and gate not in revised:
+            revised.add(gate)
+            return "revise"
+        return "approve"
+
+    source = await play(runtime, started.run_id, decide)
+    assert [t.task_id for t in source.tasks] == ["architect", "engineer", "engineer~2", "tester"]
+
+    # The revise decision is copied: engineer~2 exists again, sent back with the approver's comment.
+    head, _ = await runtime.fork(ForkRequest(source.run_id, "engineer~2"))
+    assert head.task("engineer~2").revised_by == "after:engineer"
+    await runtime.drive(head.run_id)
+    snapshot = await runtime.snapshot(head.run_id)
+    assert snapshot.host_task is not None and snapshot.host_task.task_id == "engineer~2"
+    assert "ok after:engineer" in snapshot.host_task.user
+
+    # Another chain whose copied steps differ is refused; one that defines them alike is taken.
+    with pytest.raises(ForkMismatch, match="approve_after"):
+        await runtime.fork(ForkRequest(source.run_id, "tester", chain="default"))
+    build = runtime_on(store, catalog(None), ModelWorker(), ids)
+    started, _ = await build.start(StartRequest("Build", chain="build", worker_backend="inline"))
+    done = await play(build, started.run_id)
+    other, _ = await build.fork(ForkRequest(done.run_id, "reviewer", chain="default"))
+    assert other.chain.name == "default" and other.task("engineer").status == TaskStatus.DONE
