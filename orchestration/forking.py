@@ -34,8 +34,8 @@ the source's specialists for a chain given as a list): that is what makes "fix t
 from the failed task" work. ``approve_before`` when omitted keeps the source's gated steps; task
 time limits set at start and the run's time limit (as a duration from the fork) carry over; the
 worker backend is the source's, and provider and model are resolved as for a new start. Every step
-whose output is copied must exist in the new chain with the same definition (and the same
-specialist persona) and the copied routes must replay on it: otherwise ``fork_mismatch``, naming
+whose output is copied must exist in the new chain with the same definition, the same specialist
+persona and the same predecessors, and the copied routes must replay on it: otherwise ``fork_mismatch``, naming
 the step and what changed. Fork from an earlier task to change an earlier step.
 
 Idempotency. With ``idempotency_key``, the same fork (source, task, request, chain,
