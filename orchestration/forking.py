@@ -35,8 +35,9 @@ from the failed task" work. ``approve_before`` when omitted keeps the source's g
 time limits set at start and the run's time limit (as a duration from the fork) carry over; the
 worker backend is the source's, and provider and model are resolved as for a new start. Every step
 whose output is copied must exist in the new chain with the same definition, the same specialist
-persona and the same predecessors, and the copied routes must replay on it: otherwise ``fork_mismatch``, naming
-the step and what changed. Fork from an earlier task to change an earlier step.
+persona and the same predecessors, and the copied routes must replay on it: otherwise
+``fork_mismatch``, naming the step and what changed. Fork from an earlier task to change an
+earlier step.
 
 Idempotency. With ``idempotency_key``, the same fork (source, task, request, chain,
 approve_before) returns the run the first call made; the key with anything else is a
