@@ -244,10 +244,10 @@ def _chain(runtime: Runtime, old: ChainSnapshot, fork: ForkRequest) -> ChainSnap
     spec: str | tuple[str, ...]
     if fork.chain is not None:
         spec = fork.chain
-    elif old.name in runtime.catalog.chains:
-        spec = old.name
-    else:  # a chain given as a list of specialists
-        spec = tuple(s.specialist for s in old.steps)
+    elif old.name == "custom" and old.name not in runtime.catalog.chains:
+        spec = tuple(s.specialist for s in old.steps)  # a chain given as a list of specialists
+    else:
+        spec = old.name  # a chain since removed from the configuration is unknown_chain
     chain = runtime.catalog.resolve(spec, fork.approve_before or ())
     before = {s.name: s for s in old.steps}
     steps = []

@@ -60,6 +60,8 @@ def describe_fact(fact: Fact) -> str:
             for s in fact.chain.steps
         )
         by = f", started by {fact.started_by} (verified)" if fact.started_by else ""
+        if fact.forked_from is not None:
+            by += f", forked from {fact.forked_from.run_id} at {fact.forked_from.task_id}"
         return (
             f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
             f'request "{_preview(fact.request)}"{by}'
@@ -107,5 +109,6 @@ def render_timeline(head: RunHead, facts: Sequence[Fact]) -> str:
     start = facts[0].at if facts else head.created_at
     for fact in facts:
         offset = (fact.at - start).total_seconds()
-        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {describe_fact(fact)}")
+        copy = "" if fact.copied_from is None else f" [copy of #{fact.copied_from}]"
+        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {describe_fact(fact)}{copy}")
     return "\n".join(lines) + "\n"

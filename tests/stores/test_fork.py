@@ -13,7 +13,7 @@ import pytest
 
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
-from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound
+from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
 from orchestration.facts import RouteDecided, TaskCompleted, dump_fact
 from orchestration.forking import ForkRequest
 from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
@@ -259,6 +259,9 @@ async def test_bad_forks_are_refused_with_coded_errors(store: RunStore) -> None:
     )
     with pytest.raises(ForkMismatch, match=r"step 'engineer'.*model"):
         await runtime_on(store, moved, ModelWorker(), ids).fork(ForkRequest(run_id, "reviewer"))
+    # A chain since removed from the configuration is unknown.
+    with pytest.raises(UnknownChain, match="unknown chain 'build'"):
+        await runtime_on(store, Catalog.builtin(), ModelWorker(), ids).fork(ForkRequest(run_id, "reviewer"))
     # A skipped instance never ran: nothing to redo from it.
     jumper = runtime_on(store, ROUTED_CATALOG, InstanceWorker(verdicts={"reviewer": "approve"}), ids)
     jumped, _ = await jumper.start(StartRequest("Jump", chain="jump", worker_backend="provider"))

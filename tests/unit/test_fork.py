@@ -144,5 +144,11 @@ def test_runs_fork_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert f"forked from {run_id} at task writer" in text
     assert "(copied)" in next(line for line in text.splitlines() if line.strip().startswith("architect"))
 
+    out = io.StringIO()
+    assert cli_run(["runs", "timeline", fork["run_id"], *home], out) == 0
+    timeline = out.getvalue()
+    assert f"forked from {run_id} at writer" in timeline
+    assert 'architect: done by inline:host: "architect v1" [copy of #4]' in timeline
+
     assert cli_run(["runs", "fork", run_id, "--from", "editor", *home], io.StringIO()) == 1
     assert "invalid_argument: " in capsys.readouterr().err
