@@ -190,7 +190,14 @@ async def test_a_loop_forked_from_a_later_round_replays_its_routes(store: RunSto
 async def test_gates_of_the_copied_work_are_copied_and_the_forked_task_asks_again(store: RunStore) -> None:
     runtime = runtime_on(store, catalog(None), ModelWorker())
     started, _ = await runtime.start(
-        StartRequest("Gated", chain="build", approve_before=("engineer",), worker_backend="inline")
+        StartRequest(
+            "Gated",
+            chain="build",
+            approve_before=("engineer",),
+            worker_backend="inline",
+            timeout_seconds=600,
+            task_timeout_seconds=60,
+        )
     )
     source = await play(runtime, started.run_id)
     assert source.status == RunStatus.COMPLETED
@@ -198,6 +205,9 @@ async def test_gates_of_the_copied_work_are_copied_and_the_forked_task_asks_agai
     # From the reviewer: the decided gate before the engineer is copied, nobody is asked again.
     head, _ = await runtime.fork(ForkRequest(source.run_id, "reviewer", request="Gated, again"))
     assert head.request == "Gated, again"
+    # The start's time limits carry over: the run's as a duration from the fork, the tasks' as set.
+    assert head.deadline_at is not None and (head.deadline_at - head.created_at).total_seconds() == 600
+    assert {s.timeout_seconds for s in head.chain.steps} == {60}
     gate = head.gate("before:engineer")
     assert gate is not None and gate.status == "approved"
     await runtime.drive(head.run_id)
