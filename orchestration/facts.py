@@ -76,6 +76,10 @@ class RunCreated(_Fact):
     deadline_at: datetime | None = None
     #: the verified identity that started the run (HTTP with a token); optional, so no new format
     started_by: str | None = None
+    #: the W3C ``traceparent`` the run's spans continue (a tool call's ``_meta``, or the server's
+    #: own span of that call; see :mod:`orchestration.tracing`); optional, so no new format: a
+    #: reader without it only starts the run's spans in a trace of their own
+    traceparent: str | None = None
 
 
 class ApprovalRequested(_Fact):
