@@ -70,6 +70,23 @@ def parent_context(traceparent: str | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def link_call_to_run(head: RunHead) -> None:
+    """In a tool call about a run (resume, approve, status, ...): the current span, the MCP SDK's
+    span of the call, names the run and, when the call is in another trace than the run's (a
+    host's later turn), links to the run's recorded parent. The run's own trace never changes
+    after its start: the calls that move it are linked to it, not moved into it."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("construct.run.id", head.run_id)
+    context = parent_context(head.traceparent)
+    if context is None:
+        return
+    run_parent = trace.get_current_span(context).get_span_context()
+    if run_parent.trace_id != span.get_span_context().trace_id:
+        span.add_link(run_parent, {"construct.link": "run_trace"})
+
+
 def _error_attributes(span: Span, error: TypedError) -> None:
     span.set_attribute("error.type", error.code)
     span.set_attribute("construct.error.retryable", error.retryable)
@@ -281,6 +298,7 @@ __all__ = [
     "DriveTrace",
     "ModelCallTrace",
     "current_traceparent",
+    "link_call_to_run",
     "model_call",
     "parent_context",
 ]

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
+from opentelemetry.util.types import Attributes
 
 #: a caller's span context, as a host would send it in ``_meta``
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -48,14 +49,61 @@ def global_provider(provider: TracerProvider) -> Iterator[None]:
         yield
 
 
+class _Switch(trace.TracerProvider):
+    """The global tracer provider of a test process once a test asked for spans: it hands out
+    tracers that use :attr:`inner` *at each span*, or act as the API's no-op tracer while it is
+    None. Libraries keep the tracer they got first (the MCP SDK holds one from import time, and
+    it binds to the first global provider), so a test cannot swap the global provider itself and
+    leave the tests after it untouched; it swaps :attr:`inner`."""
+
+    def __init__(self) -> None:
+        self.inner: TracerProvider | None = None
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Attributes = None,
+    ) -> trace.Tracer:
+        return _SwitchTracer(self, instrumenting_module_name)
+
+
+class _SwitchTracer(trace.Tracer):
+    def __init__(self, switch: _Switch, name: str) -> None:
+        self._switch = switch
+        self._name = name
+
+    def _current(self) -> trace.Tracer:
+        inner = self._switch.inner
+        return inner.get_tracer(self._name) if inner is not None else trace.NoOpTracer()
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return self._current().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._current().start_as_current_span(*args, **kwargs)
+
+
+_SWITCH = _Switch()
+
+
 @contextmanager
 def memory_spans() -> Iterator[InMemorySpanExporter]:
-    """An in-memory exporter of every span ended while the block runs."""
+    """An in-memory exporter of every span ended while the block runs; before and after, spans
+    are the API's no-op ones again (see :class:`_Switch`)."""
+    if trace._TRACER_PROVIDER is None:
+        trace.set_tracer_provider(_SWITCH)
+    assert trace._TRACER_PROVIDER is _SWITCH, "another global tracer provider is installed"
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    with global_provider(provider):
+    _SWITCH.inner = provider
+    try:
         yield exporter
+    finally:
+        _SWITCH.inner = None
+        provider.shutdown()
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,12 @@ import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import httpx2
 import pytest
 from mcp import Client
+from mcp.types import RequestParamsMeta
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -204,7 +206,7 @@ async def test_without_a_traceparent_each_drive_starts_a_trace_and_records_nothi
 
 async def test_without_an_sdk_the_spans_cost_nothing_and_change_nothing() -> None:
     """The API's no-op tracer: the run is driven exactly as with spans."""
-    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    assert not trace.get_tracer("probe").start_span("probe").is_recording()
     runtime = make_runtime(worker=ScriptedWorker())
     head, _ = await runtime.start(
         StartRequest("x", chain=("architect", "engineer"), worker_backend="provider", traceparent=TRACEPARENT)
@@ -286,19 +288,52 @@ async def test_with_an_sdk_the_run_nests_under_the_servers_span_of_the_call(tmp_
     assert head.traceparent == f"00-{TRACE_ID}-{server_span.span_id}-01"
 
 
+async def test_a_later_call_in_another_trace_links_to_the_runs(tmp_path: Path) -> None:
+    app = ConstructApp(
+        load_settings(env={"CONSTRUCT_HOME": str(tmp_path), "CONSTRUCT_ORCHESTRATION_STORE": "memory"})
+    )
+    other_trace = "0af7651916cd43dd8448eb211c80319c"
+    later = cast(RequestParamsMeta, {"traceparent": f"00-{other_trace}-b7ad6b7169203331-01"})
+    with memory_spans() as exporter:
+        async with Client(app.build_server()) as client:
+            started = await client.call_tool(
+                "orchestrate_start", {"request": "x", "wait_seconds": 0}, meta=META
+            )
+            assert started.structured_content is not None
+            run_id = started.structured_content["run_id"]
+            await client.call_tool("run_status", {"run_id": run_id}, meta=later)
+            services = app._services
+            assert services is not None
+            head = await services.runtime.status(run_id)
+        with trace.get_tracer("t").start_as_current_span("x"):
+            pass
+        spans = exporter.get_finished_spans()
+    [status] = [s for s in spans if s.name == "tools/call run_status"]
+    assert status.attributes is not None and status.attributes["construct.run.id"] == run_id
+    assert format(status.context.trace_id, "032x") == other_trace
+    [link] = status.links
+    assert head.traceparent is not None
+    assert format(link.context.trace_id, "032x") == TRACE_ID
+    assert format(link.context.span_id, "016x") == head.traceparent.split("-")[2]
+    # The start call is in the run's trace already: no link to itself.
+    [start] = [s for s in spans if s.name == "tools/call orchestrate_start"]
+    assert not start.links
+
+
 def test_exporting_is_opt_in_by_the_standard_variables(caplog: pytest.LogCaptureFixture) -> None:
     assert wanted_exporters({}) == ()
     assert wanted_exporters({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) == ("otlp",)
     assert wanted_exporters({"OTEL_TRACES_EXPORTER": "console, otlp"}) == ("console", "otlp")
     assert wanted_exporters({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "x"}) == ()
     assert wanted_exporters({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}) == ()
-    # Nothing asked: the global provider stays the API's no-op one.
-    configure_tracing({})
-    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
-    with caplog.at_level(logging.WARNING, "construct.server"):
-        configure_tracing({"OTEL_TRACES_EXPORTER": "zipkin-or-so"})
-    assert "unknown trace exporter 'zipkin-or-so'" in caplog.text
-    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    with fresh_globals():
+        # Nothing asked: the global provider stays the API's no-op one.
+        configure_tracing({})
+        assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+        with caplog.at_level(logging.WARNING, "construct.server"):
+            configure_tracing({"OTEL_TRACES_EXPORTER": "zipkin-or-so"})
+        assert "unknown trace exporter 'zipkin-or-so'" in caplog.text
+        assert not isinstance(trace.get_tracer_provider(), TracerProvider)
 
 
 def test_the_console_exporter_writes_spans_to_stderr_never_stdout(capsys: pytest.CaptureFixture[str]) -> None:
