@@ -92,6 +92,7 @@ def env_for(home: Path, fake: FakeProvider, spans: Path) -> dict[str, str]:
 
 async def test_a_run_killed_mid_attempt_and_resumed_is_one_trace(tmp_path: Path) -> None:
     home = tmp_path / "home"
+    home.mkdir()
     spans1, spans2 = tmp_path / "spans1.jsonl", tmp_path / "spans2.jsonl"
     log1, log2 = tmp_path / "server1.log", tmp_path / "server2.log"
     scenario = {
@@ -133,9 +134,6 @@ async def test_a_run_killed_mid_attempt_and_resumed_is_one_trace(tmp_path: Path)
     assert started == ended | {("engineer", 1)}
 
     first, second = read_span_file(spans1), read_span_file(spans2)
-    if os.environ.get("SHOW_SPANS"):
-        for s in first + second:
-            print(s.name, s.trace_id[:8], s.span_id, s.parent_id, dict(s.attributes))
     ours = [s for s in first + second if s.name.split(" ")[0] in ("run", "task", "attempt", "chat")]
 
     def attempts(spans: list[FinishedSpan]) -> set[tuple[str, int]]:
