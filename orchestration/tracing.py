@@ -39,6 +39,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from orchestration.facts import Fact, TaskCompleted, TaskFailed
 from orchestration.models import RunHead, Telemetry, TypedError
+from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
 #: the instrumentation scope of every span here
 TRACER_NAME = "construct-mcp"
@@ -102,16 +103,14 @@ class AttemptTrace:
         self.span = span
         self._outcome = False
 
-    def ended(self, outcome: Any) -> None:
-        """``outcome``: the worker's :class:`~orchestration.workers.base.AttemptSucceeded` or
-        :class:`~orchestration.workers.base.AttemptFailedOutcome` (duck-typed: no import cycle)."""
-        error: TypedError | None = getattr(outcome, "error", None)
+    def ended(self, outcome: AttemptOutcome) -> None:
+        """The worker's outcome of the attempt (what is recorded of it is the drive's part)."""
         self._outcome = True
-        if error is None:
+        if isinstance(outcome, AttemptSucceeded):
             self.span.set_attribute("construct.attempt.outcome", "succeeded")
             return
         self.span.set_attribute("construct.attempt.outcome", "failed")
-        _error_attributes(self.span, error)
+        _error_attributes(self.span, outcome.error)
 
 
 class DriveTrace:
@@ -121,6 +120,7 @@ class DriveTrace:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        self._tracer = _tracer()
         self._run: Span | None = None
         self._tasks: dict[str, Span] = {}
         self._status: str | None = None
@@ -130,7 +130,7 @@ class DriveTrace:
         self._status = head.status.value
         if self._run is not None:
             return
-        self._run = _tracer().start_span(
+        self._run = self._tracer.start_span(
             f"run {head.chain.name}",
             context=parent_context(head.traceparent),
             attributes={
@@ -163,7 +163,7 @@ class DriveTrace:
         span = self._tasks.get(task_id)
         if span is None:
             run = self._run if self._run is not None else trace.INVALID_SPAN
-            span = self._tasks[task_id] = _tracer().start_span(
+            span = self._tasks[task_id] = self._tracer.start_span(
                 f"task {task_id}",
                 context=trace.set_span_in_context(run),
                 attributes={
@@ -201,7 +201,7 @@ class DriveTrace:
             attributes["construct.attempt.follows_orphan"] = orphan.number
             attributes["construct.orphan.started_at"] = orphan.started_at.isoformat()
         parent = trace.set_span_in_context(self._task_span(head, task_id))
-        span = _tracer().start_span(f"attempt {task_id}", context=parent, attributes=attributes)
+        span = self._tracer.start_span(f"attempt {task_id}", context=parent, attributes=attributes)
         traced = AttemptTrace(span)
         with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
             try:
