@@ -82,6 +82,7 @@ from orchestration.models import RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
+from orchestration.tracing import DriveTrace
 from orchestration.workers.base import AttemptSucceeded, TaskWorker
 from orchestration.workers.host import host_task_prepared
 
@@ -152,6 +153,8 @@ class Drive:
         #: recorded fact never changes, so a prompt reads each earlier output from the store at
         #: most once per drive (see :func:`~orchestration.reading.read_outputs`)
         self.known: dict[int, Fact] = {}
+        #: the drive's spans (observes only: see orchestration.tracing)
+        self.trace = DriveTrace(lease.run_id)
 
     def hand_over(self, lease: Lease) -> None:
         """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
@@ -162,6 +165,10 @@ class Drive:
         runtime is stopping. Raises ``LeaseLost`` once another claim replaced the lease,
         ``StoreUnavailable`` once the store has been failing past the outage limit, and what else
         the loop met (``CorruptRecord`` for an unreadable record) as itself."""
+        with self.trace.drive():
+            return await self._drive()
+
+    async def _drive(self) -> Action | None:
         result: Action | None = None
         error: ConstructError | None = None
         async with anyio.create_task_group() as tg:
@@ -271,6 +278,7 @@ class Drive:
                 await anyio.sleep(backoff.next_delay())
                 continue
             self.outage.recovered()
+            self.trace.saw(head)
             return head
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
@@ -278,6 +286,7 @@ class Drive:
         (``LeaseLost`` once another claim replaced it); a store error does not end it: see
         :meth:`_append_through_outage`."""
         stored = await self._append_through_outage(head, facts, apply_write(head, facts))
+        self.trace.recorded(facts, stored)
         for fact in facts:
             if isinstance(fact, TaskCompleted):
                 # Committed: this is the fact the store holds at that sequence number.
@@ -498,7 +507,11 @@ class Drive:
 
         async def call() -> None:
             nonlocal outcome
-            outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+            with self.trace.attempt(
+                head, action.task_id, action.attempt, action.possible_duplicate_call
+            ) as traced:
+                outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+                traced.ended(outcome)
             watch.cancel()
 
         try:

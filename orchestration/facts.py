@@ -89,6 +89,10 @@ class RunCreated(_Fact):
     started_by: str | None = None
     #: set on a fork (:mod:`orchestration.forking`); optional, so no new format
     forked_from: ForkOrigin | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: the W3C ``traceparent`` the run's spans continue (a tool call's ``_meta``, or the server's
+    #: own span of that call; see :mod:`orchestration.tracing`); optional, so no new format: a
+    #: reader without it only starts the run's spans in a trace of their own
+    traceparent: str | None = None
 
 
 class ApprovalRequested(_Fact):

@@ -228,9 +228,13 @@ class Fanout:
             with scope:
                 if not self.calls.cancelled:
                     assert drive.worker is not None
-                    outcome = await drive.worker.execute(
-                        head.contract, step, prompt, action.attempt, previous
-                    )
+                    with drive.trace.attempt(
+                        head, task_id, action.attempt, action.possible_duplicate_call
+                    ) as traced:
+                        outcome = await drive.worker.execute(
+                            head.contract, step, prompt, action.attempt, previous
+                        )
+                        traced.ended(outcome)
             if outcome is None:
                 if limit is not None and not self.calls.cancelled and anyio.current_time() >= scope.deadline:
                     # Out of time: let the injected clock reach the deadline too, so that the next

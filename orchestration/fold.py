@@ -73,6 +73,7 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         idempotency_key=fact.idempotency_key,
         request_hash=fact.request_hash,
         started_by=fact.started_by,
+        traceparent=fact.traceparent,
         tasks=tasks,
         gates=tuple(gates),
         deadline_at=fact.deadline_at,

@@ -51,6 +51,9 @@ class StartRequest:
     #: the verified identity starting the run (recorded on ``run_created``); not part of the
     #: request's hash: who retries a start does not make it another request
     started_by: str | None = None
+    #: the caller's trace context (W3C ``traceparent``), recorded on ``run_created``; not part of
+    #: the request's hash either: a retried start in another trace is the same request
+    traceparent: str | None = None
 
     def request_hash(self) -> str:
         """What makes two starts "the same request" for idempotency."""

@@ -327,6 +327,9 @@ class RunHead(Frozen):
     #: A head rewritten by a server that predates the field loses it: identities limited to their
     #: own runs then no longer see the run (the safe direction).
     started_by: str | None = None
+    #: the W3C traceparent of ``run_created`` (write-once): every drive's spans, in any process,
+    #: continue that trace. A head rewritten by an older server loses it (only the trace suffers).
+    traceparent: str | None = None
     tasks: tuple[TaskState, ...]
     gates: tuple[GateState, ...]
     not_before: datetime | None = None

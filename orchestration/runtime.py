@@ -88,7 +88,6 @@ from orchestration.workers.host import host_output_facts
 log = logging.getLogger("construct.runtime")
 
 ChangeListener = Callable[[RunHead], Awaitable[None]]
-
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 _DEFAULT_LIMITS = Limits()
@@ -238,6 +237,7 @@ class Runtime:
             request_hash=request.request_hash(),
             format=chain_format(chain),
             started_by=request.started_by,
+            traceparent=request.traceparent,
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from orchestration.errors import ConstructError
 from orchestration.models import RunHead
+from orchestration.tracing import link_call_to_run
 from orchestration.vocabulary import RunStatus
 from server.arguments import error_result
 from server.elicit import settle_and_ask
@@ -134,6 +135,7 @@ async def settle_asking(
 ) -> RunView | InputRequiredResult:
     """:func:`settle_view`, then ask the user at a gate where the client can (:mod:`server.elicit`).
     ``retry_safe``: the call, repeated with the same arguments, records nothing new."""
+    link_call_to_run(head)
 
     async def settle(current: RunHead, wait: float) -> RunView:
         return await settle_view(ctx, current, wait, detail, full_task)

@@ -62,6 +62,7 @@ from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
+from server.telemetry import configure_tracing
 from server.tools import build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.web import with_run_pages
@@ -222,6 +223,8 @@ class ConstructApp:
         if transport != "stdio":
             check_exposure(host, self.settings.named_tokens())
             host = bind_host(host)  # "[::1]" binds as "::1"
+        # Spans are exported only when the otel extra and OTEL_* ask for it (server.telemetry).
+        stop_tracing = configure_tracing(os.environ)
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
         # off) is then a one-line startup error, not a traceback from inside the transport.
@@ -231,6 +234,7 @@ class ConstructApp:
         finally:
             opened, self._opened = self._opened, None
             await _close_store(opened)
+            stop_tracing()
 
     async def _serve_transport(
         self, server: MCPServer[Services], transport: Transport, host: str, port: int

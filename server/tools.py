@@ -57,6 +57,7 @@ from pydantic import Field
 
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.runtime import Limits, StartRequest
+from orchestration.tracing import current_traceparent
 from orchestration.vocabulary import RunStatus
 from server.answering import (
     DEFAULT_WAIT_SECONDS,
@@ -197,6 +198,8 @@ async def orchestrate_start(
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
             started_by=caller.identity if caller.verified else None,
+            # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
+            traceparent=current_traceparent(),
         )
         head, created = await services.runtime.start(start)
         # An idempotency key another identity used returns that identity's run: not to one

@@ -56,6 +56,7 @@ from orchestration.models import (
 from orchestration.prompts import TaskPrompt
 from orchestration.runtime import ContractResolver, StartRequest
 from orchestration.schemas import validate_output
+from orchestration.tracing import model_call
 from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.workers.openai_compat import (
@@ -259,7 +260,15 @@ class ProviderWorker:
                 held = await self._wait_for_provider(provider)
                 if held is not None:
                     return self._failed(contract, attempt, previous_errors, held, Telemetry())
-                response = await client.complete(request)
+                endpoint = self.settings.endpoints.get(provider)
+                base_url = endpoint.base_url if endpoint is not None else None
+                with model_call(provider, model, base_url, request.max_tokens, schema is not None) as traced:
+                    try:
+                        response = await client.complete(request)
+                    except ProviderCallError as exc:
+                        traced.failed(exc.error, exc.telemetry)
+                        raise
+                    traced.succeeded(response.telemetry, response.stop_reason)
         except ProviderCallError as exc:
             self._hold(provider, exc.error)
             return self._failed(contract, attempt, previous_errors, exc.error, exc.telemetry)

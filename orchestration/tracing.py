@@ -1,0 +1,304 @@
+"""OpenTelemetry spans for runs, tasks, attempts and model calls (issue 14, part 1).
+
+Spans go through ``opentelemetry-api`` only: without an SDK installed and configured (the ``otel``
+extra and the ``OTEL_*`` variables, see :mod:`server.telemetry`) every tracer is the API's no-op
+one, and a span costs a few attribute dictionaries. The tracer is the global one, as OpenTelemetry
+intends for instrumented libraries: the composition root (or a test) installs the provider.
+
+**The tree.** A drive of a run (:class:`~orchestration.drive.Drive`, in whatever process holds the
+run's lease) opens ``run <chain>``; under it, ``task <task_id>`` for each task it calls a model
+for, and under that ``attempt <task_id>`` per attempt; the provider worker's ``chat <model>``
+(:func:`model_call`, GenAI semantic conventions) is a child of the attempt in progress. A run that
+pauses and is driven again later (an approval, a host's answer, a restart) gets one ``run`` span
+per drive, all children of the same parent: the W3C ``traceparent`` recorded on ``run_created``
+(from the starting tool call's ``_meta``, through the MCP SDK's own server span). So a run resumed
+by another process after a crash continues the caller's trace. A span is exported when it ends:
+the spans a killed process held open (its drive, the task and the attempt in flight) are lost;
+what ended before survives. An attempt that retries an orphan says so:
+``construct.attempt.follows_orphan`` names the orphaned attempt's number.
+
+**Never recorded:** prompt text, outputs, request text, keys or headers. Attributes are ids,
+names, numbers, outcomes, error codes and token counts.
+
+**No decision reads a span.** Nothing here is read back by ``decide``; a span that fails to start
+or end changes nothing but the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from orchestration.facts import Fact, TaskCompleted, TaskFailed
+from orchestration.models import RunHead, Telemetry, TypedError
+from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
+
+#: the instrumentation scope of every span here
+TRACER_NAME = "construct-mcp"
+
+# W3C Trace Context explicitly (not the global propagator, which OTEL_PROPAGATORS may change):
+# the stored form must read the same in every process.
+_W3C = TraceContextTextMapPropagator()
+
+
+def _tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def current_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the current span (in a tool handler: the MCP SDK's span of the
+    call, child of the ``_meta`` traceparent), or None when there is no valid one."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def parent_context(traceparent: str | None) -> Context | None:
+    """The context a stored ``traceparent`` names; None (a new trace) when absent or malformed."""
+    if not traceparent:
+        return None
+    context = _W3C.extract({"traceparent": traceparent})
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def link_call_to_run(head: RunHead) -> None:
+    """In a tool call about a run (resume, approve, status, ...): the current span, the MCP SDK's
+    span of the call, names the run and, when the call is in another trace than the run's (a
+    host's later turn), links to the run's recorded parent. The run's own trace never changes
+    after its start: the calls that move it are linked to it, not moved into it."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("construct.run.id", head.run_id)
+    context = parent_context(head.traceparent)
+    if context is None:
+        return
+    run_parent = trace.get_current_span(context).get_span_context()
+    if run_parent.trace_id != span.get_span_context().trace_id:
+        span.add_link(run_parent, {"construct.link": "run_trace"})
+
+
+def _error_attributes(span: Span, error: TypedError) -> None:
+    span.set_attribute("error.type", error.code)
+    span.set_attribute("construct.error.retryable", error.retryable)
+    if error.http_status is not None:
+        span.set_attribute("http.response.status_code", error.http_status)
+    span.set_status(StatusCode.ERROR, error.code)
+
+
+class AttemptTrace:
+    """What :meth:`DriveTrace.attempt` yields: :meth:`ended` records the attempt's outcome."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self._outcome = False
+
+    def ended(self, outcome: AttemptOutcome) -> None:
+        """The worker's outcome of the attempt (what is recorded of it is the drive's part)."""
+        self._outcome = True
+        if isinstance(outcome, AttemptSucceeded):
+            self.span.set_attribute("construct.attempt.outcome", "succeeded")
+            return
+        self.span.set_attribute("construct.attempt.outcome", "failed")
+        _error_attributes(self.span, outcome.error)
+
+
+class DriveTrace:
+    """The spans of one drive of one run (see the module's docstring). :meth:`saw` opens the run
+    span at the drive's first read of the run; :meth:`recorded` ends the task spans whose task a
+    write ended; :meth:`attempt` wraps a worker's call; :meth:`drive` ends what is still open."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._tracer = _tracer()
+        self._run: Span | None = None
+        self._tasks: dict[str, Span] = {}
+        self._status: str | None = None
+
+    def saw(self, head: RunHead) -> None:
+        """The drive read ``head``: the run span starts now if it has not yet."""
+        self._status = head.status.value
+        if self._run is not None:
+            return
+        self._run = self._tracer.start_span(
+            f"run {head.chain.name}",
+            context=parent_context(head.traceparent),
+            attributes={
+                "construct.run.id": head.run_id,
+                "construct.chain.name": head.chain.name,
+                "construct.worker_backend": head.contract.worker_backend,
+            },
+        )
+
+    def recorded(self, facts: Sequence[Fact], head: RunHead) -> None:
+        """The drive recorded ``facts``, giving ``head``."""
+        self._status = head.status.value
+        for fact in facts:
+            if isinstance(fact, TaskCompleted | TaskFailed):
+                self._end_task(fact)
+
+    def _end_task(self, fact: TaskCompleted | TaskFailed) -> None:
+        span = self._tasks.pop(fact.task_id, None)
+        if span is None:
+            return
+        if isinstance(fact, TaskFailed):
+            span.set_attribute("construct.task.status", "failed")
+            _error_attributes(span, fact.error)
+        else:
+            span.set_attribute("construct.task.status", "done")
+            span.set_attribute("construct.task.attempts", fact.attempt)
+        span.end()
+
+    def _task_span(self, head: RunHead, task_id: str) -> Span:
+        span = self._tasks.get(task_id)
+        if span is None:
+            run = self._run if self._run is not None else trace.INVALID_SPAN
+            span = self._tasks[task_id] = self._tracer.start_span(
+                f"task {task_id}",
+                context=trace.set_span_in_context(run),
+                attributes={
+                    "construct.run.id": head.run_id,
+                    "construct.task.id": task_id,
+                    "construct.step": head.task(task_id).step_name,
+                },
+            )
+        return span
+
+    @contextmanager
+    def attempt(
+        self, head: RunHead, task_id: str, number: int, possible_duplicate_call: bool
+    ) -> Iterator[AttemptTrace]:
+        """The span of attempt ``number`` of ``task_id`` (recorded as started in ``head``), current
+        while the worker calls, so that the model call's span is its child."""
+        task = head.task(task_id)
+        attributes: dict[str, Any] = {
+            "construct.run.id": head.run_id,
+            "construct.task.id": task_id,
+            "construct.attempt.number": number,
+            "construct.executor": head.contract.executor_for(head.step_of(task_id)),
+            "construct.attempt.possible_duplicate_call": possible_duplicate_call,
+        }
+        orphan = next(
+            (
+                a
+                for a in task.attempts
+                if a.number == number - 1 and a.error is not None and a.error.code == "orphaned"
+            ),
+            None,
+        )
+        if orphan is not None:
+            # The attempt before died with its process: its span was lost with it.
+            attributes["construct.attempt.follows_orphan"] = orphan.number
+            attributes["construct.orphan.started_at"] = orphan.started_at.isoformat()
+        parent = trace.set_span_in_context(self._task_span(head, task_id))
+        span = self._tracer.start_span(f"attempt {task_id}", context=parent, attributes=attributes)
+        traced = AttemptTrace(span)
+        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            try:
+                yield traced
+            finally:
+                if not traced._outcome:
+                    # Cancelled (orchestrate_cancel, a deadline, a lost lease, a shutdown).
+                    span.set_attribute("construct.attempt.outcome", "none")
+
+    @contextmanager
+    def drive(self) -> Iterator[None]:
+        """Around a whole drive: ends the task spans still open and the run span, with the run's
+        status as the drive last saw it and the error that stopped the drive, if one did."""
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            for span in self._tasks.values():
+                span.set_attribute("construct.task.status", "unfinished")
+                span.end()
+            self._tasks.clear()
+            if self._run is not None:
+                if self._status is not None:
+                    self._run.set_attribute("construct.run.status", self._status)
+                if error is not None:
+                    code = getattr(error, "code", None)
+                    self._run.set_attribute("error.type", code or type(error).__qualname__)
+                    self._run.set_status(StatusCode.ERROR, code or type(error).__qualname__)
+                self._run.end()
+
+
+@dataclass
+class ModelCallTrace:
+    """What :func:`model_call` yields: record the response's or the failure's telemetry."""
+
+    span: Span
+
+    def succeeded(self, telemetry: Telemetry, finish_reason: str | None) -> None:
+        self._usage(telemetry)
+        if finish_reason is not None:
+            self.span.set_attribute("gen_ai.response.finish_reasons", (finish_reason,))
+
+    def failed(self, error: TypedError, telemetry: Telemetry) -> None:
+        self._usage(telemetry)
+        _error_attributes(self.span, error)
+
+    def _usage(self, telemetry: Telemetry) -> None:
+        span = self.span
+        if telemetry.input_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", telemetry.input_tokens)
+        if telemetry.output_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", telemetry.output_tokens)
+        if telemetry.http_status is not None:
+            span.set_attribute("http.response.status_code", telemetry.http_status)
+        if telemetry.provider_request_id is not None:
+            span.set_attribute("construct.provider_request_id", telemetry.provider_request_id)
+
+
+@contextmanager
+def model_call(
+    provider: str, model: str, base_url: str | None, max_tokens: int, structured: bool
+) -> Iterator[ModelCallTrace]:
+    """A model call's span (GenAI semantic conventions, client kind): ``chat <model>``, with the
+    provider, the model, the output limit and type, the server's host — never the prompts, the
+    answer or the key. Current while the call runs."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider,
+        # the older name of the same attribute, still what many backends group by
+        "gen_ai.system": provider,
+        "gen_ai.request.model": model,
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.output.type": "json" if structured else "text",
+    }
+    host = urlsplit(base_url).hostname if base_url else None
+    if host:
+        attributes["server.address"] = host
+    with _tracer().start_as_current_span(
+        f"chat {model}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield ModelCallTrace(span)
+
+
+__all__ = [
+    "TRACER_NAME",
+    "AttemptTrace",
+    "DriveTrace",
+    "ModelCallTrace",
+    "current_traceparent",
+    "link_call_to_run",
+    "model_call",
+    "parent_context",
+]
