@@ -367,6 +367,9 @@ def _write_pid_file(path: Path | None) -> None:
     # CONSTRUCT_PID_FILE: lets the demo and the crash tests find and SIGKILL this very process.
     if path is None:
         return
+    # The pid file may live in a home the store has not created yet (or never creates: a database
+    # store): make its directory, so a first start in a new home does not fail on it.
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(f"{os.getpid()}\n")
     tmp.replace(path)

@@ -40,6 +40,23 @@ async def test_the_lifespan_runs_a_chain_on_its_own_store(tmp_path: Path) -> Non
     assert (tmp_path / "runs" / view["run_id"] / "head.json").exists()
 
 
+async def test_a_first_start_in_a_new_home_writes_its_pid_file(tmp_path: Path) -> None:
+    """The pid file's directory need not exist yet (a home the store has not made, or a database
+    store's home that nothing else creates): the start makes it instead of failing."""
+    home = tmp_path / "new" / "home"
+    pid_file = home / "state" / "server.pid"
+    settings = load_settings(
+        env={
+            "CONSTRUCT_HOME": str(home),
+            "CONSTRUCT_ORCHESTRATION_STORE": "memory",
+            "CONSTRUCT_PID_FILE": str(pid_file),
+        }
+    )
+    async with Client(ConstructApp(settings).build_server()):
+        assert pid_file.read_text().strip().isdigit()
+    assert not pid_file.exists()
+
+
 def _app(tmp_path: Path) -> ConstructApp:
     return ConstructApp(load_settings(env={"CONSTRUCT_HOME": str(tmp_path), "CONSTRUCT_POLL_SECONDS": "0.1"}))
 
