@@ -62,6 +62,7 @@ from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
+from server.tasks import TasksExtension
 from server.tools import build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.web import with_run_pages
@@ -124,7 +125,8 @@ class ConstructApp:
             log_level=self.settings.log_level,
             tools=tools,
             middleware=[UnknownToolRefusal(tools)],
-            extensions=[panel],
+            # MCP Tasks for clients that declare them (see server.tasks)
+            extensions=[panel, TasksExtension()],
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
