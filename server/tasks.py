@@ -167,7 +167,7 @@ def detailed_task(
             task["result"] = tool_result(view)
     elif status in (RunStatus.FAILED, RunStatus.REJECTED):
         reason, message = _failure(view)
-        task.update(status="failed", statusMessage=f"{reason}: {message}")
+        task.update(status="failed", statusMessage=f"run {view.run_id} {status.value}: {reason}: {message}")
         if not created:
             task["error"] = {
                 "code": RUN_ENDED_ERROR,
