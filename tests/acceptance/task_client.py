@@ -2,19 +2,43 @@
 ``io.modelcontextprotocol/tasks`` (SEP-2663) in its capabilities, accepts a ``CreateTaskResult``
 (``resultType: "task"``) from ``tools/call`` and sends ``tasks/get``, ``tasks/update`` and
 ``tasks/cancel`` as raw requests (the SDK does not ship the extension). A plain ``Client`` declares
-nothing and gets today's answers."""
+nothing and gets today's answers.
+
+Every answer is checked against the extension's own JSON Schema (:func:`conforms`):
+``tests/conformance/ext-tasks.schema.json`` is ``schema/draft/schema.json`` of
+``modelcontextprotocol/ext-tasks`` at commit ``e4345978be1f602f1fc48d89051e8559dd5302a6``
+(Apache-2.0), unchanged."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import jsonschema  # type: ignore[import-untyped]  # ships no type information
 from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.types import CallToolResult, Request, RequestParams, Result
 from pydantic import ConfigDict
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
+SCHEMA = Path(__file__).resolve().parents[1] / "conformance" / "ext-tasks.schema.json"
+
+
+@cache
+def _validator(definition: str) -> Any:
+    defs = json.loads(SCHEMA.read_text("utf-8"))["$defs"]
+    return jsonschema.Draft202012Validator({"$defs": defs, "$ref": f"#/$defs/{definition}"})
+
+
+def conforms(definition: str, message: dict[str, Any]) -> dict[str, Any]:
+    """``message``, once it is checked to be a valid ``definition`` of the extension's schema
+    (``GetTaskResult``, ``CreateTaskResult``, ...)."""
+    errors = [e.message for e in _validator(definition).iter_errors(message)]
+    assert not errors, (definition, errors[:3], message)
+    return message
 
 
 class CreatedTask(Result):
@@ -80,24 +104,27 @@ async def start_task(client: Client, tool: str, **arguments: Any) -> CreatedTask
     """Call ``tool``; a task-aware client may get a task back."""
     result = await client.session.call_tool(tool, arguments, allow_input_required=False, allow_claimed=True)
     assert isinstance(result, CreatedTask | CallToolResult), result
+    if isinstance(result, CreatedTask):
+        conforms("CreateTaskResult", result.model_dump(by_alias=True, mode="json"))
     return result
 
 
-async def _send(client: Client, request: _Get | _Update | _Cancel) -> dict[str, Any]:
+async def _send(client: Client, request: _Get | _Update | _Cancel, definition: str) -> dict[str, Any]:
     answer = await client.session.send_request(request, _Answer)
-    return answer.model_dump(by_alias=True, mode="json")
+    return conforms(definition, answer.model_dump(by_alias=True, mode="json"))
 
 
 async def get_task(client: Client, task_id: str) -> dict[str, Any]:
     """``tasks/get``: the task as the server answers it (wire keys)."""
-    return await _send(client, _Get(params=_TaskParams(task_id=task_id)))
+    return await _send(client, _Get(params=_TaskParams(task_id=task_id)), "GetTaskResult")
 
 
 async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -> dict[str, Any]:
     """``tasks/update`` with ``inputResponses``: the (empty) acknowledgement."""
-    return await _send(client, _Update(params=_UpdateParams(task_id=task_id, input_responses=responses)))
+    request = _Update(params=_UpdateParams(task_id=task_id, input_responses=responses))
+    return await _send(client, request, "UpdateTaskResult")
 
 
 async def cancel_task(client: Client, task_id: str) -> dict[str, Any]:
     """``tasks/cancel``: the (empty) acknowledgement."""
-    return await _send(client, _Cancel(params=_TaskParams(task_id=task_id)))
+    return await _send(client, _Cancel(params=_TaskParams(task_id=task_id)), "CancelTaskResult")

@@ -21,6 +21,7 @@ from server.tasks import (
     tool_result,
 )
 from server.views import RunView, run_view
+from tests.acceptance.task_client import conforms
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 
 #: The task status each run status maps to (SEP-2663's five).
@@ -104,8 +105,10 @@ async def test_every_run_status_maps_to_a_task(status: RunStatus) -> None:
     assert view.run_id in task["statusMessage"]
     for task_status, field in PAYLOAD.items():
         assert (field in task) == (task["status"] == task_status), (task_status, field)
+    # As the extension's schema has it (the SDK adds resultType "complete" to a tasks/get answer).
+    conforms("GetTaskResult", {**task, "resultType": "complete"})
     # The seed state a tools/call answers with: resultType task, the same status, no payload.
-    seed = detailed_task(view, created=True)
+    seed = conforms("CreateTaskResult", detailed_task(view, created=True))
     assert seed["resultType"] == "task" and seed["status"] == task["status"]
     assert not set(PAYLOAD.values()) & set(seed)
 
