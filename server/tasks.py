@@ -2,9 +2,11 @@
 
 What this follows: SEP-2663 "Tasks Extension" (status Final, in
 ``modelcontextprotocol/modelcontextprotocol`` at ``seps/2663-tasks-extension.md``, read at commit
-``b0f60ba5``) and the MCP SDK 2.3.0 extension framework (``mcp.server.extension``: ``Extension``,
-``MethodBinding`` for new request methods, ``intercept_tool_call`` around ``tools/call``), which the
-SDK offers for exactly this; it does not ship the extension itself.
+``b0f60ba5``; its JSON Schema, ``schema/draft/schema.json`` of ``modelcontextprotocol/ext-tasks`` at
+``e4345978``, checks every answer in the tests) and the MCP SDK 2.3.0 extension framework
+(``mcp.server.extension``: ``Extension``, ``MethodBinding`` for new request methods,
+``intercept_tool_call`` around ``tools/call``), which the SDK offers for exactly this; it does not
+ship the extension itself.
 
 **Negotiation.** The server advertises the extension (``capabilities.extensions``); a client
 declares it in the per-request capabilities of a 2026-07-28 request
@@ -155,7 +157,7 @@ def detailed_task(
         task["statusMessage"] = _working_message(view)
     elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
         task.update(status="input_required", pollIntervalMs=POLL_WAITING_MS)
-        task["statusMessage"] = _waiting_message(view, actions)
+        task["statusMessage"] = _waiting_message(view, actions, gate_requests or {})
         host = [a.model_dump(mode="json") for a in actions if isinstance(a, RunHostTask)]
         if host:
             task["_meta"] = {HOST_TASKS_META: host}
@@ -200,7 +202,7 @@ def _working_message(view: RunView) -> str:
     return f"run {view.run_id} is {view.status.value}: the server is working on it"
 
 
-def _waiting_message(view: RunView, actions: Sequence[object]) -> str:
+def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, dict[str, Any]]) -> str:
     parts: list[str] = []
     for action in actions:
         if isinstance(action, RunHostTask):
@@ -211,11 +213,12 @@ def _waiting_message(view: RunView, actions: Sequence[object]) -> str:
             )
         elif isinstance(action, Approve):
             key = GATE_KEY + action.gate_id
-            parts.append(
-                f"gate {action.gate_id!r} waits for a decision: answer inputRequests[{key!r}] "
-                f"with tasks/update, or call orchestrate_approve(run_id={view.run_id!r}, "
-                f"gate_id={action.gate_id!r}, decision=...)"
-            )
+            call = f"orchestrate_approve(run_id={view.run_id!r}, gate_id={action.gate_id!r}, decision=...)"
+            if key in asked:
+                how = f"answer inputRequests[{key!r}] with tasks/update, or call {call}"
+            else:  # this caller may not decide it (see server.elicit.may_decide)
+                how = f"someone who may decide it calls {call}"
+            parts.append(f"gate {action.gate_id!r} waits for a decision: {how}")
     return f"run {view.run_id} is {view.status.value}; " + "; ".join(parts)
 
 

@@ -130,6 +130,9 @@ async def test_a_gate_carries_the_forms_it_is_given() -> None:
     task = detailed_task(view, {"gate:before:writer": form})
     assert task["inputRequests"] == {"gate:before:writer": form}
     assert "tasks/update" in task["statusMessage"] and "orchestrate_approve(" in task["statusMessage"]
+    # A caller who may not decide it is given no form, and told who may.
+    unasked = detailed_task(view)["statusMessage"]
+    assert "tasks/update" not in unasked and "someone who may decide it calls orchestrate_approve(" in unasked
     assert HOST_TASKS_META not in task.get("_meta", {})
 
 
