@@ -7,6 +7,8 @@ host task through ``orchestrate_resume``)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,9 +19,10 @@ import httpx2
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult
 
 from server.tasks import MISSING_CAPABILITY
-from tests.acceptance.harness import call, read_log
+from tests.acceptance.harness import call, read_log, server_env, stdio_client_for
 from tests.acceptance.processes import http_server, until_gone
 from tests.acceptance.store_targets import store_target
 from tests.acceptance.task_client import (
@@ -144,3 +147,35 @@ async def test_tasks_are_checked_like_the_tools_they_stand_for(tmp_path: Path) -
         view = await call(alice, "run_status", run_id=task_id)
         gate = view["gates"][0]
         assert (gate["approver"], gate["verified"], gate["channel"]) == ("bob", True, "elicitation")
+
+
+async def test_over_stdio_a_task_survives_a_sigkill_of_its_server(tmp_path: Path) -> None:
+    """The same over stdio (2026-07-28, per-request capabilities on the pipe): the server is
+    SIGKILLed (its pid file says which process) while the client still holds the pipe."""
+    (tmp_path / "home").mkdir()
+    env = server_env(tmp_path / "home")
+    log = tmp_path / "stdio.log"
+    pid_file = tmp_path / "home" / "server.pid"
+    task_id = ""
+    with pytest.raises(ExceptionGroup) as broken:  # the pipe breaks under the client
+        async with stdio_client_for(env, log, extensions=[TasksClient()]) as aware:
+            created = await start_task(aware, "orchestrate_start", **GATED)
+            assert isinstance(created, CreatedTask), created
+            task_id = created.task_id
+            await _until(aware, task_id, "input_required")
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGKILL)
+            await until_gone(pid)
+            await get_task(aware, task_id)  # the server is gone: this fails
+    assert task_id and broken.group_contains(MCPError, match="Connection closed"), read_log(log)
+    async with (
+        stdio_client_for(env, log, extensions=[TasksClient()]) as aware,
+        stdio_client_for(env, log) as plain,
+    ):
+        assert set((await get_task(aware, task_id))["inputRequests"]) == {GATE}
+        await update_task(aware, task_id, {GATE: APPROVE})
+        await _until(aware, task_id, "input_required", "awaiting_host")
+        result = await start_task(plain, "orchestrate_resume", run_id=task_id, task_id="writer", output="v1")
+        assert isinstance(result, CallToolResult) and not result.is_error
+        done = await _until(aware, task_id, "completed")
+        assert done["result"]["structuredContent"]["status"] == "completed"
