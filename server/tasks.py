@@ -67,7 +67,9 @@ Every ``tasks/*`` request is checked like the tool it stands for (:data:`ROLE_OF
 ``tasks/get``, ``approve`` for ``tasks/update``, ``operate`` for ``tasks/cancel``, and an identity
 limited to its own runs sees other runs' tasks as unknown. The task id is checked as a run id
 (:func:`~orchestration.ids.validate_run_id`) before it reaches the store; a malformed or unknown id
-is ``-32602`` ("Task not found"), as the spec requires.
+is ``-32602`` ("Task not found"), as the spec requires. Run ids carry 64 random bits
+(:mod:`orchestration.ids`), so a task id is as unguessable as the spec asks of it; each request is
+still checked as above.
 """
 
 from __future__ import annotations
