@@ -18,7 +18,9 @@ the answer's ``warnings`` say so. When the gate was decided elsewhere while the 
 answer that agrees records nothing (a warning says who decided), and one that differs is not
 recorded: a warning starting ``conflict:`` says so. Those warnings start with a stable word:
 ``elicitation:`` (declined, cancelled, unanswered, already decided the same way), ``conflict:``,
-``invalid_state:``.
+``invalid_state:``. A task-aware client (:mod:`server.tasks`) gets the same form in a task's
+``inputRequests`` (:func:`gate_request`), and its ``tasks/update`` answer takes the same path
+(:func:`take_answer`).
 
 **Two protocol eras** (``ctx.protocol_version``):
 
