@@ -63,8 +63,9 @@ keys that are not open gates are ignored (as the spec says); an answer that does
 is ``-32602``. ``tasks/cancel`` cancels the run (``Runtime.cancel``); a run that already ended is
 acknowledged and left as it is (cancellation is cooperative in the spec).
 
-Every ``tasks/*`` request is checked like the tool it stands for (:data:`ROLE_OF`): ``read`` for
-``tasks/get``, ``approve`` for ``tasks/update``, ``operate`` for ``tasks/cancel``, and an identity
+Every ``tasks/*`` request is checked like the tool it stands for (the roles of
+:data:`server.answering.ROLE_OF`): ``read`` for ``tasks/get``, ``approve`` for ``tasks/update``,
+``operate`` for ``tasks/cancel``, and an identity
 limited to its own runs sees other runs' tasks as unknown. The task id is checked as a run id
 (:func:`~orchestration.ids.validate_run_id`) before it reaches the store; a malformed or unknown id
 is ``-32602`` ("Task not found"), as the spec requires. Run ids carry 64 random bits
