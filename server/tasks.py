@@ -63,6 +63,10 @@ keys that are not open gates are ignored (as the spec says); an answer that does
 is ``-32602``. ``tasks/cancel`` cancels the run (``Runtime.cancel``); a run that already ended is
 acknowledged and left as it is (cancellation is cooperative in the spec).
 
+Status notifications (``notifications/tasks``) are optional in the spec and not sent: a
+``subscriptions/listen`` that asks for them (``taskIds``) is acknowledged without them for a
+declaring client, and refused with ``-32021`` for any other (:func:`guard_task_notifications`).
+
 Every ``tasks/*`` request is checked like the tool it stands for (the roles of
 :data:`server.answering.ROLE_OF`): ``read`` for ``tasks/get``, ``approve`` for ``tasks/update``,
 ``operate`` for ``tasks/cancel``, and an identity
@@ -76,7 +80,7 @@ still checked as above.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -84,7 +88,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolRequestParams, CallToolResult, ElicitResult, TextContent
-from mcp_types import RequestParams
+from mcp_types import RequestParams, SubscriptionsListenRequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -336,6 +340,32 @@ class TasksExtension(Extension):
         return {}
 
 
+ListenHandler = Callable[[ServerRequestContext[Any, Any], SubscriptionsListenRequestParams], Awaitable[Any]]
+
+
+def guard_task_notifications(listen: ListenHandler) -> ListenHandler:
+    """``listen`` (the ``subscriptions/listen`` handler), refusing a stream that asks for task
+    status notifications (``notifications.taskIds``) from a client that did not declare the
+    extension, with ``-32021`` as SEP-2663 requires. A declaring client's stream is opened; this
+    server pushes no ``notifications/tasks`` (the spec makes them optional), so its acknowledgement
+    lists no task ids and the client polls ``tasks/get``."""
+
+    async def handle(ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams) -> Any:
+        if "taskIds" in (params.notifications.model_extra or {}) and not declares_tasks(ctx):
+            raise _missing_capability()
+        return await listen(ctx, params)
+
+    return handle
+
+
+def _missing_capability() -> MCPError:
+    return MCPError(
+        code=MISSING_CAPABILITY,
+        message="Missing required client capability",
+        data={"requiredCapabilities": {"extensions": {EXTENSION_ID: {}}}},
+    )
+
+
 def _elicit_result(raw: object, key: str) -> ElicitResult:
     """An answer to a gate form: an ``ElicitResult`` whose content, when accepted, fits the form."""
     try:
@@ -355,11 +385,7 @@ async def _open(ctx: RequestContext, task_id: str, role: Role) -> tuple[Services
     """The services, the caller (checked for ``role``) and the run behind ``task_id``; the
     spec's JSON-RPC errors otherwise."""
     if not declares_tasks(ctx):
-        raise MCPError(
-            code=MISSING_CAPABILITY,
-            message="Missing required client capability",
-            data={"requiredCapabilities": {"extensions": {EXTENSION_ID: {}}}},
-        )
+        raise _missing_capability()
     services: Services = ctx.lifespan_context
     caller = caller_of(ctx.request)
     try:

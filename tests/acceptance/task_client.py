@@ -20,7 +20,15 @@ from typing import Any, ClassVar, Literal
 import jsonschema  # type: ignore[import-untyped]  # ships no type information
 from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.types import CallToolResult, Request, RequestParams, Result
+from mcp.types import (
+    CallToolResult,
+    Request,
+    RequestParams,
+    Result,
+    SubscriptionFilter,
+    SubscriptionsListenRequest,
+    SubscriptionsListenRequestParams,
+)
 from pydantic import ConfigDict
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
@@ -128,3 +136,12 @@ async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -
 async def cancel_task(client: Client, task_id: str) -> dict[str, Any]:
     """``tasks/cancel``: the (empty) acknowledgement."""
     return await _send(client, _Cancel(params=_TaskParams(task_id=task_id)), "CancelTaskResult")
+
+
+async def listen_for_tasks(client: Client, task_ids: list[str]) -> dict[str, Any]:
+    """``subscriptions/listen`` asking for ``notifications/tasks`` of ``task_ids`` (the SDK's
+    ``listen`` has no ``taskIds``): answers when the stream ends, or raises the refusal."""
+    notifications = SubscriptionFilter.model_validate({"taskIds": task_ids})
+    request = SubscriptionsListenRequest(params=SubscriptionsListenRequestParams(notifications=notifications))
+    answer = await client.session.send_request(request, _Answer)
+    return answer.model_dump(by_alias=True, mode="json")

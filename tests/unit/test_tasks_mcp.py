@@ -7,22 +7,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import pytest
 from mcp import Client, MCPError
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, ClientCapabilities, SubscriptionFilter, SubscriptionsListenRequestParams
 
 from server.app import ConstructApp
 from server.config import load_settings
-from server.tasks import MISSING_CAPABILITY, RUN_ENDED_ERROR
+from server.tasks import EXTENSION_ID, MISSING_CAPABILITY, RUN_ENDED_ERROR, guard_task_notifications
 from tests.acceptance.harness import call
 from tests.acceptance.task_client import (
     CreatedTask,
     TasksClient,
     cancel_task,
     get_task,
+    listen_for_tasks,
     start_task,
     update_task,
 )
@@ -188,3 +190,36 @@ async def test_a_refused_start_is_a_tool_error_and_a_repeated_key_the_same_task(
         first = await started(aware, **GATED, idempotency_key="notes-1")
         again = await started(aware, **GATED, idempotency_key="notes-1")
         assert again.task_id == first.task_id
+
+
+async def test_task_notifications_are_refused_to_a_client_that_did_not_declare_tasks(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, plain):
+        task_id = (await started(aware, **GATED)).task_id
+        with pytest.raises(MCPError) as refused:
+            await listen_for_tasks(plain, [task_id])
+        assert refused.value.error.code == MISSING_CAPABILITY
+
+
+async def test_a_declaring_client_s_listen_goes_through() -> None:
+    """The stream itself is the SDK's (its acknowledgement lists no task ids: none are pushed)."""
+    seen: list[SubscriptionsListenRequestParams] = []
+
+    async def listen(ctx: Any, params: SubscriptionsListenRequestParams) -> str:
+        seen.append(params)
+        return "listening"
+
+    params = SubscriptionsListenRequestParams(
+        notifications=SubscriptionFilter.model_validate({"taskIds": ["t"]})
+    )
+    declared: dict[str, dict[str, Any]] = {EXTENSION_ID: {}}
+    for extensions, allowed in ((declared, True), (None, False)):
+        capabilities = ClientCapabilities(extensions=extensions)
+        ctx = SimpleNamespace(
+            protocol_version="2026-07-28", session=SimpleNamespace(client_capabilities=capabilities)
+        )
+        guarded = guard_task_notifications(listen)
+        if allowed:
+            assert await guarded(cast(Any, ctx), params) == "listening" and seen == [params]
+        else:
+            with pytest.raises(MCPError):
+                await guarded(cast(Any, ctx), params)
