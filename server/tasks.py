@@ -48,8 +48,10 @@ run status                           task
 ``cancelled``                        ``cancelled`` (the status message gives the reason)
 ===================================  ====================================================================
 
-``pollIntervalMs`` is :data:`POLL_WORKING_MS` while the server works and :data:`POLL_WAITING_MS`
-while the run waits for someone; ``ttlMs`` is null (runs are kept). A deliberate choice against the
+A gate id names one task instance (a revisit is ``step~2``), so a key is never reused within a
+task, as SEP-2663 requires of ``inputRequests`` keys. ``pollIntervalMs`` is :data:`POLL_WORKING_MS`
+while the server works and :data:`POLL_WAITING_MS` while the run waits for someone; ``ttlMs`` is
+null (runs are kept). A deliberate choice against the
 letter of the spec: SEP-2663 reserves ``failed`` for JSON-RPC errors, and a failed or rejected run
 is an ordinary tool result to ``run_status``; the issue this implements asks for ``failed`` so
 that a task-aware host shows the outcome as a failure, and the error object carries the typed
