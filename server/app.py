@@ -62,6 +62,7 @@ from server.resources import register_resources
 from server.services import Services
 from server.stdio import serve_stdio
 from server.storage import OpenedRunStore, open_run_store
+from server.tasks import TasksExtension, guard_task_notifications
 from server.telemetry import configure_tracing
 from server.tools import build_tools
 from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
@@ -125,16 +126,20 @@ class ConstructApp:
             log_level=self.settings.log_level,
             tools=tools,
             middleware=[UnknownToolRefusal(tools)],
-            extensions=[panel],
+            # MCP Tasks for clients that declare them (see server.tasks)
+            extensions=[panel, TasksExtension()],
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
-        # The SDK's listen handler, told which run resources each open stream covers.
+        # The SDK's listen handler, told which run resources each open stream covers (and refusing
+        # task notifications to a client that did not declare MCP Tasks, see server.tasks).
         server._lowlevel_server.add_request_handler(
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
-            watching_listen_handler(
-                ListenHandler(self._bus), self._subscriptions, self.settings.max_subscriptions
+            guard_task_notifications(
+                watching_listen_handler(
+                    ListenHandler(self._bus), self._subscriptions, self.settings.max_subscriptions
+                )
             ),
         )
         return server

@@ -18,7 +18,9 @@ the answer's ``warnings`` say so. When the gate was decided elsewhere while the 
 answer that agrees records nothing (a warning says who decided), and one that differs is not
 recorded: a warning starting ``conflict:`` says so. Those warnings start with a stable word:
 ``elicitation:`` (declined, cancelled, unanswered, already decided the same way), ``conflict:``,
-``invalid_state:``.
+``invalid_state:``. A task-aware client (:mod:`server.tasks`) gets the same form in a task's
+``inputRequests`` (:func:`gate_request`), and its ``tasks/update`` answer takes the same path
+(:func:`take_answer`).
 
 **Two protocol eras** (``ctx.protocol_version``):
 
@@ -136,6 +138,22 @@ def form_for(head: RunHead, gate_id: str) -> type[GateForm] | type[RevisableGate
     return RevisableGateForm if gate is not None and revise_offered(head, gate) else GateForm
 
 
+def gate_request(snapshot: RunSnapshot, gate_id: str) -> ElicitRequest:
+    """The form for ``gate_id`` as an elicitation request (:func:`gate_message`, :func:`form_for`):
+    what a 2026-07-28 answer's ``input_requests`` carries, and a task's (:mod:`server.tasks`)."""
+    return ElicitRequest(
+        params=ElicitRequestFormParams(
+            message=gate_message(snapshot, gate_id),
+            requested_schema=render_elicitation_schema(form_for(snapshot.head, gate_id)),
+        )
+    )
+
+
+def may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
+    """Whether ``caller`` may be asked at ``gate_id`` (see :func:`_may_decide`), role included."""
+    return "approve" in caller.roles and _may_decide(head, gate_id, caller)
+
+
 def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
     """Whether the answer of ``caller`` could be recorded at ``gate_id`` by its approvers (the
     form records the verified identity, else nobody): a gate whose step names approvers is not
@@ -243,7 +261,7 @@ async def settle_and_ask(
             )
         notes.extend(asked.notes)
         answered = asked.gate_id
-        head = await _take_answer(services, head, asked.gate_id, _response(ctx), caller, notes)
+        head = await take_answer(services, head, asked.gate_id, _response(ctx), caller, notes)
     view = await settle(head, wait_seconds)
     if wait_seconds <= 0 or not _can_ask(ctx, caller):
         return _noted(view, notes)
@@ -261,13 +279,9 @@ async def settle_and_ask(
             expires=services.runtime.clock.now().timestamp() + services.asks.ttl_seconds,
             notes=tuple(n[:_NOTE_CHARS] for n in notes[-_NOTES_KEPT:]),
         )
-        form = ElicitRequest(
-            params=ElicitRequestFormParams(
-                message=gate_message(snapshot, gate),
-                requested_schema=render_elicitation_schema(form_for(snapshot.head, gate)),
-            )
+        return InputRequiredResult(
+            input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=services.asks.seal(asked)
         )
-        return InputRequiredResult(input_requests={FORM_KEY: form}, request_state=services.asks.seal(asked))
     # Handshake era: ask in the middle of the call, each form bounded by wait_seconds.
     while (gate := _open_gate(view)) is not None:
         snapshot = await services.runtime.snapshot(view.run_id)
@@ -290,7 +304,7 @@ async def settle_and_ask(
                 "is still pending"
             )
             break
-        head = await _take_answer(services, snapshot.head, gate, result, caller, notes)
+        head = await take_answer(services, snapshot.head, gate, result, caller, notes)
         if result.action != "accept":
             break
         view = await settle(head, wait_seconds)
@@ -299,7 +313,7 @@ async def settle_and_ask(
     return _noted(view, notes)
 
 
-async def _take_answer(
+async def take_answer(
     services: Services,
     head: RunHead,
     gate_id: str,

@@ -1,0 +1,166 @@
+"""The MCP Tasks mapping (:func:`server.tasks.detailed_task`): every run status, from views of
+real runs on the memory store (``running``, which a run holds only inside a drive, is the queued
+run's view with a task in progress)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestration.catalog import Catalog
+from orchestration.models import TypedError
+from orchestration.runtime import Runtime, StartRequest
+from orchestration.vocabulary import RunStatus, TaskStatus
+from server.tasks import (
+    HOST_TASKS_META,
+    POLL_WAITING_MS,
+    POLL_WORKING_MS,
+    RUN_ENDED_ERROR,
+    detailed_task,
+    tool_result,
+)
+from server.views import RunView, run_view
+from tests.acceptance.task_client import conforms
+from tests.unit.helpers import ScriptedWorker, make_runtime, play
+
+#: The task status each run status maps to (SEP-2663's five).
+EXPECTED = {
+    RunStatus.QUEUED: "working",
+    RunStatus.RUNNING: "working",
+    RunStatus.AWAITING_APPROVAL: "input_required",
+    RunStatus.AWAITING_HOST: "input_required",
+    RunStatus.COMPLETED: "completed",
+    RunStatus.COMPLETED_WITH_FAILURES: "completed",
+    RunStatus.FAILED: "failed",
+    RunStatus.REJECTED: "failed",
+    RunStatus.CANCELLED: "cancelled",
+}
+
+#: The fields only one task status carries (SEP-2663's DetailedTask).
+PAYLOAD = {"input_required": "inputRequests", "completed": "result", "failed": "error"}
+
+REFUSED = TypedError(code="content_filtered", message="the provider refused the text")
+
+
+def _catalog() -> Catalog:
+    qa = {"steps": ["engineer", {"specialist": "tester", "on_failure": "continue"}, "writer"]}
+    return Catalog.builtin().extended({"chains": {"qa": qa}}, "test", Path("."))
+
+
+async def _view(runtime: Runtime, run_id: str) -> RunView:
+    return run_view(await runtime.snapshot(run_id))
+
+
+async def _start(runtime: Runtime, drive: bool = True, **kwargs: object) -> str:
+    head, _ = await runtime.start(StartRequest("Write the release notes", **kwargs))  # type: ignore[arg-type]
+    if drive:
+        await runtime.drive(head.run_id)
+    return head.run_id
+
+
+async def views() -> dict[RunStatus, RunView]:
+    """One view per run status."""
+    worker = ScriptedWorker({"tester": [REFUSED], "reviewer": [REFUSED]})
+    runtime = make_runtime(worker=worker, catalog=_catalog())
+    found: dict[RunStatus, RunView] = {}
+    queued = await _view(runtime, await _start(runtime, drive=False, chain=("writer",)))
+    found[RunStatus.QUEUED] = queued
+    task = queued.tasks[0].model_copy(update={"status": TaskStatus.RUNNING})
+    found[RunStatus.RUNNING] = queued.model_copy(update={"status": RunStatus.RUNNING, "tasks": [task]})
+    gated = await _start(runtime, chain=("writer",), approve_before=("writer",))
+    found[RunStatus.AWAITING_APPROVAL] = await _view(runtime, gated)
+    found[RunStatus.AWAITING_HOST] = await _view(runtime, await _start(runtime, chain=("writer",)))
+    done = await _start(runtime, chain=("writer",))
+    await play(runtime, done)
+    found[RunStatus.COMPLETED] = await _view(runtime, done)
+    partial = await _start(runtime, chain="qa", worker_backend="provider")
+    await play(runtime, partial)
+    found[RunStatus.COMPLETED_WITH_FAILURES] = await _view(runtime, partial)
+    failed = await _start(runtime, chain=("reviewer",), worker_backend="provider")
+    await play(runtime, failed)
+    found[RunStatus.FAILED] = await _view(runtime, failed)
+    rejected = await _start(runtime, chain=("writer",), approve_before=("writer",))
+    await play(runtime, rejected, decisions=lambda gate: "reject")
+    found[RunStatus.REJECTED] = await _view(runtime, rejected)
+    cancelled = await _start(runtime, chain=("writer",))
+    await runtime.cancel(cancelled, reason="not needed")
+    found[RunStatus.CANCELLED] = await _view(runtime, cancelled)
+    for status, view in found.items():
+        assert view.status == status
+    return found
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+async def test_every_run_status_maps_to_a_task(status: RunStatus) -> None:
+    view = (await views())[status]
+    task = detailed_task(view)
+    assert task["status"] == EXPECTED[status]
+    assert task["taskId"] == view.run_id
+    assert task["ttlMs"] is None
+    assert task["createdAt"] == view.created_at.isoformat()
+    assert task["lastUpdatedAt"] == view.updated_at.isoformat()
+    waiting = task["status"] == "input_required"
+    assert task["pollIntervalMs"] == (POLL_WAITING_MS if waiting else POLL_WORKING_MS)
+    assert view.run_id in task["statusMessage"]
+    for task_status, field in PAYLOAD.items():
+        assert (field in task) == (task["status"] == task_status), (task_status, field)
+    # As the extension's schema has it (the SDK adds resultType "complete" to a tasks/get answer).
+    conforms("GetTaskResult", {**task, "resultType": "complete"})
+    # The seed state a tools/call answers with: resultType task, the same status, no payload.
+    seed = conforms("CreateTaskResult", detailed_task(view, created=True))
+    assert seed["resultType"] == "task" and seed["status"] == task["status"]
+    assert not set(PAYLOAD.values()) & set(seed)
+
+
+async def test_a_host_task_names_the_call_that_continues_it() -> None:
+    view = (await views())[RunStatus.AWAITING_HOST]
+    task = detailed_task(view)
+    message = task["statusMessage"]
+    assert f"orchestrate_resume(run_id={view.run_id!r}, task_id='writer', output=...)" in message
+    (host,) = task["_meta"][HOST_TASKS_META]
+    assert host["task_id"] == "writer" and host["system_prompt"] and host["user_prompt"]
+    # The host answers with a tool call, not with tasks/update: nothing to answer in inputRequests.
+    assert task["inputRequests"] == {}
+
+
+async def test_a_gate_carries_the_forms_it_is_given() -> None:
+    view = (await views())[RunStatus.AWAITING_APPROVAL]
+    form = {"method": "elicitation/create", "params": {"mode": "form", "message": "decide"}}
+    task = detailed_task(view, {"gate:before:writer": form})
+    assert task["inputRequests"] == {"gate:before:writer": form}
+    assert "tasks/update" in task["statusMessage"] and "orchestrate_approve(" in task["statusMessage"]
+    # A caller who may not decide it is given no form, and told who may.
+    unasked = detailed_task(view)["statusMessage"]
+    assert "tasks/update" not in unasked and "someone who may decide it calls orchestrate_approve(" in unasked
+    assert HOST_TASKS_META not in task.get("_meta", {})
+
+
+async def test_completed_carries_the_final_view_and_lists_failures() -> None:
+    found = await views()
+    done = detailed_task(found[RunStatus.COMPLETED])
+    assert done["result"] == tool_result(found[RunStatus.COMPLETED])
+    assert done["result"]["structuredContent"]["status"] == "completed"
+    assert done["result"].get("isError") in (None, False)
+    assert done["statusMessage"].endswith("completed")
+    partial = detailed_task(found[RunStatus.COMPLETED_WITH_FAILURES])
+    assert partial["result"]["structuredContent"]["status"] == "completed_with_failures"
+    assert "completed with failures: tester (content_filtered)" in partial["statusMessage"]
+
+
+async def test_failed_and_rejected_carry_the_typed_reason() -> None:
+    found = await views()
+    failed = detailed_task(found[RunStatus.FAILED])
+    error = found[RunStatus.FAILED].error
+    assert error is not None
+    assert failed["error"]["code"] == RUN_ENDED_ERROR
+    assert failed["error"]["data"] == {
+        "reason": error.code,
+        "run_id": found[RunStatus.FAILED].run_id,
+        "status": "failed",
+    }
+    assert failed["error"]["message"].startswith(f"{error.code}: ")
+    rejected = detailed_task(found[RunStatus.REJECTED])
+    assert rejected["error"]["data"]["reason"] == "rejected"
+    assert "rejected: rejected: gate before:writer was rejected" in rejected["statusMessage"]
+    assert "ok before:writer" in rejected["statusMessage"]  # the decision's comment

@@ -1,0 +1,225 @@
+"""MCP Tasks through the official client, in process: a task-aware client (it declares
+``io.modelcontextprotocol/tasks`` and sends ``tasks/*`` as raw requests) and a plain one on the same
+server; a handshake-era client that declares it anyway gets the plain answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import anyio
+import pytest
+from mcp import Client, MCPError
+from mcp.types import CallToolResult, ClientCapabilities, SubscriptionFilter, SubscriptionsListenRequestParams
+
+from server.app import ConstructApp
+from server.config import load_settings
+from server.tasks import EXTENSION_ID, MISSING_CAPABILITY, RUN_ENDED_ERROR, guard_task_notifications
+from tests.acceptance.harness import call
+from tests.acceptance.task_client import (
+    CreatedTask,
+    TasksClient,
+    cancel_task,
+    get_task,
+    listen_for_tasks,
+    start_task,
+    update_task,
+)
+
+GATED = {"request": "Write the release notes", "chain": ["writer"], "approve_before": ["writer"]}
+GATE = "gate:before:writer"
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+
+
+def approve(decision: str = "approve", comment: str | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {"decision": decision}
+    if comment is not None:
+        content["comment"] = comment
+    return {"action": "accept", "content": content}
+
+
+@asynccontextmanager
+async def clients(home: Path) -> AsyncIterator[tuple[Client, Client]]:
+    """A task-aware and a plain client on one server (filesystem store under ``home``)."""
+    env = {"CONSTRUCT_HOME": str(home), "CONSTRUCT_POLL_SECONDS": "0.1"}
+    server = ConstructApp(load_settings(env=env)).build_server()
+    async with Client(server, extensions=[TasksClient()]) as aware, Client(server) as plain:
+        yield aware, plain
+
+
+async def until(client: Client, task_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll ``tasks/get`` until ``done`` holds (bounded)."""
+    with anyio.fail_after(20):
+        while True:
+            task = await get_task(client, task_id)
+            if done(task):
+                return task
+            await anyio.sleep(0.05)
+
+
+async def started(client: Client, **arguments: Any) -> CreatedTask:
+    result = await start_task(client, "orchestrate_start", **arguments)
+    assert isinstance(result, CreatedTask), result
+    return result
+
+
+async def test_a_task_aware_client_gets_a_task_and_a_plain_one_the_view(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, plain):
+        task = await started(aware, **GATED, wait_seconds=30)
+        # Answered at once, as the run was stored (queued), not once it settled at the gate.
+        assert task.status == "working" and task.poll_interval_ms == 2000
+        # The task is the run, stored before the answer: any client sees it at once.
+        view = await call(plain, "run_status", run_id=task.task_id)
+        assert view["run_id"] == task.task_id
+        # The plain client's start answers as it always did: the run view, settled at the gate.
+        plain_view = await call(plain, "orchestrate_start", **GATED)
+        assert plain_view["status"] == "awaiting_approval"
+        assert plain_view["next_action"]["gate_id"] == "before:writer"
+        # Other tools answer a task-aware client as before too.
+        result = await start_task(aware, "run_status", run_id=task.task_id)
+        assert isinstance(result, CallToolResult) and not result.is_error
+        # tasks/* from a client that did not declare the extension: the spec's -32021.
+        for send in (get_task, cancel_task):
+            with pytest.raises(MCPError) as refused:
+                await send(plain, task.task_id)
+            assert refused.value.error.code == MISSING_CAPABILITY
+            assert refused.value.error.data == {
+                "requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+            }
+        assert (await call(plain, "run_status", run_id=task.task_id))["status"] == "awaiting_approval"
+
+
+async def test_a_handshake_era_client_gets_the_plain_answers(tmp_path: Path) -> None:
+    env = {"CONSTRUCT_HOME": str(tmp_path), "CONSTRUCT_POLL_SECONDS": "0.1"}
+    server = ConstructApp(load_settings(env=env)).build_server()
+    async with Client(server, mode="legacy", extensions=[TasksClient()]) as legacy:
+        result = await start_task(legacy, "orchestrate_start", **GATED)
+        assert isinstance(result, CallToolResult) and result.structured_content is not None
+        run_id = result.structured_content["run_id"]
+        with pytest.raises(MCPError) as missing:
+            await get_task(legacy, run_id)
+        assert missing.value.error.code == METHOD_NOT_FOUND
+
+
+async def test_a_gate_is_answered_with_tasks_update_and_the_task_followed_to_its_result(
+    tmp_path: Path,
+) -> None:
+    async with clients(tmp_path) as (aware, plain):
+        task_id = (await started(aware, **GATED)).task_id
+        waiting = await until(aware, task_id, lambda t: t["status"] == "input_required")
+        form = waiting["inputRequests"][GATE]
+        assert form["method"] == "elicitation/create" and form["params"]["mode"] == "form"
+        assert form["params"]["requestedSchema"]["properties"]["decision"]["enum"] == ["approve", "reject"]
+        assert "before:writer" in form["params"]["message"]
+        # An answer that does not fit the form is refused; one for no open request is ignored.
+        with pytest.raises(MCPError) as bad:
+            await update_task(aware, task_id, {GATE: approve("maybe")})
+        assert bad.value.error.code == INVALID_PARAMS
+        ack = await update_task(aware, task_id, {"gate:after:nothing": approve()})
+        assert ack["resultType"] == "complete" and set(ack) <= {"resultType", "_meta"}
+        # A declined form leaves the gate pending.
+        await update_task(aware, task_id, {GATE: {"action": "decline"}})
+        assert (await get_task(aware, task_id))["inputRequests"].keys() == {GATE}
+        # The decision, twice (a retried update): one decision, through the form's path.
+        await update_task(aware, task_id, {GATE: approve(comment="ship it")})
+        await update_task(aware, task_id, {GATE: approve(comment="ship it")})
+        host = await until(aware, task_id, lambda t: "awaiting_host" in t.get("statusMessage", ""))
+        assert host["status"] == "input_required" and host["inputRequests"] == {}
+        assert f"orchestrate_resume(run_id={task_id!r}, task_id='writer'" in host["statusMessage"]
+        view = await call(plain, "run_status", run_id=task_id)
+        (gate,) = view["gates"]
+        assert (gate["status"], gate["channel"], gate["comment"]) == ("approved", "elicitation", "ship it")
+        # The host does its task with a tool call, and the task completes with the final view.
+        await call(aware, "orchestrate_resume", run_id=task_id, task_id="writer", output="the notes")
+        done = await until(aware, task_id, lambda t: t["status"] == "completed")
+        final = done["result"]["structuredContent"]
+        assert final["run_id"] == task_id and final["status"] == "completed"
+        assert final["tasks"][0]["output_preview"].startswith("the notes")
+
+
+async def test_a_rejection_fails_the_task_with_its_reason(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, _plain):
+        task_id = (await started(aware, **GATED)).task_id
+        await until(aware, task_id, lambda t: t["status"] == "input_required")
+        await update_task(aware, task_id, {GATE: approve("reject", "not now")})
+        failed = await until(aware, task_id, lambda t: t["status"] == "failed")
+        assert failed["error"]["code"] == RUN_ENDED_ERROR
+        assert failed["error"]["data"]["reason"] == "rejected"
+        assert "not now" in failed["error"]["message"]
+
+
+async def test_tasks_cancel_cancels_the_run_and_is_an_ack_once_it_ended(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, plain):
+        task_id = (await started(aware, **GATED)).task_id
+        ack = await cancel_task(aware, task_id)
+        assert ack["resultType"] == "complete" and set(ack) <= {"resultType", "_meta"}
+        cancelled = await get_task(aware, task_id)
+        assert cancelled["status"] == "cancelled"
+        assert (await call(plain, "run_status", run_id=task_id))["status"] == "cancelled"
+        await cancel_task(aware, task_id)  # again: an ack
+        # A run that ended otherwise stays as it ended.
+        other = (await started(aware, **GATED)).task_id
+        await until(aware, other, lambda t: t["status"] == "input_required")
+        await update_task(aware, other, {GATE: approve("reject")})
+        await until(aware, other, lambda t: t["status"] == "failed")
+        await cancel_task(aware, other)
+        assert (await get_task(aware, other))["status"] == "failed"
+
+
+@pytest.mark.parametrize("task_id", ["run-doesnotexist0000", "../../etc/passwd", "x" * 200, "RUN-UPPER"])
+async def test_an_unknown_or_malformed_task_id_is_invalid_params(tmp_path: Path, task_id: str) -> None:
+    async with clients(tmp_path) as (aware, _plain):
+        for send in (get_task, cancel_task):
+            with pytest.raises(MCPError) as refused:
+                await send(aware, task_id)
+            assert refused.value.error.code == INVALID_PARAMS
+            assert refused.value.error.message.startswith("Failed to retrieve task: Task not found")
+        with pytest.raises(MCPError) as refused:
+            await update_task(aware, task_id, {GATE: approve()})
+        assert refused.value.error.code == INVALID_PARAMS
+
+
+async def test_a_refused_start_is_a_tool_error_and_a_repeated_key_the_same_task(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, _plain):
+        refused = await start_task(aware, "orchestrate_start", request="x", chain="no-such-chain")
+        assert isinstance(refused, CallToolResult) and refused.is_error
+        first = await started(aware, **GATED, idempotency_key="notes-1")
+        again = await started(aware, **GATED, idempotency_key="notes-1")
+        assert again.task_id == first.task_id
+
+
+async def test_task_notifications_are_refused_to_a_client_that_did_not_declare_tasks(tmp_path: Path) -> None:
+    async with clients(tmp_path) as (aware, plain):
+        task_id = (await started(aware, **GATED)).task_id
+        with pytest.raises(MCPError) as refused:
+            await listen_for_tasks(plain, [task_id])
+        assert refused.value.error.code == MISSING_CAPABILITY
+
+
+async def test_a_declaring_client_s_listen_goes_through() -> None:
+    """The stream itself is the SDK's (its acknowledgement lists no task ids: none are pushed)."""
+    seen: list[SubscriptionsListenRequestParams] = []
+
+    async def listen(ctx: Any, params: SubscriptionsListenRequestParams) -> str:
+        seen.append(params)
+        return "listening"
+
+    params = SubscriptionsListenRequestParams(
+        notifications=SubscriptionFilter.model_validate({"taskIds": ["t"]})
+    )
+    declared: dict[str, dict[str, Any]] = {EXTENSION_ID: {}}
+    for extensions, allowed in ((declared, True), (None, False)):
+        capabilities = ClientCapabilities(extensions=extensions)
+        ctx = SimpleNamespace(
+            protocol_version="2026-07-28", session=SimpleNamespace(client_capabilities=capabilities)
+        )
+        guarded = guard_task_notifications(listen)
+        if allowed:
+            assert await guarded(cast(Any, ctx), params) == "listening" and seen == [params]
+        else:
+            with pytest.raises(MCPError):
+                await guarded(cast(Any, ctx), params)
