@@ -82,8 +82,13 @@ def priced(contract: ExecutionContract, executor: str, telemetry: Telemetry) -> 
 
 def _add(head: RunHead, step: str, tokens: tuple[int, int], cost: float | None, unmetered: bool) -> Spend:
     spend = head.spent or Spend()
-    tally = spend.steps.get(step, Tally()).plus(*tokens, cost, unmetered=unmetered)
     run = spend.run.plus(*tokens, cost, unmetered=unmetered)
+    budget = None if head.contract.costs is None else head.contract.costs.budget
+    if budget is None or step not in budget.steps:
+        # A step's totals are kept only for a step with a budget: the head, rewritten at every
+        # write, does not grow with the number of steps (views sum a task's attempts instead).
+        return spend.model_copy(update={"run": run})
+    tally = spend.steps.get(step, Tally()).plus(*tokens, cost, unmetered=unmetered)
     return spend.model_copy(update={"run": run, "steps": {**spend.steps, step: tally}})
 
 

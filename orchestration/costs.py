@@ -17,7 +17,7 @@ The rules that use these records (the check before a call, the charge of an outc
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,8 +28,14 @@ from orchestration.pricing import Price
 OnBudget = Literal["fail", "ask"]
 
 
+def _no_description(schema: dict[str, Any]) -> None:
+    # Budgets and usage are tool arguments too: every byte of their schema is paid by hosts in each
+    # tools/list, and the tools' own field descriptions say what they mean.
+    schema.pop("description", None)
+
+
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_no_description)
 
 
 class BudgetLimits(_Record):
@@ -103,7 +109,7 @@ class Spend(_Record):
     budget."""
 
     run: Tally = Tally()
-    #: step name -> totals of all its visits
+    #: step name -> totals of all its visits, for the steps with a budget only
     steps: dict[str, Tally] = Field(default_factory=dict)
     #: added to the run's budget by approved ``budget`` gates
     raised: BudgetLimits = BudgetLimits()
