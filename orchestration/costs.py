@@ -56,7 +56,7 @@ class Budget(BudgetLimits):
     visit of the step), and what a call that would go over does (``on_budget``)."""
 
     on_budget: OnBudget = "fail"
-    steps: dict[str, BudgetLimits] = Field(default_factory=dict)
+    steps: dict[str, BudgetLimits] = Field(default_factory=dict, max_length=50)
 
 
 class Costs(_Record):
