@@ -36,6 +36,7 @@ from orchestration.workers.provider import (
 )
 from orchestration.workers.providers import make_http_client
 from orchestration.workers.retry import RetryPolicy
+from server.elicit import gate_message
 from server.timeline import render_timeline
 from server.views import run_view
 from stores.memory import MemoryStore
@@ -163,6 +164,8 @@ async def test_ask_waits_at_a_gate_and_approving_with_an_amount_goes_on(fake: Fa
     view = run_view(await runtime.snapshot(run_id))
     assert view.next_action.kind == "approve" and view.next_action.position == "budget"
     assert view.budget is not None and (view.budget.spent_tokens, view.budget.max_total_tokens) == (36, 120)
+    form = gate_message(await runtime.snapshot(run_id), "budget:1")
+    assert gate.note in form and "the budget is raised by its original amount again" in form
 
     # 10 more tokens are not enough (36 + 100 > 130): a second gate.
     await runtime.approve(run_id, "approve", "budget:1", budget_raise=BudgetLimits(max_total_tokens=10))
