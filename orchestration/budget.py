@@ -33,7 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from orchestration.costs import BudgetLimits, Costs, Spend, Tally
+from orchestration.errors import InvalidArgument
 from orchestration.models import ExecutionContract, GateState, RunHead, TaskState, Telemetry
 from orchestration.pricing import Price, cost_usd
 from orchestration.vocabulary import TaskStatus
@@ -228,6 +231,19 @@ def raise_budget(head: RunHead, gate: GateState, given: BudgetLimits | None) -> 
     return spend.model_copy(update={"raised_steps": {**spend.raised_steps, step: new}})
 
 
+def budget_raise(tokens: int | None, usd: float | None) -> BudgetLimits | None:
+    """What an approver adds to a budget, from the CLI's ``--raise-tokens`` and ``--raise-usd``
+    (None: neither given); ``InvalidArgument`` for an amount that is not positive."""
+    if tokens is None and usd is None:
+        return None
+    try:
+        return BudgetLimits(max_total_tokens=tokens, max_cost_usd=usd)
+    except ValidationError:
+        raise InvalidArgument(
+            f"a budget raise must be positive: --raise-tokens {tokens}, --raise-usd {usd}"
+        ) from None
+
+
 def fails_run(task: TaskState) -> bool:
     """Whether ``task`` failed because the budget refused its call: that fails the run, whatever
     its step's ``on_failure`` (every later call would meet the same budget)."""
@@ -237,6 +253,7 @@ def fails_run(task: TaskState) -> bool:
 __all__ = [
     "BUDGET_EXHAUSTED",
     "Refusal",
+    "budget_raise",
     "call_most",
     "charge",
     "charge_unmetered",

@@ -7,6 +7,7 @@ tokens, and the server's output limit is 100 tokens, which is what each call res
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from orchestration.clock import ManualClock, SystemClock
 from orchestration.costing import with_costs
 from orchestration.costs import Budget, BudgetLimits, HostUsage
 from orchestration.errors import InvalidArgument
-from orchestration.facts import AttemptStarted, HostOutputSubmitted, TaskCompleted
+from orchestration.facts import ApprovalDecided, AttemptStarted, HostOutputSubmitted, TaskCompleted
 from orchestration.fold import fold
 from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
@@ -36,6 +37,7 @@ from orchestration.workers.provider import (
 )
 from orchestration.workers.providers import make_http_client
 from orchestration.workers.retry import RetryPolicy
+from server.cli import _runs_with, build_parser
 from server.elicit import gate_message
 from server.timeline import render_timeline
 from server.views import run_view
@@ -379,3 +381,17 @@ async def test_a_run_without_a_budget_still_shows_its_cost(fake: FakeProvider) -
     assert view.budget is None
     assert view.totals.cost_usd == pytest.approx(0.075)
     assert view.tasks[0].attempts[0].telemetry.cost_usd == pytest.approx(0.025)
+
+
+async def test_the_cli_approves_a_budget_gate_with_an_amount(fake: FakeProvider) -> None:
+    runtime = runtime_for(fake)
+    run_id = await start(runtime, Budget(max_total_tokens=120, on_budget="ask"))
+    out = io.StringIO()
+    argv = ["runs", "approve", run_id, "--gate-id", "budget:1", "--json"]
+    with pytest.raises(InvalidArgument, match="must be positive"):
+        await _runs_with(runtime, build_parser().parse_args([*argv, "--raise-tokens", "0"]), out)
+    assert await _runs_with(runtime, build_parser().parse_args([*argv, "--raise-tokens", "16"]), out) == 0
+    head = await runtime.status(run_id)
+    assert head.status == RunStatus.COMPLETED and len(fake.requests()) == 3
+    decided = [f for f in await runtime.store.read_facts(run_id) if isinstance(f, ApprovalDecided)]
+    assert [(d.channel, d.budget_raise) for d in decided] == [("cli", BudgetLimits(max_total_tokens=16))]
