@@ -395,3 +395,31 @@ async def test_the_cli_approves_a_budget_gate_with_an_amount(fake: FakeProvider)
     assert head.status == RunStatus.COMPLETED and len(fake.requests()) == 3
     decided = [f for f in await runtime.store.read_facts(run_id) if isinstance(f, ApprovalDecided)]
     assert [(d.channel, d.budget_raise) for d in decided] == [("cli", BudgetLimits(max_total_tokens=16))]
+
+
+async def test_a_parallel_run_asks_at_a_budget_gate_and_goes_on_once_approved() -> None:
+    worker = Counting()
+    runtime = Runtime(
+        MemoryStore(),
+        PARALLEL_CATALOG,
+        clock=ManualClock(),
+        new_id=sequential_ids(),
+        resolve_contract=provider_contract,
+        worker=worker,
+        cancel_poll_seconds=0.01,
+    )
+    budget = Budget(max_total_tokens=25, on_budget="ask")
+    head, _ = await runtime.start(
+        StartRequest("x", chain="fan-continue", worker_backend="provider", budget=budget)
+    )
+    with anyio.fail_after(20):
+        await runtime.drive(head.run_id)
+    head = await runtime.status(head.run_id)
+    assert head.status == RunStatus.AWAITING_APPROVAL and worker.most == 2
+    gate = head.gate("budget:1")
+    assert gate is not None and gate.task_id == "writer" and head.task("writer").status == TaskStatus.PENDING
+    await runtime.approve(head.run_id, "approve", "budget:1")
+    with anyio.fail_after(20):
+        await runtime.drive(head.run_id)
+    head = await runtime.status(head.run_id)
+    assert head.status == RunStatus.COMPLETED and head.spent is not None and head.spent.run.total_tokens == 28
