@@ -8,6 +8,7 @@
     construct-mcp runs status RUN_ID [--full]
     construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
     construct-mcp runs approve RUN_ID --gate-id G [--reject | --revise] [--comment C] [--approver A]
+                               [--raise-tokens N] [--raise-usd X]   (a budget gate: what to add)
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
