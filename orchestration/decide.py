@@ -305,6 +305,11 @@ def _budgeted(head: RunHead, task: TaskState, action: Action, now: datetime) -> 
     (see :mod:`orchestration.budget`)."""
     if not isinstance(action, (StartAttempt, PrepareHostTask)):
         return action
+    gate = open_budget_gate(head, task.task_id)
+    if gate is not None:
+        # A requested budget gate is decided by a human (or its expiry), even if another gate's
+        # raise let the call fit meanwhile.
+        return _gate_action(head, gate.gate_id, now)
     refused = refusal(head, task)
     if refused is None:
         return action
@@ -313,9 +318,6 @@ def _budgeted(head: RunHead, task: TaskState, action: Action, now: datetime) -> 
     costs = head.contract.costs
     if costs is None or costs.budget is None or costs.budget.on_budget == "fail":
         return FailTask(task.task_id, TypedError(code=BUDGET_EXHAUSTED, message=refused.message))
-    gate = open_budget_gate(head, task.task_id)
-    if gate is not None:
-        return _gate_action(head, gate.gate_id, now)
     ask = BudgetAsk(task_id=task.task_id, step=refused.step, note=refused.message)
     return RequestBudget(task.task_id, next_budget_gate_id(head), ask)
 
