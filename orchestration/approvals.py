@@ -3,7 +3,8 @@ runtime makes before it records an ``approval_decided`` fact (see ``Runtime.appr
 
 from __future__ import annotations
 
-from orchestration.errors import Conflict, Forbidden, quoted
+from orchestration.costs import BudgetLimits
+from orchestration.errors import Conflict, Forbidden, InvalidArgument, quoted
 from orchestration.models import GATE_STATUS_OF, GateState, RunHead
 
 
@@ -37,4 +38,14 @@ def check_repeat(
             f"gate {gate.gate_id} of run {head.run_id} was already {gate.status} with "
             f"comment {quoted(gate.comment)} by approver {quoted(gate.approver)}; "
             "a decision's record cannot be changed (repeat it exactly, or leave it)"
+        )
+
+
+def check_budget_raise(gate: GateState, decision: str, budget_raise: BudgetLimits | None) -> None:
+    """``InvalidArgument`` for a budget raise (what an approver adds to a budget, see
+    :func:`~orchestration.budget.raise_budget`) with anything but approving a ``budget`` gate."""
+    if budget_raise is not None and (gate.position != "budget" or decision != "approve"):
+        raise InvalidArgument(
+            f"a budget raise goes only with approving a budget gate (budget:<n>), not with {decision} "
+            f"of gate {gate.gate_id}"
         )

@@ -39,6 +39,12 @@ finishes otherwise when every task has ended. A done routing task gives its ``Ro
 too (what a route does in a parallel chain: :mod:`orchestration.routing`); a loop's work accepted
 at its ``exhausted`` gate finishes the run. For a linear chain both are the one action above.
 The drive acts on every action that is not a pause, and pauses when only pauses are left.
+
+**Budgets.** Before a provider call or a host task starts, the run's budget is checked from the
+head (:func:`orchestration.budget.refusal`): a call it does not allow gives ``FailTask`` with
+``budget_exhausted`` (which fails the run), or with ``on_budget = "ask"`` :class:`RequestBudget`
+(a ``budget:<n>`` gate) and then the gate's own actions; in a parallel run a call that waits for
+the reservations of calls in flight gives no action until they end.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from orchestration.budget import BUDGET_EXHAUSTED, fails_run, next_budget_gate_id, open_budget_gate, refusal
+from orchestration.costs import BudgetAsk
 from orchestration.fold import task_deadline
 from orchestration.graph import is_parallel, preds_settled
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
@@ -108,6 +116,16 @@ class RouteTask:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestBudget:
+    """The budget does not allow ``ask.task_id``'s call (``on_budget = "ask"``): request the
+    budget gate ``gate_id`` (an ``approval_requested`` fact carrying ``ask``)."""
+
+    task_id: str
+    gate_id: str
+    ask: BudgetAsk
+
+
+@dataclass(frozen=True, slots=True)
 class WaitUntil:
     """A durable wait: nothing to do before ``not_before``."""
 
@@ -136,6 +154,7 @@ Action = (
     | StartAttempt
     | FailTask
     | RouteTask
+    | RequestBudget
     | WaitUntil
     | FinishRun
     | Idle
@@ -216,7 +235,7 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
         return (_linear_action(head, now),)
     failed = [t for t in head.tasks if t.status == TaskStatus.FAILED]
     for task in failed:
-        if head.chain.step(task.step_name).on_failure == "fail":
+        if head.chain.step(task.step_name).on_failure == "fail" or fails_run(task):
             return (FinishRun("failed", task.error),)
     any_failed = bool(failed)
     actions: list[Action] = []
@@ -241,7 +260,9 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
             continue
         if not preds_settled(head, task):
             continue
-        actions.append(_task_action(head, task, now))
+        action = _task_action(head, task, now)
+        if action is not None:
+            actions.append(action)
     finish = next((a for a in actions if isinstance(a, FinishRun)), None)
     if finish is not None:
         # A loop's work accepted at its gate ends the run, whatever else was still to do.
@@ -251,9 +272,10 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
     return tuple(actions)
 
 
-def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
+def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None:
     """The action of a ready task that is not terminal: of each ready task of a parallel chain, and
-    of the first such task of a linear one."""
+    of the first such task of a linear one (None: it waits for the budget reservations of calls
+    in flight, in a parallel run)."""
     step = head.chain.step(task.step_name)
     if step.approve_before:
         action = _gate_action(head, gate_id_for("before", task.task_id), now)
@@ -271,11 +293,33 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
     if head.contract.worker_backend == "inline":
-        return PrepareHostTask(task.task_id, len(task.attempts) + 1)
+        return _budgeted(head, task, PrepareHostTask(task.task_id, len(task.attempts) + 1), now)
     if not task.attempts and head.not_before is not None and head.not_before > now:
         # A provider asked the run to wait (retry-after): its first calls wait too.
         return WaitUntil(head.not_before)
-    return _provider_action(head, task, now)
+    return _budgeted(head, task, _provider_action(head, task, now), now)
+
+
+def _budgeted(head: RunHead, task: TaskState, action: Action, now: datetime) -> Action | None:
+    """``action``, or what the budget says instead when it is a call the budget does not allow
+    (see :mod:`orchestration.budget`)."""
+    if not isinstance(action, (StartAttempt, PrepareHostTask)):
+        return action
+    gate = open_budget_gate(head, task.task_id)
+    if gate is not None:
+        # A requested budget gate is decided by a human (or its expiry), even if another gate's
+        # raise let the call fit meanwhile.
+        return _gate_action(head, gate.gate_id, now)
+    refused = refusal(head, task)
+    if refused is None:
+        return action
+    if refused.wait:
+        return None
+    costs = head.contract.costs
+    if costs is None or costs.budget is None or costs.budget.on_budget == "fail":
+        return FailTask(task.task_id, TypedError(code=BUDGET_EXHAUSTED, message=refused.message))
+    ask = BudgetAsk(task_id=task.task_id, step=refused.step, note=refused.message)
+    return RequestBudget(task.task_id, next_budget_gate_id(head), ask)
 
 
 def _linear_action(head: RunHead, now: datetime) -> Action:
@@ -295,7 +339,7 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
         step = head.chain.step(task.step_name)
         if task.status.is_terminal:
             if task.status == TaskStatus.FAILED:
-                if step.on_failure == "fail":
+                if step.on_failure == "fail" or fails_run(task):
                     return FinishRun("failed", task.error)
                 any_failed = True
                 continue
@@ -314,6 +358,9 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
                     return FinishRun("completed_with_failures" if any_failed else "completed")
             continue
         # The first task that is not terminal decides, as one ready task of a parallel chain does
-        # (a linear run's head never holds a durable wait for a task without attempts).
-        return _task_action(head, task, now)
+        # (a linear run's head never holds a durable wait for a task without attempts, nor a call
+        # in flight besides this task's: it never waits for budget reservations).
+        action = _task_action(head, task, now)
+        assert action is not None
+        return action
     return FinishRun("completed_with_failures" if any_failed else "completed")

@@ -50,6 +50,7 @@ from orchestration.decide import (
     FinishRun,
     PrepareHostTask,
     RequestApproval,
+    RequestBudget,
     RouteTask,
     StartAttempt,
     WaitUntil,
@@ -411,6 +412,9 @@ class Drive:
             return await self._append(head, [route_decided(action.plan, seq, now)])
         if isinstance(action, ExpireGate):
             return await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
+        if isinstance(action, RequestBudget):
+            ask = ApprovalRequested(seq=seq, at=now, format=4, gate_id=action.gate_id, budget=action.ask)
+            return await self._append(head, [ask])
         raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
 
     async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:

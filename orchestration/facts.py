@@ -43,6 +43,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter
 
+from orchestration.costs import BudgetAsk, BudgetLimits, HostUsage
 from orchestration.models import (
     ChainSnapshot,
     Decision,
@@ -98,6 +99,9 @@ class RunCreated(_Fact):
 class ApprovalRequested(_Fact):
     type: Literal["approval_requested"] = "approval_requested"
     gate_id: str
+    #: a ``budget`` gate's request: the gate is created by this fact (record format 4, see
+    #: :mod:`orchestration.budget`); None: a chain's gate, which exists from the start
+    budget: BudgetAsk | None = None
 
 
 class ApprovalDecided(_Fact):
@@ -111,6 +115,9 @@ class ApprovalDecided(_Fact):
     #: or only claimed; both optional: a fact without them reads as "channel unknown, claimed"
     channel: DecisionChannel | None = None
     verified: bool = False
+    #: approving a ``budget`` gate: what the approver adds to the budget it hit; None: the
+    #: original budget again (the gate exists only in format 4 runs, so no new format)
+    budget_raise: BudgetLimits | None = None
 
 
 def decision_format(decision: Decision) -> int:
@@ -157,6 +164,9 @@ class HostOutputSubmitted(_Fact):
     attempt: int
     output_sha256: str
     output_chars: int
+    #: the usage the host reported with its output (``orchestrate_resume``'s ``usage``); also in
+    #: the ``task_completed`` fact's telemetry, marked ``reported_by_host``, which is what counts
+    usage: HostUsage | None = None
 
 
 class AttemptStarted(_Fact):

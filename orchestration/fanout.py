@@ -39,6 +39,7 @@ from orchestration.decide import (
     AwaitHost,
     FailTask,
     PrepareHostTask,
+    RequestBudget,
     StartAttempt,
     WaitUntil,
     next_actions,
@@ -66,7 +67,9 @@ log = logging.getLogger("construct.runtime")
 
 
 def _task_of(action: Action) -> str | None:
-    if isinstance(action, (StartAttempt, PrepareHostTask, AwaitHost, FailTask)):
+    # A budget refusal names its task: for a call in flight in this drive it is the rule counting
+    # the call's own reservation (decide cannot tell it from an orphan), and is left out.
+    if isinstance(action, (StartAttempt, PrepareHostTask, AwaitHost, FailTask, RequestBudget)):
         return action.task_id
     return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
+from orchestration.budget import charge, charge_unmetered, priced, raise_budget
 from orchestration.errors import IllegalTransition
 from orchestration.facts import (
     ApprovalDecided,
@@ -174,6 +175,17 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
 
     if isinstance(fact, ApprovalRequested):
         gate = head.gate(fact.gate_id)
+        gates = head.gates
+        if gate is None and fact.budget is not None:
+            # A budget gate exists from its request on (see orchestration.budget).
+            gate = GateState(
+                gate_id=fact.gate_id,
+                task_id=fact.budget.task_id,
+                position="budget",
+                budget_step=fact.budget.step,
+                note=fact.budget.note,
+            )
+            gates = (*gates, gate)
         if gate is None or gate.status != "pending":
             raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
         expiry = head.step_of(gate.task_id).expires_after_seconds
@@ -181,7 +193,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         new_gate = gate.model_copy(
             update={"status": "requested", "requested_at": fact.at, "expires_at": expires_at}
         )
-        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
+        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in gates)
         update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
     elif isinstance(fact, ApprovalDecided):
         update |= _decide_gate(head, fact)
@@ -212,7 +224,11 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             started_at=fact.at,
             telemetry=Telemetry(possible_duplicate_call=fact.possible_duplicate_call),
         )
-        # An orphaned attempt (the process died during it) is closed as failed when the next starts.
+        # An orphaned attempt (the process died during it) is closed as failed when the next starts,
+        # and charged at its most: the provider may have billed it.
+        # (A fork's copies are not charged: the new run spent nothing on them.)
+        for orphan in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
+            update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
         attempts = tuple(
             a.model_copy(
                 update={
@@ -242,21 +258,28 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update |= _with_status(head, RunStatus.RUNNING)
     elif isinstance(fact, AttemptFailed):
         task = head.task(fact.task_id)
+        executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))
+        telemetry = priced(head.contract, executor, fact.telemetry)
+        if fact.copied_from is None:
+            update["spent"] = charge(head, task.step_name, telemetry)
         attempts = _replace_attempt(
             task,
             fact.attempt,
             outcome="failed",
             finished_at=fact.at,
             error=fact.error,
-            telemetry=fact.telemetry,
+            telemetry=telemetry,
         )
         update["tasks"] = _task_update(head, fact.task_id, TaskStatus.PENDING, attempts=attempts)
         update["not_before"] = _not_before(head, fact.at, fact.not_before)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, TaskCompleted):
         task = head.task(fact.task_id)
+        telemetry = priced(head.contract, fact.executor, fact.telemetry)
+        if fact.copied_from is None:
+            update["spent"] = charge(head, task.step_name, telemetry)
         attempts = _replace_attempt(
-            task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=fact.telemetry
+            task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=telemetry
         )
         routed = route_value_of(head.chain.step(task.step_name), fact.value)
         update["tasks"] = _task_update(
@@ -276,6 +299,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, TaskFailed):
         task = head.task(fact.task_id)
+        for cut in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
+            # A call closed without an outcome (out of time, an orphan) may have been billed.
+            update["spent"] = charge_unmetered(head, task.step_name, cut.executor)
         attempts = tuple(
             a.model_copy(update={"outcome": "failed", "finished_at": fact.at, "error": fact.error})
             if a.outcome in ("running", "prepared")
@@ -335,6 +361,8 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
     update: dict[str, object] = {"gates": gates}
     if fact.decision == "approve":
         update |= _with_status(head, RunStatus.QUEUED)
+        if gate.position == "budget":
+            update["spent"] = raise_budget(head, gate, fact.budget_raise)
     elif fact.decision == "revise":
         plan = revise_plan(head, gate)
         if not isinstance(plan, RevisePlan):

@@ -148,7 +148,7 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
         contract=contract,
         idempotency_key=fork.idempotency_key,
         request_hash=fork.request_hash(),
-        format=chain_format(chain),
+        format=max(chain_format(chain), contract.record_format()),
         started_by=fork.started_by,
         forked_from=ForkOrigin(run_id=source.run_id, task_id=fork.from_task),
     )

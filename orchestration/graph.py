@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestration.budget import fails_run, open_budget_gate
 from orchestration.models import ChainSnapshot, ChainStep, RunHead, TaskState, gate_id_for
 from orchestration.vocabulary import RunStatus, TaskStatus
 
@@ -132,7 +133,7 @@ def summary_status(head: RunHead) -> RunStatus:
     host = gate = False
     for task in head.tasks:
         step = head.chain.step(task.step_name)
-        if task.status == TaskStatus.FAILED and step.on_failure == "fail":
+        if task.status == TaskStatus.FAILED and (step.on_failure == "fail" or fails_run(task)):
             return RunStatus.QUEUED
         if task.status == TaskStatus.DONE and step.approve_after:
             status = _gate_status(head, "after", task)
@@ -152,7 +153,7 @@ def summary_status(head: RunHead) -> RunStatus:
         status = _gate_status(head, "before", task) if step.approve_before else None
         if status == "pending":
             return RunStatus.QUEUED
-        if status == "requested":
+        if status == "requested" or open_budget_gate(head, task.task_id) is not None:
             gate = True
         elif task.status == TaskStatus.AWAITING_HOST:
             host = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestration.costs import Budget
 from orchestration.errors import InvalidArgument, TooLarge, quoted
 from orchestration.models import ChainSnapshot, ExecutionContract, WorkerBackend, canonical_hash
 
@@ -54,11 +55,17 @@ class StartRequest:
     #: the caller's trace context (W3C ``traceparent``), recorded on ``run_created``; not part of
     #: the request's hash either: a retried start in another trace is the same request
     traceparent: str | None = None
+    #: the run's budget (see :mod:`orchestration.budget`); None: the chain's from the
+    #: configuration, if any (applied by :func:`orchestration.costing.with_costs`)
+    budget: Budget | None = None
 
     def request_hash(self) -> str:
-        """What makes two starts "the same request" for idempotency."""
+        """What makes two starts "the same request" for idempotency (a budget counts when given:
+        a start without one hashes as before budgets existed)."""
+        budget = {} if self.budget is None else {"budget": self.budget.model_dump(mode="json")}
         return canonical_hash(
-            {
+            budget
+            | {
                 "request": self.request,
                 "chain": list(self.chain) if isinstance(self.chain, tuple) else self.chain,
                 "approve_before": sorted(self.approve_before),

@@ -16,12 +16,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# BudgetLimits and HostUsage are re-exported for the runtime's use cases.
+from orchestration.costs import BudgetLimits as BudgetLimits
+from orchestration.costs import Costs, Spend
+from orchestration.costs import HostUsage as HostUsage
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 #: The newest stored-record format this code understands.
 #: Every stored head and fact states the format a reader must understand to read it; a record
 #: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
-RECORD_FORMAT = 3
+#: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.budget`).
+RECORD_FORMAT = 4
 
 
 class Frozen(BaseModel):
@@ -143,6 +148,15 @@ class ExecutionContract(Frozen):
     provider: str | None = None
     model: str | None = None
     max_attempts: int = 3
+    #: prices, the output limit of a call and the budget, as they were at start (see
+    #: :mod:`orchestration.costs`); None: a run started before costs were recorded. A contract
+    #: with a budget makes the run record format 4 (:meth:`record_format`)
+    costs: Costs | None = None
+
+    def record_format(self) -> int:
+        """The record format of a run started with this contract: 4 when it has a budget (an
+        older server would ignore the budget and spend past it), else 1."""
+        return 4 if self.costs is not None and self.costs.budget is not None else 1
 
     def executor_for(self, step: ChainStep) -> str:
         if self.worker_backend == "inline":
@@ -170,6 +184,11 @@ class Telemetry(Frozen):
     input_tokens: int | None = None
     output_tokens: int | None = None
     possible_duplicate_call: bool = False
+    #: what the tokens cost at the run's recorded prices (set by the fold, or as the host
+    #: reported it); None: unknown (no price for the model, or no usage)
+    cost_usd: float | None = None
+    #: the usage was reported by the host with its output (a host task), not measured here
+    reported_by_host: bool = False
 
 
 class AttemptRecord(Frozen):
@@ -277,7 +296,9 @@ GATE_STATUS_OF: dict[str, GateStatus] = {
 #: ``exhausted``: a routing task's route would exceed a step's ``max_visits`` and its step's
 #: ``on_exhausted`` is ``ask``: a human decides whether the work is accepted (gate id
 #: ``exhausted:<task id>``)
-GatePosition = Literal["before", "after", "exhausted"]
+#: ``budget``: a provider call the run's budget did not allow, with ``on_budget = "ask"`` (gate id
+#: ``budget:<n>``, created when requested; record format 4: see :mod:`orchestration.budget`)
+GatePosition = Literal["before", "after", "exhausted", "budget"]
 #: How a decision reached the server: a tool call over HTTP or stdio, the CLI; ``elicitation``,
 #: ``web`` and ``expiry`` are reserved for the ways still to come (declared now, so that a fact
 #: recording one stays readable by this code without a new record format).
@@ -300,6 +321,10 @@ class GateState(Frozen):
     verified: bool = False
     #: when a requested gate of a step with ``expires_after_seconds`` is decided by expiry
     expires_at: datetime | None = None
+    #: a ``budget`` gate: the step whose budget was hit (None: the run's), and what was spent and
+    #: what the next call may need, in words
+    budget_step: str | None = None
+    note: str | None = None
 
 
 def gate_id_for(position: GatePosition, task_id: str) -> str:
@@ -343,6 +368,10 @@ class RunHead(Frozen):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
+    #: running totals of what the run spent, and what approvals added to its budget (see
+    #: :mod:`orchestration.costs`); kept in the head so that a budget check reads no fact. None:
+    #: nothing spent yet (or a head written before spend was kept)
+    spent: Spend | None = None
     #: the record format a reader must understand to read this head: the highest ``format`` of the
     #: facts folded into it (see "Record formats" in :mod:`orchestration.facts`). Declared last, so
     #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.

@@ -341,6 +341,8 @@ class NoRevise:
 def revise_plan(head: RunHead, gate: GateState) -> RevisePlan | NoRevise:
     """The plan of a ``revise`` of ``gate``, or why the gate cannot be revised. Pure."""
     chain = head.chain
+    if gate.position == "budget":
+        return NoRevise("a budget gate raises the budget (approve) or ends the run (reject), not revised")
     if gate.position == "exhausted":
         return NoRevise(
             "an exhausted gate accepts or rejects a loop's work whose bound was reached; it cannot be revised"

@@ -3,19 +3,18 @@ a run with the decide → act → record loop of :mod:`orchestration.drive` (DES
 
 Two kinds of writes happen here:
 
-* **external events** a caller brings (a new run, a host's output, an approval decision, a
-  cancellation). They are recorded with a compare-and-swap on the run's version; a caller that loses
-  the race re-reads and re-checks, so exactly one of two racing callers makes each transition, and a
-  repeat of the same request returns the current state without appending anything.
+* **external events** a caller brings (a new run, a host's output, an approval, a cancel),
+  recorded with a compare-and-swap on the run's version: a caller that loses the race re-reads and
+  re-checks, so one of two racing callers makes each transition, and a repeat returns the current
+  state without appending anything.
 * **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
-  :class:`~orchestration.drive.Drive` reads the run, asks the pure
-  :func:`~orchestration.decide.next_action`, does that one thing, records the resulting facts in
-  one write, and decides again from the head that write recorded. Every write of a drive is
-  fenced by its lease (see :mod:`orchestration.drive`).
+  :class:`~orchestration.drive.Drive` asks the pure :func:`~orchestration.decide.next_action`, does
+  that one thing, records its facts in one write, and decides again from the head that write
+  recorded. A drive's every write is fenced by its lease (see :mod:`orchestration.drive`).
 
-This module keeps what the drives of one runtime share with its use cases: the runs it is driving
-(one drive per run), the cancel scopes of provider calls in flight, the runs whose record could not
-be read, the leases left unreleased, and the waiters and listeners woken by every write.
+This module keeps what a runtime's drives share with its use cases: the runs it drives (one drive
+per run), the cancel scopes of calls in flight, the runs whose record could not be read, the leases
+left unreleased, and the waiters and listeners woken by every write.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Literal
 
 import anyio
 
-from orchestration.approvals import check_approver, check_repeat
+from orchestration.approvals import check_approver, check_budget_raise, check_repeat
 from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock, SystemClock
@@ -64,7 +63,7 @@ from orchestration.inputs import (
     inline_contract,
     with_task_timeout,
 )
-from orchestration.models import DecisionChannel, RunHead, text_hash
+from orchestration.models import BudgetLimits, DecisionChannel, HostUsage, RunHead, text_hash
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import (
     RunSnapshot,
@@ -235,7 +234,7 @@ class Runtime:
             contract=contract,
             idempotency_key=request.idempotency_key,
             request_hash=request.request_hash(),
-            format=chain_format(chain),
+            format=max(chain_format(chain), contract.record_format()),
             started_by=request.started_by,
             traceparent=request.traceparent,
         )
@@ -260,15 +259,16 @@ class Runtime:
             await self._changed(head)
         return head, created
 
-    async def submit_host_output(self, run_id: str, task_id: str, output: str) -> RunHead:
-        """Record the host's output for ``task_id``, the task awaiting it. The caller always names
-        the task its output answers (there is no "the awaiting one" default): a call retried after
-        the run moved on must not land on the next task. Repeating the same output for a task
-        that is already done returns the current state and appends nothing; a different output for
-        a done task, or output for a task that is not the awaiting one, is a ``Conflict``. For a
-        step with an ``output_schema`` the output must be JSON matching it: otherwise
-        ``InvalidOutput`` (``invalid_output``) and nothing is recorded; the validated value is
-        recorded in the ``task_completed`` fact."""
+    async def submit_host_output(
+        self, run_id: str, task_id: str, output: str, usage: HostUsage | None = None
+    ) -> RunHead:
+        """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
+        host reports, if any. The caller always names the task its output answers (no "the
+        awaiting one" default): a call retried after the run moved on must not land on the next
+        task. The same output again for a done task returns the current state and appends nothing;
+        a different output for a done task, or output for a task not awaiting it, is a
+        ``Conflict``. A step with an ``output_schema`` takes JSON matching it, else
+        ``InvalidOutput`` and nothing is recorded; the validated value is in ``task_completed``."""
         validate_run_id(run_id)
         check_id("task_id", task_id, self.limits)
         if not isinstance(output, str) or not output.strip():
@@ -309,7 +309,7 @@ class Runtime:
             # An answer that does not match the step's schema is refused (InvalidOutput) and
             # nothing is recorded: the host corrects it and calls again.
             value = None if schema is None else validate_output(schema, output)
-            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value)
+            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value, usage)
             try:
                 return await self._append(head, facts)
             except VersionConflict:
@@ -325,26 +325,24 @@ class Runtime:
         *,
         channel: DecisionChannel | None = None,
         verified: bool = False,
+        budget_raise: BudgetLimits | None = None,
     ) -> RunHead:
         """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
-        the gate (there is no "the open one" default): an approval retried after the run moved on
-        must not approve the next gate, which nobody has seen. The decision record is immutable:
-        the same decision, comment and approver on an already decided gate returns the current
-        state and appends nothing, whatever ``channel`` and ``verified`` the repeat came with;
-        anything else there is a ``Conflict``. Approving a run that is not awaiting approval is
-        ``InvalidState``.
+        the gate: an approval retried after the run moved on must not approve the next gate. The
+        decision record is immutable: the same decision, comment and approver on a decided gate
+        returns the current state and appends nothing, whatever ``channel`` and ``verified`` the
+        repeat came with; else ``Conflict``. Approving a run not awaiting approval: ``InvalidState``.
 
         ``revise`` re-runs the step whose output the gate shows, with the comment in its prompt
         (:func:`~orchestration.routing.revise_plan`): ``InvalidArgument`` when the gate has no such
         step, ``InvalidState`` when its bound (``max_visits``) is reached; the gate stays open.
-        A gate whose step names ``approvers`` takes decisions only from them (``Forbidden``
-        otherwise; over stdio and the CLI the approver is the claimed one). A gate past its
-        ``expires_at`` is decided by expiry, not by a late caller: the expiry is recorded then (if
-        no drive did yet) and the call is ``InvalidState``.
+        A gate whose step names ``approvers`` takes decisions only from them (``Forbidden``). A
+        gate past its ``expires_at`` is decided by expiry, not by a late caller: the expiry is
+        recorded then (if no drive did yet) and the call is ``InvalidState``. ``budget_raise``:
+        what approving a ``budget`` gate adds (:func:`~orchestration.approvals.check_budget_raise`).
 
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
-        identity the edge verified, or only claimed) are recorded with the decision; the edge
-        (:mod:`server`) says which."""
+        identity the edge verified, or only claimed) are recorded with the decision."""
         validate_run_id(run_id)
         if decision not in ("approve", "reject", "revise"):
             raise InvalidArgument(f"decision must be 'approve', 'reject' or 'revise', not {quoted(decision)}")
@@ -381,6 +379,7 @@ class Runtime:
                     f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()} and "
                     f"was decided by expiry ({on_expiry}); this decision was not recorded"
                 )
+            check_budget_raise(gate, decision, budget_raise)
             if decision == "revise":
                 plan = revise_plan(head, gate)
                 if not isinstance(plan, RevisePlan):
@@ -396,6 +395,7 @@ class Runtime:
                 approver=approver,
                 channel=channel,
                 verified=verified,
+                budget_raise=budget_raise,
             )
             try:
                 return await self._append(head, [fact])

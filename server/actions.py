@@ -40,7 +40,7 @@ class Approve(View):
     kind: Literal["approve"] = "approve"
     gate_id: str
     task_id: str
-    position: Literal["before", "after", "exhausted"]
+    position: Literal["before", "after", "exhausted", "budget"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
 
@@ -68,6 +68,11 @@ def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
     step = head.step_of(gate.task_id)
     if gate.position == "exhausted":
         return loop_history(snapshot, gate)
+    if gate.position == "budget":
+        return (
+            f"The budget does not allow the next call: {gate.note} Approving raises that budget by "
+            "budget_raise (default: the original budget again); rejecting ends the run."
+        )
     if gate.position == "before":
         return (
             f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "

@@ -8,6 +8,7 @@
     construct-mcp runs status RUN_ID [--full]
     construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
     construct-mcp runs approve RUN_ID --gate-id G [--reject | --revise] [--comment C] [--approver A]
+                               [--raise-tokens N] [--raise-usd X]   (a budget gate: what to add)
     construct-mcp runs cancel RUN_ID [--reason R]
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
@@ -46,6 +47,7 @@ from typing import Any, Literal, TextIO
 
 import anyio
 
+from orchestration.budget import budget_raise
 from orchestration.catalog import Catalog
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from orchestration.facts import Fact
@@ -162,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument(
         "--approver", help="who decided, for the record (default: the OS user); recorded as claimed"
     )
+    approve.add_argument("--raise-tokens", type=int, metavar="N", help="a budget gate: add N tokens")
+    approve.add_argument("--raise-usd", type=float, metavar="X", help="a budget gate: add X dollars")
     _common(approve)
     _json_flag(approve)
 
@@ -420,8 +424,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         # The CLI is a local, trusted channel: the approver is what it says (--approver, else the
         # OS user), recorded as claimed.
         approver = args.approver if args.approver is not None else _os_user()
+        raised = budget_raise(args.raise_tokens, args.raise_usd)
         head = await runtime.approve(
-            args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", verified=False
+            args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", budget_raise=raised
         )
         return await _advance(runtime, head)
     if command == "cancel":

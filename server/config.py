@@ -39,6 +39,14 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
                                     #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
                                     #   back json_schema -> json_object -> prompt when refused
 
+    [prices."claude-sonnet-4-5"]    # US dollars per million tokens; overrides the dated defaults
+    input_per_mtok = 3.0            #   of orchestration.pricing (a run records its prices at start)
+    output_per_mtok = 15.0
+
+    [budgets.default]               # the budget of every run of chain "default" that gives none
+    max_total_tokens = 200000       #   (see orchestration.budget); also max_cost_usd, and
+    on_budget = "ask"               #   steps = { engineer = { max_cost_usd = 0.5 } }
+
     [tokens.alice]                  # HTTP transports: a bearer token for the identity "alice"
     token_env = "ALICE_TOKEN"       # the variable holding it (or token = "..."; 16+ characters)
     roles = ["read", "approve"]     # read | operate | approve, combined (see server.identity)
@@ -112,7 +120,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestration.costs import Budget
 from orchestration.errors import ConfigError
+from orchestration.pricing import Price
 from orchestration.runtime import Limits
 from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.providers import StructuredOutputMode
@@ -261,6 +271,8 @@ class _Options(BaseModel):
     openai_structured_output: StructuredOutputMode | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
     tokens: dict[str, TokenTable] | None = Field(default=None, repr=False)
+    prices: dict[str, Price] | None = None
+    budgets: dict[str, Budget] | None = None
 
     @field_validator("tokens")
     @classmethod
@@ -349,6 +361,10 @@ class Settings:
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = field(default=None, repr=False)
+    #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.pricing.price_table`)
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -381,6 +397,8 @@ def _problem(exc: ValidationError) -> tuple[str, str]:
                 f"unknown setting; the known settings are: {known} "
                 "(and the tables specialists, chains, providers, tokens)"
             )
+        elif loc[0] in ("prices", "budgets"):
+            message = "unknown setting; see the Costs and budgets section of the README"
         elif loc[0] == "tokens":
             message = f"unknown setting; a tokens table takes: {', '.join(TokenTable.model_fields)}"
         else:
@@ -464,6 +482,8 @@ def load_settings(
     merged["providers"] = {
         k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
     }
+    merged["prices"] = {k: Price.model_validate(v) for k, v in (merged.get("prices") or {}).items()}
+    merged["budgets"] = {k: Budget.model_validate(v) for k, v in (merged.get("budgets") or {}).items()}
     tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
     tokens: tuple[NamedToken, ...] = ()
     tokens_error: ConfigError | None = None

@@ -393,6 +393,13 @@ def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:
         action = next_action(snapshot)
         lines.append(action.guards if action.kind == "approve" else "A loop reached its bound.")
         reviewed = gate.task_id
+    elif gate.position == "budget":
+        lines.append(
+            f"The budget does not allow the next call: {gate.note} Approve: the budget is raised by its "
+            "original amount again (orchestrate_approve's budget_raise gives another). Reject: the run "
+            "ends as rejected."
+        )
+        reviewed = None
     elif gate.position == "before":
         lines.append(
             f"Approve: the {step.name!r} step ({step.specialist}) starts. Reject: the run ends as rejected."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from orchestration.budget import priced
 from orchestration.facts import (
     ApprovalDecided,
     ApprovalRequested,
@@ -25,7 +26,7 @@ from orchestration.facts import (
     TaskCompleted,
     TaskFailed,
 )
-from orchestration.models import RunHead
+from orchestration.models import RunHead, Telemetry
 
 PREVIEW_CHARS = 60
 
@@ -70,16 +71,29 @@ def describe_fact(fact: Fact) -> str:
         digest = fact.prompt_sha256[:12]
         return f"{fact.task_id}: prompts handed to the host (attempt {fact.attempt}, sha256 {digest})"
     if isinstance(fact, HostOutputSubmitted):
-        return f"{fact.task_id}: host answered ({fact.output_chars} chars)"
+        usage = fact.usage
+        reported = (
+            ""
+            if usage is None
+            else f", reported by the host: {usage.input_tokens} in / {usage.output_tokens} out tokens"
+            + ("" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}")
+        )
+        return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported})"
     if isinstance(fact, TaskCompleted):
         if fact.value is not None:  # a typed answer: its value says more than the text's start
             return f"{fact.task_id}: done by {fact.executor}: value {_preview(json.dumps(fact.value))}"
         return f'{fact.task_id}: done by {fact.executor}: "{_preview(fact.output)}"'
     if isinstance(fact, ApprovalRequested):
-        return f"{fact.gate_id}: waiting for a decision"
+        note = "" if fact.budget is None else f": {fact.budget.note}"
+        return f"{fact.gate_id}: waiting for a decision{note}"
     if isinstance(fact, ApprovalDecided):
         who = decided_by(fact.approver, fact.channel, fact.verified)
         note = f' "{_preview(fact.comment)}"' if fact.comment else ""
+        added = fact.budget_raise
+        if added is not None:
+            parts = [f"{added.max_total_tokens} tokens" if added.max_total_tokens else ""]
+            parts.append(f"${added.max_cost_usd:.4f}" if added.max_cost_usd else "")
+            note += f" (budget raised by {' and '.join(p for p in parts if p)})"
         return f"{fact.gate_id}: {fact.decision}{who}{note}"
     if isinstance(fact, AttemptStarted):
         dup = " (possible duplicate call)" if fact.possible_duplicate_call else ""
@@ -104,11 +118,38 @@ def describe_fact(fact: Fact) -> str:
     return fact.type  # pragma: no cover - the union is closed
 
 
+def usage_note(head: RunHead, fact: Fact) -> str:
+    """An outcome's tokens and cost (at the run's recorded prices), `` [11 in / 7 out tokens,
+    $0.0001]``; `` (reported by the host)`` for a host's; empty when it reported none."""
+    if not isinstance(fact, (TaskCompleted, AttemptFailed)):
+        return ""
+    executor = fact.executor if isinstance(fact, TaskCompleted) else None
+    if executor is None:
+        try:
+            executor = head.contract.executor_for(head.step_of(fact.task_id))
+        except KeyError:  # pragma: no cover - a task of the run's own log
+            executor = ""
+    usage: Telemetry = priced(head.contract, executor, fact.telemetry)
+    if usage.input_tokens is None and usage.output_tokens is None:
+        return ""
+    cost = "" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}"
+    host = " reported by the host" if usage.reported_by_host else ""
+    return f" [{usage.input_tokens or 0} in / {usage.output_tokens or 0} out tokens{cost}{host}]"
+
+
 def render_timeline(head: RunHead, facts: Sequence[Fact]) -> str:
-    lines = [f"run {head.run_id}: {head.status.value} ({len(facts)} facts, {head.version} writes)"]
+    spent = head.spent
+    total = (
+        ""
+        if spent is None
+        else f"; spent {spent.run.total_tokens} tokens, ${spent.run.cost_usd:.4f}"
+        + (f" ({spent.run.unpriced_calls} calls unpriced)" if spent.run.unpriced_calls else "")
+    )
+    lines = [f"run {head.run_id}: {head.status.value} ({len(facts)} facts, {head.version} writes{total})"]
     start = facts[0].at if facts else head.created_at
     for fact in facts:
         offset = (fact.at - start).total_seconds()
         copy = "" if fact.copied_from is None else f" [copy of #{fact.copied_from}]"
-        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {describe_fact(fact)}{copy}")
+        line = f"{describe_fact(fact)}{usage_note(head, fact)}{copy}"
+        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {line}")
     return "\n".join(lines) + "\n"

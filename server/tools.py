@@ -55,6 +55,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
+from orchestration.costs import Budget, BudgetLimits, HostUsage
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.runtime import Limits, StartRequest
 from orchestration.tracing import current_traceparent
@@ -174,6 +175,13 @@ async def orchestrate_start(
             "call), for steps whose chain definition sets none.",
         ),
     ] = None,
+    budget: Annotated[
+        Budget | None,
+        Field(
+            description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
+            "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+        ),
+    ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a durable specialist chain on a request and return the run.
@@ -200,6 +208,7 @@ async def orchestrate_start(
             started_by=caller.identity if caller.verified else None,
             # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
             traceparent=current_traceparent(),
+            budget=budget,
         )
         head, created = await services.runtime.start(start)
         # An idempotency key another identity used returns that identity's run: not to one
@@ -232,6 +241,10 @@ async def orchestrate_resume(
             "invalid_output). Omit it only to continue a run that is queued or was interrupted."
         ),
     ] = None,
+    usage: Annotated[
+        HostUsage | None,
+        Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
+    ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
@@ -248,6 +261,8 @@ async def orchestrate_resume(
         services = services_of(ctx)
         runtime = services.runtime
         if output is None:
+            if usage is not None:
+                raise InvalidArgument("usage goes with output (the usage of producing it); pass both")
             if task_id is not None:
                 raise InvalidArgument(
                     f"task_id {quoted(task_id)} was given without output; pass the task's output, or omit "
@@ -258,7 +273,7 @@ async def orchestrate_resume(
         elif task_id is None:
             raise await runtime.missing_task_id(run_id)
         else:
-            head = await runtime.submit_host_output(run_id, task_id, output)
+            head = await runtime.submit_host_output(run_id, task_id, output, usage)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
@@ -300,6 +315,10 @@ async def orchestrate_approve(
             "the token's identity is recorded.",
         ),
     ] = None,
+    budget_raise: Annotated[
+        BudgetLimits | None,
+        Field(description="Approving a budget gate: what to add (default: the original budget again)."),
+    ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
@@ -324,7 +343,14 @@ async def orchestrate_approve(
                 )
             who = caller.identity
         head = await services.runtime.approve(
-            run_id, decision, gate_id, comment, who, channel=caller.channel, verified=caller.verified
+            run_id,
+            decision,
+            gate_id,
+            comment,
+            who,
+            channel=caller.channel,
+            verified=caller.verified,
+            budget_raise=budget_raise,
         )
         return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
 

@@ -60,6 +60,7 @@ from server.actions import RunHostTask as RunHostTask
 from server.actions import Wait as Wait
 from server.actions import next_action as next_action
 from server.actions import waiting_items
+from server.budget_view import BudgetView, budget_view
 from server.graph import RouteView, loop_history, route_view, waits_for
 from server.outline import Outlined, View
 
@@ -99,6 +100,8 @@ class TelemetryView(View):
     provider_request_id: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cost_usd: float | None = Field(default=None, description="At the run's prices; null: unknown.")
+    reported_by_host: bool = Field(default=False, description="The host reported this usage (not measured).")
     possible_duplicate_call: bool = Field(
         default=False,
         description="True when a worker died during an earlier attempt, so the provider may have been "
@@ -121,6 +124,7 @@ class AttemptView(View):
 class Totals(View):
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_usd: float = 0.0
     latency_ms: float = 0.0
     attempts: int = 0
 
@@ -175,8 +179,13 @@ class TaskView(View):
 class GateView(View):
     gate_id: str
     task_id: str
-    position: Literal["before", "after", "exhausted"] = Field(
-        description="exhausted: a loop reached its bound and a human decides (see description)."
+    position: Literal["before", "after", "exhausted", "budget"] = Field(
+        description="exhausted: a loop reached its bound and a human decides (see description); "
+        "budget: the budget did not allow a call (see note)."
+    )
+    note: str | None = Field(default=None, description="A budget gate: what was spent, what the call needs.")
+    budget_step: str | None = Field(
+        default=None, description="A budget gate: the step whose budget; null: the run's."
     )
     status: Literal["pending", "requested", "approved", "rejected", "revised", "failed"] = Field(
         description="revised: sent back (revise); failed: expired with on_expiry fail."
@@ -280,6 +289,7 @@ class RunView(Outlined):
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
     error: ErrorView | None = None
     totals: Totals
+    budget: BudgetView | None = Field(default=None, description="What the run may spend and has spent.")
     warnings: list[str] = Field(default_factory=list)
     semantics: str = Field(description="Which backend produced which output, and what this server did.")
     version: int = Field(description="Number of durable writes made to the run.")
@@ -413,15 +423,20 @@ def totals(head: RunHead) -> Totals:
 
 def _sum_attempts(tasks: Sequence[TaskState]) -> Totals:
     input_tokens = output_tokens = attempts = 0
-    latency = 0.0
+    latency = cost = 0.0
     for task in tasks:
         for attempt in task.attempts:
             attempts += 1
             input_tokens += attempt.telemetry.input_tokens or 0
             output_tokens += attempt.telemetry.output_tokens or 0
             latency += attempt.telemetry.latency_ms or 0.0
+            cost += attempt.telemetry.cost_usd or 0.0
     return Totals(
-        input_tokens=input_tokens, output_tokens=output_tokens, latency_ms=latency, attempts=attempts
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=cost,
+        latency_ms=latency,
+        attempts=attempts,
     )
 
 
@@ -484,7 +499,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
             hash=head.chain_hash,
             max_parallel=head.chain.max_parallel,
         ),
-        contract=ContractView.model_validate(head.contract.model_dump()),
+        contract=ContractView.model_validate(head.contract.model_dump(exclude={"costs"})),
         request=head.request if detail == "full" else None,
         request_preview=request_preview(head.request),
         request_chars=len(head.request),
@@ -506,6 +521,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         routes=[route_view(r) for r in snapshot.routes],
         error=_error(head.error),
         totals=totals(head),
+        budget=budget_view(head),
         warnings=list(snapshot.warnings),
         semantics=semantics(head),
         version=head.version,

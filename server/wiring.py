@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from orchestration.catalog import Catalog
+from orchestration.costing import with_costs
+from orchestration.pricing import price_table
 from orchestration.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers.provider import ProviderWorker, contract_resolver
@@ -41,7 +43,12 @@ async def runtime_for(
             limits=settings.limits(),
             owner=process_owner(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
-            resolve_contract=contract_resolver(settings.worker_backend, providers),
+            resolve_contract=with_costs(
+                contract_resolver(settings.worker_backend, providers),
+                prices=price_table(settings.prices),
+                max_tokens=settings.max_tokens,
+                budgets=settings.budgets,
+            ),
             worker=ProviderWorker(providers, http),
             in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
             store_outage_seconds=settings.store_outage_seconds,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from orchestration.costs import HostUsage
 from orchestration.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
 from orchestration.models import RunHead, Telemetry, text_hash
 from orchestration.prompts import TaskPrompt
@@ -36,10 +37,21 @@ def host_output_facts(
     output: str,
     at: datetime,
     value: dict[str, Any] | None = None,
+    usage: HostUsage | None = None,
 ) -> list[HostOutputSubmitted | TaskCompleted]:
     """The facts of one host answer, written together: the submission and the task's completion.
-    ``value``: the answer's validated value when the step has an output schema."""
+    ``value``: the answer's validated value when the step has an output schema. ``usage``: what
+    the host reported it spent, on both facts (the completion's telemetry says
+    ``reported_by_host``; that is what the run's totals and budget count)."""
     digest = text_hash(output)
+    telemetry = Telemetry()
+    if usage is not None:
+        telemetry = Telemetry(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+            reported_by_host=True,
+        )
     return [
         HostOutputSubmitted(
             seq=head.last_seq + 1,
@@ -48,6 +60,7 @@ def host_output_facts(
             attempt=attempt,
             output_sha256=digest,
             output_chars=len(output),
+            usage=usage,
         ),
         TaskCompleted(
             seq=head.last_seq + 2,
@@ -57,7 +70,7 @@ def host_output_facts(
             executor=HOST_EXECUTOR,
             output=output,
             output_sha256=digest,
-            telemetry=Telemetry(),
+            telemetry=telemetry,
             value=value,
         ),
     ]

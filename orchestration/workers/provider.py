@@ -245,7 +245,10 @@ class ProviderWorker:
             model=model,
             system=prompt.system,
             user=prompt.user + _correction(previous_errors) if schema is not None else prompt.user,
-            max_tokens=self.settings.max_tokens,
+            # The run's own limit, recorded at start (its budget reserves it), else the server's.
+            max_tokens=contract.costs.max_tokens
+            if contract.costs and contract.costs.max_tokens
+            else self.settings.max_tokens,
             timeout_seconds=self.settings.request_timeout_seconds,
             output_schema=schema,
         )

@@ -11,8 +11,10 @@ from typing import Literal
 
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
+from orchestration.costing import with_costs
 from orchestration.decide import Action
 from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
+from orchestration.pricing import Price
 from orchestration.prompts import TaskPrompt
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
@@ -49,10 +51,24 @@ class ScriptedWorker:
         return AttemptSucceeded(f"{step.name} output (attempt {attempt})", Telemetry(output_tokens=7))
 
 
-def provider_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
+#: the price of the scripted model ``fake-1`` (runs with a budget): $1 per 1000 output tokens
+FAKE_PRICES = {"fake-1": Price(input_per_mtok=500.0, output_per_mtok=1000.0)}
+#: the output limit of a scripted call (runs with a budget): what each call reserves
+FAKE_MAX_TOKENS = 10
+
+
+def _contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
     if request.worker_backend == "provider":
         return ExecutionContract(worker_backend="provider", provider="fake", model="fake-1", max_attempts=3)
     return ExecutionContract(worker_backend="inline")
+
+
+def provider_contract(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
+    """The scripted contract; a start with a budget gets costs (:data:`FAKE_PRICES`,
+    :data:`FAKE_MAX_TOKENS`), as :func:`orchestration.costing.with_costs` gives them."""
+    if request.budget is None:
+        return _contract(request, chain)
+    return with_costs(_contract, prices=FAKE_PRICES, max_tokens=FAKE_MAX_TOKENS)(request, chain)
 
 
 def make_runtime(

@@ -11,9 +11,11 @@ from datetime import datetime
 import pytest
 
 import orchestration.drive as drive_module
+from orchestration.budget import refusal
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
-from orchestration.decide import Action, FailTask, StartAttempt, next_action
+from orchestration.costs import Budget, BudgetLimits
+from orchestration.decide import Action, FailTask, RequestBudget, StartAttempt, next_action
 from orchestration.facts import AttemptStarted, Fact
 from orchestration.fold import fold
 from orchestration.models import RunHead, TypedError
@@ -67,6 +69,38 @@ SCENARIOS: dict[str, Scenario] = {
         {"architect": [RATE_LIMITED, "ok"], "tester": [AUTH], "engineer": [RATE_LIMITED, RATE_LIMITED, "ok"]},
         lambda gate: "approve",
     ),
+    # ScriptedWorker's calls spend 7 tokens each and reserve FAKE_MAX_TOKENS (10): the third call
+    # of three would need 14 + 10 > 20.
+    "provider with a budget that fails the run": (
+        StartRequest(
+            "Build it",
+            chain=("architect", "engineer", "reviewer"),
+            worker_backend="provider",
+            budget=Budget(max_total_tokens=20),
+        ),
+        {},
+        lambda gate: "approve",
+    ),
+    "provider with a budget that asks, approved twice": (
+        StartRequest(
+            "Build it",
+            chain=("architect", "engineer", "reviewer", "writer", "tester", "researcher"),
+            worker_backend="provider",
+            budget=Budget(max_total_tokens=20, on_budget="ask"),
+        ),
+        {"engineer": [RATE_LIMITED, "ok"]},
+        lambda gate: "approve",
+    ),
+    "provider with a step budget that asks, rejected": (
+        StartRequest(
+            "Build it",
+            chain="gated",
+            worker_backend="provider",
+            budget=Budget(on_budget="ask", steps={"engineer": BudgetLimits(max_total_tokens=5)}),
+        ),
+        {},
+        lambda gate: "reject" if gate.startswith("budget:") else "approve",
+    ),
     "provider with a required failure": (
         StartRequest("Build it", chain=("architect", "engineer"), worker_backend="provider"),
         {"engineer": [RATE_LIMITED, RATE_LIMITED, RATE_LIMITED]},
@@ -110,7 +144,11 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
             # point finds an orphaned attempt and retries it, marked as a possible duplicate call.
             # With the attempt budget spent, the task fails with attempts_exhausted instead.
             action = next_action(folded, ManualClock().now())
-            if last.attempt < folded.contract.max_attempts:
+            if refusal(folded, folded.task(last.task_id)) is not None:
+                # The orphan may have spent its most (it is charged so when the next attempt
+                # starts): the budget may not allow the retry.
+                assert isinstance(action, (FailTask, RequestBudget)), action
+            elif last.attempt < folded.contract.max_attempts:
                 assert action == StartAttempt(last.task_id, last.attempt + 1, possible_duplicate_call=True)
             else:
                 assert isinstance(action, FailTask) and action.error.code == "attempts_exhausted"
@@ -170,6 +208,7 @@ async def test_scenarios_cover_every_kind_of_decision(monkeypatch: pytest.Monkey
         "AwaitHost",
         "StartAttempt",
         "FailTask",
+        "RequestBudget",
         "FinishRun",
         "Idle",
     }

@@ -15,6 +15,7 @@ import pytest
 
 import orchestration.fanout as fanout_module
 from orchestration.clock import ManualClock
+from orchestration.costs import Budget
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
@@ -22,6 +23,7 @@ from orchestration.decide import (
     FinishRun,
     PrepareHostTask,
     RequestApproval,
+    RequestBudget,
     RouteTask,
     StartAttempt,
     WaitUntil,
@@ -98,6 +100,16 @@ SCENARIOS: dict[str, Scenario] = {
     "provider fan-out with max_parallel 2": Scenario(
         StartRequest("Study it", chain="fan-two", worker_backend="provider")
     ),
+    # Each call reserves 10 tokens and spends 7 (tests.unit.helpers): two branches in flight at
+    # most, and the writer (21 + 10 > 25) waits at a budget gate, approved.
+    "provider fan-out within a budget that asks": Scenario(
+        StartRequest(
+            "Study it",
+            chain="fan-continue",
+            worker_backend="provider",
+            budget=Budget(max_total_tokens=25, on_budget="ask"),
+        )
+    ),
     "provider fan-out with gates": Scenario(
         StartRequest("Study it", chain="fan-gated", worker_backend="provider")
     ),
@@ -133,6 +145,8 @@ def _matches(fact: Fact, action: Action) -> bool:
         return action == StartAttempt(fact.task_id, fact.attempt, fact.possible_duplicate_call)
     if isinstance(fact, HostTaskPrepared):
         return action == PrepareHostTask(fact.task_id, fact.attempt)
+    if isinstance(fact, ApprovalRequested) and fact.budget is not None:
+        return action == RequestBudget(fact.budget.task_id, fact.gate_id, fact.budget)
     if isinstance(fact, ApprovalRequested):
         return action == RequestApproval(fact.gate_id)
     if isinstance(fact, TaskFailed):
@@ -204,13 +218,14 @@ async def test_every_prefix_of_a_parallel_run_decides_as_the_uninterrupted_run(
                 assert any(_matches(following, a) for a in actions), (prefix_len, following, actions)
         if folded.status.is_terminal:
             continue
-        # A restarted run retries every attempt that was in flight, marked as a possible duplicate.
+        # A restarted run retries every attempt that was in flight, marked as a possible duplicate
+        # (unless the budget, which counts the orphan at its most, does not allow the retry).
         failing = any(isinstance(a, FinishRun) for a in actions)
         for task in folded.tasks:
             if task.status == TaskStatus.RUNNING and not failing:
                 made = len(task.attempts)
                 assert StartAttempt(task.task_id, made + 1, possible_duplicate_call=True) in actions or any(
-                    isinstance(a, FailTask) and a.task_id == task.task_id for a in actions
+                    isinstance(a, (FailTask, RequestBudget)) and a.task_id == task.task_id for a in actions
                 )
         # Anything left for the server to do keeps the run active (a dispatcher picks it up).
         work = [a for a in actions if not isinstance(a, PAUSING_ACTIONS) or isinstance(a, WaitUntil)]
