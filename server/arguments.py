@@ -194,7 +194,45 @@ def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
     schema["properties"] = properties
     if "output" in properties and "task_id" in properties:
         schema["dependentRequired"] = {"output": ["task_id"]}
-    return schema
+    return _untitled(schema)
+
+
+#: keywords whose value is a map of names to schemas (the names are data, not keywords)
+_SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
+
+
+def _untitled(schema: Any) -> Any:
+    """``schema`` without pydantic's generated ``title`` keywords ("Max Cost Usd" beside
+    ``max_cost_usd``): they tell a model nothing the property's name does not, and every host
+    pays for them in its context at each ``tools/list``. A property *named* ``title`` is kept."""
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _untitled(sub) for name, sub in value.items()}
+        else:
+            out[key] = _untitled(value)
+    return _nullable(out)
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``{"anyOf": [{"type": T, ...}, {"type": "null"}], "default": null}`` (pydantic's
+    ``T | None = None``) as the equivalent ``{"type": [T, "null"], ...}``: the same values are
+    valid (a string keyword such as ``maxLength`` constrains only strings), in fewer bytes; an
+    absent ``default`` of null says what the omitted argument means anyway."""
+    branches = schema.get("anyOf")
+    if not (isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches):
+        return schema
+    (other,) = [b for b in branches if b != {"type": "null"}]
+    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or "enum" in other:
+        return schema
+    flat = {k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)}
+    return {**other, **flat, "type": [other["type"], "null"]}
 
 
 def _with_max_length(prop: dict[str, Any], limit: int) -> dict[str, Any]:
