@@ -194,7 +194,8 @@ def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
     schema["properties"] = properties
     if "output" in properties and "task_id" in properties:
         schema["dependentRequired"] = {"output": ["task_id"]}
-    return _untitled(schema)
+    published: dict[str, Any] = _untitled(schema)
+    return published
 
 
 #: keywords whose value is a map of names to schemas (the names are data, not keywords)
