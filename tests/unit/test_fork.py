@@ -13,6 +13,7 @@ import pytest
 from mcp import Client
 from mcp.types import TextContent
 
+from orchestration.facts import TaskCompleted
 from orchestration.forking import ForkRequest
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
@@ -46,6 +47,14 @@ async def test_a_fork_calls_the_provider_only_from_the_forked_task_on() -> None:
         assert outputs["reviewer"] == "looks right"
         assert outputs["engineer"] == (await runtime.outputs(source))["engineer"]
         assert (await runtime.status(source.run_id)).status == RunStatus.FAILED
+        # The copies carry the source's usage as provenance, but the new run spent only on its
+        # own call: its running totals (what a budget checks) count the reviewer's alone.
+        facts = await runtime.store.read_facts(forked.run_id)
+        (own,) = [f for f in facts if isinstance(f, TaskCompleted) and f.copied_from is None]
+        assert own.task_id == "reviewer" and own.telemetry.output_tokens
+        assert forked.spent is not None and forked.spent.run.output_tokens == own.telemetry.output_tokens
+        reviewer = own.telemetry
+        assert source.spent is not None and source.spent.run.output_tokens > reviewer.output_tokens
 
 
 async def test_a_parallel_fork_runs_again_the_branches_still_in_flight() -> None:
