@@ -43,6 +43,7 @@ The drive acts on every action that is not a pause, and pauses when only pauses 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -94,6 +95,25 @@ class StartAttempt:
 
 
 @dataclass(frozen=True, slots=True)
+class StartChild:
+    """Start the child run of ``task_id``, a step that runs a chain: record ``child_started``
+    (with ``child_run_id``, derived from the run and the task instance), then create the child
+    (:mod:`orchestration.children`)."""
+
+    task_id: str
+    child_run_id: str
+    chain: str
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitChild:
+    """The child run ``child_run_id`` of ``task_id`` works; its end is recorded on this run."""
+
+    task_id: str
+    child_run_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class FailTask:
     task_id: str
     error: TypedError
@@ -135,13 +155,15 @@ Action = (
     | AwaitHost
     | StartAttempt
     | FailTask
+    | StartChild
+    | AwaitChild
     | RouteTask
     | WaitUntil
     | FinishRun
     | Idle
 )
 
-PAUSING_ACTIONS = (AwaitApproval, AwaitHost, WaitUntil, Idle)
+PAUSING_ACTIONS = (AwaitApproval, AwaitHost, AwaitChild, WaitUntil, Idle)
 
 
 def _gate_action(head: RunHead, gate_id: str, now: datetime) -> Action | None:
@@ -268,6 +290,8 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
                 message=f"task {task.task_id} ran past its limit of {step.timeout_seconds} s",
             ),
         )
+    if step.chain is not None:
+        return _child_action(head, task, step.chain)
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
     if head.contract.worker_backend == "inline":
@@ -276,6 +300,42 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
         # A provider asked the run to wait (retry-after): its first calls wait too.
         return WaitUntil(head.not_before)
     return _provider_action(head, task, now)
+
+
+def child_run_id(run_id: str, task_id: str) -> str:
+    """The run id of the child run of task instance ``task_id`` of run ``run_id``: derived from
+    both (not from an attempt), so a restarted parent names the same child."""
+    digest = hashlib.sha256(f"{run_id}/{task_id}".encode()).hexdigest()[:32]
+    return f"child-{digest}"
+
+
+def _child_action(head: RunHead, task: TaskState, chain: str) -> Action:
+    """A step that runs a chain: start its child (unless that would go deeper than the chain's
+    ``max_depth``), or wait for it."""
+    if task.status == TaskStatus.RUNNING and task.children:
+        return AwaitChild(task.task_id, task.children[-1].run_id)
+    depth = (head.parent.depth if head.parent is not None else 0) + 1
+    if depth > head.chain.max_depth:
+        return FailTask(
+            task.task_id,
+            TypedError(
+                code="child_depth_exceeded",
+                message=f"task {task.task_id} would start a child run at depth {depth}; chain "
+                f"{head.chain.name!r} allows {head.chain.max_depth} (max_depth)",
+            ),
+        )
+    limit = head.chain.max_children
+    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    if limit is not None and live >= limit:
+        return FailTask(
+            task.task_id,
+            TypedError(
+                code="too_many_children",
+                message=f"run {head.run_id} has {live} live child runs; its chain allows {limit} "
+                "(max_children)",
+            ),
+        )
+    return StartChild(task.task_id, child_run_id(head.run_id, task.task_id), chain)
 
 
 def _linear_action(head: RunHead, now: datetime) -> Action:
