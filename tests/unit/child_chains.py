@@ -38,11 +38,14 @@ def child_catalog(extra: dict[str, Any] | None = None) -> Catalog:
 
 
 def child_runtime(
-    store: RunStore, worker: ScriptedWorker | None = None, clock: ManualClock | None = None
+    store: RunStore,
+    worker: ScriptedWorker | None = None,
+    clock: ManualClock | None = None,
+    catalog: Catalog | None = None,
 ) -> Runtime:
     return Runtime(
         store,
-        child_catalog(),
+        catalog or child_catalog(),
         clock=clock or ManualClock(),
         new_id=sequential_ids(),
         resolve_contract=provider_contract,

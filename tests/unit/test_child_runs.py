@@ -1,0 +1,124 @@
+"""Child runs (a chain as a step): the configuration checks made at load, the bounds (depth,
+live children) and the ties between a parent and its children (deadline, cancel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestration.catalog import Catalog
+from orchestration.clock import ManualClock
+from orchestration.decide import child_run_id
+from orchestration.errors import ConfigError
+from orchestration.runtime import StartRequest
+from orchestration.vocabulary import RunStatus, TaskStatus
+from stores.memory import MemoryStore
+from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
+
+
+def load(chains: dict[str, Any]) -> Catalog:
+    return Catalog.builtin().extended({"chains": chains}, "construct.toml", Path("."))
+
+
+def test_a_step_that_runs_a_chain_is_snapshotted_with_its_bounds() -> None:
+    chain = child_catalog().resolve("outer")
+    build = chain.step("build")
+    assert (build.chain, build.output_of, build.specialist) == ("inner", "engineer", "chain:inner")
+    assert [s.name for s in chain.specialists] == ["architect", "writer"]
+    recursive = child_catalog().resolve("recursive")
+    assert (recursive.max_depth, recursive.max_children) == (2, None)
+
+
+@pytest.mark.parametrize(
+    ("chains", "where", "says"),
+    [
+        ({"a": {"steps": ["architect", {"chain": "a"}]}}, "chains.a", "contains itself (a -> a)"),
+        (
+            {"a": {"steps": [{"chain": "b"}]}, "b": {"steps": ["engineer", {"chain": "a"}]}},
+            "chains.a",
+            "contains itself (a -> b -> a)",
+        ),
+        ({"a": {"steps": [{"chain": "nope"}]}}, "chains.a", "unknown chain 'nope'"),
+        ({"a": {"steps": [{"chain": "default", "output_of": "tester"}]}}, "chains.a", "not a step of chain"),
+        ({"a": {"steps": [{"chain": "default", "specialist": "engineer"}]}}, "steps[0]", "exactly one of"),
+        ({"a": {"steps": [{"specialist": "engineer", "output_of": "x"}]}}, "output_of", "only a step with"),
+        ({"a": {"steps": [{"chain": "default", "output_schema": "verdict"}]}}, "output_schema", "as it is"),
+        (
+            {
+                "a": {
+                    "steps": [
+                        {"chain": "default", "after": []},
+                        {"specialist": "writer", "after": ["default"]},
+                    ]
+                }
+            },
+            "chains.a.steps",
+            "parallel chain",
+        ),
+    ],
+)
+def test_bad_child_steps_are_configuration_errors(chains: dict[str, Any], where: str, says: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(chains)
+    assert where in raised.value.field and says in raised.value.problem, raised.value
+
+
+def test_a_chain_that_contains_itself_loads_once_a_chain_on_the_cycle_bounds_its_depth() -> None:
+    catalog = load(
+        {"a": {"steps": [{"chain": "b"}]}, "b": {"max_depth": 4, "steps": ["engineer", {"chain": "a"}]}}
+    )
+    assert catalog.resolve("b").max_depth == 4
+
+
+async def test_a_chain_that_runs_itself_stops_at_its_depth_limit() -> None:
+    store = MemoryStore()
+    runtime = child_runtime(store)
+    root, _ = await runtime.start(StartRequest("Recurse", chain="recursive", worker_backend="provider"))
+    final = await drive_tree(runtime, root.run_id)
+    assert final.status == RunStatus.FAILED and final.error is not None
+    assert final.error.code == "child_failed"
+    runs = {h.run_id: h for h in (await store.list_runs()).runs}
+    assert len(runs) == 3  # depth 0, 1 and 2; depth 3 is over max_depth = 2
+    deepest = next(h for h in runs.values() if h.parent is not None and h.parent.depth == 2)
+    again = deepest.task("again")
+    assert again.status == TaskStatus.FAILED and again.error is not None
+    assert again.error.code == "child_depth_exceeded"
+
+
+async def test_the_default_depth_limit_is_three() -> None:
+    chains = {f"l{i}": {"steps": ["engineer", {"name": "down", "chain": f"l{i + 1}"}]} for i in range(4)}
+    chains["l4"] = {"steps": ["engineer"]}
+    store = MemoryStore()
+    runtime = child_runtime(store, catalog=child_catalog(chains))
+    for top, expected in (("l1", RunStatus.COMPLETED), ("l0", RunStatus.FAILED)):
+        root, _ = await runtime.start(StartRequest("Deep", chain=top, worker_backend="provider"))
+        final = await drive_tree(runtime, root.run_id)
+        assert final.status == expected, top
+    depths = sorted(h.parent.depth for h in (await store.list_runs()).runs if h.parent is not None)
+    assert max(depths) == 3
+
+
+async def test_a_parents_deadline_bounds_its_child_and_ends_it() -> None:
+    store = MemoryStore()
+    clock = ManualClock()
+    runtime = child_runtime(store, clock=clock)
+    parent, _ = await runtime.start(
+        StartRequest("Build", chain="outer-gated", worker_backend="provider", timeout_seconds=60)
+    )
+    await runtime.drive(parent.run_id)
+    child_id = child_run_id(parent.run_id, "build")
+    child = await store.load(child_id)
+    assert parent.deadline_at is not None and child.deadline_at == parent.deadline_at
+    await runtime.drive(child_id)
+    assert (await store.load(child_id)).status == RunStatus.AWAITING_APPROVAL
+
+    clock.advance(61)
+    # The parent's deadline passed: whoever drives it first fails it, and its child is cancelled.
+    assert parent.run_id in await store.runnable(clock.now())
+    await runtime.drive(parent.run_id)
+    ended = await store.load(parent.run_id)
+    assert ended.status == RunStatus.FAILED and ended.error is not None
+    assert ended.error.code == "deadline_exceeded"
+    assert (await store.load(child_id)).status == RunStatus.CANCELLED
