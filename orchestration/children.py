@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
 
 from orchestration.catalog import Catalog
 from orchestration.clock import Clock
 from orchestration.errors import (
+    Conflict,
     ConstructError,
     InvalidArgument,
     InvalidState,
@@ -54,9 +56,12 @@ from orchestration.errors import (
     StoreError,
     UnknownChain,
     VersionConflict,
+    quoted,
 )
 from orchestration.facts import ChildEnded, ChildStarted, Fact, RunCreated, TaskCompleted, TaskFailed
 from orchestration.fold import apply, apply_write, time_limit
+from orchestration.ids import validate_run_id
+from orchestration.inputs import StartRequest
 from orchestration.models import (
     ChainSnapshot,
     ChildRef,
@@ -110,6 +115,8 @@ class Services(Protocol):
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead: ...
 
+    async def start(self, request: StartRequest) -> tuple[RunHead, bool]: ...
+
 
 class ChildRuns:
     """The child-run use cases of one runtime, over its store. It listens to every write the
@@ -124,6 +131,7 @@ class ChildRuns:
         self._recorded = runtime._recorded
         self._changed = runtime._changed
         self._cancel = runtime.cancel
+        self._start = runtime.start
         runtime.add_listener(self.changed)
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
@@ -184,6 +192,56 @@ class ChildRuns:
             )
             await self._changed(result.head)
         return result.head
+
+    # -- a host's child ----------------------------------------------------------------------------
+
+    async def start_for_host(
+        self, request: StartRequest, parent_run_id: str, parent_task_id: str
+    ) -> tuple[RunHead, bool]:
+        """Start a run as a child of the host task ``parent_task_id`` of run ``parent_run_id``
+        (the task the host works on): the child's head names its parent, its deadline is bounded
+        by the parent's time limit, and the parent's task lists it (a ``child_started`` fact,
+        recorded once the child exists; repeating the start with the same idempotency key links
+        the same child once). Refused (``invalid_state``) when the task does not await the host,
+        the run has ended or has ``max_children`` live children, or the child would be deeper
+        than its chain's ``max_depth``."""
+        validate_run_id(parent_run_id)
+        parent = await self.store.load(parent_run_id)
+        check_parent(parent, parent_task_id, None)
+        depth = _depth(parent) + 1
+        if depth > parent.chain.max_depth:
+            raise InvalidState(
+                f"a child of run {parent_run_id} would be at depth {depth}; its chain allows "
+                f"{parent.chain.max_depth} (max_depth)"
+            )
+        link = ParentLink(run_id=parent_run_id, task_id=parent_task_id, depth=depth)
+        child, created = await self._start(replace(request, parent=link, parent_deadline=time_limit(parent)))
+        if child.parent is None or (child.parent.run_id, child.parent.task_id) != (
+            parent_run_id,
+            parent_task_id,
+        ):
+            raise Conflict(
+                f"idempotency_key {quoted(request.idempotency_key)} was already used for run {child.run_id}, "
+                f"which is not a child of task {parent_task_id} of run {parent_run_id}; use a new key"
+            )
+        while True:
+            parent = await self.store.load(parent_run_id)
+            task = parent.task(parent_task_id)
+            if any(c.run_id == child.run_id for c in task.children or ()):
+                return child, created
+            try:
+                check_parent(parent, parent_task_id, parent.chain.max_children)
+            except ConstructError:
+                if created:
+                    await self.cancel_child(child.run_id, "it could not be tied to its parent task")
+                raise
+            try:
+                await self._append(
+                    parent, [host_child_started(parent, parent_task_id, child, self.clock.now())]
+                )
+            except VersionConflict:
+                continue
+            return child, created
 
     # -- a child's end -------------------------------------------------------------------------
 
@@ -348,6 +406,8 @@ def refuse_detached(head: RunHead, task_id: str, detach: bool) -> None:
         task = head.task(task_id)
     except KeyError:
         return
+    if task.status.is_terminal:
+        return  # a repeat of an output already recorded
     live = [c.run_id for c in task.children or () if c.status == "active"]
     if live:
         raise InvalidState(
@@ -389,4 +449,4 @@ def host_child_started(head: RunHead, task_id: str, child: RunHead, at: datetime
     )
 
 
-__all__ = ["ChildRuns", "child_key", "child_request", "live_children"]
+__all__ = ["ChildRuns", "child_key", "child_request", "live_children", "refuse_detached"]

@@ -32,6 +32,9 @@ class RunHostTask(View):
         description="When set, the output must be one JSON object matching this JSON Schema.",
     )
     instruction: str
+    run_id: str | None = Field(
+        default=None, description="Set when this waits in a child run of the run viewed: use this run_id."
+    )
 
 
 class Approve(View):
@@ -43,6 +46,9 @@ class Approve(View):
     position: Literal["before", "after", "exhausted"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
+    run_id: str | None = Field(
+        default=None, description="Set when this waits in a child run of the run viewed: use this run_id."
+    )
 
 
 class Wait(View):

@@ -18,6 +18,7 @@ from orchestration.errors import ConstructError
 from orchestration.models import RunHead
 from orchestration.vocabulary import RunStatus
 from server.arguments import error_result
+from server.child_views import settle_children
 from server.elicit import settle_and_ask
 from server.identity import Caller, Role, caller_of
 from server.services import Services
@@ -110,6 +111,10 @@ async def settle_view(
         deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
         while True:
             head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
+            if head.status == RunStatus.AWAITING_CHILDREN:
+                # What the run needs is what its children need (server.child_views).
+                await settle_children(runtime, head, deadline - anyio.current_time())
+                break
             # A durable wait (a provider's backoff) that ends within the caller's budget is not
             # worth answering "wait" for: wait through it, then for the next settled state. Not
             # when the server is stopping: nothing will move the run on in this process.
