@@ -112,9 +112,15 @@ async def settle_view(
         while True:
             head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
             if head.status == RunStatus.AWAITING_CHILDREN:
-                # What the run needs is what its children need (server.child_views).
-                await settle_children(runtime, head, deadline - anyio.current_time())
-                break
+                # What the run needs is what its children need (server.child_views); a child
+                # that ended moves the run on: wait for that, then for the run to settle again.
+                ended = await settle_children(runtime, head, deadline - anyio.current_time())
+                if not ended or runtime.stopping or anyio.current_time() >= deadline:
+                    break
+                head = await runtime.wait_for_facts(
+                    head.run_id, head.last_seq, deadline - anyio.current_time()
+                )
+                continue
             # A durable wait (a provider's backoff) that ends within the caller's budget is not
             # worth answering "wait" for: wait through it, then for the next settled state. Not
             # when the server is stopping: nothing will move the run on in this process.

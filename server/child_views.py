@@ -84,20 +84,25 @@ async def with_children(view: RunView, head: RunHead, load: LoadView) -> RunView
 _ENDED = {s.value for s in RunStatus if s.is_terminal}
 
 
-async def settle_children(runtime: Runtime, head: RunHead, seconds: float) -> None:
+async def settle_children(runtime: Runtime, head: RunHead, seconds: float) -> bool:
     """Wait (at most ``seconds``) until the live children of a run that awaits them settle too
-    (theirs in turn), so that a waiting call answers with what a child needs rather than "wait"."""
+    (theirs in turn), so that a waiting call answers with what a child needs rather than "wait".
+    True when a child has ended (its end is about to be recorded on the run, which moves on)."""
     deadline = anyio.current_time() + seconds
     for _, ref in live_children(head):
         for _ in range(100):
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                return
+                return False
             try:
                 child = await runtime.wait_settled(ref.run_id, remaining)
             except RunNotFound:
                 await anyio.sleep(min(0.05, remaining))  # about to be created
                 continue
+            if child.status.is_terminal:
+                return True
             if child.status == RunStatus.AWAITING_CHILDREN:
+                # A grandchild that ended moves the child on, not yet the run.
                 await settle_children(runtime, child, deadline - anyio.current_time())
             break
+    return False
