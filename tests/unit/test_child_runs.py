@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from orchestration.catalog import Catalog
+from orchestration.children import refuse_detached
 from orchestration.clock import ManualClock
 from orchestration.decide import child_run_id
-from orchestration.errors import ConfigError
+from orchestration.errors import ConfigError, InvalidState
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
 from stores.memory import MemoryStore
@@ -122,3 +123,61 @@ async def test_a_parents_deadline_bounds_its_child_and_ends_it() -> None:
     assert ended.status == RunStatus.FAILED and ended.error is not None
     assert ended.error.code == "deadline_exceeded"
     assert (await store.load(child_id)).status == RunStatus.CANCELLED
+
+
+async def test_a_hosts_children_are_bounded_by_max_children_and_block_their_task() -> None:
+    catalog = child_catalog(
+        {"split": {"max_children": 1, "steps": ["writer", {"name": "more", "chain": "inner"}]}}
+    )
+    store = MemoryStore()
+    runtime = child_runtime(store, catalog=catalog)
+    parent, _ = await runtime.start(StartRequest("Write", chain="split"))
+    await runtime.drive(parent.run_id)
+    first, created = await runtime.children.start_for_host(
+        StartRequest("Part 1", chain=("researcher",), idempotency_key="p1"), parent.run_id, "writer"
+    )
+    assert created and first.parent is not None and first.parent.depth == 1
+    again, created = await runtime.children.start_for_host(
+        StartRequest("Part 1", chain=("researcher",), idempotency_key="p1"), parent.run_id, "writer"
+    )
+    assert again.run_id == first.run_id and not created
+    with pytest.raises(InvalidState, match="max_children"):
+        await runtime.children.start_for_host(
+            StartRequest("Part 2", chain=("researcher",)), parent.run_id, "writer"
+        )
+    # The refused start left no live run behind: it was cancelled.
+    live = [h for h in (await store.list_runs()).runs if not h.status.is_terminal]
+    assert sorted(h.run_id for h in live) == sorted([parent.run_id, first.run_id])
+    with pytest.raises(InvalidState, match="live child runs"):
+        refuse_detached(await store.load(parent.run_id), "writer", detach=False)
+
+    # Completed through the runtime (the detaching path: the tool checks refuse_detached first),
+    # the child is still the run's: the next step's child would be one too many.
+    await runtime.submit_host_output(parent.run_id, "writer", "Report.")
+    final = await drive_tree(runtime, parent.run_id)
+    assert final.status == RunStatus.FAILED
+    more = final.task("more")
+    assert more.error is not None and more.error.code == "too_many_children"
+    # The parent failed: its live child was cancelled with it.
+    assert (await store.load(first.run_id)).status == RunStatus.CANCELLED
+
+
+async def test_a_hosts_child_that_ends_is_recorded_on_its_task_which_can_then_complete() -> None:
+    store = MemoryStore()
+    runtime = child_runtime(store)
+    parent, _ = await runtime.start(StartRequest("Write", chain=("writer", "reviewer")))
+    await runtime.drive(parent.run_id)
+    child, _ = await runtime.children.start_for_host(
+        StartRequest("Research", chain=("researcher",), worker_backend="provider"), parent.run_id, "writer"
+    )
+    with pytest.raises(InvalidState):
+        refuse_detached(await store.load(parent.run_id), "writer", detach=False)
+    assert (await drive_tree(runtime, child.run_id)).status == RunStatus.COMPLETED
+    head = await store.load(parent.run_id)
+    assert head.status == RunStatus.AWAITING_HOST  # a host's child never moves the task itself
+    assert [(c.run_id, c.by, c.status) for c in head.task("writer").children or ()] == [
+        (child.run_id, "host", "completed")
+    ]
+    refuse_detached(head, "writer", detach=False)  # nothing live: the task may complete
+    facts = await store.read_facts(parent.run_id)
+    assert [f.type for f in facts[-2:]] == ["child_started", "child_ended"]
