@@ -191,6 +191,14 @@ class ChildRuns:
                 extra={"action": "child_created", "run_id": child_run_id, "parent": parent.run_id},
             )
             await self._changed(result.head)
+            # A parent that ended while the child was being created (a cancel racing the drive)
+            # did not see it to cancel it: do it now.
+            current = await self.store.load(parent.run_id)
+            if current.status.is_terminal:
+                await self.cancel_child(
+                    child_run_id, f"its parent run {parent.run_id} is {current.status.value}"
+                )
+                return await self.store.load(child_run_id)
         return result.head
 
     # -- a host's child ----------------------------------------------------------------------------

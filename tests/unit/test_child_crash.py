@@ -248,3 +248,20 @@ async def test_a_waiting_parent_is_not_claimed_by_the_dispatcher() -> None:
             await until_terminal(store, parent.run_id)
             dispatcher.stop()
     assert (await store.load(parent.run_id)).status == RunStatus.COMPLETED
+
+
+async def test_a_child_created_while_its_parent_was_cancelled_is_cancelled_too() -> None:
+    store = MemoryStore()
+    runtime = child_runtime(store)
+    parent, _ = await runtime.start(StartRequest("Build a CLI", chain="outer"))
+    await runtime.drive(parent.run_id)
+    await runtime.submit_host_output(parent.run_id, "architect", "the design")
+    head = await store.load(parent.run_id)
+    child_id = child_run_id(parent.run_id, "build")
+    started = ChildStarted(
+        seq=head.last_seq + 1, at=runtime.clock.now(), task_id="build", child_run_id=child_id, chain="inner"
+    )
+    # The drive decided on the parent as it was; the cancel lands before the child is created.
+    await runtime.cancel(parent.run_id)
+    child = await runtime.children._create(apply_write(head, [started]), "build", child_id)
+    assert child.status == RunStatus.CANCELLED
