@@ -33,7 +33,9 @@ class RunHostTask(View):
     )
     instruction: str
     run_id: str | None = Field(
-        default=None, description="Set when this waits in a child run of the run viewed: use this run_id."
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
 
@@ -47,7 +49,9 @@ class Approve(View):
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
     run_id: str | None = Field(
-        default=None, description="Set when this waits in a child run of the run viewed: use this run_id."
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
 

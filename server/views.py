@@ -278,7 +278,9 @@ class RunView(Outlined):
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
     #: filled in by Services.view (server.child_views)
-    children: list[ChildView] = Field(default_factory=list, description="Child runs of the run's tasks.")
+    children: list[ChildView] = Field(
+        default_factory=list, description="Child runs of the run's tasks.", exclude_if=lambda v: not v
+    )
     error: ErrorView | None = None
     totals: Totals
     warnings: list[str] = Field(default_factory=list)
