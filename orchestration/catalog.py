@@ -406,10 +406,6 @@ class Catalog:
             problem = check_chain(steps)
             if problem is not None:
                 raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
-            if any(s.chain is not None for s in steps) and any(s.after is not None for s in steps):
-                raise ConfigError(
-                    source, f"{where}.steps", "a parallel chain (after) cannot run child chains yet"
-                )
             chains[name] = ChainDefinition(
                 name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
             )
@@ -508,6 +504,7 @@ def _child_step(config: _StepConfig, source: str, where: str) -> ChainStep:
         on_failure=config.on_failure,
         timeout_seconds=config.timeout_seconds,
         max_visits=config.max_visits,
+        after=None if config.after is None else tuple(config.after),
         instruction=config.instruction,
         expires_after_seconds=config.expires_after_seconds,
         on_expiry=config.on_expiry,

@@ -270,7 +270,33 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
         return (finish,)
     if not actions:
         return (FinishRun("completed_with_failures" if any_failed else "completed"),)
-    return tuple(actions)
+    return _bound_children(head, actions)
+
+
+def _bound_children(head: RunHead, actions: list[Action]) -> tuple[Action, ...]:
+    """Several steps of a parallel run may start child runs at once: those that would go over the
+    chain's ``max_children`` (counting the live ones and the earlier starts) fail, as in a
+    linear run (:func:`_child_action`)."""
+    limit = head.chain.max_children
+    if limit is None:
+        return tuple(actions)
+    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    out: list[Action] = []
+    for action in actions:
+        if isinstance(action, StartChild):
+            if live >= limit:
+                action = FailTask(action.task_id, _too_many(head, live, limit))
+            else:
+                live += 1
+        out.append(action)
+    return tuple(out)
+
+
+def _too_many(head: RunHead, live: int, limit: int) -> TypedError:
+    return TypedError(
+        code="too_many_children",
+        message=f"run {head.run_id} has {live} live child runs; its chain allows {limit} (max_children)",
+    )
 
 
 def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
@@ -327,14 +353,7 @@ def _child_action(head: RunHead, task: TaskState, chain: str) -> Action:
     limit = head.chain.max_children
     live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
     if limit is not None and live >= limit:
-        return FailTask(
-            task.task_id,
-            TypedError(
-                code="too_many_children",
-                message=f"run {head.run_id} has {live} live child runs; its chain allows {limit} "
-                "(max_children)",
-            ),
-        )
+        return FailTask(task.task_id, _too_many(head, live, limit))
     return StartChild(task.task_id, child_run_id(head.run_id, task.task_id), chain)
 
 

@@ -46,18 +46,6 @@ def test_a_step_that_runs_a_chain_is_snapshotted_with_its_bounds() -> None:
         ({"a": {"steps": [{"chain": "default", "specialist": "engineer"}]}}, "steps[0]", "exactly one of"),
         ({"a": {"steps": [{"specialist": "engineer", "output_of": "x"}]}}, "output_of", "only a step with"),
         ({"a": {"steps": [{"chain": "default", "output_schema": "verdict"}]}}, "output_schema", "as it is"),
-        (
-            {
-                "a": {
-                    "steps": [
-                        {"chain": "default", "after": []},
-                        {"specialist": "writer", "after": ["default"]},
-                    ]
-                }
-            },
-            "chains.a.steps",
-            "parallel chain",
-        ),
     ],
 )
 def test_bad_child_steps_are_configuration_errors(chains: dict[str, Any], where: str, says: str) -> None:
@@ -181,3 +169,34 @@ async def test_a_hosts_child_that_ends_is_recorded_on_its_task_which_can_then_co
     refuse_detached(head, "writer", detach=False)  # nothing live: the task may complete
     facts = await store.read_facts(parent.run_id)
     assert [f.type for f in facts[-2:]] == ["child_started", "child_ended"]
+
+
+async def test_a_parallel_run_waits_for_several_children_at_once() -> None:
+    both = {
+        "steps": [
+            {"name": "left", "chain": "inner", "after": []},
+            {"name": "right", "chain": "inner", "after": [], "on_failure": "continue"},
+            {"specialist": "writer", "after": ["left", "right"]},
+        ]
+    }
+    catalog = child_catalog({"both": both, "one-at-a-time": {**both, "max_children": 1}})
+    store = MemoryStore()
+    runtime = child_runtime(store, catalog=catalog)
+    parent, _ = await runtime.start(StartRequest("Two ways", chain="both", worker_backend="provider"))
+    await runtime.drive(parent.run_id)
+    waiting = await store.load(parent.run_id)
+    # Both children started; the run waits for them without being runnable.
+    assert waiting.status == RunStatus.AWAITING_CHILDREN
+    assert [t.status for t in waiting.tasks[:2]] == [TaskStatus.RUNNING, TaskStatus.RUNNING]
+    assert parent.run_id not in await store.runnable(runtime.clock.now())
+    final = await drive_tree(runtime, parent.run_id)
+    assert final.status == RunStatus.COMPLETED
+    prompt = await runtime.prompt_for(await store.load(parent.run_id), "writer")
+    assert "### left (chain:inner)" in prompt.user and "### right (chain:inner)" in prompt.user
+
+    # max_children = 1: the second start of the same decision is one too many.
+    bounded, _ = await runtime.start(StartRequest("One", chain="one-at-a-time", worker_backend="provider"))
+    final = await drive_tree(runtime, bounded.run_id)
+    assert final.status == RunStatus.COMPLETED_WITH_FAILURES
+    right = final.task("right")
+    assert right.error is not None and right.error.code == "too_many_children"
