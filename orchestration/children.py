@@ -352,30 +352,41 @@ class ChildRuns:
             pass  # it ended otherwise meanwhile
 
     async def sweep(self, limit: int = 100) -> int:
-        """The safety net: look at the runs that wait for children (and the host tasks that have
-        some), create the children a crash left uncreated, record the ends nobody recorded.
-        Returns how many parents it changed. Holds no lease; every write is a compare-and-swap."""
+        """The safety net: look at the runs that wait for children, create the children a crash
+        left uncreated, record the ends nobody recorded. Returns how many parents it changed.
+        Holds no lease; every write is a compare-and-swap. Every run ``awaiting_children`` is
+        looked at (page by page); of the runs paused otherwise (a host's children, a parallel run's
+        children beside a host task or a gate), the newest ``limit`` of each status."""
         changed = 0
-        for status in (RunStatus.AWAITING_CHILDREN, RunStatus.AWAITING_HOST):
-            page = await self.store.list_runs(frozenset({status}), limit)
-            for parent in page.runs:
-                for task_id, ref in live_children(parent):
-                    try:
-                        if ref.by == "step":
-                            changed += await self.ensure(parent, task_id)
-                            continue
-                        child = await self.store.load(ref.run_id)
-                        changed += await self.record_end(child)
-                    except StoreError:
-                        raise
-                    except ConstructError as exc:
-                        log.warning(
-                            "child run %s of %s could not be checked: %s",
-                            ref.run_id,
-                            parent.run_id,
-                            exc,
-                            extra={"action": "child_sweep_failed", "run_id": parent.run_id},
-                        )
+        for status in (RunStatus.AWAITING_CHILDREN, RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+            cursor: str | None = None
+            while True:
+                page = await self.store.list_runs(frozenset({status}), limit, cursor)
+                for parent in page.runs:
+                    changed += await self._sweep_parent(parent)
+                cursor = page.next_cursor
+                if cursor is None or status != RunStatus.AWAITING_CHILDREN:
+                    break
+        return changed
+
+    async def _sweep_parent(self, parent: RunHead) -> int:
+        changed = 0
+        for task_id, ref in live_children(parent):
+            try:
+                if ref.by == "step":
+                    changed += await self.ensure(parent, task_id)
+                    continue
+                changed += await self.record_end(await self.store.load(ref.run_id))
+            except StoreError:
+                raise
+            except ConstructError as exc:
+                log.warning(
+                    "child run %s of %s could not be checked: %s",
+                    ref.run_id,
+                    parent.run_id,
+                    exc,
+                    extra={"action": "child_sweep_failed", "run_id": parent.run_id},
+                )
         return changed
 
 

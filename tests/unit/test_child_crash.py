@@ -265,3 +265,25 @@ async def test_a_child_created_while_its_parent_was_cancelled_is_cancelled_too()
     await runtime.cancel(parent.run_id)
     child = await runtime.children._create(apply_write(head, [started]), "build", child_id)
     assert child.status == RunStatus.CANCELLED
+
+
+async def test_the_sweep_looks_at_every_waiting_parent_page_by_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore()
+    first = child_runtime(store)
+    parents = [
+        (await first.start(StartRequest(f"Build {i}", chain="outer", worker_backend="provider")))[0]
+        for i in range(3)
+    ]
+
+    async def killed(*args: object) -> RunHead:
+        raise Killed
+
+    monkeypatch.setattr(ChildRuns, "_create", killed)
+    for parent in parents:
+        with pytest.raises(BaseExceptionGroup):
+            await first.drive(parent.run_id)
+    monkeypatch.undo()
+    second = child_runtime(store, clock=ManualClock(first.clock.now()))
+    assert await second.children.sweep(limit=1) == 0  # it created children; no parent moved yet
+    expected = {child_run_id(p.run_id, "build") for p in parents}
+    assert expected <= set(await run_ids(store))
