@@ -12,18 +12,27 @@ import anyio
 import pytest
 
 import orchestration.drive as drive_module
+import orchestration.fanout as fanout_module
 from orchestration.children import ChildRuns
 from orchestration.clock import ManualClock
-from orchestration.decide import Action, AwaitChild, StartAttempt, StartChild, child_run_id, next_action
+from orchestration.decide import (
+    Action,
+    AwaitChild,
+    StartAttempt,
+    StartChild,
+    child_run_id,
+    next_action,
+    next_actions,
+)
 from orchestration.dispatcher import Dispatcher
-from orchestration.facts import AttemptStarted, ChildEnded, ChildStarted, Fact
+from orchestration.facts import AttemptStarted, ChildEnded, ChildStarted, Fact, TaskCompleted
 from orchestration.fold import apply_write, fold
 from orchestration.models import RunHead
 from orchestration.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
 from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
-from tests.unit.child_chains import child_runtime, drive_tree
+from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
 
 START = StartRequest("Build a CLI", chain="outer", worker_backend="provider")
 
@@ -287,3 +296,47 @@ async def test_the_sweep_looks_at_every_waiting_parent_page_by_page(monkeypatch:
     assert await second.children.sweep(limit=1) == 0  # it created children; no parent moved yet
     expected = {child_run_id(p.run_id, "build") for p in parents}
     assert expected <= set(await run_ids(store))
+
+
+async def test_every_prefix_of_a_parallel_parent_decides_as_the_uninterrupted_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same for a parallel chain whose two first steps run child chains at once."""
+    decided: dict[tuple[str, int], tuple[datetime, tuple[Action, ...]]] = {}
+
+    def recording(head: RunHead, now: datetime) -> tuple[Action, ...]:
+        actions = next_actions(head, now)
+        previous = decided.get((head.run_id, head.last_seq))
+        assert previous is None or previous[1] == actions
+        decided[(head.run_id, head.last_seq)] = (now, actions)
+        return actions
+
+    monkeypatch.setattr(fanout_module, "next_actions", recording)
+    both = {
+        "steps": [
+            {"name": "left", "chain": "inner", "after": []},
+            {"name": "right", "chain": "inner", "after": []},
+            {"specialist": "writer", "after": ["left", "right"]},
+        ]
+    }
+    store = BoundaryStore()
+    runtime = child_runtime(store, catalog=child_catalog({"both": both}))
+    parent, _ = await runtime.start(StartRequest("Two ways", chain="both", worker_backend="provider"))
+    assert (await drive_tree(runtime, parent.run_id)).status == RunStatus.COMPLETED
+    facts = await store.read_facts(parent.run_id)
+    seen: set[type] = set()
+    compared = 0
+    for prefix_len in store.boundaries[parent.run_id]:
+        if isinstance(facts[prefix_len - 1], AttemptStarted):
+            continue  # a call in flight: an orphan to a restarted run (test_parallel_prefixes)
+        if (parent.run_id, prefix_len) not in decided:
+            # A child's end recorded while the other child still worked: nobody decided on the
+            # parent before the second end was recorded (the next write).
+            assert isinstance(facts[prefix_len - 1], TaskCompleted)
+            continue
+        now, actions = decided[(parent.run_id, prefix_len)]
+        assert next_actions(fold(facts[:prefix_len]), now) == actions, f"prefix {prefix_len}"
+        seen |= {type(a) for a in actions}
+        compared += 1
+    assert {StartChild, AwaitChild} <= seen and compared >= 5
+    assert [f.task_id for f in facts if isinstance(f, ChildStarted)] == ["left", "right"]
