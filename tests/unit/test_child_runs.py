@@ -3,9 +3,12 @@ live children) and the ties between a parent and its children (deadline, cancel)
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from orchestration.catalog import Catalog
@@ -15,6 +18,8 @@ from orchestration.decide import child_run_id
 from orchestration.errors import ConfigError, InvalidState
 from orchestration.runtime import StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
+from server import cli
+from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
 
@@ -200,3 +205,31 @@ async def test_a_parallel_run_waits_for_several_children_at_once() -> None:
     assert final.status == RunStatus.COMPLETED_WITH_FAILURES
     right = final.task("right")
     assert right.error is not None and right.error.code == "too_many_children"
+
+
+def test_the_cli_refuses_to_complete_a_task_with_live_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONSTRUCT_HOME", str(tmp_path))
+    for name in ("CONSTRUCT_ORCHESTRATION_STORE", "CONSTRUCT_DEPLOYMENT_MODE"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def setup() -> str:
+        store = FilesystemStore(tmp_path)
+        try:
+            runtime = child_runtime(store)
+            parent, _ = await runtime.start(StartRequest("Write", chain=("writer", "reviewer")))
+            await runtime.drive(parent.run_id)
+            await runtime.children.start_for_host(
+                StartRequest("Research", chain=("researcher",)), parent.run_id, "writer"
+            )
+            return parent.run_id
+        finally:
+            await store.close()
+
+    run_id = anyio.run(setup)
+    resume = ["runs", "resume", run_id, "--task-id", "writer", "--output", "Report.", "--json"]
+    out = io.StringIO()
+    assert cli.run(resume, out) != 0
+    assert cli.run([*resume, "--detach-children"], out) == 0
+    assert json.loads(out.getvalue())["tasks"][0]["status"] == "done"
