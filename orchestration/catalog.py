@@ -74,7 +74,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchestration.chain_checks import check_chain
+from orchestration.chain_checks import check_chain, check_child_chains
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
 from orchestration.models import (
     RESERVED_STEP_NAMES,
@@ -122,6 +122,9 @@ class ChainDefinition:
     steps: tuple[ChainStep, ...]
     #: how many ready steps of a run the provider backend runs at once
     max_parallel: int = 4
+    #: child runs: how many may be live at once, and how deep (see :mod:`orchestration.children`)
+    max_children: int | None = None
+    max_depth: int = 3
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -156,7 +159,10 @@ class _SpecialistConfig(_Strict):
 
 
 class _StepConfig(_Strict):
-    specialist: str
+    #: who runs the step: a specialist, or (``chain``) another chain as a child run
+    specialist: str | None = None
+    chain: str | None = None
+    output_of: str | None = None
     name: str | None = None
     approve_before: bool = False
     approve_after: bool = False
@@ -179,12 +185,16 @@ class _StepConfig(_Strict):
         default=None, min_length=1, max_length=100
     )
 
-    _names = field_validator("specialist", "name")(lambda v: v if v is None else _check_name(v))
+    _names = field_validator("specialist", "name", "chain", "output_of")(
+        lambda v: v if v is None else _check_name(v)
+    )
 
 
 class _ChainConfig(_Strict):
     description: str = ""
     max_parallel: int = Field(default=4, ge=1, le=64)
+    max_children: int | None = Field(default=None, ge=1, le=1000)
+    max_depth: int = Field(default=3, ge=0, le=20)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
 
 
@@ -329,6 +339,17 @@ class Catalog:
                         _check_name(item)
                     except ValueError as exc:
                         raise ConfigError(source, f"{where}.steps[{i}]", str(exc)) from None
+                if (step_cfg.specialist is None) == (step_cfg.chain is None):
+                    raise ConfigError(
+                        source, f"{where}.steps[{i}]", "give exactly one of 'specialist' or 'chain'"
+                    )
+                if step_cfg.chain is not None:
+                    steps.append(_child_step(step_cfg, source, f"{where}.steps[{i}]"))
+                    continue
+                if step_cfg.output_of is not None:
+                    raise ConfigError(
+                        source, f"{where}.steps[{i}].output_of", "only a step with 'chain' has output_of"
+                    )
                 if step_cfg.specialist not in specialists:
                     raise ConfigError(
                         source,
@@ -385,7 +406,13 @@ class Catalog:
             problem = check_chain(steps)
             if problem is not None:
                 raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
-            chains[name] = ChainDefinition(name, chain.description, tuple(steps), chain.max_parallel)
+            chains[name] = ChainDefinition(
+                name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
+            )
+        explicit = {n for n, c in config.chains.items() if "max_depth" in c.model_fields_set}
+        problem = check_child_chains({n: c.steps for n, c in chains.items()}, explicit)
+        if problem is not None:
+            raise ConfigError(source, f"chains.{problem[0]}", problem[1])
         return Catalog(specialists, chains, source)
 
     # -- resolution at start ------------------------------------------------------------------
@@ -410,6 +437,7 @@ class Catalog:
             definition = self.chains[name]
             steps = list(definition.steps)
             max_parallel = definition.max_parallel
+            max_children, max_depth = definition.max_children, definition.max_depth
         else:
             if not chain:
                 raise InvalidArgument("chain is an empty list; give at least one specialist name")
@@ -423,6 +451,7 @@ class Catalog:
                     )
             name = "custom"
             max_parallel = 4
+            max_children, max_depth = None, 3
             steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
             reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
             if reserved:
@@ -440,14 +469,47 @@ class Catalog:
         steps = [
             s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
         ]
-        used = sorted({s.specialist for s in steps})
+        used = sorted({s.specialist for s in steps if s.chain is None})
         snapshots = tuple(
             SpecialistSnapshot(
                 name=n, description=self.specialists[n].description, persona=self.specialists[n].persona
             )
             for n in used
         )
-        return ChainSnapshot(name=name, steps=tuple(steps), specialists=snapshots, max_parallel=max_parallel)
+        return ChainSnapshot(
+            name=name,
+            steps=tuple(steps),
+            specialists=snapshots,
+            max_parallel=max_parallel,
+            max_children=max_children,
+            max_depth=max_depth,
+        )
+
+
+def _child_step(config: _StepConfig, source: str, where: str) -> ChainStep:
+    """A step that runs another chain as a child run (:mod:`orchestration.children`)."""
+    assert config.chain is not None
+    for key in ("output_schema", "route_on", "provider", "model"):
+        if key in config.model_fields_set:
+            raise ConfigError(
+                source, f"{where}.{key}", "a step that runs a chain takes its child's output as it is"
+            )
+    return ChainStep(
+        name=config.name or config.chain,
+        specialist=f"chain:{config.chain}",
+        chain=config.chain,
+        output_of=config.output_of,
+        approve_before=config.approve_before,
+        approve_after=config.approve_after,
+        on_failure=config.on_failure,
+        timeout_seconds=config.timeout_seconds,
+        max_visits=config.max_visits,
+        after=None if config.after is None else tuple(config.after),
+        instruction=config.instruction,
+        expires_after_seconds=config.expires_after_seconds,
+        on_expiry=config.on_expiry,
+        approvers=None if config.approvers is None else tuple(config.approvers),
+    )
 
 
 def _unique_names(steps: Sequence[ChainStep]) -> list[ChainStep]:

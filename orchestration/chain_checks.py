@@ -4,7 +4,7 @@ check are :mod:`orchestration.routing`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestration.graph import (
@@ -171,3 +171,49 @@ def _reachable_graph(steps: Sequence[ChainStep]) -> set[str]:
         if any(t in descendants(graph, name) for t in targets):
             todo += successors
     return seen
+
+
+def check_child_chains(
+    chains: Mapping[str, Sequence[ChainStep]], explicit_depth: set[str]
+) -> tuple[str, str] | None:
+    """The first problem of the chains' child steps, as ``(chain name, message)``: a step naming
+    an unknown chain, or a chain that contains itself (directly or through others) where no chain
+    on the cycle sets ``max_depth`` (``explicit_depth``: the chains that do)."""
+    for name, chain in chains.items():
+        for step in chain:
+            if step.chain is not None and step.chain not in chains:
+                known = ", ".join(sorted(chains))
+                return name, f"step {step.name!r} runs unknown chain {step.chain!r}; known: {known}"
+            if step.chain is not None and step.output_of is not None:
+                names = [s.name for s in chains[step.chain]]
+                if step.output_of not in names:
+                    return name, (
+                        f"step {step.name!r} takes output_of {step.output_of!r}, which is not a step of "
+                        f"chain {step.chain!r} ({', '.join(names)})"
+                    )
+    for name in chains:
+        cycle = _cycle_from(chains, name)
+        if cycle is not None and not explicit_depth.intersection(cycle):
+            return name, (
+                f"chain {name!r} contains itself ({' -> '.join([*cycle, cycle[0]])}); set max_depth on "
+                "one of these chains to bound the recursion"
+            )
+    return None
+
+
+def _cycle_from(chains: Mapping[str, Sequence[ChainStep]], start: str) -> list[str] | None:
+    """A path of child steps from ``start`` back to ``start``, if any."""
+    todo: list[list[str]] = [[start]]
+    seen: set[str] = set()
+    while todo:
+        path = todo.pop()
+        for step in chains[path[-1]]:
+            target = step.chain
+            if target is None or target not in chains:
+                continue
+            if target == start:
+                return path
+            if target not in seen:
+                seen.add(target)
+                todo.append([*path, target])
+    return None

@@ -49,6 +49,7 @@ the reservations of calls in flight gives no action until they end.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -99,6 +100,25 @@ class StartAttempt:
     task_id: str
     attempt: int
     possible_duplicate_call: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StartChild:
+    """Start the child run of ``task_id``, a step that runs a chain: record ``child_started``
+    (with ``child_run_id``, derived from the run and the task instance), then create the child
+    (:mod:`orchestration.children`)."""
+
+    task_id: str
+    child_run_id: str
+    chain: str
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitChild:
+    """The child run ``child_run_id`` of ``task_id`` works; its end is recorded on this run."""
+
+    task_id: str
+    child_run_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +173,8 @@ Action = (
     | AwaitHost
     | StartAttempt
     | FailTask
+    | StartChild
+    | AwaitChild
     | RouteTask
     | RequestBudget
     | WaitUntil
@@ -160,7 +182,7 @@ Action = (
     | Idle
 )
 
-PAUSING_ACTIONS = (AwaitApproval, AwaitHost, WaitUntil, Idle)
+PAUSING_ACTIONS = (AwaitApproval, AwaitHost, AwaitChild, WaitUntil, Idle)
 
 
 def _gate_action(head: RunHead, gate_id: str, now: datetime) -> Action | None:
@@ -269,7 +291,33 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
         return (finish,)
     if not actions:
         return (FinishRun("completed_with_failures" if any_failed else "completed"),)
-    return tuple(actions)
+    return _bound_children(head, actions)
+
+
+def _bound_children(head: RunHead, actions: list[Action]) -> tuple[Action, ...]:
+    """Several steps of a parallel run may start child runs at once: those that would go over the
+    chain's ``max_children`` (counting the live ones and the earlier starts) fail, as in a
+    linear run (:func:`_child_action`)."""
+    limit = head.chain.max_children
+    if limit is None:
+        return tuple(actions)
+    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    out: list[Action] = []
+    for action in actions:
+        if isinstance(action, StartChild):
+            if live >= limit:
+                action = FailTask(action.task_id, _too_many(head, live, limit))
+            else:
+                live += 1
+        out.append(action)
+    return tuple(out)
+
+
+def _too_many(head: RunHead, live: int, limit: int) -> TypedError:
+    return TypedError(
+        code="too_many_children",
+        message=f"run {head.run_id} has {live} live child runs; its chain allows {limit} (max_children)",
+    )
 
 
 def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None:
@@ -290,6 +338,8 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None
                 message=f"task {task.task_id} ran past its limit of {step.timeout_seconds} s",
             ),
         )
+    if step.chain is not None:
+        return _child_action(head, task, step.chain)
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
     if head.contract.worker_backend == "inline":
@@ -320,6 +370,35 @@ def _budgeted(head: RunHead, task: TaskState, action: Action, now: datetime) -> 
         return FailTask(task.task_id, TypedError(code=BUDGET_EXHAUSTED, message=refused.message))
     ask = BudgetAsk(task_id=task.task_id, step=refused.step, note=refused.message)
     return RequestBudget(task.task_id, next_budget_gate_id(head), ask)
+
+
+def child_run_id(run_id: str, task_id: str) -> str:
+    """The run id of the child run of task instance ``task_id`` of run ``run_id``: derived from
+    both (not from an attempt), so a restarted parent names the same child."""
+    digest = hashlib.sha256(f"{run_id}/{task_id}".encode()).hexdigest()[:32]
+    return f"child-{digest}"
+
+
+def _child_action(head: RunHead, task: TaskState, chain: str) -> Action:
+    """A step that runs a chain: start its child (unless that would go deeper than the chain's
+    ``max_depth``), or wait for it."""
+    if task.status == TaskStatus.RUNNING and task.children:
+        return AwaitChild(task.task_id, task.children[-1].run_id)
+    depth = (head.parent.depth if head.parent is not None else 0) + 1
+    if depth > head.chain.max_depth:
+        return FailTask(
+            task.task_id,
+            TypedError(
+                code="child_depth_exceeded",
+                message=f"task {task.task_id} would start a child run at depth {depth}; chain "
+                f"{head.chain.name!r} allows {head.chain.max_depth} (max_depth)",
+            ),
+        )
+    limit = head.chain.max_children
+    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    if limit is not None and live >= limit:
+        return FailTask(task.task_id, _too_many(head, live, limit))
+    return StartChild(task.task_id, child_run_id(head.run_id, task.task_id), chain)
 
 
 def _linear_action(head: RunHead, now: datetime) -> Action:

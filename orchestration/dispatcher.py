@@ -31,6 +31,12 @@ stops cleanly; its lease could not be released while the store was away, so the 
 releases it once the store is back and the run is claimed again, by this process or another, and
 resumed from its facts.
 
+**Child runs.** A run awaiting its children (:mod:`orchestration.children`) is not runnable: it
+takes no slot and no lease. The process that ends a child records that on the parent at once; as
+the safety net, every ``child_poll_seconds`` (default: 5 polls) a pass also sweeps the runs that
+wait for children (``ChildRuns.sweep``: creates a child a crash left uncreated, records an end
+nobody recorded). Only when ``recover`` is on, like the scans.
+
 **Lost leases.** A drive that finds its lease taken by another worker (``LeaseLost``: this process
 stalled past the lease while another one claimed the run) has recorded nothing and stops; that is
 the lease doing its job, not a failure. The run is left to its holder (logged at INFO).
@@ -71,6 +77,7 @@ class Dispatcher:
         recover: bool = True,
         batch: int = 100,
         backoff: Backoff | None = None,
+        child_poll_seconds: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -80,6 +87,8 @@ class Dispatcher:
         self.recover = recover
         self.batch = batch
         self.backoff = backoff or Backoff(base=0.1, cap=5.0)
+        self.child_poll_seconds = poll_seconds * 5 if child_poll_seconds is None else child_poll_seconds
+        self._next_sweep = 0.0
         store: Any = runtime.store
         # Optional store capabilities (see stores/__init__.py), looked up once.
         claim: ClaimRunnable | None = getattr(store, "claim_runnable", None)
@@ -158,6 +167,7 @@ class Dispatcher:
         try:
             await self._ensure_listening()
             await self._release_interrupted()
+            await self._sweep_children()
             if self._claim_runnable is not None:
                 await self._claim(tg)
             else:
@@ -222,6 +232,14 @@ class Dispatcher:
     def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None) -> None:
         self._active.add(run_id)
         tg.start_soon(self._drive, run_id, lease)
+
+    async def _sweep_children(self) -> None:
+        """Every ``child_poll_seconds``: the child runs' safety net (see the module docstring)."""
+        now = anyio.current_time()
+        if not self.recover or now < self._next_sweep:
+            return
+        self._next_sweep = now + self.child_poll_seconds
+        await self.runtime.children.sweep()
 
     async def _release_interrupted(self) -> None:
         """Release the leases that interrupted drives could not release while the store was away,

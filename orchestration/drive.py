@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -45,6 +45,7 @@ from orchestration.clock import Clock
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
+    AwaitChild,
     ExpireGate,
     FailTask,
     FinishRun,
@@ -53,6 +54,7 @@ from orchestration.decide import (
     RequestBudget,
     RouteTask,
     StartAttempt,
+    StartChild,
     WaitUntil,
     next_action,
 )
@@ -69,6 +71,7 @@ from orchestration.facts import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
+    ChildStarted,
     Fact,
     RunFinished,
     TaskCompleted,
@@ -86,6 +89,9 @@ from orchestration.store import Lease, RunStore
 from orchestration.tracing import DriveTrace
 from orchestration.workers.base import AttemptSucceeded, TaskWorker
 from orchestration.workers.host import host_task_prepared
+
+if TYPE_CHECKING:
+    from orchestration.children import ChildRuns
 
 # The drive's events keep the logger they had when the loop lived in the runtime module.
 log = logging.getLogger("construct.runtime")
@@ -133,6 +139,7 @@ class Drive:
         recorded: Recorded,
         cancel_scopes: dict[str, Cancellable],
         stopping: Callable[[], bool],
+        children: ChildRuns | None = None,
     ) -> None:
         self.run_id = lease.run_id
         #: the lease the drive holds, and the one to release once :meth:`run` returns. Renewal
@@ -150,6 +157,8 @@ class Drive:
         self._recorded = recorded
         self._cancel_scopes = cancel_scopes
         self._stopping = stopping
+        #: creates a step's child run and records its end (:mod:`orchestration.children`)
+        self.children = children
         #: task outputs of this run read or committed by this drive, by sequence number: a
         #: recorded fact never changes, so a prompt reads each earlier output from the store at
         #: most once per drive (see :func:`~orchestration.reading.read_outputs`)
@@ -379,6 +388,9 @@ class Drive:
                     head = None
                     continue
                 return action
+            if isinstance(action, AwaitChild) and await self._child_moved(head, action.task_id):
+                head = None
+                continue
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
@@ -410,12 +422,27 @@ class Drive:
             return await self._attempt(head, action)
         if isinstance(action, RouteTask):
             return await self._append(head, [route_decided(action.plan, seq, now)])
+        if isinstance(action, StartChild):
+            # Recorded before the child exists; the child's run id and key come from the task
+            # instance, so a crash in between never leaves two children, or none.
+            started = ChildStarted(
+                seq=seq, at=now, task_id=action.task_id, child_run_id=action.child_run_id, chain=action.chain
+            )
+            stored = await self._append(head, [started])
+            return None if await self._child_moved(stored, action.task_id) else stored
         if isinstance(action, ExpireGate):
             return await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
         if isinstance(action, RequestBudget):
             ask = ApprovalRequested(seq=seq, at=now, format=4, gate_id=action.gate_id, budget=action.ask)
             return await self._append(head, [ask])
         raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
+
+    async def _child_moved(self, head: RunHead, task_id: str) -> bool:
+        """Make sure the child of ``task_id`` exists and record its end if it ended; True when the
+        run changed (decide again from the store)."""
+        if self.children is None:
+            raise InvalidState(f"run {head.run_id}: this runtime does not run child chains")
+        return await self.children.ensure(head, task_id)
 
     async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:
         """While a provider call is in flight, abort it as soon as the run is written to by anyone

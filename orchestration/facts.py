@@ -50,6 +50,7 @@ from orchestration.models import (
     DecisionChannel,
     ExecutionContract,
     Frozen,
+    ParentLink,
     RunHead,
     Telemetry,
     TypedError,
@@ -94,6 +95,9 @@ class RunCreated(_Fact):
     #: own span of that call; see :mod:`orchestration.tracing`); optional, so no new format: a
     #: reader without it only starts the run's spans in a trace of their own
     traceparent: str | None = None
+    #: a child run's parent task and depth (:mod:`orchestration.children`); optional, so no new
+    #: format: a reader that ignores it runs the child as a run of its own
+    parent: ParentLink | None = None
 
 
 class ApprovalRequested(_Fact):
@@ -250,6 +254,34 @@ def route_decided(plan: RoutePlan, seq: int, at: datetime) -> RouteDecided:
     )
 
 
+class ChildStarted(_Fact):
+    """A child run is linked to ``task_id`` (:mod:`orchestration.children`). For a step that runs
+    a chain (``by = "step"``) it is recorded *before* the child is created, with the child's run id
+    derived from the run and the task instance, so a restart finds the same child; the task is
+    then running and the run awaits its children. A host's child (``by = "host"``) is recorded
+    after the child was created, on the task the host works on."""
+
+    type: Literal["child_started"] = "child_started"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    child_run_id: str
+    chain: str
+    by: Literal["step", "host"] = "step"
+
+
+class ChildEnded(_Fact):
+    """The child run ``child_run_id`` of ``task_id`` ended with ``status``. For a step's child it is
+    written together with the task's outcome (``task_completed`` with the child's output, or
+    ``task_failed`` with a typed ``child_*`` error)."""
+
+    type: Literal["child_ended"] = "child_ended"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    child_run_id: str
+    status: str
+    error: TypedError | None = None
+
+
 class RunCancelled(_Fact):
     type: Literal["run_cancelled"] = "run_cancelled"
     reason: str | None = None
@@ -273,6 +305,8 @@ Fact = Annotated[
     | TaskCompleted
     | TaskFailed
     | RouteDecided
+    | ChildStarted
+    | ChildEnded
     | RunCancelled
     | RunFinished,
     Field(discriminator="type"),

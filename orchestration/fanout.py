@@ -36,6 +36,7 @@ import anyio.abc
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
+    AwaitChild,
     AwaitHost,
     FailTask,
     PrepareHostTask,
@@ -173,6 +174,8 @@ class Fanout:
                 continue
             if not actions:  # pragma: no cover - next_actions always names something
                 return None
+            if await self._children_moved(head, actions):
+                continue
             pause = actions[0]
             if isinstance(pause, WaitUntil):
                 delay = (pause.not_before - drive.clock.now()).total_seconds()
@@ -181,6 +184,15 @@ class Fanout:
                     continue
             # A durable wait first: the dispatcher schedules the run's wake-up from it.
             return next((a for a in actions if isinstance(a, WaitUntil)), pause)
+
+    async def _children_moved(self, head: RunHead, actions: list[Action]) -> bool:
+        """Before pausing: make sure every child the run waits for exists, and record those that
+        ended (:mod:`orchestration.children`); True when that changed the run."""
+        moved = False
+        for action in actions:
+            if isinstance(action, AwaitChild):
+                moved = await self.drive._child_moved(head, action.task_id) or moved
+        return moved
 
     def _wait_seconds(self, actions: list[Action], now: datetime) -> float | None:
         """How long to wait for a call's end before deciding again: until the earliest

@@ -19,6 +19,8 @@ from orchestration.facts import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
+    ChildEnded,
+    ChildStarted,
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
@@ -33,6 +35,7 @@ from orchestration.graph import is_parallel, summary_status
 from orchestration.models import (
     GATE_STATUS_OF,
     AttemptRecord,
+    ChildRef,
     GateState,
     RunHead,
     TaskState,
@@ -75,6 +78,7 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         request_hash=fact.request_hash,
         started_by=fact.started_by,
         traceparent=fact.traceparent,
+        parent=fact.parent,
         tasks=tasks,
         gates=tuple(gates),
         deadline_at=fact.deadline_at,
@@ -315,6 +319,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, RouteDecided):
         update |= _route(head, fact)
+    elif isinstance(fact, ChildStarted | ChildEnded):
+        update |= _child(head, fact)
     elif isinstance(fact, RunCancelled):
         update |= _with_status(head, RunStatus.CANCELLED)
         update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
@@ -389,6 +395,41 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
         update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
         update["finished_at"] = fact.at
     return update
+
+
+def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> dict[str, object]:
+    """The head's changes for a child run's link or end (:mod:`orchestration.children`)."""
+    try:
+        task = head.task(fact.task_id)
+    except KeyError:
+        raise IllegalTransition(f"run {head.run_id} has no task {fact.task_id!r}") from None
+    children = task.children or ()
+    if isinstance(fact, ChildEnded):
+        ref = next((c for c in children if c.run_id == fact.child_run_id), None)
+        if ref is None or ref.status != "active":
+            raise IllegalTransition(f"child run {fact.child_run_id} of task {fact.task_id} is not active")
+        ended = tuple(c.model_copy(update={"status": fact.status}) if c is ref else c for c in children)
+        return {"tasks": _replace_task(head, task.model_copy(update={"children": ended}))}
+    if any(c.run_id == fact.child_run_id for c in children):
+        raise IllegalTransition(f"child run {fact.child_run_id} is already linked to task {fact.task_id}")
+    linked = (*children, ChildRef(run_id=fact.child_run_id, by=fact.by))
+    if fact.by == "host":
+        if task.status != TaskStatus.AWAITING_HOST:
+            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+        return {"tasks": _replace_task(head, task.model_copy(update={"children": linked}))}
+    attempt = AttemptRecord(
+        number=len(task.attempts) + 1, executor=f"child:{fact.child_run_id}", started_at=fact.at
+    )
+    tasks = _task_update(
+        head,
+        fact.task_id,
+        TaskStatus.RUNNING,
+        executor=attempt.executor,
+        attempts=(*task.attempts, attempt),
+        started_at=task.started_at or fact.at,
+        children=linked,
+    )
+    return {"tasks": tasks} | _with_status(head, RunStatus.AWAITING_CHILDREN)
 
 
 def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:

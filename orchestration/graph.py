@@ -127,10 +127,12 @@ def summary_status(head: RunHead) -> RunStatus:
     the server has something to do (a task to start or prepare, a gate to request, a failed
     required task, the run to finish), else paused: ``awaiting_host`` while a host task waits
     (gates may wait too), ``awaiting_approval`` while only gates wait. It does not read a clock:
-    a task waiting for a provider's retry-after is work (``queued`` with ``not_before``)."""
-    if any(t.status == TaskStatus.RUNNING for t in head.tasks):
+    a task waiting for a provider's retry-after is work (``queued`` with ``not_before``). A step
+    whose child run works (:mod:`orchestration.children`) is not a call in flight: while only
+    children work, the run is ``awaiting_children``."""
+    if any(t.status == TaskStatus.RUNNING and head.chain.step(t.step_name).chain is None for t in head.tasks):
         return RunStatus.RUNNING
-    host = gate = False
+    host = gate = children = False
     for task in head.tasks:
         step = head.chain.step(task.step_name)
         if task.status == TaskStatus.FAILED and (step.on_failure == "fail" or fails_run(task)):
@@ -157,12 +159,16 @@ def summary_status(head: RunHead) -> RunStatus:
             gate = True
         elif task.status == TaskStatus.AWAITING_HOST:
             host = True
+        elif task.status == TaskStatus.RUNNING:
+            children = True  # a step's child run works (a call in flight returned above)
         else:
             return RunStatus.QUEUED
     if host:
         return RunStatus.AWAITING_HOST
     if gate:
         return RunStatus.AWAITING_APPROVAL
+    if children:
+        return RunStatus.AWAITING_CHILDREN
     return RunStatus.QUEUED
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from orchestration.costs import Budget
 from orchestration.errors import InvalidArgument, TooLarge, quoted
-from orchestration.models import ChainSnapshot, ExecutionContract, WorkerBackend, canonical_hash
+from orchestration.models import ChainSnapshot, ExecutionContract, ParentLink, WorkerBackend, canonical_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,17 @@ class StartRequest:
     #: the run's budget (see :mod:`orchestration.budget`); None: the chain's from the
     #: configuration, if any (applied by :func:`orchestration.costing.with_costs`)
     budget: Budget | None = None
+    #: a host's child run (:mod:`orchestration.children`): the parent task it is tied to, and the
+    #: parent's time limit, which bounds the child's deadline; neither is part of the hash
+    parent: ParentLink | None = None
+    parent_deadline: datetime | None = None
+
+    def deadline(self, now: datetime) -> datetime | None:
+        """The run's deadline if it starts at ``now``: its ``timeout_seconds``, bounded by its
+        parent's time limit."""
+        own = None if self.timeout_seconds is None else now + timedelta(seconds=self.timeout_seconds)
+        times = [t for t in (own, self.parent_deadline) if t is not None]
+        return min(times) if times else None
 
     def request_hash(self) -> str:
         """What makes two starts "the same request" for idempotency (a budget counts when given:

@@ -26,6 +26,7 @@ from orchestration.vocabulary import RunStatus, TaskStatus
 #: Every stored head and fact states the format a reader must understand to read it; a record
 #: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
 #: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.budget`).
+#: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
 RECORD_FORMAT = 4
 
 
@@ -92,6 +93,11 @@ class ChainStep(Frozen):
     on_expiry: OnExpiry = "reject"
     #: the identities allowed to decide this step's gates; None: anyone with the approve role
     approvers: tuple[str, ...] | None = None
+    #: a step that runs another chain as a child run (see :mod:`orchestration.children`): that
+    #: chain's name (``specialist`` is then ``chain:<name>``, a label), and the child's step whose
+    #: output becomes this step's (None: the child's last done task). Record format 4.
+    chain: str | None = None
+    output_of: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -117,6 +123,10 @@ class ChainSnapshot(Frozen):
     specialists: tuple[SpecialistSnapshot, ...]
     #: how many of the run's ready steps the provider backend runs at the same time
     max_parallel: int = Field(default=4, ge=1)
+    #: child runs (:mod:`orchestration.children`): how many may be live at once (None: no limit),
+    #: and how deep a run of this chain may start them (a child of depth > ``max_depth`` fails)
+    max_children: int | None = Field(default=None, ge=1)
+    max_depth: int = Field(default=3, ge=0)
 
     def step(self, name: str) -> ChainStep:
         for step in self.steps:
@@ -201,6 +211,24 @@ class AttemptRecord(Frozen):
     telemetry: Telemetry = Telemetry()
 
 
+class ChildRef(Frozen):
+    """A child run linked to a task (:mod:`orchestration.children`): started by the task's step
+    (``by = "step"``) or by the host working on it (``"host"``); ``status`` is ``active`` until the
+    child's end is recorded on the parent, then the child's terminal status."""
+
+    run_id: str
+    by: Literal["step", "host"] = "step"
+    status: str = "active"
+
+
+class ParentLink(Frozen):
+    """The task of another run that started this one as a child run, and this run's depth."""
+
+    run_id: str
+    task_id: str
+    depth: int = Field(default=1, ge=1)
+
+
 class TaskState(Frozen):
     """A task's state in the run head.
 
@@ -245,6 +273,8 @@ class TaskState(Frozen):
     error: TypedError | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: the child runs linked to this task, oldest first (None: none)
+    children: tuple[ChildRef, ...] | None = None
 
     @property
     def step_name(self) -> str:
@@ -270,6 +300,7 @@ class TaskState(Frozen):
             status=self.status,
             output_seq=self.output_seq,
             error=self.error,
+            children=self.children,
         )
 
 
@@ -360,6 +391,8 @@ class RunHead(Frozen):
     not_before: datetime | None = None
     #: the run's own deadline (``timeout_seconds`` at start); passing it fails the run
     deadline_at: datetime | None = None
+    #: the task of another run that started this run as a child (None: a top-level run)
+    parent: ParentLink | None = None
     #: the earliest time at which the run needs a decision although nobody wrote to it: the run's
     #: deadline or the deadline of the task in progress. Stores index it so that a dispatcher finds
     #: paused runs whose time ran out while no process was up.

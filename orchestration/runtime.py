@@ -29,6 +29,7 @@ import anyio
 from orchestration.approvals import check_approver, check_budget_raise, check_repeat
 from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled
 from orchestration.catalog import Catalog
+from orchestration.children import ChildRuns
 from orchestration.clock import Clock, SystemClock
 from orchestration.decide import Action
 from orchestration.drive import Cancellable, Drive, DriveSettings
@@ -138,6 +139,7 @@ class Runtime:
         self._driving: dict[str, Drive | None] = {}
         #: gives drives' leases back; keeps those it could not (the store was away)
         self._releases = LeaseReleases(store)
+        self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -219,14 +221,11 @@ class Runtime:
         )
         contract = self.resolve_contract(request, chain)
         run_id = validate_run_id(self.new_id())
-        now = self.clock.now()
-        deadline = (
-            None if request.timeout_seconds is None else now + timedelta(seconds=request.timeout_seconds)
-        )
         fact = RunCreated(
             seq=1,
-            at=now,
-            deadline_at=deadline,
+            at=(now := self.clock.now()),
+            deadline_at=request.deadline(now),
+            parent=request.parent,
             run_id=run_id,
             request=request.request,
             chain=chain,
@@ -576,6 +575,7 @@ class Runtime:
             recorded=self._recorded,
             cancel_scopes=self._cancel_scopes,
             stopping=lambda: self._stopping,
+            children=self.children,
         )
 
     def hand_over(self, lease: Lease) -> bool:

@@ -18,6 +18,9 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
     AWAITING_HOST = "awaiting_host"
+    #: a task's child run works (:mod:`orchestration.children`): the run holds no lease and no
+    #: dispatcher slot; the child's end is recorded on it (record format 4)
+    AWAITING_CHILDREN = "awaiting_children"
     COMPLETED = "completed"
     COMPLETED_WITH_FAILURES = "completed_with_failures"
     FAILED = "failed"
@@ -53,7 +56,9 @@ class TaskStatus(StrEnum):
 
 
 ACTIVE_RUN_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
-PAUSED_RUN_STATUSES = frozenset({RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST})
+PAUSED_RUN_STATUSES = frozenset(
+    {RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN}
+)
 TERMINAL_RUN_STATUSES = frozenset(
     {
         RunStatus.COMPLETED,
@@ -79,16 +84,20 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
             _R.RUNNING,
             _R.AWAITING_APPROVAL,
             _R.AWAITING_HOST,
+            _R.AWAITING_CHILDREN,
             _R.COMPLETED,
             _R.COMPLETED_WITH_FAILURES,
         }
     )
     | _NONTERMINAL_EXITS,
-    _R.RUNNING: frozenset({_R.QUEUED, _R.AWAITING_APPROVAL, _R.AWAITING_HOST}) | _NONTERMINAL_EXITS,
+    _R.RUNNING: frozenset({_R.QUEUED, _R.AWAITING_APPROVAL, _R.AWAITING_HOST, _R.AWAITING_CHILDREN})
+    | _NONTERMINAL_EXITS,
     # An approval gate is left by a decision: approve -> queued, reject -> rejected.
     _R.AWAITING_APPROVAL: frozenset({_R.QUEUED, _R.REJECTED}) | _NONTERMINAL_EXITS,
     # A host task is left when the host's output is recorded (-> queued).
     _R.AWAITING_HOST: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
+    # A child run's end is recorded on its parent (-> queued: the parent goes on).
+    _R.AWAITING_CHILDREN: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
     _R.COMPLETED: frozenset(),
     _R.COMPLETED_WITH_FAILURES: frozenset(),
     _R.FAILED: frozenset(),

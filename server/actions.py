@@ -32,6 +32,11 @@ class RunHostTask(View):
         description="When set, the output must be one JSON object matching this JSON Schema.",
     )
     instruction: str
+    run_id: str | None = Field(
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
+    )
 
 
 class Approve(View):
@@ -43,6 +48,11 @@ class Approve(View):
     position: Literal["before", "after", "exhausted", "budget"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
+    run_id: str | None = Field(
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
+    )
 
 
 class Wait(View):

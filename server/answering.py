@@ -19,6 +19,7 @@ from orchestration.models import RunHead
 from orchestration.tracing import link_call_to_run
 from orchestration.vocabulary import RunStatus
 from server.arguments import error_result
+from server.child_views import settle_children
 from server.elicit import settle_and_ask
 from server.identity import Caller, Role, caller_of
 from server.services import Services
@@ -112,6 +113,16 @@ async def settle_view(
         deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
         while True:
             head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
+            if head.status == RunStatus.AWAITING_CHILDREN:
+                # What the run needs is what its children need (server.child_views); a child
+                # that ended moves the run on: wait for that, then for the run to settle again.
+                ended = await settle_children(runtime, head, deadline - anyio.current_time())
+                if not ended or runtime.stopping or anyio.current_time() >= deadline:
+                    break
+                head = await runtime.wait_for_facts(
+                    head.run_id, head.last_seq, deadline - anyio.current_time()
+                )
+                continue
             # A durable wait (a provider's backoff) that ends within the caller's budget is not
             # worth answering "wait" for: wait through it, then for the next settled state. Not
             # when the server is stopping: nothing will move the run on in this process.

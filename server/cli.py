@@ -49,6 +49,7 @@ import anyio
 
 from orchestration.budget import budget_raise
 from orchestration.catalog import Catalog
+from orchestration.children import refuse_detached
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from orchestration.facts import Fact
 from orchestration.models import RunHead
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     given = resume.add_mutually_exclusive_group()
     given.add_argument("--output", help="the task's output")
     given.add_argument("--output-file", help="read the task's output from a file ('-': stdin)")
+    resume.add_argument(
+        "--detach-children", action="store_true", help="complete it although its child runs are live"
+    )
     _common(resume)
     _json_flag(resume)
 
@@ -413,6 +417,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         elif args.task_id is None:
             raise await runtime.missing_task_id(args.run_id, "--task-id")
         else:
+            refuse_detached(await runtime.status(args.run_id), args.task_id, args.detach_children)
             head = await runtime.submit_host_output(args.run_id, args.task_id, output)
         return await _advance(runtime, head)
     if command == "approve":

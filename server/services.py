@@ -17,6 +17,7 @@ from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.reading import RunSnapshot
 from orchestration.runtime import Runtime
+from server.child_views import with_children
 from server.config import Settings
 from server.elicit import GateAsks
 from server.views import Detail, RunView, run_view
@@ -73,7 +74,9 @@ class Services:
             while len(self.snapshots) >= SNAPSHOTS_KEPT:
                 del self.snapshots[next(iter(self.snapshots))]
             self.snapshots[key] = snapshot
-        return run_view(snapshot, detail, full_task)
+        view = run_view(snapshot, detail, full_task)
+        # A parent shows its child runs, and what a waiting child needs (server.child_views).
+        return await with_children(view, head, self.view)
 
     async def publish_change(self, head: RunHead) -> None:
         """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""

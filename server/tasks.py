@@ -46,6 +46,9 @@ run status                           task
                                      :data:`RUN_ENDED_ERROR`, whose ``data.reason`` is the typed reason
                                      (the run's error code, or ``rejected``) and ``data.run_id`` the run
 ``cancelled``                        ``cancelled`` (the status message gives the reason)
+``awaiting_children``                ``input_required`` when a child run waits for a host task or a gate
+                                     (the status message names the call on the child's run id; the
+                                     child's gates are not ``inputRequests``), else ``working``
 ===================================  ====================================================================
 
 A gate id names one task instance (a revisit is ``step~2``), so a key is never reused within a
@@ -164,7 +167,15 @@ def detailed_task(
     actions = [view.next_action, *view.more_actions]
     if status in (RunStatus.QUEUED, RunStatus.RUNNING):
         task["statusMessage"] = _working_message(view)
-    elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST):
+    elif status == RunStatus.AWAITING_CHILDREN and not any(
+        isinstance(a, RunHostTask | Approve) for a in actions
+    ):
+        task["statusMessage"] = f"run {view.run_id} waits for its child runs: " + ", ".join(
+            f"{c.run_id} ({c.status})" for c in view.children
+        )
+    elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
+        # awaiting_children here: a child run waits for a host task or a gate (the view's actions
+        # name the child's run_id; a child's gate is answered on the child, not by tasks/update)
         task.update(status="input_required", pollIntervalMs=POLL_WAITING_MS)
         task["statusMessage"] = _waiting_message(view, actions, gate_requests or {})
         host = [a.model_dump(mode="json") for a in actions if isinstance(a, RunHostTask)]
@@ -215,15 +226,17 @@ def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, 
     parts: list[str] = []
     for action in actions:
         if isinstance(action, RunHostTask):
+            run_id = action.run_id or view.run_id  # a child run's task names the child
             parts.append(
                 f"host task {action.task_id!r} ({action.specialist}) waits for your model: run its prompts "
-                f"(in _meta[{HOST_TASKS_META!r}]), then call orchestrate_resume(run_id={view.run_id!r}, "
+                f"(in _meta[{HOST_TASKS_META!r}]), then call orchestrate_resume(run_id={run_id!r}, "
                 f"task_id={action.task_id!r}, output=...)"
             )
         elif isinstance(action, Approve):
             key = GATE_KEY + action.gate_id
-            call = f"orchestrate_approve(run_id={view.run_id!r}, gate_id={action.gate_id!r}, decision=...)"
-            if key in asked:
+            run_id = action.run_id or view.run_id
+            call = f"orchestrate_approve(run_id={run_id!r}, gate_id={action.gate_id!r}, decision=...)"
+            if key in asked and action.run_id is None:
                 how = f"answer inputRequests[{key!r}] with tasks/update, or call {call}"
             else:  # this caller may not decide it (see server.elicit.may_decide)
                 how = f"someone who may decide it calls {call}"

@@ -55,6 +55,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
+from orchestration.children import refuse_detached
 from orchestration.costs import Budget, BudgetLimits, HostUsage
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.runtime import Limits, StartRequest
@@ -183,6 +184,18 @@ async def orchestrate_start(
         ),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+    parent_run_id: Annotated[
+        RunId | None,
+        Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
+    ] = None,
+    parent_task_id: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
+        ),
+    ] = None,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a durable specialist chain on a request and return the run.
 
@@ -210,7 +223,15 @@ async def orchestrate_start(
             traceparent=current_traceparent(),
             budget=budget,
         )
-        head, created = await services.runtime.start(start)
+        if (parent_run_id is None) != (parent_task_id is None):
+            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
+        if parent_run_id is not None and parent_task_id is not None:
+            caller.check_run(await services.runtime.status(parent_run_id))
+            head, created = await services.runtime.children.start_for_host(
+                start, parent_run_id, parent_task_id
+            )
+        else:
+            head, created = await services.runtime.start(start)
         # An idempotency key another identity used returns that identity's run: not to one
         # limited to its own runs.
         caller.check_run(head)
@@ -246,6 +267,10 @@ async def orchestrate_resume(
         Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
     ] = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+    detach_children: Annotated[
+        bool,
+        Field(description="Complete the task although child runs you started for it are still live."),
+    ] = False,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
@@ -273,6 +298,8 @@ async def orchestrate_resume(
         elif task_id is None:
             raise await runtime.missing_task_id(run_id)
         else:
+            # A task whose child runs are live is not complete (unless the host detaches them).
+            refuse_detached(await runtime.status(run_id), task_id, detach_children)
             head = await runtime.submit_host_output(run_id, task_id, output, usage)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.

@@ -253,6 +253,19 @@ class ForkView(View):
     task_id: str
 
 
+class ChildView(View):
+    """A child run of a task of the run viewed."""
+
+    run_id: str
+    task_id: str = Field(description="The parent's task the child belongs to.")
+    by: Literal["step", "host"] = Field(
+        description="step: the task's step runs a chain; host: you started it."
+    )
+    chain: str | None = None
+    status: str = Field(description="The child run's status.")
+    waiting_for: str | None = Field(default=None, description="What the child waits for, if anything.")
+
+
 class RunView(Outlined):
     """A run as the tools return it: its status, what the caller must do next, and its record."""
 
@@ -287,6 +300,10 @@ class RunView(Outlined):
     )
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
+    #: filled in by Services.view (server.child_views)
+    children: list[ChildView] = Field(
+        default_factory=list, description="Child runs of the run's tasks.", exclude_if=lambda v: not v
+    )
     error: ErrorView | None = None
     totals: Totals
     budget: BudgetView | None = Field(default=None, description="What the run may spend and has spent.")
@@ -543,6 +560,8 @@ def _kind(status: RunStatus) -> Literal["active", "paused", "terminal"]:
 def waiting_for(head: RunHead) -> str | None:
     """What a paused run waits for, in a few words: every task awaiting the host's output and
     every gate awaiting a decision (a parallel run's branches may wait at once)."""
+    if head.status == RunStatus.AWAITING_CHILDREN:
+        return "child runs"
     if head.status not in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
         return None
     tasks = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
