@@ -86,8 +86,7 @@ RunId = Annotated[
     str,
     Field(
         max_length=80,
-        description="The run's id, as returned by orchestrate_start or runs_list "
-        "(e.g. run-0193a5f2c4d1-...).",
+        description="The run's id (from orchestrate_start or runs_list).",
     ),
 ]
 Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
@@ -97,8 +96,8 @@ WaitSeconds = Annotated[
         ge=0,
         le=MAX_WAIT_SECONDS,
         allow_inf_nan=False,
-        description="Block up to this many seconds until the run needs you (a host task or an approval) "
-        "or ends; progress notifications are sent meanwhile. 0 answers at once.",
+        description="Block up to this many seconds until the run needs you or ends (with progress "
+        "notifications); 0 answers at once.",
     ),
 ]
 
@@ -134,15 +133,14 @@ async def orchestrate_start(
         Field(
             min_length=1,
             max_length=LIMITS.max_idempotency_key_chars,
-            description="Any string unique to this request. Repeating a start with the same key and request "
-            "returns the existing run instead of starting a second one.",
+            description="Makes a retried start safe: the same key and request return the existing run.",
         ),
     ] = None,
     worker_backend: Annotated[
         Literal["inline", "provider"] | None,
         Field(
-            description="'inline' (the usual default): each task is handed to you to run with your own "
-            "model. 'provider': the server calls a model itself (needs a configured model and API key)."
+            description="'inline' (usual default): you run each task with your own model. 'provider': the "
+            "server calls a configured model itself."
         ),
     ] = None,
     provider: Annotated[
@@ -163,8 +161,8 @@ async def orchestrate_start(
         Field(
             gt=0,
             allow_inf_nan=False,
-            description="A time limit for the whole run, in seconds; when it passes, the run fails "
-            "with deadline_exceeded (even if the server was down at that moment).",
+            description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
+            "restarts).",
         ),
     ] = None,
     task_timeout_seconds: Annotated[

@@ -295,8 +295,7 @@ class RunView(Outlined):
         default=None, exclude_if=lambda v: v is None, description="The run and task this run was forked from."
     )
     tasks: list[TaskView] = Field(
-        description="Task instances in run order; outputs as previews with output_uri, whole in output "
-        "only when asked for; typed answers in value."
+        description="Task instances in run order; outputs as previews (output_uri), whole when asked for."
     )
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
