@@ -4,6 +4,7 @@ run's view with a task in progress)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from orchestration.catalog import Catalog
 from orchestration.models import TypedError
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
+from server.child_views import with_children
 from server.tasks import (
     HOST_TASKS_META,
     POLL_WAITING_MS,
@@ -35,6 +37,8 @@ EXPECTED = {
     RunStatus.FAILED: "failed",
     RunStatus.REJECTED: "failed",
     RunStatus.CANCELLED: "cancelled",
+    # the views() case: the child run waits for the host (a child at work: "working", below)
+    RunStatus.AWAITING_CHILDREN: "input_required",
 }
 
 #: The fields only one task status carries (SEP-2663's DetailedTask).
@@ -45,7 +49,27 @@ REFUSED = TypedError(code="content_filtered", message="the provider refused the 
 
 def _catalog() -> Catalog:
     qa = {"steps": ["engineer", {"specialist": "tester", "on_failure": "continue"}, "writer"]}
-    return Catalog.builtin().extended({"chains": {"qa": qa}}, "test", Path("."))
+    outer = {"steps": [{"name": "build", "chain": "inner"}]}
+    chains = {"qa": qa, "outer": outer, "inner": {"steps": ["writer"]}}
+    return Catalog.builtin().extended({"chains": chains}, "test", Path("."))
+
+
+async def _parent_view(runtime: Runtime, run_id: str) -> RunView:
+    """The view a server gives of a parent run: its children listed, and what one of them waits
+    for as its next action (:func:`server.child_views.with_children`)."""
+    return await with_children(await _view(runtime, run_id), await runtime.status(run_id), _load(runtime))
+
+
+def _load(runtime: Runtime) -> Callable[[str], Awaitable[RunView]]:
+    async def load(run_id: str) -> RunView:
+        return await _parent_view(runtime, run_id)
+
+    return load
+
+
+async def _child_of(runtime: Runtime, parent: str) -> str:
+    (child,) = [c.run_id for t in (await runtime.status(parent)).tasks for c in t.children or ()]
+    return child
 
 
 async def _view(runtime: Runtime, run_id: str) -> RunView:
@@ -86,6 +110,9 @@ async def views() -> dict[RunStatus, RunView]:
     cancelled = await _start(runtime, chain=("writer",))
     await runtime.cancel(cancelled, reason="not needed")
     found[RunStatus.CANCELLED] = await _view(runtime, cancelled)
+    parent = await _start(runtime, chain="outer")
+    await runtime.drive(await _child_of(runtime, parent))  # the child now waits for the host
+    found[RunStatus.AWAITING_CHILDREN] = await _parent_view(runtime, parent)
     for status, view in found.items():
         assert view.status == status
     return found
@@ -111,6 +138,25 @@ async def test_every_run_status_maps_to_a_task(status: RunStatus) -> None:
     seed = conforms("CreateTaskResult", detailed_task(view, created=True))
     assert seed["resultType"] == "task" and seed["status"] == task["status"]
     assert not set(PAYLOAD.values()) & set(seed)
+
+
+async def test_a_parent_whose_child_is_at_work_is_working() -> None:
+    runtime = make_runtime(catalog=_catalog())
+    parent = await _start(runtime, chain="outer")
+    child = await _child_of(runtime, parent)  # created, not driven yet: at work, asking nothing
+    task = detailed_task(await _parent_view(runtime, parent))
+    assert task["status"] == "working" and task["pollIntervalMs"] == POLL_WORKING_MS
+    assert child in task["statusMessage"] and "inputRequests" not in task
+
+
+async def test_a_parent_whose_child_waits_names_the_call_on_the_child() -> None:
+    view = (await views())[RunStatus.AWAITING_CHILDREN]
+    (child,) = view.children
+    task = detailed_task(view)
+    message = task["statusMessage"]
+    assert f"orchestrate_resume(run_id={child.run_id!r}, task_id='writer', output=...)" in message
+    # The child's task is answered on the child, with a tool call: nothing in inputRequests.
+    assert task["inputRequests"] == {}
 
 
 async def test_a_host_task_names_the_call_that_continues_it() -> None:
