@@ -5,6 +5,7 @@ Layout (next to ``runs/``, ``keys/``, ``tmp/``)::
 
     tombstones/<run_id>.json   the tombstone of a deleted run (written durably before the deletion)
     trash/<run_id>.<random>    a run directory being deleted: renamed here in one step, then removed
+                               (by this deletion, or by the next if a crash came in between)
 
 Deleting (``delete_run``) happens under the run's lock, which every write to the run takes: the
 stored head's version and status are checked, the tombstone is written and fsync'd, and the run
@@ -134,7 +135,10 @@ class FilesystemRetention:
             doomed = trash / f"{run_id}.{secrets.token_hex(8)}"
             os.rename(run_dir, doomed)
             fsync_dir(self._runs)
-        shutil.rmtree(doomed, ignore_errors=True)
+        # This run's directory, and any a deleter killed before removing it left behind: once in
+        # trash/ a directory is no run's, and removing it twice at once is harmless.
+        for entry in os.scandir(trash):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
     # ---------------------------------------------------------------- RunStore
 
