@@ -94,6 +94,13 @@ async def test_an_imported_run_reads_back_exactly_and_goes_on(store: RunStore) -
     assert not again.created and again.head.run_id == head.run_id
 
 
+async def test_every_character_of_an_imported_output_reads_back(store: RunStore) -> None:
+    head, facts = new_run(run_id(1))
+    write = complete_task(head, output="a NUL \x00, a private-use \ue000 and \ue0000, an emoji \U0001f600")
+    await store.import_run(write.head, [*facts, *write.facts])
+    assert await store.read_facts(run_id(1)) == [*facts, *write.facts]
+
+
 async def test_an_import_refuses_a_run_id_the_store_has(store: RunStore) -> None:
     head, facts = history(run_id(1))
     await store.create(*new_run(run_id(1)))
@@ -287,6 +294,8 @@ async def test_prune_deletes_ended_runs_and_leaves_live_ones_while_they_are_writ
         while not stop.is_set():
             for head in ended:
                 try:
+                    facts = await store.read_facts(head.run_id)  # the store's own read: all or nothing
+                    assert len(facts) == head.last_seq
                     run = await snapshot(store, head.run_id)
                 except RunPruned:
                     seen.append("pruned")
