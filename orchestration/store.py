@@ -163,13 +163,16 @@ class RunStore(Protocol):
         Atomic: either the run with its facts and head exists afterwards, or nothing was written.
         Idempotent by ``head.idempotency_key``: when a run with the same key already exists, nothing
         is written and ``CreateResult(existing_head, created=False)`` is returned (the caller
-        compares request hashes). Raises ``Conflict`` if a run with the same ``run_id`` exists,
+        compares request hashes). When the key was a deleted run's, nothing is written and that
+        run's tombstone error is raised (``RunPruned`` / ``RunMoved``: the key stays reserved, see
+        :meth:`delete_run`). Raises ``Conflict`` if a run with the same ``run_id`` exists,
         ``InvalidArgument`` for a malformed run id.
         """
         ...
 
     async def load(self, run_id: str) -> RunHead:
-        """The current head. Raises ``RunNotFound``, ``InvalidArgument`` (malformed id),
+        """The current head. Raises ``RunNotFound`` (``RunPruned`` / ``RunMoved``, the tombstone's
+        error, for a deleted run), ``InvalidArgument`` (malformed id),
         ``CorruptRecord`` (the stored head cannot be read back), ``RecordTooNew`` (a newer
         version wrote it)."""
         ...
