@@ -44,7 +44,7 @@ from typing import TextIO
 import anyio
 
 from orchestration.clock import SystemClock
-from orchestration.errors import InvalidArgument
+from orchestration.errors import ExportCorrupt, InvalidArgument
 from orchestration.export import RunExport, export_lines, read_export, snapshot
 from orchestration.retention import PRUNABLE, import_export, parse_statuses, prune
 from orchestration.store import RunStore
@@ -115,6 +115,13 @@ def write_file(path: Path, lines: Sequence[str]) -> None:
         os.close(fd)
 
 
+async def _write(path: Path, lines: Sequence[str]) -> None:
+    try:
+        await anyio.to_thread.run_sync(write_file, path, lines)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
 async def run_retention(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     """``runs export``, ``runs import`` or ``runs prune`` on the configured store; the exit status."""
     if args.runs_command == "import" and args.move != (args.source is not None):
@@ -137,7 +144,7 @@ async def _export(store: RunStore, args: argparse.Namespace, out: TextIO) -> int
     if args.out is None:
         out.writelines(line + "\n" for line in lines)
         return 0
-    await anyio.to_thread.run_sync(write_file, args.out, lines)
+    await _write(args.out, lines)
     out.write(f"exported run {run.run_id} ({run.head.status.value}, {len(run.facts)} facts) to {args.out}\n")
     return 0
 
@@ -146,10 +153,14 @@ async def _import(
     store: RunStore, target: str, args: argparse.Namespace, settings: Settings, out: TextIO
 ) -> int:
     where = "stdin" if args.file == "-" else args.file
-    if args.file == "-":
-        text = sys.stdin.read()
-    else:
-        text = await anyio.Path(args.file).read_text(encoding="utf-8")
+    try:
+        text = (
+            sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
+        )
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {where}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not UTF-8
+        raise ExportCorrupt(f"{where}: not a runs export (not UTF-8 text); nothing was imported") from exc
     run = read_export(text.splitlines(), where)
     source: RunStore | None = None
     if args.move:
@@ -186,13 +197,16 @@ async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO) -> int:
     age = parse_age(args.older_than)
     export_dir: Path | None = args.export_dir
     if export_dir is not None and not args.dry_run:
-        await anyio.Path(export_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            await anyio.Path(export_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot create --export-dir {export_dir}: {exc.strerror or exc}") from exc
 
     async def archive(run: RunExport) -> str:
         assert export_dir is not None
         path = export_dir / f"{run.run_id}.jsonl"
         lines = export_lines(run, source=store.name, at=SystemClock().now())
-        await anyio.to_thread.run_sync(write_file, path, lines)
+        await _write(path, lines)
         return str(path.resolve())
 
     result = await prune(

@@ -81,6 +81,16 @@ def test_a_run_moves_from_the_filesystem_store_to_sqlite_through_a_file(
     assert cli("runs", "status", runs["second"], "--store", sqlite, *home)[0] == 1
     assert capsys.readouterr().err.startswith("run_not_found:")
 
+    # Files that cannot be read or written: a coded error, no traceback.
+    assert cli("runs", "import", str(tmp / "missing.jsonl"), "--store", sqlite, *home)[0] == 1
+    assert capsys.readouterr().err.startswith("invalid_argument: cannot read")
+    (tmp / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+    assert cli("runs", "import", str(tmp / "binary.jsonl"), "--store", sqlite, *home)[0] == 1
+    assert capsys.readouterr().err.startswith("export_corrupt:")
+    nowhere = str(tmp / "no" / "such" / "dir" / "x.jsonl")
+    assert cli("runs", "export", runs["first"], "--store", fs, "--out", nowhere, *home)[0] == 1
+    assert capsys.readouterr().err.startswith("invalid_argument: cannot write")
+
 
 def test_a_live_run_is_imported_only_when_moved(
     stores: tuple[str, str, Path], capsys: pytest.CaptureFixture[str]
