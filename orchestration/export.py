@@ -39,9 +39,6 @@ from orchestration.store import RunStore
 
 EXPORT_FORMAT = "construct-mcp.run-export"
 EXPORT_VERSION = 1
-#: How often :func:`export_run` reads a live run again when it moved on between its two reads.
-_SNAPSHOT_TRIES = 5
-
 _R = TypeVar("_R", RunHead, Fact)
 
 
@@ -58,17 +55,16 @@ class RunExport:
 
 
 async def snapshot(store: RunStore, run_id: str) -> RunExport:
-    """The run as one consistent snapshot: its head and the facts up to the head's ``last_seq``.
-    Raises what ``load`` raises (``RunNotFound``, ``RunPruned``...), also when the run is deleted
-    between the reads: never part of a run."""
-    for _ in range(_SNAPSHOT_TRIES):
-        head = await store.load(run_id)
-        facts = [f for f in await store.read_facts(run_id) if f.seq <= head.last_seq]
-        if len(facts) == head.last_seq:
-            return RunExport(head, tuple(facts))
-    # Facts fewer than the head says: the run went away between the two reads (load says how).
-    await store.load(run_id)
-    raise CorruptRecord(run_id, "facts", f"the log ends before the head's last_seq {head.last_seq}")
+    """The run as one consistent snapshot: its head and the facts up to the head's ``last_seq``
+    (facts are never rewritten, so those are the head's whatever is appended meanwhile). Raises
+    what ``load`` raises (``RunNotFound``, ``RunPruned``...), also when the run is deleted between
+    the two reads: never part of a run."""
+    head = await store.load(run_id)
+    facts = await store.read_facts(run_id, 0, head.last_seq)
+    if len(facts) != head.last_seq:
+        await store.load(run_id)  # gone meanwhile: load says how
+        raise CorruptRecord(run_id, "facts", f"the log ends before the head's last_seq {head.last_seq}")
+    return RunExport(head, tuple(facts))
 
 
 def _sha256(lines: Iterable[str]) -> str:
