@@ -43,7 +43,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestration.errors import ConstructError, RunMoved, RunPruned
+from orchestration.errors import RunMoved, RunNotFound, RunPruned
 from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.vocabulary import RunStatus
@@ -129,7 +129,7 @@ class Tombstone(BaseModel):
             archive=archive,
         )
 
-    def error(self, *, by_key: bool = False) -> ConstructError:
+    def error(self, *, by_key: bool = False) -> RunNotFound:
         """The error a use of the deleted run answers with: ``RunPruned`` or ``RunMoved``.
         ``by_key``: for a start whose idempotency key was this run's."""
         when = f"{self.removed_at:%Y-%m-%dT%H:%M:%SZ}"

@@ -80,9 +80,7 @@ class FilesystemRetention:
         tombstone = self._read_tombstone(run_id)
         if tombstone is None:
             return RunNotFound(run_id)
-        error = tombstone.error(by_key=by_key)
-        assert isinstance(error, RunNotFound)
-        return error
+        return tombstone.error(by_key=by_key)
 
     def _read_range(self, run_id: str, first: int, last: int) -> list[Fact]:
         """Committed facts ``first..last`` of a run whose head was just read. A file missing because

@@ -35,9 +35,7 @@ Q = queries("postgres")
 def _gone_from(run_id: str, body: str | None, *, by_key: bool = False) -> RunNotFound:
     if body is None:
         return RunNotFound(run_id)
-    error = decode_tombstone(run_id, body).error(by_key=by_key)
-    assert isinstance(error, RunNotFound)
-    return error
+    return decode_tombstone(run_id, body).error(by_key=by_key)
 
 
 async def missing(conn: Any, run_id: str) -> RunNotFound:

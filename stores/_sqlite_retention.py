@@ -32,9 +32,7 @@ T = TypeVar("T")
 def _gone_from(run_id: str, rows: list[Any], *, by_key: bool = False) -> RunNotFound:
     if not rows:
         return RunNotFound(run_id)
-    error = decode_tombstone(run_id, str(rows[0][0])).error(by_key=by_key)
-    assert isinstance(error, RunNotFound)
-    return error
+    return decode_tombstone(run_id, str(rows[0][0])).error(by_key=by_key)
 
 
 async def missing(conn: aiosqlite.Connection, run_id: str) -> RunNotFound:
