@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
@@ -81,6 +82,17 @@ class FilesystemRetention:
         if tombstone is None:
             return RunNotFound(run_id)
         return tombstone.error(by_key=by_key)
+
+    @contextmanager
+    def _locked(self, run_id: str) -> Iterator[None]:
+        """Hold the run's lock (as every write does); a run deleted before its lock file could be
+        opened is its tombstone error, like one deleted while the writer waited for the lock."""
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(flocked(self._run_dir(run_id) / _LOCK_FILE))
+            except FileNotFoundError:
+                raise self._gone(run_id) from None
+            yield
 
     def _read_range(self, run_id: str, first: int, last: int) -> list[Fact]:
         """Committed facts ``first..last`` of a run whose head was just read. A file missing because

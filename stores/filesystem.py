@@ -338,7 +338,7 @@ class FilesystemStore(FilesystemRetention):
         run_dir = self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
         lines, head_bytes = encode_facts(facts), _encode_head(head)
-        with flocked(run_dir / LOCK_FILE):
+        with self._locked(run_id):
             # The fence: claims write lease.json under this same lock, so none can slip in
             # between this check and the write below.
             if lease is not None and not holds(run_dir, lease):
@@ -499,7 +499,7 @@ class FilesystemStore(FilesystemRetention):
 
     def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         run_dir = self._require_run(run_id)
-        with flocked(run_dir / LOCK_FILE):
+        with self._locked(run_id):
             self._require_run(run_id)  # still there: not deleted while this waited for the lock
             current = read_lease(run_id, run_dir)
             if current is not None and current.owner != owner and current.expires_at > now:

@@ -21,6 +21,7 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
+    RunMoved,
     RunNotFound,
     StoreError,
     VersionConflict,
@@ -539,4 +540,21 @@ async def test_a_deletion_leaves_nothing_in_trash_also_after_a_crash_before_the_
     await store.delete_run(Tombstone.of(head, "moved", head.created_at))
     assert list((tmp_path / "trash").iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    await store.close()
+
+
+async def test_a_write_that_reaches_a_run_deleted_meanwhile_gets_its_tombstone_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FilesystemStore(tmp_path)
+    head, facts = new_run(run_id(1))
+    await store.create(head, facts)
+    await store.delete_run(Tombstone.of(head, "moved", head.created_at, moved_to="elsewhere"))
+    # The run is deleted between a writer's check that it exists and the opening of its lock.
+    monkeypatch.setattr(store, "_require_run", store._run_dir)
+    write = start_attempt(head)
+    with pytest.raises(RunMoved):
+        await store.append(run_id(1), write.expected_version, write.facts, write.head)
+    with pytest.raises(RunMoved):
+        await store.claim_lease(run_id(1), "worker", 30, head.created_at)
     await store.close()
