@@ -6,8 +6,11 @@ at the adapter edge (``raise ... from exc``)::
 
     ConstructError                      code
     ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
-    │   └── ForkMismatch                fork_mismatch      a fork's chain changed a step it copies
+    │   ├── ForkMismatch                fork_mismatch      a fork's chain changed a step it copies
+    │   └── ExportCorrupt               export_corrupt     a run export whose hashes or shape do not match
     ├── RunNotFound                     run_not_found
+    │   ├── RunPruned                   run_pruned         deleted by retention; its tombstone remains
+    │   └── RunMoved                    run_moved          moved to another store (runs import --move)
     ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
     ├── Conflict                        conflict           idempotency key reused, different decision...
@@ -69,6 +72,37 @@ class RunNotFound(ConstructError):
             f"no run with id {run_id!r} in this store; call runs_list to see the runs that exist"
         )
         self.run_id = run_id
+
+
+class RunPruned(RunNotFound):
+    """The run was deleted by retention (``runs prune``): the store keeps its tombstone (status,
+    times, idempotency key, archive file), so a load says so instead of ``run_not_found``, and a
+    start retried with its idempotency key is refused instead of starting it again. A
+    ``RunNotFound``: everything that copes with a vanished run copes with it."""
+
+    code = "run_pruned"
+
+    def __init__(self, run_id: str, message: str) -> None:
+        ConstructError.__init__(self, message)
+        self.run_id = run_id
+
+
+class RunMoved(RunNotFound):
+    """The run was moved out of this store into another (``runs import --move``): this store keeps
+    only its tombstone, which names the target, and never drives or changes the run again."""
+
+    code = "run_moved"
+
+    def __init__(self, run_id: str, message: str) -> None:
+        ConstructError.__init__(self, message)
+        self.run_id = run_id
+
+
+class ExportCorrupt(InvalidArgument):
+    """A run export (``runs export``) that cannot be imported as it is: its hashes do not match its
+    lines (changed or truncated after export), or its lines are not a run. Nothing is written."""
+
+    code = "export_corrupt"
 
 
 class FactNotFound(ConstructError):

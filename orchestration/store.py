@@ -23,6 +23,14 @@ Stored heads and facts state their record format, and a store reads them back by
 :mod:`orchestration.facts` ("Record formats"): fields it does not know are ignored; a record of a
 newer format, or a fact of an unknown type, raises ``RecordTooNew`` (a ``CorruptRecord``) and is
 never rewritten; lists skip such a run like any unreadable one.
+
+Retention. A run leaves a store in one way only: :meth:`RunStore.delete_run` removes its head, facts
+and lease and leaves a :class:`Tombstone` in their place, in one atomic step (``runs prune`` for
+ended runs, ``runs import --move`` for a run that moves to another store). A tombstone is not a
+fact, like a lease: it is what the store keeps of a run it no longer holds. It answers every later
+use of the run id (``RunPruned`` / ``RunMoved``, both ``RunNotFound``) and keeps the run's
+idempotency key reserved. :meth:`RunStore.import_run` is the way in for a whole run another store
+held (``runs import``).
 """
 
 from __future__ import annotations
@@ -31,8 +39,11 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestration.errors import RunMoved, RunNotFound, RunPruned
 from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.vocabulary import RunStatus
@@ -66,6 +77,79 @@ class CreateResult:
     created: bool
 
 
+TombstoneReason = Literal["pruned", "moved"]
+
+
+class Tombstone(BaseModel):
+    """What a store keeps of a run it deleted (see "Retention" above): enough to say what became of
+    it, and the idempotency key it keeps reserved. Stored as JSON and read back leniently (fields
+    this code does not know are ignored), like heads and facts."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    #: ``pruned``: deleted by retention (it had ended); ``moved``: moved to another store
+    reason: TombstoneReason
+    #: the run's status and version when it was deleted (``version``: the head the deletion checked)
+    status: str
+    version: int
+    last_seq: int
+    idempotency_key: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    removed_at: datetime
+    #: ``moved``: the store it moved to (any password redacted)
+    moved_to: str | None = None
+    #: the export file written before the deletion, when there was one
+    archive: str | None = None
+    format: int = Field(default=1, ge=1)
+
+    @classmethod
+    def of(
+        cls,
+        head: RunHead,
+        reason: TombstoneReason,
+        at: datetime,
+        *,
+        moved_to: str | None = None,
+        archive: str | None = None,
+    ) -> Tombstone:
+        """The tombstone that deleting ``head``'s run at ``at`` for ``reason`` leaves."""
+        return cls(
+            run_id=head.run_id,
+            reason=reason,
+            status=head.status.value,
+            version=head.version,
+            last_seq=head.last_seq,
+            idempotency_key=head.idempotency_key,
+            created_at=head.created_at,
+            finished_at=head.finished_at,
+            removed_at=at,
+            moved_to=moved_to,
+            archive=archive,
+        )
+
+    def error(self, *, by_key: bool = False) -> RunNotFound:
+        """The error a use of the deleted run answers with: ``RunPruned`` or ``RunMoved``.
+        ``by_key``: for a start whose idempotency key was this run's."""
+        when = f"{self.removed_at:%Y-%m-%dT%H:%M:%SZ}"
+        subject = (
+            f"the run started with this idempotency key ({self.run_id})" if by_key else f"run {self.run_id}"
+        )
+        if self.reason == "moved":
+            return RunMoved(
+                self.run_id,
+                f"{subject} was moved to another store ({self.moved_to or 'unnamed'}) at {when}; "
+                "it continues there: use that store",
+            )
+        archive = f"; its export is {self.archive}" if self.archive else ""
+        retry = "; start with a new idempotency key to run it again" if by_key else ""
+        return RunPruned(
+            self.run_id,
+            f"{subject} was pruned at {when}, after it ended ({self.status}){archive}{retry}",
+        )
+
+
 @runtime_checkable
 class RunStore(Protocol):
     """Durable storage for runs. Every method is async and safe to call concurrently, from several
@@ -79,13 +163,16 @@ class RunStore(Protocol):
         Atomic: either the run with its facts and head exists afterwards, or nothing was written.
         Idempotent by ``head.idempotency_key``: when a run with the same key already exists, nothing
         is written and ``CreateResult(existing_head, created=False)`` is returned (the caller
-        compares request hashes). Raises ``Conflict`` if a run with the same ``run_id`` exists,
+        compares request hashes). When the key was a deleted run's, nothing is written and that
+        run's tombstone error is raised (``RunPruned`` / ``RunMoved``: the key stays reserved, see
+        :meth:`delete_run`). Raises ``Conflict`` if a run with the same ``run_id`` exists,
         ``InvalidArgument`` for a malformed run id.
         """
         ...
 
     async def load(self, run_id: str) -> RunHead:
-        """The current head. Raises ``RunNotFound``, ``InvalidArgument`` (malformed id),
+        """The current head. Raises ``RunNotFound`` (``RunPruned`` / ``RunMoved``, the tombstone's
+        error, for a deleted run), ``InvalidArgument`` (malformed id),
         ``CorruptRecord`` (the stored head cannot be read back), ``RecordTooNew`` (a newer
         version wrote it)."""
         ...
@@ -160,6 +247,43 @@ class RunStore(Protocol):
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up if the stored lease still carries ``lease.token``; otherwise (a later
         claim replaced it, or it is already released) do nothing."""
+        ...
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        """Store a whole run as another store held it (``runs import``): ``facts`` is its complete
+        log (seq 1, 2, ... ``head.last_seq``) and ``head`` its head, at whatever version. Returns
+        the stored head; afterwards the run reads back exactly as given (``load``, ``read_facts``).
+
+        Atomic: the whole run is stored, or nothing. No lease comes with it: a live run imported is
+        picked up by a dispatcher of this store like any orphan. A tombstone of the same run id is
+        replaced (the archive of a pruned run restores it; a run moved away comes back). Raises
+        ``Conflict`` when this store holds a run with this id, or when the run's idempotency key is
+        another run's (or another run's tombstone's); ``InvalidArgument`` for a malformed run id or
+        a log that is not complete and consecutive.
+        """
+        ...
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        """Delete run ``tombstone.run_id`` (head, facts, lease) and store ``tombstone`` in its
+        place, in one atomic step, if and only if the stored head's version is
+        ``tombstone.version`` (compare-and-swap: a run a writer moved on since it was read is left
+        alone) and, for ``reason == "pruned"``, the run has ended. The check and the deletion
+        happen under the run's lock or in one transaction, so no write slips in between.
+
+        Afterwards every method given the run id raises ``tombstone.error()`` (``RunPruned`` or
+        ``RunMoved``, both ``RunNotFound``), and ``create`` with the run's idempotency key raises
+        it too (the key stays reserved). A concurrent reader sees the whole run or that error,
+        never part of the run. Idempotent: when the run is already deleted with a tombstone of the
+        same reason and version, nothing happens.
+
+        Raises ``VersionConflict``, ``InvalidState`` (pruning a run that has not ended),
+        ``RunNotFound`` (the stored tombstone's error when the run was deleted differently).
+        """
+        ...
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        """The tombstone of a deleted run, or None (the run exists, or never did). Raises
+        ``InvalidArgument`` for a malformed run id."""
         ...
 
     async def close(self) -> None:

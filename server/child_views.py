@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from orchestration.children import live_children
-from orchestration.errors import RunNotFound
+from orchestration.errors import RunMoved, RunNotFound, RunPruned
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from orchestration.vocabulary import RunStatus
@@ -43,6 +43,11 @@ async def with_children(view: RunView, head: RunHead, load: LoadView) -> RunView
             continue
         try:
             child = await load(ref.run_id)
+        except (RunPruned, RunMoved) as gone:
+            # deleted by retention, or moved to another store (runs import --move): said so
+            status = "pruned" if isinstance(gone, RunPruned) else "moved"
+            children.append(ChildView(run_id=ref.run_id, task_id=task_id, by=ref.by, status=status))
+            continue
         except RunNotFound:
             # Recorded on the parent, not created yet (a moment later, or after a crash: the
             # drive or the dispatcher's sweep creates it).

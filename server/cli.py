@@ -15,6 +15,8 @@
     construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli_fork)
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
+    construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
+    construct-mcp runs prune --older-than 30d [--status S,...] [--dry-run] [--export-dir DIR]
     construct-mcp migrate [--check] [--store S]
     construct-mcp demo [--store S] [--home DIR]
 
@@ -57,6 +59,7 @@ from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.cli_fork import add_fork_parser, run_fork
 from server.cli_live import LIVE_COMMANDS, add_live_parsers, run_live
+from server.cli_retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.config import Settings, load_settings
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
@@ -192,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(timeline)
     add_live_parsers(runs_sub, _common, _json_flag)
     add_fork_parser(runs_sub, _common, _json_flag)
+    add_retention_parsers(runs_sub, _common, _json_flag)
 
     migrate = sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations")
     migrate.add_argument("--check", action="store_true", help="only check; exit 1 if a migration is pending")
@@ -354,6 +358,8 @@ def _chain_arg(chain: str | None, specialists: str | None) -> str | tuple[str, .
 
 
 async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    if args.runs_command in RETENTION_COMMANDS:
+        return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
     try:

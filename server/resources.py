@@ -2,8 +2,10 @@
 (the compact view the tools answer with), and ``run://{run_id}/tasks/{task_id}/output`` is one
 task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``), and
 ``run://{run_id}/events`` is the run's newest events (:mod:`server.events`; the ``run_events`` tool
-reads on from its ``next_after_seq``). An output never changes once recorded, so only
-``run://{run_id}`` is worth subscribing to (it changes whenever an event is recorded).
+reads on from its ``next_after_seq``), and ``run://{run_id}/export`` the whole run as ``runs export``
+writes it (JSON Lines, :mod:`orchestration.export`), which ``runs import`` restores in any store.
+An output never changes once recorded, so only ``run://{run_id}`` is worth subscribing to (it
+changes whenever an event is recorded).
 
 Subscribers hear about every change this process writes to the run (the runtime calls
 :meth:`~server.services.Services.publish_change` after each write):
@@ -38,6 +40,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
+from orchestration.export import export_lines, snapshot
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.vocabulary import TaskStatus
@@ -113,6 +116,19 @@ async def read_run_events(run_id: str, ctx: ResourceContext) -> str:
     return page.model_dump_json()
 
 
+async def read_run_export(run_id: str, ctx: ResourceContext) -> str:
+    """The whole run, every output in full, as ``runs export`` writes it: a header with its hashes,
+    the head, every fact (JSON Lines). Read it to archive or move a run, not to follow one."""
+    runtime = ctx.request_context.lifespan_context.runtime
+    try:
+        run = await snapshot(runtime.store, (await _readable(ctx, run_id)).run_id)
+    except ConstructError as exc:
+        raise _resource_error(exc) from None
+    return "".join(
+        f"{line}\n" for line in export_lines(run, source=runtime.store.name, at=runtime.clock.now())
+    )
+
+
 def run_resource(head: RunHead) -> types.Resource:
     """A run as ``resources/list`` shows it: ``run://<id>``, named by its chain, status and request."""
     name = f"{head.chain.name} · {head.status.value} · {_flat_preview(head.request)}"
@@ -157,6 +173,13 @@ def register_resources(
         description="The run's newest events (JSON, as run_events pages them); read on with run_events.",
         mime_type="application/json",
     )(read_run_events)
+    server.resource(
+        "run://{run_id}/export",
+        name="run_export",
+        title="A run's export",
+        description="The whole run as JSON Lines (header, head, every fact): runs import restores it.",
+        mime_type="application/jsonl",
+    )(read_run_export)
 
     async def subscribe(
         ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams

@@ -16,11 +16,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestration.errors import CorruptRecord
 from orchestration.facts import Fact, dump_fact
+from orchestration.store import Lease
 
 #: One index record per fact: the byte offsets where its line starts and ends in facts.jsonl.
 #: Storing the end too means the committed end of the log is one record read away.
 INDEX_RECORD = struct.Struct(">QQ")
+
+LEASE_FILE = "lease.json"
 
 
 def fsync_dir(path: Path) -> None:
@@ -134,3 +138,27 @@ def decode_problem(exc: Exception) -> str:
         loc = ".".join(str(part) for part in first["loc"]) or "document"
         return f"{exc.error_count()} validation error(s), first at {loc}: {first['msg']}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def read_lease(run_id: str, run_dir: Path) -> LeaseRecord | None:
+    """The run's stored lease (None when nobody holds it); the caller holds the run lock."""
+    path = run_dir / LEASE_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return LeaseRecord.model_validate_json(data)
+    except ValueError as exc:
+        raise CorruptRecord(run_id, str(path), decode_problem(exc)) from exc
+
+
+def write_lease(run_dir: Path, lease: Lease) -> None:
+    record = LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
+    replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
+
+
+def holds(run_dir: Path, lease: Lease) -> bool:
+    """Whether the stored lease still carries ``lease.token`` (the caller holds the run lock)."""
+    current = read_lease(lease.run_id, run_dir)
+    return current is not None and current.token == lease.token

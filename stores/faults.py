@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestration.facts import Fact
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage, RunStore
+from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
 from orchestration.vocabulary import RunStatus
 
 log = logging.getLogger("construct.faults")
@@ -84,6 +84,18 @@ class CrashAfterWrites:
 
     async def release_lease(self, lease: Lease) -> None:
         await self.inner.release_lease(lease)
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        stored = await self.inner.import_run(head, facts)
+        self._count()
+        return stored
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        await self.inner.delete_run(tombstone)
+        self._count()
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        return await self.inner.tombstone(run_id)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -12,6 +12,7 @@ Layout under ``root``::
     keys/<sha256(key)>          idempotency index: the id of the run created with that key
     create.lock                 flock(2) target serializing run creation (and the use of tmp/)
     tmp/                        staging area for runs being created
+    tombstones/, trash/         deleted runs' tombstones, and runs being deleted (stores._fs_retention)
 
 Commit point. ``head.json`` is the truth: a fact is part of the run only if its seq is
 ``<= head.last_seq``. An append writes (and fsyncs) the facts and their index records first, then
@@ -59,7 +60,9 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
+    RunMoved,
     RunNotFound,
+    RunPruned,
     StoreError,
     VersionConflict,
 )
@@ -84,19 +87,23 @@ from stores._common import (
 from stores._fs_files import (
     HEAD_PREFIX_BYTES,
     INDEX_RECORD,
-    LeaseRecord,
+    LEASE_FILE,
     decode_problem,
     encode_facts,
     flocked,
     fsync_dir,
     head_position,
     head_signature,
+    holds,
     index_records,
     key_name,
+    read_lease,
     replace_file,
     write_all,
+    write_lease,
     write_new_file,
 )
+from stores._fs_retention import TOMBSTONES_DIR, FilesystemRetention
 from stores._lease import check_aware, check_fence, lease_lost
 
 logger = logging.getLogger("construct.stores")
@@ -104,7 +111,6 @@ logger = logging.getLogger("construct.stores")
 FACTS_FILE = "facts.jsonl"
 INDEX_FILE = "facts.idx"
 HEAD_FILE = "head.json"
-LEASE_FILE = "lease.json"
 LOCK_FILE = "lock"
 
 
@@ -130,7 +136,7 @@ class _Listed:
 # The adapter
 
 
-class FilesystemStore:
+class FilesystemStore(FilesystemRetention):
     """A :class:`~orchestration.store.RunStore` keeping each run in its own directory under
     ``root``. Several processes may share one ``root`` (compare-and-swap and leases are guarded by
     per-run ``flock`` locks); ``root`` must be on a local filesystem where ``flock`` and
@@ -175,7 +181,7 @@ class FilesystemStore:
             ) from exc
 
     def _ensure_layout(self) -> None:
-        for path in (self._runs, self._keys, self._tmp):
+        for path in (self._runs, self._keys, self._tmp, self._root / TOMBSTONES_DIR):
             path.mkdir(parents=True, exist_ok=True)
         self._layout_ready = True
 
@@ -186,7 +192,7 @@ class FilesystemStore:
     def _require_run(self, run_id: str) -> Path:
         run_dir = self._run_dir(run_id)
         if not run_dir.is_dir():
-            raise RunNotFound(run_id)
+            raise self._gone(run_id)
         return run_dir
 
     # ---------------------------------------------------------------- blocking internals
@@ -197,7 +203,7 @@ class FilesystemStore:
             data = path.read_bytes()
         except FileNotFoundError:
             if not path.parent.is_dir():
-                raise RunNotFound(run_id) from None
+                raise self._gone(run_id) from None
             raise CorruptRecord(run_id, str(path), "the file is missing") from None
         head = decode_stored_head(run_id, str(path), data, decode_problem)
         if head.run_id != run_id:
@@ -240,7 +246,7 @@ class FilesystemStore:
             else:
                 os.unlink(entry.path)
 
-    def _create_sync(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    def _create_sync(self, head: RunHead, facts: Sequence[Fact], imported: bool = False) -> CreateResult:
         run_id = head.run_id
         lines = encode_facts(facts)
         with flocked(self._create_lock):
@@ -249,9 +255,13 @@ class FilesystemStore:
             if head.idempotency_key is not None:
                 key_path = self._keys / key_name(head.idempotency_key)
                 existing = self._read_key(key_path)
-                if existing is not None:
+                if existing is not None and imported:  # a whole run: the key must be free or its own
+                    key_path = self._import_key(existing, head, key_path)
+                elif existing is not None:
                     try:
                         return CreateResult(self._load_sync(existing), created=False)
+                    except (RunPruned, RunMoved):
+                        raise self._gone(existing, by_key=True) from None
                     except RunNotFound:
                         # Its creator died between publishing the key and the run (we hold the
                         # create lock, so it is not still working): the key is free again.
@@ -288,6 +298,8 @@ class FilesystemStore:
                         raise Conflict(f"a run with id {run_id} already exists") from exc
                     raise
                 fsync_dir(self._runs)
+                if imported:
+                    self._drop_tombstone(run_id)
             finally:
                 if staging.exists():
                     shutil.rmtree(staging, ignore_errors=True)
@@ -311,6 +323,8 @@ class FilesystemStore:
             with open(path, "rb") as file:
                 prefix = file.read(HEAD_PREFIX_BYTES)
         except FileNotFoundError:
+            if not path.parent.is_dir():  # deleted while the writer waited for the run lock
+                raise self._gone(run_id) from None
             raise CorruptRecord(run_id, str(path), "the file is missing") from None
         position = head_position(prefix)
         if position is None or position[0] != run_id:
@@ -324,10 +338,10 @@ class FilesystemStore:
         run_dir = self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
         lines, head_bytes = encode_facts(facts), _encode_head(head)
-        with flocked(run_dir / LOCK_FILE):
+        with self._locked(run_id):
             # The fence: claims write lease.json under this same lock, so none can slip in
             # between this check and the write below.
-            if lease is not None and not self._holds(run_dir, lease):
+            if lease is not None and not holds(run_dir, lease):
                 raise lease_lost(lease)
             version, last_seq = self._stored_position(run_id)
             if version != expected_version:
@@ -385,8 +399,9 @@ class FilesystemStore:
             return []
         return self._read_range(run_id, first, last)
 
-    def _read_range(self, run_id: str, first: int, last: int) -> list[Fact]:
-        """Committed facts ``first..last``: their index records, then one read of their bytes."""
+    def _read_committed(self, run_id: str, first: int, last: int) -> list[Fact]:
+        """Committed facts ``first..last``: their index records, then one read of their bytes
+        (through ``_read_range``, which reports a run deleted meanwhile)."""
         run_dir = self._run_dir(run_id)
         count = last - first + 1
         with open(run_dir / INDEX_FILE, "rb") as index:
@@ -482,34 +497,15 @@ class FilesystemStore:
         listed = sorted(self._scan(), key=lambda run: run.key)
         return [run.run_id for run in listed if run.head is not None and is_runnable(run.head, now)][:limit]
 
-    def _read_lease(self, run_id: str, run_dir: Path) -> LeaseRecord | None:
-        path = run_dir / LEASE_FILE
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return LeaseRecord.model_validate_json(data)
-        except ValueError as exc:
-            raise CorruptRecord(run_id, str(path), decode_problem(exc)) from exc
-
-    def _write_lease(self, run_dir: Path, lease: Lease) -> None:
-        record = LeaseRecord(owner=lease.owner, expires_at=lease.expires_at, token=lease.token)
-        replace_file(run_dir / LEASE_FILE, record.model_dump_json().encode())
-
-    def _holds(self, run_dir: Path, lease: Lease) -> bool:
-        """Whether the stored lease still carries ``lease.token`` (the caller holds the run lock)."""
-        current = self._read_lease(lease.run_id, run_dir)
-        return current is not None and current.token == lease.token
-
     def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         run_dir = self._require_run(run_id)
-        with flocked(run_dir / LOCK_FILE):
-            current = self._read_lease(run_id, run_dir)
+        with self._locked(run_id):
+            self._require_run(run_id)  # still there: not deleted while this waited for the lock
+            current = read_lease(run_id, run_dir)
             if current is not None and current.owner != owner and current.expires_at > now:
                 return None
             lease = Lease(run_id, owner, now + timedelta(seconds=ttl_seconds), new_lease_token())
-            self._write_lease(run_dir, lease)
+            write_lease(run_dir, lease)
             return lease
 
     def _renew_sync(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
@@ -517,10 +513,10 @@ class FilesystemStore:
         if not run_dir.is_dir():
             raise lease_lost(lease)
         with flocked(run_dir / LOCK_FILE):
-            if not self._holds(run_dir, lease):
+            if not holds(run_dir, lease):
                 raise lease_lost(lease)
             renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
-            self._write_lease(run_dir, renewed)
+            write_lease(run_dir, renewed)
             return renewed
 
     def _release_sync(self, lease: Lease) -> None:
@@ -528,7 +524,7 @@ class FilesystemStore:
         if not run_dir.is_dir():
             return
         with flocked(run_dir / LOCK_FILE):
-            if self._holds(run_dir, lease):
+            if holds(run_dir, lease):
                 (run_dir / LEASE_FILE).unlink()
                 fsync_dir(run_dir)
 

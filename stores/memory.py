@@ -13,7 +13,7 @@ from orchestration.errors import Conflict, FactNotFound, RecordTooNew, RunNotFou
 from orchestration.facts import Fact
 from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
-from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
+from orchestration.store import CreateResult, Lease, RunPage, Tombstone, new_lease_token
 from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
@@ -26,6 +26,7 @@ from stores._common import (
     not_continuing,
 )
 from stores._lease import check_fence, lease_lost
+from stores._retention import check_delete, check_import, deleted_already
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class MemoryStore:
         self._facts: dict[str, list[Fact]] = {}
         self._keys: dict[str, str] = {}
         self._leases: dict[str, Lease] = {}
+        self._tombstones: dict[str, Tombstone] = {}
         self._lock = anyio.Lock()
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
@@ -45,8 +47,11 @@ class MemoryStore:
         check_create(head, facts)
         async with self._lock:
             if head.idempotency_key is not None and head.idempotency_key in self._keys:
-                return CreateResult(self._heads[self._keys[head.idempotency_key]], created=False)
-            if head.run_id in self._heads:
+                owner = self._keys[head.idempotency_key]
+                if owner in self._tombstones:
+                    raise self._tombstones[owner].error(by_key=True)
+                return CreateResult(self._heads[owner], created=False)
+            if head.run_id in self._heads or head.run_id in self._tombstones:
                 raise Conflict(f"a run with id {head.run_id} already exists")
             self._heads[head.run_id] = head
             self._facts[head.run_id] = list(facts)
@@ -59,7 +64,8 @@ class MemoryStore:
         try:
             head = self._heads[run_id]
         except KeyError:
-            raise RunNotFound(run_id) from None
+            gone = self._tombstones.get(run_id)
+            raise (gone.error() if gone is not None else RunNotFound(run_id)) from None
         check_format(run_id, "head", head.format)
         return head
 
@@ -88,7 +94,7 @@ class MemoryStore:
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         await self.load(run_id)
-        facts = [f for f in self._facts[run_id] if f.seq > after_seq]
+        facts = [f for f in self._facts.get(run_id, []) if f.seq > after_seq]
         facts = facts if limit is None else facts[:limit]
         for fact in facts:
             check_format(run_id, f"fact {fact.seq}", fact.format)
@@ -96,7 +102,7 @@ class MemoryStore:
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         await self.load(run_id)
-        facts = self._facts[run_id]
+        facts = self._facts.get(run_id, [])
         if 1 <= seq <= len(facts):
             check_format(run_id, f"fact {seq}", facts[seq - 1].format)
             return facts[seq - 1]
@@ -163,6 +169,39 @@ class MemoryStore:
         async with self._lock:
             if self._holds(lease):
                 del self._leases[lease.run_id]
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        validate_run_id(head.run_id)
+        check_import(head, facts)
+        async with self._lock:
+            if head.run_id in self._heads:
+                raise Conflict(f"this store already has run {head.run_id}")
+            key = head.idempotency_key
+            if key is not None and self._keys.get(key, head.run_id) != head.run_id:
+                raise Conflict(f"idempotency key of run {head.run_id} is run {self._keys[key]}'s here")
+            self._tombstones.pop(head.run_id, None)
+            self._heads[head.run_id] = head
+            self._facts[head.run_id] = list(facts)
+            if key is not None:
+                self._keys[key] = head.run_id
+            return head
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        run_id = validate_run_id(tombstone.run_id)
+        async with self._lock:
+            stored = self._tombstones.get(run_id)
+            if stored is not None:
+                deleted_already(stored, tombstone)
+                return
+            check_delete(await self.load(run_id), tombstone)
+            # The key (in _keys) stays: it now answers with the tombstone.
+            self._tombstones[run_id] = tombstone
+            del self._heads[run_id], self._facts[run_id]
+            self._leases.pop(run_id, None)
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        validate_run_id(run_id)
+        return self._tombstones.get(run_id)
 
     async def close(self) -> None:
         return None

@@ -42,7 +42,6 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
-    RunNotFound,
     StoreError,
     StoreUnavailable,
     VersionConflict,
@@ -63,6 +62,7 @@ from stores._common import (
 )
 from stores._jsonb import from_jsonb_text, to_jsonb_text
 from stores._lease import check_fence, lease_lost
+from stores._postgres_retention import PostgresRetention, check_key_free, missing
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -210,7 +210,7 @@ def _display(dsn: str, schema: str) -> str:
     return shown if schema == "public" else f"{shown} (schema {schema})"
 
 
-class PostgresStore:
+class PostgresStore(PostgresRetention):
     """A ``RunStore`` in a PostgreSQL database. Open with :meth:`open`; share one instance per
     process (it holds a pool) and any number of processes per database."""
 
@@ -306,6 +306,7 @@ class PostgresStore:
                     if row is not None:
                         return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
                 raise Conflict(f"a run with id {head.run_id} already exists")
+            await check_key_free(conn, head.idempotency_key)  # after the insert: see its module
             await conn.execute(Q["insert_facts"], *_fact_values(head.run_id, facts))
             await self._notify_if_runnable(conn, head)
         return CreateResult(head, created=True)
@@ -315,7 +316,7 @@ class PostgresStore:
         async with self._connection() as conn:
             raw = await conn.fetchval(Q["load_head"], run_id)
         if raw is None:
-            raise RunNotFound(run_id)
+            raise await self._gone(run_id)
         return decode_head(run_id, from_jsonb_text(raw))
 
     async def append(
@@ -348,7 +349,7 @@ class PostgresStore:
             if updated is None:
                 actual = await conn.fetchval(Q["run_version"], run_id)
                 if actual is None:
-                    raise RunNotFound(run_id)
+                    raise await missing(conn, run_id)
                 if lease is not None and await conn.fetchval(Q["lease_token"], run_id) != lease.token:
                     raise lease_lost(lease)
                 raise VersionConflict(run_id, expected_version, int(actual))
@@ -368,17 +369,18 @@ class PostgresStore:
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         validate_run_id(run_id)
         async with self._connection() as conn:
-            if await conn.fetchval(Q["run_version"], run_id) is None:
-                raise RunNotFound(run_id)
             rows = await conn.fetch(Q["read_facts"], run_id, after_seq, limit)
+            # Checked after the read: a run deleted meanwhile is its tombstone error, never part of it.
+            if await conn.fetchval(Q["run_version"], run_id) is None:
+                raise await missing(conn, run_id)
         return [decode_fact(run_id, int(row[0]), from_jsonb_text(row[1])) for row in rows]
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         validate_run_id(run_id)
         async with self._connection() as conn:
-            if await conn.fetchval(Q["run_version"], run_id) is None:
-                raise RunNotFound(run_id)
             row = await conn.fetchrow(Q["read_fact"], run_id, seq)
+            if await conn.fetchval(Q["run_version"], run_id) is None:
+                raise await missing(conn, run_id)
         if row is None:
             raise FactNotFound(run_id, seq)
         return decode_fact(run_id, int(row[0]), from_jsonb_text(row[1]))
@@ -433,7 +435,7 @@ class PostgresStore:
                     Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now), token
                 )
             except asyncpg.ForeignKeyViolationError as exc:
-                raise RunNotFound(run_id) from exc
+                raise await missing(conn, run_id) from exc
         return Lease(run_id, owner, expires_at, token) if claimed is not None else None
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:

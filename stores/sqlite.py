@@ -38,7 +38,6 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
-    RunNotFound,
     StoreError,
     StoreUnavailable,
     VersionConflict,
@@ -68,6 +67,7 @@ from stores._sql import (
     queries,
     split_sqlite_script,
 )
+from stores._sqlite_retention import SqliteRetention, check_key_free, missing
 from stores.migrate import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ async def migrate_sqlite(
             await conn.close()
 
 
-class SqliteStore:
+class SqliteStore(SqliteRetention):
     """A ``RunStore`` in one SQLite file. Open with :meth:`open`; safe to share between tasks and
     between processes that open the same file."""
 
@@ -295,7 +295,7 @@ class SqliteStore:
     async def _require_run(self, run_id: str) -> None:
         validate_run_id(run_id)
         if await self._version(run_id) is None:
-            raise RunNotFound(run_id)
+            raise await self._gone(run_id)
 
     # ----------------------------------------------------------------------------------------
     # RunStore
@@ -315,6 +315,7 @@ class SqliteStore:
                 )
                 if rows:
                     return CreateResult(decode_head(str(rows[0][0]), rows[0][1]), created=False)
+            await check_key_free(conn, head.idempotency_key)  # a deleted run's key stays reserved
             try:
                 await conn.execute(Q["insert_run"], _run_row(head))
             except sqlite3.IntegrityError as exc:
@@ -328,7 +329,7 @@ class SqliteStore:
         validate_run_id(run_id)
         rows = await self._read(Q["load_head"], {"run_id": run_id})
         if not rows:
-            raise RunNotFound(run_id)
+            raise await self._gone(run_id)
         return decode_head(run_id, rows[0][0])
 
     async def append(
@@ -352,14 +353,14 @@ class SqliteStore:
                 held = {"run_id": run_id, "token": lease.token}
                 if not list(await conn.execute_fetchall(Q["lease_held"], held)):
                     if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
-                        raise RunNotFound(run_id)
+                        raise await missing(conn, run_id)
                     raise lease_lost(lease)
             async with conn.execute(Q["update_head"], row) as cursor:
                 changed = cursor.rowcount
             if changed != 1:
                 rows = list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id}))
                 if not rows:
-                    raise RunNotFound(run_id)
+                    raise await missing(conn, run_id)
                 raise VersionConflict(run_id, expected_version, int(rows[0][0]))
             previous = {"run_id": run_id, "seq": facts[0].seq - 1}
             if not list(await conn.execute_fetchall(Q["fact_exists"], previous)):
@@ -374,16 +375,19 @@ class SqliteStore:
         return await self._write(work)
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
-        await self._require_run(run_id)
+        validate_run_id(run_id)
         rows = await self._read(
             Q["read_facts"],
             {"run_id": run_id, "after_seq": after_seq, "limit": -1 if limit is None else limit},
         )
+        # Checked after the read: a run deleted meanwhile is its tombstone error, never part of it.
+        await self._require_run(run_id)
         return [decode_fact(run_id, int(seq), body) for seq, body in rows]
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
-        await self._require_run(run_id)
+        validate_run_id(run_id)
         rows = await self._read(Q["read_fact"], {"run_id": run_id, "seq": seq})
+        await self._require_run(run_id)
         if not rows:
             raise FactNotFound(run_id, seq)
         return decode_fact(run_id, int(rows[0][0]), rows[0][1])
@@ -429,7 +433,7 @@ class SqliteStore:
 
         async def work(conn: aiosqlite.Connection) -> Lease | None:
             if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
-                raise RunNotFound(run_id)
+                raise await missing(conn, run_id)
             return await _claim(conn, run_id, owner, now, expires_at)
 
         return await self._write(work)

@@ -124,6 +124,7 @@ async def test_run_resource_templates_are_listed(client: Client) -> None:
         ("run://{run_id}", "application/json"),
         ("run://{run_id}/tasks/{task_id}/output", "text/plain"),
         ("run://{run_id}/events", "application/json"),
+        ("run://{run_id}/export", "application/jsonl"),
     ]
 
 

@@ -21,6 +21,7 @@ from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
+    RunMoved,
     RunNotFound,
     StoreError,
     VersionConflict,
@@ -28,7 +29,7 @@ from orchestration.errors import (
 from orchestration.facts import AttemptStarted
 from orchestration.fold import fold
 from orchestration.models import RunHead
-from orchestration.store import Lease
+from orchestration.store import Lease, Tombstone
 from orchestration.vocabulary import RunStatus
 from stores._fs_files import head_position as _head_position
 from stores.filesystem import FilesystemStore
@@ -523,4 +524,37 @@ async def test_scans_read_a_terminal_run_once_and_see_every_change_of_the_others
     listed = await store.list_runs(limit=10)
     assert [h.run_id for h in listed.runs] == [run_id(i) for i in (5, 4, 3, 1, 0)]
     await other.close()
+    await store.close()
+
+
+async def test_a_deletion_leaves_nothing_in_trash_also_after_a_crash_before_the_removal(
+    tmp_path: Path,
+) -> None:
+    store = FilesystemStore(tmp_path)
+    for n in (1, 2):
+        head, facts = new_run(run_id(n))
+        await store.create(head, facts)
+    # A deleter killed between its rename and its removal left its run's directory in trash/.
+    (tmp_path / "trash").mkdir()
+    os.rename(tmp_path / "runs" / run_id(1), tmp_path / "trash" / f"{run_id(1)}.dead")
+    await store.delete_run(Tombstone.of(head, "moved", head.created_at))
+    assert list((tmp_path / "trash").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    await store.close()
+
+
+async def test_a_write_that_reaches_a_run_deleted_meanwhile_gets_its_tombstone_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FilesystemStore(tmp_path)
+    head, facts = new_run(run_id(1))
+    await store.create(head, facts)
+    await store.delete_run(Tombstone.of(head, "moved", head.created_at, moved_to="elsewhere"))
+    # The run is deleted between a writer's check that it exists and the opening of its lock.
+    monkeypatch.setattr(store, "_require_run", store._run_dir)
+    write = start_attempt(head)
+    with pytest.raises(RunMoved):
+        await store.append(run_id(1), write.expected_version, write.facts, write.head)
+    with pytest.raises(RunMoved):
+        await store.claim_lease(run_id(1), "worker", 30, head.created_at)
     await store.close()

@@ -365,13 +365,15 @@ async def test_migration_3_escapes_the_private_use_character_of_older_rows(
                 f"UPDATE {table} SET {column} = "
                 f"replace({column}::text, chr(57344) || chr(57344), chr(57344))::jsonb"
             )
-        # Forget the migrations after 3 too (undoing 0004_lease_token), so that 3 is pending again.
+        # Forget the migrations after 3 too (undoing 0004_lease_token and 0005_tombstones), so that
+        # 3 is pending again.
         await conn.execute("ALTER TABLE leases DROP COLUMN token")
+        await conn.execute("DROP TABLE tombstones")
         await conn.execute("DELETE FROM schema_migrations WHERE version >= 3")
     finally:
         await conn.close()
     report = await migrate(schema_url(db.dsn, db.schema), home=tmp_path)
-    assert report.applied == ("0003_nul_escape.sql", "0004_lease_token.sql")
+    assert report.applied == ("0003_nul_escape.sql", "0004_lease_token.sql", "0005_tombstones.sql")
     assert (await store.load(run_id(1))).request == text
     assert (await store.read_fact(run_id(1), 3)).output == text  # type: ignore[union-attr]
 

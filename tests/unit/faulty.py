@@ -22,7 +22,7 @@ from orchestration.facts import Fact
 from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
 from orchestration.prompts import TaskPrompt
 from orchestration.runtime import StartRequest
-from orchestration.store import CreateResult, Lease, RunPage, RunStore
+from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
 from orchestration.vocabulary import RunStatus
 from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
@@ -110,6 +110,18 @@ class FaultyStore:
     async def release_lease(self, lease: Lease) -> None:
         self._check("release_lease")
         await self.inner.release_lease(lease)
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        self._check("import_run")
+        return await self.inner.import_run(head, facts)
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        self._check("delete_run")
+        await self.inner.delete_run(tombstone)
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        self._check("tombstone")
+        return await self.inner.tombstone(run_id)
 
     async def close(self) -> None:
         await self.inner.close()

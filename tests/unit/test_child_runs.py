@@ -17,8 +17,12 @@ from orchestration.clock import ManualClock
 from orchestration.decide import child_run_id
 from orchestration.errors import ConfigError, InvalidState
 from orchestration.runtime import StartRequest
+from orchestration.store import Tombstone
 from orchestration.vocabulary import RunStatus, TaskStatus
 from server import cli
+from server.actions import Approve, RunHostTask
+from server.child_views import with_children
+from server.views import RunView, run_view
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
@@ -233,3 +237,25 @@ def test_the_cli_refuses_to_complete_a_task_with_live_children(
     assert cli.run(resume, out) != 0
     assert cli.run([*resume, "--detach-children"], out) == 0
     assert json.loads(out.getvalue())["tasks"][0]["status"] == "done"
+
+
+async def test_a_parents_view_says_a_child_moved_to_another_store() -> None:
+    """A link to a child deleted from this store (moved by ``runs import --move``, or pruned) says
+    so in the parent's view, instead of looking like a child not created yet."""
+    store = MemoryStore()
+    clock = ManualClock()
+    runtime = child_runtime(store, clock=clock)
+    parent, _ = await runtime.start(StartRequest("Build", chain="outer-gated", worker_backend="provider"))
+    await runtime.drive(parent.run_id)
+    child_id = child_run_id(parent.run_id, "build")
+    await runtime.drive(child_id)
+    child = await store.load(child_id)
+    await store.delete_run(Tombstone.of(child, "moved", clock.now(), moved_to="sqlite:///elsewhere.db"))
+
+    async def load(run_id: str) -> RunView:
+        return run_view(await runtime.snapshot(run_id))
+
+    head = await store.load(parent.run_id)
+    view = await with_children(await load(parent.run_id), head, load)
+    assert [(c.run_id, c.status) for c in view.children] == [(child_id, "moved")]
+    assert not isinstance(view.next_action, Approve | RunHostTask)

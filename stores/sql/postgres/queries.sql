@@ -171,3 +171,31 @@ ON CONFLICT (run_id) DO UPDATE
 SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
 WHERE leases.expires_at <= $3
 RETURNING run_id, token
+
+-- name: tombstone_by_run
+-- Retention (stores/_postgres_retention.py): what a deleted run's id answers.
+SELECT body FROM tombstones WHERE run_id = $1
+
+-- name: tombstone_by_key
+-- A start whose idempotency key was a deleted run's is refused with that run's tombstone.
+SELECT run_id, body FROM tombstones WHERE idempotency_key = $1
+
+-- name: insert_tombstone
+INSERT INTO tombstones (run_id, idempotency_key, body) VALUES ($1, $2, $3)
+
+-- name: delete_tombstone
+DELETE FROM tombstones WHERE run_id = $1
+
+-- name: lock_head
+-- A deletion's check: the head, its row locked until the deletion commits, so an append's
+-- compare-and-swap waits for it and then finds no row.
+SELECT head::text FROM runs WHERE run_id = $1 FOR UPDATE
+
+-- name: delete_run_leases
+DELETE FROM leases WHERE run_id = $1
+
+-- name: delete_run_facts
+DELETE FROM facts WHERE run_id = $1
+
+-- name: delete_run
+DELETE FROM runs WHERE run_id = $1

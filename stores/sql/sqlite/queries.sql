@@ -159,3 +159,26 @@ SELECT run_id FROM (
 )
 ORDER BY created_at, run_id
 LIMIT :limit
+
+-- name: tombstone_by_run
+-- Retention (stores/_sqlite_retention.py): what a deleted run's id answers.
+SELECT body FROM tombstones WHERE run_id = :run_id
+
+-- name: tombstone_by_key
+-- A start whose idempotency key was a deleted run's is refused with that run's tombstone.
+SELECT run_id, body FROM tombstones WHERE idempotency_key = :idempotency_key
+
+-- name: insert_tombstone
+INSERT INTO tombstones (run_id, idempotency_key, body) VALUES (:run_id, :idempotency_key, :body)
+
+-- name: delete_tombstone
+DELETE FROM tombstones WHERE run_id = :run_id
+
+-- name: delete_run_leases
+DELETE FROM leases WHERE run_id = :run_id
+
+-- name: delete_run_facts
+DELETE FROM facts WHERE run_id = :run_id
+
+-- name: delete_run
+DELETE FROM runs WHERE run_id = :run_id

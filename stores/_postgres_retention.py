@@ -1,0 +1,118 @@
+"""Retention for the PostgreSQL store (a mixin of :class:`stores.postgres.PostgresStore`): importing
+a whole run, deleting a run behind a tombstone (table ``tombstones``, migration 0005), and what a
+deleted run's id answers.
+
+A deletion is one transaction: it locks the run row (``SELECT ... FOR UPDATE``), checks the head's
+version (and, for a prune, that it ended), deletes the run's leases, facts and row and inserts the
+tombstone. An append's compare-and-swap ``UPDATE`` of the same row waits for it, then finds no row
+and answers with the tombstone's error; a claim's lease insert fails its foreign key. A reader's
+statement sees the whole run (its snapshot predates the commit) or none of it; ``read_facts`` checks
+that the run exists after reading the facts, so it never returns part of a run.
+
+A create checks the tombstones for its idempotency key *after* inserting its run row: a prune of the
+key's run that commits while the create waits on the key's unique index is then seen (each statement
+of a READ COMMITTED transaction reads the latest commits), and the create is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from orchestration.errors import Conflict, RunNotFound
+from orchestration.facts import Fact
+from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import Tombstone
+from stores._jsonb import from_jsonb_text
+from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
+from stores._sql import decode_head, queries
+
+Q = queries("postgres")
+
+
+def _gone_from(run_id: str, body: str | None, *, by_key: bool = False) -> RunNotFound:
+    if body is None:
+        return RunNotFound(run_id)
+    return decode_tombstone(run_id, body).error(by_key=by_key)
+
+
+async def missing(conn: Any, run_id: str) -> RunNotFound:
+    """The error for a run id with no run row: its tombstone's, else not found."""
+    return _gone_from(run_id, await conn.fetchval(Q["tombstone_by_run"], run_id))
+
+
+async def check_key_free(conn: Any, key: str | None) -> None:
+    """Refuse a create whose idempotency key is a deleted run's (call it after inserting the run
+    row, in the same transaction: see the module docstring)."""
+    if key is None:
+        return
+    row = await conn.fetchrow(Q["tombstone_by_key"], key)
+    if row is not None:
+        raise _gone_from(str(row[0]), str(row[1]), by_key=True)
+
+
+class PostgresRetention:
+    """``import_run``, ``delete_run`` and ``tombstone`` of the PostgreSQL store (see above)."""
+
+    if TYPE_CHECKING:
+
+        def _connection(self) -> AbstractAsyncContextManager[Any]: ...
+
+        def _transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+        async def _notify_if_runnable(self, conn: Any, head: RunHead) -> None: ...
+
+    async def _gone(self, run_id: str) -> RunNotFound:
+        async with self._connection() as conn:
+            return await missing(conn, run_id)
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        """See ``RunStore.import_run``: one transaction (a ``queued`` run is announced on commit)."""
+        from stores.postgres import _fact_values, _run_values  # the row encodings live with the adapter
+
+        validate_run_id(head.run_id)
+        check_import(head, facts)
+        run_id = head.run_id
+        async with self._transaction() as conn:
+            key = head.idempotency_key
+            if key is not None:
+                owner = await conn.fetchval(Q["tombstone_by_key"], key)
+                if owner is not None and owner != run_id:
+                    raise Conflict(f"the idempotency key of run {run_id} is run {owner}'s here")
+            await conn.execute(Q["delete_tombstone"], run_id)
+            if await conn.fetchval(Q["insert_run"], *_run_values(head)) is None:
+                if await conn.fetchval(Q["run_version"], run_id) is not None:
+                    raise Conflict(f"this store already has run {run_id}")
+                raise Conflict(f"the idempotency key of run {run_id} is another run's here")
+            await conn.execute(Q["insert_facts"], *_fact_values(run_id, facts))
+            await self._notify_if_runnable(conn, head)
+        return head
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        """See ``RunStore.delete_run``: one transaction, the run row locked first."""
+        run_id = validate_run_id(tombstone.run_id)
+        async with self._transaction() as conn:
+            raw = await conn.fetchval(Q["lock_head"], run_id)
+            if raw is None:
+                body = await conn.fetchval(Q["tombstone_by_run"], run_id)
+                if body is None:
+                    raise RunNotFound(run_id)
+                deleted_already(decode_tombstone(run_id, body), tombstone)
+                return
+            check_delete(decode_head(run_id, from_jsonb_text(raw)), tombstone)
+            for query in ("delete_run_leases", "delete_run_facts", "delete_run"):
+                await conn.execute(Q[query], run_id)
+            await conn.execute(
+                Q["insert_tombstone"], run_id, tombstone.idempotency_key, encode_tombstone(tombstone)
+            )
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        validate_run_id(run_id)
+        async with self._connection() as conn:
+            body = await conn.fetchval(Q["tombstone_by_run"], run_id)
+        return decode_tombstone(run_id, body) if body is not None else None
+
+
+__all__ = ["PostgresRetention", "check_key_free", "missing"]

@@ -1,0 +1,119 @@
+"""Retention for the SQLite store (a mixin of :class:`stores.sqlite.SqliteStore`): importing a whole
+run, deleting a run behind a tombstone (table ``tombstones``, migration 0004), and what a deleted
+run's id answers.
+
+Both writes are one ``BEGIN IMMEDIATE`` transaction, like every write of the store: a deletion reads
+the head, checks its version (and, for a prune, that it ended), deletes the run's leases, facts and
+run row and inserts the tombstone, with the file's write lock held throughout, so no append or claim
+comes in between. A reader's statement sees the run before the commit or its absence after it;
+``read_facts`` reads the facts first and checks that the run still exists after, so it returns the
+whole log or the tombstone's error, never part of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import aiosqlite
+
+from orchestration.errors import Conflict, RunNotFound
+from orchestration.facts import Fact
+from orchestration.ids import validate_run_id
+from orchestration.models import RunHead
+from orchestration.store import Tombstone
+from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
+from stores._sql import decode_head, queries
+
+Q = queries("sqlite")
+T = TypeVar("T")
+
+
+def _gone_from(run_id: str, rows: list[Any], *, by_key: bool = False) -> RunNotFound:
+    if not rows:
+        return RunNotFound(run_id)
+    return decode_tombstone(run_id, str(rows[0][0])).error(by_key=by_key)
+
+
+async def missing(conn: aiosqlite.Connection, run_id: str) -> RunNotFound:
+    """The error for a run id with no run row, read in the caller's transaction: the tombstone's,
+    else not found."""
+    return _gone_from(run_id, list(await conn.execute_fetchall(Q["tombstone_by_run"], {"run_id": run_id})))
+
+
+async def check_key_free(conn: aiosqlite.Connection, key: str | None) -> None:
+    """Refuse a create whose idempotency key is a deleted run's: that run's tombstone error."""
+    if key is None:
+        return
+    rows = list(await conn.execute_fetchall(Q["tombstone_by_key"], {"idempotency_key": key}))
+    if rows:
+        raise _gone_from(str(rows[0][0]), [rows[0][1:]], by_key=True)
+
+
+class SqliteRetention:
+    """``import_run``, ``delete_run`` and ``tombstone`` of the SQLite store (see above)."""
+
+    if TYPE_CHECKING:
+
+        async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
+
+        async def _read(self, sql: str, params: dict[str, Any]) -> list[Any]: ...
+
+    async def _gone(self, run_id: str) -> RunNotFound:
+        """The error for a run id with no run row (read outside a transaction)."""
+        return _gone_from(run_id, await self._read(Q["tombstone_by_run"], {"run_id": run_id}))
+
+    async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        """See ``RunStore.import_run``: one transaction."""
+        from stores.sqlite import _fact_row, _run_row  # the row encodings live with the adapter
+
+        validate_run_id(head.run_id)
+        check_import(head, facts)
+        run_id = head.run_id
+
+        async def work(conn: aiosqlite.Connection) -> RunHead:
+            if list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
+                raise Conflict(f"this store already has run {run_id}")
+            key = head.idempotency_key
+            if key is not None:
+                for query in ("head_by_idempotency_key", "tombstone_by_key"):
+                    rows = list(await conn.execute_fetchall(Q[query], {"idempotency_key": key}))
+                    if rows and rows[0][0] != run_id:
+                        raise Conflict(f"the idempotency key of run {run_id} is run {rows[0][0]}'s here")
+            await conn.execute(Q["delete_tombstone"], {"run_id": run_id})
+            await conn.execute(Q["insert_run"], _run_row(head))
+            await conn.executemany(Q["insert_fact"], [_fact_row(run_id, f) for f in facts])
+            return head
+
+        return await self._write(work)
+
+    async def delete_run(self, tombstone: Tombstone) -> None:
+        """See ``RunStore.delete_run``: one ``BEGIN IMMEDIATE`` transaction."""
+        run_id = validate_run_id(tombstone.run_id)
+
+        async def work(conn: aiosqlite.Connection) -> None:
+            rows = list(await conn.execute_fetchall(Q["load_head"], {"run_id": run_id}))
+            if not rows:
+                stored = list(await conn.execute_fetchall(Q["tombstone_by_run"], {"run_id": run_id}))
+                if not stored:
+                    raise RunNotFound(run_id)
+                deleted_already(decode_tombstone(run_id, str(stored[0][0])), tombstone)
+                return
+            check_delete(decode_head(run_id, rows[0][0]), tombstone)
+            for query in ("delete_run_leases", "delete_run_facts", "delete_run"):
+                await conn.execute(Q[query], {"run_id": run_id})
+            await conn.execute(
+                Q["insert_tombstone"],
+                {
+                    "run_id": run_id,
+                    "idempotency_key": tombstone.idempotency_key,
+                    "body": encode_tombstone(tombstone),
+                },
+            )
+
+        await self._write(work)
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        validate_run_id(run_id)
+        rows = await self._read(Q["tombstone_by_run"], {"run_id": run_id})
+        return decode_tombstone(run_id, str(rows[0][0])) if rows else None

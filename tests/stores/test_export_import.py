@@ -1,0 +1,283 @@
+"""Export and import across stores (issue 14, part 5): runs recorded by the real runtime on the
+filesystem store, in every record format (1: plain; 2: routed, ``route_decided``; 3: a gate's
+``revise``), exported to JSON Lines and imported into SQLite and PostgreSQL read back as the same
+run and the same view. A tampered export is refused; a live run is imported only when it is moved,
+and the store it left never drives it again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestration.clock import ManualClock
+from orchestration.errors import (
+    Conflict,
+    ExportCorrupt,
+    InvalidState,
+    RecordTooNew,
+    RunMoved,
+    RunNotFound,
+    RunPruned,
+    StoreUnavailable,
+    VersionConflict,
+)
+from orchestration.export import RunExport, export_lines, read_export, snapshot
+from orchestration.models import RECORD_FORMAT
+from orchestration.reading import read_snapshot
+from orchestration.retention import PRUNABLE, import_export, prune
+from orchestration.runtime import Runtime, StartRequest
+from orchestration.store import RunStore
+from orchestration.vocabulary import RunStatus
+from server.views import run_view
+from stores.filesystem import FilesystemStore
+from tests.stores.conftest import make_memory
+from tests.stores.sql_adapters import make_postgres, make_sqlite
+from tests.unit.faulty import FaultyStore
+from tests.unit.helpers import Decision, ScriptedWorker, play, provider_contract, sequential_ids
+from tests.unit.routed import ROUTED_CATALOG, answer_for
+
+TARGETS: dict[str, Callable[[Path], AbstractAsyncContextManager[RunStore]]] = {
+    "sqlite": make_sqlite,
+    "postgres": make_postgres,
+    "memory": make_memory,
+}
+
+
+@pytest.fixture(params=list(TARGETS), ids=list(TARGETS))
+async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[RunStore]:
+    (tmp_path / "target").mkdir()
+    async with TARGETS[request.param](tmp_path / "target") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def source(tmp_path: Path) -> AsyncIterator[FilesystemStore]:
+    store = FilesystemStore(tmp_path / "source")
+    yield store
+    await store.close()
+
+
+def runtime_on(store: RunStore, clock: ManualClock | None = None) -> Runtime:
+    return Runtime(
+        store,
+        ROUTED_CATALOG,
+        clock=clock or ManualClock(),
+        new_id=sequential_ids(),
+        resolve_contract=provider_contract,
+        worker=ScriptedWorker(),
+        lease_ttl_seconds=30,
+    )
+
+
+async def runs_of_every_format(store: RunStore) -> dict[str, str]:
+    """Ended runs recorded by the runtime: name -> run id."""
+    runtime = runtime_on(store)
+    runs: dict[str, str] = {}
+    head, _ = await runtime.start(StartRequest("Plain", idempotency_key="plain-key"))
+    runs["plain"] = (await play(runtime, head.run_id)).run_id
+    head, _ = await runtime.start(StartRequest("Routed", chain="loop-end"))
+    answer = answer_for({"reviewer": "revise", "reviewer~2": "approve"})
+    runs["routed"] = (await play(runtime, head.run_id, output=answer)).run_id
+    head, _ = await runtime.start(StartRequest("Revised", chain="gated-revise"))
+    once = {"after:engineer"}  # revised once, then approved
+
+    def revise_once(gate: str) -> Decision:
+        if gate in once:
+            once.discard(gate)
+            return "revise"
+        return "approve"
+
+    runs["revised"] = (await play(runtime, head.run_id, decisions=revise_once)).run_id
+    head, _ = await runtime.start(StartRequest("Rejected", chain="gated-revise"))
+    runs["rejected"] = (await play(runtime, head.run_id, decisions=lambda g: "reject")).run_id
+    return runs
+
+
+async def exported(store: RunStore, run_id: str) -> list[str]:
+    return export_lines(await snapshot(store, run_id), source=store.name, at=ManualClock().now())
+
+
+async def view_of(store: RunStore, run_id: str) -> dict[str, object]:
+    return run_view(await read_snapshot(store, await store.load(run_id)), "full").model_dump(mode="json")
+
+
+async def test_runs_of_every_record_format_move_to_another_store_unchanged(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    runs = await runs_of_every_format(source)
+    formats = set()
+    for run_id in runs.values():
+        head = await source.load(run_id)
+        formats.add(head.format)
+        run = read_export(await exported(source, run_id))
+        await import_export(target, run, now=ManualClock().now())
+        assert await target.load(run_id) == head
+        assert await target.read_facts(run_id) == await source.read_facts(run_id)
+        assert await view_of(target, run_id) == await view_of(source, run_id)
+    assert formats == {1, 2, 3} and RECORD_FORMAT == 3
+    # The imported run's idempotency key is the run's in the target too.
+    again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
+    assert not created and again.run_id == runs["plain"]
+    # The same export again: the target has the run.
+    with pytest.raises(Conflict) as info:
+        await import_export(
+            target, read_export(await exported(source, runs["plain"])), now=ManualClock().now()
+        )
+    assert info.value.code == "conflict"
+
+
+def facts_sha256(fact_lines: list[str]) -> str:
+    return hashlib.sha256("".join(line + "\n" for line in fact_lines).encode()).hexdigest()
+
+
+def tamper(lines: list[str], index: int, change: Callable[[dict[str, object]], None]) -> list[str]:
+    record = json.loads(lines[index])
+    change(record)
+    return [*lines[:index], json.dumps(record), *lines[index + 1 :]]
+
+
+async def test_a_tampered_export_is_refused_and_nothing_is_written(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    run_id = (await runs_of_every_format(source))["plain"]
+    lines = await exported(source, run_id)
+    output_line = next(i for i, line in enumerate(lines) if '"task_completed"' in line)
+    damaged = {
+        "an output changed": tamper(lines, output_line, lambda r: r.update(output="something else")),
+        "the head changed": tamper(lines, 1, lambda r: r.update(status="failed")),
+        "a fact dropped": lines[:-1],
+        "a fact dropped and the hash fixed": tamper(
+            lines[:-1], 0, lambda r: r.update(facts_sha256=facts_sha256(lines[2:-1]))
+        ),
+        "the header's run id changed": tamper(lines, 0, lambda r: r.update(run_id="run-other")),
+        "not an export": ['{"hello": "world"}', *lines[1:]],
+        "empty": [],
+    }
+    for why, text in damaged.items():
+        with pytest.raises(ExportCorrupt) as info:
+            await import_export(target, read_export(text, "run.jsonl"), now=ManualClock().now())
+        assert info.value.code == "export_corrupt", why
+        assert "run.jsonl" in info.value.message, why
+    with pytest.raises(RunNotFound):
+        await target.load(run_id)
+
+
+async def test_an_export_of_a_newer_record_format_is_record_too_new(source: FilesystemStore) -> None:
+    run_id = (await runs_of_every_format(source))["plain"]
+    lines = await exported(source, run_id)
+    newer = tamper(lines, 2, lambda r: r.update(format=RECORD_FORMAT + 1))
+    header = json.loads(newer[0])
+    header["facts_sha256"] = facts_sha256(newer[2:])
+    with pytest.raises(RecordTooNew):
+        read_export([json.dumps(header), *newer[1:]])
+
+
+async def live_run(store: RunStore) -> tuple[Runtime, str]:
+    runtime = runtime_on(store)
+    head, _ = await runtime.start(StartRequest("Live", chain="gated-revise", idempotency_key="live-key"))
+    await runtime.drive(head.run_id)
+    assert (await store.load(head.run_id)).status == RunStatus.AWAITING_HOST
+    return runtime, head.run_id
+
+
+async def test_a_live_run_is_imported_only_when_moved_and_the_source_stops_driving_it(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    runtime, run_id = await live_run(source)
+    run = read_export(await exported(source, run_id))
+    with pytest.raises(InvalidState, match="has not ended"):
+        await import_export(target, run, now=ManualClock().now())
+    with pytest.raises(RunNotFound):
+        await target.load(run_id)
+
+    await import_export(target, run, now=ManualClock().now(), move_from=source, target_name="the target")
+    assert await target.load(run_id) == run.head
+    # The source: marked moved (its tombstone), never listed as runnable, and nothing drives or
+    # changes it: the drive, a host's answer and a cancel all say where it went.
+    tombstone = await source.tombstone(run_id)
+    assert tombstone is not None and tombstone.reason == "moved" and tombstone.moved_to == "the target"
+    assert await source.runnable(ManualClock().now() + timedelta(days=1)) == []
+    with pytest.raises(RunMoved, match="the target"):
+        await runtime.drive(run_id)
+    with pytest.raises(RunMoved):
+        await runtime.submit_host_output(run_id, "architect", "an answer")
+    with pytest.raises(RunMoved):
+        await runtime.cancel(run_id)
+    with pytest.raises(RunMoved):
+        await runtime.start(StartRequest("Live", chain="gated-revise", idempotency_key="live-key"))
+    # The target goes on with it to the end.
+    finished = await play(runtime_on(target), run_id)
+    assert finished.status == RunStatus.COMPLETED
+
+
+async def test_a_move_of_a_run_that_changed_since_its_export_is_refused(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    runtime, run_id = await live_run(source)
+    run = read_export(await exported(source, run_id))
+    await runtime.submit_host_output(run_id, "architect", "the plan")
+    with pytest.raises(VersionConflict):
+        await import_export(target, run, now=ManualClock().now(), move_from=source)
+    with pytest.raises(RunNotFound):
+        await target.load(run_id)
+    assert (await source.load(run_id)).version == run.head.version + 1
+
+
+async def test_a_move_interrupted_before_the_import_is_finished_by_the_same_import(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    _runtime, run_id = await live_run(source)
+    run = read_export(await exported(source, run_id))
+    down = FaultyStore(target)
+    down.before = lambda op: setattr(down, "down", op == "import_run")
+    with pytest.raises(StoreUnavailable):
+        await import_export(down, run, now=ManualClock().now(), move_from=source)
+    with pytest.raises(RunMoved):
+        await source.load(run_id)
+    # The export file is the run now; importing it again finishes the move.
+    await import_export(target, run, now=ManualClock().now(), move_from=source)
+    assert await target.load(run_id) == run.head
+
+
+async def test_a_retried_start_with_a_pruned_runs_key_is_refused(source: FilesystemStore) -> None:
+    # Store-independent (the conformance suite checks every store's key), through the runtime.
+    clock = ManualClock()
+    runtime = runtime_on(source, clock)
+    head, _ = await runtime.start(StartRequest("Nightly", idempotency_key="nightly-2026-01-01"))
+    await play(runtime, head.run_id)
+    clock.advance(timedelta(days=31).total_seconds())
+    result = await prune(source, frozenset({RunStatus.COMPLETED}), timedelta(days=30), now=clock.now())
+    assert result.pruned == (head.run_id,)
+    with pytest.raises(RunPruned) as info:
+        await runtime.start(StartRequest("Nightly", idempotency_key="nightly-2026-01-01"))
+    assert info.value.code == "run_pruned" and head.run_id in info.value.message
+    with pytest.raises(RunPruned):
+        await runtime.status(head.run_id)
+    assert (await source.list_runs()).runs == []
+
+
+async def test_a_prune_with_an_archive_can_be_restored(source: FilesystemStore, target: RunStore) -> None:
+    runs = await runs_of_every_format(source)
+    archived: dict[str, RunExport] = {}
+
+    async def archive(run: RunExport) -> str:
+        archived[run.run_id] = read_export(export_lines(run, source="filesystem", at=ManualClock().now()))
+        return f"/archive/{run.run_id}.jsonl"
+
+    now = ManualClock().now() + timedelta(days=40)
+    result = await prune(source, PRUNABLE, timedelta(days=30), now=now, archive=archive)
+    assert sorted(result.pruned) == sorted(runs.values()) == sorted(archived)
+    tombstone = await source.tombstone(runs["routed"])
+    assert tombstone is not None and tombstone.archive == f"/archive/{runs['routed']}.jsonl"
+    for run_id, run in archived.items():
+        await import_export(target, run, now=now)  # an archive restores in any store
+        assert await target.read_facts(run_id) == list(run.facts)
+        await import_export(source, run, now=now)  # and back where it was pruned from
+        assert await source.tombstone(run_id) is None
+        assert await source.load(run_id) == run.head
