@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestration.clock import ManualClock
+from orchestration.costs import Budget
 from orchestration.errors import (
     Conflict,
     ExportCorrupt,
@@ -96,6 +97,9 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     runs["revised"] = (await play(runtime, head.run_id, decisions=revise_once)).run_id
     head, _ = await runtime.start(StartRequest("Rejected", chain="gated-revise"))
     runs["rejected"] = (await play(runtime, head.run_id, decisions=lambda g: "reject")).run_id
+    # format 4: a run with a budget (its running totals in the head)
+    head, _ = await runtime.start(StartRequest("Budgeted", budget=Budget(max_total_tokens=1_000_000)))
+    runs["budgeted"] = (await play(runtime, head.run_id)).run_id
     return runs
 
 
@@ -120,7 +124,7 @@ async def test_runs_of_every_record_format_move_to_another_store_unchanged(
         assert await target.load(run_id) == head
         assert await target.read_facts(run_id) == await source.read_facts(run_id)
         assert await view_of(target, run_id) == await view_of(source, run_id)
-    assert formats == {1, 2, 3} and RECORD_FORMAT == 3
+    assert formats == {1, 2, 3, 4} and RECORD_FORMAT == 4
     # The imported run's idempotency key is the run's in the target too.
     again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
     assert not created and again.run_id == runs["plain"]
