@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from orchestration.agent_steps import agent_attempt
 from orchestration.fold import task_deadline
 from orchestration.graph import is_parallel, preds_settled
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
@@ -91,6 +92,10 @@ class StartAttempt:
     task_id: str
     attempt: int
     possible_duplicate_call: bool = False
+    #: an agent step: the earlier attempt whose remote call this one follows, and that call's
+    #: remote run when it was recorded (see :func:`orchestration.agent_steps.agent_attempt`)
+    follows: int | None = None
+    remote_run_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,12 +275,17 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action:
         )
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
-    if head.contract.worker_backend == "inline":
+    if head.contract.worker_backend == "inline" and step.agent is None:
         return PrepareHostTask(task.task_id, len(task.attempts) + 1)
     if not task.attempts and head.not_before is not None and head.not_before > now:
         # A provider asked the run to wait (retry-after): its first calls wait too.
         return WaitUntil(head.not_before)
-    return _provider_action(head, task, now)
+    action = _provider_action(head, task, now)
+    if step.agent is not None and isinstance(action, StartAttempt):
+        # An agent step's attempt may follow an earlier attempt's remote call instead of calling.
+        follows, remote_run_id, duplicate = agent_attempt(step.agent, task)
+        action = StartAttempt(action.task_id, action.attempt, duplicate, follows, remote_run_id)
+    return action
 
 
 def _linear_action(head: RunHead, now: datetime) -> Action:

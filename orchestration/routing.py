@@ -103,6 +103,9 @@ def chain_format(chain: ChainSnapshot) -> int:
     refuse the whole run: "Record formats" in :mod:`orchestration.facts`), else 1. A parallel
     chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
     parallel steps came in the same format, so no server reads format 2 without knowing both."""
+    if any(s.agent is not None for s in chain.steps):
+        # A server that does not know agent steps would run them as specialists.
+        return 4
     if any(s.expires_after_seconds is not None or s.approvers is not None for s in chain.steps):
         return 3
     graph = any(step.after is not None or step.instruction is not None for step in chain.steps)

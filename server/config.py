@@ -39,6 +39,10 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
                                     #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
                                     #   back json_schema -> json_object -> prompt when refused
 
+    [agents.reviewer2]              # an MCP agent chain steps delegate to (see server.agents)
+    url = "https://review.example.com/mcp"
+    token_env = "REVIEWER2_TOKEN"   # the bearer token's variable, read at each call, never stored
+
     [tokens.alice]                  # HTTP transports: a bearer token for the identity "alice"
     token_env = "ALICE_TOKEN"       # the variable holding it (or token = "..."; 16+ characters)
     roles = ["read", "approve"]     # read | operate | approve, combined (see server.identity)
@@ -116,6 +120,7 @@ from orchestration.errors import ConfigError
 from orchestration.runtime import Limits
 from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.providers import StructuredOutputMode
+from server.agents import AgentTable, check_agent_names
 from server.auth import MIN_TOKEN_CHARS
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 
@@ -261,6 +266,10 @@ class _Options(BaseModel):
     openai_structured_output: StructuredOutputMode | None = None
     providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
     tokens: dict[str, TokenTable] | None = Field(default=None, repr=False)
+    #: ``[agents.NAME]``: MCP agents that chain steps delegate to (see :mod:`server.agents`)
+    agents: dict[str, AgentTable] | None = None
+
+    _agent_names = field_validator("agents")(check_agent_names)
 
     @field_validator("tokens")
     @classmethod
@@ -349,6 +358,8 @@ class Settings:
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = field(default=None, repr=False)
+    #: ``[agents.NAME]`` tables (no secrets: a token's variable name only)
+    agents: Mapping[str, AgentTable] = field(default_factory=dict)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -379,8 +390,10 @@ def _problem(exc: ValidationError) -> tuple[str, str]:
             known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
             message = (
                 f"unknown setting; the known settings are: {known} "
-                "(and the tables specialists, chains, providers, tokens)"
+                "(and the tables specialists, chains, providers, tokens, agents)"
             )
+        elif loc[0] == "agents":
+            message = f"unknown setting; an agents table takes: {', '.join(AgentTable.model_fields)}"
         elif loc[0] == "tokens":
             message = f"unknown setting; a tokens table takes: {', '.join(TokenTable.model_fields)}"
         else:
@@ -464,6 +477,7 @@ def load_settings(
     merged["providers"] = {
         k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
     }
+    merged["agents"] = {k: AgentTable.model_validate(v) for k, v in (merged.get("agents") or {}).items()}
     tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
     tokens: tuple[NamedToken, ...] = ()
     tokens_error: ConfigError | None = None
