@@ -1,0 +1,380 @@
+"""Agent steps inside one process: the runtime drives a chain whose middle step delegates to a fake
+construct-mcp (a scripted MCP session), and the real SDK client meets HTTP failures through a mock
+transport. Durability (the remote run recorded, then followed after a crash, one remote run per
+call), error classification, and a token that appears nowhere but in the request's header."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp.types import CallToolResult, TextContent
+
+from orchestration.catalog import Catalog
+from orchestration.clock import ManualClock
+from orchestration.models import ExecutionContract
+from orchestration.runtime import Runtime, StartRequest
+from orchestration.vocabulary import RunStatus, TaskStatus
+from orchestration.workers.agent_base import AgentEndpoint
+from orchestration.workers.agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
+from orchestration.workers.retry import RetryPolicy
+from stores.memory import MemoryStore
+from tests.unit.helpers import play, sequential_ids
+
+SECRET = "agent-token-" + secrets.token_hex(16)
+ENDPOINT = AgentEndpoint(
+    name="reviewer2",
+    url="http://127.0.0.1:9/mcp",
+    token_env="REVIEWER2_TOKEN",
+    follow_wait_seconds=0.01,
+    paused_poll_seconds=0.01,
+)
+REVIEW: dict[str, Any] = {
+    "name": "review",
+    "agent": "reviewer2",
+    "tool": "orchestrate_start",
+    "arguments": {"chain": "review-loop", "request": "{request}\n\n{outputs.architect}"},
+}
+
+
+def result(
+    view: dict[str, Any] | None = None, text: str | None = None, error: bool = False
+) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=text if text is not None else str(view))],
+        structured_content=view,
+        is_error=error,
+    )
+
+
+class FakeRemote:
+    """A construct-mcp as a session sees it: ``orchestrate_start`` keyed by idempotency key, runs
+    that end after ``polls`` ``run_status`` calls. ``hang``: ``run_status`` never answers;
+    ``fail_polls``: that many ``run_status`` calls lose the connection first."""
+
+    def __init__(self, polls: int = 2, final: str = "completed") -> None:
+        self.runs: dict[str, str] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.tokens: list[str | None] = []
+        self.polls = polls
+        self.final = final
+        self.hang = False
+        self.fail_polls = 0
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+    ) -> CallToolResult:
+        args = dict(arguments or {})
+        self.calls.append((name, args))
+        if name == "orchestrate_start":
+            run_id = self.runs.setdefault(args["idempotency_key"], f"remote-{len(self.runs) + 1}")
+            return result({"run_id": run_id, "status": "queued", "status_kind": "active"})
+        assert name == "run_status"
+        if "task_id" in args:
+            task = {
+                "task_id": args["task_id"],
+                "status": "done",
+                "step": "reviewer",
+                "output": "remote verdict",
+            }
+            return result({"run_id": args["run_id"], "status": self.final, "tasks": [task]})
+        if self.hang:
+            await anyio.sleep_forever()
+        if self.fail_polls:
+            self.fail_polls -= 1
+            raise ExceptionGroup("lost", [httpx2.RemoteProtocolError("peer closed connection")])
+        polled = sum(1 for n, a in self.calls if n == "run_status" and "task_id" not in a)
+        if polled < self.polls:
+            return result({"run_id": args["run_id"], "status": "running", "status_kind": "active"})
+        tasks = [{"task_id": "engineer", "status": "done", "step": "engineer"}]
+        tasks += [{"task_id": "reviewer", "status": "done", "step": "reviewer"}]
+        error = None if self.final == "completed" else {"code": "rejected", "message": "no"}
+        view = {"run_id": args["run_id"], "status": self.final, "status_kind": "terminal", "tasks": tasks}
+        return result({**view, "error": error})
+
+    def starts(self) -> int:
+        return sum(1 for name, _ in self.calls if name == "orchestrate_start")
+
+
+def connector(remote: FakeRemote) -> Callable[..., AbstractAsyncContextManager[AgentSession]]:
+    @asynccontextmanager
+    async def connect(
+        endpoint: AgentEndpoint, token: str | None, observed: _Observed
+    ) -> AsyncIterator[AgentSession]:
+        remote.tokens.append(token)
+        yield remote
+
+    return connect
+
+
+def catalog(step: dict[str, Any] = REVIEW) -> Catalog:
+    raw = {"agents": {"reviewer2": {}}, "chains": {"delegated": {"steps": ["architect", step, "writer"]}}}
+    return Catalog.builtin().extended(raw, "construct.toml", Path("."))
+
+
+def runtime_for(
+    store: MemoryStore, worker: AgentWorker, owner: str = "p1", clock: ManualClock | None = None
+) -> Runtime:
+    clock = clock or ManualClock()
+    worker.clock = clock  # the retry policy's not_before is on the runtime's clock
+    return Runtime(
+        store,
+        catalog(),
+        clock=clock,
+        new_id=sequential_ids(),
+        resolve_contract=lambda request, chain: ExecutionContract(worker_backend="inline", max_attempts=3),
+        worker=Workers(None, worker),
+        owner=owner,
+        lease_ttl_seconds=30,
+        cancel_poll_seconds=0.01,
+    )
+
+
+def agent_worker(remote: FakeRemote, **kwargs: Any) -> AgentWorker:
+    return AgentWorker(
+        {"reviewer2": ENDPOINT},
+        env={"REVIEWER2_TOKEN": SECRET},
+        connect=connector(remote),
+        policy=RetryPolicy(base_delay_seconds=0),
+        **kwargs,
+    )
+
+
+async def stored_text(store: MemoryStore, run_id: str) -> str:
+    head = await store.load(run_id)
+    facts = await store.read_facts(run_id, 0, head.last_seq)
+    return head.model_dump_json() + "".join(f.model_dump_json() for f in facts)
+
+
+async def test_a_step_delegates_a_run_and_its_output_becomes_the_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    store, remote = MemoryStore(), FakeRemote()
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    done = await play(runtime, head.run_id)
+    assert done.status == RunStatus.COMPLETED and done.format == 4
+    snap = await runtime.snapshot(head.run_id)
+    assert snap.outputs["review"] == "remote verdict"
+    review = snap.head.task("review")
+    assert [(a.number, a.remote_run_id, a.follows) for a in review.attempts] == [(1, "remote-1", None)]
+    assert review.executor == "agent:reviewer2:orchestrate_start"
+    start = remote.calls[0]
+    assert start == (
+        "orchestrate_start",
+        {
+            "chain": "review-loop",
+            "request": "Build a cache\n\nhost output for architect",
+            "idempotency_key": f"construct:{head.run_id}:review:1",
+            "wait_seconds": 0,
+        },
+    )
+    facts = await store.read_facts(head.run_id, 0, done.last_seq)
+    kinds = [f.type for f in facts if getattr(f, "task_id", None) == "review"]
+    assert kinds == ["attempt_started", "remote_run_started", "task_completed"]
+    # The writer's prompt carries the delegated output, as any upstream output.
+    assert remote.tokens == [SECRET]
+    assert SECRET not in await stored_text(store, head.run_id)
+    assert SECRET not in caplog.text
+
+
+async def test_a_restarted_parent_follows_the_recorded_remote_run() -> None:
+    store, remote = MemoryStore(), FakeRemote(polls=1)
+    remote.hang = True
+    clock = ManualClock()
+    first = runtime_for(store, agent_worker(remote), owner="p1", clock=clock)
+    head, _ = await first.start(StartRequest(request="Build a cache", chain="delegated"))
+    await first.drive(head.run_id)
+    await first.submit_host_output(head.run_id, "architect", "the design")
+    with anyio.move_on_after(1):
+        await first.drive(head.run_id)  # follows the remote run until the "crash" (this scope's end)
+    recorded = await store.load(head.run_id)
+    assert recorded.task("review").status == TaskStatus.RUNNING
+    assert recorded.task("review").attempts[-1].remote_run_id == "remote-1"
+    # Another process, after the lease ran out: it follows remote-1 and starts nothing.
+    remote.hang = False
+    clock.advance(60)
+    second = runtime_for(store, agent_worker(remote), owner="p2", clock=clock)
+    await second.drive(head.run_id)
+    after = await second.snapshot(head.run_id)
+    review = after.head.task("review")
+    assert review.status == TaskStatus.DONE and after.outputs["review"] == "remote verdict"
+    assert [(a.number, a.remote_run_id, a.follows) for a in review.attempts] == [
+        (1, "remote-1", None),
+        (2, "remote-1", 1),
+    ]
+    assert review.attempts[0].error is not None and review.attempts[0].error.code == "orphaned"
+    assert not review.attempts[1].telemetry.possible_duplicate_call
+    assert remote.starts() == 1 and remote.runs == {f"construct:{head.run_id}:review:1": "remote-1"}
+
+
+async def test_a_crash_before_the_remote_run_was_recorded_reuses_the_key() -> None:
+    store, remote = MemoryStore(), FakeRemote(polls=1)
+    clock = ManualClock()
+    first = runtime_for(store, agent_worker(remote), owner="p1", clock=clock)
+    head, _ = await first.start(StartRequest(request="Build a cache", chain="delegated"))
+    await first.drive(head.run_id)
+    await first.submit_host_output(head.run_id, "architect", "the design")
+
+    class Crash(BaseException):
+        """Stands for SIGKILL: nothing of the process's own handles it."""
+
+    async def crash(remote_run_id: str) -> None:
+        raise Crash  # the process "dies" after the remote made the run, before it was recorded
+
+    original = AgentWorker.delegate
+
+    async def delegate_then_crash(
+        self: AgentWorker, contract: Any, call: Any, prev: Any, remember: Any
+    ) -> Any:
+        return await original(self, contract, call, prev, crash)
+
+    worker = agent_worker(remote)
+    worker.delegate = partial(delegate_then_crash, worker)  # type: ignore[method-assign]
+    with pytest.raises(BaseException) as crashed:
+        await runtime_for(store, worker, owner="p1", clock=clock).drive(head.run_id)
+    assert (
+        crashed.group_contains(Crash)
+        if isinstance(crashed.value, BaseExceptionGroup)
+        else crashed.type is Crash
+    )
+    assert remote.starts() == 1
+    clock.advance(60)
+    await runtime_for(store, agent_worker(remote), owner="p2", clock=clock).drive(head.run_id)
+    after = await store.load(head.run_id)
+    assert after.task("review").status == TaskStatus.DONE
+    # The second call carried the first attempt's key: the remote answered with the same run.
+    keys = [a["idempotency_key"] for n, a in remote.calls if n == "orchestrate_start"]
+    assert keys == [f"construct:{head.run_id}:review:1"] * 2 and len(remote.runs) == 1
+
+
+async def test_an_unreachable_agent_is_retried_and_the_same_run_followed() -> None:
+    store, remote = MemoryStore(), FakeRemote(polls=1)
+    remote.fail_polls = 1
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    done = await play(runtime, head.run_id)
+    assert done.status == RunStatus.COMPLETED
+    review = (await runtime.snapshot(head.run_id)).head.task("review")
+    first, second = review.attempts
+    assert first.error is not None and first.error.code == "agent_unreachable" and first.error.retryable
+    assert (second.follows, second.remote_run_id) == (1, "remote-1")
+    assert remote.starts() == 1
+
+
+async def test_a_failed_remote_run_fails_the_step_with_a_typed_error() -> None:
+    store, remote = MemoryStore(), FakeRemote(polls=1, final="rejected")
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    done = await play(runtime, head.run_id)
+    assert done.status == RunStatus.FAILED
+    assert done.error is not None and done.error.code == "agent_run_failed"
+    assert "remote-1 ended rejected: rejected: no" in done.error.message
+    assert remote.starts() == 1, "a remote run that ended is not retried"
+
+
+async def test_a_generic_tool_and_a_token_echoed_in_its_error() -> None:
+    calls: list[dict[str, Any]] = []
+
+    class Search:
+        async def call_tool(
+            self,
+            name: str,
+            arguments: dict[str, Any] | None = None,
+            read_timeout_seconds: float | None = None,
+        ) -> CallToolResult:
+            calls.append(dict(arguments or {}))
+            if len(calls) == 1:
+                return result(text="found: three caches")
+            return result(text=f"bad credentials Bearer {SECRET} ({SECRET})", error=True)
+
+    @asynccontextmanager
+    async def connect(
+        endpoint: AgentEndpoint, token: str | None, observed: _Observed
+    ) -> AsyncIterator[AgentSession]:
+        yield Search()
+
+    step = {
+        "name": "search",
+        "agent": "reviewer2",
+        "tool": "search",
+        "arguments": {"q": "{outputs.architect}"},
+    }
+    store = MemoryStore()
+    worker = AgentWorker({"reviewer2": ENDPOINT}, env={"REVIEWER2_TOKEN": SECRET}, connect=connect)
+    runtime = runtime_for(store, worker)
+    runtime.catalog = catalog(step)
+    head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
+    await play(runtime, head.run_id)
+    snap = await runtime.snapshot(head.run_id)
+    assert snap.outputs["search"] == "found: three caches" and calls[0] == {"q": "host output for architect"}
+    again, _ = await runtime.start(StartRequest(request="r2", chain="delegated"))
+    failed = await play(runtime, again.run_id)
+    assert failed.error is not None and failed.error.code == "tool_error" and not failed.error.retryable
+    assert SECRET not in failed.error.message and "[redacted]" in failed.error.message
+    assert SECRET not in await stored_text(store, again.run_id)
+
+
+async def test_a_missing_token_variable_is_an_auth_error_naming_the_variable() -> None:
+    worker = AgentWorker({"reviewer2": ENDPOINT}, env={}, connect=connector(FakeRemote()))
+    store = MemoryStore()
+    runtime = runtime_for(store, worker)
+    head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
+    done = await play(runtime, head.run_id)
+    assert done.error is not None and done.error.code == "auth"
+    assert "REVIEWER2_TOKEN is not set" in done.error.message
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "retryable"),
+    [(401, "auth", False), (403, "auth", False), (503, "agent_unreachable", True)],
+)
+async def test_http_failures_through_the_sdk_client_are_classified(
+    status: int, code: str, retryable: bool
+) -> None:
+    seen: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return httpx2.Response(status, text=f"no: {request.headers.get('authorization')}")
+
+    worker = AgentWorker(
+        {"reviewer2": ENDPOINT},
+        env={"REVIEWER2_TOKEN": SECRET},
+        connect=partial(connect_mcp, transport=httpx2.MockTransport(answer)),
+        policy=RetryPolicy(base_delay_seconds=0),
+    )
+    runtime = runtime_for(MemoryStore(), worker)
+    head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "design")
+    await runtime.drive(head.run_id)
+    review = (await runtime.snapshot(head.run_id)).head.task("review")
+    error = review.attempts[0].error
+    assert error is not None and (error.code, error.retryable, error.http_status) == (code, retryable, status)
+    assert seen and seen[0] == f"Bearer {SECRET}"
+    assert SECRET not in error.message
+
+
+async def test_a_refused_connection_is_unreachable() -> None:
+    worker = AgentWorker(
+        {"reviewer2": ENDPOINT}, env={"REVIEWER2_TOKEN": SECRET}, policy=RetryPolicy(base_delay_seconds=0)
+    )
+    runtime = runtime_for(MemoryStore(), worker)
+    head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "design")
+    with anyio.fail_after(30):
+        await runtime.drive(head.run_id)
+    error = (await runtime.snapshot(head.run_id)).head.task("review").attempts[0].error
+    assert error is not None and error.code == "agent_unreachable" and error.retryable
+    assert "ConnectError" in error.message and SECRET not in error.message
