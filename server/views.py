@@ -116,6 +116,12 @@ class AttemptView(View):
     telemetry: TelemetryView
     started_at: datetime
     finished_at: datetime | None = None
+    remote_run_id: str | None = Field(
+        default=None, description="A step that delegates to another construct-mcp: the run it started there."
+    )
+    follows: int | None = Field(
+        default=None, description="The earlier attempt whose remote call this one follows (no new call)."
+    )
 
 
 class Totals(View):
@@ -314,6 +320,8 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
         telemetry=TelemetryView.model_validate(attempt.telemetry.model_dump()),
         started_at=attempt.started_at,
         finished_at=attempt.finished_at,
+        remote_run_id=attempt.remote_run_id,
+        follows=attempt.follows,
     )
 
 

@@ -1,0 +1,233 @@
+"""Issue 13, part 2, through real processes: a parent construct-mcp (filesystem store) whose chain's
+middle step delegates a ``review-loop`` run to a second construct-mcp (sqlite store) over Streamable
+HTTP with a bearer token. Both run the provider backend against the fake provider, so no API key is
+needed. One trial SIGKILLs the parent while the remote run is in flight, the other the remote
+server; both finish with one remote run, followed by every attempt of the step (the remote's
+``runs_list``), and the token is nowhere in the parent's records or log."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+from mcp import Client
+
+from tests.acceptance.harness import call, free_port, read_log, server_env
+from tests.acceptance.processes import http_server
+from tests.fakes.fake_provider import FakeProvider
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "remote-token-" + secrets.token_hex(16)
+VERDICT = '{"verdict": "approve", "notes": "fine"}'
+
+REVIEW_STEP = (
+    '{ name = "review", agent = "reviewer2", tool = "orchestrate_start", output_step = "engineer", '
+    'arguments = { chain = "review-loop", request = "Build this.\\n\\n{outputs.architect}" } }'
+)
+PARENT_CONFIG = f"""
+[agents.reviewer2]
+url = "http://127.0.0.1:PORT/mcp"
+token_env = "REVIEWER2_TOKEN"
+follow_wait_seconds = 1
+call_timeout_seconds = 10
+
+[chains.delegated]
+steps = ["architect", {REVIEW_STEP}, "writer"]
+"""
+
+
+def scenario() -> dict[str, Any]:
+    return {
+        # the parent's own steps (its request carries [run:parent])
+        "parent/architect": [{"text": "design from the parent's architect"}],
+        "parent/writer": [{"text": "the parent's docs"}],
+        # the remote review-loop: a slow engineer, so that the kill lands while it works
+        "architect": [{"text": "the remote design"}],
+        "engineer": [{"delay_seconds": 6, "text": "the remote code"}, {"text": "the remote code"}],
+        "reviewer": [{"text": VERDICT}],
+    }
+
+
+def provider_env(home: Path, fake: FakeProvider, **extra: str) -> dict[str, str]:
+    return server_env(
+        home,
+        CONSTRUCT_WORKER_BACKEND="provider",
+        CONSTRUCT_MODEL="open/test-model",
+        CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
+        OPENROUTER_API_KEY="sk-or-test",
+        CONSTRUCT_LEASE_TTL_SECONDS="2",
+        **extra,
+    )
+
+
+@dataclass
+class Pair:
+    tmp: Path
+    fake: FakeProvider
+    remote_port: int
+
+    @property
+    def parent_home(self) -> Path:
+        return self.tmp / "parent"
+
+    @property
+    def remote_home(self) -> Path:
+        return self.tmp / "remote"
+
+    def parent_env(self) -> dict[str, str]:
+        return provider_env(self.parent_home, self.fake, REVIEWER2_TOKEN=TOKEN, CONSTRUCT_MAX_ATTEMPTS="8")
+
+    def remote_env(self) -> dict[str, str]:
+        return provider_env(
+            self.remote_home, self.fake, CONSTRUCT_ORCHESTRATION_STORE="sqlite", CONSTRUCT_AUTH_TOKEN=TOKEN
+        )
+
+    @asynccontextmanager
+    async def parent(self) -> AsyncIterator[tuple[Process, Client]]:
+        log = self.parent_home / "server.log"
+        async with http_server(self.parent_env(), log) as (process, port):
+            client = Client(f"http://127.0.0.1:{port}/mcp")
+            async with client:
+                yield process, client
+
+    @asynccontextmanager
+    async def remote(self) -> AsyncIterator[Process]:
+        async with http_server(self.remote_env(), self.remote_home / "server.log", self.remote_port) as (
+            p,
+            _,
+        ):
+            yield p
+
+
+def make_pair(tmp_path: Path, fake: FakeProvider) -> Pair:
+    pair = Pair(tmp_path, fake, free_port())
+    for home in (pair.parent_home, pair.remote_home):
+        home.mkdir()
+    (pair.parent_home / "construct.toml").write_text(PARENT_CONFIG.replace("PORT", str(pair.remote_port)))
+    return pair
+
+
+async def until(client: Client, run_id: str, predicate: Any, seconds: float = 60) -> dict[str, Any]:
+    with anyio.fail_after(seconds):
+        while True:
+            view = await call(client, "run_status", run_id=run_id, wait_seconds=1)
+            if predicate(view):
+                return view
+            await anyio.sleep(0.1)
+
+
+def review_of(view: dict[str, Any]) -> dict[str, Any]:
+    return next(t for t in view["tasks"] if t["task_id"] == "review")
+
+
+def remote_run_known(view: dict[str, Any]) -> bool:
+    attempts = review_of(view)["attempts"]
+    return bool(attempts) and attempts[-1]["remote_run_id"] is not None
+
+
+async def remote_runs(pair: Pair) -> list[dict[str, Any]]:
+    """The remote's ``runs_list``, read with the token (its HTTP surface needs it)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx2.AsyncClient(headers=headers) as http:
+        url = f"http://127.0.0.1:{pair.remote_port}/mcp"
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            page = await call(client, "runs_list")
+            runs: list[dict[str, Any]] = page["runs"]
+            return runs
+
+
+def check_finished(view: dict[str, Any], runs: list[dict[str, Any]], pair: Pair) -> str:
+    """The common outcome of both trials: the parent completed with the remote engineer's code as
+    the review step's output; one remote run, completed, which every attempt of the step followed."""
+    assert view["status"] == "completed", view
+    review = review_of(view)
+    assert review["output"] == "the remote code"
+    assert len(runs) == 1, runs
+    remote_id = runs[0]["run_id"]
+    assert runs[0]["status"] == "completed"
+    attempts = review["attempts"]
+    assert {a["remote_run_id"] for a in attempts} == {remote_id}, attempts
+    assert attempts[0]["follows"] is None and all(a["follows"] == 1 for a in attempts[1:])
+    assert not any(a["telemetry"]["possible_duplicate_call"] for a in attempts)
+    assert pair.fake.calls_for("reviewer") == 1
+    # The token: in the remote's request headers only, never in the parent's records or log.
+    stored = "".join(
+        p.read_text(errors="replace") for p in (pair.parent_home / "runs").rglob("*") if p.is_file()
+    )
+    assert "the remote code" in stored and TOKEN not in stored
+    assert TOKEN not in read_log(pair.parent_home / "server.log")
+    return str(remote_id)
+
+
+async def test_sigkill_of_the_parent_while_the_remote_run_works(tmp_path: Path) -> None:
+    with FakeProvider(scenario()) as fake:
+        pair = make_pair(tmp_path, fake)
+        async with pair.remote():
+            async with pair.parent() as (parent, client):
+                view = await call(
+                    client,
+                    "orchestrate_start",
+                    chain="delegated",
+                    request="[run:parent] Build a cache",
+                    wait_seconds=0,
+                )
+                run_id = view["run_id"]
+                await until(client, run_id, remote_run_known)
+                parent.kill()  # SIGKILL, while the remote engineer is still at work
+                await parent.wait()
+            assert fake.calls_for("engineer") == 1
+            async with pair.parent() as (_, client):
+                await until(client, run_id, lambda v: v["status_kind"] == "terminal")
+                view = await call(client, "run_status", run_id=run_id, task_id="review")
+            runs = await remote_runs(pair)
+    check_finished(view, runs, pair)
+    attempts = review_of(view)["attempts"]
+    assert [a["error"]["code"] if a["error"] else None for a in attempts] == ["orphaned", None]
+    assert fake.calls_for("engineer") == 1, "the remote run was not started again"
+
+
+async def test_sigkill_of_the_remote_server_while_its_run_works(tmp_path: Path) -> None:
+    with FakeProvider(scenario()) as fake:
+        pair = make_pair(tmp_path, fake)
+        async with pair.parent() as (_, client):
+            async with pair.remote() as remote:
+                view = await call(
+                    client,
+                    "orchestrate_start",
+                    chain="delegated",
+                    request="[run:parent] Build a cache",
+                    wait_seconds=0,
+                )
+                run_id = view["run_id"]
+                await until(client, run_id, remote_run_known)
+                remote.kill()  # SIGKILL, while its engineer is at work
+                await remote.wait()
+            # The parent cannot reach it meanwhile: its attempts fail as agent_unreachable.
+            await until(
+                client,
+                run_id,
+                lambda v: any(
+                    (a["error"] or {}).get("code") == "agent_unreachable" for a in review_of(v)["attempts"]
+                ),
+                seconds=30,
+            )
+            async with pair.remote():
+                await until(client, run_id, lambda v: v["status_kind"] == "terminal")
+                view = await call(client, "run_status", run_id=run_id, task_id="review")
+                runs = await remote_runs(pair)
+    check_finished(view, runs, pair)
+    codes = {a["error"]["code"] for a in review_of(view)["attempts"] if a["error"]}
+    assert codes == {"agent_unreachable"}, codes
+    # The remote's orphaned engineer call was made again by the restarted remote: its own affair.
+    assert fake.calls_for("engineer") == 2
