@@ -9,6 +9,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,13 @@ import httpx2
 import pytest
 from mcp.types import CallToolResult, TextContent
 
+import orchestration.drive as drive_module
 from orchestration.catalog import Catalog
 from orchestration.clock import ManualClock
-from orchestration.models import ExecutionContract
+from orchestration.decide import Action, StartAttempt, next_action
+from orchestration.facts import AttemptStarted, RemoteRunStarted
+from orchestration.fold import fold
+from orchestration.models import ExecutionContract, RunHead
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.agent_base import AgentEndpoint
@@ -28,6 +33,7 @@ from orchestration.workers.agents import AgentSession, AgentWorker, Workers, _Ob
 from orchestration.workers.retry import RetryPolicy
 from stores.memory import MemoryStore
 from tests.unit.helpers import play, sequential_ids
+from tests.unit.test_crash_prefixes import BoundaryStore
 
 SECRET = "agent-token-" + secrets.token_hex(16)
 ENDPOINT = AgentEndpoint(
@@ -378,3 +384,42 @@ async def test_a_refused_connection_is_unreachable() -> None:
     error = (await runtime.snapshot(head.run_id)).head.task("review").attempts[0].error
     assert error is not None and error.code == "agent_unreachable" and error.retryable
     assert "ConnectError" in error.message and SECRET not in error.message
+
+
+async def test_every_prefix_of_a_delegated_run_decides_as_the_uninterrupted_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one rule for agent steps: after every durable write of a delegated run (one attempt
+    lost the agent, the next followed the same remote run), the fold of the log decides as the
+    run did; a prefix that ends in the middle of a call (after ``attempt_started`` or
+    ``remote_run_started``) follows that call."""
+    decided: dict[int, Action] = {}
+
+    def recording(head: RunHead, now: datetime) -> Action:
+        action = next_action(head, now)
+        decided.setdefault(head.last_seq, action)
+        return action
+
+    monkeypatch.setattr(drive_module, "next_action", recording)
+    store, remote = BoundaryStore(), FakeRemote(polls=1)
+    remote.fail_polls = 1
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    final = await play(runtime, head.run_id)
+    assert final.status == RunStatus.COMPLETED
+    facts = await store.read_facts(head.run_id)
+    mid_call = 0
+    for prefix_len in store.boundaries:
+        folded = fold(facts[:prefix_len])
+        last = facts[prefix_len - 1]
+        action = next_action(folded, runtime.clock.now())
+        if isinstance(last, AttemptStarted | RemoteRunStarted) and last.task_id == "review":
+            mid_call += 1
+            known = folded.task("review").attempts[-1]
+            assert action == StartAttempt(
+                "review", last.attempt + 1, False, known.follows or known.number, known.remote_run_id
+            )
+            continue
+        assert action == decided[prefix_len], f"prefix {prefix_len}"
+    # attempt 1 before its call and once its remote run was known; attempt 2 (it followed that run)
+    assert mid_call == 3
