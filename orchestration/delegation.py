@@ -107,9 +107,11 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
         scope.deadline = anyio.current_time() + max(0.0, (limit - drive.clock.now()).total_seconds())
     drive._cancel_scopes[head.run_id] = scope
     outcome: AttemptOutcome | None = None
+    #: while our own mid-call write is in flight, a newer version in the store is ours
+    writing = False
 
     async def remember(remote_run_id: str) -> None:
-        nonlocal current
+        nonlocal current, writing
         fact = RemoteRunStarted(
             seq=current.last_seq + 1,
             at=drive.clock.now(),
@@ -119,7 +121,11 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
             remote_run_id=remote_run_id,
         )
         # A VersionConflict (someone else wrote: a cancel) ends the call: the drive decides again.
-        current = await drive._append(current, [fact])
+        writing = True
+        try:
+            current = await drive._append(current, [fact])
+        finally:
+            writing = False
 
     async def watch() -> None:
         """Abort the call once anyone else wrote to the run (a cancel), or the store stayed away."""
@@ -137,7 +143,7 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
             except ConstructError:
                 continue
             drive.outage.recovered()
-            if seen.version > current.version:
+            if seen.version > current.version and not writing:
                 log.info("run changed during a call", extra={"action": "call_aborted", "run_id": head.run_id})
                 scope.cancel()
                 return

@@ -8,6 +8,7 @@ server; both finish with one remote run, followed by every attempt of the step (
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ import pytest
 from anyio.abc import Process
 from mcp import Client
 
-from tests.acceptance.harness import call, free_port, read_log, server_env
+from orchestration.catalog import Catalog
+from orchestration.runtime import Runtime, StartRequest
+from orchestration.vocabulary import RunStatus
+from orchestration.workers.agent_base import AgentEndpoint
+from orchestration.workers.agents import AgentWorker, Workers
+from stores.memory import MemoryStore
+from tests.acceptance.harness import REPO, call, free_port, read_log, server_env
 from tests.acceptance.processes import http_server
 from tests.fakes.fake_provider import FakeProvider
 
@@ -231,3 +238,53 @@ async def test_sigkill_of_the_remote_server_while_its_run_works(tmp_path: Path) 
     assert codes == {"agent_unreachable"}, codes
     # The remote's orphaned engineer call was made again by the restarted remote: its own affair.
     assert fake.calls_for("engineer") == 2
+
+
+async def test_a_stdio_agent_runs_a_delegated_chain_and_a_plain_tool(tmp_path: Path) -> None:
+    """A stdio agent (``command``): another construct-mcp spawned for each call, on its own
+    filesystem store; the parent (in process) delegates a one-step chain, then calls a plain tool."""
+    with FakeProvider({"writer": [{"text": "the remote docs"}]}) as fake:
+        remote_home = tmp_path / "remote"
+        endpoint = AgentEndpoint(
+            name="local",
+            command=(sys.executable, "-m", "server", "serve"),
+            env=provider_env(remote_home, fake),
+            cwd=str(REPO),
+            follow_wait_seconds=1,
+        )
+        steps: list[Any] = [
+            {
+                "name": "docs",
+                "agent": "local",
+                "tool": "orchestrate_start",
+                "arguments": {"chain": ["writer"]},
+            },
+            {"name": "listing", "agent": "local", "tool": "runs_list", "arguments": {"limit": 5}},
+        ]
+        raw = {"agents": {"local": {}}, "chains": {"c": {"steps": steps}}}
+        runtime = Runtime(
+            MemoryStore(),
+            Catalog.builtin().extended(raw, "construct.toml", Path(".")),
+            worker=Workers(None, AgentWorker({"local": endpoint})),
+        )
+        # The remote's request is the argument's: the step gives none, so the remote refuses it.
+        head, _ = await runtime.start(StartRequest(request="Document the cache", chain="c"))
+        with anyio.fail_after(120):
+            await runtime.drive(head.run_id)
+        failed = await runtime.status(head.run_id)
+        assert failed.status == RunStatus.FAILED and failed.error is not None
+        assert failed.error.code == "tool_error" and "invalid_argument" in failed.error.message
+
+        fixed = [{**steps[0], "arguments": {"chain": ["writer"], "request": "{request}"}}, steps[1]]
+        runtime.catalog = Catalog.builtin().extended(
+            {"agents": {"local": {}}, "chains": {"c": {"steps": fixed}}}, "construct.toml", Path(".")
+        )
+        head, _ = await runtime.start(StartRequest(request="Document the cache", chain="c"))
+        with anyio.fail_after(120):
+            await runtime.drive(head.run_id)
+        done = await runtime.snapshot(head.run_id)
+    assert done.head.status == RunStatus.COMPLETED, done.head.error
+    assert done.outputs["docs"] == "the remote docs"
+    remote_id = done.head.task("docs").attempts[0].remote_run_id
+    assert remote_id is not None and remote_id in done.outputs["listing"]
+    assert fake.calls() == {"writer": 1}
