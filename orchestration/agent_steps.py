@@ -196,15 +196,12 @@ def parse_agent_step(
 
 
 def check_agent_steps(steps: list[ChainStep]) -> tuple[str, str] | None:
-    """The ``(field, problem)`` of the first agent step a chain cannot have: one in a parallel
-    chain (not supported yet), or arguments whose templates name anything unknown."""
+    """The ``(field, problem)`` of the first agent step whose argument templates name anything
+    unknown."""
     names = [s.name for s in steps]
-    parallel = any(s.after is not None for s in steps)
     for i, step in enumerate(steps):
         if step.agent is None:
             continue
-        if parallel:
-            return f"steps[{i}].agent", "steps that delegate run in linear chains (no after) for now"
         try:
             check_arguments(step.agent.arguments, names, step.name)
         except ValueError as exc:

@@ -31,9 +31,16 @@ import anyio
 
 from orchestration.agent_steps import idempotency_key, render_arguments, template_steps
 from orchestration.decide import StartAttempt
-from orchestration.errors import ConstructError, CorruptRecord, InvalidState, StoreError, StoreUnavailable
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    InvalidState,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
 from orchestration.facts import AttemptFailed, AttemptStarted, Fact, RemoteRunStarted, TaskCompleted
-from orchestration.models import RunHead, text_hash
+from orchestration.models import RunHead, TypedError, text_hash
 from orchestration.reading import read_outputs
 from orchestration.vocabulary import TaskStatus
 from orchestration.workers.agent_base import AgentCall, AgentDelegate
@@ -171,6 +178,44 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
     return await drive._append(current, [fact])
 
 
+async def parallel_agent_call(
+    drive: Drive, lock: anyio.Lock, head: RunHead, action: StartAttempt, previous: tuple[TypedError, ...]
+) -> AttemptOutcome:
+    """The call of an agent step's attempt in a parallel run (:class:`~orchestration.fanout.Fanout`
+    recorded ``attempt_started`` and records the outcome, against the run as it is then): the
+    remote run's id is recorded under the drive's write lock, against the run as it is then, while
+    the task is still in this attempt (a run that moved on, a cancel, leaves it unrecorded: the
+    call is stopped by the fan-out's watcher)."""
+    worker = agent_worker(drive)
+    if worker is None:
+        raise InvalidState(f"run {head.run_id} has an agent step, and this server has no agent worker")
+    call = await build_call(drive, head, action)
+
+    async def remember(remote_run_id: str) -> None:
+        while True:
+            async with lock:
+                current = await drive._load()
+                task = current.task(action.task_id)
+                last = task.attempts[-1] if task.attempts else None
+                if current.status.is_terminal or last is None or last.number != action.attempt:
+                    return
+                fact = RemoteRunStarted(
+                    seq=current.last_seq + 1,
+                    at=drive.clock.now(),
+                    task_id=action.task_id,
+                    attempt=action.attempt,
+                    agent=call.agent.agent,
+                    remote_run_id=remote_run_id,
+                )
+                try:
+                    await drive._append(current, [fact])
+                except VersionConflict:
+                    continue
+                return
+
+    return await worker.delegate(head.contract, call, previous, remember)
+
+
 def _outcome_fact(
     head: RunHead, action: StartAttempt, executor: str, outcome: AttemptOutcome, now: datetime
 ) -> Fact:
@@ -199,4 +244,4 @@ def _outcome_fact(
     )
 
 
-__all__ = ["agent_attempt", "agent_worker", "build_call"]
+__all__ = ["agent_attempt", "agent_worker", "build_call", "parallel_agent_call"]

@@ -96,16 +96,9 @@ def test_a_bad_agent_step_is_refused_at_load(change: dict[str, Any], field: str,
     assert error.field == field and words in error.problem, error
 
 
-def test_tool_without_agent_and_agent_steps_in_parallel_chains_are_refused() -> None:
+def test_tool_without_agent_is_refused() -> None:
     error = refused(chain_with({"specialist": "engineer", "tool": "x"}))
     assert error.field == "chains.delegated.steps[1].tool"
-    parallel = {
-        "agents": AGENTS,
-        "chains": {
-            "p": {"steps": [{"specialist": "architect", "after": []}, {**REVIEW, "after": ["architect"]}]}
-        },
-    }
-    assert "linear chains" in refused(parallel).problem
 
 
 def test_templates_render_from_the_record_and_keep_other_values() -> None:

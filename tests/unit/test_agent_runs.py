@@ -423,3 +423,44 @@ async def test_every_prefix_of_a_delegated_run_decides_as_the_uninterrupted_run(
         assert action == decided[prefix_len], f"prefix {prefix_len}"
     # attempt 1 before its call and once its remote run was known; attempt 2 (it followed that run)
     assert mid_call == 3
+
+
+async def test_agent_steps_run_side_by_side_in_a_parallel_chain() -> None:
+    """Two steps that delegate, after the same step and before a writer: both calls run at once
+    (each its own remote run, recorded while the other works), and the writer sees both outputs."""
+    store, remote = MemoryStore(), FakeRemote(polls=3)
+    both = {"chain": "review-loop", "request": "{outputs.architect}"}
+    steps = [
+        {"specialist": "architect", "after": []},
+        {
+            "name": "left",
+            "agent": "reviewer2",
+            "tool": "orchestrate_start",
+            "arguments": both,
+            "after": ["architect"],
+        },
+        {
+            "name": "right",
+            "agent": "reviewer2",
+            "tool": "orchestrate_start",
+            "arguments": both,
+            "after": ["architect"],
+        },
+        {"specialist": "writer", "after": ["left", "right"]},
+    ]
+    raw = {"agents": {"reviewer2": {}}, "chains": {"delegated": {"steps": steps}}}
+    runtime = runtime_for(store, agent_worker(remote))
+    runtime.catalog = Catalog.builtin().extended(raw, "construct.toml", Path("."))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    done = await play(runtime, head.run_id)
+    assert done.status == RunStatus.COMPLETED
+    snap = await runtime.snapshot(head.run_id)
+    assert snap.outputs["left"] == snap.outputs["right"] == "remote verdict"
+    ids = {snap.head.task(t).attempts[0].remote_run_id for t in ("left", "right")}
+    assert ids == {"remote-1", "remote-2"} and remote.starts() == 2
+    prompt = (await runtime.prompt_for(snap.head, "writer")).user
+    assert "### left (agent:reviewer2)" in prompt and "### right (agent:reviewer2)" in prompt
+    # The two calls overlapped: both runs were started before either was followed to its end.
+    starts = [i for i, (name, _) in enumerate(remote.calls) if name == "orchestrate_start"]
+    first_end = next(i for i, (_, args) in enumerate(remote.calls) if "task_id" in args)
+    assert starts[1] < first_end, remote.calls
