@@ -186,3 +186,16 @@ def test_the_next_attempt_follows_a_call_whose_outcome_is_unknown(
 ) -> None:
     task = TaskState(task_id="review", specialist="agent:a", attempts=tuple(attempts))
     assert agent_attempt(agent, task) == expected
+
+
+def test_the_readme_example_loads(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    section = readme.split("### Agents", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "construct.toml").write_text(example)
+    settings = load_settings(env={}, home=tmp_path)
+    assert set(settings.agents) == {"reviewer2"}
+    chain = Catalog.load(settings.config_file).resolve("build-and-review")
+    step = chain.step("review")
+    assert step.agent is not None and step.agent.output_step == "engineer"
+    assert step.agent.arguments["request"] == "{request}\n\n{outputs.engineer}"
