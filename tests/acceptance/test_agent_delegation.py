@@ -28,6 +28,7 @@ from orchestration.workers.agents import AgentWorker, Workers
 from stores.memory import MemoryStore
 from tests.acceptance.harness import REPO, call, free_port, read_log, server_env
 from tests.acceptance.processes import http_server
+from tests.acceptance.store_targets import StoreTarget, store_target
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -63,16 +64,24 @@ def scenario() -> dict[str, Any]:
     }
 
 
-def provider_env(home: Path, fake: FakeProvider, **extra: str) -> dict[str, str]:
-    return server_env(
-        home,
-        CONSTRUCT_WORKER_BACKEND="provider",
-        CONSTRUCT_MODEL="open/test-model",
-        CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
-        OPENROUTER_API_KEY="sk-or-test",
-        CONSTRUCT_LEASE_TTL_SECONDS="2",
-        **extra,
-    )
+def provider_vars(fake: FakeProvider) -> dict[str, str]:
+    """The provider backend against the fake provider, and short leases (a killed server's runs
+    are taken over within seconds)."""
+    return {
+        "CONSTRUCT_WORKER_BACKEND": "provider",
+        "CONSTRUCT_MODEL": "open/test-model",
+        "CONSTRUCT_OPENROUTER_BASE_URL": f"{fake.base_url}/api",
+        "OPENROUTER_API_KEY": "sk-or-test",
+        "CONSTRUCT_LEASE_TTL_SECONDS": "2",
+    }
+
+
+def provider_env(home: Path, fake: FakeProvider) -> dict[str, str]:
+    return server_env(home, **provider_vars(fake))
+
+
+#: (parent's store, remote's store): the pair the issue names first, then every store in each role
+PAIRS = [("filesystem", "sqlite"), ("sqlite", "postgres"), ("postgres", "filesystem")]
 
 
 @dataclass
@@ -80,6 +89,8 @@ class Pair:
     tmp: Path
     fake: FakeProvider
     remote_port: int
+    parent_store: StoreTarget
+    remote_store: StoreTarget
 
     @property
     def parent_home(self) -> Path:
@@ -90,12 +101,11 @@ class Pair:
         return self.tmp / "remote"
 
     def parent_env(self) -> dict[str, str]:
-        return provider_env(self.parent_home, self.fake, REVIEWER2_TOKEN=TOKEN, CONSTRUCT_MAX_ATTEMPTS="8")
+        extra = {"REVIEWER2_TOKEN": TOKEN, "CONSTRUCT_MAX_ATTEMPTS": "8"}
+        return self.parent_store.env(self.parent_home, **provider_vars(self.fake), **extra)
 
     def remote_env(self) -> dict[str, str]:
-        return provider_env(
-            self.remote_home, self.fake, CONSTRUCT_ORCHESTRATION_STORE="sqlite", CONSTRUCT_AUTH_TOKEN=TOKEN
-        )
+        return self.remote_store.env(self.remote_home, **provider_vars(self.fake), CONSTRUCT_AUTH_TOKEN=TOKEN)
 
     @asynccontextmanager
     async def parent(self) -> AsyncIterator[tuple[Process, Client]]:
@@ -107,19 +117,24 @@ class Pair:
 
     @asynccontextmanager
     async def remote(self) -> AsyncIterator[Process]:
-        async with http_server(self.remote_env(), self.remote_home / "server.log", self.remote_port) as (
-            p,
-            _,
-        ):
-            yield p
+        log = self.remote_home / "server.log"
+        async with http_server(self.remote_env(), log, self.remote_port) as (process, _):
+            yield process
 
 
-def make_pair(tmp_path: Path, fake: FakeProvider) -> Pair:
-    pair = Pair(tmp_path, fake, free_port())
-    for home in (pair.parent_home, pair.remote_home):
-        home.mkdir()
-    (pair.parent_home / "construct.toml").write_text(PARENT_CONFIG.replace("PORT", str(pair.remote_port)))
-    return pair
+@asynccontextmanager
+async def make_pair(tmp_path: Path, fake: FakeProvider, backends: tuple[str, str]) -> AsyncIterator[Pair]:
+    parent_backend, remote_backend = backends
+    async with (
+        store_target(parent_backend, tmp_path / "parent-store") as parent_store,
+        store_target(remote_backend, tmp_path / "remote-store") as remote_store,
+    ):
+        pair = Pair(tmp_path, fake, free_port(), parent_store, remote_store)
+        for home in (pair.parent_home, pair.remote_home):
+            home.mkdir(exist_ok=True)
+        config = PARENT_CONFIG.replace("PORT", str(pair.remote_port))
+        (pair.parent_home / "construct.toml").write_text(config)
+        yield pair
 
 
 async def until(client: Client, run_id: str, predicate: Any, seconds: float = 60) -> dict[str, Any]:
@@ -154,7 +169,7 @@ async def remote_runs(pair: Pair) -> list[dict[str, Any]]:
             return runs
 
 
-def check_finished(view: dict[str, Any], runs: list[dict[str, Any]], pair: Pair) -> str:
+async def check_finished(view: dict[str, Any], runs: list[dict[str, Any]], pair: Pair) -> str:
     """The common outcome of both trials: the parent completed with the remote engineer's code as
     the review step's output; one remote run, completed, which every attempt of the step followed."""
     assert view["status"] == "completed", view
@@ -170,70 +185,66 @@ def check_finished(view: dict[str, Any], runs: list[dict[str, Any]], pair: Pair)
     assert pair.fake.calls_for("reviewer") == 1
     # The token: in the remote's request headers only, never in the parent's records or log.
     stored = "".join(
-        p.read_text(errors="replace") for p in (pair.parent_home / "runs").rglob("*") if p.is_file()
+        head.model_dump_json() + "".join(f.model_dump_json() for f in facts)
+        for head, facts in await pair.parent_store.runs()
     )
     assert "the remote code" in stored and TOKEN not in stored
     assert TOKEN not in read_log(pair.parent_home / "server.log")
     return str(remote_id)
 
 
-async def test_sigkill_of_the_parent_while_the_remote_run_works(tmp_path: Path) -> None:
+def pair_id(backends: tuple[str, str]) -> str:
+    return f"{backends[0]}-parent-{backends[1]}-remote"
+
+
+async def start_delegated(client: Client) -> str:
+    view = await call(
+        client, "orchestrate_start", chain="delegated", request="[run:parent] Build a cache", wait_seconds=0
+    )
+    await until(client, view["run_id"], remote_run_known)
+    return str(view["run_id"])
+
+
+@pytest.mark.parametrize("backends", PAIRS, ids=pair_id)
+async def test_sigkill_of_the_parent_while_the_remote_run_works(
+    tmp_path: Path, backends: tuple[str, str]
+) -> None:
     with FakeProvider(scenario()) as fake:
-        pair = make_pair(tmp_path, fake)
-        async with pair.remote():
+        async with make_pair(tmp_path, fake, backends) as pair, pair.remote():
             async with pair.parent() as (parent, client):
-                view = await call(
-                    client,
-                    "orchestrate_start",
-                    chain="delegated",
-                    request="[run:parent] Build a cache",
-                    wait_seconds=0,
-                )
-                run_id = view["run_id"]
-                await until(client, run_id, remote_run_known)
+                run_id = await start_delegated(client)
                 parent.kill()  # SIGKILL, while the remote engineer is still at work
                 await parent.wait()
             assert fake.calls_for("engineer") == 1
             async with pair.parent() as (_, client):
                 await until(client, run_id, lambda v: v["status_kind"] == "terminal")
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
-            runs = await remote_runs(pair)
-    check_finished(view, runs, pair)
+            await check_finished(view, await remote_runs(pair), pair)
     attempts = review_of(view)["attempts"]
     assert [a["error"]["code"] if a["error"] else None for a in attempts] == ["orphaned", None]
     assert fake.calls_for("engineer") == 1, "the remote run was not started again"
 
 
-async def test_sigkill_of_the_remote_server_while_its_run_works(tmp_path: Path) -> None:
+def unreachable_seen(view: dict[str, Any]) -> bool:
+    return any((a["error"] or {}).get("code") == "agent_unreachable" for a in review_of(view)["attempts"])
+
+
+@pytest.mark.parametrize("backends", PAIRS, ids=pair_id)
+async def test_sigkill_of_the_remote_server_while_its_run_works(
+    tmp_path: Path, backends: tuple[str, str]
+) -> None:
     with FakeProvider(scenario()) as fake:
-        pair = make_pair(tmp_path, fake)
-        async with pair.parent() as (_, client):
+        async with make_pair(tmp_path, fake, backends) as pair, pair.parent() as (_, client):
             async with pair.remote() as remote:
-                view = await call(
-                    client,
-                    "orchestrate_start",
-                    chain="delegated",
-                    request="[run:parent] Build a cache",
-                    wait_seconds=0,
-                )
-                run_id = view["run_id"]
-                await until(client, run_id, remote_run_known)
+                run_id = await start_delegated(client)
                 remote.kill()  # SIGKILL, while its engineer is at work
                 await remote.wait()
             # The parent cannot reach it meanwhile: its attempts fail as agent_unreachable.
-            await until(
-                client,
-                run_id,
-                lambda v: any(
-                    (a["error"] or {}).get("code") == "agent_unreachable" for a in review_of(v)["attempts"]
-                ),
-                seconds=30,
-            )
+            await until(client, run_id, unreachable_seen, seconds=30)
             async with pair.remote():
                 await until(client, run_id, lambda v: v["status_kind"] == "terminal")
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
-                runs = await remote_runs(pair)
-    check_finished(view, runs, pair)
+                await check_finished(view, await remote_runs(pair), pair)
     codes = {a["error"]["code"] for a in review_of(view)["attempts"] if a["error"]}
     assert codes == {"agent_unreachable"}, codes
     # The remote's orphaned engineer call was made again by the restarted remote: its own affair.
