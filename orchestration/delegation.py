@@ -10,7 +10,8 @@ with one more write in the middle:
    attempt that made the first call (:func:`~orchestration.agent_steps.idempotency_key`);
 3. as soon as the answer names a remote run, ``remote_run_started`` is recorded — before the run
    is followed, so that a process that dies from then on leaves a record from which the next one
-   follows the same remote run;
+   follows the same remote run (a call stopped because the run was cancelled cancels the remote
+   run too, best effort: ``orchestrate_cancel`` there);
 4. the outcome (``task_completed`` or ``attempt_failed``) is recorded against the head the last
    write produced.
 
@@ -42,7 +43,7 @@ from orchestration.errors import (
 from orchestration.facts import AttemptFailed, AttemptStarted, Fact, RemoteRunStarted, TaskCompleted
 from orchestration.models import RunHead, TypedError, text_hash
 from orchestration.reading import read_outputs
-from orchestration.vocabulary import TaskStatus
+from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.agent_base import AgentCall, AgentDelegate
 from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
@@ -116,9 +117,12 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
     outcome: AttemptOutcome | None = None
     #: while our own mid-call write is in flight, a newer version in the store is ours
     writing = False
+    #: the remote run this call started or follows, once known (recorded or not)
+    remote_id = call.remote_run_id
 
     async def remember(remote_run_id: str) -> None:
-        nonlocal current, writing
+        nonlocal current, writing, remote_id
+        remote_id = remote_run_id
         fact = RemoteRunStarted(
             seq=current.last_seq + 1,
             at=drive.clock.now(),
@@ -161,9 +165,13 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
                 tg.start_soon(watch)
                 outcome = await worker.delegate(current.contract, call, previous, remember)
                 tg.cancel_scope.cancel()
+    except VersionConflict:
+        await _cancel_remote_run(drive, worker, call, remote_id)
+        raise
     finally:
         drive._cancel_scopes.pop(head.run_id, None)
     if outcome is None:
+        await _cancel_remote_run(drive, worker, call, remote_id)
         if drive.outage.over:
             raise StoreUnavailable(
                 f"the store did not answer for {drive.outage.seconds:.0f} s; the call for task "
@@ -176,6 +184,22 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
     executor = head.contract.executor_for(step)
     fact = _outcome_fact(current, action, executor, outcome, drive.clock.now())
     return await drive._append(current, [fact])
+
+
+async def _cancel_remote_run(
+    drive: Drive, worker: AgentDelegate, call: AgentCall, remote_id: str | None
+) -> None:
+    """After a call stopped without an outcome: when the run was cancelled, cancel the remote run
+    it started or followed too (best effort: a remote that cannot be reached keeps its run, and a
+    process that dies first leaves it; the parent's record is cancelled either way)."""
+    if remote_id is None or not call.agent.follows_runs:
+        return
+    try:
+        head = await drive.store.load(call.run_id)
+    except ConstructError:
+        return
+    if head.status == RunStatus.CANCELLED:
+        await worker.cancel_remote(call.agent.agent, remote_id, f"run {call.run_id} was cancelled")
 
 
 async def parallel_agent_call(

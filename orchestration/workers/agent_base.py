@@ -70,5 +70,10 @@ class AgentDelegate(Protocol):
         instead). ``remember`` is awaited with a remote run's id as soon as it is known."""
         ...
 
+    async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
+        """Best effort: ``orchestrate_cancel`` the remote run on ``agent``; whether it was
+        cancelled. Never raises."""
+        ...
+
 
 __all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "RemoteRunKnown"]

@@ -35,6 +35,7 @@ that knows it). A URL must not carry credentials (the config refuses userinfo).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -62,6 +63,8 @@ from orchestration.workers._redact import Redactor
 from orchestration.workers.agent_base import AgentCall, AgentEndpoint, RemoteRunKnown
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded, TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng
+
+log = logging.getLogger("construct.agents")
 
 _TERMINAL = frozenset({"completed", "completed_with_failures", "failed", "cancelled", "rejected"})
 _COMPLETED = frozenset({"completed", "completed_with_failures"})
@@ -217,16 +220,14 @@ class AgentWorker:
                 message=f"this server has no [agents.{name}] table; add it to construct.toml",
             )
             return self._failed(contract, call, previous_errors, error, Telemetry())
-        token: str | None = None
-        if endpoint.token_env is not None:
-            token = (self._env.get(endpoint.token_env) or "").strip() or None
-            if token is None:
-                error = TypedError(
-                    code="auth",
-                    message=f"agent {name} needs a token: the environment variable {endpoint.token_env} "
-                    "is not set on this server",
-                )
-                return self._failed(contract, call, previous_errors, error, Telemetry())
+        token = self._token(endpoint)
+        if endpoint.token_env is not None and token is None:
+            error = TypedError(
+                code="auth",
+                message=f"agent {name} needs a token: the environment variable {endpoint.token_env} "
+                "is not set on this server",
+            )
+            return self._failed(contract, call, previous_errors, error, Telemetry())
         redact = Redactor([token])
         observed = _Observed()
         started = time.monotonic()
@@ -243,6 +244,46 @@ class AgentWorker:
             return self._failed(contract, call, previous_errors, error, telemetry)
         telemetry = Telemetry(latency_ms=_ms(started))
         return AttemptSucceeded(output, telemetry, value)
+
+    def _token(self, endpoint: AgentEndpoint) -> str | None:
+        """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
+        if endpoint.token_env is None:
+            return None
+        return (self._env.get(endpoint.token_env) or "").strip() or None
+
+    async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
+        """``orchestrate_cancel`` the remote run (see
+        :class:`~orchestration.workers.agent_base.AgentDelegate`); bounded by the agent's
+        ``call_timeout_seconds``, logged, never raised."""
+        endpoint = self.endpoints.get(agent)
+        if endpoint is None:
+            return False
+        token = self._token(endpoint)
+        observed = _Observed()
+        try:
+            with anyio.fail_after(endpoint.call_timeout_seconds):
+                async with self._connect(endpoint, token, observed) as session:
+                    args = {"run_id": remote_run_id, "reason": reason}
+                    result = await session.call_tool("orchestrate_cancel", args)
+        except Exception as exc:
+            error = classify(exc, observed.statuses, Redactor([token]), agent)
+            log.warning(
+                "could not cancel remote run %s on agent %s: %s",
+                remote_run_id,
+                agent,
+                error.message,
+                extra={"action": "remote_cancel_failed", "code": error.code},
+            )
+            return False
+        cancelled = not result.is_error
+        log.info(
+            "remote run %s on agent %s: cancel %s",
+            remote_run_id,
+            agent,
+            "recorded" if cancelled else "refused",
+            extra={"action": "remote_cancelled" if cancelled else "remote_cancel_refused"},
+        )
+        return cancelled
 
     async def _call(
         self, session: AgentSession, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown

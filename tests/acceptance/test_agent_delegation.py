@@ -1,9 +1,10 @@
 """Issue 13, part 2, through real processes: a parent construct-mcp (filesystem store) whose chain's
 middle step delegates a ``review-loop`` run to a second construct-mcp (sqlite store) over Streamable
-HTTP with a bearer token (then every store in each role: :data:`PAIRS`). Both run the provider backend against the fake provider, so no API key is
-needed. One trial SIGKILLs the parent while the remote run is in flight, the other the remote
-server; both finish with one remote run, followed by every attempt of the step (the remote's
-``runs_list``), and the token is nowhere in the parent's records or log."""
+HTTP with a bearer token (then every store in each role: :data:`PAIRS`). Both run the provider
+backend against the fake provider, so no API key is needed. One trial SIGKILLs the parent while the
+remote run is in flight, the other the remote server; both finish with one remote run, followed by
+every attempt of the step (the remote's ``runs_list``), and the token is nowhere in the parent's
+records or log."""
 
 from __future__ import annotations
 

@@ -83,6 +83,8 @@ class FakeRemote:
         if name == "orchestrate_start":
             run_id = self.runs.setdefault(args["idempotency_key"], f"remote-{len(self.runs) + 1}")
             return result({"run_id": run_id, "status": "queued", "status_kind": "active"})
+        if name == "orchestrate_cancel":
+            return result({"run_id": args["run_id"], "status": "cancelled", "status_kind": "terminal"})
         assert name == "run_status"
         if "task_id" in args:
             task = {
@@ -464,3 +466,26 @@ async def test_agent_steps_run_side_by_side_in_a_parallel_chain() -> None:
     starts = [i for i, (name, _) in enumerate(remote.calls) if name == "orchestrate_start"]
     first_end = next(i for i, (_, args) in enumerate(remote.calls) if "task_id" in args)
     assert starts[1] < first_end, remote.calls
+
+
+async def test_cancelling_the_parent_cancels_the_remote_run() -> None:
+    store, remote = MemoryStore(), FakeRemote()
+    remote.hang = True
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "the design")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runtime.drive, head.run_id)
+        with anyio.fail_after(10):
+            while True:
+                attempts = (await store.load(head.run_id)).task("review").attempts
+                if attempts and attempts[-1].remote_run_id is not None:
+                    break
+                await anyio.sleep(0.01)
+        cancelled = await runtime.cancel(head.run_id, reason="not needed")
+    assert cancelled.status == RunStatus.CANCELLED
+    assert remote.calls[-1] == (
+        "orchestrate_cancel",
+        {"run_id": "remote-1", "reason": f"run {head.run_id} was cancelled"},
+    )
