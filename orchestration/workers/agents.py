@@ -59,7 +59,7 @@ from orchestration.errors import ConstructError, InvalidOutput
 from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.prompts import TaskPrompt
 from orchestration.schemas import validate_output
-from orchestration.workers._redact import Redactor
+from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.agent_base import AgentCall, AgentEndpoint, RemoteRunKnown
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded, TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng
@@ -228,6 +228,13 @@ class AgentWorker:
                 "is not set on this server",
             )
             return self._failed(contract, call, previous_errors, error, Telemetry())
+        if token is not None:
+            try:
+                check_api_key(token, what=f"the token in {endpoint.token_env}")
+            except ValueError as exc:
+                # Refused before it reaches a header, whose errors would quote it.
+                error = TypedError(code="auth", message=f"agent {name}: {exc}")
+                return self._failed(contract, call, previous_errors, error, Telemetry())
         redact = Redactor([token])
         observed = _Observed()
         started = time.monotonic()

@@ -332,14 +332,22 @@ async def test_a_generic_tool_and_a_token_echoed_in_its_error() -> None:
     assert SECRET not in await stored_text(store, again.run_id)
 
 
-async def test_a_missing_token_variable_is_an_auth_error_naming_the_variable() -> None:
-    worker = AgentWorker({"reviewer2": ENDPOINT}, env={}, connect=connector(FakeRemote()))
+@pytest.mark.parametrize(
+    ("value", "said"), [(None, "REVIEWER2_TOKEN is not set"), (f"{SECRET} x", "contains whitespace")]
+)
+async def test_a_missing_or_unusable_token_is_an_auth_error_naming_the_variable(
+    value: str | None, said: str
+) -> None:
+    remote = FakeRemote()
+    env = {} if value is None else {"REVIEWER2_TOKEN": value}
+    worker = AgentWorker({"reviewer2": ENDPOINT}, env=env, connect=connector(remote))
     store = MemoryStore()
     runtime = runtime_for(store, worker)
     head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
     done = await play(runtime, head.run_id)
     assert done.error is not None and done.error.code == "auth"
-    assert "REVIEWER2_TOKEN is not set" in done.error.message
+    assert said in done.error.message and SECRET not in done.error.message
+    assert remote.calls == [], "nothing was sent"
 
 
 @pytest.mark.parametrize(
