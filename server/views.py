@@ -430,6 +430,11 @@ def semantics(head: RunHead) -> str:
                 f"Outputs of tasks run by {executor} were produced by this server calling that provider's "
                 "model over HTTP and recorded verbatim."
             )
+        elif executor.startswith("agent:"):
+            parts.append(
+                f"Outputs of tasks run by {executor} (agent:<name>:<tool>) were produced by that MCP agent, "
+                "which this server called, and recorded verbatim."
+            )
         else:
             parts.append(f"Outputs of tasks run by {executor} were recorded verbatim.")
     if not parts:

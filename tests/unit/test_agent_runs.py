@@ -497,3 +497,20 @@ async def test_cancelling_the_parent_cancels_the_remote_run() -> None:
         "orchestrate_cancel",
         {"run_id": "remote-1", "reason": f"run {head.run_id} was cancelled"},
     )
+
+
+async def test_the_view_says_who_produced_a_delegated_output() -> None:
+    from server.views import run_view
+
+    store, remote = MemoryStore(), FakeRemote(polls=1)
+    runtime = runtime_for(store, agent_worker(remote))
+    head, _ = await runtime.start(StartRequest(request="Build a cache", chain="delegated"))
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "the design")
+    await runtime.drive(head.run_id)  # the review step runs; the writer waits for the host
+    view = run_view(await runtime.snapshot(head.run_id))
+    assert "agent:reviewer2:orchestrate_start (agent:<name>:<tool>) were produced by that MCP agent" in (
+        view.semantics
+    )
+    review = next(t for t in view.tasks if t.task_id == "review")
+    assert [(a.remote_run_id, a.follows) for a in review.attempts] == [("remote-1", None)]
