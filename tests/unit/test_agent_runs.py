@@ -514,3 +514,45 @@ async def test_the_view_says_who_produced_a_delegated_output() -> None:
     )
     review = next(t for t in view.tasks if t.task_id == "review")
     assert [(a.remote_run_id, a.follows) for a in review.attempts] == [("remote-1", None)]
+
+
+async def test_a_tool_without_keys_is_called_again_after_a_crash_marked_as_a_possible_duplicate() -> None:
+    calls: list[str] = []
+
+    class Slow:
+        async def call_tool(
+            self,
+            name: str,
+            arguments: dict[str, Any] | None = None,
+            read_timeout_seconds: float | None = None,
+        ) -> CallToolResult:
+            calls.append(name)
+            if len(calls) == 1:
+                await anyio.sleep_forever()  # the parent "dies" during this call
+            return result(text="found it")
+
+    @asynccontextmanager
+    async def connect(
+        endpoint: AgentEndpoint, token: str | None, observed: _Observed
+    ) -> AsyncIterator[AgentSession]:
+        yield Slow()
+
+    step = {"name": "search", "agent": "reviewer2", "tool": "search", "arguments": {"q": "{request}"}}
+    store, clock = MemoryStore(), ManualClock()
+    worker = AgentWorker({"reviewer2": ENDPOINT}, env={"REVIEWER2_TOKEN": SECRET}, connect=connect)
+    first = runtime_for(store, worker, owner="p1", clock=clock)
+    first.catalog = catalog(step)
+    head, _ = await first.start(StartRequest(request="r", chain="delegated"))
+    await first.drive(head.run_id)
+    await first.submit_host_output(head.run_id, "architect", "the design")
+    with anyio.move_on_after(0.5):
+        await first.drive(head.run_id)
+    clock.advance(60)
+    second = runtime_for(store, worker, owner="p2", clock=clock)
+    second.catalog = first.catalog
+    await second.drive(head.run_id)
+    snap = await second.snapshot(head.run_id)
+    search = snap.head.task("search")
+    assert snap.outputs["search"] == "found it" and calls == ["search", "search"]
+    assert [a.telemetry.possible_duplicate_call for a in search.attempts] == [False, True]
+    assert [a.follows for a in search.attempts] == [None, None]
