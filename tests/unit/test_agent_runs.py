@@ -556,3 +556,27 @@ async def test_a_tool_without_keys_is_called_again_after_a_crash_marked_as_a_pos
     assert snap.outputs["search"] == "found it" and calls == ["search", "search"]
     assert [a.telemetry.possible_duplicate_call for a in search.attempts] == [False, True]
     assert [a.follows for a in search.attempts] == [None, None]
+
+
+async def test_an_agent_that_does_not_answer_in_time_is_a_retryable_timeout() -> None:
+    async def answer(request: httpx2.Request) -> httpx2.Response:
+        await anyio.sleep(30)
+        return httpx2.Response(500)
+
+    slow = AgentEndpoint(name="reviewer2", url="http://127.0.0.1:9/mcp", call_timeout_seconds=0.2)
+    worker = AgentWorker(
+        {"reviewer2": slow},
+        connect=partial(connect_mcp, transport=httpx2.MockTransport(answer)),
+        policy=RetryPolicy(base_delay_seconds=0),
+    )
+    runtime = runtime_for(MemoryStore(), worker)
+    head, _ = await runtime.start(StartRequest(request="r", chain="delegated"))
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "design")
+    # The SDK's protocol probe waits 10 s before it falls back to the handshake, which then times
+    # out after call_timeout_seconds: the first attempt fails within about 11 s.
+    with anyio.move_on_after(15):
+        await runtime.drive(head.run_id)
+    review = (await runtime.status(head.run_id)).task("review")
+    error = review.attempts[0].error
+    assert error is not None and (error.code, error.retryable) == ("timeout", True), error
