@@ -74,10 +74,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestration.agent_steps import check_agent_steps, parse_agent_step
 from orchestration.chain_checks import check_chain, check_child_chains
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
 from orchestration.models import (
     RESERVED_STEP_NAMES,
+    AgentStep,
     ChainSnapshot,
     ChainStep,
     OnExpiry,
@@ -159,7 +161,8 @@ class _SpecialistConfig(_Strict):
 
 
 class _StepConfig(_Strict):
-    #: who runs the step: a specialist, or (``chain``) another chain as a child run
+    #: who runs the step: a specialist, another chain as a child run (``chain``), or another MCP
+    #: agent (``agent``: see :func:`_agent_step`); exactly one
     specialist: str | None = None
     chain: str | None = None
     output_of: str | None = None
@@ -184,6 +187,11 @@ class _StepConfig(_Strict):
     approvers: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         default=None, min_length=1, max_length=100
     )
+    #: a step that delegates to another MCP agent (see :mod:`orchestration.agent_steps`)
+    agent: str | None = Field(default=None, min_length=1, max_length=48)
+    tool: str | None = Field(default=None, min_length=1, max_length=128)
+    arguments: dict[str, Any] | None = None
+    output_step: str | None = Field(default=None, min_length=1, max_length=100)
 
     _names = field_validator("specialist", "name", "chain", "output_of")(
         lambda v: v if v is None else _check_name(v)
@@ -202,6 +210,22 @@ class _CatalogConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     specialists: dict[str, _SpecialistConfig] = Field(default_factory=dict)
     chains: dict[str, _ChainConfig] = Field(default_factory=dict)
+
+
+def _agent_step(step: _StepConfig, raw: Mapping[str, Any], source: str, where: str) -> AgentStep | None:
+    """The step's :class:`AgentStep` (None for a specialist's step), or a ``ConfigError``."""
+    problem = parse_agent_step(
+        specialist=step.specialist,
+        agent=step.agent,
+        tool=step.tool,
+        arguments=step.arguments,
+        output_step=step.output_step,
+        provider=step.provider or step.model,
+        agents=raw.get("agents"),
+    )
+    if isinstance(problem, tuple):
+        raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
+    return problem
 
 
 def _loc(loc: Sequence[int | str]) -> str:
@@ -339,18 +363,26 @@ class Catalog:
                         _check_name(item)
                     except ValueError as exc:
                         raise ConfigError(source, f"{where}.steps[{i}]", str(exc)) from None
-                if (step_cfg.specialist is None) == (step_cfg.chain is None):
-                    raise ConfigError(
-                        source, f"{where}.steps[{i}]", "give exactly one of 'specialist' or 'chain'"
-                    )
                 if step_cfg.chain is not None:
+                    if step_cfg.specialist is not None or step_cfg.agent is not None:
+                        raise ConfigError(
+                            source,
+                            f"{where}.steps[{i}]",
+                            "give exactly one of 'specialist', 'chain' or 'agent'",
+                        )
+                    for key in ("tool", "arguments", "output_step"):
+                        if getattr(step_cfg, key) is not None:
+                            raise ConfigError(
+                                source, f"{where}.steps[{i}].{key}", "only a step with 'agent' has " + key
+                            )
                     steps.append(_child_step(step_cfg, source, f"{where}.steps[{i}]"))
                     continue
                 if step_cfg.output_of is not None:
                     raise ConfigError(
                         source, f"{where}.steps[{i}].output_of", "only a step with 'chain' has output_of"
                     )
-                if step_cfg.specialist not in specialists:
+                agent = _agent_step(step_cfg, raw, source, f"{where}.steps[{i}]")
+                if agent is None and step_cfg.specialist not in specialists:
                     raise ConfigError(
                         source,
                         f"{where}.steps[{i}].specialist",
@@ -377,10 +409,12 @@ class Catalog:
                         schema = resolve_schema(step_cfg.output_schema)
                     except ValueError as exc:
                         raise ConfigError(source, f"{where}.steps[{i}].output_schema", str(exc)) from None
+                label = step_cfg.specialist or f"agent:{step_cfg.agent}"
                 steps.append(
                     ChainStep(
-                        name=step_cfg.name or step_cfg.specialist,
-                        specialist=step_cfg.specialist,
+                        name=step_cfg.name or step_cfg.specialist or str(step_cfg.agent),
+                        specialist=label,
+                        agent=agent,
                         approve_before=step_cfg.approve_before,
                         approve_after=step_cfg.approve_after,
                         on_failure=step_cfg.on_failure,
@@ -403,7 +437,7 @@ class Catalog:
                 steps = _unique_names(steps)
             except ValueError as exc:
                 raise ConfigError(source, f"{where}.steps", str(exc)) from None
-            problem = check_chain(steps)
+            problem = check_chain(steps) or check_agent_steps(steps)
             if problem is not None:
                 raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
             chains[name] = ChainDefinition(
@@ -469,7 +503,7 @@ class Catalog:
         steps = [
             s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
         ]
-        used = sorted({s.specialist for s in steps if s.chain is None})
+        used = sorted({s.specialist for s in steps if s.chain is None and s.agent is None})
         snapshots = tuple(
             SpecialistSnapshot(
                 name=n, description=self.specialists[n].description, persona=self.specialists[n].persona

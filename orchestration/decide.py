@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from orchestration.agent_steps import agent_attempt
 from orchestration.budget import BUDGET_EXHAUSTED, fails_run, next_budget_gate_id, open_budget_gate, refusal
 from orchestration.costs import BudgetAsk
 from orchestration.fold import task_deadline
@@ -100,6 +101,10 @@ class StartAttempt:
     task_id: str
     attempt: int
     possible_duplicate_call: bool = False
+    #: an agent step: the earlier attempt whose remote call this one follows, and that call's
+    #: remote run when it was recorded (see :func:`orchestration.agent_steps.agent_attempt`)
+    follows: int | None = None
+    remote_run_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,12 +347,18 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None
         return _child_action(head, task, step.chain)
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
-    if head.contract.worker_backend == "inline":
+    if head.contract.worker_backend == "inline" and step.agent is None:
         return _budgeted(head, task, PrepareHostTask(task.task_id, len(task.attempts) + 1), now)
     if not task.attempts and head.not_before is not None and head.not_before > now:
         # A provider asked the run to wait (retry-after): its first calls wait too.
         return WaitUntil(head.not_before)
-    return _budgeted(head, task, _provider_action(head, task, now), now)
+    action = _provider_action(head, task, now)
+    if step.agent is not None and isinstance(action, StartAttempt):
+        # An agent step's attempt may follow an earlier attempt's remote call instead of calling
+        # (an agent's call is not priced: budgets bound model calls).
+        follows, remote_run_id, duplicate = agent_attempt(step.agent, task)
+        return StartAttempt(action.task_id, action.attempt, duplicate, follows, remote_run_id)
+    return _budgeted(head, task, action, now)
 
 
 def _budgeted(head: RunHead, task: TaskState, action: Action, now: datetime) -> Action | None:

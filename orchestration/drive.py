@@ -58,6 +58,7 @@ from orchestration.decide import (
     WaitUntil,
     next_action,
 )
+from orchestration.delegation import agent_attempt
 from orchestration.errors import (
     ConstructError,
     CorruptRecord,
@@ -419,6 +420,8 @@ class Drive:
             failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
             return await self._append(head, [failed])
         if isinstance(action, StartAttempt):
+            if head.step_of(action.task_id).agent is not None:
+                return await agent_attempt(self, head, action)
             return await self._attempt(head, action)
         if isinstance(action, RouteTask):
             return await self._append(head, [route_decided(action.plan, seq, now)])
@@ -496,7 +499,7 @@ class Drive:
             after = apply_write(head, [fact])
             now = self.clock.now()
             following = None if self._stopping() else next_action(after, now)
-            if not isinstance(following, StartAttempt):
+            if not isinstance(following, StartAttempt) or after.step_of(following.task_id).agent is not None:
                 return await self._append(head, [fact])
             if isinstance(fact, TaskCompleted):
                 # For the next prompt; dropped again below unless the write commits.

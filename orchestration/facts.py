@@ -181,6 +181,24 @@ class AttemptStarted(_Fact):
     attempt: int
     executor: str
     possible_duplicate_call: bool = False
+    #: an agent step's attempt that follows the remote call of attempt ``follows`` (the same
+    #: idempotency key; ``remote_run_id`` when that call's remote run was recorded) instead of
+    #: making its own; only in runs of record format 4 (see :class:`RemoteRunStarted`)
+    follows: int | None = None
+    remote_run_id: str | None = None
+
+
+class RemoteRunStarted(_Fact):
+    """An agent step's call started a run on another construct-mcp: its id, recorded as soon as it
+    is known (mid-attempt), so that a restarted process follows that run instead of starting
+    another (see :mod:`orchestration.delegation`). Record format 4."""
+
+    type: Literal["remote_run_started"] = "remote_run_started"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    attempt: int
+    agent: str
+    remote_run_id: str
 
 
 class AttemptFailed(_Fact):
@@ -301,6 +319,7 @@ Fact = Annotated[
     | HostTaskPrepared
     | HostOutputSubmitted
     | AttemptStarted
+    | RemoteRunStarted
     | AttemptFailed
     | TaskCompleted
     | TaskFailed

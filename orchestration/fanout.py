@@ -45,6 +45,7 @@ from orchestration.decide import (
     WaitUntil,
     next_actions,
 )
+from orchestration.delegation import parallel_agent_call
 from orchestration.errors import (
     ConstructError,
     CorruptRecord,
@@ -212,7 +213,8 @@ class Fanout:
             )
         step = head.step_of(action.task_id)
         executor = head.contract.executor_for(step)
-        prompt = await read_prompt(drive.store, head, action.task_id, drive.known)
+        # A step that delegates has no prompt: its call is built from the record when it is made.
+        prompt = None if step.agent else await read_prompt(drive.store, head, action.task_id, drive.known)
         started = AttemptStarted(
             seq=head.last_seq + 1,
             at=drive.clock.now(),
@@ -220,12 +222,16 @@ class Fanout:
             attempt=action.attempt,
             executor=executor,
             possible_duplicate_call=action.possible_duplicate_call,
+            follows=action.follows,
+            remote_run_id=action.remote_run_id,
         )
         head = await drive._append(head, [started])
         self.in_flight.add(action.task_id)
         tg.start_soon(self._call, head, action, executor, prompt)
 
-    async def _call(self, head: RunHead, action: StartAttempt, executor: str, prompt: TaskPrompt) -> None:
+    async def _call(
+        self, head: RunHead, action: StartAttempt, executor: str, prompt: TaskPrompt | None
+    ) -> None:
         """One call in flight, then its outcome recorded (see the module's docstring)."""
         drive = self.drive
         task_id = action.task_id
@@ -242,13 +248,16 @@ class Fanout:
         try:
             with scope:
                 if not self.calls.cancelled:
-                    assert drive.worker is not None
                     with drive.trace.attempt(
                         head, task_id, action.attempt, action.possible_duplicate_call
                     ) as traced:
-                        outcome = await drive.worker.execute(
-                            head.contract, step, prompt, action.attempt, previous
-                        )
+                        if prompt is None:  # an agent step (orchestration.delegation)
+                            outcome = await parallel_agent_call(drive, self.lock, head, action, previous)
+                        else:
+                            assert drive.worker is not None
+                            outcome = await drive.worker.execute(
+                                head.contract, step, prompt, action.attempt, previous
+                            )
                         traced.ended(outcome)
             if outcome is None:
                 if limit is not None and not self.calls.cancelled and anyio.current_time() >= scope.deadline:

@@ -24,6 +24,7 @@ from orchestration.facts import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    RemoteRunStarted,
     RouteDecided,
     RunCancelled,
     RunCreated,
@@ -227,6 +228,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             executor=fact.executor,
             started_at=fact.at,
             telemetry=Telemetry(possible_duplicate_call=fact.possible_duplicate_call),
+            remote_run_id=fact.remote_run_id,
+            follows=fact.follows,
         )
         # An orphaned attempt (the process died during it) is closed as failed when the next starts,
         # and charged at its most: the provider may have billed it.
@@ -260,6 +263,13 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         update["tasks"] = tasks
         update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.RUNNING)
+    elif isinstance(fact, RemoteRunStarted):
+        task = head.task(fact.task_id)
+        last = task.attempts[-1] if task.attempts else None
+        if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
+            raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
+        attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
+        update["tasks"] = _replace_task(head, task.model_copy(update={"attempts": attempts}))
     elif isinstance(fact, AttemptFailed):
         task = head.task(fact.task_id)
         executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))

@@ -27,6 +27,7 @@ from orchestration.vocabulary import RunStatus, TaskStatus
 #: without one is format 1. The rules: "Record formats" in :mod:`orchestration.facts`.
 #: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.budget`).
 #: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
+#: Format 4 also: steps that delegate to another MCP agent (``agent``, ``remote_run_started``).
 RECORD_FORMAT = 4
 
 
@@ -50,6 +51,27 @@ INSTANCE_SEPARATOR = "~"
 #: Route targets that are not steps: ``end`` finishes the run, ``fail`` fails it. ``ask`` is an
 #: ``on_exhausted`` choice (a human decides). No step may be called any of these.
 RESERVED_STEP_NAMES = frozenset({"end", "fail", "ask"})
+
+
+class AgentStep(Frozen):
+    """What a step that delegates to another MCP agent calls (``agent = "..."`` in a chain step; the
+    rule is in :mod:`orchestration.agent_steps`): the agent's name (an ``[agents.NAME]`` table of the
+    server's config, resolved when the call is made, never snapshotted: it holds no secret here),
+    the tool, and its arguments, whose strings are templates rendered from the run's record. A
+    snapshot with one is record format 4 (an older server would run the step as a specialist)."""
+
+    agent: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    #: another construct-mcp (tool ``orchestrate_start``): the remote step whose output becomes this
+    #: step's output (its latest visit); None: the remote run's last done task
+    output_step: str | None = None
+
+    @property
+    def follows_runs(self) -> bool:
+        """Whether the tool starts a construct-mcp run: it takes an ``idempotency_key``, and its run
+        is followed with ``run_status`` until it ends."""
+        return self.tool == "orchestrate_start"
 
 
 class ChainStep(Frozen):
@@ -98,6 +120,9 @@ class ChainStep(Frozen):
     #: output becomes this step's (None: the child's last done task). Record format 4.
     chain: str | None = None
     output_of: str | None = None
+    #: the step delegates to a tool of another MCP agent instead of running its specialist (see
+    #: :class:`AgentStep`); its ``specialist`` is then ``agent:<name>``, a label only
+    agent: AgentStep | None = None
 
     @field_validator("name")
     @classmethod
@@ -169,6 +194,8 @@ class ExecutionContract(Frozen):
         return 4 if self.costs is not None and self.costs.budget is not None else 1
 
     def executor_for(self, step: ChainStep) -> str:
+        if step.agent is not None:
+            return f"agent:{step.agent.agent}:{step.agent.tool}"
         if self.worker_backend == "inline":
             return "inline:host"
         provider = step.provider or self.provider
@@ -209,6 +236,10 @@ class AttemptRecord(Frozen):
     outcome: Literal["running", "succeeded", "failed", "prepared"] = "running"
     error: TypedError | None = None
     telemetry: Telemetry = Telemetry()
+    #: an agent step's attempt: the remote run it started or follows (once known), and the earlier
+    #: attempt whose remote call it follows (None: it made its own call)
+    remote_run_id: str | None = None
+    follows: int | None = None
 
 
 class ChildRef(Frozen):

@@ -105,6 +105,9 @@ def chain_format(chain: ChainSnapshot) -> int:
     parallel steps came in the same format, so no server reads format 2 without knowing both."""
     if any(s.chain is not None for s in chain.steps):
         return 4  # a step that runs a chain as a child run (orchestration.children)
+    if any(s.agent is not None for s in chain.steps):
+        # A server that does not know agent steps would run them as specialists.
+        return 4
     if any(s.expires_after_seconds is not None or s.approvers is not None for s in chain.steps):
         return 3
     graph = any(step.after is not None or step.instruction is not None for step in chain.steps)

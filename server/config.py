@@ -47,6 +47,10 @@ and are validated by :meth:`orchestration.catalog.Catalog.load`::
     max_total_tokens = 200000       #   (see orchestration.budget); also max_cost_usd, and
     on_budget = "ask"               #   steps = { engineer = { max_cost_usd = 0.5 } }
 
+    [agents.reviewer2]              # an MCP agent chain steps delegate to (see server.agents)
+    url = "https://review.example.com/mcp"
+    token_env = "REVIEWER2_TOKEN"   # the bearer token's variable, read at each call, never stored
+
     [tokens.alice]                  # HTTP transports: a bearer token for the identity "alice"
     token_env = "ALICE_TOKEN"       # the variable holding it (or token = "..."; 16+ characters)
     roles = ["read", "approve"]     # read | operate | approve, combined (see server.identity)
@@ -126,6 +130,7 @@ from orchestration.pricing import Price
 from orchestration.runtime import Limits
 from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.providers import StructuredOutputMode
+from server.agents import AgentTable, check_agent_names
 from server.auth import MIN_TOKEN_CHARS
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 
@@ -273,6 +278,10 @@ class _Options(BaseModel):
     tokens: dict[str, TokenTable] | None = Field(default=None, repr=False)
     prices: dict[str, Price] | None = None
     budgets: dict[str, Budget] | None = None
+    #: ``[agents.NAME]``: MCP agents that chain steps delegate to (see :mod:`server.agents`)
+    agents: dict[str, AgentTable] | None = None
+
+    _agent_names = field_validator("agents")(check_agent_names)
 
     @field_validator("tokens")
     @classmethod
@@ -365,6 +374,8 @@ class Settings:
     prices: Mapping[str, Price] = field(default_factory=dict)
     #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
     budgets: Mapping[str, Budget] = field(default_factory=dict)
+    #: ``[agents.NAME]`` tables (no secrets: a token's variable name only)
+    agents: Mapping[str, AgentTable] = field(default_factory=dict)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -395,10 +406,12 @@ def _problem(exc: ValidationError) -> tuple[str, str]:
             known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
             message = (
                 f"unknown setting; the known settings are: {known} "
-                "(and the tables specialists, chains, providers, tokens)"
+                "(and the tables specialists, chains, providers, tokens, agents)"
             )
         elif loc[0] in ("prices", "budgets"):
             message = "unknown setting; see the Costs and budgets section of the README"
+        elif loc[0] == "agents":
+            message = f"unknown setting; an agents table takes: {', '.join(AgentTable.model_fields)}"
         elif loc[0] == "tokens":
             message = f"unknown setting; a tokens table takes: {', '.join(TokenTable.model_fields)}"
         else:
@@ -484,6 +497,7 @@ def load_settings(
     }
     merged["prices"] = {k: Price.model_validate(v) for k, v in (merged.get("prices") or {}).items()}
     merged["budgets"] = {k: Budget.model_validate(v) for k, v in (merged.get("budgets") or {}).items()}
+    merged["agents"] = {k: AgentTable.model_validate(v) for k, v in (merged.get("agents") or {}).items()}
     tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
     tokens: tuple[NamedToken, ...] = ()
     tokens_error: ConfigError | None = None

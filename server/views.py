@@ -119,6 +119,12 @@ class AttemptView(View):
     telemetry: TelemetryView
     started_at: datetime
     finished_at: datetime | None = None
+    remote_run_id: str | None = Field(
+        default=None, description="A step that delegates to another construct-mcp: the run it started there."
+    )
+    follows: int | None = Field(
+        default=None, description="The earlier attempt whose remote call this one follows (no new call)."
+    )
 
 
 class Totals(View):
@@ -354,6 +360,8 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
         telemetry=TelemetryView.model_validate(attempt.telemetry.model_dump()),
         started_at=attempt.started_at,
         finished_at=attempt.finished_at,
+        remote_run_id=attempt.remote_run_id,
+        follows=attempt.follows,
     )
 
 
@@ -472,6 +480,11 @@ def semantics(head: RunHead) -> str:
             parts.append(
                 f"Outputs of tasks run by {executor} were produced by this server calling that provider's "
                 "model over HTTP and recorded verbatim."
+            )
+        elif executor.startswith("agent:"):
+            parts.append(
+                f"Outputs of tasks run by {executor} (agent:<name>:<tool>) were produced by that MCP agent, "
+                "which this server called, and recorded verbatim."
             )
         else:
             parts.append(f"Outputs of tasks run by {executor} were recorded verbatim.")

@@ -17,8 +17,10 @@ from orchestration.costing import with_costs
 from orchestration.pricing import price_table
 from orchestration.runtime import Runtime
 from orchestration.store import RunStore
+from orchestration.workers.agents import AgentWorker, Workers
 from orchestration.workers.provider import ProviderWorker, contract_resolver
 from orchestration.workers.providers import make_http_client
+from server.agents import agent_endpoints
 from server.config import Settings
 from server.providers import provider_settings
 
@@ -34,7 +36,8 @@ async def runtime_for(
 ) -> AsyncIterator[Runtime]:
     """A runtime over ``store`` with both worker backends wired: ``inline`` (the host runs the
     tasks) and ``provider`` (this process calls the model, through one pooled HTTP client that
-    is closed on exit)."""
+    is closed on exit); agent steps go to the ``[agents]`` of the settings (see
+    :mod:`server.agents`)."""
     providers = provider_settings(settings)
     async with make_http_client() as http:
         yield Runtime(
@@ -49,7 +52,7 @@ async def runtime_for(
                 max_tokens=settings.max_tokens,
                 budgets=settings.budgets,
             ),
-            worker=ProviderWorker(providers, http),
+            worker=Workers(ProviderWorker(providers, http), AgentWorker(agent_endpoints(settings.agents))),
             in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
             store_outage_seconds=settings.store_outage_seconds,
             warnings=warnings,

@@ -15,11 +15,14 @@ from tests.acceptance.harness import SERVER_COMMAND, free_port, pid_alive, read_
 
 
 @asynccontextmanager
-async def http_server(env: dict[str, str], log_path: Path) -> AsyncIterator[tuple[Process, int]]:
-    """``construct-mcp serve --transport streamable-http`` on a free loopback port; yields the
-    process and the port once it accepts connections; kills it on exit if it is still running."""
-    port = free_port()
-    with log_path.open("wb") as errlog:
+async def http_server(
+    env: dict[str, str], log_path: Path, port: int | None = None
+) -> AsyncIterator[tuple[Process, int]]:
+    """``construct-mcp serve --transport streamable-http`` on ``port`` (default: a free loopback
+    port); yields the process and the port once it accepts connections; kills it on exit if it is
+    still running."""
+    port = port or free_port()
+    with log_path.open("ab") as errlog:
         process = await anyio.open_process(
             [*SERVER_COMMAND, "serve", "--transport", "streamable-http", "--port", str(port)],
             env={**env, "PATH": os.environ.get("PATH", "")},
