@@ -55,6 +55,13 @@ def test_a_step_that_runs_a_chain_is_snapshotted_with_its_bounds() -> None:
         ({"a": {"steps": [{"chain": "default", "specialist": "engineer"}]}}, "steps[0]", "exactly one of"),
         ({"a": {"steps": [{"specialist": "engineer", "output_of": "x"}]}}, "output_of", "only a step with"),
         ({"a": {"steps": [{"chain": "default", "output_schema": "verdict"}]}}, "output_schema", "as it is"),
+        # a step runs one of a specialist, a chain or an agent (orchestration.agent_steps)
+        (
+            {"a": {"steps": [{"chain": "default", "agent": "other", "tool": "t"}]}},
+            "steps[0]",
+            "exactly one of",
+        ),
+        ({"a": {"steps": [{"chain": "default", "tool": "t"}]}}, "steps[0].tool", "only a step with 'agent'"),
     ],
 )
 def test_bad_child_steps_are_configuration_errors(chains: dict[str, Any], where: str, says: str) -> None:
