@@ -56,10 +56,16 @@ async def orchestrate_fork(
         Field(max_length=LIMITS.max_list_items, description="Steps to gate (default: the run's)."),
     ] = None,
     idempotency_key: Annotated[
-        str | None, Field(min_length=1, max_length=LIMITS.max_idempotency_key_chars)
+        str | None,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_idempotency_key_chars,
+            description="Makes a retried fork safe: the same key returns the same fork.",
+        ),
     ] = None,
     wait_seconds: Annotated[
-        float, Field(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+        float,
+        Field(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="As orchestrate_start's."),
     ] = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a new run that copies a run's recorded outputs of the tasks done before from_task and

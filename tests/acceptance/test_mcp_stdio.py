@@ -77,6 +77,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
     tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {
         "orchestrate_start",
+        "orchestrate_fork",
         "orchestrate_resume",
         "orchestrate_approve",
         "run_status",
