@@ -4,6 +4,7 @@ giving drives' leases back."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -91,3 +92,34 @@ class LeaseReleases:
         await self.store.release_lease(lease)
         if self._unreleased.get(run_id) is lease:
             del self._unreleased[run_id]
+
+
+async def wait_until(
+    load: Callable[[str], Awaitable[RunHead]],
+    waiters: Waiters,
+    stopping: Callable[[], bool],
+    run_id: str,
+    done: Callable[[RunHead], bool],
+    timeout_seconds: float,
+    on_progress: Callable[[RunHead], Awaitable[None]] | None,
+    poll_seconds: float,
+) -> RunHead:
+    """Run ``run_id``'s head (``load``) once ``done(head)``, or at the timeout. Woken at once by
+    this process's writes (``waiters``); polls the store for other processes' writes. Returns the
+    current state early when ``stopping()`` (a server shutting down must not be held up by callers
+    waiting). ``on_progress`` is called with each new version seen meanwhile."""
+    head = await load(run_id)
+    deadline = anyio.current_time() + max(0.0, timeout_seconds)
+    last_version = head.version
+    while not stopping() and not done(head):
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            break
+        event = waiters.event(run_id)
+        with anyio.move_on_after(min(remaining, poll_seconds)):
+            await event.wait()
+        head = await load(run_id)
+        if on_progress is not None and head.version != last_version:
+            last_version = head.version
+            await on_progress(head)
+    return head

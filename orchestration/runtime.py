@@ -24,10 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
-import anyio
-
 from orchestration.approvals import check_approver, check_budget_raise, check_repeat
-from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled
+from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled, wait_until
 from orchestration.catalog import Catalog
 from orchestration.children import ChildRuns
 from orchestration.clock import Clock, SystemClock
@@ -480,24 +478,11 @@ class Runtime:
         on_progress: ProgressCallback | None,
         poll_seconds: float,
     ) -> RunHead:
-        """The run's head once ``done(head)``, or at the timeout. Woken at once by this process's
-        writes; polls the store for other processes' writes. Returns the current state early when
-        the runtime is stopping (a server shutting down must not be held up by callers waiting)."""
-        head = await self.status(run_id)
-        deadline = anyio.current_time() + max(0.0, timeout_seconds)
-        last_version = head.version
-        while not self._stopping and not done(head):
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
-                break
-            event = self._waiters.event(run_id)
-            with anyio.move_on_after(min(remaining, poll_seconds)):
-                await event.wait()
-            head = await self.status(run_id)
-            if on_progress is not None and head.version != last_version:
-                last_version = head.version
-                await on_progress(head)
-        return head
+        """The run's head once ``done(head)``, or at the timeout (see :func:`wait_until`)."""
+        stopping = lambda: self._stopping  # noqa: E731 - read at each poll
+        return await wait_until(
+            self.status, self._waiters, stopping, run_id, done, timeout_seconds, on_progress, poll_seconds
+        )
 
     # -- driving (the loop itself is orchestration.drive) -------------------------------------
 

@@ -61,10 +61,11 @@ from server.cli_fork import add_fork_parser, run_fork
 from server.cli_live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli_retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.config import Settings, load_settings
+from server.listing import RunsPage, runs_page
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
 from server.timeline import decided_by, render_timeline
-from server.views import Approve, Detail, Done, RunHostTask, RunsPage, RunView, Wait, run_view, runs_page
+from server.views import Approve, Detail, Done, RunHostTask, RunView, Wait, run_view
 from server.wiring import runtime_for
 from stores import parse_store_spec
 

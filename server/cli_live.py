@@ -32,7 +32,7 @@ from orchestration.models import RunHead
 from orchestration.runtime import Runtime
 from orchestration.vocabulary import RunStatus, TaskStatus
 from server.events import Event, read_events
-from server.views import waiting_for
+from server.listing import waiting_for
 
 #: The ``runs`` actions this module serves.
 LIVE_COMMANDS = frozenset({"tail", "watch"})

@@ -46,8 +46,9 @@ from orchestration.models import RunHead
 from orchestration.vocabulary import TaskStatus
 from server.events import newest_events
 from server.identity import caller_of
+from server.listing import waiting_for
 from server.services import Services, run_uri
-from server.views import check_task_id, waiting_for
+from server.views import check_task_id
 from server.watch import LegacySubscribers, RunSubscriptions, as_protocol_error
 
 ResourceContext = Context[Services, Any]

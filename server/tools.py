@@ -3,7 +3,7 @@
 :mod:`server.events`: it answers with an :class:`~server.events.EventsPage`).
 
 Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
-a :class:`~server.views.RunView` or :class:`~server.views.RunsPage` (``outputSchema`` and
+a :class:`~server.views.RunView` or :class:`~server.listing.RunsPage` (``outputSchema`` and
 ``structuredContent``). An error the caller can fix is an ``isError`` result whose text starts with
 its stable code — ``run_not_found: no run with id ...`` — followed by a sentence saying what to do.
 The result is built here rather than by raising ``ToolError``, because the SDK would prefix the
@@ -74,7 +74,8 @@ from server.answering import (
 from server.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.fork_tool import orchestrate_fork
-from server.views import Detail, RunsPage, RunView, check_task_id, runs_page
+from server.listing import RunsPage, runs_page
+from server.views import Detail, RunView, check_task_id
 
 log = logging.getLogger("construct.tools")
 

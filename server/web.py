@@ -7,7 +7,7 @@ themselves (so they need no token) and read small JSON endpoints of this server 
 =================================================== ==========================================
 ``GET /runs/api/session``                           who the token is: ``identity``, ``roles``,
                                                     ``auth_required``
-``GET /runs/api/runs?cursor=&limit=``               a :class:`~server.views.RunsPage`, newest first
+``GET /runs/api/runs?cursor=&limit=``               a :class:`~server.listing.RunsPage`, newest first
 ``GET /runs/api/runs/{run_id}?task_id=``            a :class:`~server.views.RunView` (``task_id``:
                                                     that task's output whole)
 ``POST /runs/api/runs/{run_id}/gates/{gate_id}``    decide a gate: ``{"decision": "approve" |
@@ -57,9 +57,10 @@ from orchestration.vocabulary import RunStatus
 from server.auth import BearerTokenMiddleware
 from server.http import BodyLimitMiddleware, security_settings
 from server.identity import SCOPE_KEY, UNAUTHENTICATED_HTTP, Caller, NamedToken
+from server.listing import runs_page
 from server.panel import content_security_policy, page
 from server.services import Services
-from server.views import check_task_id, runs_page
+from server.views import check_task_id
 
 log = logging.getLogger("construct.web")
 

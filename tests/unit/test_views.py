@@ -27,6 +27,7 @@ from orchestration.models import TypedError, text_hash
 from orchestration.runtime import RunSnapshot, Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
 from server.arguments import error_result
+from server.listing import run_summary, runs_page
 from server.outline import Outlined
 from server.views import (
     OUTPUT_PREVIEW_CHARS,
@@ -39,9 +40,7 @@ from server.views import (
     RunHostTask,
     RunView,
     Wait,
-    run_summary,
     run_view,
-    runs_page,
     semantics,
 )
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
