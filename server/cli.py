@@ -57,6 +57,7 @@ from orchestration.facts import Fact
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime, StartRequest
 from orchestration.vocabulary import RunStatus
+from server.cli_costs import add_budget_flags, add_usage_flags, budget_of, usage_of
 from server.cli_fork import add_fork_parser, run_fork
 from server.cli_live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli_retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--model")
     start.add_argument("--timeout-seconds", type=float, help="a time limit for the whole run")
     start.add_argument("--task-timeout-seconds", type=float, help="a time limit for each task")
+    add_budget_flags(start)
     _common(start)
     _json_flag(start)
 
@@ -153,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--detach-children", action="store_true", help="complete it although its child runs are live"
     )
+    add_usage_flags(resume)
     _common(resume)
     _json_flag(resume)
 
@@ -408,6 +411,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
                 model=args.model,
                 timeout_seconds=args.timeout_seconds,
                 task_timeout_seconds=args.task_timeout_seconds,
+                budget=budget_of(args),
             )
         )
         return await _advance(runtime, head)
@@ -417,15 +421,16 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         return await runtime.status(args.run_id)
     if command == "resume":
         output = _read_text(args.output, args.output_file, "the output")
+        usage = usage_of(args)
         if output is None:
-            if args.task_id is not None:
-                raise InvalidArgument("--task-id was given without --output or --output-file")
+            if args.task_id is not None or usage is not None:
+                raise InvalidArgument("--task-id or usage was given without --output or --output-file")
             head = await runtime.check_resumable(args.run_id)
         elif args.task_id is None:
             raise await runtime.missing_task_id(args.run_id, "--task-id")
         else:
             refuse_detached(await runtime.status(args.run_id), args.task_id, args.detach_children)
-            head = await runtime.submit_host_output(args.run_id, args.task_id, output)
+            head = await runtime.submit_host_output(args.run_id, args.task_id, output, usage)
         return await _advance(runtime, head)
     if command == "approve":
         decision: Literal["approve", "reject", "revise"] = (
