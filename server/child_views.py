@@ -19,6 +19,7 @@ from orchestration.children import live_children
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
 from orchestration.models import RunHead
 from orchestration.runtime import Runtime
+from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus
 from server.actions import Approve, RunHostTask, Wait
 from server.views import ChildView, RunView
@@ -111,3 +112,16 @@ async def settle_children(runtime: Runtime, head: RunHead, seconds: float) -> bo
                 await settle_children(runtime, child, deadline - anyio.current_time())
             break
     return False
+
+
+async def with_gone_links(view: RunView, store: RunStore) -> RunView:
+    """``view`` with its links to other runs (``forked_from``, ``parent``) saying when that run
+    was pruned or moved to another store (its tombstone: one read per link, only for runs that
+    have one)."""
+    updates: dict[str, object] = {}
+    for name, link in (("forked_from", view.forked_from), ("parent", view.parent)):
+        if link is not None:
+            tombstone = await store.tombstone(link.run_id)
+            if tombstone is not None:
+                updates[name] = link.model_copy(update={"gone": tombstone.reason})
+    return view.model_copy(update=updates) if updates else view

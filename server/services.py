@@ -17,7 +17,7 @@ from orchestration.dispatcher import Dispatcher
 from orchestration.models import RunHead
 from orchestration.reading import RunSnapshot
 from orchestration.runtime import Runtime
-from server.child_views import with_children
+from server.child_views import with_children, with_gone_links
 from server.config import Settings
 from server.elicit import GateAsks
 from server.views import Detail, RunView, run_view
@@ -75,7 +75,9 @@ class Services:
                 del self.snapshots[next(iter(self.snapshots))]
             self.snapshots[key] = snapshot
         view = run_view(snapshot, detail, full_task)
-        # A parent shows its child runs, and what a waiting child needs (server.child_views).
+        # A parent shows its child runs, and what a waiting child needs (server.child_views);
+        # a link to a run pruned or moved away says so.
+        view = await with_gone_links(view, self.runtime.store)
         return await with_children(view, head, self.view)
 
     async def publish_change(self, head: RunHead) -> None:

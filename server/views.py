@@ -254,8 +254,14 @@ class ContractView(View):
 
 
 class ForkView(View):
+    """A link to another run's task: the run this one was forked from, or its parent."""
+
     run_id: str
     task_id: str
+    #: filled in by Services.view (server.child_views.with_gone_links)
+    gone: Literal["pruned", "moved"] | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="The linked run was pruned or moved away."
+    )
 
 
 class ChildView(View):
@@ -298,6 +304,9 @@ class RunView(Outlined):
     started_by: str | None = Field(default=None, description="The verified identity that started the run.")
     forked_from: ForkView | None = Field(
         default=None, exclude_if=lambda v: v is None, description="The run and task this run was forked from."
+    )
+    parent: ForkView | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="A child run's parent run and task."
     )
     tasks: list[TaskView] = Field(
         description="Task instances in run order; outputs as previews (output_uri), whole when asked for."
@@ -511,6 +520,9 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         idempotency_key=head.idempotency_key,
         started_by=head.started_by,
         forked_from=None if snapshot.forked_from is None else ForkView(**snapshot.forked_from.model_dump()),
+        parent=None
+        if head.parent is None
+        else ForkView(run_id=head.parent.run_id, task_id=head.parent.task_id),
         tasks=[
             _task(
                 head,

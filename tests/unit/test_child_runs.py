@@ -16,13 +16,14 @@ from orchestration.children import refuse_detached
 from orchestration.clock import ManualClock
 from orchestration.decide import child_run_id
 from orchestration.errors import ConfigError, InvalidState
+from orchestration.forking import ForkRequest
 from orchestration.runtime import StartRequest
 from orchestration.store import Tombstone
 from orchestration.vocabulary import RunStatus, TaskStatus
 from server import cli
 from server.actions import Approve, RunHostTask
-from server.child_views import with_children
-from server.views import RunView, run_view
+from server.child_views import with_children, with_gone_links
+from server.views import ForkView, RunView, run_view
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
@@ -266,3 +267,36 @@ async def test_a_parents_view_says_a_child_moved_to_another_store() -> None:
     view = await with_children(await load(parent.run_id), head, load)
     assert [(c.run_id, c.status) for c in view.children] == [(child_id, "moved")]
     assert not isinstance(view.next_action, Approve | RunHostTask)
+
+
+async def test_links_to_runs_pruned_or_moved_away_say_so() -> None:
+    """A child's ``parent`` and a fork's ``forked_from`` name the linked run; once that run is
+    deleted from the store (moved, or pruned), the view says which."""
+    store = MemoryStore()
+    clock = ManualClock()
+    runtime = child_runtime(store, clock=clock)
+    parent, _ = await runtime.start(StartRequest("Build", chain="outer-gated", worker_backend="provider"))
+    await runtime.drive(parent.run_id)
+    child_id = child_run_id(parent.run_id, "build")
+
+    async def view_of(run_id: str) -> RunView:
+        return await with_gone_links(run_view(await runtime.snapshot(run_id)), store)
+
+    link = (await view_of(child_id)).parent
+    assert link is not None and (link.run_id, link.task_id, link.gone) == (parent.run_id, "build", None)
+    await store.delete_run(Tombstone.of(await store.load(parent.run_id), "moved", clock.now()))
+    link = (await view_of(child_id)).parent
+    assert link is not None and link.gone == "moved"
+
+    source, _ = await runtime.start(
+        StartRequest("Plan", chain=("architect", "writer"), worker_backend="provider")
+    )
+    await runtime.drive(source.run_id)
+    fork, _ = await runtime.fork(ForkRequest(source.run_id, "writer"))
+    assert (await view_of(fork.run_id)).forked_from == ForkView(run_id=source.run_id, task_id="writer")
+    ended = await store.load(source.run_id)
+    assert ended.status == RunStatus.COMPLETED
+    await store.delete_run(Tombstone.of(ended, "pruned", clock.now()))
+    link = (await view_of(fork.run_id)).forked_from
+    assert link is not None and link.gone == "pruned"
+    assert '"gone":"pruned"' in (await view_of(fork.run_id)).model_dump_json()
