@@ -146,8 +146,9 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
     upstream = [tid for tid in upstream_task_ids(head, task_id) if tid not in (sender, task.revision_of)]
     if upstream:
         parts += ["", "## Work so far"]
+        specialists = {t.task_id: t.specialist for t in head.tasks}
         for tid in upstream:
-            spec = head.task(tid).specialist
+            spec = specialists[tid]
             parts += ["", f"### {tid} ({spec})", "", outputs[tid].strip()]
     if sender is not None and sender in outputs:
         by = head.task(sender)
