@@ -19,13 +19,14 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: entries kept per cached function; past it the cache starts again (a process holds few chains)
-LIMIT = 512
+#: entries kept per cached function; past it the cache starts again (an entry goes with its object,
+#: so this bounds only what the live objects hold: the chains and tasks of the runs in progress)
+LIMIT = 8192
 
 
 def by_identity(fn: Callable[[T], R]) -> Callable[[T], R]:
     """``fn`` (a pure function of one immutable, weak-referenceable object), remembering its
-    result per object while that object lives."""
+    result per object while that object lives (at most :data:`LIMIT` objects at a time)."""
     cache: dict[int, tuple[weakref.ref[Any], R]] = {}
 
     @wraps(fn)

@@ -11,12 +11,26 @@ from datetime import UTC, datetime
 
 from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
 from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
-from orchestration.models import RECORD_FORMAT, RunHead
+from orchestration.memo import by_identity
+from orchestration.models import RECORD_FORMAT, ChainSnapshot, RunHead, TaskState
 from orchestration.vocabulary import RunStatus
 
 ListKey = tuple[str, str]
 
 _DEFAULT_FORMAT = RunHead.model_fields["format"].default
+_ENCODED_APART = {"chain", "tasks"}
+
+
+@by_identity
+def _chain_json(chain: ChainSnapshot) -> str:
+    """A chain snapshot as a head stores it, once per snapshot (see :mod:`orchestration.memo`)."""
+    return chain.model_dump_json(exclude_defaults=True)
+
+
+@by_identity
+def _task_json(task: TaskState) -> str:
+    """A task as a head stores it, once per task object (unchanged tasks are shared by heads)."""
+    return task.model_dump_json(exclude_defaults=True)
 
 
 def encode_head(head: RunHead) -> str:
@@ -25,7 +39,20 @@ def encode_head(head: RunHead) -> str:
     append, so its size is the main cost of a write; this keeps it about a quarter of the full
     dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first), and
     ``format``, declared last, is always written."""
-    data = head.model_dump_json(exclude_defaults=True)
+    # The same text as ``head.model_dump_json(exclude_defaults=True)``, but the chain snapshot
+    # (most of the head: steps and personas) and each task are encoded once per object — a head's
+    # copy shares them with the head it came from — and put back in their places: before the keys
+    # that follow them, ``chain_hash`` and ``gates``, required both. A string value cannot hold the
+    # sequence ``,"gates":`` (its quotes are escaped), and no object before ``gates`` has a field
+    # of that name.
+    rest = head.model_dump_json(exclude_defaults=True, exclude=_ENCODED_APART)
+    chain_at = rest.index(',"chain_hash":')
+    tasks_at = rest.index(',"gates":', chain_at)
+    tasks = ",".join(map(_task_json, head.tasks))
+    data = (
+        f'{rest[:chain_at]},"chain":{_chain_json(head.chain)}{rest[chain_at:tasks_at]}'
+        f',"tasks":[{tasks}]{rest[tasks_at:]}'
+    )
     if head.format == _DEFAULT_FORMAT:
         # Left out as a default; every stored head states its format all the same. The dump is a
         # JSON object with required fields, so the key goes before its closing brace.
