@@ -144,3 +144,17 @@ async def _wait_for_a_lock_wait(dsn: str, pid: int) -> None:
                 await anyio.sleep(0.01)
     finally:
         await conn.close()
+
+
+async def test_heads_are_compressed_with_lz4_where_the_server_has_it(store: PostgresStore) -> None:
+    """Migration 0005: every append rewrites the head, and lz4 compresses it faster than pglz."""
+    async with store._pool.acquire() as conn:
+        compression = await conn.fetchval(
+            "SELECT attcompression::text FROM pg_attribute WHERE attrelid = 'runs'::regclass AND attname = 'head'"
+        )
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL default_toast_compression = 'lz4'")
+        except asyncpg.PostgresError:
+            pytest.skip("this PostgreSQL server has no lz4 compression")
+    assert compression == "l"
