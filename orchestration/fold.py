@@ -326,7 +326,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     new_head = head.model_copy(update=update)
     if is_parallel(new_head.chain) and not new_head.status.is_terminal:
         new_head = new_head.model_copy(update={"status": summary_status(new_head)})
-    return new_head.model_copy(update={"wake_at": wake_at(new_head)})
+    wake = wake_at(new_head)
+    # Most facts leave it as it was: no copy then.
+    return new_head if wake == new_head.wake_at else new_head.model_copy(update={"wake_at": wake})
 
 
 def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:

@@ -150,7 +150,8 @@ async def test_heads_are_compressed_with_lz4_where_the_server_has_it(store: Post
     """Migration 0005: every append rewrites the head, and lz4 compresses it faster than pglz."""
     async with store._pool.acquire() as conn:
         compression = await conn.fetchval(
-            "SELECT attcompression::text FROM pg_attribute WHERE attrelid = 'runs'::regclass AND attname = 'head'"
+            "SELECT attcompression::text FROM pg_attribute "
+            "WHERE attrelid = 'runs'::regclass AND attname = 'head'"
         )
         try:
             async with conn.transaction():
