@@ -33,12 +33,22 @@ def _task_json(task: TaskState) -> str:
     return task.model_dump_json(exclude_defaults=True)
 
 
-def encode_head(head: RunHead) -> str:
+def encode_chain(chain: ChainSnapshot) -> str:
+    """A chain snapshot as a stored head holds it (for a store that writes it once, apart from the
+    head: see :func:`encode_head`)."""
+    return _chain_json(chain)
+
+
+def encode_head(head: RunHead, *, with_chain: bool = True) -> str:
     """The head as stored: JSON without the fields that hold their default (a pending task is its
     id and specialist), read back by :func:`decode_stored_head`. A store rewrites the head at every
     append, so its size is the main cost of a write; this keeps it about a quarter of the full
     dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first), and
-    ``format``, declared last, is always written."""
+    ``format``, declared last, is always written.
+
+    ``with_chain=False``: without the chain snapshot, which never changes after the run's creation
+    (no fact changes it), for a store that writes it once (:func:`encode_chain`) and puts it back
+    into the head it reads."""
     # The same text as ``head.model_dump_json(exclude_defaults=True)``, but the chain snapshot
     # (most of the head: steps and personas) and each task are encoded once per object — a head's
     # copy shares them with the head it came from — and put back in their places: before the keys
@@ -49,10 +59,9 @@ def encode_head(head: RunHead) -> str:
     chain_at = rest.index(',"chain_hash":')
     tasks_at = rest.index(',"gates":', chain_at)
     tasks = ",".join(map(_task_json, head.tasks))
-    data = (
-        f'{rest[:chain_at]},"chain":{_chain_json(head.chain)}{rest[chain_at:tasks_at]}'
-        f',"tasks":[{tasks}]{rest[tasks_at:]}'
-    )
+    chain = f',"chain":{_chain_json(head.chain)}' if with_chain else ""
+    data = f'{rest[:chain_at]}{chain}{rest[chain_at:tasks_at]},"tasks":[{tasks}]{rest[tasks_at:]}'
+
     if head.format == _DEFAULT_FORMAT:
         # Left out as a default; every stored head states its format all the same. The dump is a
         # JSON object with required fields, so the key goes before its closing brace.

@@ -5,7 +5,8 @@
 - Heads and facts are JSONB. Every write is one transaction: an append is one statement (one round
   trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
   fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued``, a
-  ``pg_notify`` — delivered only on commit.
+  ``pg_notify`` — delivered only on commit. The chain snapshot, which no fact changes, is written
+  once by the create in a column of its own and put back into every head read (migration 0006).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
   me``, each claim with a new token; a fenced append checks the token in its own statement, with
   the lease row locked ``FOR SHARE`` until it commits; :meth:`PostgresStore.claim_runnable` claims
@@ -58,6 +59,7 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    encode_chain,
     encode_head,
     not_continuing,
     sortable_time,
@@ -346,7 +348,7 @@ class PostgresStore:
                     head.status.value,
                     _utc(head.updated_at),
                     _utc(head.not_before) if head.not_before is not None else None,
-                    to_jsonb_text(encode_head(head)),
+                    to_jsonb_text(encode_head(head, with_chain=False)),
                     _wake_at(head),
                     lease.token if lease is not None else None,
                     *_fact_values(run_id, facts)[1:],
@@ -565,8 +567,10 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.updated_at),
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
-        to_jsonb_text(encode_head(head)),
+        # The chain snapshot is written once, in a column of its own (migration 0006).
+        to_jsonb_text(encode_head(head, with_chain=False)),
         _wake_at(head),
+        to_jsonb_text(encode_chain(head.chain)),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from orchestration.facts import FACT_ADAPTER
 from orchestration.models import RunHead
 from orchestration.store import RunStore
+from stores._sql import queries
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from stores.postgres import PostgresStore
@@ -50,9 +51,8 @@ class RawRecords:
             return (_run_dir(store, run_id) / "head.json").read_text()
         if isinstance(store, SqliteStore):
             return str(_sqlite(store.path, "SELECT head FROM runs WHERE run_id = ?", run_id)[0][0])
-        return str(
-            await _postgres(store, "fetchval", "SELECT head::text FROM runs WHERE run_id = $1", run_id)
-        )
+        # The head with its chain snapshot, which postgres keeps in a column of its own.
+        return str(await _postgres(store, "fetchval", queries("postgres")["load_head"], run_id))
 
     async def fact_text(self, run_id: str, seq: int) -> str:
         store = self.store
@@ -76,9 +76,11 @@ class RawRecords:
         elif isinstance(store, SqliteStore):
             _sqlite(store.path, "UPDATE runs SET head = ? WHERE run_id = ?", text, run_id)
         else:
-            await _postgres(
-                store, "execute", "UPDATE runs SET head = $1::jsonb WHERE run_id = $2", text, run_id
+            query = (
+                "UPDATE runs SET head = $1::jsonb - 'chain', "
+                "chain = coalesce($1::jsonb -> 'chain', chain) WHERE run_id = $2"
             )
+            await _postgres(store, "execute", query, text, run_id)
 
     async def set_fact(self, run_id: str, seq: int, record: dict[str, Any]) -> None:
         """Replace stored fact ``seq`` by ``record`` as it is (nothing is checked)."""

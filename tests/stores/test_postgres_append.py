@@ -159,3 +159,36 @@ async def test_heads_are_compressed_with_lz4_where_the_server_has_it(store: Post
         except asyncpg.PostgresError:
             pytest.skip("this PostgreSQL server has no lz4 compression")
     assert compression == "l"
+
+
+async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
+    store: PostgresStore, dsn_and_schema: tuple[str, str], tmp_path: Path
+) -> None:
+    """Migration 0006: the chain (most of a head) is written by the create only, appends write the
+    head without it, reads put it back; a head written before (the chain inside it) is read as it
+    is, and migrating splits it."""
+    dsn, schema = dsn_and_schema
+    head, facts = new_run(run_id(5))
+    await store.create(head, facts)
+    write = start_attempt(head)
+    await store.append(run_id(5), write.expected_version, write.facts, write.head)
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        assert (row["inline"], row["apart"]) == (False, True)
+        assert await store.load(run_id(5)) == write.head
+        assert (await store.list_runs()).runs == [write.head]
+        # A head as the previous version wrote it: the chain inside, none apart.
+        await conn.execute("UPDATE runs SET head = head || jsonb_build_object('chain', chain), chain = NULL")
+        assert await store.load(run_id(5)) == write.head
+        await conn.execute("DELETE FROM schema_migrations WHERE version = 6")
+        report = await migrate(schema_url(dsn, schema), home=tmp_path)
+        assert report.applied == ("0006_chain_written_once.sql",)
+        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        assert (row["inline"], row["apart"]) == (False, True)
+    finally:
+        await conn.close()
+    assert await store.load(run_id(5)) == write.head
+    done = complete_task(write.head)
+    await store.append(run_id(5), done.expected_version, done.facts, done.head)
+    assert await store.load(run_id(5)) == done.head

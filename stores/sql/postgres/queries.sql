@@ -30,13 +30,13 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2)
 -- name: insert_run
 -- DO NOTHING covers both the run id and the idempotency key; it waits for a concurrent insert of the
 -- same key to commit, so the caller's follow-up read of the key sees the winner.
-INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9)
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10::jsonb)
 ON CONFLICT DO NOTHING
 RETURNING run_id
 
 -- name: head_by_idempotency_key
-SELECT run_id, head::text FROM runs WHERE idempotency_key = $1
+SELECT run_id, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE idempotency_key = $1
 
 -- name: insert_facts
 -- All the facts of one write in one statement (one round trip).
@@ -97,7 +97,9 @@ SELECT pg_notify($1, $2)
 SELECT version FROM runs WHERE run_id = $1
 
 -- name: load_head
-SELECT head::text FROM runs WHERE run_id = $1
+-- The head as written, with the chain snapshot written once at creation put back in (see
+-- migration 0006); a head that holds its own chain is read as it is.
+SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1
 
 -- name: read_facts
 -- LIMIT NULL is "no limit".
@@ -108,13 +110,13 @@ SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq = $2
 
 -- name: list_runs
 -- Keyset pagination, newest first; "no cursor" passes a key after every real one.
-SELECT run_id, created_at, head::text FROM runs
+SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
 WHERE (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $3
 
 -- name: list_runs_by_status
-SELECT run_id, created_at, head::text FROM runs
+SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
 WHERE status = ANY ($4::text[])
   AND (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
