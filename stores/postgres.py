@@ -6,7 +6,7 @@
   trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
   fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued``, a
   ``pg_notify`` — delivered only on commit. The chain snapshot, which no fact changes, is written
-  once by the create in a column of its own and put back into every head read (migration 0006).
+  once by the create in a column of its own and put back into every head read (migration chain_written_once).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
   me``, each claim with a new token; a fenced append checks the token in its own statement, with
   the lease row locked ``FOR SHARE`` until it commits; :meth:`PostgresStore.claim_runnable` claims
@@ -567,7 +567,7 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.updated_at),
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
-        # The chain snapshot is written once, in a column of its own (migration 0006).
+        # The chain snapshot is written once, in a column of its own (migration chain_written_once).
         to_jsonb_text(encode_head(head, with_chain=False)),
         _wake_at(head),
         to_jsonb_text(encode_chain(head.chain)),

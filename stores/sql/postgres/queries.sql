@@ -98,7 +98,7 @@ SELECT version FROM runs WHERE run_id = $1
 
 -- name: load_head
 -- The head as written, with the chain snapshot written once at creation put back in (see
--- migration 0006); a head that holds its own chain is read as it is.
+-- migration chain_written_once); a head that holds its own chain is read as it is.
 SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1
 
 -- name: read_facts
