@@ -165,9 +165,9 @@ async def test_heads_are_compressed_with_lz4_where_the_server_has_it(store: Post
 async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
     store: PostgresStore, dsn_and_schema: tuple[str, str]
 ) -> None:
-    """Migration chain_written_once: the chain (most of a head) is written by the create only, appends write the
-    head without it, reads put it back; a head written before (the chain inside it) is read as it
-    is, and migrating splits it."""
+    """Migration chain_written_once: the chain (most of a head) is written by the create only,
+    appends write the head without it, reads put it back; a head written before (the chain inside
+    it) is read as it is, and migrating splits it."""
     dsn, schema = dsn_and_schema
     head, facts = new_run(run_id(5))
     await store.create(head, facts)
