@@ -50,8 +50,9 @@ class RawRecords:
         if isinstance(store, FilesystemStore):
             return (_run_dir(store, run_id) / "head.json").read_text()
         if isinstance(store, SqliteStore):
-            return str(_sqlite(store.path, "SELECT head FROM runs WHERE run_id = ?", run_id)[0][0])
-        # The head with its chain snapshot, which postgres keeps in a column of its own.
+            # The head with its chain snapshot, which the SQL stores keep in a column of their own.
+            load = queries("sqlite")["load_head"].replace(":run_id", "?")
+            return str(_sqlite(store.path, load, run_id)[0][0])
         return str(await _postgres(store, "fetchval", queries("postgres")["load_head"], run_id))
 
     async def fact_text(self, run_id: str, seq: int) -> str:
@@ -74,7 +75,14 @@ class RawRecords:
         elif isinstance(store, FilesystemStore):
             (_run_dir(store, run_id) / "head.json").write_text(text)
         elif isinstance(store, SqliteStore):
-            _sqlite(store.path, "UPDATE runs SET head = ? WHERE run_id = ?", text, run_id)
+            if "chain" not in record:
+                _sqlite(store.path, "UPDATE runs SET head = ? WHERE run_id = ?", text, run_id)
+            else:
+                # The chain snapshot goes to its own column, as the store writes it.
+                head = json.dumps({k: v for k, v in record.items() if k != "chain"}, separators=(",", ":"))
+                chain = json.dumps(record["chain"], separators=(",", ":"))
+                query = "UPDATE runs SET head = ?, chain = ? WHERE run_id = ?"
+                _sqlite(store.path, query, head, chain, run_id)
         else:
             query = (
                 "UPDATE runs SET head = $1::jsonb - 'chain', "
