@@ -59,7 +59,7 @@ from orchestration.budget import BUDGET_EXHAUSTED, fails_run, next_budget_gate_i
 from orchestration.costs import BudgetAsk
 from orchestration.fold import task_deadline
 from orchestration.graph import is_parallel, preds_settled
-from orchestration.models import RunHead, TaskState, TypedError, gate_id_for
+from orchestration.models import RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.routing import ASK, RoutePlan, plan_route
 from orchestration.vocabulary import RunStatus, TaskStatus
 
@@ -425,8 +425,9 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
                 return FailTask(task.task_id, error)
         return FinishRun("failed", error)
     any_failed = False
+    steps = step_map(head.chain)
     for task in head.tasks:
-        step = head.chain.step(task.step_name)
+        step = steps[task.step_name]
         if task.status.is_terminal:
             if task.status == TaskStatus.FAILED:
                 if step.on_failure == "fail" or fails_run(task):

@@ -39,8 +39,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
+from anyio.abc import TaskGroup
 
 from orchestration.backoff import Backoff, Outage
+from orchestration.call_watch import CallWatch
 from orchestration.clock import Clock
 from orchestration.decide import (
     PAUSING_ACTIONS,
@@ -81,7 +83,7 @@ from orchestration.facts import (
     route_decided,
 )
 from orchestration.fanout import Fanout
-from orchestration.fold import apply_write
+from orchestration.fold import apply, apply_write
 from orchestration.graph import is_parallel
 from orchestration.models import RunHead, text_hash
 from orchestration.prompts import TaskPrompt
@@ -166,6 +168,9 @@ class Drive:
         self.known: dict[int, Fact] = {}
         #: the drive's spans (observes only: see orchestration.tracing)
         self.trace = DriveTrace(lease.run_id)
+        #: watches the provider calls in flight for a write by anyone else (a cancel)
+        self._calls = CallWatch(settings.cancel_poll_seconds, self._call_must_stop)
+        self._task_group: TaskGroup | None = None
 
     def hand_over(self, lease: Lease) -> None:
         """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
@@ -184,6 +189,7 @@ class Drive:
         error: ConstructError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._renew_lease, tg.cancel_scope)
+            self._task_group = tg
             try:
                 result = await self._loop()
             except ConstructError as exc:
@@ -292,11 +298,14 @@ class Drive:
             self.trace.saw(head)
             return head
 
-    async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+    async def _append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None) -> RunHead:
         """Record ``facts`` on top of ``head`` (compare-and-swap), fenced by the drive's lease
         (``LeaseLost`` once another claim replaced it); a store error does not end it: see
-        :meth:`_append_through_outage`."""
-        stored = await self._append_through_outage(head, facts, apply_write(head, facts))
+        :meth:`_append_through_outage`. ``new_head``: ``apply_write(head, facts)`` when the caller
+        has it already."""
+        if new_head is None:
+            new_head = apply_write(head, facts)
+        stored = await self._append_through_outage(head, facts, new_head)
         self.trace.recorded(facts, stored)
         for fact in facts:
             if isinstance(fact, TaskCompleted):
@@ -332,7 +341,6 @@ class Drive:
         holds the run. It is raised at once, whichever append gets it, and nothing is retried."""
         run_id = head.run_id
         outage = self.outage
-        backoff = Backoff(cap=2.0)
         try:
             stored = await self._fenced_append(head, facts, new_head)
         except CorruptRecord:
@@ -343,6 +351,7 @@ class Drive:
         else:
             outage.recovered()
             return stored
+        backoff = Backoff(cap=2.0)
         while True:
             await anyio.sleep(backoff.next_delay())
             try:
@@ -447,29 +456,25 @@ class Drive:
             raise InvalidState(f"run {head.run_id}: this runtime does not run child chains")
         return await self.children.ensure(head, task_id)
 
-    async def _watch_for_cancel(self, version: int, scope: anyio.CancelScope) -> None:
-        """While a provider call is in flight, abort it as soon as the run is written to by anyone
-        else (in practice: cancelled from another process or another client), or once the store
-        has been away past the outage limit (its outcome could not be recorded)."""
-        run_id = self.run_id
-        while True:
-            await anyio.sleep(self.settings.cancel_poll_seconds)
-            try:
-                head = await self.store.load(run_id)
-            except CorruptRecord:
-                continue
-            except StoreError as exc:
-                if self._outage_over(exc):
-                    scope.cancel()
-                    return
-                continue
-            except ConstructError:
-                continue
-            self.outage.recovered()
-            if head.version != version:
-                log.info("run changed during a call", extra={"action": "call_aborted", "run_id": run_id})
-                scope.cancel()
-                return
+    async def _call_must_stop(self, version: int) -> bool:
+        """One check of a provider call in flight (see :class:`~orchestration.call_watch.CallWatch`,
+        which makes it every ``cancel_poll_seconds``): abort it when the run was written to by
+        anyone else since ``version`` (in practice: cancelled from another process or another
+        client), or once the store has been away past the outage limit (its outcome could not be
+        recorded)."""
+        try:
+            head = await self.store.load(self.run_id)
+        except CorruptRecord:
+            return False
+        except StoreError as exc:
+            return self._outage_over(exc)
+        except ConstructError:
+            return False
+        self.outage.recovered()
+        if head.version != version:
+            log.info("run changed during a call", extra={"action": "call_aborted", "run_id": self.run_id})
+            return True
+        return False
 
     async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
         """Provider attempts: record ``attempt_started`` *before* the call, call, record the
@@ -507,7 +512,9 @@ class Drive:
             try:
                 prompt = await read_prompt(self.store, after, following.task_id, self.known)
                 started = self._started(after, following, now)
-                head = await self._append(head, [fact, started])
+                # apply_write(head, [fact, started]) without folding the outcome again: ``after`` is
+                # it folded, with the version this write gives the run.
+                head = await self._append(head, [fact, started], apply(after, started))
             except BaseException:
                 self.known.pop(fact.seq, None)
                 raise
@@ -537,23 +544,20 @@ class Drive:
         if limit is not None:
             scope.deadline = anyio.current_time() + max(0.0, (limit - self.clock.now()).total_seconds())
         run_id = head.run_id
-        version = head.version
-
-        async def call() -> None:
-            nonlocal outcome
-            with self.trace.attempt(
-                head, action.task_id, action.attempt, action.possible_duplicate_call
-            ) as traced:
+        if not self._calls.started and self._task_group is not None:
+            # One watcher for the drive's calls, started with its first call.
+            self._calls.started = True
+            self._task_group.start_soon(self._calls.run)
+        try:
+            with (
+                scope,
+                self._calls.watching(head.version, scope),
+                self.trace.attempt(
+                    head, action.task_id, action.attempt, action.possible_duplicate_call
+                ) as traced,
+            ):
                 outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
                 traced.ended(outcome)
-            watch.cancel()
-
-        try:
-            with scope:
-                async with anyio.create_task_group() as tg:
-                    watch = tg.cancel_scope
-                    tg.start_soon(self._watch_for_cancel, version, scope)
-                    await call()
         finally:
             self._cancel_scopes.pop(run_id, None)
         if outcome is None:

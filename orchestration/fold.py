@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from operator import attrgetter
 
 from orchestration.budget import charge, charge_unmetered, priced, raise_budget
 from orchestration.errors import IllegalTransition
@@ -114,8 +115,16 @@ def _not_before(head: RunHead, at: datetime, new: datetime | None = None) -> dat
     return kept
 
 
+_TASK_ID = attrgetter("task_id")
+
+
 def _replace_task(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
-    return tuple(task if t.task_id == task.task_id else t for t in head.tasks)
+    tasks = head.tasks
+    ids = list(map(_TASK_ID, tasks))
+    if task.task_id not in ids:
+        return tasks
+    index = ids.index(task.task_id)
+    return (*tasks[:index], task, *tasks[index + 1 :])
 
 
 def _task_update(head: RunHead, task_id: str, status: TaskStatus, **changes: object) -> tuple[TaskState, ...]:
@@ -149,10 +158,18 @@ def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[
 def _settle_finished(before: tuple[TaskState, ...], after: tuple[TaskState, ...]) -> tuple[TaskState, ...]:
     """``after`` with every task that this fact made terminal settled (see ``TaskState.settled``).
     Tasks are matched by id: a route may insert new instances."""
-    old = {t.task_id: t for t in before}
-    return tuple(
-        new if old.get(new.task_id) is new or not new.status.is_terminal else new.settled() for new in after
-    )
+    # A task that is the same object as before (task ids are unique) was not changed by this fact;
+    # the few that are new are found without a Python loop over every task of the run.
+    ids = list(map(id, after))
+    fresh = set(ids).difference(map(id, before))
+    if not fresh:
+        return after
+    out = list(after)
+    for key in fresh:
+        index = ids.index(key)
+        if out[index].status.is_terminal:
+            out[index] = out[index].settled()
+    return tuple(out)
 
 
 def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> RunHead:
@@ -352,7 +369,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     new_head = head.model_copy(update=update)
     if is_parallel(new_head.chain) and not new_head.status.is_terminal:
         new_head = new_head.model_copy(update={"status": summary_status(new_head)})
-    return new_head.model_copy(update={"wake_at": wake_at(new_head)})
+    wake = wake_at(new_head)
+    # Most facts leave it as it was: no copy then.
+    return new_head if wake == new_head.wake_at else new_head.model_copy(update={"wake_at": wake})
 
 
 def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
@@ -466,9 +485,13 @@ def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
     return update
 
 
+#: the task statuses that have a deadline (see :func:`task_deadline`)
+_IN_PROGRESS = frozenset({TaskStatus.RUNNING, TaskStatus.AWAITING_HOST})
+
+
 def task_deadline(head: RunHead, task: TaskState) -> datetime | None:
     """When the task in progress runs out of time (its step's ``timeout_seconds`` after it started)."""
-    if task.status not in (TaskStatus.RUNNING, TaskStatus.AWAITING_HOST) or task.started_at is None:
+    if task.status not in _IN_PROGRESS or task.started_at is None:
         return None
     timeout = head.chain.step(task.step_name).timeout_seconds
     return None if timeout is None else task.started_at + timedelta(seconds=timeout)
@@ -479,7 +502,7 @@ def time_limit(head: RunHead) -> datetime | None:
     ``deadline_exceeded`` and takes no more output or decisions)."""
     if head.status.is_terminal:
         return None
-    times = [head.deadline_at] + [task_deadline(head, t) for t in head.tasks]
+    times = [head.deadline_at] + [task_deadline(head, t) for t in head.tasks if t.status in _IN_PROGRESS]
     present = [t for t in times if t is not None]
     return min(present) if present else None
 

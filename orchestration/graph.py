@@ -22,14 +22,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestration.budget import fails_run, open_budget_gate
+from orchestration.memo import by_identity
 from orchestration.models import ChainSnapshot, ChainStep, RunHead, TaskState, gate_id_for
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 
 def is_parallel(chain: ChainSnapshot | Sequence[ChainStep]) -> bool:
     """Whether a step of the chain names what it runs ``after`` (the chain is then a graph)."""
-    steps = chain.steps if isinstance(chain, ChainSnapshot) else chain
-    return any(step.after is not None for step in steps)
+    if isinstance(chain, ChainSnapshot):
+        return _chain_is_parallel(chain)
+    return any(step.after is not None for step in chain)
+
+
+@by_identity
+def _chain_is_parallel(chain: ChainSnapshot) -> bool:
+    # Once per chain snapshot: every decision and every fold asks it (see orchestration.memo).
+    return any(step.after is not None for step in chain.steps)
 
 
 def predecessors_in(steps: Sequence[ChainStep], index: int) -> tuple[str, ...]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from orchestration.costs import BudgetLimits as BudgetLimits
 from orchestration.costs import Costs, Spend
 from orchestration.costs import HostUsage as HostUsage
+from orchestration.memo import by_identity
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 #: The newest stored-record format this code understands.
@@ -154,17 +157,11 @@ class ChainSnapshot(Frozen):
     max_depth: int = Field(default=3, ge=0)
 
     def step(self, name: str) -> ChainStep:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(name)
+        return step_map(self)[name]
 
     def index(self, name: str) -> int:
         """The position of step ``name`` in the chain (KeyError when it has none)."""
-        for i, step in enumerate(self.steps):
-            if step.name == name:
-                return i
-        raise KeyError(name)
+        return _step_positions(self)[name]
 
     def specialist(self, name: str) -> SpecialistSnapshot:
         for spec in self.specialists:
@@ -174,6 +171,22 @@ class ChainSnapshot(Frozen):
 
     def content_hash(self) -> str:
         return canonical_hash(self.model_dump(mode="json"))
+
+
+@by_identity
+def _step_positions(chain: ChainSnapshot) -> Mapping[str, int]:
+    """Each step's position by name (the first, should a name repeat), once per snapshot: every
+    decision looks steps up by name (see :mod:`orchestration.memo`)."""
+    positions: dict[str, int] = {}
+    for i, step in enumerate(chain.steps):
+        positions.setdefault(step.name, i)
+    return MappingProxyType(positions)
+
+
+@by_identity
+def step_map(chain: ChainSnapshot) -> Mapping[str, ChainStep]:
+    """The chain's steps by name, as :meth:`ChainSnapshot.step` finds them (once per snapshot)."""
+    return MappingProxyType({name: chain.steps[i] for name, i in _step_positions(chain).items()})
 
 
 class ExecutionContract(Frozen):

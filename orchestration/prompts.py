@@ -24,10 +24,11 @@ takes) ends its task section, in every chain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestration.graph import ancestors, is_parallel, latest, predecessors
+from orchestration.memo import by_identity
 from orchestration.models import ChainSnapshot, RunHead, TaskState, text_hash
 from orchestration.routing import routing_note
 from orchestration.schemas import answer_format
@@ -112,6 +113,7 @@ def _sent_back_by_approver(head: RunHead, task: TaskState, outputs: Mapping[str,
     return parts
 
 
+@by_identity
 def describe(chain: ChainSnapshot) -> str:
     """The chain's steps in a line: ``a -> b -> c``, or for a parallel chain each step with what it
     runs after (``r1, r2, writer (after r1, r2)``)."""
@@ -124,9 +126,12 @@ def describe(chain: ChainSnapshot) -> str:
     return ", ".join(said)
 
 
-def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> TaskPrompt:
+def materialize(
+    head: RunHead, task_id: str, outputs: Mapping[str, str], upstream_ids: Sequence[str] | None = None
+) -> TaskPrompt:
     """The prompts for ``task_id``. ``outputs`` maps the ids from :func:`upstream_task_ids` to their
-    persisted outputs; a missing one is a programming error (KeyError)."""
+    persisted outputs; a missing one is a programming error (KeyError). ``upstream_ids``:
+    ``upstream_task_ids(head, task_id)`` when the caller has it already."""
     steps = head.chain.steps
     task = head.task(task_id)
     index = head.chain.index(task.step_name)
@@ -143,11 +148,14 @@ def materialize(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> Task
         head.request.strip(),
     ]
     sender = task.sent_back_by
-    upstream = [tid for tid in upstream_task_ids(head, task_id) if tid not in (sender, task.revision_of)]
+    if upstream_ids is None:
+        upstream_ids = upstream_task_ids(head, task_id)
+    upstream = [tid for tid in upstream_ids if tid not in (sender, task.revision_of)]
     if upstream:
         parts += ["", "## Work so far"]
+        specialists = {t.task_id: t.specialist for t in head.tasks}
         for tid in upstream:
-            spec = head.task(tid).specialist
+            spec = specialists[tid]
             parts += ["", f"### {tid} ({spec})", "", outputs[tid].strip()]
     if sender is not None and sender in outputs:
         by = head.task(sender)

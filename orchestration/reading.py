@@ -90,7 +90,7 @@ async def read_prompt(
     """Materialize ``task_id``'s prompts from the persisted record only (``known``: see
     :func:`read_outputs`)."""
     upstream = upstream_task_ids(head, task_id)
-    return materialize(head, task_id, await read_outputs(store, head, upstream, known))
+    return materialize(head, task_id, await read_outputs(store, head, upstream, known), upstream)
 
 
 async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...] = ()) -> RunSnapshot:

@@ -11,21 +11,57 @@ from datetime import UTC, datetime
 
 from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
 from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
-from orchestration.models import RECORD_FORMAT, RunHead
+from orchestration.memo import by_identity
+from orchestration.models import RECORD_FORMAT, ChainSnapshot, RunHead, TaskState
 from orchestration.vocabulary import RunStatus
 
 ListKey = tuple[str, str]
 
 _DEFAULT_FORMAT = RunHead.model_fields["format"].default
+_ENCODED_APART = {"chain", "tasks"}
 
 
-def encode_head(head: RunHead) -> str:
+@by_identity
+def _chain_json(chain: ChainSnapshot) -> str:
+    """A chain snapshot as a head stores it, once per snapshot (see :mod:`orchestration.memo`)."""
+    return chain.model_dump_json(exclude_defaults=True)
+
+
+@by_identity
+def _task_json(task: TaskState) -> str:
+    """A task as a head stores it, once per task object (unchanged tasks are shared by heads)."""
+    return task.model_dump_json(exclude_defaults=True)
+
+
+def encode_chain(chain: ChainSnapshot) -> str:
+    """A chain snapshot as a stored head holds it (for a store that writes it once, apart from the
+    head: see :func:`encode_head`)."""
+    return _chain_json(chain)
+
+
+def encode_head(head: RunHead, *, with_chain: bool = True) -> str:
     """The head as stored: JSON without the fields that hold their default (a pending task is its
     id and specialist), read back by :func:`decode_stored_head`. A store rewrites the head at every
     append, so its size is the main cost of a write; this keeps it about a quarter of the full
     dump. Fields keep their declared order (``run_id``, ``version``, ``last_seq`` first), and
-    ``format``, declared last, is always written."""
-    data = head.model_dump_json(exclude_defaults=True)
+    ``format``, declared last, is always written.
+
+    ``with_chain=False``: without the chain snapshot, which never changes after the run's creation
+    (no fact changes it), for a store that writes it once (:func:`encode_chain`) and puts it back
+    into the head it reads."""
+    # The same text as ``head.model_dump_json(exclude_defaults=True)``, but the chain snapshot
+    # (most of the head: steps and personas) and each task are encoded once per object — a head's
+    # copy shares them with the head it came from — and put back in their places: before the keys
+    # that follow them, ``chain_hash`` and ``gates``, required both. A string value cannot hold the
+    # sequence ``,"gates":`` (its quotes are escaped), and no object before ``gates`` has a field
+    # of that name.
+    rest = head.model_dump_json(exclude_defaults=True, exclude=_ENCODED_APART)
+    chain_at = rest.index(',"chain_hash":')
+    tasks_at = rest.index(',"gates":', chain_at)
+    tasks = ",".join(map(_task_json, head.tasks))
+    chain = f',"chain":{_chain_json(head.chain)}' if with_chain else ""
+    data = f'{rest[:chain_at]}{chain}{rest[chain_at:tasks_at]},"tasks":[{tasks}]{rest[tasks_at:]}'
+
     if head.format == _DEFAULT_FORMAT:
         # Left out as a default; every stored head states its format all the same. The dump is a
         # JSON object with required fields, so the key goes before its closing brace.

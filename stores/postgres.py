@@ -2,11 +2,13 @@
 
 - A pool of connections whose ``search_path`` is the store's schema (``public`` unless the URL
   says ``?schema=name``; tests use a schema per session).
-- Heads and facts are JSONB. Every write is one transaction: an append is the compare-and-swap
-  ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, one ``INSERT ... SELECT unnest(...)`` of
-  its facts and, when the new head is ``queued``, a ``pg_notify`` — delivered only on commit.
+- Heads and facts are JSONB. Every write is one transaction: an append is one statement (one round
+  trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
+  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued``, a
+  ``pg_notify`` — delivered only on commit. The chain snapshot, which no fact changes, is written
+  once by the create in a column of its own and put back into every head read (migration chain_written_once).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
-  me``, each claim with a new token; a fenced append checks the token in its own transaction, with
+  me``, each claim with a new token; a fenced append checks the token in its own statement, with
   the lease row locked ``FOR SHARE`` until it commits; :meth:`PostgresStore.claim_runnable` claims
   a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which is how several processes share the work.
   :meth:`PostgresStore.listen` lets a dispatcher be woken when another process makes a run
@@ -56,6 +58,7 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    encode_chain,
     encode_head,
     not_continuing,
     sortable_time,
@@ -327,43 +330,47 @@ class PostgresStore(PostgresRetention):
         head: RunHead,
         lease: Lease | None = None,
     ) -> RunHead:
-        """See ``RunStore.append``: one transaction (CAS update, the lease check when fenced, one
-        insert of all facts, a notify when the run is left ``queued``), committed before it
-        returns. The lease check locks the lease row (``FOR SHARE``) until the commit, so a claim
-        either commits before it (and the append is refused) or waits for the append."""
+        """See ``RunStore.append``: one statement, so one round trip, committed by autocommit's
+        implicit transaction (the compare-and-swap, the lease fence, the insert of all facts, a
+        notify when the run is left ``queued``: the ``append`` query says how, and in which order it
+        locks the run and the lease rows). When it writes nothing, its row says why, and each
+        reason keeps its own error: ``RunNotFound``, ``LeaseLost`` (also when the version moved
+        too), ``VersionConflict``, or the facts not continuing the log."""
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
-        async with self._transaction() as conn:
-            updated = await conn.fetchval(
-                Q["update_head"],
-                run_id,
-                expected_version,
-                head.version,
-                head.status.value,
-                _utc(head.updated_at),
-                _utc(head.not_before) if head.not_before is not None else None,
-                to_jsonb_text(encode_head(head)),
-                _wake_at(head),
-            )
-            if updated is None:
-                actual = await conn.fetchval(Q["run_version"], run_id)
-                if actual is None:
-                    raise await missing(conn, run_id)
-                if lease is not None and await conn.fetchval(Q["lease_token"], run_id) != lease.token:
-                    raise lease_lost(lease)
-                raise VersionConflict(run_id, expected_version, int(actual))
-            if lease is not None and await conn.fetchval(Q["lock_lease"], run_id, lease.token) is None:
-                # Raised inside the transaction: the head update above is rolled back.
-                raise lease_lost(lease)
+        async with self._connection() as conn:
             try:
-                status = await conn.execute(Q["append_facts"], *_fact_values(run_id, facts), facts[0].seq - 1)
+                row = await conn.fetchrow(
+                    Q["append"],
+                    run_id,
+                    expected_version,
+                    head.version,
+                    head.status.value,
+                    _utc(head.updated_at),
+                    _utc(head.not_before) if head.not_before is not None else None,
+                    to_jsonb_text(encode_head(head, with_chain=False)),
+                    _wake_at(head),
+                    lease.token if lease is not None else None,
+                    *_fact_values(run_id, facts)[1:],
+                    facts[0].seq - 1,
+                    self.channel,
+                )
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
-            if status != f"INSERT 0 {len(facts)}":
-                raise not_continuing(run_id, facts[0].seq)
-            await self._notify_if_runnable(conn, head)
+        actual, fenced, continues, inserted = row[0], row[1], row[2], row[3]
+        if actual is None:
+            async with self._connection() as conn:
+                raise await missing(conn, run_id)  # its tombstone's error (pruned, moved), else not found
+        if lease is not None and not fenced:
+            raise lease_lost(lease)
+        if actual != expected_version:
+            raise VersionConflict(run_id, expected_version, int(actual))
+        if not continues:
+            raise not_continuing(run_id, facts[0].seq)
+        if inserted != len(facts):  # pragma: no cover - the update and the insert go together
+            raise StoreError(f"{self._where}: run {run_id}: {inserted} of {len(facts)} facts written")
         return head
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
@@ -563,8 +570,10 @@ def _run_values(head: RunHead) -> tuple[Any, ...]:
         _utc(head.updated_at),
         _utc(head.not_before) if head.not_before is not None else None,
         head.idempotency_key,
-        to_jsonb_text(encode_head(head)),
+        # The chain snapshot is written once, in a column of its own (migration chain_written_once).
+        to_jsonb_text(encode_head(head, with_chain=False)),
         _wake_at(head),
+        to_jsonb_text(encode_chain(head.chain)),
     )
 
 

@@ -51,6 +51,7 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    encode_chain,
     encode_head,
     not_continuing,
     sortable_time,
@@ -518,7 +519,10 @@ def _run_row(head: RunHead) -> dict[str, Any]:
         "updated_at": sortable_time(head.updated_at),
         "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
         "idempotency_key": head.idempotency_key,
-        "head": encode_head(head),
+        # The chain snapshot is written once, in a column of its own, by the create (migration
+        # chain_written_once); an append's update leaves it as it is.
+        "head": encode_head(head, with_chain=False),
+        "chain": encode_chain(head.chain),
         # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the
         # partial index runs_wake_at then holds only the runs that can.
         "wake_at": (

@@ -19,6 +19,7 @@ from typing import Any
 from orchestration.facts import FACT_ADAPTER
 from orchestration.models import RunHead
 from orchestration.store import RunStore
+from stores._sql import queries
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from stores.postgres import PostgresStore
@@ -49,10 +50,10 @@ class RawRecords:
         if isinstance(store, FilesystemStore):
             return (_run_dir(store, run_id) / "head.json").read_text()
         if isinstance(store, SqliteStore):
-            return str(_sqlite(store.path, "SELECT head FROM runs WHERE run_id = ?", run_id)[0][0])
-        return str(
-            await _postgres(store, "fetchval", "SELECT head::text FROM runs WHERE run_id = $1", run_id)
-        )
+            # The head with its chain snapshot, which the SQL stores keep in a column of their own.
+            load = queries("sqlite")["load_head"].replace(":run_id", "?")
+            return str(_sqlite(store.path, load, run_id)[0][0])
+        return str(await _postgres(store, "fetchval", queries("postgres")["load_head"], run_id))
 
     async def fact_text(self, run_id: str, seq: int) -> str:
         store = self.store
@@ -74,11 +75,20 @@ class RawRecords:
         elif isinstance(store, FilesystemStore):
             (_run_dir(store, run_id) / "head.json").write_text(text)
         elif isinstance(store, SqliteStore):
-            _sqlite(store.path, "UPDATE runs SET head = ? WHERE run_id = ?", text, run_id)
+            if "chain" not in record:
+                _sqlite(store.path, "UPDATE runs SET head = ? WHERE run_id = ?", text, run_id)
+            else:
+                # The chain snapshot goes to its own column, as the store writes it.
+                head = json.dumps({k: v for k, v in record.items() if k != "chain"}, separators=(",", ":"))
+                chain = json.dumps(record["chain"], separators=(",", ":"))
+                query = "UPDATE runs SET head = ?, chain = ? WHERE run_id = ?"
+                _sqlite(store.path, query, head, chain, run_id)
         else:
-            await _postgres(
-                store, "execute", "UPDATE runs SET head = $1::jsonb WHERE run_id = $2", text, run_id
+            query = (
+                "UPDATE runs SET head = $1::jsonb - 'chain', "
+                "chain = coalesce($1::jsonb -> 'chain', chain) WHERE run_id = $2"
             )
+            await _postgres(store, "execute", query, text, run_id)
 
     async def set_fact(self, run_id: str, seq: int, record: dict[str, Any]) -> None:
         """Replace stored fact ``seq`` by ``record`` as it is (nothing is checked)."""

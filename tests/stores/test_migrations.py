@@ -194,7 +194,7 @@ def test_packaged_sql_is_found_and_numbered(dialect: str) -> None:
     assert [m.version for m in found] == list(range(1, len(found) + 1))
     assert found[0].name == "0001_initial.sql"
     named = queries(dialect)
-    for name in ("load_head", "update_head", "insert_run", "claim_lease", "claim_runnable", "list_runs"):
+    for name in ("load_head", "insert_run", "claim_lease", "claim_runnable", "list_runs"):
         assert named[name].strip(), name
 
 

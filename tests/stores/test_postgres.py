@@ -373,7 +373,7 @@ async def test_migration_3_escapes_the_private_use_character_of_older_rows(
     finally:
         await conn.close()
     report = await migrate(schema_url(db.dsn, db.schema), home=tmp_path)
-    assert report.applied == ("0003_nul_escape.sql", "0004_lease_token.sql", "0005_tombstones.sql")
+    assert report.applied[:2] == ("0003_nul_escape.sql", "0004_lease_token.sql")
     assert (await store.load(run_id(1))).request == text
     assert (await store.read_fact(run_id(1), 3)).output == text  # type: ignore[union-attr]
 

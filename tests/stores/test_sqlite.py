@@ -18,7 +18,7 @@ import pytest
 from orchestration.errors import CorruptRecord, StoreError, StoreUnavailable, VersionConflict
 from orchestration.store import Lease
 from orchestration.vocabulary import RunStatus
-from stores._sql import queries
+from stores._sql import migrations, queries, split_sqlite_script
 from stores.sqlite import SqliteStore
 from tests.stores.builders import (
     BASE_TIME,
@@ -330,3 +330,38 @@ async def test_a_closed_store_refuses_calls(db: Path) -> None:
     await opened.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         await opened.load(run_id(1))
+
+
+async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
+    store: SqliteStore, db: Path
+) -> None:
+    """Migration chain_written_once: the chain (most of a head) is written by the create only,
+    appends write the head without it, reads put it back; a head written before (the chain inside
+    it) is read as it is, and migrating splits it (a head that is not JSON is left as it is)."""
+    head, facts = new_run(run_id(7), request='a "quoted" request, é, \x00')
+    await store.create(head, facts)
+    write = start_attempt(head)
+    await store.append(run_id(7), write.expected_version, write.facts, write.head)
+    inline = "json_type(head, '$.chain') IS NOT NULL"
+    assert raw(db, f"SELECT {inline}, chain IS NOT NULL FROM runs") == [(0, 1)]
+    assert await store.load(run_id(7)) == write.head
+    assert (await store.list_runs()).runs == [write.head]
+    # A head as the previous version wrote it: the chain inside, none apart.
+    raw(db, "UPDATE runs SET head = json_set(head, '$.chain', json(chain)), chain = NULL")
+    assert await store.load(run_id(7)) == write.head
+    other, other_facts = new_run(run_id(8))
+    await store.create(other, other_facts)
+    raw(db, "UPDATE runs SET head = 'not json', chain = NULL WHERE run_id = ?", run_id(8))
+    (split,) = [m for m in migrations("sqlite") if m.name.endswith("_chain_written_once.sql")]
+    for statement in split_sqlite_script(split.sql):
+        if "ALTER TABLE" not in statement:
+            raw(db, statement)
+    assert raw(db, f"SELECT run_id, {inline}, chain IS NOT NULL FROM runs WHERE json_valid(head)") == [
+        (run_id(7), 0, 1)
+    ]
+    assert await store.load(run_id(7)) == write.head
+    with pytest.raises(CorruptRecord):
+        await store.load(run_id(8))
+    done = complete_task(write.head)
+    await store.append(run_id(7), done.expected_version, done.facts, done.head)
+    assert await store.load(run_id(7)) == done.head

@@ -30,13 +30,13 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2)
 -- name: insert_run
 -- DO NOTHING covers both the run id and the idempotency key; it waits for a concurrent insert of the
 -- same key to commit, so the caller's follow-up read of the key sees the winner.
-INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9)
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10::jsonb)
 ON CONFLICT DO NOTHING
 RETURNING run_id
 
 -- name: head_by_idempotency_key
-SELECT run_id, head::text FROM runs WHERE idempotency_key = $1
+SELECT run_id, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE idempotency_key = $1
 
 -- name: insert_facts
 -- All the facts of one write in one statement (one round trip).
@@ -44,20 +44,50 @@ INSERT INTO facts (run_id, seq, type, body)
 SELECT $1, f.seq, f.type, f.body::jsonb
 FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 
--- name: append_facts
--- The facts of an append, in one statement, inserted only if they continue the log: the fact
--- before the first ($5) exists. The command tag says how many were inserted (none otherwise).
-INSERT INTO facts (run_id, seq, type, body)
-SELECT $1, f.seq, f.type, f.body::jsonb
-FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
-WHERE EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $5)
-
--- name: update_head
--- The compare-and-swap: no row changes unless the stored version is the one the writer read.
-UPDATE runs
-SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb, wake_at = $8
-WHERE run_id = $1 AND version = $2
-RETURNING run_id
+-- name: append
+-- An append in one statement, so one round trip committed by autocommit's implicit transaction:
+-- the compare-and-swap of the head, the lease fence and the insert of the facts, with a notify when
+-- the run is left queued. Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
+-- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
+-- fact the first one follows, $14 the NOTIFY channel.
+--
+-- Locks are taken in the order claim_runnable takes them, so the two cannot deadlock: `run` locks
+-- the run row first (FOR NO KEY UPDATE, what the UPDATE takes anyway) and everything else is keyed
+-- on its result, so it is evaluated before; then `fence` locks the lease row FOR SHARE while it
+-- still carries the token (a concurrent claim of the lease waits for this commit; one that
+-- committed since the statement's snapshot is seen, as READ COMMITTED re-checks a locked row's
+-- latest version). The UPDATE changes the row only if the version, the fence and the continuation
+-- of the log all hold; otherwise nothing is written and the row returned says why (the run's
+-- current version, whether the fence held, whether the log continues).
+WITH run AS MATERIALIZED (
+    SELECT run_id, version FROM runs WHERE run_id = $1 FOR NO KEY UPDATE
+),
+fence AS MATERIALIZED (
+    SELECT 1 FROM leases WHERE run_id = (SELECT run_id FROM run) AND token = $9 FOR SHARE
+),
+cas AS (
+    UPDATE runs
+    SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb, wake_at = $8
+    WHERE run_id = (SELECT run_id FROM run) AND version = $2
+      AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence))
+      AND EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13)
+    RETURNING run_id
+),
+inserted AS (
+    INSERT INTO facts (run_id, seq, type, body)
+    SELECT cas.run_id, f.seq, f.type, f.body::jsonb
+    FROM cas, unnest($10::integer[], $11::text[], $12::text[]) AS f (seq, type, body)
+    RETURNING seq
+),
+notified AS (
+    -- Sent inside the statement's transaction: listeners hear of it only once it is committed.
+    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued'
+)
+SELECT (SELECT version FROM run) AS actual,
+       ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence)) AS fenced,
+       EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13) AS continues,
+       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT count(*) FROM notified) AS notified
 
 -- name: notify_runnable
 -- Sent inside the write's transaction, so listeners hear of it only once it is committed.
@@ -67,7 +97,9 @@ SELECT pg_notify($1, $2)
 SELECT version FROM runs WHERE run_id = $1
 
 -- name: load_head
-SELECT head::text FROM runs WHERE run_id = $1
+-- The head as written, with the chain snapshot written once at creation put back in (see
+-- migration chain_written_once); a head that holds its own chain is read as it is.
+SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1
 
 -- name: read_facts
 -- LIMIT NULL is "no limit".
@@ -78,13 +110,13 @@ SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq = $2
 
 -- name: list_runs
 -- Keyset pagination, newest first; "no cursor" passes a key after every real one.
-SELECT run_id, created_at, head::text FROM runs
+SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
 WHERE (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $3
 
 -- name: list_runs_by_status
-SELECT run_id, created_at, head::text FROM runs
+SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
 WHERE status = ANY ($4::text[])
   AND (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
@@ -129,18 +161,6 @@ UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND token = $2 RETURNING run
 
 -- name: release_lease
 DELETE FROM leases WHERE run_id = $1 AND token = $2
-
--- name: lock_lease
--- The fence of an append, after its compare-and-swap UPDATE (so the run row is locked first, in the
--- order claim_runnable locks them too, and the two cannot deadlock). FOR SHARE makes a concurrent
--- claim of this lease wait for the append to commit; a claim that committed first is seen (READ
--- COMMITTED re-checks the locked row's latest version), so no claim can slip in between the check
--- and the commit.
-SELECT 1 FROM leases WHERE run_id = $1 AND token = $2 FOR SHARE
-
--- name: lease_token
--- Which error a refused append gets: the lease is gone (lease_lost) or only the version moved.
-SELECT token FROM leases WHERE run_id = $1
 
 -- name: claim_runnable
 -- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest
@@ -189,7 +209,7 @@ DELETE FROM tombstones WHERE run_id = $1
 -- name: lock_head
 -- A deletion's check: the head, its row locked until the deletion commits, so an append's
 -- compare-and-swap waits for it and then finds no row.
-SELECT head::text FROM runs WHERE run_id = $1 FOR UPDATE
+SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1 FOR UPDATE
 
 -- name: delete_run_leases
 DELETE FROM leases WHERE run_id = $1

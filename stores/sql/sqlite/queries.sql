@@ -34,14 +34,14 @@ SELECT coalesce(max(version), 0) FROM schema_migrations
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :applied_at)
 
 -- name: head_by_idempotency_key
-SELECT run_id, head FROM runs WHERE idempotency_key = :idempotency_key
+SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(head) - 1) || ',"chain":' || chain || '}' END FROM runs WHERE idempotency_key = :idempotency_key
 
 -- name: run_version
 SELECT version FROM runs WHERE run_id = :run_id
 
 -- name: insert_run
-INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at)
-VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at)
+INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
+VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at, :chain)
 
 -- name: fact_exists
 -- An append's first fact must follow the log's last one: the fact before it exists.
@@ -58,7 +58,9 @@ SET version = :version, status = :status, updated_at = :updated_at, not_before =
 WHERE run_id = :run_id AND version = :expected_version
 
 -- name: load_head
-SELECT head FROM runs WHERE run_id = :run_id
+-- The head as written (a JSON object) with the chain snapshot written once at creation put back in
+-- as its last key (migration chain_written_once); a head that holds its own chain is read as it is.
+SELECT CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(head) - 1) || ',"chain":' || chain || '}' END FROM runs WHERE run_id = :run_id
 
 -- name: read_facts
 -- LIMIT -1 is SQLite's "no limit".
@@ -69,14 +71,14 @@ SELECT seq, body FROM facts WHERE run_id = :run_id AND seq = :seq
 
 -- name: list_runs
 -- Keyset pagination, newest first; "no cursor" passes a key after every real one.
-SELECT run_id, created_at, head FROM runs
+SELECT run_id, created_at, CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(head) - 1) || ',"chain":' || chain || '}' END FROM runs
 WHERE (created_at, run_id) < (:after_created, :after_run_id)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit
 
 -- name: list_runs_by_status
 -- :statuses is a JSON array of status names.
-SELECT run_id, created_at, head FROM runs
+SELECT run_id, created_at, CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(head) - 1) || ',"chain":' || chain || '}' END FROM runs
 WHERE status IN (SELECT value FROM json_each(:statuses))
   AND (created_at, run_id) < (:after_created, :after_run_id)
 ORDER BY created_at DESC, run_id DESC

@@ -1,0 +1,75 @@
+"""Watching a drive's provider calls for a write by anyone else (a cancel from another process or
+client), with one task per drive instead of one per call (issue 11: a task group, a task and a
+cancel per call were a fifth of a task boundary's interpreter time with an instant worker).
+
+The rule is the one a task per call followed: a call's first check comes ``poll`` seconds after
+it began, then every ``poll`` seconds while it lasts; a check reads the run and aborts the call
+(cancels its scope) when the run's version is no longer the one the call was started on. A call
+that ends before its first check costs no read. A check whose read returns after its call ended
+changes nothing (it only ever cancels the call it was made for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import anyio
+
+#: ``check(version)``: read the run once; True when the call must be aborted (the run moved past
+#: ``version``, or the store has been away past the drive's outage limit)
+Check = Callable[[int], Awaitable[bool]]
+
+
+@dataclass(slots=True)
+class _Call:
+    version: int
+    scope: anyio.CancelScope
+    #: when the next check is due (``anyio.current_time``); None once the call was aborted
+    due: float | None
+
+
+class CallWatch:
+    """One drive's watcher of its calls in flight: :meth:`watching` around each call, and
+    :meth:`run` in a task that lives as long as the drive (started with the first call)."""
+
+    def __init__(self, poll_seconds: float, check: Check) -> None:
+        self._poll = poll_seconds
+        self._check = check
+        self._call: _Call | None = None
+        self._began: anyio.Event | None = None
+        #: whether :meth:`run` was started (the drive starts it with its first call)
+        self.started = False
+
+    @contextmanager
+    def watching(self, version: int, scope: anyio.CancelScope) -> Iterator[None]:
+        """Watch the call made inside this block, started on the run's ``version``."""
+        self._call = _Call(version, scope, anyio.current_time() + self._poll)
+        if self._began is not None:
+            self._began.set()
+        try:
+            yield
+        finally:
+            self._call = None
+
+    async def run(self) -> None:
+        """Check the call in flight when its checks are due; runs until cancelled."""
+        while True:
+            call = self._call
+            if call is None or call.due is None:
+                self._began = began = anyio.Event()
+                await began.wait()
+                self._began = None
+                continue
+            wait = call.due - anyio.current_time()
+            if wait > 0:
+                await anyio.sleep(wait)
+                continue
+            if await self._check(call.version):
+                if self._call is call:
+                    call.scope.cancel()
+                # Aborted (or ended meanwhile): no more checks for it.
+                call.due = None
+            else:
+                call.due = anyio.current_time() + self._poll

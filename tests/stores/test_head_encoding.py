@@ -1,0 +1,55 @@
+"""The stored form of a head (stores._common.encode_head) encodes the chain snapshot and each task
+once per object and puts them back in place (issue 11): the text must stay exactly the pydantic
+dump it always was, whatever the head holds and whatever its strings contain."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from orchestration.models import RunHead
+from stores._common import decode_stored_head, encode_head
+from tests.stores.builders import (
+    BASE_TIME,
+    cancel,
+    complete_task,
+    fail_attempt,
+    new_run,
+    request_approval,
+    run_id,
+    start_attempt,
+)
+
+#: strings that look like the keys the encoder splices at, quotes and backslashes included
+TRICKY = 'a ,"chain_hash":"x" ,"gates":[] \\ \\",\\"gates\\": \x00 \ue000 é'
+
+
+def plain_dump(head: RunHead) -> str:
+    data = head.model_dump_json(exclude_defaults=True)
+    return data if '"format":' in data[-14:] else f'{data[:-1]},"format":{head.format}}}'
+
+
+def heads() -> list[RunHead]:
+    head, _ = new_run(run_id(1), request=TRICKY, key=TRICKY, deadline_at=BASE_TIME + timedelta(hours=1))
+    found = [head, start_attempt(head).head]
+    found.append(fail_attempt(found[-1], BASE_TIME + timedelta(minutes=5)).head)
+    found.append(complete_task(found[-1], output=TRICKY).head)
+    found.append(complete_task(found[-1], "engineer").head)
+    found.append(request_approval(found[-1]).head)
+    found.append(cancel(found[-1]).head)
+    return found
+
+
+def test_every_head_encodes_exactly_as_its_plain_dump() -> None:
+    for head in heads():
+        assert encode_head(head) == plain_dump(head)
+        # And again, now from the cached parts.
+        assert encode_head(head) == plain_dump(head)
+        assert decode_stored_head(head.run_id, "head", encode_head(head), str) == head
+
+
+def test_a_head_copied_with_other_tasks_or_another_chain_encodes_its_own() -> None:
+    head = heads()[3]
+    other = heads()[0]
+    swapped = head.model_copy(update={"tasks": other.tasks, "chain": other.chain.model_copy()})
+    assert encode_head(head) == plain_dump(head)
+    assert encode_head(swapped) == plain_dump(swapped)

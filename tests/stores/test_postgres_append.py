@@ -1,0 +1,195 @@
+"""The postgres append as one statement (issue 11): one round trip per append, each refusal still
+its own error, and the run and lease rows locked in the order the claim path locks them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from orchestration.errors import InvalidArgument, LeaseLost, RunNotFound, VersionConflict
+from orchestration.store import Lease
+from stores import parse_store_spec
+from stores._sql import migrations
+from stores.migrate import migrate
+from stores.postgres import PostgresStore
+from tests.stores.builders import BASE_TIME, complete_task, new_run, run_id, start_attempt
+from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def dsn_and_schema(tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        await migrate(schema_url(dsn, schema), home=tmp_path)
+        yield parse_store_spec(dsn, home=tmp_path).dsn or dsn, schema
+
+
+@pytest.fixture
+async def store(dsn_and_schema: tuple[str, str]) -> AsyncIterator[PostgresStore]:
+    dsn, schema = dsn_and_schema
+    # One connection, so that the test sees every statement the store sends.
+    opened = await PostgresStore.open(dsn, schema=schema, min_size=1, max_size=1)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_a_fenced_append_is_one_statement(store: PostgresStore) -> None:
+    """The compare-and-swap, the fence, the insert and the notify go in one statement (one round
+    trip, committed by the implicit transaction), not BEGIN ... COMMIT around four."""
+    head, facts = new_run(run_id(1))
+    await store.create(head, facts)
+    lease = await store.claim_lease(run_id(1), "me", 30, BASE_TIME)
+    assert lease is not None
+    first = start_attempt(head)
+    await store.append(run_id(1), first.expected_version, first.facts, first.head, lease=lease)
+    sent: list[str] = []
+    async with store._pool.acquire() as conn:
+        conn.add_query_logger(lambda record: sent.append(record.query))
+    done = complete_task(first.head)
+    await store.append(run_id(1), done.expected_version, done.facts, done.head, lease=lease)
+    assert len(sent) == 1, sent
+    assert await store.load(run_id(1)) == done.head
+    assert [f.seq for f in await store.read_facts(run_id(1))] == list(range(1, done.head.last_seq + 1))
+
+
+async def test_each_refusal_keeps_its_error_and_writes_nothing(store: PostgresStore) -> None:
+    head, facts = new_run(run_id(2))
+    await store.create(head, facts)
+    lease = await store.claim_lease(run_id(2), "me", 30, BASE_TIME)
+    assert lease is not None
+    write = start_attempt(head)
+    with pytest.raises(RunNotFound):
+        other = write.head.model_copy(update={"run_id": run_id(3)})
+        await store.append(run_id(3), write.expected_version, write.facts, other)
+    stale = Lease(run_id(2), "me", lease.expires_at, "not-the-token")
+    with pytest.raises(LeaseLost):
+        await store.append(run_id(2), write.expected_version, write.facts, write.head, lease=stale)
+    # The lease lost wins over a version that moved too (as the RunStore contract says).
+    moved = start_attempt(head).head.model_copy(update={"version": 3})
+    with pytest.raises(LeaseLost):
+        await store.append(run_id(2), 2, write.facts, moved, lease=stale)
+    with pytest.raises(VersionConflict) as conflict:
+        await store.append(run_id(2), 2, write.facts, moved, lease=lease)
+    assert conflict.value.actual == 1
+    gap = start_attempt(head)
+    shifted = [f.model_copy(update={"seq": f.seq + 1}) for f in gap.facts]
+    with pytest.raises(InvalidArgument, match="log has no fact"):
+        await store.append(
+            run_id(2), 1, shifted, gap.head.model_copy(update={"last_seq": shifted[-1].seq}), lease=lease
+        )
+    assert await store.load(run_id(2)) == head
+    assert [f.seq for f in await store.read_facts(run_id(2))] == [1]
+    await store.append(run_id(2), write.expected_version, write.facts, write.head, lease=lease)
+    assert await store.load(run_id(2)) == write.head
+
+
+async def test_an_append_waiting_for_the_run_row_holds_no_lock_on_the_lease_row(
+    store: PostgresStore, dsn_and_schema: tuple[str, str]
+) -> None:
+    """claim_runnable locks the run row, then writes the lease row. An append locks them in the
+    same order: while it waits for a run row that a claim holds, it must not hold the lease row,
+    or the claim's lease write would wait for the append and the two would deadlock."""
+    dsn, schema = dsn_and_schema
+    head, facts = new_run(run_id(4))
+    await store.create(head, facts)
+    lease = await store.claim_lease(run_id(4), "me", 30, BASE_TIME)
+    assert lease is not None
+    claimer = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        claim = claimer.transaction()
+        await claim.start()
+        await claimer.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR NO KEY UPDATE", run_id(4))
+        write = start_attempt(head)
+        errors: list[BaseException] = []
+        async with store._pool.acquire() as conn:
+            pid = conn.get_server_pid()
+
+        async def append() -> None:
+            try:
+                await store.append(run_id(4), write.expected_version, write.facts, write.head, lease=lease)
+            except LeaseLost as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            await _wait_for_a_lock_wait(dsn, pid)
+            # The claim's lease write goes through at once (a deadlock would be detected only
+            # after deadlock_timeout and abort one of the two).
+            await claimer.execute("SET LOCAL lock_timeout = '2s'")
+            with anyio.fail_after(5):
+                await claimer.execute("UPDATE leases SET token = 'claimed' WHERE run_id = $1", run_id(4))
+            await claim.commit()
+        # The claim committed first: the append was refused by the fence, and wrote nothing.
+        assert len(errors) == 1
+    finally:
+        await claimer.close()
+    assert await store.load(run_id(4)) == head
+
+
+async def _wait_for_a_lock_wait(dsn: str, pid: int) -> None:
+    """Wait until the session ``pid`` waits for a lock."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        with anyio.fail_after(10):
+            while not await conn.fetchval(  # noqa: ASYNC110
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid
+            ):
+                await anyio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+async def test_heads_are_compressed_with_lz4_where_the_server_has_it(store: PostgresStore) -> None:
+    """Migration head_lz4: every append rewrites the head, and lz4 compresses it faster than pglz."""
+    async with store._pool.acquire() as conn:
+        compression = await conn.fetchval(
+            "SELECT attcompression::text FROM pg_attribute "
+            "WHERE attrelid = 'runs'::regclass AND attname = 'head'"
+        )
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL default_toast_compression = 'lz4'")
+        except asyncpg.PostgresError:
+            pytest.skip("this PostgreSQL server has no lz4 compression")
+    assert compression == "l"
+
+
+async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
+    store: PostgresStore, dsn_and_schema: tuple[str, str]
+) -> None:
+    """Migration chain_written_once: the chain (most of a head) is written by the create only,
+    appends write the head without it, reads put it back; a head written before (the chain inside
+    it) is read as it is, and migrating splits it."""
+    dsn, schema = dsn_and_schema
+    head, facts = new_run(run_id(5))
+    await store.create(head, facts)
+    write = start_attempt(head)
+    await store.append(run_id(5), write.expected_version, write.facts, write.head)
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        assert (row["inline"], row["apart"]) == (False, True)
+        assert await store.load(run_id(5)) == write.head
+        assert (await store.list_runs()).runs == [write.head]
+        # A head as the previous version wrote it: the chain inside, none apart.
+        await conn.execute("UPDATE runs SET head = head || jsonb_build_object('chain', chain), chain = NULL")
+        assert await store.load(run_id(5)) == write.head
+        # The migration splits it (run again as it is packaged, whatever its number).
+        (split,) = [m for m in migrations("postgres") if m.name.endswith("_chain_written_once.sql")]
+        await conn.execute(split.sql)
+        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        assert (row["inline"], row["apart"]) == (False, True)
+    finally:
+        await conn.close()
+    assert await store.load(run_id(5)) == write.head
+    done = complete_task(write.head)
+    await store.append(run_id(5), done.expected_version, done.facts, done.head)
+    assert await store.load(run_id(5)) == done.head
