@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from orchestration.acting import recorded_fact
 from orchestration.backoff import Backoff, Outage
 from orchestration.call_watch import CallWatch
 from orchestration.clock import Clock
@@ -48,13 +49,7 @@ from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
     AwaitChild,
-    ExpireGate,
-    FailTask,
-    FinishRun,
     PrepareHostTask,
-    RequestApproval,
-    RequestBudget,
-    RouteTask,
     StartAttempt,
     StartChild,
     WaitUntil,
@@ -71,16 +66,10 @@ from orchestration.errors import (
     VersionConflict,
 )
 from orchestration.facts import (
-    ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
-    ChildStarted,
     Fact,
-    RunFinished,
     TaskCompleted,
-    TaskFailed,
-    gate_expired,
-    route_decided,
 )
 from orchestration.fanout import Fanout
 from orchestration.fold import apply, apply_write
@@ -415,38 +404,19 @@ class Drive:
         """Do ``action``; the head its last write recorded, or None when the run must be read
         again (a provider call that ended without an outcome to record)."""
         now = self.clock.now()
-        seq = head.last_seq + 1
-        if isinstance(action, RequestApproval):
-            requested = ApprovalRequested(seq=seq, at=now, gate_id=action.gate_id)
-            return await self._append(head, [requested])
+        fact = recorded_fact(head, action, now)
+        if fact is not None:
+            stored = await self._append(head, [fact])
+            if isinstance(action, StartChild):
+                return None if await self._child_moved(stored, action.task_id) else stored
+            return stored
         if isinstance(action, PrepareHostTask):
             prompt = await read_prompt(self.store, head, action.task_id, self.known)
             return await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
-        if isinstance(action, FinishRun):
-            finished = RunFinished(seq=seq, at=now, status=action.status, error=action.error)
-            return await self._append(head, [finished])
-        if isinstance(action, FailTask):
-            failed = TaskFailed(seq=seq, at=now, task_id=action.task_id, error=action.error)
-            return await self._append(head, [failed])
         if isinstance(action, StartAttempt):
             if head.step_of(action.task_id).agent is not None:
                 return await agent_attempt(self, head, action)
             return await self._attempt(head, action)
-        if isinstance(action, RouteTask):
-            return await self._append(head, [route_decided(action.plan, seq, now)])
-        if isinstance(action, StartChild):
-            # Recorded before the child exists; the child's run id and key come from the task
-            # instance, so a crash in between never leaves two children, or none.
-            started = ChildStarted(
-                seq=seq, at=now, task_id=action.task_id, child_run_id=action.child_run_id, chain=action.chain
-            )
-            stored = await self._append(head, [started])
-            return None if await self._child_moved(stored, action.task_id) else stored
-        if isinstance(action, ExpireGate):
-            return await self._append(head, [gate_expired(head, action.gate_id, action.decision, seq, now)])
-        if isinstance(action, RequestBudget):
-            ask = ApprovalRequested(seq=seq, at=now, format=4, gate_id=action.gate_id, budget=action.ask)
-            return await self._append(head, [ask])
         raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
 
     async def _child_moved(self, head: RunHead, task_id: str) -> bool:
