@@ -1,7 +1,7 @@
-"""What a bookkeeping action records: the one fact a decision such as "fail this task" or "ask
-for this gate" becomes (pure: the head, the action and the time). The drive appends it; actions
-that call a worker or prepare a host task (:class:`~orchestration.decide.StartAttempt`,
-:class:`~orchestration.decide.PrepareHostTask`) are acted on by the drive itself."""
+"""What an action records (pure: the head, the action, the time): the one fact a bookkeeping
+decision such as "fail this task" or "ask for this gate" becomes (:func:`recorded_fact`), and the
+fact an attempt's outcome becomes (:func:`outcome_fact`, for the drive, the parallel fan-out and
+agent steps alike). The drive does the rest of acting (calls, host prompts) itself."""
 
 from __future__ import annotations
 
@@ -15,18 +15,22 @@ from orchestration.decide import (
     RequestApproval,
     RequestBudget,
     RouteTask,
+    StartAttempt,
     StartChild,
 )
 from orchestration.facts import (
     ApprovalRequested,
+    AttemptFailed,
     ChildStarted,
     Fact,
     RunFinished,
+    TaskCompleted,
     TaskFailed,
     gate_expired,
     route_decided,
 )
-from orchestration.models import RunHead
+from orchestration.models import RunHead, text_hash
+from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
 
 def recorded_fact(head: RunHead, action: Action, now: datetime) -> Fact | None:
@@ -51,3 +55,34 @@ def recorded_fact(head: RunHead, action: Action, now: datetime) -> Fact | None:
     if isinstance(action, RequestBudget):
         return ApprovalRequested(seq=seq, at=now, format=4, gate_id=action.gate_id, budget=action.ask)
     return None
+
+
+def outcome_fact(
+    head: RunHead, action: StartAttempt, executor: str, outcome: AttemptOutcome, now: datetime
+) -> Fact:
+    """The fact ``action``'s attempt ended with, on top of ``head`` (the head its
+    ``attempt_started`` write produced): ``task_completed`` or ``attempt_failed``, marked a
+    possible duplicate call when the attempt or its outcome says so."""
+    duplicate = outcome.telemetry.possible_duplicate_call or action.possible_duplicate_call
+    telemetry = outcome.telemetry.model_copy(update={"possible_duplicate_call": duplicate})
+    if isinstance(outcome, AttemptSucceeded):
+        return TaskCompleted(
+            seq=head.last_seq + 1,
+            at=now,
+            task_id=action.task_id,
+            attempt=action.attempt,
+            executor=executor,
+            output=outcome.output,
+            output_sha256=text_hash(outcome.output),
+            value=outcome.value,
+            telemetry=telemetry,
+        )
+    return AttemptFailed(
+        seq=head.last_seq + 1,
+        at=now,
+        task_id=action.task_id,
+        attempt=action.attempt,
+        error=outcome.error,
+        telemetry=telemetry,
+        not_before=outcome.not_before,
+    )

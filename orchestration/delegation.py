@@ -25,11 +25,11 @@ deadline is cancelled, and the next decision records ``deadline_exceeded``.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import anyio
 
+from orchestration.acting import outcome_fact
 from orchestration.agent_steps import idempotency_key, render_arguments, template_steps
 from orchestration.decide import StartAttempt
 from orchestration.errors import (
@@ -40,12 +40,12 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.facts import AttemptFailed, AttemptStarted, Fact, RemoteRunStarted, TaskCompleted
-from orchestration.models import RunHead, TypedError, text_hash
+from orchestration.facts import AttemptStarted, RemoteRunStarted
+from orchestration.models import RunHead, TypedError
 from orchestration.reading import read_outputs
 from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.agent_base import AgentCall, AgentDelegate
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
+from orchestration.workers.base import AttemptOutcome
 
 if TYPE_CHECKING:
     from orchestration.drive import Drive
@@ -182,7 +182,7 @@ async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> Ru
             await anyio.sleep(max(0.0, (limit - drive.clock.now()).total_seconds()))
         return None
     executor = head.contract.executor_for(step)
-    fact = _outcome_fact(current, action, executor, outcome, drive.clock.now())
+    fact = outcome_fact(current, action, executor, outcome, drive.clock.now())
     return await drive._append(current, [fact])
 
 
@@ -238,34 +238,6 @@ async def parallel_agent_call(
                 return
 
     return await worker.delegate(head.contract, call, previous, remember)
-
-
-def _outcome_fact(
-    head: RunHead, action: StartAttempt, executor: str, outcome: AttemptOutcome, now: datetime
-) -> Fact:
-    duplicate = outcome.telemetry.possible_duplicate_call or action.possible_duplicate_call
-    telemetry = outcome.telemetry.model_copy(update={"possible_duplicate_call": duplicate})
-    if isinstance(outcome, AttemptSucceeded):
-        return TaskCompleted(
-            seq=head.last_seq + 1,
-            at=now,
-            task_id=action.task_id,
-            attempt=action.attempt,
-            executor=executor,
-            output=outcome.output,
-            output_sha256=text_hash(outcome.output),
-            value=outcome.value,
-            telemetry=telemetry,
-        )
-    return AttemptFailed(
-        seq=head.last_seq + 1,
-        at=now,
-        task_id=action.task_id,
-        attempt=action.attempt,
-        error=outcome.error,
-        telemetry=telemetry,
-        not_before=outcome.not_before,
-    )
 
 
 __all__ = ["agent_attempt", "agent_worker", "build_call", "parallel_agent_call"]

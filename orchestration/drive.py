@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
-from orchestration.acting import recorded_fact
+from orchestration.acting import outcome_fact, recorded_fact
 from orchestration.backoff import Backoff, Outage
 from orchestration.call_watch import CallWatch
 from orchestration.clock import Clock
@@ -66,7 +66,6 @@ from orchestration.errors import (
     VersionConflict,
 )
 from orchestration.facts import (
-    AttemptFailed,
     AttemptStarted,
     Fact,
     TaskCompleted,
@@ -74,12 +73,12 @@ from orchestration.facts import (
 from orchestration.fanout import Fanout
 from orchestration.fold import apply, apply_write
 from orchestration.graph import is_parallel
-from orchestration.models import RunHead, text_hash
+from orchestration.models import RunHead
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
 from orchestration.tracing import DriveTrace
-from orchestration.workers.base import AttemptSucceeded, TaskWorker
+from orchestration.workers.base import TaskWorker
 from orchestration.workers.host import host_task_prepared
 
 if TYPE_CHECKING:
@@ -545,41 +544,7 @@ class Drive:
             return None
         # The outcome is recorded against the head our attempt_started write produced: if anything
         # was written since (a cancel), the compare-and-swap fails and the loop decides again.
-        now = self.clock.now()
-        fact: Fact
-        if isinstance(outcome, AttemptSucceeded):
-            fact = TaskCompleted(
-                seq=head.last_seq + 1,
-                at=now,
-                task_id=action.task_id,
-                attempt=action.attempt,
-                executor=executor,
-                output=outcome.output,
-                output_sha256=text_hash(outcome.output),
-                value=outcome.value,
-                telemetry=outcome.telemetry.model_copy(
-                    update={
-                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
-                        or action.possible_duplicate_call
-                    }
-                ),
-            )
-        else:
-            fact = AttemptFailed(
-                seq=head.last_seq + 1,
-                at=now,
-                task_id=action.task_id,
-                attempt=action.attempt,
-                error=outcome.error,
-                telemetry=outcome.telemetry.model_copy(
-                    update={
-                        "possible_duplicate_call": outcome.telemetry.possible_duplicate_call
-                        or action.possible_duplicate_call
-                    }
-                ),
-                not_before=outcome.not_before,
-            )
-        return fact
+        return outcome_fact(head, action, executor, outcome, self.clock.now())
 
 
 __all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

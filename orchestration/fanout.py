@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from orchestration.acting import outcome_fact
 from orchestration.decide import (
     PAUSING_ACTIONS,
     Action,
@@ -54,13 +55,13 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.facts import AttemptFailed, AttemptStarted, Fact, TaskCompleted
+from orchestration.facts import AttemptStarted
 from orchestration.fold import task_deadline
-from orchestration.models import RunHead, text_hash
+from orchestration.models import RunHead
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.vocabulary import TaskStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
+from orchestration.workers.base import AttemptOutcome
 
 if TYPE_CHECKING:
     from orchestration.drive import Drive
@@ -299,7 +300,7 @@ class Fanout:
                     return
                 try:
                     await drive._append(
-                        head, [_outcome_fact(head, action, executor, outcome, drive.clock.now())]
+                        head, [outcome_fact(head, action, executor, outcome, drive.clock.now())]
                     )
                 except VersionConflict:
                     continue
@@ -330,34 +331,6 @@ class Fanout:
                     "run ended during its calls", extra={"action": "call_aborted", "run_id": drive.run_id}
                 )
                 self.calls.cancel()
-
-
-def _outcome_fact(
-    head: RunHead, action: StartAttempt, executor: str, outcome: AttemptOutcome, now: datetime
-) -> Fact:
-    duplicate = outcome.telemetry.possible_duplicate_call or action.possible_duplicate_call
-    telemetry = outcome.telemetry.model_copy(update={"possible_duplicate_call": duplicate})
-    if isinstance(outcome, AttemptSucceeded):
-        return TaskCompleted(
-            seq=head.last_seq + 1,
-            at=now,
-            task_id=action.task_id,
-            attempt=action.attempt,
-            executor=executor,
-            output=outcome.output,
-            output_sha256=text_hash(outcome.output),
-            value=outcome.value,
-            telemetry=telemetry,
-        )
-    return AttemptFailed(
-        seq=head.last_seq + 1,
-        at=now,
-        task_id=action.task_id,
-        attempt=action.attempt,
-        error=outcome.error,
-        telemetry=telemetry,
-        not_before=outcome.not_before,
-    )
 
 
 __all__ = ["Fanout", "ScopeSet"]

@@ -42,7 +42,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol
 
 import anyio
@@ -62,7 +61,7 @@ from orchestration.schemas import validate_output
 from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.agent_base import AgentCall, AgentEndpoint, RemoteRunKnown
 from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded, TaskWorker
-from orchestration.workers.retry import RetryPolicy, Rng
+from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 log = logging.getLogger("construct.agents")
 
@@ -381,17 +380,9 @@ class AgentWorker:
         telemetry: Telemetry,
     ) -> AttemptFailedOutcome:
         """The failed outcome with the retry policy's verdict folded in (as the provider worker)."""
-        policy = RetryPolicy(
-            max_attempts=contract.max_attempts,
-            base_delay_seconds=self.policy.base_delay_seconds,
-            max_backoff_seconds=self.policy.max_backoff_seconds,
-            min_jitter=self.policy.min_jitter,
-            max_retries_by_code=self.policy.max_retries_by_code,
-            max_retry_after_seconds=self.policy.max_retry_after_seconds,
+        return failed_outcome(
+            self.policy, contract, call.attempt, previous_errors, error, telemetry, self.rng, self.clock
         )
-        decision = policy.decide_after((*previous_errors, error), rng=self.rng, attempt_number=call.attempt)
-        not_before = self.clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
-        return AttemptFailedOutcome(decision.error_to_record(error), telemetry, not_before)
 
 
 def _ms(started: float) -> float:

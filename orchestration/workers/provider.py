@@ -71,7 +71,7 @@ from orchestration.workers.providers import (
     ProviderRequest,
     StructuredOutputMode,
 )
-from orchestration.workers.retry import RetryPolicy, Rng
+from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 ProviderName = Literal["anthropic", "openrouter", "openai"]
 PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "openrouter", "openai")
@@ -329,18 +329,9 @@ class ProviderWorker:
         telemetry: Telemetry,
     ) -> AttemptFailedOutcome:
         """The failed outcome of this attempt, with the retry policy's decision folded in."""
-        policy = RetryPolicy(
-            max_attempts=contract.max_attempts,
-            base_delay_seconds=self.policy.base_delay_seconds,
-            max_backoff_seconds=self.policy.max_backoff_seconds,
-            min_jitter=self.policy.min_jitter,
-            max_retries_by_code=self.policy.max_retries_by_code,
-            max_retry_after_seconds=self.policy.max_retry_after_seconds,
+        return failed_outcome(
+            self.policy, contract, attempt, previous_errors, error, telemetry, self.rng, self.clock
         )
-        decision = policy.decide_after((*previous_errors, error), rng=self.rng, attempt_number=attempt)
-        recorded = decision.error_to_record(error)
-        not_before = self.clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
-        return AttemptFailedOutcome(recorded, telemetry, not_before)
 
 
 def _correction(previous_errors: tuple[TypedError, ...]) -> str:

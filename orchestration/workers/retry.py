@@ -29,10 +29,13 @@ of doing so anyway.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from types import MappingProxyType
 
-from orchestration.models import TypedError
+from orchestration.clock import Clock
+from orchestration.models import ExecutionContract, Telemetry, TypedError
+from orchestration.workers.base import AttemptFailedOutcome
 from orchestration.workers.providers import ProviderErrorCode as Code
 
 __all__ = [
@@ -172,3 +175,22 @@ class RetryPolicy:
             same_code_failures=sum(1 for e in errors if e.code == latest.code),
             rng=rng,
         )
+
+
+def failed_outcome(
+    policy: RetryPolicy,
+    contract: ExecutionContract,
+    attempt: int,
+    previous_errors: tuple[TypedError, ...],
+    error: TypedError,
+    telemetry: Telemetry,
+    rng: Callable[[], float],
+    clock: Clock,
+) -> AttemptFailedOutcome:
+    """An attempt's failed outcome with ``policy``'s verdict folded in (at most the run's
+    ``max_attempts``): the error to record, and when a retry may start (None: no retry). The
+    provider and agent workers both answer a failure with it."""
+    bounded = replace(policy, max_attempts=contract.max_attempts)
+    decision = bounded.decide_after((*previous_errors, error), rng=rng, attempt_number=attempt)
+    not_before = clock.now() + timedelta(seconds=decision.delay_seconds) if decision.retry else None
+    return AttemptFailedOutcome(decision.error_to_record(error), telemetry, not_before)
