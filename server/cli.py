@@ -65,6 +65,7 @@ from server.config import Settings, load_settings
 from server.listing import RunsPage, runs_page
 from server.logs import configure_logging
 from server.storage import open_run_store, store_inputs
+from server.telemetry import configure_tracing
 from server.timeline import decided_by, render_timeline
 from server.views import Approve, Detail, Done, RunHostTask, RunView, Wait, run_view
 from server.wiring import runtime_for
@@ -366,12 +367,14 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
         return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
+    stop_tracing = configure_tracing(os.environ)  # a run driven here is traced as by the server
     try:
         async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
             return await _runs_with(runtime, args, out)
     finally:
         with anyio.CancelScope(shield=True):
             await opened.store.close()
+        stop_tracing()
 
 
 async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
