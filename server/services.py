@@ -50,6 +50,8 @@ class Services:
 
     #: the snapshots of the last few run versions viewed (see :meth:`view`)
     snapshots: dict[tuple[str, int], RunSnapshot] = field(default_factory=dict, repr=False, compare=False)
+    #: their compact views (built from the snapshot alone, so fixed for a version too)
+    compact_views: dict[tuple[str, int], RunView] = field(default_factory=dict, repr=False, compare=False)
 
     async def view(
         self,
@@ -63,8 +65,10 @@ class Services:
 
         The head is always read (or given); the log behind it only when this version of the run
         was not viewed lately: a version is one committed state (each write is a compare-and-swap
-        on it), so its snapshot never changes. A host polling ``run_status`` on a run that does
-        not move reads one head per call."""
+        on it), so its snapshot never changes, nor its compact view (:func:`run_view` is a pure
+        function of the snapshot: it is built once per version). A host polling ``run_status`` on
+        a run that does not move reads one head per call. What a view shows of other runs (its
+        children, links to runs pruned or moved away) is read at each call."""
         if head is None:
             head = await self.runtime.status(run_id)
         key = (head.run_id, head.version)
@@ -72,9 +76,15 @@ class Services:
         if snapshot is None:
             snapshot = await self.runtime.snapshot(run_id, head)
             while len(self.snapshots) >= SNAPSHOTS_KEPT:
-                del self.snapshots[next(iter(self.snapshots))]
+                oldest = next(iter(self.snapshots))
+                del self.snapshots[oldest]
+                self.compact_views.pop(oldest, None)
             self.snapshots[key] = snapshot
-        view = run_view(snapshot, detail, full_task)
+        if detail == "compact" and full_task is None:
+            view = self.compact_views.get(key) or run_view(snapshot)
+            self.compact_views[key] = view
+        else:
+            view = run_view(snapshot, detail, full_task)
         # A parent shows its child runs, and what a waiting child needs (server.child_views);
         # a link to a run pruned or moved away says so.
         view = await with_gone_links(view, self.runtime.store)

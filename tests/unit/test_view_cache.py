@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mcp.server.subscriptions import InMemorySubscriptionBus
 
 from orchestration.dispatcher import Dispatcher
 from orchestration.facts import Fact
 from orchestration.inputs import StartRequest
+from orchestration.runtime import RunSnapshot
+from server import services as services_module
 from server.config import Settings
 from server.services import Services
+from server.views import Detail, RunView, run_view
 from server.watch import LegacySubscribers
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
@@ -57,3 +61,26 @@ async def test_a_version_viewed_again_is_not_read_again_and_a_new_one_is(tmp_pat
     second = await services.view(head.run_id)
     assert store.log_reads == reads + 1
     assert second != first
+
+
+async def test_a_versions_compact_view_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact view is a pure function of the version's snapshot: a host polling a run that
+    does not move gets the view built the first time (a frozen model, shared as it is)."""
+    built: list[str] = []
+
+    def counting(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str | None = None) -> RunView:
+        built.append(detail)
+        return run_view(snapshot, detail, full_task)
+
+    monkeypatch.setattr(services_module, "run_view", counting)
+    services = services_on(MemoryStore(), tmp_path)
+    head, _ = await services.runtime.start(StartRequest(request="x", chain=("architect",)))
+    await services.runtime.drive(head.run_id)
+    first = await services.view(head.run_id)
+    assert await services.view(head.run_id) is first and built == ["compact"]
+    # Other details are built at each call (a whole output is not kept twice).
+    await services.view(head.run_id, detail="full")
+    await services.view(head.run_id, full_task="architect")
+    assert built == ["compact", "full", "compact"]
+    await services.runtime.submit_host_output(head.run_id, "architect", "the design")
+    assert (await services.view(head.run_id)).status != first.status and built[-1] == "compact"
