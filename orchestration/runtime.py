@@ -27,7 +27,7 @@ from typing import Literal
 from orchestration.approvals import check_approver, check_budget_raise, check_repeat
 from orchestration.bookkeeping import LeaseReleases, Waiters, is_settled, wait_until
 from orchestration.catalog import Catalog
-from orchestration.children import ChildRuns
+from orchestration.children import ChildRuns, refuse_detached
 from orchestration.clock import Clock, SystemClock
 from orchestration.decide import Action
 from orchestration.drive import Cancellable, Drive, DriveSettings
@@ -257,7 +257,12 @@ class Runtime:
         return head, created
 
     async def submit_host_output(
-        self, run_id: str, task_id: str, output: str, usage: HostUsage | None = None
+        self,
+        run_id: str,
+        task_id: str,
+        output: str,
+        usage: HostUsage | None = None,
+        detach_children: bool = False,
     ) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
         host reports, if any. The caller always names the task its output answers (no "the
@@ -265,7 +270,8 @@ class Runtime:
         task. The same output again for a done task returns the current state and appends nothing;
         a different output for a done task, or output for a task not awaiting it, is a
         ``Conflict``. A step with an ``output_schema`` takes JSON matching it, else
-        ``InvalidOutput`` and nothing is recorded; the validated value is in ``task_completed``."""
+        ``InvalidOutput`` and nothing is recorded; the validated value is in ``task_completed``. A
+        task with live host-started children is not complete unless ``detach_children``."""
         validate_run_id(run_id)
         check_id("task_id", task_id, self.limits)
         if not isinstance(output, str) or not output.strip():
@@ -295,6 +301,7 @@ class Runtime:
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
             refuse_if_out_of_time(head, self.clock.now())
+            refuse_detached(head, task_id, detach_children)
             if task.status != TaskStatus.AWAITING_HOST:
                 awaiting = _awaiting_host_task(head)
                 hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"

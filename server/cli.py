@@ -51,7 +51,6 @@ import anyio
 
 from orchestration.budget import budget_raise
 from orchestration.catalog import Catalog
-from orchestration.children import refuse_detached
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from orchestration.facts import Fact
 from orchestration.models import RunHead
@@ -432,8 +431,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         elif args.task_id is None:
             raise await runtime.missing_task_id(args.run_id, "--task-id")
         else:
-            refuse_detached(await runtime.status(args.run_id), args.task_id, args.detach_children)
-            head = await runtime.submit_host_output(args.run_id, args.task_id, output, usage)
+            head = await runtime.submit_host_output(
+                args.run_id, args.task_id, output, usage, args.detach_children
+            )
         return await _advance(runtime, head)
     if command == "approve":
         decision: Literal["approve", "reject", "revise"] = (

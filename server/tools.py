@@ -55,7 +55,6 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
-from orchestration.children import refuse_detached
 from orchestration.costs import Budget, BudgetLimits, HostUsage
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.runtime import Limits, StartRequest
@@ -296,9 +295,7 @@ async def orchestrate_resume(
         elif task_id is None:
             raise await runtime.missing_task_id(run_id)
         else:
-            # A task whose child runs are live is not complete (unless the host detaches them).
-            refuse_detached(await runtime.status(run_id), task_id, detach_children)
-            head = await runtime.submit_host_output(run_id, task_id, output, usage)
+            head = await runtime.submit_host_output(run_id, task_id, output, usage, detach_children)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)

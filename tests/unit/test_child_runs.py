@@ -153,12 +153,14 @@ async def test_a_hosts_children_are_bounded_by_max_children_and_block_their_task
     # The refused start left no live run behind: it was cancelled.
     live = [h for h in (await store.list_runs()).runs if not h.status.is_terminal]
     assert sorted(h.run_id for h in live) == sorted([parent.run_id, first.run_id])
+    before = (await store.load(parent.run_id)).version
     with pytest.raises(InvalidState, match="live child runs"):
-        refuse_detached(await store.load(parent.run_id), "writer", detach=False)
+        await runtime.submit_host_output(parent.run_id, "writer", "Report.")
+    assert (await store.load(parent.run_id)).version == before  # refused: nothing recorded
 
-    # Completed through the runtime (the detaching path: the tool checks refuse_detached first),
-    # the child is still the run's: the next step's child would be one too many.
-    await runtime.submit_host_output(parent.run_id, "writer", "Report.")
+    # Completed with its child detached, the child is still the run's: the next step's child
+    # would be one too many.
+    await runtime.submit_host_output(parent.run_id, "writer", "Report.", detach_children=True)
     final = await drive_tree(runtime, parent.run_id)
     assert final.status == RunStatus.FAILED
     more = final.task("more")
