@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Literal
 
 from orchestration.agent_steps import agent_attempt
@@ -61,6 +62,7 @@ from orchestration.fold import task_deadline
 from orchestration.graph import is_parallel, preds_settled
 from orchestration.models import RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.routing import ASK, RoutePlan, plan_route
+from orchestration.settled_prefix import passed_prefix
 from orchestration.vocabulary import RunStatus, TaskStatus
 
 
@@ -424,9 +426,11 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
             if task.status in (TaskStatus.RUNNING, TaskStatus.AWAITING_HOST):
                 return FailTask(task.task_id, error)
         return FinishRun("failed", error)
-    any_failed = False
+    # The first tasks the walk below goes past whatever the gates and the time are (done without
+    # a gate or a route, failed without failing the run, skipped): see orchestration.settled_prefix.
+    start, any_failed = passed_prefix(head)
     steps = step_map(head.chain)
-    for task in head.tasks:
+    for task in islice(head.tasks, start, None):
         step = steps[task.step_name]
         if task.status.is_terminal:
             if task.status == TaskStatus.FAILED:

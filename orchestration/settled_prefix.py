@@ -1,0 +1,89 @@
+"""The settled prefix of a linear run's tasks, found without reading every task at every decision
+(issue 11: a linear decision read all the run's tasks, so a boundary cost grew with the steps done).
+
+A linear decision (:func:`orchestration.decide._linear_action`) walks the run's tasks in order. A
+*passed* task is one that walk goes past whatever the gates and the time are: a terminal task that
+is neither done nor failed, a done task whose step has neither an ``after`` gate nor a route, a
+failed task that does not fail the run (it only makes the run end ``completed_with_failures``).
+:func:`passed_prefix` says how many of the first tasks are passed, and whether one of them failed;
+the decision walks the rest as before. Whether a task is passed depends on nothing but the task
+and its chain, both immutable, so the answer is exact.
+
+**Incremental.** The fold replaces one task of the tuple per fact and keeps the others (the same
+objects): a write's new head shares the settled prefix of the head it was folded from. The last
+answer is kept per run with the tuple and the chain it was computed for; the next decision on a
+head of the same run whose tuple starts with the *same objects* (an identity check, done in C)
+reads on from there. Any other head (read back from a store, another run, a chain of another
+object) is walked from the start, so a stale entry can only cost time, never change an answer.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from operator import is_
+
+from orchestration.budget import fails_run
+from orchestration.models import ChainSnapshot, RunHead, step_map
+from orchestration.vocabulary import TaskStatus
+
+#: runs whose last answer is kept; past it the cache starts again (entries hold a run's task tuple)
+LIMIT = 512
+
+_DONE = TaskStatus.DONE
+_FAILED = TaskStatus.FAILED
+#: terminal statuses a linear decision walks past unconditionally
+_PASSED = frozenset({TaskStatus.SKIPPED, TaskStatus.CANCELLED})
+
+
+class _Entry:
+    __slots__ = ("any_failed", "chain", "count", "tasks")
+
+    def __init__(self, chain: ChainSnapshot, tasks: tuple[object, ...], count: int, any_failed: bool) -> None:
+        self.chain = chain
+        self.tasks = tasks
+        self.count = count
+        self.any_failed = any_failed
+
+
+_last: dict[str, _Entry] = {}
+
+
+def passed_prefix(head: RunHead) -> tuple[int, bool]:
+    """How many of ``head``'s first tasks a linear decision walks past unconditionally, and whether
+    one of those failed (see the module's docstring)."""
+    tasks = head.tasks
+    chain = head.chain
+    entry = _last.get(head.run_id)
+    start, any_failed, matched = 0, False, False
+    if entry is not None and entry.chain is chain:
+        count = entry.count
+        if count <= len(tasks) and all(map(is_, islice(tasks, count), entry.tasks)):
+            start, any_failed, matched = count, entry.any_failed, True
+    steps = step_map(chain)
+    index = start
+    for task in islice(tasks, start, None):
+        status = task.status
+        if status == _DONE:
+            step = steps[task.step or task.task_id]
+            if step.approve_after or step.route_on is not None:
+                break
+        elif status == _FAILED:
+            if steps[task.step or task.task_id].on_failure == "fail" or fails_run(task):
+                break
+            any_failed = True
+        elif status not in _PASSED:
+            break
+        index += 1
+    if not matched or index != start:
+        if entry is None and len(_last) >= LIMIT:
+            _last.clear()
+        _last[head.run_id] = _Entry(chain, tasks[:index], index, any_failed)
+    return index, any_failed
+
+
+def forget_all() -> None:
+    """Drop every kept answer (tests)."""
+    _last.clear()
+
+
+__all__ = ["LIMIT", "forget_all", "passed_prefix"]
