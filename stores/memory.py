@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import anyio
+from anyio.lowlevel import checkpoint
 
 from orchestration.errors import Conflict, FactNotFound, RecordTooNew, RunNotFound, VersionConflict
 from orchestration.facts import Fact
@@ -61,6 +62,9 @@ class MemoryStore:
 
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
+        return self._current(run_id)
+
+    def _current(self, run_id: str) -> RunHead:
         try:
             head = self._heads[run_id]
         except KeyError:
@@ -80,17 +84,21 @@ class MemoryStore:
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
-        async with self._lock:
-            current = await self.load(run_id)
-            if lease is not None and not self._holds(lease):
-                raise lease_lost(lease)
-            if current.version != expected_version:
-                raise VersionConflict(run_id, expected_version, current.version)
-            if facts[0].seq != current.last_seq + 1:
-                raise not_continuing(run_id, facts[0].seq, current.last_seq)
-            self._facts[run_id].extend(facts)
-            self._heads[run_id] = head
-            return head
+        # One checkpoint (a cancel is delivered here, other tasks run), then the compare-and-swap,
+        # which awaits nothing (not even an overridden load): atomic in the event loop, as every
+        # section under the lock is, so it needs no lock of its own (the lock's acquire cost a
+        # shielded cancel scope per write).
+        await checkpoint()
+        current = self._current(run_id)
+        if lease is not None and not self._holds(lease):
+            raise lease_lost(lease)
+        if current.version != expected_version:
+            raise VersionConflict(run_id, expected_version, current.version)
+        if facts[0].seq != current.last_seq + 1:
+            raise not_continuing(run_id, facts[0].seq, current.last_seq)
+        self._facts[run_id].extend(facts)
+        self._heads[run_id] = head
+        return head
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         await self.load(run_id)
