@@ -27,14 +27,15 @@ or end changes nothing but the trace.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from orchestration.facts import Fact, TaskCompleted, TaskFailed
@@ -113,6 +114,39 @@ class AttemptTrace:
         _error_attributes(self.span, outcome.error)
 
 
+def _no_op(tracer: trace.Tracer) -> bool:
+    """Whether ``tracer`` starts its spans with the API's no-op tracer now (a proxy tracer does
+    until a tracer provider is installed, and then uses that provider's tracer)."""
+    if isinstance(tracer, trace.ProxyTracer):
+        tracer = tracer._tracer
+    return isinstance(tracer, trace.NoOpTracer)
+
+
+class _NoAttemptTrace(AttemptTrace):
+    """The :class:`AttemptTrace` of an attempt without tracing: its span records nothing."""
+
+    def ended(self, outcome: AttemptOutcome) -> None:
+        return None
+
+
+class _Untraced:
+    """An attempt without tracing: ``span`` (a span that records nothing) is current while the
+    worker calls, as ``trace.use_span`` would make it, and that is all."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+        self._token: object = None
+
+    def __enter__(self) -> AttemptTrace:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return _NoAttemptTrace(self._span)
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+
+
 class DriveTrace:
     """The spans of one drive of one run (see the module's docstring). :meth:`saw` opens the run
     span at the drive's first read of the run; :meth:`recorded` ends the task spans whose task a
@@ -174,12 +208,28 @@ class DriveTrace:
             )
         return span
 
-    @contextmanager
     def attempt(
         self, head: RunHead, task_id: str, number: int, possible_duplicate_call: bool
-    ) -> Iterator[AttemptTrace]:
+    ) -> AbstractContextManager[AttemptTrace]:
         """The span of attempt ``number`` of ``task_id`` (recorded as started in ``head``), current
-        while the worker calls, so that the model call's span is its child."""
+        while the worker calls, so that the model call's span is its child.
+
+        Without tracing (the tracer is the API's no-op one, and the run span, if any, records
+        nothing) the no-op tracer would hand out the run span itself as the task's and the
+        attempt's span: that span is made current, and nothing else is done (no attributes)."""
+        run = self._run
+        if (
+            (run is None or isinstance(run, NonRecordingSpan))
+            and task_id not in self._tasks
+            and _no_op(self._tracer)
+        ):
+            return _Untraced(run if run is not None else trace.INVALID_SPAN)
+        return self._traced_attempt(head, task_id, number, possible_duplicate_call)
+
+    @contextmanager
+    def _traced_attempt(
+        self, head: RunHead, task_id: str, number: int, possible_duplicate_call: bool
+    ) -> Iterator[AttemptTrace]:
         task = head.task(task_id)
         attributes: dict[str, Any] = {
             "construct.run.id": head.run_id,
