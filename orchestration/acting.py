@@ -63,8 +63,10 @@ def outcome_fact(
     """The fact ``action``'s attempt ended with, on top of ``head`` (the head its
     ``attempt_started`` write produced): ``task_completed`` or ``attempt_failed``, marked a
     possible duplicate call when the attempt or its outcome says so."""
-    duplicate = outcome.telemetry.possible_duplicate_call or action.possible_duplicate_call
-    telemetry = outcome.telemetry.model_copy(update={"possible_duplicate_call": duplicate})
+    telemetry = outcome.telemetry
+    if action.possible_duplicate_call and not telemetry.possible_duplicate_call:
+        # (Otherwise the worker's telemetry already says it: frozen, it is recorded as it is.)
+        telemetry = telemetry.model_copy(update={"possible_duplicate_call": True})
     if isinstance(outcome, AttemptSucceeded):
         return TaskCompleted(
             seq=head.last_seq + 1,

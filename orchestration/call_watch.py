@@ -45,13 +45,23 @@ class CallWatch:
     @contextmanager
     def watching(self, version: int, scope: anyio.CancelScope) -> Iterator[None]:
         """Watch the call made inside this block, started on the run's ``version``."""
-        self._call = _Call(version, scope, anyio.current_time() + self._poll)
-        if self._began is not None:
-            self._began.set()
+        self.begin(version, scope, anyio.current_time())
         try:
             yield
         finally:
-            self._call = None
+            self.end()
+
+    def begin(self, version: int, scope: anyio.CancelScope, now: float) -> None:
+        """Watch the call that starts now (``anyio.current_time()``, which the caller has read
+        already) on the run's ``version``, until :meth:`end` (what :meth:`watching` does, without
+        a generator and a second read of the time per call)."""
+        self._call = _Call(version, scope, now + self._poll)
+        if self._began is not None:
+            self._began.set()
+
+    def end(self) -> None:
+        """The call watched since :meth:`begin` ended."""
+        self._call = None
 
     async def run(self) -> None:
         """Check the call in flight when its checks are due; runs until cancelled."""

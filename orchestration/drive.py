@@ -73,7 +73,7 @@ from orchestration.facts import (
 from orchestration.fanout import Fanout
 from orchestration.fold import apply, apply_write
 from orchestration.graph import is_parallel
-from orchestration.models import RunHead
+from orchestration.models import ChainStep, RunHead
 from orchestration.prompts import TaskPrompt
 from orchestration.reading import read_prompt
 from orchestration.store import Lease, RunStore
@@ -465,22 +465,26 @@ class Drive:
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
         prompt = await read_prompt(self.store, head, action.task_id, self.known)
-        head = await self._append(head, [self._started(head, action, self.clock.now())])
+        started = self._started(head, action, self.clock.now(), head.step_of(action.task_id))
+        head = await self._append(head, [started])
         while True:
-            fact = await self._call(head, action, prompt)
+            fact = await self._call(head, action, prompt, started.executor)
             if fact is None:
                 return None
             after = apply_write(head, [fact])
             now = self.clock.now()
             following = None if self._stopping() else next_action(after, now)
-            if not isinstance(following, StartAttempt) or after.step_of(following.task_id).agent is not None:
+            if not isinstance(following, StartAttempt):
+                return await self._append(head, [fact])
+            step = after.step_of(following.task_id)
+            if step.agent is not None:
                 return await self._append(head, [fact])
             if isinstance(fact, TaskCompleted):
                 # For the next prompt; dropped again below unless the write commits.
                 self.known[fact.seq] = fact
             try:
                 prompt = await read_prompt(self.store, after, following.task_id, self.known)
-                started = self._started(after, following, now)
+                started = self._started(after, following, now, step)
                 # apply_write(head, [fact, started]) without folding the outcome again: ``after`` is
                 # it folded, with the version this write gives the run.
                 head = await self._append(head, [fact, started], apply(after, started))
@@ -489,38 +493,43 @@ class Drive:
                 raise
             action = following
 
-    def _started(self, head: RunHead, action: StartAttempt, now: datetime) -> AttemptStarted:
+    def _started(self, head: RunHead, action: StartAttempt, now: datetime, step: ChainStep) -> AttemptStarted:
+        """The ``attempt_started`` fact of ``action`` on top of ``head`` (``step``: its task's)."""
         return AttemptStarted(
             seq=head.last_seq + 1,
             at=now,
             task_id=action.task_id,
             attempt=action.attempt,
-            executor=head.contract.executor_for(head.step_of(action.task_id)),
+            executor=head.contract.executor_for(step),
             possible_duplicate_call=action.possible_duplicate_call,
         )
 
-    async def _call(self, head: RunHead, action: StartAttempt, prompt: TaskPrompt) -> Fact | None:
-        """The call of the attempt ``head`` records as started; the outcome's fact (not yet
-        recorded), or None when the call ended without an outcome."""
-        step = head.step_of(action.task_id)
-        executor = head.contract.executor_for(step)
-        previous = tuple(a.error for a in head.task(action.task_id).attempts if a.error is not None)
+    async def _call(
+        self, head: RunHead, action: StartAttempt, prompt: TaskPrompt, executor: str
+    ) -> Fact | None:
+        """The call of the attempt ``head`` records as started (by ``executor``); the outcome's fact
+        (not yet recorded), or None when the call ended without an outcome."""
+        task = head.task(action.task_id)
+        step = head.chain.step(task.step_name)
+        previous = tuple(a.error for a in task.attempts if a.error is not None)
+        run_id = head.run_id
         scope = anyio.CancelScope()
-        self._cancel_scopes[head.run_id] = scope
+        self._cancel_scopes[run_id] = scope
         outcome = None
+        began = anyio.current_time()
         # The call may not outlive the run's or the task's deadline.
         limit = head.wake_at
         if limit is not None:
-            scope.deadline = anyio.current_time() + max(0.0, (limit - self.clock.now()).total_seconds())
-        run_id = head.run_id
-        if not self._calls.started and self._task_group is not None:
+            scope.deadline = began + max(0.0, (limit - self.clock.now()).total_seconds())
+        calls = self._calls
+        if not calls.started and self._task_group is not None:
             # One watcher for the drive's calls, started with its first call.
-            self._calls.started = True
-            self._task_group.start_soon(self._calls.run)
+            calls.started = True
+            self._task_group.start_soon(calls.run)
+        calls.begin(head.version, scope, began)
         try:
             with (
                 scope,
-                self._calls.watching(head.version, scope),
                 self.trace.attempt(
                     head, action.task_id, action.attempt, action.possible_duplicate_call
                 ) as traced,
@@ -528,6 +537,7 @@ class Drive:
                 outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
                 traced.ended(outcome)
         finally:
+            calls.end()
             self._cancel_scopes.pop(run_id, None)
         if outcome is None:
             if self.outage.over:
