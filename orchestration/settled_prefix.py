@@ -12,15 +12,15 @@ and its chain, both immutable, so the answer is exact.
 **Incremental.** The fold replaces one task of the tuple per fact and keeps the others (the same
 objects): a write's new head shares the settled prefix of the head it was folded from. The last
 answer is kept per run with the tuple and the chain it was computed for; the next decision on a
-head of the same run whose tuple starts with the *same objects* (an identity check, done in C)
-reads on from there. Any other head (read back from a store, another run, a chain of another
+head of the same run whose tuple starts with the same tasks (the same objects, which a tuple
+comparison sees in C; an equal task that is another object is compared by value) reads on from
+there. Any other head (read back from a store, another run, a chain of another
 object) is walked from the start, so a stale entry can only cost time, never change an answer.
 """
 
 from __future__ import annotations
 
 from itertools import islice
-from operator import is_
 
 from orchestration.budget import fails_run
 from orchestration.models import ChainSnapshot, RunHead, step_map
@@ -57,7 +57,10 @@ def passed_prefix(head: RunHead) -> tuple[int, bool]:
     start, any_failed, matched = 0, False, False
     if entry is not None and entry.chain is chain:
         count = entry.count
-        if count <= len(tasks) and all(map(is_, islice(tasks, count), entry.tasks)):
+        kept = entry.tasks
+        # The last kept task first (a head read back from a store has other objects: no match),
+        # then all of them (a tuple comparison checks identity first, in C).
+        if count == 0 or (count <= len(tasks) and tasks[count - 1] is kept[-1] and tasks[:count] == kept):
             start, any_failed, matched = count, entry.any_failed, True
     steps = step_map(chain)
     index = start
