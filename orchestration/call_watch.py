@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import anyio
 
+#: the shortest sleep of an idle watcher (a check may come this much late when the poll is shorter)
+IDLE_FLOOR_SECONDS = 0.01
+
 #: ``check(version)``: read the run once; True when the call must be aborted (the run moved past
 #: ``version``, or the store has been away past the drive's outage limit)
 Check = Callable[[int], Awaitable[bool]]
@@ -38,7 +41,6 @@ class CallWatch:
         self._poll = poll_seconds
         self._check = check
         self._call: _Call | None = None
-        self._began: anyio.Event | None = None
         #: whether :meth:`run` was started (the drive starts it with its first call)
         self.started = False
 
@@ -56,21 +58,25 @@ class CallWatch:
         already) on the run's ``version``, until :meth:`end` (what :meth:`watching` does, without
         a generator and a second read of the time per call)."""
         self._call = _Call(version, scope, now + self._poll)
-        if self._began is not None:
-            self._began.set()
 
     def end(self) -> None:
         """The call watched since :meth:`begin` ended."""
         self._call = None
 
     async def run(self) -> None:
-        """Check the call in flight when its checks are due; runs until cancelled."""
+        """Check the call in flight when its checks are due; runs until cancelled.
+
+        With no call due it sleeps one poll interval: a call that begins meanwhile is due a poll
+        after it began, so no later than that tick, and is checked on time (the watcher then
+        sleeps until its check is due). A call costs the watcher nothing until then (it used to
+        wake the watcher through an event per call)."""
+        poll = self._poll
+        # (a poll of zero checks a call all the time, but must not spin while there is none)
+        idle = max(poll, IDLE_FLOOR_SECONDS)
         while True:
             call = self._call
             if call is None or call.due is None:
-                self._began = began = anyio.Event()
-                await began.wait()
-                self._began = None
+                await anyio.sleep(idle)
                 continue
             wait = call.due - anyio.current_time()
             if wait > 0:
@@ -82,4 +88,4 @@ class CallWatch:
                 # Aborted (or ended meanwhile): no more checks for it.
                 call.due = None
             else:
-                call.due = anyio.current_time() + self._poll
+                call.due = anyio.current_time() + poll

@@ -40,6 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from orchestration.facts import Fact, TaskCompleted, TaskFailed
 from orchestration.models import RunHead, Telemetry, TypedError
+from orchestration.vocabulary import RunStatus
 from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
 #: the instrumentation scope of every span here
@@ -157,11 +158,11 @@ class DriveTrace:
         self._tracer = _tracer()
         self._run: Span | None = None
         self._tasks: dict[str, Span] = {}
-        self._status: str | None = None
+        self._status: RunStatus | None = None
 
     def saw(self, head: RunHead) -> None:
         """The drive read ``head``: the run span starts now if it has not yet."""
-        self._status = head.status.value
+        self._status = head.status
         if self._run is not None:
             return
         self._run = self._tracer.start_span(
@@ -176,10 +177,12 @@ class DriveTrace:
 
     def recorded(self, facts: Sequence[Fact], head: RunHead) -> None:
         """The drive recorded ``facts``, giving ``head``."""
-        self._status = head.status.value
-        for fact in facts:
-            if isinstance(fact, TaskCompleted | TaskFailed):
-                self._end_task(fact)
+        self._status = head.status
+        if self._tasks:
+            # (Only a task span that is open can end.)
+            for fact in facts:
+                if isinstance(fact, TaskCompleted | TaskFailed):
+                    self._end_task(fact)
 
     def _end_task(self, fact: TaskCompleted | TaskFailed) -> None:
         span = self._tasks.pop(fact.task_id, None)
@@ -278,7 +281,7 @@ class DriveTrace:
             self._tasks.clear()
             if self._run is not None:
                 if self._status is not None:
-                    self._run.set_attribute("construct.run.status", self._status)
+                    self._run.set_attribute("construct.run.status", self._status.value)
                 if error is not None:
                     code = getattr(error, "code", None)
                     self._run.set_attribute("error.type", code or type(error).__qualname__)

@@ -70,3 +70,22 @@ async def test_a_check_that_returns_after_its_call_ended_aborts_no_later_call() 
         tg.cancel_scope.cancel()
     assert checks.made and checks.made[0][0] == 1
     assert not first.cancel_called and not second.cancel_called
+
+
+async def test_a_call_that_begins_while_the_watcher_idles_is_checked_on_time() -> None:
+    """The idle watcher sleeps a poll interval at a time; a call that begins in the middle of one is
+    still first checked a poll after it began, not later."""
+    poll = 0.2
+    checks = Checks([True])
+    watch = CallWatch(poll, checks)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        await anyio.sleep(poll * 0.6)
+        scope = anyio.CancelScope()
+        began = anyio.current_time()
+        with anyio.fail_after(5), scope, watch.watching(3, scope):
+            await anyio.sleep(10)
+        tg.cancel_scope.cancel()
+    assert scope.cancelled_caught and [version for version, _ in checks.made] == [3]
+    # (an idle tick after the check was due would make it 0.4 poll late)
+    assert poll * 0.9 <= checks.made[0][1] - began <= poll * 1.3
