@@ -62,11 +62,12 @@ async def caller_for(ctx: ToolContext, tool: str, run_id: str | None = None) -> 
     return caller
 
 
-def _ok(model: BaseModel) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=model.model_dump_json())],
-        structured_content=model.model_dump(mode="json"),
-    )
+def _ok(model: BaseModel, services: Services | None = None) -> CallToolResult:
+    if services is not None and isinstance(model, RunView):
+        text, structured = services.answer_of(model)  # dumped once per version (compact)
+    else:
+        text, structured = model.model_dump_json(), model.model_dump(mode="json")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
 async def answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
@@ -77,16 +78,19 @@ async def answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToo
 
 
 async def answer_or_ask(
-    tool: str, work: Callable[[], Awaitable[BaseModel | InputRequiredResult]]
+    tool: str,
+    work: Callable[[], Awaitable[BaseModel | InputRequiredResult]],
+    services: Services | None = None,
 ) -> CallToolResult | InputRequiredResult:
     """:func:`answer` for a call that may ask the user at a gate instead: its form
-    (``input_required``, see :mod:`server.elicit`) goes out as it is."""
+    (``input_required``, see :mod:`server.elicit`) goes out as it is. With ``services``, an
+    answer that is a run view they keep is dumped once (:meth:`Services.answer_of`)."""
     try:
         model = await work()
     except ConstructError as exc:
         log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
         return error_result(exc)
-    return model if isinstance(model, InputRequiredResult) else _ok(model)
+    return model if isinstance(model, InputRequiredResult) else _ok(model, services)
 
 
 async def settle_view(

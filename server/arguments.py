@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from mcp.server import ServerRequestContext
@@ -43,6 +44,13 @@ MissingHint = Callable[[Context[Any, Any], Mapping[str, Any]], Awaitable[Constru
 #: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
 _TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
 
+#: The arguments :class:`StrictTool` checked for the call in progress (that very dict) and what
+#: validating them gave: the SDK's validation of the same dict in ``Tool.run`` reuses it instead of
+#: validating the call's arguments a second time.
+_CHECKED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
+    "construct_checked_arguments", default=None
+)
+
 
 class _VerbatimText(FuncMetadata):
     """The SDK turns a string argument that parses as a JSON object or array into that object
@@ -55,13 +63,23 @@ class _VerbatimText(FuncMetadata):
         parsed = super().pre_parse_json(data)
         return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items()}
 
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        checked = _CHECKED.get()
+        if checked is not None and checked[0] is arguments_to_validate:
+            return dict(checked[1])
+        return super().validate_arguments(arguments_to_validate)
+
 
 def verbatim_text(meta: FuncMetadata) -> FuncMetadata:
-    """``meta`` with free-text arguments kept as sent (see :class:`_VerbatimText`)."""
+    """``meta`` with free-text arguments kept as sent (see :class:`_VerbatimText`), publishing the
+    same output schema. Without its output model: the SDK would otherwise validate each answer's
+    structured content against it again, rebuilding the whole model from the dict, and every
+    answer of these tools is already the JSON dump of a model of that very type
+    (:func:`server.answering.answer`)."""
     return _VerbatimText(
         arg_model=meta.arg_model,
         output_schema=meta.output_schema,
-        output_model=meta.output_model,
+        output_model=None,
         wrap_output=meta.wrap_output,
     )
 
@@ -84,25 +102,32 @@ class StrictTool(Tool):
     async def run(
         self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
     ) -> Any:
-        error = await self._refusal(arguments, context)
-        if error is not None:
+        outcome = await self._refusal(arguments, context)
+        if isinstance(outcome, ConstructError):
             log.info(
                 "%s refused its arguments: %s",
                 self.name,
-                error.code,
-                extra={"action": "tool_error", "code": error.code},
+                outcome.code,
+                extra={"action": "tool_error", "code": outcome.code},
             )
-            return error_result(error)
-        return await super().run(arguments, context, convert_result)
+            return error_result(outcome)
+        checked = _CHECKED.set((arguments, outcome))  # validated once (see _VerbatimText)
+        try:
+            return await super().run(arguments, context, convert_result)
+        finally:
+            _CHECKED.reset(checked)
 
-    async def _refusal(self, arguments: dict[str, Any], context: Context[Any, Any]) -> ConstructError | None:
+    async def _refusal(
+        self, arguments: dict[str, Any], context: Context[Any, Any]
+    ) -> ConstructError | dict[str, Any]:
+        """The error for the call's arguments, or, when they are right, what validating them gave."""
         known = list(self.fn_metadata.arg_model.model_fields)
         unknown = [name for name in arguments if name not in known]
         if unknown:
             said = [_unknown_argument(name, self.name, known) for name in unknown[:5]]
             return InvalidArgument("; ".join(said))
         try:
-            self.fn_metadata.validate_arguments(arguments)
+            return self.fn_metadata.validate_arguments(arguments)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False)
             for err in errors:
@@ -113,7 +138,6 @@ class StrictTool(Tool):
                     except ConstructError as lookup_failed:
                         return lookup_failed
             return _schema_error(errors)
-        return None
 
 
 class UnknownToolRefusal:

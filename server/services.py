@@ -52,6 +52,10 @@ class Services:
     snapshots: dict[tuple[str, int], RunSnapshot] = field(default_factory=dict, repr=False, compare=False)
     #: their compact views (built from the snapshot alone, so fixed for a version too)
     compact_views: dict[tuple[str, int], RunView] = field(default_factory=dict, repr=False, compare=False)
+    #: and their answers' text and structured content (see :meth:`answer_of`)
+    compact_answers: dict[tuple[str, int], tuple[RunView, str, dict[str, Any]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     async def view(
         self,
@@ -79,6 +83,7 @@ class Services:
                 oldest = next(iter(self.snapshots))
                 del self.snapshots[oldest]
                 self.compact_views.pop(oldest, None)
+                self.compact_answers.pop(oldest, None)
             self.snapshots[key] = snapshot
         if detail == "compact" and full_task is None:
             view = self.compact_views.get(key) or run_view(snapshot)
@@ -89,6 +94,21 @@ class Services:
         # a link to a run pruned or moved away says so.
         view = await with_gone_links(view, self.runtime.store)
         return await with_children(view, head, self.view)
+
+    def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
+        """The text (JSON without indentation) and structured content of an answer that is
+        ``view``. A compact view kept here (the very object :meth:`view` returned: nothing of other
+        runs was added to it) is dumped once, like it is built once: a host polling ``run_status``
+        on a run that does not move gets the same bytes at each call without paying for them.
+        Callers must not change the structured content (it is shared between answers)."""
+        key = (view.run_id, view.version)
+        if self.compact_views.get(key) is not view:
+            return view.model_dump_json(), view.model_dump(mode="json")
+        dumped = self.compact_answers.get(key)
+        if dumped is None or dumped[0] is not view:
+            dumped = (view, view.model_dump_json(), view.model_dump(mode="json"))
+            self.compact_answers[key] = dumped
+        return dumped[1], dumped[2]
 
     async def publish_change(self, head: RunHead) -> None:
         """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""

@@ -411,15 +411,16 @@ async def run_status(
     one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
     for one."""
 
+    services = services_of(ctx)
+
     async def work() -> RunView | InputRequiredResult:
         await caller_for(ctx, "run_status", run_id)
-        services = services_of(ctx)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
         return await settle_asking(ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id)
 
-    return await answer_or_ask("run_status", work)
+    return await answer_or_ask("run_status", work, services)
 
 
 async def orchestrate_cancel(

@@ -256,3 +256,33 @@ async def test_an_unknown_tool_is_refused_with_the_closest_name(server: MCPServe
         text = await call_error(client, "z" * 5000)
         assert text.startswith("invalid_argument: unknown tool 'zzz") and "orchestrate_start" in text
         assert not re.search(r"z{101}", text), text
+
+
+async def test_a_calls_arguments_are_validated_once_and_answers_keep_their_schema(
+    server: MCPServer[Services], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StrictTool's check validates the arguments; the SDK's run reuses that (one validation per
+    call), and a later call with other arguments is validated afresh, never given the last one's.
+    The SDK no longer re-validates answers against the output model: the published output schema
+    is unchanged, and the client (which validates structuredContent against it) accepts them."""
+    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+
+    validated: list[dict[str, Any]] = []
+    original = FuncMetadata.validate_arguments
+
+    def counting(self: FuncMetadata, arguments: dict[str, Any]) -> dict[str, Any]:
+        validated.append(arguments)
+        return original(self, arguments)
+
+    monkeypatch.setattr(FuncMetadata, "validate_arguments", counting)
+    async with connected(server) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert listed["run_status"].output_schema is not None
+        first = await call(client, "orchestrate_start", request="one", chain=["engineer"])
+        second = await call(client, "orchestrate_start", request="two", chain=["engineer"])
+        validated.clear()
+        one = await call(client, "run_status", run_id=first["run_id"])
+        two = await call(client, "run_status", run_id=second["run_id"], detail="full")
+    assert [a["run_id"] for a in validated] == [first["run_id"], second["run_id"]]
+    assert one["run_id"] == first["run_id"] and one.get("request") is None
+    assert two["run_id"] == second["run_id"] and two["request"] == "two"

@@ -84,3 +84,28 @@ async def test_a_versions_compact_view_is_built_once(tmp_path: Path, monkeypatch
     assert built == ["compact", "full", "compact"]
     await services.runtime.submit_host_output(head.run_id, "architect", "the design")
     assert (await services.view(head.run_id)).status != first.status and built[-1] == "compact"
+
+
+async def test_a_kept_compact_views_answer_is_dumped_once_and_never_stale(tmp_path: Path) -> None:
+    """``Services.answer_of``: the answer of a kept compact view is its dump, computed once; a view
+    of a new version, a full view or a view with something added (a copy) is dumped afresh."""
+    services = services_on(MemoryStore(), tmp_path)
+    head, _ = await services.runtime.start(StartRequest(request="x", chain=("architect", "engineer")))
+    await services.runtime.drive(head.run_id)
+    first = await services.view(head.run_id)
+    text, structured = services.answer_of(first)
+    assert (text, structured) == (first.model_dump_json(), first.model_dump(mode="json"))
+    again = services.answer_of(await services.view(head.run_id))
+    assert again[0] is text and again[1] is structured
+    # Not kept: dumped at each call, and what it shows.
+    full = await services.view(head.run_id, detail="full")
+    assert services.answer_of(full)[0] == full.model_dump_json() != text
+    changed = first.model_copy(update={"warnings": ["added"]})
+    assert services.answer_of(changed)[0] == changed.model_dump_json() != text
+    assert services.answer_of(first)[0] is text  # a copy did not replace the kept answer
+    # The run moves on: the next version's answer, not the kept one.
+    await services.runtime.submit_host_output(head.run_id, "architect", "the design")
+    await services.runtime.drive(head.run_id)
+    second = await services.view(head.run_id)
+    assert services.answer_of(second)[0] == second.model_dump_json() != text
+    assert services.answer_of(second)[0] is services.answer_of(second)[0]
