@@ -69,7 +69,7 @@ from stores._sql import (
     split_sqlite_script,
 )
 from stores._sqlite_retention import SqliteRetention, check_key_free, missing
-from stores._sqlite_thread import fetch_all, fetch_one, in_transaction, on_thread
+from stores._sqlite_thread import GroupCommit, fetch_all, fetch_one, on_thread
 from stores.migrate import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 
 log = logging.getLogger(__name__)
@@ -235,10 +235,12 @@ class SqliteStore(SqliteRetention):
         self.path = path
         self._where = f"sqlite store {path}"
         # Every call is one trip to a connection's thread (stores._sqlite_thread): a write is one
-        # function holding its whole transaction, so writes from concurrent tasks queue on the
-        # writer's thread, and SQLite's own lock (BEGIN IMMEDIATE + busy timeout) orders them
-        # against other processes.
+        # function holding its whole transaction; the writes of concurrent tasks are committed in
+        # groups (one transaction and one fsync for the writes that arrive while one is on the
+        # thread), and SQLite's own lock (BEGIN IMMEDIATE + busy timeout) orders them against
+        # other processes.
         self._writer = writer
+        self._writes = GroupCommit(writer)
         self._reader = reader
         self._closed = False
 
@@ -276,11 +278,11 @@ class SqliteStore(SqliteRetention):
     # plumbing
 
     async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` in one write transaction on the writer's thread (one trip), with errors
-        translated."""
+        """Run ``work`` in a write transaction on the writer's thread (one trip, maybe shared with
+        concurrent writes: see ``GroupCommit``), with errors translated."""
         self._check_open()
         with _translated(self._where):
-            return await on_thread(self._writer, in_transaction, work)
+            return await self._writes.run(work)
 
     async def _read(self, sql: str, params: dict[str, Any]) -> list[Any]:
         self._check_open()
@@ -481,8 +483,9 @@ class SqliteStore(SqliteRetention):
         if self._closed:
             return
         self._closed = True
-        # A write in flight is ahead of the close on the writer's thread: its commit is not cut off.
+        # Wait for the writes queued or in flight, so that their commits are not cut off.
         with anyio.CancelScope(shield=True), _translated(self._where):
+            await self._writes.drain()
             for conn in (self._reader, self._writer):
                 await conn.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import anyio
 import pytest
 
 from orchestration.errors import InvalidArgument, LeaseLost, VersionConflict
@@ -83,3 +84,62 @@ async def test_a_refused_append_says_why_in_the_order_lease_version_log(store: S
         await store.append(run_id(1), moved.version, skipped, ahead, lease=new)
     assert await store.load(run_id(1)) == moved
     assert [f.seq for f in await store.read_facts(run_id(1))] == [1, 2]
+
+
+async def test_concurrent_writes_commit_in_groups_and_a_refused_one_rolls_back_alone(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heads = {}
+    for n in range(1, 7):
+        head, facts = new_run(run_id(n))
+        await store.create(head, facts)
+        heads[n] = head
+    outcomes: dict[str, object] = {}
+
+    async def attempt(name: str, n: int) -> None:
+        write = start_attempt(heads[n], executor=f"provider:fake:{name}")
+        try:
+            outcomes[name] = await store.append(run_id(n), write.expected_version, write.facts, write.head)
+        except VersionConflict as exc:
+            outcomes[name] = exc
+
+    # run 7 is one write ahead, and gets a write whose update succeeds but whose fact is one it
+    # has: refused after its update, which its savepoint rolls back (the group's others land)
+    head, facts = new_run(run_id(7))
+    await store.create(head, facts)
+    first = start_attempt(head)
+    heads[7] = await store.append(run_id(7), first.expected_version, first.facts, first.head)
+    again = start_attempt(heads[7])
+    duplicate = [again.facts[0].model_copy(update={"seq": 2})]
+
+    async def duplicated() -> None:
+        try:
+            await store.append(
+                run_id(7), heads[7].version, duplicate, again.head.model_copy(update={"last_seq": 2})
+            )
+        except InvalidArgument as exc:
+            outcomes["dup"] = exc
+
+    with trips(monkeypatch) as seen:
+        async with anyio.create_task_group() as tg:
+            # run 1 twice on one version: the second is refused inside the group, the rest land
+            for name, n in [("a", 1), ("b", 1), ("c", 2), ("d", 3)]:
+                tg.start_soon(attempt, name, n)
+            tg.start_soon(duplicated)
+            for name, n in [("e", 4), ("f", 5), ("g", 6)]:
+                tg.start_soon(attempt, name, n)
+    assert len(seen) < 8, seen  # grouped: fewer trips than writes
+    assert isinstance(outcomes.pop("b"), VersionConflict)
+    assert isinstance(outcomes.pop("dup"), InvalidArgument)
+    assert all(not isinstance(o, Exception) for o in outcomes.values())
+    assert await store.load(run_id(7)) == heads[7]
+    # committed when answered: another connection to the file sees every write, once each
+    other = await SqliteStore.open(tmp_path / "construct.db")
+    try:
+        for n in range(1, 7):
+            head = await other.load(run_id(n))
+            assert head.version == 2
+            assert [f.seq for f in await other.read_facts(run_id(n))] == [1, 2]
+        assert (await other.read_fact(run_id(1), 2)).model_dump()["executor"] == "provider:fake:a"
+    finally:
+        await other.close()
