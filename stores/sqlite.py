@@ -5,6 +5,9 @@
   creates check the idempotency key inside it, lease claims read and upsert inside it.
   ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so two processes never both decide on a
   stale read; the busy timeout makes the loser wait for the lock instead of failing at once.
+  Each write is one function that runs on the writer's thread in one trip; the writes of this
+  process's concurrent tasks share a transaction, each in its own savepoint
+  (:class:`stores._sqlite_thread.GroupCommit`).
 - ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
 - Reads use a second connection; in WAL mode they see the last committed write and never block, or
   wait for, the writer.
