@@ -12,10 +12,9 @@ whole log or the tombstone's error, never part of a run.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import sqlite3
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import aiosqlite
 
 from orchestration.errors import Conflict, RunNotFound
 from orchestration.facts import Fact
@@ -24,6 +23,7 @@ from orchestration.models import RunHead
 from orchestration.store import Tombstone
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
 from stores._sql import decode_head, queries
+from stores._sqlite_thread import fetch_all
 
 Q = queries("sqlite")
 T = TypeVar("T")
@@ -35,17 +35,17 @@ def _gone_from(run_id: str, rows: list[Any], *, by_key: bool = False) -> RunNotF
     return decode_tombstone(run_id, str(rows[0][0])).error(by_key=by_key)
 
 
-async def missing(conn: aiosqlite.Connection, run_id: str) -> RunNotFound:
-    """The error for a run id with no run row, read in the caller's transaction: the tombstone's,
-    else not found."""
-    return _gone_from(run_id, list(await conn.execute_fetchall(Q["tombstone_by_run"], {"run_id": run_id})))
+def missing(conn: sqlite3.Connection, run_id: str) -> RunNotFound:
+    """The error for a run id with no run row, read in the caller's transaction (on the
+    connection's thread): the tombstone's, else not found."""
+    return _gone_from(run_id, fetch_all(conn, Q["tombstone_by_run"], {"run_id": run_id}))
 
 
-async def check_key_free(conn: aiosqlite.Connection, key: str | None) -> None:
+def check_key_free(conn: sqlite3.Connection, key: str | None) -> None:
     """Refuse a create whose idempotency key is a deleted run's: that run's tombstone error."""
     if key is None:
         return
-    rows = list(await conn.execute_fetchall(Q["tombstone_by_key"], {"idempotency_key": key}))
+    rows = fetch_all(conn, Q["tombstone_by_key"], {"idempotency_key": key})
     if rows:
         raise _gone_from(str(rows[0][0]), [rows[0][1:]], by_key=True)
 
@@ -55,7 +55,7 @@ class SqliteRetention:
 
     if TYPE_CHECKING:
 
-        async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
+        async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
         async def _read(self, sql: str, params: dict[str, Any]) -> list[Any]: ...
 
@@ -71,18 +71,21 @@ class SqliteRetention:
         check_import(head, facts)
         run_id = head.run_id
 
-        async def work(conn: aiosqlite.Connection) -> RunHead:
-            if list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
+        run_row = _run_row(head)
+        fact_rows = [_fact_row(run_id, f) for f in facts]
+
+        def work(conn: sqlite3.Connection) -> RunHead:
+            if fetch_all(conn, Q["run_version"], {"run_id": run_id}):
                 raise Conflict(f"this store already has run {run_id}")
             key = head.idempotency_key
             if key is not None:
                 for query in ("head_by_idempotency_key", "tombstone_by_key"):
-                    rows = list(await conn.execute_fetchall(Q[query], {"idempotency_key": key}))
+                    rows = fetch_all(conn, Q[query], {"idempotency_key": key})
                     if rows and rows[0][0] != run_id:
                         raise Conflict(f"the idempotency key of run {run_id} is run {rows[0][0]}'s here")
-            await conn.execute(Q["delete_tombstone"], {"run_id": run_id})
-            await conn.execute(Q["insert_run"], _run_row(head))
-            await conn.executemany(Q["insert_fact"], [_fact_row(run_id, f) for f in facts])
+            conn.execute(Q["delete_tombstone"], {"run_id": run_id})
+            conn.execute(Q["insert_run"], run_row)
+            conn.executemany(Q["insert_fact"], fact_rows)
             return head
 
         return await self._write(work)
@@ -91,25 +94,24 @@ class SqliteRetention:
         """See ``RunStore.delete_run``: one ``BEGIN IMMEDIATE`` transaction."""
         run_id = validate_run_id(tombstone.run_id)
 
-        async def work(conn: aiosqlite.Connection) -> None:
-            rows = list(await conn.execute_fetchall(Q["load_head"], {"run_id": run_id}))
+        row = {
+            "run_id": run_id,
+            "idempotency_key": tombstone.idempotency_key,
+            "body": encode_tombstone(tombstone),
+        }
+
+        def work(conn: sqlite3.Connection) -> None:
+            rows = fetch_all(conn, Q["load_head"], {"run_id": run_id})
             if not rows:
-                stored = list(await conn.execute_fetchall(Q["tombstone_by_run"], {"run_id": run_id}))
+                stored = fetch_all(conn, Q["tombstone_by_run"], {"run_id": run_id})
                 if not stored:
                     raise RunNotFound(run_id)
                 deleted_already(decode_tombstone(run_id, str(stored[0][0])), tombstone)
                 return
             check_delete(decode_head(run_id, rows[0][0]), tombstone)
             for query in ("delete_run_leases", "delete_run_facts", "delete_run"):
-                await conn.execute(Q[query], {"run_id": run_id})
-            await conn.execute(
-                Q["insert_tombstone"],
-                {
-                    "run_id": run_id,
-                    "idempotency_key": tombstone.idempotency_key,
-                    "body": encode_tombstone(tombstone),
-                },
-            )
+                conn.execute(Q[query], {"run_id": run_id})
+            conn.execute(Q["insert_tombstone"], row)
 
         await self._write(work)
 

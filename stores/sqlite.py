@@ -5,6 +5,9 @@
   creates check the idempotency key inside it, lease claims read and upsert inside it.
   ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so two processes never both decide on a
   stale read; the busy timeout makes the loser wait for the lock instead of failing at once.
+  Each write is one function that runs on the writer's thread in one trip; the writes of this
+  process's concurrent tasks share a transaction, each in its own savepoint
+  (:class:`stores._sqlite_thread.GroupCommit`).
 - ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
 - Reads use a second connection; in WAL mode they see the last committed write and never block, or
   wait for, the writer.
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,6 +72,7 @@ from stores._sql import (
     split_sqlite_script,
 )
 from stores._sqlite_retention import SqliteRetention, check_key_free, missing
+from stores._sqlite_thread import GroupCommit, fetch_all, fetch_one, on_thread
 from stores.migrate import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 
 log = logging.getLogger(__name__)
@@ -233,11 +237,14 @@ class SqliteStore(SqliteRetention):
         """Use :meth:`open`."""
         self.path = path
         self._where = f"sqlite store {path}"
+        # Every call is one trip to a connection's thread (stores._sqlite_thread): a write is one
+        # function holding its whole transaction; the writes of concurrent tasks are committed in
+        # groups (one transaction and one fsync for the writes that arrive while one is on the
+        # thread), and SQLite's own lock (BEGIN IMMEDIATE + busy timeout) orders them against
+        # other processes.
         self._writer = writer
+        self._writes = GroupCommit(writer)
         self._reader = reader
-        # One connection can hold one transaction: writes from concurrent tasks take turns here,
-        # and SQLite's own lock (BEGIN IMMEDIATE + busy timeout) orders them against other processes.
-        self._write_lock = anyio.Lock()
         self._closed = False
 
     @classmethod
@@ -273,30 +280,35 @@ class SqliteStore(SqliteRetention):
     # ----------------------------------------------------------------------------------------
     # plumbing
 
-    async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        """Run ``work`` in one write transaction, with errors translated."""
+    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in a write transaction on the writer's thread (one trip, maybe shared with
+        concurrent writes: see ``GroupCommit``), with errors translated."""
         self._check_open()
         with _translated(self._where):
-            async with self._write_lock, _transaction(self._writer):
-                return await work(self._writer)
+            return await self._writes.run(work)
 
-    async def _read(self, sql: str, params: dict[str, Any]) -> list[sqlite3.Row]:
+    async def _read(self, sql: str, params: dict[str, Any]) -> list[Any]:
         self._check_open()
         with _translated(self._where):
-            return list(await self._reader.execute_fetchall(sql, params))
+            return await on_thread(self._reader, fetch_all, sql, params)
+
+    async def _read_with(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(connection, *args)`` on the reader's thread (one trip), with errors translated."""
+        self._check_open()
+        with _translated(self._where):
+            return await on_thread(self._reader, work, *args)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable(f"{self._where} is closed")
 
-    async def _version(self, run_id: str) -> int | None:
-        rows = await self._read(Q["run_version"], {"run_id": run_id})
-        return int(rows[0][0]) if rows else None
-
-    async def _require_run(self, run_id: str) -> None:
-        validate_run_id(run_id)
-        if await self._version(run_id) is None:
+    async def _read_run(self, run_id: str, sql: str, params: dict[str, Any]) -> list[Any]:
+        """The rows of one of the run's reads, in one trip. The run is checked after the read: a run
+        deleted meanwhile is its tombstone error, never part of it."""
+        rows, exists = await self._read_with(_rows_of_run, run_id, sql, params)
+        if not exists:
             raise await self._gone(run_id)
+        return rows
 
     # ----------------------------------------------------------------------------------------
     # RunStore
@@ -307,21 +319,21 @@ class SqliteStore(SqliteRetention):
         validate_run_id(head.run_id)
         check_create(head, facts)
 
-        async def work(conn: aiosqlite.Connection) -> CreateResult:
+        run_row = _run_row(head)
+        fact_rows = [_fact_row(head.run_id, f) for f in facts]
+
+        def work(conn: sqlite3.Connection) -> CreateResult:
             if head.idempotency_key is not None:
-                rows = list(
-                    await conn.execute_fetchall(
-                        Q["head_by_idempotency_key"], {"idempotency_key": head.idempotency_key}
-                    )
-                )
-                if rows:
-                    return CreateResult(decode_head(str(rows[0][0]), rows[0][1]), created=False)
-            await check_key_free(conn, head.idempotency_key)  # a deleted run's key stays reserved
+                key = {"idempotency_key": head.idempotency_key}
+                found = fetch_one(conn, Q["head_by_idempotency_key"], key)
+                if found is not None:
+                    return CreateResult(decode_head(str(found[0]), found[1]), created=False)
+            check_key_free(conn, head.idempotency_key)  # a deleted run's key stays reserved
             try:
-                await conn.execute(Q["insert_run"], _run_row(head))
+                conn.execute(Q["insert_run"], run_row)
             except sqlite3.IntegrityError as exc:
                 raise Conflict(f"a run with id {head.run_id} already exists") from exc
-            await conn.executemany(Q["insert_fact"], [_fact_row(head.run_id, f) for f in facts])
+            conn.executemany(Q["insert_fact"], fact_rows)
             return CreateResult(head, created=True)
 
         return await self._write(work)
@@ -341,33 +353,26 @@ class SqliteStore(SqliteRetention):
         head: RunHead,
         lease: Lease | None = None,
     ) -> RunHead:
-        """See ``RunStore.append``: one transaction holding the lease check (when fenced), the CAS
-        update of the head and one insert per fact; committed with ``synchronous = FULL`` before it
-        returns."""
+        """See ``RunStore.append``: one transaction, one trip to the writer's thread, holding the
+        compare-and-swap update of the head — which also checks the lease's token (when fenced) and
+        that the first fact follows the log's last one — and one insert per fact; committed with
+        ``synchronous = FULL`` before it returns. Only a refused update reads on, to tell which
+        check refused it (in the order: lease, version, log)."""
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
-        row = _run_row(head) | {"expected_version": expected_version}
+        row = _head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
+        update = Q["update_head"]
+        if lease is not None:
+            row["token"] = lease.token
+            update = Q["update_head_fenced"]
+        fact_rows = [_fact_row(run_id, f) for f in facts]
 
-        async def work(conn: aiosqlite.Connection) -> RunHead:
-            if lease is not None:
-                held = {"run_id": run_id, "token": lease.token}
-                if not list(await conn.execute_fetchall(Q["lease_held"], held)):
-                    if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
-                        raise await missing(conn, run_id)
-                    raise lease_lost(lease)
-            async with conn.execute(Q["update_head"], row) as cursor:
-                changed = cursor.rowcount
-            if changed != 1:
-                rows = list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id}))
-                if not rows:
-                    raise await missing(conn, run_id)
-                raise VersionConflict(run_id, expected_version, int(rows[0][0]))
-            previous = {"run_id": run_id, "seq": facts[0].seq - 1}
-            if not list(await conn.execute_fetchall(Q["fact_exists"], previous)):
-                raise not_continuing(run_id, facts[0].seq)
+        def work(conn: sqlite3.Connection) -> RunHead:
+            if conn.execute(update, row).rowcount != 1:
+                raise _refused(conn, run_id, expected_version, facts[0].seq, lease)
             try:
-                await conn.executemany(Q["insert_fact"], [_fact_row(run_id, f) for f in facts])
+                conn.executemany(Q["insert_fact"], fact_rows)
             except sqlite3.IntegrityError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
@@ -377,18 +382,13 @@ class SqliteStore(SqliteRetention):
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         validate_run_id(run_id)
-        rows = await self._read(
-            Q["read_facts"],
-            {"run_id": run_id, "after_seq": after_seq, "limit": -1 if limit is None else limit},
-        )
-        # Checked after the read: a run deleted meanwhile is its tombstone error, never part of it.
-        await self._require_run(run_id)
+        params = {"run_id": run_id, "after_seq": after_seq, "limit": -1 if limit is None else limit}
+        rows = await self._read_run(run_id, Q["read_facts"], params)
         return [decode_fact(run_id, int(seq), body) for seq, body in rows]
 
     async def read_fact(self, run_id: str, seq: int) -> Fact:
         validate_run_id(run_id)
-        rows = await self._read(Q["read_fact"], {"run_id": run_id, "seq": seq})
-        await self._require_run(run_id)
+        rows = await self._read_run(run_id, Q["read_fact"], {"run_id": run_id, "seq": seq})
         if not rows:
             raise FactNotFound(run_id, seq)
         return decode_fact(run_id, int(rows[0][0]), rows[0][1])
@@ -432,32 +432,32 @@ class SqliteStore(SqliteRetention):
         validate_run_id(run_id)
         expires_at = now + timedelta(seconds=ttl_seconds)
 
-        async def work(conn: aiosqlite.Connection) -> Lease | None:
-            if not list(await conn.execute_fetchall(Q["run_version"], {"run_id": run_id})):
-                raise await missing(conn, run_id)
-            return await _claim(conn, run_id, owner, now, expires_at)
+        def work(conn: sqlite3.Connection) -> Lease | None:
+            if fetch_one(conn, Q["run_version"], {"run_id": run_id}) is None:
+                raise missing(conn, run_id)
+            return _claim(conn, run_id, owner, now, expires_at)
 
         return await self._write(work)
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
 
-        async def work(conn: aiosqlite.Connection) -> Lease:
-            params = {
-                "run_id": lease.run_id,
-                "token": lease.token,
-                "expires_at": sortable_time(renewed.expires_at),
-            }
-            async with conn.execute(Q["renew_lease"], params) as cursor:
-                if cursor.rowcount != 1:
-                    raise lease_lost(lease)
+        params = {
+            "run_id": lease.run_id,
+            "token": lease.token,
+            "expires_at": sortable_time(renewed.expires_at),
+        }
+
+        def work(conn: sqlite3.Connection) -> Lease:
+            if conn.execute(Q["renew_lease"], params).rowcount != 1:
+                raise lease_lost(lease)
             return renewed
 
         return await self._write(work)
 
     async def release_lease(self, lease: Lease) -> None:
-        async def work(conn: aiosqlite.Connection) -> None:
-            await conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})
 
         await self._write(work)
 
@@ -471,13 +471,11 @@ class SqliteStore(SqliteRetention):
         process, no two get the same run: ``BEGIN IMMEDIATE`` serializes them."""
         expires_at = now + timedelta(seconds=ttl_seconds)
 
-        async def work(conn: aiosqlite.Connection) -> list[Lease]:
-            rows = list(
-                await conn.execute_fetchall(Q["claim_runnable"], {"now": sortable_time(now), "limit": limit})
-            )
+        def work(conn: sqlite3.Connection) -> list[Lease]:
+            rows = fetch_all(conn, Q["claim_runnable"], {"now": sortable_time(now), "limit": limit})
             leases: list[Lease] = []
             for (run_id,) in rows:
-                lease = await _claim(conn, str(run_id), owner, now, expires_at)
+                lease = _claim(conn, str(run_id), owner, now, expires_at)
                 if lease is not None:
                     leases.append(lease)
             return leases
@@ -488,15 +486,40 @@ class SqliteStore(SqliteRetention):
         if self._closed:
             return
         self._closed = True
-        # Wait for a write in flight so that its commit is not cut off.
-        async with self._write_lock:
-            with anyio.CancelScope(shield=True), _translated(self._where):
-                for conn in (self._reader, self._writer):
-                    await conn.close()
+        # Wait for the writes queued or in flight, so that their commits are not cut off.
+        with anyio.CancelScope(shield=True), _translated(self._where):
+            await self._writes.drain()
+            for conn in (self._reader, self._writer):
+                await conn.close()
 
 
-async def _claim(
-    conn: aiosqlite.Connection, run_id: str, owner: str, now: datetime, expires_at: datetime
+def _rows_of_run(
+    conn: sqlite3.Connection, run_id: str, sql: str, params: dict[str, Any]
+) -> tuple[list[Any], bool]:
+    """(On the reader's thread.) The rows of ``sql``, then whether the run still exists."""
+    rows = fetch_all(conn, sql, params)
+    return rows, fetch_one(conn, Q["run_version"], {"run_id": run_id}) is not None
+
+
+def _refused(
+    conn: sqlite3.Connection, run_id: str, expected_version: int, first_seq: int, lease: Lease | None
+) -> ConstructError:
+    """(In the append's transaction.) Why its update changed no row: the run is gone, the lease was
+    lost, the version moved on, or the first fact does not follow the log's last one."""
+    found = fetch_one(conn, Q["run_version"], {"run_id": run_id})
+    if found is None:
+        return missing(conn, run_id)
+    if lease is not None:
+        held = {"run_id": run_id, "token": lease.token}
+        if fetch_one(conn, Q["lease_held"], held) is None:
+            return lease_lost(lease)
+    if int(found[0]) != expected_version:
+        return VersionConflict(run_id, expected_version, int(found[0]))
+    return not_continuing(run_id, first_seq)
+
+
+def _claim(
+    conn: sqlite3.Connection, run_id: str, owner: str, now: datetime, expires_at: datetime
 ) -> Lease | None:
     token = new_lease_token()
     params = {
@@ -506,23 +529,30 @@ async def _claim(
         "expires_at": sortable_time(expires_at),
         "token": token,
     }
-    rows = list(await conn.execute_fetchall(Q["claim_lease"], params))
-    return Lease(run_id, owner, expires_at, token) if rows else None
+    claimed = fetch_one(conn, Q["claim_lease"], params)
+    return Lease(run_id, owner, expires_at, token) if claimed is not None else None
 
 
 def _run_row(head: RunHead) -> dict[str, Any]:
+    """A new run's row (a create, an import)."""
+    return _head_row(head) | {
+        "created_at": sortable_time(head.created_at),
+        "idempotency_key": head.idempotency_key,
+        # The chain snapshot is written once, in a column of its own, by the create (migration
+        # chain_written_once); an append's update leaves it as it is.
+        "chain": encode_chain(head.chain),
+    }
+
+
+def _head_row(head: RunHead) -> dict[str, Any]:
+    """What an append's update writes: the columns that change with the head."""
     return {
         "run_id": head.run_id,
         "version": head.version,
         "status": head.status.value,
-        "created_at": sortable_time(head.created_at),
         "updated_at": sortable_time(head.updated_at),
         "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
-        "idempotency_key": head.idempotency_key,
-        # The chain snapshot is written once, in a column of its own, by the create (migration
-        # chain_written_once); an append's update leaves it as it is.
         "head": encode_head(head, with_chain=False),
-        "chain": encode_chain(head.chain),
         # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the
         # partial index runs_wake_at then holds only the runs that can.
         "wake_at": (

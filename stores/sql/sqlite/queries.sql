@@ -43,19 +43,27 @@ SELECT version FROM runs WHERE run_id = :run_id
 INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
 VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at, :chain)
 
--- name: fact_exists
--- An append's first fact must follow the log's last one: the fact before it exists.
-SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :seq
-
 -- name: insert_fact
 INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
 
 -- name: update_head
--- The compare-and-swap: no row changes unless the stored version is the one the writer read.
+-- An append's compare-and-swap: no row changes unless the stored version is the one the writer read
+-- and the append's first fact follows the log's last one (the fact before it exists).
 UPDATE runs
 SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head,
     wake_at = :wake_at
 WHERE run_id = :run_id AND version = :expected_version
+  AND EXISTS (SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :previous_seq)
+
+-- name: update_head_fenced
+-- update_head for a fenced append: also no row changes unless the run's lease still carries the
+-- writer's token.
+UPDATE runs
+SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head,
+    wake_at = :wake_at
+WHERE run_id = :run_id AND version = :expected_version
+  AND EXISTS (SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :previous_seq)
+  AND EXISTS (SELECT 1 FROM leases WHERE run_id = :run_id AND token = :token)
 
 -- name: load_head
 -- The head as written (a JSON object) with the chain snapshot written once at creation put back in
@@ -129,7 +137,8 @@ UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND token = :t
 DELETE FROM leases WHERE run_id = :run_id AND token = :token
 
 -- name: lease_held
--- The fence of an append, inside its transaction: the run's lease still carries the writer's token.
+-- Why a fenced append's update changed no row, inside its transaction: does the run's lease still
+-- carry the writer's token?
 SELECT 1 FROM leases WHERE run_id = :run_id AND token = :token
 
 -- name: claim_runnable

@@ -1,0 +1,165 @@
+"""One trip to a connection's thread per store call (the SQLite store, :mod:`stores.sqlite`).
+
+aiosqlite runs every call on the connection's own thread and hands each result back to the event
+loop: a round trip per statement, which cost more than the statements themselves (an append was
+seven: ``BEGIN``, the lease check, the update, the cursor's close, the fact check, the inserts,
+``COMMIT``). Here a whole store call — a write transaction from ``BEGIN IMMEDIATE`` to ``COMMIT``,
+or a read of several statements — is one plain function that runs on that thread in one trip,
+through the same queue aiosqlite's own calls take (``Connection._execute``; pinned by
+tests/stores/test_sqlite.py).
+
+The queue runs one function at a time, in order, so a write transaction can no longer interleave
+with another call on its connection, and no lock is needed for that: writes from concurrent tasks
+queue on the thread, and SQLite's own lock (``BEGIN IMMEDIATE`` and the busy timeout) orders them
+against other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import aiosqlite
+import anyio
+
+from stores._sql import queries
+
+Q = queries("sqlite")
+T = TypeVar("T")
+
+
+async def on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(sqlite_connection, *args)`` on ``conn``'s thread, awaited to its end.
+
+    Shielded from cancellation: a function queued on the thread runs to its end whatever happens
+    to the await, so the caller waits for it (a cancelled write has then committed or rolled back,
+    and a read that follows sees which)."""
+    execute = cast(Callable[..., Awaitable[T]], conn._execute)
+    raw = conn._conn  # ValueError on a closed connection, as aiosqlite's own calls
+    with anyio.CancelScope(shield=True):
+        result = await execute(fn, raw, *args)
+    return result
+
+
+def in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """``work(conn)`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction (runs on the connection's
+    thread), rolled back on any error. The commit is on disk when this returns (``synchronous =
+    FULL``)."""
+    conn.execute(Q["begin_immediate"])
+    try:
+        result = work(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        # A failed COMMIT (an I/O error) leaves the transaction open: never leave it so.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def fetch_all(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def fetch_one(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
+Work = Callable[[sqlite3.Connection], Any]
+
+
+class _Write:
+    """A write waiting in a :class:`GroupCommit`: its function, then what it returned or raised."""
+
+    __slots__ = ("outcome", "woken", "work")
+
+    def __init__(self, work: Work) -> None:
+        self.work = work
+        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.outcome: tuple[bool, Any] | None = None
+
+
+class GroupCommit:
+    """The writes of one connection, committed in groups: the writes that arrive while a
+    transaction is on the thread go together in the next one, each inside its own savepoint (so a
+    refused write rolls back alone, as if it had been a transaction of its own), with one ``COMMIT``
+    — and one ``fsync`` — for the group. Each caller is answered only after that ``COMMIT`` is on
+    disk; a group whose ``BEGIN`` or ``COMMIT`` fails fails every write in it (none landed). Writes
+    run in arrival order, so the outcome is the one of running them one by one.
+
+    No task of its own: the caller that finds no group in flight sends one (its own write and any
+    that joined), and when it is answered, the first write that arrived meanwhile is woken to send
+    the next group. One group in flight at a time, so one transaction on the connection at a time.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+        self._pending: list[_Write] = []
+        self._in_flight = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work(conn)`` in a write transaction, committed before this returns (shielded from
+        cancellation, like :func:`on_thread`)."""
+        write = _Write(work)
+        self._pending.append(write)
+        with anyio.CancelScope(shield=True):
+            if self._in_flight:
+                await write.woken
+            if write.outcome is None:  # not answered: woken to send the next group
+                await self._send()
+        assert write.outcome is not None
+        ok, value = write.outcome
+        if not ok:
+            raise value
+        return cast(T, value)
+
+    async def drain(self) -> None:
+        """Wait until no write is queued or in flight."""
+        await self._idle.wait()
+
+    async def _send(self) -> None:
+        group, self._pending = self._pending, []
+        self._in_flight = True
+        self._idle.clear()
+        execute = cast(Callable[..., Awaitable[list[tuple[bool, Any]]]], self._conn._execute)
+        try:
+            outcomes = await execute(_commit_group, self._conn._conn, [write.work for write in group])
+        except BaseException as exc:  # BEGIN or COMMIT failed (or the connection is closed): none landed
+            outcomes = [(False, exc)] * len(group)
+        for write, outcome in zip(group, outcomes, strict=True):
+            write.outcome = outcome
+            if not write.woken.done():
+                write.woken.set_result(None)
+        if self._pending:
+            self._pending[0].woken.set_result(None)  # in_flight stays set: the next group is its
+        else:
+            self._in_flight = False
+            self._idle.set()
+
+
+def _commit_group(conn: sqlite3.Connection, works: list[Work]) -> list[tuple[bool, Any]]:
+    """(On the connection's thread.) ``works`` in one transaction, each in a savepoint of its own;
+    what each returned or raised."""
+    if len(works) == 1:
+        try:
+            return [(True, in_transaction(conn, works[0]))]
+        except Exception as exc:
+            return [(False, exc)]
+    outcomes: list[tuple[bool, Any]] = []
+
+    def each(conn: sqlite3.Connection) -> None:
+        for work in works:
+            conn.execute("SAVEPOINT one_write")
+            try:
+                outcomes.append((True, work(conn)))
+            except Exception as exc:
+                conn.execute("ROLLBACK TO one_write")
+                outcomes.append((False, exc))
+            conn.execute("RELEASE one_write")
+
+    in_transaction(conn, each)
+    return outcomes
