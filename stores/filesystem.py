@@ -4,7 +4,10 @@ Layout under ``root``::
 
     runs/<run_id>/facts.jsonl   the fact log: one JSON fact per line, only ever appended to
     runs/<run_id>/facts.idx     16 bytes per fact (big-endian start and end byte offsets of its line)
-    runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir)
+    runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir);
+                                without the chain snapshot when chain.json holds it
+    runs/<run_id>/chain.json    the chain snapshot, written once by the create (stores._fs_chain;
+                                absent in runs written before: their head.json holds the chain)
     runs/<run_id>/lease.json    the lease (owner, expiry, token), absent when nobody holds it
     runs/<run_id>/lock          flock(2) target: every write to the run (facts, head, lease) happens
                                 while holding it, so a fenced append reads the lease and the head
@@ -79,11 +82,11 @@ from stores._common import (
     decode_stored_fact,
     decode_stored_head,
     encode_cursor_key,
-    encode_head,
     is_runnable,
     list_order_key,
     not_continuing,
 )
+from stores._fs_chain import CHAIN_FILE, encode_stored_chain, encode_stored_head, with_chain
 from stores._fs_files import (
     HEAD_PREFIX_BYTES,
     INDEX_RECORD,
@@ -116,10 +119,6 @@ LOCK_FILE = "lock"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def _encode_head(head: RunHead) -> bytes:
-    return encode_head(head).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +199,7 @@ class FilesystemStore(FilesystemRetention):
     def _load_sync(self, run_id: str) -> RunHead:
         path = self._run_dir(run_id) / HEAD_FILE
         try:
-            data = path.read_bytes()
+            data = with_chain(run_id, path, path.read_bytes())
         except FileNotFoundError:
             if not path.parent.is_dir():
                 raise self._gone(run_id) from None
@@ -282,7 +281,8 @@ class FilesystemStore(FilesystemRetention):
                 blob = b"".join(lines)
                 write_new_file(staging / FACTS_FILE, blob)
                 write_new_file(staging / INDEX_FILE, index_records(lines, 0))
-                write_new_file(staging / HEAD_FILE, _encode_head(head))
+                write_new_file(staging / CHAIN_FILE, encode_stored_chain(head))
+                write_new_file(staging / HEAD_FILE, encode_stored_head(head, chain_apart=True))
                 write_new_file(staging / LOCK_FILE, b"")
                 fsync_dir(staging)
                 # Key before run: a crash in between leaves a dangling key (repaired above), never
@@ -335,9 +335,13 @@ class FilesystemStore(FilesystemRetention):
     def _append_sync(
         self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead, lease: Lease | None
     ) -> None:
-        run_dir = self._require_run(run_id)
+        run_dir = self._run_dir(run_id)
+        # A run keeps its layout: the chain apart (created by this version) or in its head.
+        chain_apart = os.path.exists(run_dir / CHAIN_FILE)
+        if not chain_apart:
+            self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
-        lines, head_bytes = encode_facts(facts), _encode_head(head)
+        lines, head_bytes = encode_facts(facts), encode_stored_head(head, chain_apart=chain_apart)
         with self._locked(run_id):
             # The fence: claims write lease.json under this same lock, so none can slip in
             # between this check and the write below.
