@@ -3,8 +3,12 @@
 Layout under ``root``::
 
     runs/<run_id>/facts.jsonl   the fact log: one JSON fact per line, only ever appended to
-    runs/<run_id>/facts.idx     16 bytes per fact (big-endian start and end byte offsets of its line)
-    runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir)
+    runs/<run_id>/facts.idx     16 bytes per fact (big-endian start and end byte offsets of its line);
+                                derived from the log, rebuilt from it after an OS crash (stores._fs_index)
+    runs/<run_id>/head.json     the head; replaced atomically (temp file, fsync, rename, fsync dir);
+                                without the chain snapshot when chain.json holds it
+    runs/<run_id>/chain.json    the chain snapshot, written once by the create (stores._fs_chain;
+                                absent in runs written before: their head.json holds the chain)
     runs/<run_id>/lease.json    the lease (owner, expiry, token), absent when nobody holds it
     runs/<run_id>/lock          flock(2) target: every write to the run (facts, head, lease) happens
                                 while holding it, so a fenced append reads the lease and the head
@@ -15,7 +19,7 @@ Layout under ``root``::
     tombstones/, trash/         deleted runs' tombstones, and runs being deleted (stores._fs_retention)
 
 Commit point. ``head.json`` is the truth: a fact is part of the run only if its seq is
-``<= head.last_seq``. An append writes (and fsyncs) the facts and their index records first, then
+``<= head.last_seq``. An append writes the facts (fsync'd) and their index records first, then
 replaces the head. A process killed in between leaves bytes past the committed end; readers never
 look past ``head.last_seq``, and the next append (under the run lock) truncates the log and the
 index back to the committed end before appending, so nothing uncommitted is ever duplicated or
@@ -24,7 +28,8 @@ resurrected.
 Cost. An append reads the first bytes of the head (its version and last_seq) and one 16-byte index
 record (a fenced append reads the small lease.json too), appends its own bytes and rewrites the head
 (which holds no task output): it does not depend on the number or size of earlier facts. ``read_fact`` is one
-index record plus one line. ``list_runs`` and ``runnable`` scan the run directories. A terminal run's
+index record plus one line; the index records it reads are checked (stores._fs_index).
+``list_runs`` and ``runnable`` scan the run directories. A terminal run's
 head never changes again, so a store object reads it once and remembers its list position and
 status; later scans read only the runs that can still change (plus, for ``list_runs``, the heads of
 the page returned). With 5,000 runs, 10 % of them live, a scan takes about 40 ms instead of 400 ms.
@@ -79,11 +84,11 @@ from stores._common import (
     decode_stored_fact,
     decode_stored_head,
     encode_cursor_key,
-    encode_head,
     is_runnable,
     list_order_key,
     not_continuing,
 )
+from stores._fs_chain import CHAIN_FILE, encode_stored_chain, encode_stored_head, with_chain
 from stores._fs_files import (
     HEAD_PREFIX_BYTES,
     INDEX_RECORD,
@@ -103,6 +108,7 @@ from stores._fs_files import (
     write_lease,
     write_new_file,
 )
+from stores._fs_index import chained, committed_end, rebuild, repair, unpack
 from stores._fs_retention import TOMBSTONES_DIR, FilesystemRetention
 from stores._lease import check_aware, check_fence, lease_lost
 
@@ -116,10 +122,6 @@ LOCK_FILE = "lock"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def _encode_head(head: RunHead) -> bytes:
-    return encode_head(head).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,7 @@ class FilesystemStore(FilesystemRetention):
     def _load_sync(self, run_id: str) -> RunHead:
         path = self._run_dir(run_id) / HEAD_FILE
         try:
-            data = path.read_bytes()
+            data = with_chain(run_id, path, path.read_bytes())
         except FileNotFoundError:
             if not path.parent.is_dir():
                 raise self._gone(run_id) from None
@@ -282,7 +284,8 @@ class FilesystemStore(FilesystemRetention):
                 blob = b"".join(lines)
                 write_new_file(staging / FACTS_FILE, blob)
                 write_new_file(staging / INDEX_FILE, index_records(lines, 0))
-                write_new_file(staging / HEAD_FILE, _encode_head(head))
+                write_new_file(staging / CHAIN_FILE, encode_stored_chain(head))
+                write_new_file(staging / HEAD_FILE, encode_stored_head(head, chain_apart=True))
                 write_new_file(staging / LOCK_FILE, b"")
                 fsync_dir(staging)
                 # Key before run: a crash in between leaves a dangling key (repaired above), never
@@ -305,17 +308,6 @@ class FilesystemStore(FilesystemRetention):
                     shutil.rmtree(staging, ignore_errors=True)
         return CreateResult(head, created=True)
 
-    def _committed_end(self, run_id: str, index_fd: int, last_seq: int) -> int:
-        record = os.pread(index_fd, INDEX_RECORD.size, (last_seq - 1) * INDEX_RECORD.size)
-        if len(record) != INDEX_RECORD.size:
-            raise CorruptRecord(
-                run_id,
-                str(self._run_dir(run_id) / INDEX_FILE),
-                f"it has no record for committed fact {last_seq}",
-            )
-        _start, end = INDEX_RECORD.unpack(record)
-        return int(end)
-
     def _stored_position(self, run_id: str) -> tuple[int, int]:
         """The stored head's ``(version, last_seq)``, read from the start of head.json."""
         path = self._run_dir(run_id) / HEAD_FILE
@@ -335,9 +327,13 @@ class FilesystemStore(FilesystemRetention):
     def _append_sync(
         self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead, lease: Lease | None
     ) -> None:
-        run_dir = self._require_run(run_id)
+        run_dir = self._run_dir(run_id)
+        # A run keeps its layout: the chain apart (created by this version) or in its head.
+        chain_apart = os.path.exists(run_dir / CHAIN_FILE)
+        if not chain_apart:
+            self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.
-        lines, head_bytes = encode_facts(facts), _encode_head(head)
+        lines, head_bytes = encode_facts(facts), encode_stored_head(head, chain_apart=chain_apart)
         with self._locked(run_id):
             # The fence: claims write lease.json under this same lock, so none can slip in
             # between this check and the write below.
@@ -352,14 +348,16 @@ class FilesystemStore(FilesystemRetention):
             try:
                 index_fd = os.open(run_dir / INDEX_FILE, os.O_RDWR | os.O_APPEND)
                 try:
-                    end = self._committed_end(run_id, index_fd, last_seq)
+                    end = committed_end(facts_fd, index_fd, last_seq)
+                    if end is None:  # the index is behind the log (an OS crash): rebuild it
+                        end = repair(run_id, run_dir, index_fd, last_seq)
                     self._discard_uncommitted(run_id, facts_fd, index_fd, end, last_seq)
-                    # Facts and index first, each durable, then the head: the head is the commit
-                    # point, so a crash anywhere before its rename leaves the run as it was.
+                    # Facts first, durable, then the head: the head is the commit point, so a crash
+                    # anywhere before its rename leaves the run as it was. The index is derived
+                    # from the log and not fsync'd (stores._fs_index rebuilds what a power loss cuts).
                     write_all(facts_fd, b"".join(lines))
-                    os.fsync(facts_fd)
                     write_all(index_fd, index_records(lines, end))
-                    os.fsync(index_fd)
+                    os.fsync(facts_fd)
                 finally:
                     os.close(index_fd)
             finally:
@@ -407,12 +405,10 @@ class FilesystemStore(FilesystemRetention):
         with open(run_dir / INDEX_FILE, "rb") as index:
             index.seek((first - 1) * INDEX_RECORD.size)
             raw = index.read(count * INDEX_RECORD.size)
-        if len(raw) != count * INDEX_RECORD.size:
-            raise CorruptRecord(
-                run_id, str(run_dir / INDEX_FILE), f"it has fewer records than committed fact {last}"
-            )
-        records = list(INDEX_RECORD.iter_unpack(raw))
-        start, end = int(records[0][0]), int(records[-1][1])
+        records = unpack(raw)
+        if len(records) != count or not chained(records, 0 if first == 1 else records[0][0]):
+            records = rebuild(run_id, run_dir, last)[first - 1 :]  # behind the log: an OS crash
+        start, end = records[0][0], records[-1][1]
         path = run_dir / FACTS_FILE
         with open(path, "rb") as log:
             log.seek(start)

@@ -19,6 +19,7 @@ from typing import Any
 from orchestration.facts import FACT_ADAPTER
 from orchestration.models import RunHead
 from orchestration.store import RunStore
+from stores._fs_chain import with_chain
 from stores._sql import queries
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
@@ -48,7 +49,9 @@ class RawRecords:
         if isinstance(store, MemoryStore):
             return store._heads[run_id].model_dump_json()
         if isinstance(store, FilesystemStore):
-            return (_run_dir(store, run_id) / "head.json").read_text()
+            # The head with its chain snapshot, which the store keeps in chain.json (_fs_chain).
+            path = _run_dir(store, run_id) / "head.json"
+            return with_chain(run_id, path, path.read_bytes()).decode()
         if isinstance(store, SqliteStore):
             # The head with its chain snapshot, which the SQL stores keep in a column of their own.
             load = queries("sqlite")["load_head"].replace(":run_id", "?")
@@ -120,7 +123,8 @@ class RawRecords:
             return (store._heads[run_id], list(store._facts[run_id]))
         if isinstance(store, FilesystemStore):
             run_dir = _run_dir(store, run_id)
-            return {name: (run_dir / name).read_bytes() for name in ("head.json", "facts.jsonl", "facts.idx")}
+            names = ("head.json", "chain.json", "facts.jsonl", "facts.idx")
+            return {name: (run_dir / name).read_bytes() for name in names}
         if isinstance(store, SqliteStore):
             return (
                 _sqlite(store.path, "SELECT * FROM runs WHERE run_id = ?", run_id),

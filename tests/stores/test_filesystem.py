@@ -248,7 +248,8 @@ async def test_a_crash_during_an_append_leaves_the_run_as_it_was(fs: FilesystemS
 
 CRASHES_DURING_CREATE = [
     pytest.param("write:1", id="staging-the-facts"),
-    pytest.param("write:3:torn", id="staging-the-head"),
+    pytest.param("write:3:torn", id="staging-the-chain"),
+    pytest.param("write:4:torn", id="staging-the-head"),
     pytest.param("link:1", id="before-the-key"),
     pytest.param("rename:1", id="key-published-run-not"),
 ]
