@@ -165,9 +165,11 @@ def render(
     index: int,
     work: Sequence[TaskState],
     outputs: Mapping[str, str],
+    work_outputs: Sequence[str] | None = None,
 ) -> TaskPrompt:
     """The prompts of ``task`` (at ``position`` in the run, its step at ``index`` in the chain),
-    showing ``work`` under "Work so far"; ``outputs``: as for :func:`materialize`."""
+    showing ``work`` under "Work so far"; ``outputs``: as for :func:`materialize`, or
+    ``work_outputs``: the outputs of ``work`` in its order, when the task was not sent back."""
     text = chain_plan(head.chain).text(index)
     specialist = text.specialist
     task_id = task.task_id
@@ -176,7 +178,9 @@ def render(
     parts = [text.opening + round_note + text.closing, "", "## Request", "", head.request.strip()]
     if work:
         parts.append("")
-        parts += work_section(work, list(map(outputs.__getitem__, map(_TASK_ID, work))))
+        if work_outputs is None:
+            work_outputs = list(map(outputs.__getitem__, map(_TASK_ID, work)))
+        parts += work_section(work, work_outputs)
     sender = task.sent_back_by
     if sender is not None and sender in outputs:
         by = head.task(sender)

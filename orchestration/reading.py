@@ -92,26 +92,28 @@ async def read_prompt(
     """Materialize ``task_id``'s prompts from the persisted record only (``known``: see
     :func:`read_outputs`)."""
     up = upstream(head, task_id)
-    outputs = None if known is None else _known_outputs(up.tasks, known)
-    if outputs is None:
+    found = None if known is None else _known_outputs(up.tasks, known)
+    if found is None:
         outputs = await read_outputs(store, head, up.ids, known)
+        return render(head, up.task, up.position, up.index, up.work, outputs)
+    if up.work is up.tasks:
+        # Nothing was sent back: the outputs are those of the work shown, in its order.
+        return render(head, up.task, up.position, up.index, up.work, {}, found)
+    outputs = dict(zip(map(_TASK_ID, up.tasks), found, strict=True))
     return render(head, up.task, up.position, up.index, up.work, outputs)
 
 
-def _known_outputs(tasks: Sequence[TaskState], known: Mapping[int, Fact]) -> dict[str, str] | None:
-    """What :func:`read_outputs` gives for ``tasks`` when every output is among the ``known``
-    facts (as at every boundary of a drive but its first), without a pass over the run's tasks
-    (nor a Python loop over the outputs); None when one is not (:func:`read_outputs` then reads,
-    and says what is wrong, as before)."""
+def _known_outputs(tasks: Sequence[TaskState], known: Mapping[int, Fact]) -> list[str] | None:
+    """The outputs of ``tasks`` (in their order) as :func:`read_outputs` gives them, when every
+    one is among the ``known`` facts (as at every boundary of a drive but its first), without a
+    pass over the run's tasks (nor a Python loop over the outputs); None when one is not, or is
+    no task output (:func:`read_outputs` then reads, and says what is wrong, as before)."""
     if not tasks:
-        return {}
-    seqs = list(map(_OUTPUT_SEQ, tasks))
-    if not known.keys() >= set(seqs):
-        return None
-    facts = list(map(known.__getitem__, seqs))
+        return []
+    facts = list(map(known.get, map(_OUTPUT_SEQ, tasks)))
     if set(map(type, facts)) != {TaskCompleted}:
         return None
-    return dict(zip(map(_TASK_ID, tasks), map(_OUTPUT, facts), strict=True))
+    return list(map(_OUTPUT, facts))
 
 
 _OUTPUT_SEQ = attrgetter("output_seq")
