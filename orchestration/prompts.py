@@ -20,19 +20,24 @@ work a task sees is that of its step's *ancestors* in the graph, not of every ea
 writer after three researchers sees all three outputs, each labelled with its task id, and a
 researcher does not see its siblings'. A step's own ``instruction`` (the angle a researcher
 takes) ends its task section, in every chain.
+
+What is found here fast (and cached) is found by :mod:`orchestration.prompt_index`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
-from orchestration.graph import ancestors, is_parallel, latest, predecessors
-from orchestration.memo import by_identity
-from orchestration.models import ChainSnapshot, RunHead, TaskState, text_hash
-from orchestration.routing import routing_note
-from orchestration.schemas import answer_format
+from orchestration.graph import ancestors, is_parallel, latest
+from orchestration.models import RunHead, TaskState, text_hash
+from orchestration.prompt_index import before, chain_plan, describe, locate, work_section
 from orchestration.vocabulary import TaskStatus
+
+_TASK_ID = attrgetter("task_id")
+
+__all__ = ["TaskPrompt", "Upstream", "describe", "materialize", "render", "upstream", "upstream_task_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +52,33 @@ class TaskPrompt:
         return text_hash(self.system + "\x00" + self.user)
 
 
-def _position(head: RunHead, task_id: str) -> int:
-    return next(i for i, t in enumerate(head.tasks) if t.task_id == task_id)
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where a task is (its position in the run, its step's in the chain) and the done tasks whose
+    outputs its prompt includes: ``tasks`` (see :func:`upstream_task_ids`), of which ``work`` are
+    shown under "Work so far" (all but the tasks that sent the work back)."""
+
+    task: TaskState
+    position: int
+    index: int
+    tasks: list[TaskState]
+    work: list[TaskState]
+
+    @property
+    def ids(self) -> list[str]:
+        return list(map(_TASK_ID, self.tasks))
 
 
-def _earlier_steps(head: RunHead, task: TaskState) -> list[TaskState]:
+def _earlier_steps(head: RunHead, task: TaskState, position: int, index: int) -> list[TaskState]:
     """For each step before ``task``'s in the chain, its latest instance that ran before ``task``
-    (for a linear chain: the tasks before it); in a parallel chain, each ancestor's latest
-    instance."""
+    (for a linear chain: the tasks before it), if it is done; in a parallel chain, each ancestor's
+    latest instance, if it is done."""
     if is_parallel(head.chain):
         found = (latest(head, name) for name in ancestors(head.chain, task.step_name))
-        return [t for t in found if t is not None and t.status != TaskStatus.SKIPPED]
-    position = _position(head, task.task_id)
-    # One pass over the tasks before it, not one per earlier step: the latest instance of each
-    # step that was not skipped.
-    latest_before: dict[str, TaskState] = {}
-    for t in head.tasks[:position]:
-        if t.status != TaskStatus.SKIPPED:
-            latest_before[t.step_name] = t
-    steps = head.chain.steps[: head.chain.index(task.step_name)]
-    return [latest_before[step.name] for step in steps if step.name in latest_before]
+        return [t for t in found if t is not None and t.status == TaskStatus.DONE]
+    done = before(head.tasks, position).done
+    # filter(None, ...): a task is never false (a model without __bool__ or __len__); one C loop
+    return list(filter(None, map(done.get, chain_plan(head.chain).names[:index])))
 
 
 def _seen(head: RunHead, task: TaskState, position: int) -> set[str]:
@@ -78,18 +90,35 @@ def _seen(head: RunHead, task: TaskState, position: int) -> set[str]:
     return {t.task_id for t in head.tasks[:position]}
 
 
+def _where(head: RunHead, task_id: str) -> tuple[TaskState, int, int]:
+    position = locate(head.tasks, head.chain, task_id)
+    task = head.tasks[position]
+    return task, position, head.chain.index(task.step_name)
+
+
+def upstream(head: RunHead, task_id: str) -> Upstream:
+    """What :func:`upstream_task_ids` gives, as tasks, with where ``task_id`` is."""
+    task, position, index = _where(head, task_id)
+    tasks = _earlier_steps(head, task, position, index)
+    work = tasks
+    sender, revised = task.sent_back_by, task.revision_of
+    if sender is not None or revised is not None:
+        ids = [t.task_id for t in tasks]
+        work = [t for t in tasks if t.task_id not in (sender, revised)]
+        tasks = list(tasks)
+        for other in (sender, revised):
+            if other is not None and other not in ids:
+                found = head.task(other)
+                if found.status == TaskStatus.DONE:
+                    ids.append(other)
+                    tasks.append(found)
+    return Upstream(task, position, index, tasks, work)
+
+
 def upstream_task_ids(head: RunHead, task_id: str) -> list[str]:
     """The done tasks whose outputs ``task_id``'s prompt includes: the latest done instance of each
     earlier step, and the routing task that sent the work back (if any), last."""
-    task = head.task(task_id)
-    ids = [t.task_id for t in _earlier_steps(head, task) if t.status == TaskStatus.DONE]
-    sender = task.sent_back_by
-    if sender is not None and sender not in ids and head.task(sender).status == TaskStatus.DONE:
-        ids.append(sender)
-    revised = task.revision_of
-    if revised is not None and revised not in ids and head.task(revised).status == TaskStatus.DONE:
-        ids.append(revised)
-    return ids
+    return upstream(head, task_id).ids
 
 
 def _sent_back_by_approver(head: RunHead, task: TaskState, outputs: Mapping[str, str]) -> list[str]:
@@ -113,91 +142,78 @@ def _sent_back_by_approver(head: RunHead, task: TaskState, outputs: Mapping[str,
     return parts
 
 
-@by_identity
-def describe(chain: ChainSnapshot) -> str:
-    """The chain's steps in a line: ``a -> b -> c``, or for a parallel chain each step with what it
-    runs after (``r1, r2, writer (after r1, r2)``)."""
-    if not is_parallel(chain):
-        return " -> ".join(s.name for s in chain.steps)
-    said = []
-    for step in chain.steps:
-        preds = predecessors(chain, step.name)
-        said.append(f"{step.name} (after {', '.join(preds)})" if preds else step.name)
-    return ", ".join(said)
-
-
 def materialize(
     head: RunHead, task_id: str, outputs: Mapping[str, str], upstream_ids: Sequence[str] | None = None
 ) -> TaskPrompt:
     """The prompts for ``task_id``. ``outputs`` maps the ids from :func:`upstream_task_ids` to their
     persisted outputs; a missing one is a programming error (KeyError). ``upstream_ids``:
     ``upstream_task_ids(head, task_id)`` when the caller has it already."""
-    steps = head.chain.steps
-    task = head.task(task_id)
-    index = head.chain.index(task.step_name)
-    step = steps[index]
-    specialist = head.chain.specialist(step.specialist)
+    if upstream_ids is None:
+        up = upstream(head, task_id)
+        return render(head, up.task, up.position, up.index, up.work, outputs)
+    task, position, index = _where(head, task_id)
+    by_id = {t.task_id: t for t in head.tasks}
+    shown = (task.sent_back_by, task.revision_of)
+    work = [by_id[tid] for tid in upstream_ids if tid not in shown]
+    return render(head, task, position, index, work, outputs)
+
+
+def render(
+    head: RunHead,
+    task: TaskState,
+    position: int,
+    index: int,
+    work: Sequence[TaskState],
+    outputs: Mapping[str, str],
+    work_outputs: Sequence[str] | None = None,
+) -> TaskPrompt:
+    """The prompts of ``task`` (at ``position`` in the run, its step at ``index`` in the chain),
+    showing ``work`` under "Work so far"; ``outputs``: as for :func:`materialize`, or
+    ``work_outputs``: the outputs of ``work`` in its order, when the task was not sent back."""
+    text = chain_plan(head.chain).text(index)
+    specialist = text.specialist
+    task_id = task.task_id
     visit = task.visit_number
     round_note = f", round {visit} (task {task_id})" if visit > 1 else ""
-    parts = [
-        f'You are step {index + 1} of {len(steps)} ("{step.name}", the {specialist.name}){round_note} in '
-        f'the chain "{head.chain.name}": {describe(head.chain)}.',
-        "",
-        "## Request",
-        "",
-        head.request.strip(),
-    ]
+    parts = [text.opening + round_note + text.closing, "", "## Request", "", head.request.strip()]
+    if work:
+        parts.append("")
+        if work_outputs is None:
+            work_outputs = list(map(outputs.__getitem__, map(_TASK_ID, work)))
+        parts += work_section(work, work_outputs)
     sender = task.sent_back_by
-    if upstream_ids is None:
-        upstream_ids = upstream_task_ids(head, task_id)
-    upstream = [tid for tid in upstream_ids if tid not in (sender, task.revision_of)]
-    if upstream:
-        parts += ["", "## Work so far"]
-        specialists = {t.task_id: t.specialist for t in head.tasks}
-        for tid in upstream:
-            spec = specialists[tid]
-            parts += ["", f"### {tid} ({spec})", "", outputs[tid].strip()]
     if sender is not None and sender in outputs:
         by = head.task(sender)
         parts += [
             "",
             f"## Sent back by {by.step_name} (round {by.visit_number}, task {sender})",
             "",
-            f"The {by.step_name}'s output below sent the work back for round {visit} of {step.name}. "
-            "Take it into account.",
+            f"The {by.step_name}'s output below sent the work back for round {visit} of "
+            f"{head.chain.steps[index].name}. Take it into account.",
             "",
             outputs[sender].strip(),
         ]
     parts += _sent_back_by_approver(head, task, outputs)
-    position = _position(head, task_id)
-    seen = _seen(head, task, position)
-    notes = [
-        g
-        for g in head.gates
-        if g.status == "approved"
-        and g.comment
-        and (g.task_id in seen or (g.task_id == task_id and g.position == "before"))
-    ]
-    if notes:
-        parts += ["", "## Approver notes"]
-        for gate in notes:
-            who = f" ({gate.approver})" if gate.approver else ""
-            parts += ["", f"- {gate.gate_id}{who}: {gate.comment}"]
-    failed = [t.task_id for t in head.tasks if t.status == TaskStatus.FAILED and t.task_id in seen]
+    seen: set[str] | None = None
+    commented = [g for g in head.gates if g.status == "approved" and g.comment]
+    if commented:
+        seen = _seen(head, task, position)
+        notes = [
+            g for g in commented if g.task_id in seen or (g.task_id == task_id and g.position == "before")
+        ]
+        if notes:
+            parts += ["", "## Approver notes"]
+            for gate in notes:
+                who = f" ({gate.approver})" if gate.approver else ""
+                parts += ["", f"- {gate.gate_id}{who}: {gate.comment}"]
+    if is_parallel(head.chain):
+        seen = _seen(head, task, position) if seen is None else seen
+        failed: Sequence[str] = [
+            t.task_id for t in head.tasks if t.status == TaskStatus.FAILED and t.task_id in seen
+        ]
+    else:
+        failed = before(head.tasks, position).failed
     if failed:
         parts += ["", f"Note: these earlier steps failed and produced no output: {', '.join(failed)}."]
-    parts += [
-        "",
-        "## Your task",
-        "",
-        f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
-        "Build on the work so far; the next step sees only what you write.",
-    ]
-    if step.instruction is not None:
-        parts += ["", step.instruction.strip()]
-    note = routing_note(step)
-    if note is not None:
-        parts += ["", note]
-    if step.output_schema is not None:
-        parts += ["", "## Answer format", "", answer_format(step.output_schema)]
+    parts.append(text.tail)
     return TaskPrompt(task_id, specialist.name, specialist.persona, "\n".join(parts) + "\n")

@@ -5,9 +5,10 @@ exactly what the crashed one would have."""
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from orchestration.errors import (
@@ -21,8 +22,8 @@ from orchestration.errors import (
 from orchestration.facts import Fact, ForkOrigin, RouteDecided, RunCreated, TaskCompleted, TaskFailed
 from orchestration.fold import time_limit, with_history
 from orchestration.graph import is_parallel
-from orchestration.models import GateState, RunHead
-from orchestration.prompts import TaskPrompt, materialize, upstream_task_ids
+from orchestration.models import GateState, RunHead, TaskState
+from orchestration.prompts import TaskPrompt, materialize, render, upstream, upstream_task_ids
 from orchestration.store import RunStore
 from orchestration.vocabulary import RunStatus, TaskStatus
 
@@ -59,10 +60,11 @@ async def read_outputs(
     ``known``: facts of this run already read from (or committed to) the store, by sequence
     number. A recorded fact never changes, so one found there is not read again, and every fact
     read here is added to it (a drive keeps one for its run: see :class:`~orchestration.drive.Drive`)."""
+    ids = None if task_ids is None else set(task_ids)
     wanted = [
         (task.task_id, task.output_seq)
         for task in head.tasks
-        if task.output_seq is not None and (task_ids is None or task.task_id in task_ids)
+        if task.output_seq is not None and (ids is None or task.task_id in ids)
     ]
     found: MutableMapping[int, Fact] = {} if known is None else known
     missing = {seq for _, seq in wanted if seq not in found}
@@ -89,8 +91,34 @@ async def read_prompt(
 ) -> TaskPrompt:
     """Materialize ``task_id``'s prompts from the persisted record only (``known``: see
     :func:`read_outputs`)."""
-    upstream = upstream_task_ids(head, task_id)
-    return materialize(head, task_id, await read_outputs(store, head, upstream, known), upstream)
+    up = upstream(head, task_id)
+    found = None if known is None else _known_outputs(up.tasks, known)
+    if found is None:
+        outputs = await read_outputs(store, head, up.ids, known)
+        return render(head, up.task, up.position, up.index, up.work, outputs)
+    if up.work is up.tasks:
+        # Nothing was sent back: the outputs are those of the work shown, in its order.
+        return render(head, up.task, up.position, up.index, up.work, {}, found)
+    outputs = dict(zip(map(_TASK_ID, up.tasks), found, strict=True))
+    return render(head, up.task, up.position, up.index, up.work, outputs)
+
+
+def _known_outputs(tasks: Sequence[TaskState], known: Mapping[int, Fact]) -> list[str] | None:
+    """The outputs of ``tasks`` (in their order) as :func:`read_outputs` gives them, when every
+    one is among the ``known`` facts (as at every boundary of a drive but its first), without a
+    pass over the run's tasks (nor a Python loop over the outputs); None when one is not, or is
+    no task output (:func:`read_outputs` then reads, and says what is wrong, as before)."""
+    if not tasks:
+        return []
+    facts = list(map(known.get, map(_OUTPUT_SEQ, tasks)))
+    if set(map(type, facts)) != {TaskCompleted}:
+        return None
+    return list(map(_OUTPUT, facts))
+
+
+_OUTPUT_SEQ = attrgetter("output_seq")
+_OUTPUT = attrgetter("output")
+_TASK_ID = attrgetter("task_id")
 
 
 async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...] = ()) -> RunSnapshot:
