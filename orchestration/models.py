@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -40,6 +40,26 @@ class Frozen(BaseModel):
     :mod:`orchestration.facts`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+F = TypeVar("F", bound=Frozen)
+_set = object.__setattr__
+
+
+def evolve(record: F, update: Mapping[str, Any]) -> F:
+    """``record.model_copy(update=update)``, in a fraction of its time (issue 11: the fold makes
+    several copies per fact): the new record shares every unchanged value with ``record``, keeps
+    its fields in the same order, and counts the updated ones as set, as ``model_copy`` does.
+    Like it, nothing is validated: ``update`` holds values of the fields' types. Frozen records
+    have no extra fields and no private attributes, so there is nothing else to copy."""
+    new = object.__new__(type(record))
+    values = record.__dict__.copy()
+    values.update(update)
+    _set(new, "__dict__", values)
+    _set(new, "__pydantic_fields_set__", record.__pydantic_fields_set__.union(update))
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
+    return new
 
 
 OnFailure = Literal["fail", "continue"]
@@ -455,10 +475,7 @@ class RunHead(Frozen):
     format: int = Field(default=1, ge=1)
 
     def task(self, task_id: str) -> TaskState:
-        for task in self.tasks:
-            if task.task_id == task_id:
-                return task
-        raise KeyError(task_id)
+        return self.tasks[task_position(self, task_id)]
 
     def step_of(self, task_id: str) -> ChainStep:
         """The chain step task ``task_id`` instantiates (KeyError for an unknown task)."""
@@ -469,6 +486,21 @@ class RunHead(Frozen):
             if gate.gate_id == gate_id:
                 return gate
         return None
+
+
+def task_position(head: RunHead, task_id: str) -> int:
+    """Where task ``task_id`` is in ``head.tasks`` (KeyError when the run has none). A run's tasks
+    start one per step in chain order, and stay there unless a route or a revise inserts a new
+    instance: the step's position is tried first, and checked (task ids are unique), so a lookup
+    does not scan the tasks (issue 11: the fold and every decision look tasks up by id)."""
+    tasks = head.tasks
+    guess = _step_positions(head.chain).get(task_id)
+    if guess is not None and guess < len(tasks) and tasks[guess].task_id == task_id:
+        return guess
+    for index, task in enumerate(tasks):
+        if task.task_id == task_id:
+            return index
+    raise KeyError(task_id)
 
 
 def canonical_json(value: Any) -> str:
