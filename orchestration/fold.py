@@ -43,6 +43,7 @@ from orchestration.models import (
     TaskState,
     Telemetry,
     TypedError,
+    built,
     evolve,
     gate_id_for,
     task_position,
@@ -119,6 +120,10 @@ def _not_before(head: RunHead, at: datetime, new: datetime | None = None) -> dat
     if kept is None or (new is not None and new > kept):
         return new
     return kept
+
+
+#: an attempt's telemetry when it starts (one record each: records are immutable)
+_STARTED_TELEMETRY = {flag: Telemetry(possible_duplicate_call=flag) for flag in (False, True)}
 
 
 def _task_update(head: RunHead, task: TaskState, status: TaskStatus, **changes: object) -> TaskState:
@@ -245,13 +250,16 @@ def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -
             raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
     elif isinstance(fact, AttemptStarted):
         task = head.task(fact.task_id)
-        attempt = AttemptRecord(
-            number=fact.attempt,
-            executor=fact.executor,
-            started_at=fact.at,
-            telemetry=Telemetry(possible_duplicate_call=fact.possible_duplicate_call),
-            remote_run_id=fact.remote_run_id,
-            follows=fact.follows,
+        attempt = built(
+            AttemptRecord,
+            {
+                "number": fact.attempt,
+                "executor": fact.executor,
+                "started_at": fact.at,
+                "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
+                "remote_run_id": fact.remote_run_id,
+                "follows": fact.follows,
+            },
         )
         # An orphaned attempt (the process died during it) is closed as failed when the next starts,
         # and charged at its most: the provider may have billed it.

@@ -62,6 +62,39 @@ def evolve(record: F, update: Mapping[str, Any]) -> F:
     return new
 
 
+def built(cls: type[F], values: Mapping[str, Any]) -> F:
+    """``cls(**values)`` for values that already are of their fields' types (taken from validated
+    records, as the fold takes them from facts): not validated, as ``model_construct`` or
+    ``evolve``, in a fraction of the time of either. The fields not given have their defaults
+    (immutable: a class with a default factory cannot be built so), the given ones are set."""
+    defaults = _defaults.get(cls)
+    if defaults is None:
+        defaults = _defaults[cls] = _defaults_of(cls)
+    fields = defaults.copy()
+    fields.update(values)
+    new = object.__new__(cls)
+    _set(new, "__dict__", fields)
+    _set(new, "__pydantic_fields_set__", set(values))
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
+    return new
+
+
+_defaults: dict[type[Frozen], dict[str, Any]] = {}
+
+
+def _defaults_of(cls: type[Frozen]) -> dict[str, Any]:
+    """Each field of ``cls`` in order, with its default (None for a required one: given always)."""
+    if cls.__private_attributes__:
+        raise TypeError(f"{cls.__name__} has private attributes")
+    defaults: dict[str, Any] = {}
+    for name, field in cls.model_fields.items():
+        if field.default_factory is not None:
+            raise TypeError(f"{cls.__name__}.{name} has a default factory")
+        defaults[name] = None if field.is_required() else field.default
+    return defaults
+
+
 OnFailure = Literal["fail", "continue"]
 OnExpiry = Literal["reject", "approve", "fail"]
 WorkerBackend = Literal["inline", "provider"]
@@ -351,21 +384,26 @@ class TaskState(Frozen):
 
     def settled(self) -> TaskState:
         """This terminal task as the head keeps it: what deciding and reading outputs need."""
-        return TaskState(
-            task_id=self.task_id,
-            specialist=self.specialist,
-            step=self.step,
-            visit=self.visit,
-            sent_back_by=self.sent_back_by,
-            revised_by=self.revised_by,
-            revision_of=self.revision_of,
-            route_value=self.route_value,
-            routed_to=self.routed_to,
-            status=self.status,
-            output_seq=self.output_seq,
-            error=self.error,
-            children=self.children,
-        )
+        values = self.__dict__
+        return built(TaskState, {name: values[name] for name in _SETTLED_FIELDS})
+
+
+#: what a settled task keeps (see :meth:`TaskState.settled`)
+_SETTLED_FIELDS = (
+    "task_id",
+    "specialist",
+    "step",
+    "visit",
+    "sent_back_by",
+    "revised_by",
+    "revision_of",
+    "route_value",
+    "routed_to",
+    "status",
+    "output_seq",
+    "error",
+    "children",
+)
 
 
 def instance_id(step: str, visit: int) -> str:

@@ -21,7 +21,17 @@ import tests.unit.test_route_prefixes as routed
 from orchestration.clock import ManualClock
 from orchestration.errors import IllegalTransition
 from orchestration.facts import Fact
-from orchestration.models import Frozen, RunHead, TaskState, evolve, task_position
+from orchestration.models import (
+    AgentStep,
+    AttemptRecord,
+    Frozen,
+    RunHead,
+    TaskState,
+    Telemetry,
+    built,
+    evolve,
+    task_position,
+)
 from orchestration.runtime import StartRequest
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
@@ -262,3 +272,44 @@ async def test_evolve_is_model_copy() -> None:
         head.version = 9
     with pytest.raises(ValueError, match="frozen"):
         evolve(head, {"version": 9}).version = 10
+
+
+def _same_record(got: Frozen, expected: Frozen) -> None:
+    assert type(got) is type(expected) and got == expected
+    assert got.model_fields_set == expected.model_fields_set
+    assert got.model_dump_json() == expected.model_dump_json()
+    assert list(got.__dict__) == list(expected.__dict__)
+
+
+async def test_built_records_are_the_validated_ones() -> None:
+    """``built`` (settled tasks, started attempts) makes what the validating constructor makes."""
+    for name in ("provider with retries and a tolerated failure", "inline gated chain, all approved"):
+        ((facts, _),) = await _crash_log(name)
+        for end in range(2, len(facts) + 1):
+            head = fast.fold(facts[:end], keep_history=True)
+            for task in head.tasks:
+                kept = {n: getattr(task, n) for n in _SETTLED}
+                _same_record(task.settled(), TaskState(**kept))
+                for attempt in task.attempts:
+                    given = {n: getattr(attempt, n) for n in attempt.model_fields_set}
+                    _same_record(built(AttemptRecord, given), AttemptRecord(**given))
+    _same_record(built(Telemetry, {}), Telemetry())
+    with pytest.raises(TypeError, match="default factory"):
+        built(AgentStep, {"agent": "a", "tool": "t"})
+
+
+_SETTLED = (
+    "task_id",
+    "specialist",
+    "step",
+    "visit",
+    "sent_back_by",
+    "revised_by",
+    "revision_of",
+    "route_value",
+    "routed_to",
+    "status",
+    "output_seq",
+    "error",
+    "children",
+)
