@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from operator import attrgetter
+from typing import cast
 
 from orchestration.budget import charge, charge_unmetered, priced, raise_budget
 from orchestration.errors import IllegalTransition
@@ -43,7 +43,10 @@ from orchestration.models import (
     TaskState,
     Telemetry,
     TypedError,
+    built,
+    evolve,
     gate_id_for,
+    task_position,
 )
 from orchestration.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
 from orchestration.vocabulary import (
@@ -52,6 +55,10 @@ from orchestration.vocabulary import (
     check_run_transition,
     check_task_transition,
 )
+from orchestration.wake import task_deadline as task_deadline
+from orchestration.wake import time_limit as time_limit
+from orchestration.wake import wake_at as wake_at
+from orchestration.wake import wake_of
 
 
 def head_from_creation(fact: RunCreated) -> RunHead:
@@ -115,29 +122,26 @@ def _not_before(head: RunHead, at: datetime, new: datetime | None = None) -> dat
     return kept
 
 
-_TASK_ID = attrgetter("task_id")
+#: an attempt's telemetry when it starts (one record each: records are immutable)
+_STARTED_TELEMETRY = {flag: Telemetry(possible_duplicate_call=flag) for flag in (False, True)}
 
 
-def _replace_task(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
-    tasks = head.tasks
-    ids = list(map(_TASK_ID, tasks))
-    if task.task_id not in ids:
-        return tasks
-    index = ids.index(task.task_id)
-    return (*tasks[:index], task, *tasks[index + 1 :])
+def _task_update(head: RunHead, task: TaskState, status: TaskStatus, **changes: object) -> TaskState:
+    """``task`` (of ``head``) moved to ``status`` with ``changes`` (IllegalTransition when its
+    status cannot move there)."""
+    check_task_transition(task.status, status)
+    return evolve(task, {"status": status, **changes})
 
 
-def _task_update(head: RunHead, task_id: str, status: TaskStatus, **changes: object) -> tuple[TaskState, ...]:
+def _found(head: RunHead, task_id: str) -> TaskState:
     try:
-        task = head.task(task_id)
+        return head.task(task_id)
     except KeyError:
         raise IllegalTransition(f"run {head.run_id} has no task {task_id!r}") from None
-    check_task_transition(task.status, status)
-    return _replace_task(head, task.model_copy(update={"status": status, **changes}))
 
 
 def _replace_attempt(task: TaskState, attempt: int, **changes: object) -> tuple[AttemptRecord, ...]:
-    return tuple(a.model_copy(update=changes) if a.number == attempt else a for a in task.attempts)
+    return tuple(evolve(a, changes) if a.number == attempt else a for a in task.attempts)
 
 
 def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[TaskState, ...]:
@@ -151,7 +155,7 @@ def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[
                 # A parallel branch still at work when the run ends (a sibling failed) is cancelled.
                 closed = TaskStatus.CANCELLED
             check_task_transition(task.status, closed)
-            out.append(task.model_copy(update={"status": closed, "finished_at": at}))
+            out.append(evolve(task, {"status": closed, "finished_at": at}))
     return tuple(out)
 
 
@@ -182,6 +186,12 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         if not isinstance(fact, RunCreated):
             raise IllegalTransition(f"the first fact of a run must be run_created, not {fact.type}")
         return head_from_creation(fact)
+    return _apply(head, fact, keep_history, None)
+
+
+def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -> RunHead:
+    """:func:`apply` on a head, and the head's new ``version`` when not None (the last fact of a
+    write: one copy of the head per fact, issue 11)."""
     if isinstance(fact, RunCreated):
         raise IllegalTransition(f"run {head.run_id} already exists")
     if head.status.is_terminal:
@@ -194,6 +204,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
     if fact.format > head.format:
         # A head that folds a newer fact is no longer readable by a reader that would not know it.
         update["format"] = fact.format
+    #: the one task this fact changes, when it changes one task and no other (put in place below)
+    changed: TaskState | None = None
 
     if isinstance(fact, ApprovalRequested):
         gate = head.gate(fact.gate_id)
@@ -212,9 +224,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
         expiry = head.step_of(gate.task_id).expires_after_seconds
         expires_at = None if expiry is None else fact.at + timedelta(seconds=expiry)
-        new_gate = gate.model_copy(
-            update={"status": "requested", "requested_at": fact.at, "expires_at": expires_at}
-        )
+        new_gate = evolve(gate, {"status": "requested", "requested_at": fact.at, "expires_at": expires_at})
         update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in gates)
         update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
     elif isinstance(fact, ApprovalDecided):
@@ -224,9 +234,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         attempt = AttemptRecord(
             number=fact.attempt, executor=fact.executor, started_at=fact.at, outcome="prepared"
         )
-        update["tasks"] = _task_update(
+        changed = _task_update(
             head,
-            fact.task_id,
+            task,
             TaskStatus.AWAITING_HOST,
             executor=fact.executor,
             attempts=(*task.attempts, attempt),
@@ -240,44 +250,41 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
     elif isinstance(fact, AttemptStarted):
         task = head.task(fact.task_id)
-        attempt = AttemptRecord(
-            number=fact.attempt,
-            executor=fact.executor,
-            started_at=fact.at,
-            telemetry=Telemetry(possible_duplicate_call=fact.possible_duplicate_call),
-            remote_run_id=fact.remote_run_id,
-            follows=fact.follows,
+        attempt = built(
+            AttemptRecord,
+            {
+                "number": fact.attempt,
+                "executor": fact.executor,
+                "started_at": fact.at,
+                "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
+                "remote_run_id": fact.remote_run_id,
+                "follows": fact.follows,
+            },
         )
         # An orphaned attempt (the process died during it) is closed as failed when the next starts,
         # and charged at its most: the provider may have billed it.
         # (A fork's copies are not charged: the new run spent nothing on them.)
-        for orphan in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
-            update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
-        attempts = tuple(
-            a.model_copy(
-                update={
-                    "outcome": "failed",
-                    "finished_at": fact.at,
-                    "error": TypedError(code="orphaned", message="the worker died during this attempt"),
-                }
-            )
-            if a.outcome == "running"
-            else a
-            for a in task.attempts
-        )
-        status = TaskStatus.RUNNING
+        attempts = task.attempts
+        if any(a.outcome == "running" for a in attempts):
+            for orphan in (a for a in attempts if a.outcome == "running" and fact.copied_from is None):
+                update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
+            orphaned = {
+                "outcome": "failed",
+                "finished_at": fact.at,
+                "error": TypedError(code="orphaned", message="the worker died during this attempt"),
+            }
+            attempts = tuple(evolve(a, orphaned) if a.outcome == "running" else a for a in attempts)
         if task.status == TaskStatus.RUNNING:
-            tasks = _replace_task(head, task.model_copy(update={"attempts": (*attempts, attempt)}))
+            changed = evolve(task, {"attempts": (*attempts, attempt)})
         else:
-            tasks = _task_update(
+            changed = _task_update(
                 head,
-                fact.task_id,
-                status,
+                task,
+                TaskStatus.RUNNING,
                 executor=fact.executor,
                 attempts=(*attempts, attempt),
                 started_at=task.started_at or fact.at,
             )
-        update["tasks"] = tasks
         update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.RUNNING)
     elif isinstance(fact, RemoteRunStarted):
@@ -286,7 +293,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
             raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
         attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
-        update["tasks"] = _replace_task(head, task.model_copy(update={"attempts": attempts}))
+        changed = evolve(task, {"attempts": attempts})
     elif isinstance(fact, AttemptFailed):
         task = head.task(fact.task_id)
         executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))
@@ -301,7 +308,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             error=fact.error,
             telemetry=telemetry,
         )
-        update["tasks"] = _task_update(head, fact.task_id, TaskStatus.PENDING, attempts=attempts)
+        changed = _task_update(head, task, TaskStatus.PENDING, attempts=attempts)
         update["not_before"] = _not_before(head, fact.at, fact.not_before)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, TaskCompleted):
@@ -313,9 +320,9 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=telemetry
         )
         routed = route_value_of(head.chain.step(task.step_name), fact.value)
-        update["tasks"] = _task_update(
+        changed = _task_update(
             head,
-            fact.task_id,
+            task,
             TaskStatus.DONE,
             executor=fact.executor,
             attempts=attempts,
@@ -334,20 +341,22 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             # A call closed without an outcome (out of time, an orphan) may have been billed.
             update["spent"] = charge_unmetered(head, task.step_name, cut.executor)
         attempts = tuple(
-            a.model_copy(update={"outcome": "failed", "finished_at": fact.at, "error": fact.error})
+            evolve(a, {"outcome": "failed", "finished_at": fact.at, "error": fact.error})
             if a.outcome in ("running", "prepared")
             else a
             for a in task.attempts
         )
-        update["tasks"] = _task_update(
-            head, fact.task_id, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
+        changed = _task_update(
+            head, task, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
         )
         update["not_before"] = _not_before(head, fact.at)
         update |= _with_status(head, RunStatus.QUEUED)
     elif isinstance(fact, RouteDecided):
         update |= _route(head, fact)
     elif isinstance(fact, ChildStarted | ChildEnded):
-        update |= _child(head, fact)
+        changed, status = _child(head, fact)
+        if status is not None:
+            update |= _with_status(head, status)
     elif isinstance(fact, RunCancelled):
         update |= _with_status(head, RunStatus.CANCELLED)
         update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
@@ -363,15 +372,48 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
-    changed = update.get("tasks")
-    if not keep_history and isinstance(changed, tuple):
-        update["tasks"] = _settle_finished(head.tasks, changed)
-    new_head = head.model_copy(update=update)
-    if is_parallel(new_head.chain) and not new_head.status.is_terminal:
-        new_head = new_head.model_copy(update={"status": summary_status(new_head)})
-    wake = wake_at(new_head)
-    # Most facts leave it as it was: no copy then.
-    return new_head if wake == new_head.wake_at else new_head.model_copy(update={"wake_at": wake})
+    if changed is not None:
+        # Settled here: the only task of the head this fact made anew.
+        if not keep_history and changed.status.is_terminal:
+            changed = changed.settled()
+        update["tasks"] = _put_task_at(head, changed)
+    else:
+        tasks = update.get("tasks")
+        if not keep_history and isinstance(tasks, tuple):
+            update["tasks"] = _settle_finished(head.tasks, tasks)
+    return _copy_head(head, update, version)
+
+
+def _put_task_at(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
+    """``head.tasks`` with ``task`` in place of the task with its id (which the head has)."""
+    tasks = head.tasks
+    index = task_position(head, task.task_id)
+    return (*tasks[:index], task, *tasks[index + 1 :])
+
+
+def _copy_head(head: RunHead, update: dict[str, object], version: int | None) -> RunHead:
+    """``head`` with ``update``, the status of a parallel run's branches, its ``wake_at`` when
+    that changed, and ``version`` when not None: what ``model_copy`` made in up to four copies
+    before (the same values and the same fields set), in one (two for a parallel chain)."""
+    if is_parallel(head.chain):
+        new_head = evolve(head, update)
+        if not new_head.status.is_terminal:
+            update["status"] = summary_status(new_head)
+    status = cast(RunStatus, update.get("status", head.status))
+    if not status.is_terminal or head.wake_at is not None:
+        wake = wake_of(
+            head.chain,
+            status,
+            head.deadline_at,
+            update.get("tasks", head.tasks),  # type: ignore[arg-type]
+            update.get("gates", head.gates),  # type: ignore[arg-type]
+        )
+        # Most facts leave it as it was: not set then.
+        if wake != head.wake_at:
+            update["wake_at"] = wake
+    if version is not None:
+        update["version"] = version
+    return evolve(head, update)
 
 
 def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
@@ -382,15 +424,16 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
     gate = head.gate(fact.gate_id)
     if gate is None or gate.status != "requested":
         raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
-    new_gate = gate.model_copy(
-        update={
+    new_gate = evolve(
+        gate,
+        {
             "status": GATE_STATUS_OF[fact.decision],
             "decided_at": fact.at,
             "comment": fact.comment,
             "approver": fact.approver,
             "channel": fact.channel,
             "verified": fact.verified,
-        }
+        },
     )
     gates = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
     update: dict[str, object] = {"gates": gates}
@@ -405,7 +448,7 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
                 f"run {head.run_id}: gate {gate.gate_id} cannot be revised: {plan.reason}"
             )
         try:
-            effect = revise_effect(head.model_copy(update={"gates": gates}), plan, fact.at)
+            effect = revise_effect(evolve(head, {"gates": gates}), plan, fact.at)
         except ValueError as exc:
             raise IllegalTransition(f"run {head.run_id}: revise of {gate.gate_id}: {exc}") from None
         update |= {"tasks": effect.tasks, "gates": effect.gates}
@@ -426,47 +469,42 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
     return update
 
 
-def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> dict[str, object]:
-    """The head's changes for a child run's link or end (:mod:`orchestration.children`)."""
-    try:
-        task = head.task(fact.task_id)
-    except KeyError:
-        raise IllegalTransition(f"run {head.run_id} has no task {fact.task_id!r}") from None
+def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> tuple[TaskState, RunStatus | None]:
+    """The task a child run's link or end changes, and the run's new status, if it has one
+    (:mod:`orchestration.children`)."""
+    task = _found(head, fact.task_id)
     children = task.children or ()
     if isinstance(fact, ChildEnded):
         ref = next((c for c in children if c.run_id == fact.child_run_id), None)
         if ref is None or ref.status != "active":
             raise IllegalTransition(f"child run {fact.child_run_id} of task {fact.task_id} is not active")
-        ended = tuple(c.model_copy(update={"status": fact.status}) if c is ref else c for c in children)
-        return {"tasks": _replace_task(head, task.model_copy(update={"children": ended}))}
+        ended = tuple(evolve(c, {"status": fact.status}) if c is ref else c for c in children)
+        return evolve(task, {"children": ended}), None
     if any(c.run_id == fact.child_run_id for c in children):
         raise IllegalTransition(f"child run {fact.child_run_id} is already linked to task {fact.task_id}")
     linked = (*children, ChildRef(run_id=fact.child_run_id, by=fact.by))
     if fact.by == "host":
         if task.status != TaskStatus.AWAITING_HOST:
             raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
-        return {"tasks": _replace_task(head, task.model_copy(update={"children": linked}))}
+        return evolve(task, {"children": linked}), None
     attempt = AttemptRecord(
         number=len(task.attempts) + 1, executor=f"child:{fact.child_run_id}", started_at=fact.at
     )
-    tasks = _task_update(
+    changed = _task_update(
         head,
-        fact.task_id,
+        task,
         TaskStatus.RUNNING,
         executor=attempt.executor,
         attempts=(*task.attempts, attempt),
         started_at=task.started_at or fact.at,
         children=linked,
     )
-    return {"tasks": tasks} | _with_status(head, RunStatus.AWAITING_CHILDREN)
+    return changed, RunStatus.AWAITING_CHILDREN
 
 
 def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
     """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.routing`)."""
-    try:
-        task = head.task(fact.task_id)
-    except KeyError:
-        raise IllegalTransition(f"run {head.run_id} has no task {fact.task_id!r}") from None
+    task = _found(head, fact.task_id)
     step = head.chain.step(task.step_name)
     if step.route_on is None or task.status != TaskStatus.DONE or task.routed_to is not None:
         raise IllegalTransition(f"task {fact.task_id} cannot be routed (it is {task.status.value})")
@@ -485,45 +523,14 @@ def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
     return update
 
 
-#: the task statuses that have a deadline (see :func:`task_deadline`)
-_IN_PROGRESS = frozenset({TaskStatus.RUNNING, TaskStatus.AWAITING_HOST})
-
-
-def task_deadline(head: RunHead, task: TaskState) -> datetime | None:
-    """When the task in progress runs out of time (its step's ``timeout_seconds`` after it started)."""
-    if task.status not in _IN_PROGRESS or task.started_at is None:
-        return None
-    timeout = head.chain.step(task.step_name).timeout_seconds
-    return None if timeout is None else task.started_at + timedelta(seconds=timeout)
-
-
-def time_limit(head: RunHead) -> datetime | None:
-    """The earliest deadline of the run: its own, or a task's in progress (past it, the run records
-    ``deadline_exceeded`` and takes no more output or decisions)."""
-    if head.status.is_terminal:
-        return None
-    times = [head.deadline_at] + [task_deadline(head, t) for t in head.tasks if t.status in _IN_PROGRESS]
-    present = [t for t in times if t is not None]
-    return min(present) if present else None
-
-
-def wake_at(head: RunHead) -> datetime | None:
-    """The earliest time that can change the run's next decision without any write: its
-    :func:`time_limit`, or a requested gate's expiry."""
-    if head.status.is_terminal:
-        return None
-    times = [time_limit(head)] + [g.expires_at for g in head.gates if g.status == "requested"]
-    present = [t for t in times if t is not None]
-    return min(present) if present else None
-
-
 def apply_write(head: RunHead, facts: Sequence[Fact], *, keep_history: bool = False) -> RunHead:
     """Fold the facts of one atomic write into ``head`` and bump its version."""
     if not facts:
         raise ValueError("a write appends at least one fact")
-    for fact in facts:
-        head = apply(head, fact, keep_history=keep_history)
-    return head.model_copy(update={"version": head.version + 1})
+    version = head.version + 1
+    for fact in facts[:-1]:
+        head = _apply(head, fact, keep_history, None)
+    return _apply(head, facts[-1], keep_history, version)
 
 
 def fold(facts: Iterable[Fact], *, keep_history: bool = False) -> RunHead:
@@ -547,4 +554,4 @@ def with_history(head: RunHead, facts: Iterable[Fact]) -> RunHead:
             f"the log of run {head.run_id} ends at fact {detailed.last_seq}, "
             f"not at the head's {head.last_seq}"
         )
-    return head.model_copy(update={"tasks": detailed.tasks})
+    return evolve(head, {"tasks": detailed.tasks})
