@@ -30,8 +30,8 @@ migration 0003 escaped the U+E000 characters of rows written before.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,6 @@ import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type informat
 
 from orchestration.errors import (
     Conflict,
-    ConstructError,
     CorruptRecord,
     FactNotFound,
     InvalidArgument,
@@ -53,7 +52,7 @@ from orchestration.ids import validate_run_id
 from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
 from orchestration.vocabulary import RunStatus
-from stores import redact_url, scrub
+from stores import redact_url
 from stores._common import (
     check_append,
     check_create,
@@ -65,6 +64,7 @@ from stores._common import (
 )
 from stores._jsonb import from_jsonb_text, to_jsonb_text
 from stores._lease import check_fence, lease_lost
+from stores._postgres_pool import ConnectionPool, PooledConnection, translated
 from stores._postgres_retention import PostgresRetention, check_key_free, missing
 from stores._sql import (
     CURSOR_START_KEY,
@@ -87,39 +87,9 @@ Q = queries("postgres")
 #: that stores sharing a database but not a schema do not wake each other.
 CHANNEL = "construct_runs"
 
-# Errors that mean "cannot reach or use the server", as opposed to "this statement failed".
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.InvalidCatalogNameError,
-    asyncpg.InvalidAuthorizationSpecificationError,
-    asyncpg.InvalidPasswordError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.InterfaceError,
-)
-
 
 def channel_for(schema: str) -> str:
     return CHANNEL if schema == "public" else f"{CHANNEL}_{schema}"
-
-
-@contextmanager
-def _translated(where: str, dsn: str) -> Iterator[None]:
-    """Translate asyncpg errors at the adapter edge; the project's own errors pass through."""
-    try:
-        yield
-    except ConstructError:
-        raise
-    except _UNAVAILABLE as exc:
-        text = scrub(str(exc) or type(exc).__name__, dsn)
-        raise StoreUnavailable(f"cannot use the {where}: {text}") from exc
-    except asyncpg.PostgresError as exc:
-        text = scrub(str(exc), dsn)
-        raise StoreError(f"{where}: {type(exc).__name__}: {text}") from exc
 
 
 def _utc(at: datetime) -> datetime:
@@ -133,14 +103,6 @@ def _connect_kwargs(schema: str, connect_timeout: float) -> dict[str, Any]:
         "timeout": connect_timeout,
         "server_settings": {"search_path": schema, "application_name": "construct-mcp"},
     }
-
-
-async def _keep_session(conn: Any) -> None:
-    """The pool's reset of a released connection: nothing to undo. The store's pooled connections
-    keep no session state (no ``SET``, ``LISTEN``, advisory locks or cursors: the listener has a
-    connection of its own), and asyncpg still rolls back a transaction left open before calling
-    this; asyncpg's default reset would cost a round trip per query (``RESET ALL``, ``UNLISTEN *``,
-    ...)."""
 
 
 class _PostgresTarget:
@@ -190,7 +152,7 @@ async def migrate_postgres(
             f"schema {schema[:70]!r} must be a lowercase SQL identifier of at most 48 characters"
         )
     display = _display(dsn, schema)
-    with _translated(f"postgres store {display}", dsn):
+    with translated(f"postgres store {display}", dsn):
         conn = await asyncpg.connect(dsn, **_connect_kwargs(schema, connect_timeout))
         try:
             if not check_only:
@@ -255,15 +217,12 @@ class PostgresStore(PostgresRetention):
                 f"schema {schema[:70]!r} must be a lowercase SQL identifier of at most 48 characters"
             )
         where = f"postgres store {_display(dsn, schema)}"
-        with _translated(where, dsn):
+        with translated(where, dsn):
             # fail_after bounds the whole pool start, not only each connection attempt.
+            kwargs = _connect_kwargs(schema, connect_timeout)
             with anyio.fail_after(connect_timeout * 2 + 1):
-                pool = await asyncpg.create_pool(
-                    dsn,
-                    min_size=min_size,
-                    max_size=max_size,
-                    reset=_keep_session,
-                    **_connect_kwargs(schema, connect_timeout),
+                pool = await ConnectionPool.open(
+                    lambda: asyncpg.connect(dsn, **kwargs), min_size=min_size, max_size=max_size
                 )
             try:
                 async with pool.acquire() as conn:
@@ -276,13 +235,11 @@ class PostgresStore(PostgresRetention):
     # ----------------------------------------------------------------------------------------
     # plumbing
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
+    def _connection(self) -> PooledConnection:
+        """``async with``: a pooled connection, the driver's errors translated."""
         if self._closed:
             raise StoreUnavailable(f"the {self._where} is closed")
-        with _translated(self._where, self._dsn):
-            async with self._pool.acquire() as conn:
-                yield conn
+        return PooledConnection(self._pool, self._where, self._dsn)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Any]:
@@ -490,7 +447,7 @@ class PostgresStore(PostgresRetention):
             if self._closed:
                 raise StoreUnavailable(f"the {self._where} is closed")
             if self._listener is None or self._listener.is_closed():
-                with _translated(self._where, self._dsn):
+                with translated(self._where, self._dsn):
                     conn = await asyncpg.connect(
                         self._dsn, **_connect_kwargs(self.schema, self._connect_timeout)
                     )
@@ -547,7 +504,7 @@ class PostgresStore(PostgresRetention):
     async def _close_listener(self) -> None:
         conn, self._listener = self._listener, None
         if conn is not None and not conn.is_closed():
-            with _translated(self._where, self._dsn):
+            with translated(self._where, self._dsn):
                 await conn.close()
 
     async def close(self) -> None:
@@ -557,7 +514,7 @@ class PostgresStore(PostgresRetention):
         async with self._listen_lock:
             self._callbacks.clear()
             await self._close_listener()
-        with _translated(self._where, self._dsn):
+        with translated(self._where, self._dsn):
             await self._pool.close()
 
 

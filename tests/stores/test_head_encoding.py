@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from orchestration.models import RunHead
+from stores import _common
 from stores._common import decode_stored_head, encode_head
 from tests.stores.builders import (
     BASE_TIME,
@@ -53,3 +56,30 @@ def test_a_head_copied_with_other_tasks_or_another_chain_encodes_its_own() -> No
     swapped = head.model_copy(update={"tasks": other.tasks, "chain": other.chain.model_copy()})
     assert encode_head(head) == plain_dump(head)
     assert encode_head(swapped) == plain_dump(swapped)
+
+
+def test_the_tasks_remembered_from_the_run_s_last_head_are_never_stale() -> None:
+    """encode_head compares a head's tasks with those of the run's last encoded head by identity
+    and reuses their texts: a task replaced (same count of tasks), heads encoded out of order, and
+    another run's heads in between each still encode as their plain dump."""
+    found = heads()
+    started, failed, done = found[1], found[2], found[3]
+    assert len(started.tasks) == len(failed.tasks) == len(done.tasks)
+    assert started.tasks[0] is not failed.tasks[0]
+    other, _ = new_run(run_id(2))
+    for head in (started, failed, other, done, failed, started, done, done):
+        assert encode_head(head, with_chain=False) == _without_chain(head)
+
+
+def test_the_run_cache_starts_again_past_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_common, "LAST_TASKS_LIMIT", 2)
+    monkeypatch.setattr(_common, "_LAST_TASKS", {})  # not what earlier tests left
+    for n in range(1, 6):
+        head, _ = new_run(run_id(n))
+        assert encode_head(head) == plain_dump(head)
+        assert len(_common._LAST_TASKS) <= 2
+
+
+def _without_chain(head: RunHead) -> str:
+    data = head.model_dump_json(exclude_defaults=True, exclude={"chain"})
+    return data if '"format":' in data[-14:] else f'{data[:-1]},"format":{head.format}}}'

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
@@ -421,4 +422,5 @@ async def test_a_released_connection_costs_no_reset_round_trip(store: PostgresSt
     async with pool.acquire() as conn:
         conn.add_query_logger(lambda record: sent.append(record.query))
         await conn.fetchval("SELECT 1")
+    await anyio.lowlevel.checkpoint()  # asyncpg calls query loggers soon after, not at once
     assert sent == ["SELECT 1"]

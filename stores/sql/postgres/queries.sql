@@ -65,12 +65,16 @@ WITH run AS MATERIALIZED (
 fence AS MATERIALIZED (
     SELECT 1 FROM leases WHERE run_id = (SELECT run_id FROM run) AND token = $9 FOR SHARE
 ),
+prev AS MATERIALIZED (
+    -- Read once (one index probe), for the update and for the row returned.
+    SELECT EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13) AS continues
+),
 cas AS (
     UPDATE runs
     SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb, wake_at = $8
     WHERE run_id = (SELECT run_id FROM run) AND version = $2
       AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence))
-      AND EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13)
+      AND (SELECT continues FROM prev)
     RETURNING run_id
 ),
 inserted AS (
@@ -85,7 +89,7 @@ notified AS (
 )
 SELECT (SELECT version FROM run) AS actual,
        ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence)) AS fenced,
-       EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13) AS continues,
+       (SELECT continues FROM prev) AS continues,
        (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
 
