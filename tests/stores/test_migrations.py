@@ -178,6 +178,62 @@ async def test_the_adapter_refuses_a_schema_from_a_newer_release(target: Target)
         await migrate(target.url, home=target.home)
 
 
+async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_migration(
+    target: Target,
+) -> None:
+    """Migration 0008 (facts as text): the facts a version-7 store wrote (JSONB bodies) read back
+    the same once migrated; the bodies become text, the foreign key to
+    runs goes, and the run goes on appending."""
+    if target.dialect != "postgres":
+        pytest.skip("a PostgreSQL migration")
+    from tests.stores.builders import complete_task, new_run, run_id, start_attempt
+
+    await migrate(target.url, home=target.home)
+    head, facts = new_run(run_id(8))
+    store: RunStore = await open_store(target.url, home=target.home)
+    try:
+        await store.create(head, facts)
+        write = start_attempt(head)
+        await store.append(run_id(8), write.expected_version, write.facts, write.head)
+        before = await store.read_facts(run_id(8))
+    finally:
+        await store.close()
+    # Back to how version 7 kept them, then the migration.
+    await target.execute(
+        "ALTER TABLE facts ALTER COLUMN body TYPE jsonb USING body::jsonb;"
+        "ALTER TABLE facts ADD CONSTRAINT facts_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (run_id);"
+        "DELETE FROM schema_migrations WHERE version = 8"
+    )
+    report = await migrate(target.url, home=target.home)
+    assert report.applied == ("0008_facts_as_text.sql",)
+    spec = parse_store_spec(target.url, home=target.home)
+    conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
+    try:
+        kind = await conn.fetchval(
+            "SELECT data_type FROM information_schema.columns "
+            "WHERE table_schema = $1 AND table_name = 'facts' AND column_name = 'body'",
+            spec.schema,
+        )
+        assert kind == "text"
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND conrelid = 'facts'::regclass"
+            )
+            == 0
+        )
+    finally:
+        await conn.close()
+    store = await open_store(target.url, home=target.home)
+    try:
+        assert await store.read_facts(run_id(8)) == before
+        assert await store.read_fact(run_id(8), before[-1].seq) == before[-1]
+        done = complete_task(write.head)
+        await store.append(run_id(8), done.expected_version, done.facts, done.head)
+        assert await store.read_facts(run_id(8)) == [*before, *done.facts]
+    finally:
+        await store.close()
+
+
 async def test_stores_without_a_schema_have_nothing_to_migrate(tmp_path: Path) -> None:
     for url in ("memory", "filesystem", f"file://{tmp_path}"):
         report = await migrate(url, home=tmp_path)

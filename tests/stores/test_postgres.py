@@ -331,7 +331,8 @@ async def test_a_missing_database_is_store_unavailable(db: Database) -> None:
 
 async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(store: PostgresStore, db: Database) -> None:
     """JSONB refuses U+0000: the adapter stores it as U+E000 '0' (and U+E000 as U+E000 twice), so the
-    column stays JSONB that SQL can query, and the text reads back exactly."""
+    head stays JSONB and a fact body (text since migration 0008) casts to JSONB that SQL can query,
+    and the text reads back exactly."""
     head, facts = new_run(run_id(1), request="req \x00 \ue000")
     await store.create(head, facts)
     write = complete_task(head, output="a NUL \x00 character")
@@ -339,7 +340,7 @@ async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(store: PostgresStor
     conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
     try:
         body = await conn.fetchval(
-            "SELECT body ->> 'output' FROM facts WHERE run_id = $1 AND seq = 3", run_id(1)
+            "SELECT body::jsonb ->> 'output' FROM facts WHERE run_id = $1 AND seq = 3", run_id(1)
         )
         request = await conn.fetchval("SELECT head ->> 'request' FROM runs WHERE run_id = $1", run_id(1))
     finally:

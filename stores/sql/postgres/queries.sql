@@ -41,7 +41,7 @@ SELECT run_id, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_objec
 -- name: insert_facts
 -- All the facts of one write in one statement (one round trip).
 INSERT INTO facts (run_id, seq, type, body)
-SELECT $1, f.seq, f.type, f.body::jsonb
+SELECT $1, f.seq, f.type, f.body
 FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 
 -- name: append
@@ -79,7 +79,7 @@ cas AS (
 ),
 inserted AS (
     INSERT INTO facts (run_id, seq, type, body)
-    SELECT cas.run_id, f.seq, f.type, f.body::jsonb
+    SELECT cas.run_id, f.seq, f.type, f.body
     FROM cas, unnest($10::integer[], $11::text[], $12::text[]) AS f (seq, type, body)
     RETURNING seq
 ),
@@ -107,10 +107,10 @@ SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain
 
 -- name: read_facts
 -- LIMIT NULL is "no limit".
-SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3
+SELECT seq, body FROM facts WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3
 
 -- name: read_fact
-SELECT seq, body::text FROM facts WHERE run_id = $1 AND seq = $2
+SELECT seq, body FROM facts WHERE run_id = $1 AND seq = $2
 
 -- name: list_runs
 -- Keyset pagination, newest first; "no cursor" passes a key after every real one.
