@@ -2,15 +2,18 @@
 
 - A pool of connections whose ``search_path`` is the store's schema (``public`` unless the URL
   says ``?schema=name``; tests use a schema per session).
-- Heads and facts are JSONB. Every write is one transaction: an append is one statement (one round
+- Heads and fact bodies are JSON text (migrations 0010 and 0008: no query reads into them, and
+  parsing them into JSONB at every append cost server time); the chain snapshot is JSONB. Every
+  write is one transaction: an append is one statement (one round
   trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
   fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued``, a
   ``pg_notify`` — delivered only on commit. The chain snapshot, which no fact changes, is written
   once by the create in a column of its own and put back into every head read (migration chain_written_once).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
-  me``, each claim with a new token; a fenced append checks the token in its own statement, with
-  the lease row locked ``FOR SHARE`` until it commits; :meth:`PostgresStore.claim_runnable` claims
-  a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which is how several processes share the work.
+  me``, each claim with a new token, also written to the run row (migration 0009); a fenced append
+  checks the token on the run row in the WHERE of its compare-and-swap;
+  :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which
+  is how several processes share the work.
   :meth:`PostgresStore.listen` lets a dispatcher be woken when another process makes a run
   runnable (an approval, a new run), and tells it when the notification connection drops so that
   it can listen again once the server is back.
@@ -21,7 +24,8 @@ Driver errors are translated at this edge: connection failures to ``StoreUnavail
 ``StoreError``, chained, with any password scrubbed from the message.
 
 JSONB cannot hold the character U+0000, which a model or a host may well put in an output. The JSON
-this adapter stores therefore carries it as two characters, U+E000 (a private-use character) then
+this adapter stores (in JSONB columns first, now in text ones, where the rows written before keep
+their form) therefore carries it as two characters, U+E000 (a private-use character) then
 ``0``, and a U+E000 of the data as U+E000 twice (:func:`~stores._jsonb.to_jsonb_text`, undone on every read by
 :func:`~stores._jsonb.from_jsonb_text`). So every text reads back exactly as written, as on the other stores;
 migration 0003 escaped the U+E000 characters of rows written before.
@@ -288,14 +292,18 @@ class PostgresStore(PostgresRetention):
         lease: Lease | None = None,
     ) -> RunHead:
         """See ``RunStore.append``: one statement, so one round trip, committed by autocommit's
-        implicit transaction (the compare-and-swap, the lease fence, the insert of all facts, a
-        notify when the run is left ``queued``: the ``append`` query says how, and in which order it
-        locks the run and the lease rows). When it writes nothing, its row says why, and each
-        reason keeps its own error: ``RunNotFound``, ``LeaseLost`` (also when the version moved
-        too), ``VersionConflict``, or the facts not continuing the log."""
+        implicit transaction (the compare-and-swap, the lease fence on the run row's token, the
+        insert of all facts, a notify when the run is left ``queued``: the ``append`` query says
+        how). When it writes nothing, a second query reads why, and each reason keeps its own
+        error: ``RunNotFound`` (or the run's tombstone), ``LeaseLost`` (also when the version moved
+        too), ``VersionConflict``, or the facts not continuing the log. That reading comes after the
+        refusal, so it may see a later state than the one that refused the write (a claim committed
+        since): it then names the later reason, which is as true, and nothing was written either
+        way."""
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
+        follows = facts[0].seq - 1
         async with self._connection() as conn:
             try:
                 row = await conn.fetchrow(
@@ -310,25 +318,30 @@ class PostgresStore(PostgresRetention):
                     _wake_at(head),
                     lease.token if lease is not None else None,
                     *_fact_values(run_id, facts)[1:],
-                    facts[0].seq - 1,
+                    follows,
                     self.channel,
                 )
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
-        actual, fenced, continues, inserted = row[0], row[1], row[2], row[3]
-        if actual is None:
-            async with self._connection() as conn:
+            inserted = row[0]
+            if inserted == len(facts):
+                return head
+            if inserted:  # pragma: no cover - the update and the insert go together
+                raise StoreError(f"{self._where}: run {run_id}: {inserted} of {len(facts)} facts written")
+            refused = await conn.fetchrow(Q["append_refused"], run_id, follows)
+            if refused is None:
                 raise await missing(conn, run_id)  # its tombstone's error (pruned, moved), else not found
-        if lease is not None and not fenced:
+        actual, token, continues = int(refused[0]), refused[1], refused[2]
+        if lease is not None and token != lease.token:
             raise lease_lost(lease)
         if actual != expected_version:
-            raise VersionConflict(run_id, expected_version, int(actual))
+            raise VersionConflict(run_id, expected_version, actual)
         if not continues:
-            raise not_continuing(run_id, facts[0].seq)
-        if inserted != len(facts):  # pragma: no cover - the update and the insert go together
-            raise StoreError(f"{self._where}: run {run_id}: {inserted} of {len(facts)} facts written")
-        return head
+            raise not_continuing(run_id, follows + 1)
+        # Refused, and yet every condition holds now: the run moved and came back to this version
+        # between the two reads (only another writer's appends move it, and they raise it).
+        raise VersionConflict(run_id, expected_version, actual)
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         validate_run_id(run_id)
@@ -394,13 +407,12 @@ class PostgresStore(PostgresRetention):
         expires_at = now + timedelta(seconds=ttl_seconds)
         token = new_lease_token()
         async with self._connection() as conn:
-            try:
-                claimed = await conn.fetchval(
-                    Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now), token
-                )
-            except asyncpg.ForeignKeyViolationError as exc:
-                raise await missing(conn, run_id) from exc
-        return Lease(run_id, owner, expires_at, token) if claimed is not None else None
+            found, claimed = await conn.fetchrow(
+                Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now), token
+            )
+            if not found:
+                raise await missing(conn, run_id)
+        return Lease(run_id, owner, expires_at, token) if claimed else None
 
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)

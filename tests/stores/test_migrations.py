@@ -8,6 +8,7 @@ import re
 import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -201,10 +202,16 @@ async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_mi
     await target.execute(
         "ALTER TABLE facts ALTER COLUMN body TYPE jsonb USING body::jsonb;"
         "ALTER TABLE facts ADD CONSTRAINT facts_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (run_id);"
-        "DELETE FROM schema_migrations WHERE version = 8"
+        "ALTER TABLE runs DROP COLUMN lease_token;"
+        "ALTER TABLE runs ALTER COLUMN head TYPE jsonb USING head::jsonb;"
+        "DELETE FROM schema_migrations WHERE version >= 8"
     )
     report = await migrate(target.url, home=target.home)
-    assert report.applied == ("0008_facts_as_text.sql",)
+    assert report.applied == (
+        "0008_facts_as_text.sql",
+        "0009_lease_token_on_runs.sql",
+        "0010_head_as_text.sql",
+    )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
     try:
@@ -229,6 +236,103 @@ async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_mi
         done = complete_task(write.head)
         await store.append(run_id(8), done.expected_version, done.facts, done.head)
         assert await store.read_facts(run_id(8)) == [*before, *done.facts]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("target", ["postgres"], indirect=True)
+async def test_postgres_leases_held_before_the_token_moved_to_the_run_row_still_fence(
+    target: Target,
+) -> None:
+    """Migration 0009 (the lease token on the run row): a lease claimed by version 8 keeps its token
+    through the migration; its holder appends on, a stale holder is refused, and a release and a
+    new claim go on fencing."""
+    from orchestration.errors import LeaseLost
+    from tests.stores.builders import BASE_TIME, complete_task, new_run, run_id, start_attempt
+
+    await migrate(target.url, home=target.home)
+    head, facts = new_run(run_id(9))
+    store: RunStore = await open_store(target.url, home=target.home)
+    try:
+        await store.create(head, facts)
+        stale = await store.claim_lease(run_id(9), "worker-a", 10, BASE_TIME)
+        held = await store.claim_lease(run_id(9), "worker-b", 10, BASE_TIME + timedelta(seconds=11))
+        assert stale is not None and held is not None
+    finally:
+        await store.close()
+    # Back to how version 8 kept leases (no token on the run row), then the migration.
+    await target.execute(
+        "ALTER TABLE runs DROP COLUMN lease_token;"
+        "ALTER TABLE runs ALTER COLUMN head TYPE jsonb USING head::jsonb;"
+        "DELETE FROM schema_migrations WHERE version >= 9"
+    )
+    report = await migrate(target.url, home=target.home)
+    assert report.applied == ("0009_lease_token_on_runs.sql", "0010_head_as_text.sql")
+    store = await open_store(target.url, home=target.home)
+    try:
+        write = start_attempt(head)
+        with pytest.raises(LeaseLost):
+            await store.append(run_id(9), write.expected_version, write.facts, write.head, lease=stale)
+        await store.append(run_id(9), write.expected_version, write.facts, write.head, lease=held)
+        await store.release_lease(held)
+        done = complete_task(write.head)
+        with pytest.raises(LeaseLost):
+            await store.append(run_id(9), done.expected_version, done.facts, done.head, lease=held)
+        again = await store.claim_lease(run_id(9), "worker-a", 10, BASE_TIME + timedelta(seconds=12))
+        assert again is not None
+        await store.append(run_id(9), done.expected_version, done.facts, done.head, lease=again)
+        assert (await store.load(run_id(9))).version == done.head.version
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("target", ["postgres"], indirect=True)
+async def test_postgres_heads_written_as_jsonb_read_back_after_the_text_migration(target: Target) -> None:
+    """Migration 0010 (heads as text): heads a version-9 store wrote (JSONB, with U+0000 escaped)
+    read back the same once migrated, with their chain snapshot put back in; the column becomes
+    text and keeps its compression; the run goes on appending and is found by its key."""
+    from tests.stores.builders import complete_task, new_run, run_id, start_attempt
+
+    await migrate(target.url, home=target.home)
+    head, facts = new_run(run_id(10), key="key-10", request="a request with \x00 and \ue000 in it")
+    store: RunStore = await open_store(target.url, home=target.home)
+    try:
+        await store.create(head, facts)
+        write = start_attempt(head)
+        await store.append(run_id(10), write.expected_version, write.facts, write.head)
+        before = await store.load(run_id(10))
+    finally:
+        await store.close()
+    assert before == write.head
+    spec = parse_store_spec(target.url, home=target.home)
+    column = (
+        "SELECT format_type(atttypid, atttypmod), attcompression::text FROM pg_attribute "
+        "WHERE attrelid = 'runs'::regclass AND attname = 'head'"
+    )
+    conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
+    try:
+        _, compression = await conn.fetchrow(column)
+    finally:
+        await conn.close()
+    await target.execute(
+        "ALTER TABLE runs ALTER COLUMN head TYPE jsonb USING head::jsonb;"
+        "DELETE FROM schema_migrations WHERE version = 10"
+    )
+    report = await migrate(target.url, home=target.home)
+    assert report.applied == ("0010_head_as_text.sql",)
+    conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
+    try:
+        assert tuple(await conn.fetchrow(column)) == ("text", compression)
+    finally:
+        await conn.close()
+    store = await open_store(target.url, home=target.home)
+    try:
+        assert await store.load(run_id(10)) == before
+        again = await store.create(head, facts)
+        assert not again.created and again.head == before
+        done = complete_task(before)
+        await store.append(run_id(10), done.expected_version, done.facts, done.head)
+        assert await store.load(run_id(10)) == done.head
     finally:
         await store.close()
 

@@ -4,6 +4,7 @@ its own error, and the run and lease rows locked in the order the claim path loc
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -96,9 +97,10 @@ async def test_each_refusal_keeps_its_error_and_writes_nothing(store: PostgresSt
 async def test_an_append_waiting_for_the_run_row_holds_no_lock_on_the_lease_row(
     store: PostgresStore, dsn_and_schema: tuple[str, str]
 ) -> None:
-    """claim_runnable locks the run row, then writes the lease row. An append locks them in the
-    same order: while it waits for a run row that a claim holds, it must not hold the lease row,
-    or the claim's lease write would wait for the append and the two would deadlock."""
+    """claim_runnable locks the run row, then writes the lease row and the token on the run row. An
+    append locks the run row only: while it waits for a run row that a claim holds, it must not
+    hold the lease row, or the claim's lease write would wait for the append and the two would
+    deadlock."""
     dsn, schema = dsn_and_schema
     head, facts = new_run(run_id(4))
     await store.create(head, facts)
@@ -128,6 +130,7 @@ async def test_an_append_waiting_for_the_run_row_holds_no_lock_on_the_lease_row(
             await claimer.execute("SET LOCAL lock_timeout = '2s'")
             with anyio.fail_after(5):
                 await claimer.execute("UPDATE leases SET token = 'claimed' WHERE run_id = $1", run_id(4))
+            await claimer.execute("UPDATE runs SET lease_token = 'claimed' WHERE run_id = $1", run_id(4))
             await claim.commit()
         # The claim committed first: the append was refused by the fence, and wrote nothing.
         assert len(errors) == 1
@@ -177,17 +180,23 @@ async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
     await store.append(run_id(5), write.expected_version, write.facts, write.head)
     conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
     try:
-        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        row = await conn.fetchrow(
+            "SELECT head::jsonb ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs"
+        )
         assert (row["inline"], row["apart"]) == (False, True)
         assert await store.load(run_id(5)) == write.head
         assert (await store.list_runs()).runs == [write.head]
         # A head as the previous version wrote it: the chain inside, none apart.
-        await conn.execute("UPDATE runs SET head = head || jsonb_build_object('chain', chain), chain = NULL")
+        await conn.execute(
+            "UPDATE runs SET head = head::jsonb || jsonb_build_object('chain', chain), chain = NULL"
+        )
         assert await store.load(run_id(5)) == write.head
         # The migration splits it (run again as it is packaged, whatever its number).
         (split,) = [m for m in migrations("postgres") if m.name.endswith("_chain_written_once.sql")]
         await conn.execute(split.sql)
-        row = await conn.fetchrow("SELECT head ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs")
+        row = await conn.fetchrow(
+            "SELECT head::jsonb ? 'chain' AS inline, chain IS NOT NULL AS apart FROM runs"
+        )
         assert (row["inline"], row["apart"]) == (False, True)
     finally:
         await conn.close()
@@ -195,3 +204,70 @@ async def test_the_chain_snapshot_is_written_once_and_read_back_with_every_head(
     done = complete_task(write.head)
     await store.append(run_id(5), done.expected_version, done.facts, done.head)
     assert await store.load(run_id(5)) == done.head
+
+
+async def test_claims_and_releases_racing_keep_the_run_rows_tokens_the_leases_tokens(
+    dsn_and_schema: tuple[str, str],
+) -> None:
+    """Migration 0009 keeps each lease's token on its run row too, written by every statement that
+    changes it (claim_lease, claim_runnable, release_lease), each locking the run row first. Many of
+    them racing over a few runs neither deadlock (PostgreSQL would abort one of two after
+    deadlock_timeout: a StoreError here) nor leave a run row whose token is not its lease's; and a
+    fenced append passes with the token its run holds and is refused with any other."""
+    dsn, schema = dsn_and_schema
+    stores = [await PostgresStore.open(dsn, schema=schema, min_size=1, max_size=4) for _ in range(2)]
+    try:
+        heads = [new_run(run_id(n)) for n in range(3)]
+        for head, facts in heads:
+            await stores[0].create(head, facts)
+        held: dict[str, Lease] = {}
+
+        async def racer(n: int) -> None:
+            store = stores[n % 2]
+            for i in range(60):
+                now = BASE_TIME + timedelta(seconds=i)  # leases of 1 s: claims take expired ones over
+                rid = run_id((n + i) % 3)
+                match (n + i) % 3:
+                    case 0:
+                        lease = await store.claim_lease(rid, f"owner-{n}", 1, now)
+                        if lease is not None:
+                            held[rid] = lease
+                    case 1:
+                        for lease in await store.claim_runnable(f"owner-{n}", 1, now, limit=2):
+                            held[lease.run_id] = lease
+                    case _:
+                        lease = held.get(rid)
+                        if lease is not None:
+                            await store.release_lease(lease)
+                await anyio.lowlevel.checkpoint()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for n in range(6):
+                    tg.start_soon(racer, n)
+        conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+        try:
+            rows = await conn.fetch(
+                "SELECT runs.run_id, runs.lease_token, leases.token FROM runs "
+                "LEFT JOIN leases ON leases.run_id = runs.run_id"
+            )
+        finally:
+            await conn.close()
+        assert rows and all(row[1] == row[2] for row in rows), [tuple(row) for row in rows]
+        for (head, _), row in zip(heads, sorted(rows), strict=True):
+            write = start_attempt(head)
+            current = row[2]
+            stale = Lease(head.run_id, "nobody", BASE_TIME, "not-the-token")
+            with pytest.raises(LeaseLost):
+                await stores[0].append(
+                    head.run_id, write.expected_version, write.facts, write.head, lease=stale
+                )
+            if current is not None:
+                lease = Lease(head.run_id, "whoever", BASE_TIME, current)
+                await stores[0].append(
+                    head.run_id, write.expected_version, write.facts, write.head, lease=lease
+                )
+                assert await stores[0].load(head.run_id) == write.head
+    finally:
+        for store in stores:
+            await store.close()

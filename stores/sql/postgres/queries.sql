@@ -31,12 +31,12 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2)
 -- DO NOTHING covers both the run id and the idempotency key; it waits for a concurrent insert of the
 -- same key to commit, so the caller's follow-up read of the key sees the winner.
 INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10::jsonb)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
 ON CONFLICT DO NOTHING
 RETURNING run_id
 
 -- name: head_by_idempotency_key
-SELECT run_id, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE idempotency_key = $1
+SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE idempotency_key = $1
 
 -- name: insert_facts
 -- All the facts of one write in one statement (one round trip).
@@ -51,30 +51,18 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
 -- fact the first one follows, $14 the NOTIFY channel.
 --
--- Locks are taken in the order claim_runnable takes them, so the two cannot deadlock: `run` locks
--- the run row first (FOR NO KEY UPDATE, what the UPDATE takes anyway) and everything else is keyed
--- on its result, so it is evaluated before; then `fence` locks the lease row FOR SHARE while it
--- still carries the token (a concurrent claim of the lease waits for this commit; one that
--- committed since the statement's snapshot is seen, as READ COMMITTED re-checks a locked row's
--- latest version). The UPDATE changes the row only if the version, the fence and the continuation
--- of the log all hold; otherwise nothing is written and the row returned says why (the run's
--- current version, whether the fence held, whether the log continues).
-WITH run AS MATERIALIZED (
-    SELECT run_id, version FROM runs WHERE run_id = $1 FOR NO KEY UPDATE
-),
-fence AS MATERIALIZED (
-    SELECT 1 FROM leases WHERE run_id = (SELECT run_id FROM run) AND token = $9 FOR SHARE
-),
-prev AS MATERIALIZED (
-    -- Read once (one index probe), for the update and for the row returned.
-    SELECT EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13) AS continues
-),
-cas AS (
+-- It locks one row, the run's, by updating it: the fence is the token on that row (migration
+-- 0009), which every claim writes in its own statement after locking the same row. An append that
+-- waits for a claim's lock re-checks the WHERE on the row the claim committed (READ COMMITTED), so
+-- a token replaced meanwhile refuses it. The UPDATE changes the row only if the version, the fence
+-- and the continuation of the log all hold; otherwise nothing is written, the row returned says 0
+-- facts inserted, and the adapter reads why (append_refused).
+WITH cas AS (
     UPDATE runs
-    SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7::jsonb, wake_at = $8
-    WHERE run_id = (SELECT run_id FROM run) AND version = $2
-      AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence))
-      AND (SELECT continues FROM prev)
+    SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7, wake_at = $8
+    WHERE run_id = $1 AND version = $2
+      AND ($9::text IS NULL OR lease_token = $9)
+      AND EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13)
     RETURNING run_id
 ),
 inserted AS (
@@ -87,11 +75,15 @@ notified AS (
     -- Sent inside the statement's transaction: listeners hear of it only once it is committed.
     SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued'
 )
-SELECT (SELECT version FROM run) AS actual,
-       ($9::text IS NULL OR EXISTS (SELECT 1 FROM fence)) AS fenced,
-       (SELECT continues FROM prev) AS continues,
-       (SELECT count(*) FROM inserted) AS inserted,
+SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
+
+-- name: append_refused
+-- Why an append wrote nothing, read after it (the run's version and lease token now, whether its
+-- log has the fact the append's first one follows): $1 run id, $2 that fact's seq. No row: the run
+-- is gone.
+SELECT version, lease_token, EXISTS (SELECT 1 FROM facts WHERE run_id = $1 AND seq = $2)
+FROM runs WHERE run_id = $1
 
 -- name: notify_runnable
 -- Sent inside the write's transaction, so listeners hear of it only once it is committed.
@@ -101,9 +93,10 @@ SELECT pg_notify($1, $2)
 SELECT version FROM runs WHERE run_id = $1
 
 -- name: load_head
--- The head as written, with the chain snapshot written once at creation put back in (see
--- migration chain_written_once); a head that holds its own chain is read as it is.
-SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1
+-- The head as written (JSON text since migration 0010), with the chain snapshot written once at
+-- creation put back in as its last key (see migration chain_written_once); a head that holds its
+-- own chain is read as it is.
+SELECT CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE run_id = $1
 
 -- name: read_facts
 -- LIMIT NULL is "no limit".
@@ -114,13 +107,13 @@ SELECT seq, body FROM facts WHERE run_id = $1 AND seq = $2
 
 -- name: list_runs
 -- Keyset pagination, newest first; "no cursor" passes a key after every real one.
-SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
+SELECT run_id, created_at, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs
 WHERE (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $3
 
 -- name: list_runs_by_status
-SELECT run_id, created_at, (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs
+SELECT run_id, created_at, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs
 WHERE status = ANY ($4::text[])
   AND (created_at, run_id) < ($1, $2)
 ORDER BY created_at DESC, run_id DESC
@@ -150,21 +143,37 @@ LIMIT $2
 
 -- name: claim_lease
 -- Take the lease if it is free, expired or already ours, with a new token ($5, which fences the
--- previous holder, even when that is us). ON CONFLICT DO UPDATE locks the existing lease row and
--- judges the WHERE on its latest committed version, so of two concurrent claimers exactly one gets a
--- row back.
-INSERT INTO leases (run_id, owner, expires_at, token) VALUES ($1, $2, $3, $5)
-ON CONFLICT (run_id) DO UPDATE
-SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
-WHERE leases.expires_at <= $4 OR leases.owner = EXCLUDED.owner
-RETURNING run_id
+-- previous holder, even when that is us). The run row is locked first, as every statement that
+-- writes a token locks it (no two of them can deadlock), and the token is written to it too: the
+-- append's fence (migration 0009). ON CONFLICT DO UPDATE locks the existing lease row and judges
+-- the WHERE on its latest committed version, so of two concurrent claimers exactly one gets a
+-- row back. found = false: no such run.
+WITH run AS MATERIALIZED (
+    SELECT run_id FROM runs WHERE run_id = $1 FOR NO KEY UPDATE
+),
+claimed AS (
+    INSERT INTO leases (run_id, owner, expires_at, token) SELECT run_id, $2, $3, $5 FROM run
+    ON CONFLICT (run_id) DO UPDATE
+    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
+    WHERE leases.expires_at <= $4 OR leases.owner = EXCLUDED.owner
+    RETURNING run_id, token
+),
+fenced AS (
+    UPDATE runs SET lease_token = claimed.token FROM claimed WHERE runs.run_id = claimed.run_id
+    RETURNING runs.run_id
+)
+SELECT EXISTS (SELECT 1 FROM run) AS found, (SELECT count(*) FROM fenced) AS claimed
 
 -- name: renew_lease
 -- Only while the lease carries the caller's token (expired or not: nobody claimed it since).
 UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND token = $2 RETURNING run_id
 
 -- name: release_lease
-DELETE FROM leases WHERE run_id = $1 AND token = $2
+-- The run row first (see claim_lease): its token cleared, then the lease row deleted.
+WITH released AS (
+    UPDATE runs SET lease_token = NULL WHERE run_id = $1 AND lease_token = $2 RETURNING run_id
+)
+DELETE FROM leases USING released WHERE leases.run_id = released.run_id AND leases.token = $2
 
 -- name: claim_runnable
 -- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest
@@ -174,7 +183,7 @@ DELETE FROM leases WHERE run_id = $1 AND token = $2
 -- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
 -- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
 -- Each claimed lease gets a new random token (a gen_random_uuid, built in since PostgreSQL 13: 122
--- random bits, as hex).
+-- random bits, as hex), written to the run row too (the append's fence, migration 0009).
 WITH candidates AS (
     SELECT runs.run_id, runs.created_at
     FROM runs
@@ -188,13 +197,19 @@ WITH candidates AS (
     ORDER BY runs.created_at, runs.run_id
     LIMIT $4
     FOR NO KEY UPDATE OF runs SKIP LOCKED
+),
+claimed AS (
+    INSERT INTO leases (run_id, owner, expires_at, token)
+    SELECT run_id, $1, $2, replace(gen_random_uuid()::text, '-', '') FROM candidates ORDER BY created_at, run_id
+    ON CONFLICT (run_id) DO UPDATE
+    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
+    WHERE leases.expires_at <= $3
+    RETURNING run_id, token
+),
+fenced AS (
+    UPDATE runs SET lease_token = claimed.token FROM claimed WHERE runs.run_id = claimed.run_id
 )
-INSERT INTO leases (run_id, owner, expires_at, token)
-SELECT run_id, $1, $2, replace(gen_random_uuid()::text, '-', '') FROM candidates ORDER BY created_at, run_id
-ON CONFLICT (run_id) DO UPDATE
-SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
-WHERE leases.expires_at <= $3
-RETURNING run_id, token
+SELECT run_id, token FROM claimed
 
 -- name: tombstone_by_run
 -- Retention (stores/_postgres_retention.py): what a deleted run's id answers.
@@ -213,7 +228,7 @@ DELETE FROM tombstones WHERE run_id = $1
 -- name: lock_head
 -- A deletion's check: the head, its row locked until the deletion commits, so an append's
 -- compare-and-swap waits for it and then finds no row.
-SELECT (CASE WHEN chain IS NULL THEN head ELSE head || jsonb_build_object('chain', chain) END)::text FROM runs WHERE run_id = $1 FOR UPDATE
+SELECT CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE run_id = $1 FOR UPDATE
 
 -- name: delete_run_leases
 DELETE FROM leases WHERE run_id = $1

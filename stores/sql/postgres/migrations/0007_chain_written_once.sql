@@ -6,4 +6,6 @@
 -- create only; appends write the head without it, and every read puts it back (the queries
 -- load_head, list_runs, head_by_idempotency_key). The heads written before are split here.
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS chain jsonb;
-UPDATE runs SET chain = head -> 'chain', head = head - 'chain' WHERE head ? 'chain';
+-- head::jsonb: a no-op on the JSONB column this migration meets, and what lets it run again (as
+-- a test does) on the text column of migration 0010.
+UPDATE runs SET chain = head::jsonb -> 'chain', head = head::jsonb - 'chain' WHERE head::jsonb ? 'chain';
