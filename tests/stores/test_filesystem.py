@@ -559,3 +559,31 @@ async def test_a_write_that_reaches_a_run_deleted_meanwhile_gets_its_tombstone_e
     with pytest.raises(RunMoved):
         await store.claim_lease(run_id(1), "worker", 30, head.created_at)
     await store.close()
+
+
+async def test_a_head_is_read_on_the_event_loop_without_a_worker_thread(
+    fs: FilesystemStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load`` reads the head without a worker thread's round trip (it cost several times the read
+    itself); its errors stay those of the store (gone, an OS error translated, closed)."""
+    head, facts = new_run(run_id(1))
+    await fs.create(head, facts)
+
+    async def no_thread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker thread was used")
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", no_thread)
+    assert await fs.load(run_id(1)) == head
+    with pytest.raises(RunNotFound):
+        await fs.load(run_id(2))
+    head_file = fs.root / "runs" / run_id(1) / "head.json"
+    head_file.rename(head_file.with_name("head.kept"))
+    head_file.mkdir()  # reading it fails with an OSError, whoever the tests run as
+    with pytest.raises(StoreError, match="failed: Is a directory"):
+        await fs.load(run_id(1))
+    head_file.rmdir()
+    head_file.with_name("head.kept").rename(head_file)
+    assert await fs.load(run_id(1)) == head
+    await fs.close()
+    with pytest.raises(StoreError, match="closed"):
+        await fs.load(run_id(1))
