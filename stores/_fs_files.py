@@ -25,6 +25,7 @@ from orchestration.store import Lease
 INDEX_RECORD = struct.Struct(">QQ")
 
 LEASE_FILE = "lease.json"
+HEAD_FILE = "head.json"
 
 
 def fsync_dir(path: Path) -> None:

@@ -57,7 +57,6 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -88,13 +87,11 @@ from stores._common import (
     decode_cursor,
     decode_stored_fact,
     decode_stored_head,
-    encode_cursor_key,
-    is_runnable,
-    list_order_key,
     not_continuing,
 )
 from stores._fs_chain import CHAIN_FILE, encode_stored_chain, encode_stored_head, with_chain
 from stores._fs_files import (
+    HEAD_FILE,
     HEAD_PREFIX_BYTES,
     INDEX_RECORD,
     LEASE_FILE,
@@ -103,7 +100,6 @@ from stores._fs_files import (
     flocked,
     fsync_dir,
     head_position,
-    head_signature,
     holds,
     index_records,
     key_name,
@@ -114,6 +110,7 @@ from stores._fs_files import (
     write_new_file,
 )
 from stores._fs_index import chained, committed_end, rebuild, repair, unpack
+from stores._fs_listing import FilesystemListing
 from stores._fs_retention import TOMBSTONES_DIR, FilesystemRetention
 from stores._lease import check_aware, check_fence, lease_lost
 
@@ -121,7 +118,6 @@ logger = logging.getLogger("construct.stores")
 
 FACTS_FILE = "facts.jsonl"
 INDEX_FILE = "facts.idx"
-HEAD_FILE = "head.json"
 LOCK_FILE = "lock"
 
 
@@ -129,21 +125,11 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True)
-class _Listed:
-    """A run as a scan sees it: its list position and status, and its head when it was read."""
-
-    run_id: str
-    key: ListKey
-    status: RunStatus
-    head: RunHead | None
-
-
 # --------------------------------------------------------------------------------------------
 # The adapter
 
 
-class FilesystemStore(FilesystemRetention):
+class FilesystemStore(FilesystemListing, FilesystemRetention):
     """A :class:`~orchestration.store.RunStore` keeping each run in its own directory under
     ``root``. Several processes may share one ``root`` (compare-and-swap and leases are guarded by
     per-run ``flock`` locks); ``root`` must be on a local filesystem where ``flock`` and
@@ -454,67 +440,6 @@ class FilesystemStore(FilesystemRetention):
         if not 1 <= seq <= head.last_seq:
             raise FactNotFound(run_id, seq)
         return self._read_range(run_id, seq, seq)[0]
-
-    def _scan(self) -> list[_Listed]:
-        """Every readable run: terminal runs from what an earlier scan learned of them, the others
-        (the few that can still change) read afresh."""
-        listed: list[_Listed] = []
-        seen: set[str] = set()
-        for entry in os.scandir(self._runs):
-            if not RUN_ID_PATTERN.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
-                continue
-            seen.add(entry.name)
-            known = self._terminal.get(entry.name)
-            if known is not None:
-                listed.append(_Listed(entry.name, known[0], known[1], None))
-                continue
-            head = self._load_listed(entry.name)
-            if head is None:
-                continue
-            key = list_order_key(head)
-            if head.status.is_terminal:
-                self._terminal[entry.name] = (key, head.status)
-            listed.append(_Listed(entry.name, key, head.status, head))
-        for gone in [run_id for run_id in list(self._terminal) if run_id not in seen]:
-            self._terminal.pop(gone, None)  # a run directory removed by hand
-        return listed
-
-    def _load_listed(self, run_id: str) -> RunHead | None:
-        """The head of a run met by a scan, or None (logged) when it cannot be read."""
-        try:
-            return self._load_sync(run_id)
-        except (CorruptRecord, RunNotFound, OSError) as exc:
-            # One damaged run must not hide every other run from the operator. Scans repeat
-            # (a dispatcher polls every second): a damage already reported is logged again only
-            # at DEBUG, until the head changes.
-            seen = head_signature(self._runs / run_id / HEAD_FILE)
-            repeated = run_id in self._unreadable_reported and self._unreadable_reported[run_id] == seen
-            self._unreadable_reported[run_id] = seen
-            logger.log(
-                logging.DEBUG if repeated else logging.WARNING,
-                "skipping run %s: %s",
-                run_id,
-                exc,
-                extra={"action": "store.run_unreadable", "run_id": run_id},
-            )
-            return None
-
-    def _list_sync(self, statuses: frozenset[RunStatus] | None, limit: int, after: ListKey | None) -> RunPage:
-        listed = sorted(self._scan(), key=lambda run: run.key, reverse=True)
-        if statuses:
-            listed = [run for run in listed if run.status in statuses]
-        if after is not None:
-            listed = [run for run in listed if run.key < after]
-        page = listed[:limit]
-        more = len(listed) > limit
-        # Only the page's terminal runs are read (a run removed meanwhile is left out).
-        heads = [run.head or self._load_listed(run.run_id) for run in page]
-        cursor = encode_cursor_key(page[-1].key) if more and page else None
-        return RunPage([head for head in heads if head is not None], cursor)
-
-    def _runnable_sync(self, now: datetime, limit: int) -> list[str]:
-        listed = sorted(self._scan(), key=lambda run: run.key)
-        return [run.run_id for run in listed if run.head is not None and is_runnable(run.head, now)][:limit]
 
     def _claim_sync(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         run_dir = self._require_run(run_id)
