@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcp.server.mcpserver.tools import Tool
 
 import server.app as app_module
-from orchestration.inputs import Limits
-from server.cli import run
-from server.tools import build_tools
+from orchestration.core import Limits
+from server.cli.main import run
+from server.mcp.tools import build_tools
 
 _LIMITS = Limits()
 ECHO = ("0123456789abcdef" * 64)[:1024]  # 1 KB

@@ -36,7 +36,7 @@ from mcp import Client
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 
 #: The most an answer may weigh against the prompt it carries.
 MAX_RATIO = 1.2

@@ -61,14 +61,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.anchors import AnchorFigures, measure_dbos, measure_langgraph
 from bench.shape import CHAIN, CONCURRENT, OUTPUT, STEPS, median, ms
 from bench.store_append import open_filesystem, open_memory, open_sqlite, postgres_opener, postgres_reachable
-from orchestration.catalog import Catalog
-from orchestration.inputs import StartRequest
-from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime
+from orchestration.chains import Catalog, TaskPrompt
+from orchestration.core import (
+    AttemptOutcome,
+    AttemptSucceeded,
+    ChainSnapshot,
+    ChainStep,
+    ExecutionContract,
+    RunStatus,
+    StartRequest,
+    Telemetry,
+    TypedError,
+)
+from orchestration.engine import Runtime
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,11 +26,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.store_append import open_filesystem, open_sqlite, postgres_opener, postgres_reachable
-from orchestration.facts import RunCancelled, RunCreated
-from orchestration.fold import apply_write, head_from_creation
-from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, SpecialistSnapshot, text_hash
+from orchestration.core import (
+    ChainSnapshot,
+    ChainStep,
+    ExecutionContract,
+    RunCancelled,
+    RunCreated,
+    RunStatus,
+    SpecialistSnapshot,
+    apply_write,
+    head_from_creation,
+    text_hash,
+)
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 CHAIN = ChainSnapshot(

@@ -4,7 +4,7 @@ For each store and each history length N (5, 50, 500 earlier facts), it builds f
 hold exactly N facts — ``run_created``, then pairs of ``attempt_started`` + ``task_completed`` with
 10 KB outputs, padded with an ``attempt_started`` for the next task — and times one more append: the
 ``task_completed`` (10 KB output) of that task. Heads are built with
-:func:`orchestration.fold.apply_write`, as the runtime builds them. Every run uses the same chain
+:func:`orchestration.core.fold.apply_write`, as the runtime builds them. Every run uses the same chain
 (long enough for 500 facts), so the runs differ only in how much history they have.
 
 It prints the median append latency per N, the ratio median(500) / median(5) (DESIGN §3: the cost of
@@ -39,14 +39,18 @@ from pathlib import Path
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestration.facts import AttemptStarted, Fact, RunCreated, TaskCompleted
-from orchestration.fold import apply_write, head_from_creation
-from orchestration.models import (
+from orchestration.core import (
+    AttemptStarted,
     ChainSnapshot,
     ChainStep,
     ExecutionContract,
+    Fact,
+    RunCreated,
     RunHead,
     SpecialistSnapshot,
+    TaskCompleted,
+    apply_write,
+    head_from_creation,
     text_hash,
 )
 from orchestration.store import RunStore

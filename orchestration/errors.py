@@ -31,7 +31,7 @@ at the adapter edge (``raise ... from exc``)::
 ``RecordTooNew`` is a kind of ``CorruptRecord`` on purpose: everything that leaves an unreadable run
 alone (a drive sets it aside, lists skip it, the dispatcher moves on) does the same for a record of
 a newer format, which must neither be decided from nor written over. Its own code and message tell
-an operator that nothing is damaged (see "Record formats" in :mod:`orchestration.facts`).
+an operator that nothing is damaged (see "Record formats" in :mod:`orchestration.core.facts`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class InvalidArgument(ConstructError):
 
 class ForkMismatch(InvalidArgument):
     """A fork's chain (changed, or re-read from the configuration) lacks a step whose recorded
-    output the fork copies, or defines it differently (see :mod:`orchestration.forking`)."""
+    output the fork copies, or defines it differently (see :mod:`orchestration.ops.forking`)."""
 
     code = "fork_mismatch"
 

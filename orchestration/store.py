@@ -2,7 +2,7 @@
 conformance suite (``tests/stores``) checks every adapter against them.
 
 A run is an append-only log of facts plus a head (the fold of the log, see
-:mod:`orchestration.facts`). Stores never fold: the writer passes the facts *and* the head they
+:mod:`orchestration.core.facts`). Stores never fold: the writer passes the facts *and* the head they
 produce, and the store persists both atomically. The head carries no task output and keeps finished
 tasks settled (see ``TaskState.settled``), so it does not grow with the run's history, and neither
 does the cost of one append.
@@ -20,7 +20,7 @@ holder, whose writes and renewals still go through. Writes that bring an externa
 a host's output, an approval, a cancellation) pass no lease and are fenced by the version alone.
 
 Stored heads and facts state their record format, and a store reads them back by the rules in
-:mod:`orchestration.facts` ("Record formats"): fields it does not know are ignored; a record of a
+:mod:`orchestration.core.facts` ("Record formats"): fields it does not know are ignored; a record of a
 newer format, or a fact of an unknown type, raises ``RecordTooNew`` (a ``CorruptRecord``) and is
 never rewritten; lists skip such a run like any unreadable one.
 
@@ -43,10 +43,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestration.core.facts import Fact
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
-from orchestration.facts import Fact
-from orchestration.models import RunHead
-from orchestration.vocabulary import RunStatus
 
 
 @dataclass(frozen=True, slots=True)

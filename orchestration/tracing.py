@@ -1,11 +1,11 @@
 """OpenTelemetry spans for runs, tasks, attempts and model calls (issue 14, part 1).
 
 Spans go through ``opentelemetry-api`` only: without an SDK installed and configured (the ``otel``
-extra and the ``OTEL_*`` variables, see :mod:`server.telemetry`) every tracer is the API's no-op
+extra and the ``OTEL_*`` variables, see :mod:`server.settings.telemetry`) every tracer is the API's no-op
 one, and a span costs a few attribute dictionaries. The tracer is the global one, as OpenTelemetry
 intends for instrumented libraries: the composition root (or a test) installs the provider.
 
-**The tree.** A drive of a run (:class:`~orchestration.drive.Drive`, in whatever process holds the
+**The tree.** A drive of a run (:class:`~orchestration.engine.drive.Drive`, in whatever process holds the
 run's lease) opens ``run <chain>``; under it, ``task <task_id>`` for each task it calls a model
 for, and under that ``attempt <task_id>`` per attempt; the provider worker's ``chat <model>``
 (:func:`model_call`, GenAI semantic conventions) is a child of the attempt in progress. A run that
@@ -38,10 +38,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from orchestration.facts import Fact, TaskCompleted, TaskFailed
-from orchestration.models import RunHead, Telemetry, TypedError
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
+from orchestration.core.facts import Fact, TaskCompleted, TaskFailed
+from orchestration.core.models import RunHead, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus
 
 #: the instrumentation scope of every span here
 TRACER_NAME = "construct-mcp"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.cli import main
+from server.cli.main import main
 
 if __name__ == "__main__":
     main()

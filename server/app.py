@@ -6,14 +6,14 @@ a bad config file fails the process at once) and builds the :class:`~mcp.server.
 :class:`~stores.faults.CrashAfterWrites` when ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set) before
 any transport starts, so an unusable store is a clean startup error; the server's ``lifespan`` (which
 opens the store itself when the server is run some other way, e.g. in process) builds
-the :class:`~orchestration.runtime.Runtime` with an owner unique to this process
-(``host:pid:random``) and runs the :class:`~orchestration.dispatcher.Dispatcher` in a task group
+the :class:`~orchestration.engine.runtime.Runtime` with an owner unique to this process
+(``host:pid:random``) and runs the :class:`~orchestration.engine.dispatcher.Dispatcher` in a task group
 for as long as the server runs, whatever the transport. On shutdown it gives runs being driven a
 short grace period, stops the dispatcher (a run interrupted mid-step is an orphan that the next
 process recovers from its facts), and closes the store.
 
 Shutdown is the same whatever stops the server: the end of stdin or SIGTERM for stdio (SIGTERM ends
-the transport's input, see :mod:`server.stdio`), SIGTERM or SIGINT for the HTTP transports (open
+the transport's input, see :mod:`server.transports.stdio`), SIGTERM or SIGINT for the HTTP transports (open
 requests get :data:`HTTP_SHUTDOWN_TIMEOUT_SECONDS`). The dispatcher takes no new work, the write in
 progress completes, runs still being driven after :data:`SHUTDOWN_GRACE_SECONDS` are cancelled, and
 every lease is released on the way out, so another process can take the runs over at once instead
@@ -23,9 +23,9 @@ The SSE transport enters the lifespan once per connection; the app therefore ope
 per process and lets later entries share them (see :meth:`ConstructApp.lifespan`).
 
 The HTTP apps themselves (message size bound, Streamable HTTP session cap and idle timeout,
-DNS-rebinding protection on loopback, IPv6 included) are built by :mod:`server.http`; the bearer
-token and the redaction of query strings from the access log are :mod:`server.auth`'s. On stdio the
-same message size bound applies to each line of input (see :mod:`server.stdio`).
+DNS-rebinding protection on loopback, IPv6 included) are built by :mod:`server.transports.http`; the bearer
+token and the redaction of query strings from the access log are :mod:`server.transports.auth`'s. On stdio the
+same message size bound applies to each line of input (see :mod:`server.transports.stdio`).
 """
 
 from __future__ import annotations
@@ -48,25 +48,24 @@ from mcp.server import MCPServer
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from starlette.types import ASGIApp
 
-from orchestration.catalog import Catalog
-from orchestration.dispatcher import Dispatcher
-from orchestration.models import RunHead
-from orchestration.runtime import Runtime
-from server.arguments import UnknownToolRefusal
-from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
-from server.chain_prompts import register_chain_prompts
-from server.config import Settings
-from server.http import bind_host, max_message_bytes, sse_app, streamable_http_app
-from server.panel import panel_extension
-from server.resources import register_resources
-from server.services import Services
-from server.stdio import serve_stdio
-from server.storage import OpenedRunStore, open_run_store
-from server.tasks import TasksExtension, guard_task_notifications
-from server.telemetry import configure_tracing
-from server.tools import build_tools
-from server.watch import LegacySubscribers, RunSubscriptions, watching_listen_handler
-from server.web import with_run_pages
+from orchestration.chains import Catalog
+from orchestration.core import RunHead
+from orchestration.engine import Dispatcher, Runtime
+from server.mcp.arguments import UnknownToolRefusal
+from server.mcp.prompts import register_chain_prompts
+from server.mcp.resources import register_resources
+from server.mcp.services import Services
+from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, watching_listen_handler
+from server.mcp.tasks import TasksExtension, guard_task_notifications
+from server.mcp.tools import build_tools
+from server.settings.config import Settings
+from server.settings.storage import OpenedRunStore, open_run_store
+from server.settings.telemetry import configure_tracing
+from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
+from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
+from server.transports.stdio import serve_stdio
+from server.web.pages import with_run_pages
+from server.web.panel import panel_extension
 from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
@@ -126,13 +125,13 @@ class ConstructApp:
             log_level=self.settings.log_level,
             tools=tools,
             middleware=[UnknownToolRefusal(tools)],
-            # MCP Tasks for clients that declare them (see server.tasks)
+            # MCP Tasks for clients that declare them (see server.mcp.tasks)
             extensions=[panel, TasksExtension()],
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
         # The SDK's listen handler, told which run resources each open stream covers (and refusing
-        # task notifications to a client that did not declare MCP Tasks, see server.tasks).
+        # task notifications to a client that did not declare MCP Tasks, see server.mcp.tasks).
         server._lowlevel_server.add_request_handler(
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
@@ -228,7 +227,7 @@ class ConstructApp:
         if transport != "stdio":
             check_exposure(host, self.settings.named_tokens())
             host = bind_host(host)  # "[::1]" binds as "::1"
-        # Spans are exported only when the otel extra and OTEL_* ask for it (server.telemetry).
+        # Spans are exported only when the otel extra and OTEL_* ask for it (server.settings.telemetry).
         stop_tracing = configure_tracing(os.environ)
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
@@ -258,7 +257,7 @@ class ConstructApp:
                 max_sessions=self.settings.http_max_sessions,
                 idle_seconds=self.settings.http_session_idle_seconds,
             )
-            # ... and the run pages for a browser at /runs (see server.web).
+            # ... and the run pages for a browser at /runs (see server.web.pages).
             app = with_run_pages(
                 self._guarded(app), lambda: self._services, self.settings.named_tokens(), host, max_bytes
             )
@@ -278,7 +277,7 @@ class ConstructApp:
             raise ValueError(f"unknown transport {transport!r}")
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
-        """``app`` behind the bearer tokens, when any is configured (see :mod:`server.auth`)."""
+        """``app`` behind the bearer tokens, when any is configured (see :mod:`server.transports.auth`)."""
         tokens = self.settings.named_tokens()
         if not tokens:
             return app

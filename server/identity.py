@@ -21,10 +21,10 @@ stdio, an in-process client and the CLI are **local, trusted channels**: whoever
 process's stdin or run the CLI on the store already holds everything the server does, so they have
 every role and see every run. What they say about who they are (the ``approver`` argument, the
 CLI's ``--approver`` or the OS user) is recorded as *claimed*, not verified. Over HTTP without any
-token (loopback only, see :mod:`server.auth`) the same holds, with channel ``http``.
+token (loopback only, see :mod:`server.transports.auth`) the same holds, with channel ``http``.
 
 The caller of a request is read from the HTTP request the MCP SDK hands each handler
-(``ctx.request_context.request``): :class:`~server.auth.BearerTokenMiddleware` puts the verified
+(``ctx.request_context.request``): :class:`~server.transports.auth.BearerTokenMiddleware` puts the verified
 :class:`Caller` into the ASGI scope under :data:`SCOPE_KEY` before the MCP app sees the request.
 A request with no HTTP request behind it is local (stdio, in process).
 """
@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from orchestration.core import DecisionChannel, RunHead
 from orchestration.errors import Forbidden
-from orchestration.models import DecisionChannel, RunHead
 
 Role = Literal["read", "operate", "approve"]
 ROLES: frozenset[Role] = frozenset(get_args(Role))

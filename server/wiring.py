@@ -12,17 +12,14 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from orchestration.catalog import Catalog
-from orchestration.costing import with_costs
-from orchestration.pricing import price_table
-from orchestration.runtime import Runtime
+from orchestration.chains import Catalog
+from orchestration.core import price_table, with_costs
+from orchestration.engine import Runtime
 from orchestration.store import RunStore
-from orchestration.workers.agents import AgentWorker, Workers
-from orchestration.workers.provider import ProviderWorker, contract_resolver
-from orchestration.workers.providers import make_http_client
-from server.agents import agent_endpoints
-from server.config import Settings
-from server.providers import provider_settings
+from orchestration.workers import AgentWorker, ProviderWorker, Workers, contract_resolver, make_http_client
+from server.settings.agents import agent_endpoints
+from server.settings.config import Settings
+from server.settings.providers import provider_settings
 
 
 def process_owner() -> str:
@@ -37,7 +34,7 @@ async def runtime_for(
     """A runtime over ``store`` with both worker backends wired: ``inline`` (the host runs the
     tasks) and ``provider`` (this process calls the model, through one pooled HTTP client that
     is closed on exit); agent steps go to the ``[agents]`` of the settings (see
-    :mod:`server.agents`)."""
+    :mod:`server.settings.agents`)."""
     providers = provider_settings(settings)
     async with make_http_client() as http:
         yield Runtime(

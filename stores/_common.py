@@ -1,5 +1,5 @@
 """Helpers every adapter shares: argument checks for appends, the stored form of heads and facts
-(and how it is read back: "Record formats" in :mod:`orchestration.facts`) and the list cursor
+(and how it is read back: "Record formats" in :mod:`orchestration.core.facts`) and the list cursor
 codec."""
 
 from __future__ import annotations
@@ -9,11 +9,19 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from orchestration.core import (
+    FACT_TYPES,
+    RECORD_FORMAT,
+    ChainSnapshot,
+    Fact,
+    RunHead,
+    RunStatus,
+    TaskState,
+    by_identity,
+    parse_fact,
+    parse_head,
+)
 from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
-from orchestration.facts import FACT_TYPES, Fact, parse_fact, parse_head
-from orchestration.memo import by_identity
-from orchestration.models import RECORD_FORMAT, ChainSnapshot, RunHead, TaskState
-from orchestration.vocabulary import RunStatus
 
 ListKey = tuple[str, str]
 
@@ -23,7 +31,7 @@ _ENCODED_APART = {"chain", "tasks"}
 
 @by_identity
 def _chain_json(chain: ChainSnapshot) -> str:
-    """A chain snapshot as a head stores it, once per snapshot (see :mod:`orchestration.memo`)."""
+    """A chain snapshot as a head stores it, once per snapshot (see :mod:`orchestration.core.memo`)."""
     return chain.model_dump_json(exclude_defaults=True)
 
 
@@ -98,7 +106,7 @@ Problem = Callable[[Exception], str]
 
 def check_format(run_id: str, where: str, record_format: int) -> None:
     """Raise ``RecordTooNew`` for a record (``where`` in run ``run_id``) that states a format newer
-    than :data:`~orchestration.models.RECORD_FORMAT`."""
+    than :data:`~orchestration.core.models.RECORD_FORMAT`."""
     if record_format > RECORD_FORMAT:
         raise RecordTooNew(run_id, where, record_format, RECORD_FORMAT)
 

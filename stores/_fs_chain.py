@@ -20,8 +20,8 @@ import json
 import re
 from pathlib import Path
 
+from orchestration.core import RunHead
 from orchestration.errors import CorruptRecord
-from orchestration.models import RunHead
 from stores._common import encode_chain, encode_head
 
 CHAIN_FILE = "chain.json"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestration.core import Fact, dump_fact
 from orchestration.errors import CorruptRecord
-from orchestration.facts import Fact, dump_fact
 from orchestration.store import Lease
 
 #: One index record per fact: the byte offsets where its line starts and ends in facts.jsonl.

@@ -14,11 +14,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestration.core import RUN_ID_PATTERN, RunHead, RunStatus
 from orchestration.errors import CorruptRecord, RunNotFound
-from orchestration.ids import RUN_ID_PATTERN
-from orchestration.models import RunHead
 from orchestration.store import RunPage
-from orchestration.vocabulary import RunStatus
 from stores._common import ListKey, encode_cursor_key, is_runnable, list_order_key
 from stores._fs_files import HEAD_FILE, head_signature
 

@@ -30,10 +30,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from orchestration.core import Fact, RunHead, validate_run_id
 from orchestration.errors import Conflict, RunNotFound
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import Tombstone
 from stores._fs_files import flocked, fsync_dir, replace_file
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone

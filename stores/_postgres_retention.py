@@ -20,10 +20,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from orchestration.core import Fact, RunHead, validate_run_id
 from orchestration.errors import Conflict, RunNotFound
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import Tombstone
 from stores._jsonb import from_jsonb_text
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone

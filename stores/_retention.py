@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestration.core import Fact, RunCreated, RunHead
 from orchestration.errors import CorruptRecord, InvalidArgument, InvalidState, VersionConflict
-from orchestration.facts import Fact, RunCreated
-from orchestration.models import RunHead
 from orchestration.store import Tombstone
 from stores._common import check_format
 

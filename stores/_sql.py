@@ -21,9 +21,8 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from orchestration.core import Fact, RunHead
 from orchestration.errors import CorruptRecord, InvalidArgument
-from orchestration.facts import Fact
-from orchestration.models import RunHead
 from stores._common import decode_stored_fact, decode_stored_head, encode_cursor_key
 
 Dialect = Literal["sqlite", "postgres"]

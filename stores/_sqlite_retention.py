@@ -16,10 +16,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestration.core import Fact, RunHead, validate_run_id
 from orchestration.errors import Conflict, RunNotFound
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import Tombstone
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
 from stores._sql import decode_head, queries

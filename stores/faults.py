@@ -14,10 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from orchestration.facts import Fact
-from orchestration.models import RunHead
+from orchestration.core import Fact, RunHead, RunStatus
 from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
-from orchestration.vocabulary import RunStatus
 
 log = logging.getLogger("construct.faults")
 

@@ -63,6 +63,7 @@ from typing import ParamSpec, TypeVar
 
 import anyio
 
+from orchestration.core import RUN_ID_PATTERN, Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import (
     Conflict,
     ConstructError,
@@ -75,11 +76,7 @@ from orchestration.errors import (
     StoreError,
     VersionConflict,
 )
-from orchestration.facts import Fact
-from orchestration.ids import RUN_ID_PATTERN, validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
-from orchestration.vocabulary import RunStatus
 from stores._common import (
     ListKey,
     check_append,

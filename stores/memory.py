@@ -10,12 +10,9 @@ from datetime import datetime, timedelta
 import anyio
 from anyio.lowlevel import checkpoint
 
+from orchestration.core import Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import Conflict, FactNotFound, RecordTooNew, RunNotFound, VersionConflict
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, Tombstone, new_lease_token
-from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
     check_create,

@@ -42,6 +42,7 @@ from typing import Any
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 
+from orchestration.core import Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import (
     Conflict,
     CorruptRecord,
@@ -51,11 +52,7 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
-from orchestration.vocabulary import RunStatus
 from stores import redact_url
 from stores._common import (
     check_append,

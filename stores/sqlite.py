@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import anyio
 
+from orchestration.core import Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import (
     Conflict,
     ConstructError,
@@ -45,11 +46,7 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.facts import Fact
-from orchestration.ids import validate_run_id
-from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
-from orchestration.vocabulary import RunStatus
 from stores._common import (
     check_append,
     check_create,

@@ -2,7 +2,7 @@
 ``httpx2`` exceptions become typed errors (:func:`map_transport_exception`).
 
 Nothing here retries: the durable step is the only retry layer (``notes/providers.md``). The pooled
-client itself is made by :func:`orchestration.workers.providers.make_http_client`.
+client itself is made by :func:`orchestration.workers.model_calls.make_http_client`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import httpx2
 
 from orchestration.workers._redact import Redactor
 from orchestration.workers.classify import AttemptFacts
-from orchestration.workers.providers import ProviderCallError, ProviderRequest, ProviderResponse
-from orchestration.workers.providers import ProviderErrorCode as Code
+from orchestration.workers.model_calls import ProviderCallError, ProviderRequest, ProviderResponse
+from orchestration.workers.model_calls import ProviderErrorCode as Code
 
 if TYPE_CHECKING:
     from httpx2._client import UseClientDefault

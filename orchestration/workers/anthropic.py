@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import httpx2
 
-from orchestration.clock import Clock, SystemClock
+from orchestration.core.clock import Clock, SystemClock
 from orchestration.workers._http import (
     NOT_JSON,
     HttpExchange,
@@ -44,7 +44,7 @@ from orchestration.workers.classify import (
     possible_duplicate_for,
     should_retry_hint,
 )
-from orchestration.workers.providers import (
+from orchestration.workers.model_calls import (
     ANSWER_TOOL,
     RETRYABLE_BY_CODE,
     ProviderCallError,
@@ -52,7 +52,7 @@ from orchestration.workers.providers import (
     ProviderResponse,
     StructuredOutputMode,
 )
-from orchestration.workers.providers import ProviderErrorCode as Code
+from orchestration.workers.model_calls import ProviderErrorCode as Code
 
 __all__ = [
     "ANTHROPIC_BASE_URL",
@@ -86,7 +86,7 @@ _THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
 class AnthropicClient:
-    """A :class:`~orchestration.workers.providers.ProviderClient` for the Anthropic Messages API.
+    """A :class:`~orchestration.workers.model_calls.ProviderClient` for the Anthropic Messages API.
 
     ``http`` is shared and owned by the caller (see :func:`~orchestration.workers._http.make_http_client`).
     Arguments after ``http`` are keyword-only so that a key can never be passed where a URL is

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from orchestration.models import Telemetry, TypedError
+from orchestration.core.models import Telemetry, TypedError
 from orchestration.workers._redact import Redactor
-from orchestration.workers.providers import RETRYABLE_BY_CODE, ProviderCallError
-from orchestration.workers.providers import ProviderErrorCode as Code
+from orchestration.workers.model_calls import RETRYABLE_BY_CODE, ProviderCallError
+from orchestration.workers.model_calls import ProviderErrorCode as Code
 
 __all__ = [
     "CONTEXT_LENGTH_CODES",

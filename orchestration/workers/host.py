@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestration.costs import HostUsage
-from orchestration.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
-from orchestration.models import RunHead, Telemetry, text_hash
-from orchestration.prompts import TaskPrompt
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.costs import HostUsage
+from orchestration.core.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
+from orchestration.core.models import RunHead, Telemetry, text_hash
 
 HOST_EXECUTOR = "inline:host"
 

@@ -42,7 +42,7 @@ from typing import Any, Final, Literal
 
 import httpx2
 
-from orchestration.clock import Clock, SystemClock
+from orchestration.core.clock import Clock, SystemClock
 from orchestration.workers._http import (
     NOT_JSON,
     HttpExchange,
@@ -66,7 +66,7 @@ from orchestration.workers.classify import (
     possible_duplicate_for,
     should_retry_hint,
 )
-from orchestration.workers.providers import (
+from orchestration.workers.model_calls import (
     ANSWER_TOOL,
     RETRYABLE_BY_CODE,
     STRUCTURED_OUTPUT_MODES,
@@ -75,7 +75,7 @@ from orchestration.workers.providers import (
     ProviderResponse,
     StructuredOutputMode,
 )
-from orchestration.workers.providers import ProviderErrorCode as Code
+from orchestration.workers.model_calls import ProviderErrorCode as Code
 
 __all__ = [
     "MAX_TOKENS_FIELDS",
@@ -107,7 +107,7 @@ _SENSITIVE_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
 
 
 class OpenAICompatClient:
-    """A :class:`~orchestration.workers.providers.ProviderClient` for Chat Completions endpoints.
+    """A :class:`~orchestration.workers.model_calls.ProviderClient` for Chat Completions endpoints.
 
     ``api_key`` is optional because local servers (vLLM, llama.cpp, Ollama) usually need none; when
     given it is sent as ``Authorization: Bearer``. ``extra_headers`` carries e.g. OpenRouter's

@@ -3,7 +3,7 @@
 Pure functions of their arguments (randomness is an injected ``rng``). Who asks, and what happens
 with the answer:
 
-* the provider worker (:class:`~orchestration.workers.provider.ProviderWorker`), after a failed
+* the provider worker (:class:`~orchestration.workers.provider_worker.ProviderWorker`), after a failed
   call, asks :meth:`RetryPolicy.decide_after` with the errors of the earlier attempts as the run
   records them plus the new one, and returns the verdict inside its outcome: the error as
   :meth:`RetryDecision.error_to_record` gives it (``retryable`` cleared when the policy refuses),
@@ -16,7 +16,7 @@ with the answer:
   default), otherwise it stops and the dispatcher resumes the run once ``not_before`` has passed.
 
 Nothing else retries a provider call: the HTTP clients make one request per attempt, and a worker
-makes one call per :meth:`~orchestration.workers.base.TaskWorker.execute`.
+makes one call per :meth:`~orchestration.workers.port.TaskWorker.execute`.
 
 How the "at most once" rule for ``empty_response`` works: the client marks every
 ``empty_response`` as ``retryable=True`` (it cannot know the history), and this policy caps the
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import MappingProxyType
 
-from orchestration.clock import Clock
-from orchestration.models import ExecutionContract, Telemetry, TypedError
-from orchestration.workers.base import AttemptFailedOutcome
-from orchestration.workers.providers import ProviderErrorCode as Code
+from orchestration.core.clock import Clock
+from orchestration.core.models import ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptFailedOutcome
+from orchestration.workers.model_calls import ProviderErrorCode as Code
 
 __all__ = [
     "DEFAULT_MAX_RETRIES_BY_CODE",

@@ -32,9 +32,9 @@ import httpx2
 from anyio.abc import Process
 from mcp import Client
 
-from orchestration.facts import AttemptStarted, Fact, TaskCompleted
-from orchestration.models import RunHead
-from orchestration.vocabulary import RunStatus
+from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
 from tests.acceptance.harness import REPO, SERVER_COMMAND, call, free_port, read_log
 from tests.acceptance.store_targets import StoreTarget
 

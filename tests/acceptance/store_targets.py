@@ -21,8 +21,8 @@ from pathlib import Path
 
 import anyio
 
-from orchestration.facts import Fact
-from orchestration.models import RunHead
+from orchestration.core.facts import Fact
+from orchestration.core.models import RunHead
 from orchestration.store import RunStore
 from stores import open_store
 from stores.migrate import migrate

@@ -21,11 +21,11 @@ import pytest
 from anyio.abc import Process
 from mcp import Client
 
-from orchestration.catalog import Catalog
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.agent_base import AgentEndpoint
-from orchestration.workers.agents import AgentWorker, Workers
+from orchestration.chains.catalog import Catalog
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.mcp_agents import AgentWorker, Workers
 from stores.memory import MemoryStore
 from tests.acceptance.harness import REPO, call, free_port, read_log, server_env
 from tests.acceptance.processes import http_server

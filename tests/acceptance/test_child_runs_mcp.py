@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from orchestration.facts import ChildEnded, ChildStarted
+from orchestration.core.facts import ChildEnded, ChildStarted
 from orchestration.store import RunStore
 from tests.acceptance.harness import call, call_error
 from tests.acceptance.test_retried_calls import STORES, served

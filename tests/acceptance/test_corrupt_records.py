@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.chains.catalog import Catalog
+from orchestration.engine.runtime import Runtime, StartRequest
 from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import call, call_error, pid_alive, play_host, read_log, stdio_client_for
 from tests.acceptance.reliability import trial

@@ -15,8 +15,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import Fact, TaskCompleted
-from orchestration.models import RunHead
+from orchestration.core.facts import Fact, TaskCompleted
+from orchestration.core.models import RunHead
 from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import call, server_env, stdio_client_for
 

@@ -16,7 +16,7 @@ from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitRequestParams, ElicitResult, ErrorData, InputRequiredResult
 
-from server.elicit import FORM_KEY
+from server.mcp.elicit import FORM_KEY
 from tests.acceptance.harness import call, read_log
 from tests.acceptance.test_identities import ALICE, BOB, CONFIG
 from tests.acceptance.test_mcp_http import http_server

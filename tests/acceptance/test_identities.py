@@ -20,7 +20,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
 from tests.acceptance.harness import (
     SERVER_COMMAND,
     call,

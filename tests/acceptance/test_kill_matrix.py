@@ -35,9 +35,9 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import AttemptFailed, AttemptStarted, Fact, TaskCompleted
-from orchestration.fold import with_history
-from orchestration.models import RunHead
+from orchestration.core.facts import AttemptFailed, AttemptStarted, Fact, TaskCompleted
+from orchestration.core.fold import with_history
+from orchestration.core.models import RunHead
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.reliability import trial
 from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target

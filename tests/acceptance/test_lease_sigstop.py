@@ -26,7 +26,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from mcp import Client
 
-from orchestration.facts import TaskCompleted
+from orchestration.core.facts import TaskCompleted
 from stores import parse_store_spec
 from tests.acceptance.cluster import (
     TASKS,

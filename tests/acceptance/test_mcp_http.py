@@ -123,7 +123,7 @@ async def test_sse_transport_serves_the_tools(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# The bearer token (server/auth.py)
+# The bearer token (server/transports/auth.py)
 
 TOKEN = "canary-token-" + "7f3a9c2e4b1d8f60"
 

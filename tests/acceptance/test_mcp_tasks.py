@@ -21,7 +21,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
-from server.tasks import MISSING_CAPABILITY
+from server.mcp.tasks import MISSING_CAPABILITY
 from tests.acceptance.harness import call, read_log, server_env, stdio_client_for
 from tests.acceptance.processes import http_server, until_gone
 from tests.acceptance.store_targets import store_target

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from orchestration.facts import AttemptStarted, TaskCompleted
+from orchestration.core.facts import AttemptStarted, TaskCompleted
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.store_targets import BACKENDS, store_target
 from tests.acceptance.test_kill_matrix import only_run, server_env

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from orchestration.facts import HostTaskPrepared, TaskCompleted
+from orchestration.core.facts import HostTaskPrepared, TaskCompleted
 from tests.acceptance.harness import call, text_of
 from tests.acceptance.test_retried_calls import STORES, outputs, served
 from tests.unit.parallel import RESEARCHERS

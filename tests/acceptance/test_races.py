@@ -39,9 +39,9 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from orchestration.facts import ApprovalDecided, Fact, RunCancelled, TaskCompleted
-from orchestration.fold import fold
-from orchestration.models import RunHead
+from orchestration.core.facts import ApprovalDecided, Fact, RunCancelled, TaskCompleted
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead
 from tests.acceptance.harness import call, read_log, text_of
 from tests.acceptance.processes import http_server
 from tests.acceptance.reliability import trial

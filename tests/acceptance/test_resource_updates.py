@@ -1,5 +1,6 @@
 """Resource subscribers hear of changes that another process writes to the run (the CLI here; in a
-scale-out, another server): the server polls the runs that have subscribers (``server/watch.py``)."""
+scale-out, another server): the server polls the runs that have subscribers
+(``server/mcp/subscriptions.py``)."""
 
 from __future__ import annotations
 

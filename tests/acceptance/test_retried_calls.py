@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from orchestration.facts import ApprovalDecided, TaskCompleted
+from orchestration.core.facts import ApprovalDecided, TaskCompleted
 from orchestration.store import RunStore
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 from stores import open_store
 from tests.acceptance.harness import call, call_error
 from tests.acceptance.store_targets import BACKENDS, store_target

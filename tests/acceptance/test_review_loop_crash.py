@@ -27,7 +27,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import AttemptStarted, Fact, RouteDecided, TaskCompleted
+from orchestration.core.facts import AttemptStarted, Fact, RouteDecided, TaskCompleted
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
 from tests.acceptance.test_kill_matrix import Outcome, only_run, orphaned_attempts, server_env, write_ends

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp.types import TextResourceContents
 
-from orchestration.facts import RouteDecided
+from orchestration.core.facts import RouteDecided
 from tests.acceptance.harness import call
 from tests.acceptance.test_retried_calls import STORES, served
 

@@ -25,10 +25,10 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.facts import ApprovalDecided, AttemptStarted
-from orchestration.runtime import Runtime
-from orchestration.vocabulary import RunStatus
+from orchestration.chains.catalog import Catalog
+from orchestration.core.facts import ApprovalDecided, AttemptStarted
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime
 from stores import parse_store_spec
 from tests.acceptance.cluster import (
     TASKS,

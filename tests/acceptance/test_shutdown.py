@@ -22,8 +22,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import AttemptStarted, TaskCompleted
-from orchestration.fold import fold
+from orchestration.core.facts import AttemptStarted, TaskCompleted
+from orchestration.core.fold import fold
 from tests.acceptance.harness import call, pid_alive, read_log, stdio_client_for
 from tests.acceptance.processes import http_server, until_gone
 from tests.acceptance.reliability import trial

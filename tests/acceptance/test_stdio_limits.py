@@ -1,5 +1,6 @@
 """On stdio, a message far over the size limits is refused without being held whole
-(``server/stdio.py``): the caller gets a ``too_large`` error for its request, and the session goes on."""
+(``server/transports/stdio.py``): the caller gets a ``too_large`` error for its request, and the session
+goes on."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import RequestParamsMeta
 
-from orchestration.facts import AttemptFailed, AttemptStarted, TaskCompleted
+from orchestration.core.facts import AttemptFailed, AttemptStarted, TaskCompleted
 from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import REPO, pid_alive, read_log, server_env
 from tests.acceptance.traced_server import read_span_file

@@ -2,7 +2,7 @@
 point) with a test-only span exporter installed first, which appends every span to the file
 ``CONSTRUCT_TEST_SPAN_FILE`` (one JSON object a line) the moment it ends. A process killed with
 SIGKILL leaves the spans that had ended in the file; the ones it held open are lost, as with any
-exporter. :func:`server.telemetry.configure_tracing` leaves a provider installed before it alone."""
+exporter. :func:`server.settings.telemetry.configure_tracing` leaves a provider installed before it alone."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def main() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(SpanFile(Path(os.environ["CONSTRUCT_TEST_SPAN_FILE"]))))
     trace.set_tracer_provider(provider)
-    from server.cli import main as serve
+    from server.cli.main import main as serve
 
     serve()
 

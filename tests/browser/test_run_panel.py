@@ -19,7 +19,7 @@ from mcp.client import advertise
 from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 from mcp.types import TextResourceContents
 
-from server.panel import PANEL_URI
+from server.web.panel import PANEL_URI
 from tests.acceptance.test_mcp_http import http_server
 from tests.browser.apps_host import AppsHost, click_in_frame
 from tests.browser.cdp import chromium, chromium_path

@@ -1,7 +1,7 @@
 """Builders for store tests: real chain snapshots, real facts, heads produced by the real fold.
 
 Every write a builder returns is what the runtime would hand a store: the facts of one atomic write
-and the head :func:`orchestration.fold.apply_write` folds them into, so the conformance suite
+and the head :func:`orchestration.core.fold.apply_write` folds them into, so the conformance suite
 exercises stores with legal records only (an illegal one would raise here, not in the store).
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orchestration.facts import (
+from orchestration.core.facts import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
@@ -20,8 +20,8 @@ from orchestration.facts import (
     RunCreated,
     TaskCompleted,
 )
-from orchestration.fold import apply_write, head_from_creation
-from orchestration.models import (
+from orchestration.core.fold import apply_write, head_from_creation
+from orchestration.core.models import (
     ChainSnapshot,
     ChainStep,
     ExecutionContract,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestration.facts import FACT_ADAPTER
-from orchestration.models import RunHead
+from orchestration.core.facts import FACT_ADAPTER
+from orchestration.core.models import RunHead
 from orchestration.store import RunStore
 from stores._fs_chain import with_chain
 from stores._sql import queries

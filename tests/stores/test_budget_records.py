@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from orchestration.costs import Budget, BudgetAsk, BudgetLimits, Costs, HostUsage
-from orchestration.facts import (
+from orchestration.core.costs import Budget, BudgetAsk, BudgetLimits, Costs, HostUsage
+from orchestration.core.facts import (
     ApprovalDecided,
     ApprovalRequested,
     AttemptStarted,
@@ -15,9 +15,9 @@ from orchestration.facts import (
     HostTaskPrepared,
     TaskCompleted,
 )
-from orchestration.fold import apply_write, fold
-from orchestration.models import RECORD_FORMAT, ExecutionContract, RunHead, Telemetry, text_hash
-from orchestration.pricing import Price
+from orchestration.core.fold import apply_write, fold
+from orchestration.core.models import RECORD_FORMAT, ExecutionContract, RunHead, Telemetry, text_hash
+from orchestration.core.pricing import Price
 from orchestration.store import RunStore
 from orchestration.workers.host import host_output_facts
 from tests.stores.builders import new_run, run_id

@@ -11,6 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
+from orchestration.core.facts import AttemptStarted, RunCreated
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import (
     Conflict,
     FactNotFound,
@@ -19,10 +22,7 @@ from orchestration.errors import (
     RunNotFound,
     VersionConflict,
 )
-from orchestration.facts import AttemptStarted, RunCreated
-from orchestration.models import RunHead
 from orchestration.store import CreateResult, Lease, RunStore
-from orchestration.vocabulary import RunStatus
 from stores._common import list_order_key
 from tests.stores.builders import (
     BASE_TIME,

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.clock import ManualClock
-from orchestration.costs import Budget
+from orchestration.core.clock import ManualClock
+from orchestration.core.costs import Budget
+from orchestration.core.models import RECORD_FORMAT
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.reading import read_snapshot
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import (
     Conflict,
     ExportCorrupt,
@@ -28,14 +32,10 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.export import RunExport, export_lines, read_export, snapshot
-from orchestration.models import RECORD_FORMAT
-from orchestration.reading import read_snapshot
-from orchestration.retention import PRUNABLE, import_export, prune
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.ops.export import RunExport, export_lines, read_export, snapshot
+from orchestration.ops.retention import PRUNABLE, import_export, prune
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
-from server.views import run_view
+from server.views.run_view import run_view
 from stores.filesystem import FilesystemStore
 from tests.stores.conftest import make_memory
 from tests.stores.sql_adapters import make_postgres, make_sqlite

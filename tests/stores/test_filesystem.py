@@ -17,6 +17,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from orchestration.core.facts import AttemptStarted
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import (
     CorruptRecord,
     FactNotFound,
@@ -26,11 +30,7 @@ from orchestration.errors import (
     StoreError,
     VersionConflict,
 )
-from orchestration.facts import AttemptStarted
-from orchestration.fold import fold
-from orchestration.models import RunHead
 from orchestration.store import Lease, Tombstone
-from orchestration.vocabulary import RunStatus
 from stores._fs_files import head_position as _head_position
 from stores.filesystem import FilesystemStore
 from tests.stores.builders import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestration.core.models import RunHead
 from orchestration.errors import CorruptRecord
-from orchestration.models import RunHead
 from stores._common import encode_head
 from stores._fs_chain import holds_chain
 from stores.filesystem import FilesystemStore

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestration.core.facts import Fact
+from orchestration.core.models import RunHead
 from orchestration.errors import CorruptRecord
-from orchestration.facts import Fact
-from orchestration.models import RunHead
 from stores.filesystem import FilesystemStore
 from tests.stores.builders import Write, complete_task, new_run, run_id, start_attempt
 

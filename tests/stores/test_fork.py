@@ -1,4 +1,4 @@
-"""Fork and rewind on every store (issue 14, part 4; the rule: :mod:`orchestration.forking`): a
+"""Fork and rewind on every store (issue 14, part 4; the rule: :mod:`orchestration.ops.forking`): a
 fork copies the recorded work done before its task — the copies name their source fact, routes
 replay — calls the worker only from that task on, and leaves the source run as it was."""
 
@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import RouteDecided, TaskCompleted, dump_fact
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
-from orchestration.facts import RouteDecided, TaskCompleted, dump_fact
-from orchestration.forking import ForkRequest
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.ops.forking import ForkRequest
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded, TaskWorker
-from server.views import run_view
+from orchestration.workers.port import TaskWorker
+from server.views.run_view import run_view
 from tests.unit.helpers import Decision, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker
 

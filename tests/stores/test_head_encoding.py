@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from orchestration.models import RunHead
+from orchestration.core.models import RunHead
 from stores import _common
 from stores._common import decode_stored_head, encode_head
 from tests.stores.builders import (

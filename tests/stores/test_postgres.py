@@ -15,8 +15,8 @@ import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import LeaseLost, StoreUnavailable
-from orchestration.vocabulary import RunStatus
 from stores import parse_store_spec
 from stores.migrate import migrate
 from stores.postgres import CHANNEL, PostgresStore, channel_for

@@ -8,7 +8,7 @@ version of the server are planted raw into each store's own storage, then read w
 - The runtime leaves such a run alone: status and every call on it say ``record_too_new``, a drive
   sets it aside, and nothing stored for the run changes (compared byte for byte).
 
-The rules are in the docstring of :mod:`orchestration.facts` ("Record formats").
+The rules are in the docstring of :mod:`orchestration.core.facts` ("Record formats").
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.models import RECORD_FORMAT, RunHead
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import CorruptRecord, RecordTooNew
-from orchestration.models import RECORD_FORMAT, RunHead
-from orchestration.runtime import Runtime, StartRequest
 from orchestration.store import RunStore
 from tests.stores.builders import BASE_TIME, Write, complete_task, new_run, run_id
 from tests.stores.raw_records import RawRecords

@@ -11,6 +11,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from orchestration.core.facts import Fact
+from orchestration.core.fold import apply_write
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import (
     Conflict,
     InvalidArgument,
@@ -20,13 +24,9 @@ from orchestration.errors import (
     RunPruned,
     VersionConflict,
 )
-from orchestration.export import snapshot
-from orchestration.facts import Fact
-from orchestration.fold import apply_write
-from orchestration.models import RunHead
-from orchestration.retention import prune
+from orchestration.ops.export import snapshot
+from orchestration.ops.retention import prune
 from orchestration.store import RunStore, Tombstone
-from orchestration.vocabulary import RunStatus
 from tests.stores.builders import (
     BASE_TIME,
     Write,

@@ -15,9 +15,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import CorruptRecord, StoreError, StoreUnavailable, VersionConflict
 from orchestration.store import Lease
-from orchestration.vocabulary import RunStatus
 from stores._sql import migrations, queries, split_sqlite_script
 from stores.sqlite import SqliteStore
 from tests.stores.builders import (

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.models import RunHead
+from orchestration.core.models import RunHead
 from orchestration.store import Lease
 from stores import open_store, parse_store_spec
 from stores._common import sortable_time

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
-from orchestration.models import RunHead
-from orchestration.runtime import Runtime
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
 from tests.unit.helpers import ScriptedWorker, provider_contract, sequential_ids
 
 CHAINS: dict[str, Any] = {

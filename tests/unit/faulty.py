@@ -17,14 +17,21 @@ from typing import Any
 
 import anyio
 
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.facts import Fact
+from orchestration.core.models import (
+    ChainSnapshot,
+    ChainStep,
+    ExecutionContract,
+    RunHead,
+    Telemetry,
+    TypedError,
+)
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import StartRequest
 from orchestration.errors import StoreUnavailable
-from orchestration.facts import Fact
-from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import StartRequest
 from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 
 _RUN_MARKER = re.compile(r"\[run:([A-Za-z0-9_.\-]+)\]")
 

@@ -1,5 +1,5 @@
 """The fold as it was before issue 11's fast path (``model_copy`` for every change, a pass over the
-tasks for each lookup, settlement and deadline): a frozen copy of ``orchestration/fold.py`` at
+tasks for each lookup, settlement and deadline): a frozen copy of ``orchestration/core/fold.py`` at
 2cb0461, only this docstring changed. ``test_fold_equivalence.py`` checks that the
 fold gives the same heads (values, fields set, stored text) and the same errors, fact by fact. When
 the fold's *rules* change, change them here too, or delete this module and that test."""
@@ -10,9 +10,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from operator import attrgetter
 
-from orchestration.budget import charge, charge_unmetered, priced, raise_budget
-from orchestration.errors import IllegalTransition
-from orchestration.facts import (
+from orchestration.core.budget import charge, charge_unmetered, priced, raise_budget
+from orchestration.core.facts import (
     ApprovalDecided,
     ApprovalRequested,
     AttemptFailed,
@@ -30,8 +29,8 @@ from orchestration.facts import (
     TaskCompleted,
     TaskFailed,
 )
-from orchestration.graph import is_parallel, summary_status
-from orchestration.models import (
+from orchestration.core.graph import is_parallel, summary_status
+from orchestration.core.models import (
     GATE_STATUS_OF,
     AttemptRecord,
     ChildRef,
@@ -42,13 +41,14 @@ from orchestration.models import (
     TypedError,
     gate_id_for,
 )
-from orchestration.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
-from orchestration.vocabulary import (
+from orchestration.core.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
+from orchestration.core.vocabulary import (
     RunStatus,
     TaskStatus,
     check_run_transition,
     check_task_transition,
 )
+from orchestration.errors import IllegalTransition
 
 
 def head_from_creation(fact: RunCreated) -> RunHead:
@@ -196,7 +196,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         gate = head.gate(fact.gate_id)
         gates = head.gates
         if gate is None and fact.budget is not None:
-            # A budget gate exists from its request on (see orchestration.budget).
+            # A budget gate exists from its request on (see orchestration.core.budget).
             gate = GateState(
                 gate_id=fact.gate_id,
                 task_id=fact.budget.task_id,
@@ -374,7 +374,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
 def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
     """The head's changes for an ``approval_decided`` fact: approve goes on, reject ends the run
     ``rejected``, revise re-runs the step whose output the gate shows
-    (:func:`~orchestration.routing.revise_plan`), fail (expiry with ``on_expiry = "fail"``) fails
+    (:func:`~orchestration.core.routing.revise_plan`), fail (expiry with ``on_expiry = "fail"``) fails
     the run with ``approval_expired``."""
     gate = head.gate(fact.gate_id)
     if gate is None or gate.status != "requested":
@@ -424,7 +424,7 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
 
 
 def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> dict[str, object]:
-    """The head's changes for a child run's link or end (:mod:`orchestration.children`)."""
+    """The head's changes for a child run's link or end (:mod:`orchestration.engine.children`)."""
     try:
         task = head.task(fact.task_id)
     except KeyError:
@@ -459,7 +459,7 @@ def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> dict[str, object]:
 
 
 def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
-    """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.routing`)."""
+    """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.core.routing`)."""
     try:
         task = head.task(fact.task_id)
     except KeyError:

@@ -9,16 +9,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
-from orchestration.costing import with_costs
-from orchestration.decide import Action
-from orchestration.models import ChainSnapshot, ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
-from orchestration.pricing import Price
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import Action
+from orchestration.core.models import (
+    ChainSnapshot,
+    ChainStep,
+    ExecutionContract,
+    RunHead,
+    Telemetry,
+    TypedError,
+)
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.core.pricing import Price
+from orchestration.core.spending import with_costs
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
 
 
@@ -65,7 +72,7 @@ def _contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
 
 def provider_contract(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
     """The scripted contract; a start with a budget gets costs (:data:`FAKE_PRICES`,
-    :data:`FAKE_MAX_TOKENS`), as :func:`orchestration.costing.with_costs` gives them."""
+    :data:`FAKE_MAX_TOKENS`), as :func:`orchestration.core.spending.with_costs` gives them."""
     if request.budget is None:
         return _contract(request, chain)
     return with_costs(_contract, prices=FAKE_PRICES, max_tokens=FAKE_MAX_TOKENS)(request, chain)

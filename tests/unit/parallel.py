@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestration.catalog import Catalog
-from orchestration.runtime import Runtime
-from orchestration.vocabulary import TaskStatus
+from orchestration.chains.catalog import Catalog
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.runtime import Runtime
 from tests.unit.helpers import Decision
 
 VERDICT = {"specialist": "reviewer", "output_schema": "verdict", "route_on": "verdict"}

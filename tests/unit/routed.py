@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestration.catalog import Catalog
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.workers.base import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 
 VERDICT_STEP = {"specialist": "reviewer", "output_schema": "verdict", "route_on": "verdict"}
 LOOP_ROUTES = {"approve": "end", "revise": "engineer", "reject": "fail"}

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from orchestration.agent_steps import agent_attempt, check_template, render_arguments
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
+from orchestration.core.agent_steps import agent_attempt, check_template, render_arguments
+from orchestration.core.models import AgentStep, AttemptRecord, TaskState, TypedError
 from orchestration.errors import ConfigError
-from orchestration.models import AgentStep, AttemptRecord, TaskState, TypedError
-from server.agents import agent_endpoints
-from server.config import load_settings
+from server.settings.agents import agent_endpoints
+from server.settings.config import load_settings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -19,17 +19,17 @@ import httpx2
 import pytest
 from mcp.types import CallToolResult, TextContent
 
-import orchestration.drive as drive_module
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
-from orchestration.decide import Action, StartAttempt, next_action
-from orchestration.facts import AttemptStarted, RemoteRunStarted
-from orchestration.fold import fold
-from orchestration.models import ExecutionContract, RunHead
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.agent_base import AgentEndpoint
-from orchestration.workers.agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
+import orchestration.engine.drive as drive_module
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import Action, StartAttempt, next_action
+from orchestration.core.facts import AttemptStarted, RemoteRunStarted
+from orchestration.core.fold import fold
+from orchestration.core.models import ExecutionContract, RunHead
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
 from orchestration.workers.retry import RetryPolicy
 from stores.memory import MemoryStore
 from tests.unit.helpers import play, sequential_ids
@@ -500,7 +500,7 @@ async def test_cancelling_the_parent_cancels_the_remote_run() -> None:
 
 
 async def test_the_view_says_who_produced_a_delegated_output() -> None:
-    from server.views import run_view
+    from server.views.run_view import run_view
 
     store, remote = MemoryStore(), FakeRemote(polls=1)
     runtime = runtime_for(store, agent_worker(remote))

@@ -1,4 +1,4 @@
-"""server/auth.py: which hosts count as loopback, and the bearer-token middleware on raw ASGI."""
+"""server/transports/auth.py: which hosts count as loopback, and the bearer-token middleware on raw ASGI."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from orchestration.errors import ConfigError
-from server.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure, is_loopback
-from server.config import load_settings
+from server.settings.config import load_settings
+from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure, is_loopback
 
 TOKEN = "a-token-of-24-characters"
 

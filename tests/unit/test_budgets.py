@@ -15,32 +15,32 @@ import anyio
 import httpx2
 import pytest
 
-from orchestration.budget import refusal
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock, SystemClock
-from orchestration.costing import with_costs
-from orchestration.costs import Budget, BudgetLimits, HostUsage
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.budget import refusal
+from orchestration.core.clock import ManualClock, SystemClock
+from orchestration.core.costs import Budget, BudgetLimits, HostUsage
+from orchestration.core.facts import ApprovalDecided, AttemptStarted, HostOutputSubmitted, TaskCompleted
+from orchestration.core.fold import fold
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
+from orchestration.core.spending import with_costs
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument
-from orchestration.facts import ApprovalDecided, AttemptStarted, HostOutputSubmitted, TaskCompleted
-from orchestration.fold import fold
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
-from orchestration.workers.provider import (
+from orchestration.workers.model_calls import make_http_client
+from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
     ProviderWorker,
     contract_resolver,
 )
-from orchestration.workers.providers import make_http_client
 from orchestration.workers.retry import RetryPolicy
-from server.cli import _runs_with, build_parser
-from server.elicit import gate_message
-from server.timeline import render_timeline
-from server.views import run_view
+from server.cli.main import _runs_with, build_parser
+from server.mcp.elicit import gate_message
+from server.views.run_view import run_view
+from server.views.timeline import render_timeline
 from stores.memory import MemoryStore
 from tests.fakes.fake_provider import FakeProvider
 from tests.unit.helpers import provider_contract, sequential_ids

@@ -14,12 +14,12 @@ import pytest
 from mcp import Client
 from mcp.server import MCPServer
 
-from orchestration.costs import Budget
+from orchestration.core.costs import Budget
+from orchestration.core.pricing import Price
 from orchestration.errors import ConfigError
-from orchestration.pricing import Price
 from server.app import ConstructApp
-from server.config import load_settings
-from server.services import Services
+from server.mcp.services import Services
+from server.settings.config import load_settings
 from tests.acceptance.harness import call, call_error
 
 

@@ -1,4 +1,4 @@
-"""One watcher per drive for its provider calls (orchestration.call_watch): the checks come when a
+"""One watcher per drive for its provider calls (orchestration.engine.call_watch): the checks come when a
 task per call made them, a late check aborts no other call, and a call shorter than the poll
 interval costs no check at all."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import anyio
 
-from orchestration.call_watch import CallWatch
+from orchestration.engine.call_watch import CallWatch
 
 POLL = 0.05
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import anyio
 
-from orchestration.clock import SystemClock
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
+from orchestration.core.clock import SystemClock
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 from tests.unit.test_deadlines import SlowWorker

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import BUILTIN_SPECIALISTS, Catalog
+from orchestration.chains.catalog import BUILTIN_SPECIALISTS, Catalog
 from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist
 
 

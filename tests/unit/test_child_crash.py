@@ -11,11 +11,10 @@ from datetime import datetime
 import anyio
 import pytest
 
-import orchestration.drive as drive_module
-import orchestration.fanout as fanout_module
-from orchestration.children import ChildRuns
-from orchestration.clock import ManualClock
-from orchestration.decide import (
+import orchestration.engine.drive as drive_module
+import orchestration.engine.fanout as fanout_module
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import (
     Action,
     AwaitChild,
     StartAttempt,
@@ -24,13 +23,14 @@ from orchestration.decide import (
     next_action,
     next_actions,
 )
-from orchestration.dispatcher import Dispatcher
-from orchestration.facts import AttemptStarted, ChildEnded, ChildStarted, Fact, TaskCompleted
-from orchestration.fold import apply_write, fold
-from orchestration.models import RunHead
-from orchestration.runtime import StartRequest
+from orchestration.core.facts import AttemptStarted, ChildEnded, ChildStarted, Fact, TaskCompleted
+from orchestration.core.fold import apply_write, fold
+from orchestration.core.models import RunHead
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.children import ChildRuns
+from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
-from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
 

@@ -11,19 +11,19 @@ from typing import Any
 import anyio
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.children import refuse_detached
-from orchestration.clock import ManualClock
-from orchestration.decide import child_run_id
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import child_run_id
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.children import refuse_detached
+from orchestration.engine.runtime import StartRequest
 from orchestration.errors import ConfigError, InvalidState
-from orchestration.forking import ForkRequest
-from orchestration.runtime import StartRequest
+from orchestration.ops.forking import ForkRequest
 from orchestration.store import Tombstone
-from orchestration.vocabulary import RunStatus, TaskStatus
-from server import cli
-from server.actions import Approve, RunHostTask
-from server.child_views import with_children, with_gone_links
-from server.views import ForkView, RunView, run_view
+from server.cli import main as cli
+from server.views.children_view import with_children, with_gone_links
+from server.views.next_step import Approve, RunHostTask
+from server.views.run_view import ForkView, RunView, run_view
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
@@ -56,7 +56,7 @@ def test_a_step_that_runs_a_chain_is_snapshotted_with_its_bounds() -> None:
         ({"a": {"steps": [{"chain": "default", "specialist": "engineer"}]}}, "steps[0]", "exactly one of"),
         ({"a": {"steps": [{"specialist": "engineer", "output_of": "x"}]}}, "output_of", "only a step with"),
         ({"a": {"steps": [{"chain": "default", "output_schema": "verdict"}]}}, "output_schema", "as it is"),
-        # a step runs one of a specialist, a chain or an agent (orchestration.agent_steps)
+        # a step runs one of a specialist, a chain or an agent (orchestration.core.agent_steps)
         (
             {"a": {"steps": [{"chain": "default", "agent": "other", "tool": "t"}]}},
             "steps[0]",

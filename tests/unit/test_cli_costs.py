@@ -1,4 +1,4 @@
-"""The CLI's budget and usage flags (server/cli_costs.py): ``runs start --max-total-tokens`` and
+"""The CLI's budget and usage flags (server/cli/costs.py): ``runs start --max-total-tokens`` and
 ``runs resume --input-tokens/--output-tokens`` record what ``orchestrate_start``'s ``budget`` and
 ``orchestrate_resume``'s ``usage`` record; bad values are ``invalid_argument`` and record nothing."""
 
@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from orchestration.core.facts import HostOutputSubmitted
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
-from orchestration.facts import HostOutputSubmitted
-from orchestration.runtime import Runtime
-from orchestration.vocabulary import RunStatus
-from server.cli import _runs_with, build_parser
+from server.cli.main import _runs_with, build_parser
 from tests.unit.helpers import make_runtime
 
 

@@ -7,9 +7,9 @@ import re
 
 import anyio
 
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import RunStatus
-from server.cli_live import TAIL_BACKLOG, render_watch, tail
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import StartRequest
+from server.cli.live import TAIL_BACKLOG, render_watch, tail
 from tests.unit.helpers import make_runtime, play
 
 

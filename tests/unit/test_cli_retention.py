@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestration.runtime import StartRequest
-from server.cli import run
+from orchestration.engine.runtime import StartRequest
+from server.cli.main import run
 from stores.filesystem import FilesystemStore
 from tests.stores.test_export_import import runtime_on
 from tests.unit.helpers import play

@@ -10,16 +10,16 @@ from datetime import datetime
 
 import pytest
 
-import orchestration.drive as drive_module
-from orchestration.budget import refusal
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
-from orchestration.costs import Budget, BudgetLimits
-from orchestration.decide import Action, FailTask, RequestBudget, StartAttempt, next_action
-from orchestration.facts import AttemptStarted, Fact
-from orchestration.fold import fold
-from orchestration.models import RunHead, TypedError
-from orchestration.runtime import StartRequest
+import orchestration.engine.drive as drive_module
+from orchestration.chains.catalog import Catalog
+from orchestration.core.budget import refusal
+from orchestration.core.clock import ManualClock
+from orchestration.core.costs import Budget, BudgetLimits
+from orchestration.core.decide import Action, FailTask, RequestBudget, StartAttempt, next_action
+from orchestration.core.facts import AttemptStarted, Fact
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead, TypedError
+from orchestration.engine.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime, play

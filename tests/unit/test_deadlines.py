@@ -6,13 +6,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from orchestration.clock import ManualClock, SystemClock
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock, SystemClock
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import StartRequest
 from orchestration.errors import InvalidState
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 

@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import pytest
 
-from orchestration.backoff import Backoff
-from orchestration.catalog import Catalog
-from orchestration.clock import SystemClock
-from orchestration.dispatcher import Dispatcher
-from orchestration.facts import AttemptStarted
-from orchestration.runtime import Runtime
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import SystemClock
+from orchestration.core.facts import AttemptStarted
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.backoff import Backoff
+from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
 from stores.migrate import migrate
 from stores.postgres import PostgresStore

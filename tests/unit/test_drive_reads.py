@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.facts import Fact
-from orchestration.inputs import StartRequest
-from orchestration.models import RunHead, TypedError
-from orchestration.vocabulary import RunStatus
+from orchestration.core.facts import Fact
+from orchestration.core.inputs import StartRequest
+from orchestration.core.models import RunHead, TypedError
+from orchestration.core.vocabulary import RunStatus
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime
 

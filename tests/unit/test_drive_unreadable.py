@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.clock import ManualClock
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import Fact
+from orchestration.engine.runtime import StartRequest
 from orchestration.errors import CorruptRecord
-from orchestration.facts import Fact
-from orchestration.runtime import StartRequest
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 

@@ -17,12 +17,12 @@ from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, InputRequiredResult
 
+from orchestration.core.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.errors import InvalidArgument
-from orchestration.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.store import RunStore
 from server.app import ConstructApp
-from server.config import load_settings
-from server.elicit import FORM_KEY, AskedGate, GateAsks
+from server.mcp.elicit import FORM_KEY, AskedGate, GateAsks
+from server.settings.config import load_settings
 from stores import open_store
 from tests.acceptance.store_targets import store_target
 

@@ -9,11 +9,11 @@ import pytest
 from mcp import Client, MCPError
 from mcp.types import TextResourceContents
 
-from orchestration.clock import ManualClock
-from orchestration.export import read_export
-from orchestration.retention import import_export
+from orchestration.core.clock import ManualClock
+from orchestration.ops.export import read_export
+from orchestration.ops.retention import import_export
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 from stores.memory import MemoryStore
 from tests.acceptance.harness import call, play_host
 

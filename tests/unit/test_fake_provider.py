@@ -15,13 +15,13 @@ import httpx2
 import pytest
 
 from orchestration.workers.anthropic import AnthropicClient
-from orchestration.workers.openai_compat import OpenAICompatClient
-from orchestration.workers.providers import (
+from orchestration.workers.model_calls import (
     ProviderCallError,
     ProviderClient,
     ProviderRequest,
     make_http_client,
 )
+from orchestration.workers.openai_compat import OpenAICompatClient
 from tests.fakes.fake_provider import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,15 +13,14 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel
 
-import orchestration.fold as fast
+import orchestration.core.fold as fast
 import tests.unit.fold_reference as reference
 import tests.unit.test_crash_prefixes as crash
 import tests.unit.test_parallel_prefixes as parallel
 import tests.unit.test_route_prefixes as routed
-from orchestration.clock import ManualClock
-from orchestration.errors import IllegalTransition
-from orchestration.facts import Fact
-from orchestration.models import (
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import Fact
+from orchestration.core.models import (
     AgentStep,
     AttemptRecord,
     Frozen,
@@ -32,7 +31,8 @@ from orchestration.models import (
     evolve,
     task_position,
 )
-from orchestration.runtime import StartRequest
+from orchestration.engine.runtime import StartRequest
+from orchestration.errors import IllegalTransition
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel

@@ -13,13 +13,13 @@ import pytest
 from mcp import Client
 from mcp.types import TextContent
 
-from orchestration.facts import TaskCompleted
-from orchestration.forking import ForkRequest
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
+from orchestration.core.facts import TaskCompleted
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import StartRequest
+from orchestration.ops.forking import ForkRequest
 from server.app import ConstructApp
-from server.cli import run as cli_run
-from server.config import load_settings
+from server.cli.main import run as cli_run
+from server.settings.config import load_settings
 from tests.fakes.fake_provider import FakeProvider
 from tests.unit.helpers import make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import ApprovalDecided
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead
+from orchestration.core.routing import revise_offered
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import ConfigError, Conflict, Forbidden, InvalidArgument, InvalidState
-from orchestration.facts import ApprovalDecided
-from orchestration.fold import fold
-from orchestration.models import RunHead
-from orchestration.routing import revise_offered
-from orchestration.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 

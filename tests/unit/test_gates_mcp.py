@@ -14,9 +14,9 @@ import anyio
 import pytest
 from mcp import Client
 
-from orchestration.facts import ApprovalDecided
+from orchestration.core.facts import ApprovalDecided
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
 
 CHAINS = """

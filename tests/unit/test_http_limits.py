@@ -1,4 +1,4 @@
-"""server/http.py on raw ASGI: the message size bound and its typed refusal, the loopback
+"""server/transports/http.py on raw ASGI: the message size bound and its typed refusal, the loopback
 DNS-rebinding settings (IPv6 included), and the settings behind the session limits."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from orchestration.engine.runtime import Limits
 from orchestration.errors import ConfigError
-from orchestration.runtime import Limits
-from server.config import load_settings
-from server.http import BodyLimitMiddleware, bind_host, max_message_bytes, security_settings
+from server.settings.config import load_settings
+from server.transports.http import BodyLimitMiddleware, bind_host, max_message_bytes, security_settings
 
 
 def test_the_bound_fits_the_size_limits_escaped() -> None:

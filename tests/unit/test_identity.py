@@ -1,5 +1,5 @@
-"""Named tokens, roles and callers (server/identity.py, the [tokens] tables of server/config.py and
-the bearer middleware of server/auth.py) on their own: configuration errors at load time, the
+"""Named tokens, roles and callers (server/identity.py, the [tokens] tables of server/settings/config.py and
+the bearer middleware of server/transports/auth.py) on their own: configuration errors at load time, the
 caller each token stands for, and what ``forbidden`` says."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from mcp.server.auth.middleware.auth_context import get_access_token
 from starlette.types import Message, Receive, Scope, Send
 
 from orchestration.errors import ConfigError, Forbidden
-from server.auth import BearerTokenMiddleware, check_exposure
-from server.config import load_settings
 from server.identity import (
     AUTH_TOKEN_IDENTITY,
     LOCAL,
@@ -24,6 +22,8 @@ from server.identity import (
     NamedToken,
     caller_of,
 )
+from server.settings.config import load_settings
+from server.transports.auth import BearerTokenMiddleware, check_exposure
 
 ALICE = "alice-secret-token-0123456789"
 BOB = "bob-secret-token-9876543210"

@@ -18,17 +18,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock
-from orchestration.dispatcher import Dispatcher
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost
-from orchestration.facts import AttemptStarted, Fact, TaskCompleted
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime
 from orchestration.store import RunStore
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from stores.sqlite import SqliteStore

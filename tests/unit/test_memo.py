@@ -1,13 +1,13 @@
-"""Pure caches keyed on immutable snapshots (orchestration.memo): a result is remembered per
+"""Pure caches keyed on immutable snapshots (orchestration.core.memo): a result is remembered per
 object, never per value, and forgotten with its object, so no decision can read a stale one."""
 
 from __future__ import annotations
 
 import gc
 
-from orchestration.graph import is_parallel
-from orchestration.memo import by_identity
-from orchestration.models import ChainSnapshot, ChainStep, SpecialistSnapshot, step_map
+from orchestration.core.graph import is_parallel
+from orchestration.core.memo import by_identity
+from orchestration.core.models import ChainSnapshot, ChainStep, SpecialistSnapshot, step_map
 
 
 def chain(*steps: ChainStep) -> ChainSnapshot:

@@ -16,8 +16,8 @@ from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 from mcp.types import TextResourceContents
 
 from server.app import ConstructApp
-from server.config import load_settings
-from server.panel import PANEL_TOOLS, PANEL_URI, content_security_policy, page
+from server.settings.config import load_settings
+from server.web.panel import PANEL_TOOLS, PANEL_URI, content_security_policy, page
 
 APPS = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})
 

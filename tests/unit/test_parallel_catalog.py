@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import RESEARCH_ANGLES, Catalog
-from orchestration.clock import ManualClock
-from orchestration.decide import PrepareHostTask, next_actions
+from orchestration.chains.catalog import RESEARCH_ANGLES, Catalog
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import PrepareHostTask, next_actions
+from orchestration.core.graph import ancestors
+from orchestration.core.routing import chain_format
+from orchestration.engine.runtime import StartRequest
 from orchestration.errors import ConfigError
-from orchestration.graph import ancestors
-from orchestration.routing import chain_format
-from orchestration.runtime import StartRequest
 from tests.unit.helpers import make_runtime
 from tests.unit.parallel import RESEARCHERS
 

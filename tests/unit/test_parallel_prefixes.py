@@ -13,10 +13,10 @@ from datetime import datetime
 
 import pytest
 
-import orchestration.fanout as fanout_module
-from orchestration.clock import ManualClock
-from orchestration.costs import Budget
-from orchestration.decide import (
+import orchestration.engine.fanout as fanout_module
+from orchestration.core.clock import ManualClock
+from orchestration.core.costs import Budget
+from orchestration.core.decide import (
     PAUSING_ACTIONS,
     Action,
     FailTask,
@@ -29,7 +29,7 @@ from orchestration.decide import (
     WaitUntil,
     next_actions,
 )
-from orchestration.facts import (
+from orchestration.core.facts import (
     ApprovalRequested,
     AttemptStarted,
     Fact,
@@ -40,10 +40,10 @@ from orchestration.facts import (
     TaskFailed,
     route_decided,
 )
-from orchestration.fold import fold
-from orchestration.models import RunHead, TypedError
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import TaskStatus
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead, TypedError
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.runtime import StartRequest
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel
 from tests.unit.routed import InstanceWorker, answer_for

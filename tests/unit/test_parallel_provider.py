@@ -15,14 +15,14 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from orchestration.clock import ManualClock
-from orchestration.facts import AttemptStarted, Fact, TaskCompleted
-from orchestration.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
+from orchestration.core.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.store import Lease
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.base import AttemptOutcome, AttemptSucceeded
 from stores.memory import MemoryStore
 from tests.unit.helpers import provider_contract, sequential_ids
 from tests.unit.parallel import PARALLEL_CATALOG, RESEARCHERS
@@ -249,7 +249,7 @@ async def test_a_required_branch_failing_ends_the_run_and_stops_its_siblings(fai
             previous_errors: tuple[TypedError, ...],
         ) -> AttemptOutcome:
             if step.name == failing:
-                from orchestration.workers.base import AttemptFailedOutcome
+                from orchestration.core.outcomes import AttemptFailedOutcome
 
                 return AttemptFailedOutcome(TypedError(code="auth", message="bad key"), Telemetry())
             return await super().execute(contract, step, prompt, attempt, previous_errors)

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from orchestration.clock import ManualClock
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import Fact, TaskCompleted
+from orchestration.core.models import RunHead
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import Conflict, VersionConflict
-from orchestration.facts import Fact, TaskCompleted
-from orchestration.models import RunHead
-from orchestration.runtime import Runtime, StartRequest
 from orchestration.store import Lease
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import io
 
-from orchestration.clock import ManualClock
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import RunStatus
-from server.cli import _print_view as print_view
-from server.timeline import render_timeline
-from server.views import run_view
+from orchestration.core.clock import ManualClock
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import StartRequest
+from server.cli.main import _print_view as print_view
+from server.views.run_view import run_view
+from server.views.timeline import render_timeline
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG, RESEARCHERS

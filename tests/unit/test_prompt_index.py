@@ -1,4 +1,4 @@
-"""Prompts read through orchestration.prompt_index (issue 11) are byte for byte the prompts of the
+"""Prompts read through orchestration.chains.prompt_index (issue 11) are byte for byte the prompts of the
 straightforward materialization they replace (kept below as the reference), at every state of runs
 that loop, jump, revise, fail, fan out, run child chains and carry approver notes; and its caches
 never give a value made for other tasks or other outputs."""
@@ -11,25 +11,25 @@ from typing import Any
 
 import pytest
 
-from orchestration import prompt_index
-from orchestration.catalog import Catalog
-from orchestration.facts import Fact, TaskCompleted
-from orchestration.fold import apply
-from orchestration.graph import ancestors, is_parallel, latest
-from orchestration.models import RunHead, TaskState, TypedError
-from orchestration.prompts import TaskPrompt, describe, materialize, upstream_task_ids
-from orchestration.reading import read_outputs, read_prompt
-from orchestration.routing import routing_note
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.schemas import answer_format
-from orchestration.vocabulary import TaskStatus
+from orchestration.chains import prompt_index
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt, describe, materialize, upstream_task_ids
+from orchestration.chains.schemas import answer_format
+from orchestration.core.facts import Fact, TaskCompleted
+from orchestration.core.fold import apply
+from orchestration.core.graph import ancestors, is_parallel, latest
+from orchestration.core.models import RunHead, TaskState, TypedError
+from orchestration.core.routing import routing_note
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.reading import read_outputs, read_prompt
+from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for
 
-# -- the reference: prompts.py as it was before orchestration.prompt_index ----------------------
+# -- the reference: prompts.py as it was before orchestration.chains.prompt_index ----------------------
 
 
 def _ref_position(head: RunHead, task_id: str) -> int:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from orchestration.prompts import materialize
-from orchestration.runtime import StartRequest
+from orchestration.chains.prompts import materialize
+from orchestration.engine.runtime import StartRequest
 from tests.unit.helpers import make_runtime, play
 
 

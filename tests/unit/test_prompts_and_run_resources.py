@@ -8,10 +8,10 @@ from pathlib import Path
 from mcp import Client
 from mcp.types import TextContent
 
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
 from server.app import ConstructApp
-from server.config import load_settings
-from server.resources import RECENT_RUNS
+from server.mcp.resources import RECENT_RUNS
+from server.settings.config import load_settings
 
 
 def _app(tmp_path: Path, toml: str | None = None) -> ConstructApp:
@@ -59,7 +59,7 @@ async def test_each_chain_is_a_prompt_that_starts_and_drives_it(tmp_path: Path) 
 
 async def test_recent_runs_are_listed_as_resources_newest_first(tmp_path: Path) -> None:
     async with Client(_app(tmp_path).build_server()) as client:
-        # Only the run panel (MCP Apps, see server.panel) is listed before any run exists.
+        # Only the run panel (MCP Apps, see server.web.panel) is listed before any run exists.
         assert [str(r.uri) for r in (await client.list_resources()).resources] == ["ui://construct/run"]
         run_ids = []
         for n in range(RECENT_RUNS + 2):

@@ -16,9 +16,9 @@ import anyio
 import httpx2
 import pytest
 
-from orchestration.clock import ManualClock
+from orchestration.core.clock import ManualClock
 from orchestration.workers.anthropic import AnthropicClient
-from orchestration.workers.providers import (
+from orchestration.workers.model_calls import (
     ProviderCallError,
     ProviderRequest,
     ProviderResponse,

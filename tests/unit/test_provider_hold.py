@@ -10,12 +10,12 @@ from datetime import timedelta
 import anyio
 import httpx2
 
-from orchestration.clock import ManualClock
-from orchestration.models import ChainStep, ExecutionContract, Telemetry, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.workers.base import AttemptFailedOutcome, AttemptSucceeded
-from orchestration.workers.provider import ProviderEndpoint, ProviderSettings, ProviderWorker
-from orchestration.workers.providers import ProviderCallError, ProviderRequest, ProviderResponse
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.clock import ManualClock
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptSucceeded
+from orchestration.workers.model_calls import ProviderCallError, ProviderRequest, ProviderResponse
+from orchestration.workers.provider_worker import ProviderEndpoint, ProviderSettings, ProviderWorker
 
 CONTRACT = ExecutionContract(worker_backend="provider", provider="openai", model="m", max_attempts=3)
 PROMPT = TaskPrompt("t", "researcher", "system", "user")

@@ -16,20 +16,20 @@ from typing import Any
 import httpx2
 import pytest
 
-from orchestration.clock import ManualClock
+from orchestration.core.clock import ManualClock
 from orchestration.errors import ConfigError
-from orchestration.workers.openai_compat import OpenAICompatClient
-from orchestration.workers.provider import ProviderWorker
-from orchestration.workers.providers import (
+from orchestration.workers.model_calls import (
     ProviderCallError,
     ProviderRequest,
     ProviderResponse,
     make_http_client,
 )
-from server import cli
+from orchestration.workers.openai_compat import OpenAICompatClient
+from orchestration.workers.provider_worker import ProviderWorker
 from server.app import ConstructApp
-from server.config import load_settings
-from server.providers import provider_settings
+from server.cli import main as cli
+from server.settings.config import load_settings
+from server.settings.providers import provider_settings
 
 CANARY = "sk-or-v1-" + secrets.token_hex(32)
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

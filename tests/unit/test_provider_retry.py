@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import httpx2
 import pytest
 
-from orchestration.models import TypedError
+from orchestration.core.models import TypedError
 from orchestration.workers._redact import Redactor
 from orchestration.workers.classify import (
     apply_retry_hint,
@@ -18,7 +18,7 @@ from orchestration.workers.classify import (
     parse_retry_after,
     should_retry_hint,
 )
-from orchestration.workers.providers import RETRYABLE_BY_CODE, ProviderErrorCode
+from orchestration.workers.model_calls import RETRYABLE_BY_CODE, ProviderErrorCode
 from orchestration.workers.retry import RetryDecision, RetryPolicy
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -318,7 +318,7 @@ def test_redactor_removes_exact_secrets_before_truncating() -> None:
 # --- public surface ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["providers", "classify", "anthropic", "openai_compat", "retry"])
+@pytest.mark.parametrize("module", ["model_calls", "classify", "anthropic", "openai_compat", "retry"])
 def test_export_lists_name_real_public_objects(module: str) -> None:
     import importlib
 

@@ -11,19 +11,19 @@ from typing import Any
 import httpx2
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import SystemClock
-from orchestration.decide import WaitUntil
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import SystemClock
+from orchestration.core.decide import WaitUntil
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from orchestration.workers.provider import (
+from orchestration.workers.model_calls import make_http_client
+from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
     ProviderWorker,
     contract_resolver,
 )
-from orchestration.workers.providers import make_http_client
 from orchestration.workers.retry import RetryPolicy
 from stores.memory import MemoryStore
 from tests.fakes.fake_provider import FakeProvider

@@ -1,5 +1,5 @@
 """Record formats in the fold and the stored head (issue 9, §6; the rules are in the docstring of
-:mod:`orchestration.facts`). What each store does with a record of a newer format is in
+:mod:`orchestration.core.facts`). What each store does with a record of a newer format is in
 ``tests/stores/test_record_format.py``."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from orchestration.facts import AttemptStarted, RunCreated
-from orchestration.fold import apply, head_from_creation
-from orchestration.models import ChainStep, RunHead
+from orchestration.core.facts import AttemptStarted, RunCreated
+from orchestration.core.fold import apply, head_from_creation
+from orchestration.core.models import ChainStep, RunHead
 from stores._common import encode_head
 from stores._fs_files import head_position as _head_position
 from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt

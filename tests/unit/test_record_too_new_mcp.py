@@ -10,11 +10,11 @@ from pathlib import Path
 
 from mcp import Client
 
-from orchestration.catalog import Catalog
-from orchestration.models import RECORD_FORMAT
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.chains.catalog import Catalog
+from orchestration.core.models import RECORD_FORMAT
+from orchestration.engine.runtime import Runtime, StartRequest
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import call, call_error
 

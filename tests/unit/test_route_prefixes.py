@@ -11,13 +11,13 @@ from datetime import datetime
 
 import pytest
 
-import orchestration.drive as drive_module
-from orchestration.clock import ManualClock
-from orchestration.decide import Action, ExpireGate, FailTask, RouteTask, StartAttempt, next_action
-from orchestration.facts import AttemptStarted
-from orchestration.fold import fold
-from orchestration.models import RunHead, TypedError
-from orchestration.runtime import StartRequest
+import orchestration.engine.drive as drive_module
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import Action, ExpireGate, FailTask, RouteTask, StartAttempt, next_action
+from orchestration.core.facts import AttemptStarted
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead, TypedError
+from orchestration.engine.runtime import StartRequest
 from tests.unit.helpers import Decision, make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for
 from tests.unit.test_crash_prefixes import BoundaryStore

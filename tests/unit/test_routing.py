@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import materialize
+from orchestration.core.facts import RouteDecided, TaskCompleted
+from orchestration.core.models import RECORD_FORMAT, ChainStep, instance_id
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import ConfigError, InvalidArgument
-from orchestration.facts import RouteDecided, TaskCompleted
-from orchestration.models import RECORD_FORMAT, ChainStep, instance_id
-from orchestration.prompts import materialize
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from server.cli import _print_view as print_view
-from server.timeline import render_timeline
-from server.views import run_view
+from server.cli.main import _print_view as print_view
+from server.views.run_view import run_view
+from server.views.timeline import render_timeline
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, answer_for

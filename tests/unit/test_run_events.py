@@ -15,13 +15,13 @@ from mcp import Client, MCPError
 from mcp.server import MCPServer
 from mcp.types import TextResourceContents
 
-from orchestration.runtime import Runtime
-from server import answering, resources
+from orchestration.engine.runtime import Runtime
 from server.app import ConstructApp
-from server.config import load_settings
-from server.events import EVENT_PREVIEW_CHARS, RESOURCE_EVENTS
 from server.identity import Caller
-from server.services import Services
+from server.mcp import answering, resources
+from server.mcp.services import Services
+from server.settings.config import load_settings
+from server.views.events import EVENT_PREVIEW_CHARS, RESOURCE_EVENTS
 from tests.acceptance.harness import call, call_error, play_host
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Limits, Runtime, StartRequest
 from orchestration.errors import Conflict, InvalidArgument, InvalidState, RunNotFound, TooLarge
-from orchestration.runtime import Limits, Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
 from tests.unit.helpers import make_runtime, play
 
 

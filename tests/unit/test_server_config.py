@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestration.errors import ConfigError
-from server.config import load_settings
-from server.logs import LineFormatter, configure_logging
-from server.providers import provider_settings
-from server.storage import store_inputs
+from server.settings.config import load_settings
+from server.settings.logs import LineFormatter, configure_logging
+from server.settings.providers import provider_settings
+from server.settings.storage import store_inputs
 
 
 def write(path: Path, text: str) -> Path:

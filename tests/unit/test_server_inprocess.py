@@ -12,7 +12,7 @@ from mcp import Client, MCPError
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 
 
 async def test_the_lifespan_runs_a_chain_on_its_own_store(tmp_path: Path) -> None:

@@ -11,10 +11,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestration.errors import CorruptRecord
-from orchestration.facts import AttemptFailed, AttemptStarted, Fact, RunCreated, TaskCompleted, TaskFailed
-from orchestration.fold import apply_write, fold, head_from_creation, with_history
-from orchestration.models import (
+from orchestration.core.facts import (
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+    RunCreated,
+    TaskCompleted,
+    TaskFailed,
+)
+from orchestration.core.fold import apply_write, fold, head_from_creation, with_history
+from orchestration.core.models import (
     ChainSnapshot,
     ChainStep,
     ExecutionContract,
@@ -24,8 +30,9 @@ from orchestration.models import (
     TypedError,
     text_hash,
 )
-from orchestration.runtime import StartRequest
-from orchestration.vocabulary import TaskStatus
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.runtime import StartRequest
+from orchestration.errors import CorruptRecord
 from stores._common import encode_head
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime, play

@@ -1,4 +1,4 @@
-"""The settled prefix a linear decision skips (orchestration.settled_prefix) never changes a
+"""The settled prefix a linear decision skips (orchestration.core.settled_prefix) never changes a
 decision: over every head of the crash-matrix and routed scenarios (every prefix of their fact
 logs, folded fresh and folded incrementally, decided in order, in reverse and shuffled, at several
 times), ``next_action`` equals the walk over every task; and a kept answer whose tasks were replaced
@@ -12,15 +12,15 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import orchestration.decide as decide_module
-import orchestration.settled_prefix as prefix_module
-from orchestration.budget import BUDGET_EXHAUSTED
-from orchestration.clock import ManualClock
-from orchestration.decide import Action, FinishRun, next_action
-from orchestration.facts import Fact
-from orchestration.fold import apply, fold
-from orchestration.models import RunHead, TypedError
-from orchestration.vocabulary import TaskStatus
+import orchestration.core.decide as decide_module
+import orchestration.core.settled_prefix as prefix_module
+from orchestration.core.budget import BUDGET_EXHAUSTED
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import Action, FinishRun, next_action
+from orchestration.core.facts import Fact
+from orchestration.core.fold import apply, fold
+from orchestration.core.models import RunHead, TypedError
+from orchestration.core.vocabulary import TaskStatus
 from tests.unit import test_crash_prefixes as crash
 from tests.unit import test_route_prefixes as routed
 from tests.unit.helpers import ScriptedWorker, make_runtime, play

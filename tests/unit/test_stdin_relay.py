@@ -1,4 +1,4 @@
-"""The stdin relay behind SIGTERM on stdio (``server/stdio.py``): what arrives on the real input
+"""The stdin relay behind SIGTERM on stdio (``server/transports/stdio.py``): what arrives on the real input
 reaches the reader, and :meth:`StdinRelay.end` gives the reader the end of its input although the
 real input is still open — which is how SIGTERM stops a stdio server like the end of stdin."""
 
@@ -9,7 +9,7 @@ import os
 
 import anyio
 
-from server.stdio import TOO_LARGE_METHOD, StdinRelay, request_id_in
+from server.transports.stdio import TOO_LARGE_METHOD, StdinRelay, request_id_in
 
 
 async def test_relayed_bytes_then_end_of_input_while_the_source_stays_open() -> None:

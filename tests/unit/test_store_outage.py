@@ -8,12 +8,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import SystemClock
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import SystemClock
+from orchestration.core.facts import AttemptStarted, TaskCompleted
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import StoreUnavailable
-from orchestration.facts import AttemptStarted, TaskCompleted
-from orchestration.runtime import Runtime
-from orchestration.vocabulary import RunStatus
 from stores.memory import MemoryStore
 from tests.unit.faulty import CountingWorker, FaultyStore, provider_contract, start_request
 from tests.unit.helpers import sequential_ids

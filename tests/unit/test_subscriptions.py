@@ -1,4 +1,4 @@
-"""Resource subscriptions are bounded (server/watch.py): only ``run://<valid run id>``, at most
+"""Resource subscriptions are bounded (server/mcp/subscriptions.py): only ``run://<valid run id>``, at most
 ``max_subscriptions`` per session, and a handshake-era session's subscriptions end with it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 
 
 def make_app(tmp_path: Path, **env: str) -> ConstructApp:

@@ -1,4 +1,4 @@
-"""The MCP Tasks mapping (:func:`server.tasks.detailed_task`): every run status, from views of
+"""The MCP Tasks mapping (:func:`server.mcp.tasks.detailed_task`): every run status, from views of
 real runs on the memory store (``running``, which a run holds only inside a drive, is the queued
 run's view with a task in progress)."""
 
@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.models import TypedError
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.vocabulary import RunStatus, TaskStatus
-from server.child_views import with_children
-from server.tasks import (
+from orchestration.chains.catalog import Catalog
+from orchestration.core.models import TypedError
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
+from server.mcp.tasks import (
     HOST_TASKS_META,
     POLL_WAITING_MS,
     POLL_WORKING_MS,
@@ -22,7 +21,8 @@ from server.tasks import (
     detailed_task,
     tool_result,
 )
-from server.views import RunView, run_view
+from server.views.children_view import with_children
+from server.views.run_view import RunView, run_view
 from tests.acceptance.task_client import conforms
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 
@@ -56,7 +56,7 @@ def _catalog() -> Catalog:
 
 async def _parent_view(runtime: Runtime, run_id: str) -> RunView:
     """The view a server gives of a parent run: its children listed, and what one of them waits
-    for as its next action (:func:`server.child_views.with_children`)."""
+    for as its next action (:func:`server.views.children_view.with_children`)."""
     return await with_children(await _view(runtime, run_id), await runtime.status(run_id), _load(runtime))
 
 

@@ -16,8 +16,8 @@ from mcp import Client, MCPError
 from mcp.types import CallToolResult, ClientCapabilities, SubscriptionFilter, SubscriptionsListenRequestParams
 
 from server.app import ConstructApp
-from server.config import load_settings
-from server.tasks import EXTENSION_ID, MISSING_CAPABILITY, RUN_ENDED_ERROR, guard_task_notifications
+from server.mcp.tasks import EXTENSION_ID, MISSING_CAPABILITY, RUN_ENDED_ERROR, guard_task_notifications
+from server.settings.config import load_settings
 from tests.acceptance.harness import call
 from tests.acceptance.task_client import (
     CreatedTask,

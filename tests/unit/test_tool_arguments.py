@@ -20,12 +20,12 @@ from mcp import Client
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent
 
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument, TooLarge
-from orchestration.runtime import Runtime, StartRequest
 from server.app import ConstructApp
-from server.config import load_settings
-from server.services import Services
+from server.mcp.services import Services
+from server.settings.config import load_settings
 from stores._common import decode_cursor
 from stores.memory import MemoryStore
 from tests.acceptance.harness import call, call_error

@@ -20,24 +20,24 @@ from mcp.types import RequestParamsMeta
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from orchestration.catalog import Catalog
-from orchestration.clock import ManualClock, SystemClock
-from orchestration.facts import AttemptStarted, RunCreated, parse_fact, parse_head
-from orchestration.fold import apply_write
-from orchestration.runtime import Runtime, StartRequest
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock, SystemClock
+from orchestration.core.facts import AttemptStarted, RunCreated, parse_fact, parse_head
+from orchestration.core.fold import apply_write
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.tracing import current_traceparent, parent_context
-from orchestration.vocabulary import RunStatus
-from orchestration.workers.provider import (
+from orchestration.workers.model_calls import make_http_client
+from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
     ProviderWorker,
     contract_resolver,
 )
-from orchestration.workers.providers import make_http_client
 from orchestration.workers.retry import RetryPolicy
 from server.app import ConstructApp
-from server.config import load_settings
-from server.telemetry import configure_tracing, wanted_exporters
+from server.settings.config import load_settings
+from server.settings.telemetry import configure_tracing, wanted_exporters
 from stores.memory import MemoryStore
 from tests.fakes.fake_provider import FakeProvider
 from tests.spans import (

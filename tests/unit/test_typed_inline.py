@@ -11,10 +11,10 @@ from typing import Any
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
-from orchestration.facts import TaskCompleted
-from orchestration.schemas import BUILTIN_SCHEMAS
+from orchestration.chains.schemas import BUILTIN_SCHEMAS
+from orchestration.core.facts import TaskCompleted
 from server.app import ConstructApp
-from server.config import load_settings
+from server.settings.config import load_settings
 from stores.filesystem import FilesystemStore
 
 CHAINS = """

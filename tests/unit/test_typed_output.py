@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.catalog import Catalog
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.schemas import BUILTIN_SCHEMAS, MAX_SCHEMA_CHARS, validate_output
+from orchestration.core.facts import TaskCompleted
 from orchestration.errors import ConfigError, InvalidOutput
-from orchestration.facts import TaskCompleted
-from orchestration.schemas import BUILTIN_SCHEMAS, MAX_SCHEMA_CHARS, validate_output
-from server.timeline import describe_fact
+from server.views.timeline import describe_fact
 
 VERDICT = dict(BUILTIN_SCHEMAS["verdict"])
 
@@ -196,7 +196,7 @@ def test_a_non_object_answer_is_refused() -> None:
 
 
 async def test_a_typed_steps_prompt_carries_the_answer_format(tmp_path: Path) -> None:
-    from orchestration.runtime import Runtime, StartRequest
+    from orchestration.engine.runtime import Runtime, StartRequest
     from stores.memory import MemoryStore
 
     catalog = load(

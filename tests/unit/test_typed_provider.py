@@ -14,25 +14,25 @@ from typing import Any
 import httpx2
 import pytest
 
-from orchestration.catalog import Catalog
-from orchestration.clock import SystemClock
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.schemas import BUILTIN_SCHEMAS
+from orchestration.core.clock import SystemClock
+from orchestration.core.facts import AttemptFailed, TaskCompleted
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import ConfigError
-from orchestration.facts import AttemptFailed, TaskCompleted
-from orchestration.runtime import Runtime, StartRequest
-from orchestration.schemas import BUILTIN_SCHEMAS
-from orchestration.vocabulary import RunStatus, TaskStatus
 from orchestration.workers.anthropic import AnthropicClient
+from orchestration.workers.model_calls import ProviderCallError, ProviderRequest, make_http_client
 from orchestration.workers.openai_compat import OpenAICompatClient
-from orchestration.workers.provider import (
+from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
     ProviderWorker,
     contract_resolver,
 )
-from orchestration.workers.providers import ProviderCallError, ProviderRequest, make_http_client
 from orchestration.workers.retry import RetryPolicy
-from server.config import load_settings
-from server.providers import provider_settings
+from server.settings.config import load_settings
+from server.settings.providers import provider_settings
 from stores.memory import MemoryStore
 from tests.fakes.fake_provider import FakeProvider
 from tests.unit.helpers import sequential_ids

@@ -14,10 +14,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 import orchestration.tracing as tracing
-from orchestration.models import ChainStep, ExecutionContract, TypedError
-from orchestration.prompts import TaskPrompt
-from orchestration.runtime import StartRequest
-from orchestration.workers.base import AttemptOutcome
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.models import ChainStep, ExecutionContract, TypedError
+from orchestration.core.outcomes import AttemptOutcome
+from orchestration.engine.runtime import StartRequest
 from tests.spans import TRACEPARENT, fresh_globals, global_provider
 from tests.unit.helpers import ScriptedWorker, make_runtime
 

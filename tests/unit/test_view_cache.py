@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from mcp.server.subscriptions import InMemorySubscriptionBus
 
-from orchestration.dispatcher import Dispatcher
-from orchestration.facts import Fact
-from orchestration.inputs import StartRequest
-from orchestration.runtime import RunSnapshot
-from server import services as services_module
-from server.config import Settings
-from server.services import Services
-from server.views import Detail, RunView, run_view
-from server.watch import LegacySubscribers
+from orchestration.core.facts import Fact
+from orchestration.core.inputs import StartRequest
+from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.runtime import RunSnapshot
+from server.mcp import services as services_module
+from server.mcp.services import Services
+from server.mcp.subscriptions import LegacySubscribers
+from server.settings.config import Settings
+from server.views.run_view import Detail, RunView, run_view
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 

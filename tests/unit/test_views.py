@@ -10,7 +10,10 @@ import jsonschema  # type: ignore[import-untyped]  # ships no type information
 import pytest
 from pydantic import Field, TypeAdapter
 
-from orchestration.clock import ManualClock
+from orchestration.core.clock import ManualClock
+from orchestration.core.models import TypedError, text_hash
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import RunSnapshot, Runtime, StartRequest
 from orchestration.errors import (
     Conflict,
     ConstructError,
@@ -23,13 +26,10 @@ from orchestration.errors import (
     UnknownSpecialist,
     VersionConflict,
 )
-from orchestration.models import TypedError, text_hash
-from orchestration.runtime import RunSnapshot, Runtime, StartRequest
-from orchestration.vocabulary import RunStatus
-from server.arguments import error_result
-from server.listing import run_summary, runs_page
-from server.outline import Outlined
-from server.views import (
+from server.mcp.arguments import error_result
+from server.views.listing import run_summary, runs_page
+from server.views.outline import Outlined
+from server.views.run_view import (
     OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
     Approve,
@@ -98,7 +98,7 @@ async def test_a_requested_gate_is_the_next_action() -> None:
 
 async def test_after_gates_guard_the_output() -> None:
     # An approve_after gate comes from a chain definition (the TOML tables' shape).
-    from orchestration.catalog import Catalog
+    from orchestration.chains.catalog import Catalog
 
     catalog = Catalog.builtin().extended(
         {"chains": {"checked": {"steps": [{"specialist": "writer", "approve_after": True}]}}},
@@ -291,10 +291,10 @@ def test_semantics_of_a_run_before_any_task_ran() -> None:
 
 
 def semantics_for(backend: str) -> str:
-    from orchestration.catalog import Catalog
-    from orchestration.facts import RunCreated
-    from orchestration.fold import head_from_creation
-    from orchestration.models import ExecutionContract
+    from orchestration.chains.catalog import Catalog
+    from orchestration.core.facts import RunCreated
+    from orchestration.core.fold import head_from_creation
+    from orchestration.core.models import ExecutionContract
 
     chain = Catalog.builtin().resolve("default")
     fact = RunCreated(

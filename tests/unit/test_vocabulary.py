@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.errors import IllegalTransition
-from orchestration.vocabulary import (
+from orchestration.core.vocabulary import (
     RUN_TRANSITIONS,
     TASK_TRANSITIONS,
     TERMINAL_RUN_STATUSES,
@@ -12,6 +11,7 @@ from orchestration.vocabulary import (
     check_run_transition,
     check_task_transition,
 )
+from orchestration.errors import IllegalTransition
 
 
 def test_every_status_has_a_row_and_a_kind() -> None:

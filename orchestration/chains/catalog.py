@@ -1,0 +1,568 @@
+"""Specialists and chains: the built-in catalog and the user's ``construct.toml``.
+
+Built-in specialists live as text files in :mod:`orchestration.chains.specialists` (first line
+``description: ...``, then the persona prompt). The built-in chain ``default`` is
+architect → engineer → reviewer.
+
+A user adds or overrides specialists and chains in a TOML file::
+
+    [specialists.security]
+    description = "Threat-models the design and the code."
+    persona = "You are a security engineer..."        # or: persona_file = "security.md"
+
+    [chains.secure]
+    description = "Design, build, audit, review"
+    steps = [
+      "architect",
+      { specialist = "engineer", approve_before = true },
+      { name = "audit", specialist = "security", on_failure = "continue" },
+      { specialist = "reviewer", output_schema = "verdict" },
+    ]
+
+A step's ``output_schema`` makes its output typed: the name of a built-in schema (``verdict``) or
+an inline table holding a JSON Schema whose top level is ``type = "object"``, e.g.
+``output_schema = { type = "object", properties = { score = { type = "integer" } }, required =
+["score"] }``. It is checked when the file is loaded and resolved into the run's chain snapshot
+(see :mod:`orchestration.chains.schemas`).
+
+A step with a typed output may route on one of its fields, and a run then loops or jumps (the rule
+is in :mod:`orchestration.core.routing`); the built-in chain ``review-loop`` is::
+
+    [chains.review-loop]
+    steps = [
+      "architect",
+      { specialist = "engineer", max_visits = 3 },
+      { specialist = "reviewer", output_schema = "verdict", route_on = "verdict",
+        routes = { approve = "end", revise = "engineer", reject = "fail" }, on_exhausted = "ask" },
+    ]
+
+``route_on`` names a required field of the step's ``output_schema`` whose values are a fixed set of
+strings (an ``enum``); ``routes`` maps every one of them (and nothing else) to a step of the chain,
+``end`` or ``fail``; ``max_visits`` (default 3) bounds every step's visits; ``on_exhausted`` (on
+the routing step: ``fail`` by default, ``ask``, ``end`` or a later step) says what a route that
+would exceed a bound does instead. Step names cannot be ``end``, ``fail`` or ``ask``, and every
+step must be reachable from the first.
+
+Steps may run in parallel (the rule is in :mod:`orchestration.core.graph`): ``after`` names the steps a
+step runs after (``after = []``: at the start; no ``after``: the previous step), ``instruction`` is a
+step's own instruction added to its prompt, and the chain's ``max_parallel`` (default 4) bounds how
+many of a run's steps the provider backend runs at once. The built-in chain ``research`` is three
+researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a writer after all
+three. ``after`` is checked at load: unknown steps, a step after itself, cycles; routes of a
+parallel chain loop back or jump forward along its edges (see :mod:`orchestration.core.routing`).
+
+A step's gates (``approve_before``, ``approve_after``, and the ``exhausted`` gate of a routing step
+whose ``on_exhausted`` is ``ask``) may expire: ``expires_after_seconds`` after a gate is requested
+it is decided by ``on_expiry`` (``reject``, the default; ``approve``; or ``fail``: the run fails
+with ``approval_expired``), recorded with channel ``expiry``. ``approvers`` names the identities
+allowed to decide them (anyone else is ``forbidden``). Both are refused on a step without gates.
+
+A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
+file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
+the file belong to the server's configuration and are ignored here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestration.chains.checks import check_chain, check_child_chains
+from orchestration.chains.schemas import resolve_schema
+from orchestration.core.agent_steps import check_agent_steps, parse_agent_step
+from orchestration.core.models import (
+    RESERVED_STEP_NAMES,
+    AgentStep,
+    ChainSnapshot,
+    ChainStep,
+    OnExpiry,
+    OnFailure,
+    SpecialistSnapshot,
+)
+from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
+
+BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
+#: The built-in chain ``research``: three researchers, each with its own angle, then a writer
+RESEARCH_ANGLES = (
+    (
+        "research-sources",
+        "Your angle: the facts. Find what is established about the request, from primary sources "
+        "where you can, and say how sure each finding is.",
+    ),
+    (
+        "research-practice",
+        "Your angle: practice. Find how people actually do this today: tools, examples, costs and "
+        "the pitfalls they report.",
+    ),
+    (
+        "research-critique",
+        "Your angle: the case against. Find the risks, the counter-evidence and the alternatives a "
+        "careful skeptic would raise.",
+    ),
+)
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Specialist:
+    name: str
+    description: str
+    persona: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDefinition:
+    name: str
+    description: str
+    steps: tuple[ChainStep, ...]
+    #: how many ready steps of a run the provider backend runs at once
+    max_parallel: int = 4
+    #: child runs: how many may be live at once, and how deep (see :mod:`orchestration.engine.children`)
+    max_children: int | None = None
+    max_depth: int = 3
+
+
+def _load_builtin_specialist(name: str) -> Specialist:
+    text = resources.files("orchestration.chains.specialists").joinpath(f"{name}.md").read_text("utf-8")
+    first, _, body = text.partition("\n")
+    if not first.startswith("description:"):
+        raise RuntimeError(f"built-in specialist file {name}.md must start with 'description:'")
+    return Specialist(name, first.removeprefix("description:").strip(), body.strip())
+
+
+# ------------------------------------------------------------------------------------------
+# The TOML schema
+
+
+def _check_name(value: str) -> str:
+    if not NAME_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use 1-48 lowercase letters, digits, '-' or '_', "
+            "starting with a letter"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _SpecialistConfig(_Strict):
+    description: str = Field(min_length=1, max_length=300)
+    persona: str | None = Field(default=None, min_length=1)
+    persona_file: str | None = None
+
+
+class _StepConfig(_Strict):
+    #: who runs the step: a specialist, another chain as a child run (``chain``), or another MCP
+    #: agent (``agent``: see :func:`_agent_step`); exactly one
+    specialist: str | None = None
+    chain: str | None = None
+    output_of: str | None = None
+    name: str | None = None
+    approve_before: bool = False
+    approve_after: bool = False
+    on_failure: OnFailure = "fail"
+    provider: str | None = None
+    model: str | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    #: a built-in schema's name or a JSON Schema table; checked by :func:`resolve_schema`, which
+    #: says more than a pydantic union error would
+    output_schema: Any = None
+    route_on: str | None = Field(default=None, min_length=1, max_length=100)
+    routes: dict[str, str] | None = None
+    max_visits: int = Field(default=3, ge=1, le=100)
+    on_exhausted: str = "fail"
+    after: list[str] | None = Field(default=None, max_length=50)
+    instruction: str | None = Field(default=None, max_length=4000)
+    expires_after_seconds: float | None = Field(default=None, gt=0)
+    on_expiry: OnExpiry = "reject"
+    approvers: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, min_length=1, max_length=100
+    )
+    #: a step that delegates to another MCP agent (see :mod:`orchestration.core.agent_steps`)
+    agent: str | None = Field(default=None, min_length=1, max_length=48)
+    tool: str | None = Field(default=None, min_length=1, max_length=128)
+    arguments: dict[str, Any] | None = None
+    output_step: str | None = Field(default=None, min_length=1, max_length=100)
+
+    _names = field_validator("specialist", "name", "chain", "output_of")(
+        lambda v: v if v is None else _check_name(v)
+    )
+
+
+class _ChainConfig(_Strict):
+    description: str = ""
+    max_parallel: int = Field(default=4, ge=1, le=64)
+    max_children: int | None = Field(default=None, ge=1, le=1000)
+    max_depth: int = Field(default=3, ge=0, le=20)
+    steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
+
+
+class _CatalogConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    specialists: dict[str, _SpecialistConfig] = Field(default_factory=dict)
+    chains: dict[str, _ChainConfig] = Field(default_factory=dict)
+
+
+def _agent_step(step: _StepConfig, raw: Mapping[str, Any], source: str, where: str) -> AgentStep | None:
+    """The step's :class:`AgentStep` (None for a specialist's step), or a ``ConfigError``."""
+    problem = parse_agent_step(
+        specialist=step.specialist,
+        agent=step.agent,
+        tool=step.tool,
+        arguments=step.arguments,
+        output_step=step.output_step,
+        provider=step.provider or step.model,
+        agents=raw.get("agents"),
+    )
+    if isinstance(problem, tuple):
+        raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
+    return problem
+
+
+def _loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "_StepConfig"):
+            # pydantic names the union member it tried; the user does not need to see it
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(file)"
+
+
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The specialists and chains a server knows. Immutable once loaded."""
+
+    specialists: Mapping[str, Specialist]
+    chains: Mapping[str, ChainDefinition]
+    source: str = "built-in"
+    _snapshots: dict[str, SpecialistSnapshot] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def builtin(cls) -> Catalog:
+        specialists = {name: _load_builtin_specialist(name) for name in BUILTIN_SPECIALISTS}
+        default = ChainDefinition(
+            "default",
+            "architect designs, engineer builds, reviewer reviews",
+            tuple(ChainStep(name=n, specialist=n) for n in ("architect", "engineer", "reviewer")),
+        )
+        review_loop = ChainDefinition(
+            "review-loop",
+            "architect designs, engineer builds, reviewer approves (the run ends), asks for a "
+            "revision (back to the engineer with the notes, at most 3 engineer rounds, then a human "
+            "decides) or rejects (the run fails)",
+            (
+                ChainStep(name="architect", specialist="architect"),
+                ChainStep(name="engineer", specialist="engineer", max_visits=3),
+                ChainStep(
+                    name="reviewer",
+                    specialist="reviewer",
+                    output_schema=resolve_schema("verdict"),
+                    route_on="verdict",
+                    routes={"approve": "end", "revise": "engineer", "reject": "fail"},
+                    on_exhausted="ask",
+                ),
+            ),
+        )
+        assert check_chain(review_loop.steps) is None
+        research = ChainDefinition(
+            "research",
+            "three researchers work at the same time, each on its own angle; a writer merges their findings",
+            (
+                *(
+                    ChainStep(name=name, specialist="researcher", after=(), instruction=angle)
+                    for name, angle in RESEARCH_ANGLES
+                ),
+                ChainStep(
+                    name="writer",
+                    specialist="writer",
+                    after=tuple(n for n, _ in RESEARCH_ANGLES),
+                    instruction="Merge the three researchers' findings into one report: where they "
+                    "agree, where they differ, and what is still open.",
+                ),
+            ),
+        )
+        assert check_chain(research.steps) is None
+        return cls(specialists, {"default": default, "review-loop": review_loop, "research": research})
+
+    @classmethod
+    def load(cls, path: Path | None) -> Catalog:
+        """The built-in catalog extended (and overridden) by the TOML file at ``path``."""
+        base = cls.builtin()
+        if path is None:
+            return base
+        shown = str(path)
+        try:
+            raw = tomllib.loads(path.read_text("utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(shown, "(file)", "the file does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(shown, "(file)", f"cannot be read: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(shown, "(file)", f"is not valid TOML: {exc}") from None
+        return base.extended(raw, shown, path.parent)
+
+    def extended(self, raw: Mapping[str, Any], source: str, base_dir: Path) -> Catalog:
+        try:
+            config = _CatalogConfig.model_validate(raw)
+        except ValidationError as exc:
+            errors = exc.errors()
+            # For a step given as a table, the error of the "plain string" branch of the union is
+            # noise: report the table's own problem.
+            err = next((e for e in errors if "str" not in e["loc"]), errors[0])
+            raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
+        specialists = dict(self.specialists)
+        for name, spec in config.specialists.items():
+            where = f"specialists.{name}"
+            try:
+                _check_name(name)
+            except ValueError as exc:
+                raise ConfigError(source, where, str(exc)) from None
+            if (spec.persona is None) == (spec.persona_file is None):
+                raise ConfigError(source, where, "give exactly one of 'persona' or 'persona_file'")
+            persona = spec.persona
+            if spec.persona_file is not None:
+                file = base_dir / spec.persona_file
+                try:
+                    persona = file.read_text("utf-8").strip()
+                except OSError as exc:
+                    raise ConfigError(
+                        source, f"{where}.persona_file", f"cannot read {file}: {exc.strerror}"
+                    ) from None
+                if not persona:
+                    raise ConfigError(source, f"{where}.persona_file", f"{file} is empty")
+            assert persona is not None
+            specialists[name] = Specialist(name, spec.description, persona)
+        chains = dict(self.chains)
+        for name, chain in config.chains.items():
+            where = f"chains.{name}"
+            try:
+                _check_name(name)
+            except ValueError as exc:
+                raise ConfigError(source, where, str(exc)) from None
+            steps: list[ChainStep] = []
+            for i, item in enumerate(chain.steps):
+                step_cfg = _StepConfig(specialist=item) if isinstance(item, str) else item
+                if isinstance(item, str):
+                    try:
+                        _check_name(item)
+                    except ValueError as exc:
+                        raise ConfigError(source, f"{where}.steps[{i}]", str(exc)) from None
+                if step_cfg.chain is not None:
+                    if step_cfg.specialist is not None or step_cfg.agent is not None:
+                        raise ConfigError(
+                            source,
+                            f"{where}.steps[{i}]",
+                            "give exactly one of 'specialist', 'chain' or 'agent'",
+                        )
+                    for key in ("tool", "arguments", "output_step"):
+                        if getattr(step_cfg, key) is not None:
+                            raise ConfigError(
+                                source, f"{where}.steps[{i}].{key}", "only a step with 'agent' has " + key
+                            )
+                    steps.append(_child_step(step_cfg, source, f"{where}.steps[{i}]"))
+                    continue
+                if step_cfg.output_of is not None:
+                    raise ConfigError(
+                        source, f"{where}.steps[{i}].output_of", "only a step with 'chain' has output_of"
+                    )
+                agent = _agent_step(step_cfg, raw, source, f"{where}.steps[{i}]")
+                if agent is None and step_cfg.specialist not in specialists:
+                    raise ConfigError(
+                        source,
+                        f"{where}.steps[{i}].specialist",
+                        f"unknown specialist {step_cfg.specialist!r}; "
+                        f"known: {', '.join(sorted(specialists))}",
+                    )
+                gated = step_cfg.approve_before or step_cfg.approve_after or step_cfg.on_exhausted == "ask"
+                for key in ("expires_after_seconds", "approvers"):
+                    if getattr(step_cfg, key) is not None and not gated:
+                        raise ConfigError(
+                            source,
+                            f"{where}.steps[{i}].{key}",
+                            "the step has no gate (set approve_before or approve_after)",
+                        )
+                if "on_expiry" in step_cfg.model_fields_set and step_cfg.expires_after_seconds is None:
+                    raise ConfigError(
+                        source,
+                        f"{where}.steps[{i}].on_expiry",
+                        "on_expiry needs expires_after_seconds (the gate never expires otherwise)",
+                    )
+                schema = None
+                if step_cfg.output_schema is not None:
+                    try:
+                        schema = resolve_schema(step_cfg.output_schema)
+                    except ValueError as exc:
+                        raise ConfigError(source, f"{where}.steps[{i}].output_schema", str(exc)) from None
+                label = step_cfg.specialist or f"agent:{step_cfg.agent}"
+                steps.append(
+                    ChainStep(
+                        name=step_cfg.name or step_cfg.specialist or str(step_cfg.agent),
+                        specialist=label,
+                        agent=agent,
+                        approve_before=step_cfg.approve_before,
+                        approve_after=step_cfg.approve_after,
+                        on_failure=step_cfg.on_failure,
+                        provider=step_cfg.provider,
+                        model=step_cfg.model,
+                        timeout_seconds=step_cfg.timeout_seconds,
+                        output_schema=schema,
+                        route_on=step_cfg.route_on,
+                        routes=step_cfg.routes,
+                        max_visits=step_cfg.max_visits,
+                        on_exhausted=step_cfg.on_exhausted,
+                        after=None if step_cfg.after is None else tuple(step_cfg.after),
+                        instruction=step_cfg.instruction,
+                        expires_after_seconds=step_cfg.expires_after_seconds,
+                        on_expiry=step_cfg.on_expiry,
+                        approvers=None if step_cfg.approvers is None else tuple(step_cfg.approvers),
+                    )
+                )
+            try:
+                steps = _unique_names(steps)
+            except ValueError as exc:
+                raise ConfigError(source, f"{where}.steps", str(exc)) from None
+            problem = check_chain(steps) or check_agent_steps(steps)
+            if problem is not None:
+                raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
+            chains[name] = ChainDefinition(
+                name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
+            )
+        explicit = {n for n, c in config.chains.items() if "max_depth" in c.model_fields_set}
+        problem = check_child_chains({n: c.steps for n, c in chains.items()}, explicit)
+        if problem is not None:
+            raise ConfigError(source, f"chains.{problem[0]}", problem[1])
+        return Catalog(specialists, chains, source)
+
+    # -- resolution at start ------------------------------------------------------------------
+
+    def resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str] = ()) -> ChainSnapshot:
+        """Resolve a chain given at start (a chain name, or a list of specialist names) into the
+        snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
+        own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
+        if chain is None or isinstance(chain, str):
+            if chain is not None and not chain.strip():
+                # Not the default chain: a blank name is more likely a bug than a choice.
+                raise InvalidArgument(
+                    "chain is empty; omit it for the default chain, or give a chain name "
+                    f"({', '.join(sorted(self.chains))}) or a list of specialist names"
+                )
+            name = "default" if chain is None else chain
+            if name not in self.chains:
+                raise UnknownChain(
+                    f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
+                    "(or pass a list of specialist names)"
+                )
+            definition = self.chains[name]
+            steps = list(definition.steps)
+            max_parallel = definition.max_parallel
+            max_children, max_depth = definition.max_children, definition.max_depth
+        else:
+            if not chain:
+                raise InvalidArgument("chain is an empty list; give at least one specialist name")
+            if len(chain) > 50:
+                raise InvalidArgument("a chain has at most 50 steps")
+            for spec in chain:
+                if spec not in self.specialists:
+                    raise UnknownSpecialist(
+                        f"unknown specialist {quoted(spec)}; known specialists: "
+                        f"{', '.join(sorted(self.specialists))}"
+                    )
+            name = "custom"
+            max_parallel = 4
+            max_children, max_depth = None, 3
+            steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
+            reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
+            if reserved:
+                raise InvalidArgument(
+                    f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
+                    "targets); define a chain that gives the step another name"
+                )
+        step_names = [s.name for s in steps]
+        for gated in approve_before:
+            if gated not in step_names:
+                raise InvalidArgument(
+                    f"approve_before names step {quoted(gated)}, which is not in the chain; "
+                    f"its steps are: {', '.join(step_names)}"
+                )
+        steps = [
+            s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
+        ]
+        used = sorted({s.specialist for s in steps if s.chain is None and s.agent is None})
+        snapshots = tuple(
+            SpecialistSnapshot(
+                name=n, description=self.specialists[n].description, persona=self.specialists[n].persona
+            )
+            for n in used
+        )
+        return ChainSnapshot(
+            name=name,
+            steps=tuple(steps),
+            specialists=snapshots,
+            max_parallel=max_parallel,
+            max_children=max_children,
+            max_depth=max_depth,
+        )
+
+
+def _child_step(config: _StepConfig, source: str, where: str) -> ChainStep:
+    """A step that runs another chain as a child run (:mod:`orchestration.engine.children`)."""
+    assert config.chain is not None
+    for key in ("output_schema", "route_on", "provider", "model"):
+        if key in config.model_fields_set:
+            raise ConfigError(
+                source, f"{where}.{key}", "a step that runs a chain takes its child's output as it is"
+            )
+    return ChainStep(
+        name=config.name or config.chain,
+        specialist=f"chain:{config.chain}",
+        chain=config.chain,
+        output_of=config.output_of,
+        approve_before=config.approve_before,
+        approve_after=config.approve_after,
+        on_failure=config.on_failure,
+        timeout_seconds=config.timeout_seconds,
+        max_visits=config.max_visits,
+        after=None if config.after is None else tuple(config.after),
+        instruction=config.instruction,
+        expires_after_seconds=config.expires_after_seconds,
+        on_expiry=config.on_expiry,
+        approvers=None if config.approvers is None else tuple(config.approvers),
+    )
+
+
+def _unique_names(steps: Sequence[ChainStep]) -> list[ChainStep]:
+    """Give repeated specialists distinct step names (engineer, engineer-2, ...); explicit duplicate
+    names are an error."""
+    seen: dict[str, int] = {}
+    out: list[ChainStep] = []
+    explicit = [s.name for s in steps]
+    for step in steps:
+        name = step.name
+        if name in seen:
+            if explicit.count(name) > 1 and step.name != step.specialist:
+                raise ValueError(f"step name {name!r} is used twice")
+            seen[name] += 1
+            name = f"{name}-{seen[step.name]}"
+            while name in explicit:
+                seen[step.name] += 1
+                name = f"{step.name}-{seen[step.name]}"
+        else:
+            seen[name] = 1
+        out.append(step.model_copy(update={"name": name}) if name != step.name else step)
+    return out

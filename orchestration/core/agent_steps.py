@@ -1,0 +1,257 @@
+"""Steps that delegate to another MCP agent: their argument templates, their error codes, and the
+pure rule that says whether an attempt makes its own call or follows an earlier one.
+
+A chain step may name an agent (an ``[agents.NAME]`` table of the server's config: a Streamable
+HTTP URL with a bearer token read from an environment variable, or a stdio command) instead of a
+specialist, the tool to call there, and the tool's arguments::
+
+    { name = "review", agent = "reviewer2", tool = "orchestrate_start",
+      arguments = { chain = "review-loop", worker_backend = "provider",
+                    request = "{request}\\n\\n{outputs.engineer}" } }
+
+**Templates.** Every string in ``arguments`` (nested in lists and tables too) is a template:
+``{request}`` is the run's request, ``{outputs.STEP}`` the output of the latest done visit of step
+``STEP`` ("" when it has none: skipped, or failed with ``on_failure = "continue"``), ``{run_id}``
+and ``{task_id}`` the run's and the task instance's ids; ``{{`` and ``}}`` are literal braces.
+Anything else between braces is refused when the chain is loaded (:func:`check_template`), as is
+``{outputs.X}`` for a step that is not in the chain or is the agent step itself. Other values
+(numbers, booleans) are passed as they are. Rendering reads recorded outputs only, so a resumed
+run sends the same arguments.
+
+**Durability** (the drive's part is :mod:`orchestration.engine.delegation`). Each attempt is recorded
+(``attempt_started``) before its call. A tool named ``orchestrate_start`` is taken to be another
+construct-mcp: the call carries an ``idempotency_key`` derived from the run, the task instance and
+the attempt that made the first call (:func:`idempotency_key`), the remote run's id is recorded
+(``remote_run_started``) as soon as the answer names it, and the remote run is followed with
+``run_status`` until it ends; its final output is the step's output. :func:`agent_attempt` decides,
+from the record alone, what the next attempt does after one that ended without a known outcome
+(the process died, or the agent could not be reached or did not answer in time): it *follows*
+that attempt's call — the recorded remote run, else the same idempotency key, which the remote
+answers with the run it already made, if any — so one remote run serves every attempt that
+follows it. Any other tool gets one ``tools/call`` per attempt; after an unknown outcome the next
+attempt calls again, marked ``possible_duplicate_call`` as provider calls are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from orchestration.core.models import AgentStep, ChainStep, TaskState
+
+#: Errors after which the agent may have acted although the attempt saw no answer: the next
+#: attempt follows this one's call instead of making another.
+UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout"})
+
+#: The error codes of agent calls (the typed taxonomy of ``TypedError.code``) and whether a retry
+#: may help: ``agent_unreachable`` (connection refused or lost, a 5xx, a protocol error) and
+#: ``timeout`` are retried within the attempt budget; ``auth`` (401/403, or the token's environment
+#: variable not set), ``agent_not_configured`` (no such ``[agents]`` table here), ``tool_error``
+#: (the tool answered with an error), ``agent_run_failed`` (the remote run ended failed, rejected
+#: or cancelled), ``invalid_output`` and ``malformed_response`` are not.
+AGENT_ERROR_CODES: Mapping[str, bool] = {
+    "agent_unreachable": True,
+    "timeout": True,
+    "auth": False,
+    "agent_not_configured": False,
+    "tool_error": False,
+    "agent_run_failed": False,
+    "invalid_output": False,
+    "malformed_response": False,
+}
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_SIMPLE = frozenset({"request", "run_id", "task_id"})
+
+
+def _placeholders(template: str) -> list[str]:
+    """The placeholders of ``template`` in order; ValueError for a stray brace."""
+    names: list[str] = []
+    for match in _PLACEHOLDER.finditer(template):
+        token = match.group(0)
+        if token in ("{{", "}}"):
+            continue
+        if match.group(1) is None:
+            raise ValueError(f"a single {token!r} must be doubled ({token * 2}) to stand for itself")
+        names.append(match.group(1).strip())
+    return names
+
+
+def check_template(template: str, steps: Iterable[str], own_step: str) -> None:
+    """Refuse (ValueError) a template that names anything but ``{request}``, ``{run_id}``,
+    ``{task_id}`` or ``{outputs.STEP}`` for another step of the chain."""
+    known = set(steps)
+    for name in _placeholders(template):
+        if name in _SIMPLE:
+            continue
+        step = name.removeprefix("outputs.")
+        if step == name or not step:
+            raise ValueError(
+                f"unknown placeholder {{{name}}}; use {{request}}, {{outputs.STEP}}, {{run_id}} or "
+                "{task_id} (and {{ }} for literal braces)"
+            )
+        if step == own_step:
+            raise ValueError(f"{{{name}}}: a step cannot use its own output")
+        if step not in known:
+            raise ValueError(f"{{{name}}}: the chain has no step {step!r}; its steps are: {', '.join(known)}")
+
+
+def check_arguments(value: Any, steps: Iterable[str], own_step: str) -> None:
+    """:func:`check_template` on every string of a step's ``arguments``."""
+    names = list(steps)
+    for template in _strings(value):
+        check_template(template, names, own_step)
+
+
+def template_steps(value: Any) -> set[str]:
+    """The steps whose outputs the templates of ``value`` use."""
+    return {
+        name.removeprefix("outputs.")
+        for template in _strings(value)
+        for name in _placeholders(template)
+        if name.startswith("outputs.")
+    }
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def render(value: Any, lookup: Callable[[str], str]) -> Any:
+    """``value`` with every string template filled in by ``lookup(placeholder)``."""
+    if isinstance(value, str):
+
+        def fill(match: re.Match[str]) -> str:
+            token = match.group(0)
+            if token in ("{{", "}}"):
+                return token[0]
+            return lookup((match.group(1) or "").strip())
+
+        return _PLACEHOLDER.sub(fill, value)
+    if isinstance(value, Mapping):
+        return {k: render(v, lookup) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [render(v, lookup) for v in value]
+    return value
+
+
+def render_arguments(
+    agent: AgentStep, *, request: str, outputs: Mapping[str, str], run_id: str, task_id: str
+) -> dict[str, Any]:
+    """The arguments of ``agent``'s call: its templates filled from the record (``outputs``: the
+    latest done output of each step, by step name)."""
+    simple = {"request": request, "run_id": run_id, "task_id": task_id}
+
+    def lookup(name: str) -> str:
+        if name in simple:
+            return simple[name]
+        return outputs.get(name.removeprefix("outputs."), "")
+
+    rendered = render(agent.arguments, lookup)
+    assert isinstance(rendered, dict)
+    return rendered
+
+
+def parse_agent_step(
+    *,
+    specialist: str | None,
+    agent: str | None,
+    tool: str | None,
+    arguments: Mapping[str, Any] | None,
+    output_step: str | None,
+    provider: str | None,
+    agents: object,
+) -> AgentStep | tuple[str, str] | None:
+    """A chain step's :class:`AgentStep` from its config keys (None: a specialist's step), or the
+    ``(field, problem)`` that refuses it. ``agents``: the file's ``[agents]`` table, which must
+    define the agent (its keys are checked by the server's config, :mod:`server.settings.agents`)."""
+    if agent is None:
+        for key, value in (("tool", tool), ("arguments", arguments), ("output_step", output_step)):
+            if value is not None:
+                return key, f"{key} belongs to a step that delegates: name its agent too"
+        if specialist is None:
+            return "specialist", "a step needs a specialist (or an agent to delegate to)"
+        return None
+    if specialist is not None:
+        return "agent", "a step runs a specialist or delegates to an agent, not both"
+    if tool is None:
+        return "tool", f"name the tool of agent {agent!r} to call (e.g. orchestrate_start)"
+    if provider is not None:
+        return "agent", "a step that delegates calls its agent, not a provider: drop provider and model"
+    known = sorted(agents) if isinstance(agents, Mapping) else []
+    if agent not in known:
+        listed = f"; defined: {', '.join(known)}" if known else ""
+        return "agent", f"no [agents.{agent}] table in this file{listed}"
+    step = AgentStep(agent=agent, tool=tool, arguments=dict(arguments or {}), output_step=output_step)
+    if output_step is not None and not step.follows_runs:
+        return "output_step", "output_step applies to another construct-mcp (tool orchestrate_start)"
+    return step
+
+
+def check_agent_steps(steps: list[ChainStep]) -> tuple[str, str] | None:
+    """The ``(field, problem)`` of the first agent step whose argument templates name anything
+    unknown."""
+    names = [s.name for s in steps]
+    for i, step in enumerate(steps):
+        if step.agent is None:
+            continue
+        try:
+            check_arguments(step.agent.arguments, names, step.name)
+        except ValueError as exc:
+            return f"steps[{i}].arguments", str(exc)
+    return None
+
+
+def idempotency_key(run_id: str, task_id: str, attempt: int) -> str:
+    """The key an agent call carries: the run, the task instance and the attempt that made the
+    first call (a following attempt reuses its key). At most 200 characters (run ids are at most
+    80, task ids at most 100 but step names are short)."""
+    return f"construct:{run_id}:{task_id}:{attempt}"[:200]
+
+
+def agent_attempt(agent: AgentStep, task: TaskState) -> tuple[int | None, str | None, bool]:
+    """What the next attempt of an agent step does, decided from the record alone (pure):
+    ``(follows, remote_run_id, possible_duplicate_call)``.
+
+    After an attempt whose outcome is unknown (still ``running``: the process died; or failed with
+    one of :data:`UNKNOWN_OUTCOME_CODES`), the next attempt follows that attempt's call (or the one
+    it followed in turn): the recorded remote run, else — for a construct-mcp, which takes
+    idempotency keys — the same key. A tool without keys is called again, a possible duplicate
+    call. After a first attempt, or one that failed with a known outcome, the attempt makes its own
+    call."""
+    if not task.attempts:
+        return None, None, False
+    last = task.attempts[-1]
+    unknown = last.outcome == "running" or (
+        last.outcome == "failed" and last.error is not None and last.error.code in UNKNOWN_OUTCOME_CODES
+    )
+    if not unknown:
+        return None, None, False
+    origin = last.follows or last.number
+    if last.remote_run_id is not None:
+        return origin, last.remote_run_id, False
+    if agent.follows_runs:
+        return origin, None, False
+    return None, None, True
+
+
+__all__ = [
+    "AGENT_ERROR_CODES",
+    "UNKNOWN_OUTCOME_CODES",
+    "agent_attempt",
+    "check_agent_steps",
+    "check_arguments",
+    "check_template",
+    "idempotency_key",
+    "parse_agent_step",
+    "render",
+    "render_arguments",
+    "template_steps",
+]

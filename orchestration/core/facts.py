@@ -1,0 +1,357 @@
+"""Typed facts (DESIGN §3), and how stored ones are read back.
+
+A run's record is an append-only, ordered log of facts. Each fact is a frozen pydantic model with a
+``type`` discriminator, the sequence number ``seq`` it has in its run's log (1, 2, 3, ...) and the
+time ``at`` it was recorded. :mod:`orchestration.core.fold` turns a run's facts into its head.
+
+Record formats
+--------------
+Records outlive the code that wrote them: during a rolling upgrade two versions of the server share
+one store, and after a rollback an older one reads what a newer one wrote. So every stored head and
+fact carries ``format``, the record format a reader must understand to read it correctly (a record
+without it is format 1, as every record written before formats existed). :data:`RECORD_FORMAT
+<orchestration.core.models.RECORD_FORMAT>` is the newest format this code understands. The rules:
+
+- **Reading.** Stores decode heads and facts with :func:`parse_head` and :func:`parse_fact`, which
+  *ignore* fields they do not know, at every format up to ``RECORD_FORMAT``. Only stored records
+  are read so: building a record in code, tool inputs and configuration stay strict
+  (``extra="forbid"``).
+- **Too new.** A record whose ``format`` is above ``RECORD_FORMAT`` is refused with
+  :class:`~orchestration.errors.RecordTooNew` (``record_too_new``, naming both formats), even when
+  it would happen to parse. So is a fact whose ``type`` this code does not know, whatever format it
+  states: a fold that skipped a fact would decide differently from the server that wrote it, and
+  such a type is a newer version's (whose writer forgot to raise the format) far more often than
+  damage. The run is left alone: nothing is decided from it, and nothing writes over it (a write is
+  a compare-and-swap on the version of a head the writer could read). Damage that is not a newer
+  format stays ``corrupt_record``.
+- **Writing.** A writer raises the format when it adds something an older reader must not ignore:
+  a new fact type (its class declares ``format`` with the higher default), a new status or other
+  enum value, a field whose absence would change what the record means. The fold keeps the
+  highest format of the facts folded into a head (:func:`~orchestration.core.fold.apply`), so a run
+  that used something new is refused by older servers as a whole, while runs that did not stay
+  theirs during a rolling upgrade.
+- **Adding a field without a new format** is allowed only if a reader that does not find it does
+  the right thing. That is what an older server leaves behind: it ignores the field on read and,
+  for a head (rewritten at every append), writes the next head without it. Facts are never
+  rewritten, so a new fact field survives.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, TypeAdapter
+
+from orchestration.core.costs import BudgetAsk, BudgetLimits, HostUsage
+from orchestration.core.models import (
+    ChainSnapshot,
+    Decision,
+    DecisionChannel,
+    ExecutionContract,
+    Frozen,
+    ParentLink,
+    RunHead,
+    Telemetry,
+    TypedError,
+)
+from orchestration.core.routing import RoutePlan
+
+
+class _Fact(Frozen):
+    seq: int
+    at: datetime
+    #: the record format a reader must understand to read this fact ("Record formats" above); a
+    #: fact type added in a later format declares that format as its default
+    format: int = Field(default=1, ge=1)
+    #: a fork's copy of a source run's fact: that fact's ``seq`` in the run its ``run_created``
+    #: names (``forked_from``; see :mod:`orchestration.ops.forking`). Optional and left out of the
+    #: record when absent, so no new format: an older reader folds a copy as the fact it copies.
+    copied_from: int | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ForkOrigin(Frozen):
+    """The run and task instance a forked run was started from."""
+
+    run_id: str
+    task_id: str
+
+
+class RunCreated(_Fact):
+    type: Literal["run_created"] = "run_created"
+    run_id: str
+    request: str
+    chain: ChainSnapshot
+    chain_hash: str
+    contract: ExecutionContract
+    idempotency_key: str | None = None
+    request_hash: str
+    deadline_at: datetime | None = None
+    #: the verified identity that started the run (HTTP with a token); optional, so no new format
+    started_by: str | None = None
+    #: set on a fork (:mod:`orchestration.ops.forking`); optional, so no new format
+    forked_from: ForkOrigin | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: the W3C ``traceparent`` the run's spans continue (a tool call's ``_meta``, or the server's
+    #: own span of that call; see :mod:`orchestration.tracing`); optional, so no new format: a
+    #: reader without it only starts the run's spans in a trace of their own
+    traceparent: str | None = None
+    #: a child run's parent task and depth (:mod:`orchestration.engine.children`); optional, so no new
+    #: format: a reader that ignores it runs the child as a run of its own
+    parent: ParentLink | None = None
+
+
+class ApprovalRequested(_Fact):
+    type: Literal["approval_requested"] = "approval_requested"
+    gate_id: str
+    #: a ``budget`` gate's request: the gate is created by this fact (record format 4, see
+    #: :mod:`orchestration.core.budget`); None: a chain's gate, which exists from the start
+    budget: BudgetAsk | None = None
+
+
+class ApprovalDecided(_Fact):
+    type: Literal["approval_decided"] = "approval_decided"
+    gate_id: str
+    #: ``revise`` and ``fail`` (expiry's) came with record format 3: :func:`decision_format`
+    decision: Decision
+    comment: str | None = None
+    approver: str | None = None
+    #: how the decision came in, and whether ``approver`` was verified (an HTTP token's identity)
+    #: or only claimed; both optional: a fact without them reads as "channel unknown, claimed"
+    channel: DecisionChannel | None = None
+    verified: bool = False
+    #: approving a ``budget`` gate: what the approver adds to the budget it hit; None: the
+    #: original budget again (the gate exists only in format 4 runs, so no new format)
+    budget_raise: BudgetLimits | None = None
+
+
+def decision_format(decision: Decision) -> int:
+    """The record format of an ``approval_decided`` fact recording ``decision``: 3 for ``revise``
+    and ``fail`` (an older reader cannot read them: "Record formats" above), else 1."""
+    return 3 if decision in ("revise", "fail") else 1
+
+
+def gate_expired(head: RunHead, gate_id: str, decision: Decision, seq: int, at: datetime) -> ApprovalDecided:
+    """The decision expiry records for the requested gate ``gate_id`` (its step's ``on_expiry``):
+    channel ``expiry``, no approver, not verified."""
+    gate = head.gate(gate_id)
+    expires_at = gate.expires_at if gate is not None else None
+    when = f" at {expires_at:%Y-%m-%dT%H:%M:%SZ}" if expires_at is not None else ""
+    return ApprovalDecided(
+        seq=seq,
+        at=at,
+        format=decision_format(decision),
+        gate_id=gate_id,
+        decision=decision,
+        comment=f"expired{when} undecided; on_expiry = {decision!r}",
+        approver=None,
+        channel="expiry",
+        verified=False,
+    )
+
+
+class HostTaskPrepared(_Fact):
+    """A task's prompts were materialized for the host's own model; the run waits for its output."""
+
+    type: Literal["host_task_prepared"] = "host_task_prepared"
+    task_id: str
+    attempt: int
+    executor: str
+    prompt_sha256: str
+
+
+class HostOutputSubmitted(_Fact):
+    """The host answered a prepared task (the output itself is carried by the ``task_completed``
+    fact written in the same atomic write)."""
+
+    type: Literal["host_output_submitted"] = "host_output_submitted"
+    task_id: str
+    attempt: int
+    output_sha256: str
+    output_chars: int
+    #: the usage the host reported with its output (``orchestrate_resume``'s ``usage``); also in
+    #: the ``task_completed`` fact's telemetry, marked ``reported_by_host``, which is what counts
+    usage: HostUsage | None = None
+
+
+class AttemptStarted(_Fact):
+    """Recorded *before* a provider is called."""
+
+    type: Literal["attempt_started"] = "attempt_started"
+    task_id: str
+    attempt: int
+    executor: str
+    possible_duplicate_call: bool = False
+    #: an agent step's attempt that follows the remote call of attempt ``follows`` (the same
+    #: idempotency key; ``remote_run_id`` when that call's remote run was recorded) instead of
+    #: making its own; only in runs of record format 4 (see :class:`RemoteRunStarted`)
+    follows: int | None = None
+    remote_run_id: str | None = None
+
+
+class RemoteRunStarted(_Fact):
+    """An agent step's call started a run on another construct-mcp: its id, recorded as soon as it
+    is known (mid-attempt), so that a restarted process follows that run instead of starting
+    another (see :mod:`orchestration.engine.delegation`). Record format 4."""
+
+    type: Literal["remote_run_started"] = "remote_run_started"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    attempt: int
+    agent: str
+    remote_run_id: str
+
+
+class AttemptFailed(_Fact):
+    type: Literal["attempt_failed"] = "attempt_failed"
+    task_id: str
+    attempt: int
+    error: TypedError
+    telemetry: Telemetry = Telemetry()
+    not_before: datetime | None = None
+
+
+class TaskCompleted(_Fact):
+    type: Literal["task_completed"] = "task_completed"
+    task_id: str
+    attempt: int
+    executor: str
+    output: str
+    output_sha256: str
+    telemetry: Telemetry = Telemetry()
+    #: The validated value of ``output`` for a step with an ``output_schema`` (None otherwise).
+    #: Added without a new record format ("Record formats" above): a fact without it is the output
+    #: of an untyped step, and a reader that does not know the field loses nothing it decides on.
+    #: (A routed value is decided on; but a run that routes holds route_decided facts, format 2.)
+    value: dict[str, Any] | None = None
+
+
+class TaskFailed(_Fact):
+    type: Literal["task_failed"] = "task_failed"
+    task_id: str
+    error: TypedError
+
+
+class RouteDecided(_Fact):
+    """Where a routing task's validated output sent the run (see :mod:`orchestration.core.routing`):
+    which task and output fact, which field and value, the route's target, and what was done —
+    the target, or the routing step's ``on_exhausted`` when the target's bound was reached.
+    Written by the drive from ``next_action``'s ``RouteTask``; folding it creates the instances a
+    loop needs, skips what a forward route jumps over, or ends the run (``end``/``fail``)."""
+
+    type: Literal["route_decided"] = "route_decided"
+    format: int = Field(default=2, ge=1)
+    task_id: str
+    output_seq: int
+    route_on: str
+    value: str | None
+    target: str
+    applied: str
+    next_task_id: str | None = None
+    exhausted: bool = False
+    bounded_step: str | None = None
+    visits: int | None = None
+    error: TypedError | None = None
+
+
+def route_decided(plan: RoutePlan, seq: int, at: datetime) -> RouteDecided:
+    """The fact that records ``plan`` (made by ``next_action``) as the ``seq``-th fact."""
+    return RouteDecided(
+        seq=seq,
+        at=at,
+        task_id=plan.task_id,
+        output_seq=plan.output_seq,
+        route_on=plan.route_on,
+        value=plan.value,
+        target=plan.target,
+        applied=plan.applied,
+        next_task_id=plan.next_task_id,
+        exhausted=plan.exhausted,
+        bounded_step=plan.bounded_step,
+        visits=plan.visits,
+        error=plan.error,
+    )
+
+
+class ChildStarted(_Fact):
+    """A child run is linked to ``task_id`` (:mod:`orchestration.engine.children`). For a step that runs
+    a chain (``by = "step"``) it is recorded *before* the child is created, with the child's run id
+    derived from the run and the task instance, so a restart finds the same child; the task is
+    then running and the run awaits its children. A host's child (``by = "host"``) is recorded
+    after the child was created, on the task the host works on."""
+
+    type: Literal["child_started"] = "child_started"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    child_run_id: str
+    chain: str
+    by: Literal["step", "host"] = "step"
+
+
+class ChildEnded(_Fact):
+    """The child run ``child_run_id`` of ``task_id`` ended with ``status``. For a step's child it is
+    written together with the task's outcome (``task_completed`` with the child's output, or
+    ``task_failed`` with a typed ``child_*`` error)."""
+
+    type: Literal["child_ended"] = "child_ended"
+    format: int = Field(default=4, ge=1)
+    task_id: str
+    child_run_id: str
+    status: str
+    error: TypedError | None = None
+
+
+class RunCancelled(_Fact):
+    type: Literal["run_cancelled"] = "run_cancelled"
+    reason: str | None = None
+    cancelled_by: str | None = None
+
+
+class RunFinished(_Fact):
+    type: Literal["run_finished"] = "run_finished"
+    status: Literal["completed", "completed_with_failures", "failed"]
+    error: TypedError | None = None
+
+
+Fact = Annotated[
+    RunCreated
+    | ApprovalRequested
+    | ApprovalDecided
+    | HostTaskPrepared
+    | HostOutputSubmitted
+    | AttemptStarted
+    | RemoteRunStarted
+    | AttemptFailed
+    | TaskCompleted
+    | TaskFailed
+    | RouteDecided
+    | ChildStarted
+    | ChildEnded
+    | RunCancelled
+    | RunFinished,
+    Field(discriminator="type"),
+]
+
+FACT_ADAPTER: TypeAdapter[Fact] = TypeAdapter(Fact)
+FACTS_ADAPTER: TypeAdapter[list[Fact]] = TypeAdapter(list[Fact])
+
+
+#: Every fact ``type`` this code knows.
+FACT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["type"].default for cls in get_args(get_args(Fact)[0])
+)
+
+
+def parse_fact(data: str | bytes) -> Fact:
+    """A stored fact read back; fields this code does not know are ignored ("Record formats"
+    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    return FACT_ADAPTER.validate_json(data, extra="ignore")
+
+
+def parse_head(data: str | bytes) -> RunHead:
+    """A stored head read back; fields this code does not know are ignored ("Record formats"
+    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    return RunHead.model_validate_json(data, extra="ignore")
+
+
+def dump_fact(fact: Fact) -> str:
+    return fact.model_dump_json()

@@ -1,0 +1,557 @@
+"""The fold: how a run's facts become its head (DESIGN §3).
+
+:func:`apply` folds one fact into a head; :func:`apply_write` folds the facts of one atomic write and
+bumps the head's ``version``. A fact that the vocabulary does not allow in the head's current state
+raises :class:`~orchestration.errors.IllegalTransition`, so nothing is ever appended after a
+terminal fact. The facts themselves, and the rules for reading stored ones, are in
+:mod:`orchestration.core.facts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import cast
+
+from orchestration.core.budget import charge, charge_unmetered, priced, raise_budget
+from orchestration.core.facts import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AttemptFailed,
+    AttemptStarted,
+    ChildEnded,
+    ChildStarted,
+    Fact,
+    HostOutputSubmitted,
+    HostTaskPrepared,
+    RemoteRunStarted,
+    RouteDecided,
+    RunCancelled,
+    RunCreated,
+    RunFinished,
+    TaskCompleted,
+    TaskFailed,
+)
+from orchestration.core.graph import is_parallel, summary_status
+from orchestration.core.models import (
+    GATE_STATUS_OF,
+    AttemptRecord,
+    ChildRef,
+    GateState,
+    RunHead,
+    TaskState,
+    Telemetry,
+    TypedError,
+    built,
+    evolve,
+    gate_id_for,
+    task_position,
+)
+from orchestration.core.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
+from orchestration.core.vocabulary import (
+    RunStatus,
+    TaskStatus,
+    check_run_transition,
+    check_task_transition,
+)
+from orchestration.core.wake import task_deadline as task_deadline
+from orchestration.core.wake import time_limit as time_limit
+from orchestration.core.wake import wake_at as wake_at
+from orchestration.core.wake import wake_of
+from orchestration.errors import IllegalTransition
+
+
+def head_from_creation(fact: RunCreated) -> RunHead:
+    """The head a run has right after its ``run_created`` fact (version 1)."""
+    tasks = tuple(TaskState(task_id=s.name, specialist=s.specialist) for s in fact.chain.steps)
+    gates: list[GateState] = []
+    for step in fact.chain.steps:
+        if step.approve_before:
+            gates.append(
+                GateState(gate_id=gate_id_for("before", step.name), task_id=step.name, position="before")
+            )
+        if step.approve_after:
+            gates.append(
+                GateState(gate_id=gate_id_for("after", step.name), task_id=step.name, position="after")
+            )
+    return RunHead(
+        run_id=fact.run_id,
+        version=1,
+        last_seq=fact.seq,
+        status=RunStatus.QUEUED,
+        request=fact.request,
+        chain=fact.chain,
+        chain_hash=fact.chain_hash,
+        contract=fact.contract,
+        idempotency_key=fact.idempotency_key,
+        request_hash=fact.request_hash,
+        started_by=fact.started_by,
+        traceparent=fact.traceparent,
+        parent=fact.parent,
+        tasks=tasks,
+        gates=tuple(gates),
+        deadline_at=fact.deadline_at,
+        wake_at=fact.deadline_at,
+        created_at=fact.at,
+        updated_at=fact.at,
+        format=fact.format,
+    )
+
+
+def _with_status(head: RunHead, status: RunStatus) -> dict[str, object]:
+    if is_parallel(head.chain):
+        # A run of a parallel chain has several branches: its status is their summary, set once
+        # the fact is folded (see ``apply``), not a move of one line of work. Its end is still
+        # checked, but a gate may be rejected whatever else waits.
+        if status.is_terminal and status != RunStatus.REJECTED:
+            check_run_transition(head.status, status)
+        return {"status": status}
+    check_run_transition(head.status, status)
+    return {"status": status}
+
+
+def _not_before(head: RunHead, at: datetime, new: datetime | None = None) -> datetime | None:
+    """The run's ``not_before`` after a fact recorded ``at`` that sets ``new`` (None: clears it).
+    In a parallel chain a provider's wait holds the run's other calls too, so a sibling's fact
+    does not clear it before its time and a shorter wait does not replace a longer one."""
+    if not is_parallel(head.chain):
+        return new
+    kept = head.not_before if head.not_before is not None and head.not_before > at else None
+    if kept is None or (new is not None and new > kept):
+        return new
+    return kept
+
+
+#: an attempt's telemetry when it starts (one record each: records are immutable)
+_STARTED_TELEMETRY = {flag: Telemetry(possible_duplicate_call=flag) for flag in (False, True)}
+
+
+def _task_update(head: RunHead, task: TaskState, status: TaskStatus, **changes: object) -> TaskState:
+    """``task`` (of ``head``) moved to ``status`` with ``changes`` (IllegalTransition when its
+    status cannot move there)."""
+    check_task_transition(task.status, status)
+    return evolve(task, {"status": status, **changes})
+
+
+def _found(head: RunHead, task_id: str) -> TaskState:
+    try:
+        return head.task(task_id)
+    except KeyError:
+        raise IllegalTransition(f"run {head.run_id} has no task {task_id!r}") from None
+
+
+def _replace_attempt(task: TaskState, attempt: int, **changes: object) -> tuple[AttemptRecord, ...]:
+    return tuple(evolve(a, changes) if a.number == attempt else a for a in task.attempts)
+
+
+def _close_open_tasks(head: RunHead, status: TaskStatus, at: datetime) -> tuple[TaskState, ...]:
+    out = []
+    for task in head.tasks:
+        if task.status.is_terminal:
+            out.append(task)
+        else:
+            closed = status
+            if status == TaskStatus.SKIPPED and task.status != TaskStatus.PENDING:
+                # A parallel branch still at work when the run ends (a sibling failed) is cancelled.
+                closed = TaskStatus.CANCELLED
+            check_task_transition(task.status, closed)
+            out.append(evolve(task, {"status": closed, "finished_at": at}))
+    return tuple(out)
+
+
+def _settle_finished(before: tuple[TaskState, ...], after: tuple[TaskState, ...]) -> tuple[TaskState, ...]:
+    """``after`` with every task that this fact made terminal settled (see ``TaskState.settled``).
+    Tasks are matched by id: a route may insert new instances."""
+    # A task that is the same object as before (task ids are unique) was not changed by this fact;
+    # the few that are new are found without a Python loop over every task of the run.
+    ids = list(map(id, after))
+    fresh = set(ids).difference(map(id, before))
+    if not fresh:
+        return after
+    out = list(after)
+    for key in fresh:
+        index = ids.index(key)
+        if out[index].status.is_terminal:
+            out[index] = out[index].settled()
+    return tuple(out)
+
+
+def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> RunHead:
+    """Fold one fact into ``head``. Pure; raises IllegalTransition for a fact that cannot happen.
+
+    Tasks that become terminal are settled (their attempts, executor, hashes and times dropped from
+    the head) unless ``keep_history``: the head a store keeps does not grow with finished tasks, and
+    views fold the full history back with :func:`with_history`."""
+    if head is None:
+        if not isinstance(fact, RunCreated):
+            raise IllegalTransition(f"the first fact of a run must be run_created, not {fact.type}")
+        return head_from_creation(fact)
+    return _apply(head, fact, keep_history, None)
+
+
+def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -> RunHead:
+    """:func:`apply` on a head, and the head's new ``version`` when not None (the last fact of a
+    write: one copy of the head per fact, issue 11)."""
+    if isinstance(fact, RunCreated):
+        raise IllegalTransition(f"run {head.run_id} already exists")
+    if head.status.is_terminal:
+        raise IllegalTransition(
+            f"run {head.run_id} is {head.status.value}: nothing can be appended after a terminal fact"
+        )
+    if fact.seq != head.last_seq + 1:
+        raise IllegalTransition(f"fact seq {fact.seq} does not follow {head.last_seq} in run {head.run_id}")
+    update: dict[str, object] = {"last_seq": fact.seq, "updated_at": fact.at}
+    if fact.format > head.format:
+        # A head that folds a newer fact is no longer readable by a reader that would not know it.
+        update["format"] = fact.format
+    #: the one task this fact changes, when it changes one task and no other (put in place below)
+    changed: TaskState | None = None
+
+    if isinstance(fact, ApprovalRequested):
+        gate = head.gate(fact.gate_id)
+        gates = head.gates
+        if gate is None and fact.budget is not None:
+            # A budget gate exists from its request on (see orchestration.core.budget).
+            gate = GateState(
+                gate_id=fact.gate_id,
+                task_id=fact.budget.task_id,
+                position="budget",
+                budget_step=fact.budget.step,
+                note=fact.budget.note,
+            )
+            gates = (*gates, gate)
+        if gate is None or gate.status != "pending":
+            raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
+        expiry = head.step_of(gate.task_id).expires_after_seconds
+        expires_at = None if expiry is None else fact.at + timedelta(seconds=expiry)
+        new_gate = evolve(gate, {"status": "requested", "requested_at": fact.at, "expires_at": expires_at})
+        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in gates)
+        update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
+    elif isinstance(fact, ApprovalDecided):
+        update |= _decide_gate(head, fact)
+    elif isinstance(fact, HostTaskPrepared):
+        task = head.task(fact.task_id)
+        attempt = AttemptRecord(
+            number=fact.attempt, executor=fact.executor, started_at=fact.at, outcome="prepared"
+        )
+        changed = _task_update(
+            head,
+            task,
+            TaskStatus.AWAITING_HOST,
+            executor=fact.executor,
+            attempts=(*task.attempts, attempt),
+            prompt_sha256=fact.prompt_sha256,
+            started_at=task.started_at or fact.at,
+        )
+        update |= _with_status(head, RunStatus.AWAITING_HOST)
+    elif isinstance(fact, HostOutputSubmitted):
+        task = head.task(fact.task_id)
+        if task.status != TaskStatus.AWAITING_HOST:
+            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+    elif isinstance(fact, AttemptStarted):
+        task = head.task(fact.task_id)
+        attempt = built(
+            AttemptRecord,
+            {
+                "number": fact.attempt,
+                "executor": fact.executor,
+                "started_at": fact.at,
+                "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
+                "remote_run_id": fact.remote_run_id,
+                "follows": fact.follows,
+            },
+        )
+        # An orphaned attempt (the process died during it) is closed as failed when the next starts,
+        # and charged at its most: the provider may have billed it.
+        # (A fork's copies are not charged: the new run spent nothing on them.)
+        attempts = task.attempts
+        if any(a.outcome == "running" for a in attempts):
+            for orphan in (a for a in attempts if a.outcome == "running" and fact.copied_from is None):
+                update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
+            orphaned = {
+                "outcome": "failed",
+                "finished_at": fact.at,
+                "error": TypedError(code="orphaned", message="the worker died during this attempt"),
+            }
+            attempts = tuple(evolve(a, orphaned) if a.outcome == "running" else a for a in attempts)
+        if task.status == TaskStatus.RUNNING:
+            changed = evolve(task, {"attempts": (*attempts, attempt)})
+        else:
+            changed = _task_update(
+                head,
+                task,
+                TaskStatus.RUNNING,
+                executor=fact.executor,
+                attempts=(*attempts, attempt),
+                started_at=task.started_at or fact.at,
+            )
+        update["not_before"] = _not_before(head, fact.at)
+        update |= _with_status(head, RunStatus.RUNNING)
+    elif isinstance(fact, RemoteRunStarted):
+        task = head.task(fact.task_id)
+        last = task.attempts[-1] if task.attempts else None
+        if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
+            raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
+        attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
+        changed = evolve(task, {"attempts": attempts})
+    elif isinstance(fact, AttemptFailed):
+        task = head.task(fact.task_id)
+        executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))
+        telemetry = priced(head.contract, executor, fact.telemetry)
+        if fact.copied_from is None:
+            update["spent"] = charge(head, task.step_name, telemetry)
+        attempts = _replace_attempt(
+            task,
+            fact.attempt,
+            outcome="failed",
+            finished_at=fact.at,
+            error=fact.error,
+            telemetry=telemetry,
+        )
+        changed = _task_update(head, task, TaskStatus.PENDING, attempts=attempts)
+        update["not_before"] = _not_before(head, fact.at, fact.not_before)
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, TaskCompleted):
+        task = head.task(fact.task_id)
+        telemetry = priced(head.contract, fact.executor, fact.telemetry)
+        if fact.copied_from is None:
+            update["spent"] = charge(head, task.step_name, telemetry)
+        attempts = _replace_attempt(
+            task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=telemetry
+        )
+        routed = route_value_of(head.chain.step(task.step_name), fact.value)
+        changed = _task_update(
+            head,
+            task,
+            TaskStatus.DONE,
+            executor=fact.executor,
+            attempts=attempts,
+            output_seq=fact.seq,
+            output_chars=len(fact.output),
+            output_sha256=fact.output_sha256,
+            finished_at=fact.at,
+            error=None,
+            **({} if routed is None else {"route_value": routed}),
+        )
+        update["not_before"] = _not_before(head, fact.at)
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, TaskFailed):
+        task = head.task(fact.task_id)
+        for cut in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
+            # A call closed without an outcome (out of time, an orphan) may have been billed.
+            update["spent"] = charge_unmetered(head, task.step_name, cut.executor)
+        attempts = tuple(
+            evolve(a, {"outcome": "failed", "finished_at": fact.at, "error": fact.error})
+            if a.outcome in ("running", "prepared")
+            else a
+            for a in task.attempts
+        )
+        changed = _task_update(
+            head, task, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
+        )
+        update["not_before"] = _not_before(head, fact.at)
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif isinstance(fact, RouteDecided):
+        update |= _route(head, fact)
+    elif isinstance(fact, ChildStarted | ChildEnded):
+        changed, status = _child(head, fact)
+        if status is not None:
+            update |= _with_status(head, status)
+    elif isinstance(fact, RunCancelled):
+        update |= _with_status(head, RunStatus.CANCELLED)
+        update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
+        update["finished_at"] = fact.at
+        update["not_before"] = None
+    elif isinstance(fact, RunFinished):
+        update |= _with_status(head, RunStatus(fact.status))
+        update["error"] = fact.error
+        update["finished_at"] = fact.at
+        if fact.status == "failed" or any(not t.status.is_terminal for t in head.tasks):
+            # A run that completes with tasks not run (an exhausted loop's work accepted at its
+            # gate) skips them, as a failed one does.
+            update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+    else:  # pragma: no cover - the union is closed
+        raise IllegalTransition(f"unknown fact {fact!r}")
+    if changed is not None:
+        # Settled here: the only task of the head this fact made anew.
+        if not keep_history and changed.status.is_terminal:
+            changed = changed.settled()
+        update["tasks"] = _put_task_at(head, changed)
+    else:
+        tasks = update.get("tasks")
+        if not keep_history and isinstance(tasks, tuple):
+            update["tasks"] = _settle_finished(head.tasks, tasks)
+    return _copy_head(head, update, version)
+
+
+def _put_task_at(head: RunHead, task: TaskState) -> tuple[TaskState, ...]:
+    """``head.tasks`` with ``task`` in place of the task with its id (which the head has)."""
+    tasks = head.tasks
+    index = task_position(head, task.task_id)
+    return (*tasks[:index], task, *tasks[index + 1 :])
+
+
+def _copy_head(head: RunHead, update: dict[str, object], version: int | None) -> RunHead:
+    """``head`` with ``update``, the status of a parallel run's branches, its ``wake_at`` when
+    that changed, and ``version`` when not None: what ``model_copy`` made in up to four copies
+    before (the same values and the same fields set), in one (two for a parallel chain)."""
+    if is_parallel(head.chain):
+        new_head = evolve(head, update)
+        if not new_head.status.is_terminal:
+            update["status"] = summary_status(new_head)
+    status = cast(RunStatus, update.get("status", head.status))
+    if not status.is_terminal or head.wake_at is not None:
+        wake = wake_of(
+            head.chain,
+            status,
+            head.deadline_at,
+            update.get("tasks", head.tasks),  # type: ignore[arg-type]
+            update.get("gates", head.gates),  # type: ignore[arg-type]
+        )
+        # Most facts leave it as it was: not set then.
+        if wake != head.wake_at:
+            update["wake_at"] = wake
+    if version is not None:
+        update["version"] = version
+    return evolve(head, update)
+
+
+def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
+    """The head's changes for an ``approval_decided`` fact: approve goes on, reject ends the run
+    ``rejected``, revise re-runs the step whose output the gate shows
+    (:func:`~orchestration.core.routing.revise_plan`), fail (expiry with ``on_expiry = "fail"``) fails
+    the run with ``approval_expired``."""
+    gate = head.gate(fact.gate_id)
+    if gate is None or gate.status != "requested":
+        raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
+    new_gate = evolve(
+        gate,
+        {
+            "status": GATE_STATUS_OF[fact.decision],
+            "decided_at": fact.at,
+            "comment": fact.comment,
+            "approver": fact.approver,
+            "channel": fact.channel,
+            "verified": fact.verified,
+        },
+    )
+    gates = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
+    update: dict[str, object] = {"gates": gates}
+    if fact.decision == "approve":
+        update |= _with_status(head, RunStatus.QUEUED)
+        if gate.position == "budget":
+            update["spent"] = raise_budget(head, gate, fact.budget_raise)
+    elif fact.decision == "revise":
+        plan = revise_plan(head, gate)
+        if not isinstance(plan, RevisePlan):
+            raise IllegalTransition(
+                f"run {head.run_id}: gate {gate.gate_id} cannot be revised: {plan.reason}"
+            )
+        try:
+            effect = revise_effect(evolve(head, {"gates": gates}), plan, fact.at)
+        except ValueError as exc:
+            raise IllegalTransition(f"run {head.run_id}: revise of {gate.gate_id}: {exc}") from None
+        update |= {"tasks": effect.tasks, "gates": effect.gates}
+        update |= _with_status(head, RunStatus.QUEUED)
+    elif fact.decision == "fail":
+        update |= _with_status(head, RunStatus.FAILED)
+        update["error"] = TypedError(
+            code="approval_expired",
+            message=f"gate {gate.gate_id} was not decided by {gate.expires_at or fact.at:%Y-%m-%dT%H:%M:%SZ}"
+            ' and its step says on_expiry = "fail"',
+        )
+        update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+        update["finished_at"] = fact.at
+    else:
+        update |= _with_status(head, RunStatus.REJECTED)
+        update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+        update["finished_at"] = fact.at
+    return update
+
+
+def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> tuple[TaskState, RunStatus | None]:
+    """The task a child run's link or end changes, and the run's new status, if it has one
+    (:mod:`orchestration.engine.children`)."""
+    task = _found(head, fact.task_id)
+    children = task.children or ()
+    if isinstance(fact, ChildEnded):
+        ref = next((c for c in children if c.run_id == fact.child_run_id), None)
+        if ref is None or ref.status != "active":
+            raise IllegalTransition(f"child run {fact.child_run_id} of task {fact.task_id} is not active")
+        ended = tuple(evolve(c, {"status": fact.status}) if c is ref else c for c in children)
+        return evolve(task, {"children": ended}), None
+    if any(c.run_id == fact.child_run_id for c in children):
+        raise IllegalTransition(f"child run {fact.child_run_id} is already linked to task {fact.task_id}")
+    linked = (*children, ChildRef(run_id=fact.child_run_id, by=fact.by))
+    if fact.by == "host":
+        if task.status != TaskStatus.AWAITING_HOST:
+            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+        return evolve(task, {"children": linked}), None
+    attempt = AttemptRecord(
+        number=len(task.attempts) + 1, executor=f"child:{fact.child_run_id}", started_at=fact.at
+    )
+    changed = _task_update(
+        head,
+        task,
+        TaskStatus.RUNNING,
+        executor=attempt.executor,
+        attempts=(*task.attempts, attempt),
+        started_at=task.started_at or fact.at,
+        children=linked,
+    )
+    return changed, RunStatus.AWAITING_CHILDREN
+
+
+def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
+    """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.core.routing`)."""
+    task = _found(head, fact.task_id)
+    step = head.chain.step(task.step_name)
+    if step.route_on is None or task.status != TaskStatus.DONE or task.routed_to is not None:
+        raise IllegalTransition(f"task {fact.task_id} cannot be routed (it is {task.status.value})")
+    try:
+        effect = route_effect(head, fact.task_id, fact.applied, fact.next_task_id, fact.at)
+    except (KeyError, ValueError) as exc:
+        raise IllegalTransition(f"run {head.run_id}: route of {fact.task_id}: {exc}") from None
+    update: dict[str, object] = {"tasks": effect.tasks, "gates": effect.gates}
+    if effect.ends == "completed":
+        update |= _with_status(head, RunStatus.COMPLETED)
+        update["finished_at"] = fact.at
+    elif effect.ends == "failed":
+        update |= _with_status(head, RunStatus.FAILED)
+        update["error"] = fact.error
+        update["finished_at"] = fact.at
+    return update
+
+
+def apply_write(head: RunHead, facts: Sequence[Fact], *, keep_history: bool = False) -> RunHead:
+    """Fold the facts of one atomic write into ``head`` and bump its version."""
+    if not facts:
+        raise ValueError("a write appends at least one fact")
+    version = head.version + 1
+    for fact in facts[:-1]:
+        head = _apply(head, fact, keep_history, None)
+    return _apply(head, facts[-1], keep_history, version)
+
+
+def fold(facts: Iterable[Fact], *, keep_history: bool = False) -> RunHead:
+    """The head of a run whose whole log is ``facts`` (one fact per write; used by tests and
+    recovery tools — a store keeps the head it was given, with the real write count)."""
+    head: RunHead | None = None
+    for fact in facts:
+        head = apply(head, fact, keep_history=keep_history)
+    if head is None:
+        raise ValueError("an empty log has no head")
+    return head
+
+
+def with_history(head: RunHead, facts: Iterable[Fact]) -> RunHead:
+    """``head`` with every task's full history (attempts, executor, hashes, times), folded from the
+    run's log ``facts`` up to ``head.last_seq`` (later facts, written since ``head`` was read, are
+    ignored). Raises ``ValueError`` when the log does not reach ``head.last_seq``."""
+    detailed = fold((f for f in facts if f.seq <= head.last_seq), keep_history=True)
+    if detailed.run_id != head.run_id or detailed.last_seq != head.last_seq:
+        raise ValueError(
+            f"the log of run {head.run_id} ends at fact {detailed.last_seq}, "
+            f"not at the head's {head.last_seq}"
+        )
+    return evolve(head, {"tasks": detailed.tasks})

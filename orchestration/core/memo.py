@@ -1,0 +1,50 @@
+"""Pure caches keyed on immutable snapshots (issue 11: the interpreter time of a task boundary).
+
+Records are frozen (see :mod:`orchestration.core.models`), and a head's ``model_copy`` shares its
+unchanged parts with the head it was copied from: the chain snapshot a run's heads carry is the
+same object from one write to the next. So what is derived from such an object alone (whether its
+chain is parallel, where each step is) can be computed once per object instead of at every
+decision. :func:`by_identity` remembers a function's result per *object* — not per value, so
+nothing is hashed or compared — while the object lives; a cached result is what the function
+would return again, so no decision changes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: entries kept per cached function; past it the cache starts again (an entry goes with its object,
+#: so this bounds only what the live objects hold: the chains and tasks of the runs in progress)
+LIMIT = 8192
+
+
+def by_identity(fn: Callable[[T], R]) -> Callable[[T], R]:
+    """``fn`` (a pure function of one immutable, weak-referenceable object), remembering its
+    result per object while that object lives (at most :data:`LIMIT` objects at a time)."""
+    cache: dict[int, tuple[weakref.ref[Any], R]] = {}
+
+    @wraps(fn)
+    def cached(obj: T) -> R:
+        key = id(obj)
+        hit = cache.get(key)
+        if hit is not None and hit[0]() is obj:
+            return hit[1]
+        value = fn(obj)
+        if len(cache) >= LIMIT:
+            cache.clear()
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            entry = cache.get(key)
+            if entry is not None and entry[0] is ref:
+                del cache[key]
+
+        cache[key] = (weakref.ref(obj, forget), value)
+        return value
+
+    return cached

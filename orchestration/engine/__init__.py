@@ -1,0 +1,17 @@
+"""The effectful engine: the :class:`Runtime` use cases (start, resume, approve, cancel, status,
+list, drive), the drive that runs decide → act → record under a lease, fan-out, delegation to agents,
+child runs, the dispatcher and the read side. Imports the layers below it, never :mod:`orchestration.ops`."""
+
+from __future__ import annotations
+
+from orchestration.engine.children import live_children
+from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.reading import RunSnapshot
+from orchestration.engine.runtime import Runtime
+
+__all__ = [
+    "Dispatcher",
+    "RunSnapshot",
+    "Runtime",
+    "live_children",
+]

@@ -1,0 +1,393 @@
+"""The dispatcher: executes runnable runs in the background with bounded concurrency.
+
+It runs inside the server's lifespan. On start (when ``recover`` is true, the default), then every
+``poll_seconds``, and at once when :meth:`Dispatcher.wake` is called, it looks for work. How depends
+on what the store can do:
+
+* **Batch claims** (sqlite, postgres: the store has ``claim_runnable``). The dispatcher claims as
+  many runnable runs as it has free slots, in one statement that hands each run to exactly one
+  claimer (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``), and drives each with the lease it already
+  holds (:meth:`Runtime.drive` with ``lease=``). Several server processes on one database share
+  the work this way; a run claimed by one is never driven by another while the lease holds, and a
+  dead process's runs are claimed by the others once their leases expire. When the claim hands out
+  a run this process is still driving (its drive stalled past the lease's expiry without
+  renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
+  starting a second one.
+* **Scans** (memory, filesystem; or ``recover=False``). It lists runnable runs and drives each
+  through :meth:`Runtime.drive`, which claims the lease first: a run another worker holds is
+  skipped. With ``recover=False`` it never scans: it drives only the runs it is woken for (the ones
+  this process starts or resumes) and leaves the rest to other processes or a later restart.
+
+When the store can notify (postgres ``listen``), the dispatcher subscribes at start, so a run made
+runnable by another process — an approval or host output given to another server, or the CLI —
+wakes it at once instead of at the next poll. A dropped notification connection wakes the
+dispatcher too; it listens again (reconnecting) at its next pass, and scans, since notifications
+sent meanwhile are lost.
+
+**Store faults.** A scan, claim or listen that fails with a store error does not stop the
+dispatcher: it retries after a jittered exponential backoff (capped), and returns to its poll
+interval once the store answers. A drive interrupted by a store error (see :meth:`Runtime.drive`)
+stops cleanly; its lease could not be released while the store was away, so the dispatcher
+releases it once the store is back and the run is claimed again, by this process or another, and
+resumed from its facts.
+
+**Child runs.** A run awaiting its children (:mod:`orchestration.engine.children`) is not runnable: it
+takes no slot and no lease. The process that ends a child records that on the parent at once; as
+the safety net, every ``child_poll_seconds`` (default: 5 polls) a pass also sweeps the runs that
+wait for children (``ChildRuns.sweep``: creates a child a crash left uncreated, records an end
+nobody recorded). Only when ``recover`` is on, like the scans.
+
+**Lost leases.** A drive that finds its lease taken by another worker (``LeaseLost``: this process
+stalled past the lease while another one claimed the run) has recorded nothing and stops; that is
+the lease doing its job, not a failure. The run is left to its holder (logged at INFO).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from orchestration.core.decide import WaitUntil
+from orchestration.core.models import RunHead
+from orchestration.engine.backoff import Backoff
+from orchestration.engine.runtime import Runtime, is_settled
+from orchestration.errors import ConstructError, CorruptRecord, LeaseLost, StoreError
+from orchestration.store import Lease
+
+log = logging.getLogger("construct.dispatcher")
+
+ClaimRunnable = Callable[[str, float, datetime, int], Awaitable[list[Lease]]]
+
+#: How long stopping waits for the store to drop the notification subscription.
+_UNLISTEN_SECONDS = 2.0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        concurrency: int = 4,
+        poll_seconds: float = 1.0,
+        recover: bool = True,
+        batch: int = 100,
+        backoff: Backoff | None = None,
+        child_poll_seconds: float | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.runtime = runtime
+        self.concurrency = concurrency
+        self.poll_seconds = poll_seconds
+        self.recover = recover
+        self.batch = batch
+        self.backoff = backoff or Backoff(base=0.1, cap=5.0)
+        self.child_poll_seconds = poll_seconds * 5 if child_poll_seconds is None else child_poll_seconds
+        self._next_sweep = 0.0
+        store: Any = runtime.store
+        # Optional store capabilities (see stores/__init__.py), looked up once.
+        claim: ClaimRunnable | None = getattr(store, "claim_runnable", None)
+        self._claim_runnable = claim if recover else None
+        self._listen: Callable[..., Awaitable[None]] | None = getattr(store, "listen", None)
+        self._unlisten: Callable[..., Awaitable[None]] | None = getattr(store, "unlisten", None)
+        self._limiter = anyio.CapacityLimiter(concurrency)
+        self._active: set[str] = set()
+        self._again: set[str] = set()
+        self._woken: set[str] = set()
+        #: runs whose drive a store error stopped: their lease is released once the store is back
+        self._interrupted: set[str] = set()
+        self._wake = anyio.Event()
+        self._stopping = False
+        self._store_down_since: float | None = None
+        self.on_idle: Callable[[], None] | None = None
+        #: set when :meth:`run` has returned (after :meth:`stop`, every drive finished)
+        self.stopped = anyio.Event()
+
+    def wake(self, run_id: str | None = None) -> None:
+        """Look for work now (``run_id``: at least at this run). Safe from any task."""
+        if run_id is not None:
+            self._woken.add(run_id)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop taking new work; runs being driven stop at their next step boundary, and
+        :meth:`run` returns once they have (await :attr:`stopped`; bound the wait yourself)."""
+        self._stopping = True
+        self.runtime.stop()
+        self._wake.set()
+
+    @property
+    def active(self) -> frozenset[str]:
+        return frozenset(self._active)
+
+    @property
+    def store_healthy(self) -> bool:
+        """False from a failed scan, claim or listen until the next one that succeeds."""
+        return self._store_down_since is None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled, or until :meth:`stop` and the drives in progress have returned."""
+        self.runtime.add_listener(self._on_change)
+        try:
+            await self._run(task_status)
+        finally:
+            await self._stop_listening()
+            self.stopped.set()
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            while not self._stopping:
+                self._wake = anyio.Event()
+                healthy = await self._pass(tg)
+                if self.on_idle is not None and not self._active:
+                    self.on_idle()
+                delay = self.poll_seconds if healthy else self.backoff.next_delay()
+                with anyio.move_on_after(delay):
+                    await self._wake.wait()
+            # Leaving the task group waits for the drives in progress: each returns at its next
+            # step boundary because the runtime is stopping.
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    async def _pass(self, tg: TaskGroup) -> bool:
+        """Look for work once. False when the store failed (the caller backs off)."""
+        woken = list(self._woken)
+        self._woken.clear()
+        for run_id in woken:
+            if run_id in self._active:
+                # It changed while being driven: look at it again when the current pass ends.
+                self._again.add(run_id)
+        woken = [r for r in woken if r not in self._active]
+        try:
+            await self._ensure_listening()
+            await self._release_interrupted()
+            await self._sweep_children()
+            if self._claim_runnable is not None:
+                await self._claim(tg)
+            else:
+                await self._scan(tg, woken)
+        except CorruptRecord as exc:
+            # A scan does not read run records; should a store do it anyway, one unreadable run
+            # must not be mistaken for an outage.
+            log.warning("dispatch pass failed: %s", exc, extra={"action": "dispatch_scan_failed"})
+            return True
+        except StoreError as exc:
+            # Woken runs are not forgotten: the next pass that reaches the store looks at them.
+            self._woken.update(woken)
+            self._store_failed(exc)
+            return False
+        self._store_answered()
+        return True
+
+    async def _claim(self, tg: TaskGroup) -> None:
+        """Claim as many runs as there are free slots, and drive each with its lease. Never more:
+        a claimed run must be driven at once, or its lease would run out while it waits."""
+        assert self._claim_runnable is not None
+        free = self.concurrency - len(self._active)
+        if free <= 0:
+            return
+        runtime = self.runtime
+        leases = await self._claim_runnable(
+            runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
+        )
+        for lease in leases:
+            if lease.run_id in self._active:
+                # Our own lease had run out (a stalled loop) and was claimed anew, which replaced
+                # its token: the drive in progress goes on with the new lease (a second drive
+                # would call twice). Between two drives of the run, the next one claims anew.
+                self._again.add(lease.run_id)
+                if not runtime.hand_over(lease):
+                    await self._release_unused(lease)
+                continue
+            self._start(tg, lease.run_id, lease)
+
+    async def _release_unused(self, lease: Lease) -> None:
+        """Give up a claimed lease no drive will use. Best effort: the other claims of the batch
+        must still be driven, and a lease that could not be released expires."""
+        try:
+            await self.runtime.store.release_lease(lease)
+        except ConstructError as exc:
+            log.info(
+                "cannot release an unused lease: %s",
+                exc,
+                extra={"action": "lease_release_failed", "run_id": lease.run_id},
+            )
+
+    async def _scan(self, tg: TaskGroup, woken: list[str]) -> None:
+        candidates = list(woken)
+        if self.recover:
+            candidates += await self.runtime.store.runnable(self.runtime.clock.now(), self.batch)
+        for run_id in dict.fromkeys(candidates):
+            if run_id in self._active:
+                self._again.add(run_id)
+                continue
+            self._start(tg, run_id, None)
+
+    def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None) -> None:
+        self._active.add(run_id)
+        tg.start_soon(self._drive, run_id, lease)
+
+    async def _sweep_children(self) -> None:
+        """Every ``child_poll_seconds``: the child runs' safety net (see the module docstring)."""
+        now = anyio.current_time()
+        if not self.recover or now < self._next_sweep:
+            return
+        self._next_sweep = now + self.child_poll_seconds
+        await self.runtime.children.sweep()
+
+    async def _release_interrupted(self) -> None:
+        """Release the leases that interrupted drives could not release while the store was away,
+        so that their runs can be claimed at once rather than when the leases expire."""
+        for run_id in sorted(self._interrupted):
+            if run_id in self._active:
+                # Driven again already (with a lease of its own, which must not be released here).
+                self._interrupted.discard(run_id)
+                continue
+            await self.runtime.release_unreleased(run_id)
+            self._interrupted.discard(run_id)
+            self._woken.add(run_id)
+
+    # -- store health ----------------------------------------------------------------------------
+
+    def _store_failed(self, exc: StoreError) -> None:
+        now = anyio.current_time()
+        if self._store_down_since is None:
+            self._store_down_since = now
+            log.warning(
+                "store unavailable; retrying with backoff: %s",
+                exc,
+                extra={"action": "dispatch_store_unavailable", "code": exc.code},
+            )
+        else:
+            log.debug(
+                "store still unavailable after %.1f s: %s",
+                now - self._store_down_since,
+                exc,
+                extra={"action": "dispatch_store_unavailable", "code": exc.code},
+            )
+
+    def _store_answered(self) -> None:
+        self.backoff.reset()
+        if self._store_down_since is not None:
+            log.info(
+                "store is back after %.1f s",
+                anyio.current_time() - self._store_down_since,
+                extra={"action": "dispatch_store_back"},
+            )
+            self._store_down_since = None
+
+    # -- notifications ---------------------------------------------------------------------------
+
+    async def _ensure_listening(self) -> None:
+        """Subscribe to the store's notifications (a no-op while subscribed; reconnects after the
+        connection dropped). Raises the store's error while it is unreachable."""
+        if self._listen is not None and not self._stopping:
+            await self._listen(self._on_notification, self._on_notifications_lost)
+
+    def _on_notification(self, run_id: str) -> None:
+        self.wake(run_id)
+
+    def _on_notifications_lost(self) -> None:
+        # Listen again (and scan: what was sent meanwhile is lost) without waiting for the poll.
+        self._wake.set()
+
+    async def _stop_listening(self) -> None:
+        if self._unlisten is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_UNLISTEN_SECONDS):
+            try:
+                await self._unlisten(self._on_notification)
+            except ConstructError as exc:
+                log.info("cannot unsubscribe: %s", exc, extra={"action": "dispatch_unlisten_failed"})
+
+    async def _on_change(self, head: RunHead) -> None:
+        if head.status.kind == "active":
+            self.wake(head.run_id)
+
+    # -- driving -------------------------------------------------------------------------------
+
+    async def _drive(self, run_id: str, lease: Lease | None) -> None:
+        try:
+            async with self._limiter:
+                while not self._stopping:
+                    self._again.discard(run_id)
+                    try:
+                        action = await self.runtime.drive(run_id, lease=lease)
+                    except LeaseLost:
+                        # Another worker claimed the run while this drive stalled; the drive
+                        # recorded nothing more. Not a failure: the run is the holder's now.
+                        log.info(
+                            "run %s is held by another worker; left to it",
+                            run_id,
+                            extra={"action": "drive_lease_lost", "run_id": run_id},
+                        )
+                        action = None
+                    except CorruptRecord as exc:
+                        log.warning(
+                            "run %s could not be advanced: %s",
+                            run_id,
+                            exc,
+                            extra={"action": "drive_failed", "run_id": run_id, "code": exc.code},
+                        )
+                        break
+                    except StoreError as exc:
+                        # The drive stopped cleanly at a store outage; its lease is released (or
+                        # expires) and the run is resumed from its facts once the store is back.
+                        self._interrupted.add(run_id)
+                        log.warning(
+                            "run %s interrupted by the store: %s",
+                            run_id,
+                            exc,
+                            extra={"action": "drive_interrupted", "run_id": run_id, "code": exc.code},
+                        )
+                        break
+                    except ConstructError as exc:
+                        log.warning(
+                            "run %s could not be advanced: %s",
+                            run_id,
+                            exc,
+                            extra={"action": "drive_failed", "run_id": run_id, "code": exc.code},
+                        )
+                        break
+                    except Exception:
+                        log.exception("drive crashed", extra={"action": "drive_crashed", "run_id": run_id})
+                        break
+                    # A later pass claims the lease itself (this one was released with the drive).
+                    lease = None
+                    if isinstance(action, WaitUntil):
+                        log.info(
+                            "run %s waits until %s",
+                            run_id,
+                            action.not_before.isoformat(),
+                            extra={"action": "durable_wait", "run_id": run_id},
+                        )
+                    if not await self._needs_another_pass(run_id):
+                        break
+        finally:
+            self._active.discard(run_id)
+            if self._claim_runnable is not None:
+                # A slot is free: claim more work now rather than at the next poll.
+                self._wake.set()
+
+    async def _needs_another_pass(self, run_id: str) -> bool:
+        """Whether something woke the run while it was being driven, and it still needs driving.
+
+        Every write wakes the run (this process's own writes too), so a wake alone says little; the
+        run's state decides. The check repeats while wakes keep arriving, so a change that lands
+        after the read is not missed: its wake arrives before this run leaves the active set."""
+        while run_id in self._again and not self._stopping:
+            self._again.discard(run_id)
+            try:
+                head = await self.runtime.store.load(run_id)
+            except ConstructError:
+                # Let the drive find out what is wrong (and report it the usual way).
+                return True
+            if not is_settled(head, self.runtime.clock.now()):
+                return True
+        return False

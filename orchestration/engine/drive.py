@@ -1,0 +1,560 @@
+"""The decide → act → record loop that advances a run (DESIGN §1): one :class:`Drive` per drive of
+one run, made by :meth:`Runtime.drive <orchestration.engine.runtime.Runtime.drive>` once it holds the
+run's lease.
+
+A drive reads the run, asks the pure :func:`~orchestration.core.decide.next_action`, does that one
+thing, records the resulting facts in one write, and decides again from the head that write
+recorded. Meanwhile it keeps its lease renewed and watches a provider call in flight for a write by
+anyone else (a cancel).
+
+**The lease is a fence.** Every write the drive makes carries its lease, and the store accepts it
+only while the run's lease still carries its token. When the run was claimed again meanwhile — by
+another worker, typically because this process stalled past the lease's expiry (a GC pause, a
+suspended VM) — the drive stops at its next write or at its next renewal (which also cancels a
+provider call in flight), whichever comes first, records nothing more, and raises ``LeaseLost``:
+the run belongs to the new holder. A lease that expired but that nobody claimed again still
+carries its token, so a slow drive goes on.
+
+**Store outages.** A drive rides out a short outage: a provider call in flight goes on, the write
+of its outcome waits for the store (an append whose commit status is unknown is reconciled by
+re-reading the run), the lease is renewed again once the store answers. When the store has been
+failing for ``store_outage_seconds``, the drive stops cleanly — a call in flight is cancelled
+rather than finished into a dead store — and raises ``StoreUnavailable``; its lease expires (or
+the dispatcher releases it) and the run is resumed later from its facts, the cancelled attempt as
+an orphan.
+
+Every decision is made from the recorded state, so a restarted process makes exactly the decision
+the crashed one would have: after a successful compare-and-swap the head it wrote *is* the recorded
+state (the store accepted it on top of the version it was decided from), so the loop decides from
+it without reading the run back; after a failed one (``VersionConflict``: someone else wrote), a
+wait, or a call that ended without an outcome, it reads the run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.action_facts import outcome_fact, recorded_fact
+from orchestration.core.clock import Clock
+from orchestration.core.decide import (
+    PAUSING_ACTIONS,
+    Action,
+    AwaitChild,
+    PrepareHostTask,
+    StartAttempt,
+    StartChild,
+    WaitUntil,
+    next_action,
+)
+from orchestration.core.facts import (
+    AttemptStarted,
+    Fact,
+    TaskCompleted,
+)
+from orchestration.core.fold import apply, apply_write
+from orchestration.core.graph import is_parallel
+from orchestration.core.models import ChainStep, RunHead
+from orchestration.engine.backoff import Backoff, Outage
+from orchestration.engine.call_watch import CallWatch
+from orchestration.engine.delegation import agent_attempt
+from orchestration.engine.fanout import Fanout
+from orchestration.engine.reading import read_prompt
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    InvalidState,
+    LeaseLost,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from orchestration.store import Lease, RunStore
+from orchestration.tracing import DriveTrace
+from orchestration.workers.host import host_task_prepared
+from orchestration.workers.port import TaskWorker
+
+if TYPE_CHECKING:
+    from orchestration.engine.children import ChildRuns
+
+# The drive's events keep the logger they had when the loop lived in the runtime module.
+log = logging.getLogger("construct.runtime")
+
+#: ``recorded(facts, head)`` is awaited after every write a drive makes (logs it, notifies listeners)
+Recorded = Callable[[Sequence[Fact], RunHead], Awaitable[None]]
+
+
+class Cancellable(Protocol):
+    """What the runtime's cancel stops: a provider call's cancel scope, or a parallel run's calls
+    (:class:`~orchestration.engine.fanout.ScopeSet`)."""
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DriveSettings:
+    """The runtime's settings a drive uses (see :class:`~orchestration.engine.runtime.Runtime`), as they
+    were when the drive began."""
+
+    owner: str
+    lease_ttl_seconds: float
+    in_memory_wait_cap_seconds: float
+    cancel_poll_seconds: float
+    store_outage_seconds: float
+
+
+class Drive:
+    """One drive of one run: it advances the run until it pauses or ends (:meth:`run`), holding
+    :attr:`lease`. It holds the loop's state — the run, the lease its writes carry, the store
+    outage it is riding out — and the services it uses, shared with the runtime that made it: the
+    store, the clock, the worker, ``recorded`` (the runtime's log and change notification), the
+    registry of cancel scopes of provider calls in flight (by run id; the runtime's ``cancel``
+    aborts a call through it) and ``stopping`` (whether the runtime is shutting down). Releasing
+    the lease afterwards is the caller's part: see :attr:`lease`."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        store: RunStore,
+        clock: Clock,
+        worker: TaskWorker | None,
+        settings: DriveSettings,
+        recorded: Recorded,
+        cancel_scopes: dict[str, Cancellable],
+        stopping: Callable[[], bool],
+        children: ChildRuns | None = None,
+    ) -> None:
+        self.run_id = lease.run_id
+        #: the lease the drive holds, and the one to release once :meth:`run` returns. Renewal
+        #: replaces it (same token, later expiry); a claim the runtime made again on the run meanwhile
+        #: is handed over here (:meth:`hand_over`), so that the drive's next write carries the
+        #: current token.
+        self.lease = lease
+        #: set when a renewal found the lease replaced by another claim (the drive then stops)
+        self.lost = False
+        self.outage = Outage(settings.store_outage_seconds)
+        self.store = store
+        self.clock = clock
+        self.worker = worker
+        self.settings = settings
+        self._recorded = recorded
+        self._cancel_scopes = cancel_scopes
+        self._stopping = stopping
+        #: creates a step's child run and records its end (:mod:`orchestration.engine.children`)
+        self.children = children
+        #: task outputs of this run read or committed by this drive, by sequence number: a
+        #: recorded fact never changes, so a prompt reads each earlier output from the store at
+        #: most once per drive (see :func:`~orchestration.engine.reading.read_outputs`)
+        self.known: dict[int, Fact] = {}
+        #: the drive's spans (observes only: see orchestration.tracing)
+        self.trace = DriveTrace(lease.run_id)
+        #: watches the provider calls in flight for a write by anyone else (a cancel)
+        self._calls = CallWatch(settings.cancel_poll_seconds, self._call_must_stop)
+        self._task_group: TaskGroup | None = None
+
+    def hand_over(self, lease: Lease) -> None:
+        """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
+        self.lease = lease
+
+    async def run(self) -> Action | None:
+        """Advance the run until it pauses or ends, and return the pausing action; None when the
+        runtime is stopping. Raises ``LeaseLost`` once another claim replaced the lease,
+        ``StoreUnavailable`` once the store has been failing past the outage limit, and what else
+        the loop met (``CorruptRecord`` for an unreadable record) as itself."""
+        with self.trace.drive():
+            return await self._drive()
+
+    async def _drive(self) -> Action | None:
+        result: Action | None = None
+        error: ConstructError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew_lease, tg.cancel_scope)
+            self._task_group = tg
+            try:
+                result = await self._loop()
+            except ConstructError as exc:
+                # Raised below, outside the task group, so that the caller gets the error itself
+                # and not an ExceptionGroup around it.
+                error = exc
+            tg.cancel_scope.cancel()
+        if error is None and result is None and self.lost:
+            # The lease keeper found the lease taken by another claim and stopped the drive.
+            error = LeaseLost(
+                f"the lease on run {self.run_id} was claimed by another worker while "
+                f"{self.settings.owner} held it; this drive stopped and leaves the run to the new holder"
+            )
+        elif error is None and result is None and self.outage.over:
+            # The lease keeper stopped the drive: the store stayed away too long.
+            error = StoreUnavailable(
+                f"the store did not answer for {self.outage.seconds:.0f} s (store_outage_seconds is "
+                f"{self.settings.store_outage_seconds:g}); run {self.run_id} stopped and resumes from "
+                "its facts"
+            )
+        if isinstance(error, LeaseLost):
+            log.info(
+                "lease lost: another worker holds the run; this drive stops",
+                extra={"action": "lease_lost", "run_id": self.run_id},
+            )
+        if error is not None:
+            raise error
+        return result
+
+    # -- the lease and the store -------------------------------------------------------------
+
+    async def _renew_lease(self, scope: anyio.CancelScope) -> None:
+        """Keep the drive's lease (:attr:`lease`: same token, later expiry) while the drive runs.
+        Stops the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the
+        lease, or when the store has been failing past the outage limit."""
+        ttl = self.settings.lease_ttl_seconds
+        interval = ttl / 3
+        backoff = Backoff(base=min(0.1, interval), cap=interval)
+        delay = interval
+        while True:
+            await anyio.sleep(delay)
+            lease = self.lease
+            try:
+                renewed = await self.store.renew_lease(lease, ttl, self.clock.now())
+            except LeaseLost:
+                if self.lease is not lease:
+                    # A new claim was handed over meanwhile: renew that one at once.
+                    delay = 0
+                    continue
+                self.lost = True
+                scope.cancel()
+                return
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    scope.cancel()
+                    return
+                # Retry sooner than the renewal interval: the lease may run out meanwhile.
+                delay = backoff.next_delay()
+                continue
+            if self.lease is lease:
+                self.lease = renewed
+            self.outage.recovered()
+            backoff.reset()
+            delay = interval
+
+    def _outage_over(self, exc: StoreError) -> bool:
+        """Count a store failure against the drive's outage; True (and logged) once it is too long,
+        or at once when the runtime is stopping (a shutdown does not wait for the store)."""
+        if self._stopping():
+            return True
+        outage = self.outage
+        if not outage.ongoing:
+            log.warning(
+                "store error during a drive; waiting up to %g s for the store: %s",
+                outage.limit_seconds,
+                exc,
+                extra={"action": "drive_store_error", "run_id": self.run_id, "code": exc.code},
+            )
+        outage.failed()
+        if outage.over:
+            log.warning(
+                "store unavailable for %.1f s: stopping the drive",
+                outage.seconds,
+                extra={"action": "drive_store_outage", "run_id": self.run_id},
+            )
+            return True
+        return False
+
+    async def _load(self) -> RunHead:
+        """The run, read through a store outage up to its limit."""
+        backoff = Backoff(cap=2.0)
+        while True:
+            try:
+                head = await self.store.load(self.run_id)
+            except CorruptRecord:
+                # Unreadable is not unavailable: waiting would not help.
+                raise
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    raise
+                await anyio.sleep(backoff.next_delay())
+                continue
+            self.outage.recovered()
+            self.trace.saw(head)
+            return head
+
+    async def _append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None) -> RunHead:
+        """Record ``facts`` on top of ``head`` (compare-and-swap), fenced by the drive's lease
+        (``LeaseLost`` once another claim replaced it); a store error does not end it: see
+        :meth:`_append_through_outage`. ``new_head``: ``apply_write(head, facts)`` when the caller
+        has it already."""
+        if new_head is None:
+            new_head = apply_write(head, facts)
+        stored = await self._append_through_outage(head, facts, new_head)
+        self.trace.recorded(facts, stored)
+        for fact in facts:
+            if isinstance(fact, TaskCompleted):
+                # Committed: this is the fact the store holds at that sequence number.
+                self.known[fact.seq] = fact
+        await self._recorded(facts, stored)
+        return stored
+
+    async def _fenced_append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead) -> RunHead:
+        """``store.append`` fenced by the drive's lease. ``LeaseLost`` ends the drive, unless a
+        claim of this runtime was handed over during the write: then it is made with that one."""
+        while True:
+            lease = self.lease
+            try:
+                return await self.store.append(head.run_id, head.version, facts, new_head, lease=lease)
+            except LeaseLost:
+                if self.lease is lease:
+                    raise
+
+    async def _append_through_outage(
+        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead
+    ) -> RunHead:
+        """``store.append`` fenced by the drive's lease, riding out a store outage up to its limit.
+
+        After a failed append nobody knows whether it committed (the connection may have died
+        during COMMIT), so it is never simply sent again: the run is re-read first. Still at the
+        version we wrote on: nothing was written, append again (fenced again). Our facts at their
+        sequence numbers: it committed, and that is the result. Anything else: another writer
+        moved the run (``VersionConflict``; the drive decides again from the record). The
+        compare-and-swap makes every path safe: a fact is never lost and never written twice.
+
+        ``LeaseLost`` is not an outage: the store answered, and the answer is that another worker
+        holds the run. It is raised at once, whichever append gets it, and nothing is retried."""
+        run_id = head.run_id
+        outage = self.outage
+        try:
+            stored = await self._fenced_append(head, facts, new_head)
+        except CorruptRecord:
+            raise
+        except StoreError as exc:
+            if self._outage_over(exc):
+                raise
+        else:
+            outage.recovered()
+            return stored
+        backoff = Backoff(cap=2.0)
+        while True:
+            await anyio.sleep(backoff.next_delay())
+            try:
+                current = await self.store.load(run_id)
+                if current.version == head.version:
+                    stored = await self._fenced_append(head, facts, new_head)
+                    outage.recovered()
+                    return stored
+                outage.recovered()
+                if current.version >= new_head.version and await self._has_facts(facts):
+                    log.info(
+                        "an append interrupted by a store error had committed",
+                        extra={"action": "append_reconciled", "run_id": run_id, "version": new_head.version},
+                    )
+                    return new_head
+                raise VersionConflict(run_id, head.version, current.version)
+            except CorruptRecord:
+                raise
+            except StoreError as exc:
+                if self._outage_over(exc):
+                    raise
+
+    async def _has_facts(self, facts: Sequence[Fact]) -> bool:
+        stored = await self.store.read_facts(self.run_id, facts[0].seq - 1, len(facts))
+        return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
+
+    # -- decide -> act -> record ---------------------------------------------------------------
+
+    async def _loop(self) -> Action | None:
+        # The run as recorded: read from the store, or the head our last compare-and-swap wrote
+        # (a successful one proves that head is the recorded state); None: read it again.
+        head: RunHead | None = None
+        while not self._stopping():
+            if head is None:
+                head = await self._load()
+            if is_parallel(head.chain):
+                # Several steps may be ready at once: see orchestration.engine.fanout.
+                return await Fanout(self).run()
+            action = next_action(head, self.clock.now())
+            if isinstance(action, WaitUntil):
+                delay = (action.not_before - self.clock.now()).total_seconds()
+                if delay <= self.settings.in_memory_wait_cap_seconds:
+                    await anyio.sleep(max(0.0, delay))
+                    head = None
+                    continue
+                return action
+            if isinstance(action, AwaitChild) and await self._child_moved(head, action.task_id):
+                head = None
+                continue
+            if isinstance(action, PAUSING_ACTIONS):
+                return action
+            try:
+                head = await self._act(head, action)
+            except VersionConflict:
+                # Someone else wrote (an approval, a cancel): re-read and decide again.
+                head = None
+                continue
+        return None
+
+    async def _act(self, head: RunHead, action: Action) -> RunHead | None:
+        """Do ``action``; the head its last write recorded, or None when the run must be read
+        again (a provider call that ended without an outcome to record)."""
+        now = self.clock.now()
+        fact = recorded_fact(head, action, now)
+        if fact is not None:
+            stored = await self._append(head, [fact])
+            if isinstance(action, StartChild):
+                return None if await self._child_moved(stored, action.task_id) else stored
+            return stored
+        if isinstance(action, PrepareHostTask):
+            prompt = await read_prompt(self.store, head, action.task_id, self.known)
+            return await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+        if isinstance(action, StartAttempt):
+            if head.step_of(action.task_id).agent is not None:
+                return await agent_attempt(self, head, action)
+            return await self._attempt(head, action)
+        raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
+
+    async def _child_moved(self, head: RunHead, task_id: str) -> bool:
+        """Make sure the child of ``task_id`` exists and record its end if it ended; True when the
+        run changed (decide again from the store)."""
+        if self.children is None:
+            raise InvalidState(f"run {head.run_id}: this runtime does not run child chains")
+        return await self.children.ensure(head, task_id)
+
+    async def _call_must_stop(self, version: int) -> bool:
+        """One check of a provider call in flight (see :class:`~orchestration.engine.call_watch.CallWatch`,
+        which makes it every ``cancel_poll_seconds``): abort it when the run was written to by
+        anyone else since ``version`` (in practice: cancelled from another process or another
+        client), or once the store has been away past the outage limit (its outcome could not be
+        recorded)."""
+        try:
+            head = await self.store.load(self.run_id)
+        except CorruptRecord:
+            return False
+        except StoreError as exc:
+            return self._outage_over(exc)
+        except ConstructError:
+            return False
+        self.outage.recovered()
+        if head.version != version:
+            log.info("run changed during a call", extra={"action": "call_aborted", "run_id": self.run_id})
+            return True
+        return False
+
+    async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
+        """Provider attempts: record ``attempt_started`` *before* the call, call, record the
+        outcome; returns the head the last write recorded (None when a call ended without an
+        outcome: cancelled, out of time). A crash in between leaves a ``running`` task: an orphan
+        the next worker retries. Every write is fenced by the drive's lease: a drive that lost it
+        meanwhile records no outcome (``LeaseLost``), and the worker that holds the run decides
+        about the task.
+
+        **One write per boundary.** When the decision on the run with the outcome folded in is
+        again :class:`StartAttempt` (the next task, or a retry without a wait), that decision is
+        made from recorded facts plus the outcome alone, so the outcome and the next
+        ``attempt_started`` are recorded together in one atomic write, and the next call follows.
+        A crash leaves either neither fact (the call's outcome is lost: its attempt is an orphan,
+        as before) or both (the next attempt is the orphan). Anything else the run needs next (a
+        gate, a host task, the end, a wait) is decided by the loop after the outcome's own write."""
+        if self.worker is None:
+            raise InvalidState(
+                f"run {head.run_id} uses the provider backend, which this server has not configured"
+            )
+        prompt = await read_prompt(self.store, head, action.task_id, self.known)
+        started = self._started(head, action, self.clock.now(), head.step_of(action.task_id))
+        head = await self._append(head, [started])
+        while True:
+            fact = await self._call(head, action, prompt, started.executor)
+            if fact is None:
+                return None
+            after = apply_write(head, [fact])
+            now = self.clock.now()
+            following = None if self._stopping() else next_action(after, now)
+            if not isinstance(following, StartAttempt):
+                return await self._append(head, [fact])
+            step = after.step_of(following.task_id)
+            if step.agent is not None:
+                return await self._append(head, [fact])
+            if isinstance(fact, TaskCompleted):
+                # For the next prompt; dropped again below unless the write commits.
+                self.known[fact.seq] = fact
+            try:
+                prompt = await read_prompt(self.store, after, following.task_id, self.known)
+                started = self._started(after, following, now, step)
+                # apply_write(head, [fact, started]) without folding the outcome again: ``after`` is
+                # it folded, with the version this write gives the run.
+                head = await self._append(head, [fact, started], apply(after, started))
+            except BaseException:
+                self.known.pop(fact.seq, None)
+                raise
+            action = following
+
+    def _started(self, head: RunHead, action: StartAttempt, now: datetime, step: ChainStep) -> AttemptStarted:
+        """The ``attempt_started`` fact of ``action`` on top of ``head`` (``step``: its task's)."""
+        return AttemptStarted(
+            seq=head.last_seq + 1,
+            at=now,
+            task_id=action.task_id,
+            attempt=action.attempt,
+            executor=head.contract.executor_for(step),
+            possible_duplicate_call=action.possible_duplicate_call,
+        )
+
+    async def _call(
+        self, head: RunHead, action: StartAttempt, prompt: TaskPrompt, executor: str
+    ) -> Fact | None:
+        """The call of the attempt ``head`` records as started (by ``executor``); the outcome's fact
+        (not yet recorded), or None when the call ended without an outcome."""
+        task = head.task(action.task_id)
+        step = head.chain.step(task.step_name)
+        previous = tuple(a.error for a in task.attempts if a.error is not None)
+        run_id = head.run_id
+        scope = anyio.CancelScope()
+        self._cancel_scopes[run_id] = scope
+        outcome = None
+        began = anyio.current_time()
+        # The call may not outlive the run's or the task's deadline.
+        limit = head.wake_at
+        if limit is not None:
+            scope.deadline = began + max(0.0, (limit - self.clock.now()).total_seconds())
+        calls = self._calls
+        if not calls.started and self._task_group is not None:
+            # One watcher for the drive's calls, started with its first call.
+            calls.started = True
+            self._task_group.start_soon(calls.run)
+        calls.begin(head.version, scope, began)
+        try:
+            with (
+                scope,
+                self.trace.attempt(
+                    head, action.task_id, action.attempt, action.possible_duplicate_call
+                ) as traced,
+            ):
+                outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+                traced.ended(outcome)
+        finally:
+            calls.end()
+            self._cancel_scopes.pop(run_id, None)
+        if outcome is None:
+            if self.outage.over:
+                # Stopped by the store outage: the attempt is left as an orphan, retried later.
+                raise StoreUnavailable(
+                    f"the store did not answer for {self.outage.seconds:.0f} s; the call for task "
+                    f"{action.task_id} of run {run_id} was cancelled and will be retried"
+                )
+            # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
+            # In the second case, let the injected clock reach the deadline too, so that the next
+            # decision records deadline_exceeded instead of seeing an orphaned attempt.
+            if limit is not None and anyio.current_time() >= scope.deadline:
+                await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
+            return None
+        # The outcome is recorded against the head our attempt_started write produced: if anything
+        # was written since (a cancel), the compare-and-swap fails and the loop decides again.
+        return outcome_fact(head, action, executor, outcome, self.clock.now())
+
+
+__all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]

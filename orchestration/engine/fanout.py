@@ -1,0 +1,336 @@
+"""The drive of a run of a parallel chain: several ready steps at the same time (fan-out, fan-in).
+
+:class:`~orchestration.engine.drive.Drive` hands a run whose chain is parallel (see
+:mod:`orchestration.core.graph`) to :class:`Fanout`. The loop is still *decide → act → record*, with
+:func:`~orchestration.core.decide.next_actions` giving every ready task's action:
+
+* Actions that only record something (request a gate, prepare a host task, fail a task, finish
+  the run) are recorded one per write, re-reading the run and deciding again after each.
+* A provider attempt is recorded (``attempt_started``) *before* its call, as always; the call then
+  runs in the background, beside the run's other calls, at most ``max_parallel`` (the chain's) at
+  a time. A task whose call is in flight in this drive is left out of the next decisions: in the
+  record it is ``running``, which to a restarted process means an orphan, to retry as a possible
+  duplicate call.
+* Every write of the drive goes through one lock (one writer at a time per run in the process)
+  and is fenced by the drive's lease. A call's outcome is recorded against the run as it is when
+  the call ends: re-read, fold, append, and again if someone else wrote meanwhile. It is decided
+  by the outcome, not by the head: it is dropped only when the run has ended or the task is no
+  longer in that attempt.
+* Siblings do not disturb each other: only a cancel (the run ended), a deadline or a lost lease
+  stops a call. A watcher polls the run while calls are in flight and stops them all once it has
+  ended (cancelled from another process, or failed by a sibling's required failure).
+* The drive pauses (returns the first pausing action) once nothing is in flight and nothing is
+  left to record: every branch waits for the host, a gate or a retry-after, or the run ended. A
+  runtime that is stopping starts nothing more and returns once the calls in flight have ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.action_facts import outcome_fact
+from orchestration.core.decide import (
+    PAUSING_ACTIONS,
+    Action,
+    AwaitChild,
+    AwaitHost,
+    FailTask,
+    PrepareHostTask,
+    RequestBudget,
+    StartAttempt,
+    WaitUntil,
+    next_actions,
+)
+from orchestration.core.facts import AttemptStarted
+from orchestration.core.fold import task_deadline
+from orchestration.core.models import RunHead
+from orchestration.core.outcomes import AttemptOutcome
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.delegation import parallel_agent_call
+from orchestration.engine.reading import read_prompt
+from orchestration.errors import (
+    ConstructError,
+    CorruptRecord,
+    InvalidState,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+
+if TYPE_CHECKING:
+    from orchestration.engine.drive import Drive
+
+log = logging.getLogger("construct.runtime")
+
+
+def _task_of(action: Action) -> str | None:
+    # A budget refusal names its task: for a call in flight in this drive it is the rule counting
+    # the call's own reservation (decide cannot tell it from an orphan), and is left out.
+    if isinstance(action, (StartAttempt, PrepareHostTask, AwaitHost, FailTask, RequestBudget)):
+        return action.task_id
+    return None
+
+
+class ScopeSet:
+    """The cancel scopes of a run's calls in flight; :meth:`cancel` (the runtime's cancel) stops
+    them all."""
+
+    def __init__(self) -> None:
+        self.scopes: set[anyio.CancelScope] = set()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for scope in list(self.scopes):
+            scope.cancel()
+
+
+class Fanout:
+    """The parallel loop of one :class:`~orchestration.engine.drive.Drive` (it uses the drive's store
+    access, lease fence and outage handling)."""
+
+    def __init__(self, drive: Drive) -> None:
+        self.drive = drive
+        self.in_flight: set[str] = set()
+        self.lock = anyio.Lock()
+        self.changed = anyio.Event()
+        self.calls = ScopeSet()
+        #: the error that stopped a call's recording (a lost lease, the store gone): ends the drive
+        self.error: ConstructError | None = None
+
+    def _wake(self) -> None:
+        self.changed.set()
+
+    async def _wait_for_change(self, seconds: float | None) -> None:
+        with anyio.move_on_after(seconds):
+            await self.changed.wait()
+        self.changed = anyio.Event()
+
+    async def run(self) -> Action | None:
+        drive = self.drive
+        drive._cancel_scopes[drive.run_id] = self.calls
+        try:
+            result: Action | None = None
+            error: ConstructError | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch)
+                try:
+                    result = await self._loop(tg)
+                except ConstructError as exc:
+                    # Raised outside the task group, so that the caller gets the error itself.
+                    error = exc
+                finally:
+                    self.calls.cancel()
+                    tg.cancel_scope.cancel()
+            error = error or self.error
+            if error is not None:
+                raise error
+            return result
+        finally:
+            if drive._cancel_scopes.get(drive.run_id) is self.calls:
+                del drive._cancel_scopes[drive.run_id]
+
+    async def _loop(self, tg: anyio.abc.TaskGroup) -> Action | None:
+        drive = self.drive
+        while True:
+            if self.error is not None:
+                raise self.error
+            if drive.outage.over:
+                raise StoreUnavailable(
+                    f"the store did not answer for {drive.outage.seconds:.0f} s; the calls of run "
+                    f"{drive.run_id} were stopped and will be retried"
+                )
+            if drive._stopping():
+                # A graceful shutdown starts nothing more, and lets the calls in flight end and
+                # their outcomes be recorded, as a linear drive finishes its one call.
+                if not self.in_flight:
+                    return None
+                await self._wait_for_change(None)
+                continue
+            async with self.lock:
+                head = await drive._load()
+                now = drive.clock.now()
+                every = next_actions(head, now)
+                if head.status.is_terminal:
+                    return every[0]
+                actions = [a for a in every if _task_of(a) not in self.in_flight]
+                record = [a for a in actions if not isinstance(a, (*PAUSING_ACTIONS, StartAttempt))]
+                starts = [a for a in actions if isinstance(a, StartAttempt)]
+                try:
+                    if record:
+                        await drive._act(head, record[0])
+                        continue
+                    if starts and len(self.in_flight) < head.chain.max_parallel:
+                        await self._start(tg, head, starts[0])
+                        continue
+                except VersionConflict:
+                    continue
+            if self.in_flight:
+                await self._wait_for_change(self._wait_seconds(actions, now))
+                continue
+            if not actions:  # pragma: no cover - next_actions always names something
+                return None
+            if await self._children_moved(head, actions):
+                continue
+            pause = actions[0]
+            if isinstance(pause, WaitUntil):
+                delay = (pause.not_before - drive.clock.now()).total_seconds()
+                if delay <= drive.settings.in_memory_wait_cap_seconds:
+                    await anyio.sleep(max(0.0, delay))
+                    continue
+            # A durable wait first: the dispatcher schedules the run's wake-up from it.
+            return next((a for a in actions if isinstance(a, WaitUntil)), pause)
+
+    async def _children_moved(self, head: RunHead, actions: list[Action]) -> bool:
+        """Before pausing: make sure every child the run waits for exists, and record those that
+        ended (:mod:`orchestration.engine.children`); True when that changed the run."""
+        moved = False
+        for action in actions:
+            if isinstance(action, AwaitChild):
+                moved = await self.drive._child_moved(head, action.task_id) or moved
+        return moved
+
+    def _wait_seconds(self, actions: list[Action], now: datetime) -> float | None:
+        """How long to wait for a call's end before deciding again: until the earliest
+        retry-after among the actions, if it is short enough to wait for in memory."""
+        waits = [a.not_before for a in actions if isinstance(a, WaitUntil)]
+        if not waits:
+            return None
+        delay = (min(waits) - now).total_seconds()
+        return max(0.0, delay) if delay <= self.drive.settings.in_memory_wait_cap_seconds else None
+
+    async def _start(self, tg: anyio.abc.TaskGroup, head: RunHead, action: StartAttempt) -> None:
+        """Record ``attempt_started`` for ``action`` and start its call in the background."""
+        drive = self.drive
+        if drive.worker is None:
+            raise InvalidState(
+                f"run {head.run_id} uses the provider backend, which this server has not configured"
+            )
+        step = head.step_of(action.task_id)
+        executor = head.contract.executor_for(step)
+        # A step that delegates has no prompt: its call is built from the record when it is made.
+        prompt = None if step.agent else await read_prompt(drive.store, head, action.task_id, drive.known)
+        started = AttemptStarted(
+            seq=head.last_seq + 1,
+            at=drive.clock.now(),
+            task_id=action.task_id,
+            attempt=action.attempt,
+            executor=executor,
+            possible_duplicate_call=action.possible_duplicate_call,
+            follows=action.follows,
+            remote_run_id=action.remote_run_id,
+        )
+        head = await drive._append(head, [started])
+        self.in_flight.add(action.task_id)
+        tg.start_soon(self._call, head, action, executor, prompt)
+
+    async def _call(
+        self, head: RunHead, action: StartAttempt, executor: str, prompt: TaskPrompt | None
+    ) -> None:
+        """One call in flight, then its outcome recorded (see the module's docstring)."""
+        drive = self.drive
+        task_id = action.task_id
+        task = head.task(task_id)
+        step = head.step_of(task_id)
+        previous = tuple(a.error for a in task.attempts if a.error is not None)
+        limits = [t for t in (head.deadline_at, task_deadline(head, task)) if t is not None]
+        limit = min(limits) if limits else None
+        scope = anyio.CancelScope()
+        if limit is not None:
+            scope.deadline = anyio.current_time() + max(0.0, (limit - drive.clock.now()).total_seconds())
+        outcome: AttemptOutcome | None = None
+        self.calls.scopes.add(scope)
+        try:
+            with scope:
+                if not self.calls.cancelled:
+                    with drive.trace.attempt(
+                        head, task_id, action.attempt, action.possible_duplicate_call
+                    ) as traced:
+                        if prompt is None:  # an agent step (orchestration.engine.delegation)
+                            outcome = await parallel_agent_call(drive, self.lock, head, action, previous)
+                        else:
+                            assert drive.worker is not None
+                            outcome = await drive.worker.execute(
+                                head.contract, step, prompt, action.attempt, previous
+                            )
+                        traced.ended(outcome)
+            if outcome is None:
+                if limit is not None and not self.calls.cancelled and anyio.current_time() >= scope.deadline:
+                    # Out of time: let the injected clock reach the deadline too, so that the next
+                    # decision records deadline_exceeded instead of seeing an orphaned attempt.
+                    await anyio.sleep(max(0.0, (limit - drive.clock.now()).total_seconds()))
+                return
+            try:
+                await self._record(action, executor, outcome)
+            except ConstructError as exc:
+                # A lost lease or a store gone past its outage limit: the drive stops, and the
+                # attempt is left to whoever holds the run next (an orphan, retried).
+                self.error = self.error or exc
+                self.calls.cancel()
+        finally:
+            self.calls.scopes.discard(scope)
+            self.in_flight.discard(task_id)
+            self._wake()
+
+    async def _record(self, action: StartAttempt, executor: str, outcome: AttemptOutcome) -> None:
+        """Record the outcome of ``action``'s call against the run as it is now."""
+        drive = self.drive
+        while True:
+            async with self.lock:
+                head = await drive._load()
+                if head.status.is_terminal:
+                    return
+                task = head.task(action.task_id)
+                last = task.attempts[-1] if task.attempts else None
+                if task.status != TaskStatus.RUNNING or last is None or last.number != action.attempt:
+                    log.info(
+                        "a call's outcome no longer applies: the task moved on",
+                        extra={
+                            "action": "outcome_dropped",
+                            "run_id": drive.run_id,
+                            "task_id": action.task_id,
+                        },
+                    )
+                    return
+                try:
+                    await drive._append(
+                        head, [outcome_fact(head, action, executor, outcome, drive.clock.now())]
+                    )
+                except VersionConflict:
+                    continue
+                return
+
+    async def _watch(self) -> None:
+        """While calls are in flight, stop them all once the run has ended (a cancel from
+        anywhere, a sibling's failure), or once the store has been away past the outage limit."""
+        drive = self.drive
+        while True:
+            await anyio.sleep(drive.settings.cancel_poll_seconds)
+            if not self.in_flight:
+                continue
+            try:
+                head = await drive.store.load(drive.run_id)
+            except CorruptRecord:
+                continue
+            except StoreError as exc:
+                if drive._outage_over(exc):
+                    self.calls.cancel()
+                    self._wake()
+                continue
+            except ConstructError:
+                continue
+            drive.outage.recovered()
+            if head.status.is_terminal:
+                log.info(
+                    "run ended during its calls", extra={"action": "call_aborted", "run_id": drive.run_id}
+                )
+                self.calls.cancel()
+
+
+__all__ = ["Fanout", "ScopeSet"]

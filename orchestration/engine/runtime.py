@@ -1,0 +1,601 @@
+"""The runtime: start, resume, approve, cancel, status and list — and ``drive``, which advances
+a run with the decide → act → record loop of :mod:`orchestration.engine.drive` (DESIGN §1).
+
+Two kinds of writes happen here:
+
+* **external events** a caller brings (a new run, a host's output, an approval, a cancel),
+  recorded with a compare-and-swap on the run's version: a caller that loses the race re-reads and
+  re-checks, so one of two racing callers makes each transition, and a repeat returns the current
+  state without appending anything.
+* **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
+  :class:`~orchestration.engine.drive.Drive` asks the pure
+  :func:`~orchestration.core.decide.next_action`, does
+  that one thing, records its facts in one write, and decides again from the head that write
+  recorded. A drive's every write is fenced by its lease (see :mod:`orchestration.engine.drive`).
+
+This module keeps what a runtime's drives share with its use cases: the runs it drives (one drive
+per run), the cancel scopes of calls in flight, the runs whose record could not be read, the leases
+left unreleased, and the waiters and listeners woken by every write.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Literal
+
+from orchestration.chains.catalog import Catalog
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.chains.schemas import validate_output
+from orchestration.core.approvals import check_approver, check_budget_raise, check_repeat
+from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.decide import Action
+from orchestration.core.facts import (
+    ApprovalDecided,
+    Fact,
+    RunCancelled,
+    RunCreated,
+    TaskCompleted,
+    decision_format,
+    gate_expired,
+)
+from orchestration.core.fold import apply, apply_write
+from orchestration.core.ids import IdGenerator, new_run_id, validate_run_id
+from orchestration.core.inputs import (
+    ContractResolver,
+    Limits,
+    StartRequest,
+    check_id,
+    check_start,
+    inline_contract,
+    with_task_timeout,
+)
+from orchestration.core.models import BudgetLimits, DecisionChannel, HostUsage, RunHead, text_hash
+from orchestration.core.routing import RevisePlan, chain_format, revise_plan
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.changes import LeaseReleases, Waiters, is_settled, wait_until
+from orchestration.engine.children import ChildRuns, refuse_detached
+from orchestration.engine.drive import Cancellable, Drive, DriveSettings
+from orchestration.engine.reading import (
+    RunSnapshot,
+    gate_to_decide,
+    missing_gate_id_error,
+    missing_task_id_error,
+    read_outputs,
+    read_prompt,
+    read_snapshot,
+    refuse_if_out_of_time,
+    require_resumable,
+)
+from orchestration.engine.reading import awaiting_host_task as _awaiting_host_task
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    CorruptRecord,
+    InvalidArgument,
+    InvalidState,
+    TooLarge,
+    VersionConflict,
+    quoted,
+)
+from orchestration.ops.forking import ForkRequest, fork_run
+from orchestration.store import Lease, RunPage, RunStore
+from orchestration.workers.host import host_output_facts
+from orchestration.workers.port import TaskWorker
+
+log = logging.getLogger("construct.runtime")
+
+ChangeListener = Callable[[RunHead], Awaitable[None]]
+ProgressCallback = Callable[[RunHead], Awaitable[None]]
+
+_DEFAULT_LIMITS = Limits()
+
+
+class Runtime:
+    """The orchestration use cases over one :class:`RunStore`. All I/O seams are injected."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        catalog: Catalog,
+        *,
+        clock: Clock | None = None,
+        new_id: IdGenerator = new_run_id,
+        limits: Limits = _DEFAULT_LIMITS,
+        owner: str = "runtime",
+        lease_ttl_seconds: float = 30.0,
+        resolve_contract: ContractResolver = inline_contract,
+        worker: TaskWorker | None = None,
+        in_memory_wait_cap_seconds: float = 30.0,
+        cancel_poll_seconds: float = 0.5,
+        warnings: Sequence[str] = (),
+        store_outage_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.new_id = new_id
+        self.limits = limits
+        self.owner = owner
+        self.lease_ttl_seconds = lease_ttl_seconds
+        self.resolve_contract = resolve_contract
+        self.worker = worker
+        self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
+        self.cancel_poll_seconds = cancel_poll_seconds
+        self.warnings = tuple(warnings)
+        #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
+        #: stops; see :meth:`drive`
+        self.store_outage_seconds = store_outage_seconds
+        self._listeners: list[ChangeListener] = []
+        self._waiters = Waiters()
+        self._cancel_scopes: dict[str, Cancellable] = {}
+        self._stopping = False
+        #: how long :meth:`drive` leaves a run alone after its record could not be read
+        self.unreadable_retry_seconds = 60.0
+        self._unreadable: dict[str, datetime] = {}
+        #: the runs this runtime is driving now (None while the drive is claiming): one drive per run
+        self._driving: dict[str, Drive | None] = {}
+        #: gives drives' leases back; keeps those it could not (the store was away)
+        self._releases = LeaseReleases(store)
+        self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
+
+    def stop(self) -> None:
+        """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
+        progress), so nothing new is started; what is left is picked up from the record later."""
+        self._stopping = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- change notification ---------------------------------------------------------------
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """``listener(head)`` is awaited after every write this runtime makes (errors are logged)."""
+        self._listeners.append(listener)
+
+    async def _changed(self, head: RunHead) -> None:
+        self._waiters.fire(head.run_id)
+        for listener in self._listeners:
+            try:
+                await listener(head)
+            except Exception:
+                log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
+
+    async def _recorded(self, facts: Sequence[Fact], stored: RunHead) -> None:
+        """After a write (an external event's or a drive's): log it, notify waiters and listeners."""
+        log.info(
+            "recorded %s",
+            ",".join(f.type for f in facts),
+            extra={"action": "facts_recorded", "run_id": stored.run_id, "version": stored.version},
+        )
+        await self._changed(stored)
+
+    async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
+        """Record an external event's ``facts`` on top of ``head`` (compare-and-swap). A drive's
+        writes are :class:`~orchestration.engine.drive.Drive`'s own (fenced by its lease)."""
+        stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
+        await self._recorded(facts, stored)
+        return stored
+
+    # -- queries ---------------------------------------------------------------------------
+
+    async def status(self, run_id: str) -> RunHead:
+        return await self.store.load(validate_run_id(run_id))
+
+    async def list_runs(
+        self, statuses: frozenset[RunStatus] | None = None, limit: int = 50, cursor: str | None = None
+    ) -> RunPage:
+        if not 1 <= limit <= 500:
+            raise InvalidArgument(f"limit must be between 1 and 500, not {limit}")
+        if cursor is not None and len(cursor) > self.limits.max_cursor_chars:
+            raise InvalidArgument(
+                f"cursor {quoted(cursor, 60)} is not a cursor this server gave out; "
+                "omit it to start from the newest run"
+            )
+        return await self.store.list_runs(statuses, limit, cursor)
+
+    async def outputs(self, head: RunHead, task_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """The persisted outputs of done tasks (all of them, or ``task_ids``), read from facts."""
+        return await read_outputs(self.store, head, task_ids)
+
+    async def prompt_for(self, head: RunHead, task_id: str) -> TaskPrompt:
+        """Materialize ``task_id``'s prompts from the persisted record only."""
+        return await read_prompt(self.store, head, task_id)
+
+    async def snapshot(self, run_id: str, head: RunHead | None = None) -> RunSnapshot:
+        """The run as a view shows it, read in one pass over its log (up to ``head``)."""
+        return await read_snapshot(self.store, head or await self.status(run_id), self.warnings)
+
+    # -- external events -------------------------------------------------------------------
+
+    async def start(self, request: StartRequest) -> tuple[RunHead, bool]:
+        """Create a run. Returns ``(head, created)``; ``created`` is False when an earlier start with
+        the same idempotency key and the same request made the run. The same key with a different
+        request is a ``Conflict``."""
+        check_start(request, self.limits)
+        chain = with_task_timeout(
+            self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
+        )
+        contract = self.resolve_contract(request, chain)
+        run_id = validate_run_id(self.new_id())
+        fact = RunCreated(
+            seq=1,
+            at=(now := self.clock.now()),
+            deadline_at=request.deadline(now),
+            parent=request.parent,
+            run_id=run_id,
+            request=request.request,
+            chain=chain,
+            chain_hash=chain.content_hash(),
+            contract=contract,
+            idempotency_key=request.idempotency_key,
+            request_hash=request.request_hash(),
+            format=max(chain_format(chain), contract.record_format()),
+            started_by=request.started_by,
+            traceparent=request.traceparent,
+        )
+        head = apply(None, fact)
+        result = await self.store.create(head, [fact])
+        if not result.created:
+            if result.head.request_hash != head.request_hash:
+                raise Conflict(
+                    f"idempotency_key {quoted(request.idempotency_key)} was already used for run "
+                    f"{result.head.run_id} with a different request; use a new key, or repeat the "
+                    "original request exactly"
+                )
+            return result.head, False
+        log.info("run created", extra={"action": "run_created", "run_id": run_id})
+        await self._changed(result.head)
+        return result.head, True
+
+    async def fork(self, request: ForkRequest) -> tuple[RunHead, bool]:
+        """A new run from another's recorded work: :func:`orchestration.ops.forking.fork_run`."""
+        head, created = await fork_run(self, request)
+        if created:
+            await self._changed(head)
+        return head, created
+
+    async def submit_host_output(
+        self,
+        run_id: str,
+        task_id: str,
+        output: str,
+        usage: HostUsage | None = None,
+        detach_children: bool = False,
+    ) -> RunHead:
+        """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
+        host reports, if any. The caller always names the task its output answers (no "the
+        awaiting one" default): a call retried after the run moved on must not land on the next
+        task. The same output again for a done task returns the current state and appends nothing;
+        a different output for a done task, or output for a task not awaiting it, is a
+        ``Conflict``. A step with an ``output_schema`` takes JSON matching it, else
+        ``InvalidOutput`` and nothing is recorded; the validated value is in ``task_completed``. A
+        task with live host-started children is not complete unless ``detach_children``."""
+        validate_run_id(run_id)
+        check_id("task_id", task_id, self.limits)
+        if not isinstance(output, str) or not output.strip():
+            raise InvalidArgument("output is empty; pass the host model's answer for the task")
+        if len(output) > self.limits.max_output_chars:
+            raise TooLarge(
+                f"output is {len(output)} characters; the limit is {self.limits.max_output_chars} "
+                "(CONSTRUCT_MAX_OUTPUT_CHARS)"
+            )
+        while True:
+            head = await self.store.load(run_id)
+            try:
+                task = head.task(task_id)
+            except KeyError:
+                raise InvalidArgument(
+                    f"run {run_id} has no task {quoted(task_id)}; its tasks are: "
+                    f"{', '.join(t.task_id for t in head.tasks)}"
+                ) from None
+            if task.status == TaskStatus.DONE and task.output_seq is not None:
+                done = await self.store.read_fact(run_id, task.output_seq)
+                if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
+                    return head
+                raise Conflict(
+                    f"task {task_id} of run {run_id} is already done with a different output; "
+                    "a done task's output cannot be replaced"
+                )
+            if head.status.is_terminal:
+                raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
+            refuse_if_out_of_time(head, self.clock.now())
+            refuse_detached(head, task_id, detach_children)
+            if task.status != TaskStatus.AWAITING_HOST:
+                awaiting = _awaiting_host_task(head)
+                hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
+                raise Conflict(
+                    f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
+                )
+            attempt = task.attempts[-1].number if task.attempts else 1
+            schema = head.step_of(task_id).output_schema
+            # An answer that does not match the step's schema is refused (InvalidOutput) and
+            # nothing is recorded: the host corrects it and calls again.
+            value = None if schema is None else validate_output(schema, output)
+            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value, usage)
+            try:
+                return await self._append(head, facts)
+            except VersionConflict:
+                continue
+
+    async def approve(
+        self,
+        run_id: str,
+        decision: Literal["approve", "reject", "revise"],
+        gate_id: str,
+        comment: str | None = None,
+        approver: str | None = None,
+        *,
+        channel: DecisionChannel | None = None,
+        verified: bool = False,
+        budget_raise: BudgetLimits | None = None,
+    ) -> RunHead:
+        """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
+        the gate: an approval retried after the run moved on must not approve the next gate. The
+        decision record is immutable: the same decision, comment and approver on a decided gate
+        returns the current state and appends nothing, whatever ``channel`` and ``verified`` the
+        repeat came with; else ``Conflict``. Approving a run not awaiting approval: ``InvalidState``.
+
+        ``revise`` re-runs the step whose output the gate shows, with the comment in its prompt
+        (:func:`~orchestration.core.routing.revise_plan`): ``InvalidArgument`` when the gate has no such
+        step, ``InvalidState`` when its bound (``max_visits``) is reached; the gate stays open.
+        A gate whose step names ``approvers`` takes decisions only from them (``Forbidden``). A
+        gate past its ``expires_at`` is decided by expiry, not by a late caller: the expiry is
+        recorded then (if no drive did yet) and the call is ``InvalidState``. ``budget_raise``:
+        what approving a ``budget`` gate adds (:func:`~orchestration.core.approvals.check_budget_raise`).
+
+        ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
+        identity the edge verified, or only claimed) are recorded with the decision."""
+        validate_run_id(run_id)
+        if decision not in ("approve", "reject", "revise"):
+            raise InvalidArgument(f"decision must be 'approve', 'reject' or 'revise', not {quoted(decision)}")
+        check_id("gate_id", gate_id, self.limits)
+        if comment is not None and len(comment) > self.limits.max_comment_chars:
+            raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
+        if approver is not None and len(approver) > self.limits.max_approver_chars:
+            raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
+        while True:
+            head = await self.store.load(run_id)
+            gate = gate_to_decide(head, gate_id)
+            check_approver(head, gate, approver, verified)
+            if gate.status not in ("pending", "requested"):
+                check_repeat(head, gate, decision, comment, approver)
+                return head
+            refuse_if_out_of_time(head, self.clock.now())
+            # A requested gate is what waits (a parallel run may wait for a host task too).
+            if head.status.is_terminal or gate.status != "requested":
+                raise InvalidState(
+                    f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
+                )
+            now = self.clock.now()
+            if gate.expires_at is not None and now >= gate.expires_at:
+                # Too late: the gate is decided by expiry. Record it now (as a drive would: it
+                # follows from the facts), so that it holds without a server, and refuse this one.
+                on_expiry = head.step_of(gate.task_id).on_expiry
+                try:
+                    await self._append(
+                        head, [gate_expired(head, gate.gate_id, on_expiry, head.last_seq + 1, now)]
+                    )
+                except VersionConflict:
+                    continue
+                raise InvalidState(
+                    f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()} and "
+                    f"was decided by expiry ({on_expiry}); this decision was not recorded"
+                )
+            check_budget_raise(gate, decision, budget_raise)
+            if decision == "revise":
+                plan = revise_plan(head, gate)
+                if not isinstance(plan, RevisePlan):
+                    refused = f"gate {gate.gate_id} of run {run_id} cannot be revised: {plan.reason}"
+                    raise InvalidState(refused) if plan.bound else InvalidArgument(refused)
+            fact = ApprovalDecided(
+                seq=head.last_seq + 1,
+                at=now,
+                format=decision_format(decision),
+                gate_id=gate.gate_id,
+                decision=decision,
+                comment=comment,
+                approver=approver,
+                channel=channel,
+                verified=verified,
+                budget_raise=budget_raise,
+            )
+            try:
+                return await self._append(head, [fact])
+            except VersionConflict:
+                continue
+
+    async def missing_task_id(self, run_id: str, name: str = "task_id") -> ConstructError:
+        """The error for host output given without the task it answers (argument ``name``): see
+        :func:`~orchestration.engine.reading.missing_task_id_error`."""
+        return missing_task_id_error(await self.status(run_id), name)
+
+    async def missing_gate_id(self, run_id: str, name: str = "gate_id") -> ConstructError:
+        """The error for a decision given without the gate it decides (argument ``name``): see
+        :func:`~orchestration.engine.reading.missing_gate_id_error`."""
+        return missing_gate_id_error(await self.status(run_id), name)
+
+    async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
+        """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
+        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted."""
+        validate_run_id(run_id)
+        if reason is not None and len(reason) > self.limits.max_comment_chars:
+            raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
+        while True:
+            head = await self.store.load(run_id)
+            if head.status == RunStatus.CANCELLED:
+                return head
+            if head.status.is_terminal:
+                raise InvalidState(f"run {run_id} is already {head.status.value}; it cannot be cancelled")
+            fact = RunCancelled(seq=head.last_seq + 1, at=self.clock.now(), reason=reason, cancelled_by=by)
+            try:
+                stored = await self._append(head, [fact])
+            except VersionConflict:
+                continue
+            scope = self._cancel_scopes.get(run_id)
+            if scope is not None:
+                scope.cancel()
+            return stored
+
+    async def check_resumable(self, run_id: str) -> RunHead:
+        """For a resume without output: the run if it can be advanced by the server now, else the
+        error that tells the caller what the run needs instead (see
+        :func:`~orchestration.engine.reading.require_resumable`)."""
+        return require_resumable(await self.status(run_id))
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def wait_settled(
+        self,
+        run_id: str,
+        timeout_seconds: float,
+        on_progress: ProgressCallback | None = None,
+        poll_seconds: float = 0.25,
+    ) -> RunHead:
+        """Block (at most ``timeout_seconds``) until the run is settled (see :func:`is_settled`),
+        calling ``on_progress`` with each new version seen meanwhile."""
+        return await self._wait_until(
+            run_id,
+            lambda head: is_settled(head, self.clock.now()),
+            timeout_seconds,
+            on_progress,
+            poll_seconds,
+        )
+
+    async def wait_for_facts(
+        self, run_id: str, after_seq: int, timeout_seconds: float, poll_seconds: float = 0.25
+    ) -> RunHead:
+        """Block (at most ``timeout_seconds``) until the run has a fact after ``after_seq`` or has
+        ended; returns its head then. The cost of a wait is one head read per poll, whatever the
+        size of the run."""
+        return await self._wait_until(
+            run_id,
+            lambda head: head.last_seq > after_seq or head.status.is_terminal,
+            timeout_seconds,
+            None,
+            poll_seconds,
+        )
+
+    async def _wait_until(
+        self,
+        run_id: str,
+        done: Callable[[RunHead], bool],
+        timeout_seconds: float,
+        on_progress: ProgressCallback | None,
+        poll_seconds: float,
+    ) -> RunHead:
+        """The run's head once ``done(head)``, or at the timeout (see :func:`wait_until`)."""
+        stopping = lambda: self._stopping  # noqa: E731 - read at each poll
+        return await wait_until(
+            self.status, self._waiters, stopping, run_id, done, timeout_seconds, on_progress, poll_seconds
+        )
+
+    # -- driving (the loop itself is orchestration.engine.drive) -------------------------------------
+
+    async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:
+        """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
+        or None when another worker holds the lease, this runtime is already driving the run, or
+        the runtime is stopping. May be called at any time from any process: the lease and the
+        compare-and-swap decide who advances the run. A drive that meets an unreadable record
+        raises ``CorruptRecord``; later drives of that run return None at once for
+        :attr:`unreadable_retry_seconds` after the error.
+
+        ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
+        batch claim); the drive then does not claim again, and renews and releases that lease as
+        its own. If this runtime is driving the run already, that drive takes the lease over
+        (:meth:`hand_over`) and this call returns None.
+
+        **One drive per run per runtime.** A second drive of a run this runtime is driving (or
+        claiming) returns None at once, without claiming: a same-owner claim would replace the
+        first drive's lease token and two drives would call the provider twice.
+
+        The lease is a fence, and a drive rides out a short store outage: see
+        :mod:`orchestration.engine.drive` (``LeaseLost``, ``StoreUnavailable``)."""
+        if lease is not None and lease.owner != self.owner:
+            raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
+        if run_id in self._driving:
+            if lease is not None and not self.hand_over(lease):
+                await self._releases.release(lease)
+            return None
+        set_aside = self._unreadable.get(run_id)
+        if self._stopping or (set_aside is not None and self.clock.now() < set_aside):
+            if lease is not None:
+                await self._releases.release(lease)
+            return None
+        # Taken before the first await, so that a concurrent drive of the run sees it.
+        self._driving[run_id] = None
+        try:
+            if lease is None:
+                lease = await self.store.claim_lease(
+                    run_id, self.owner, self.lease_ttl_seconds, self.clock.now()
+                )
+                if lease is None:
+                    return None
+            drive = self._driving[run_id] = self._new_drive(lease)
+            try:
+                result = await drive.run()
+            except CorruptRecord:
+                # Retrying at every dispatcher poll would only repeat the error: leave the run
+                # alone for a while (an operator may repair the file meanwhile). The same for
+                # RecordTooNew: a newer version's run is left to it, never decided or written here.
+                retry = self.clock.now() + timedelta(seconds=self.unreadable_retry_seconds)
+                self._unreadable[run_id] = retry
+                raise
+            else:
+                self._unreadable.pop(run_id, None)
+            finally:
+                await self._releases.release(drive.lease)
+            return result
+        finally:
+            del self._driving[run_id]
+
+    def _new_drive(self, lease: Lease) -> Drive:
+        settings = DriveSettings(
+            owner=self.owner,
+            lease_ttl_seconds=self.lease_ttl_seconds,
+            in_memory_wait_cap_seconds=self.in_memory_wait_cap_seconds,
+            cancel_poll_seconds=self.cancel_poll_seconds,
+            store_outage_seconds=self.store_outage_seconds,
+        )
+        return Drive(
+            lease,
+            store=self.store,
+            clock=self.clock,
+            worker=self.worker,
+            settings=settings,
+            recorded=self._recorded,
+            cancel_scopes=self._cancel_scopes,
+            stopping=lambda: self._stopping,
+            children=self.children,
+        )
+
+    def hand_over(self, lease: Lease) -> bool:
+        """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a
+        dispatcher's batch claim after the drive's lease had expired unrenewed) — to that drive,
+        whose old token the claim replaced: its next write and renewal carry the new token.
+        False (nothing done) when this runtime is not driving the run."""
+        drive = self._driving.get(lease.run_id)
+        if drive is None or lease.owner != self.owner:
+            return False
+        drive.hand_over(lease)
+        return True
+
+    async def release_unreleased(self, run_id: str) -> None:
+        """Release the lease a drive of ``run_id`` could not release (the store was away), if any,
+        so that the run can be claimed at once rather than when the lease expires. Raises the
+        store's error while it is still away. A lease claimed again since is not touched (the
+        release matches the token)."""
+        await self._releases.release_unreleased(run_id)
+
+
+__all__ = [
+    "ContractResolver",
+    "Limits",
+    "RunSnapshot",
+    "Runtime",
+    "StartRequest",
+    "inline_contract",
+    "is_settled",
+]

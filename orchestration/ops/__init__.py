@@ -1,0 +1,20 @@
+"""Operations on whole runs: fork and rewind, export and import, retention (pruning ended runs).
+Uses the engine; the engine never uses these."""
+
+from __future__ import annotations
+
+from orchestration.ops.export import RunExport, export_lines, read_export, snapshot
+from orchestration.ops.forking import ForkRequest
+from orchestration.ops.retention import PRUNABLE, import_export, parse_statuses, prune
+
+__all__ = [
+    "PRUNABLE",
+    "ForkRequest",
+    "RunExport",
+    "export_lines",
+    "import_export",
+    "parse_statuses",
+    "prune",
+    "read_export",
+    "snapshot",
+]

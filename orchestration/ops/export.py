@@ -1,0 +1,167 @@
+"""The run export format: a run, head and every fact, as JSON Lines (``runs export``), and how an
+export is read back and verified (``runs import``).
+
+::
+
+    {"format": "construct-mcp.run-export", "version": 1, "run_id": ..., "head_sha256": ..., ...}
+    {... the head, as RunHead JSON ...}
+    {... fact 1 ...}
+    ...
+    {... fact last_seq ...}
+
+The first line is the header: the export format and its version, the run's id, status, head
+version and ``last_seq``, the record format the run needs, the chain and request hashes, when and
+from which store it was exported, and two SHA-256 hashes: ``head_sha256`` of the head line and
+``facts_sha256`` of the fact lines (each with its newline), in order. Reading verifies both, the
+count, the numbering and that the head is the run's; a file that fails any check is refused with
+``ExportCorrupt`` (``export_corrupt``) before anything is written. Records are written and read by
+the rules of stored records ("Record formats" in :mod:`orchestration.core.facts`): a record of a newer
+format is ``RecordTooNew``, never imported half understood.
+
+An export is a consistent snapshot: the head read first fixes the version, and only the facts up to
+its ``last_seq`` are written (a live run may have more by the time they are read; they belong to a
+later version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from orchestration.core.facts import FACT_TYPES, Fact, dump_fact, parse_fact, parse_head
+from orchestration.core.models import RECORD_FORMAT, RunHead
+from orchestration.errors import CorruptRecord, ExportCorrupt, RecordTooNew
+from orchestration.store import RunStore
+
+EXPORT_FORMAT = "construct-mcp.run-export"
+EXPORT_VERSION = 1
+_R = TypeVar("_R", RunHead, Fact)
+
+
+@dataclass(frozen=True, slots=True)
+class RunExport:
+    """A run as exported: its head and its complete log (seq 1 .. ``head.last_seq``)."""
+
+    head: RunHead
+    facts: tuple[Fact, ...]
+
+    @property
+    def run_id(self) -> str:
+        return self.head.run_id
+
+
+async def snapshot(store: RunStore, run_id: str) -> RunExport:
+    """The run as one consistent snapshot: its head and the facts up to the head's ``last_seq``
+    (facts are never rewritten, so those are the head's whatever is appended meanwhile). Raises
+    what ``load`` raises (``RunNotFound``, ``RunPruned``...), also when the run is deleted between
+    the two reads: never part of a run."""
+    head = await store.load(run_id)
+    facts = await store.read_facts(run_id, 0, head.last_seq)
+    if len(facts) != head.last_seq:
+        await store.load(run_id)  # gone meanwhile: load says how
+        raise CorruptRecord(run_id, "facts", f"the log ends before the head's last_seq {head.last_seq}")
+    return RunExport(head, tuple(facts))
+
+
+def _sha256(lines: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def export_lines(run: RunExport, *, source: str, at: datetime) -> list[str]:
+    """The export of ``run`` as lines (without newlines): the header, the head, the facts."""
+    head_line = run.head.model_dump_json()
+    fact_lines = [dump_fact(fact) for fact in run.facts]
+    header: dict[str, Any] = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "run_id": run.head.run_id,
+        "status": run.head.status.value,
+        "head_version": run.head.version,
+        "last_seq": run.head.last_seq,
+        "record_format": run.head.format,
+        "chain_hash": run.head.chain_hash,
+        "request_hash": run.head.request_hash,
+        "exported_at": at.isoformat(),
+        "source": source,
+        "head_sha256": _sha256([head_line]),
+        "facts_sha256": _sha256(fact_lines),
+    }
+    return [json.dumps(header, separators=(",", ":")), head_line, *fact_lines]
+
+
+def _corrupt(where: str, problem: str) -> ExportCorrupt:
+    return ExportCorrupt(f"{where}: {problem}; nothing was imported (export the run again)")
+
+
+def read_export(lines: Sequence[str], where: str = "the export") -> RunExport:
+    """Read and verify an export's lines (newlines stripped or not). Raises ``ExportCorrupt`` for
+    a file that is not an export, or whose hashes, count or numbering do not match its lines;
+    ``RecordTooNew`` for records of a format newer than this code reads."""
+    rows = [line.rstrip("\r\n") for line in lines]
+    while rows and not rows[-1]:
+        rows.pop()
+    if len(rows) < 3:
+        raise _corrupt(where, "a run export has a header, a head and at least one fact")
+    try:
+        header = json.loads(rows[0])
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+        raise _corrupt(where, f"the first line is not a {EXPORT_FORMAT} header")
+    version = header.get("version")
+    if not isinstance(version, int) or version > EXPORT_VERSION:
+        raise _corrupt(where, f"export version {version!r} is newer than this construct-mcp reads")
+    run_id = str(header.get("run_id"))
+    head_line, fact_lines = rows[1], rows[2:]
+    if _sha256([head_line]) != header.get("head_sha256"):
+        raise _corrupt(where, f"run {run_id}: the head does not match the header's head_sha256")
+    if _sha256(fact_lines) != header.get("facts_sha256"):
+        raise _corrupt(
+            where, f"run {run_id}: the {len(fact_lines)} facts do not match the header's facts_sha256"
+        )
+    head = _record(run_id, "head", head_line, parse_head)
+    facts = tuple(_record(run_id, f"line {n + 3}", line, parse_fact) for n, line in enumerate(fact_lines))
+    if head.run_id != run_id or head.last_seq != len(facts) or head.version != header.get("head_version"):
+        raise _corrupt(where, f"run {run_id}: the head does not match the header (id, last_seq, version)")
+    for n, fact in enumerate(facts, start=1):
+        if fact.seq != n:
+            raise _corrupt(where, f"run {run_id}: fact {n} says it is fact {fact.seq}")
+    return RunExport(head, facts)
+
+
+def _record(run_id: str, where: str, line: str, parse: Callable[[str], _R]) -> _R:
+    """One record read back by the rules of stored records: ``RecordTooNew`` for a newer format or
+    an unknown fact type, ``ExportCorrupt`` for a line that is not a record."""
+    try:
+        record = parse(line)
+    except ValueError as exc:
+        raise _too_new(run_id, where, line) or _corrupt(
+            where, f"run {run_id}: not a readable record"
+        ) from exc
+    if record.format > RECORD_FORMAT:
+        raise RecordTooNew(run_id, where, record.format, RECORD_FORMAT)
+    return record
+
+
+def _too_new(run_id: str, where: str, line: str) -> RecordTooNew | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    stated = record.get("format", 1)
+    if isinstance(stated, int) and stated > RECORD_FORMAT:
+        return RecordTooNew(run_id, where, stated, RECORD_FORMAT)
+    kind = record.get("type")
+    if where != "head" and isinstance(kind, str) and kind not in FACT_TYPES:
+        return RecordTooNew(run_id, where, stated if isinstance(stated, int) else 1, RECORD_FORMAT, kind)
+    return None

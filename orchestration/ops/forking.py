@@ -1,0 +1,287 @@
+"""Fork and rewind: a new run that starts from another run's recorded work (issue 14, part 4).
+
+``fork(run, from_task)`` starts a **new** run that reuses the source run's recorded outputs of
+every task instance that had ended before ``from_task``'s instance started, and runs from there.
+The source run is only read, never written. The usual use: a run failed at a task; fix the
+configuration (a chain's step, a specialist, a provider setting) and fork the run from its failed
+task, so that only that task and the ones after it run again.
+
+Naming the task. ``from_task`` is a task *instance* id as the run's view shows it: the step's name
+for its first visit (``engineer``), ``engineer~2`` for its second visit in a loop, and so on. A
+step's name therefore always means its *first* instance; to redo only the last round of a loop,
+name that round's instance. An instance that a route or a revise skipped (it never ran, and the
+run went on without it) cannot be forked from: ``invalid_argument``.
+
+What is copied. The fork point is the source's first fact about ``from_task``'s instance (its
+``before`` gate being asked, a host task prepared, an attempt started), or, for an instance that
+never started (the run ended first), the fact that ended the run. The new run's log is its own
+``run_created`` (naming the source: ``forked_from``), then a copy of each source fact before the
+fork point that belongs to an instance that had *ended* by then — ``done``; ``failed`` where its
+step says ``on_failure = "continue"``; ``skipped`` by a route — with the gates of those instances
+that were decided, and the routing facts (``route_decided``) of those instances. Each copy is
+the same fact with the new run's sequence number, the fork's time, and ``copied_from``: the
+sequence number of the fact it copies in the source run (a route's ``output_seq`` points to the
+copy of the output it routed on). The new run folds its copies as the source folded the
+originals, so routes replay — a loop's instances exist again with the same ids — and nothing is
+decided again or sent to a worker: ``next_action`` of the new run starts at ``from_task``'s
+instance. Instances that were in progress at the fork point (parallel siblings), gates asked but
+not decided, and everything at or after the fork point run again. The run is created in one
+atomic write (``RunStore.create`` with all its facts).
+
+What the new run runs with. The request is the source's unless ``request`` is given. The chain is
+re-read from the configuration as it is now (``chain`` if given, else the source's chain name, or
+the source's specialists for a chain given as a list): that is what makes "fix the config, fork
+from the failed task" work. ``approve_before`` when omitted keeps the source's gated steps; task
+time limits set at start and the run's time limit (as a duration from the fork) carry over; the
+worker backend is the source's, and provider and model are resolved as for a new start. Every step
+whose output is copied must exist in the new chain with the same definition, the same specialist
+persona and the same predecessors, and the copied routes must replay on it: otherwise
+``fork_mismatch``, naming the step and what changed. Fork from an earlier task to change an
+earlier step.
+
+Idempotency. With ``idempotency_key``, the same fork (source, task, request, chain,
+approve_before) returns the run the first call made; the key with anything else is a
+``conflict`` (keys are shared with ``orchestrate_start``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from orchestration.core.facts import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Fact,
+    ForkOrigin,
+    RouteDecided,
+    RunCreated,
+)
+from orchestration.core.fold import apply
+from orchestration.core.graph import predecessors
+from orchestration.core.ids import validate_run_id
+from orchestration.core.inputs import StartRequest, check_id, check_start
+from orchestration.core.models import ChainSnapshot, RunHead, canonical_hash
+from orchestration.core.routing import chain_format
+from orchestration.core.vocabulary import TaskStatus
+from orchestration.errors import Conflict, ForkMismatch, IllegalTransition, InvalidArgument, quoted
+
+if TYPE_CHECKING:
+    from orchestration.engine.runtime import Runtime
+
+log = logging.getLogger("construct.runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRequest:
+    """What a caller asks a fork for (see the module's docstring)."""
+
+    run_id: str
+    from_task: str
+    request: str | None = None
+    chain: str | tuple[str, ...] | None = None
+    #: None: the source's gated steps
+    approve_before: tuple[str, ...] | None = None
+    idempotency_key: str | None = None
+    #: the verified identity forking (recorded on the new run's ``run_created``)
+    started_by: str | None = None
+
+    def request_hash(self) -> str:
+        """What makes two forks "the same" for idempotency: the arguments as given."""
+        return canonical_hash(
+            {
+                "fork_of": self.run_id,
+                "from_task": self.from_task,
+                "request": self.request,
+                "chain": list(self.chain) if isinstance(self.chain, tuple) else self.chain,
+                "approve_before": None if self.approve_before is None else sorted(self.approve_before),
+            }
+        )
+
+
+async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
+    """Create the fork (see the module's docstring). Returns ``(head, created)``; ``created`` is
+    False when an earlier fork with the same idempotency key made the run. Raises
+    ``RunNotFound``, ``InvalidArgument`` (an unknown or skipped task, bad arguments),
+    ``ForkMismatch``, ``Conflict`` (the key used for something else), ``UnknownChain``..."""
+    validate_run_id(fork.run_id)
+    check_id("from_task", fork.from_task, runtime.limits)
+    source = await runtime.store.load(fork.run_id)
+    if fork.from_task not in {t.task_id for t in source.tasks}:
+        raise InvalidArgument(
+            f"run {source.run_id} has no task {quoted(fork.from_task)}; its tasks are: "
+            f"{', '.join(t.task_id for t in source.tasks)}"
+        )
+    start = StartRequest(
+        request=source.request if fork.request is None else fork.request,
+        chain=fork.chain,
+        approve_before=fork.approve_before or (),
+        idempotency_key=fork.idempotency_key,
+        worker_backend=source.contract.worker_backend,
+        started_by=fork.started_by,
+    )
+    check_start(start, runtime.limits)
+    facts = await runtime.store.read_facts(source.run_id, 0, source.last_seq)
+    prefix, point = _prefix(facts, source, fork.from_task)
+    if prefix.task(fork.from_task).status == TaskStatus.SKIPPED:
+        raise InvalidArgument(
+            f"task {fork.from_task} of run {source.run_id} was skipped (a route or a revise went past "
+            "it): there is nothing to redo from it; fork from a task that ran"
+        )
+    kept = _ended(prefix)
+    chain = _chain(runtime, source.chain, fork)
+    _check_steps(source.chain, chain, sorted({prefix.task(t).step_name for t in kept}))
+    contract = runtime.resolve_contract(start, chain)
+    now = runtime.clock.now()
+    limit = None if source.deadline_at is None else source.deadline_at - source.created_at
+    created = RunCreated(
+        seq=1,
+        at=now,
+        deadline_at=None if limit is None else now + limit,
+        run_id=validate_run_id(runtime.new_id()),
+        request=start.request,
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=contract,
+        idempotency_key=fork.idempotency_key,
+        request_hash=fork.request_hash(),
+        format=max(chain_format(chain), contract.record_format()),
+        started_by=fork.started_by,
+        forked_from=ForkOrigin(run_id=source.run_id, task_id=fork.from_task),
+    )
+    copies = _copies([f for f in facts if 1 < f.seq < point], prefix, kept, now)
+    head = apply(None, created)
+    try:
+        for copy in copies:
+            head = apply(head, copy)
+    except IllegalTransition as exc:
+        raise ForkMismatch(
+            f"the recorded work of run {source.run_id} before task {fork.from_task} does not replay "
+            f"on chain {chain.name!r} as it is now ({exc}); fork from an earlier task"
+        ) from exc
+    result = await runtime.store.create(head, [created, *copies])
+    if not result.created:
+        if result.head.request_hash != head.request_hash:
+            raise Conflict(
+                f"idempotency_key {quoted(fork.idempotency_key)} was already used for run "
+                f"{result.head.run_id} with a different request; use a new key, or repeat the "
+                "original fork exactly"
+            )
+        return result.head, False
+    log.info(
+        "run forked from %s at %s, %d facts copied",
+        source.run_id,
+        fork.from_task,
+        len(copies),
+        extra={"action": "run_forked", "run_id": head.run_id},
+    )
+    return result.head, True
+
+
+def _concerns(fact: Fact, task_id: str, before_gates: set[str]) -> bool:
+    """Whether ``fact`` is about ``task_id``'s instance having started (its own facts, or its
+    ``before`` gate being asked)."""
+    if isinstance(fact, ApprovalRequested):
+        return fact.gate_id in before_gates
+    return not isinstance(fact, RouteDecided) and getattr(fact, "task_id", None) == task_id
+
+
+def _prefix(facts: Sequence[Fact], source: RunHead, task_id: str) -> tuple[RunHead, int]:
+    """The source's head just before the fork point, and the fork point's sequence number (the
+    first fact about ``task_id``'s instance, or the fact that ended the run, or past the end)."""
+    before = {g.gate_id for g in source.gates if g.task_id == task_id and g.position == "before"}
+    head: RunHead | None = None
+    for fact in facts:
+        if head is not None and _concerns(fact, task_id, before):
+            return head, fact.seq
+        folded = apply(head, fact)
+        if head is not None and folded.status.is_terminal:
+            return head, fact.seq
+        head = folded
+    if head is None:  # pragma: no cover - a stored run has its run_created fact
+        raise InvalidArgument(f"run {source.run_id} has no facts")
+    return head, head.last_seq + 1
+
+
+def _ended(prefix: RunHead) -> set[str]:
+    """The instances whose work is copied: those that had ended, and that the run went on from."""
+    return {
+        t.task_id
+        for t in prefix.tasks
+        if t.status in (TaskStatus.DONE, TaskStatus.SKIPPED)
+        or (t.status == TaskStatus.FAILED and prefix.step_of(t.task_id).on_failure == "continue")
+    }
+
+
+def _copies(facts: Sequence[Fact], prefix: RunHead, kept: set[str], now: datetime) -> list[Fact]:
+    """The copies of ``facts`` (the source's, before the fork point) that belong to ``kept``
+    instances, numbered from 2 (after the new ``run_created``)."""
+    gate_task = {g.gate_id: g.task_id for g in prefix.gates}
+    decided = {f.gate_id for f in facts if isinstance(f, ApprovalDecided)}
+    renumbered: dict[int, int] = {}
+    out: list[Fact] = []
+    for fact in facts:
+        if isinstance(fact, (ApprovalRequested, ApprovalDecided)):
+            keep = fact.gate_id in decided and gate_task.get(fact.gate_id) in kept
+        else:
+            keep = getattr(fact, "task_id", None) in kept
+        if not keep:
+            continue
+        seq = renumbered[fact.seq] = len(out) + 2
+        update: dict[str, object] = {"seq": seq, "at": now, "copied_from": fact.seq}
+        if isinstance(fact, RouteDecided):
+            update["output_seq"] = renumbered[fact.output_seq]
+        out.append(fact.model_copy(update=update))
+    return out
+
+
+def _chain(runtime: Runtime, old: ChainSnapshot, fork: ForkRequest) -> ChainSnapshot:
+    """The new run's chain, resolved from the configuration as it is now, with the source's
+    start-time options (gates when ``approve_before`` is omitted, task time limits)."""
+    spec: str | tuple[str, ...]
+    if fork.chain is not None:
+        spec = fork.chain
+    elif old.name == "custom" and old.name not in runtime.catalog.chains:
+        spec = tuple(s.specialist for s in old.steps)  # a chain given as a list of specialists
+    else:
+        spec = old.name  # a chain since removed from the configuration is unknown_chain
+    chain = runtime.catalog.resolve(spec, fork.approve_before or ())
+    before = {s.name: s for s in old.steps}
+    steps = []
+    for step in chain.steps:
+        was = before.get(step.name)
+        update: dict[str, object] = {}
+        if was is not None and fork.approve_before is None and was.approve_before:
+            update["approve_before"] = True
+        if was is not None and step.timeout_seconds is None and was.timeout_seconds is not None:
+            update["timeout_seconds"] = was.timeout_seconds
+        steps.append(step.model_copy(update=update) if update else step)
+    return chain.model_copy(update={"steps": tuple(steps)})
+
+
+def _check_steps(old: ChainSnapshot, new: ChainSnapshot, copied: Sequence[str]) -> None:
+    """Every step whose work is copied is in ``new``, defined as in ``old``, with the same persona."""
+    for name in copied:
+        try:
+            step = new.step(name)
+        except KeyError:
+            raise ForkMismatch(
+                f"chain {new.name!r} has no step {name!r}, whose recorded output the fork copies; "
+                f"its steps are: {', '.join(s.name for s in new.steps)}"
+            ) from None
+        was = old.step(name)
+        changed = [k for k in type(step).model_fields if getattr(step, k) != getattr(was, k)]
+        if predecessors(new, name) != predecessors(old, name):
+            changed.append("the steps it runs after")
+        if step.specialist == was.specialist and new.specialist(step.specialist) != old.specialist(
+            was.specialist
+        ):
+            changed.append(f"specialist {step.specialist!r}")
+        if changed:
+            raise ForkMismatch(
+                f"step {name!r}, whose recorded output the fork copies, is defined differently in chain "
+                f"{new.name!r} now ({', '.join(changed)}); fork from an earlier task, or keep that step"
+            )

@@ -1,0 +1,79 @@
+"""What an agent call is, without the MCP SDK: the configured endpoint, one attempt's call, and
+the port the drive calls (:class:`AgentDelegate`). The SDK client that implements it is
+:mod:`orchestration.workers.mcp_agents`, imported only by the composition root, so that importing the
+runtime does not import the SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from orchestration.core.models import AgentStep, ExecutionContract, TypedError
+from orchestration.core.outcomes import AttemptOutcome
+
+#: ``remember(remote_run_id)``: record the remote run's id (the drive's write), before following it
+RemoteRunKnown = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEndpoint:
+    """An ``[agents.NAME]`` table, resolved (see :mod:`server.settings.agents`). Holds no secret: the
+    token's *variable name* only."""
+
+    name: str
+    #: Streamable HTTP endpoint (``http(s)://host:port/mcp``), or None for a stdio agent
+    url: str | None = None
+    #: the environment variable holding the bearer token for ``url`` (read at each call)
+    token_env: str | None = None
+    #: a stdio agent: the command and its arguments
+    command: tuple[str, ...] | None = None
+    #: a stdio agent: environment variables set for it, and names passed through from ours
+    env: Mapping[str, str] = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()
+    cwd: str | None = None
+    #: how long one request may go unanswered (a ``run_status`` wait comes on top)
+    call_timeout_seconds: float = 60.0
+    #: each ``run_status`` of a followed remote run waits this long for it to settle
+    follow_wait_seconds: float = 30.0
+    #: how often a paused remote run (waiting for its host or an approval) is polled
+    paused_poll_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall:
+    """One attempt's call, as the drive built it from the record."""
+
+    run_id: str
+    task_id: str
+    attempt: int
+    agent: AgentStep
+    arguments: dict[str, Any]
+    idempotency_key: str
+    #: a recorded remote run to follow instead of starting one
+    remote_run_id: str | None = None
+    output_schema: dict[str, Any] | None = None
+
+
+class AgentDelegate(Protocol):
+    """What the drive needs to make an agent step's attempt (see
+    :class:`~orchestration.workers.mcp_agents.AgentWorker`)."""
+
+    async def delegate(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        remember: RemoteRunKnown,
+    ) -> AttemptOutcome:
+        """Make ``call`` (one attempt); never raises for the agent's failures (a failed outcome
+        instead). ``remember`` is awaited with a remote run's id as soon as it is known."""
+        ...
+
+    async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
+        """Best effort: ``orchestrate_cancel`` the remote run on ``agent``; whether it was
+        cancelled. Never raises."""
+        ...
+
+
+__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "RemoteRunKnown"]

@@ -1,0 +1,425 @@
+"""The MCP client side of agent steps: one call of a tool on another MCP server, per attempt.
+
+:class:`AgentWorker` makes the call an attempt of an agent step needs (what the attempt does —
+call, or follow an earlier call — is decided from the record by
+:func:`orchestration.core.agent_steps.agent_attempt`; the drive's part is
+:mod:`orchestration.engine.delegation`):
+
+* **another construct-mcp** (tool ``orchestrate_start``): ``orchestrate_start`` with the rendered
+  arguments, the attempt's ``idempotency_key`` and ``wait_seconds = 0``; the run id of the answer
+  is handed to ``remember`` (the drive records it before anything else happens); then
+  ``run_status`` with ``wait_seconds`` (:attr:`AgentEndpoint.follow_wait_seconds`), again and
+  again, until the remote run ends (a paused remote run — a gate, a host task — is polled every
+  :attr:`AgentEndpoint.paused_poll_seconds`, bounded by the step's ``timeout_seconds`` and the
+  run's deadline). An attempt that follows a recorded remote run skips the start. A remote run
+  that completed gives the whole output of its last done task (or of the latest visit of
+  ``output_step``), read with ``run_status(task_id=...)``; one that failed, was rejected or
+  cancelled is ``agent_run_failed``.
+* **any other tool**: one ``tools/call``; the output is the text of the result's text blocks, else
+  the JSON of its ``structuredContent``. An ``isError`` result is ``tool_error``.
+
+A step with an ``output_schema`` validates the output (``invalid_output`` when it does not match).
+
+**Errors** are data (:class:`~orchestration.workers.port.AttemptFailedOutcome`), classified in one
+place (:func:`classify`): a refused or lost connection, a 5xx or a protocol error is
+``agent_unreachable``; no answer in time is ``timeout``; a 401/403 (or the token's variable not
+set) is ``auth``; and the retry policy's verdict is folded in as the provider worker does
+(:class:`~orchestration.workers.retry.RetryPolicy`, bounded by the run's attempt budget).
+
+**The token** is read from the environment variable the agent names (``token_env``) when the call
+is made, and lives only in the HTTP client's headers for that call: never in a record, a log line
+or an error message (every message passes a :class:`~orchestration.workers._redact.Redactor`
+that knows it). A URL must not carry credentials (the config refuses userinfo).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolResult, TextContent
+from mcp_types import REQUEST_TIMEOUT
+
+from orchestration.chains.prompts import TaskPrompt
+from orchestration.chains.schemas import validate_output
+from orchestration.core.agent_steps import AGENT_ERROR_CODES
+from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.errors import ConstructError, InvalidOutput
+from orchestration.workers._redact import Redactor, check_api_key
+from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteRunKnown
+from orchestration.workers.port import TaskWorker
+from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
+
+log = logging.getLogger("construct.agents")
+
+_TERMINAL = frozenset({"completed", "completed_with_failures", "failed", "cancelled", "rejected"})
+_COMPLETED = frozenset({"completed", "completed_with_failures"})
+
+
+class AgentSession(Protocol):
+    """What a call needs of an MCP client session (``mcp.Client`` is one)."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+    ) -> CallToolResult: ...
+
+
+@dataclass
+class _Observed:
+    """HTTP statuses seen on the connection (the SDK reports a 401 as a bare JSON-RPC error)."""
+
+    statuses: list[int] = field(default_factory=list)
+
+
+#: ``connect(endpoint, token, observed)``: an open session to the agent
+Connector = Callable[[AgentEndpoint, str | None, _Observed], AbstractAsyncContextManager[AgentSession]]
+
+
+@asynccontextmanager
+async def connect_mcp(
+    endpoint: AgentEndpoint,
+    token: str | None,
+    observed: _Observed,
+    transport: httpx2.AsyncBaseTransport | None = None,
+) -> AsyncIterator[AgentSession]:
+    """A session to ``endpoint`` with the SDK's client: Streamable HTTP (the token as a bearer
+    header of this call's own HTTP client) or a stdio subprocess. ``transport``: tests."""
+    if endpoint.url is not None:
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+
+        async def seen(response: httpx2.Response) -> None:
+            observed.statuses.append(response.status_code)
+
+        timeout = httpx2.Timeout(endpoint.call_timeout_seconds, read=endpoint.call_timeout_seconds * 5)
+        async with (
+            httpx2.AsyncClient(
+                headers=headers, timeout=timeout, transport=transport, event_hooks={"response": [seen]}
+            ) as http,
+            Client(
+                streamable_http_client(endpoint.url, http_client=http),
+                read_timeout_seconds=endpoint.call_timeout_seconds,
+            ) as client,
+        ):
+            yield client
+        return
+    assert endpoint.command is not None
+    env = {**endpoint.env, **{n: os.environ[n] for n in endpoint.pass_env if n in os.environ}}
+    params = StdioServerParameters(
+        command=endpoint.command[0], args=list(endpoint.command[1:]), env=env, cwd=endpoint.cwd
+    )
+    async with Client(params, read_timeout_seconds=endpoint.call_timeout_seconds) as client:
+        yield client
+
+
+class _Failure(Exception):
+    """A classified failure inside a call (caught in :meth:`AgentWorker.delegate`)."""
+
+    def __init__(self, code: str, message: str, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def classify(exc: BaseException, statuses: list[int], redact: Redactor, agent: str) -> TypedError:
+    """The typed error of an exception raised by a call to ``agent`` (the SDK raises transport
+    errors inside exception groups), given the HTTP statuses seen: every low-level failure is
+    translated here, and every message is redacted."""
+    leaves = _leaves(exc)
+    failure = next((e for e in leaves if isinstance(e, _Failure)), None)
+    bad = [s for s in statuses if s >= 400]
+    status = bad[-1] if bad else None
+    if failure is not None:
+        code, message, status = failure.code, failure.message, failure.http_status or status
+    elif status in (401, 403):
+        code, message = "auth", f"agent {agent} refused the credentials (HTTP {status}); check its token_env"
+    elif any(isinstance(e, TimeoutError | httpx2.TimeoutException) for e in leaves) or any(
+        isinstance(e, MCPError) and e.code == REQUEST_TIMEOUT for e in leaves
+    ):
+        code, message = "timeout", f"agent {agent} did not answer in time"
+    else:
+        first = leaves[0] if leaves else exc
+        detail = f"{type(first).__name__}: {first}" if str(first) else type(first).__name__
+        code = "agent_unreachable"
+        where = f" (HTTP {status})" if status is not None else ""
+        message = f"agent {agent} could not be reached or stopped answering{where}: {detail}"
+    return TypedError(
+        code=code, message=redact(message), retryable=AGENT_ERROR_CODES.get(code, False), http_status=status
+    )
+
+
+def _text_of(result: CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+
+
+def _view(result: CallToolResult, tool: str, agent: str) -> dict[str, Any]:
+    """The structured answer of a construct-mcp tool, or a ``_Failure``."""
+    if result.is_error:
+        raise _Failure("tool_error", f"agent {agent}: {tool} answered with an error: {_text_of(result)}")
+    view = result.structured_content
+    if not isinstance(view, dict) or not isinstance(view.get("run_id"), str):
+        raise _Failure("malformed_response", f"agent {agent}: {tool} did not answer with a run view")
+    return view
+
+
+class AgentWorker:
+    """Calls tools of the configured agents (see the module's docstring)."""
+
+    def __init__(
+        self,
+        endpoints: Mapping[str, AgentEndpoint],
+        *,
+        env: Mapping[str, str] | None = None,
+        connect: Connector | None = None,
+        clock: Clock | None = None,
+        rng: Rng | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.endpoints = dict(endpoints)
+        self._env = os.environ if env is None else env
+        self._connect: Connector = connect or connect_mcp
+        self.clock = clock or SystemClock()
+        self.rng: Rng = rng or random.random
+        self.policy = policy or RetryPolicy()
+
+    async def delegate(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        remember: RemoteRunKnown,
+    ) -> AttemptOutcome:
+        """Make ``call`` (one attempt); never raises for the agent's failures. ``remember`` is
+        awaited with a remote run's id as soon as it is known; what it raises (the run changed,
+        the lease was lost) ends the call and is raised as itself."""
+        name = call.agent.agent
+        endpoint = self.endpoints.get(name)
+        if endpoint is None:
+            error = TypedError(
+                code="agent_not_configured",
+                message=f"this server has no [agents.{name}] table; add it to construct.toml",
+            )
+            return self._failed(contract, call, previous_errors, error, Telemetry())
+        token = self._token(endpoint)
+        if endpoint.token_env is not None and token is None:
+            error = TypedError(
+                code="auth",
+                message=f"agent {name} needs a token: the environment variable {endpoint.token_env} "
+                "is not set on this server",
+            )
+            return self._failed(contract, call, previous_errors, error, Telemetry())
+        if token is not None:
+            try:
+                check_api_key(token, what=f"the token in {endpoint.token_env}")
+            except ValueError as exc:
+                # Refused before it reaches a header, whose errors would quote it.
+                error = TypedError(code="auth", message=f"agent {name}: {exc}")
+                return self._failed(contract, call, previous_errors, error, Telemetry())
+        redact = Redactor([token])
+        observed = _Observed()
+        started = time.monotonic()
+        try:
+            async with self._connect(endpoint, token, observed) as session:
+                output, value = await self._call(session, endpoint, call, remember)
+        except ConstructError:
+            raise  # the drive's own (remember): not the agent's failure
+        except Exception as exc:
+            if any(isinstance(e, ConstructError) for e in _leaves(exc)):
+                raise next(e for e in _leaves(exc) if isinstance(e, ConstructError)) from exc
+            error = classify(exc, observed.statuses, redact, name)
+            telemetry = Telemetry(latency_ms=_ms(started), http_status=error.http_status)
+            return self._failed(contract, call, previous_errors, error, telemetry)
+        telemetry = Telemetry(latency_ms=_ms(started))
+        return AttemptSucceeded(output, telemetry, value)
+
+    def _token(self, endpoint: AgentEndpoint) -> str | None:
+        """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
+        if endpoint.token_env is None:
+            return None
+        return (self._env.get(endpoint.token_env) or "").strip() or None
+
+    async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
+        """``orchestrate_cancel`` the remote run (see
+        :class:`~orchestration.workers.agent_calls.AgentDelegate`); bounded by the agent's
+        ``call_timeout_seconds``, logged, never raised."""
+        endpoint = self.endpoints.get(agent)
+        if endpoint is None:
+            return False
+        token = self._token(endpoint)
+        observed = _Observed()
+        try:
+            with anyio.fail_after(endpoint.call_timeout_seconds):
+                async with self._connect(endpoint, token, observed) as session:
+                    args = {"run_id": remote_run_id, "reason": reason}
+                    result = await session.call_tool("orchestrate_cancel", args)
+        except Exception as exc:
+            error = classify(exc, observed.statuses, Redactor([token]), agent)
+            log.warning(
+                "could not cancel remote run %s on agent %s: %s",
+                remote_run_id,
+                agent,
+                error.message,
+                extra={"action": "remote_cancel_failed", "code": error.code},
+            )
+            return False
+        cancelled = not result.is_error
+        log.info(
+            "remote run %s on agent %s: cancel %s",
+            remote_run_id,
+            agent,
+            "recorded" if cancelled else "refused",
+            extra={"action": "remote_cancelled" if cancelled else "remote_cancel_refused"},
+        )
+        return cancelled
+
+    async def _call(
+        self, session: AgentSession, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown
+    ) -> tuple[str, dict[str, Any] | None]:
+        name = call.agent.agent
+        if not call.agent.follows_runs:
+            result = await session.call_tool(call.agent.tool, call.arguments)
+            if result.is_error:
+                raise _Failure(
+                    "tool_error",
+                    f"agent {name}: {call.agent.tool} answered with an error: {_text_of(result)}",
+                )
+            text = _text_of(result)
+            if not text and result.structured_content is not None:
+                text = json.dumps(result.structured_content, ensure_ascii=False)
+            return self._checked(call, text)
+        run_id = call.remote_run_id
+        if run_id is None:
+            arguments = {**call.arguments, "idempotency_key": call.idempotency_key, "wait_seconds": 0}
+            view = _view(await session.call_tool("orchestrate_start", arguments), "orchestrate_start", name)
+            run_id = str(view["run_id"])
+            await remember(run_id)
+        view = await self._follow(session, endpoint, run_id, name)
+        status = view.get("status")
+        if status not in _COMPLETED:
+            error = view.get("error") or {}
+            why = f": {error.get('code')}: {error.get('message')}" if error else ""
+            raise _Failure("agent_run_failed", f"agent {name}: remote run {run_id} ended {status}{why}")
+        task_id = self._output_task(view, call.agent.output_step)
+        if task_id is None:
+            raise _Failure(
+                "agent_run_failed", f"agent {name}: remote run {run_id} ended {status} with no output to use"
+            )
+        full = _view(
+            await session.call_tool("run_status", {"run_id": run_id, "task_id": task_id}), "run_status", name
+        )
+        task = next((t for t in full.get("tasks", []) if t.get("task_id") == task_id), None)
+        if task is None or not isinstance(task.get("output"), str):
+            raise _Failure(
+                "malformed_response", f"agent {name}: run_status did not show task {task_id}'s output"
+            )
+        return self._checked(call, task["output"])
+
+    async def _follow(
+        self, session: AgentSession, endpoint: AgentEndpoint, run_id: str, name: str
+    ) -> dict[str, Any]:
+        """``run_status`` with ``wait_seconds`` until the remote run ends."""
+        wait = endpoint.follow_wait_seconds
+        while True:
+            result = await session.call_tool(
+                "run_status",
+                {"run_id": run_id, "wait_seconds": wait},
+                read_timeout_seconds=wait + endpoint.call_timeout_seconds,
+            )
+            view = _view(result, "run_status", name)
+            if view.get("status") in _TERMINAL:
+                return view
+            if view.get("status_kind") == "paused":
+                # It waits for its host or an approver there: run_status answers at once.
+                await anyio.sleep(endpoint.paused_poll_seconds)
+
+    @staticmethod
+    def _output_task(view: dict[str, Any], output_step: str | None) -> str | None:
+        done = [
+            t
+            for t in view.get("tasks", [])
+            if t.get("status") == "done" and (output_step is None or t.get("step") == output_step)
+        ]
+        return str(done[-1]["task_id"]) if done else None
+
+    @staticmethod
+    def _checked(call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
+        if call.output_schema is None:
+            if not text.strip():
+                raise _Failure("malformed_response", f"agent {call.agent.agent}: the answer is empty")
+            return text, None
+        try:
+            return text, validate_output(call.output_schema, text)
+        except InvalidOutput as exc:
+            raise _Failure(InvalidOutput.code, exc.message) from None
+
+    def _failed(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+        telemetry: Telemetry,
+    ) -> AttemptFailedOutcome:
+        """The failed outcome with the retry policy's verdict folded in (as the provider worker)."""
+        return failed_outcome(
+            self.policy, contract, call.attempt, previous_errors, error, telemetry, self.rng, self.clock
+        )
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+class Workers:
+    """The runtime's worker: provider steps go to ``provider`` (None: this server has no provider
+    backend), agent steps to ``agents`` (:mod:`orchestration.engine.delegation` finds it here)."""
+
+    def __init__(self, provider: TaskWorker | None, agents: AgentWorker) -> None:
+        self.provider = provider
+        self.agents = agents
+
+    async def execute(
+        self,
+        contract: ExecutionContract,
+        step: ChainStep,
+        prompt: TaskPrompt,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        if self.provider is None:
+            error = TypedError(code="invalid_request", message="the provider backend is not configured here")
+            return AttemptFailedOutcome(error, Telemetry())
+        return await self.provider.execute(contract, step, prompt, attempt, previous_errors)
+
+
+__all__ = [
+    "AgentCall",
+    "AgentEndpoint",
+    "AgentSession",
+    "AgentWorker",
+    "Connector",
+    "RemoteRunKnown",
+    "Workers",
+    "classify",
+    "connect_mcp",
+]

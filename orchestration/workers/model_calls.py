@@ -1,0 +1,229 @@
+"""The provider-call port: one model call, its typed outcome, and the error taxonomy.
+
+A :class:`ProviderClient` makes exactly **one** HTTP attempt per :meth:`~ProviderClient.complete`
+call. It never retries and never sleeps: the durable step is the only retry layer
+(``notes/providers.md``). The provider worker asks :mod:`orchestration.workers.retry` whether and
+when to try again and folds the answer into the attempt's outcome; the runtime records it, and the
+pure decide step starts the next attempt (or fails the task) from that record. Every outcome that
+is not a usable text is a :class:`ProviderCallError` carrying a
+:class:`~orchestration.core.models.TypedError` whose ``code`` is one of :class:`ProviderErrorCode`::
+
+    code                      retryable   detected by
+    transport_error           yes         connection refused/reset, protocol error
+    timeout                   yes         client timeout, 408, 504, ``timeout_error``
+    rate_limited              yes         429 without a quota code; in-body code 429
+    quota_exhausted           no          402, ``billing_error``, quota/spend-limit codes
+    overloaded                yes         529, ``overloaded_error``, 503
+    server_error              yes         other 5xx; OpenRouter 200-with-error; ``finish_reason: error``
+    auth                      no          401, 403 permission
+    invalid_request           no          other 3xx/4xx
+    context_length_exceeded   no          context-length messages/codes; ``model_context_window_exceeded``
+    content_filtered          no          refusal, ``content_filter``, ``message.refusal``, 403 moderation
+    truncated                 no          text present but ``max_tokens`` / ``length``
+    reasoning_only            no          no text, but thinking/reasoning present
+    empty_response            yes (x1)    2xx, no text, normal stop
+    malformed_response        yes (x2)    non-JSON 2xx, missing ``content`` / ``choices``
+
+(``invalid_output`` — a usable text that does not match the step's output schema — is not a call
+failure: the provider worker finds it when it validates the answer, and records it as a retryable
+failed attempt.)
+
+``empty_response`` and ``malformed_response`` are marked ``retryable=True`` here; the *number* of
+retries they deserve ("at most once", "1-2 times") is a policy matter, enforced by
+:class:`orchestration.workers.retry.RetryPolicy` through its per-code caps. The client cannot know
+how many attempts came before.
+
+Secrets: a client holds its API key privately; no key, auth header or headers object ever reaches
+an exception message, a :class:`TypedError`, :class:`Telemetry` or a log line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final, Literal, Protocol
+
+import httpx2
+
+from orchestration.core.models import Telemetry, TypedError
+
+__all__ = [
+    "RETRYABLE_BY_CODE",
+    "ProviderCallError",
+    "ProviderClient",
+    "ProviderErrorCode",
+    "ProviderRequest",
+    "ProviderResponse",
+    "StructuredOutputMode",
+    "make_http_client",
+]
+
+USER_AGENT: Final = "construct-mcp/0.1"
+
+#: How a request asks for an answer matching the step's output schema. ``auto``: the best way the
+#: endpoint supports (Anthropic: a forced tool; OpenAI-compatible: ``json_schema``, falling back to
+#: ``json_object`` with the schema, then to ``prompt``); ``prompt``: only the prompt's "Answer
+#: format" section, then parsing. ``json_schema`` / ``json_object`` pin one OpenAI-compatible mode.
+StructuredOutputMode = Literal["auto", "json_schema", "json_object", "prompt"]
+STRUCTURED_OUTPUT_MODES: Final[tuple[StructuredOutputMode, ...]] = (
+    "auto",
+    "json_schema",
+    "json_object",
+    "prompt",
+)
+
+#: The name of the tool / response format that carries a typed answer.
+ANSWER_TOOL: Final = "answer"
+
+
+class ProviderErrorCode(StrEnum):
+    """The stable codes of provider-call failures (``TypedError.code``)."""
+
+    TRANSPORT_ERROR = "transport_error"
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    AUTH = "auth"
+    INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    CONTENT_FILTERED = "content_filtered"
+    TRUNCATED = "truncated"
+    REASONING_ONLY = "reasoning_only"
+    EMPTY_RESPONSE = "empty_response"
+    MALFORMED_RESPONSE = "malformed_response"
+
+
+#: Whether a code is worth another attempt, before any server hint (``x-should-retry``) is applied.
+RETRYABLE_BY_CODE: MappingProxyType[ProviderErrorCode, bool] = MappingProxyType(
+    {
+        ProviderErrorCode.TRANSPORT_ERROR: True,
+        ProviderErrorCode.TIMEOUT: True,
+        ProviderErrorCode.RATE_LIMITED: True,
+        ProviderErrorCode.QUOTA_EXHAUSTED: False,
+        ProviderErrorCode.OVERLOADED: True,
+        ProviderErrorCode.SERVER_ERROR: True,
+        ProviderErrorCode.AUTH: False,
+        ProviderErrorCode.INVALID_REQUEST: False,
+        ProviderErrorCode.CONTEXT_LENGTH_EXCEEDED: False,
+        ProviderErrorCode.CONTENT_FILTERED: False,
+        ProviderErrorCode.TRUNCATED: False,
+        ProviderErrorCode.REASONING_ONLY: False,
+        # Capped by the retry policy (see the module docstring).
+        ProviderErrorCode.EMPTY_RESPONSE: True,
+        ProviderErrorCode.MALFORMED_RESPONSE: True,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRequest:
+    """One model call: a system prompt and a single user turn.
+
+    ``timeout_seconds``, when set, replaces the HTTP client's *read* timeout for this call only
+    (a step's own time limit); connect, write and pool timeouts stay as configured on the client.
+    ``output_schema``, when set, asks for a JSON answer matching it, the way the client's
+    :data:`StructuredOutputMode` says; the response's ``text`` is then that JSON (the caller
+    validates it).
+    """
+
+    model: str
+    system: str
+    user: str
+    max_tokens: int
+    temperature: float | None = None
+    timeout_seconds: float | None = None
+    output_schema: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("ProviderRequest.model must not be empty")
+        if self.max_tokens < 1:
+            raise ValueError("ProviderRequest.max_tokens must be at least 1")
+        if self.timeout_seconds is not None and self.timeout_seconds <= 0:
+            raise ValueError("ProviderRequest.timeout_seconds must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderResponse:
+    """A usable answer: non-empty text that the model finished normally."""
+
+    text: str
+    telemetry: Telemetry
+    stop_reason: str | None = None
+
+
+class ProviderCallError(Exception):
+    """One failed attempt, as data: ``error`` (the typed error) and ``telemetry`` (what was measured).
+
+    The message is ``"<code>: <message>"``, built only from the already-scrubbed typed error, so
+    ``str()`` and ``repr()`` never show a key or a header.
+    """
+
+    def __init__(self, error: TypedError, telemetry: Telemetry) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+        self.telemetry = telemetry
+
+    @property
+    def code(self) -> str:
+        return self.error.code
+
+    @property
+    def retryable(self) -> bool:
+        return self.error.retryable
+
+
+class ProviderClient(Protocol):
+    """A model endpoint that answers one request per call."""
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        """Make exactly one HTTP attempt and return usable text.
+
+        Raises :class:`ProviderCallError` for every failure: transport, HTTP status, or a 2xx whose
+        content is unusable. Never retries, never sleeps, never shields itself from cancellation: an
+        enclosing anyio cancel scope aborts the request in flight. Not idempotent: a call that times
+        out after the request was sent may still be billed (``telemetry.possible_duplicate_call``).
+        """
+        ...
+
+
+def make_http_client(
+    transport: httpx2.AsyncBaseTransport | None = None,
+    *,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 600.0,
+    write_timeout: float = 30.0,
+    pool_timeout: float = 30.0,
+    max_connections: int = 32,
+    max_keepalive_connections: int = 16,
+    keepalive_expiry: float = 30.0,
+    trust_env: bool = True,
+) -> httpx2.AsyncClient:
+    """A pooled client for provider calls; share one per process, close it at shutdown.
+
+    Redirects are not followed: a redirect means a wrong base URL, and following one could carry
+    the key to another host. The client makes no retries of its own (the durable step does).
+
+    Every timeout is explicit: ``read_timeout`` is long by default because a non-streaming model
+    call sends nothing until the whole answer is ready (the official SDKs default to 600 s). Pass a
+    ``transport`` (``httpx2.MockTransport`` in unit tests) to replace the network; the pool limits
+    then belong to that transport. ``trust_env`` honours ``HTTPS_PROXY`` / ``NO_PROXY``.
+    """
+    return httpx2.AsyncClient(
+        transport=transport,
+        timeout=httpx2.Timeout(
+            connect=connect_timeout, read=read_timeout, write=write_timeout, pool=pool_timeout
+        ),
+        limits=httpx2.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_keepalive_connections,
+            keepalive_expiry=keepalive_expiry,
+        ),
+        follow_redirects=False,
+        trust_env=trust_env,
+        headers={"user-agent": USER_AGENT},
+    )

@@ -1,0 +1,152 @@
+"""``runs tail`` and ``runs watch``: follow runs live in the terminal (issue 14, live events).
+
+::
+
+    construct-mcp runs tail RUN_ID [--from-start] [--json]
+    construct-mcp runs watch [--once] [--limit N]
+
+``runs tail`` prints a run's events as they are recorded, one line each (the ``run_events`` feed of
+:mod:`server.views.events`: seq, time, type, summary; an output as its size, never whole), and exits 0
+when the run has ended and every event is printed. It starts with the last
+:data:`TAIL_BACKLOG` events (``--from-start``: every event from the first); ``--json`` prints each
+event as one JSON line (JSON Lines). ``runs watch`` shows the live runs (not ended), newest first,
+one progress line each — chain, status, tasks finished of all, what the run waits for — refreshed
+every second; ``--once`` prints one snapshot and exits.
+
+Both only read: they follow the store through the runtime (woken at once by this process's writes,
+polling the store for the writes of servers and other CLI processes) and never drive a run, so a
+run nobody drives stays where it is while ``tail`` waits. Ctrl-C stops them (exit status 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TextIO
+
+import anyio
+
+from orchestration.core import RunHead, RunStatus, TaskStatus
+from orchestration.engine import Runtime
+from server.views.events import Event, read_events
+from server.views.listing import waiting_for
+
+#: The ``runs`` actions this module serves.
+LIVE_COMMANDS = frozenset({"tail", "watch"})
+#: How many of the newest events ``runs tail`` prints first (without ``--from-start``).
+TAIL_BACKLOG = 10
+#: How long one wait of ``runs tail`` for the next event lasts before it asks again.
+TAIL_WAIT_SECONDS = 30.0
+#: How often ``runs watch`` redraws.
+WATCH_SECONDS = 1.0
+#: The statuses ``runs watch`` shows.
+LIVE_STATUSES = frozenset(s for s in RunStatus if not s.is_terminal)
+
+#: Adds the shared options (--home, --config, --store, --log-level) to a parser.
+AddOptions = Callable[[argparse.ArgumentParser], None]
+
+
+def add_live_parsers(
+    runs_sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: AddOptions,
+    json_flag: AddOptions,
+) -> None:
+    """Add ``tail`` and ``watch`` to the ``runs`` sub-commands."""
+    tail = runs_sub.add_parser("tail", help="follow a run's events live until it ends (Ctrl-C stops)")
+    tail.add_argument("run_id")
+    tail.add_argument(
+        "--from-start",
+        action="store_true",
+        help=f"print every event from the first (default: the last {TAIL_BACKLOG}, then new ones)",
+    )
+    common(tail)
+    json_flag(tail)
+    watch = runs_sub.add_parser(
+        "watch", help="show the live runs with a progress line each, every second (Ctrl-C stops)"
+    )
+    watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    watch.add_argument("--limit", type=int, default=50, help="show at most this many runs (default 50)")
+    common(watch)
+
+
+async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
+    """``runs tail`` or ``runs watch``; returns the exit status."""
+    if args.runs_command == "tail":
+        return await tail(runtime, args.run_id, out, from_start=args.from_start, as_json=args.json)
+    return await watch(runtime, out, once=args.once, limit=args.limit)
+
+
+async def tail(
+    runtime: Runtime,
+    run_id: str,
+    out: TextIO,
+    *,
+    from_start: bool = False,
+    as_json: bool = False,
+    wait_seconds: float = TAIL_WAIT_SECONDS,
+) -> int:
+    """Print the run's events as they are recorded; return 0 once it has ended and all are out."""
+    head = await runtime.status(run_id)
+    after = 0 if from_start else max(0, head.last_seq - TAIL_BACKLOG)
+    if not as_json:
+        out.write(f"run {head.run_id} ({head.chain.name}): {head.status.value}\n")
+    while True:
+        page = await read_events(runtime, head.run_id, after, 100, wait_seconds)
+        for event in page.events:
+            out.write(json.dumps(event.model_dump(mode="json")) if as_json else event_line(event))
+            out.write("\n")
+        out.flush()
+        after = page.next_after_seq
+        if page.terminal and not page.more:
+            if not as_json:
+                out.write(f"run {head.run_id} ended: {page.status.value}\n")
+            return 0
+
+
+def event_line(event: Event) -> str:
+    """One event as ``runs tail`` prints it."""
+    size = f" ({event.output.chars} chars: {event.output.uri})" if event.output else ""
+    return f"#{event.seq:<4} {event.at:%H:%M:%S}  {event.type:<22} {event.summary}{size}"
+
+
+async def watch(runtime: Runtime, out: TextIO, *, once: bool = False, limit: int = 50) -> int:
+    """Show the live runs, redrawn every :data:`WATCH_SECONDS` (``once``: one snapshot)."""
+    while True:
+        page = await runtime.list_runs(LIVE_STATUSES, limit)
+        text = render_watch(page.runs, runtime.clock.now(), more=page.next_cursor is not None)
+        if not once and out.isatty():
+            out.write("\x1b[H\x1b[2J")  # redraw in place
+        out.write(text)
+        out.flush()
+        if once:
+            return 0
+        await anyio.sleep(WATCH_SECONDS)
+
+
+def render_watch(heads: Sequence[RunHead], now: datetime, more: bool = False) -> str:
+    """The live runs, one progress line each (what ``runs watch`` prints)."""
+    lines = [f"{len(heads)}{'+' if more else ''} live runs at {now:%H:%M:%S}Z"]
+    for head in heads:
+        finished = sum(1 for t in head.tasks if t.status.is_terminal)
+        lines.append(
+            f"{head.run_id}  {head.chain.name:<10} {head.status.value:<17} "
+            f"tasks {finished}/{len(head.tasks)}  {progress(head, now)}"
+        )
+    if more:
+        lines.append("(more live runs: --limit N shows more)")
+    return "\n".join(lines) + "\n"
+
+
+def progress(head: RunHead, now: datetime) -> str:
+    """What a live run waits for, in a few words."""
+    waiting = waiting_for(head)
+    if waiting is not None:
+        return f"waits for {waiting}"
+    if head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now:
+        return f"waits until {head.not_before:%H:%M:%S}Z to retry"
+    running = [t.task_id for t in head.tasks if t.status == TaskStatus.RUNNING]
+    if running:
+        return "running " + ", ".join(running)
+    return "waits for a worker to pick it up"

@@ -1,0 +1,595 @@
+"""``construct-mcp`` (also ``python -m server``): serve, work with runs, migrate, demo.
+
+::
+
+    construct-mcp serve [--transport stdio|sse|streamable-http] [--host H] [--port P] [--store S] [--config F]
+    construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c | --specialists a[,b]]
+                             [--approve-before STEP]... [--idempotency-key K]
+    construct-mcp runs status RUN_ID [--full]
+    construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
+    construct-mcp runs approve RUN_ID --gate-id G [--reject | --revise] [--comment C] [--approver A]
+                               [--raise-tokens N] [--raise-usd X]   (a budget gate: what to add)
+    construct-mcp runs cancel RUN_ID [--reason R]
+    construct-mcp runs list [--status S]... [--limit N] [--cursor C]
+    construct-mcp runs timeline RUN_ID
+    construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli.fork)
+    construct-mcp runs tail RUN_ID [--from-start] [--json]
+    construct-mcp runs watch [--once] [--limit N]
+    construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
+    construct-mcp runs prune --older-than 30d [--status S,...] [--dry-run] [--export-dir DIR]
+    construct-mcp migrate [--check] [--store S]
+    construct-mcp demo [--store S] [--home DIR]
+
+The ``runs`` commands work directly on the configured store, without a server: each records its
+event through the :class:`~orchestration.engine.runtime.Runtime` and then drives the run in this process
+until it settles (a host task, a gate, the end), so the CLI alone can run a chain (``tail`` and
+``watch`` only follow runs: :mod:`server.cli.live`). If a server holds
+the run's lease, the CLI leaves the driving to it and waits briefly for it. Output is
+human-readable; ``--json`` prints the same run view the MCP tools return: compact, each task's output
+as a preview. ``runs status --full`` shows every task's whole output (``--json --full``: the view of
+``run_status(detail="full")``). Like the tools, a command that records something names what it
+answers: ``resume`` with an output needs ``--task-id`` and ``approve`` needs ``--gate-id``; without
+one, the error names the task or gate the run awaits.
+
+Exit status: 0 success; 2 usage or configuration error; 1 operation error, with ``code: message``
+on stderr (``run_not_found: no run with id ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import anyio
+
+from orchestration.chains import Catalog
+from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_raise
+from orchestration.engine import Runtime
+from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
+from server.cli.costs import add_budget_flags, add_usage_flags, budget_of, usage_of
+from server.cli.fork import add_fork_parser, run_fork
+from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
+from server.cli.retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
+from server.settings.config import Settings, load_settings
+from server.settings.logs import configure_logging
+from server.settings.storage import open_run_store, store_inputs
+from server.settings.telemetry import configure_tracing
+from server.views.listing import RunsPage, runs_page
+from server.views.run_view import Approve, Detail, Done, RunHostTask, RunView, Wait, run_view
+from server.views.timeline import decided_by, render_timeline
+from server.wiring import runtime_for
+from stores import parse_store_spec
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+#: How long a ``runs`` command waits for a server that holds the run's lease to move it on.
+CLI_WAIT_SECONDS = 10.0
+
+
+class UsageError(Exception):
+    """A command line that cannot be acted on (exit status 2)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def _common(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
+    parser.add_argument(
+        "--home", type=Path, help="state directory (default: $CONSTRUCT_HOME or ~/.construct)"
+    )
+    parser.add_argument(
+        "--config", type=Path, help="config file (default: <home>/construct.toml if it exists)"
+    )
+    if store:
+        parser.add_argument(
+            "--store",
+            help="memory | filesystem | sqlite | postgres | file:///dir | sqlite:///f.db | postgresql://...",
+        )
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="construct-mcp", description="An MCP server that runs durable specialist chains."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--transport", choices=["stdio", "sse", "streamable-http"], default="stdio")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="HTTP transports: bind address (default 127.0.0.1)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="HTTP transports: port (default 8000)")
+    _common(serve)
+
+    runs = sub.add_parser("runs", help="start, inspect and advance runs directly on the store")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+
+    start = runs_sub.add_parser("start", help="start a chain on a request")
+    start.add_argument("request", help="what the chain should work on ('-' reads it from stdin)")
+    chain = start.add_mutually_exclusive_group()
+    chain.add_argument(
+        "--chain", help="a chain name (default: default), or specialist names separated by commas"
+    )
+    chain.add_argument("--specialists", help="specialist names separated by commas (one is enough)")
+    start.add_argument("--approve-before", action="append", default=[], metavar="STEP", help="gate a step")
+    start.add_argument("--idempotency-key")
+    start.add_argument("--worker-backend", choices=["inline", "provider"])
+    start.add_argument("--provider", choices=["anthropic", "openrouter", "openai"])
+    start.add_argument("--model")
+    start.add_argument("--timeout-seconds", type=float, help="a time limit for the whole run")
+    start.add_argument("--task-timeout-seconds", type=float, help="a time limit for each task")
+    add_budget_flags(start)
+    _common(start)
+    _json_flag(start)
+
+    status = runs_sub.add_parser("status", help="show a run")
+    status.add_argument("run_id")
+    status.add_argument("--full", action="store_true", help="show every task's whole output")
+    _common(status)
+    _json_flag(status)
+
+    resume = runs_sub.add_parser("resume", help="record a host task's output, or continue an interrupted run")
+    resume.add_argument("run_id")
+    resume.add_argument("--task-id", help="the task the output answers (required with an output)")
+    given = resume.add_mutually_exclusive_group()
+    given.add_argument("--output", help="the task's output")
+    given.add_argument("--output-file", help="read the task's output from a file ('-': stdin)")
+    resume.add_argument(
+        "--detach-children", action="store_true", help="complete it although its child runs are live"
+    )
+    add_usage_flags(resume)
+    _common(resume)
+    _json_flag(resume)
+
+    approve = runs_sub.add_parser(
+        "approve", help="approve (or --reject, or --revise) the gate a run waits at"
+    )
+    approve.add_argument("run_id")
+    decided = approve.add_mutually_exclusive_group()
+    decided.add_argument("--reject", action="store_true", help="reject instead of approving")
+    decided.add_argument(
+        "--revise",
+        action="store_true",
+        help="send the work the gate shows back: its step runs again with --comment in its prompt",
+    )
+    approve.add_argument("--gate-id", help="the gate decided (required; the run view names it)")
+    approve.add_argument("--comment")
+    approve.add_argument(
+        "--approver", help="who decided, for the record (default: the OS user); recorded as claimed"
+    )
+    approve.add_argument("--raise-tokens", type=int, metavar="N", help="a budget gate: add N tokens")
+    approve.add_argument("--raise-usd", type=float, metavar="X", help="a budget gate: add X dollars")
+    _common(approve)
+    _json_flag(approve)
+
+    cancel = runs_sub.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason")
+    _common(cancel)
+    _json_flag(cancel)
+
+    listing = runs_sub.add_parser("list", help="list runs, newest first")
+    listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--cursor")
+    _common(listing)
+    _json_flag(listing)
+
+    timeline = runs_sub.add_parser("timeline", help="print a run's recorded facts in order")
+    timeline.add_argument("run_id")
+    _common(timeline)
+    _json_flag(timeline)
+    add_live_parsers(runs_sub, _common, _json_flag)
+    add_fork_parser(runs_sub, _common, _json_flag)
+    add_retention_parsers(runs_sub, _common, _json_flag)
+
+    migrate = sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations")
+    migrate.add_argument("--check", action="store_true", help="only check; exit 1 if a migration is pending")
+    _common(migrate)
+    _json_flag(migrate)
+
+    demo = sub.add_parser("demo", help="run the crash-and-resume demo (no API key, no database)")
+    demo.add_argument("--home", type=Path, help="state directory for the demo (default: a fresh temp dir)")
+    demo.add_argument("--store", help="store for the demo server (default: filesystem under the demo home)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary demo home")
+    return parser
+
+
+def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
+    flags: dict[str, Any] = {
+        "store": getattr(args, "store", None),
+        "log_level": getattr(args, "log_level", None),
+    }
+    settings = load_settings(
+        flags, home=getattr(args, "home", None), config_file=getattr(args, "config", None)
+    )
+    # The runs commands print for a person: only warnings and errors reach stderr unless asked.
+    explicit = "log_level" in settings.sources or default_log_level is None
+    configure_logging(settings.log_level if explicit else (default_log_level or "WARNING"))
+    return settings
+
+
+# ------------------------------------------------------------------------------------------------
+# Human-readable output
+
+
+def _print_view(view: RunView, out: TextIO) -> None:
+    parallel = any(s.after is not None for s in view.chain.steps)
+    steps = (", " if parallel else " -> ").join(
+        s.name
+        + ("*" if s.approve_before or s.approve_after else "")
+        + (f" [{s.route_on}: {', '.join(f'{v}->{t}' for v, t in s.routes.items())}]" if s.routes else "")
+        + (f" (after {', '.join(s.after)})" if s.after else "")
+        for s in view.chain.steps
+    )
+    out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
+    out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
+    request = view.request_preview.replace("\n", " ")
+    out.write(f"request: {request}\n")
+    if view.forked_from is not None:
+        out.write(f"forked from {view.forked_from.run_id} at task {view.forked_from.task_id}\n")
+    out.write("tasks:\n")
+    for task in view.tasks:
+        executor = task.executor or "-"
+        size = f"{task.output_chars} chars" if task.output_chars is not None else ""
+        error = f" error={task.error.code}: {task.error.message}" if task.error else ""
+        error += " (copied)" if task.copied_from is not None else ""
+        out.write(
+            f"  {task.task_id:<14} {task.status.value:<14} {executor:<14} attempts={len(task.attempts)} "
+            f"{size}{error}\n".rstrip()
+            + "\n"
+        )
+    for task in view.tasks:
+        if task.output is not None:
+            out.write(
+                f"--- {task.task_id} output ({len(task.output)} chars) ---\n{task.output.rstrip()}\n---\n"
+            )
+    for route in view.routes:
+        bound = f" (bound reached; on_exhausted {route.applied})" if route.exhausted else ""
+        went = route.next_task_id or route.applied
+        out.write(f"route {route.task_id}: {route.route_on}={route.value} -> {route.target}{bound}: {went}\n")
+    for gate in view.gates:
+        who = decided_by(gate.approver, gate.channel, gate.verified)
+        when = f" at {gate.decided_at:%Y-%m-%d %H:%M:%S}Z" if gate.decided_at else ""
+        note = f" ({gate.comment})" if gate.comment else ""
+        out.write(f"gate {gate.gate_id}: {gate.status}{who}{when}{note}\n")
+    if view.error is not None:
+        out.write(f"error: {view.error.code}: {view.error.message}\n")
+    for warning in view.warnings:
+        out.write(f"warning: {warning}\n")
+    action = view.next_action
+    _print_action(view, action, out)
+    if view.more_actions:
+        out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
+        for more in view.more_actions:
+            _print_action(view, more, out)
+
+
+def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, out: TextIO) -> None:
+    if action.kind == "run_host_task":
+        out.write(f"\nnext: run host task {action.task_id!r} ({action.specialist}) with your model, then\n")
+        out.write(
+            f"  construct-mcp runs resume {view.run_id} --task-id {action.task_id} --output-file ANSWER.md\n"
+        )
+        out.write("\n--- system prompt ---\n" + action.system_prompt.rstrip() + "\n")
+        out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
+    elif action.kind == "approve":
+        out.write(f"\nnext: decide gate {action.gate_id}: {action.guards}\n")
+        gate = next((g for g in view.gates if g.gate_id == action.gate_id), None)
+        choices = "[--reject | --revise]" if gate is not None and "revise" in gate.decisions else "[--reject]"
+        out.write(
+            f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} {choices} "
+            "[--comment TEXT]\n"
+        )
+    elif action.kind == "wait":
+        out.write(f"\nnext: wait — {action.instruction}\n")
+    else:
+        out.write(f"\n{action.instruction}\n")
+
+
+def _print_page(page: RunsPage, out: TextIO) -> None:
+    if not page.runs:
+        out.write("no runs\n")
+    for run in page.runs:
+        waiting = f"  waiting for {run.waiting_for}" if run.waiting_for else ""
+        preview = run.request_preview.replace("\n", " ")[:60]
+        out.write(f"{run.run_id}  {run.status.value:<18} {run.chain:<10} {preview}{waiting}\n")
+    if page.next_cursor:
+        out.write(f"more: --cursor {page.next_cursor}\n")
+
+
+def _emit(model: RunView | RunsPage, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(model.model_dump_json(indent=2) + "\n")
+    elif isinstance(model, RunView):
+        _print_view(model, out)
+    else:
+        _print_page(model, out)
+
+
+# ------------------------------------------------------------------------------------------------
+# runs ...
+
+
+async def _advance(runtime: Runtime, head: RunHead) -> RunHead:
+    """Drive the run in this process until it settles; if another process holds its lease, give
+    that process a moment to move it on."""
+    if head.status.kind != "active":
+        return head
+    try:
+        action = await runtime.drive(head.run_id)
+    except LeaseLost:
+        # Another process claimed the run while this one drove it: it is that process's now.
+        action = None
+    if action is None:
+        return await runtime.wait_settled(head.run_id, CLI_WAIT_SECONDS)
+    return await runtime.status(head.run_id)
+
+
+def _read_text(value: str | None, file: str | None, what: str) -> str | None:
+    if file is None:
+        return value
+    try:
+        return sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} from {file}: {exc.strerror}") from None
+
+
+def _chain_arg(chain: str | None, specialists: str | None) -> str | tuple[str, ...] | None:
+    """``--chain name`` is a chain; ``--chain a,b`` and ``--specialists a[,b]`` are specialist lists."""
+    listed = specialists if specialists is not None else chain if chain and "," in chain else None
+    if listed is None:
+        return chain
+    return tuple(part.strip() for part in listed.split(",") if part.strip())
+
+
+async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    if args.runs_command in RETENTION_COMMANDS:
+        return await run_retention(args, settings, out)
+    catalog = Catalog.load(settings.config_file)
+    opened = await open_run_store(settings)
+    stop_tracing = configure_tracing(os.environ)  # a run driven here is traced as by the server
+    try:
+        async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
+            return await _runs_with(runtime, args, out)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await opened.store.close()
+        stop_tracing()
+
+
+async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
+    command = args.runs_command
+    model: RunView | RunsPage
+    if command in LIVE_COMMANDS:
+        return await run_live(runtime, args, out)
+    if command == "list":
+        page = await runtime.list_runs(
+            frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
+        )
+        model = runs_page(page)
+    elif command == "timeline":
+        head = await runtime.status(args.run_id)
+        facts = await runtime.store.read_facts(head.run_id)
+        _emit_timeline(head, facts, args.json, out)
+        return EXIT_OK
+    else:
+        head = await _run_command(command, args, runtime)
+        detail: Detail = "full" if getattr(args, "full", False) else "compact"
+        model = run_view(await runtime.snapshot(head.run_id, head), detail)
+    _emit(model, args.json, out)
+    return EXIT_OK
+
+
+async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime) -> RunHead:
+    if command == "start":
+        request = sys.stdin.read() if args.request == "-" else args.request
+        head, _created = await runtime.start(
+            StartRequest(
+                request=request,
+                chain=_chain_arg(args.chain, args.specialists),
+                approve_before=tuple(args.approve_before),
+                idempotency_key=args.idempotency_key,
+                worker_backend=args.worker_backend,
+                provider=args.provider,
+                model=args.model,
+                timeout_seconds=args.timeout_seconds,
+                task_timeout_seconds=args.task_timeout_seconds,
+                budget=budget_of(args),
+            )
+        )
+        return await _advance(runtime, head)
+    if command == "fork":
+        return await _advance(runtime, await run_fork(runtime, args))
+    if command == "status":
+        return await runtime.status(args.run_id)
+    if command == "resume":
+        output = _read_text(args.output, args.output_file, "the output")
+        usage = usage_of(args)
+        if output is None:
+            if args.task_id is not None or usage is not None:
+                raise InvalidArgument("--task-id or usage was given without --output or --output-file")
+            head = await runtime.check_resumable(args.run_id)
+        elif args.task_id is None:
+            raise await runtime.missing_task_id(args.run_id, "--task-id")
+        else:
+            head = await runtime.submit_host_output(
+                args.run_id, args.task_id, output, usage, args.detach_children
+            )
+        return await _advance(runtime, head)
+    if command == "approve":
+        decision: Literal["approve", "reject", "revise"] = (
+            "reject" if args.reject else "revise" if args.revise else "approve"
+        )
+        if args.gate_id is None:
+            raise await runtime.missing_gate_id(args.run_id, "--gate-id")
+        # The CLI is a local, trusted channel: the approver is what it says (--approver, else the
+        # OS user), recorded as claimed.
+        approver = args.approver if args.approver is not None else _os_user()
+        raised = budget_raise(args.raise_tokens, args.raise_usd)
+        head = await runtime.approve(
+            args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", budget_raise=raised
+        )
+        return await _advance(runtime, head)
+    if command == "cancel":
+        return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
+    raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
+
+
+def _os_user() -> str | None:
+    """The name of the user running the CLI, or None when the system cannot say."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        return None
+
+
+def _emit_timeline(head: RunHead, facts: Sequence[Fact], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        data = {
+            "run_id": head.run_id,
+            "status": head.status.value,
+            "facts": [f.model_dump(mode="json") for f in facts],
+        }
+        out.write(json.dumps(data, indent=2) + "\n")
+    else:
+        out.write(render_timeline(head, facts))
+
+
+# ------------------------------------------------------------------------------------------------
+# migrate
+
+
+async def _migrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    try:
+        from stores.migrate import migrate
+    except ImportError as exc:  # pragma: no cover - present in every release
+        raise UsageError(f"migrations are not available in this installation ({exc})") from None
+    from stores import resolve_store_spec
+
+    spec, _source = resolve_store_spec(**store_inputs(settings))
+    report = await migrate(spec, check_only=args.check, home=settings.home)
+    if args.json:
+        out.write(
+            json.dumps(
+                {
+                    "store": report.store,
+                    "backend": report.backend,
+                    "from_version": report.from_version,
+                    "to_version": report.to_version,
+                    "head_version": report.head_version,
+                    "applied": list(report.applied),
+                    "up_to_date": report.up_to_date,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    else:
+        out.write(report.summary() + "\n")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------------
+# main
+
+
+def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
+    async def main() -> int:
+        return await fn()
+
+    return anyio.run(main)
+
+
+def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """The CLI; returns the exit status instead of exiting (tests call this)."""
+    out = out if out is not None else sys.stdout
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    try:
+        if args.command == "serve":
+            # Imported here: the MCP SDK is slow to import and only serve needs it.
+            from server.app import ConstructApp
+
+            settings = _settings(args)
+            ConstructApp(settings).serve(args.transport, args.host, args.port)
+            return EXIT_OK
+        if args.command == "runs":
+            settings = _settings(args, default_log_level="WARNING")
+            return _run_async(lambda: _runs(args, settings, out))
+        if args.command == "migrate":
+            settings = _settings(args, default_log_level="WARNING")
+            return _run_async(lambda: _migrate(args, settings, out))
+        if args.command == "demo":
+            from server.cli.demo import run_demo
+
+            if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
+                raise UsageError(
+                    "the demo kills its server and starts another on the same store, and the memory "
+                    "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
+                )
+            configure_logging("WARNING")
+            return _run_async(lambda: run_demo(home=args.home, store=args.store, keep=args.keep, out=out))
+    except ConfigError as exc:
+        sys.stderr.write(f"construct-mcp: configuration error: {exc}\n")
+        return EXIT_USAGE
+    except UsageError as exc:
+        sys.stderr.write(f"construct-mcp: {exc}\n")
+        return EXIT_USAGE
+    except ConstructError as exc:
+        sys.stderr.write(f"{exc.code}: {exc.message}\n")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BaseExceptionGroup as group:
+        # A task group wrapped the error; the person at the terminal needs the error, not the group.
+        leaf = _construct_error(group)
+        if leaf is None:
+            raise
+        sys.stderr.write(f"{leaf.code}: {leaf.message}\n")
+        return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
+    return EXIT_USAGE  # pragma: no cover
+
+
+def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, ConstructError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _construct_error(exc)
+            if found is not None:
+                return found
+    return None
+
+
+def main() -> None:
+    """Console-script entry point (``construct-mcp``)."""
+    logging.captureWarnings(True)
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``construct-mcp runs list | head``): not an error worth a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_FAILED
+    sys.exit(code)

@@ -1,0 +1,18 @@
+"""The MCP surface: the tools and their strict arguments, what every tool does around its own work
+(roles, bounded waits), runs as resources and their subscriptions, chains as prompts, elicitation at
+gates, MCP Tasks, and the objects a server process hands to all of them (:mod:`server.mcp.services`)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "answering",
+    "arguments",
+    "elicit",
+    "fork_tool",
+    "prompts",
+    "resources",
+    "services",
+    "subscriptions",
+    "tasks",
+    "tools",
+]

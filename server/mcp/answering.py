@@ -1,0 +1,157 @@
+"""What every tool does around its own work: who may call it (:data:`ROLE_OF`), waiting (bounded)
+until the run settles with progress notifications, asking the user at a gate where the client can
+(:mod:`server.mcp.elicit`), and turning the outcome into a tool result (an error the caller can fix is
+an ``isError`` result starting with its stable code). The tools themselves are :mod:`server.mcp.tools`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import BaseModel
+
+from orchestration.core import RunHead, RunStatus
+from orchestration.errors import ConstructError
+from orchestration.tracing import link_call_to_run
+from server.identity import Caller, Role, caller_of
+from server.mcp.arguments import error_result
+from server.mcp.elicit import settle_and_ask
+from server.mcp.services import Services
+from server.views.children_view import settle_children
+from server.views.run_view import Detail, RunView
+
+log = logging.getLogger("construct.tools")
+
+MAX_WAIT_SECONDS = 300.0
+DEFAULT_WAIT_SECONDS = 10.0
+
+#: The tools' context type. A parametrized pydantic model is a real class, which is what the SDK's
+#: context-parameter detection needs.
+ToolContext = Context[Services, Any]
+
+
+def services_of(ctx: ToolContext) -> Services:
+    return ctx.request_context.lifespan_context
+
+
+#: The role each tool needs (see :mod:`server.identity`).
+ROLE_OF: dict[str, Role] = {
+    "orchestrate_start": "operate",
+    "orchestrate_fork": "operate",
+    "orchestrate_resume": "operate",
+    "orchestrate_cancel": "operate",
+    "orchestrate_approve": "approve",
+    "run_status": "read",
+    "runs_list": "read",
+    "run_events": "read",
+}
+
+
+async def caller_for(ctx: ToolContext, tool: str, run_id: str | None = None) -> Caller:
+    """Who calls ``tool``, once it is checked that they may: ``forbidden`` when their identity
+    lacks the tool's role, or is limited to its own runs and ``run_id`` is not one."""
+    caller = caller_of(ctx.request_context.request)
+    caller.require(ROLE_OF[tool], tool)
+    if run_id is not None and caller.own_runs_only:
+        caller.check_run(await services_of(ctx).runtime.status(run_id))
+    return caller
+
+
+def _ok(model: BaseModel, services: Services | None = None) -> CallToolResult:
+    if services is not None and isinstance(model, RunView):
+        text, structured = services.answer_of(model)  # dumped once per version (compact)
+    else:
+        text, structured = model.model_dump_json(), model.model_dump(mode="json")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+async def answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
+    """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code."""
+    result = await answer_or_ask(tool, work)
+    assert isinstance(result, CallToolResult)  # work never asks (see answer_or_ask)
+    return result
+
+
+async def answer_or_ask(
+    tool: str,
+    work: Callable[[], Awaitable[BaseModel | InputRequiredResult]],
+    services: Services | None = None,
+) -> CallToolResult | InputRequiredResult:
+    """:func:`answer` for a call that may ask the user at a gate instead: its form
+    (``input_required``, see :mod:`server.mcp.elicit`) goes out as it is. With ``services``, an
+    answer that is a run view they keep is dumped once (:meth:`Services.answer_of`)."""
+    try:
+        model = await work()
+    except ConstructError as exc:
+        log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
+        return error_result(exc)
+    return model if isinstance(model, InputRequiredResult) else _ok(model, services)
+
+
+async def settle_view(
+    ctx: ToolContext,
+    head: RunHead,
+    wait_seconds: float,
+    detail: Detail = "compact",
+    full_task: str | None = None,
+) -> RunView:
+    """Wait (bounded) until the run settles, reporting progress, then view it."""
+    services = services_of(ctx)
+    if wait_seconds > 0:
+        step = 0
+
+        async def progress(current: RunHead) -> None:
+            nonlocal step
+            step += 1
+            await ctx.report_progress(step, None, f"run {current.run_id} is {current.status.value}")
+
+        # One notification when the wait begins, then one per change the wait observes: a host
+        # that asked for progress always hears that the call is alive.
+        await progress(head)
+        runtime = services.runtime
+        deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
+        while True:
+            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
+            if head.status == RunStatus.AWAITING_CHILDREN:
+                # What the run needs is what its children need (server.views.children_view); a child
+                # that ended moves the run on: wait for that, then for the run to settle again.
+                ended = await settle_children(runtime, head, deadline - anyio.current_time())
+                if not ended or runtime.stopping or anyio.current_time() >= deadline:
+                    break
+                head = await runtime.wait_for_facts(
+                    head.run_id, head.last_seq, deadline - anyio.current_time()
+                )
+                continue
+            # A durable wait (a provider's backoff) that ends within the caller's budget is not
+            # worth answering "wait" for: wait through it, then for the next settled state. Not
+            # when the server is stopping: nothing will move the run on in this process.
+            if runtime.stopping or head.status != RunStatus.QUEUED or head.not_before is None:
+                break
+            until = (head.not_before - runtime.clock.now()).total_seconds()
+            if until >= deadline - anyio.current_time():
+                break
+            await anyio.sleep(max(0.0, until) + 0.05)
+    return await services.view(head.run_id, head, detail, full_task)
+
+
+async def settle_asking(
+    ctx: ToolContext,
+    head: RunHead,
+    wait_seconds: float,
+    *,
+    retry_safe: bool,
+    detail: Detail = "compact",
+    full_task: str | None = None,
+) -> RunView | InputRequiredResult:
+    """:func:`settle_view`, then ask the user at a gate where the client can (:mod:`server.mcp.elicit`).
+    ``retry_safe``: the call, repeated with the same arguments, records nothing new."""
+    link_call_to_run(head)
+
+    async def settle(current: RunHead, wait: float) -> RunView:
+        return await settle_view(ctx, current, wait, detail, full_task)
+
+    return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)

@@ -1,0 +1,267 @@
+"""Strict tool arguments: every refusal of a call's arguments is an ``isError`` result that starts
+with its stable code and names the argument in plain words (issue 9).
+
+:class:`StrictTool` checks a call's arguments before the SDK validates them (unknown names with the
+closest known one, schema violations without pydantic's raw text or the rejected value), and
+:func:`strict_schema` publishes what it enforces (``additionalProperties: false``, the configured size
+limits, ``task_id`` required with ``output``). :class:`UnknownToolRefusal` does the same for a tool
+name this server does not have.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from mcp.server import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.types import CallToolResult, TextContent
+from pydantic import Field, ValidationError
+
+from orchestration.core import Limits
+from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
+
+log = logging.getLogger("construct.tools")
+
+
+def error_result(exc: ConstructError) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")], is_error=True
+    )
+
+
+#: Given the call's context and raw arguments, the error for a required argument the caller left out
+#: (naming the value to pass); see ``missing`` in :func:`server.mcp.tools.build_tools`.
+MissingHint = Callable[[Context[Any, Any], Mapping[str, Any]], Awaitable[ConstructError]]
+
+
+#: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
+_TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
+
+#: The arguments :class:`StrictTool` checked for the call in progress (that very dict) and what
+#: validating them gave: the SDK's validation of the same dict in ``Tool.run`` reuses it instead of
+#: validating the call's arguments a second time.
+_CHECKED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
+    "construct_checked_arguments", default=None
+)
+
+
+class _VerbatimText(FuncMetadata):
+    """The SDK turns a string argument that parses as a JSON object or array into that object
+    unless the parameter is annotated exactly ``str`` (for hosts that send lists as JSON text);
+    ``output: str | None`` then refused a typed step's answer, which *is* a JSON object. Free-text
+    arguments keep the string the caller sent (recorded verbatim); the others are pre-parsed as
+    before (``chain`` may still arrive as a JSON list in a string)."""
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        parsed = super().pre_parse_json(data)
+        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items()}
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        checked = _CHECKED.get()
+        if checked is not None and checked[0] is arguments_to_validate:
+            return dict(checked[1])
+        return super().validate_arguments(arguments_to_validate)
+
+
+def verbatim_text(meta: FuncMetadata) -> FuncMetadata:
+    """``meta`` with free-text arguments kept as sent (see :class:`_VerbatimText`), publishing the
+    same output schema. Without its output model: the SDK would otherwise validate each answer's
+    structured content against it again, rebuilding the whole model from the dict, and every
+    answer of these tools is already the JSON dump of a model of that very type
+    (:func:`server.mcp.answering.answer`)."""
+    return _VerbatimText(
+        arg_model=meta.arg_model,
+        output_schema=meta.output_schema,
+        output_model=None,
+        wrap_output=meta.wrap_output,
+    )
+
+
+class StrictTool(Tool):
+    """A tool whose arguments are checked before the SDK validates them, so that every refusal is
+    an ``isError`` result starting with its stable code (the SDK's own would be its raw
+    validation text after ``Error executing tool <name>:``):
+
+    * an argument the tool does not take is ``invalid_argument: unknown argument 'x'`` with the
+      closest known name (an ignored ``approve_befor`` would silently drop a gate);
+    * a schema violation is ``invalid_argument: <argument>: <what is wrong>``, or ``too_large``
+      for a string or list over its bound; nothing of the rejected value is echoed;
+    * a missing argument with a hint in :attr:`missing` gets the hint's error, which names the
+      value to pass (looked up in the run).
+    """
+
+    missing: dict[str, MissingHint] = Field(default_factory=dict, exclude=True)
+
+    async def run(
+        self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
+    ) -> Any:
+        outcome = await self._refusal(arguments, context)
+        if isinstance(outcome, ConstructError):
+            log.info(
+                "%s refused its arguments: %s",
+                self.name,
+                outcome.code,
+                extra={"action": "tool_error", "code": outcome.code},
+            )
+            return error_result(outcome)
+        checked = _CHECKED.set((arguments, outcome))  # validated once (see _VerbatimText)
+        try:
+            return await super().run(arguments, context, convert_result)
+        finally:
+            _CHECKED.reset(checked)
+
+    async def _refusal(
+        self, arguments: dict[str, Any], context: Context[Any, Any]
+    ) -> ConstructError | dict[str, Any]:
+        """The error for the call's arguments, or, when they are right, what validating them gave."""
+        known = list(self.fn_metadata.arg_model.model_fields)
+        unknown = [name for name in arguments if name not in known]
+        if unknown:
+            said = [_unknown_argument(name, self.name, known) for name in unknown[:5]]
+            return InvalidArgument("; ".join(said))
+        try:
+            return self.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False)
+            for err in errors:
+                hint = self.missing.get(str(err["loc"][0])) if err["type"] == "missing" else None
+                if hint is not None and isinstance(arguments.get("run_id"), str):
+                    try:
+                        return await hint(context, arguments)
+                    except ConstructError as lookup_failed:
+                        return lookup_failed
+            return _schema_error(errors)
+
+
+class UnknownToolRefusal:
+    """Server middleware: a ``tools/call`` naming a tool this server does not have is refused like
+    any other mistake, ``invalid_argument: unknown tool 'x' (did you mean ...)``, instead of the
+    SDK's ``Unknown tool: <the whole name, however long>``."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.names = [tool.name for tool in tools]
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params
+        if ctx.method == "tools/call" and params is not None:
+            name = params.get("name")
+            if isinstance(name, str) and name not in self.names:
+                close = difflib.get_close_matches(name, self.names, n=1)
+                hint = (
+                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
+                )
+                log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
+                return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
+        return await call_next(ctx)
+
+
+def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown argument {quoted(name)} (did you mean {close[0]!r}?)"
+    return f"unknown argument {quoted(name)}; {tool} takes: {', '.join(known)}"
+
+
+def _schema_error(errors: list[Any]) -> ConstructError:
+    """One error for a failed argument validation: the first argument at fault, in plain words.
+    pydantic reports each member of a union (``chain``: a name or a list) as its own error; they
+    are said together."""
+    first = errors[0]["loc"][0]
+    mine = [e for e in errors if e["loc"][0] == first]
+    for err in mine:
+        limit = (err.get("ctx") or {}).get("max_length")
+        if err["type"] == "string_too_long":
+            return TooLarge(f"{_where(err['loc'])} is over {limit} characters")
+        if err["type"] == "too_long":
+            return TooLarge(f"{_where(err['loc'])} has more than {limit} items")
+    if mine[0]["type"] == "missing":
+        return InvalidArgument(f"{first} is required; see the tool's input schema")
+    # A value of the right type for one member of a union that breaks that member's constraint
+    # (chain: "") is about that constraint, not about the other members' types.
+    constrained = [e for e in mine if not str(e["type"]).endswith("_type")]
+    said = dict.fromkeys(f"{_where(e['loc'])}: {_plain(e['msg'])}" for e in constrained or mine)
+    return InvalidArgument("; or ".join(said))
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """``approve_before[1]``: the argument and the list positions; the other strings of a location
+    name union members (``str``, ``list[str]``), not arguments."""
+    return str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+
+
+def _plain(message: str) -> str:
+    # pydantic's messages ("Input should be a valid string") name no input value; keep them short.
+    message = message[:1].lower() + message[1:]
+    return message if len(message) <= 200 else message[:200] + "..."
+
+
+def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """The published input schema: no property beyond the declared ones, the configured size
+    limits on ``request`` and ``output`` and the cursor's bound (the runtime enforces these
+    three), and ``task_id`` required whenever ``output`` is given."""
+    schema = {**schema, "additionalProperties": False}
+    properties = dict(schema.get("properties", {}))
+    for name, limit in (
+        ("request", limits.max_request_chars),
+        ("output", limits.max_output_chars),
+        ("cursor", limits.max_cursor_chars),
+    ):
+        if name in properties:
+            properties[name] = _with_max_length(properties[name], limit)
+    schema["properties"] = properties
+    if "output" in properties and "task_id" in properties:
+        schema["dependentRequired"] = {"output": ["task_id"]}
+    published: dict[str, Any] = _untitled(schema)
+    return published
+
+
+#: keywords whose value is a map of names to schemas (the names are data, not keywords)
+_SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
+
+
+def _untitled(schema: Any) -> Any:
+    """``schema`` without pydantic's generated ``title`` keywords ("Max Cost Usd" beside
+    ``max_cost_usd``): they tell a model nothing the property's name does not, and every host
+    pays for them in its context at each ``tools/list``. A property *named* ``title`` is kept."""
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _untitled(sub) for name, sub in value.items()}
+        else:
+            out[key] = _untitled(value)
+    return _nullable(out)
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``{"anyOf": [{"type": T, ...}, {"type": "null"}], "default": null}`` (pydantic's
+    ``T | None = None``) as the equivalent ``{"type": [T, "null"], ...}``: the same values are
+    valid (a string keyword such as ``maxLength`` constrains only strings), in fewer bytes; an
+    absent ``default`` of null says what the omitted argument means anyway."""
+    branches = schema.get("anyOf")
+    if not (isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches):
+        return schema
+    (other,) = [b for b in branches if b != {"type": "null"}]
+    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or "enum" in other:
+        return schema
+    flat = {k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)}
+    return {**other, **flat, "type": [other["type"], "null"]}
+
+
+def _with_max_length(prop: dict[str, Any], limit: int) -> dict[str, Any]:
+    if "anyOf" in prop:  # an optional string: string | null
+        branches = [_with_max_length(b, limit) if b.get("type") == "string" else b for b in prop["anyOf"]]
+        return {**prop, "anyOf": branches}
+    return {**prop, "maxLength": limit}

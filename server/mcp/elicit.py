@@ -1,0 +1,480 @@
+"""Ask the user at an approval gate, where the host can (MCP elicitation).
+
+When a tool call that waits (``wait_seconds`` > 0: ``orchestrate_start``, ``orchestrate_resume``,
+``orchestrate_approve``, ``run_status``) finds the run settled at an approval gate, and the client
+declared form elicitation, the server asks the user itself: a form with the gate, what comes next,
+the output under review (a bounded preview: :data:`REVIEW_PREVIEW_CHARS`) and the fields of
+:class:`GateForm` — a ``decision`` (:data:`Choice`: approve, reject, and revise where the gate
+can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose step names
+``approvers`` is asked only of them (a verified identity in the list). A caller whose
+identity may not decide gates (over HTTP, a token without the ``approve`` role) is not asked, nor is
+a client without elicitation: they get the view with ``next_action`` ``approve``, as before.
+
+The answer is recorded through :meth:`~orchestration.engine.runtime.Runtime.approve`, the path
+``orchestrate_approve`` takes, with ``channel="elicitation"``: the approver is the verified identity
+of the HTTP token (``verified=True``), else nobody (claimed: the form names no one). A duplicated
+answer therefore records one decision. Declining or cancelling the form leaves the gate pending;
+the answer's ``warnings`` say so. When the gate was decided elsewhere while the form was open, an
+answer that agrees records nothing (a warning says who decided), and one that differs is not
+recorded: a warning starting ``conflict:`` says so. Those warnings start with a stable word:
+``elicitation:`` (declined, cancelled, unanswered, already decided the same way), ``conflict:``,
+``invalid_state:``. A task-aware client (:mod:`server.mcp.tasks`) gets the same form in a task's
+``inputRequests`` (:func:`gate_request`), and its ``tasks/update`` answer takes the same path
+(:func:`take_answer`).
+
+**Two protocol eras** (``ctx.protocol_version``):
+
+* Handshake-era connections (up to 2025-11-25): ``elicitation/create`` is sent in the middle of the
+  call (``ctx.elicit``). Each form stays open at most ``wait_seconds``; after an answer the call
+  waits again (at most ``wait_seconds``) for the run's next settled state, and asks again at the
+  next gate.
+* 2026-07-28 connections have no server-to-client requests: the tool answers ``input_required``
+  with the form and a ``request_state``, and the client *retries the same* ``tools/call`` with the
+  user's answer. The retry runs the tool again from the start, so only calls that a retry cannot
+  repeat a side effect of ask there (``retry_safe``): ``run_status`` (reads), ``orchestrate_approve``
+  (the same decision again records nothing), ``orchestrate_resume`` *with output* (the same
+  ``task_id`` and output again records nothing) and ``orchestrate_start`` *with an*
+  ``idempotency_key`` (the same key and request returns the same run). A start without a key and a
+  resume without output (which, retried at a gate, is ``invalid_state``) do not ask on that era.
+  The ``request_state`` is this module's :class:`AskedGate` — run, gate, identity, expiry —
+  signed with HMAC-SHA256 under a per-process secret (:class:`GateAsks`); the SDK also seals it
+  (AES-GCM, bound to the tool, its arguments, the token's identity over HTTP and an expiry)
+  under its own per-process key. A state that was tampered with, forged, issued to another
+  identity, for another call or run, or expired, is refused — by the SDK's seal with the JSON-RPC
+  error ``Invalid or expired requestState``, or by this module's signature with
+  ``invalid_argument`` — and nothing is recorded. A retry that reaches a restarted server or
+  another process is refused the same way (both keys are per process): the user's answer is lost,
+  the gate stays pending, and calling again asks again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from mcp.server.elicitation import AcceptedElicitation, render_elicitation_schema
+from mcp.server.mcpserver import Context
+from mcp.shared.exceptions import MCPError
+from mcp.types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
+from mcp_types.version import is_version_at_least
+from pydantic import BaseModel, Field, ValidationError
+
+from orchestration.core import (
+    GATE_STATUS_OF,
+    GateState,
+    Limits,
+    RevisePlan,
+    RunHead,
+    RunStatus,
+    TaskStatus,
+    revise_offered,
+    revise_plan,
+)
+from orchestration.engine import RunSnapshot
+from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
+from server.identity import Caller, caller_of
+from server.views.run_view import RunView, next_action, output_uri, request_preview
+
+if TYPE_CHECKING:
+    from server.mcp.services import Services
+
+#: The decisions the form offers: ``revise`` (re-run the step under review, with the comment) only
+#: where the gate can be revised (:class:`RevisableGateForm`).
+Choice = Literal["approve", "reject", "revise"]
+
+#: The form shows this many characters of the output under review.
+REVIEW_PREVIEW_CHARS = 1500
+
+#: The key of the form in an ``input_required`` answer's ``input_requests``.
+FORM_KEY = "construct_gate"
+
+#: The first protocol revision without server-to-client requests (the SDK's own threshold).
+INPUT_REQUIRED_VERSION = "2026-07-28"
+
+#: How long a ``request_state`` this server issued is good for (the SDK's seal defaults to the same).
+STATE_TTL_SECONDS = 600.0
+
+_DID = {"decline": "declined", "cancel": "cancelled", "accept": "accepted"}
+_NOTES_KEPT = 5
+_NOTE_CHARS = 400
+
+
+class GateForm(BaseModel):
+    """The form's fields (primitive, as elicitation requires), for a gate that cannot be revised."""
+
+    decision: Literal["approve", "reject"] = Field(
+        title="Decision",
+        description="approve: the chain goes on; reject: the run ends as rejected.",
+    )
+    comment: str | None = Field(
+        default=None,
+        title="Comment",
+        max_length=Limits().max_comment_chars,
+        description="Optional. An approval's comment is shown to the following steps.",
+    )
+
+
+class RevisableGateForm(BaseModel):
+    """The form for a gate that can be revised (:func:`~orchestration.core.routing.revise_offered`)."""
+
+    decision: Choice = Field(
+        title="Decision",
+        description="approve: the chain goes on; reject: the run ends as rejected; revise: the work "
+        "under review is done again, with your comment.",
+    )
+    comment: str | None = Field(
+        default=None,
+        title="Comment",
+        max_length=Limits().max_comment_chars,
+        description="Optional (for revise: what to change). An approval's comment is shown to the "
+        "following steps.",
+    )
+
+
+def form_for(head: RunHead, gate_id: str) -> type[GateForm] | type[RevisableGateForm]:
+    """The form the user is shown at ``gate_id``: with revise only where the gate offers it."""
+    gate = head.gate(gate_id)
+    return RevisableGateForm if gate is not None and revise_offered(head, gate) else GateForm
+
+
+def gate_request(snapshot: RunSnapshot, gate_id: str) -> ElicitRequest:
+    """The form for ``gate_id`` as an elicitation request (:func:`gate_message`, :func:`form_for`):
+    what a 2026-07-28 answer's ``input_requests`` carries, and a task's (:mod:`server.mcp.tasks`)."""
+    return ElicitRequest(
+        params=ElicitRequestFormParams(
+            message=gate_message(snapshot, gate_id),
+            requested_schema=render_elicitation_schema(form_for(snapshot.head, gate_id)),
+        )
+    )
+
+
+def may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
+    """Whether ``caller`` may be asked at ``gate_id`` (see :func:`_may_decide`), role included."""
+    return "approve" in caller.roles and _may_decide(head, gate_id, caller)
+
+
+def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
+    """Whether the answer of ``caller`` could be recorded at ``gate_id`` by its approvers (the
+    form records the verified identity, else nobody): a gate whose step names approvers is not
+    asked of anyone else."""
+    gate = head.gate(gate_id)
+    allowed = head.step_of(gate.task_id).approvers if gate is not None else None
+    return allowed is None or (caller.verified and caller.identity in allowed)
+
+
+@dataclass(frozen=True, slots=True)
+class AskedGate:
+    """What a ``request_state`` says: the gate asked about, for whom, until when, and the warnings
+    of earlier rounds of the same call (so they reach its final answer)."""
+
+    run_id: str
+    gate_id: str
+    identity: str | None
+    expires: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GateAsks:
+    """Signs and checks the ``request_state`` of gate forms: HMAC-SHA256 under a secret this
+    process generated (``secret``), over the run, the gate, the identity asked and the expiry."""
+
+    secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    ttl_seconds: float = STATE_TTL_SECONDS
+
+    def seal(self, asked: AskedGate) -> str:
+        body = json.dumps(
+            {
+                "r": asked.run_id,
+                "g": asked.gate_id,
+                "i": asked.identity,
+                "e": asked.expires,
+                "n": asked.notes,
+            },
+            separators=(",", ":"),
+        ).encode()
+        return _b64(self._mac(body)) + "." + _b64(body)
+
+    def open(self, state: str, now: datetime) -> AskedGate:
+        """The gate ``state`` names; ``invalid_argument`` when it is not one this process signed
+        unchanged, or it expired."""
+        refused = InvalidArgument(
+            "request_state is not one this server issued for a gate form, or it expired; nothing was "
+            "recorded. Call the tool again without it to be asked again, or decide with orchestrate_approve"
+        )
+        mac, _, body_text = state.partition(".")
+        try:
+            body = _unb64(body_text)
+            if not hmac.compare_digest(_unb64(mac), self._mac(body)):
+                raise refused
+            data = json.loads(body)
+            asked = AskedGate(
+                run_id=str(data["r"]),
+                gate_id=str(data["g"]),
+                identity=None if data["i"] is None else str(data["i"]),
+                expires=float(data["e"]),
+                notes=tuple(str(n) for n in data["n"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise refused from None
+        if not now.timestamp() < asked.expires:
+            raise refused
+        return asked
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self.secret, b"construct/gate-form/v1:" + body, hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(raw) != text:
+        raise ValueError("non-canonical base64")
+    return raw
+
+
+#: Waits (bounded) until a run settles and views it: ``tools._settle`` for the call's detail.
+Settle = Callable[[RunHead, float], Awaitable[RunView]]
+ToolContext = Context["Services", Any]
+
+
+async def settle_and_ask(
+    ctx: ToolContext, head: RunHead, wait_seconds: float, settle: Settle, *, retry_safe: bool
+) -> RunView | InputRequiredResult:
+    """Settle the run (``settle``), then, when it waits at a gate and the user can be asked here,
+    ask (see the module docstring). ``retry_safe``: repeating this call with the same arguments
+    records nothing new, so it may ask on a 2026-07-28 connection, where the answer is a retry."""
+    services: Services = ctx.request_context.lifespan_context
+    caller = caller_of(ctx.request_context.request)
+    notes: list[str] = []
+    answered: str | None = None
+    if _modern(ctx) and ctx.request_state is not None:
+        asked = services.asks.open(ctx.request_state, services.runtime.clock.now())
+        if asked.run_id != head.run_id or asked.identity != caller.identity:
+            raise InvalidArgument(
+                "request_state was issued for another run or identity; nothing was recorded. Call the "
+                "tool again without it to be asked again"
+            )
+        notes.extend(asked.notes)
+        answered = asked.gate_id
+        head = await take_answer(services, head, asked.gate_id, _response(ctx), caller, notes)
+    view = await settle(head, wait_seconds)
+    if wait_seconds <= 0 or not _can_ask(ctx, caller):
+        return _noted(view, notes)
+    if _modern(ctx):
+        gate = _open_gate(view)
+        if not retry_safe or gate is None or gate == answered:
+            return _noted(view, notes)
+        snapshot = await services.runtime.snapshot(view.run_id)
+        if not _may_decide(snapshot.head, gate, caller):
+            return _noted(view, notes)
+        asked = AskedGate(
+            run_id=view.run_id,
+            gate_id=gate,
+            identity=caller.identity,
+            expires=services.runtime.clock.now().timestamp() + services.asks.ttl_seconds,
+            notes=tuple(n[:_NOTE_CHARS] for n in notes[-_NOTES_KEPT:]),
+        )
+        return InputRequiredResult(
+            input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=services.asks.seal(asked)
+        )
+    # Handshake era: ask in the middle of the call, each form bounded by wait_seconds.
+    while (gate := _open_gate(view)) is not None:
+        snapshot = await services.runtime.snapshot(view.run_id)
+        if not _may_decide(snapshot.head, gate, caller):
+            break
+        result: ElicitResult | None = None
+        with anyio.move_on_after(wait_seconds):
+            try:
+                outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
+            except (MCPError, ValueError) as exc:
+                notes.append(f"elicitation: the form for gate {gate} failed ({exc}); it is still pending")
+                break
+            if isinstance(outcome, AcceptedElicitation):
+                result = ElicitResult(action="accept", content=outcome.data.model_dump())
+            else:
+                result = ElicitResult(action=outcome.action)
+        if result is None:
+            notes.append(
+                f"elicitation: no answer to the form for gate {gate} within {wait_seconds:g} s; the gate "
+                "is still pending"
+            )
+            break
+        head = await take_answer(services, snapshot.head, gate, result, caller, notes)
+        if result.action != "accept":
+            break
+        view = await settle(head, wait_seconds)
+        if _open_gate(view) == gate:  # the answer was not recorded: do not ask the same again
+            break
+    return _noted(view, notes)
+
+
+async def take_answer(
+    services: Services,
+    head: RunHead,
+    gate_id: str,
+    response: ElicitResult | None,
+    caller: Caller,
+    notes: list[str],
+) -> RunHead:
+    """Record the user's answer to the form for ``gate_id`` (see the module docstring); returns the
+    run as it is now."""
+    if response is None or response.action != "accept":
+        said = "gave no answer to" if response is None else _DID[response.action]
+        notes.append(
+            f"elicitation: the user {said} the form for gate {gate_id}; the gate is still pending: decide "
+            "it with orchestrate_approve when the user has"
+        )
+        return head
+    try:
+        form = RevisableGateForm.model_validate(response.content or {})
+    except ValidationError:
+        notes.append(
+            f"elicitation: the answer to the form for gate {gate_id} did not fit the form; nothing was "
+            "recorded and the gate is still pending"
+        )
+        return head
+    caller.require("approve", "deciding a gate")
+    runtime = services.runtime
+    run_id = head.run_id
+    try:
+        return await runtime.approve(
+            run_id,
+            form.decision,
+            gate_id,
+            form.comment,
+            caller.identity if caller.verified else None,
+            channel="elicitation",
+            verified=caller.verified,
+        )
+    except Conflict:
+        # Decided elsewhere while the form was open (an identical repeat of this answer is no
+        # conflict: approve returned above).
+        head = await runtime.status(run_id)
+        gate = _decided(head, gate_id)
+        if gate is None:  # pragma: no cover - approve raises Conflict only for a decided gate
+            raise
+        by = f" by {gate.approver!r}" if gate.approver else ""
+        via = f" via {gate.channel}" if gate.channel else ""
+        if gate.status == GATE_STATUS_OF[form.decision]:
+            notes.append(
+                f"elicitation: gate {gate_id} was already {gate.status}{by}{via} while the form was open; "
+                "the answer agrees, so nothing more was recorded"
+            )
+        else:
+            notes.append(
+                f"conflict: gate {gate_id} was already {gate.status}{by}{via} while the form was open; the "
+                f"answer ({form.decision}) differs and was not recorded"
+            )
+        return head
+    except (InvalidState, InvalidArgument, Forbidden) as exc:
+        notes.append(f"{exc.code}: the answer ({form.decision}) to gate {gate_id} was not recorded: {exc}")
+        return await runtime.status(run_id)
+
+
+def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:
+    """The form's text: the run, the gate, what comes next, and the output under review (a
+    preview of at most :data:`REVIEW_PREVIEW_CHARS` characters)."""
+    head = snapshot.head
+    gate = next(g for g in head.gates if g.gate_id == gate_id)
+    step = head.step_of(gate.task_id)
+    steps = [s.name for s in head.chain.steps]
+    lines = [
+        f"Run {head.run_id} (chain {head.chain.name!r}: {' -> '.join(steps)}) waits for your decision "
+        f"at gate {gate_id}.",
+        f"Request: {request_preview(head.request)}",
+    ]
+    reviewed: str | None
+    if gate.position == "exhausted":
+        action = next_action(snapshot)
+        lines.append(action.guards if action.kind == "approve" else "A loop reached its bound.")
+        reviewed = gate.task_id
+    elif gate.position == "budget":
+        lines.append(
+            f"The budget does not allow the next call: {gate.note} Approve: the budget is raised by its "
+            "original amount again (orchestrate_approve's budget_raise gives another). Reject: the run "
+            "ends as rejected."
+        )
+        reviewed = None
+    elif gate.position == "before":
+        lines.append(
+            f"Approve: the {step.name!r} step ({step.specialist}) starts. Reject: the run ends as rejected."
+        )
+        reviewed = _last_done_before(head, gate.task_id)
+    else:
+        index = steps.index(step.name)
+        last = index + 1 >= len(steps)
+        then = "the run completes" if last else f"the chain goes on with {steps[index + 1]!r}"
+        lines.append(f"Approve: {then}. Reject: the run ends as rejected.")
+        reviewed = gate.task_id
+    plan = revise_plan(head, gate)
+    if isinstance(plan, RevisePlan):
+        lines.append(f"Revise: {plan.body[0]!r} runs again with your comment (as a new task instance).")
+    output = snapshot.outputs.get(reviewed) if reviewed is not None else None
+    if reviewed is not None and output is not None:
+        cut = output if len(output) <= REVIEW_PREVIEW_CHARS else output[: REVIEW_PREVIEW_CHARS - 1] + "…"
+        shown = "all of it" if cut == output else f"the first {REVIEW_PREVIEW_CHARS - 1}"
+        lines.append(
+            f"Output under review — {reviewed} ({len(output)} characters, {shown}; whole at "
+            f"{output_uri(head.run_id, reviewed)}):\n{cut}"
+        )
+    return "\n\n".join(lines)
+
+
+def _last_done_before(head: RunHead, task_id: str) -> str | None:
+    done: str | None = None
+    for task in head.tasks:
+        if task.task_id == task_id:
+            break
+        if task.status == TaskStatus.DONE:
+            done = task.task_id
+    return done
+
+
+def _modern(ctx: ToolContext) -> bool:
+    version = ctx.protocol_version
+    return version is not None and is_version_at_least(version, INPUT_REQUIRED_VERSION)
+
+
+def _can_ask(ctx: ToolContext, caller: Caller) -> bool:
+    """The client declared form elicitation (a bare ``elicitation: {}`` counts, as in the SDK) and
+    the caller may decide gates."""
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+        return False
+    return "approve" in caller.roles
+
+
+def _response(ctx: ToolContext) -> ElicitResult | None:
+    response = (ctx.input_responses or {}).get(FORM_KEY)
+    return response if isinstance(response, ElicitResult) else None
+
+
+def _open_gate(view: RunView) -> str | None:
+    action = view.next_action
+    if view.status == RunStatus.AWAITING_APPROVAL and action.kind == "approve":
+        return action.gate_id
+    return None
+
+
+def _decided(head: RunHead, gate_id: str) -> GateState | None:
+    gate = next((g for g in head.gates if g.gate_id == gate_id), None)
+    return gate if gate is not None and gate.status not in ("pending", "requested") else None
+
+
+def _noted(view: RunView, notes: list[str]) -> RunView:
+    if not notes:
+        return view
+    return view.model_copy(update={"warnings": [*view.warnings, *notes]})

@@ -1,0 +1,219 @@
+"""Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.run_view.RunView` as JSON
+(the compact view the tools answer with), and ``run://{run_id}/tasks/{task_id}/output`` is one
+task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``), and
+``run://{run_id}/events`` is the run's newest events (:mod:`server.views.events`; the ``run_events`` tool
+reads on from its ``next_after_seq``), and ``run://{run_id}/export`` the whole run as ``runs export``
+writes it (JSON Lines, :mod:`orchestration.ops.export`), which ``runs import`` restores in any store.
+An output never changes once recorded, so only ``run://{run_id}`` is worth subscribing to (it
+changes whenever an event is recorded).
+
+Subscribers hear about every change this process writes to the run (the runtime calls
+:meth:`~server.mcp.services.Services.publish_change` after each write):
+
+* 2026-07-28 clients open ``subscriptions/listen`` with the run's URI; the SDK serves it from the
+  subscription bus the app gives the server.
+* Handshake-era clients send ``resources/subscribe``; ``MCPServer`` has no handler for it, so one
+  is registered on its low-level server here, remembering the client's session so that
+  ``notifications/resources/updated`` can be sent on it (only ``run://<run id>``, at most
+  ``CONSTRUCT_MAX_SUBSCRIPTIONS`` per session, forgotten when the session ends: see
+  :mod:`server.mcp.subscriptions`).
+
+``resources/list`` lists the :data:`RECENT_RUNS` newest runs (the ones the caller may read),
+newest first, as ``run://{run_id}`` named by chain, status and the start of the request, so that a
+user can attach a run to a conversation in any host and pick it up there. The list is made at each
+request (the SDK's own list holds only resources registered up front, so its handler is replaced,
+keeping those first). Reading, listing and subscribing need the ``read`` role over HTTP with
+tokens (see :mod:`server.identity`); a caller without it is listed no runs.
+
+Changes made by *other* processes on the same store (the CLI, another server) are announced too,
+within about one poll interval: :class:`~server.mcp.subscriptions.RunSubscriptions` polls the subscribed runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+from mcp.server import MCPServer
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+
+from orchestration.core import RunHead, TaskStatus, validate_run_id
+from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
+from orchestration.ops import export_lines, snapshot
+from server.identity import caller_of
+from server.mcp.services import Services, run_uri
+from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, as_protocol_error
+from server.views.events import newest_events
+from server.views.listing import waiting_for
+from server.views.run_view import check_task_id
+
+ResourceContext = Context[Services, Any]
+#: How many runs ``resources/list`` shows (the newest); runs_list pages through all of them.
+RECENT_RUNS = 20
+#: How much of a run's request its resource name shows.
+NAME_PREVIEW_CHARS = 60
+
+
+async def _readable(ctx: ResourceContext, run_id: str) -> RunHead:
+    """The run ``run_id``, once it is checked that the caller may read it (``forbidden``)."""
+    caller = caller_of(ctx.request_context.request)
+    caller.require("read", "reading a run resource")
+    head = await ctx.request_context.lifespan_context.runtime.status(validate_run_id(run_id))
+    caller.check_run(head)
+    return head
+
+
+def _resource_error(exc: ConstructError) -> Exception:
+    """How a resource read reports an error: ``forbidden`` as a coded JSON-RPC error; what names no
+    readable run, task or output (a bad or unknown id, an output not there yet) as "not found";
+    anything else as a resource error. Each message starts with the error's stable code."""
+    if isinstance(exc, Forbidden):
+        return as_protocol_error(exc)
+    said = f"{exc.code}: {exc.message}"
+    if isinstance(exc, RunNotFound | InvalidArgument | InvalidState):
+        return ResourceNotFoundError(said)
+    return ResourceError(said)
+
+
+async def read_run(run_id: str, ctx: ResourceContext) -> str:
+    """A run: status, next_action, tasks with output previews, gates and warnings (the compact
+    run_status view)."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        view = await services.view(run_id, await _readable(ctx, run_id))
+    except ConstructError as exc:
+        raise _resource_error(exc) from None
+    return view.model_dump_json()
+
+
+async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> str:
+    """One task's whole output, verbatim (the view's ``output_uri``)."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        head = await _readable(ctx, run_id)
+        task = check_task_id(head, task_id)
+        if task.status != TaskStatus.DONE or task.output_seq is None:
+            raise InvalidState(
+                f"task {task.task_id!r} of run {head.run_id} has no output: it is {task.status.value}"
+            )
+        outputs = await services.runtime.outputs(head, [task.task_id])
+    except ConstructError as exc:
+        raise _resource_error(exc) from None
+    return outputs[task.task_id]
+
+
+async def read_run_events(run_id: str, ctx: ResourceContext) -> str:
+    """The run's newest events (at most :data:`~server.views.events.RESOURCE_EVENTS`), as the
+    ``run_events`` tool pages them: read on with ``run_events(after_seq=next_after_seq)``."""
+    services: Services = ctx.request_context.lifespan_context
+    try:
+        page = await newest_events(services.runtime, await _readable(ctx, run_id))
+    except ConstructError as exc:
+        raise _resource_error(exc) from None
+    return page.model_dump_json()
+
+
+async def read_run_export(run_id: str, ctx: ResourceContext) -> str:
+    """The whole run, every output in full, as ``runs export`` writes it: a header with its hashes,
+    the head, every fact (JSON Lines). Read it to archive or move a run, not to follow one."""
+    runtime = ctx.request_context.lifespan_context.runtime
+    try:
+        run = await snapshot(runtime.store, (await _readable(ctx, run_id)).run_id)
+    except ConstructError as exc:
+        raise _resource_error(exc) from None
+    return "".join(
+        f"{line}\n" for line in export_lines(run, source=runtime.store.name, at=runtime.clock.now())
+    )
+
+
+def run_resource(head: RunHead) -> types.Resource:
+    """A run as ``resources/list`` shows it: ``run://<id>``, named by its chain, status and request."""
+    name = f"{head.chain.name} · {head.status.value} · {_flat_preview(head.request)}"
+    waiting = waiting_for(head)
+    return types.Resource(
+        uri=run_uri(head.run_id),
+        name=name,
+        title=name,
+        description=f"Run {head.run_id}"
+        + (f", waiting for {waiting}" if waiting else "")
+        + ". Attach it to pick the run up: its next_action says what to do.",
+        mime_type="application/json",
+    )
+
+
+def _flat_preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= NAME_PREVIEW_CHARS else flat[: NAME_PREVIEW_CHARS - 1] + "…"
+
+
+def register_resources(
+    server: MCPServer[Services], legacy: LegacySubscribers, subscriptions: RunSubscriptions
+) -> None:
+    server.resource(
+        "run://{run_id}",
+        name="run",
+        title="A construct-mcp run",
+        description="The run's status, next action, tasks, gates and warnings (JSON); subscribe for updates.",
+        mime_type="application/json",
+    )(read_run)
+    server.resource(
+        "run://{run_id}/tasks/{task_id}/output",
+        name="task_output",
+        title="A task's output",
+        description="One task's whole output, verbatim (a run view's tasks[].output_uri).",
+        mime_type="text/plain",
+    )(read_task_output)
+    server.resource(
+        "run://{run_id}/events",
+        name="run_events",
+        title="A run's newest events",
+        description="The run's newest events (JSON, as run_events pages them); read on with run_events.",
+        mime_type="application/json",
+    )(read_run_events)
+    server.resource(
+        "run://{run_id}/export",
+        name="run_export",
+        title="A run's export",
+        description="The whole run as JSON Lines (header, head, every fact): runs import restores it.",
+        mime_type="application/jsonl",
+    )(read_run_export)
+
+    async def subscribe(
+        ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        try:
+            caller_of(ctx.request).require("read", "subscribing to a run resource")
+            legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
+        except ConstructError as exc:
+            raise as_protocol_error(exc) from None
+        await subscriptions.add([str(params.uri)], listening=False)
+        return types.EmptyResult()
+
+    async def unsubscribe(
+        ctx: ServerRequestContext[Services, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        legacy.remove(str(params.uri), ctx.session)
+        return types.EmptyResult()
+
+    async def list_resources(
+        ctx: ServerRequestContext[Services, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        static = await server.list_resources()
+        caller = caller_of(ctx.request)
+        if "read" not in caller.roles:
+            return types.ListResourcesResult(resources=static)
+        try:
+            page = await ctx.lifespan_context.runtime.list_runs(None, RECENT_RUNS)
+        except ConstructError as exc:
+            raise as_protocol_error(exc) from None
+        runs = [run_resource(head) for head in page.runs if caller.may_see(head)]
+        return types.ListResourcesResult(resources=[*static, *runs])
+
+    # MCPServer exposes no hook for the handshake-era subscribe methods, nor lists resources that
+    # change (its list is of resources registered up front); its low-level server does.
+    lowlevel = server._lowlevel_server
+    lowlevel.add_request_handler("resources/list", types.PaginatedRequestParams, list_resources)
+    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)

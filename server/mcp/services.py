@@ -1,0 +1,126 @@
+"""The objects one server process runs with, as the lifespan hands them to tools and resources.
+
+Built only by the composition root (:mod:`server.app`); tools reach them through
+``ctx.request_context.lifespan_context``. Nothing here is a module-level singleton.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
+
+from orchestration.core import RunHead
+from orchestration.engine import Dispatcher, RunSnapshot, Runtime
+from server.mcp.elicit import GateAsks
+from server.mcp.subscriptions import LegacySubscribers
+from server.settings.config import Settings
+from server.views.children_view import with_children, with_gone_links
+from server.views.run_view import Detail, RunView, run_view
+
+log = logging.getLogger("construct.server")
+
+
+#: how many run versions' snapshots :meth:`Services.view` keeps (the oldest goes first)
+SNAPSHOTS_KEPT = 64
+
+
+def run_uri(run_id: str) -> str:
+    return f"run://{run_id}"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything a tool needs: the runtime (store, catalog), the dispatcher, the settings."""
+
+    settings: Settings
+    runtime: Runtime
+    dispatcher: Dispatcher
+    bus: SubscriptionBus
+    legacy_subscribers: LegacySubscribers
+    store_description: str
+    warnings: Sequence[str] = ()
+    #: signs the state of gate forms (see :mod:`server.mcp.elicit`), under a secret of this process
+    asks: GateAsks = field(default_factory=GateAsks)
+
+    #: the snapshots of the last few run versions viewed (see :meth:`view`)
+    snapshots: dict[tuple[str, int], RunSnapshot] = field(default_factory=dict, repr=False, compare=False)
+    #: their compact views (built from the snapshot alone, so fixed for a version too)
+    compact_views: dict[tuple[str, int], RunView] = field(default_factory=dict, repr=False, compare=False)
+    #: and their answers' text and structured content (see :meth:`answer_of`)
+    compact_answers: dict[tuple[str, int], tuple[RunView, str, dict[str, Any]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    async def view(
+        self,
+        run_id: str,
+        head: RunHead | None = None,
+        detail: Detail = "compact",
+        full_task: str | None = None,
+    ) -> RunView:
+        """The run as the tools show it, read from the store (``head`` if the caller has it);
+        ``detail`` and ``full_task`` as in :func:`~server.views.run_view.run_view`.
+
+        The head is always read (or given); the log behind it only when this version of the run
+        was not viewed lately: a version is one committed state (each write is a compare-and-swap
+        on it), so its snapshot never changes, nor its compact view (:func:`run_view` is a pure
+        function of the snapshot: it is built once per version). A host polling ``run_status`` on
+        a run that does not move reads one head per call. What a view shows of other runs (its
+        children, links to runs pruned or moved away) is read at each call."""
+        if head is None:
+            head = await self.runtime.status(run_id)
+        key = (head.run_id, head.version)
+        snapshot = self.snapshots.get(key)
+        if snapshot is None:
+            snapshot = await self.runtime.snapshot(run_id, head)
+            while len(self.snapshots) >= SNAPSHOTS_KEPT:
+                oldest = next(iter(self.snapshots))
+                del self.snapshots[oldest]
+                self.compact_views.pop(oldest, None)
+                self.compact_answers.pop(oldest, None)
+            self.snapshots[key] = snapshot
+        if detail == "compact" and full_task is None:
+            view = self.compact_views.get(key) or run_view(snapshot)
+            self.compact_views[key] = view
+        else:
+            view = run_view(snapshot, detail, full_task)
+        # A parent shows its child runs, and what a waiting child needs (server.views.children_view);
+        # a link to a run pruned or moved away says so.
+        view = await with_gone_links(view, self.runtime.store)
+        return await with_children(view, head, self.view)
+
+    def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
+        """The text (JSON without indentation) and structured content of an answer that is
+        ``view``. A compact view kept here (the very object :meth:`view` returned: nothing of other
+        runs was added to it) is dumped once, like it is built once: a host polling ``run_status``
+        on a run that does not move gets the same bytes at each call without paying for them.
+        Callers must not change the structured content (it is shared between answers)."""
+        key = (view.run_id, view.version)
+        if self.compact_views.get(key) is not view:
+            return view.model_dump_json(), view.model_dump(mode="json")
+        dumped = self.compact_answers.get(key)
+        if dumped is None or dumped[0] is not view:
+            dumped = (view, view.model_dump_json(), view.model_dump(mode="json"))
+            self.compact_answers[key] = dumped
+        return dumped[1], dumped[2]
+
+    async def publish_change(self, head: RunHead) -> None:
+        """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""
+        uri = run_uri(head.run_id)
+        await self.bus.publish(ResourceUpdated(uri=uri))
+        await self.legacy_subscribers.notify(uri)
+
+    def describe(self) -> dict[str, Any]:
+        """Safe-to-log facts about this process (no secrets)."""
+        s = self.settings
+        return {
+            "store": self.store_description,
+            "owner": self.runtime.owner,
+            "worker_backend": s.worker_backend,
+            "concurrency": s.dispatch_concurrency,
+            "recover_on_start": s.recover_on_start,
+        }

@@ -1,0 +1,328 @@
+"""Announcing changes that *other* processes make to runs someone subscribed to here.
+
+This process announces its own writes at once (the runtime's listener). A run can also change
+through another process on the same store: the CLI (``construct-mcp runs approve``), or another
+server that took the run's lease (scale-out on Postgres). :class:`RunSubscriptions` knows which run
+resources have subscribers in this process (``subscriptions/listen`` streams and handshake-era
+``resources/subscribe`` sessions) and the version each was last announced at; :meth:`run` polls the
+store for those runs only, every ``poll_seconds`` (``CONSTRUCT_POLL_SECONDS``, default 1 s), and
+announces a run whose stored version went past the last announced one. So a subscriber hears of a
+change written elsewhere within about one poll interval, and of a change written here once.
+
+Subscriptions are bounded, so that forgotten ones cannot pile up (each watched run is read from the
+store at every poll):
+
+* only runs are watched: ``run://<run id>`` with a valid run id. A ``run://`` URI whose id is not
+  valid is refused with ``invalid_argument``. A URI of any other scheme names nothing of this
+  server that can change, so a subscription to it is acknowledged and **not kept** (nothing is
+  stored, no store is read, it counts against no cap): this keeps generic clients (the official
+  MCP conformance suite subscribes to ``test://watched-resource``) working while costing nothing;
+* a handshake-era session holds at most ``max_subscriptions`` (``CONSTRUCT_MAX_SUBSCRIPTIONS``,
+  default 100) ``resources/subscribe`` entries, and a ``subscriptions/listen`` request names at most
+  as many URIs; more is refused with ``too_many_subscriptions``;
+* a session's ``resources/subscribe`` entries end with the session (:class:`LegacySubscribers`
+  registers their removal on the connection's exit stack, which the SDK unwinds when the stdio
+  input ends, a Streamable HTTP session is deleted or expires, or an SSE stream closes); a
+  listen stream's end with the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import ListenHandler
+from mcp.shared.exceptions import MCPError
+
+from orchestration.core import RunHead, validate_run_id
+from orchestration.errors import ConstructError, InvalidArgument
+from server.identity import caller_of
+
+log = logging.getLogger("construct.server")
+
+RUN_URI_PREFIX = "run://"
+
+#: The default cap on one session's subscriptions (``CONSTRUCT_MAX_SUBSCRIPTIONS``).
+DEFAULT_MAX_SUBSCRIPTIONS = 100
+
+LoadHead = Callable[[str], Awaitable[RunHead]]
+Publish = Callable[[RunHead], Awaitable[None]]
+
+
+class TooManySubscriptions(ConstructError):
+    """A session asked for more subscriptions than ``max_subscriptions``."""
+
+    code = "too_many_subscriptions"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"a session may hold at most {limit} resource subscriptions (CONSTRUCT_MAX_SUBSCRIPTIONS); "
+            "unsubscribe from runs you no longer follow (finished runs change no more)"
+        )
+
+
+def run_id_of(uri: str) -> str | None:
+    """The run id of a ``run://<id>`` URI with a valid id, else None."""
+    if not uri.startswith(RUN_URI_PREFIX):
+        return None
+    run_id = uri[len(RUN_URI_PREFIX) :]
+    try:
+        validate_run_id(run_id)
+    except ConstructError:
+        return None
+    return run_id
+
+
+def check_subscribable(uri: str) -> bool:
+    """True when ``uri`` is a run to watch (``run://<a valid run id>``); False for a URI of another
+    scheme, which is acknowledged and not kept (see the module docstring). Raises
+    :class:`InvalidArgument` for a ``run://`` URI whose id is not a valid run id."""
+    if not uri.startswith(RUN_URI_PREFIX):
+        return False
+    if run_id_of(uri) is None:
+        shown = uri if len(uri) <= 100 else uri[:100] + "..."
+        raise InvalidArgument(
+            f"cannot subscribe to {shown!r}: not a valid run resource; subscribe to "
+            "'run://<run_id>' with a run id from orchestrate_start or runs_list"
+        )
+    return True
+
+
+def as_protocol_error(exc: ConstructError) -> MCPError:
+    """A JSON-RPC error (invalid params) whose message starts with the error's stable code."""
+    return MCPError(code=types.INVALID_PARAMS, message=f"{exc.code}: {exc.message}")
+
+
+class LegacySubscribers:
+    """Sessions of handshake-era clients (``resources/subscribe``) per resource URI.
+
+    2026-07-28 clients subscribe with ``subscriptions/listen`` and are served by the SDK's
+    subscription bus; older clients need a ``notifications/resources/updated`` sent on their own
+    session, so we remember which connection asked for which URI.
+
+    Entries are keyed by the client's connection (the SDK builds a new ``ServerSession`` for every
+    request, but one ``Connection`` per client), are dropped when that connection closes, and are
+    capped at ``max_per_session`` per connection (see the module docstring)."""
+
+    def __init__(self, max_per_session: int = DEFAULT_MAX_SUBSCRIPTIONS) -> None:
+        self.max_per_session = max_per_session
+        #: uri -> connection -> the latest session object of that connection (it sends the updates)
+        self.by_uri: dict[str, dict[object, ServerSession]] = {}
+        #: connection -> the URIs it subscribed to
+        self._by_connection: dict[object, set[str]] = {}
+
+    def add(self, uri: str, session: ServerSession) -> None:
+        """Subscribe ``session``'s connection to ``uri``. Idempotent. Raises InvalidArgument for a
+        URI that is not a valid run's, TooManySubscriptions over the cap."""
+        if not check_subscribable(uri):
+            log.debug(
+                "subscription to a non-run resource acknowledged, not kept",
+                extra={"action": "subscribe_ignored"},
+            )
+            return
+        key = _connection_of(session)
+        uris = self._by_connection.get(key)
+        if uris is None:
+            uris = self._by_connection[key] = set()
+            self._on_close(key, session)
+        if uri not in uris and len(uris) >= self.max_per_session:
+            raise TooManySubscriptions(self.max_per_session)
+        uris.add(uri)
+        self.by_uri.setdefault(uri, {})[key] = session
+
+    def remove(self, uri: str, session: ServerSession) -> None:
+        """Unsubscribe ``session``'s connection from ``uri`` (nothing if it was not subscribed)."""
+        self._discard(uri, _connection_of(session))
+
+    def drop(self, connection: object) -> None:
+        """Forget every subscription of ``connection`` (it closed)."""
+        uris = self._by_connection.pop(connection, set())
+        for uri in uris:
+            self._discard(uri, connection)
+        if uris:
+            log.info(
+                "a session ended: dropped its %d resource subscription(s)",
+                len(uris),
+                extra={"action": "subscriptions_dropped"},
+            )
+
+    def count(self) -> int:
+        """How many (connection, URI) subscriptions are held."""
+        return sum(len(uris) for uris in self._by_connection.values())
+
+    async def notify(self, uri: str) -> None:
+        for key, session in list(self.by_uri.get(uri, {}).items()):
+            try:
+                await session.send_resource_updated(uri)
+            except Exception as exc:
+                # The client went away: forget it rather than fail the write that triggered this.
+                log.info(
+                    "dropping a resource subscriber: %s",
+                    type(exc).__name__,
+                    extra={"action": "subscriber_dropped"},
+                )
+                self._discard(uri, key)
+
+    def _discard(self, uri: str, key: object) -> None:
+        sessions = self.by_uri.get(uri)
+        if sessions is not None:
+            sessions.pop(key, None)
+            if not sessions:
+                del self.by_uri[uri]
+        uris = self._by_connection.get(key)
+        if uris is not None:
+            uris.discard(uri)
+
+    def _on_close(self, key: object, session: ServerSession) -> None:
+        connection = getattr(session, "_connection", None)
+        exit_stack = getattr(connection, "exit_stack", None)
+        if exit_stack is not None:
+            exit_stack.callback(self.drop, key)
+        else:  # pragma: no cover - an SDK without per-connection exit stacks
+            log.warning(
+                "resource subscriptions cannot be tied to their session; they end when a notification "
+                "to it fails",
+                extra={"action": "subscriptions_untied"},
+            )
+
+
+def _connection_of(session: ServerSession) -> object:
+    """The SDK's per-client ``Connection`` behind a (per-request) ``ServerSession``.
+
+    ``ServerRequestContext`` exposes no connection, and ``ServerSession`` keeps it private; reading
+    it is the one way to know two requests came from the same client and to hook the end of that
+    client's connection. Falls back to the session object itself."""
+    connection: object | None = getattr(session, "_connection", None)
+    return connection if connection is not None else session
+
+
+class RunSubscriptions:
+    """The run resources this process has subscribers for, and the version each was last announced
+    at. ``load`` reads a run's head from the store; ``legacy_uris`` lists the URIs handshake-era
+    sessions subscribed to (they are kept by :class:`LegacySubscribers`)."""
+
+    def __init__(self, legacy_uris: Callable[[], Iterable[str]]) -> None:
+        self._legacy_uris = legacy_uris
+        self._listening: Counter[str] = Counter()
+        self._announced: dict[str, int] = {}
+        #: watched runs seen terminal: never read again
+        self._ended: set[str] = set()
+        self._load: LoadHead | None = None
+
+    def attach(self, load: LoadHead) -> None:
+        """Give the store reader (the runtime exists only once the server runs)."""
+        self._load = load
+
+    def watched(self) -> set[str]:
+        """Run ids with at least one subscriber here."""
+        uris = set(self._listening) | set(self._legacy_uris())
+        return {run_id for uri in uris if (run_id := run_id_of(uri)) is not None}
+
+    async def add(self, uris: Iterable[str], *, listening: bool) -> None:
+        """A subscription to ``uris`` begins: remember each run's current version, so that only
+        later changes are announced. ``listening``: a listen stream (counted; see :meth:`remove`)."""
+        for uri in uris:
+            run_id = run_id_of(uri)
+            if run_id is None:
+                continue
+            if listening:
+                self._listening[uri] += 1
+            if run_id not in self._announced:
+                self._announced[run_id] = await self._version(run_id)
+
+    def remove(self, uris: Iterable[str]) -> None:
+        """A listen stream over ``uris`` ended."""
+        for uri in uris:
+            if self._listening[uri] > 1:
+                self._listening[uri] -= 1
+            else:
+                self._listening.pop(uri, None)
+
+    def announced(self, head: RunHead) -> None:
+        """``head`` has just been announced (this process wrote it). Only watched runs are kept."""
+        last = self._announced.get(head.run_id)
+        if last is not None and head.version > last:
+            self._announced[head.run_id] = head.version
+
+    async def changed(self) -> list[RunHead]:
+        """The watched runs whose stored version is past the one last announced (each marked as
+        announced). Runs nobody watches any more are forgotten."""
+        watched = self.watched()
+        for run_id in [r for r in self._announced if r not in watched]:
+            del self._announced[run_id]
+        self._ended &= watched
+        out: list[RunHead] = []
+        for run_id in sorted(watched - self._ended):
+            head = await self._head(run_id)
+            if head is None:
+                continue
+            last = self._announced.get(run_id)
+            self._announced[run_id] = max(head.version, last or 0)
+            if last is not None and head.version > last:
+                out.append(head)
+            if head.status.is_terminal:
+                self._ended.add(run_id)  # nothing is ever written after a terminal fact
+        return out
+
+    async def run(
+        self,
+        publish: Publish,
+        poll_seconds: float,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Poll the watched runs and ``publish`` those another process changed, until cancelled."""
+        task_status.started()
+        while True:
+            await anyio.sleep(poll_seconds)
+            for head in await self.changed():
+                await publish(head)
+
+    async def _version(self, run_id: str) -> int:
+        head = await self._head(run_id)
+        return 0 if head is None else head.version
+
+    async def _head(self, run_id: str) -> RunHead | None:
+        if self._load is None:
+            return None
+        try:
+            return await self._load(run_id)
+        except ConstructError as exc:
+            # Not found (yet), unreadable, or the store is down: nothing to announce now.
+            log.debug("watched run %s not read: %s", run_id, exc, extra={"run_id": run_id})
+            return None
+
+
+def watching_listen_handler(
+    listen: ListenHandler, subscriptions: RunSubscriptions, max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+) -> Callable[[ServerRequestContext[Any, Any], types.SubscriptionsListenRequestParams], Awaitable[Any]]:
+    """The SDK's ``subscriptions/listen`` handler, telling ``subscriptions`` which run resources
+    the stream covers while it is open. A stream names at most ``max_subscriptions`` resources,
+    each ``run://<run id>`` (else a JSON-RPC error whose message starts with the code); naming any
+    needs the ``read`` role (see :mod:`server.identity`)."""
+
+    async def handle(
+        ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        named = [str(uri) for uri in params.notifications.resource_subscriptions or ()]
+        try:
+            uris = [uri for uri in named if check_subscribable(uri)]
+            if uris:
+                caller_of(ctx.request).require("read", "subscribing to a run resource")
+            if len(set(uris)) > max_subscriptions:
+                raise TooManySubscriptions(max_subscriptions)
+        except ConstructError as exc:
+            raise as_protocol_error(exc) from None
+        await subscriptions.add(uris, listening=True)
+        try:
+            return await listen(ctx, params)
+        finally:
+            subscriptions.remove(uris)
+
+    return handle

@@ -1,0 +1,418 @@
+"""MCP Tasks (``io.modelcontextprotocol/tasks``, SEP-2663) for task-aware clients.
+
+What this follows: SEP-2663 "Tasks Extension" (status Final, in
+``modelcontextprotocol/modelcontextprotocol`` at ``seps/2663-tasks-extension.md``, read at commit
+``b0f60ba5``; its JSON Schema, ``schema/draft/schema.json`` of ``modelcontextprotocol/ext-tasks`` at
+``e4345978``, checks every answer in the tests) and the MCP SDK 2.3.0 extension framework
+(``mcp.server.extension``: ``Extension``, ``MethodBinding`` for new request methods,
+``intercept_tool_call`` around ``tools/call``), which the SDK offers for exactly this; it does not
+ship the extension itself.
+
+**Negotiation.** The server advertises the extension (``capabilities.extensions``); a client
+declares it in the per-request capabilities of a 2026-07-28 request
+(``_meta["io.modelcontextprotocol/clientCapabilities"].extensions``). The extension is not defined
+on handshake-era connections (up to 2025-11-25): there, and for any request that does not declare
+it, every tool answers as it always did. ``tasks/*`` from a client that does not declare it is the
+spec's ``-32021`` (missing required client capability); on a handshake-era connection the methods
+do not exist (``-32601``).
+
+**Task = run.** For a declaring client, ``orchestrate_start`` answers with a ``CreateTaskResult``
+(``resultType: "task"``) whose ``taskId`` is the run id, once the run is stored (the runtime writes
+it before the tool answers; an ``idempotency_key`` that names an existing run gives that run's task).
+It answers at once: the call's ``wait_seconds`` is set to 0, so it neither waits nor asks a form (the
+task's ``input_required`` carries the form instead). A start the server refuses (a bad argument,
+an unknown chain) is the usual ``isError`` tool result, not a task. The other tools answer as
+before for everyone: a run view is already a handle a client can poll.
+
+``tasks/get`` maps the run's status (:func:`detailed_task`, pure):
+
+===================================  ====================================================================
+run status                           task
+===================================  ====================================================================
+``queued``, ``running``              ``working`` (the status message says which task runs, or until when
+                                     a retry waits)
+``awaiting_approval``                ``input_required``; ``inputRequests`` holds one elicitation form per
+                                     open gate the caller may decide (key ``gate:<gate_id>``; the form of
+                                     :mod:`server.mcp.elicit`: decision and comment)
+``awaiting_host``                    ``input_required``; the status message names the call that continues
+                                     it (``orchestrate_resume`` with ``run_id``, ``task_id`` and the
+                                     output); the host tasks (prompts included) are in
+                                     ``_meta["construct-mcp/hostTasks"]``; ``inputRequests`` has no entry
+                                     for them (the host answers with a tool call, not ``tasks/update``)
+``completed``,                       ``completed``; ``result`` is the ``CallToolResult`` a ``run_status``
+``completed_with_failures``          call would give (the compact final view); the status message lists
+                                     the failed tasks with their error codes
+``failed``, ``rejected``             ``failed``; ``error`` is a JSON-RPC error object, code
+                                     :data:`RUN_ENDED_ERROR`, whose ``data.reason`` is the typed reason
+                                     (the run's error code, or ``rejected``) and ``data.run_id`` the run
+``cancelled``                        ``cancelled`` (the status message gives the reason)
+``awaiting_children``                ``input_required`` when a child run waits for a host task or a gate
+                                     (the status message names the call on the child's run id; the
+                                     child's gates are not ``inputRequests``), else ``working``
+===================================  ====================================================================
+
+A gate id names one task instance (a revisit is ``step~2``), so a key is never reused within a
+task, as SEP-2663 requires of ``inputRequests`` keys. ``pollIntervalMs`` is :data:`POLL_WORKING_MS`
+while the server works and :data:`POLL_WAITING_MS` while the run waits for someone; ``ttlMs`` is
+null (runs are kept). A deliberate choice against the
+letter of the spec: SEP-2663 reserves ``failed`` for JSON-RPC errors, and a failed or rejected run
+is an ordinary tool result to ``run_status``; the issue this implements asks for ``failed`` so
+that a task-aware host shows the outcome as a failure, and the error object carries the typed
+reason. ``run_status`` shows the whole record either way.
+
+``tasks/update`` delivers answers: an accepted form for an open gate is decided through
+:func:`server.mcp.elicit.take_answer`, the path the interactive form takes (``Runtime.approve`` with
+channel ``elicitation``), so the same answer twice records one decision, and an answer for a gate
+decided elsewhere meanwhile records nothing. A declined or cancelled form leaves the gate pending;
+keys that are not open gates are ignored (as the spec says); an answer that does not fit the form
+is ``-32602``. ``tasks/cancel`` cancels the run (``Runtime.cancel``); a run that already ended is
+acknowledged and left as it is (cancellation is cooperative in the spec).
+
+Status notifications (``notifications/tasks``) are optional in the spec and not sent: a
+``subscriptions/listen`` that asks for them (``taskIds``) is acknowledged without them for a
+declaring client, and refused with ``-32021`` for any other (:func:`guard_task_notifications`).
+
+Every ``tasks/*`` request is checked like the tool it stands for (the roles of
+:data:`server.mcp.answering.ROLE_OF`): ``read`` for ``tasks/get``, ``approve`` for ``tasks/update``,
+``operate`` for ``tasks/cancel``, and an identity
+limited to its own runs sees other runs' tasks as unknown. The task id is checked as a run id
+(:func:`~orchestration.core.ids.validate_run_id`) before it reaches the store; a malformed or unknown id
+is ``-32602`` ("Task not found"), as the spec requires. Run ids carry 64 random bits
+(:mod:`orchestration.core.ids`), so a task id is as unguessable as the spec asks of it; each request is
+still checked as above.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Final
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolRequestParams, CallToolResult, ElicitResult, TextContent
+from mcp_types import RequestParams, SubscriptionsListenRequestParams
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from orchestration.core import RunHead, RunStatus, TaskStatus, validate_run_id
+from orchestration.errors import ConstructError, InvalidState, RunNotFound, StoreError
+from server.identity import Caller, Role, caller_of
+from server.mcp.elicit import RevisableGateForm, gate_request, may_decide, take_answer
+from server.views.next_step import Approve, RunHostTask, Wait
+from server.views.run_view import RunView
+
+if TYPE_CHECKING:
+    from server.mcp.services import Services
+
+log = logging.getLogger("construct.tasks")
+
+EXTENSION_ID: Final = "io.modelcontextprotocol/tasks"
+#: The tools that answer a declaring client with a task.
+TASK_TOOLS: Final = frozenset({"orchestrate_start"})
+#: Suggested polling interval while the server works on the run, and while it waits for someone.
+POLL_WORKING_MS: Final = 2000
+POLL_WAITING_MS: Final = 5000
+#: The JSON-RPC error code of a failed task (a run that failed or was rejected): in the range
+#: JSON-RPC leaves to implementations; ``data.reason`` says which.
+RUN_ENDED_ERROR: Final = -32000
+#: SEP-2663: a client that does not declare the extension asked for a task method.
+MISSING_CAPABILITY: Final = -32021
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+#: Where a task waiting for the host carries the host tasks (prompts included).
+HOST_TASKS_META: Final = "construct-mcp/hostTasks"
+#: The prefix of a gate's key in ``inputRequests`` / ``inputResponses``.
+GATE_KEY: Final = "gate:"
+
+
+class TaskParams(RequestParams):
+    """``tasks/get`` and ``tasks/cancel``: ``{"taskId": ...}``."""
+
+    task_id: str
+
+
+class UpdateTaskParams(RequestParams):
+    """``tasks/update``: ``{"taskId": ..., "inputResponses": {key: response}}``."""
+
+    task_id: str
+    input_responses: dict[str, Any] = {}
+
+
+# ------------------------------------------------------------------------------------------------
+# The mapping (pure)
+
+
+def detailed_task(
+    view: RunView, gate_requests: dict[str, dict[str, Any]] | None = None, *, created: bool = False
+) -> dict[str, Any]:
+    """The task a run is, as ``tasks/get`` answers it (see the table in the module docstring).
+    ``gate_requests``: the elicitation requests of the open gates the caller may decide, by key.
+    ``created``: the seed ``CreateTaskResult`` (``resultType: "task"``, no status payload)."""
+    status = view.status
+    task: dict[str, Any] = {
+        "taskId": view.run_id,
+        "status": "working",
+        "createdAt": view.created_at.isoformat(),
+        "lastUpdatedAt": view.updated_at.isoformat(),
+        "ttlMs": None,
+        "pollIntervalMs": POLL_WORKING_MS,
+    }
+    if created:
+        task["resultType"] = "task"
+    actions = [view.next_action, *view.more_actions]
+    if status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        task["statusMessage"] = _working_message(view)
+    elif status == RunStatus.AWAITING_CHILDREN and not any(
+        isinstance(a, RunHostTask | Approve) for a in actions
+    ):
+        task["statusMessage"] = f"run {view.run_id} waits for its child runs: " + ", ".join(
+            f"{c.run_id} ({c.status})" for c in view.children
+        )
+    elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
+        # awaiting_children here: a child run waits for a host task or a gate (the view's actions
+        # name the child's run_id; a child's gate is answered on the child, not by tasks/update)
+        task.update(status="input_required", pollIntervalMs=POLL_WAITING_MS)
+        task["statusMessage"] = _waiting_message(view, actions, gate_requests or {})
+        host = [a.model_dump(mode="json") for a in actions if isinstance(a, RunHostTask)]
+        if host:
+            task["_meta"] = {HOST_TASKS_META: host}
+        if not created:
+            task["inputRequests"] = dict(gate_requests or {})
+    elif status in (RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_FAILURES):
+        task.update(status="completed", statusMessage=_completed_message(view))
+        if not created:
+            task["result"] = tool_result(view)
+    elif status in (RunStatus.FAILED, RunStatus.REJECTED):
+        reason, message = _failure(view)
+        task.update(status="failed", statusMessage=f"run {view.run_id} {status.value}: {reason}: {message}")
+        if not created:
+            task["error"] = {
+                "code": RUN_ENDED_ERROR,
+                "message": f"{reason}: {message}",
+                "data": {"reason": reason, "run_id": view.run_id, "status": status.value},
+            }
+    else:  # cancelled: the only status left (the unit tests go through every one)
+        assert status == RunStatus.CANCELLED, status
+        task.update(status="cancelled", statusMessage=_cancelled_message(view))
+    return task
+
+
+def tool_result(view: RunView) -> dict[str, Any]:
+    """The ``CallToolResult`` the tools answer with for ``view`` (text: its JSON, compact)."""
+    result = CallToolResult(
+        content=[TextContent(type="text", text=view.model_dump_json())],
+        structured_content=view.model_dump(mode="json"),
+    )
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _working_message(view: RunView) -> str:
+    running = [t.task_id for t in view.tasks if t.status == TaskStatus.RUNNING]
+    if running:
+        return f"run {view.run_id} is {view.status.value}: task {', '.join(running)} in progress"
+    action = view.next_action
+    if isinstance(action, Wait) and action.not_before is not None:
+        until = action.not_before.isoformat()
+        return f"run {view.run_id} is {view.status.value}: the next attempt waits until {until}"
+    return f"run {view.run_id} is {view.status.value}: the server is working on it"
+
+
+def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, dict[str, Any]]) -> str:
+    parts: list[str] = []
+    for action in actions:
+        if isinstance(action, RunHostTask):
+            run_id = action.run_id or view.run_id  # a child run's task names the child
+            parts.append(
+                f"host task {action.task_id!r} ({action.specialist}) waits for your model: run its prompts "
+                f"(in _meta[{HOST_TASKS_META!r}]), then call orchestrate_resume(run_id={run_id!r}, "
+                f"task_id={action.task_id!r}, output=...)"
+            )
+        elif isinstance(action, Approve):
+            key = GATE_KEY + action.gate_id
+            run_id = action.run_id or view.run_id
+            call = f"orchestrate_approve(run_id={run_id!r}, gate_id={action.gate_id!r}, decision=...)"
+            if key in asked and action.run_id is None:
+                how = f"answer inputRequests[{key!r}] with tasks/update, or call {call}"
+            else:  # this caller may not decide it (see server.mcp.elicit.may_decide)
+                how = f"someone who may decide it calls {call}"
+            parts.append(f"gate {action.gate_id!r} waits for a decision: {how}")
+    return f"run {view.run_id} is {view.status.value}; " + "; ".join(parts)
+
+
+def _completed_message(view: RunView) -> str:
+    failed = [t for t in view.tasks if t.status == TaskStatus.FAILED]
+    if not failed:
+        return f"run {view.run_id} completed"
+    listed = ", ".join(f"{t.task_id} ({t.error.code if t.error else 'failed'})" for t in failed)
+    return f"run {view.run_id} completed with failures: {listed}"
+
+
+def _failure(view: RunView) -> tuple[str, str]:
+    """The typed reason a failed or rejected run ended, and a sentence."""
+    if view.status == RunStatus.REJECTED:
+        gate = next((g for g in view.gates if g.status == "rejected"), None)
+        if gate is None:
+            return "rejected", f"run {view.run_id} was rejected"
+        by = f" by {gate.approver}" if gate.approver else ""
+        note = f": {gate.comment}" if gate.comment else ""
+        return "rejected", f"gate {gate.gate_id} was rejected{by}{note}"
+    if view.error is not None:
+        return view.error.code, view.error.message
+    return "failed", f"run {view.run_id} failed"
+
+
+def _cancelled_message(view: RunView) -> str:
+    return f"run {view.run_id} was cancelled"
+
+
+# ------------------------------------------------------------------------------------------------
+# The extension
+
+
+RequestContext = ServerRequestContext["Services", Any]
+
+
+def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """The request is a 2026-07-28 one that declares the extension in its capabilities."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    extensions = capabilities.extensions if capabilities is not None else None
+    return bool(extensions) and EXTENSION_ID in (extensions or {})
+
+
+class TasksExtension(Extension):
+    """``tasks/get``, ``tasks/update``, ``tasks/cancel``, and ``orchestrate_start`` answered with a
+    task for a declaring client (see the module docstring)."""
+
+    identifier = EXTENSION_ID
+
+    def methods(self) -> Sequence[MethodBinding]:
+        modern = frozenset(MODERN_PROTOCOL_VERSIONS)
+        return (
+            MethodBinding("tasks/get", TaskParams, self._get, protocol_versions=modern),
+            MethodBinding("tasks/update", UpdateTaskParams, self._update, protocol_versions=modern),
+            MethodBinding("tasks/cancel", TaskParams, self._cancel, protocol_versions=modern),
+        )
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if params.name not in TASK_TOOLS or not declares_tasks(ctx):
+            return await call_next(ctx)
+        # Answer as soon as the run is stored: the handler is invoked with these very params.
+        params.arguments = {**(params.arguments or {}), "wait_seconds": 0}
+        result = await call_next(ctx)
+        if not isinstance(result, CallToolResult) or result.is_error or not result.structured_content:
+            return result  # refused: the usual isError answer
+        view = RunView.model_validate(result.structured_content)
+        log.info("task created", extra={"action": "task_created", "run_id": view.run_id})
+        return detailed_task(view, created=True)
+
+    async def _get(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
+        services, caller, head = await _open(ctx, params.task_id, "read")
+        view = await services.view(head.run_id, head)
+        requests: dict[str, dict[str, Any]] = {}
+        if view.status == RunStatus.AWAITING_APPROVAL:
+            snapshot = await services.runtime.snapshot(head.run_id, head)
+            for action in (view.next_action, *view.more_actions):
+                if isinstance(action, Approve) and may_decide(snapshot.head, action.gate_id, caller):
+                    request = gate_request(snapshot, action.gate_id)
+                    requests[GATE_KEY + action.gate_id] = request.model_dump(
+                        mode="json", by_alias=True, exclude_none=True
+                    )
+        return detailed_task(view, requests)
+
+    async def _update(self, ctx: RequestContext, params: UpdateTaskParams) -> dict[str, Any]:
+        services, caller, head = await _open(ctx, params.task_id, "approve")
+        open_gates = {g.gate_id for g in head.gates if g.status in ("pending", "requested")}
+        notes: list[str] = []
+        for key, raw in params.input_responses.items():
+            gate_id = key.removeprefix(GATE_KEY)
+            if not key.startswith(GATE_KEY) or gate_id not in open_gates:
+                continue  # not an outstanding request: ignored, as the spec says
+            response = _elicit_result(raw, key)
+            head = await take_answer(services, head, gate_id, response, caller, notes)
+        if notes:
+            log.info(
+                "tasks/update: %s",
+                "; ".join(notes),
+                extra={"action": "task_update_notes", "run_id": head.run_id},
+            )
+        services.dispatcher.wake(head.run_id)
+        return {}
+
+    async def _cancel(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
+        services, caller, head = await _open(ctx, params.task_id, "operate")
+        # A run that ended first stays as it is: cancellation is cooperative, the ack stands.
+        with suppress(InvalidState):
+            await services.runtime.cancel(head.run_id, reason="tasks/cancel", by=caller.identity)
+        return {}
+
+
+ListenHandler = Callable[[ServerRequestContext[Any, Any], SubscriptionsListenRequestParams], Awaitable[Any]]
+
+
+def guard_task_notifications(listen: ListenHandler) -> ListenHandler:
+    """``listen`` (the ``subscriptions/listen`` handler), refusing a stream that asks for task
+    status notifications (``notifications.taskIds``) from a client that did not declare the
+    extension, with ``-32021`` as SEP-2663 requires. A declaring client's stream is opened; this
+    server pushes no ``notifications/tasks`` (the spec makes them optional), so its acknowledgement
+    lists no task ids and the client polls ``tasks/get``."""
+
+    async def handle(ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams) -> Any:
+        if "taskIds" in (params.notifications.model_extra or {}) and not declares_tasks(ctx):
+            raise _missing_capability()
+        return await listen(ctx, params)
+
+    return handle
+
+
+def _missing_capability() -> MCPError:
+    return MCPError(
+        code=MISSING_CAPABILITY,
+        message="Missing required client capability",
+        data={"requiredCapabilities": {"extensions": {EXTENSION_ID: {}}}},
+    )
+
+
+def _elicit_result(raw: object, key: str) -> ElicitResult:
+    """An answer to a gate form: an ``ElicitResult`` whose content, when accepted, fits the form."""
+    try:
+        response = ElicitResult.model_validate(raw, by_name=False)
+        if response.action == "accept":
+            RevisableGateForm.model_validate(response.content or {})
+    except ValidationError:
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message=f"inputResponses[{key!r}] does not answer the gate form: an elicitation result "
+            "with action accept and content {decision: approve|reject|revise, comment?}, or decline/cancel",
+        ) from None
+    return response
+
+
+async def _open(ctx: RequestContext, task_id: str, role: Role) -> tuple[Services, Caller, RunHead]:
+    """The services, the caller (checked for ``role``) and the run behind ``task_id``; the
+    spec's JSON-RPC errors otherwise."""
+    if not declares_tasks(ctx):
+        raise _missing_capability()
+    services: Services = ctx.lifespan_context
+    caller = caller_of(ctx.request)
+    try:
+        caller.require(role, ctx.method)
+        head = await services.runtime.status(validate_run_id(task_id))
+        if not caller.may_see(head):
+            raise RunNotFound(head.run_id)  # another identity's run: as if it did not exist
+    except RunNotFound:
+        raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found") from None
+    except ConstructError as exc:
+        if exc.code == "invalid_argument":
+            message = "Failed to retrieve task: Task not found (not a task id this server gives out)"
+        else:
+            message = f"{exc.code}: {exc}"
+        code = INTERNAL_ERROR if isinstance(exc, StoreError) else INVALID_PARAMS
+        raise MCPError(code=code, message=message, data={"code": exc.code}) from None
+    return services, caller, head

@@ -1,0 +1,596 @@
+"""The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_approve``,
+``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a run's event feed, see
+:mod:`server.views.events`: it answers with an :class:`~server.views.events.EventsPage`).
+
+Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
+a :class:`~server.views.run_view.RunView` or :class:`~server.views.listing.RunsPage` (``outputSchema`` and
+``structuredContent``). An error the caller can fix is an ``isError`` result whose text starts with
+its stable code — ``run_not_found: no run with id ...`` — followed by a sentence saying what to do.
+The result is built here rather than by raising ``ToolError``, because the SDK would prefix the
+text with ``Error executing tool <name>:`` and hide the code from a caller that reads the start.
+
+Arguments are strict (:class:`StrictTool`): every input schema says ``additionalProperties: false``
+and bounds every string; an unknown argument (``approve_befor``) is refused with a suggestion
+instead of being dropped, and a schema violation (a wrong type, a missing argument, a bad enum, an
+out-of-range or non-finite number) is ``invalid_argument: <argument>: <what is wrong>`` (over a
+length limit: ``too_large``), never the SDK's raw validation text.
+
+A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
+``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
+retried after the run moved on then cannot land on the next task or gate; a missing id is
+``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
+
+Over HTTP with tokens, each tool needs a role of the token's identity (:data:`ROLE_OF`: ``read``,
+``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
+else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
+the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
+refused), the ``approver`` argument, claimed, elsewhere.
+
+Repeating a call (the same host output, the same approval, a start with the same idempotency key)
+returns the current state and records nothing new; the runtime guarantees that.
+
+``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
+host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
+when the call carried a progress token. The default lets an inline run's first host task arrive in
+the ``orchestrate_start`` answer. ``run_events`` waits instead until the run records its next event.
+
+A waiting call that finds the run at an approval gate asks the user with a form where the client
+declared elicitation (see :mod:`server.mcp.elicit`); on 2026-07-28 connections the answer is a retry of
+the same call, so only calls whose retry records nothing new ask there (``retry_safe``).
+
+A run view is compact (see :mod:`server.views.run_view`): each finished task's output is a preview, and the
+upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
+``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
+as its structured content, without indentation: many hosts show their model only the text.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver.tools import Tool
+from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import Field
+
+from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunStatus, StartRequest
+from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
+from orchestration.tracing import current_traceparent
+from server.mcp.answering import (
+    DEFAULT_WAIT_SECONDS,
+    MAX_WAIT_SECONDS,
+    ToolContext,
+    answer,
+    answer_or_ask,
+    caller_for,
+    services_of,
+    settle_asking,
+)
+from server.mcp.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
+from server.mcp.fork_tool import orchestrate_fork
+from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
+from server.views.listing import RunsPage, runs_page
+from server.views.run_view import Detail, RunView, check_task_id
+
+log = logging.getLogger("construct.tools")
+
+#: The bounds the input schemas publish; the runtime enforces the same ones (request and output
+#: limits are configurable: :func:`build_tools` publishes the configured ones).
+LIMITS = Limits()
+
+RunId = Annotated[
+    str,
+    Field(
+        max_length=80,
+        description="The run's id (from orchestrate_start or runs_list).",
+    ),
+]
+Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
+WaitSeconds = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="Block up to this many seconds until the run needs you or ends (with progress "
+        "notifications); 0 answers at once.",
+    ),
+]
+
+
+# -- the tools -----------------------------------------------------------------------------------
+
+
+async def orchestrate_start(
+    ctx: ToolContext,
+    request: Annotated[
+        str, Field(description="What the chain should work on, in the user's words (the task, its context).")
+    ],
+    chain: Annotated[
+        Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
+        | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
+        | None,
+        Field(
+            description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
+            "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
+            "architect, engineer, reviewer, researcher, tester, writer."
+        ),
+    ] = None,
+    approve_before: Annotated[
+        list[Name] | None,
+        Field(
+            max_length=LIMITS.max_list_items,
+            description="Step names to pause before, for a human approval (e.g. ['engineer']).",
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_idempotency_key_chars,
+            description="Makes a retried start safe: the same key and request return the existing run.",
+        ),
+    ] = None,
+    worker_backend: Annotated[
+        Literal["inline", "provider"] | None,
+        Field(
+            description="'inline' (usual default): you run each task with your own model. 'provider': the "
+            "server calls a configured model itself."
+        ),
+    ] = None,
+    provider: Annotated[
+        Literal["anthropic", "openrouter", "openai"] | None,
+        Field(
+            description="Provider backend only: the provider to call (default: the server's, else inferred)."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        Field(
+            max_length=LIMITS.max_name_chars,
+            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
+        ),
+    ] = None,
+    timeout_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            allow_inf_nan=False,
+            description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
+            "restarts).",
+        ),
+    ] = None,
+    task_timeout_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            allow_inf_nan=False,
+            description="A time limit for each task (for you to answer a host task, or for a provider "
+            "call), for steps whose chain definition sets none.",
+        ),
+    ] = None,
+    budget: Annotated[
+        Budget | None,
+        Field(
+            description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
+            "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+        ),
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+    parent_run_id: Annotated[
+        RunId | None,
+        Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
+    ] = None,
+    parent_task_id: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
+        ),
+    ] = None,
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
+    """Start a durable specialist chain on a request and return the run.
+
+    The answer's next_action says what to do: with the default inline backend it is usually
+    run_host_task — run system_prompt/user_prompt with your own model, then call orchestrate_resume
+    with the run_id, task_id and your output. Keep the run_id: runs survive server restarts and
+    run_status picks them up again. Pass idempotency_key to make a retried start safe.
+    """
+
+    async def work() -> RunView | InputRequiredResult:
+        caller = await caller_for(ctx, "orchestrate_start")
+        services = services_of(ctx)
+        start = StartRequest(
+            request=request,
+            chain=tuple(chain) if isinstance(chain, list) else chain,
+            approve_before=tuple(approve_before or ()),
+            idempotency_key=idempotency_key,
+            worker_backend=worker_backend,
+            provider=provider,
+            model=model,
+            timeout_seconds=timeout_seconds,
+            task_timeout_seconds=task_timeout_seconds,
+            started_by=caller.identity if caller.verified else None,
+            # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
+            traceparent=current_traceparent(),
+            budget=budget,
+        )
+        if (parent_run_id is None) != (parent_task_id is None):
+            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
+        if parent_run_id is not None and parent_task_id is not None:
+            caller.check_run(await services.runtime.status(parent_run_id))
+            head, created = await services.runtime.children.start_for_host(
+                start, parent_run_id, parent_task_id
+            )
+        else:
+            head, created = await services.runtime.start(start)
+        # An idempotency key another identity used returns that identity's run: not to one
+        # limited to its own runs.
+        caller.check_run(head)
+        if created:
+            services.dispatcher.wake(head.run_id)
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+
+    return await answer_or_ask("orchestrate_start", work)
+
+
+async def orchestrate_resume(
+    ctx: ToolContext,
+    run_id: RunId,
+    task_id: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
+            "output: a retried call then never lands on the next task.",
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        Field(
+            description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
+            "output (a JSON object matching next_action.output_schema when that is set; else refused with "
+            "invalid_output). Omit it only to continue a run that is queued or was interrupted."
+        ),
+    ] = None,
+    usage: Annotated[
+        HostUsage | None,
+        Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+    detach_children: Annotated[
+        bool,
+        Field(description="Complete the task although child runs you started for it are still live."),
+    ] = False,
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
+    """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
+    an interrupted run.
+
+    With output and task_id (both from next_action): records it as that task's output and moves the
+    chain on; the answer holds the next thing to do. Sending the same task_id and output again is
+    safe (nothing is recorded twice). Without output:
+    makes the server continue a queued or interrupted run (e.g. after a server restart).
+    """
+
+    async def work() -> RunView | InputRequiredResult:
+        await caller_for(ctx, "orchestrate_resume", run_id)
+        services = services_of(ctx)
+        runtime = services.runtime
+        if output is None:
+            if usage is not None:
+                raise InvalidArgument("usage goes with output (the usage of producing it); pass both")
+            if task_id is not None:
+                raise InvalidArgument(
+                    f"task_id {quoted(task_id)} was given without output; pass the task's output, or omit "
+                    "both to continue an interrupted run"
+                )
+            head = await runtime.check_resumable(run_id)
+            services.dispatcher.wake(head.run_id)
+        elif task_id is None:
+            raise await runtime.missing_task_id(run_id)
+        else:
+            head = await runtime.submit_host_output(run_id, task_id, output, usage, detach_children)
+        # Retried with the same task_id and output, the call records nothing; without output, a
+        # retry at the gate would be invalid_state.
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
+
+    return await answer_or_ask("orchestrate_resume", work)
+
+
+async def orchestrate_approve(
+    ctx: ToolContext,
+    run_id: RunId,
+    decision: Annotated[
+        Literal["approve", "reject", "revise"],
+        Field(
+            description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
+            "shows with comment in its prompt (if the gate's decisions offer it)."
+        ),
+    ],
+    gate_id: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=LIMITS.max_id_chars,
+            description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
+            "a retried call then never decides the next gate.",
+        ),
+    ],
+    comment: Annotated[
+        str | None,
+        Field(
+            max_length=LIMITS.max_comment_chars,
+            description="A note for the record; an approval's comment is shown to the following steps.",
+        ),
+    ] = None,
+    approver: Annotated[
+        str | None,
+        Field(
+            max_length=LIMITS.max_approver_chars,
+            description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
+            "the token's identity is recorded.",
+        ),
+    ] = None,
+    budget_raise: Annotated[
+        BudgetLimits | None,
+        Field(description="Approving a budget gate: what to add (default: the original budget again)."),
+    ] = None,
+    wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
+    """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
+
+    Ask the user first; do not decide on their behalf. Repeating the same call (gate, decision,
+    comment, approver) returns the current state; anything different on a gate already decided is a
+    conflict.
+    """
+
+    async def work() -> RunView | InputRequiredResult:
+        caller = await caller_for(ctx, "orchestrate_approve", run_id)
+        services = services_of(ctx)
+        who = approver
+        if caller.verified:
+            # The record names the verified identity; a different name would be a claim the
+            # server cannot back, so it is refused rather than recorded or silently replaced.
+            if approver is not None and approver != caller.identity:
+                raise Forbidden(
+                    f"approver {quoted(approver)} is not the identity of this connection's token, "
+                    f"{caller.identity!r}, which the record names; omit approver "
+                    f"(or pass {caller.identity!r})"
+                )
+            who = caller.identity
+        head = await services.runtime.approve(
+            run_id,
+            decision,
+            gate_id,
+            comment,
+            who,
+            channel=caller.channel,
+            verified=caller.verified,
+            budget_raise=budget_raise,
+        )
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
+
+    return await answer_or_ask("orchestrate_approve", work)
+
+
+async def run_status(
+    ctx: ToolContext,
+    run_id: RunId,
+    wait_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            allow_inf_nan=False,
+            description="0 (default) answers at once; more blocks until the run needs you or ends.",
+        ),
+    ] = 0.0,
+    detail: Annotated[
+        Detail,
+        Field(
+            description="'compact' (default): each task's output as a preview (start, length, sha256, URI). "
+            "'full': every task's whole output."
+        ),
+    ] = "compact",
+    task_id: Annotated[
+        str | None,
+        Field(
+            max_length=LIMITS.max_id_chars,
+            description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says.",
+        ),
+    ] = None,
+) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
+    """The current state of a run: status, next_action, tasks (outputs as previews), attempts,
+    errors, gates and warnings. Use it to pick a run up again after a restart, to wait for a running
+    one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
+    for one."""
+
+    services = services_of(ctx)
+
+    async def work() -> RunView | InputRequiredResult:
+        await caller_for(ctx, "run_status", run_id)
+        head = await services.runtime.status(run_id)
+        if task_id is not None:
+            check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
+        return await settle_asking(ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id)
+
+    return await answer_or_ask("run_status", work, services)
+
+
+async def orchestrate_cancel(
+    ctx: ToolContext,
+    run_id: RunId,
+    reason: Annotated[
+        str | None,
+        Field(max_length=LIMITS.max_comment_chars, description="Why the run is cancelled, for the record."),
+    ] = None,
+) -> Annotated[CallToolResult, RunView]:
+    """Cancel a run that has not ended. Its pending tasks are cancelled and it never continues.
+    Cancelling a cancelled run again returns it unchanged; a run that ended otherwise cannot be
+    cancelled."""
+
+    async def work() -> RunView:
+        caller = await caller_for(ctx, "orchestrate_cancel", run_id)
+        services = services_of(ctx)
+        head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
+        return await services.view(head.run_id, head)
+
+    return await answer("orchestrate_cancel", work)
+
+
+async def runs_list(
+    ctx: ToolContext,
+    status: Annotated[
+        list[RunStatus] | None,
+        Field(
+            max_length=len(RunStatus),
+            description="Only runs with one of these statuses (e.g. ['awaiting_host', 'awaiting_approval']).",
+        ),
+    ] = None,
+    limit: Annotated[int, Field(ge=1, le=500, description="Page size, 1-500.")] = 20,
+    cursor: Annotated[
+        str | None,
+        # Bounded in the published schema (_strict_schema); a longer one is forged: the runtime
+        # refuses it as invalid_argument, like any other forged cursor, not as too_large.
+        Field(description="next_cursor from the previous page; omit for the newest runs."),
+    ] = None,
+) -> Annotated[CallToolResult, RunsPage]:
+    """List runs, newest first, with what each is waiting for (a host task, an approval). Filter by
+    status; page with next_cursor. Call run_status with a run_id for the full record."""
+
+    async def work() -> RunsPage:
+        caller = await caller_for(ctx, "runs_list")
+        services = services_of(ctx)
+        page = await services.runtime.list_runs(frozenset(status) if status else None, limit, cursor)
+        if caller.own_runs_only:
+            # Filtered page by page: a page may then hold fewer than limit runs (next_cursor still
+            # says whether more follow).
+            return runs_page([h for h in page.runs if caller.may_see(h)], page.next_cursor)
+        return runs_page(page)
+
+    return await answer("runs_list", work)
+
+
+async def run_events(
+    ctx: ToolContext,
+    run_id: RunId,
+    after_seq: Annotated[int, Field(ge=0, description="Events after this seq; 0: from the start.")] = 0,
+    limit: Annotated[int, Field(ge=1, le=MAX_EVENTS_LIMIT, description="Page size.")] = 50,
+    wait_seconds: Annotated[
+        float,
+        Field(
+            ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="With no event yet, wait this long."
+        ),
+    ] = 0.0,
+) -> Annotated[CallToolResult, EventsPage]:
+    """A run's recorded facts as small typed events after after_seq (outputs as previews with their
+    URI). Continue with after_seq=next_after_seq; with wait_seconds it long-polls. Done when
+    terminal and not more."""
+
+    async def work() -> EventsPage:
+        await caller_for(ctx, "run_events", run_id)
+        return await read_events(services_of(ctx).runtime, run_id, after_seq, limit, wait_seconds)
+
+    return await answer("run_events", work)
+
+
+def build_tools(limits: Limits = LIMITS) -> list[Tool]:
+    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
+    server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
+    (over one is ``too_large``, from the runtime) and of ``cursor``."""
+    tools: list[Tool] = []
+
+    def add(
+        fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]],
+        title: str,
+        annotations: ToolAnnotations,
+        missing: dict[str, MissingHint] | None = None,
+    ) -> None:
+        # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
+        description = inspect.cleandoc(fn.__doc__ or "")
+        tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
+        assert isinstance(tool, StrictTool)  # from_function builds its own class
+        tool.missing = missing or {}
+        tool.fn_metadata = verbatim_text(tool.fn_metadata)
+        tool.parameters = strict_schema(tool.parameters, limits)
+        tools.append(tool)
+
+    add(
+        orchestrate_start,
+        "Start a specialist chain",
+        ToolAnnotations(
+            title="Start a specialist chain",
+            read_only_hint=False,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    add(
+        orchestrate_fork,
+        "Fork a run from a task",
+        ToolAnnotations(
+            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
+        ),
+    )
+    add(
+        orchestrate_resume,
+        "Give a host task's output / continue a run",
+        ToolAnnotations(
+            title="Resume a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    add(
+        orchestrate_approve,
+        "Approve, reject or revise a gate",
+        ToolAnnotations(
+            title="Decide an approval gate",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+        missing={"gate_id": _missing_gate_id},
+    )
+    add(
+        run_status,
+        "Show a run",
+        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+    )
+    add(
+        orchestrate_cancel,
+        "Cancel a run",
+        ToolAnnotations(
+            title="Cancel a run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    add(
+        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
+    )
+    add(
+        run_events,
+        "Follow a run's events",
+        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
+    )
+    return tools
+
+
+async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
+    run_id = str(arguments["run_id"])
+    try:
+        # The hint names the run's gates: only to a caller who may decide them.
+        await caller_for(ctx, "orchestrate_approve", run_id)
+    except ConstructError as exc:
+        return exc
+    return await services_of(ctx).runtime.missing_gate_id(run_id)

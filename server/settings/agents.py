@@ -1,0 +1,116 @@
+"""The ``[agents.NAME]`` tables of the config file: other MCP agents that chain steps delegate to.
+
+::
+
+    [agents.reviewer2]                      # another construct-mcp over Streamable HTTP
+    url = "https://review.example.com/mcp"
+    token_env = "REVIEWER2_TOKEN"           # the bearer token's variable, read at each call
+    call_timeout_seconds = 60               # one request's answer (default 60)
+    follow_wait_seconds = 30                # each run_status wait of a followed remote run (default 30)
+    paused_poll_seconds = 5                 # a paused remote run is polled this often (default 5)
+
+    [agents.local]                          # any MCP server over stdio
+    command = ["construct-mcp", "serve"]
+    env = { CONSTRUCT_HOME = "/srv/local-agent" }   # set for it (not secrets: the file is plain text)
+    pass_env = ["ANTHROPIC_API_KEY"]        # passed through from this server's environment
+    cwd = "/srv/local-agent"
+
+A table has exactly one of ``url`` (``http`` or ``https``, without credentials in it: the token
+comes from ``token_env``) and ``command``; ``token_env`` goes with ``url``, ``env``, ``pass_env``
+and ``cwd`` with ``command``. The token is never read here: the agent worker reads the variable
+when it calls (:mod:`orchestration.workers.mcp_agents`), so it is never stored and a rotated token is
+used at the next call. A step names its agent (see :mod:`orchestration.core.agent_steps`); a name no
+table defines is refused when the chain is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchestration.chains import NAME_PATTERN
+from orchestration.workers import AgentEndpoint
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class AgentTable(BaseModel):
+    """One ``[agents.NAME]`` table (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = Field(default=None, min_length=1, max_length=2000)
+    token_env: str | None = Field(default=None, min_length=1, max_length=200, pattern=_ENV_NAME)
+    command: list[str] | None = Field(default=None, min_length=1, max_length=100)
+    env: dict[str, str] | None = None
+    pass_env: list[str] | None = Field(default=None, max_length=100)
+    cwd: str | None = Field(default=None, min_length=1, max_length=2000)
+    call_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    follow_wait_seconds: float = Field(default=30.0, gt=0, le=300)
+    paused_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL (the agent's Streamable HTTP endpoint)")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry credentials; give the token's variable in token_env")
+        return value
+
+    @field_validator("pass_env")
+    @classmethod
+    def _names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
+            if not re.fullmatch(_ENV_NAME, name):
+                raise ValueError(f"{name[:60]!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> AgentTable:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give exactly one of url (Streamable HTTP) and command (stdio)")
+        if self.url is not None and (self.env or self.pass_env or self.cwd):
+            raise ValueError("env, pass_env and cwd apply to a stdio agent (command), not to url")
+        if self.command is not None and self.token_env is not None:
+            raise ValueError("token_env applies to url; a stdio agent gets its secrets through pass_env")
+        return self
+
+
+def check_agent_names(tables: Mapping[str, AgentTable] | None) -> Mapping[str, AgentTable] | None:
+    """Every ``[agents.NAME]`` name must be a name a chain step can use (ValueError)."""
+    for name in tables or {}:
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(
+                f"agent name {name[:60]!r}: use 1-48 lowercase letters, digits, '-' or '_', "
+                "starting with a letter"
+            )
+    return tables
+
+
+def agent_endpoints(tables: Mapping[str, AgentTable]) -> dict[str, AgentEndpoint]:
+    """The agent worker's endpoints, one per table."""
+    return {
+        name: AgentEndpoint(
+            name=name,
+            url=t.url,
+            token_env=t.token_env,
+            command=None if t.command is None else tuple(t.command),
+            env=dict(t.env or {}),
+            pass_env=tuple(t.pass_env or ()),
+            cwd=t.cwd,
+            call_timeout_seconds=t.call_timeout_seconds,
+            follow_wait_seconds=t.follow_wait_seconds,
+            paused_poll_seconds=t.paused_poll_seconds,
+        )
+        for name, t in tables.items()
+    }
+
+
+__all__ = ["AgentTable", "agent_endpoints", "check_agent_names"]

@@ -1,0 +1,94 @@
+"""The provider backend's settings, built from the server's configuration and environment.
+
+For each provider (``anthropic``, ``openrouter``, ``openai``): the base URL is the config file's
+``[providers.<name>] base_url``, else ``CONSTRUCT_<NAME>_BASE_URL``, else the public endpoint; the
+API key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_API_KEY`` /
+``OPENAI_API_KEY``. A model whose provider is not named goes to ``anthropic`` when it is
+``claude-*``, else to ``openai`` when an OpenAI-compatible base URL other than OpenRouter's is
+configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers)
+is the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``,
+else the adapter's choice from the base URL. How typed steps ask for structured output is the
+table's ``structured_output``, else (``openai`` only) ``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT``, else
+``auto``. Keys live only in the returned endpoints (kept out of
+their repr); nothing here logs them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from orchestration.workers import (
+    DEFAULT_BASE_URLS,
+    KEY_VARIABLES,
+    PROVIDERS,
+    MaxTokensField,
+    ProviderEndpoint,
+    ProviderName,
+    ProviderSettings,
+    StructuredOutputMode,
+)
+from server.settings.config import Settings
+
+
+def _configured_base_url(settings: Settings, name: ProviderName) -> str | None:
+    table = settings.providers.get(name)
+    if table is not None and table.base_url:
+        return table.base_url
+    by_env: dict[str, str | None] = {
+        "anthropic": settings.anthropic_base_url,
+        "openrouter": settings.openrouter_base_url,
+        "openai": settings.openai_base_url,
+    }
+    return by_env[name]
+
+
+def _max_tokens_field(settings: Settings, name: ProviderName) -> MaxTokensField | None:
+    table = settings.providers.get(name)
+    if table is not None and table.max_tokens_field is not None:
+        return table.max_tokens_field
+    return settings.openai_max_tokens_field if name == "openai" else None
+
+
+def _structured_output(settings: Settings, name: ProviderName) -> StructuredOutputMode:
+    table = settings.providers.get(name)
+    if table is not None and table.structured_output is not None:
+        return table.structured_output
+    chosen = settings.openai_structured_output if name == "openai" else None
+    return chosen or "auto"
+
+
+def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) -> ProviderSettings:
+    env = os.environ if env is None else env
+    endpoints: dict[str, ProviderEndpoint] = {}
+    for name in PROVIDERS:
+        table = settings.providers.get(name)
+        key: str | None = None
+        key_source: str | None = None
+        if table is not None and table.api_key:
+            key, key_source = table.api_key, f"[providers.{name}] in the config file"
+        elif env.get(KEY_VARIABLES[name], "").strip():
+            key, key_source = env[KEY_VARIABLES[name]].strip(), KEY_VARIABLES[name]
+        endpoints[name] = ProviderEndpoint(
+            name=name,
+            base_url=_configured_base_url(settings, name) or DEFAULT_BASE_URLS[name],
+            api_key=key,
+            key_source=key_source,
+            max_concurrency=table.max_concurrency if table is not None else 4,
+            max_tokens_field=_max_tokens_field(settings, name),
+            structured_output=_structured_output(settings, name),
+        )
+    openai_url = _configured_base_url(settings, "openai")
+    compat: ProviderName = "openrouter"
+    if openai_url and "openrouter.ai" not in (urlsplit(openai_url).hostname or ""):
+        compat = "openai"
+    return ProviderSettings(
+        endpoints=endpoints,
+        default_provider=settings.provider,
+        default_model=settings.model,
+        max_attempts=settings.max_attempts,
+        max_tokens=settings.max_tokens,
+        request_timeout_seconds=settings.provider_timeout_seconds,
+        compat_provider=compat,
+    )

@@ -1,0 +1,226 @@
+"""The HTTP transports' ASGI apps, with the limits that keep one client from hurting the others.
+
+* **Message size.** A request body may be as large as the biggest message the size limits allow,
+  JSON-escaped: :func:`max_message_bytes` counts 12 bytes per character (a character outside the
+  BMP escapes to ``\\ud83d\\ude00``; a control character to 6 bytes) of ``max_output_chars`` plus
+  ``max_request_chars`` plus the comment limit, and some slack for the envelope. So an output within
+  ``CONSTRUCT_MAX_OUTPUT_CHARS`` is accepted whatever its characters (and one over it is the
+  runtime's ``too_large``). A body over the bound is refused before it is parsed, with HTTP 413 and
+  a JSON-RPC error whose message starts with ``too_large`` (the SDK's client hands that error to the
+  caller). The bound is enforced while the body streams in: a client cannot make the server hold
+  more than that. (The rest of the body is read and dropped first, so that the client can read the
+  answer; a body more than twice the bound is answered at once and its connection closed.)
+* **Streamable HTTP sessions.** At most ``http_max_sessions`` (``CONSTRUCT_HTTP_MAX_SESSIONS``,
+  default 200) are open at once, and a session with no request in flight for
+  ``http_session_idle_seconds`` (default 600) is closed. When a new client comes while the server is
+  full, the session idle the longest is closed to make room (its client gets 404 on its next request
+  and opens a new session, as the protocol prescribes for an expired session); only when every
+  session has a request in flight does the new client get ``503`` with a JSON-RPC error body. So
+  abandoned handshakes never lock new clients out.
+* **DNS-rebinding protection** for every loopback bind, IPv6 included (``--host ::1`` or
+  ``[::1]``): the ``Host`` header must be a loopback name with a port. Binding beyond loopback needs
+  the bearer token instead (see :mod:`server.transports.auth`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import INVALID_REQUEST
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestration.core import Limits
+from server.transports.auth import is_loopback, send_json
+
+log = logging.getLogger("construct.server")
+
+#: Bytes one character may take in a JSON body (``\\ud83d\\ude00`` for a character outside the BMP).
+ESCAPED_BYTES_PER_CHAR = 12
+#: Room for the JSON-RPC envelope and the small arguments around the big ones.
+MESSAGE_SLACK_BYTES = 1 << 20
+#: The path of the Streamable HTTP endpoint.
+STREAMABLE_HTTP_PATH = "/mcp"
+
+
+def max_message_bytes(limits: Limits) -> int:
+    """The largest message (HTTP body, stdio line) the size limits can require, JSON-escaped."""
+    chars = limits.max_output_chars + limits.max_request_chars + limits.max_comment_chars
+    return chars * ESCAPED_BYTES_PER_CHAR + MESSAGE_SLACK_BYTES
+
+
+def bind_host(host: str) -> str:
+    """``host`` as a socket can bind it: an IPv6 address without its URL brackets."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def security_settings(host: str) -> TransportSecuritySettings | None:
+    """DNS-rebinding protection for a loopback ``host`` (IPv4 or IPv6); None beyond loopback."""
+    if not is_loopback(host):
+        return None
+    bound = bind_host(host)
+    names = {"127.0.0.1", "localhost", "[::1]", f"[{bound}]" if ":" in bound else bound}
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=sorted(f"{name}:*" for name in names),
+        allowed_origins=sorted(f"http://{name}:*" for name in names),
+    )
+
+
+class BodyLimitMiddleware:
+    """Refuses an HTTP request whose body is over ``max_bytes``: 413 with a JSON-RPC error whose
+    message starts with ``too_large``. Reads the body as it streams in, keeping never more than the
+    bound, then hands the app what it read.
+
+    The rest of a body over the bound is read and dropped before the answer, up to ``max_bytes``
+    more, so that a client still sending its body can read the error (answering mid-upload closes
+    the connection under it); a body larger still is answered at once."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self._app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if int(declared) <= 2 * self.max_bytes:
+                await self._drain(receive, 2 * self.max_bytes)
+            await self._refuse(send)
+            return
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self._app(scope, receive, send)
+            return
+        body = bytearray()
+        trailing: list[Message] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                trailing.append(message)
+                break
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                if message.get("more_body", False):
+                    await self._drain(receive, 2 * self.max_bytes - len(body))
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}, *trailing]
+
+        async def replayed() -> Message:
+            return replay.pop(0) if replay else await receive()
+
+        await self._app(scope, replayed, send)
+
+    async def _drain(self, receive: Receive, budget: int) -> None:
+        """Read and drop the rest of the body, while no more than ``budget`` bytes were read."""
+        while budget >= 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    async def _refuse(self, send: Send) -> None:
+        log.warning(
+            "refused a request body over %d bytes", self.max_bytes, extra={"action": "body_too_large"}
+        )
+        await send_json(
+            send,
+            413,
+            {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": INVALID_REQUEST,
+                    "message": (
+                        f"too_large: the request body is over {self.max_bytes} bytes, the most a message "
+                        "within this server's size limits can take (CONSTRUCT_MAX_OUTPUT_CHARS, "
+                        "CONSTRUCT_MAX_REQUEST_CHARS); send a shorter output or request"
+                    ),
+                },
+            },
+            (b"connection", b"close"),
+        )
+
+
+class EvictingSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager (its cap and idle timeout), except that a new session over the cap
+    closes the session idle the longest instead of being refused, when one is idle.
+
+    Relies on the SDK's private session table and each transport's in-flight count (mcp 2.3);
+    ``tests/acceptance/test_http_hygiene.py`` pins the behaviour, so an SDK that changes them fails
+    there."""
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
+            self._evict_idlest()
+        return super()._admit_session(requestor)
+
+    def _evict_idlest(self) -> None:
+        idle: list[tuple[float, str, StreamableHTTPServerTransport]] = []
+        for session_id, transport in self._server_instances.items():
+            scope = transport.idle_scope
+            in_flight: int = getattr(transport, "_requests_in_flight", 1)
+            if scope is not None and in_flight == 0 and not scope.cancel_called:
+                idle.append((scope.deadline, session_id, transport))
+        if not idle:
+            return
+        _, session_id, transport = min(idle)
+        # Forgotten now (its id answers 404 from here on); its server task ends when the idle
+        # scope is cancelled, and the SDK then terminates the transport.
+        self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        assert transport.idle_scope is not None
+        transport.idle_scope.cancel()
+        log.info(
+            "session limit reached: closed the session idle the longest",
+            extra={"action": "http_session_evicted"},
+        )
+
+
+def streamable_http_app(
+    server: MCPServer[Any],
+    *,
+    host: str,
+    max_body_bytes: int,
+    max_sessions: int,
+    idle_seconds: float,
+) -> ASGIApp:
+    """The Streamable HTTP app at ``/mcp`` (plus the server's custom routes), behind the body limit.
+
+    Built here rather than by ``MCPServer.streamable_http_app`` so that the session manager is
+    :class:`EvictingSessionManager`; the SDK's own auth hooks are not used (see
+    :mod:`server.transports.auth`)."""
+    manager = EvictingSessionManager(
+        app=server._lowlevel_server,
+        security_settings=security_settings(host),
+        max_request_body_size=max_body_bytes,
+        session_idle_timeout=idle_seconds,
+        max_sessions=max_sessions,
+    )
+    endpoint = StreamableHTTPASGIApp(manager)
+    routes = [Route(STREAMABLE_HTTP_PATH, endpoint=endpoint), *server._custom_starlette_routes]
+    app = Starlette(routes=routes, lifespan=lambda _app: manager.run())
+    return BodyLimitMiddleware(app, max_body_bytes)
+
+
+def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIApp:
+    """The SSE app (``/sse`` and ``/messages/``), behind the body limit."""
+    app = server.sse_app(
+        host=bind_host(host), max_request_body_size=max_body_bytes, transport_security=security_settings(host)
+    )
+    return BodyLimitMiddleware(app, max_body_bytes)

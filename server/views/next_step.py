@@ -1,0 +1,194 @@
+"""What a run view asks of its caller: ``next_action`` (the first thing that waits, or wait, or
+nothing) and, for a parallel run whose branches wait at once, ``more_actions`` (every other host
+task and gate, each with its exact call). Built from a :class:`~orchestration.engine.reading.RunSnapshot`
+only; :mod:`server.views.run_view` puts them in the view."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from orchestration.chains import TaskPrompt
+from orchestration.core import GateState, RunStatus, revise_offered
+from orchestration.engine import RunSnapshot
+from server.views.graph_view import loop_history
+from server.views.outline import View
+
+
+class RunHostTask(View):
+    """The run waits for the host's own model to do one task."""
+
+    kind: Literal["run_host_task"] = "run_host_task"
+    task_id: str
+    specialist: str
+    system_prompt: str
+    user_prompt: str
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="When set, the output must be one JSON object matching this JSON Schema.",
+    )
+    instruction: str
+    run_id: str | None = Field(
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
+    )
+
+
+class Approve(View):
+    """The run waits at an approval gate."""
+
+    kind: Literal["approve"] = "approve"
+    gate_id: str
+    task_id: str
+    position: Literal["before", "after", "exhausted", "budget"]
+    guards: str = Field(description="What the gate guards, in one sentence.")
+    instruction: str
+    run_id: str | None = Field(
+        default=None,
+        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
+    )
+
+
+class Wait(View):
+    """The server is working on the run (or waits durably until ``not_before``)."""
+
+    kind: Literal["wait"] = "wait"
+    not_before: datetime | None = None
+    instruction: str
+
+
+class Done(View):
+    """The run has ended; nothing more can happen to it."""
+
+    kind: Literal["none"] = "none"
+    instruction: str
+
+
+NextAction = Annotated[RunHostTask | Approve | Wait | Done, Field(discriminator="kind")]
+
+
+def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
+    head = snapshot.head
+    step = head.step_of(gate.task_id)
+    if gate.position == "exhausted":
+        return loop_history(snapshot, gate)
+    if gate.position == "budget":
+        return (
+            f"The budget does not allow the next call: {gate.note} Approving raises that budget by "
+            "budget_raise (default: the original budget again); rejecting ends the run."
+        )
+    if gate.position == "before":
+        return (
+            f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
+            f"outputs are previewed in tasks[]; run_status(run_id={head.run_id!r}, detail='full') "
+            "shows them whole."
+        )
+    return (
+        f"Approval of the output of the {step.name!r} step ({step.specialist}) before the chain goes on; "
+        f"run_status(run_id={head.run_id!r}, task_id={gate.task_id!r}) shows that output whole."
+    )
+
+
+_TYPED = (
+    " This task's answer is typed: output must be only a JSON object that matches output_schema (no "
+    "prose around it); one that does not match is refused with invalid_output saying what is wrong, "
+    "and nothing is recorded, so fix it and call again."
+)
+
+
+def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
+    head = snapshot.head
+    run_id = head.run_id
+    schema = head.step_of(prompt.task_id).output_schema
+    answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
+    return RunHostTask(
+        task_id=prompt.task_id,
+        specialist=prompt.specialist,
+        system_prompt=prompt.system,
+        user_prompt=prompt.user,
+        output_schema=schema,
+        instruction=(
+            f"Do this task with your own model now: take system_prompt as your instructions and answer "
+            f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
+            f"task_id={prompt.task_id!r}, output={answer}). The server records your "
+            "answer verbatim as the task's output and moves the chain on."
+            + ("" if schema is None else _TYPED)
+        ),
+    )
+
+
+def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
+    run_id = snapshot.head.run_id
+    revise = revise_offered(snapshot.head, gate)
+    decisions = (
+        "'approve', 'reject' or 'revise' (re-run the work shown, with the comment)"
+        if revise
+        else ("'approve' or 'reject'")
+    )
+    step = snapshot.head.step_of(gate.task_id)
+    limits = ""
+    if step.approvers is not None:
+        limits += f" Only {', '.join(step.approvers)} may decide this gate."
+    if gate.expires_at is not None:
+        limits += f" Undecided at {gate.expires_at.isoformat()}, it is decided by expiry ({step.on_expiry})."
+    return Approve(
+        gate_id=gate.gate_id,
+        task_id=gate.task_id,
+        position=gate.position,
+        guards=_gate_guards(gate, snapshot),
+        instruction=(
+            f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
+            f"decision={decisions}, gate_id={gate.gate_id!r}, comment=<optional note for "
+            "the next steps>). Do not approve on the user's behalf without asking." + limits
+        ),
+    )
+
+
+def waiting_items(snapshot: RunSnapshot) -> list[RunHostTask | Approve]:
+    """Everything that waits for the caller, in run order: each task awaiting the host (with its
+    prompts), then each gate awaiting a decision. A linear run has at most one; a parallel run
+    may have several (its branches wait at once)."""
+    head = snapshot.head
+    if head.status.is_terminal:
+        return []
+    prompts = snapshot.host_tasks or ((snapshot.host_task,) if snapshot.host_task is not None else ())
+    items: list[RunHostTask | Approve] = [_host_item(snapshot, p) for p in prompts]
+    items += [_gate_item(snapshot, g) for g in head.gates if g.status == "requested"]
+    return items
+
+
+def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
+    """What the caller does now: the first of :func:`waiting_items` when the run is paused (the
+    others are the view's ``more_actions``), else wait or nothing."""
+    head = snapshot.head
+    run_id = head.run_id
+    if head.status.is_terminal:
+        return Done(
+            instruction=f"The run is {head.status.value}; nothing more will happen to it. "
+            "Report the outcome (the tasks' outputs and errors) to the user; "
+            f"run_status(run_id={run_id!r}, detail='full') gives the whole outputs."
+        )
+    if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+        items = waiting_items(snapshot)
+        if head.status == RunStatus.AWAITING_APPROVAL:
+            items = [i for i in items if isinstance(i, Approve)] + [
+                i for i in items if isinstance(i, RunHostTask)
+            ]
+        if items:
+            return items[0]
+    not_before = head.not_before
+    return Wait(
+        not_before=not_before,
+        instruction=(
+            f"The server is working on the run (status {head.status.value}"
+            + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
+            + f"). Call run_status(run_id={run_id!r}, wait_seconds=30) to wait for the next step."
+        ),
+    )
+
+
+__all__ = ["Approve", "Done", "NextAction", "RunHostTask", "Wait", "next_action", "waiting_items"]

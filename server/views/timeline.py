@@ -1,0 +1,156 @@
+"""A readable timeline of a run, rendered from its stored facts (``runs timeline``, the demo).
+
+One line per fact: its sequence number, the time since the run was created, its type and what it
+says. Outputs and prompts are summarized by size (and the first words of an output, or of a typed
+output's value), never printed whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from orchestration.core import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+    HostOutputSubmitted,
+    HostTaskPrepared,
+    RouteDecided,
+    RunCancelled,
+    RunCreated,
+    RunFinished,
+    RunHead,
+    TaskCompleted,
+    TaskFailed,
+    Telemetry,
+    priced,
+)
+
+PREVIEW_CHARS = 60
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
+
+
+def _routes(routes: dict[str, str]) -> str:
+    return ", ".join(f"{value}->{target}" for value, target in routes.items())
+
+
+def decided_by(approver: str | None, channel: str | None, verified: bool) -> str:
+    """Who decided a gate and how, for a line of text: `` by alice (verified, http)``,
+    `` by bob (claimed, stdio)``; empty when nothing was recorded."""
+    who = f" by {approver}" if approver else ""
+    if channel is None:
+        return who
+    how = ("verified, " if verified else "claimed, ") if approver else ""
+    return f"{who} ({how}{channel})"
+
+
+def describe_fact(fact: Fact) -> str:
+    """What one fact says, in a few words."""
+    if isinstance(fact, RunCreated):
+        parallel = any(s.after is not None for s in fact.chain.steps)
+        steps = (", " if parallel else " -> ").join(
+            s.name
+            + (f" [{s.route_on}: {_routes(s.routes)}]" if s.routes else "")
+            + (f" (after {', '.join(s.after)})" if s.after else "")
+            for s in fact.chain.steps
+        )
+        by = f", started by {fact.started_by} (verified)" if fact.started_by else ""
+        if fact.forked_from is not None:
+            by += f", forked from {fact.forked_from.run_id} at {fact.forked_from.task_id}"
+        return (
+            f"chain {fact.chain.name} ({steps}), backend {fact.contract.worker_backend}, "
+            f'request "{_preview(fact.request)}"{by}'
+        )
+    if isinstance(fact, HostTaskPrepared):
+        digest = fact.prompt_sha256[:12]
+        return f"{fact.task_id}: prompts handed to the host (attempt {fact.attempt}, sha256 {digest})"
+    if isinstance(fact, HostOutputSubmitted):
+        usage = fact.usage
+        reported = (
+            ""
+            if usage is None
+            else f", reported by the host: {usage.input_tokens} in / {usage.output_tokens} out tokens"
+            + ("" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}")
+        )
+        return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported})"
+    if isinstance(fact, TaskCompleted):
+        if fact.value is not None:  # a typed answer: its value says more than the text's start
+            return f"{fact.task_id}: done by {fact.executor}: value {_preview(json.dumps(fact.value))}"
+        return f'{fact.task_id}: done by {fact.executor}: "{_preview(fact.output)}"'
+    if isinstance(fact, ApprovalRequested):
+        note = "" if fact.budget is None else f": {fact.budget.note}"
+        return f"{fact.gate_id}: waiting for a decision{note}"
+    if isinstance(fact, ApprovalDecided):
+        who = decided_by(fact.approver, fact.channel, fact.verified)
+        note = f' "{_preview(fact.comment)}"' if fact.comment else ""
+        added = fact.budget_raise
+        if added is not None:
+            parts = [f"{added.max_total_tokens} tokens" if added.max_total_tokens else ""]
+            parts.append(f"${added.max_cost_usd:.4f}" if added.max_cost_usd else "")
+            note += f" (budget raised by {' and '.join(p for p in parts if p)})"
+        return f"{fact.gate_id}: {fact.decision}{who}{note}"
+    if isinstance(fact, AttemptStarted):
+        dup = " (possible duplicate call)" if fact.possible_duplicate_call else ""
+        return f"{fact.task_id}: attempt {fact.attempt} by {fact.executor}{dup}"
+    if isinstance(fact, AttemptFailed):
+        return f"{fact.task_id}: attempt {fact.attempt} failed: {fact.error.code}: {fact.error.message}"
+    if isinstance(fact, TaskFailed):
+        return f"{fact.task_id}: failed: {fact.error.code}: {fact.error.message}"
+    if isinstance(fact, RouteDecided):
+        went = fact.next_task_id or fact.applied
+        bound = (
+            f" (bound reached: {fact.bounded_step} had {fact.visits} visits; on_exhausted {fact.applied})"
+            if fact.exhausted
+            else ""
+        )
+        return f"{fact.task_id}: {fact.route_on}={fact.value} -> {fact.target}{bound}: goes on with {went}"
+    if isinstance(fact, RunCancelled):
+        by = f" by {fact.cancelled_by}" if fact.cancelled_by else ""
+        return f"cancelled{by}{f': {fact.reason}' if fact.reason else ''}"
+    if isinstance(fact, RunFinished):
+        return f"{fact.status}{f': {fact.error.code}' if fact.error else ''}"
+    return fact.type  # pragma: no cover - the union is closed
+
+
+def usage_note(head: RunHead, fact: Fact) -> str:
+    """An outcome's tokens and cost (at the run's recorded prices), `` [11 in / 7 out tokens,
+    $0.0001]``; `` (reported by the host)`` for a host's; empty when it reported none."""
+    if not isinstance(fact, (TaskCompleted, AttemptFailed)):
+        return ""
+    executor = fact.executor if isinstance(fact, TaskCompleted) else None
+    if executor is None:
+        try:
+            executor = head.contract.executor_for(head.step_of(fact.task_id))
+        except KeyError:  # pragma: no cover - a task of the run's own log
+            executor = ""
+    usage: Telemetry = priced(head.contract, executor, fact.telemetry)
+    if usage.input_tokens is None and usage.output_tokens is None:
+        return ""
+    cost = "" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}"
+    host = " reported by the host" if usage.reported_by_host else ""
+    return f" [{usage.input_tokens or 0} in / {usage.output_tokens or 0} out tokens{cost}{host}]"
+
+
+def render_timeline(head: RunHead, facts: Sequence[Fact]) -> str:
+    spent = head.spent
+    total = (
+        ""
+        if spent is None
+        else f"; spent {spent.run.total_tokens} tokens, ${spent.run.cost_usd:.4f}"
+        + (f" ({spent.run.unpriced_calls} calls unpriced)" if spent.run.unpriced_calls else "")
+    )
+    lines = [f"run {head.run_id}: {head.status.value} ({len(facts)} facts, {head.version} writes{total})"]
+    start = facts[0].at if facts else head.created_at
+    for fact in facts:
+        offset = (fact.at - start).total_seconds()
+        copy = "" if fact.copied_from is None else f" [copy of #{fact.copied_from}]"
+        line = f"{describe_fact(fact)}{usage_note(head, fact)}{copy}"
+        lines.append(f"  #{fact.seq:<3} +{offset:8.3f}s  {fact.type:<22} {line}")
+    return "\n".join(lines) + "\n"
