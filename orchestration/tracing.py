@@ -105,6 +105,11 @@ class AttemptTrace:
         self.span = span
         self._outcome = False
 
+    @property
+    def has_outcome(self) -> bool:
+        """Whether :meth:`ended` was called (an attempt without one was cancelled)."""
+        return self._outcome
+
     def ended(self, outcome: AttemptOutcome) -> None:
         """The worker's outcome of the attempt (what is recorded of it is the drive's part)."""
         self._outcome = True
@@ -117,9 +122,11 @@ class AttemptTrace:
 
 def _no_op(tracer: trace.Tracer) -> bool:
     """Whether ``tracer`` starts its spans with the API's no-op tracer now (a proxy tracer does
-    until a tracer provider is installed, and then uses that provider's tracer)."""
+    until a tracer provider is installed, and then uses that provider's tracer: told here by the
+    API's public ``get_tracer_provider``, which is the proxy provider until one is installed)."""
     if isinstance(tracer, trace.ProxyTracer):
-        tracer = tracer._tracer
+        provider = trace.get_tracer_provider()
+        return isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
     return isinstance(tracer, trace.NoOpTracer)
 
 
@@ -260,7 +267,7 @@ class DriveTrace:
             try:
                 yield traced
             finally:
-                if not traced._outcome:
+                if not traced.has_outcome:
                     # Cancelled (orchestrate_cancel, a deadline, a lost lease, a shutdown).
                     span.set_attribute("construct.attempt.outcome", "none")
 

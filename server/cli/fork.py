@@ -21,13 +21,14 @@ from collections.abc import Callable
 from orchestration.core import RunHead
 from orchestration.engine import Runtime
 from orchestration.ops import ForkRequest
+from server.cli.subcommands import Subcommands
 
 #: Adds the shared options (--home, --config, --store, --log-level) to a parser.
 AddOptions = Callable[[argparse.ArgumentParser], None]
 
 
 def add_fork_parser(
-    runs_sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    runs_sub: Subcommands,
     common: AddOptions,
     json_flag: AddOptions,
 ) -> None:

@@ -30,6 +30,7 @@ import anyio
 
 from orchestration.core import RunHead, RunStatus, TaskStatus
 from orchestration.engine import Runtime
+from server.cli.subcommands import Subcommands
 from server.views.events import Event, read_events
 from server.views.listing import waiting_for
 
@@ -49,7 +50,7 @@ AddOptions = Callable[[argparse.ArgumentParser], None]
 
 
 def add_live_parsers(
-    runs_sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    runs_sub: Subcommands,
     common: AddOptions,
     json_flag: AddOptions,
 ) -> None:

@@ -56,6 +56,7 @@ from orchestration.ops import (
     snapshot,
 )
 from orchestration.store import RunStore
+from server.cli.subcommands import Subcommands
 from server.settings.config import Settings
 from server.settings.storage import store_inputs
 from stores import open_configured_store, open_store, parse_store_spec
@@ -78,7 +79,7 @@ def parse_age(text: str) -> timedelta:
 
 
 def add_retention_parsers(
-    runs_sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    runs_sub: Subcommands,
     common: AddOptions,
     json_flag: AddOptions,
 ) -> None:
