@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 
 from orchestration.errors import ConstructError, StoreError, StoreUnavailable
-from stores import scrub
+from stores._urls import scrub
 
 Connect = Callable[[], Awaitable[Any]]
 
