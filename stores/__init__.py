@@ -25,17 +25,14 @@ filesystem store with a warning returned in :class:`OpenedStore` — unless ``fa
 raises instead. Warnings and errors never contain a password: every URL shown goes through
 :func:`redact_url`.
 
-Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``):
+Optional abilities beyond ``RunStore``, declared as protocols on the port
+(:mod:`orchestration.store`) and checked with ``isinstance`` by the dispatcher:
 
-- ``claim_runnable(owner, ttl_seconds, now, limit) -> list[Lease]`` (sqlite, postgres): claim up to
-  ``limit`` runnable runs (as ``runnable`` defines them) whose lease is free or expired, oldest
-  first, in one transaction; runs ``owner`` already holds are not returned again; each lease gets a
-  new token, as from ``claim_lease``; two concurrent claimers never get the same run (postgres:
-  ``FOR NO KEY UPDATE SKIP LOCKED``).
-- ``listen(callback, on_lost=None)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is
-  called when any process commits a write that leaves a run ``queued``. A wake-up hint, not a queue:
-  notifications are lost while the listening connection is down, so a dispatcher still polls
-  ``runnable``; ``on_lost()`` says the connection dropped, and calling ``listen`` again reconnects.
+- ``ClaimsRunnable.claim_runnable`` (sqlite, postgres): claim a batch of runnable runs in one
+  transaction, no run to two claimers (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
+- ``NotifiesRunnable.listen`` / ``unlisten`` (postgres): be called back when any process commits a
+  write that leaves a run ``queued``; a wake-up hint, not a queue, so a dispatcher still polls
+  ``runnable``.
 """
 
 from __future__ import annotations

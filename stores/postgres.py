@@ -414,7 +414,7 @@ class PostgresStore(PostgresRetention):
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
-        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        """``ClaimsRunnable`` (:mod:`orchestration.store`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
         statement; runs ``owner`` already holds are not returned again. Each lease gets a new
         token (see ``RunStore.claim_lease``). Concurrent claimers in any number of processes skip

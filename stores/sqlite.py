@@ -16,9 +16,10 @@
   (run_id, seq), so an append costs one head update and one indexed insert per fact whatever the
   run's history.
 
-Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim capability
-(see :mod:`stores`). Opening migrates the file to the packaged schema by default (a private file
-that only construct-mcp uses); pass ``auto_migrate=False`` to only check it.
+Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim ability
+(``ClaimsRunnable``, see :mod:`orchestration.store`). Opening migrates the file to the packaged
+schema by default (a private file that only construct-mcp uses); pass ``auto_migrate=False`` to
+only check it.
 """
 
 from __future__ import annotations
@@ -460,7 +461,7 @@ class SqliteStore(SqliteRetention):
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
-        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        """``ClaimsRunnable`` (:mod:`orchestration.store`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
         transaction; runs ``owner`` already holds are not returned again. Each lease gets a new
         token (see ``RunStore.claim_lease``). Of two concurrent claimers, in this or another
