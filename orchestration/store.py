@@ -30,13 +30,22 @@ ended runs, ``runs import --move`` for a run that moves to another store). A tom
 fact, like a lease: it is what the store keeps of a run it no longer holds. It answers every later
 use of the run id (``RunPruned`` / ``RunMoved``, both ``RunNotFound``) and keeps the run's
 idempotency key reserved. :meth:`RunStore.import_run` is the way in for a whole run another store
-held (``runs import``).
+held (``runs import``). Retention is part of the port, not an option: every adapter keeps
+tombstones, since ``load`` and ``create`` answer with them.
+
+Optional abilities. A store may do more than ``RunStore``; each such ability is a protocol of its
+own, checked with ``isinstance`` where the store is handed to the engine (the dispatcher), never
+probed at the call:
+
+- :class:`ClaimsRunnable` (sqlite, postgres): claim a batch of runnable runs in one step, which is
+  how several processes on one database share the work;
+- :class:`NotifiesRunnable` (postgres): be told when any process leaves a run ``queued``.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -47,6 +56,18 @@ from orchestration.core.facts import Fact
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
+
+__all__ = [
+    "ClaimsRunnable",
+    "CreateResult",
+    "Lease",
+    "NotifiesRunnable",
+    "RunPage",
+    "RunStore",
+    "Tombstone",
+    "TombstoneReason",
+    "new_lease_token",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,4 +309,45 @@ class RunStore(Protocol):
 
     async def close(self) -> None:
         """Release connections and files. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ClaimsRunnable(Protocol):
+    """Optional ability (sqlite, postgres): claim runnable runs in batches. A dispatcher whose store
+    has it claims as many runs as it has free slots in one step, instead of listing them with
+    :meth:`RunStore.runnable` and claiming each with :meth:`RunStore.claim_lease`."""
+
+    async def claim_runnable(
+        self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
+    ) -> list[Lease]:
+        """Claim for ``owner``, until ``now + ttl_seconds``, up to ``limit`` runnable runs (as
+        :meth:`RunStore.runnable` defines them) whose lease is free or expired, oldest first, in one
+        atomic step; runs ``owner`` already holds are not returned again. Each lease gets a new
+        token, as from :meth:`RunStore.claim_lease`. Atomic across processes: two concurrent
+        claimers never get the same run (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``; sqlite:
+        ``BEGIN IMMEDIATE``). Raises ``StoreError`` / ``StoreUnavailable`` as any write."""
+        ...
+
+
+@runtime_checkable
+class NotifiesRunnable(Protocol):
+    """Optional ability (postgres): wake a subscriber when any process, this one or another, commits
+    a write that leaves a run ``queued`` (a new run, an approval, a scheduled retry). A wake-up
+    hint, not a queue: notifications sent while the listening connection is down are lost, so a
+    subscriber still polls :meth:`RunStore.runnable`."""
+
+    async def listen(
+        self, callback: Callable[[str], None], on_lost: Callable[[], None] | None = None
+    ) -> None:
+        """Call ``callback(run_id)`` on the event loop for every such write from now on
+        (``callback`` must not block). ``on_lost()`` is called when the listening connection drops;
+        calling ``listen`` again then reconnects, and raises ``StoreUnavailable`` while the store is
+        still away. Idempotent per ``callback``: listening again with a callback already registered
+        only reconnects if needed."""
+        ...
+
+    async def unlisten(self, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback`` (nothing happens when it was not registered); the listening
+        connection closes with the last subscriber."""
         ...

@@ -25,17 +25,14 @@ filesystem store with a warning returned in :class:`OpenedStore` — unless ``fa
 raises instead. Warnings and errors never contain a password: every URL shown goes through
 :func:`redact_url`.
 
-Optional capabilities beyond ``RunStore`` (a dispatcher checks with ``hasattr``):
+Optional abilities beyond ``RunStore``, declared as protocols on the port
+(:mod:`orchestration.store`) and checked with ``isinstance`` by the dispatcher:
 
-- ``claim_runnable(owner, ttl_seconds, now, limit) -> list[Lease]`` (sqlite, postgres): claim up to
-  ``limit`` runnable runs (as ``runnable`` defines them) whose lease is free or expired, oldest
-  first, in one transaction; runs ``owner`` already holds are not returned again; each lease gets a
-  new token, as from ``claim_lease``; two concurrent claimers never get the same run (postgres:
-  ``FOR NO KEY UPDATE SKIP LOCKED``).
-- ``listen(callback, on_lost=None)`` / ``unlisten(callback)`` (postgres): ``callback(run_id)`` is
-  called when any process commits a write that leaves a run ``queued``. A wake-up hint, not a queue:
-  notifications are lost while the listening connection is down, so a dispatcher still polls
-  ``runnable``; ``on_lost()`` says the connection dropped, and calling ``listen`` again reconnects.
+- ``ClaimsRunnable.claim_runnable`` (sqlite, postgres): claim a batch of runnable runs in one
+  transaction, no run to two claimers (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
+- ``NotifiesRunnable.listen`` / ``unlisten`` (postgres): be called back when any process commits a
+  write that leaves a run ``queued``; a wake-up hint, not a queue, so a dispatcher still polls
+  ``runnable``.
 """
 
 from __future__ import annotations
@@ -51,6 +48,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 from orchestration.errors import ConfigError, StoreUnavailable
 from orchestration.store import RunStore
 from stores._sql import SCHEMA_NAME
+from stores._urls import redact_url, scrub
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -61,6 +59,7 @@ __all__ = [
     "parse_store_spec",
     "redact_url",
     "resolve_store_spec",
+    "scrub",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,8 +68,6 @@ Backend = Literal["memory", "filesystem", "sqlite", "postgres"]
 
 #: Seconds to wait for a database connection before the store counts as unreachable.
 DEFAULT_CONNECT_TIMEOUT = 5.0
-
-_SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,51 +94,6 @@ class OpenedStore:
     source: str
     warnings: list[str] = field(default_factory=list)
     fell_back: bool = False
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password in its userinfo and any ``password=`` query parameter replaced by
-    ``***``; a URL without a password is returned unchanged."""
-    if "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("://", 1)[0] + "://***"
-    # Edit the string rather than urlunsplit it: unsplitting normalizes (sqlite:////abs would lose
-    # two slashes), and a URL with nothing secret must come back unchanged.
-    shown = url
-    userinfo, at, hostinfo = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:
-        redacted = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
-        shown = shown.replace(f"//{parts.netloc}", f"//{redacted}", 1)
-    if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
-            query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*")
-            shown = shown.replace(f"?{parts.query}", f"?{query}", 1)
-    return shown
-
-
-def _secrets_of(url: str) -> list[str]:
-    """The password strings a URL carries, to scrub from driver messages."""
-    if "://" not in url:
-        return []
-    try:
-        parts = urlsplit(url)
-        found = [parts.password] if parts.password else []
-        found += [v for k, v in parse_qsl(parts.query) if k.lower() in _SECRET_PARAMS and v]
-    except ValueError:
-        return []
-    return [unquote(s) for s in found] + found
-
-
-def scrub(message: str, url: str) -> str:
-    """``message`` with every password of ``url`` replaced by ``***`` (driver messages may echo
-    their connection parameters)."""
-    for secret in _secrets_of(url):
-        message = message.replace(secret, "***")
-    return message
 
 
 def _backend_of(spec: str) -> str:

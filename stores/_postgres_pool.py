@@ -22,12 +22,15 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 
 from orchestration.errors import ConstructError, StoreError, StoreUnavailable
-from stores import scrub
+from stores._urls import scrub
 
 Connect = Callable[[], Awaitable[Any]]
 
 
 class ConnectionPool:
+    """The stack of idle connections described above, at most ``max_size`` open. Open it with
+    :meth:`open`; borrow with ``async with pool.acquire()`` (or :meth:`get` then :meth:`put`)."""
+
     def __init__(self, connect: Connect, max_size: int) -> None:
         self._connect = connect
         self._max_size = max(max_size, 1)
@@ -40,8 +43,8 @@ class ConnectionPool:
     async def open(cls, connect: Connect, *, min_size: int, max_size: int) -> ConnectionPool:
         pool = cls(connect, max_size)
         try:
-            for _ in range(max(min(min_size, pool._max_size), 1)):
-                pool._put(await pool._get(), clean=True)
+            for _ in range(max(min(min_size, pool.max_size), 1)):
+                pool.put(await pool.get(), clean=True)
         except BaseException:
             await pool.close()
             raise
@@ -53,9 +56,20 @@ class ConnectionPool:
 
     @property
     def size(self) -> int:
+        """Connections open or being opened, idle or in use."""
         return self._size
 
-    async def _get(self) -> Any:
+    @property
+    def max_size(self) -> int:
+        """At most this many connections are open at once."""
+        return self._max_size
+
+    async def get(self) -> Any:
+        """A connection for the caller alone, until it gives it back with :meth:`put` (exactly once):
+        the most recently used idle one, else a new one while fewer than :attr:`max_size` are open,
+        else it waits for a release (waiting callers are woken in turn). Raises the driver's error
+        when a new connection cannot be opened, ``InterfaceError`` once the pool is closed.
+        :meth:`acquire` pairs the two calls."""
         while True:
             if self._closed:
                 raise asyncpg.InterfaceError("the connection pool is closed")
@@ -84,7 +98,11 @@ class ConnectionPool:
                     self._wake()  # woken, but leaving: pass the wake-up on
                 raise
 
-    def _put(self, conn: Any, *, clean: bool) -> None:
+    def put(self, conn: Any, *, clean: bool) -> None:
+        """Give back a connection :meth:`get` handed out. It is kept for the next caller only when
+        ``clean`` (its block ended normally or with an error that leaves the session usable), the
+        pool is open, and it is connected and outside a transaction; otherwise it is terminated.
+        Never awaits."""
         if clean and not self._closed and not conn.is_closed() and not conn.is_in_transaction():
             self._idle.append(conn)
         else:
@@ -131,7 +149,7 @@ class _Acquired:
         self._conn: Any = None
 
     async def __aenter__(self) -> Any:
-        self._conn = await self._pool._get()
+        self._conn = await self._pool.get()
         return self._conn
 
     async def __aexit__(
@@ -139,7 +157,7 @@ class _Acquired:
     ) -> None:
         conn, self._conn = self._conn, None
         clean = exc is None or (isinstance(exc, _CLEAN_ERRORS) and not isinstance(exc, _SESSION_ENDED))
-        self._pool._put(conn, clean=clean)
+        self._pool.put(conn, clean=clean)
 
 
 # Errors that mean "cannot reach or use the server", as opposed to "this statement failed".

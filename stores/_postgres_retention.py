@@ -24,6 +24,7 @@ from orchestration.core import Fact, RunHead, validate_run_id
 from orchestration.errors import Conflict, RunNotFound
 from orchestration.store import Tombstone
 from stores._jsonb import from_jsonb_text
+from stores._postgres_rows import fact_values, run_values
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
 from stores._sql import decode_head, queries
 
@@ -68,8 +69,6 @@ class PostgresRetention:
 
     async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """See ``RunStore.import_run``: one transaction (a ``queued`` run is announced on commit)."""
-        from stores.postgres import _fact_values, _run_values  # the row encodings live with the adapter
-
         validate_run_id(head.run_id)
         check_import(head, facts)
         run_id = head.run_id
@@ -80,11 +79,11 @@ class PostgresRetention:
                 if owner is not None and owner != run_id:
                     raise Conflict(f"the idempotency key of run {run_id} is run {owner}'s here")
             await conn.execute(Q["delete_tombstone"], run_id)
-            if await conn.fetchval(Q["insert_run"], *_run_values(head)) is None:
+            if await conn.fetchval(Q["insert_run"], *run_values(head)) is None:
                 if await conn.fetchval(Q["run_version"], run_id) is not None:
                     raise Conflict(f"this store already has run {run_id}")
                 raise Conflict(f"the idempotency key of run {run_id} is another run's here")
-            await conn.execute(Q["insert_facts"], *_fact_values(run_id, facts))
+            await conn.execute(Q["insert_facts"], *fact_values(run_id, facts))
             await self._notify_if_runnable(conn, head)
         return head
 

@@ -3,7 +3,8 @@ package's ``stores/sql/<dialect>/`` files (``importlib.resources``, so it works 
 
 ``queries.sql`` holds blocks introduced by ``-- name: <query_name>``; everything up to the next such
 line is the query. ``migrations/NNNN_<slug>.sql`` are forward-only migrations applied in number
-order (:mod:`stores.migrate`). SQL is never assembled from fragments in Python.
+order (by ``stores._migrations``; the command is :mod:`stores.migrate`). SQL is never assembled
+from fragments in Python.
 
 Also here: small helpers both SQL adapters share (row decoding into typed records, the list cursor
 for a row, splitting a SQLite script into statements).

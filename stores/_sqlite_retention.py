@@ -21,6 +21,7 @@ from orchestration.errors import Conflict, RunNotFound
 from orchestration.store import Tombstone
 from stores._retention import check_delete, check_import, decode_tombstone, deleted_already, encode_tombstone
 from stores._sql import decode_head, queries
+from stores._sqlite_rows import fact_row, run_row
 from stores._sqlite_thread import fetch_all
 
 Q = queries("sqlite")
@@ -63,14 +64,12 @@ class SqliteRetention:
 
     async def import_run(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """See ``RunStore.import_run``: one transaction."""
-        from stores.sqlite import _fact_row, _run_row  # the row encodings live with the adapter
-
         validate_run_id(head.run_id)
         check_import(head, facts)
         run_id = head.run_id
 
-        run_row = _run_row(head)
-        fact_rows = [_fact_row(run_id, f) for f in facts]
+        new_run = run_row(head)
+        fact_rows = [fact_row(run_id, f) for f in facts]
 
         def work(conn: sqlite3.Connection) -> RunHead:
             if fetch_all(conn, Q["run_version"], {"run_id": run_id}):
@@ -82,7 +81,7 @@ class SqliteRetention:
                     if rows and rows[0][0] != run_id:
                         raise Conflict(f"the idempotency key of run {run_id} is run {rows[0][0]}'s here")
             conn.execute(Q["delete_tombstone"], {"run_id": run_id})
-            conn.execute(Q["insert_run"], run_row)
+            conn.execute(Q["insert_run"], new_run)
             conn.executemany(Q["insert_fact"], fact_rows)
             return head
 

@@ -3,6 +3,10 @@
 Wrapping a store in :class:`CrashAfterWrites` makes the process kill itself with SIGKILL right after
 its N-th durable write (a create or an append) has returned — the fact is on disk, nothing after it
 ran. Off unless the server is configured with it; never use it outside tests.
+
+The wrapper has exactly the optional abilities of the store it wraps (``ClaimsRunnable``,
+``NotifiesRunnable``, see :mod:`orchestration.store`), so a dispatcher on a wrapped sqlite or
+postgres store claims in batches and listens as it would on the store itself.
 """
 
 from __future__ import annotations
@@ -10,18 +14,33 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from orchestration.core import Fact, RunHead, RunStatus
-from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
+from orchestration.store import (
+    ClaimsRunnable,
+    CreateResult,
+    Lease,
+    NotifiesRunnable,
+    RunPage,
+    RunStore,
+    Tombstone,
+)
 
 log = logging.getLogger("construct.faults")
 
 
 class CrashAfterWrites:
-    """A ``RunStore`` that delegates everything and SIGKILLs the process after write ``n``."""
+    """A ``RunStore`` that delegates everything and SIGKILLs the process after write ``n``.
+
+    ``CrashAfterWrites(inner, n)`` returns an instance of the subclass with ``inner``'s optional
+    abilities (as ``pathlib.Path(...)`` returns the flavour of its system)."""
+
+    def __new__(cls, inner: RunStore, n: int) -> CrashAfterWrites:
+        if cls is CrashAfterWrites:
+            cls = _WRAPPERS[isinstance(inner, ClaimsRunnable), isinstance(inner, NotifiesRunnable)]
+        return super().__new__(cls)
 
     def __init__(self, inner: RunStore, n: int) -> None:
         if n < 1:
@@ -98,6 +117,40 @@ class CrashAfterWrites:
     async def close(self) -> None:
         await self.inner.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # Optional capabilities of the wrapped adapter (claim_runnable, listen, ...).
-        return getattr(self.inner, name)
+
+class _Claims(CrashAfterWrites):
+    """The wrapper of a store that ``ClaimsRunnable``. A batch claim writes leases, not facts: it is
+    not a counted write."""
+
+    async def claim_runnable(
+        self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
+    ) -> list[Lease]:
+        assert isinstance(self.inner, ClaimsRunnable)  # chosen by CrashAfterWrites.__new__
+        return await self.inner.claim_runnable(owner, ttl_seconds, now, limit)
+
+
+class _Notifies(CrashAfterWrites):
+    """The wrapper of a store that ``NotifiesRunnable``."""
+
+    async def listen(
+        self, callback: Callable[[str], None], on_lost: Callable[[], None] | None = None
+    ) -> None:
+        assert isinstance(self.inner, NotifiesRunnable)  # chosen by CrashAfterWrites.__new__
+        await self.inner.listen(callback, on_lost)
+
+    async def unlisten(self, callback: Callable[[str], None]) -> None:
+        assert isinstance(self.inner, NotifiesRunnable)
+        await self.inner.unlisten(callback)
+
+
+class _ClaimsAndNotifies(_Claims, _Notifies):
+    """The wrapper of a store with both abilities (postgres)."""
+
+
+#: (claims, notifies) -> the wrapper with those abilities
+_WRAPPERS: dict[tuple[bool, bool], type[CrashAfterWrites]] = {
+    (False, False): CrashAfterWrites,
+    (True, False): _Claims,
+    (False, True): _Notifies,
+    (True, True): _ClaimsAndNotifies,
+}

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -53,20 +53,19 @@ from orchestration.errors import (
     VersionConflict,
 )
 from orchestration.store import CreateResult, Lease, RunPage, new_lease_token
-from stores import redact_url
 from stores._common import (
     check_append,
     check_create,
     decode_cursor,
-    encode_chain,
-    encode_head,
     not_continuing,
     sortable_time,
 )
-from stores._jsonb import from_jsonb_text, to_jsonb_text
+from stores._jsonb import from_jsonb_text
 from stores._lease import check_fence, lease_lost
+from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
 from stores._postgres_retention import PostgresRetention, check_key_free, missing
+from stores._postgres_rows import fact_columns, fact_values, head_values, run_values, utc
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -78,7 +77,7 @@ from stores._sql import (
     parse_sortable_time,
     queries,
 )
-from stores.migrate import MigrationReport, check_schema, run_migrations
+from stores._urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +92,6 @@ def channel_for(schema: str) -> str:
     return CHANNEL if schema == "public" else f"{CHANNEL}_{schema}"
 
 
-def _utc(at: datetime) -> datetime:
-    # The same reading of a naive time as stores._common.sortable_time (local time), so that every
-    # adapter orders and compares times alike.
-    return at.astimezone(UTC)
-
-
 def _connect_kwargs(schema: str, connect_timeout: float) -> dict[str, Any]:
     return {
         "timeout": connect_timeout,
@@ -107,7 +100,7 @@ def _connect_kwargs(schema: str, connect_timeout: float) -> dict[str, Any]:
 
 
 class _PostgresTarget:
-    """:class:`stores.migrate.MigrationTarget` over one connection."""
+    """:class:`stores._migrations.MigrationTarget` over one connection."""
 
     dialect: Dialect = "postgres"
 
@@ -260,7 +253,7 @@ class PostgresStore(PostgresRetention):
         validate_run_id(head.run_id)
         check_create(head, facts)
         async with self._transaction() as conn:
-            inserted = await conn.fetchval(Q["insert_run"], *_run_values(head))
+            inserted = await conn.fetchval(Q["insert_run"], *run_values(head))
             if inserted is None:
                 if head.idempotency_key is not None:
                     row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
@@ -268,7 +261,7 @@ class PostgresStore(PostgresRetention):
                         return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
                 raise Conflict(f"a run with id {head.run_id} already exists")
             await check_key_free(conn, head.idempotency_key)  # after the insert: see its module
-            await conn.execute(Q["insert_facts"], *_fact_values(head.run_id, facts))
+            await conn.execute(Q["insert_facts"], *fact_values(head.run_id, facts))
             await self._notify_if_runnable(conn, head)
         return CreateResult(head, created=True)
 
@@ -307,14 +300,9 @@ class PostgresStore(PostgresRetention):
                     Q["append"],
                     run_id,
                     expected_version,
-                    head.version,
-                    head.status.value,
-                    _utc(head.updated_at),
-                    _utc(head.not_before) if head.not_before is not None else None,
-                    to_jsonb_text(encode_head(head, with_chain=False)),
-                    _wake_at(head),
+                    *head_values(head),
                     lease.token if lease is not None else None,
-                    *_fact_values(run_id, facts)[1:],
+                    *fact_columns(facts),
                     follows,
                     self.channel,
                 )
@@ -396,7 +384,7 @@ class PostgresStore(PostgresRetention):
 
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
         async with self._connection() as conn:
-            rows = await conn.fetch(Q["runnable"], _utc(now), limit)
+            rows = await conn.fetch(Q["runnable"], utc(now), limit)
         return [str(row[0]) for row in rows]
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
@@ -405,7 +393,7 @@ class PostgresStore(PostgresRetention):
         token = new_lease_token()
         async with self._connection() as conn:
             found, claimed = await conn.fetchrow(
-                Q["claim_lease"], run_id, owner, _utc(expires_at), _utc(now), token
+                Q["claim_lease"], run_id, owner, utc(expires_at), utc(now), token
             )
             if not found:
                 raise await missing(conn, run_id)
@@ -414,7 +402,7 @@ class PostgresStore(PostgresRetention):
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         renewed = Lease(lease.run_id, lease.owner, now + timedelta(seconds=ttl_seconds), lease.token)
         async with self._connection() as conn:
-            kept = await conn.fetchval(Q["renew_lease"], lease.run_id, lease.token, _utc(renewed.expires_at))
+            kept = await conn.fetchval(Q["renew_lease"], lease.run_id, lease.token, utc(renewed.expires_at))
         if kept is None:
             raise lease_lost(lease)
         return renewed
@@ -426,14 +414,14 @@ class PostgresStore(PostgresRetention):
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
-        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        """``ClaimsRunnable`` (:mod:`orchestration.store`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
         statement; runs ``owner`` already holds are not returned again. Each lease gets a new
         token (see ``RunStore.claim_lease``). Concurrent claimers in any number of processes skip
         the runs another is claiming (``SKIP LOCKED``) and never get the same run."""
         expires_at = now + timedelta(seconds=ttl_seconds)
         async with self._connection() as conn:
-            rows = await conn.fetch(Q["claim_runnable"], owner, _utc(expires_at), _utc(now), limit)
+            rows = await conn.fetch(Q["claim_runnable"], owner, utc(expires_at), utc(now), limit)
         return [Lease(str(row[0]), owner, expires_at, str(row[1])) for row in rows]
 
     # ----------------------------------------------------------------------------------------
@@ -525,36 +513,3 @@ class PostgresStore(PostgresRetention):
             await self._close_listener()
         with translated(self._where, self._dsn):
             await self._pool.close()
-
-
-def _run_values(head: RunHead) -> tuple[Any, ...]:
-    return (
-        head.run_id,
-        head.version,
-        head.status.value,
-        _utc(head.created_at),
-        _utc(head.updated_at),
-        _utc(head.not_before) if head.not_before is not None else None,
-        head.idempotency_key,
-        # The chain snapshot is written once, in a column of its own (migration chain_written_once).
-        to_jsonb_text(encode_head(head, with_chain=False)),
-        _wake_at(head),
-        to_jsonb_text(encode_chain(head.chain)),
-    )
-
-
-def _wake_at(head: RunHead) -> datetime | None:
-    # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the partial
-    # index runs_wake_at then holds only the runs that can.
-    if head.status.is_terminal or head.wake_at is None:
-        return None
-    return _utc(head.wake_at)
-
-
-def _fact_values(run_id: str, facts: Sequence[Fact]) -> tuple[Any, ...]:
-    return (
-        run_id,
-        [f.seq for f in facts],
-        [f.type for f in facts],
-        [to_jsonb_text(f.model_dump_json()) for f in facts],
-    )

@@ -16,9 +16,10 @@
   (run_id, seq), so an append costs one head update and one indexed insert per fact whatever the
   run's history.
 
-Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim capability
-(see :mod:`stores`). Opening migrates the file to the packaged schema by default (a private file
-that only construct-mcp uses); pass ``auto_migrate=False`` to only check it.
+Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim ability
+(``ClaimsRunnable``, see :mod:`orchestration.store`). Opening migrates the file to the packaged
+schema by default (a private file that only construct-mcp uses); pass ``auto_migrate=False`` to
+only check it.
 """
 
 from __future__ import annotations
@@ -51,12 +52,11 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
-    encode_chain,
-    encode_head,
     not_continuing,
     sortable_time,
 )
 from stores._lease import check_fence, lease_lost
+from stores._migrations import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 from stores._sql import (
     CURSOR_START_KEY,
     Dialect,
@@ -69,8 +69,8 @@ from stores._sql import (
     split_sqlite_script,
 )
 from stores._sqlite_retention import SqliteRetention, check_key_free, missing
+from stores._sqlite_rows import fact_row, head_row, run_row
 from stores._sqlite_thread import GroupCommit, fetch_all, fetch_one, on_thread
-from stores.migrate import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ async def _enable_wal(conn: aiosqlite.Connection, busy_timeout: float) -> None:
 
 
 class _SqliteTarget:
-    """:class:`stores.migrate.MigrationTarget` over one connection."""
+    """:class:`stores._migrations.MigrationTarget` over one connection."""
 
     dialect: Dialect = "sqlite"
 
@@ -316,8 +316,8 @@ class SqliteStore(SqliteRetention):
         validate_run_id(head.run_id)
         check_create(head, facts)
 
-        run_row = _run_row(head)
-        fact_rows = [_fact_row(head.run_id, f) for f in facts]
+        new_run = run_row(head)
+        fact_rows = [fact_row(head.run_id, f) for f in facts]
 
         def work(conn: sqlite3.Connection) -> CreateResult:
             if head.idempotency_key is not None:
@@ -327,7 +327,7 @@ class SqliteStore(SqliteRetention):
                     return CreateResult(decode_head(str(found[0]), found[1]), created=False)
             check_key_free(conn, head.idempotency_key)  # a deleted run's key stays reserved
             try:
-                conn.execute(Q["insert_run"], run_row)
+                conn.execute(Q["insert_run"], new_run)
             except sqlite3.IntegrityError as exc:
                 raise Conflict(f"a run with id {head.run_id} already exists") from exc
             conn.executemany(Q["insert_fact"], fact_rows)
@@ -358,12 +358,12 @@ class SqliteStore(SqliteRetention):
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
-        row = _head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
+        row = head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
         update = Q["update_head"]
         if lease is not None:
             row["token"] = lease.token
             update = Q["update_head_fenced"]
-        fact_rows = [_fact_row(run_id, f) for f in facts]
+        fact_rows = [fact_row(run_id, f) for f in facts]
 
         def work(conn: sqlite3.Connection) -> RunHead:
             if conn.execute(update, row).rowcount != 1:
@@ -461,7 +461,7 @@ class SqliteStore(SqliteRetention):
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
     ) -> list[Lease]:
-        """Optional capability (see :mod:`stores`): claim up to ``limit`` runnable runs (as
+        """``ClaimsRunnable`` (:mod:`orchestration.store`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
         transaction; runs ``owner`` already holds are not returned again. Each lease gets a new
         token (see ``RunStore.claim_lease``). Of two concurrent claimers, in this or another
@@ -528,35 +528,3 @@ def _claim(
     }
     claimed = fetch_one(conn, Q["claim_lease"], params)
     return Lease(run_id, owner, expires_at, token) if claimed is not None else None
-
-
-def _run_row(head: RunHead) -> dict[str, Any]:
-    """A new run's row (a create, an import)."""
-    return _head_row(head) | {
-        "created_at": sortable_time(head.created_at),
-        "idempotency_key": head.idempotency_key,
-        # The chain snapshot is written once, in a column of its own, by the create (migration
-        # chain_written_once); an append's update leaves it as it is.
-        "chain": encode_chain(head.chain),
-    }
-
-
-def _head_row(head: RunHead) -> dict[str, Any]:
-    """What an append's update writes: the columns that change with the head."""
-    return {
-        "run_id": head.run_id,
-        "version": head.version,
-        "status": head.status.value,
-        "updated_at": sortable_time(head.updated_at),
-        "not_before": sortable_time(head.not_before) if head.not_before is not None else None,
-        "head": encode_head(head, with_chain=False),
-        # NULL for a terminal run, whatever its head says: a terminal run never wakes, and the
-        # partial index runs_wake_at then holds only the runs that can.
-        "wake_at": (
-            sortable_time(head.wake_at) if head.wake_at is not None and not head.status.is_terminal else None
-        ),
-    }
-
-
-def _fact_row(run_id: str, fact: Fact) -> dict[str, Any]:
-    return {"run_id": run_id, "seq": fact.seq, "type": fact.type, "body": fact.model_dump_json()}

@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -57,7 +56,7 @@ from orchestration.core.models import RunHead
 from orchestration.engine.backoff import Backoff
 from orchestration.engine.runtime import Runtime, is_settled
 from orchestration.errors import ConstructError, CorruptRecord, LeaseLost, StoreError
-from orchestration.store import Lease
+from orchestration.store import ClaimsRunnable, Lease, NotifiesRunnable
 
 log = logging.getLogger("construct.dispatcher")
 
@@ -89,12 +88,15 @@ class Dispatcher:
         self.backoff = backoff or Backoff(base=0.1, cap=5.0)
         self.child_poll_seconds = poll_seconds * 5 if child_poll_seconds is None else child_poll_seconds
         self._next_sweep = 0.0
-        store: Any = runtime.store
-        # Optional store capabilities (see stores/__init__.py), looked up once.
-        claim: ClaimRunnable | None = getattr(store, "claim_runnable", None)
-        self._claim_runnable = claim if recover else None
-        self._listen: Callable[..., Awaitable[None]] | None = getattr(store, "listen", None)
-        self._unlisten: Callable[..., Awaitable[None]] | None = getattr(store, "unlisten", None)
+        store = runtime.store
+        # The store's optional abilities (orchestration.store), checked once.
+        self._claim_runnable: ClaimRunnable | None = None
+        if recover and isinstance(store, ClaimsRunnable):
+            self._claim_runnable = store.claim_runnable
+        self._listen: Callable[..., Awaitable[None]] | None = None
+        self._unlisten: Callable[..., Awaitable[None]] | None = None
+        if isinstance(store, NotifiesRunnable):
+            self._listen, self._unlisten = store.listen, store.unlisten
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._active: set[str] = set()
         self._again: set[str] = set()

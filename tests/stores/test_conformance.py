@@ -22,7 +22,7 @@ from orchestration.errors import (
     RunNotFound,
     VersionConflict,
 )
-from orchestration.store import CreateResult, Lease, RunStore
+from orchestration.store import ClaimsRunnable, CreateResult, Lease, RunStore
 from stores._common import list_order_key
 from tests.stores.builders import (
     BASE_TIME,
@@ -909,14 +909,13 @@ async def test_a_fenced_append_to_a_missing_run_is_run_not_found(store: RunStore
 
 
 async def test_batch_claims_carry_tokens_that_fence(store: RunStore) -> None:
-    """The optional ``claim_runnable`` capability (sqlite, postgres) hands out leases like
-    ``claim_lease`` does: each with a new token, which fences the previous holder."""
-    claim_runnable = getattr(store, "claim_runnable", None)
-    if claim_runnable is None:
+    """The optional ``claim_runnable`` ability (``ClaimsRunnable``: sqlite, postgres) hands out
+    leases like ``claim_lease`` does: each with a new token, which fences the previous holder."""
+    if not isinstance(store, ClaimsRunnable):
         pytest.skip(f"{store.name} has no claim_runnable")
     head = await create(store, run_id(1))
     stale = await _claim(store, "worker-a", 0)
-    leases = await claim_runnable("worker-b", 10, BASE_TIME + timedelta(seconds=11), 10)
+    leases = await store.claim_runnable("worker-b", 10, BASE_TIME + timedelta(seconds=11), 10)
     assert [lease.run_id for lease in leases] == [run_id(1)]
     assert leases[0].token and leases[0].token != stale.token
     await _refused(store, start_attempt(head), stale, head)

@@ -100,6 +100,24 @@ async def test_a_connection_left_in_a_transaction_is_not_reused(pool: Connection
         assert not conn.is_in_transaction()
 
 
+async def test_get_and_put_keep_a_clean_connection_and_terminate_a_dirty_one(pool: ConnectionPool) -> None:
+    """The public pair under ``acquire``: ``put(clean=True)`` keeps the connection for the next
+    ``get``, ``put(clean=False)`` terminates it; ``max_size`` is what the pool was opened with."""
+    assert pool.max_size == 2
+    first = await pool.get()
+    pool.put(first, clean=True)
+    again = await pool.get()
+    assert again is first and pool.size == 1
+    pool.put(again, clean=False)
+    assert first.is_closed() and pool.size == 0
+    fresh = await pool.get()
+    try:
+        assert fresh is not first and await fresh.fetchval("SELECT 1") == 1
+    finally:
+        pool.put(fresh, clean=True)
+    assert pool.size == 1
+
+
 async def test_waiters_beyond_max_size_each_get_a_connection(pool: ConnectionPool) -> None:
     """Ten tasks on two connections: each gets one in turn, never more than two are open, and a
     waiter cancelled on the way does not swallow the wake-up meant for the others."""
