@@ -1,6 +1,7 @@
 """The effectful engine: the :class:`Runtime` use cases (start, resume, approve, cancel, status,
-list, drive), the drive that runs decide → act → record under a lease, fan-out, delegation to agents,
-child runs, the dispatcher and the read side. Imports the layers below it, never :mod:`orchestration.ops`."""
+list, drive), the drive that runs decide → act → record under a lease (the leased run it reads and
+writes through), fan-out, delegation to agents, child runs, the dispatcher, the change notification
+and the read side. Imports the layers below it, never :mod:`orchestration.ops`."""
 
 from __future__ import annotations
 

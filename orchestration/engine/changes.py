@@ -1,25 +1,20 @@
-"""Small pieces of the runtime's bookkeeping: waking callers that wait for a run to settle, and
-giving drives' leases back."""
+"""The runtime's change notification: the listeners and waiters told of every write
+(:class:`ChangeFeed`), and waiting for a run to settle (:func:`wait_until`, :func:`is_settled`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio
 
+from orchestration.core.facts import Fact
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
-from orchestration.errors import ConstructError
-from orchestration.store import Lease, RunStore
 
 log = logging.getLogger("construct.runtime")
-
-#: How long a drive waits to release its lease before leaving it to expire (short: a server shutting
-#: down with its store away must not be held up by it).
-_RELEASE_SECONDS = 2.0
 
 
 @dataclass
@@ -54,44 +49,44 @@ def is_settled(head: RunHead, now: datetime) -> bool:
     return head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now
 
 
-class LeaseReleases:
-    """Gives leases back to the store, and remembers those it could not give back (the store was
-    away) so that the dispatcher can release them once the store answers again."""
+ChangeListener = Callable[[RunHead], Awaitable[None]]
 
-    def __init__(self, store: RunStore) -> None:
-        self.store = store
-        self._unreleased: dict[str, Lease] = {}
 
-    async def release(self, lease: Lease) -> None:
-        # Shielded (a cancelled drive must still give its lease up) but bounded: with the store
-        # away, waiting for it would hold up a shutdown, and the lease expires anyway. Until the
-        # release is known to have happened, the lease is kept for release_unreleased.
-        self._unreleased[lease.run_id] = lease
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_SECONDS):
+class ChangeFeed:
+    """Who hears of a runtime's writes: the callers waiting in this process for a run to move
+    (:attr:`waiters`) and the listeners (:meth:`add_listener`). The runtime, its drives and its
+    child runs report every write here (:meth:`recorded`, or :meth:`changed` for a write that needs
+    no log line of its own)."""
+
+    def __init__(self) -> None:
+        self.waiters = Waiters()
+        self._listeners: list[ChangeListener] = []
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """``listener(head)`` is awaited after every write reported here (errors are logged)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: ChangeListener) -> None:
+        """Stop calling ``listener`` (one that :meth:`add_listener` added; else ``ValueError``)."""
+        self._listeners.remove(listener)
+
+    async def changed(self, head: RunHead) -> None:
+        """After a write that made ``head``: wake the waiters of its run, call the listeners."""
+        self.waiters.fire(head.run_id)
+        for listener in self._listeners:
             try:
-                await self.store.release_lease(lease)
-            except ConstructError as exc:
-                # The store is down: the lease simply expires; the run is picked up again then.
-                log.warning(
-                    "cannot release lease: %s",
-                    exc,
-                    extra={"action": "lease_release_failed", "run_id": lease.run_id},
-                )
-            else:
-                if self._unreleased.get(lease.run_id) is lease:
-                    del self._unreleased[lease.run_id]
+                await listener(head)
+            except Exception:
+                log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
 
-    async def release_unreleased(self, run_id: str) -> None:
-        """Release the lease a drive of ``run_id`` could not release (the store was away), if any,
-        so that the run can be claimed at once rather than when the lease expires. Raises the
-        store's error while it is still away. A lease claimed again since is not touched (the
-        release matches the token)."""
-        lease = self._unreleased.get(run_id)
-        if lease is None:
-            return
-        await self.store.release_lease(lease)
-        if self._unreleased.get(run_id) is lease:
-            del self._unreleased[run_id]
+    async def recorded(self, facts: Sequence[Fact], stored: RunHead) -> None:
+        """After a write of ``facts`` (an external event's or a drive's): log it, then :meth:`changed`."""
+        log.info(
+            "recorded %s",
+            ",".join(f.type for f in facts),
+            extra={"action": "facts_recorded", "run_id": stored.run_id, "version": stored.version},
+        )
+        await self.changed(stored)
 
 
 async def wait_until(
@@ -123,3 +118,6 @@ async def wait_until(
             last_version = head.version
             await on_progress(head)
     return head
+
+
+__all__ = ["ChangeFeed", "ChangeListener", "Waiters", "is_settled", "wait_until"]

@@ -63,6 +63,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.routing import chain_format
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.changes import ChangeFeed
 from orchestration.engine.reading import read_outputs
 from orchestration.errors import (
     Conflict,
@@ -107,11 +108,10 @@ class Services(Protocol):
     clock: Clock
     catalog: Catalog
 
+    #: the runtime's change notification, told of every write a child run's records make
+    changes: ChangeFeed
+
     def add_listener(self, listener: Changed) -> None: ...
-
-    async def _recorded(self, facts: Sequence[Fact], stored: RunHead) -> None: ...
-
-    async def _changed(self, head: RunHead) -> None: ...
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead: ...
 
@@ -128,15 +128,14 @@ class ChildRuns:
         self.resolve: Resolve = runtime.catalog.resolve
         # The runtime's bookkeeping after a write (log, waiters, listeners): a child's records are
         # written like any external event's.
-        self._recorded = runtime._recorded
-        self._changed = runtime._changed
+        self.changes = runtime.changes
         self._cancel = runtime.cancel
         self._start = runtime.start
         runtime.add_listener(self.changed)
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
-        await self._recorded(facts, stored)
+        await self.changes.recorded(facts, stored)
         return stored
 
     # -- a step's child ------------------------------------------------------------------------
@@ -190,7 +189,7 @@ class ChildRuns:
                 "child run created",
                 extra={"action": "child_created", "run_id": child_run_id, "parent": parent.run_id},
             )
-            await self._changed(result.head)
+            await self.changes.changed(result.head)
             # A parent that ended while the child was being created (a cancel racing the drive)
             # did not see it to cancel it: do it now.
             current = await self.store.load(parent.run_id)

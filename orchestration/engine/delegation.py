@@ -25,7 +25,6 @@ deadline is cancelled, and the next decision records ``deadline_exceeded``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -36,6 +35,7 @@ from orchestration.core.facts import AttemptStarted, RemoteRunStarted
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.leased_run import LeasedRun
 from orchestration.engine.reading import read_outputs
 from orchestration.errors import (
     ConstructError,
@@ -46,22 +46,27 @@ from orchestration.errors import (
     VersionConflict,
 )
 from orchestration.workers.agent_calls import AgentCall, AgentDelegate
-
-if TYPE_CHECKING:
-    from orchestration.engine.drive import Drive
+from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
 
 
-def agent_worker(drive: Drive) -> AgentDelegate | None:
-    """The agent worker the drive's worker carries: its ``agents`` (see
+def agent_worker(worker: TaskWorker | None) -> AgentDelegate | None:
+    """The agent worker ``worker`` (a drive's) carries: its ``agents`` (see
     :class:`~orchestration.workers.mcp_agents.Workers`), or the worker itself when it delegates."""
-    worker = drive.worker
     agents = getattr(worker, "agents", worker)
     return agents if callable(getattr(agents, "delegate", None)) else None  # type: ignore[return-value]
 
 
-async def build_call(drive: Drive, head: RunHead, action: StartAttempt) -> AgentCall:
+def _delegate_for(worker: TaskWorker | None, head: RunHead) -> AgentDelegate:
+    """The agent worker of ``worker``, or ``InvalidState`` for a run with an agent step."""
+    delegate = agent_worker(worker)
+    if delegate is None:
+        raise InvalidState(f"run {head.run_id} has an agent step, and this server has no agent worker")
+    return delegate
+
+
+async def build_call(leased: LeasedRun, head: RunHead, action: StartAttempt) -> AgentCall:
     """The call of ``action``'s attempt, from the record only."""
     step = head.step_of(action.task_id)
     assert step.agent is not None
@@ -69,7 +74,7 @@ async def build_call(drive: Drive, head: RunHead, action: StartAttempt) -> Agent
     for task in head.tasks:
         if task.status == TaskStatus.DONE and task.step_name in template_steps(step.agent.arguments):
             latest[task.step_name] = task.task_id
-    outputs = await read_outputs(drive.store, head, list(latest.values()), drive.known)
+    outputs = await read_outputs(leased.store, head, list(latest.values()), leased.known)
     arguments = render_arguments(
         step.agent,
         request=head.request,
@@ -89,105 +94,137 @@ async def build_call(drive: Drive, head: RunHead, action: StartAttempt) -> Agent
     )
 
 
-async def agent_attempt(drive: Drive, head: RunHead, action: StartAttempt) -> RunHead | None:
-    """One attempt of an agent step (see the module's docstring); the head the last write recorded,
-    or None when the call ended without an outcome (cancelled, out of time)."""
-    worker = agent_worker(drive)
-    if worker is None:
-        raise InvalidState(f"run {head.run_id} has an agent step, and this server has no agent worker")
-    call = await build_call(drive, head, action)
-    step = head.step_of(action.task_id)
+async def agent_attempt(
+    leased: LeasedRun, worker: TaskWorker | None, head: RunHead, action: StartAttempt
+) -> RunHead | None:
+    """One attempt of an agent step in a linear drive (see the module's docstring); the head the
+    last write recorded, or None when the call ended without an outcome (cancelled, out of
+    time)."""
+    delegate = _delegate_for(worker, head)
+    call = await build_call(leased, head, action)
+    executor = head.contract.executor_for(head.step_of(action.task_id))
     started = AttemptStarted(
         seq=head.last_seq + 1,
-        at=drive.clock.now(),
+        at=leased.clock.now(),
         task_id=action.task_id,
         attempt=action.attempt,
-        executor=head.contract.executor_for(step),
+        executor=executor,
         possible_duplicate_call=action.possible_duplicate_call,
         follows=action.follows,
         remote_run_id=action.remote_run_id,
     )
-    current = await drive._append(head, [started])
-    previous = tuple(a.error for a in current.task(action.task_id).attempts if a.error is not None)
-    scope = anyio.CancelScope()
-    limit = current.wake_at
-    if limit is not None:
-        scope.deadline = anyio.current_time() + max(0.0, (limit - drive.clock.now()).total_seconds())
-    drive._cancel_scopes[head.run_id] = scope
-    outcome: AttemptOutcome | None = None
-    #: while our own mid-call write is in flight, a newer version in the store is ours
-    writing = False
-    #: the remote run this call started or follows, once known (recorded or not)
-    remote_id = call.remote_run_id
+    attempt = _AgentCall(leased, action, call, await leased.append(head, [started]))
+    outcome = await attempt.run(delegate)
+    if outcome is None:
+        await attempt.ended_without_outcome(delegate)
+        return None
+    fact = outcome_fact(attempt.current, action, executor, outcome, leased.clock.now())
+    return await leased.append(attempt.current, [fact])
 
-    async def remember(remote_run_id: str) -> None:
-        nonlocal current, writing, remote_id
-        remote_id = remote_run_id
+
+class _AgentCall:
+    """The call of one agent attempt in a linear drive, once ``attempt_started`` is recorded:
+    the head its last write recorded, the remote run it started or follows, and the cancel scope
+    that stops it (a write by anyone else, the store gone, the deadline)."""
+
+    def __init__(self, leased: LeasedRun, action: StartAttempt, call: AgentCall, current: RunHead) -> None:
+        self.leased = leased
+        self.action = action
+        self.call = call
+        #: the head the attempt's last write recorded
+        self.current = current
+        #: while our own mid-call write is in flight, a newer version in the store is ours
+        self.writing = False
+        #: the remote run this call started or follows, once known (recorded or not)
+        self.remote_id = call.remote_run_id
+        self.scope = anyio.CancelScope()
+        #: the call may not outlive the run's or the task's deadline
+        self.limit = current.wake_at
+        if self.limit is not None:
+            delay = (self.limit - leased.clock.now()).total_seconds()
+            self.scope.deadline = anyio.current_time() + max(0.0, delay)
+
+    async def run(self, delegate: AgentDelegate) -> AttemptOutcome | None:
+        """Make the call, watched; its outcome, or None when it was stopped. A ``VersionConflict``
+        of the mid-call write (a cancel) stops it too, and is raised: the drive decides again."""
+        task = self.current.task(self.action.task_id)
+        previous = tuple(a.error for a in task.attempts if a.error is not None)
+        self.leased.track_call(self.scope)
+        outcome: AttemptOutcome | None = None
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watch)
+                    outcome = await delegate.delegate(
+                        self.current.contract, self.call, previous, self._remember
+                    )
+                    tg.cancel_scope.cancel()
+        except VersionConflict:
+            await _cancel_remote_run(self.leased, delegate, self.call, self.remote_id)
+            raise
+        finally:
+            self.leased.untrack_call(self.scope)
+        return outcome
+
+    async def _remember(self, remote_run_id: str) -> None:
+        """Record ``remote_run_started`` as soon as the answer names the remote run."""
+        self.remote_id = remote_run_id
         fact = RemoteRunStarted(
-            seq=current.last_seq + 1,
-            at=drive.clock.now(),
-            task_id=action.task_id,
-            attempt=action.attempt,
-            agent=call.agent.agent,
+            seq=self.current.last_seq + 1,
+            at=self.leased.clock.now(),
+            task_id=self.action.task_id,
+            attempt=self.action.attempt,
+            agent=self.call.agent.agent,
             remote_run_id=remote_run_id,
         )
         # A VersionConflict (someone else wrote: a cancel) ends the call: the drive decides again.
-        writing = True
+        self.writing = True
         try:
-            current = await drive._append(current, [fact])
+            self.current = await self.leased.append(self.current, [fact])
         finally:
-            writing = False
+            self.writing = False
 
-    async def watch() -> None:
+    async def _watch(self) -> None:
         """Abort the call once anyone else wrote to the run (a cancel), or the store stayed away."""
+        leased = self.leased
         while True:
-            await anyio.sleep(drive.settings.cancel_poll_seconds)
+            await anyio.sleep(leased.settings.cancel_poll_seconds)
             try:
-                seen = await drive.store.load(head.run_id)
+                seen = await leased.store.load(leased.run_id)
             except CorruptRecord:
                 continue
             except StoreError as exc:
-                if drive._outage_over(exc):
-                    scope.cancel()
+                if leased.outage_over(exc):
+                    self.scope.cancel()
                     return
                 continue
             except ConstructError:
                 continue
-            drive.outage.recovered()
-            if seen.version > current.version and not writing:
-                log.info("run changed during a call", extra={"action": "call_aborted", "run_id": head.run_id})
-                scope.cancel()
+            leased.outage.recovered()
+            if seen.version > self.current.version and not self.writing:
+                log.info(
+                    "run changed during a call", extra={"action": "call_aborted", "run_id": leased.run_id}
+                )
+                self.scope.cancel()
                 return
 
-    try:
-        with scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                outcome = await worker.delegate(current.contract, call, previous, remember)
-                tg.cancel_scope.cancel()
-    except VersionConflict:
-        await _cancel_remote_run(drive, worker, call, remote_id)
-        raise
-    finally:
-        drive._cancel_scopes.pop(head.run_id, None)
-    if outcome is None:
-        await _cancel_remote_run(drive, worker, call, remote_id)
-        if drive.outage.over:
+    async def ended_without_outcome(self, delegate: AgentDelegate) -> None:
+        """After the call stopped without an outcome: cancel the remote run when the run was
+        cancelled; ``StoreUnavailable`` when the store outage stopped it; when it ran out of time,
+        let the injected clock reach the deadline too (see ``Drive._call``)."""
+        leased = self.leased
+        await _cancel_remote_run(leased, delegate, self.call, self.remote_id)
+        if leased.outage.over:
             raise StoreUnavailable(
-                f"the store did not answer for {drive.outage.seconds:.0f} s; the call for task "
-                f"{action.task_id} of run {head.run_id} was cancelled and will be followed up"
+                f"the store did not answer for {leased.outage.seconds:.0f} s; the call for task "
+                f"{self.action.task_id} of run {leased.run_id} was cancelled and will be followed up"
             )
-        if limit is not None and anyio.current_time() >= scope.deadline:
-            # Let the injected clock reach the deadline too (see Drive._call).
-            await anyio.sleep(max(0.0, (limit - drive.clock.now()).total_seconds()))
-        return None
-    executor = head.contract.executor_for(step)
-    fact = outcome_fact(current, action, executor, outcome, drive.clock.now())
-    return await drive._append(current, [fact])
+        if self.limit is not None and anyio.current_time() >= self.scope.deadline:
+            await anyio.sleep(max(0.0, (self.limit - leased.clock.now()).total_seconds()))
 
 
 async def _cancel_remote_run(
-    drive: Drive, worker: AgentDelegate, call: AgentCall, remote_id: str | None
+    leased: LeasedRun, delegate: AgentDelegate, call: AgentCall, remote_id: str | None
 ) -> None:
     """After a call stopped without an outcome: when the run was cancelled, cancel the remote run
     it started or followed too (best effort: a remote that cannot be reached keeps its run, and a
@@ -195,49 +232,52 @@ async def _cancel_remote_run(
     if remote_id is None or not call.agent.follows_runs:
         return
     try:
-        head = await drive.store.load(call.run_id)
+        head = await leased.store.load(call.run_id)
     except ConstructError:
         return
     if head.status == RunStatus.CANCELLED:
-        await worker.cancel_remote(call.agent.agent, remote_id, f"run {call.run_id} was cancelled")
+        await delegate.cancel_remote(call.agent.agent, remote_id, f"run {call.run_id} was cancelled")
 
 
 async def parallel_agent_call(
-    drive: Drive, lock: anyio.Lock, head: RunHead, action: StartAttempt, previous: tuple[TypedError, ...]
+    leased: LeasedRun,
+    worker: TaskWorker | None,
+    lock: anyio.Lock,
+    head: RunHead,
+    action: StartAttempt,
+    previous: tuple[TypedError, ...],
 ) -> AttemptOutcome:
     """The call of an agent step's attempt in a parallel run (:class:`~orchestration.engine.fanout.Fanout`
     recorded ``attempt_started`` and records the outcome, against the run as it is then): the
     remote run's id is recorded under the drive's write lock, against the run as it is then, while
     the task is still in this attempt (a run that moved on, a cancel, leaves it unrecorded: the
     call is stopped by the fan-out's watcher)."""
-    worker = agent_worker(drive)
-    if worker is None:
-        raise InvalidState(f"run {head.run_id} has an agent step, and this server has no agent worker")
-    call = await build_call(drive, head, action)
+    delegate = _delegate_for(worker, head)
+    call = await build_call(leased, head, action)
 
     async def remember(remote_run_id: str) -> None:
         while True:
             async with lock:
-                current = await drive._load()
+                current = await leased.load()
                 task = current.task(action.task_id)
                 last = task.attempts[-1] if task.attempts else None
                 if current.status.is_terminal or last is None or last.number != action.attempt:
                     return
                 fact = RemoteRunStarted(
                     seq=current.last_seq + 1,
-                    at=drive.clock.now(),
+                    at=leased.clock.now(),
                     task_id=action.task_id,
                     attempt=action.attempt,
                     agent=call.agent.agent,
                     remote_run_id=remote_run_id,
                 )
                 try:
-                    await drive._append(current, [fact])
+                    await leased.append(current, [fact])
                 except VersionConflict:
                     continue
                 return
 
-    return await worker.delegate(head.contract, call, previous, remember)
+    return await delegate.delegate(head.contract, call, previous, remember)
 
 
 __all__ = ["agent_attempt", "agent_worker", "build_call", "parallel_agent_call"]

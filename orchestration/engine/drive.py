@@ -5,7 +5,10 @@ run's lease.
 A drive reads the run, asks the pure :func:`~orchestration.core.decide.next_action`, does that one
 thing, records the resulting facts in one write, and decides again from the head that write
 recorded. Meanwhile it keeps its lease renewed and watches a provider call in flight for a write by
-anyone else (a cancel).
+anyone else (a cancel). The run under its lease — its reads, its fenced writes, the renewal, the
+outage clock — is a :class:`~orchestration.engine.leased_run.LeasedRun`, which the parallel loop
+(:mod:`orchestration.engine.fanout`) and agent calls (:mod:`orchestration.engine.delegation`) are
+handed too; they import neither this module nor each other's private names.
 
 **The lease is a fence.** Every write the drive makes carries its lease, and the store accepts it
 only while the run's lease still carries its token. When the run was claimed again meanwhile — by
@@ -33,17 +36,14 @@ wait, or a call that ended without an outcome, it reads the run again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskGroup
 
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.action_facts import outcome_fact, recorded_fact
-from orchestration.core.clock import Clock
 from orchestration.core.decide import (
     PAUSING_ACTIONS,
     Action,
@@ -54,18 +54,14 @@ from orchestration.core.decide import (
     WaitUntil,
     next_action,
 )
-from orchestration.core.facts import (
-    AttemptStarted,
-    Fact,
-    TaskCompleted,
-)
+from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import ChainStep, RunHead
-from orchestration.engine.backoff import Backoff, Outage
 from orchestration.engine.call_watch import CallWatch
 from orchestration.engine.delegation import agent_attempt
 from orchestration.engine.fanout import Fanout
+from orchestration.engine.leased_run import LeasedRun
 from orchestration.engine.reading import read_prompt
 from orchestration.errors import (
     ConstructError,
@@ -76,8 +72,7 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.store import Lease, RunStore
-from orchestration.tracing import DriveTrace
+from orchestration.store import Lease
 from orchestration.workers.host import host_task_prepared
 from orchestration.workers.port import TaskWorker
 
@@ -87,96 +82,52 @@ if TYPE_CHECKING:
 # The drive's events keep the logger they had when the loop lived in the runtime module.
 log = logging.getLogger("construct.runtime")
 
-#: ``recorded(facts, head)`` is awaited after every write a drive makes (logs it, notifies listeners)
-Recorded = Callable[[Sequence[Fact], RunHead], Awaitable[None]]
-
-
-class Cancellable(Protocol):
-    """What the runtime's cancel stops: a provider call's cancel scope, or a parallel run's calls
-    (:class:`~orchestration.engine.fanout.ScopeSet`)."""
-
-    def cancel(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DriveSettings:
-    """The runtime's settings a drive uses (see :class:`~orchestration.engine.runtime.Runtime`), as they
-    were when the drive began."""
-
-    owner: str
-    lease_ttl_seconds: float
-    in_memory_wait_cap_seconds: float
-    cancel_poll_seconds: float
-    store_outage_seconds: float
-
 
 class Drive:
-    """One drive of one run: it advances the run until it pauses or ends (:meth:`run`), holding
-    :attr:`lease`. It holds the loop's state — the run, the lease its writes carry, the store
-    outage it is riding out — and the services it uses, shared with the runtime that made it: the
-    store, the clock, the worker, ``recorded`` (the runtime's log and change notification), the
-    registry of cancel scopes of provider calls in flight (by run id; the runtime's ``cancel``
-    aborts a call through it) and ``stopping`` (whether the runtime is shutting down). Releasing
-    the lease afterwards is the caller's part: see :attr:`lease`."""
+    """One drive of one run: it advances the run until it pauses or ends (:meth:`run`). It holds
+    the loop's state and the services it uses: :attr:`leased` — the run under its lease, read and
+    written through it, with the services shared with the runtime that made it (the store, the
+    clock, the change notification, the cancel scopes of calls in flight and the stopping flag) —
+    the worker, and the runtime's child runs. Releasing the lease afterwards is the caller's part:
+    see :attr:`lease`."""
 
     def __init__(
-        self,
-        lease: Lease,
-        *,
-        store: RunStore,
-        clock: Clock,
-        worker: TaskWorker | None,
-        settings: DriveSettings,
-        recorded: Recorded,
-        cancel_scopes: dict[str, Cancellable],
-        stopping: Callable[[], bool],
-        children: ChildRuns | None = None,
+        self, leased: LeasedRun, *, worker: TaskWorker | None, children: ChildRuns | None = None
     ) -> None:
-        self.run_id = lease.run_id
-        #: the lease the drive holds, and the one to release once :meth:`run` returns. Renewal
-        #: replaces it (same token, later expiry); a claim the runtime made again on the run meanwhile
-        #: is handed over here (:meth:`hand_over`), so that the drive's next write carries the
-        #: current token.
-        self.lease = lease
-        #: set when a renewal found the lease replaced by another claim (the drive then stops)
-        self.lost = False
-        self.outage = Outage(settings.store_outage_seconds)
-        self.store = store
-        self.clock = clock
+        #: the run under the drive's lease (:mod:`orchestration.engine.leased_run`)
+        self.leased = leased
+        self.run_id = leased.run_id
         self.worker = worker
-        self.settings = settings
-        self._recorded = recorded
-        self._cancel_scopes = cancel_scopes
-        self._stopping = stopping
         #: creates a step's child run and records its end (:mod:`orchestration.engine.children`)
         self.children = children
-        #: task outputs of this run read or committed by this drive, by sequence number: a
-        #: recorded fact never changes, so a prompt reads each earlier output from the store at
-        #: most once per drive (see :func:`~orchestration.engine.reading.read_outputs`)
-        self.known: dict[int, Fact] = {}
-        #: the drive's spans (observes only: see orchestration.tracing)
-        self.trace = DriveTrace(lease.run_id)
         #: watches the provider calls in flight for a write by anyone else (a cancel)
-        self._calls = CallWatch(settings.cancel_poll_seconds, self._call_must_stop)
+        self._calls = CallWatch(leased.settings.cancel_poll_seconds, self._call_must_stop)
         self._task_group: TaskGroup | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """The lease the drive holds, and the one to release once :meth:`run` returns (see
+        :attr:`LeasedRun.lease <orchestration.engine.leased_run.LeasedRun.lease>`)."""
+        return self.leased.lease
 
     def hand_over(self, lease: Lease) -> None:
         """Carry ``lease`` (a newer claim of the run by the same owner) from now on."""
-        self.lease = lease
+        self.leased.hand_over(lease)
 
     async def run(self) -> Action | None:
         """Advance the run until it pauses or ends, and return the pausing action; None when the
         runtime is stopping. Raises ``LeaseLost`` once another claim replaced the lease,
         ``StoreUnavailable`` once the store has been failing past the outage limit, and what else
         the loop met (``CorruptRecord`` for an unreadable record) as itself."""
-        with self.trace.drive():
+        with self.leased.trace.drive():
             return await self._drive()
 
     async def _drive(self) -> Action | None:
+        leased = self.leased
         result: Action | None = None
         error: ConstructError | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._renew_lease, tg.cancel_scope)
+            tg.start_soon(leased.keep_renewed, tg.cancel_scope)
             self._task_group = tg
             try:
                 result = await self._loop()
@@ -185,17 +136,17 @@ class Drive:
                 # and not an ExceptionGroup around it.
                 error = exc
             tg.cancel_scope.cancel()
-        if error is None and result is None and self.lost:
+        if error is None and result is None and leased.lost:
             # The lease keeper found the lease taken by another claim and stopped the drive.
             error = LeaseLost(
                 f"the lease on run {self.run_id} was claimed by another worker while "
-                f"{self.settings.owner} held it; this drive stopped and leaves the run to the new holder"
+                f"{leased.settings.owner} held it; this drive stopped and leaves the run to the new holder"
             )
-        elif error is None and result is None and self.outage.over:
+        elif error is None and result is None and leased.outage.over:
             # The lease keeper stopped the drive: the store stayed away too long.
             error = StoreUnavailable(
-                f"the store did not answer for {self.outage.seconds:.0f} s (store_outage_seconds is "
-                f"{self.settings.store_outage_seconds:g}); run {self.run_id} stopped and resumes from "
+                f"the store did not answer for {leased.outage.seconds:.0f} s (store_outage_seconds is "
+                f"{leased.settings.store_outage_seconds:g}); run {self.run_id} stopped and resumes from "
                 "its facts"
             )
         if isinstance(error, LeaseLost):
@@ -207,218 +158,61 @@ class Drive:
             raise error
         return result
 
-    # -- the lease and the store -------------------------------------------------------------
-
-    async def _renew_lease(self, scope: anyio.CancelScope) -> None:
-        """Keep the drive's lease (:attr:`lease`: same token, later expiry) while the drive runs.
-        Stops the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the
-        lease, or when the store has been failing past the outage limit."""
-        ttl = self.settings.lease_ttl_seconds
-        interval = ttl / 3
-        backoff = Backoff(base=min(0.1, interval), cap=interval)
-        delay = interval
-        while True:
-            await anyio.sleep(delay)
-            lease = self.lease
-            try:
-                renewed = await self.store.renew_lease(lease, ttl, self.clock.now())
-            except LeaseLost:
-                if self.lease is not lease:
-                    # A new claim was handed over meanwhile: renew that one at once.
-                    delay = 0
-                    continue
-                self.lost = True
-                scope.cancel()
-                return
-            except CorruptRecord:
-                continue
-            except StoreError as exc:
-                if self._outage_over(exc):
-                    scope.cancel()
-                    return
-                # Retry sooner than the renewal interval: the lease may run out meanwhile.
-                delay = backoff.next_delay()
-                continue
-            if self.lease is lease:
-                self.lease = renewed
-            self.outage.recovered()
-            backoff.reset()
-            delay = interval
-
-    def _outage_over(self, exc: StoreError) -> bool:
-        """Count a store failure against the drive's outage; True (and logged) once it is too long,
-        or at once when the runtime is stopping (a shutdown does not wait for the store)."""
-        if self._stopping():
-            return True
-        outage = self.outage
-        if not outage.ongoing:
-            log.warning(
-                "store error during a drive; waiting up to %g s for the store: %s",
-                outage.limit_seconds,
-                exc,
-                extra={"action": "drive_store_error", "run_id": self.run_id, "code": exc.code},
-            )
-        outage.failed()
-        if outage.over:
-            log.warning(
-                "store unavailable for %.1f s: stopping the drive",
-                outage.seconds,
-                extra={"action": "drive_store_outage", "run_id": self.run_id},
-            )
-            return True
-        return False
-
-    async def _load(self) -> RunHead:
-        """The run, read through a store outage up to its limit."""
-        backoff = Backoff(cap=2.0)
-        while True:
-            try:
-                head = await self.store.load(self.run_id)
-            except CorruptRecord:
-                # Unreadable is not unavailable: waiting would not help.
-                raise
-            except StoreError as exc:
-                if self._outage_over(exc):
-                    raise
-                await anyio.sleep(backoff.next_delay())
-                continue
-            self.outage.recovered()
-            self.trace.saw(head)
-            return head
-
-    async def _append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None) -> RunHead:
-        """Record ``facts`` on top of ``head`` (compare-and-swap), fenced by the drive's lease
-        (``LeaseLost`` once another claim replaced it); a store error does not end it: see
-        :meth:`_append_through_outage`. ``new_head``: ``apply_write(head, facts)`` when the caller
-        has it already."""
-        if new_head is None:
-            new_head = apply_write(head, facts)
-        stored = await self._append_through_outage(head, facts, new_head)
-        self.trace.recorded(facts, stored)
-        for fact in facts:
-            if isinstance(fact, TaskCompleted):
-                # Committed: this is the fact the store holds at that sequence number.
-                self.known[fact.seq] = fact
-        await self._recorded(facts, stored)
-        return stored
-
-    async def _fenced_append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead) -> RunHead:
-        """``store.append`` fenced by the drive's lease. ``LeaseLost`` ends the drive, unless a
-        claim of this runtime was handed over during the write: then it is made with that one."""
-        while True:
-            lease = self.lease
-            try:
-                return await self.store.append(head.run_id, head.version, facts, new_head, lease=lease)
-            except LeaseLost:
-                if self.lease is lease:
-                    raise
-
-    async def _append_through_outage(
-        self, head: RunHead, facts: Sequence[Fact], new_head: RunHead
-    ) -> RunHead:
-        """``store.append`` fenced by the drive's lease, riding out a store outage up to its limit.
-
-        After a failed append nobody knows whether it committed (the connection may have died
-        during COMMIT), so it is never simply sent again: the run is re-read first. Still at the
-        version we wrote on: nothing was written, append again (fenced again). Our facts at their
-        sequence numbers: it committed, and that is the result. Anything else: another writer
-        moved the run (``VersionConflict``; the drive decides again from the record). The
-        compare-and-swap makes every path safe: a fact is never lost and never written twice.
-
-        ``LeaseLost`` is not an outage: the store answered, and the answer is that another worker
-        holds the run. It is raised at once, whichever append gets it, and nothing is retried."""
-        run_id = head.run_id
-        outage = self.outage
-        try:
-            stored = await self._fenced_append(head, facts, new_head)
-        except CorruptRecord:
-            raise
-        except StoreError as exc:
-            if self._outage_over(exc):
-                raise
-        else:
-            outage.recovered()
-            return stored
-        backoff = Backoff(cap=2.0)
-        while True:
-            await anyio.sleep(backoff.next_delay())
-            try:
-                current = await self.store.load(run_id)
-                if current.version == head.version:
-                    stored = await self._fenced_append(head, facts, new_head)
-                    outage.recovered()
-                    return stored
-                outage.recovered()
-                if current.version >= new_head.version and await self._has_facts(facts):
-                    log.info(
-                        "an append interrupted by a store error had committed",
-                        extra={"action": "append_reconciled", "run_id": run_id, "version": new_head.version},
-                    )
-                    return new_head
-                raise VersionConflict(run_id, head.version, current.version)
-            except CorruptRecord:
-                raise
-            except StoreError as exc:
-                if self._outage_over(exc):
-                    raise
-
-    async def _has_facts(self, facts: Sequence[Fact]) -> bool:
-        stored = await self.store.read_facts(self.run_id, facts[0].seq - 1, len(facts))
-        return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
-
     # -- decide -> act -> record ---------------------------------------------------------------
 
     async def _loop(self) -> Action | None:
         # The run as recorded: read from the store, or the head our last compare-and-swap wrote
         # (a successful one proves that head is the recorded state); None: read it again.
+        leased = self.leased
         head: RunHead | None = None
-        while not self._stopping():
+        while not leased.stopping:
             if head is None:
-                head = await self._load()
+                head = await leased.load()
             if is_parallel(head.chain):
                 # Several steps may be ready at once: see orchestration.engine.fanout.
-                return await Fanout(self).run()
-            action = next_action(head, self.clock.now())
+                return await Fanout(leased, self, self.worker).run()
+            action = next_action(head, leased.clock.now())
             if isinstance(action, WaitUntil):
-                delay = (action.not_before - self.clock.now()).total_seconds()
-                if delay <= self.settings.in_memory_wait_cap_seconds:
+                delay = (action.not_before - leased.clock.now()).total_seconds()
+                if delay <= leased.settings.in_memory_wait_cap_seconds:
                     await anyio.sleep(max(0.0, delay))
                     head = None
                     continue
                 return action
-            if isinstance(action, AwaitChild) and await self._child_moved(head, action.task_id):
+            if isinstance(action, AwaitChild) and await self.child_moved(head, action.task_id):
                 head = None
                 continue
             if isinstance(action, PAUSING_ACTIONS):
                 return action
             try:
-                head = await self._act(head, action)
+                head = await self.act(head, action)
             except VersionConflict:
                 # Someone else wrote (an approval, a cancel): re-read and decide again.
                 head = None
                 continue
         return None
 
-    async def _act(self, head: RunHead, action: Action) -> RunHead | None:
+    async def act(self, head: RunHead, action: Action) -> RunHead | None:
         """Do ``action``; the head its last write recorded, or None when the run must be read
         again (a provider call that ended without an outcome to record)."""
-        now = self.clock.now()
+        leased = self.leased
+        now = leased.clock.now()
         fact = recorded_fact(head, action, now)
         if fact is not None:
-            stored = await self._append(head, [fact])
+            stored = await leased.append(head, [fact])
             if isinstance(action, StartChild):
-                return None if await self._child_moved(stored, action.task_id) else stored
+                return None if await self.child_moved(stored, action.task_id) else stored
             return stored
         if isinstance(action, PrepareHostTask):
-            prompt = await read_prompt(self.store, head, action.task_id, self.known)
-            return await self._append(head, [host_task_prepared(head, prompt, action.attempt, now)])
+            prompt = await read_prompt(leased.store, head, action.task_id, leased.known)
+            return await leased.append(head, [host_task_prepared(head, prompt, action.attempt, now)])
         if isinstance(action, StartAttempt):
             if head.step_of(action.task_id).agent is not None:
-                return await agent_attempt(self, head, action)
+                return await agent_attempt(leased, self.worker, head, action)
             return await self._attempt(head, action)
         raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
 
-    async def _child_moved(self, head: RunHead, task_id: str) -> bool:
+    async def child_moved(self, head: RunHead, task_id: str) -> bool:
         """Make sure the child of ``task_id`` exists and record its end if it ended; True when the
         run changed (decide again from the store)."""
         if self.children is None:
@@ -431,15 +225,16 @@ class Drive:
         anyone else since ``version`` (in practice: cancelled from another process or another
         client), or once the store has been away past the outage limit (its outcome could not be
         recorded)."""
+        leased = self.leased
         try:
-            head = await self.store.load(self.run_id)
+            head = await leased.store.load(self.run_id)
         except CorruptRecord:
             return False
         except StoreError as exc:
-            return self._outage_over(exc)
+            return leased.outage_over(exc)
         except ConstructError:
             return False
-        self.outage.recovered()
+        leased.outage.recovered()
         if head.version != version:
             log.info("run changed during a call", extra={"action": "call_aborted", "run_id": self.run_id})
             return True
@@ -464,32 +259,33 @@ class Drive:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
-        prompt = await read_prompt(self.store, head, action.task_id, self.known)
-        started = self._started(head, action, self.clock.now(), head.step_of(action.task_id))
-        head = await self._append(head, [started])
+        leased = self.leased
+        prompt = await read_prompt(leased.store, head, action.task_id, leased.known)
+        started = self._started(head, action, leased.clock.now(), head.step_of(action.task_id))
+        head = await leased.append(head, [started])
         while True:
             fact = await self._call(head, action, prompt, started.executor)
             if fact is None:
                 return None
             after = apply_write(head, [fact])
-            now = self.clock.now()
-            following = None if self._stopping() else next_action(after, now)
+            now = leased.clock.now()
+            following = None if leased.stopping else next_action(after, now)
             if not isinstance(following, StartAttempt):
-                return await self._append(head, [fact])
+                return await leased.append(head, [fact])
             step = after.step_of(following.task_id)
             if step.agent is not None:
-                return await self._append(head, [fact])
+                return await leased.append(head, [fact])
             if isinstance(fact, TaskCompleted):
                 # For the next prompt; dropped again below unless the write commits.
-                self.known[fact.seq] = fact
+                leased.known[fact.seq] = fact
             try:
-                prompt = await read_prompt(self.store, after, following.task_id, self.known)
+                prompt = await read_prompt(leased.store, after, following.task_id, leased.known)
                 started = self._started(after, following, now, step)
                 # apply_write(head, [fact, started]) without folding the outcome again: ``after`` is
                 # it folded, with the version this write gives the run.
-                head = await self._append(head, [fact, started], apply(after, started))
+                head = await leased.append(head, [fact, started], apply(after, started))
             except BaseException:
-                self.known.pop(fact.seq, None)
+                leased.known.pop(fact.seq, None)
                 raise
             action = following
 
@@ -509,18 +305,19 @@ class Drive:
     ) -> Fact | None:
         """The call of the attempt ``head`` records as started (by ``executor``); the outcome's fact
         (not yet recorded), or None when the call ended without an outcome."""
+        leased = self.leased
         task = head.task(action.task_id)
         step = head.chain.step(task.step_name)
         previous = tuple(a.error for a in task.attempts if a.error is not None)
         run_id = head.run_id
         scope = anyio.CancelScope()
-        self._cancel_scopes[run_id] = scope
+        leased.track_call(scope)
         outcome = None
         began = anyio.current_time()
         # The call may not outlive the run's or the task's deadline.
         limit = head.wake_at
         if limit is not None:
-            scope.deadline = began + max(0.0, (limit - self.clock.now()).total_seconds())
+            scope.deadline = began + max(0.0, (limit - leased.clock.now()).total_seconds())
         calls = self._calls
         if not calls.started and self._task_group is not None:
             # One watcher for the drive's calls, started with its first call.
@@ -530,7 +327,7 @@ class Drive:
         try:
             with (
                 scope,
-                self.trace.attempt(
+                leased.trace.attempt(
                     head, action.task_id, action.attempt, action.possible_duplicate_call
                 ) as traced,
             ):
@@ -538,23 +335,23 @@ class Drive:
                 traced.ended(outcome)
         finally:
             calls.end()
-            self._cancel_scopes.pop(run_id, None)
+            leased.untrack_call(scope)
         if outcome is None:
-            if self.outage.over:
+            if leased.outage.over:
                 # Stopped by the store outage: the attempt is left as an orphan, retried later.
                 raise StoreUnavailable(
-                    f"the store did not answer for {self.outage.seconds:.0f} s; the call for task "
+                    f"the store did not answer for {leased.outage.seconds:.0f} s; the call for task "
                     f"{action.task_id} of run {run_id} was cancelled and will be retried"
                 )
             # Cancelled by orchestrate_cancel (the cancel fact is already recorded) or out of time.
             # In the second case, let the injected clock reach the deadline too, so that the next
             # decision records deadline_exceeded instead of seeing an orphaned attempt.
             if limit is not None and anyio.current_time() >= scope.deadline:
-                await anyio.sleep(max(0.0, (limit - self.clock.now()).total_seconds()))
+                await anyio.sleep(max(0.0, (limit - leased.clock.now()).total_seconds()))
             return None
         # The outcome is recorded against the head our attempt_started write produced: if anything
         # was written since (a cancel), the compare-and-swap fails and the loop decides again.
-        return outcome_fact(head, action, executor, outcome, self.clock.now())
+        return outcome_fact(head, action, executor, outcome, leased.clock.now())
 
 
-__all__ = ["Cancellable", "Drive", "DriveSettings", "Recorded"]
+__all__ = ["Drive"]

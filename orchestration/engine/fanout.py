@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -53,6 +52,7 @@ from orchestration.core.models import RunHead
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import TaskStatus
 from orchestration.engine.delegation import parallel_agent_call
+from orchestration.engine.leased_run import DriveActions, LeasedRun
 from orchestration.engine.reading import read_prompt
 from orchestration.errors import (
     ConstructError,
@@ -62,9 +62,7 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-
-if TYPE_CHECKING:
-    from orchestration.engine.drive import Drive
+from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
 
@@ -92,11 +90,15 @@ class ScopeSet:
 
 
 class Fanout:
-    """The parallel loop of one :class:`~orchestration.engine.drive.Drive` (it uses the drive's store
-    access, lease fence and outage handling)."""
+    """The parallel loop of one :class:`~orchestration.engine.drive.Drive`: it reads and writes the
+    run through the drive's :class:`~orchestration.engine.leased_run.LeasedRun` (its lease fence and
+    outage handling), has the drive act on what it records (:class:`DriveActions`), and calls
+    ``worker``."""
 
-    def __init__(self, drive: Drive) -> None:
+    def __init__(self, leased: LeasedRun, drive: DriveActions, worker: TaskWorker | None) -> None:
+        self.leased = leased
         self.drive = drive
+        self.worker = worker
         self.in_flight: set[str] = set()
         self.lock = anyio.Lock()
         self.changed = anyio.Event()
@@ -113,8 +115,8 @@ class Fanout:
         self.changed = anyio.Event()
 
     async def run(self) -> Action | None:
-        drive = self.drive
-        drive._cancel_scopes[drive.run_id] = self.calls
+        leased = self.leased
+        leased.track_call(self.calls)
         try:
             result: Action | None = None
             error: ConstructError | None = None
@@ -133,20 +135,19 @@ class Fanout:
                 raise error
             return result
         finally:
-            if drive._cancel_scopes.get(drive.run_id) is self.calls:
-                del drive._cancel_scopes[drive.run_id]
+            leased.untrack_call(self.calls)
 
     async def _loop(self, tg: anyio.abc.TaskGroup) -> Action | None:
-        drive = self.drive
+        leased = self.leased
         while True:
             if self.error is not None:
                 raise self.error
-            if drive.outage.over:
+            if leased.outage.over:
                 raise StoreUnavailable(
-                    f"the store did not answer for {drive.outage.seconds:.0f} s; the calls of run "
-                    f"{drive.run_id} were stopped and will be retried"
+                    f"the store did not answer for {leased.outage.seconds:.0f} s; the calls of run "
+                    f"{leased.run_id} were stopped and will be retried"
                 )
-            if drive._stopping():
+            if leased.stopping:
                 # A graceful shutdown starts nothing more, and lets the calls in flight end and
                 # their outcomes be recorded, as a linear drive finishes its one call.
                 if not self.in_flight:
@@ -154,8 +155,8 @@ class Fanout:
                 await self._wait_for_change(None)
                 continue
             async with self.lock:
-                head = await drive._load()
-                now = drive.clock.now()
+                head = await leased.load()
+                now = leased.clock.now()
                 every = next_actions(head, now)
                 if head.status.is_terminal:
                     return every[0]
@@ -164,7 +165,7 @@ class Fanout:
                 starts = [a for a in actions if isinstance(a, StartAttempt)]
                 try:
                     if record:
-                        await drive._act(head, record[0])
+                        await self.drive.act(head, record[0])
                         continue
                     if starts and len(self.in_flight) < head.chain.max_parallel:
                         await self._start(tg, head, starts[0])
@@ -180,8 +181,8 @@ class Fanout:
                 continue
             pause = actions[0]
             if isinstance(pause, WaitUntil):
-                delay = (pause.not_before - drive.clock.now()).total_seconds()
-                if delay <= drive.settings.in_memory_wait_cap_seconds:
+                delay = (pause.not_before - leased.clock.now()).total_seconds()
+                if delay <= leased.settings.in_memory_wait_cap_seconds:
                     await anyio.sleep(max(0.0, delay))
                     continue
             # A durable wait first: the dispatcher schedules the run's wake-up from it.
@@ -193,7 +194,7 @@ class Fanout:
         moved = False
         for action in actions:
             if isinstance(action, AwaitChild):
-                moved = await self.drive._child_moved(head, action.task_id) or moved
+                moved = await self.drive.child_moved(head, action.task_id) or moved
         return moved
 
     def _wait_seconds(self, actions: list[Action], now: datetime) -> float | None:
@@ -203,22 +204,22 @@ class Fanout:
         if not waits:
             return None
         delay = (min(waits) - now).total_seconds()
-        return max(0.0, delay) if delay <= self.drive.settings.in_memory_wait_cap_seconds else None
+        return max(0.0, delay) if delay <= self.leased.settings.in_memory_wait_cap_seconds else None
 
     async def _start(self, tg: anyio.abc.TaskGroup, head: RunHead, action: StartAttempt) -> None:
         """Record ``attempt_started`` for ``action`` and start its call in the background."""
-        drive = self.drive
-        if drive.worker is None:
+        leased = self.leased
+        if self.worker is None:
             raise InvalidState(
                 f"run {head.run_id} uses the provider backend, which this server has not configured"
             )
         step = head.step_of(action.task_id)
         executor = head.contract.executor_for(step)
         # A step that delegates has no prompt: its call is built from the record when it is made.
-        prompt = None if step.agent else await read_prompt(drive.store, head, action.task_id, drive.known)
+        prompt = None if step.agent else await read_prompt(leased.store, head, action.task_id, leased.known)
         started = AttemptStarted(
             seq=head.last_seq + 1,
-            at=drive.clock.now(),
+            at=leased.clock.now(),
             task_id=action.task_id,
             attempt=action.attempt,
             executor=executor,
@@ -226,7 +227,7 @@ class Fanout:
             follows=action.follows,
             remote_run_id=action.remote_run_id,
         )
-        head = await drive._append(head, [started])
+        head = await leased.append(head, [started])
         self.in_flight.add(action.task_id)
         tg.start_soon(self._call, head, action, executor, prompt)
 
@@ -234,7 +235,7 @@ class Fanout:
         self, head: RunHead, action: StartAttempt, executor: str, prompt: TaskPrompt | None
     ) -> None:
         """One call in flight, then its outcome recorded (see the module's docstring)."""
-        drive = self.drive
+        leased = self.leased
         task_id = action.task_id
         task = head.task(task_id)
         step = head.step_of(task_id)
@@ -243,20 +244,22 @@ class Fanout:
         limit = min(limits) if limits else None
         scope = anyio.CancelScope()
         if limit is not None:
-            scope.deadline = anyio.current_time() + max(0.0, (limit - drive.clock.now()).total_seconds())
+            scope.deadline = anyio.current_time() + max(0.0, (limit - leased.clock.now()).total_seconds())
         outcome: AttemptOutcome | None = None
         self.calls.scopes.add(scope)
         try:
             with scope:
                 if not self.calls.cancelled:
-                    with drive.trace.attempt(
+                    with leased.trace.attempt(
                         head, task_id, action.attempt, action.possible_duplicate_call
                     ) as traced:
                         if prompt is None:  # an agent step (orchestration.engine.delegation)
-                            outcome = await parallel_agent_call(drive, self.lock, head, action, previous)
+                            outcome = await parallel_agent_call(
+                                leased, self.worker, self.lock, head, action, previous
+                            )
                         else:
-                            assert drive.worker is not None
-                            outcome = await drive.worker.execute(
+                            assert self.worker is not None
+                            outcome = await self.worker.execute(
                                 head.contract, step, prompt, action.attempt, previous
                             )
                         traced.ended(outcome)
@@ -264,7 +267,7 @@ class Fanout:
                 if limit is not None and not self.calls.cancelled and anyio.current_time() >= scope.deadline:
                     # Out of time: let the injected clock reach the deadline too, so that the next
                     # decision records deadline_exceeded instead of seeing an orphaned attempt.
-                    await anyio.sleep(max(0.0, (limit - drive.clock.now()).total_seconds()))
+                    await anyio.sleep(max(0.0, (limit - leased.clock.now()).total_seconds()))
                 return
             try:
                 await self._record(action, executor, outcome)
@@ -280,10 +283,10 @@ class Fanout:
 
     async def _record(self, action: StartAttempt, executor: str, outcome: AttemptOutcome) -> None:
         """Record the outcome of ``action``'s call against the run as it is now."""
-        drive = self.drive
+        leased = self.leased
         while True:
             async with self.lock:
-                head = await drive._load()
+                head = await leased.load()
                 if head.status.is_terminal:
                     return
                 task = head.task(action.task_id)
@@ -293,14 +296,14 @@ class Fanout:
                         "a call's outcome no longer applies: the task moved on",
                         extra={
                             "action": "outcome_dropped",
-                            "run_id": drive.run_id,
+                            "run_id": leased.run_id,
                             "task_id": action.task_id,
                         },
                     )
                     return
                 try:
-                    await drive._append(
-                        head, [outcome_fact(head, action, executor, outcome, drive.clock.now())]
+                    await leased.append(
+                        head, [outcome_fact(head, action, executor, outcome, leased.clock.now())]
                     )
                 except VersionConflict:
                     continue
@@ -309,26 +312,26 @@ class Fanout:
     async def _watch(self) -> None:
         """While calls are in flight, stop them all once the run has ended (a cancel from
         anywhere, a sibling's failure), or once the store has been away past the outage limit."""
-        drive = self.drive
+        leased = self.leased
         while True:
-            await anyio.sleep(drive.settings.cancel_poll_seconds)
+            await anyio.sleep(leased.settings.cancel_poll_seconds)
             if not self.in_flight:
                 continue
             try:
-                head = await drive.store.load(drive.run_id)
+                head = await leased.store.load(leased.run_id)
             except CorruptRecord:
                 continue
             except StoreError as exc:
-                if drive._outage_over(exc):
+                if leased.outage_over(exc):
                     self.calls.cancel()
                     self._wake()
                 continue
             except ConstructError:
                 continue
-            drive.outage.recovered()
+            leased.outage.recovered()
             if head.status.is_terminal:
                 log.info(
-                    "run ended during its calls", extra={"action": "call_aborted", "run_id": drive.run_id}
+                    "run ended during its calls", extra={"action": "call_aborted", "run_id": leased.run_id}
                 )
                 self.calls.cancel()
 

@@ -122,6 +122,19 @@ _OUTPUT = attrgetter("output")
 _TASK_ID = attrgetter("task_id")
 
 
+async def read_log(store: RunStore, run_id: str) -> tuple[RunHead, tuple[Fact, ...]]:
+    """The run's head and its facts up to the head's ``last_seq``, as one consistent snapshot
+    (facts are never rewritten, so those are the head's whatever is appended meanwhile). Raises
+    what ``load`` raises (``RunNotFound``, ``RunPruned``...), also when the run is deleted between
+    the two reads: never part of a run."""
+    head = await store.load(run_id)
+    facts = await store.read_facts(run_id, 0, head.last_seq)
+    if len(facts) != head.last_seq:
+        await store.load(run_id)  # gone meanwhile: load says how
+        raise CorruptRecord(run_id, "facts", f"the log ends before the head's last_seq {head.last_seq}")
+    return head, tuple(facts)
+
+
 async def read_snapshot(store: RunStore, head: RunHead, warnings: tuple[str, ...] = ()) -> RunSnapshot:
     """The run as a view shows it, read in one pass over its log (up to ``head``)."""
     facts = await store.read_facts(head.run_id, 0, head.last_seq)
@@ -241,6 +254,7 @@ __all__ = [
     "awaiting_host_task",
     "missing_gate_id_error",
     "missing_task_id_error",
+    "read_log",
     "read_outputs",
     "read_prompt",
     "read_snapshot",

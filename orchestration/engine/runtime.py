@@ -14,8 +14,11 @@ Two kinds of writes happen here:
   recorded. A drive's every write is fenced by its lease (see :mod:`orchestration.engine.drive`).
 
 This module keeps what a runtime's drives share with its use cases: the runs it drives (one drive
-per run), the cancel scopes of calls in flight, the runs whose record could not be read, the leases
-left unreleased, and the waiters and listeners woken by every write.
+per run), the cancel scopes of calls in flight and the stopping flag
+(:class:`~orchestration.engine.leased_run.CallControl`), the runs whose record could not be read, the
+leases left unreleased, and the waiters and listeners woken by every write
+(:class:`~orchestration.engine.changes.ChangeFeed`). Operations on whole runs (fork, export,
+retention) are :mod:`orchestration.ops`, over the public methods here.
 """
 
 from __future__ import annotations
@@ -54,14 +57,16 @@ from orchestration.core.inputs import (
 from orchestration.core.models import BudgetLimits, DecisionChannel, HostUsage, RunHead, text_hash
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.changes import LeaseReleases, Waiters, is_settled, wait_until
+from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns, refuse_detached
-from orchestration.engine.drive import Cancellable, Drive, DriveSettings
+from orchestration.engine.drive import Drive
+from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases
 from orchestration.engine.reading import (
     RunSnapshot,
     gate_to_decide,
     missing_gate_id_error,
     missing_task_id_error,
+    read_log,
     read_outputs,
     read_prompt,
     read_snapshot,
@@ -79,14 +84,12 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.ops.forking import ForkRequest, fork_run
-from orchestration.store import Lease, RunPage, RunStore
+from orchestration.store import Lease, RunPage, RunStore, Tombstone
 from orchestration.workers.host import host_output_facts
 from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
 
-ChangeListener = Callable[[RunHead], Awaitable[None]]
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 _DEFAULT_LIMITS = Limits()
@@ -127,10 +130,10 @@ class Runtime:
         #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
         #: stops; see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
-        self._listeners: list[ChangeListener] = []
-        self._waiters = Waiters()
-        self._cancel_scopes: dict[str, Cancellable] = {}
-        self._stopping = False
+        #: the listeners and waiters told of every write this runtime (or one of its drives) makes
+        self.changes = ChangeFeed()
+        #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
+        self.calls = CallControl()
         #: how long :meth:`drive` leaves a run alone after its record could not be read
         self.unreadable_retry_seconds = 60.0
         self._unreadable: dict[str, datetime] = {}
@@ -143,46 +146,52 @@ class Runtime:
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
         progress), so nothing new is started; what is left is picked up from the record later."""
-        self._stopping = True
+        self.calls.stop()
 
     @property
     def stopping(self) -> bool:
-        return self._stopping
+        return self.calls.stopping
 
     # -- change notification ---------------------------------------------------------------
 
     def add_listener(self, listener: ChangeListener) -> None:
         """``listener(head)`` is awaited after every write this runtime makes (errors are logged)."""
-        self._listeners.append(listener)
+        self.changes.add_listener(listener)
 
-    async def _changed(self, head: RunHead) -> None:
-        self._waiters.fire(head.run_id)
-        for listener in self._listeners:
-            try:
-                await listener(head)
-            except Exception:
-                log.exception("listener failed", extra={"action": "listener_failed", "run_id": head.run_id})
-
-    async def _recorded(self, facts: Sequence[Fact], stored: RunHead) -> None:
-        """After a write (an external event's or a drive's): log it, notify waiters and listeners."""
-        log.info(
-            "recorded %s",
-            ",".join(f.type for f in facts),
-            extra={"action": "facts_recorded", "run_id": stored.run_id, "version": stored.version},
-        )
-        await self._changed(stored)
+    def remove_listener(self, listener: ChangeListener) -> None:
+        """Stop calling ``listener``, which :meth:`add_listener` added."""
+        self.changes.remove_listener(listener)
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """Record an external event's ``facts`` on top of ``head`` (compare-and-swap). A drive's
-        writes are :class:`~orchestration.engine.drive.Drive`'s own (fenced by its lease)."""
+        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease)."""
         stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
-        await self._recorded(facts, stored)
+        await self.changes.recorded(facts, stored)
         return stored
 
     # -- queries ---------------------------------------------------------------------------
 
     async def status(self, run_id: str) -> RunHead:
         return await self.store.load(validate_run_id(run_id))
+
+    @property
+    def store_name(self) -> str:
+        """The name of the store this runtime records in (what an export names as its source)."""
+        return self.store.name
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        """The run's facts with ``seq > after_seq`` in order, at most ``limit`` (the store's
+        :meth:`~orchestration.store.RunStore.read_facts`)."""
+        return await self.store.read_facts(validate_run_id(run_id), after_seq, limit)
+
+    async def read_log(self, run_id: str) -> tuple[RunHead, tuple[Fact, ...]]:
+        """The run's head and every fact up to it, as one consistent snapshot (see
+        :func:`~orchestration.engine.reading.read_log`)."""
+        return await read_log(self.store, validate_run_id(run_id))
+
+    async def tombstone(self, run_id: str) -> Tombstone | None:
+        """What the store keeps of ``run_id`` if it was deleted (pruned, moved), else None."""
+        return await self.store.tombstone(run_id)
 
     async def list_runs(
         self, statuses: frozenset[RunStatus] | None = None, limit: int = 50, cursor: str | None = None
@@ -247,15 +256,18 @@ class Runtime:
                 )
             return result.head, False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
-        await self._changed(result.head)
+        await self.changes.changed(result.head)
         return result.head, True
 
-    async def fork(self, request: ForkRequest) -> tuple[RunHead, bool]:
-        """A new run from another's recorded work: :func:`orchestration.ops.forking.fork_run`."""
-        head, created = await fork_run(self, request)
-        if created:
-            await self._changed(head)
-        return head, created
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> tuple[RunHead, bool]:
+        """Create a run made elsewhere (``head`` folded from ``facts``, ``run_created`` first: a fork,
+        :func:`orchestration.ops.forking.fork_run`) in one atomic write, and tell the listeners.
+        Returns ``(head, created)``: the stored head, and False when a run with the same
+        idempotency key exists already (that run's head; nothing is written or told)."""
+        result = await self.store.create(head, facts)
+        if result.created:
+            await self.changes.changed(result.head)
+        return result.head, result.created
 
     async def submit_host_output(
         self,
@@ -434,9 +446,7 @@ class Runtime:
                 stored = await self._append(head, [fact])
             except VersionConflict:
                 continue
-            scope = self._cancel_scopes.get(run_id)
-            if scope is not None:
-                scope.cancel()
+            self.calls.cancel(run_id)
             return stored
 
     async def check_resumable(self, run_id: str) -> RunHead:
@@ -487,9 +497,16 @@ class Runtime:
         poll_seconds: float,
     ) -> RunHead:
         """The run's head once ``done(head)``, or at the timeout (see :func:`wait_until`)."""
-        stopping = lambda: self._stopping  # noqa: E731 - read at each poll
+        stopping = lambda: self.calls.stopping  # noqa: E731 - read at each poll
         return await wait_until(
-            self.status, self._waiters, stopping, run_id, done, timeout_seconds, on_progress, poll_seconds
+            self.status,
+            self.changes.waiters,
+            stopping,
+            run_id,
+            done,
+            timeout_seconds,
+            on_progress,
+            poll_seconds,
         )
 
     # -- driving (the loop itself is orchestration.engine.drive) -------------------------------------
@@ -520,7 +537,7 @@ class Runtime:
                 await self._releases.release(lease)
             return None
         set_aside = self._unreadable.get(run_id)
-        if self._stopping or (set_aside is not None and self.clock.now() < set_aside):
+        if self.calls.stopping or (set_aside is not None and self.clock.now() < set_aside):
             if lease is not None:
                 await self._releases.release(lease)
             return None
@@ -559,17 +576,15 @@ class Runtime:
             cancel_poll_seconds=self.cancel_poll_seconds,
             store_outage_seconds=self.store_outage_seconds,
         )
-        return Drive(
+        leased = LeasedRun(
             lease,
             store=self.store,
             clock=self.clock,
-            worker=self.worker,
             settings=settings,
-            recorded=self._recorded,
-            cancel_scopes=self._cancel_scopes,
-            stopping=lambda: self._stopping,
-            children=self.children,
+            recorded=self.changes.recorded,
+            calls=self.calls,
         )
+        return Drive(leased, worker=self.worker, children=self.children)
 
     def hand_over(self, lease: Lease) -> bool:
         """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a

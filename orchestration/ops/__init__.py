@@ -4,7 +4,7 @@ Uses the engine; the engine never uses these."""
 from __future__ import annotations
 
 from orchestration.ops.export import RunExport, export_lines, read_export, snapshot
-from orchestration.ops.forking import ForkRequest
+from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.ops.retention import PRUNABLE, import_export, parse_statuses, prune
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "ForkRequest",
     "RunExport",
     "export_lines",
+    "fork_run",
     "import_export",
     "parse_statuses",
     "prune",

@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 
 from orchestration.core.facts import FACT_TYPES, Fact, dump_fact, parse_fact, parse_head
 from orchestration.core.models import RECORD_FORMAT, RunHead
-from orchestration.errors import CorruptRecord, ExportCorrupt, RecordTooNew
+from orchestration.engine.reading import read_log
+from orchestration.errors import ExportCorrupt, RecordTooNew
 from orchestration.store import RunStore
 
 EXPORT_FORMAT = "construct-mcp.run-export"
@@ -58,13 +59,8 @@ async def snapshot(store: RunStore, run_id: str) -> RunExport:
     """The run as one consistent snapshot: its head and the facts up to the head's ``last_seq``
     (facts are never rewritten, so those are the head's whatever is appended meanwhile). Raises
     what ``load`` raises (``RunNotFound``, ``RunPruned``...), also when the run is deleted between
-    the two reads: never part of a run."""
-    head = await store.load(run_id)
-    facts = await store.read_facts(run_id, 0, head.last_seq)
-    if len(facts) != head.last_seq:
-        await store.load(run_id)  # gone meanwhile: load says how
-        raise CorruptRecord(run_id, "facts", f"the log ends before the head's last_seq {head.last_seq}")
-    return RunExport(head, tuple(facts))
+    the two reads: never part of a run (:func:`~orchestration.engine.reading.read_log`)."""
+    return RunExport(*await read_log(store, run_id))
 
 
 def _sha256(lines: Iterable[str]) -> str:

@@ -50,7 +50,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from orchestration.core.facts import (
     ApprovalDecided,
@@ -67,10 +66,8 @@ from orchestration.core.inputs import StartRequest, check_id, check_start
 from orchestration.core.models import ChainSnapshot, RunHead, canonical_hash
 from orchestration.core.routing import chain_format
 from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine import Runtime
 from orchestration.errors import Conflict, ForkMismatch, IllegalTransition, InvalidArgument, quoted
-
-if TYPE_CHECKING:
-    from orchestration.engine.runtime import Runtime
 
 log = logging.getLogger("construct.runtime")
 
@@ -103,13 +100,14 @@ class ForkRequest:
 
 
 async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
-    """Create the fork (see the module's docstring). Returns ``(head, created)``; ``created`` is
-    False when an earlier fork with the same idempotency key made the run. Raises
+    """Create the fork (see the module's docstring) through ``runtime``'s public methods, which
+    tell its listeners of the new run. Returns ``(head, created)``; ``created`` is False when an
+    earlier fork with the same idempotency key made the run. Raises
     ``RunNotFound``, ``InvalidArgument`` (an unknown or skipped task, bad arguments),
     ``ForkMismatch``, ``Conflict`` (the key used for something else), ``UnknownChain``..."""
     validate_run_id(fork.run_id)
     check_id("from_task", fork.from_task, runtime.limits)
-    source = await runtime.store.load(fork.run_id)
+    source = await runtime.status(fork.run_id)
     if fork.from_task not in {t.task_id for t in source.tasks}:
         raise InvalidArgument(
             f"run {source.run_id} has no task {quoted(fork.from_task)}; its tasks are: "
@@ -124,7 +122,7 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
         started_by=fork.started_by,
     )
     check_start(start, runtime.limits)
-    facts = await runtime.store.read_facts(source.run_id, 0, source.last_seq)
+    facts = await runtime.read_facts(source.run_id, 0, source.last_seq)
     prefix, point = _prefix(facts, source, fork.from_task)
     if prefix.task(fork.from_task).status == TaskStatus.SKIPPED:
         raise InvalidArgument(
@@ -162,15 +160,15 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
             f"the recorded work of run {source.run_id} before task {fork.from_task} does not replay "
             f"on chain {chain.name!r} as it is now ({exc}); fork from an earlier task"
         ) from exc
-    result = await runtime.store.create(head, [created, *copies])
-    if not result.created:
-        if result.head.request_hash != head.request_hash:
+    stored, created_now = await runtime.create(head, [created, *copies])
+    if not created_now:
+        if stored.request_hash != head.request_hash:
             raise Conflict(
                 f"idempotency_key {quoted(fork.idempotency_key)} was already used for run "
-                f"{result.head.run_id} with a different request; use a new key, or repeat the "
+                f"{stored.run_id} with a different request; use a new key, or repeat the "
                 "original fork exactly"
             )
-        return result.head, False
+        return stored, False
     log.info(
         "run forked from %s at %s, %d facts copied",
         source.run_id,
@@ -178,7 +176,7 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
         len(copies),
         extra={"action": "run_forked", "run_id": head.run_id},
     )
-    return result.head, True
+    return stored, True
 
 
 def _concerns(fact: Fact, task_id: str, before_gates: set[str]) -> bool:
@@ -285,3 +283,6 @@ def _check_steps(old: ChainSnapshot, new: ChainSnapshot, copied: Sequence[str]) 
                 f"step {name!r}, whose recorded output the fork copies, is defined differently in chain "
                 f"{new.name!r} now ({', '.join(changed)}); fork from an earlier task, or keep that step"
             )
+
+
+__all__ = ["ForkRequest", "fork_run"]

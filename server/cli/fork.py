@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from orchestration.core import RunHead
 from orchestration.engine import Runtime
-from orchestration.ops import ForkRequest
+from orchestration.ops import ForkRequest, fork_run
 from server.cli.subcommands import Subcommands
 
 #: Adds the shared options (--home, --config, --store, --log-level) to a parser.
@@ -59,7 +59,8 @@ async def run_fork(runtime: Runtime, args: argparse.Namespace) -> RunHead:
     chain: str | tuple[str, ...] | None = args.chain
     if args.specialists is not None:
         chain = tuple(part.strip() for part in args.specialists.split(",") if part.strip())
-    head, _created = await runtime.fork(
+    head, _created = await fork_run(
+        runtime,
         ForkRequest(
             run_id=args.run_id,
             from_task=args.from_task,
@@ -67,6 +68,6 @@ async def run_fork(runtime: Runtime, args: argparse.Namespace) -> RunHead:
             chain=chain,
             approve_before=None if args.approve_before is None else tuple(args.approve_before),
             idempotency_key=args.idempotency_key,
-        )
+        ),
     )
     return head

@@ -385,7 +385,7 @@ async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) ->
         model = runs_page(page)
     elif command == "timeline":
         head = await runtime.status(args.run_id)
-        facts = await runtime.store.read_facts(head.run_id)
+        facts = await runtime.read_facts(head.run_id)
         _emit_timeline(head, facts, args.json, out)
         return EXIT_OK
     else:

@@ -15,7 +15,7 @@ from mcp.types import CallToolResult, InputRequiredResult
 from pydantic import Field
 
 from orchestration.core import Limits
-from orchestration.ops import ForkRequest
+from orchestration.ops import ForkRequest, fork_run
 from server.mcp.answering import (
     DEFAULT_WAIT_SECONDS,
     MAX_WAIT_SECONDS,
@@ -83,7 +83,7 @@ async def orchestrate_fork(
             idempotency_key=idempotency_key,
             started_by=caller.identity if caller.verified else None,
         )
-        head, created = await services.runtime.fork(fork)
+        head, created = await fork_run(services.runtime, fork)
         caller.check_run(head)
         if created:
             services.dispatcher.wake(head.run_id)

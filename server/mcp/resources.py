@@ -41,7 +41,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from orchestration.core import RunHead, TaskStatus, validate_run_id
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
-from orchestration.ops import export_lines, snapshot
+from orchestration.ops import RunExport, export_lines
 from server.identity import caller_of
 from server.mcp.services import Services, run_uri
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, as_protocol_error
@@ -120,11 +120,11 @@ async def read_run_export(run_id: str, ctx: ResourceContext) -> str:
     the head, every fact (JSON Lines). Read it to archive or move a run, not to follow one."""
     runtime = ctx.request_context.lifespan_context.runtime
     try:
-        run = await snapshot(runtime.store, (await _readable(ctx, run_id)).run_id)
+        run = RunExport(*await runtime.read_log((await _readable(ctx, run_id)).run_id))
     except ConstructError as exc:
         raise _resource_error(exc) from None
     return "".join(
-        f"{line}\n" for line in export_lines(run, source=runtime.store.name, at=runtime.clock.now())
+        f"{line}\n" for line in export_lines(run, source=runtime.store_name, at=runtime.clock.now())
     )
 
 

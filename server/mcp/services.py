@@ -90,7 +90,7 @@ class Services:
             view = run_view(snapshot, detail, full_task)
         # A parent shows its child runs, and what a waiting child needs (server.views.children_view);
         # a link to a run pruned or moved away says so.
-        view = await with_gone_links(view, self.runtime.store)
+        view = await with_gone_links(view, self.runtime)
         return await with_children(view, head, self.view)
 
     def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:

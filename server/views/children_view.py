@@ -12,13 +12,14 @@ was recorded with (no read); live ones are read (one head each, their own childr
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import anyio
 
 from orchestration.core import RunHead, RunStatus
 from orchestration.engine import Runtime, live_children
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
-from orchestration.store import RunStore
+from orchestration.store import Tombstone
 from server.views.next_step import Approve, RunHostTask, Wait
 from server.views.run_view import ChildView, RunView
 
@@ -112,14 +113,20 @@ async def settle_children(runtime: Runtime, head: RunHead, seconds: float) -> bo
     return False
 
 
-async def with_gone_links(view: RunView, store: RunStore) -> RunView:
+class Tombstones(Protocol):
+    """Where the tombstones of deleted runs are read (the runtime; a store)."""
+
+    async def tombstone(self, run_id: str) -> Tombstone | None: ...
+
+
+async def with_gone_links(view: RunView, runs: Tombstones) -> RunView:
     """``view`` with its links to other runs (``forked_from``, ``parent``) saying when that run
     was pruned or moved to another store (its tombstone: one read per link, only for runs that
     have one)."""
     updates: dict[str, object] = {}
     for name, link in (("forked_from", view.forked_from), ("parent", view.parent)):
         if link is not None:
-            tombstone = await store.tombstone(link.run_id)
+            tombstone = await runs.tombstone(link.run_id)
             if tombstone is not None:
                 updates[name] = link.model_copy(update={"gone": tombstone.reason})
     return view.model_copy(update=updates) if updates else view

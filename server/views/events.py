@@ -141,7 +141,7 @@ async def read_events(
         )
     if head.last_seq == after_seq and wait_seconds > 0 and not head.status.is_terminal:
         head = await runtime.wait_for_facts(head.run_id, after_seq, wait_seconds)
-    facts = await runtime.store.read_facts(head.run_id, after_seq, limit) if head.last_seq > after_seq else []
+    facts = await runtime.read_facts(head.run_id, after_seq, limit) if head.last_seq > after_seq else []
     if facts and facts[-1].seq > head.last_seq:
         head = await runtime.status(head.run_id)  # written since: the page says so
     return page_of(head, facts, after_seq)
@@ -150,7 +150,7 @@ async def read_events(
 async def newest_events(runtime: Runtime, head: RunHead, limit: int = RESOURCE_EVENTS) -> EventsPage:
     """The run's newest ``limit`` events (what the ``run://{run_id}/events`` resource shows)."""
     after_seq = max(0, head.last_seq - limit)
-    facts = await runtime.store.read_facts(head.run_id, after_seq, limit)
+    facts = await runtime.read_facts(head.run_id, after_seq, limit)
     if facts and facts[-1].seq > head.last_seq:
         head = await runtime.status(head.run_id)
     return page_of(head, facts, after_seq)

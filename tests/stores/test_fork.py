@@ -20,7 +20,7 @@ from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, At
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
-from orchestration.ops.forking import ForkRequest
+from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore
 from orchestration.workers.port import TaskWorker
 from server.views.run_view import run_view
@@ -91,7 +91,7 @@ async def test_a_failed_run_forked_from_its_failed_task_after_fixing_the_config(
     # The configuration is fixed (the reviewer's model): fork from the failed task.
     worker.calls.clear()
     fixed = runtime_on(store, catalog("good-model"), worker, ids)
-    head, created = await fixed.fork(ForkRequest(source.run_id, "reviewer"))
+    head, created = await fork_run(fixed, ForkRequest(source.run_id, "reviewer"))
     assert created and head.run_id != source.run_id and head.status == RunStatus.QUEUED
     await fixed.drive(head.run_id)
     forked = await store.load(head.run_id)
@@ -150,7 +150,7 @@ async def test_a_loop_forked_from_a_later_round_replays_its_routes(store: RunSto
     # Redo the second round of the engineer, and have the reviewer ask for a third.
     worker.calls.clear()
     worker.verdicts = {"reviewer~2": "revise", "reviewer~3": "approve"}
-    head, _ = await runtime.fork(ForkRequest(source.run_id, "engineer~2"))
+    head, _ = await fork_run(runtime, ForkRequest(source.run_id, "engineer~2"))
     assert [t.task_id for t in head.tasks] == [
         "architect",
         "engineer",
@@ -181,7 +181,7 @@ async def test_a_loop_forked_from_a_later_round_replays_its_routes(store: RunSto
     # Forked from the routing task of the last round: its route is decided again, from a new answer.
     worker.calls.clear()
     worker.verdicts = {"reviewer~2": "reject"}
-    again, _ = await runtime.fork(ForkRequest(source.run_id, "reviewer~2"))
+    again, _ = await fork_run(runtime, ForkRequest(source.run_id, "reviewer~2"))
     await runtime.drive(again.run_id)
     ended = await store.load(again.run_id)
     assert ended.status == RunStatus.FAILED and ended.error is not None and ended.error.code == "route_failed"
@@ -204,7 +204,7 @@ async def test_gates_of_the_copied_work_are_copied_and_the_forked_task_asks_agai
     assert source.status == RunStatus.COMPLETED
 
     # From the reviewer: the decided gate before the engineer is copied, nobody is asked again.
-    head, _ = await runtime.fork(ForkRequest(source.run_id, "reviewer", request="Gated, again"))
+    head, _ = await fork_run(runtime, ForkRequest(source.run_id, "reviewer", request="Gated, again"))
     assert head.request == "Gated, again"
     # The start's time limits carry over: the run's as a duration from the fork, the tasks' as set.
     assert head.deadline_at is not None and (head.deadline_at - head.created_at).total_seconds() == 600
@@ -217,11 +217,11 @@ async def test_gates_of_the_copied_work_are_copied_and_the_forked_task_asks_agai
     assert "Gated, again" in (view.next_action.user_prompt or "")
 
     # From the engineer: its gate is asked again (approve_before is the source's by default).
-    head, _ = await runtime.fork(ForkRequest(source.run_id, "engineer"))
+    head, _ = await fork_run(runtime, ForkRequest(source.run_id, "engineer"))
     await runtime.drive(head.run_id)
     assert (await store.load(head.run_id)).status == RunStatus.AWAITING_APPROVAL
     # ... unless the fork says which steps to gate.
-    head, _ = await runtime.fork(ForkRequest(source.run_id, "engineer", approve_before=()))
+    head, _ = await fork_run(runtime, ForkRequest(source.run_id, "engineer", approve_before=()))
     await runtime.drive(head.run_id)
     after = await store.load(head.run_id)
     assert after.status == RunStatus.AWAITING_HOST and after.gates == ()
@@ -232,12 +232,12 @@ async def test_the_same_idempotency_key_returns_the_same_fork(store: RunStore) -
     started, _ = await runtime.start(StartRequest("Once", chain="build", worker_backend="provider"))
     await runtime.drive(started.run_id)
     fork = ForkRequest(started.run_id, "engineer", idempotency_key="fork-1")
-    first, created = await runtime.fork(fork)
-    again, created_again = await runtime.fork(fork)
+    first, created = await fork_run(runtime, fork)
+    again, created_again = await fork_run(runtime, fork)
     assert created and not created_again and again.run_id == first.run_id
     assert len((await store.list_runs(None, 10, None)).runs) == 2
     with pytest.raises(Conflict, match="fork-1"):
-        await runtime.fork(ForkRequest(started.run_id, "reviewer", idempotency_key="fork-1"))
+        await fork_run(runtime, ForkRequest(started.run_id, "reviewer", idempotency_key="fork-1"))
     # Keys are shared with starts: a start's key is not a fork's.
     with pytest.raises(Conflict):
         await runtime.start(StartRequest("Once", chain="build", idempotency_key="fork-1"))
@@ -250,15 +250,15 @@ async def test_bad_forks_are_refused_with_coded_errors(store: RunStore) -> None:
     await runtime.drive(started.run_id)
     run_id = started.run_id
     with pytest.raises(RunNotFound):
-        await runtime.fork(ForkRequest("run-test-9999", "engineer"))
+        await fork_run(runtime, ForkRequest("run-test-9999", "engineer"))
     with pytest.raises(InvalidArgument, match="its tasks are: architect, engineer, reviewer"):
-        await runtime.fork(ForkRequest(run_id, "coder"))
+        await fork_run(runtime, ForkRequest(run_id, "coder"))
     # A chain that lacks a copied step, or defines it differently, cannot take the copies.
     with pytest.raises(ForkMismatch, match="no step 'engineer'") as missing:
-        await runtime.fork(ForkRequest(run_id, "reviewer", chain=("architect", "reviewer")))
+        await fork_run(runtime, ForkRequest(run_id, "reviewer", chain=("architect", "reviewer")))
     assert missing.value.code == "fork_mismatch"
     changed = runtime_on(store, catalog(None, instruction="Be brief."), ModelWorker(), ids)
-    await changed.fork(ForkRequest(run_id, "reviewer"))  # the changed step is the one redone: fine
+    await fork_run(changed, ForkRequest(run_id, "reviewer"))  # the changed step is the one redone: fine
     moved = Catalog.builtin().extended(
         {
             "chains": {
@@ -269,17 +269,19 @@ async def test_bad_forks_are_refused_with_coded_errors(store: RunStore) -> None:
         Path("."),
     )
     with pytest.raises(ForkMismatch, match=r"step 'engineer'.*model"):
-        await runtime_on(store, moved, ModelWorker(), ids).fork(ForkRequest(run_id, "reviewer"))
+        await fork_run(runtime_on(store, moved, ModelWorker(), ids), ForkRequest(run_id, "reviewer"))
     # A chain since removed from the configuration is unknown.
     with pytest.raises(UnknownChain, match="unknown chain 'build'"):
-        await runtime_on(store, Catalog.builtin(), ModelWorker(), ids).fork(ForkRequest(run_id, "reviewer"))
+        await fork_run(
+            runtime_on(store, Catalog.builtin(), ModelWorker(), ids), ForkRequest(run_id, "reviewer")
+        )
     # A skipped instance never ran: nothing to redo from it.
     jumper = runtime_on(store, ROUTED_CATALOG, InstanceWorker(verdicts={"reviewer": "approve"}), ids)
     jumped, _ = await jumper.start(StartRequest("Jump", chain="jump", worker_backend="provider"))
     await jumper.drive(jumped.run_id)
     assert (await store.load(jumped.run_id)).task("tester").status == TaskStatus.SKIPPED
     with pytest.raises(InvalidArgument, match="skipped"):
-        await jumper.fork(ForkRequest(jumped.run_id, "tester"))
+        await fork_run(jumper, ForkRequest(jumped.run_id, "tester"))
     assert len((await store.list_runs(None, 10, None)).runs) == 3  # the source runs and one good fork
 
 
@@ -301,7 +303,7 @@ async def test_a_revise_replays_and_a_changed_chain_takes_the_copies_it_defines_
     assert [t.task_id for t in source.tasks] == ["architect", "engineer", "engineer~2", "tester"]
 
     # The revise decision is copied: engineer~2 exists again, sent back with the approver's comment.
-    head, _ = await runtime.fork(ForkRequest(source.run_id, "engineer~2"))
+    head, _ = await fork_run(runtime, ForkRequest(source.run_id, "engineer~2"))
     assert head.task("engineer~2").revised_by == "after:engineer"
     await runtime.drive(head.run_id)
     snapshot = await runtime.snapshot(head.run_id)
@@ -310,9 +312,9 @@ async def test_a_revise_replays_and_a_changed_chain_takes_the_copies_it_defines_
 
     # Another chain whose copied steps differ is refused; one that defines them alike is taken.
     with pytest.raises(ForkMismatch, match="approve_after"):
-        await runtime.fork(ForkRequest(source.run_id, "tester", chain="default"))
+        await fork_run(runtime, ForkRequest(source.run_id, "tester", chain="default"))
     build = runtime_on(store, catalog(None), ModelWorker(), ids)
     started, _ = await build.start(StartRequest("Build", chain="build", worker_backend="inline"))
     done = await play(build, started.run_id)
-    other, _ = await build.fork(ForkRequest(done.run_id, "reviewer", chain="default"))
+    other, _ = await fork_run(build, ForkRequest(done.run_id, "reviewer", chain="default"))
     assert other.chain.name == "default" and other.task("engineer").status == TaskStatus.DONE

@@ -181,7 +181,7 @@ async def test_whoever_sees_the_child_end_records_it_once() -> None:
     # The child is driven to its end by a process whose listener does not tell the parent (it
     # died right after the child's last write, say).
     two = child_runtime(store, clock=ManualClock(one.clock.now()))
-    two._listeners.clear()
+    two.remove_listener(two.children.changed)
     while not (await store.load(child_id)).status.is_terminal:
         await two.drive(child_id)
     assert (await store.load(parent.run_id)).status == RunStatus.AWAITING_CHILDREN
@@ -209,7 +209,7 @@ async def test_the_dispatcher_sweep_records_an_end_nobody_recorded() -> None:
     await runtime.drive(parent.run_id)
     child_id = child_run_id(parent.run_id, "build")
     quiet = child_runtime(store, clock=ManualClock(runtime.clock.now()))
-    quiet._listeners.clear()
+    quiet.remove_listener(quiet.children.changed)
     while not (await store.load(child_id)).status.is_terminal:
         await quiet.drive(child_id)
     assert (await store.load(parent.run_id)).status == RunStatus.AWAITING_CHILDREN

@@ -18,7 +18,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.children import refuse_detached
 from orchestration.engine.runtime import StartRequest
 from orchestration.errors import ConfigError, InvalidState
-from orchestration.ops.forking import ForkRequest
+from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import Tombstone
 from server.cli import main as cli
 from server.views.children_view import with_children, with_gone_links
@@ -294,7 +294,7 @@ async def test_links_to_runs_pruned_or_moved_away_say_so() -> None:
         StartRequest("Plan", chain=("architect", "writer"), worker_backend="provider")
     )
     await runtime.drive(source.run_id)
-    fork, _ = await runtime.fork(ForkRequest(source.run_id, "writer"))
+    fork, _ = await fork_run(runtime, ForkRequest(source.run_id, "writer"))
     assert (await view_of(fork.run_id)).forked_from == ForkView(run_id=source.run_id, task_id="writer")
     ended = await store.load(source.run_id)
     assert ended.status == RunStatus.COMPLETED

@@ -16,7 +16,7 @@ from mcp.types import TextContent
 from orchestration.core.facts import TaskCompleted
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import StartRequest
-from orchestration.ops.forking import ForkRequest
+from orchestration.ops.forking import ForkRequest, fork_run
 from server.app import ConstructApp
 from server.cli.main import run as cli_run
 from server.settings.config import load_settings
@@ -38,7 +38,7 @@ async def test_a_fork_calls_the_provider_only_from_the_forked_task_on() -> None:
         assert fake.calls() == {"architect": 1, "engineer": 1, "reviewer": 1}
 
         fake.set_scenario({"reviewer": [{"text": "looks right"}]})  # the key is fixed; counters restart
-        head, _ = await runtime.fork(ForkRequest(source.run_id, "reviewer"))
+        head, _ = await fork_run(runtime, ForkRequest(source.run_id, "reviewer"))
         await runtime.drive(head.run_id)
         forked = await runtime.status(head.run_id)
         assert forked.status == RunStatus.COMPLETED
@@ -67,7 +67,7 @@ async def test_a_parallel_fork_runs_again_the_branches_still_in_flight() -> None
         await runtime.submit_host_output(started.run_id, task_id, f"notes of {task_id}")
     # c is still with the host and the writer has not started: a fork from the writer copies a and
     # b, and c runs again.
-    head, _ = await runtime.fork(ForkRequest(started.run_id, "writer"))
+    head, _ = await fork_run(runtime, ForkRequest(started.run_id, "writer"))
     assert {t.task_id: t.status for t in head.tasks} == {
         "a": TaskStatus.DONE,
         "b": TaskStatus.DONE,
