@@ -101,7 +101,7 @@ def live_children(head: RunHead) -> list[tuple[str, ChildRef]]:
     return [(t.task_id, c) for t in head.tasks for c in t.children or () if c.status == "active"]
 
 
-class Services(Protocol):
+class ParentRuntime(Protocol):
     """What :class:`ChildRuns` uses of the runtime that made it."""
 
     store: RunStore
@@ -122,7 +122,7 @@ class ChildRuns:
     """The child-run use cases of one runtime, over its store. It listens to every write the
     runtime makes (:meth:`changed`)."""
 
-    def __init__(self, runtime: Services) -> None:
+    def __init__(self, runtime: ParentRuntime) -> None:
         self.store = runtime.store
         self.clock = runtime.clock
         self.resolve: Resolve = runtime.catalog.resolve

@@ -1,53 +1,353 @@
-"""Imports go server -> orchestration <- stores (DESIGN §5): orchestration imports neither of the
-others; stores import only orchestration; HTTP client code lives only under orchestration/workers."""
+"""The floor plan, enforced (DESIGN §5): ``server -> orchestration <- stores``; inside
+``orchestration`` the layers ``core <- chains <- workers <- engine <- ops``; ``server`` and ``stores``
+use ``orchestration`` only through its public names; no import circle; no private name of another
+module; the environment read only by the settings; HTTP client code only in the workers.
+
+Every rule is a function of a source tree (:class:`Tree`), run once on the real tree and once on a
+tree with a planted violation, so that a rule that could never fail is itself a failure."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+TOPS = ("orchestration", "server", "stores")
+
+#: what each part of ``orchestration`` may import from the others (itself always allowed)
+LAYERS: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "core": frozenset({"errors"}),
+    "store": frozenset({"errors", "core"}),
+    "tracing": frozenset({"errors", "core"}),
+    "chains": frozenset({"errors", "core"}),
+    "workers": frozenset({"errors", "core", "chains", "tracing"}),
+    "engine": frozenset({"errors", "core", "chains", "workers", "store", "tracing"}),
+    "ops": frozenset({"errors", "core", "chains", "workers", "store", "tracing", "engine"}),
+}
+#: the modules of ``orchestration`` that ``server`` and ``stores`` may import from: the layer
+#: packages (their ``__all__``) and the three modules beside them
+PUBLIC = frozenset(
+    {"orchestration.core", "orchestration.chains", "orchestration.workers", "orchestration.engine"}
+    | {"orchestration.ops", "orchestration.errors", "orchestration.store", "orchestration.tracing"}
+)
+#: what ``stores`` may use of ``orchestration``: the records, never the engine
+STORES_MAY_USE = frozenset({"orchestration.core", "orchestration.errors", "orchestration.store"})
+#: where the process environment may be read: the settings, and the one lookup of an agent's
+#: token at call time (module -> the functions allowed in it; empty: the whole module)
+ENVIRONMENT_READERS: dict[str, frozenset[str]] = {
+    "server.settings.sources": frozenset(),
+    "orchestration.workers.mcp_agents": frozenset({"from_environment"}),
+}
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the module imported from (a module of the tree, or a third-party one)
+    names: tuple[str, ...]  # the names taken from it (empty for ``import x``)
+    line: int
 
 
-def modules(package: str) -> list[Path]:
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, package
-    return files
+@dataclass
+class Tree:
+    root: Path
+    modules: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, root: Path) -> Tree:
+        tree = cls(root)
+        for top in TOPS:
+            for path in sorted((root / top).rglob("*.py")):
+                parts = list(path.relative_to(root).with_suffix("").parts)
+                if parts[-1] == "__init__":
+                    parts.pop()
+                tree.modules[".".join(parts)] = path
+        return tree
+
+    def parsed(self, module: str) -> ast.Module:
+        return ast.parse(self.modules[module].read_text(), filename=str(self.modules[module]))
+
+    def imports(self, module: str) -> Iterator[Import]:
+        package = module if self.modules[module].name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(self.parsed(module)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield Import(module, alias.name, (), node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                target = node.module or ""
+                if node.level:  # relative: resolve against the importing package
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, target] if target else base)
+                names = tuple(alias.name for alias in node.names)
+                submodules = [n for n in names if f"{target}.{n}" in self.modules]
+                for name in submodules:
+                    yield Import(module, f"{target}.{name}", (), node.lineno)
+                rest = tuple(n for n in names if n not in submodules)
+                if rest or not submodules:
+                    yield Import(module, target, rest, node.lineno)
+
+    def internal_imports(self) -> Iterator[Import]:
+        for module in self.modules:
+            for imp in self.imports(module):
+                if imp.target.split(".")[0] in TOPS:
+                    yield imp
 
 
-def test_orchestration_imports_neither_server_nor_stores() -> None:
-    for path in modules("orchestration"):
-        bad = {n for n in imported_top_levels(path) if n.split(".")[0] in ("server", "stores")}
-        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "orchestration" and len(parts) > 1 else None
 
 
-def test_stores_import_only_orchestration() -> None:
-    for path in modules("stores"):
-        bad = {n for n in imported_top_levels(path) if n.split(".")[0] == "server"}
-        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+def circles(tree: Tree) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop (Tarjan's SCCs)."""
+    edges: dict[str, set[str]] = {m: set() for m in tree.modules}
+    for imp in tree.internal_imports():
+        if imp.target in tree.modules and imp.target != imp.source:
+            edges[imp.source].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
 
 
-def test_http_clients_only_in_workers() -> None:
-    for package in ("orchestration", "stores", "server"):
-        for path in modules(package):
-            if "workers" in path.relative_to(ROOT).parts:
+def private_imports(tree: Tree) -> list[str]:
+    """``from a import _x`` where ``_x`` is not the importer's own package's private module."""
+    bad = []
+    for imp in tree.internal_imports():
+        owner, _, leaf = imp.target.rpartition(".")
+        inside = imp.source == owner or imp.source.startswith(owner + ".")
+        # a private module: only its own package (and that package's modules) may import it
+        if leaf.startswith("_") and not leaf.endswith("__") and not inside:
+            bad.append(f"{imp.source}:{imp.line} imports the private module {imp.target}")
+        for name in imp.names:
+            if name.startswith("_") and not name.startswith("__"):
+                bad.append(f"{imp.source}:{imp.line} imports {imp.target}.{name}")
+    return bad
+
+
+def private_attributes(tree: Tree) -> list[str]:
+    """``x._name`` reached on an object other than ``self`` or ``cls`` (friend access)."""
+    bad = []
+    for module in tree.modules:
+        for node in ast.walk(tree.parsed(module)):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr[1] == "_":
                 continue
-            bad = {n for n in imported_top_levels(path) if n.split(".")[0] in ("httpx", "httpx2")}
-            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+            base = node.value
+            if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+                bad.append(f"{module}:{node.lineno} reaches {ast.unparse(node)}")
+    return bad
 
 
-def test_the_scanner_sees_imports(tmp_path: Path) -> None:
-    sample = tmp_path / "m.py"
-    sample.write_text("import os\nfrom server.app import x\nfrom . import y\n")
-    assert imported_top_levels(sample) == {"os", "server.app"}
+def layer_violations(tree: Tree) -> list[str]:
+    bad = []
+    for imp in tree.internal_imports():
+        top, target_top = imp.source.split(".")[0], imp.target.split(".")[0]
+        if top == "orchestration" and target_top in ("server", "stores"):
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} (orchestration imports neither)")
+        elif top == "stores" and target_top == "server":
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} (stores never import server)")
+        elif top == "orchestration":
+            mine, theirs = _layer(imp.source), _layer(imp.target)
+            if mine and theirs and mine != theirs and theirs not in LAYERS.get(mine, frozenset()):
+                bad.append(f"{imp.source}:{imp.line} imports {imp.target}: {mine} may not use {theirs}")
+        elif target_top == "orchestration":
+            allowed = STORES_MAY_USE if top == "stores" else PUBLIC
+            if imp.target not in allowed:
+                bad.append(f"{imp.source}:{imp.line} imports {imp.target}, not the public API")
+        elif top == "server" and target_top == "stores" and imp.target != "stores":
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target}, not the stores package")
+    return bad
+
+
+def _reads_environment(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+        return node.attr in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+    return (
+        isinstance(node, ast.ImportFrom)
+        and node.module == "os"
+        and any(a.name in ("environ", "environb", "getenv", "getenvb") for a in node.names)
+    )
+
+
+def environment_reads(tree: Tree) -> list[str]:
+    bad = []
+    for module in tree.modules:
+        allowed = ENVIRONMENT_READERS.get(module)
+        if allowed is not None and not allowed:
+            continue
+        parsed = tree.parsed(module)
+        inside_allowed: set[int] = set()
+        for fn in ast.walk(parsed):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and allowed and fn.name in allowed:
+                inside_allowed |= {id(n) for n in ast.walk(fn)}
+        for node in ast.walk(parsed):
+            if _reads_environment(node) and id(node) not in inside_allowed:
+                bad.append(f"{module}:{getattr(node, 'lineno', 0)} reads the environment")
+    return bad
+
+
+def http_clients_outside_workers(tree: Tree) -> list[str]:
+    bad = []
+    for module, path in tree.modules.items():
+        if "workers" in path.relative_to(tree.root).parts:
+            continue
+        bad += [
+            f"{module}:{imp.line} imports {imp.target}"
+            for imp in tree.imports(module)
+            if imp.target.split(".")[0] in ("httpx", "httpx2")
+        ]
+    return bad
+
+
+RULES = {
+    "circles": lambda tree: [" <-> ".join(group) for group in circles(tree)],
+    "private_imports": private_imports,
+    "private_attributes": private_attributes,
+    "layers": layer_violations,
+    "environment": environment_reads,
+    "http_clients": http_clients_outside_workers,
+}
+
+#: third-party internals, each reached in one adapter module whose reliance a test pins
+#: (tests/unit/test_adapters.py); nothing else may reach them
+ADAPTERS: frozenset[str] = frozenset({"server.sdk", "server.transports.uvicorn_adapter", "stores._aiosqlite"})
+
+
+@pytest.fixture(scope="module")
+def tree() -> Tree:
+    return Tree.of(ROOT)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_the_tree_keeps_the_rule(tree: Tree, rule: str) -> None:
+    found = RULES[rule](tree)
+    if rule == "private_attributes":
+        found = [f for f in found if f.split(":")[0] not in ADAPTERS]
+    assert not found, "\n".join(found)
+
+
+def _assigns_all(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+    return (
+        isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "__all__"
+    )
+
+
+def test_each_package_says_what_it_is_and_exports_its_names(tree: Tree) -> None:
+    for module, path in tree.modules.items():
+        if path.name != "__init__.py":
+            continue
+        parsed = tree.parsed(module)
+        assert ast.get_docstring(parsed), f"{module}/__init__.py has no docstring"
+        exported = [n for n in parsed.body if _assigns_all(n)]
+        assert exported, f"{module}/__init__.py has no __all__"
+
+
+# --- every rule fails on a planted violation ---------------------------------------------------
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> Tree:
+    for top in TOPS:
+        (tmp_path / top).mkdir(parents=True, exist_ok=True)
+        (tmp_path / top / "__init__.py").write_text('"""x"""\n__all__: list[str] = []\n')
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        init = path.parent / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+        path.write_text(text)
+    return Tree.of(tmp_path)
+
+
+PLANTED = {
+    "circles": {
+        "orchestration/engine/a.py": "from orchestration.engine.b import B\n",
+        "orchestration/engine/b.py": "from orchestration.engine.a import A\n",
+    },
+    "private_imports": {
+        "orchestration/engine/a.py": "from orchestration.engine.b import _hidden\n",
+        "orchestration/engine/b.py": "_hidden = 1\n",
+    },
+    "private_attributes": {"orchestration/engine/a.py": "def f(drive):\n    return drive._append\n"},
+    "layers": {
+        "orchestration/core/a.py": "from orchestration.engine.runtime import Runtime\n",
+        "orchestration/engine/runtime.py": "Runtime = 1\n",
+    },
+    "environment": {"server/mcp/tools.py": "import os\nLEVEL = os.environ.get('LEVEL')\n"},
+    "http_clients": {"server/views/page.py": "import httpx2\n"},
+}
+
+#: violations each rule must also see (one planted tree per line)
+ALSO_PLANTED = [
+    ("layers", {"server/app.py": "from orchestration.engine.runtime import Runtime\n"}),
+    ("layers", {"stores/memory.py": "from orchestration.engine import Runtime\n"}),
+    ("layers", {"orchestration/engine/runtime.py": "from orchestration.ops.forking import fork_run\n"}),
+    ("layers", {"orchestration/core/models.py": "from stores import open_store\n"}),
+    ("layers", {"server/app.py": "from stores.postgres import PostgresStore\n"}),
+    ("private_imports", {"server/app.py": "from stores import _common\n"}),
+    ("environment", {"stores/__init__.py": "from os import environ\n"}),
+    (
+        "environment",
+        {"orchestration/workers/mcp_agents.py": "import os\ndef f():\n    return os.getenv('X')\n"},
+    ),
+    (
+        "circles",
+        {"server/mcp/a.py": "import server.mcp.b\n", "server/mcp/b.py": "from server.mcp import a\n"},
+    ),
+]
+
+
+@pytest.mark.parametrize("rule", sorted(PLANTED))
+def test_each_rule_fails_on_a_planted_violation(tmp_path: Path, rule: str) -> None:
+    assert RULES[rule](_plant(tmp_path, PLANTED[rule]))
+
+
+@pytest.mark.parametrize(
+    ("rule", "files"), ALSO_PLANTED, ids=[f"{rule}-{i}" for i, (rule, _) in enumerate(ALSO_PLANTED)]
+)
+def test_the_rules_see_more_violations(tmp_path: Path, rule: str, files: dict[str, str]) -> None:
+    assert RULES[rule](_plant(tmp_path, files))
+
+
+def test_allowed_imports_are_not_flagged(tmp_path: Path) -> None:
+    tree = _plant(
+        tmp_path,
+        {
+            "orchestration/engine/drive.py": "from orchestration.core.models import RunHead\n",
+            "orchestration/workers/mcp_agents.py": (
+                "import os\ndef from_environment(n):\n    return os.environ.get(n)\n"
+            ),
+            "server/app.py": "from orchestration.engine import Runtime\nfrom stores import open_store\n",
+            "stores/sqlite.py": "from stores._common import x\nfrom orchestration.core import RunHead\n",
+            "stores/_common.py": "x = 1\n",
+        },
+    )
+    assert {rule: RULES[rule](tree) for rule in RULES} == {rule: [] for rule in RULES}
