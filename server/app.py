@@ -45,6 +45,7 @@ import anyio
 import mcp_types
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from starlette.types import ASGIApp
 
@@ -52,6 +53,7 @@ from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
 from server.mcp.arguments import UnknownToolRefusal
+from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.prompts import register_chain_prompts
 from server.mcp.resources import register_resources
 from server.mcp.services import Services
@@ -127,6 +129,9 @@ class ConstructApp:
             middleware=[UnknownToolRefusal(tools)],
             # MCP Tasks for clients that declare them (see server.mcp.tasks)
             extensions=[panel, TasksExtension()],
+            # The SDK seals every request_state (the gate forms' too, see server.mcp.elicit) under a
+            # key of this process; stated here so that the forms' expiry is this server's.
+            request_state_security=RequestStateSecurity.ephemeral(ttl=STATE_TTL_SECONDS),
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
