@@ -60,6 +60,7 @@ from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
 from server.mcp.tools import build_tools
+from server.sdk import set_request_handler
 from server.settings.config import Settings
 from server.settings.storage import OpenedRunStore, open_run_store
 from server.settings.telemetry import configure_tracing
@@ -137,7 +138,8 @@ class ConstructApp:
         register_chain_prompts(server, self.catalog)
         # The SDK's listen handler, told which run resources each open stream covers (and refusing
         # task notifications to a client that did not declare MCP Tasks, see server.mcp.tasks).
-        server._lowlevel_server.add_request_handler(
+        set_request_handler(
+            server,
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
             guard_task_notifications(
