@@ -30,15 +30,11 @@ same message size bound applies to each line of input (see :mod:`server.transpor
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Literal
 
 import anyio
@@ -67,6 +63,7 @@ from server.settings.telemetry import configure_tracing
 from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.transports.stdio import serve_stdio
+from server.transports.uvicorn_adapter import GracefulServer
 from server.web.pages import with_run_pages
 from server.web.panel import panel_extension
 from server.wiring import runtime_for
@@ -304,38 +301,6 @@ class ConstructApp:
             self._services.dispatcher.stop()
 
 
-class _GracefulServer(uvicorn.Server):
-    """uvicorn, minus one habit: after a graceful shutdown on SIGTERM/SIGINT it re-raises the signal,
-    which would kill the process before the SSE lifespan above is closed and make a clean stop exit
-    with -15. Here the handlers are restored and the process exits normally (status 0).
-
-    ``on_exit`` is called (on the event loop) at the first SIGTERM/SIGINT, as soon as the shutdown
-    begins."""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None = None) -> None:
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
-        if first and self._on_exit is not None:
-            # A signal handler may interrupt the loop anywhere: run the callback from the loop.
-            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
-
-
 async def _serve_http(
     app: ASGIApp, host: str, port: int, log_level: str, on_exit: Callable[[], None] | None = None
 ) -> None:
@@ -354,7 +319,7 @@ async def _serve_http(
     redact = RedactQueryStrings()
     access.addFilter(redact)
     try:
-        await _GracefulServer(config, on_exit).serve()
+        await GracefulServer(config, on_exit).serve()
     finally:
         access.removeFilter(redact)
 
