@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -17,7 +19,14 @@ from server.transports.uvicorn_adapter import HANDLED_SIGNALS, GracefulServer
 
 def test_serve_enters_the_overridable_signal_capture() -> None:
     assert "with self.capture_signals():" in inspect.getsource(uvicorn.Server.serve)
-    assert list(inspect.signature(uvicorn.Server.handle_exit).parameters) == ["self", "sig", "frame"]
+    handle_exit: Callable[..., Any] | None = uvicorn.Server.handle_exit
+    if handle_exit.__module__ != "uvicorn.server":
+        # sse_starlette (behind the SDK's SSE transport) wraps it when imported, and calls uvicorn's.
+        from sse_starlette.sse import AppStatus
+
+        handle_exit = AppStatus.original_handler
+    assert handle_exit is not None and handle_exit.__module__ == "uvicorn.server"
+    assert list(inspect.signature(handle_exit).parameters) == ["self", "sig", "frame"]
     server = uvicorn.Server(uvicorn.Config(app="server.app:nothing", log_config=None))
     assert server.should_exit is False
     assert set(HANDLED_SIGNALS) <= set(uvicorn.server.HANDLED_SIGNALS)
