@@ -6,7 +6,8 @@
 * :mod:`server.views` — what the tools answer: run views, the next step, listings, events;
 * :mod:`server.transports` — stdio, Streamable HTTP and SSE, bearer-token auth;
 * :mod:`server.web` — the run pages and the MCP Apps panel;
-* :mod:`server.cli` — the ``construct-mcp`` command line (it mirrors the tools)."""
+* :mod:`server.cli` — the ``construct-mcp`` command line (it mirrors the tools);
+* :mod:`server.sdk` — the one module that relies on the MCP SDK's internals."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = [
     "cli",
     "identity",
     "mcp",
+    "sdk",
     "settings",
     "transports",
     "views",

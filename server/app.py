@@ -30,21 +30,18 @@ same message size bound applies to each line of input (see :mod:`server.transpor
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Literal
 
 import anyio
 import mcp_types
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from starlette.types import ASGIApp
 
@@ -52,18 +49,21 @@ from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
 from server.mcp.arguments import UnknownToolRefusal
+from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.prompts import register_chain_prompts
 from server.mcp.resources import register_resources
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
 from server.mcp.tools import build_tools
+from server.sdk import set_request_handler
 from server.settings.config import Settings
 from server.settings.storage import OpenedRunStore, open_run_store
 from server.settings.telemetry import configure_tracing
 from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.transports.stdio import serve_stdio
+from server.transports.uvicorn_adapter import GracefulServer
 from server.web.pages import with_run_pages
 from server.web.panel import panel_extension
 from server.wiring import runtime_for
@@ -127,12 +127,16 @@ class ConstructApp:
             middleware=[UnknownToolRefusal(tools)],
             # MCP Tasks for clients that declare them (see server.mcp.tasks)
             extensions=[panel, TasksExtension()],
+            # The SDK seals every request_state (the gate forms' too, see server.mcp.elicit) under a
+            # key of this process; stated here so that the forms' expiry is this server's.
+            request_state_security=RequestStateSecurity.ephemeral(ttl=STATE_TTL_SECONDS),
         )
         register_resources(server, self._legacy, self._subscriptions)
         register_chain_prompts(server, self.catalog)
         # The SDK's listen handler, told which run resources each open stream covers (and refusing
         # task notifications to a client that did not declare MCP Tasks, see server.mcp.tasks).
-        server._lowlevel_server.add_request_handler(
+        set_request_handler(
+            server,
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
             guard_task_notifications(
@@ -297,38 +301,6 @@ class ConstructApp:
             self._services.dispatcher.stop()
 
 
-class _GracefulServer(uvicorn.Server):
-    """uvicorn, minus one habit: after a graceful shutdown on SIGTERM/SIGINT it re-raises the signal,
-    which would kill the process before the SSE lifespan above is closed and make a clean stop exit
-    with -15. Here the handlers are restored and the process exits normally (status 0).
-
-    ``on_exit`` is called (on the event loop) at the first SIGTERM/SIGINT, as soon as the shutdown
-    begins."""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None = None) -> None:
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
-        if first and self._on_exit is not None:
-            # A signal handler may interrupt the loop anywhere: run the callback from the loop.
-            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
-
-
 async def _serve_http(
     app: ASGIApp, host: str, port: int, log_level: str, on_exit: Callable[[], None] | None = None
 ) -> None:
@@ -347,7 +319,7 @@ async def _serve_http(
     redact = RedactQueryStrings()
     access.addFilter(redact)
     try:
-        await _GracefulServer(config, on_exit).serve()
+        await GracefulServer(config, on_exit).serve()
     finally:
         access.removeFilter(redact)
 

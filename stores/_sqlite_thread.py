@@ -5,8 +5,8 @@ loop: a round trip per statement, which cost more than the statements themselves
 seven: ``BEGIN``, the lease check, the update, the cursor's close, the fact check, the inserts,
 ``COMMIT``). Here a whole store call — a write transaction from ``BEGIN IMMEDIATE`` to ``COMMIT``,
 or a read of several statements — is one plain function that runs on that thread in one trip,
-through the same queue aiosqlite's own calls take (``Connection._execute``; pinned by
-tests/stores/test_sqlite.py).
+through the same queue aiosqlite's own calls take (:func:`stores._aiosqlite.run_on_thread`, the
+one place that relies on aiosqlite's internals).
 
 The queue runs one function at a time, in order, so a write transaction can no longer interleave
 with another call on its connection, and no lock is needed for that: writes from concurrent tasks
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import aiosqlite
 import anyio
 
+from stores._aiosqlite import run_on_thread
 from stores._sql import queries
 
 Q = queries("sqlite")
@@ -36,10 +37,9 @@ async def on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any
     Shielded from cancellation: a function queued on the thread runs to its end whatever happens
     to the await, so the caller waits for it (a cancelled write has then committed or rolled back,
     and a read that follows sees which)."""
-    execute = cast(Callable[..., Awaitable[T]], conn._execute)
-    raw = conn._conn  # ValueError on a closed connection, as aiosqlite's own calls
     with anyio.CancelScope(shield=True):
-        result = await execute(fn, raw, *args)
+        # ValueError on a closed connection, as aiosqlite's own calls
+        result = await run_on_thread(conn, fn, *args)
     return result
 
 
@@ -125,9 +125,8 @@ class GroupCommit:
         group, self._pending = self._pending, []
         self._in_flight = True
         self._idle.clear()
-        execute = cast(Callable[..., Awaitable[list[tuple[bool, Any]]]], self._conn._execute)
         try:
-            outcomes = await execute(_commit_group, self._conn._conn, [write.work for write in group])
+            outcomes = await run_on_thread(self._conn, _commit_group, [write.work for write in group])
         except BaseException as exc:  # BEGIN or COMMIT failed (or the connection is closed): none landed
             outcomes = [(False, exc)] * len(group)
         for write, outcome in zip(group, outcomes, strict=True):

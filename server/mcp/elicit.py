@@ -36,27 +36,24 @@ recorded: a warning starting ``conflict:`` says so. Those warnings start with a 
   ``task_id`` and output again records nothing) and ``orchestrate_start`` *with an*
   ``idempotency_key`` (the same key and request returns the same run). A start without a key and a
   resume without output (which, retried at a gate, is ``invalid_state``) do not ask on that era.
-  The ``request_state`` is this module's :class:`AskedGate` — run, gate, identity, expiry —
-  signed with HMAC-SHA256 under a per-process secret (:class:`GateAsks`); the SDK also seals it
-  (AES-GCM, bound to the tool, its arguments, the token's identity over HTTP and an expiry)
-  under its own per-process key. A state that was tampered with, forged, issued to another
-  identity, for another call or run, or expired, is refused — by the SDK's seal with the JSON-RPC
-  error ``Invalid or expired requestState``, or by this module's signature with
-  ``invalid_argument`` — and nothing is recorded. A retry that reaches a restarted server or
-  another process is refused the same way (both keys are per process): the user's answer is lost,
-  the gate stays pending, and calling again asks again.
+  The ``request_state`` is this module's :class:`AskedGate` — run, gate, identity, and the
+  warnings of earlier rounds — as plain JSON (:meth:`AskedGate.to_state`). The SDK seals every
+  ``request_state`` a tool returns (``mcp.server.request_state``: AES-GCM under a key of this
+  process, bound to the tool, its arguments, the token's identity over HTTP and an expiry of
+  :data:`STATE_TTL_SECONDS`, the policy :mod:`server.app` gives the server) and hands the tool back
+  only a state it sealed, unchanged: a state that was tampered with, forged, issued to another
+  identity or for another call, or expired, is refused with the JSON-RPC error ``Invalid or expired
+  requestState`` before the tool runs, and nothing is recorded. The tool still checks that the
+  state names the run and the identity of the call (``invalid_argument`` otherwise). A retry that
+  reaches a restarted server or another process is refused the same way (the key is per
+  process): the user's answer is lost, the gate stays pending, and calling again asks again.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
-import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -99,7 +96,8 @@ FORM_KEY = "construct_gate"
 #: The first protocol revision without server-to-client requests (the SDK's own threshold).
 INPUT_REQUIRED_VERSION = "2026-07-28"
 
-#: How long a ``request_state`` this server issued is good for (the SDK's seal defaults to the same).
+#: How long a ``request_state`` this server issued is good for: the expiry the SDK seals it with
+#: (:mod:`server.app` builds the server with this policy).
 STATE_TTL_SECONDS = 600.0
 
 _DID = {"decline": "declined", "cancel": "cancelled", "accept": "accepted"}
@@ -172,76 +170,38 @@ def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class AskedGate:
-    """What a ``request_state`` says: the gate asked about, for whom, until when, and the warnings
-    of earlier rounds of the same call (so they reach its final answer)."""
+    """What a ``request_state`` says: the gate asked about, for whom, and the warnings of earlier
+    rounds of the same call (so they reach its final answer). Plain JSON: the SDK seals it (see the
+    module docstring)."""
 
     run_id: str
     gate_id: str
     identity: str | None
-    expires: float
     notes: tuple[str, ...] = ()
 
-
-@dataclass(frozen=True)
-class GateAsks:
-    """Signs and checks the ``request_state`` of gate forms: HMAC-SHA256 under a secret this
-    process generated (``secret``), over the run, the gate, the identity asked and the expiry."""
-
-    secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
-    ttl_seconds: float = STATE_TTL_SECONDS
-
-    def seal(self, asked: AskedGate) -> str:
-        body = json.dumps(
-            {
-                "r": asked.run_id,
-                "g": asked.gate_id,
-                "i": asked.identity,
-                "e": asked.expires,
-                "n": asked.notes,
-            },
+    def to_state(self) -> str:
+        return json.dumps(
+            {"r": self.run_id, "g": self.gate_id, "i": self.identity, "n": self.notes},
             separators=(",", ":"),
-        ).encode()
-        return _b64(self._mac(body)) + "." + _b64(body)
-
-    def open(self, state: str, now: datetime) -> AskedGate:
-        """The gate ``state`` names; ``invalid_argument`` when it is not one this process signed
-        unchanged, or it expired."""
-        refused = InvalidArgument(
-            "request_state is not one this server issued for a gate form, or it expired; nothing was "
-            "recorded. Call the tool again without it to be asked again, or decide with orchestrate_approve"
         )
-        mac, _, body_text = state.partition(".")
+
+    @classmethod
+    def from_state(cls, state: str) -> AskedGate:
+        """The gate ``state`` names; ``invalid_argument`` when it is not the state of a gate form
+        (the SDK hands a tool only a state it sealed, so only a state of another shape is)."""
         try:
-            body = _unb64(body_text)
-            if not hmac.compare_digest(_unb64(mac), self._mac(body)):
-                raise refused
-            data = json.loads(body)
-            asked = AskedGate(
+            data = json.loads(state)
+            return cls(
                 run_id=str(data["r"]),
                 gate_id=str(data["g"]),
                 identity=None if data["i"] is None else str(data["i"]),
-                expires=float(data["e"]),
                 notes=tuple(str(n) for n in data["n"]),
             )
         except (ValueError, KeyError, TypeError):
-            raise refused from None
-        if not now.timestamp() < asked.expires:
-            raise refused
-        return asked
-
-    def _mac(self, body: bytes) -> bytes:
-        return hmac.new(self.secret, b"construct/gate-form/v1:" + body, hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    if _b64(raw) != text:
-        raise ValueError("non-canonical base64")
-    return raw
+            raise InvalidArgument(
+                "request_state is not one this server issued for a gate form; nothing was recorded. Call "
+                "the tool again without it to be asked again, or decide with orchestrate_approve"
+            ) from None
 
 
 #: Waits (bounded) until a run settles and views it: ``tools._settle`` for the call's detail.
@@ -260,7 +220,7 @@ async def settle_and_ask(
     notes: list[str] = []
     answered: str | None = None
     if _modern(ctx) and ctx.request_state is not None:
-        asked = services.asks.open(ctx.request_state, services.runtime.clock.now())
+        asked = AskedGate.from_state(ctx.request_state)
         if asked.run_id != head.run_id or asked.identity != caller.identity:
             raise InvalidArgument(
                 "request_state was issued for another run or identity; nothing was recorded. Call the "
@@ -283,11 +243,10 @@ async def settle_and_ask(
             run_id=view.run_id,
             gate_id=gate,
             identity=caller.identity,
-            expires=services.runtime.clock.now().timestamp() + services.asks.ttl_seconds,
             notes=tuple(n[:_NOTE_CHARS] for n in notes[-_NOTES_KEPT:]),
         )
         return InputRequiredResult(
-            input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=services.asks.seal(asked)
+            input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=asked.to_state()
         )
     # Handshake era: ask in the middle of the call, each form bounded by wait_seconds.
     while (gate := _open_gate(view)) is not None:

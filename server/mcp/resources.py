@@ -45,6 +45,7 @@ from orchestration.ops import RunExport, export_lines
 from server.identity import caller_of
 from server.mcp.services import Services, run_uri
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, as_protocol_error
+from server.sdk import set_request_handler
 from server.views.events import newest_events
 from server.views.listing import waiting_for
 from server.views.run_view import check_task_id
@@ -212,8 +213,7 @@ def register_resources(
         return types.ListResourcesResult(resources=[*static, *runs])
 
     # MCPServer exposes no hook for the handshake-era subscribe methods, nor lists resources that
-    # change (its list is of resources registered up front); its low-level server does.
-    lowlevel = server._lowlevel_server
-    lowlevel.add_request_handler("resources/list", types.PaginatedRequestParams, list_resources)
-    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
-    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    # change (its list is of resources registered up front); its low-level server does (server.sdk).
+    set_request_handler(server, "resources/list", types.PaginatedRequestParams, list_resources)
+    set_request_handler(server, "resources/subscribe", types.SubscribeRequestParams, subscribe)
+    set_request_handler(server, "resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)

@@ -15,7 +15,6 @@ from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
 
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, RunSnapshot, Runtime
-from server.mcp.elicit import GateAsks
 from server.mcp.subscriptions import LegacySubscribers
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
@@ -43,8 +42,6 @@ class Services:
     legacy_subscribers: LegacySubscribers
     store_description: str
     warnings: Sequence[str] = ()
-    #: signs the state of gate forms (see :mod:`server.mcp.elicit`), under a secret of this process
-    asks: GateAsks = field(default_factory=GateAsks)
 
     #: the snapshots of the last few run versions viewed (see :meth:`view`)
     snapshots: dict[tuple[str, int], RunSnapshot] = field(default_factory=dict, repr=False, compare=False)

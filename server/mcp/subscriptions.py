@@ -43,6 +43,7 @@ from mcp.shared.exceptions import MCPError
 from orchestration.core import RunHead, validate_run_id
 from orchestration.errors import ConstructError, InvalidArgument
 from server.identity import caller_of
+from server.sdk import connection_of, on_connection_closed
 
 log = logging.getLogger("construct.server")
 
@@ -126,7 +127,7 @@ class LegacySubscribers:
                 extra={"action": "subscribe_ignored"},
             )
             return
-        key = _connection_of(session)
+        key = connection_of(session)
         uris = self._by_connection.get(key)
         if uris is None:
             uris = self._by_connection[key] = set()
@@ -138,7 +139,7 @@ class LegacySubscribers:
 
     def remove(self, uri: str, session: ServerSession) -> None:
         """Unsubscribe ``session``'s connection from ``uri`` (nothing if it was not subscribed)."""
-        self._discard(uri, _connection_of(session))
+        self._discard(uri, connection_of(session))
 
     def drop(self, connection: object) -> None:
         """Forget every subscription of ``connection`` (it closed)."""
@@ -180,26 +181,12 @@ class LegacySubscribers:
             uris.discard(uri)
 
     def _on_close(self, key: object, session: ServerSession) -> None:
-        connection = getattr(session, "_connection", None)
-        exit_stack = getattr(connection, "exit_stack", None)
-        if exit_stack is not None:
-            exit_stack.callback(self.drop, key)
-        else:  # pragma: no cover - an SDK without per-connection exit stacks
+        if not on_connection_closed(session, lambda: self.drop(key)):  # pragma: no cover - see server.sdk
             log.warning(
                 "resource subscriptions cannot be tied to their session; they end when a notification "
                 "to it fails",
                 extra={"action": "subscriptions_untied"},
             )
-
-
-def _connection_of(session: ServerSession) -> object:
-    """The SDK's per-client ``Connection`` behind a (per-request) ``ServerSession``.
-
-    ``ServerRequestContext`` exposes no connection, and ``ServerSession`` keeps it private; reading
-    it is the one way to know two requests came from the same client and to hook the end of that
-    client's connection. Falls back to the session object itself."""
-    connection: object | None = getattr(session, "_connection", None)
-    return connection if connection is not None else session
 
 
 class RunSubscriptions:

@@ -1,5 +1,6 @@
 """How a host reaches the server: stdio (SIGTERM as the end of stdin), the HTTP transports' ASGI
-apps with their limits, and bearer-token protection."""
+apps with their limits, bearer-token protection, and uvicorn behind its adapter (the one module
+that relies on uvicorn's internals)."""
 
 from __future__ import annotations
 
@@ -7,4 +8,5 @@ __all__ = [
     "auth",
     "http",
     "stdio",
+    "uvicorn_adapter",
 ]

@@ -9,14 +9,19 @@
   a JSON-RPC error whose message starts with ``too_large`` (the SDK's client hands that error to the
   caller). The bound is enforced while the body streams in: a client cannot make the server hold
   more than that. (The rest of the body is read and dropped first, so that the client can read the
-  answer; a body more than twice the bound is answered at once and its connection closed.)
+  answer; a body more than twice the bound is answered at once and its connection closed.) The
+  SDK's transports bound their bodies themselves (``max_request_body_size``, answered with a bare
+  413): in front of them :class:`TypedBodyLimit` only counts the body and turns that 413 into the
+  typed answer, so a body is bounded and held once; the run pages, which have no bound of their
+  own, are behind :class:`BodyLimitMiddleware`, which holds the body itself.
 * **Streamable HTTP sessions.** At most ``http_max_sessions`` (``CONSTRUCT_HTTP_MAX_SESSIONS``,
   default 200) are open at once, and a session with no request in flight for
   ``http_session_idle_seconds`` (default 600) is closed. When a new client comes while the server is
   full, the session idle the longest is closed to make room (its client gets 404 on its next request
   and opens a new session, as the protocol prescribes for an expired session); only when every
   session has a request in flight does the new client get ``503`` with a JSON-RPC error body. So
-  abandoned handshakes never lock new clients out.
+  abandoned handshakes never lock new clients out. (The SDK's session manager only refuses: the
+  eviction is :class:`server.sdk.EvictingSessionManager`, which relies on its internals.)
 * **DNS-rebinding protection** for every loopback bind, IPv6 included (``--host ::1`` or
   ``[::1]``): the ``Host`` header must be a loopback name with a port. Binding beyond loopback needs
   the bearer token instead (see :mod:`server.transports.auth`).
@@ -28,17 +33,13 @@ import logging
 from typing import Any
 
 from mcp.server import MCPServer
-from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
-from mcp.server.streamable_http import StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST
-from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestration.core import Limits
+from server import sdk
 from server.transports.auth import is_loopback, send_json
 
 log = logging.getLogger("construct.server")
@@ -93,11 +94,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            if int(declared) <= 2 * self.max_bytes:
-                await self._drain(receive, 2 * self.max_bytes)
-            await self._refuse(send)
+        if await self._refused_as_declared(scope, receive, send):
             return
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self._app(scope, receive, send)
@@ -123,6 +120,17 @@ class BodyLimitMiddleware:
             return replay.pop(0) if replay else await receive()
 
         await self._app(scope, replayed, send)
+
+    async def _refused_as_declared(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Refuse the request if its declared length is over the bound (without reading it when
+        that length is over twice the bound); whether it was refused."""
+        declared = Headers(scope=scope).get("content-length")
+        if declared is None or not declared.isdigit() or int(declared) <= self.max_bytes:
+            return False
+        if int(declared) <= 2 * self.max_bytes:
+            await self._drain(receive, 2 * self.max_bytes)
+        await self._refuse(send)
+        return True
 
     async def _drain(self, receive: Receive, budget: int) -> None:
         """Read and drop the rest of the body, while no more than ``budget`` bytes were read."""
@@ -157,39 +165,43 @@ class BodyLimitMiddleware:
         )
 
 
-class EvictingSessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager (its cap and idle timeout), except that a new session over the cap
-    closes the session idle the longest instead of being refused, when one is idle.
+class TypedBodyLimit(BodyLimitMiddleware):
+    """The same refusal, in front of an app that bounds its request bodies itself at ``max_bytes``
+    and answers a body over it with a bare 413 (the SDK's transports, ``max_request_body_size``).
+    The body is not held here, only counted as it reaches the app; the app's 413 for a body over the
+    bound is replaced by the typed answer (after reading and dropping the rest, as above). Any other
+    answer of the app passes unchanged."""
 
-    Relies on the SDK's private session table and each transport's in-flight count (mcp 2.3);
-    ``tests/acceptance/test_http_hygiene.py`` pins the behaviour, so an SDK that changes them fails
-    there."""
-
-    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
-        if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
-            self._evict_idlest()
-        return super()._admit_session(requestor)
-
-    def _evict_idlest(self) -> None:
-        idle: list[tuple[float, str, StreamableHTTPServerTransport]] = []
-        for session_id, transport in self._server_instances.items():
-            scope = transport.idle_scope
-            in_flight: int = getattr(transport, "_requests_in_flight", 1)
-            if scope is not None and in_flight == 0 and not scope.cancel_called:
-                idle.append((scope.deadline, session_id, transport))
-        if not idle:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
             return
-        _, session_id, transport = min(idle)
-        # Forgotten now (its id answers 404 from here on); its server task ends when the idle
-        # scope is cancelled, and the SDK then terminates the transport.
-        self._server_instances.pop(session_id, None)
-        self._session_owners.pop(session_id, None)
-        assert transport.idle_scope is not None
-        transport.idle_scope.cancel()
-        log.info(
-            "session limit reached: closed the session idle the longest",
-            extra={"action": "http_session_evicted"},
-        )
+        if await self._refused_as_declared(scope, receive, send):
+            return
+        received = 0
+        more = True
+        refused = False
+
+        async def counted() -> Message:
+            nonlocal received, more
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                more = message.get("more_body", False)
+            return message
+
+        async def answered(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 413:
+                refused = received > self.max_bytes  # the app's bound, not another 413 of its own
+            if not refused:
+                await send(message)
+
+        await self._app(scope, counted, answered)
+        if refused:
+            if more:
+                await self._drain(receive, 2 * self.max_bytes - received)
+            await self._refuse(send)
 
 
 def streamable_http_app(
@@ -200,27 +212,23 @@ def streamable_http_app(
     max_sessions: int,
     idle_seconds: float,
 ) -> ASGIApp:
-    """The Streamable HTTP app at ``/mcp`` (plus the server's custom routes), behind the body limit.
-
-    Built here rather than by ``MCPServer.streamable_http_app`` so that the session manager is
-    :class:`EvictingSessionManager`; the SDK's own auth hooks are not used (see
-    :mod:`server.transports.auth`)."""
-    manager = EvictingSessionManager(
-        app=server._lowlevel_server,
+    """The Streamable HTTP app at ``/mcp`` (plus the server's custom routes), behind the typed body
+    limit. Its sessions are managed by :class:`server.sdk.EvictingSessionManager`; the SDK's own
+    auth hooks are not used (see :mod:`server.transports.auth`)."""
+    app = sdk.streamable_http_app(
+        server,
+        path=STREAMABLE_HTTP_PATH,
         security_settings=security_settings(host),
         max_request_body_size=max_body_bytes,
         session_idle_timeout=idle_seconds,
         max_sessions=max_sessions,
     )
-    endpoint = StreamableHTTPASGIApp(manager)
-    routes = [Route(STREAMABLE_HTTP_PATH, endpoint=endpoint), *server._custom_starlette_routes]
-    app = Starlette(routes=routes, lifespan=lambda _app: manager.run())
-    return BodyLimitMiddleware(app, max_body_bytes)
+    return TypedBodyLimit(app, max_body_bytes)
 
 
 def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIApp:
-    """The SSE app (``/sse`` and ``/messages/``), behind the body limit."""
+    """The SSE app (``/sse`` and ``/messages/``), behind the typed body limit."""
     app = server.sse_app(
         host=bind_host(host), max_request_body_size=max_body_bytes, transport_security=security_settings(host)
     )
-    return BodyLimitMiddleware(app, max_body_bytes)
+    return TypedBodyLimit(app, max_body_bytes)

@@ -40,6 +40,8 @@ from mcp.server import MCPServer
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
+from server.sdk import set_request_handler
+
 log = logging.getLogger("construct.server")
 
 _CHUNK = 65536
@@ -217,7 +219,7 @@ async def _too_large(ctx: ServerRequestContext[Any, Any], params: _TooLargeParam
 async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None) -> None:
     """Serve ``server`` over stdio until the end of stdin or SIGTERM, whichever comes first; both
     end the same way (see the module docstring). A line over ``max_line_bytes`` is refused."""
-    server._lowlevel_server.add_request_handler(TOO_LARGE_METHOD, _TooLargeParams, _too_large)
+    set_request_handler(server, TOO_LARGE_METHOD, _TooLargeParams, _too_large)
     try:
         relay = StdinRelay(max_line_bytes=max_line_bytes)
     except OSError as exc:

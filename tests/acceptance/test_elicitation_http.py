@@ -89,7 +89,7 @@ ERIN = "erin-token-" + "6d1f0a9b3e7c2854"  # read, approve: like bob
 
 async def test_a_form_state_issued_to_one_identity_does_not_answer_for_another(tmp_path: Path) -> None:
     """erin replays the state bob was given, with an answer: refused (the SDK's seal binds the
-    token's identity, and so does the server's own signature), and nothing is recorded."""
+    token's identity; the state names the identity it was issued to too), and nothing is recorded."""
     (tmp_path / "construct.toml").write_text(
         CONFIG + f'\n[tokens.erin]\ntoken = "{ERIN}"\nroles = ["read", "approve"]\n'
     )

@@ -5,9 +5,9 @@ SQLite stores."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from orchestration.core.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.errors import InvalidArgument
 from orchestration.store import RunStore
 from server.app import ConstructApp
-from server.mcp.elicit import FORM_KEY, AskedGate, GateAsks
+from server.mcp.elicit import FORM_KEY, STATE_TTL_SECONDS, AskedGate
 from server.settings.config import load_settings
 from stores import open_store
 from tests.acceptance.store_targets import store_target
@@ -334,30 +334,47 @@ async def test_a_forged_or_tampered_request_state_is_refused_and_records_nothing
     assert await _decisions(tmp_path, "filesystem", run_id) == []
 
 
-def test_the_gate_state_is_signed_over_run_gate_identity_and_expiry() -> None:
-    asks = GateAsks()
-    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-    asked = AskedGate(run_id="run-a", gate_id="before:writer", identity="bob", expires=now.timestamp() + 60)
-    state = asks.seal(asked)
-    assert asks.open(state, now) == asked
-    # Another process's secret, a changed field, a changed signature, garbage, an expired state.
-    other = GateAsks().seal(asked)
-    mac, body = state.split(".")
-    for field_change in (
-        AskedGate("run-b", "before:writer", "bob", asked.expires),
-        AskedGate("run-a", "after:writer", "bob", asked.expires),
-        AskedGate("run-a", "before:writer", "alice", asked.expires),
-        AskedGate("run-a", "before:writer", "bob", asked.expires + 3600),
-    ):
-        forged = mac + "." + GateAsks(secret=b"x" * 32).seal(field_change).split(".")[1]
-        with pytest.raises(InvalidArgument):
-            asks.open(forged, now)
-    flipped = mac[:5] + ("B" if mac[5] != "B" else "C") + mac[6:]
-    for bad in (other, flipped + "." + body, "nonsense", "", mac + "." + body + "x"):
-        with pytest.raises(InvalidArgument):
-            asks.open(bad, now)
-    with pytest.raises(InvalidArgument, match="expired"):
-        asks.open(state, datetime(2026, 11, 30, 12, 1, tzinfo=UTC))
+async def test_the_gate_state_is_sealed_by_the_sdk_under_a_key_of_the_process_until_it_expires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The state names the run, the gate and the identity asked, but the client sees none of it
+    (the SDK seals it); another process's server refuses it, and so does this one once it expired;
+    nothing is recorded."""
+    app = _app(tmp_path, "filesystem")
+    async with client_for(app, "modern", Answers()) as client:
+        run_id = await _to_gate(client)
+        args = {"run_id": run_id, "task_id": "architect", "output": DESIGN, "wait_seconds": 5}
+        first = await client.session.call_tool("orchestrate_resume", args, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult) and first.request_state is not None
+        state = first.request_state
+        assert run_id not in state and "before:writer" not in state
+        retry: dict[str, Any] = {
+            "input_responses": {FORM_KEY: approve()},
+            "request_state": state,
+            "allow_input_required": True,
+        }
+        async with client_for(_app(tmp_path / "other", "filesystem"), "modern", Answers()) as other:
+            with pytest.raises(MCPError, match="Invalid or expired requestState"):
+                await other.session.call_tool("orchestrate_resume", args, **retry)
+        now = time.time()
+        with monkeypatch.context() as later:
+            later.setattr(time, "time", lambda: now + STATE_TTL_SECONDS + 1)
+            with pytest.raises(MCPError, match="Invalid or expired requestState"):
+                await client.session.call_tool("orchestrate_resume", args, **retry)
+        rejected = [r.getMessage() for r in caplog.records if "requestState rejected" in r.getMessage()]
+        assert rejected[-1].endswith(": expired") and len(rejected) == 2
+        status = (await client.call_tool("run_status", {"run_id": run_id})).structured_content
+    assert status is not None and status["gates"][0]["status"] == "requested"
+    assert await _decisions(tmp_path, "filesystem", run_id) == []
+
+
+def test_the_gate_state_round_trips_and_a_state_of_another_shape_is_refused() -> None:
+    asked = AskedGate(run_id="run-a", gate_id="before:writer", identity="bob", notes=("elicitation: x",))
+    assert AskedGate.from_state(asked.to_state()) == asked
+    assert AskedGate.from_state(AskedGate("run-a", "g", None).to_state()).identity is None
+    for bad in ("nonsense", "", "{}", '{"r": "run-a"}', "[1, 2]"):
+        with pytest.raises(InvalidArgument, match="not one this server issued"):
+            AskedGate.from_state(bad)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,5 +1,6 @@
-"""server/transports/http.py on raw ASGI: the message size bound and its typed refusal, the loopback
-DNS-rebinding settings (IPv6 included), and the settings behind the session limits."""
+"""server/transports/http.py on raw ASGI: the message size bound and its typed refusal (held here for
+an app without a bound, or counted in front of the SDK's own bound), the loopback DNS-rebinding
+settings (IPv6 included), and the settings behind the session limits."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.types import Message, Receive, Scope, Send
+from mcp.server.transport_security import RequestBodyLimitMiddleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestration.engine.runtime import Limits
 from orchestration.errors import ConfigError
 from server.settings.config import load_settings
-from server.transports.http import BodyLimitMiddleware, bind_host, max_message_bytes, security_settings
+from server.transports.http import (
+    BodyLimitMiddleware,
+    TypedBodyLimit,
+    bind_host,
+    max_message_bytes,
+    security_settings,
+)
 
 
 def test_the_bound_fits_the_size_limits_escaped() -> None:
@@ -39,8 +48,27 @@ class App:
         self.bodies.append(body)
 
 
-async def post(chunks: list[bytes], max_bytes: int, headers: list[tuple[bytes, bytes]] | None = None) -> Any:
-    app = App()
+def held(app: ASGIApp, max_bytes: int) -> ASGIApp:
+    """The bound held here (an app without a bound of its own: the run pages)."""
+    return BodyLimitMiddleware(app, max_bytes)
+
+
+def counted(app: ASGIApp, max_bytes: int) -> ASGIApp:
+    """The bound counted here in front of the SDK's own (its transports, ``max_request_body_size``)."""
+    return TypedBodyLimit(RequestBodyLimitMiddleware(app, max_bytes), max_bytes)
+
+
+LIMITS = [held, counted]
+
+
+async def post(
+    chunks: list[bytes],
+    max_bytes: int,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    limit: Any = held,
+    app: Any = None,
+) -> Any:
+    app = app if app is not None else App()
     sent: list[Message] = []
     pending = [
         {"type": "http.request", "body": chunk, "more_body": n < len(chunks) - 1}
@@ -54,17 +82,19 @@ async def post(chunks: list[bytes], max_bytes: int, headers: list[tuple[bytes, b
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "headers": headers or []}
-    await BodyLimitMiddleware(app, max_bytes)(scope, receive, send)
+    await limit(app, max_bytes)(scope, receive, send)
     return app, sent, pending
 
 
-async def test_a_body_within_the_bound_reaches_the_app_whole() -> None:
-    app, sent, _ = await post([b"a" * 60, b"b" * 40], max_bytes=100)
+@pytest.mark.parametrize("limit", LIMITS)
+async def test_a_body_within_the_bound_reaches_the_app_whole(limit: Any) -> None:
+    app, sent, _ = await post([b"a" * 60, b"b" * 40], max_bytes=100, limit=limit)
     assert app.bodies == [b"a" * 60 + b"b" * 40] and sent == []
 
 
-async def test_a_streamed_body_over_the_bound_is_refused_with_a_typed_error() -> None:
-    app, sent, pending = await post([b"a" * 60, b"b" * 60, b"c" * 60], max_bytes=100)
+@pytest.mark.parametrize("limit", LIMITS)
+async def test_a_streamed_body_over_the_bound_is_refused_with_a_typed_error(limit: Any) -> None:
+    app, sent, pending = await post([b"a" * 60, b"b" * 60, b"c" * 60], max_bytes=100, limit=limit)
     assert app.bodies == []
     assert pending == [], "the rest was read (and dropped), so that the client can read the answer"
     assert sent[0]["status"] == 413
@@ -74,13 +104,37 @@ async def test_a_streamed_body_over_the_bound_is_refused_with_a_typed_error() ->
     assert error["error"]["message"].startswith("too_large: the request body is over 100 bytes")
 
 
-async def test_a_body_far_over_the_bound_is_not_read_to_its_end() -> None:
-    app, sent, pending = await post([b"a" * 60] * 10, max_bytes=100)
+@pytest.mark.parametrize("limit", LIMITS)
+async def test_a_body_far_over_the_bound_is_not_read_to_its_end(limit: Any) -> None:
+    app, sent, pending = await post([b"a" * 60] * 10, max_bytes=100, limit=limit)
     assert app.bodies == [] and sent[0]["status"] == 413
     assert len(pending) == 6, "read: at most twice the bound"
-    app, sent, pending = await post([b"x"], max_bytes=100, headers=[(b"content-length", b"5000")])
+    app, sent, pending = await post(
+        [b"x"], max_bytes=100, headers=[(b"content-length", b"5000")], limit=limit
+    )
     assert app.bodies == [] and len(pending) == 1, "a declared length far over the bound: nothing read"
     assert sent[0]["status"] == 413
+
+
+class Refusing(App):
+    """An app that answers 413 of its own accord (not for the size of the body)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        await Response("no", status_code=413)(scope, receive, send)
+
+
+async def test_an_answer_of_the_app_within_the_bound_passes_unchanged() -> None:
+    app, sent, _ = await post([b"a" * 50], max_bytes=100, limit=counted, app=Refusing())
+    assert app.bodies == [b"a" * 50]
+    assert sent[0]["status"] == 413 and sent[1]["body"] == b"no"
+
+
+async def test_the_counting_limit_leaves_the_bound_to_the_app_behind_it() -> None:
+    """Counted, not held: without the SDK's bound behind it, a body over the bound reaches the app
+    (so the SDK's bound is the one that holds, and the answer is still the typed one)."""
+    app, sent, _ = await post([b"a" * 60] * 3, max_bytes=100, limit=TypedBodyLimit)
+    assert app.bodies == [b"a" * 180] and sent == []
 
 
 @pytest.mark.parametrize(("host", "bound"), [("::1", "::1"), ("[::1]", "::1"), (" 127.0.0.1 ", "127.0.0.1")])

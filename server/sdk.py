@@ -1,0 +1,123 @@
+"""The MCP SDK's internals this server relies on, in one place (mcp 2.3).
+
+Everywhere else the server uses the SDK's public API. What is here has no public form in mcp 2.3:
+
+* **Request handlers.** :class:`~mcp.server.MCPServer` has no way to add a request method or to
+  replace one of its own (an :class:`~mcp.server.extension.Extension`'s methods may only add, and
+  the extension is advertised to clients); its low-level server has (``add_request_handler``).
+  :func:`set_request_handler` reaches it: the handshake-era ``resources/subscribe``, a
+  ``resources/list`` that lists the runs, the ``subscriptions/listen`` that knows which runs a stream
+  covers, the stdio transport's stand-in for an over-long message.
+* **The Streamable HTTP session table.** The SDK's session manager refuses a new session when it
+  is full; :class:`EvictingSessionManager` closes the session idle the longest instead, from the
+  manager's private table and each transport's count of requests in flight.
+  :func:`streamable_http_app` builds the app around it as ``MCPServer.streamable_http_app`` does
+  (the server's low-level server, its custom routes), which has no parameter for the manager.
+* **The connection behind a session.** ``ServerRequestContext`` gives handlers a per-request
+  ``ServerSession``; the per-client ``Connection`` behind it (to know that two requests come from
+  the same client, and to hook the end of that client) is private: :func:`connection_of`,
+  :func:`on_connection_closed`.
+
+``tests/unit/test_sdk_reliance.py`` pins each of these (the private names exist with the expected
+types, and behave as relied on), so an SDK upgrade that changes one fails there; ``pyproject.toml``
+bounds ``mcp`` to the minor version those tests passed with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from mcp.server import MCPServer
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.lowlevel.server import RequestHandler
+from mcp.server.session import ServerSession
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import RequestParams
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+log = logging.getLogger("construct.server")
+
+P = TypeVar("P", bound=RequestParams)
+
+
+def set_request_handler(
+    server: MCPServer[Any], method: str, params_type: type[P], handler: RequestHandler[Any, P]
+) -> None:
+    """Answer ``method`` with ``handler`` (its params validated as ``params_type``), replacing the
+    SDK's own handler for it if it has one."""
+    server._lowlevel_server.add_request_handler(method, params_type, handler)
+
+
+class EvictingSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager (its cap and idle timeout), except that a new session over the cap
+    closes the session idle the longest instead of being refused, when one is idle."""
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
+            self._evict_idlest()
+        return super()._admit_session(requestor)
+
+    def _evict_idlest(self) -> None:
+        idle: list[tuple[float, str, StreamableHTTPServerTransport]] = []
+        for session_id, transport in self._server_instances.items():
+            scope = transport.idle_scope
+            in_flight: int = getattr(transport, "_requests_in_flight", 1)
+            if scope is not None and in_flight == 0 and not scope.cancel_called:
+                idle.append((scope.deadline, session_id, transport))
+        if not idle:
+            return
+        _, session_id, transport = min(idle)
+        # Forgotten now (its id answers 404 from here on); its server task ends when the idle
+        # scope is cancelled, and the SDK then terminates the transport.
+        self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        assert transport.idle_scope is not None
+        transport.idle_scope.cancel()
+        log.info(
+            "session limit reached: closed the session idle the longest",
+            extra={"action": "http_session_evicted"},
+        )
+
+
+def streamable_http_app(
+    server: MCPServer[Any],
+    *,
+    path: str,
+    security_settings: TransportSecuritySettings | None,
+    max_request_body_size: int,
+    session_idle_timeout: float,
+    max_sessions: int,
+) -> Starlette:
+    """``server``'s Streamable HTTP app at ``path`` (and its custom routes), sessions managed by
+    :class:`EvictingSessionManager`; without the SDK's auth hooks (the server has its own)."""
+    manager = EvictingSessionManager(
+        app=server._lowlevel_server,
+        security_settings=security_settings,
+        max_request_body_size=max_request_body_size,
+        session_idle_timeout=session_idle_timeout,
+        max_sessions=max_sessions,
+    )
+    routes = [Route(path, endpoint=StreamableHTTPASGIApp(manager)), *server._custom_starlette_routes]
+    return Starlette(routes=routes, lifespan=lambda _app: manager.run())
+
+
+def connection_of(session: ServerSession) -> object:
+    """The SDK's per-client ``Connection`` behind a (per-request) ``ServerSession``: the same object
+    for every request of one client. Falls back to the session object itself."""
+    connection: object | None = getattr(session, "_connection", None)
+    return connection if connection is not None else session
+
+
+def on_connection_closed(session: ServerSession, callback: Callable[[], None]) -> bool:
+    """Call ``callback`` when the client behind ``session`` is gone (the connection's exit stack);
+    False when the SDK gives no way to know."""
+    exit_stack = getattr(getattr(session, "_connection", None), "exit_stack", None)
+    if exit_stack is None:
+        return False
+    exit_stack.callback(callback)
+    return True

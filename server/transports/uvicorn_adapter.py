@@ -1,0 +1,58 @@
+"""uvicorn's internals this server relies on, in one place (uvicorn 0.54).
+
+:class:`GracefulServer` is uvicorn's ``Server`` minus one habit: after a graceful shutdown on
+SIGTERM/SIGINT, ``Server.capture_signals`` re-raises the signal it caught, which would kill the
+process before the SSE lifespan (held around the whole transport, see :mod:`server.app`) is closed
+and make a clean stop exit with -15. uvicorn has no setting for that; its ``capture_signals`` and
+``handle_exit`` are methods of no documented API, overridden here: the handlers are restored and the
+process exits normally (status 0).
+
+``tests/unit/test_uvicorn_adapter.py`` pins what this relies on (``serve`` enters
+``capture_signals``, the signal handler's signature, a SIGTERM ending ``serve`` without killing the
+process); ``pyproject.toml`` bounds ``uvicorn`` to the minor version those tests passed with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import uvicorn
+
+#: The signals uvicorn handles (on POSIX) and this server stops on.
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, which restores the signal handlers instead of re-raising the signal after
+    a graceful shutdown (see the module docstring).
+
+    ``on_exit`` is called (on the event loop) at the first SIGTERM/SIGINT, as soon as the shutdown
+    begins."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first and self._on_exit is not None:
+            # A signal handler may interrupt the loop anywhere: run the callback from the loop.
+            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
