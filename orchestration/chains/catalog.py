@@ -485,9 +485,10 @@ def _user_step(item: str | _StepConfig, context: _StepContext, where: str) -> Ch
     """One step of a user's chain: a specialist's name, or a table that names a specialist, a
     chain (a child run) or an agent."""
     if isinstance(item, str):
-        config = _StepConfig(specialist=item)
+        # Checked before the step's record is made, which would refuse a bad name with pydantic's
+        # own error instead of the file's ConfigError.
         _checked_name(item, context.source, where)
-        return _specialist_step(config, context, where)
+        return _specialist_step(_StepConfig(specialist=item), context, where)
     if item.chain is not None:
         return _child_step(item, context.source, where)
     return _specialist_step(item, context, where)
