@@ -55,9 +55,10 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
-from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunStatus, StartRequest
+from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunHead, RunStatus, StartRequest
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
+from server.identity import Caller
 from server.mcp.answering import (
     DEFAULT_WAIT_SECONDS,
     MAX_WAIT_SECONDS,
@@ -100,97 +101,111 @@ WaitSeconds = Annotated[
 ]
 
 
+# -- orchestrate_start's parameters (their schemas are what hosts see as its inputSchema) ---------
+
+StartText = Annotated[
+    str, Field(description="What the chain should work on, in the user's words (the task, its context).")
+]
+StartChain = Annotated[
+    Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
+    | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
+    | None,
+    Field(
+        description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
+        "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
+        "architect, engineer, reviewer, researcher, tester, writer."
+    ),
+]
+ApproveBefore = Annotated[
+    list[Name] | None,
+    Field(
+        max_length=LIMITS.max_list_items,
+        description="Step names to pause before, for a human approval (e.g. ['engineer']).",
+    ),
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_idempotency_key_chars,
+        description="Makes a retried start safe: the same key and request return the existing run.",
+    ),
+]
+WorkerBackend = Annotated[
+    Literal["inline", "provider"] | None,
+    Field(
+        description="'inline' (usual default): you run each task with your own model. 'provider': the "
+        "server calls a configured model itself."
+    ),
+]
+ProviderName = Annotated[
+    Literal["anthropic", "openrouter", "openai"] | None,
+    Field(description="Provider backend only: the provider to call (default: the server's, else inferred)."),
+]
+ModelName = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_name_chars,
+        description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
+    ),
+]
+RunTimeout = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
+        "restarts).",
+    ),
+]
+TaskTimeout = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="A time limit for each task (for you to answer a host task, or for a provider "
+        "call), for steps whose chain definition sets none.",
+    ),
+]
+StartBudget = Annotated[
+    Budget | None,
+    Field(
+        description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
+        "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+    ),
+]
+ParentRunId = Annotated[
+    RunId | None,
+    Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
+]
+ParentTaskId = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
+    ),
+]
+
+
 # -- the tools -----------------------------------------------------------------------------------
 
 
 async def orchestrate_start(
     ctx: ToolContext,
-    request: Annotated[
-        str, Field(description="What the chain should work on, in the user's words (the task, its context).")
-    ],
-    chain: Annotated[
-        Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
-        | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
-        | None,
-        Field(
-            description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
-            "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
-            "architect, engineer, reviewer, researcher, tester, writer."
-        ),
-    ] = None,
-    approve_before: Annotated[
-        list[Name] | None,
-        Field(
-            max_length=LIMITS.max_list_items,
-            description="Step names to pause before, for a human approval (e.g. ['engineer']).",
-        ),
-    ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_idempotency_key_chars,
-            description="Makes a retried start safe: the same key and request return the existing run.",
-        ),
-    ] = None,
-    worker_backend: Annotated[
-        Literal["inline", "provider"] | None,
-        Field(
-            description="'inline' (usual default): you run each task with your own model. 'provider': the "
-            "server calls a configured model itself."
-        ),
-    ] = None,
-    provider: Annotated[
-        Literal["anthropic", "openrouter", "openai"] | None,
-        Field(
-            description="Provider backend only: the provider to call (default: the server's, else inferred)."
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_name_chars,
-            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
-        ),
-    ] = None,
-    timeout_seconds: Annotated[
-        float | None,
-        Field(
-            gt=0,
-            allow_inf_nan=False,
-            description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
-            "restarts).",
-        ),
-    ] = None,
-    task_timeout_seconds: Annotated[
-        float | None,
-        Field(
-            gt=0,
-            allow_inf_nan=False,
-            description="A time limit for each task (for you to answer a host task, or for a provider "
-            "call), for steps whose chain definition sets none.",
-        ),
-    ] = None,
-    budget: Annotated[
-        Budget | None,
-        Field(
-            description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
-            "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
-        ),
-    ] = None,
+    request: StartText,
+    chain: StartChain = None,
+    approve_before: ApproveBefore = None,
+    idempotency_key: IdempotencyKey = None,
+    worker_backend: WorkerBackend = None,
+    provider: ProviderName = None,
+    model: ModelName = None,
+    timeout_seconds: RunTimeout = None,
+    task_timeout_seconds: TaskTimeout = None,
+    budget: StartBudget = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-    parent_run_id: Annotated[
-        RunId | None,
-        Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
-    ] = None,
-    parent_task_id: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
-        ),
-    ] = None,
+    parent_run_id: ParentRunId = None,
+    parent_task_id: ParentTaskId = None,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a durable specialist chain on a request and return the run.
 
@@ -202,39 +217,88 @@ async def orchestrate_start(
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_start")
-        services = services_of(ctx)
-        start = StartRequest(
+        start = _start_request(
+            caller,
             request=request,
-            chain=tuple(chain) if isinstance(chain, list) else chain,
-            approve_before=tuple(approve_before or ()),
+            chain=chain,
+            approve_before=approve_before,
             idempotency_key=idempotency_key,
             worker_backend=worker_backend,
             provider=provider,
             model=model,
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
-            started_by=caller.identity if caller.verified else None,
-            # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
-            traceparent=current_traceparent(),
             budget=budget,
         )
-        if (parent_run_id is None) != (parent_task_id is None):
-            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
-        if parent_run_id is not None and parent_task_id is not None:
-            caller.check_run(await services.runtime.status(parent_run_id))
-            head, created = await services.runtime.children.start_for_host(
-                start, parent_run_id, parent_task_id
-            )
-        else:
-            head, created = await services.runtime.start(start)
-        # An idempotency key another identity used returns that identity's run: not to one
-        # limited to its own runs.
-        caller.check_run(head)
-        if created:
-            services.dispatcher.wake(head.run_id)
+        parent = _parent_task(parent_run_id, parent_task_id)
+        head = await _started(ctx, caller, start, parent)
         return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
 
     return await answer_or_ask("orchestrate_start", work)
+
+
+def _start_request(
+    caller: Caller,
+    *,
+    request: str,
+    chain: str | list[str] | None,
+    approve_before: list[str] | None,
+    idempotency_key: str | None,
+    worker_backend: Literal["inline", "provider"] | None,
+    provider: Literal["anthropic", "openrouter", "openai"] | None,
+    model: str | None,
+    timeout_seconds: float | None,
+    task_timeout_seconds: float | None,
+    budget: Budget | None,
+) -> StartRequest:
+    """What ``orchestrate_start``'s arguments ask the runtime for: the run is started by the
+    caller's identity only when it is verified, and joins the trace of this call."""
+    return StartRequest(
+        request=request,
+        chain=tuple(chain) if isinstance(chain, list) else chain,
+        approve_before=tuple(approve_before or ()),
+        idempotency_key=idempotency_key,
+        worker_backend=worker_backend,
+        provider=provider,
+        model=model,
+        timeout_seconds=timeout_seconds,
+        task_timeout_seconds=task_timeout_seconds,
+        started_by=caller.identity if caller.verified else None,
+        # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
+        traceparent=current_traceparent(),
+        budget=budget,
+    )
+
+
+def _parent_task(parent_run_id: str | None, parent_task_id: str | None) -> tuple[str, str] | None:
+    """The host task a child run is started for (run id, task id), or None for a top-level run;
+    ``invalid_argument`` when only one of the two is given."""
+    if parent_run_id is None or parent_task_id is None:
+        if parent_run_id is not None or parent_task_id is not None:
+            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
+        return None
+    return parent_run_id, parent_task_id
+
+
+async def _started(
+    ctx: ToolContext, caller: Caller, start: StartRequest, parent: tuple[str, str] | None
+) -> RunHead:
+    """The run ``start`` made (or found, for a known idempotency key), as a child of the host task
+    ``parent`` when given (which the caller must be allowed to see); a new run is handed to the
+    dispatcher."""
+    services = services_of(ctx)
+    if parent is not None:
+        parent_run_id, parent_task_id = parent
+        caller.check_run(await services.runtime.status(parent_run_id))
+        head, created = await services.runtime.children.start_for_host(start, parent_run_id, parent_task_id)
+    else:
+        head, created = await services.runtime.start(start)
+    # An idempotency key another identity used returns that identity's run: not to one
+    # limited to its own runs.
+    caller.check_run(head)
+    if created:
+        services.dispatcher.wake(head.run_id)
+    return head
 
 
 async def orchestrate_resume(
