@@ -49,6 +49,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver.tools import Tool
@@ -563,91 +564,42 @@ async def run_events(
 
 
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
-    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
-    server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
-    (over one is ``too_large``, from the runtime) and of ``cursor``."""
-    tools: list[Tool] = []
+    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``, in the order
+    :data:`_PUBLISHED` lists them. ``limits`` are the server's configured size limits, published as
+    the ``maxLength`` of ``request`` and ``output`` (over one is ``too_large``, from the runtime)
+    and of ``cursor``."""
+    return [_strict_tool(published, limits) for published in _PUBLISHED]
 
-    def add(
-        fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]],
-        title: str,
-        annotations: ToolAnnotations,
-        missing: dict[str, MissingHint] | None = None,
-    ) -> None:
-        # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
-        description = inspect.cleandoc(fn.__doc__ or "")
-        tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
-        assert isinstance(tool, StrictTool)  # from_function builds its own class
-        tool.missing = missing or {}
-        tool.fn_metadata = verbatim_text(tool.fn_metadata)
-        tool.parameters = strict_schema(tool.parameters, limits)
-        tools.append(tool)
 
-    add(
-        orchestrate_start,
-        "Start a specialist chain",
-        ToolAnnotations(
-            title="Start a specialist chain",
-            read_only_hint=False,
-            destructive_hint=False,
-            open_world_hint=False,
-        ),
+@dataclass(frozen=True, slots=True)
+class _Publish:
+    """How a tool function is published: its title, its hints, and the hint for each argument
+    whose absence the tool explains itself (see :class:`StrictTool`)."""
+
+    fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+    title: str
+    annotations: ToolAnnotations
+    missing: Mapping[str, MissingHint] = field(default_factory=dict)
+
+
+def _strict_tool(published: _Publish, limits: Limits) -> StrictTool:
+    """``published.fn`` as a strict tool: its docstring as its description, its text arguments
+    taken verbatim, its input schema bounded by ``limits``."""
+    fn = published.fn
+    # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
+    description = inspect.cleandoc(fn.__doc__ or "")
+    tool = StrictTool.from_function(
+        fn,
+        title=published.title,
+        description=description,
+        # a copy: each list of tools has its own, as when they were made at each call
+        annotations=published.annotations.model_copy(),
     )
-    add(
-        orchestrate_fork,
-        "Fork a run from a task",
-        ToolAnnotations(
-            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
-        ),
-    )
-    add(
-        orchestrate_resume,
-        "Give a host task's output / continue a run",
-        ToolAnnotations(
-            title="Resume a run",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    )
-    add(
-        orchestrate_approve,
-        "Approve, reject or revise a gate",
-        ToolAnnotations(
-            title="Decide an approval gate",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-        missing={"gate_id": _missing_gate_id},
-    )
-    add(
-        run_status,
-        "Show a run",
-        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
-    )
-    add(
-        orchestrate_cancel,
-        "Cancel a run",
-        ToolAnnotations(
-            title="Cancel a run",
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    )
-    add(
-        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
-    )
-    add(
-        run_events,
-        "Follow a run's events",
-        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
-    )
-    return tools
+    assert isinstance(tool, StrictTool)  # from_function builds its own class
+    tool.missing = dict(published.missing)
+    tool.fn_metadata = verbatim_text(tool.fn_metadata)
+    tool.parameters = strict_schema(tool.parameters, limits)
+    return tool
 
 
 async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
@@ -658,3 +610,72 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
     except ConstructError as exc:
         return exc
     return await services_of(ctx).runtime.missing_gate_id(run_id)
+
+
+#: the tools :func:`build_tools` publishes, in this order
+_PUBLISHED = (
+    _Publish(
+        orchestrate_start,
+        "Start a specialist chain",
+        ToolAnnotations(
+            title="Start a specialist chain",
+            read_only_hint=False,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        orchestrate_fork,
+        "Fork a run from a task",
+        ToolAnnotations(
+            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
+        ),
+    ),
+    _Publish(
+        orchestrate_resume,
+        "Give a host task's output / continue a run",
+        ToolAnnotations(
+            title="Resume a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        orchestrate_approve,
+        "Approve, reject or revise a gate",
+        ToolAnnotations(
+            title="Decide an approval gate",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+        missing={"gate_id": _missing_gate_id},
+    ),
+    _Publish(
+        run_status,
+        "Show a run",
+        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+    ),
+    _Publish(
+        orchestrate_cancel,
+        "Cancel a run",
+        ToolAnnotations(
+            title="Cancel a run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
+    ),
+    _Publish(
+        run_events,
+        "Follow a run's events",
+        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
+    ),
+)
