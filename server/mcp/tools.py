@@ -102,7 +102,10 @@ WaitSeconds = Annotated[
 ]
 
 
-# -- orchestrate_start's parameters (their schemas are what hosts see as its inputSchema) ---------
+# -- the tools -----------------------------------------------------------------------------------
+
+
+# orchestrate_start's parameters (each schema is what hosts see in the tool's inputSchema)
 
 StartText = Annotated[
     str, Field(description="What the chain should work on, in the user's words (the task, its context).")
@@ -187,9 +190,6 @@ ParentTaskId = Annotated[
         description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
     ),
 ]
-
-
-# -- the tools -----------------------------------------------------------------------------------
 
 
 async def orchestrate_start(
@@ -302,35 +302,43 @@ async def _started(
     return head
 
 
+# orchestrate_resume's parameters
+
+AnsweredTask = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
+        "output: a retried call then never lands on the next task.",
+    ),
+]
+HostOutput = Annotated[
+    str | None,
+    Field(
+        description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
+        "output (a JSON object matching next_action.output_schema when that is set; else refused with "
+        "invalid_output). Omit it only to continue a run that is queued or was interrupted."
+    ),
+]
+OutputUsage = Annotated[
+    HostUsage | None,
+    Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
+]
+DetachChildren = Annotated[
+    bool,
+    Field(description="Complete the task although child runs you started for it are still live."),
+]
+
+
 async def orchestrate_resume(
     ctx: ToolContext,
     run_id: RunId,
-    task_id: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
-            "output: a retried call then never lands on the next task.",
-        ),
-    ] = None,
-    output: Annotated[
-        str | None,
-        Field(
-            description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
-            "output (a JSON object matching next_action.output_schema when that is set; else refused with "
-            "invalid_output). Omit it only to continue a run that is queued or was interrupted."
-        ),
-    ] = None,
-    usage: Annotated[
-        HostUsage | None,
-        Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
-    ] = None,
+    task_id: AnsweredTask = None,
+    output: HostOutput = None,
+    usage: OutputUsage = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-    detach_children: Annotated[
-        bool,
-        Field(description="Complete the task although child runs you started for it are still live."),
-    ] = False,
+    detach_children: DetachChildren = False,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
@@ -366,44 +374,53 @@ async def orchestrate_resume(
     return await answer_or_ask("orchestrate_resume", work)
 
 
+# orchestrate_approve's parameters
+
+GateDecision = Annotated[
+    Literal["approve", "reject", "revise"],
+    Field(
+        description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
+        "shows with comment in its prompt (if the gate's decisions offer it)."
+    ),
+]
+DecidedGate = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
+        "a retried call then never decides the next gate.",
+    ),
+]
+DecisionComment = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_comment_chars,
+        description="A note for the record; an approval's comment is shown to the following steps.",
+    ),
+]
+Approver = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_approver_chars,
+        description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
+        "the token's identity is recorded.",
+    ),
+]
+BudgetRaise = Annotated[
+    BudgetLimits | None,
+    Field(description="Approving a budget gate: what to add (default: the original budget again)."),
+]
+
+
 async def orchestrate_approve(
     ctx: ToolContext,
     run_id: RunId,
-    decision: Annotated[
-        Literal["approve", "reject", "revise"],
-        Field(
-            description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
-            "shows with comment in its prompt (if the gate's decisions offer it)."
-        ),
-    ],
-    gate_id: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
-            "a retried call then never decides the next gate.",
-        ),
-    ],
-    comment: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_comment_chars,
-            description="A note for the record; an approval's comment is shown to the following steps.",
-        ),
-    ] = None,
-    approver: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_approver_chars,
-            description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
-            "the token's identity is recorded.",
-        ),
-    ] = None,
-    budget_raise: Annotated[
-        BudgetLimits | None,
-        Field(description="Approving a budget gate: what to add (default: the original budget again)."),
-    ] = None,
+    decision: GateDecision,
+    gate_id: DecidedGate,
+    comment: DecisionComment = None,
+    approver: Approver = None,
+    budget_raise: BudgetRaise = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
@@ -416,23 +433,12 @@ async def orchestrate_approve(
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
         services = services_of(ctx)
-        who = approver
-        if caller.verified:
-            # The record names the verified identity; a different name would be a claim the
-            # server cannot back, so it is refused rather than recorded or silently replaced.
-            if approver is not None and approver != caller.identity:
-                raise Forbidden(
-                    f"approver {quoted(approver)} is not the identity of this connection's token, "
-                    f"{caller.identity!r}, which the record names; omit approver "
-                    f"(or pass {caller.identity!r})"
-                )
-            who = caller.identity
         head = await services.runtime.approve(
             run_id,
             decision,
             gate_id,
             comment,
-            who,
+            _recorded_approver(caller, approver),
             channel=caller.channel,
             verified=caller.verified,
             budget_raise=budget_raise,
@@ -440,6 +446,21 @@ async def orchestrate_approve(
         return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
 
     return await answer_or_ask("orchestrate_approve", work)
+
+
+def _recorded_approver(caller: Caller, approver: str | None) -> str | None:
+    """Who a decision records as its approver: a verified caller's identity (a different
+    ``approver`` would be a claim the server cannot back, so it is ``forbidden`` rather than
+    recorded or silently replaced), else the ``approver`` argument, claimed."""
+    if not caller.verified:
+        return approver
+    if approver is not None and approver != caller.identity:
+        raise Forbidden(
+            f"approver {quoted(approver)} is not the identity of this connection's token, "
+            f"{caller.identity!r}, which the record names; omit approver "
+            f"(or pass {caller.identity!r})"
+        )
+    return caller.identity
 
 
 async def run_status(
