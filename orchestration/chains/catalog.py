@@ -343,53 +343,10 @@ class Catalog:
         snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
         own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
         if chain is None or isinstance(chain, str):
-            if chain is not None and not chain.strip():
-                # Not the default chain: a blank name is more likely a bug than a choice.
-                raise InvalidArgument(
-                    "chain is empty; omit it for the default chain, or give a chain name "
-                    f"({', '.join(sorted(self.chains))}) or a list of specialist names"
-                )
-            name = "default" if chain is None else chain
-            if name not in self.chains:
-                raise UnknownChain(
-                    f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
-                    "(or pass a list of specialist names)"
-                )
-            definition = self.chains[name]
-            steps = list(definition.steps)
-            max_parallel = definition.max_parallel
-            max_children, max_depth = definition.max_children, definition.max_depth
+            definition = self._named_chain(chain)
         else:
-            if not chain:
-                raise InvalidArgument("chain is an empty list; give at least one specialist name")
-            if len(chain) > 50:
-                raise InvalidArgument("a chain has at most 50 steps")
-            for spec in chain:
-                if spec not in self.specialists:
-                    raise UnknownSpecialist(
-                        f"unknown specialist {quoted(spec)}; known specialists: "
-                        f"{', '.join(sorted(self.specialists))}"
-                    )
-            name = "custom"
-            max_parallel = 4
-            max_children, max_depth = None, 3
-            steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
-            reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
-            if reserved:
-                raise InvalidArgument(
-                    f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
-                    "targets); define a chain that gives the step another name"
-                )
-        step_names = [s.name for s in steps]
-        for gated in approve_before:
-            if gated not in step_names:
-                raise InvalidArgument(
-                    f"approve_before names step {quoted(gated)}, which is not in the chain; "
-                    f"its steps are: {', '.join(step_names)}"
-                )
-        steps = [
-            s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
-        ]
+            definition = self._custom_chain(chain)
+        steps = _gated(definition.steps, approve_before)
         used = sorted({s.specialist for s in steps if s.chain is None and s.agent is None})
         snapshots = tuple(
             SpecialistSnapshot(
@@ -398,13 +355,62 @@ class Catalog:
             for n in used
         )
         return ChainSnapshot(
-            name=name,
+            name=definition.name,
             steps=tuple(steps),
             specialists=snapshots,
-            max_parallel=max_parallel,
-            max_children=max_children,
-            max_depth=max_depth,
+            max_parallel=definition.max_parallel,
+            max_children=definition.max_children,
+            max_depth=definition.max_depth,
         )
+
+    def _named_chain(self, chain: str | None) -> ChainDefinition:
+        """The chain of that name (None: ``default``)."""
+        if chain is not None and not chain.strip():
+            # Not the default chain: a blank name is more likely a bug than a choice.
+            raise InvalidArgument(
+                "chain is empty; omit it for the default chain, or give a chain name "
+                f"({', '.join(sorted(self.chains))}) or a list of specialist names"
+            )
+        name = "default" if chain is None else chain
+        if name not in self.chains:
+            raise UnknownChain(
+                f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
+                "(or pass a list of specialist names)"
+            )
+        return self.chains[name]
+
+    def _custom_chain(self, specialists: Sequence[str]) -> ChainDefinition:
+        """The chain ``custom`` of these specialists in order, with the defaults of a chain."""
+        if not specialists:
+            raise InvalidArgument("chain is an empty list; give at least one specialist name")
+        if len(specialists) > 50:
+            raise InvalidArgument("a chain has at most 50 steps")
+        for spec in specialists:
+            if spec not in self.specialists:
+                raise UnknownSpecialist(
+                    f"unknown specialist {quoted(spec)}; known specialists: "
+                    f"{', '.join(sorted(self.specialists))}"
+                )
+        steps = _unique_names([ChainStep(name=s, specialist=s) for s in specialists])
+        reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
+        if reserved:
+            raise InvalidArgument(
+                f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
+                "targets); define a chain that gives the step another name"
+            )
+        return ChainDefinition("custom", "", tuple(steps))
+
+
+def _gated(steps: Sequence[ChainStep], approve_before: Sequence[str]) -> list[ChainStep]:
+    """``steps`` with a gate before each step ``approve_before`` names (each must be one of them)."""
+    step_names = [s.name for s in steps]
+    for gated in approve_before:
+        if gated not in step_names:
+            raise InvalidArgument(
+                f"approve_before names step {quoted(gated)}, which is not in the chain; "
+                f"its steps are: {', '.join(step_names)}"
+            )
+    return [s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps]
 
 
 # ------------------------------------------------------------------------------------------
