@@ -318,131 +318,18 @@ class Catalog:
         return base.extended(raw, shown, path.parent)
 
     def extended(self, raw: Mapping[str, Any], source: str, base_dir: Path) -> Catalog:
-        try:
-            config = _CatalogConfig.model_validate(raw)
-        except ValidationError as exc:
-            errors = exc.errors()
-            # For a step given as a table, the error of the "plain string" branch of the union is
-            # noise: report the table's own problem.
-            err = next((e for e in errors if "str" not in e["loc"]), errors[0])
-            raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
+        """This catalog with the specialists and chains of a user's file added (a name already
+        known is overridden): ``raw`` is the parsed TOML read from ``source`` (named in every
+        ``ConfigError``), ``base_dir`` the folder its ``persona_file`` paths are relative to. The
+        file's specialists come first, so its chains may use them; then each chain, and then the
+        child chains across all of them (:func:`~orchestration.chains.checks.check_child_chains`)."""
+        config = _parsed_config(raw, source)
         specialists = dict(self.specialists)
         for name, spec in config.specialists.items():
-            where = f"specialists.{name}"
-            try:
-                _check_name(name)
-            except ValueError as exc:
-                raise ConfigError(source, where, str(exc)) from None
-            if (spec.persona is None) == (spec.persona_file is None):
-                raise ConfigError(source, where, "give exactly one of 'persona' or 'persona_file'")
-            persona = spec.persona
-            if spec.persona_file is not None:
-                file = base_dir / spec.persona_file
-                try:
-                    persona = file.read_text("utf-8").strip()
-                except OSError as exc:
-                    raise ConfigError(
-                        source, f"{where}.persona_file", f"cannot read {file}: {exc.strerror}"
-                    ) from None
-                if not persona:
-                    raise ConfigError(source, f"{where}.persona_file", f"{file} is empty")
-            assert persona is not None
-            specialists[name] = Specialist(name, spec.description, persona)
+            specialists[name] = _user_specialist(name, spec, source, base_dir)
         chains = dict(self.chains)
         for name, chain in config.chains.items():
-            where = f"chains.{name}"
-            try:
-                _check_name(name)
-            except ValueError as exc:
-                raise ConfigError(source, where, str(exc)) from None
-            steps: list[ChainStep] = []
-            for i, item in enumerate(chain.steps):
-                step_cfg = _StepConfig(specialist=item) if isinstance(item, str) else item
-                if isinstance(item, str):
-                    try:
-                        _check_name(item)
-                    except ValueError as exc:
-                        raise ConfigError(source, f"{where}.steps[{i}]", str(exc)) from None
-                if step_cfg.chain is not None:
-                    if step_cfg.specialist is not None or step_cfg.agent is not None:
-                        raise ConfigError(
-                            source,
-                            f"{where}.steps[{i}]",
-                            "give exactly one of 'specialist', 'chain' or 'agent'",
-                        )
-                    for key in ("tool", "arguments", "output_step"):
-                        if getattr(step_cfg, key) is not None:
-                            raise ConfigError(
-                                source, f"{where}.steps[{i}].{key}", "only a step with 'agent' has " + key
-                            )
-                    steps.append(_child_step(step_cfg, source, f"{where}.steps[{i}]"))
-                    continue
-                if step_cfg.output_of is not None:
-                    raise ConfigError(
-                        source, f"{where}.steps[{i}].output_of", "only a step with 'chain' has output_of"
-                    )
-                agent = _agent_step(step_cfg, raw, source, f"{where}.steps[{i}]")
-                if agent is None and step_cfg.specialist not in specialists:
-                    raise ConfigError(
-                        source,
-                        f"{where}.steps[{i}].specialist",
-                        f"unknown specialist {step_cfg.specialist!r}; "
-                        f"known: {', '.join(sorted(specialists))}",
-                    )
-                gated = step_cfg.approve_before or step_cfg.approve_after or step_cfg.on_exhausted == "ask"
-                for key in ("expires_after_seconds", "approvers"):
-                    if getattr(step_cfg, key) is not None and not gated:
-                        raise ConfigError(
-                            source,
-                            f"{where}.steps[{i}].{key}",
-                            "the step has no gate (set approve_before or approve_after)",
-                        )
-                if "on_expiry" in step_cfg.model_fields_set and step_cfg.expires_after_seconds is None:
-                    raise ConfigError(
-                        source,
-                        f"{where}.steps[{i}].on_expiry",
-                        "on_expiry needs expires_after_seconds (the gate never expires otherwise)",
-                    )
-                schema = None
-                if step_cfg.output_schema is not None:
-                    try:
-                        schema = resolve_schema(step_cfg.output_schema)
-                    except ValueError as exc:
-                        raise ConfigError(source, f"{where}.steps[{i}].output_schema", str(exc)) from None
-                label = step_cfg.specialist or f"agent:{step_cfg.agent}"
-                steps.append(
-                    ChainStep(
-                        name=step_cfg.name or step_cfg.specialist or str(step_cfg.agent),
-                        specialist=label,
-                        agent=agent,
-                        approve_before=step_cfg.approve_before,
-                        approve_after=step_cfg.approve_after,
-                        on_failure=step_cfg.on_failure,
-                        provider=step_cfg.provider,
-                        model=step_cfg.model,
-                        timeout_seconds=step_cfg.timeout_seconds,
-                        output_schema=schema,
-                        route_on=step_cfg.route_on,
-                        routes=step_cfg.routes,
-                        max_visits=step_cfg.max_visits,
-                        on_exhausted=step_cfg.on_exhausted,
-                        after=None if step_cfg.after is None else tuple(step_cfg.after),
-                        instruction=step_cfg.instruction,
-                        expires_after_seconds=step_cfg.expires_after_seconds,
-                        on_expiry=step_cfg.on_expiry,
-                        approvers=None if step_cfg.approvers is None else tuple(step_cfg.approvers),
-                    )
-                )
-            try:
-                steps = _unique_names(steps)
-            except ValueError as exc:
-                raise ConfigError(source, f"{where}.steps", str(exc)) from None
-            problem = check_chain(steps) or check_agent_steps(steps)
-            if problem is not None:
-                raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
-            chains[name] = ChainDefinition(
-                name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
-            )
+            chains[name] = _user_chain(name, chain, _StepContext(specialists, raw, source))
         explicit = {n for n, c in config.chains.items() if "max_depth" in c.model_fields_set}
         problem = check_child_chains({n: c.steps for n, c in chains.items()}, explicit)
         if problem is not None:
@@ -456,53 +343,10 @@ class Catalog:
         snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
         own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
         if chain is None or isinstance(chain, str):
-            if chain is not None and not chain.strip():
-                # Not the default chain: a blank name is more likely a bug than a choice.
-                raise InvalidArgument(
-                    "chain is empty; omit it for the default chain, or give a chain name "
-                    f"({', '.join(sorted(self.chains))}) or a list of specialist names"
-                )
-            name = "default" if chain is None else chain
-            if name not in self.chains:
-                raise UnknownChain(
-                    f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
-                    "(or pass a list of specialist names)"
-                )
-            definition = self.chains[name]
-            steps = list(definition.steps)
-            max_parallel = definition.max_parallel
-            max_children, max_depth = definition.max_children, definition.max_depth
+            definition = self._named_chain(chain)
         else:
-            if not chain:
-                raise InvalidArgument("chain is an empty list; give at least one specialist name")
-            if len(chain) > 50:
-                raise InvalidArgument("a chain has at most 50 steps")
-            for spec in chain:
-                if spec not in self.specialists:
-                    raise UnknownSpecialist(
-                        f"unknown specialist {quoted(spec)}; known specialists: "
-                        f"{', '.join(sorted(self.specialists))}"
-                    )
-            name = "custom"
-            max_parallel = 4
-            max_children, max_depth = None, 3
-            steps = _unique_names([ChainStep(name=s, specialist=s) for s in chain])
-            reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
-            if reserved:
-                raise InvalidArgument(
-                    f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
-                    "targets); define a chain that gives the step another name"
-                )
-        step_names = [s.name for s in steps]
-        for gated in approve_before:
-            if gated not in step_names:
-                raise InvalidArgument(
-                    f"approve_before names step {quoted(gated)}, which is not in the chain; "
-                    f"its steps are: {', '.join(step_names)}"
-                )
-        steps = [
-            s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps
-        ]
+            definition = self._custom_chain(chain)
+        steps = _gated(definition.steps, approve_before)
         used = sorted({s.specialist for s in steps if s.chain is None and s.agent is None})
         snapshots = tuple(
             SpecialistSnapshot(
@@ -511,18 +355,218 @@ class Catalog:
             for n in used
         )
         return ChainSnapshot(
-            name=name,
+            name=definition.name,
             steps=tuple(steps),
             specialists=snapshots,
-            max_parallel=max_parallel,
-            max_children=max_children,
-            max_depth=max_depth,
+            max_parallel=definition.max_parallel,
+            max_children=definition.max_children,
+            max_depth=definition.max_depth,
+        )
+
+    def _named_chain(self, chain: str | None) -> ChainDefinition:
+        """The chain of that name (None: ``default``)."""
+        if chain is not None and not chain.strip():
+            # Not the default chain: a blank name is more likely a bug than a choice.
+            raise InvalidArgument(
+                "chain is empty; omit it for the default chain, or give a chain name "
+                f"({', '.join(sorted(self.chains))}) or a list of specialist names"
+            )
+        name = "default" if chain is None else chain
+        if name not in self.chains:
+            raise UnknownChain(
+                f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
+                "(or pass a list of specialist names)"
+            )
+        return self.chains[name]
+
+    def _custom_chain(self, specialists: Sequence[str]) -> ChainDefinition:
+        """The chain ``custom`` of these specialists in order, with the defaults of a chain."""
+        if not specialists:
+            raise InvalidArgument("chain is an empty list; give at least one specialist name")
+        if len(specialists) > 50:
+            raise InvalidArgument("a chain has at most 50 steps")
+        for spec in specialists:
+            if spec not in self.specialists:
+                raise UnknownSpecialist(
+                    f"unknown specialist {quoted(spec)}; known specialists: "
+                    f"{', '.join(sorted(self.specialists))}"
+                )
+        steps = _unique_names([ChainStep(name=s, specialist=s) for s in specialists])
+        reserved = [s.name for s in steps if s.name in RESERVED_STEP_NAMES]
+        if reserved:
+            raise InvalidArgument(
+                f"a chain step cannot be called {quoted(reserved[0])} (end, fail and ask are route "
+                "targets); define a chain that gives the step another name"
+            )
+        return ChainDefinition("custom", "", tuple(steps))
+
+
+def _gated(steps: Sequence[ChainStep], approve_before: Sequence[str]) -> list[ChainStep]:
+    """``steps`` with a gate before each step ``approve_before`` names (each must be one of them)."""
+    step_names = [s.name for s in steps]
+    for gated in approve_before:
+        if gated not in step_names:
+            raise InvalidArgument(
+                f"approve_before names step {quoted(gated)}, which is not in the chain; "
+                f"its steps are: {', '.join(step_names)}"
+            )
+    return [s.model_copy(update={"approve_before": True}) if s.name in approve_before else s for s in steps]
+
+
+# ------------------------------------------------------------------------------------------
+# A user's file: its specialists, its chains and their steps (Catalog.extended)
+
+
+def _parsed_config(raw: Mapping[str, Any], source: str) -> _CatalogConfig:
+    """The file's ``specialists`` and ``chains`` tables, validated, or the first problem found."""
+    try:
+        return _CatalogConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # For a step given as a table, the error of the "plain string" branch of the union is
+        # noise: report the table's own problem.
+        err = next((e for e in errors if "str" not in e["loc"]), errors[0])
+        raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
+
+
+def _checked_name(name: str, source: str, where: str) -> str:
+    """``name``, or a ``ConfigError`` at ``where`` when it is not a valid name."""
+    try:
+        return _check_name(name)
+    except ValueError as exc:
+        raise ConfigError(source, where, str(exc)) from None
+
+
+def _user_specialist(name: str, spec: _SpecialistConfig, source: str, base_dir: Path) -> Specialist:
+    """The specialist of ``[specialists.<name>]``: its persona given inline or read from a file."""
+    where = f"specialists.{name}"
+    _checked_name(name, source, where)
+    if (spec.persona is None) == (spec.persona_file is None):
+        raise ConfigError(source, where, "give exactly one of 'persona' or 'persona_file'")
+    persona = spec.persona
+    if spec.persona_file is not None:
+        file = base_dir / spec.persona_file
+        try:
+            persona = file.read_text("utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                source, f"{where}.persona_file", f"cannot read {file}: {exc.strerror}"
+            ) from None
+        if not persona:
+            raise ConfigError(source, f"{where}.persona_file", f"{file} is empty")
+    assert persona is not None
+    return Specialist(name, spec.description, persona)
+
+
+@dataclass(frozen=True, slots=True)
+class _StepContext:
+    """What every step of a user's chain is read against."""
+
+    #: the specialists known once the file's own are added
+    specialists: Mapping[str, Specialist]
+    #: the whole file (its ``agents`` table names the agents a step may delegate to)
+    raw: Mapping[str, Any]
+    source: str
+
+
+def _user_chain(name: str, chain: _ChainConfig, context: _StepContext) -> ChainDefinition:
+    """The chain of ``[chains.<name>]``: its steps read one by one, named, then checked as a chain."""
+    source = context.source
+    where = f"chains.{name}"
+    _checked_name(name, source, where)
+    steps = [_user_step(item, context, f"{where}.steps[{i}]") for i, item in enumerate(chain.steps)]
+    try:
+        steps = _unique_names(steps)
+    except ValueError as exc:
+        raise ConfigError(source, f"{where}.steps", str(exc)) from None
+    problem = check_chain(steps) or check_agent_steps(steps)
+    if problem is not None:
+        raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
+    return ChainDefinition(
+        name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
+    )
+
+
+def _user_step(item: str | _StepConfig, context: _StepContext, where: str) -> ChainStep:
+    """One step of a user's chain: a specialist's name, or a table that names a specialist, a
+    chain (a child run) or an agent."""
+    if isinstance(item, str):
+        # Checked before the step's record is made, which would refuse a bad name with pydantic's
+        # own error instead of the file's ConfigError.
+        _checked_name(item, context.source, where)
+        return _specialist_step(_StepConfig(specialist=item), context, where)
+    if item.chain is not None:
+        return _child_step(item, context.source, where)
+    return _specialist_step(item, context, where)
+
+
+def _specialist_step(config: _StepConfig, context: _StepContext, where: str) -> ChainStep:
+    """A step run by a specialist, or delegated to another MCP agent (:func:`_agent_step`)."""
+    source = context.source
+    if config.output_of is not None:
+        raise ConfigError(source, f"{where}.output_of", "only a step with 'chain' has output_of")
+    agent = _agent_step(config, context.raw, source, where)
+    if agent is None and config.specialist not in context.specialists:
+        raise ConfigError(
+            source,
+            f"{where}.specialist",
+            f"unknown specialist {config.specialist!r}; known: {', '.join(sorted(context.specialists))}",
+        )
+    _check_gate_settings(config, source, where)
+    schema = None
+    if config.output_schema is not None:
+        try:
+            schema = resolve_schema(config.output_schema)
+        except ValueError as exc:
+            raise ConfigError(source, f"{where}.output_schema", str(exc)) from None
+    return ChainStep(
+        name=config.name or config.specialist or str(config.agent),
+        specialist=config.specialist or f"agent:{config.agent}",
+        agent=agent,
+        approve_before=config.approve_before,
+        approve_after=config.approve_after,
+        on_failure=config.on_failure,
+        provider=config.provider,
+        model=config.model,
+        timeout_seconds=config.timeout_seconds,
+        output_schema=schema,
+        route_on=config.route_on,
+        routes=config.routes,
+        max_visits=config.max_visits,
+        on_exhausted=config.on_exhausted,
+        after=None if config.after is None else tuple(config.after),
+        instruction=config.instruction,
+        expires_after_seconds=config.expires_after_seconds,
+        on_expiry=config.on_expiry,
+        approvers=None if config.approvers is None else tuple(config.approvers),
+    )
+
+
+def _check_gate_settings(config: _StepConfig, source: str, where: str) -> None:
+    """A gate's expiry and approvers are refused on a step without gates, and ``on_expiry`` on a
+    gate that never expires."""
+    gated = config.approve_before or config.approve_after or config.on_exhausted == "ask"
+    for key in ("expires_after_seconds", "approvers"):
+        if getattr(config, key) is not None and not gated:
+            raise ConfigError(
+                source, f"{where}.{key}", "the step has no gate (set approve_before or approve_after)"
+            )
+    if "on_expiry" in config.model_fields_set and config.expires_after_seconds is None:
+        raise ConfigError(
+            source,
+            f"{where}.on_expiry",
+            "on_expiry needs expires_after_seconds (the gate never expires otherwise)",
         )
 
 
 def _child_step(config: _StepConfig, source: str, where: str) -> ChainStep:
     """A step that runs another chain as a child run (:mod:`orchestration.engine.children`)."""
     assert config.chain is not None
+    if config.specialist is not None or config.agent is not None:
+        raise ConfigError(source, where, "give exactly one of 'specialist', 'chain' or 'agent'")
+    for key in ("tool", "arguments", "output_step"):
+        if getattr(config, key) is not None:
+            raise ConfigError(source, f"{where}.{key}", "only a step with 'agent' has " + key)
     for key in ("output_schema", "route_on", "provider", "model"):
         if key in config.model_fields_set:
             raise ConfigError(

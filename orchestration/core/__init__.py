@@ -4,7 +4,7 @@ import of any other layer: everything a restarted run decides again is decided h
 
 from __future__ import annotations
 
-from orchestration.core.budget import budget_raise, limits, priced
+from orchestration.core.budget import budget_raise, limits, priced, with_costs
 from orchestration.core.clock import SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage, Spend, Tally
 from orchestration.core.facts import (
@@ -51,7 +51,6 @@ from orchestration.core.models import (
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price, price_table
 from orchestration.core.routing import RevisePlan, revise_offered, revise_plan
-from orchestration.core.spending import with_costs
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 __all__ = [

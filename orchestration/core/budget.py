@@ -1,6 +1,12 @@
 """Costs and hard budgets: the pure rules (issue 14, part 2). The records are in
 :mod:`orchestration.core.costs`, the prices in :mod:`orchestration.core.pricing`.
 
+**What a run records when it starts** (:func:`with_costs`, which wraps the runtime's contract
+resolver): every contract carries :class:`~orchestration.core.costs.Costs` — the prices of the
+run's models, the output limit of a provider call and the run's budget (the start's ``budget``,
+else the chain's from the configuration) — checked before anything is stored
+(:func:`check_budget`; a dollar budget needs the price of every model it would pay for).
+
 **What a run spent** is folded from its facts into ``head.spent`` as they are recorded
 (:func:`charge`): the tokens of every attempt's telemetry — a provider's measured usage, or what a
 host reported with a host task's output (nothing else counts for a host task) — and their cost at
@@ -31,15 +37,24 @@ budget when it starts it), so that the parent's check sees it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from orchestration.core.costs import BudgetLimits, Costs, Spend, Tally
-from orchestration.core.models import ExecutionContract, GateState, RunHead, TaskState, Telemetry
+from orchestration.core.costs import Budget, BudgetLimits, Costs, Spend, Tally
+from orchestration.core.inputs import ContractResolver, StartRequest
+from orchestration.core.models import (
+    ChainSnapshot,
+    ExecutionContract,
+    GateState,
+    RunHead,
+    TaskState,
+    Telemetry,
+)
 from orchestration.core.pricing import Price, cost_usd
 from orchestration.core.vocabulary import TaskStatus
-from orchestration.errors import InvalidArgument
+from orchestration.errors import InvalidArgument, quoted
 
 #: the prefix of a budget gate's id (``budget:1``, ``budget:2``, ...)
 BUDGET_GATE = "budget"
@@ -53,6 +68,66 @@ def model_of(executor: str | None) -> str | None:
         return None
     parts = executor.split(":", 2)
     return parts[2] if len(parts) == 3 else None
+
+
+# -- what a run records when it starts --------------------------------------------------------------
+
+
+def check_budget(budget: Budget, chain: ChainSnapshot) -> None:
+    """``InvalidArgument`` for a budget that limits nothing or names a step the chain lacks."""
+    names = [s.name for s in chain.steps]
+    for name, step_limits in budget.steps.items():
+        if name not in names:
+            raise InvalidArgument(
+                f"budget.steps names {quoted(name)}, which is not a step of chain {chain.name}; "
+                f"its steps are: {', '.join(names)}"
+            )
+        if step_limits.empty:
+            raise InvalidArgument(f"budget.steps.{name} sets neither max_total_tokens nor max_cost_usd")
+    if budget.empty and not budget.steps:
+        raise InvalidArgument("budget sets no limit: give max_total_tokens, max_cost_usd or steps")
+
+
+def _costs_usd(budget: Budget) -> bool:
+    return budget.max_cost_usd is not None or any(s.max_cost_usd is not None for s in budget.steps.values())
+
+
+def with_costs(
+    resolve: ContractResolver,
+    *,
+    prices: Mapping[str, Price],
+    max_tokens: int | None,
+    budgets: Mapping[str, Budget] | None = None,
+) -> ContractResolver:
+    """``resolve`` with :class:`~orchestration.core.costs.Costs` added to each contract: ``prices``
+    (model -> price: :func:`orchestration.core.pricing.price_table`) of the run's models, ``max_tokens``
+    (the provider backend's output limit per call) and the budget: the start's, else
+    ``budgets[chain name]``. A dollar budget for a model without a price is ``InvalidArgument``
+    (it could not be checked). An inline run records costs only when it has a budget."""
+
+    def resolved(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
+        contract = resolve(request, chain)
+        budget = request.budget if request.budget is not None else (budgets or {}).get(chain.name)
+        if budget is not None:
+            check_budget(budget, chain)
+        if contract.worker_backend == "inline":
+            return contract if budget is None else contract.model_copy(update={"costs": Costs(budget=budget)})
+        models = {m for m in (model_of(contract.executor_for(s)) for s in chain.steps) if m is not None}
+        unpriced = sorted(models - prices.keys())
+        if budget is not None and _costs_usd(budget) and unpriced:
+            raise InvalidArgument(
+                f"a budget in dollars needs the price of every model; {', '.join(unpriced)} has none: "
+                f'add [prices."{unpriced[0]}"] input_per_mtok and output_per_mtok to construct.toml, '
+                "or give max_total_tokens instead"
+            )
+        table = {m: prices[m] for m in sorted(models) if m in prices}
+        costs = Costs(prices=table, max_tokens=max_tokens, budget=budget)
+        return contract.model_copy(update={"costs": costs})
+
+    return resolved
+
+
+# -- what a run spent, and the rule -----------------------------------------------------------------
 
 
 def _price(costs: Costs | None, executor: str | None) -> Price | None:
@@ -257,6 +332,7 @@ __all__ = [
     "call_most",
     "charge",
     "charge_unmetered",
+    "check_budget",
     "fails_run",
     "limits",
     "model_of",
@@ -265,4 +341,5 @@ __all__ = [
     "priced",
     "raise_budget",
     "refusal",
+    "with_costs",
 ]

@@ -9,9 +9,9 @@ terminal fact. The facts themselves, and the rules for reading stored ones, are 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 from orchestration.core.budget import charge, charge_unmetered, priced, raise_budget
 from orchestration.core.facts import (
@@ -191,7 +191,8 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
 
 def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -> RunHead:
     """:func:`apply` on a head, and the head's new ``version`` when not None (the last fact of a
-    write: one copy of the head per fact, issue 11)."""
+    write: one copy of the head per fact, issue 11). What the fact changes is its handler's
+    (:data:`_HANDLERS`); what every fact changes, and settling the tasks it ended, is here."""
     if isinstance(fact, RunCreated):
         raise IllegalTransition(f"run {head.run_id} already exists")
     if head.status.is_terminal:
@@ -200,178 +201,15 @@ def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -
         )
     if fact.seq != head.last_seq + 1:
         raise IllegalTransition(f"fact seq {fact.seq} does not follow {head.last_seq} in run {head.run_id}")
+    handler = _HANDLERS.get(type(fact))
+    if handler is None:  # pragma: no cover - the union is closed (test_fold_handlers)
+        raise IllegalTransition(f"unknown fact {fact!r}")
     update: dict[str, object] = {"last_seq": fact.seq, "updated_at": fact.at}
     if fact.format > head.format:
         # A head that folds a newer fact is no longer readable by a reader that would not know it.
         update["format"] = fact.format
-    #: the one task this fact changes, when it changes one task and no other (put in place below)
-    changed: TaskState | None = None
-
-    if isinstance(fact, ApprovalRequested):
-        gate = head.gate(fact.gate_id)
-        gates = head.gates
-        if gate is None and fact.budget is not None:
-            # A budget gate exists from its request on (see orchestration.core.budget).
-            gate = GateState(
-                gate_id=fact.gate_id,
-                task_id=fact.budget.task_id,
-                position="budget",
-                budget_step=fact.budget.step,
-                note=fact.budget.note,
-            )
-            gates = (*gates, gate)
-        if gate is None or gate.status != "pending":
-            raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
-        expiry = head.step_of(gate.task_id).expires_after_seconds
-        expires_at = None if expiry is None else fact.at + timedelta(seconds=expiry)
-        new_gate = evolve(gate, {"status": "requested", "requested_at": fact.at, "expires_at": expires_at})
-        update["gates"] = tuple(new_gate if g.gate_id == gate.gate_id else g for g in gates)
-        update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
-    elif isinstance(fact, ApprovalDecided):
-        update |= _decide_gate(head, fact)
-    elif isinstance(fact, HostTaskPrepared):
-        task = head.task(fact.task_id)
-        attempt = AttemptRecord(
-            number=fact.attempt, executor=fact.executor, started_at=fact.at, outcome="prepared"
-        )
-        changed = _task_update(
-            head,
-            task,
-            TaskStatus.AWAITING_HOST,
-            executor=fact.executor,
-            attempts=(*task.attempts, attempt),
-            prompt_sha256=fact.prompt_sha256,
-            started_at=task.started_at or fact.at,
-        )
-        update |= _with_status(head, RunStatus.AWAITING_HOST)
-    elif isinstance(fact, HostOutputSubmitted):
-        task = head.task(fact.task_id)
-        if task.status != TaskStatus.AWAITING_HOST:
-            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
-    elif isinstance(fact, AttemptStarted):
-        task = head.task(fact.task_id)
-        attempt = built(
-            AttemptRecord,
-            {
-                "number": fact.attempt,
-                "executor": fact.executor,
-                "started_at": fact.at,
-                "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
-                "remote_run_id": fact.remote_run_id,
-                "follows": fact.follows,
-            },
-        )
-        # An orphaned attempt (the process died during it) is closed as failed when the next starts,
-        # and charged at its most: the provider may have billed it.
-        # (A fork's copies are not charged: the new run spent nothing on them.)
-        attempts = task.attempts
-        if any(a.outcome == "running" for a in attempts):
-            for orphan in (a for a in attempts if a.outcome == "running" and fact.copied_from is None):
-                update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
-            orphaned = {
-                "outcome": "failed",
-                "finished_at": fact.at,
-                "error": TypedError(code="orphaned", message="the worker died during this attempt"),
-            }
-            attempts = tuple(evolve(a, orphaned) if a.outcome == "running" else a for a in attempts)
-        if task.status == TaskStatus.RUNNING:
-            changed = evolve(task, {"attempts": (*attempts, attempt)})
-        else:
-            changed = _task_update(
-                head,
-                task,
-                TaskStatus.RUNNING,
-                executor=fact.executor,
-                attempts=(*attempts, attempt),
-                started_at=task.started_at or fact.at,
-            )
-        update["not_before"] = _not_before(head, fact.at)
-        update |= _with_status(head, RunStatus.RUNNING)
-    elif isinstance(fact, RemoteRunStarted):
-        task = head.task(fact.task_id)
-        last = task.attempts[-1] if task.attempts else None
-        if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
-            raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
-        attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
-        changed = evolve(task, {"attempts": attempts})
-    elif isinstance(fact, AttemptFailed):
-        task = head.task(fact.task_id)
-        executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))
-        telemetry = priced(head.contract, executor, fact.telemetry)
-        if fact.copied_from is None:
-            update["spent"] = charge(head, task.step_name, telemetry)
-        attempts = _replace_attempt(
-            task,
-            fact.attempt,
-            outcome="failed",
-            finished_at=fact.at,
-            error=fact.error,
-            telemetry=telemetry,
-        )
-        changed = _task_update(head, task, TaskStatus.PENDING, attempts=attempts)
-        update["not_before"] = _not_before(head, fact.at, fact.not_before)
-        update |= _with_status(head, RunStatus.QUEUED)
-    elif isinstance(fact, TaskCompleted):
-        task = head.task(fact.task_id)
-        telemetry = priced(head.contract, fact.executor, fact.telemetry)
-        if fact.copied_from is None:
-            update["spent"] = charge(head, task.step_name, telemetry)
-        attempts = _replace_attempt(
-            task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=telemetry
-        )
-        routed = route_value_of(head.chain.step(task.step_name), fact.value)
-        changed = _task_update(
-            head,
-            task,
-            TaskStatus.DONE,
-            executor=fact.executor,
-            attempts=attempts,
-            output_seq=fact.seq,
-            output_chars=len(fact.output),
-            output_sha256=fact.output_sha256,
-            finished_at=fact.at,
-            error=None,
-            **({} if routed is None else {"route_value": routed}),
-        )
-        update["not_before"] = _not_before(head, fact.at)
-        update |= _with_status(head, RunStatus.QUEUED)
-    elif isinstance(fact, TaskFailed):
-        task = head.task(fact.task_id)
-        for cut in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
-            # A call closed without an outcome (out of time, an orphan) may have been billed.
-            update["spent"] = charge_unmetered(head, task.step_name, cut.executor)
-        attempts = tuple(
-            evolve(a, {"outcome": "failed", "finished_at": fact.at, "error": fact.error})
-            if a.outcome in ("running", "prepared")
-            else a
-            for a in task.attempts
-        )
-        changed = _task_update(
-            head, task, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
-        )
-        update["not_before"] = _not_before(head, fact.at)
-        update |= _with_status(head, RunStatus.QUEUED)
-    elif isinstance(fact, RouteDecided):
-        update |= _route(head, fact)
-    elif isinstance(fact, ChildStarted | ChildEnded):
-        changed, status = _child(head, fact)
-        if status is not None:
-            update |= _with_status(head, status)
-    elif isinstance(fact, RunCancelled):
-        update |= _with_status(head, RunStatus.CANCELLED)
-        update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
-        update["finished_at"] = fact.at
-        update["not_before"] = None
-    elif isinstance(fact, RunFinished):
-        update |= _with_status(head, RunStatus(fact.status))
-        update["error"] = fact.error
-        update["finished_at"] = fact.at
-        if fact.status == "failed" or any(not t.status.is_terminal for t in head.tasks):
-            # A run that completes with tasks not run (an exhausted loop's work accepted at its
-            # gate) skips them, as a failed one does.
-            update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
-    else:  # pragma: no cover - the union is closed
-        raise IllegalTransition(f"unknown fact {fact!r}")
+    changes, changed = handler(head, fact)
+    update |= changes
     if changed is not None:
         # Settled here: the only task of the head this fact made anew.
         if not keep_history and changed.status.is_terminal:
@@ -416,11 +254,43 @@ def _copy_head(head: RunHead, update: dict[str, object], version: int | None) ->
     return evolve(head, update)
 
 
-def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
-    """The head's changes for an ``approval_decided`` fact: approve goes on, reject ends the run
-    ``rejected``, revise re-runs the step whose output the gate shows
-    (:func:`~orchestration.core.routing.revise_plan`), fail (expiry with ``on_expiry = "fail"``) fails
-    the run with ``approval_expired``."""
+# The handlers: one per fact type after ``run_created``, each the rule of its fact. A handler gives
+# the head's changes for its fact, and the one task the fact changes when it changes one task and no
+# other (None otherwise: then a changed ``tasks`` is in the changes). It raises IllegalTransition for
+# a fact the head cannot take, before anything is changed.
+
+#: a handler's answer: the head's changes, and the one task the fact changes (or None)
+_Change = tuple[dict[str, object], TaskState | None]
+
+
+def _approval_requested(head: RunHead, fact: ApprovalRequested) -> _Change:
+    """A gate is asked for a decision; a budget gate exists from its request on
+    (:mod:`orchestration.core.budget`)."""
+    gate = head.gate(fact.gate_id)
+    gates = head.gates
+    if gate is None and fact.budget is not None:
+        gate = GateState(
+            gate_id=fact.gate_id,
+            task_id=fact.budget.task_id,
+            position="budget",
+            budget_step=fact.budget.step,
+            note=fact.budget.note,
+        )
+        gates = (*gates, gate)
+    if gate is None or gate.status != "pending":
+        raise IllegalTransition(f"gate {fact.gate_id} cannot be requested")
+    expiry = head.step_of(gate.task_id).expires_after_seconds
+    expires_at = None if expiry is None else fact.at + timedelta(seconds=expiry)
+    new_gate = evolve(gate, {"status": "requested", "requested_at": fact.at, "expires_at": expires_at})
+    update: dict[str, object] = {"gates": tuple(new_gate if g.gate_id == gate.gate_id else g for g in gates)}
+    update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
+    return update, None
+
+
+def _approval_decided(head: RunHead, fact: ApprovalDecided) -> _Change:
+    """Approve goes on, reject ends the run ``rejected``, revise re-runs the step whose output the
+    gate shows (:func:`~orchestration.core.routing.revise_plan`), fail (expiry with
+    ``on_expiry = "fail"``) fails the run with ``approval_expired``."""
     gate = head.gate(fact.gate_id)
     if gate is None or gate.status != "requested":
         raise IllegalTransition(f"gate {fact.gate_id} is not awaiting a decision")
@@ -442,17 +312,7 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
         if gate.position == "budget":
             update["spent"] = raise_budget(head, gate, fact.budget_raise)
     elif fact.decision == "revise":
-        plan = revise_plan(head, gate)
-        if not isinstance(plan, RevisePlan):
-            raise IllegalTransition(
-                f"run {head.run_id}: gate {gate.gate_id} cannot be revised: {plan.reason}"
-            )
-        try:
-            effect = revise_effect(evolve(head, {"gates": gates}), plan, fact.at)
-        except ValueError as exc:
-            raise IllegalTransition(f"run {head.run_id}: revise of {gate.gate_id}: {exc}") from None
-        update |= {"tasks": effect.tasks, "gates": effect.gates}
-        update |= _with_status(head, RunStatus.QUEUED)
+        update |= _revised(head, gate, gates, fact.at)
     elif fact.decision == "fail":
         update |= _with_status(head, RunStatus.FAILED)
         update["error"] = TypedError(
@@ -466,44 +326,172 @@ def _decide_gate(head: RunHead, fact: ApprovalDecided) -> dict[str, object]:
         update |= _with_status(head, RunStatus.REJECTED)
         update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
         update["finished_at"] = fact.at
+    return update, None
+
+
+def _revised(head: RunHead, gate: GateState, gates: tuple[GateState, ...], at: datetime) -> dict[str, object]:
+    """The head's changes for a ``revise`` decision at ``gate`` (``gates``: the head's gates with
+    that decision in them)."""
+    plan = revise_plan(head, gate)
+    if not isinstance(plan, RevisePlan):
+        raise IllegalTransition(f"run {head.run_id}: gate {gate.gate_id} cannot be revised: {plan.reason}")
+    try:
+        effect = revise_effect(evolve(head, {"gates": gates}), plan, at)
+    except ValueError as exc:
+        raise IllegalTransition(f"run {head.run_id}: revise of {gate.gate_id}: {exc}") from None
+    update: dict[str, object] = {"tasks": effect.tasks, "gates": effect.gates}
+    update |= _with_status(head, RunStatus.QUEUED)
     return update
 
 
-def _child(head: RunHead, fact: ChildStarted | ChildEnded) -> tuple[TaskState, RunStatus | None]:
-    """The task a child run's link or end changes, and the run's new status, if it has one
-    (:mod:`orchestration.engine.children`)."""
-    task = _found(head, fact.task_id)
-    children = task.children or ()
-    if isinstance(fact, ChildEnded):
-        ref = next((c for c in children if c.run_id == fact.child_run_id), None)
-        if ref is None or ref.status != "active":
-            raise IllegalTransition(f"child run {fact.child_run_id} of task {fact.task_id} is not active")
-        ended = tuple(evolve(c, {"status": fact.status}) if c is ref else c for c in children)
-        return evolve(task, {"children": ended}), None
-    if any(c.run_id == fact.child_run_id for c in children):
-        raise IllegalTransition(f"child run {fact.child_run_id} is already linked to task {fact.task_id}")
-    linked = (*children, ChildRef(run_id=fact.child_run_id, by=fact.by))
-    if fact.by == "host":
-        if task.status != TaskStatus.AWAITING_HOST:
-            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
-        return evolve(task, {"children": linked}), None
+def _host_task_prepared(head: RunHead, fact: HostTaskPrepared) -> _Change:
+    """A task is handed to the host (the inline path): it waits for the host's output."""
+    task = head.task(fact.task_id)
     attempt = AttemptRecord(
-        number=len(task.attempts) + 1, executor=f"child:{fact.child_run_id}", started_at=fact.at
+        number=fact.attempt, executor=fact.executor, started_at=fact.at, outcome="prepared"
     )
     changed = _task_update(
         head,
         task,
-        TaskStatus.RUNNING,
-        executor=attempt.executor,
+        TaskStatus.AWAITING_HOST,
+        executor=fact.executor,
         attempts=(*task.attempts, attempt),
+        prompt_sha256=fact.prompt_sha256,
         started_at=task.started_at or fact.at,
-        children=linked,
     )
-    return changed, RunStatus.AWAITING_CHILDREN
+    return _with_status(head, RunStatus.AWAITING_HOST), changed
 
 
-def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
-    """The head's changes for a ``route_decided`` fact (the rule: :mod:`orchestration.core.routing`)."""
+def _host_output_submitted(head: RunHead, fact: HostOutputSubmitted) -> _Change:
+    """The host's output arrived: nothing changes until its outcome is recorded."""
+    task = head.task(fact.task_id)
+    if task.status != TaskStatus.AWAITING_HOST:
+        raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+    return {}, None
+
+
+def _attempt_started(head: RunHead, fact: AttemptStarted) -> _Change:
+    """A worker call starts. An orphaned attempt (the process died during it) is closed as failed
+    when the next starts, and charged at its most: the provider may have billed it. (A fork's
+    copies are not charged: the new run spent nothing on them.)"""
+    task = head.task(fact.task_id)
+    attempt = built(
+        AttemptRecord,
+        {
+            "number": fact.attempt,
+            "executor": fact.executor,
+            "started_at": fact.at,
+            "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
+            "remote_run_id": fact.remote_run_id,
+            "follows": fact.follows,
+        },
+    )
+    update: dict[str, object] = {}
+    attempts = task.attempts
+    if any(a.outcome == "running" for a in attempts):
+        for orphan in (a for a in attempts if a.outcome == "running" and fact.copied_from is None):
+            update["spent"] = charge_unmetered(head, task.step_name, orphan.executor)
+        orphaned = {
+            "outcome": "failed",
+            "finished_at": fact.at,
+            "error": TypedError(code="orphaned", message="the worker died during this attempt"),
+        }
+        attempts = tuple(evolve(a, orphaned) if a.outcome == "running" else a for a in attempts)
+    if task.status == TaskStatus.RUNNING:
+        changed = evolve(task, {"attempts": (*attempts, attempt)})
+    else:
+        changed = _task_update(
+            head,
+            task,
+            TaskStatus.RUNNING,
+            executor=fact.executor,
+            attempts=(*attempts, attempt),
+            started_at=task.started_at or fact.at,
+        )
+    update["not_before"] = _not_before(head, fact.at)
+    update |= _with_status(head, RunStatus.RUNNING)
+    return update, changed
+
+
+def _remote_run_started(head: RunHead, fact: RemoteRunStarted) -> _Change:
+    """The attempt in flight learnt the id of its run at the remote agent (to resume it)."""
+    task = head.task(fact.task_id)
+    last = task.attempts[-1] if task.attempts else None
+    if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
+        raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
+    attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
+    return {}, evolve(task, {"attempts": attempts})
+
+
+def _attempt_failed(head: RunHead, fact: AttemptFailed) -> _Change:
+    """An attempt failed and is charged; its task waits for the next (``not_before``, if given)."""
+    task = head.task(fact.task_id)
+    executor = task.executor or head.contract.executor_for(head.chain.step(task.step_name))
+    telemetry = priced(head.contract, executor, fact.telemetry)
+    update: dict[str, object] = {}
+    if fact.copied_from is None:
+        update["spent"] = charge(head, task.step_name, telemetry)
+    attempts = _replace_attempt(
+        task, fact.attempt, outcome="failed", finished_at=fact.at, error=fact.error, telemetry=telemetry
+    )
+    changed = _task_update(head, task, TaskStatus.PENDING, attempts=attempts)
+    update["not_before"] = _not_before(head, fact.at, fact.not_before)
+    update |= _with_status(head, RunStatus.QUEUED)
+    return update, changed
+
+
+def _task_completed(head: RunHead, fact: TaskCompleted) -> _Change:
+    """A task's output is recorded and charged, with the routed value its step reads from it."""
+    task = head.task(fact.task_id)
+    telemetry = priced(head.contract, fact.executor, fact.telemetry)
+    update: dict[str, object] = {}
+    if fact.copied_from is None:
+        update["spent"] = charge(head, task.step_name, telemetry)
+    attempts = _replace_attempt(
+        task, fact.attempt, outcome="succeeded", finished_at=fact.at, telemetry=telemetry
+    )
+    routed = route_value_of(head.chain.step(task.step_name), fact.value)
+    changed = _task_update(
+        head,
+        task,
+        TaskStatus.DONE,
+        executor=fact.executor,
+        attempts=attempts,
+        output_seq=fact.seq,
+        output_chars=len(fact.output),
+        output_sha256=fact.output_sha256,
+        finished_at=fact.at,
+        error=None,
+        **({} if routed is None else {"route_value": routed}),
+    )
+    update["not_before"] = _not_before(head, fact.at)
+    update |= _with_status(head, RunStatus.QUEUED)
+    return update, changed
+
+
+def _task_failed(head: RunHead, fact: TaskFailed) -> _Change:
+    """A task failed for good; an attempt it cuts short is closed as failed."""
+    task = head.task(fact.task_id)
+    update: dict[str, object] = {}
+    for cut in (a for a in task.attempts if a.outcome == "running" and fact.copied_from is None):
+        # A call closed without an outcome (out of time, an orphan) may have been billed.
+        update["spent"] = charge_unmetered(head, task.step_name, cut.executor)
+    attempts = tuple(
+        evolve(a, {"outcome": "failed", "finished_at": fact.at, "error": fact.error})
+        if a.outcome in ("running", "prepared")
+        else a
+        for a in task.attempts
+    )
+    changed = _task_update(
+        head, task, TaskStatus.FAILED, error=fact.error, finished_at=fact.at, attempts=attempts
+    )
+    update["not_before"] = _not_before(head, fact.at)
+    update |= _with_status(head, RunStatus.QUEUED)
+    return update, changed
+
+
+def _route_decided(head: RunHead, fact: RouteDecided) -> _Change:
+    """A routed step's value is applied (the rule: :mod:`orchestration.core.routing`)."""
     task = _found(head, fact.task_id)
     step = head.chain.step(task.step_name)
     if step.route_on is None or task.status != TaskStatus.DONE or task.routed_to is not None:
@@ -520,7 +508,85 @@ def _route(head: RunHead, fact: RouteDecided) -> dict[str, object]:
         update |= _with_status(head, RunStatus.FAILED)
         update["error"] = fact.error
         update["finished_at"] = fact.at
-    return update
+    return update, None
+
+
+def _child_started(head: RunHead, fact: ChildStarted) -> _Change:
+    """A child run is linked to its task (:mod:`orchestration.engine.children`): by the host, to a
+    task awaiting it; by the engine, as the task's next attempt, and the run awaits its children."""
+    task = _found(head, fact.task_id)
+    children = task.children or ()
+    if any(c.run_id == fact.child_run_id for c in children):
+        raise IllegalTransition(f"child run {fact.child_run_id} is already linked to task {fact.task_id}")
+    linked = (*children, ChildRef(run_id=fact.child_run_id, by=fact.by))
+    if fact.by == "host":
+        if task.status != TaskStatus.AWAITING_HOST:
+            raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+        return {}, evolve(task, {"children": linked})
+    attempt = AttemptRecord(
+        number=len(task.attempts) + 1, executor=f"child:{fact.child_run_id}", started_at=fact.at
+    )
+    changed = _task_update(
+        head,
+        task,
+        TaskStatus.RUNNING,
+        executor=attempt.executor,
+        attempts=(*task.attempts, attempt),
+        started_at=task.started_at or fact.at,
+        children=linked,
+    )
+    return _with_status(head, RunStatus.AWAITING_CHILDREN), changed
+
+
+def _child_ended(head: RunHead, fact: ChildEnded) -> _Change:
+    """An active child run of a task ended (:mod:`orchestration.engine.children`)."""
+    task = _found(head, fact.task_id)
+    children = task.children or ()
+    ref = next((c for c in children if c.run_id == fact.child_run_id), None)
+    if ref is None or ref.status != "active":
+        raise IllegalTransition(f"child run {fact.child_run_id} of task {fact.task_id} is not active")
+    ended = tuple(evolve(c, {"status": fact.status}) if c is ref else c for c in children)
+    return {}, evolve(task, {"children": ended})
+
+
+def _run_cancelled(head: RunHead, fact: RunCancelled) -> _Change:
+    """The run is cancelled: its open tasks with it."""
+    update = _with_status(head, RunStatus.CANCELLED)
+    update["tasks"] = _close_open_tasks(head, TaskStatus.CANCELLED, fact.at)
+    update["finished_at"] = fact.at
+    update["not_before"] = None
+    return update, None
+
+
+def _run_finished(head: RunHead, fact: RunFinished) -> _Change:
+    """The run ends. One that completes with tasks not run (an exhausted loop's work accepted at
+    its gate) skips them, as a failed one does."""
+    update = _with_status(head, RunStatus(fact.status))
+    update["error"] = fact.error
+    update["finished_at"] = fact.at
+    if fact.status == "failed" or any(not t.status.is_terminal for t in head.tasks):
+        update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+    return update, None
+
+
+#: the handler of each fact type after ``run_created`` (found by the fact's exact type: the facts are
+#: a closed union of final records; tests/unit/test_fold_handlers.py checks that every one is here)
+_HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
+    ApprovalRequested: _approval_requested,
+    ApprovalDecided: _approval_decided,
+    HostTaskPrepared: _host_task_prepared,
+    HostOutputSubmitted: _host_output_submitted,
+    AttemptStarted: _attempt_started,
+    RemoteRunStarted: _remote_run_started,
+    AttemptFailed: _attempt_failed,
+    TaskCompleted: _task_completed,
+    TaskFailed: _task_failed,
+    RouteDecided: _route_decided,
+    ChildStarted: _child_started,
+    ChildEnded: _child_ended,
+    RunCancelled: _run_cancelled,
+    RunFinished: _run_finished,
+}
 
 
 def apply_write(head: RunHead, facts: Sequence[Fact], *, keep_history: bool = False) -> RunHead:

@@ -63,7 +63,7 @@ class StartRequest:
     #: the request's hash either: a retried start in another trace is the same request
     traceparent: str | None = None
     #: the run's budget (see :mod:`orchestration.core.budget`); None: the chain's from the
-    #: configuration, if any (applied by :func:`orchestration.core.spending.with_costs`)
+    #: configuration, if any (applied by :func:`orchestration.core.budget.with_costs`)
     budget: Budget | None = None
     #: a host's child run (:mod:`orchestration.engine.children`): the parent task it is tied to, and the
     #: parent's time limit, which bounds the child's deadline; neither is part of the hash

@@ -103,12 +103,20 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``serve``, ``runs ACTION``, ``migrate`` and ``demo``, each command's
+    arguments added by its own function below, in the order ``--help`` lists them."""
     parser = argparse.ArgumentParser(
         prog="construct-mcp", description="An MCP server that runs durable specialist chains."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _serve_arguments(sub.add_parser("serve", help="run the MCP server (stdio by default)"))
+    _runs_actions(sub.add_parser("runs", help="start, inspect and advance runs directly on the store"))
+    _migrate_arguments(sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations"))
+    _demo_arguments(sub.add_parser("demo", help="run the crash-and-resume demo (no API key, no database)"))
+    return parser
 
-    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--transport", choices=["stdio", "sse", "streamable-http"], default="stdio")
     serve.add_argument(
         "--host", default="127.0.0.1", help="HTTP transports: bind address (default 127.0.0.1)"
@@ -116,10 +124,50 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="HTTP transports: port (default 8000)")
     _common(serve)
 
-    runs = sub.add_parser("runs", help="start, inspect and advance runs directly on the store")
-    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
 
-    start = runs_sub.add_parser("start", help="start a chain on a request")
+def _runs_actions(runs: argparse.ArgumentParser) -> None:
+    """``runs``' actions: a run's life (start, status, resume, approve, cancel), the listing and
+    the timeline here; following one live (``tail``, ``watch``), ``fork``, and ``export``,
+    ``import`` and ``prune`` from their own modules."""
+    actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    _start_arguments(actions.add_parser("start", help="start a chain on a request"))
+
+    status = actions.add_parser("status", help="show a run")
+    status.add_argument("run_id")
+    status.add_argument("--full", action="store_true", help="show every task's whole output")
+    _common(status)
+    _json_flag(status)
+
+    _resume_arguments(
+        actions.add_parser("resume", help="record a host task's output, or continue an interrupted run")
+    )
+    _approve_arguments(
+        actions.add_parser("approve", help="approve (or --reject, or --revise) the gate a run waits at")
+    )
+
+    cancel = actions.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason")
+    _common(cancel)
+    _json_flag(cancel)
+
+    listing = actions.add_parser("list", help="list runs, newest first")
+    listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--cursor")
+    _common(listing)
+    _json_flag(listing)
+
+    timeline = actions.add_parser("timeline", help="print a run's recorded facts in order")
+    timeline.add_argument("run_id")
+    _common(timeline)
+    _json_flag(timeline)
+    add_live_parsers(actions, _common, _json_flag)
+    add_fork_parser(actions, _common, _json_flag)
+    add_retention_parsers(actions, _common, _json_flag)
+
+
+def _start_arguments(start: argparse.ArgumentParser) -> None:
     start.add_argument("request", help="what the chain should work on ('-' reads it from stdin)")
     chain = start.add_mutually_exclusive_group()
     chain.add_argument(
@@ -137,13 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(start)
     _json_flag(start)
 
-    status = runs_sub.add_parser("status", help="show a run")
-    status.add_argument("run_id")
-    status.add_argument("--full", action="store_true", help="show every task's whole output")
-    _common(status)
-    _json_flag(status)
 
-    resume = runs_sub.add_parser("resume", help="record a host task's output, or continue an interrupted run")
+def _resume_arguments(resume: argparse.ArgumentParser) -> None:
     resume.add_argument("run_id")
     resume.add_argument("--task-id", help="the task the output answers (required with an output)")
     given = resume.add_mutually_exclusive_group()
@@ -156,9 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(resume)
     _json_flag(resume)
 
-    approve = runs_sub.add_parser(
-        "approve", help="approve (or --reject, or --revise) the gate a run waits at"
-    )
+
+def _approve_arguments(approve: argparse.ArgumentParser) -> None:
     approve.add_argument("run_id")
     decided = approve.add_mutually_exclusive_group()
     decided.add_argument("--reject", action="store_true", help="reject instead of approving")
@@ -177,37 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(approve)
     _json_flag(approve)
 
-    cancel = runs_sub.add_parser("cancel", help="cancel a run")
-    cancel.add_argument("run_id")
-    cancel.add_argument("--reason")
-    _common(cancel)
-    _json_flag(cancel)
 
-    listing = runs_sub.add_parser("list", help="list runs, newest first")
-    listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
-    listing.add_argument("--limit", type=int, default=20)
-    listing.add_argument("--cursor")
-    _common(listing)
-    _json_flag(listing)
-
-    timeline = runs_sub.add_parser("timeline", help="print a run's recorded facts in order")
-    timeline.add_argument("run_id")
-    _common(timeline)
-    _json_flag(timeline)
-    add_live_parsers(runs_sub, _common, _json_flag)
-    add_fork_parser(runs_sub, _common, _json_flag)
-    add_retention_parsers(runs_sub, _common, _json_flag)
-
-    migrate = sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations")
+def _migrate_arguments(migrate: argparse.ArgumentParser) -> None:
     migrate.add_argument("--check", action="store_true", help="only check; exit 1 if a migration is pending")
     _common(migrate)
     _json_flag(migrate)
 
-    demo = sub.add_parser("demo", help="run the crash-and-resume demo (no API key, no database)")
+
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--home", type=Path, help="state directory for the demo (default: a fresh temp dir)")
     demo.add_argument("--store", help="store for the demo server (default: filesystem under the demo home)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary demo home")
-    return parser
 
 
 def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:

@@ -49,15 +49,17 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
-from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunStatus, StartRequest
+from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunHead, RunStatus, StartRequest
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
+from server.identity import Caller
 from server.mcp.answering import (
     DEFAULT_WAIT_SECONDS,
     MAX_WAIT_SECONDS,
@@ -103,94 +105,108 @@ WaitSeconds = Annotated[
 # -- the tools -----------------------------------------------------------------------------------
 
 
+# orchestrate_start's parameters (each schema is what hosts see in the tool's inputSchema)
+
+StartText = Annotated[
+    str, Field(description="What the chain should work on, in the user's words (the task, its context).")
+]
+StartChain = Annotated[
+    Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
+    | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
+    | None,
+    Field(
+        description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
+        "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
+        "architect, engineer, reviewer, researcher, tester, writer."
+    ),
+]
+ApproveBefore = Annotated[
+    list[Name] | None,
+    Field(
+        max_length=LIMITS.max_list_items,
+        description="Step names to pause before, for a human approval (e.g. ['engineer']).",
+    ),
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_idempotency_key_chars,
+        description="Makes a retried start safe: the same key and request return the existing run.",
+    ),
+]
+WorkerBackend = Annotated[
+    Literal["inline", "provider"] | None,
+    Field(
+        description="'inline' (usual default): you run each task with your own model. 'provider': the "
+        "server calls a configured model itself."
+    ),
+]
+ProviderName = Annotated[
+    Literal["anthropic", "openrouter", "openai"] | None,
+    Field(description="Provider backend only: the provider to call (default: the server's, else inferred)."),
+]
+ModelName = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_name_chars,
+        description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
+    ),
+]
+RunTimeout = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
+        "restarts).",
+    ),
+]
+TaskTimeout = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="A time limit for each task (for you to answer a host task, or for a provider "
+        "call), for steps whose chain definition sets none.",
+    ),
+]
+StartBudget = Annotated[
+    Budget | None,
+    Field(
+        description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
+        "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+    ),
+]
+ParentRunId = Annotated[
+    RunId | None,
+    Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
+]
+ParentTaskId = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
+    ),
+]
+
+
 async def orchestrate_start(
     ctx: ToolContext,
-    request: Annotated[
-        str, Field(description="What the chain should work on, in the user's words (the task, its context).")
-    ],
-    chain: Annotated[
-        Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
-        | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
-        | None,
-        Field(
-            description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
-            "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
-            "architect, engineer, reviewer, researcher, tester, writer."
-        ),
-    ] = None,
-    approve_before: Annotated[
-        list[Name] | None,
-        Field(
-            max_length=LIMITS.max_list_items,
-            description="Step names to pause before, for a human approval (e.g. ['engineer']).",
-        ),
-    ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_idempotency_key_chars,
-            description="Makes a retried start safe: the same key and request return the existing run.",
-        ),
-    ] = None,
-    worker_backend: Annotated[
-        Literal["inline", "provider"] | None,
-        Field(
-            description="'inline' (usual default): you run each task with your own model. 'provider': the "
-            "server calls a configured model itself."
-        ),
-    ] = None,
-    provider: Annotated[
-        Literal["anthropic", "openrouter", "openai"] | None,
-        Field(
-            description="Provider backend only: the provider to call (default: the server's, else inferred)."
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_name_chars,
-            description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
-        ),
-    ] = None,
-    timeout_seconds: Annotated[
-        float | None,
-        Field(
-            gt=0,
-            allow_inf_nan=False,
-            description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
-            "restarts).",
-        ),
-    ] = None,
-    task_timeout_seconds: Annotated[
-        float | None,
-        Field(
-            gt=0,
-            allow_inf_nan=False,
-            description="A time limit for each task (for you to answer a host task, or for a provider "
-            "call), for steps whose chain definition sets none.",
-        ),
-    ] = None,
-    budget: Annotated[
-        Budget | None,
-        Field(
-            description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
-            "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
-        ),
-    ] = None,
+    request: StartText,
+    chain: StartChain = None,
+    approve_before: ApproveBefore = None,
+    idempotency_key: IdempotencyKey = None,
+    worker_backend: WorkerBackend = None,
+    provider: ProviderName = None,
+    model: ModelName = None,
+    timeout_seconds: RunTimeout = None,
+    task_timeout_seconds: TaskTimeout = None,
+    budget: StartBudget = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-    parent_run_id: Annotated[
-        RunId | None,
-        Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
-    ] = None,
-    parent_task_id: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
-        ),
-    ] = None,
+    parent_run_id: ParentRunId = None,
+    parent_task_id: ParentTaskId = None,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Start a durable specialist chain on a request and return the run.
 
@@ -202,70 +218,127 @@ async def orchestrate_start(
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_start")
-        services = services_of(ctx)
-        start = StartRequest(
+        start = _start_request(
+            caller,
             request=request,
-            chain=tuple(chain) if isinstance(chain, list) else chain,
-            approve_before=tuple(approve_before or ()),
+            chain=chain,
+            approve_before=approve_before,
             idempotency_key=idempotency_key,
             worker_backend=worker_backend,
             provider=provider,
             model=model,
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
-            started_by=caller.identity if caller.verified else None,
-            # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
-            traceparent=current_traceparent(),
             budget=budget,
         )
-        if (parent_run_id is None) != (parent_task_id is None):
-            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
-        if parent_run_id is not None and parent_task_id is not None:
-            caller.check_run(await services.runtime.status(parent_run_id))
-            head, created = await services.runtime.children.start_for_host(
-                start, parent_run_id, parent_task_id
-            )
-        else:
-            head, created = await services.runtime.start(start)
-        # An idempotency key another identity used returns that identity's run: not to one
-        # limited to its own runs.
-        caller.check_run(head)
-        if created:
-            services.dispatcher.wake(head.run_id)
+        parent = _parent_task(parent_run_id, parent_task_id)
+        head = await _started(ctx, caller, start, parent)
         return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
 
     return await answer_or_ask("orchestrate_start", work)
 
 
+def _start_request(
+    caller: Caller,
+    *,
+    request: str,
+    chain: str | list[str] | None,
+    approve_before: list[str] | None,
+    idempotency_key: str | None,
+    worker_backend: Literal["inline", "provider"] | None,
+    provider: Literal["anthropic", "openrouter", "openai"] | None,
+    model: str | None,
+    timeout_seconds: float | None,
+    task_timeout_seconds: float | None,
+    budget: Budget | None,
+) -> StartRequest:
+    """What ``orchestrate_start``'s arguments ask the runtime for: the run is started by the
+    caller's identity only when it is verified, and joins the trace of this call."""
+    return StartRequest(
+        request=request,
+        chain=tuple(chain) if isinstance(chain, list) else chain,
+        approve_before=tuple(approve_before or ()),
+        idempotency_key=idempotency_key,
+        worker_backend=worker_backend,
+        provider=provider,
+        model=model,
+        timeout_seconds=timeout_seconds,
+        task_timeout_seconds=task_timeout_seconds,
+        started_by=caller.identity if caller.verified else None,
+        # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
+        traceparent=current_traceparent(),
+        budget=budget,
+    )
+
+
+def _parent_task(parent_run_id: str | None, parent_task_id: str | None) -> tuple[str, str] | None:
+    """The host task a child run is started for (run id, task id), or None for a top-level run;
+    ``invalid_argument`` when only one of the two is given."""
+    if parent_run_id is None or parent_task_id is None:
+        if parent_run_id is not None or parent_task_id is not None:
+            raise InvalidArgument("parent_run_id and parent_task_id go together: give both or neither")
+        return None
+    return parent_run_id, parent_task_id
+
+
+async def _started(
+    ctx: ToolContext, caller: Caller, start: StartRequest, parent: tuple[str, str] | None
+) -> RunHead:
+    """The run ``start`` made (or found, for a known idempotency key), as a child of the host task
+    ``parent`` when given (which the caller must be allowed to see); a new run is handed to the
+    dispatcher."""
+    services = services_of(ctx)
+    if parent is not None:
+        parent_run_id, parent_task_id = parent
+        caller.check_run(await services.runtime.status(parent_run_id))
+        head, created = await services.runtime.children.start_for_host(start, parent_run_id, parent_task_id)
+    else:
+        head, created = await services.runtime.start(start)
+    # An idempotency key another identity used returns that identity's run: not to one
+    # limited to its own runs.
+    caller.check_run(head)
+    if created:
+        services.dispatcher.wake(head.run_id)
+    return head
+
+
+# orchestrate_resume's parameters
+
+AnsweredTask = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
+        "output: a retried call then never lands on the next task.",
+    ),
+]
+HostOutput = Annotated[
+    str | None,
+    Field(
+        description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
+        "output (a JSON object matching next_action.output_schema when that is set; else refused with "
+        "invalid_output). Omit it only to continue a run that is queued or was interrupted."
+    ),
+]
+OutputUsage = Annotated[
+    HostUsage | None,
+    Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
+]
+DetachChildren = Annotated[
+    bool,
+    Field(description="Complete the task although child runs you started for it are still live."),
+]
+
+
 async def orchestrate_resume(
     ctx: ToolContext,
     run_id: RunId,
-    task_id: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
-            "output: a retried call then never lands on the next task.",
-        ),
-    ] = None,
-    output: Annotated[
-        str | None,
-        Field(
-            description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
-            "output (a JSON object matching next_action.output_schema when that is set; else refused with "
-            "invalid_output). Omit it only to continue a run that is queued or was interrupted."
-        ),
-    ] = None,
-    usage: Annotated[
-        HostUsage | None,
-        Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
-    ] = None,
+    task_id: AnsweredTask = None,
+    output: HostOutput = None,
+    usage: OutputUsage = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-    detach_children: Annotated[
-        bool,
-        Field(description="Complete the task although child runs you started for it are still live."),
-    ] = False,
+    detach_children: DetachChildren = False,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
@@ -301,44 +374,53 @@ async def orchestrate_resume(
     return await answer_or_ask("orchestrate_resume", work)
 
 
+# orchestrate_approve's parameters
+
+GateDecision = Annotated[
+    Literal["approve", "reject", "revise"],
+    Field(
+        description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
+        "shows with comment in its prompt (if the gate's decisions offer it)."
+    ),
+]
+DecidedGate = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=LIMITS.max_id_chars,
+        description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
+        "a retried call then never decides the next gate.",
+    ),
+]
+DecisionComment = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_comment_chars,
+        description="A note for the record; an approval's comment is shown to the following steps.",
+    ),
+]
+Approver = Annotated[
+    str | None,
+    Field(
+        max_length=LIMITS.max_approver_chars,
+        description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
+        "the token's identity is recorded.",
+    ),
+]
+BudgetRaise = Annotated[
+    BudgetLimits | None,
+    Field(description="Approving a budget gate: what to add (default: the original budget again)."),
+]
+
+
 async def orchestrate_approve(
     ctx: ToolContext,
     run_id: RunId,
-    decision: Annotated[
-        Literal["approve", "reject", "revise"],
-        Field(
-            description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
-            "shows with comment in its prompt (if the gate's decisions offer it)."
-        ),
-    ],
-    gate_id: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=LIMITS.max_id_chars,
-            description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
-            "a retried call then never decides the next gate.",
-        ),
-    ],
-    comment: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_comment_chars,
-            description="A note for the record; an approval's comment is shown to the following steps.",
-        ),
-    ] = None,
-    approver: Annotated[
-        str | None,
-        Field(
-            max_length=LIMITS.max_approver_chars,
-            description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
-            "the token's identity is recorded.",
-        ),
-    ] = None,
-    budget_raise: Annotated[
-        BudgetLimits | None,
-        Field(description="Approving a budget gate: what to add (default: the original budget again)."),
-    ] = None,
+    decision: GateDecision,
+    gate_id: DecidedGate,
+    comment: DecisionComment = None,
+    approver: Approver = None,
+    budget_raise: BudgetRaise = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
     """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
@@ -351,23 +433,12 @@ async def orchestrate_approve(
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
         services = services_of(ctx)
-        who = approver
-        if caller.verified:
-            # The record names the verified identity; a different name would be a claim the
-            # server cannot back, so it is refused rather than recorded or silently replaced.
-            if approver is not None and approver != caller.identity:
-                raise Forbidden(
-                    f"approver {quoted(approver)} is not the identity of this connection's token, "
-                    f"{caller.identity!r}, which the record names; omit approver "
-                    f"(or pass {caller.identity!r})"
-                )
-            who = caller.identity
         head = await services.runtime.approve(
             run_id,
             decision,
             gate_id,
             comment,
-            who,
+            _recorded_approver(caller, approver),
             channel=caller.channel,
             verified=caller.verified,
             budget_raise=budget_raise,
@@ -375,6 +446,21 @@ async def orchestrate_approve(
         return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
 
     return await answer_or_ask("orchestrate_approve", work)
+
+
+def _recorded_approver(caller: Caller, approver: str | None) -> str | None:
+    """Who a decision records as its approver: a verified caller's identity (a different
+    ``approver`` would be a claim the server cannot back, so it is ``forbidden`` rather than
+    recorded or silently replaced), else the ``approver`` argument, claimed."""
+    if not caller.verified:
+        return approver
+    if approver is not None and approver != caller.identity:
+        raise Forbidden(
+            f"approver {quoted(approver)} is not the identity of this connection's token, "
+            f"{caller.identity!r}, which the record names; omit approver "
+            f"(or pass {caller.identity!r})"
+        )
+    return caller.identity
 
 
 async def run_status(
@@ -499,91 +585,42 @@ async def run_events(
 
 
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
-    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``. ``limits`` are the
-    server's configured size limits, published as the ``maxLength`` of ``request`` and ``output``
-    (over one is ``too_large``, from the runtime) and of ``cursor``."""
-    tools: list[Tool] = []
+    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``, in the order
+    :data:`_PUBLISHED` lists them. ``limits`` are the server's configured size limits, published as
+    the ``maxLength`` of ``request`` and ``output`` (over one is ``too_large``, from the runtime)
+    and of ``cursor``."""
+    return [_strict_tool(published, limits) for published in _PUBLISHED]
 
-    def add(
-        fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]],
-        title: str,
-        annotations: ToolAnnotations,
-        missing: dict[str, MissingHint] | None = None,
-    ) -> None:
-        # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
-        description = inspect.cleandoc(fn.__doc__ or "")
-        tool = StrictTool.from_function(fn, title=title, description=description, annotations=annotations)
-        assert isinstance(tool, StrictTool)  # from_function builds its own class
-        tool.missing = missing or {}
-        tool.fn_metadata = verbatim_text(tool.fn_metadata)
-        tool.parameters = strict_schema(tool.parameters, limits)
-        tools.append(tool)
 
-    add(
-        orchestrate_start,
-        "Start a specialist chain",
-        ToolAnnotations(
-            title="Start a specialist chain",
-            read_only_hint=False,
-            destructive_hint=False,
-            open_world_hint=False,
-        ),
+@dataclass(frozen=True, slots=True)
+class _Publish:
+    """How a tool function is published: its title, its hints, and the hint for each argument
+    whose absence the tool explains itself (see :class:`StrictTool`)."""
+
+    fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+    title: str
+    annotations: ToolAnnotations
+    missing: Mapping[str, MissingHint] = field(default_factory=dict)
+
+
+def _strict_tool(published: _Publish, limits: Limits) -> StrictTool:
+    """``published.fn`` as a strict tool: its docstring as its description, its text arguments
+    taken verbatim, its input schema bounded by ``limits``."""
+    fn = published.fn
+    # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
+    description = inspect.cleandoc(fn.__doc__ or "")
+    tool = StrictTool.from_function(
+        fn,
+        title=published.title,
+        description=description,
+        # a copy: each list of tools has its own, as when they were made at each call
+        annotations=published.annotations.model_copy(),
     )
-    add(
-        orchestrate_fork,
-        "Fork a run from a task",
-        ToolAnnotations(
-            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
-        ),
-    )
-    add(
-        orchestrate_resume,
-        "Give a host task's output / continue a run",
-        ToolAnnotations(
-            title="Resume a run",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    )
-    add(
-        orchestrate_approve,
-        "Approve, reject or revise a gate",
-        ToolAnnotations(
-            title="Decide an approval gate",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-        missing={"gate_id": _missing_gate_id},
-    )
-    add(
-        run_status,
-        "Show a run",
-        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
-    )
-    add(
-        orchestrate_cancel,
-        "Cancel a run",
-        ToolAnnotations(
-            title="Cancel a run",
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    )
-    add(
-        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
-    )
-    add(
-        run_events,
-        "Follow a run's events",
-        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
-    )
-    return tools
+    assert isinstance(tool, StrictTool)  # from_function builds its own class
+    tool.missing = dict(published.missing)
+    tool.fn_metadata = verbatim_text(tool.fn_metadata)
+    tool.parameters = strict_schema(tool.parameters, limits)
+    return tool
 
 
 async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
@@ -594,3 +631,72 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
     except ConstructError as exc:
         return exc
     return await services_of(ctx).runtime.missing_gate_id(run_id)
+
+
+#: the tools :func:`build_tools` publishes, in this order
+_PUBLISHED = (
+    _Publish(
+        orchestrate_start,
+        "Start a specialist chain",
+        ToolAnnotations(
+            title="Start a specialist chain",
+            read_only_hint=False,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        orchestrate_fork,
+        "Fork a run from a task",
+        ToolAnnotations(
+            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
+        ),
+    ),
+    _Publish(
+        orchestrate_resume,
+        "Give a host task's output / continue a run",
+        ToolAnnotations(
+            title="Resume a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        orchestrate_approve,
+        "Approve, reject or revise a gate",
+        ToolAnnotations(
+            title="Decide an approval gate",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+        missing={"gate_id": _missing_gate_id},
+    ),
+    _Publish(
+        run_status,
+        "Show a run",
+        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+    ),
+    _Publish(
+        orchestrate_cancel,
+        "Cancel a run",
+        ToolAnnotations(
+            title="Cancel a run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    ),
+    _Publish(
+        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
+    ),
+    _Publish(
+        run_events,
+        "Follow a run's events",
+        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
+    ),
+)

@@ -11,6 +11,7 @@ from typing import Literal
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core.budget import with_costs
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import Action
 from orchestration.core.models import (
@@ -23,7 +24,6 @@ from orchestration.core.models import (
 )
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price
-from orchestration.core.spending import with_costs
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
@@ -72,7 +72,7 @@ def _contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
 
 def provider_contract(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
     """The scripted contract; a start with a budget gets costs (:data:`FAKE_PRICES`,
-    :data:`FAKE_MAX_TOKENS`), as :func:`orchestration.core.spending.with_costs` gives them."""
+    :data:`FAKE_MAX_TOKENS`), as :func:`orchestration.core.budget.with_costs` gives them."""
     if request.budget is None:
         return _contract(request, chain)
     return with_costs(_contract, prices=FAKE_PRICES, max_tokens=FAKE_MAX_TOKENS)(request, chain)

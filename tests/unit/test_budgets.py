@@ -17,7 +17,7 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
-from orchestration.core.budget import refusal
+from orchestration.core.budget import refusal, with_costs
 from orchestration.core.clock import ManualClock, SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage
 from orchestration.core.facts import ApprovalDecided, AttemptStarted, HostOutputSubmitted, TaskCompleted
@@ -25,7 +25,6 @@ from orchestration.core.fold import fold
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
-from orchestration.core.spending import with_costs
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument

@@ -50,6 +50,7 @@ steps = ["architect", { specialist = "engineer", approve_before = true }, "secur
     [
         ("[chains.x]\nsteps = []\n", "chains.x.steps", "at least 1"),
         ('[chains.x]\nsteps = ["nobody"]\n', "chains.x.steps[0].specialist", "unknown specialist 'nobody'"),
+        ('[chains.x]\nsteps = ["architect", "Bad"]\n', "chains.x.steps[1]", "not a valid name"),
         (
             '[chains.x]\nsteps = [{ specialist = "engineer", on_failure = "maybe" }]\n',
             "chains.x.steps[0].on_failure",
