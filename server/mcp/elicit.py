@@ -78,7 +78,7 @@ from orchestration.core import (
 from orchestration.engine import RunSnapshot
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
 from server.identity import Caller, caller_of
-from server.views.run_view import RunView, next_action, output_uri, request_preview
+from server.views.run_view import RunView, next_step, output_uri, request_preview
 
 if TYPE_CHECKING:
     from server.mcp.services import Services
@@ -356,7 +356,7 @@ def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:
     ]
     reviewed: str | None
     if gate.position == "exhausted":
-        action = next_action(snapshot)
+        action = next_step(snapshot)
         lines.append(action.guards if action.kind == "approve" else "A loop reached its bound.")
         reviewed = gate.task_id
     elif gate.position == "budget":

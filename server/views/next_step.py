@@ -1,7 +1,8 @@
-"""What a run view asks of its caller: ``next_action`` (the first thing that waits, or wait, or
-nothing) and, for a parallel run whose branches wait at once, ``more_actions`` (every other host
-task and gate, each with its exact call). Built from a :class:`~orchestration.engine.reading.RunSnapshot`
-only; :mod:`server.views.run_view` puts them in the view."""
+"""What a run view asks of its caller, its ``next_action`` field (:func:`next_step`): the first
+thing that waits, or wait, or nothing, and, for a parallel run whose branches wait at once,
+``more_actions`` (every other host task and gate, each with its exact call).
+Built from a :class:`~orchestration.engine.reading.RunSnapshot` only; :mod:`server.views.run_view`
+puts them in the view."""
 
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def waiting_items(snapshot: RunSnapshot) -> list[RunHostTask | Approve]:
     return items
 
 
-def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
+def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     """What the caller does now: the first of :func:`waiting_items` when the run is paused (the
     others are the view's ``more_actions``), else wait or nothing."""
     head = snapshot.head
@@ -191,4 +192,4 @@ def next_action(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     )
 
 
-__all__ = ["Approve", "Done", "NextAction", "RunHostTask", "Wait", "next_action", "waiting_items"]
+__all__ = ["Approve", "Done", "NextAction", "RunHostTask", "Wait", "next_step", "waiting_items"]

@@ -60,7 +60,7 @@ from server.views.next_step import Done as Done
 from server.views.next_step import NextAction as NextAction
 from server.views.next_step import RunHostTask as RunHostTask
 from server.views.next_step import Wait as Wait
-from server.views.next_step import next_action as next_action
+from server.views.next_step import next_step as next_step
 from server.views.next_step import waiting_items
 from server.views.outline import Outlined, View
 
@@ -501,7 +501,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
     head = snapshot.head
     if full_task is not None:
         check_task_id(head, full_task)
-    action = next_action(snapshot)
+    action = next_step(snapshot)
     return RunView(
         run_id=head.run_id,
         status=head.status,
