@@ -88,6 +88,7 @@ from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedT
 from server.settings.agents import AgentTable, check_agent_names
 from server.settings.sources import (
     CATALOG_TABLES,
+    NO_FILE_KEY,
     ConfigFileSource,
     EnvironmentSource,
     FlagSource,
@@ -157,14 +158,6 @@ class TokenTable(BaseModel):
         return None if value is None else _checked_token(value)
 
 
-def _base_url_in(provider: str) -> str:
-    return f"write base_url under [providers.{provider}] instead"
-
-
-def _api_key_in(provider: str) -> str:
-    return f"write api_key under [providers.{provider}] instead"
-
-
 class Settings(BaseSettings):
     """The settings of one process: one typed model, read by :func:`load_settings` from its
     sources (flags > the config file > the environment > these defaults). A field's ``Env``
@@ -177,9 +170,11 @@ class Settings(BaseSettings):
         extra="forbid", frozen=True, case_sensitive=True, arbitrary_types_allowed=True
     )
 
-    home: Annotated[Path, env("CONSTRUCT_HOME", not_in_file="unknown setting")] = Field(
-        default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
-        description="the state directory (runs, the filesystem store, `construct.toml`); `--home`",
+    home: Annotated[Path, env("CONSTRUCT_HOME", not_in_file=NO_FILE_KEY, shown_default="`~/.construct`")] = (
+        Field(
+            default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
+            description="the state directory (runs, the filesystem store, `construct.toml`); `--home`",
+        )
     )
     #: The config file read (``--config FILE``, else ``home/construct.toml`` when it exists).
     config_file: Path | None = None
@@ -299,13 +294,13 @@ class Settings(BaseSettings):
         description="a retry wait up to this long is slept in memory; a longer one is a durable `not_before`",
     )
     anthropic_base_url: Annotated[
-        str | None, env("CONSTRUCT_ANTHROPIC_BASE_URL", not_in_file=_base_url_in("anthropic"))
+        str | None, env("CONSTRUCT_ANTHROPIC_BASE_URL", in_table=("providers.anthropic", "base_url"))
     ] = Field(default=None, min_length=1, description="the Anthropic API's base URL (default: the real API)")
     openrouter_base_url: Annotated[
-        str | None, env("CONSTRUCT_OPENROUTER_BASE_URL", not_in_file=_base_url_in("openrouter"))
+        str | None, env("CONSTRUCT_OPENROUTER_BASE_URL", in_table=("providers.openrouter", "base_url"))
     ] = Field(default=None, min_length=1, description="OpenRouter's base URL (default: the real API)")
     openai_base_url: Annotated[
-        str | None, env("CONSTRUCT_OPENAI_BASE_URL", not_in_file=_base_url_in("openai"))
+        str | None, env("CONSTRUCT_OPENAI_BASE_URL", in_table=("providers.openai", "base_url"))
     ] = Field(
         default=None,
         min_length=1,
@@ -315,7 +310,7 @@ class Settings(BaseSettings):
         MaxTokensField | None,
         env(
             "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD",
-            not_in_file="write max_tokens_field under [providers.openai] instead",
+            in_table=("providers.openai", "max_tokens_field"),
         ),
     ] = Field(
         default=None,
@@ -326,7 +321,7 @@ class Settings(BaseSettings):
         StructuredOutputMode | None,
         env(
             "CONSTRUCT_OPENAI_STRUCTURED_OUTPUT",
-            not_in_file="write structured_output under [providers.openai] instead",
+            in_table=("providers.openai", "structured_output"),
         ),
     ] = Field(
         default=None,
@@ -334,15 +329,17 @@ class Settings(BaseSettings):
         "`prompt`",
     )
     anthropic_api_key: Annotated[
-        str | None, env("ANTHROPIC_API_KEY", not_in_file=_api_key_in("anthropic"))
+        str | None, env("ANTHROPIC_API_KEY", in_table=("providers.anthropic", "api_key"))
     ] = Field(default=None, repr=False, description="the Anthropic API key (never logged nor stored)")
     openrouter_api_key: Annotated[
-        str | None, env("OPENROUTER_API_KEY", not_in_file=_api_key_in("openrouter"))
+        str | None, env("OPENROUTER_API_KEY", in_table=("providers.openrouter", "api_key"))
     ] = Field(default=None, repr=False, description="the OpenRouter API key")
-    openai_api_key: Annotated[str | None, env("OPENAI_API_KEY", not_in_file=_api_key_in("openai"))] = Field(
-        default=None, repr=False, description="the OpenAI-compatible server's API key"
+    openai_api_key: Annotated[str | None, env("OPENAI_API_KEY", in_table=("providers.openai", "api_key"))] = (
+        Field(default=None, repr=False, description="the OpenAI-compatible server's API key")
     )
-    otel: Annotated[dict[str, str], env("OTEL_", not_in_file="unknown setting", prefix=True)] = Field(
+    otel: Annotated[
+        dict[str, str], env("OTEL_", not_in_file=NO_FILE_KEY, prefix=True, shown_default="no export")
+    ] = Field(
         default_factory=dict,
         repr=False,
         description="the standard OpenTelemetry variables: traces are exported when they ask for it "

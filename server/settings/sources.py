@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 #: Tables of the config file that belong to the catalog, not to the server settings.
 CATALOG_TABLES = frozenset({"specialists", "chains"})
+#: ``Env.not_in_file`` of a field that is no config-file key at all (the file's unknown key).
+NO_FILE_KEY = "unknown setting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +53,23 @@ class Env:
     not_in_file: str | None = None
     keep_empty: bool = False
     prefix: bool = False
+    #: ``(table, key)``: the config file sets this under ``[table] key`` instead.
+    in_table: tuple[str, str] | None = None
+    #: The default as the reference table shows it, where the field's own would mislead.
+    shown_default: str | None = None
 
-    def shown(self) -> str:
-        return f"{self.names[0]}*" if self.prefix else ", ".join(self.names)
 
-
-def env(*names: str, not_in_file: str | None = None, keep_empty: bool = False, prefix: bool = False) -> Env:
-    return Env(names, not_in_file, keep_empty, prefix)
+def env(
+    *names: str,
+    not_in_file: str | None = None,
+    keep_empty: bool = False,
+    prefix: bool = False,
+    in_table: tuple[str, str] | None = None,
+    shown_default: str | None = None,
+) -> Env:
+    if in_table is not None:
+        not_in_file = f"write {in_table[1]} under [{in_table[0]}] instead"
+    return Env(names, not_in_file, keep_empty, prefix, in_table, shown_default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +203,7 @@ class ConfigFileSource(TomlConfigSettingsSource):
         fields = self._settings_cls.model_fields
         for key in values.keys() - set(file_keys(self._settings_cls)):
             variable = env_of(fields[key]) if key in fields else None
-            if variable is not None and variable.not_in_file is not None:
+            if variable is not None and variable.not_in_file not in (None, NO_FILE_KEY):
                 raise ConfigError(source, key, variable.not_in_file)
         unknown = values.keys() - set(file_keys(self._settings_cls))
         validated(self._settings_cls, source, {k: v for k, v in values.items() if k not in unknown}, {})
@@ -234,6 +246,7 @@ class EnvironmentSource(PydanticBaseSettingsSource):
 
 __all__ = [
     "CATALOG_TABLES",
+    "NO_FILE_KEY",
     "ConfigFileSource",
     "Env",
     "EnvironmentSource",
