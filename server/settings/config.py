@@ -93,8 +93,8 @@ from server.settings.sources import (
     EnvironmentSource,
     FlagSource,
     Table,
-    env,
     env_fields,
+    from_env,
 )
 from server.transports.auth import MIN_TOKEN_CHARS
 
@@ -170,56 +170,56 @@ class Settings(BaseSettings):
         extra="forbid", frozen=True, case_sensitive=True, arbitrary_types_allowed=True
     )
 
-    home: Annotated[Path, env("CONSTRUCT_HOME", not_in_file=NO_FILE_KEY, shown_default="`~/.construct`")] = (
-        Field(
-            default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
-            description="the state directory (runs, the filesystem store, `construct.toml`); `--home`",
-        )
+    home: Annotated[
+        Path, from_env("CONSTRUCT_HOME", not_in_file=NO_FILE_KEY, shown_default="`~/.construct`")
+    ] = Field(
+        default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
+        description="the state directory (runs, the filesystem store, `construct.toml`); `--home`",
     )
     #: The config file read (``--config FILE``, else ``home/construct.toml`` when it exists).
     config_file: Path | None = None
-    store: Annotated[str | None, env("CONSTRUCT_ORCHESTRATION_STORE")] = Field(
+    store: Annotated[str | None, from_env("CONSTRUCT_ORCHESTRATION_STORE")] = Field(
         default=None,
         min_length=1,
         max_length=2000,
         description="the store: memory, filesystem, sqlite, postgres or a store URL; `--store` "
         "(default: from the deployment mode)",
     )
-    store_fallback: Annotated[bool, env("CONSTRUCT_STORE_FALLBACK")] = Field(
+    store_fallback: Annotated[bool, from_env("CONSTRUCT_STORE_FALLBACK")] = Field(
         default=True,
         description="an unreachable store falls back to the filesystem store, with a warning in the log "
         "and every run view",
     )
-    deployment_mode: Annotated[DeploymentMode, env("CONSTRUCT_DEPLOYMENT_MODE")] = Field(
+    deployment_mode: Annotated[DeploymentMode, from_env("CONSTRUCT_DEPLOYMENT_MODE")] = Field(
         default="solo",
         description="the store when none is named: `solo` → filesystem; `team`, `enterprise` → postgres",
     )
-    database_url: Annotated[str | None, env("CONSTRUCT_DATABASE_URL", "DATABASE_URL")] = Field(
+    database_url: Annotated[str | None, from_env("CONSTRUCT_DATABASE_URL", "DATABASE_URL")] = Field(
         default=None,
         min_length=1,
         max_length=2000,
         repr=False,
         description="the database of the store `postgres`",
     )
-    worker_backend: Annotated[WorkerBackendName, env("CONSTRUCT_WORKER_BACKEND")] = Field(
+    worker_backend: Annotated[WorkerBackendName, from_env("CONSTRUCT_WORKER_BACKEND")] = Field(
         default="inline", description="`inline` (no model calls) or `provider`"
     )
-    lease_ttl_seconds: Annotated[float, env("CONSTRUCT_LEASE_TTL_SECONDS")] = Field(
+    lease_ttl_seconds: Annotated[float, from_env("CONSTRUCT_LEASE_TTL_SECONDS")] = Field(
         default=30.0, ge=1, le=3600, description="how long a lease on a run lasts unless renewed"
     )
-    dispatch_concurrency: Annotated[int, env("CONSTRUCT_DISPATCH_CONCURRENCY")] = Field(
+    dispatch_concurrency: Annotated[int, from_env("CONSTRUCT_DISPATCH_CONCURRENCY")] = Field(
         default=4, ge=1, le=256, description="runs the dispatcher drives at once"
     )
-    poll_seconds: Annotated[float, env("CONSTRUCT_POLL_SECONDS")] = Field(
+    poll_seconds: Annotated[float, from_env("CONSTRUCT_POLL_SECONDS")] = Field(
         default=1.0,
         gt=0,
         le=3600,
         description="how often the dispatcher looks for what another process wrote to the store",
     )
-    recover_on_start: Annotated[bool, env("CONSTRUCT_RECOVER_ON_START")] = Field(
+    recover_on_start: Annotated[bool, from_env("CONSTRUCT_RECOVER_ON_START")] = Field(
         default=True, description="pick up the runs a dead process left, at startup"
     )
-    store_outage_seconds: Annotated[float, env("CONSTRUCT_STORE_OUTAGE_SECONDS")] = Field(
+    store_outage_seconds: Annotated[float, from_env("CONSTRUCT_STORE_OUTAGE_SECONDS")] = Field(
         default=30.0,
         gt=0,
         le=86400,
@@ -227,16 +227,16 @@ class Settings(BaseSettings):
         "call goes on, its next write waits); then the call is cancelled and the run resumes from its "
         "facts once the store is back",
     )
-    max_request_chars: Annotated[int, env("CONSTRUCT_MAX_REQUEST_CHARS")] = Field(
+    max_request_chars: Annotated[int, from_env("CONSTRUCT_MAX_REQUEST_CHARS")] = Field(
         default=_DEFAULT_LIMITS.max_request_chars, ge=1, description="the longest request a run accepts"
     )
-    max_output_chars: Annotated[int, env("CONSTRUCT_MAX_OUTPUT_CHARS")] = Field(
+    max_output_chars: Annotated[int, from_env("CONSTRUCT_MAX_OUTPUT_CHARS")] = Field(
         default=_DEFAULT_LIMITS.max_output_chars, ge=1, description="the longest output a step may record"
     )
-    log_level: Annotated[LogLevel, env("CONSTRUCT_LOG_LEVEL")] = Field(
+    log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
         default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"
     )
-    auth_token: Annotated[str | None, env("CONSTRUCT_AUTH_TOKEN", keep_empty=True)] = Field(
+    auth_token: Annotated[str | None, from_env("CONSTRUCT_AUTH_TOKEN", keep_empty=True)] = Field(
         default=None,
         max_length=4096,
         repr=False,
@@ -244,63 +244,63 @@ class Settings(BaseSettings):
         "`Authorization: Bearer <token>` (the identity `admin`, every role; more in `[tokens.IDENTITY]` "
         "tables); required to bind a host other than a loopback one; never logged",
     )
-    max_subscriptions: Annotated[int, env("CONSTRUCT_MAX_SUBSCRIPTIONS")] = Field(
+    max_subscriptions: Annotated[int, from_env("CONSTRUCT_MAX_SUBSCRIPTIONS")] = Field(
         default=100, ge=1, le=100_000, description="resource subscriptions one session may hold"
     )
-    http_max_sessions: Annotated[int, env("CONSTRUCT_HTTP_MAX_SESSIONS")] = Field(
+    http_max_sessions: Annotated[int, from_env("CONSTRUCT_HTTP_MAX_SESSIONS")] = Field(
         default=200,
         ge=1,
         le=100_000,
         description="open Streamable HTTP sessions; a new one closes the session idle the longest, or "
         "gets 503 when none is idle",
     )
-    http_session_idle_seconds: Annotated[float, env("CONSTRUCT_HTTP_SESSION_IDLE_SECONDS")] = Field(
+    http_session_idle_seconds: Annotated[float, from_env("CONSTRUCT_HTTP_SESSION_IDLE_SECONDS")] = Field(
         default=600.0,
         gt=0,
         le=86400,
         description="a Streamable HTTP session with no request in flight for this long is closed",
     )
     fault_crash_after_writes: Annotated[
-        int | None, env("CONSTRUCT_FAULT_CRASH_AFTER_WRITES", not_in_file=_TESTS_ONLY)
+        int | None, from_env("CONSTRUCT_FAULT_CRASH_AFTER_WRITES", not_in_file=_TESTS_ONLY)
     ] = Field(
         default=None, ge=1, description="**tests only**: SIGKILL the process after its N-th durable write"
     )
-    pid_file: Annotated[Path | None, env("CONSTRUCT_PID_FILE", not_in_file=_TESTS_ONLY)] = Field(
+    pid_file: Annotated[Path | None, from_env("CONSTRUCT_PID_FILE", not_in_file=_TESTS_ONLY)] = Field(
         default=None, description="tests and the demo: the server writes its process id there"
     )
-    provider: Annotated[ProviderName | None, env("CONSTRUCT_PROVIDER")] = Field(
+    provider: Annotated[ProviderName | None, from_env("CONSTRUCT_PROVIDER")] = Field(
         default=None,
         description="the provider backend's provider: anthropic, openrouter or openai (default: inferred "
         "from the model: `claude-*` → anthropic, else OpenRouter or the configured OpenAI-compatible URL)",
     )
-    model: Annotated[str | None, env("CONSTRUCT_MODEL")] = Field(
+    model: Annotated[str | None, from_env("CONSTRUCT_MODEL")] = Field(
         default=None, min_length=1, max_length=200, description="the provider backend's default model"
     )
-    max_attempts: Annotated[int, env("CONSTRUCT_MAX_ATTEMPTS")] = Field(
+    max_attempts: Annotated[int, from_env("CONSTRUCT_MAX_ATTEMPTS")] = Field(
         default=3, ge=1, le=20, description="attempts per task"
     )
-    max_tokens: Annotated[int, env("CONSTRUCT_MAX_TOKENS")] = Field(
+    max_tokens: Annotated[int, from_env("CONSTRUCT_MAX_TOKENS")] = Field(
         default=4096, ge=1, description="the output limit of one model call"
     )
-    provider_timeout_seconds: Annotated[float | None, env("CONSTRUCT_PROVIDER_TIMEOUT_SECONDS")] = Field(
+    provider_timeout_seconds: Annotated[float | None, from_env("CONSTRUCT_PROVIDER_TIMEOUT_SECONDS")] = Field(
         default=None,
         gt=0,
         description="the timeout of one model call (default: the HTTP read timeout, 600 s)",
     )
-    retry_wait_cap_seconds: Annotated[float, env("CONSTRUCT_RETRY_WAIT_CAP_SECONDS")] = Field(
+    retry_wait_cap_seconds: Annotated[float, from_env("CONSTRUCT_RETRY_WAIT_CAP_SECONDS")] = Field(
         default=30.0,
         ge=0,
         le=3600,
         description="a retry wait up to this long is slept in memory; a longer one is a durable `not_before`",
     )
     anthropic_base_url: Annotated[
-        str | None, env("CONSTRUCT_ANTHROPIC_BASE_URL", in_table=("providers.anthropic", "base_url"))
+        str | None, from_env("CONSTRUCT_ANTHROPIC_BASE_URL", in_table=("providers.anthropic", "base_url"))
     ] = Field(default=None, min_length=1, description="the Anthropic API's base URL (default: the real API)")
     openrouter_base_url: Annotated[
-        str | None, env("CONSTRUCT_OPENROUTER_BASE_URL", in_table=("providers.openrouter", "base_url"))
+        str | None, from_env("CONSTRUCT_OPENROUTER_BASE_URL", in_table=("providers.openrouter", "base_url"))
     ] = Field(default=None, min_length=1, description="OpenRouter's base URL (default: the real API)")
     openai_base_url: Annotated[
-        str | None, env("CONSTRUCT_OPENAI_BASE_URL", in_table=("providers.openai", "base_url"))
+        str | None, from_env("CONSTRUCT_OPENAI_BASE_URL", in_table=("providers.openai", "base_url"))
     ] = Field(
         default=None,
         min_length=1,
@@ -308,7 +308,7 @@ class Settings(BaseSettings):
     )
     openai_max_tokens_field: Annotated[
         MaxTokensField | None,
-        env(
+        from_env(
             "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD",
             in_table=("providers.openai", "max_tokens_field"),
         ),
@@ -319,7 +319,7 @@ class Settings(BaseSettings):
     )
     openai_structured_output: Annotated[
         StructuredOutputMode | None,
-        env(
+        from_env(
             "CONSTRUCT_OPENAI_STRUCTURED_OUTPUT",
             in_table=("providers.openai", "structured_output"),
         ),
@@ -329,16 +329,16 @@ class Settings(BaseSettings):
         "`prompt`",
     )
     anthropic_api_key: Annotated[
-        str | None, env("ANTHROPIC_API_KEY", in_table=("providers.anthropic", "api_key"))
+        str | None, from_env("ANTHROPIC_API_KEY", in_table=("providers.anthropic", "api_key"))
     ] = Field(default=None, repr=False, description="the Anthropic API key (never logged nor stored)")
     openrouter_api_key: Annotated[
-        str | None, env("OPENROUTER_API_KEY", in_table=("providers.openrouter", "api_key"))
+        str | None, from_env("OPENROUTER_API_KEY", in_table=("providers.openrouter", "api_key"))
     ] = Field(default=None, repr=False, description="the OpenRouter API key")
-    openai_api_key: Annotated[str | None, env("OPENAI_API_KEY", in_table=("providers.openai", "api_key"))] = (
-        Field(default=None, repr=False, description="the OpenAI-compatible server's API key")
-    )
+    openai_api_key: Annotated[
+        str | None, from_env("OPENAI_API_KEY", in_table=("providers.openai", "api_key"))
+    ] = Field(default=None, repr=False, description="the OpenAI-compatible server's API key")
     otel: Annotated[
-        dict[str, str], env("OTEL_", not_in_file=NO_FILE_KEY, prefix=True, shown_default="no export")
+        dict[str, str], from_env("OTEL_", not_in_file=NO_FILE_KEY, prefix=True, shown_default="no export")
     ] = Field(
         default_factory=dict,
         repr=False,

@@ -59,7 +59,7 @@ class Env:
     shown_default: str | None = None
 
 
-def env(
+def from_env(
     *names: str,
     not_in_file: str | None = None,
     keep_empty: bool = False,
@@ -114,13 +114,9 @@ def env_fields(settings_cls: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, 
 
 
 def _table_model(field: FieldInfo) -> type[BaseModel] | None:
-    """The model of one table of a ``dict[str, Model] | None`` field."""
-    for arg in typing.get_args(field.annotation):
-        args = typing.get_args(arg) or (arg,)
-        model = args[-1]
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            return model
-    return None
+    """The model of one table of a ``dict[str, Model]`` field."""
+    model = (typing.get_args(field.annotation) or (None,))[-1]
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def _problem(settings_cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
@@ -201,14 +197,14 @@ class ConfigFileSource(TomlConfigSettingsSource):
             raise ConfigError(source, "(file)", f"is not valid TOML: {exc}") from None
         values = {k: v for k, v in raw.items() if k not in CATALOG_TABLES}
         fields = self._settings_cls.model_fields
-        for key in values.keys() - set(file_keys(self._settings_cls)):
+        unknown = sorted(values.keys() - set(file_keys(self._settings_cls)))
+        for key in unknown:  # a field only the environment sets says what to write instead
             variable = env_of(fields[key]) if key in fields else None
             if variable is not None and variable.not_in_file not in (None, NO_FILE_KEY):
                 raise ConfigError(source, key, variable.not_in_file)
-        unknown = values.keys() - set(file_keys(self._settings_cls))
         validated(self._settings_cls, source, {k: v for k, v in values.items() if k not in unknown}, {})
-        for key in sorted(unknown):
-            raise ConfigError(source, key, _unknown_setting(self._settings_cls))
+        if unknown:
+            raise ConfigError(source, unknown[0], _unknown_setting(self._settings_cls))
         return values
 
 
@@ -252,10 +248,10 @@ __all__ = [
     "EnvironmentSource",
     "FlagSource",
     "Table",
-    "env",
     "env_fields",
     "env_of",
     "file_keys",
+    "from_env",
     "table_of",
     "validated",
 ]
