@@ -148,11 +148,11 @@ def _unknown_setting(settings_cls: type[BaseModel]) -> str:
 
 def validated(
     settings_cls: type[BaseModel], source: str, values: Mapping[str, Any], name_of: Mapping[str, str]
-) -> BaseModel:
-    """``values`` (one source's) validated against the model's fields, or the ConfigError naming
+) -> None:
+    """Check ``values`` (one source's) against the model's fields: raise the ConfigError naming
     ``source`` and the field as that source calls it (``name_of``)."""
     try:
-        return settings_cls.model_validate(dict(values))
+        settings_cls.model_validate(dict(values))
     except ValidationError as exc:
         where, message = _problem(settings_cls, exc)
         raise ConfigError(source, name_of.get(where, where), message) from None
@@ -167,8 +167,8 @@ class FlagSource(InitSettingsSource):
         allowed = {name for name, _, variable in env_fields(settings_cls) if not variable.prefix}
         allowed |= set(file_keys(settings_cls))
         allowed -= {"home"}  # --home chooses where the config file is: resolved before the sources
-        for name in given.keys() - allowed:
-            raise ConfigError("command line", self.labels[name], _unknown_setting(settings_cls))
+        if unknown := sorted(given.keys() - allowed):
+            raise ConfigError("command line", self.labels[unknown[0]], _unknown_setting(settings_cls))
         validated(settings_cls, "command line", given, self.labels)
         super().__init__(settings_cls, given)
 
