@@ -1,6 +1,7 @@
 """The settings model (server/settings/config.py on pydantic-settings): the precedence of its
 sources (flag > file > environment > default), what each source reads, a bad value's coded error, and
-the README's table of variables, which is rendered from the model."""
+the README's table of variables, which is rendered from the model; and the one other reading of the
+environment, an agent's token at call time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from orchestration.errors import ConfigError
 from orchestration.workers import KEY_VARIABLES
+from orchestration.workers.mcp_agents import token_from_environment
 from server.settings.config import ENV_VARS, Settings, load_settings
 from server.settings.reference import BEGIN, END, environment_table, with_table
 from server.settings.sources import ConfigFileSource, EnvironmentSource, FlagSource
@@ -160,3 +162,18 @@ def test_the_table_has_a_row_for_every_variable_and_a_changed_row_is_caught() ->
     assert changed != text and with_table(changed) != changed
     with pytest.raises(ValueError):
         with_table(text.replace(BEGIN, "").replace(END, ""))
+
+
+# ----------------------------------------------------------------------- the one other reading
+
+
+def test_an_agents_token_is_read_from_the_process_environment_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not at load time: a token rotated while the server runs is used by the next call.
+    monkeypatch.delenv("CONSTRUCT_TEST_AGENT_TOKEN", raising=False)
+    assert token_from_environment("CONSTRUCT_TEST_AGENT_TOKEN") is None
+    monkeypatch.setenv("CONSTRUCT_TEST_AGENT_TOKEN", "tok-1")
+    assert token_from_environment("CONSTRUCT_TEST_AGENT_TOKEN") == "tok-1"
+    monkeypatch.setenv("CONSTRUCT_TEST_AGENT_TOKEN", "tok-2")
+    assert token_from_environment("CONSTRUCT_TEST_AGENT_TOKEN") == "tok-2"
