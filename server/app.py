@@ -232,7 +232,7 @@ class ConstructApp:
             check_exposure(host, self.settings.named_tokens())
             host = bind_host(host)  # "[::1]" binds as "::1"
         # Spans are exported only when the otel extra and OTEL_* ask for it (server.settings.telemetry).
-        stop_tracing = configure_tracing(os.environ)
+        stop_tracing = configure_tracing(self.settings.otel)
         server = self.build_server()
         # Open the store before any transport starts: an unreachable store (with store_fallback
         # off) is then a one-line startup error, not a traceback from inside the transport.

@@ -10,20 +10,20 @@ Store specs (``--store``, the config file's ``store``, ``CONSTRUCT_ORCHESTRATION
 ``sqlite:///relative.db``       three slashes: a path relative to ``home`` (not to the process's
                                 working directory, which an MCP host chooses arbitrarily)
 ``sqlite:////abs/path.db``      four slashes: an absolute path
-``postgres``                    PostgreSQL at ``CONSTRUCT_DATABASE_URL``, else ``DATABASE_URL``
+``postgres``                    PostgreSQL at the database URL the settings give (``database_url``)
 ``postgresql://...``,           an asyncpg DSN; an extra ``?schema=name`` query parameter selects
 ``postgres://...``              the schema (search_path) the tables live in (default ``public``)
 ==============================  ===============================================================
 
 Drivers (aiosqlite, asyncpg) are imported only when their adapter is opened.
 
-Which spec applies (:func:`resolve_store_spec`): explicit (``--store``) > config file ``store`` >
-``CONSTRUCT_ORCHESTRATION_STORE`` > ``CONSTRUCT_DEPLOYMENT_MODE`` (``solo`` → filesystem, ``team`` /
-``enterprise`` → postgres) > filesystem. :func:`open_configured_store` opens it; a backend that
-cannot be opened (driver missing, database unreachable, schema not migrated) falls back to the
-filesystem store with a warning returned in :class:`OpenedStore` — unless ``fallback=False``, which
-raises instead. Warnings and errors never contain a password: every URL shown goes through
-:func:`redact_url`.
+Which spec applies is the settings' concern (:func:`server.settings.storage.store_inputs`: ``--store`` >
+the config file's ``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` > the deployment mode > filesystem);
+this package is given the spec, where it came from and the database URL, and reads no environment.
+:func:`open_configured_store` opens it; a backend that cannot be opened (driver missing, database
+unreachable, schema not migrated) falls back to the filesystem store with a warning returned in
+:class:`OpenedStore` — unless ``fallback=False``, which raises instead. Warnings and errors never
+contain a password: every URL shown goes through :func:`redact_url`.
 
 Optional abilities beyond ``RunStore``, declared as protocols on the port
 (:mod:`orchestration.store`) and checked with ``isinstance`` by the dispatcher:
@@ -38,8 +38,6 @@ Optional abilities beyond ``RunStore``, declared as protocols on the port
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -58,7 +56,6 @@ __all__ = [
     "open_store",
     "parse_store_spec",
     "redact_url",
-    "resolve_store_spec",
     "scrub",
 ]
 
@@ -101,18 +98,12 @@ def _backend_of(spec: str) -> str:
     return {"file": "filesystem", "postgresql": "postgres"}.get(scheme, scheme)
 
 
-def _env_value(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name, "").strip()
-    return value or None
-
-
 def parse_store_spec(
-    spec: str, *, home: Path, env: Mapping[str, str] | None = None, source: str = "store"
+    spec: str, *, home: Path, database_url: str | None = None, source: str = "store"
 ) -> StoreSpec:
-    """Parse a store spec (table in the module docstring). ``env`` (default ``os.environ``) gives
-    the database URL for the bare name ``postgres``. Raises ``ConfigError`` naming ``source`` for
-    a spec that is not one; ``StoreUnavailable`` for ``postgres`` without a database URL."""
-    env = os.environ if env is None else env
+    """Parse a store spec (table in the module docstring). ``database_url`` is the database of the
+    bare name ``postgres``. Raises ``ConfigError`` naming ``source`` for a spec that is not one;
+    ``StoreUnavailable`` for ``postgres`` without a database URL."""
     text = spec.strip()
     lowered = text.lower()
     if lowered == "memory":
@@ -123,7 +114,7 @@ def parse_store_spec(
         path = home / "construct.db"
         return StoreSpec("sqlite", f"sqlite:///{path}", path=path)
     if lowered in ("postgres", "postgresql"):
-        url = _env_value(env, "CONSTRUCT_DATABASE_URL") or _env_value(env, "DATABASE_URL")
+        url = (database_url or "").strip() or None
         if url is None:
             raise StoreUnavailable(
                 "the postgres store needs a database URL: set CONSTRUCT_DATABASE_URL (or DATABASE_URL), "
@@ -192,7 +183,7 @@ async def open_store(
     spec: str,
     *,
     home: Path,
-    env: Mapping[str, str] | None = None,
+    database_url: str | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
 ) -> RunStore:
     """Open the store ``spec`` names (see the module docstring), importing only its driver.
@@ -200,7 +191,7 @@ async def open_store(
     Raises ``ConfigError`` (not a store spec), ``StoreUnavailable`` (driver missing, backend
     unreachable within ``connect_timeout`` seconds, schema behind: the message says what to do and
     never contains a password)."""
-    parsed = parse_store_spec(spec, home=home, env=env)
+    parsed = parse_store_spec(spec, home=home, database_url=database_url)
     return await _open_parsed(parsed, connect_timeout)
 
 
@@ -229,41 +220,17 @@ async def _open_parsed(spec: StoreSpec, connect_timeout: float) -> RunStore:
     return await PostgresStore.open(spec.dsn, schema=spec.schema, connect_timeout=connect_timeout)
 
 
-def resolve_store_spec(
-    *, explicit: str | None = None, config: str | None = None, env: Mapping[str, str] | None = None
-) -> tuple[str, str]:
-    """``(spec, source)`` by the precedence explicit (``--store``) > config file ``store`` >
-    ``CONSTRUCT_ORCHESTRATION_STORE`` > ``CONSTRUCT_DEPLOYMENT_MODE`` > ``filesystem``. Empty values
-    count as unset. Raises ``ConfigError`` for an unknown deployment mode."""
-    env = os.environ if env is None else env
-    if explicit and explicit.strip():
-        return explicit.strip(), "--store"
-    if config and config.strip():
-        return config.strip(), "config"
-    from_env = _env_value(env, "CONSTRUCT_ORCHESTRATION_STORE")
-    if from_env is not None:
-        return from_env, "CONSTRUCT_ORCHESTRATION_STORE"
-    mode = _env_value(env, "CONSTRUCT_DEPLOYMENT_MODE")
-    if mode is not None:
-        backend = {"solo": "filesystem", "team": "postgres", "enterprise": "postgres"}.get(mode.lower())
-        if backend is None:
-            raise ConfigError(
-                "environment", "CONSTRUCT_DEPLOYMENT_MODE", f"{mode!r} is not solo, team or enterprise"
-            )
-        return backend, "CONSTRUCT_DEPLOYMENT_MODE"
-    return "filesystem", "default"
-
-
 async def open_configured_store(
     *,
     home: Path,
-    explicit: str | None = None,
-    config: str | None = None,
-    env: Mapping[str, str] | None = None,
+    spec: str = "filesystem",
+    source: str = "default",
+    database_url: str | None = None,
     fallback: bool = True,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
 ) -> OpenedStore:
-    """Resolve the store spec (:func:`resolve_store_spec`) and open it.
+    """Open the store ``spec`` names; ``source`` says where the spec came from (``--store``,
+    ``config``, a variable's name, ``default``) and ``database_url`` is the bare ``postgres``'s.
 
     When the chosen backend cannot be opened (``StoreUnavailable``: driver missing, unreachable,
     schema behind, postgres without a URL) and ``fallback`` is true, the filesystem store at
@@ -272,13 +239,12 @@ async def open_configured_store(
     naming the store (redacted), where its spec came from and the cause. A spec that is not one
     (``ConfigError``) is raised either way: a typo is not an outage.
     """
-    env = os.environ if env is None else env
-    spec, source = resolve_store_spec(explicit=explicit, config=config, env=env)
+    spec = spec.strip()
     shown = redact_url(spec)
-    # The bare name "postgres" takes its URL (and password) from the environment: scrub that one.
+    # The bare name "postgres" takes its URL (and password) from database_url: scrub that one.
     secret_source = spec
     try:
-        parsed = parse_store_spec(spec, home=home, env=env, source=source)
+        parsed = parse_store_spec(spec, home=home, database_url=database_url, source=source)
         shown = parsed.display
         secret_source = parsed.dsn or spec
         store = await _open_parsed(parsed, connect_timeout)
@@ -295,5 +261,5 @@ async def open_configured_store(
             f"{home} instead, so runs started now are not in {shown}"
         )
         log.warning(warning, extra={"action": "store.fallback", "requested": shown, "source": source})
-        fs = await _open_parsed(parse_store_spec("filesystem", home=home, env=env), connect_timeout)
+        fs = await _open_parsed(parse_store_spec("filesystem", home=home), connect_timeout)
         return OpenedStore(fs, shown, source, [warning], fell_back=True)

@@ -26,10 +26,12 @@ place (:func:`classify`): a refused or lost connection, a 5xx or a protocol erro
 set) is ``auth``; and the retry policy's verdict is folded in as the provider worker does
 (:class:`~orchestration.workers.retry.RetryPolicy`, bounded by the run's attempt budget).
 
-**The token** is read from the environment variable the agent names (``token_env``) when the call
-is made, and lives only in the HTTP client's headers for that call: never in a record, a log line
-or an error message (every message passes a :class:`~orchestration.workers._redact.Redactor`
-that knows it). A URL must not carry credentials (the config refuses userinfo).
+**The token** is read from the environment variable the agent names (``token_env``) when the call is
+made (:func:`token_from_environment`, this module's one read of the process environment, which also
+gives a stdio agent the variables its ``pass_env`` names), and lives only in the HTTP client's headers
+for that call: never in a record, a log line or an error message (every message passes a
+:class:`~orchestration.workers._redact.Redactor` that knows it). A URL must not carry credentials (the
+config refuses userinfo).
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ class _Observed:
 Connector = Callable[[AgentEndpoint, str | None, _Observed], AbstractAsyncContextManager[AgentSession]]
 
 
+def token_from_environment(name: str) -> str | None:
+    """The process environment's variable ``name`` as it is now (None: not set): an agent's
+    ``token_env`` at each call, and each variable a stdio agent's ``pass_env`` names. The one place
+    this module reads the environment (everything else is in the server's settings)."""
+    return os.environ.get(name)
+
+
 @asynccontextmanager
 async def connect_mcp(
     endpoint: AgentEndpoint,
@@ -117,7 +126,8 @@ async def connect_mcp(
             yield client
         return
     assert endpoint.command is not None
-    env = {**endpoint.env, **{n: os.environ[n] for n in endpoint.pass_env if n in os.environ}}
+    passed = {n: value for n in endpoint.pass_env if (value := token_from_environment(n)) is not None}
+    env = {**endpoint.env, **passed}
     params = StdioServerParameters(
         command=endpoint.command[0], args=list(endpoint.command[1:]), env=env, cwd=endpoint.cwd
     )
@@ -196,7 +206,7 @@ class AgentWorker:
         policy: RetryPolicy | None = None,
     ) -> None:
         self.endpoints = dict(endpoints)
-        self._env = os.environ if env is None else env
+        self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
         self._connect: Connector = connect or connect_mcp
         self.clock = clock or SystemClock()
         self.rng: Rng = rng or random.random
@@ -256,7 +266,7 @@ class AgentWorker:
         """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
         if endpoint.token_env is None:
             return None
-        return (self._env.get(endpoint.token_env) or "").strip() or None
+        return (self._lookup(endpoint.token_env) or "").strip() or None
 
     async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
         """``orchestrate_cancel`` the remote run (see
@@ -422,4 +432,5 @@ __all__ = [
     "Workers",
     "classify",
     "connect_mcp",
+    "token_from_environment",
 ]

@@ -59,7 +59,7 @@ from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.settings.config import Settings, load_settings
 from server.settings.logs import configure_logging
-from server.settings.storage import open_run_store, store_inputs
+from server.settings.storage import open_run_store, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
 from server.views.run_view import Approve, Detail, Done, RunHostTask, RunView, Wait, run_view
@@ -385,7 +385,7 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
         return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
-    stop_tracing = configure_tracing(os.environ)  # a run driven here is traced as by the server
+    stop_tracing = configure_tracing(settings.otel)  # a run driven here is traced as by the server
     try:
         async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
             return await _runs_with(runtime, args, out)
@@ -502,10 +502,7 @@ async def _migrate(args: argparse.Namespace, settings: Settings, out: TextIO) ->
         from stores.migrate import migrate
     except ImportError as exc:  # pragma: no cover - present in every release
         raise UsageError(f"migrations are not available in this installation ({exc})") from None
-    from stores import resolve_store_spec
-
-    spec, _source = resolve_store_spec(**store_inputs(settings))
-    report = await migrate(spec, check_only=args.check, home=settings.home)
+    report = await migrate(store_url(settings), check_only=args.check, home=settings.home)
     if args.json:
         out.write(
             json.dumps(

@@ -173,7 +173,7 @@ async def _import(
     run = read_export(text.splitlines(), where)
     source: RunStore | None = None
     if args.move:
-        source = await open_store(args.source, home=settings.home)
+        source = await open_store(args.source, home=settings.home, database_url=settings.database_url)
     try:
         stored = await import_export(
             store, run, now=SystemClock().now(), move_from=source, target_name=target
@@ -182,7 +182,11 @@ async def _import(
         if source is not None:
             with anyio.CancelScope(shield=True):
                 await source.close()
-    moved_from = parse_store_spec(args.source, home=settings.home).display if args.move else None
+    moved_from = (
+        parse_store_spec(args.source, home=settings.home, database_url=settings.database_url).display
+        if args.move
+        else None
+    )
     if args.json:
         answer = {
             "run_id": stored.run_id,

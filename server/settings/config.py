@@ -61,52 +61,10 @@ Every token must differ from the others and from ``auth_token`` (which stands fo
 read; a duplicate token or a ``token_env`` that is not set (or too short) stops the HTTP transports
 at startup (stdio and the CLI do not use the tokens). Errors name the table, never the value.
 
-Environment variables (each overridden by the same key in the config file and by a flag):
-
-=================================== ===================================================
-``CONSTRUCT_HOME``                  state directory (default ``~/.construct``)
-``CONSTRUCT_ORCHESTRATION_STORE``   ``store``
-``CONSTRUCT_STORE_FALLBACK``        ``store_fallback``
-``CONSTRUCT_DEPLOYMENT_MODE``       ``deployment_mode``
-``CONSTRUCT_DATABASE_URL``          ``database_url``
-``CONSTRUCT_WORKER_BACKEND``        ``worker_backend``
-``CONSTRUCT_LEASE_TTL_SECONDS``     ``lease_ttl_seconds`` (default 30)
-``CONSTRUCT_DISPATCH_CONCURRENCY``  ``dispatch_concurrency`` (default 4)
-``CONSTRUCT_POLL_SECONDS``          ``poll_seconds`` (default 1.0)
-``CONSTRUCT_RECOVER_ON_START``      ``recover_on_start`` (default true)
-``CONSTRUCT_STORE_OUTAGE_SECONDS``  ``store_outage_seconds`` (default 30): a run being driven waits this
-                                    long for a store that stopped answering (its provider call goes on,
-                                    its next write waits); then the call is cancelled and the run resumes
-                                    from its facts once the store is back
-``CONSTRUCT_MAX_REQUEST_CHARS``     ``max_request_chars`` (default 200000)
-``CONSTRUCT_MAX_OUTPUT_CHARS``      ``max_output_chars`` (default 1000000)
-``CONSTRUCT_LOG_LEVEL``             ``log_level`` (default INFO)
-``CONSTRUCT_AUTH_TOKEN``            ``auth_token``: a secret (16+ characters) every HTTP request must carry
-                                    as ``Authorization: Bearer <token>``; required to bind a host other
-                                    than a loopback one (see :mod:`server.transports.auth`); never logged
-``CONSTRUCT_MAX_SUBSCRIPTIONS``     ``max_subscriptions`` (default 100): resource subscriptions one session
-                                    may hold (see :mod:`server.mcp.subscriptions`)
-``CONSTRUCT_HTTP_MAX_SESSIONS``     ``http_max_sessions`` (default 200): open Streamable HTTP sessions; a
-                                    new one closes the session idle the longest, or gets 503 when none is
-                                    idle (see :mod:`server.app`)
-``CONSTRUCT_HTTP_SESSION_IDLE_SECONDS`` ``http_session_idle_seconds`` (default 600): a Streamable HTTP
-                                    session with no request in flight for this long is closed
-``CONSTRUCT_PROVIDER``              ``provider``
-``CONSTRUCT_MODEL``                 ``model``
-``CONSTRUCT_MAX_ATTEMPTS``          ``max_attempts`` (default 3)
-``CONSTRUCT_MAX_TOKENS``            ``max_tokens`` (default 4096)
-``CONSTRUCT_PROVIDER_TIMEOUT_SECONDS`` ``provider_timeout_seconds``
-``CONSTRUCT_RETRY_WAIT_CAP_SECONDS`` ``retry_wait_cap_seconds`` (default 30): a retry wait up to this
-                                    long is slept in memory; a longer one is a durable ``not_before``
-``CONSTRUCT_ANTHROPIC_BASE_URL``    ``[providers.anthropic] base_url`` (likewise ``OPENROUTER``, ``OPENAI``)
-``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD`` ``[providers.openai] max_tokens_field``: ``max_tokens`` or
-                                    ``max_completion_tokens`` (default: from the base URL, see above)
-``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT`` ``[providers.openai] structured_output``: ``auto`` (default),
-                                    ``json_schema``, ``json_object`` or ``prompt``
-``ANTHROPIC_API_KEY`` ...           provider keys, when the config file gives none
-``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` tests only: SIGKILL the process after its N-th durable write
-``CONSTRUCT_PID_FILE``              tests and the demo: the server writes its process id there
-=================================== ===================================================
+Environment variables: each field of :class:`Settings` names its own (see
+:mod:`server.settings.sources`), each overridden by the same key in the config file and by a flag.
+Their reference table, in the README's Configuration section, is rendered from the model by
+:func:`server.settings.reference.environment_table` (a test keeps the two the same).
 
 Any bad value is a :class:`~orchestration.errors.ConfigError` naming where it came from (the file
 path, ``environment`` or ``command line``), the field or variable, and what is wrong; the CLI prints
@@ -116,74 +74,39 @@ it on stderr and exits with status 2.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from orchestration.core import Budget, Limits, Price
 from orchestration.errors import ConfigError
 from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 from server.settings.agents import AgentTable, check_agent_names
+from server.settings.sources import (
+    CATALOG_TABLES,
+    NO_FILE_KEY,
+    ConfigFileSource,
+    EnvironmentSource,
+    FlagSource,
+    Table,
+    env_fields,
+    from_env,
+)
 from server.transports.auth import MIN_TOKEN_CHARS
 
 DeploymentMode = Literal["solo", "team", "enterprise"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 WorkerBackendName = Literal["inline", "provider"]
-
-CONFIG_FILE_NAME = "construct.toml"
-_DEFAULT_LIMITS = Limits()
-#: Tables of the config file that belong to the catalog, not to the server settings.
-CATALOG_TABLES = frozenset({"specialists", "chains"})
 ProviderName = Literal["anthropic", "openrouter", "openai"]
 
-#: Environment variable -> settings field.
-ENV_VARS: dict[str, str] = {
-    "CONSTRUCT_ORCHESTRATION_STORE": "store",
-    "CONSTRUCT_STORE_FALLBACK": "store_fallback",
-    "CONSTRUCT_DEPLOYMENT_MODE": "deployment_mode",
-    "CONSTRUCT_DATABASE_URL": "database_url",
-    "CONSTRUCT_WORKER_BACKEND": "worker_backend",
-    "CONSTRUCT_LEASE_TTL_SECONDS": "lease_ttl_seconds",
-    "CONSTRUCT_DISPATCH_CONCURRENCY": "dispatch_concurrency",
-    "CONSTRUCT_POLL_SECONDS": "poll_seconds",
-    "CONSTRUCT_RECOVER_ON_START": "recover_on_start",
-    "CONSTRUCT_STORE_OUTAGE_SECONDS": "store_outage_seconds",
-    "CONSTRUCT_MAX_REQUEST_CHARS": "max_request_chars",
-    "CONSTRUCT_MAX_OUTPUT_CHARS": "max_output_chars",
-    "CONSTRUCT_LOG_LEVEL": "log_level",
-    "CONSTRUCT_AUTH_TOKEN": "auth_token",
-    "CONSTRUCT_MAX_SUBSCRIPTIONS": "max_subscriptions",
-    "CONSTRUCT_HTTP_MAX_SESSIONS": "http_max_sessions",
-    "CONSTRUCT_HTTP_SESSION_IDLE_SECONDS": "http_session_idle_seconds",
-    "CONSTRUCT_PROVIDER": "provider",
-    "CONSTRUCT_MODEL": "model",
-    "CONSTRUCT_MAX_ATTEMPTS": "max_attempts",
-    "CONSTRUCT_MAX_TOKENS": "max_tokens",
-    "CONSTRUCT_PROVIDER_TIMEOUT_SECONDS": "provider_timeout_seconds",
-    "CONSTRUCT_RETRY_WAIT_CAP_SECONDS": "retry_wait_cap_seconds",
-    "CONSTRUCT_ANTHROPIC_BASE_URL": "anthropic_base_url",
-    "CONSTRUCT_OPENROUTER_BASE_URL": "openrouter_base_url",
-    "CONSTRUCT_OPENAI_BASE_URL": "openai_base_url",
-    "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD": "openai_max_tokens_field",
-    "CONSTRUCT_OPENAI_STRUCTURED_OUTPUT": "openai_structured_output",
-    "CONSTRUCT_FAULT_CRASH_AFTER_WRITES": "fault_crash_after_writes",
-    "CONSTRUCT_PID_FILE": "pid_file",
-}
-#: Fields only the environment may set, and what to tell someone who puts them in the file.
-ENV_ONLY: dict[str, str] = {
-    "fault_crash_after_writes": "can only be set in the environment (it is for tests)",
-    "pid_file": "can only be set in the environment (it is for tests)",
-    "anthropic_base_url": "write base_url under [providers.anthropic] instead",
-    "openrouter_base_url": "write base_url under [providers.openrouter] instead",
-    "openai_base_url": "write base_url under [providers.openai] instead",
-    "openai_max_tokens_field": "write max_tokens_field under [providers.openai] instead",
-    "openai_structured_output": "write structured_output under [providers.openai] instead",
-}
+CONFIG_FILE_NAME = "construct.toml"
+DEFAULT_HOME = "~/.construct"
+_DEFAULT_LIMITS = Limits()
+_TESTS_ONLY = "can only be set in the environment (it is for tests)"
 
 
 class ProviderTable(BaseModel):
@@ -235,55 +158,237 @@ class TokenTable(BaseModel):
         return None if value is None else _checked_token(value)
 
 
-class _Options(BaseModel):
-    """One source's settings, every field optional: a field left unset falls through to the next
-    source. Unknown keys are errors (a typo in a config file must not be silently ignored)."""
+class Settings(BaseSettings):
+    """The settings of one process: one typed model, read by :func:`load_settings` from its
+    sources (flags > the config file > the environment > these defaults). A field's ``Env``
+    metadata names its variables; its description is the reference table's (see
+    :mod:`server.settings.reference`). Built directly (``Settings(home=...)``), it takes its
+    arguments and the defaults only: :func:`load_settings` is the one place that reads the
+    environment and the file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        extra="forbid", frozen=True, case_sensitive=True, arbitrary_types_allowed=True
+    )
 
-    store: str | None = Field(default=None, min_length=1, max_length=2000)
-    store_fallback: bool | None = None
-    deployment_mode: DeploymentMode | None = None
-    database_url: str | None = Field(default=None, min_length=1, max_length=2000)
-    worker_backend: WorkerBackendName | None = None
-    lease_ttl_seconds: float | None = Field(default=None, ge=1, le=3600)
-    dispatch_concurrency: int | None = Field(default=None, ge=1, le=256)
-    poll_seconds: float | None = Field(default=None, gt=0, le=3600)
-    recover_on_start: bool | None = None
-    store_outage_seconds: float | None = Field(default=None, gt=0, le=86400)
-    max_request_chars: int | None = Field(default=None, ge=1)
-    max_output_chars: int | None = Field(default=None, ge=1)
-    log_level: LogLevel | None = None
-    auth_token: str | None = Field(default=None, max_length=4096, repr=False)
-    max_subscriptions: int | None = Field(default=None, ge=1, le=100_000)
-    http_max_sessions: int | None = Field(default=None, ge=1, le=100_000)
-    http_session_idle_seconds: float | None = Field(default=None, gt=0, le=86400)
-    fault_crash_after_writes: int | None = Field(default=None, ge=1)
-    pid_file: Path | None = None
-    provider: ProviderName | None = None
-    model: str | None = Field(default=None, min_length=1, max_length=200)
-    max_attempts: int | None = Field(default=None, ge=1, le=20)
-    max_tokens: int | None = Field(default=None, ge=1)
-    provider_timeout_seconds: float | None = Field(default=None, gt=0)
-    retry_wait_cap_seconds: float | None = Field(default=None, ge=0, le=3600)
-    anthropic_base_url: str | None = Field(default=None, min_length=1)
-    openrouter_base_url: str | None = Field(default=None, min_length=1)
-    openai_base_url: str | None = Field(default=None, min_length=1)
-    openai_max_tokens_field: MaxTokensField | None = None
-    openai_structured_output: StructuredOutputMode | None = None
-    providers: dict[ProviderName, ProviderTable] | None = Field(default=None, repr=False)
-    tokens: dict[str, TokenTable] | None = Field(default=None, repr=False)
-    prices: dict[str, Price] | None = None
-    budgets: dict[str, Budget] | None = None
-    #: ``[agents.NAME]``: MCP agents that chain steps delegate to (see :mod:`server.settings.agents`)
-    agents: dict[str, AgentTable] | None = None
+    home: Annotated[
+        Path, from_env("CONSTRUCT_HOME", not_in_file=NO_FILE_KEY, shown_default="`~/.construct`")
+    ] = Field(
+        default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
+        description="the state directory (runs, the filesystem store, `construct.toml`); `--home`",
+    )
+    #: The config file read (``--config FILE``, else ``home/construct.toml`` when it exists).
+    config_file: Path | None = None
+    store: Annotated[str | None, from_env("CONSTRUCT_ORCHESTRATION_STORE")] = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="the store: memory, filesystem, sqlite, postgres or a store URL; `--store` "
+        "(default: from the deployment mode)",
+    )
+    store_fallback: Annotated[bool, from_env("CONSTRUCT_STORE_FALLBACK")] = Field(
+        default=True,
+        description="an unreachable store falls back to the filesystem store, with a warning in the log "
+        "and every run view",
+    )
+    deployment_mode: Annotated[DeploymentMode, from_env("CONSTRUCT_DEPLOYMENT_MODE")] = Field(
+        default="solo",
+        description="the store when none is named: `solo` → filesystem; `team`, `enterprise` → postgres",
+    )
+    database_url: Annotated[str | None, from_env("CONSTRUCT_DATABASE_URL", "DATABASE_URL")] = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        repr=False,
+        description="the database of the store `postgres`",
+    )
+    worker_backend: Annotated[WorkerBackendName, from_env("CONSTRUCT_WORKER_BACKEND")] = Field(
+        default="inline", description="`inline` (no model calls) or `provider`"
+    )
+    lease_ttl_seconds: Annotated[float, from_env("CONSTRUCT_LEASE_TTL_SECONDS")] = Field(
+        default=30.0, ge=1, le=3600, description="how long a lease on a run lasts unless renewed"
+    )
+    dispatch_concurrency: Annotated[int, from_env("CONSTRUCT_DISPATCH_CONCURRENCY")] = Field(
+        default=4, ge=1, le=256, description="runs the dispatcher drives at once"
+    )
+    poll_seconds: Annotated[float, from_env("CONSTRUCT_POLL_SECONDS")] = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="how often the dispatcher looks for what another process wrote to the store",
+    )
+    recover_on_start: Annotated[bool, from_env("CONSTRUCT_RECOVER_ON_START")] = Field(
+        default=True, description="pick up the runs a dead process left, at startup"
+    )
+    store_outage_seconds: Annotated[float, from_env("CONSTRUCT_STORE_OUTAGE_SECONDS")] = Field(
+        default=30.0,
+        gt=0,
+        le=86400,
+        description="how long a run being driven waits for a store that stopped answering (its provider "
+        "call goes on, its next write waits); then the call is cancelled and the run resumes from its "
+        "facts once the store is back",
+    )
+    max_request_chars: Annotated[int, from_env("CONSTRUCT_MAX_REQUEST_CHARS")] = Field(
+        default=_DEFAULT_LIMITS.max_request_chars, ge=1, description="the longest request a run accepts"
+    )
+    max_output_chars: Annotated[int, from_env("CONSTRUCT_MAX_OUTPUT_CHARS")] = Field(
+        default=_DEFAULT_LIMITS.max_output_chars, ge=1, description="the longest output a step may record"
+    )
+    log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"
+    )
+    auth_token: Annotated[str | None, from_env("CONSTRUCT_AUTH_TOKEN", keep_empty=True)] = Field(
+        default=None,
+        max_length=4096,
+        repr=False,
+        description="a secret (16+ characters) every HTTP request must carry as "
+        "`Authorization: Bearer <token>` (the identity `admin`, every role; more in `[tokens.IDENTITY]` "
+        "tables); required to bind a host other than a loopback one; never logged",
+    )
+    max_subscriptions: Annotated[int, from_env("CONSTRUCT_MAX_SUBSCRIPTIONS")] = Field(
+        default=100, ge=1, le=100_000, description="resource subscriptions one session may hold"
+    )
+    http_max_sessions: Annotated[int, from_env("CONSTRUCT_HTTP_MAX_SESSIONS")] = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="open Streamable HTTP sessions; a new one closes the session idle the longest, or "
+        "gets 503 when none is idle",
+    )
+    http_session_idle_seconds: Annotated[float, from_env("CONSTRUCT_HTTP_SESSION_IDLE_SECONDS")] = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        description="a Streamable HTTP session with no request in flight for this long is closed",
+    )
+    fault_crash_after_writes: Annotated[
+        int | None, from_env("CONSTRUCT_FAULT_CRASH_AFTER_WRITES", not_in_file=_TESTS_ONLY)
+    ] = Field(
+        default=None, ge=1, description="**tests only**: SIGKILL the process after its N-th durable write"
+    )
+    pid_file: Annotated[Path | None, from_env("CONSTRUCT_PID_FILE", not_in_file=_TESTS_ONLY)] = Field(
+        default=None, description="tests and the demo: the server writes its process id there"
+    )
+    provider: Annotated[ProviderName | None, from_env("CONSTRUCT_PROVIDER")] = Field(
+        default=None,
+        description="the provider backend's provider: anthropic, openrouter or openai (default: inferred "
+        "from the model: `claude-*` → anthropic, else OpenRouter or the configured OpenAI-compatible URL)",
+    )
+    model: Annotated[str | None, from_env("CONSTRUCT_MODEL")] = Field(
+        default=None, min_length=1, max_length=200, description="the provider backend's default model"
+    )
+    max_attempts: Annotated[int, from_env("CONSTRUCT_MAX_ATTEMPTS")] = Field(
+        default=3, ge=1, le=20, description="attempts per task"
+    )
+    max_tokens: Annotated[int, from_env("CONSTRUCT_MAX_TOKENS")] = Field(
+        default=4096, ge=1, description="the output limit of one model call"
+    )
+    provider_timeout_seconds: Annotated[float | None, from_env("CONSTRUCT_PROVIDER_TIMEOUT_SECONDS")] = Field(
+        default=None,
+        gt=0,
+        description="the timeout of one model call (default: the HTTP read timeout, 600 s)",
+    )
+    retry_wait_cap_seconds: Annotated[float, from_env("CONSTRUCT_RETRY_WAIT_CAP_SECONDS")] = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="a retry wait up to this long is slept in memory; a longer one is a durable `not_before`",
+    )
+    anthropic_base_url: Annotated[
+        str | None, from_env("CONSTRUCT_ANTHROPIC_BASE_URL", in_table=("providers.anthropic", "base_url"))
+    ] = Field(default=None, min_length=1, description="the Anthropic API's base URL (default: the real API)")
+    openrouter_base_url: Annotated[
+        str | None, from_env("CONSTRUCT_OPENROUTER_BASE_URL", in_table=("providers.openrouter", "base_url"))
+    ] = Field(default=None, min_length=1, description="OpenRouter's base URL (default: the real API)")
+    openai_base_url: Annotated[
+        str | None, from_env("CONSTRUCT_OPENAI_BASE_URL", in_table=("providers.openai", "base_url"))
+    ] = Field(
+        default=None,
+        min_length=1,
+        description="an OpenAI-compatible server (OpenAI, vLLM, llama.cpp, Ollama; default: OpenAI's API)",
+    )
+    openai_max_tokens_field: Annotated[
+        MaxTokensField | None,
+        from_env(
+            "CONSTRUCT_OPENAI_MAX_TOKENS_FIELD",
+            in_table=("providers.openai", "max_tokens_field"),
+        ),
+    ] = Field(
+        default=None,
+        description="the one body field of the output limit: `max_tokens` or `max_completion_tokens` "
+        "(default: from the base URL)",
+    )
+    openai_structured_output: Annotated[
+        StructuredOutputMode | None,
+        from_env(
+            "CONSTRUCT_OPENAI_STRUCTURED_OUTPUT",
+            in_table=("providers.openai", "structured_output"),
+        ),
+    ] = Field(
+        default=None,
+        description="how typed steps ask for JSON: `auto` (default), `json_schema`, `json_object` or "
+        "`prompt`",
+    )
+    anthropic_api_key: Annotated[
+        str | None, from_env("ANTHROPIC_API_KEY", in_table=("providers.anthropic", "api_key"))
+    ] = Field(default=None, repr=False, description="the Anthropic API key (never logged nor stored)")
+    openrouter_api_key: Annotated[
+        str | None, from_env("OPENROUTER_API_KEY", in_table=("providers.openrouter", "api_key"))
+    ] = Field(default=None, repr=False, description="the OpenRouter API key")
+    openai_api_key: Annotated[
+        str | None, from_env("OPENAI_API_KEY", in_table=("providers.openai", "api_key"))
+    ] = Field(default=None, repr=False, description="the OpenAI-compatible server's API key")
+    otel: Annotated[
+        dict[str, str], from_env("OTEL_", not_in_file=NO_FILE_KEY, prefix=True, shown_default="no export")
+    ] = Field(
+        default_factory=dict,
+        repr=False,
+        description="the standard OpenTelemetry variables: traces are exported when they ask for it "
+        "(see `server/settings/telemetry.py`)",
+    )
+    #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
+    providers: Annotated[dict[ProviderName, ProviderTable], Table("a provider table")] = Field(
+        default_factory=dict, repr=False
+    )
+    #: ``[tokens.<identity>]`` tables: the HTTP transports' named tokens besides ``auth_token``.
+    tokens: Annotated[dict[str, TokenTable], Table("a tokens table")] = Field(
+        default_factory=dict, repr=False
+    )
+    #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
+    prices: Annotated[
+        dict[str, Price], Table("a prices table", "see the Costs and budgets section of the README")
+    ] = Field(default_factory=dict)
+    #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
+    budgets: Annotated[
+        dict[str, Budget], Table("a budgets table", "see the Costs and budgets section of the README")
+    ] = Field(default_factory=dict)
+    #: ``[agents.NAME]`` tables (no secrets: a token's variable name only; see :mod:`server.settings.agents`)
+    agents: Annotated[dict[str, AgentTable], Table("an agents table")] = Field(default_factory=dict)
+    #: The ``[tokens]`` tables with ``token_env`` read (secrets, kept out of ``repr``).
+    bearer_tokens: tuple[NamedToken, ...] = Field(default=(), repr=False)
+    #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
+    #: a duplicate token), raised by :meth:`named_tokens`.
+    tokens_error: ConfigError | None = Field(default=None, repr=False)
+    #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
+    sources: dict[str, str] = Field(default_factory=dict)
 
     _agent_names = field_validator("agents")(check_agent_names)
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only what it is given: load_settings passes the sources it read, in their precedence.
+        return (init_settings,)
+
     @field_validator("tokens")
     @classmethod
-    def _identities(cls, value: dict[str, TokenTable] | None) -> dict[str, TokenTable] | None:
-        for name, table in (value or {}).items():
+    def _identities(cls, value: dict[str, TokenTable]) -> dict[str, TokenTable]:
+        for name, table in value.items():
             if not IDENTITY_PATTERN.match(name):
                 raise ValueError(
                     f"identity {name[:100]!r} must be 1-100 letters, digits or ._@- (starting with a letter "
@@ -296,9 +401,9 @@ class _Options(BaseModel):
     @field_validator("providers")
     @classmethod
     def _no_max_tokens_field_for_anthropic(
-        cls, value: dict[ProviderName, ProviderTable] | None
-    ) -> dict[ProviderName, ProviderTable] | None:
-        anthropic = (value or {}).get("anthropic")
+        cls, value: dict[ProviderName, ProviderTable]
+    ) -> dict[ProviderName, ProviderTable]:
+        anthropic = value.get("anthropic")
         if anthropic is not None and anthropic.max_tokens_field is not None:
             raise ValueError(
                 "[providers.anthropic] takes no max_tokens_field (the Messages API has only max_tokens); "
@@ -316,65 +421,21 @@ class _Options(BaseModel):
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
+    @field_validator("deployment_mode", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("anthropic_api_key", "openrouter_api_key", "openai_api_key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        # A key of spaces is no key: the config file's, or none, is used.
+        return (value or "").strip() or None
+
     @field_validator("auth_token")
     @classmethod
     def _token(cls, value: str | None) -> str | None:
         return None if value is None else _checked_token(value)
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """The resolved settings of one process. Build with :func:`load_settings`."""
-
-    home: Path
-    config_file: Path | None = None
-    store: str | None = None
-    store_fallback: bool = True
-    deployment_mode: DeploymentMode = "solo"
-    database_url: str | None = field(default=None, repr=False)
-    worker_backend: WorkerBackendName = "inline"
-    lease_ttl_seconds: float = 30.0
-    dispatch_concurrency: int = 4
-    poll_seconds: float = 1.0
-    recover_on_start: bool = True
-    store_outage_seconds: float = 30.0
-    max_request_chars: int = _DEFAULT_LIMITS.max_request_chars
-    max_output_chars: int = _DEFAULT_LIMITS.max_output_chars
-    log_level: LogLevel = "INFO"
-    #: The HTTP transports' bearer token (kept out of ``repr``).
-    auth_token: str | None = field(default=None, repr=False)
-    max_subscriptions: int = 100
-    http_max_sessions: int = 200
-    http_session_idle_seconds: float = 600.0
-    fault_crash_after_writes: int | None = None
-    pid_file: Path | None = None
-    provider: ProviderName | None = None
-    model: str | None = None
-    max_attempts: int = 3
-    max_tokens: int = 4096
-    provider_timeout_seconds: float | None = None
-    retry_wait_cap_seconds: float = 30.0
-    anthropic_base_url: str | None = None
-    openrouter_base_url: str | None = None
-    openai_base_url: str | None = None
-    openai_max_tokens_field: MaxTokensField | None = None
-    openai_structured_output: StructuredOutputMode | None = None
-    #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
-    providers: Mapping[str, ProviderTable] = field(default_factory=dict, repr=False)
-    #: The HTTP transports' named tokens (``[tokens.<identity>]``, with ``token_env`` resolved),
-    #: besides ``auth_token``; secrets, kept out of ``repr``.
-    tokens: tuple[NamedToken, ...] = field(default=(), repr=False)
-    #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
-    #: a duplicate token), raised by :meth:`named_tokens`.
-    tokens_error: ConfigError | None = field(default=None, repr=False)
-    #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
-    prices: Mapping[str, Price] = field(default_factory=dict)
-    #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
-    budgets: Mapping[str, Budget] = field(default_factory=dict)
-    #: ``[agents.NAME]`` tables (no secrets: a token's variable name only)
-    agents: Mapping[str, AgentTable] = field(default_factory=dict)
-    #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
-    sources: Mapping[str, str] = field(default_factory=dict)
 
     def source_of(self, name: str) -> str:
         return self.sources.get(name, "default")
@@ -390,55 +451,11 @@ class Settings:
         if self.tokens_error is not None:
             raise self.tokens_error
         single = () if self.auth_token is None else (NamedToken(AUTH_TOKEN_IDENTITY, self.auth_token),)
-        return (*single, *self.tokens)
+        return (*single, *self.bearer_tokens)
 
 
-def _problem(exc: ValidationError) -> tuple[str, str]:
-    err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"] if p != "[key]"]
-    where = ".".join(loc) or "(file)"
-    message = err["msg"]
-    if err["type"] == "extra_forbidden":
-        if len(loc) == 1:
-            known = ", ".join(sorted(k for k in _Options.model_fields if k not in ENV_ONLY))
-            message = (
-                f"unknown setting; the known settings are: {known} "
-                "(and the tables specialists, chains, providers, tokens, agents)"
-            )
-        elif loc[0] in ("prices", "budgets"):
-            message = "unknown setting; see the Costs and budgets section of the README"
-        elif loc[0] == "agents":
-            message = f"unknown setting; an agents table takes: {', '.join(AgentTable.model_fields)}"
-        elif loc[0] == "tokens":
-            message = f"unknown setting; a tokens table takes: {', '.join(TokenTable.model_fields)}"
-        else:
-            message = f"unknown setting; a provider table takes: {', '.join(ProviderTable.model_fields)}"
-    return where, message
-
-
-def _validate(source: str, values: Mapping[str, Any], name_of: Mapping[str, str] | None = None) -> _Options:
-    try:
-        return _Options.model_validate(dict(values))
-    except ValidationError as exc:
-        where, message = _problem(exc)
-        if name_of is not None:
-            where = name_of.get(where, where)
-        raise ConfigError(source, where, message) from None
-
-
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        raw = tomllib.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(str(path), "(file)", "the file does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), "(file)", f"cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), "(file)", f"is not valid TOML: {exc}") from None
-    values = {k: v for k, v in raw.items() if k not in CATALOG_TABLES}
-    for key in ENV_ONLY.keys() & values.keys():
-        raise ConfigError(str(path), key, ENV_ONLY[key])
-    return values
+#: Environment variable -> settings field (the prefix ``OTEL_`` stands for every variable it starts).
+ENV_VARS: dict[str, str] = {var: name for name, _, v in env_fields(Settings) for var in v.names}
 
 
 def config_file_for(home: Path, explicit: Path | None) -> Path | None:
@@ -450,7 +467,7 @@ def config_file_for(home: Path, explicit: Path | None) -> Path | None:
 
 
 def resolve_home(explicit: Path | str | None, env: Mapping[str, str]) -> Path:
-    raw = str(explicit) if explicit is not None else env.get("CONSTRUCT_HOME") or "~/.construct"
+    raw = str(explicit) if explicit is not None else env.get("CONSTRUCT_HOME") or DEFAULT_HOME
     if not raw.strip():
         raise ConfigError("environment", "CONSTRUCT_HOME", "is empty")
     return Path(raw).expanduser()
@@ -464,54 +481,32 @@ def load_settings(
     config_file: Path | None = None,
 ) -> Settings:
     """Resolve the settings: ``flags`` (settings field -> value, None meaning "not given") over the
-    config file over ``env`` (default ``os.environ``) over the defaults. Raises ConfigError."""
+    config file over ``env`` (default: the process environment) over the defaults. Raises
+    ConfigError. This is where the process environment is read (and the variables ``[tokens]``
+    tables name)."""
     env = os.environ if env is None else env
     resolved_home = resolve_home(home, env)
     file = config_file_for(resolved_home, config_file)
-
-    env_values = {name: env[var] for var, name in ENV_VARS.items() if env.get(var, "") != ""}
-    if env.get("CONSTRUCT_AUTH_TOKEN") == "":
-        # Set but empty (e.g. from an unset shell variable) is a mistake, not "no token": refused.
-        env_values["auth_token"] = ""
-    env_var_of = {name: var for var, name in ENV_VARS.items()}
-    flag_of = {name: "--" + name.replace("_", "-") for name in _Options.model_fields}
-    given = {k: v for k, v in (flags or {}).items() if v is not None}
-    layers: list[tuple[dict[str, Any], Mapping[str, str]]] = [
-        (_validate("environment", env_values, env_var_of).model_dump(exclude_unset=True), env_var_of)
-    ]
+    # Each source validates its own values as it is read (a bad value is refused even where a
+    # higher source overrides it); highest precedence first.
+    read: list[FlagSource | ConfigFileSource | EnvironmentSource] = [FlagSource(Settings, flags or {})]
     if file is not None:
-        from_file = _validate(str(file), _read_config_file(file)).model_dump(exclude_unset=True)
-        layers.append((from_file, dict.fromkeys(from_file, "config")))
-    layers.append((_validate("command line", given, flag_of).model_dump(exclude_unset=True), flag_of))
-    merged: dict[str, Any] = {}
+        read.append(ConfigFileSource(Settings, file))
+    read.append(EnvironmentSource(Settings, env, skip=frozenset({"home"})))
     sources: dict[str, str] = {}
-    for values, label_of in layers:
-        merged |= values
-        sources |= {name: label_of[name] for name in values}
-    # model_dump turned the provider tables into dicts; the settings keep them typed.
-    merged["providers"] = {
-        k: ProviderTable.model_validate(v) for k, v in (merged.get("providers") or {}).items()
-    }
-    merged["prices"] = {k: Price.model_validate(v) for k, v in (merged.get("prices") or {}).items()}
-    merged["budgets"] = {k: Budget.model_validate(v) for k, v in (merged.get("budgets") or {}).items()}
-    merged["agents"] = {k: AgentTable.model_validate(v) for k, v in (merged.get("agents") or {}).items()}
-    tables = {k: TokenTable.model_validate(v) for k, v in (merged.pop("tokens", None) or {}).items()}
-    tokens: tuple[NamedToken, ...] = ()
-    tokens_error: ConfigError | None = None
+    for source in reversed(read):
+        sources |= source.labels
+    resolved = InitSettingsSource(Settings, {"home": resolved_home, "config_file": file, "sources": sources})
+    # BaseSettings.__init__ takes the sources to merge as its documented _build_sources argument
+    # (mypy sees only the signature made of the fields).
+    settings = Settings(_build_sources=((resolved, *read), {}))  # type: ignore[call-arg]
     try:
-        tokens = _named_tokens(tables, env, str(file), merged.get("auth_token"))
+        tokens = _named_tokens(settings.tokens, env, str(file), settings.auth_token)
     except ConfigError as exc:
         # Raised by named_tokens(), when a transport needs the tokens: stdio and the CLI do not,
         # and need not see the HTTP server's token variables.
-        tokens_error = exc
-    return Settings(
-        home=resolved_home,
-        config_file=file,
-        sources=sources,
-        tokens=tokens,
-        tokens_error=tokens_error,
-        **merged,
-    )
+        return settings.model_copy(update={"tokens_error": exc})
+    return settings.model_copy(update={"bearer_tokens": tokens})
 
 
 def _named_tokens(
@@ -543,7 +538,7 @@ def _named_tokens(
                 token = _checked_token(raw)
             except ValueError as exc:
                 raise ConfigError(source, f"{where}.token_env", f"{table.token_env} {exc}") from None
-        assert token is not None  # exactly one of token and token_env (checked by _Options)
+        assert token is not None  # exactly one of token and token_env (checked by the model)
         if token in seen:
             raise ConfigError(
                 source,
@@ -553,3 +548,16 @@ def _named_tokens(
         seen[token] = where
         out.append(NamedToken(name, token, frozenset(table.roles), table.own_runs_only))
     return tuple(out)
+
+
+__all__ = [
+    "CATALOG_TABLES",
+    "CONFIG_FILE_NAME",
+    "ENV_VARS",
+    "ProviderTable",
+    "Settings",
+    "TokenTable",
+    "config_file_for",
+    "load_settings",
+    "resolve_home",
+]

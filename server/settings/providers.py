@@ -1,22 +1,19 @@
-"""The provider backend's settings, built from the server's configuration and environment.
+"""The provider backend's settings, built from the server's settings (:mod:`server.settings.config`).
 
 For each provider (``anthropic``, ``openrouter``, ``openai``): the base URL is the config file's
-``[providers.<name>] base_url``, else ``CONSTRUCT_<NAME>_BASE_URL``, else the public endpoint; the
-API key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_API_KEY`` /
-``OPENAI_API_KEY``. A model whose provider is not named goes to ``anthropic`` when it is
+``[providers.<name>] base_url``, else ``CONSTRUCT_<NAME>_BASE_URL``, else the public endpoint; the API
+key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_API_KEY`` / ``OPENAI_API_KEY``
+(read with the other settings). A model whose provider is not named goes to ``anthropic`` when it is
 ``claude-*``, else to ``openai`` when an OpenAI-compatible base URL other than OpenRouter's is
-configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers)
-is the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``,
-else the adapter's choice from the base URL. How typed steps ask for structured output is the
-table's ``structured_output``, else (``openai`` only) ``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT``, else
-``auto``. Keys live only in the returned endpoints (kept out of
-their repr); nothing here logs them.
+configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers) is
+the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``, else the
+adapter's choice from the base URL. How typed steps ask for structured output is the table's
+``structured_output``, else (``openai`` only) ``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT``, else ``auto``.
+Keys live only in the returned endpoints (kept out of their repr); nothing here logs them.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from orchestration.workers import (
@@ -59,8 +56,16 @@ def _structured_output(settings: Settings, name: ProviderName) -> StructuredOutp
     return chosen or "auto"
 
 
-def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) -> ProviderSettings:
-    env = os.environ if env is None else env
+def _environment_key(settings: Settings, name: ProviderName) -> str | None:
+    by_env: dict[str, str | None] = {
+        "anthropic": settings.anthropic_api_key,
+        "openrouter": settings.openrouter_api_key,
+        "openai": settings.openai_api_key,
+    }
+    return by_env[name]
+
+
+def provider_settings(settings: Settings) -> ProviderSettings:
     endpoints: dict[str, ProviderEndpoint] = {}
     for name in PROVIDERS:
         table = settings.providers.get(name)
@@ -68,8 +73,8 @@ def provider_settings(settings: Settings, env: Mapping[str, str] | None = None) 
         key_source: str | None = None
         if table is not None and table.api_key:
             key, key_source = table.api_key, f"[providers.{name}] in the config file"
-        elif env.get(KEY_VARIABLES[name], "").strip():
-            key, key_source = env[KEY_VARIABLES[name]].strip(), KEY_VARIABLES[name]
+        elif (from_env := _environment_key(settings, name)) is not None:
+            key, key_source = from_env, KEY_VARIABLES[name]
         endpoints[name] = ProviderEndpoint(
             name=name,
             base_url=_configured_base_url(settings, name) or DEFAULT_BASE_URLS[name],

@@ -1,16 +1,18 @@
 """Open the store the settings ask for (the server's one door to :mod:`stores`).
 
-Resolution and fallback are :func:`stores.open_configured_store`'s: ``--store`` > the config file's
-``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` > ``CONSTRUCT_DEPLOYMENT_MODE`` > filesystem, and an
-unreachable backend falls back to the filesystem store with a warning unless ``store_fallback`` is
-false. When ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set the store is wrapped in
-:class:`stores.faults.CrashAfterWrites` (tests only).
+Which store: ``--store`` > the config file's ``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` (all one
+field of the settings, resolved once by :func:`server.settings.config.load_settings`) > the deployment
+mode (``solo`` → filesystem, ``team`` / ``enterprise`` → postgres; from the file or
+``CONSTRUCT_DEPLOYMENT_MODE``) > filesystem. The bare name ``postgres`` uses the settings'
+``database_url`` (the file's, else ``CONSTRUCT_DATABASE_URL``, else ``DATABASE_URL``). :mod:`stores`
+is given these values and opens the store: an unreachable backend falls back to the filesystem store
+with a warning unless ``store_fallback`` is false. When ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set
+the store is wrapped in :class:`stores.faults.CrashAfterWrites` (tests only).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,9 @@ from stores.faults import CrashAfterWrites
 
 log = logging.getLogger("construct.server")
 
+#: The store of each deployment mode, when no store is named.
+BACKEND_OF_MODE = {"solo": "filesystem", "team": "postgres", "enterprise": "postgres"}
+
 
 @dataclass(frozen=True, slots=True)
 class OpenedRunStore:
@@ -29,29 +34,32 @@ class OpenedRunStore:
     warnings: tuple[str, ...] = ()
 
 
-def _store_env(settings: Settings) -> dict[str, str]:
-    """The environment :func:`stores.open_configured_store` reads, rebuilt from the resolved
-    settings so that the config file's ``deployment_mode`` and ``database_url`` count too."""
-    env: dict[str, str] = {}
-    if settings.store is not None and settings.source_of("store") == "CONSTRUCT_ORCHESTRATION_STORE":
-        env["CONSTRUCT_ORCHESTRATION_STORE"] = settings.store
+def store_choice(settings: Settings) -> tuple[str, str]:
+    """``(spec, source)``: the store these settings name and where that came from (``--store``,
+    ``config``, ``CONSTRUCT_ORCHESTRATION_STORE``, ``CONSTRUCT_DEPLOYMENT_MODE``, ``default``). A
+    blank store counts as none."""
+    if settings.store is not None and settings.store.strip():
+        return settings.store.strip(), settings.source_of("store")
     if "deployment_mode" in settings.sources:
-        env["CONSTRUCT_DEPLOYMENT_MODE"] = settings.deployment_mode
-    url = settings.database_url or os.environ.get("DATABASE_URL")
-    if url:
-        env["CONSTRUCT_DATABASE_URL"] = url
-    return env
+        # Labelled by its variable wherever it was set, as the store's source always was.
+        return BACKEND_OF_MODE[settings.deployment_mode], "CONSTRUCT_DEPLOYMENT_MODE"
+    return "filesystem", "default"
 
 
 def store_inputs(settings: Settings) -> dict[str, Any]:
-    """The ``explicit`` / ``config`` / ``env`` arguments of :func:`stores.resolve_store_spec` and
-    :func:`stores.open_configured_store` for these settings."""
-    source = settings.source_of("store")
-    return {
-        "explicit": settings.store if source.startswith("--") else None,
-        "config": settings.store if source == "config" else None,
-        "env": _store_env(settings),
-    }
+    """The ``spec`` / ``source`` / ``database_url`` arguments of :func:`stores.open_configured_store`
+    for these settings."""
+    spec, source = store_choice(settings)
+    return {"spec": spec, "source": source, "database_url": settings.database_url}
+
+
+def store_url(settings: Settings) -> str:
+    """The store these settings name, as a spec that needs no settings: the bare name ``postgres``
+    becomes the database URL (when there is one; else it stays, and opening it says what is missing)."""
+    spec, _source = store_choice(settings)
+    if settings.database_url and spec.lower() in ("postgres", "postgresql"):
+        return settings.database_url
+    return spec
 
 
 async def open_run_store(settings: Settings) -> OpenedRunStore:

@@ -10,8 +10,9 @@ through ``opentelemetry-api`` alone. Nothing leaves the process unless both hold
   (``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, which imply ``otlp``).
   ``OTEL_SDK_DISABLED=true`` switches everything off.
 
-Otherwise the global tracer provider stays the API's no-op one. The rest is the SDK's own reading
-of the standard variables: the endpoint, headers and timeout of the OTLP exporter
+Otherwise the global tracer provider stays the API's no-op one. The server and the ``runs`` commands
+pass the ``OTEL_*`` variables the settings read with the others (``Settings.otel``). The rest is the
+SDK's own reading of the standard variables: the endpoint, headers and timeout of the OTLP exporter
 (``OTEL_EXPORTER_OTLP_*``), the sampler (``OTEL_TRACES_SAMPLER``), the resource
 (``OTEL_SERVICE_NAME``, default ``construct-mcp``; ``OTEL_RESOURCE_ATTRIBUTES``), the batch
 processor's limits (``OTEL_BSP_*``). ``console`` writes to stderr: stdout is the stdio transport.

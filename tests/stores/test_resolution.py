@@ -1,6 +1,7 @@
-"""Which store is opened: spec parsing, precedence (explicit > config > CONSTRUCT_ORCHESTRATION_STORE >
-CONSTRUCT_DEPLOYMENT_MODE), the filesystem fallback with its warning, the error when fallback is off,
-password redaction, and lazy driver imports."""
+"""Which store is opened: spec parsing, the filesystem fallback with its warning, the error when
+fallback is off, password redaction, and lazy driver imports. Which spec the settings choose
+(explicit > config > CONSTRUCT_ORCHESTRATION_STORE > CONSTRUCT_DEPLOYMENT_MODE) is
+tests/unit/test_store_choice.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,11 +20,12 @@ from stores import (
     open_store,
     parse_store_spec,
     redact_url,
-    resolve_store_spec,
 )
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 
 SECRET = "s3cr3t-pa55"
+#: What the settings give for CONSTRUCT_DEPLOYMENT_MODE=team and no store (see test_store_choice.py).
+TEAM: dict[str, Any] = {"spec": "postgres", "source": "CONSTRUCT_DEPLOYMENT_MODE"}
 
 
 def closed_port() -> int:
@@ -35,38 +38,6 @@ def closed_port() -> int:
 
 def unreachable_url() -> str:
     return f"postgresql://construct:{SECRET}@127.0.0.1:{closed_port()}/construct"
-
-
-# ------------------------------------------------------------------------------------ precedence
-
-
-@pytest.mark.parametrize(
-    ("explicit", "config", "env", "expected"),
-    [
-        ("sqlite", "memory", {"CONSTRUCT_ORCHESTRATION_STORE": "postgres"}, ("sqlite", "--store")),
-        (None, "memory", {"CONSTRUCT_ORCHESTRATION_STORE": "sqlite"}, ("memory", "config")),
-        (
-            None,
-            None,
-            {"CONSTRUCT_ORCHESTRATION_STORE": "sqlite", "CONSTRUCT_DEPLOYMENT_MODE": "team"},
-            ("sqlite", "CONSTRUCT_ORCHESTRATION_STORE"),
-        ),
-        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "solo"}, ("filesystem", "CONSTRUCT_DEPLOYMENT_MODE")),
-        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "team"}, ("postgres", "CONSTRUCT_DEPLOYMENT_MODE")),
-        (None, None, {"CONSTRUCT_DEPLOYMENT_MODE": "Enterprise"}, ("postgres", "CONSTRUCT_DEPLOYMENT_MODE")),
-        (None, None, {}, ("filesystem", "default")),
-        ("  ", "", {"CONSTRUCT_ORCHESTRATION_STORE": " "}, ("filesystem", "default")),
-    ],
-)
-def test_precedence(
-    explicit: str | None, config: str | None, env: dict[str, str], expected: tuple[str, str]
-) -> None:
-    assert resolve_store_spec(explicit=explicit, config=config, env=env) == expected
-
-
-def test_an_unknown_deployment_mode_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="solo, team or enterprise"):
-        resolve_store_spec(env={"CONSTRUCT_DEPLOYMENT_MODE": "galaxy"})
 
 
 # ----------------------------------------------------------------------------------- spec parsing
@@ -86,7 +57,7 @@ def test_names_and_urls(tmp_path: Path) -> None:
         "file://localhost/srv/c": ("filesystem", Path("/srv/c")),
     }
     for spec, (backend, path) in cases.items():
-        parsed = parse_store_spec(spec, home=home, env={})
+        parsed = parse_store_spec(spec, home=home)
         assert (parsed.backend, parsed.path) == (backend, path), spec
 
 
@@ -101,13 +72,13 @@ def test_postgres_urls_and_the_schema_parameter(tmp_path: Path) -> None:
     assert parse_store_spec("postgresql://db/app", home=tmp_path).schema == "public"
 
 
-def test_the_postgres_name_reads_the_database_url_from_the_environment(tmp_path: Path) -> None:
-    both = {"CONSTRUCT_DATABASE_URL": "postgresql://a/one", "DATABASE_URL": "postgresql://b/two"}
-    assert parse_store_spec("postgres", home=tmp_path, env=both).dsn == "postgresql://a/one"
-    only = {"DATABASE_URL": "postgresql://b/two"}
-    assert parse_store_spec("postgres", home=tmp_path, env=only).dsn == "postgresql://b/two"
+def test_the_postgres_name_takes_the_database_url_it_is_given(tmp_path: Path) -> None:
+    # Which URL (CONSTRUCT_DATABASE_URL over DATABASE_URL) is the settings' choice: test_store_choice.py.
+    assert parse_store_spec("postgres", home=tmp_path, database_url="postgresql://a/one").dsn == (
+        "postgresql://a/one"
+    )
     with pytest.raises(StoreUnavailable, match="CONSTRUCT_DATABASE_URL"):
-        parse_store_spec("postgres", home=tmp_path, env={})
+        parse_store_spec("postgres", home=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +96,7 @@ def test_the_postgres_name_reads_the_database_url_from_the_environment(tmp_path:
 )
 def test_a_bad_spec_is_a_config_error(tmp_path: Path, spec: str) -> None:
     with pytest.raises(ConfigError):
-        parse_store_spec(spec, home=tmp_path, env={})
+        parse_store_spec(spec, home=tmp_path)
 
 
 def test_a_bad_spec_never_shows_its_password(tmp_path: Path) -> None:
@@ -157,7 +128,7 @@ def test_redact_url(url: str, expected: str) -> None:
 
 async def test_an_unreachable_postgres_falls_back_to_filesystem_with_a_warning(tmp_path: Path) -> None:
     url = unreachable_url()
-    opened = await open_configured_store(home=tmp_path, explicit=url, env={}, connect_timeout=2)
+    opened = await open_configured_store(home=tmp_path, spec=url, source="--store", connect_timeout=2)
     try:
         assert opened.store.name == "filesystem"
         assert opened.fell_back
@@ -174,7 +145,9 @@ async def test_an_unreachable_postgres_falls_back_to_filesystem_with_a_warning(t
 async def test_with_fallback_off_an_unreachable_postgres_is_an_error_naming_the_cause(tmp_path: Path) -> None:
     url = unreachable_url()
     with pytest.raises(StoreUnavailable) as caught:
-        await open_configured_store(home=tmp_path, config=url, env={}, fallback=False, connect_timeout=2)
+        await open_configured_store(
+            home=tmp_path, spec=url, source="config", fallback=False, connect_timeout=2
+        )
     message = str(caught.value)
     assert SECRET not in message
     assert "from config" in message
@@ -184,7 +157,7 @@ async def test_with_fallback_off_an_unreachable_postgres_is_an_error_naming_the_
 
 
 async def test_team_mode_without_a_database_url_falls_back(tmp_path: Path) -> None:
-    opened = await open_configured_store(home=tmp_path, env={"CONSTRUCT_DEPLOYMENT_MODE": "team"})
+    opened = await open_configured_store(home=tmp_path, **TEAM)
     try:
         assert opened.store.name == "filesystem"
         assert opened.source == "CONSTRUCT_DEPLOYMENT_MODE"
@@ -192,16 +165,16 @@ async def test_team_mode_without_a_database_url_falls_back(tmp_path: Path) -> No
     finally:
         await opened.store.close()
     with pytest.raises(StoreUnavailable, match="CONSTRUCT_DATABASE_URL"):
-        await open_configured_store(home=tmp_path, env={"CONSTRUCT_DEPLOYMENT_MODE": "team"}, fallback=False)
+        await open_configured_store(home=tmp_path, **TEAM, fallback=False)
 
 
 async def test_a_bad_spec_is_raised_even_with_fallback_on(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        await open_configured_store(home=tmp_path, explicit="mongodb://x", env={})
+        await open_configured_store(home=tmp_path, spec="mongodb://x", source="--store")
 
 
 async def test_the_default_opens_the_filesystem_store_under_home(tmp_path: Path) -> None:
-    opened = await open_configured_store(home=tmp_path, env={})
+    opened = await open_configured_store(home=tmp_path)
     try:
         assert (opened.store.name, opened.source, opened.warnings, opened.fell_back) == (
             "filesystem",
@@ -215,7 +188,7 @@ async def test_the_default_opens_the_filesystem_store_under_home(tmp_path: Path)
 
 async def test_sqlite_by_name_opens_home_construct_db(tmp_path: Path) -> None:
     opened = await open_configured_store(
-        home=tmp_path, env={"CONSTRUCT_ORCHESTRATION_STORE": "sqlite"}, fallback=False
+        home=tmp_path, spec="sqlite", source="CONSTRUCT_ORCHESTRATION_STORE", fallback=False
     )
     try:
         assert opened.store.name == "sqlite"
@@ -228,7 +201,7 @@ async def test_an_unmigrated_postgres_falls_back_with_the_migrate_hint(tmp_path:
     dsn = await postgres_dsn()
     async with postgres_schema(dsn) as schema:
         opened = await open_configured_store(
-            home=tmp_path, env={"CONSTRUCT_ORCHESTRATION_STORE": schema_url(dsn, schema)}
+            home=tmp_path, spec=schema_url(dsn, schema), source="CONSTRUCT_ORCHESTRATION_STORE"
         )
         try:
             assert opened.fell_back
@@ -244,7 +217,7 @@ async def test_a_reachable_migrated_postgres_is_opened(tmp_path: Path) -> None:
     async with postgres_schema(dsn) as schema:
         url = schema_url(dsn, schema)
         await migrate(url, home=tmp_path)
-        opened = await open_configured_store(home=tmp_path, explicit=url, env={}, fallback=False)
+        opened = await open_configured_store(home=tmp_path, spec=url, source="--store", fallback=False)
         try:
             assert (opened.store.name, opened.warnings) == ("postgres", [])
         finally:
@@ -289,9 +262,9 @@ def test_drivers_are_imported_only_for_their_adapter(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-async def test_a_database_url_from_the_environment_is_redacted_too(tmp_path: Path) -> None:
-    env = {"CONSTRUCT_DEPLOYMENT_MODE": "team", "CONSTRUCT_DATABASE_URL": unreachable_url()}
-    opened = await open_configured_store(home=tmp_path, env=env, connect_timeout=2)
+async def test_the_database_url_of_the_postgres_name_is_redacted_too(tmp_path: Path) -> None:
+    given: dict[str, Any] = {**TEAM, "database_url": unreachable_url()}
+    opened = await open_configured_store(home=tmp_path, **given, connect_timeout=2)
     try:
         assert opened.fell_back
         assert SECRET not in opened.warnings[0] and SECRET not in opened.requested
@@ -299,5 +272,5 @@ async def test_a_database_url_from_the_environment_is_redacted_too(tmp_path: Pat
     finally:
         await opened.store.close()
     with pytest.raises(StoreUnavailable) as caught:
-        await open_configured_store(home=tmp_path, env=env, fallback=False, connect_timeout=2)
+        await open_configured_store(home=tmp_path, **given, fallback=False, connect_timeout=2)
     assert SECRET not in str(caught.value)

@@ -251,7 +251,7 @@ async def provider_body(
     settings = load_settings(env=env, home=home)
     seen: list[httpx2.Request] = []
     async with make_http_client(httpx2.MockTransport(capture(seen))) as http:
-        worker = ProviderWorker(provider_settings(settings, env), http)
+        worker = ProviderWorker(provider_settings(settings), http)
         await worker.client(provider).complete(REQUEST)
     [request] = seen
     return request

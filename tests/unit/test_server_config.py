@@ -134,7 +134,7 @@ def test_provider_settings_from_config_and_environment(tmp_path: Path) -> None:
     }
     settings = load_settings(env=env, config_file=path)
     assert "sk-from-config" not in repr(settings)
-    providers = provider_settings(settings, env)
+    providers = provider_settings(settings)
     anthropic = providers.endpoints["anthropic"]
     assert anthropic.api_key == "sk-from-config" and anthropic.max_concurrency == 2
     assert anthropic.key_source == "[providers.anthropic] in the config file"
@@ -152,24 +152,30 @@ def test_provider_settings_from_config_and_environment(tmp_path: Path) -> None:
 
 def test_an_openai_compatible_base_url_routes_other_models_to_it() -> None:
     settings = load_settings(env={"CONSTRUCT_OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"})
-    providers = provider_settings(settings, {})
+    providers = provider_settings(settings)
     assert providers.endpoints["openai"].base_url == "http://127.0.0.1:8080/v1"
     assert providers.compat_provider == "openai"
     assert providers.infer_provider("llama-3") == "openai"
     openrouter = load_settings(env={"CONSTRUCT_OPENAI_BASE_URL": "https://openrouter.ai/api"})
-    assert provider_settings(openrouter, {}).compat_provider == "openrouter"
+    assert provider_settings(openrouter).compat_provider == "openrouter"
 
 
 def test_store_inputs_keep_the_source_of_the_store(tmp_path: Path) -> None:
     env = {"CONSTRUCT_ORCHESTRATION_STORE": "memory", "CONSTRUCT_DATABASE_URL": "postgresql://u:pw@h/db"}
-    inputs = store_inputs(load_settings(env=env))
-    assert inputs["explicit"] is None and inputs["config"] is None
-    assert inputs["env"]["CONSTRUCT_ORCHESTRATION_STORE"] == "memory"
-    assert inputs["env"]["CONSTRUCT_DATABASE_URL"] == "postgresql://u:pw@h/db"
-    assert store_inputs(load_settings({"store": "sqlite"}, env=env))["explicit"] == "sqlite"
+    assert store_inputs(load_settings(env=env)) == {
+        "spec": "memory",
+        "source": "CONSTRUCT_ORCHESTRATION_STORE",
+        "database_url": "postgresql://u:pw@h/db",
+    }
+    flagged = store_inputs(load_settings({"store": "sqlite"}, env=env))
+    assert (flagged["spec"], flagged["source"]) == ("sqlite", "--store")
     path = write(tmp_path / "c.toml", 'store = "filesystem"\ndeployment_mode = "team"\n')
     inputs = store_inputs(load_settings(env={}, config_file=path))
-    assert inputs["config"] == "filesystem" and inputs["env"]["CONSTRUCT_DEPLOYMENT_MODE"] == "team"
+    assert (inputs["spec"], inputs["source"]) == ("filesystem", "config")
+    # The file's deployment mode counts too, when no store is named.
+    path = write(tmp_path / "c.toml", 'deployment_mode = "team"\n')
+    inputs = store_inputs(load_settings(env={}, config_file=path))
+    assert (inputs["spec"], inputs["source"]) == ("postgres", "CONSTRUCT_DEPLOYMENT_MODE")
 
 
 def test_log_lines_are_single_lines_with_the_action() -> None:

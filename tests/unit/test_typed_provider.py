@@ -356,13 +356,13 @@ def test_structured_output_is_configured_per_provider(tmp_path: Path) -> None:
         '[providers.anthropic]\nstructured_output = "prompt"\n'
     )
     env = {"CONSTRUCT_OPENAI_STRUCTURED_OUTPUT": "json_object", "OPENAI_API_KEY": CANARY}
-    endpoints = provider_settings(load_settings(env=env, home=tmp_path), env).endpoints
+    endpoints = provider_settings(load_settings(env=env, home=tmp_path)).endpoints
     assert {name: e.structured_output for name, e in endpoints.items()} == {
         "anthropic": "prompt",
         "openrouter": "prompt",
         "openai": "json_object",
     }
-    default = provider_settings(load_settings(env={}, home=tmp_path / "none"), {})
+    default = provider_settings(load_settings(env={}, home=tmp_path / "none"))
     assert default.endpoints["openai"].structured_output == "auto"
 
 
@@ -405,9 +405,7 @@ def test_a_bad_structured_output_setting_is_a_startup_error(
     assert problem in caught.value.problem
 
 
-async def test_through_the_mcp_tools_with_the_provider_backend(
-    fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_through_the_mcp_tools_with_the_provider_backend(fake: FakeProvider, tmp_path: Path) -> None:
     from mcp import Client
 
     from server.app import ConstructApp
@@ -428,8 +426,8 @@ async def test_through_the_mcp_tools_with_the_provider_backend(
         "CONSTRUCT_WORKER_BACKEND": "provider",
         "CONSTRUCT_MODEL": "claude-test-1",
         "CONSTRUCT_ANTHROPIC_BASE_URL": fake.base_url,
+        "ANTHROPIC_API_KEY": CANARY,  # keys come from the environment, with the other settings
     }
-    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)  # keys come from the process environment
     app = ConstructApp(load_settings(env=env, config_file=config))
     async with Client(app.build_server()) as client:
         started = await client.call_tool("orchestrate_start", {"request": "Build a parser", "chain": "rev"})
