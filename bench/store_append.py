@@ -246,8 +246,7 @@ def postgres_opener(dsn: str) -> Callable[[Path], AsyncIterator[RunStore]]:
     async def open_postgres(tmp: Path) -> AsyncIterator[RunStore]:
         import asyncpg  # type: ignore[import-untyped]
 
-        from stores import parse_store_spec
-        from stores.migrate import migrate
+        from stores import migrate, parse_store_spec
         from stores.postgres import PostgresStore
 
         schema = f"construct_bench_{secrets.token_hex(4)}"

@@ -38,6 +38,7 @@ Optional abilities beyond ``RunStore``, declared as protocols on the port
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -45,13 +46,20 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from orchestration.errors import ConfigError, StoreUnavailable
 from orchestration.store import RunStore
-from stores._sql import SCHEMA_NAME
+from stores._migrations import MigrationReport, SchemaOutOfDate, SchemaTooNew
+from stores._sql import SCHEMA_NAME, Migration
 from stores._urls import redact_url, scrub
+from stores.faults import CrashAfterWrites
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "CrashAfterWrites",
+    "MigrationReport",
     "OpenedStore",
+    "SchemaOutOfDate",
+    "SchemaTooNew",
     "StoreSpec",
+    "migrate",
     "open_configured_store",
     "open_store",
     "parse_store_spec",
@@ -263,3 +271,43 @@ async def open_configured_store(
         log.warning(warning, extra={"action": "store.fallback", "requested": shown, "source": source})
         fs = await _open_parsed(parse_store_spec("filesystem", home=home), connect_timeout)
         return OpenedStore(fs, shown, source, [warning], fell_back=True)
+
+
+async def migrate(
+    store_url: str,
+    check_only: bool = False,
+    *,
+    home: Path | None = None,
+    migrations: Sequence[Migration] | None = None,
+) -> MigrationReport:
+    """Bring the schema of the store at ``store_url`` to the head version (``construct-mcp
+    migrate``), or with ``check_only`` (``--check``) only verify that it is there.
+
+    ``store_url`` is anything :func:`stores.open_store` accepts (``sqlite:///file.db``,
+    ``postgresql://user@host/db?schema=name``, the names ``sqlite`` / ``postgres``, ...); ``home``
+    resolves the default sqlite file and relative paths. Stores without a schema (memory,
+    filesystem) report head version 0 and nothing applied.
+
+    Each pending migration runs in its own transaction with its ``schema_migrations`` row; running
+    ``migrate`` again, or from two processes at once, applies nothing twice. ``migrations`` replaces
+    the packaged list (tests use it to build an older schema).
+
+    Raises :class:`SchemaOutOfDate` (``check_only`` and a migration is pending: the message says
+    ``schema is at version X, head is Y, run `construct-mcp migrate```), :class:`SchemaTooNew`,
+    ``StoreUnavailable`` (cannot connect; the message never contains a password), ``StoreError``
+    (a migration failed; its transaction was rolled back), ``ConfigError`` (unreadable URL).
+    """
+    spec = parse_store_spec(store_url, home=home or Path.home() / ".construct")
+    if spec.backend == "sqlite":
+        from stores.sqlite import migrate_sqlite
+
+        assert spec.path is not None
+        return await migrate_sqlite(spec.path, check_only=check_only, migrations=migrations)
+    if spec.backend == "postgres":
+        from stores.postgres import migrate_postgres
+
+        assert spec.dsn is not None
+        return await migrate_postgres(
+            spec.dsn, schema=spec.schema, check_only=check_only, migrations=migrations
+        )
+    return MigrationReport(spec.display, spec.backend, 0, 0, 0)

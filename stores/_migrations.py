@@ -1,6 +1,6 @@
 """The migration runner of the SQL stores, used by the adapters (:mod:`stores.sqlite`,
 :mod:`stores.postgres`) when they open and when they migrate; the ``migrate`` command is
-:mod:`stores.migrate`.
+:func:`stores.migrate`.
 
 Migrations are the numbered, forward-only ``.sql`` files under ``stores/sql/<dialect>/migrations``;
 a ``schema_migrations`` table records the ones applied. :func:`run_migrations` applies the pending

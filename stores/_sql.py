@@ -3,7 +3,7 @@ package's ``stores/sql/<dialect>/`` files (``importlib.resources``, so it works 
 
 ``queries.sql`` holds blocks introduced by ``-- name: <query_name>``; everything up to the next such
 line is the query. ``migrations/NNNN_<slug>.sql`` are forward-only migrations applied in number
-order (by ``stores._migrations``; the command is :mod:`stores.migrate`). SQL is never assembled
+order (by ``stores._migrations``; the command is :func:`stores.migrate`). SQL is never assembled
 from fragments in Python.
 
 Also here: small helpers both SQL adapters share (row decoding into typed records, the list cursor

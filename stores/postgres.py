@@ -18,7 +18,7 @@
   runnable (an approval, a new run), and tells it when the notification connection drops so that
   it can listen again once the server is back.
 - The schema is never changed here: opening checks it is at the packaged head and otherwise raises
-  :class:`stores.migrate.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
+  :class:`stores.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
 
 Driver errors are translated at this edge: connection failures to ``StoreUnavailable``, the rest to
 ``StoreError``, chained, with any password scrubbed from the message.
@@ -139,7 +139,7 @@ async def migrate_postgres(
     migrations: Sequence[Migration] | None = None,
     connect_timeout: float = 10.0,
 ) -> MigrationReport:
-    """:func:`stores.migrate.migrate` for a PostgreSQL database (creates ``schema`` unless
+    """:func:`stores.migrate` for a PostgreSQL database (creates ``schema`` unless
     ``check_only``)."""
     if not SCHEMA_NAME.fullmatch(schema):
         raise InvalidArgument(
@@ -204,7 +204,7 @@ class PostgresStore(PostgresRetention):
         :func:`stores.parse_store_spec`) and check the schema.
 
         Raises ``StoreUnavailable`` when the server cannot be reached within ``connect_timeout``
-        seconds or refuses the login, :class:`stores.migrate.SchemaOutOfDate` when a migration is
+        seconds or refuses the login, :class:`stores.SchemaOutOfDate` when a migration is
         pending (``construct-mcp migrate``)."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise InvalidArgument(

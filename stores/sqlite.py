@@ -203,7 +203,7 @@ async def migrate_sqlite(
     migrations: Sequence[Migration] | None = None,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
 ) -> MigrationReport:
-    """:func:`stores.migrate.migrate` for a SQLite file (creates the file unless ``check_only``)."""
+    """:func:`stores.migrate` for a SQLite file (creates the file unless ``check_only``)."""
     where = f"sqlite:///{path}"
     if check_only and not await anyio.Path(path).exists():
         # Checking must not create the file: a missing file is a schema at version 0.
@@ -256,7 +256,7 @@ class SqliteStore(SqliteRetention):
 
         With ``auto_migrate`` (the default) pending migrations are applied first: the file is the
         server's own, and concurrent openers serialize on ``BEGIN IMMEDIATE``. Without it, a schema
-        that is behind raises :class:`stores.migrate.SchemaOutOfDate`. Raises ``StoreUnavailable``
+        that is behind raises :class:`stores.SchemaOutOfDate`. Raises ``StoreUnavailable``
         when the file cannot be opened.
         """
         where = f"sqlite store {path}"

@@ -499,7 +499,7 @@ def _emit_timeline(head: RunHead, facts: Sequence[Fact], as_json: bool, out: Tex
 
 async def _migrate(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     try:
-        from stores.migrate import migrate
+        from stores import migrate
     except ImportError as exc:  # pragma: no cover - present in every release
         raise UsageError(f"migrations are not available in this installation ({exc})") from None
     report = await migrate(store_url(settings), check_only=args.check, home=settings.home)

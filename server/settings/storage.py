@@ -18,8 +18,7 @@ from typing import Any
 
 from orchestration.store import RunStore
 from server.settings.config import Settings
-from stores import open_configured_store
-from stores.faults import CrashAfterWrites
+from stores import CrashAfterWrites, open_configured_store
 
 log = logging.getLogger("construct.server")
 

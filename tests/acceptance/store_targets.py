@@ -24,8 +24,7 @@ import anyio
 from orchestration.core.facts import Fact
 from orchestration.core.models import RunHead
 from orchestration.store import RunStore
-from stores import open_store
-from stores.migrate import migrate
+from stores import migrate, open_store
 from tests.acceptance.harness import server_env
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 

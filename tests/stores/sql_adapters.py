@@ -19,8 +19,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from orchestration.store import RunStore
-from stores import parse_store_spec
-from stores.migrate import migrate
+from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
 from stores.sqlite import SqliteStore
 

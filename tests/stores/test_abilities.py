@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from orchestration.store import ClaimsRunnable, NotifiesRunnable, RunStore
-from stores.faults import CrashAfterWrites
+from stores import CrashAfterWrites
 from tests.stores.builders import BASE_TIME, new_run, run_id
 from tests.stores.conftest import ADAPTERS
 

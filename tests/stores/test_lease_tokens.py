@@ -13,9 +13,8 @@ import pytest
 
 from orchestration.errors import LeaseLost
 from orchestration.store import Lease, RunStore
-from stores import open_store
+from stores import migrate, open_store
 from stores._sql import migrations
-from stores.migrate import migrate
 from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 from tests.stores.test_wake_at import Target, _time_value

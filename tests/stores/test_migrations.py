@@ -17,9 +17,8 @@ import pytest
 
 from orchestration.errors import StoreError, StoreUnavailable
 from orchestration.store import RunStore
-from stores import open_store, parse_store_spec
+from stores import SchemaOutOfDate, SchemaTooNew, migrate, open_store, parse_store_spec
 from stores._sql import Migration, head_version, migrations, parse_queries, queries, split_sqlite_script
-from stores.migrate import SchemaOutOfDate, SchemaTooNew, migrate
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 
 EXTRA = Migration(2, "0002_extra.sql", "CREATE TABLE extra (id integer PRIMARY KEY);\n")

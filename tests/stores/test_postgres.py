@@ -17,8 +17,7 @@ import pytest
 
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import LeaseLost, StoreUnavailable
-from stores import parse_store_spec
-from stores.migrate import migrate
+from stores import migrate, parse_store_spec
 from stores.postgres import CHANNEL, PostgresStore, channel_for
 from tests.stores.builders import BASE_TIME, complete_task, fail_attempt, new_run, run_id, start_attempt
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url

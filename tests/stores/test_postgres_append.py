@@ -14,9 +14,8 @@ import pytest
 
 from orchestration.errors import InvalidArgument, LeaseLost, RunNotFound, VersionConflict
 from orchestration.store import Lease
-from stores import parse_store_spec
+from stores import migrate, parse_store_spec
 from stores._sql import migrations
-from stores.migrate import migrate
 from stores.postgres import PostgresStore
 from tests.stores.builders import BASE_TIME, complete_task, new_run, run_id, start_attempt
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url

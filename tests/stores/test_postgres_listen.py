@@ -11,8 +11,7 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from stores import parse_store_spec
-from stores.migrate import migrate
+from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
 from tests.stores.builders import new_run, run_id
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url

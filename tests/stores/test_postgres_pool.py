@@ -11,9 +11,8 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from orchestration.errors import StoreError, StoreUnavailable
-from stores import parse_store_spec
+from stores import migrate, parse_store_spec
 from stores._postgres_pool import ConnectionPool
-from stores.migrate import migrate
 from stores.postgres import PostgresStore
 from tests.stores.builders import new_run, run_id
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url

@@ -211,7 +211,7 @@ async def test_an_unmigrated_postgres_falls_back_with_the_migrate_hint(tmp_path:
 
 
 async def test_a_reachable_migrated_postgres_is_opened(tmp_path: Path) -> None:
-    from stores.migrate import migrate
+    from stores import migrate
 
     dsn = await postgres_dsn()
     async with postgres_schema(dsn) as schema:

@@ -16,10 +16,9 @@ import pytest
 
 from orchestration.core.models import RunHead
 from orchestration.store import Lease
-from stores import open_store, parse_store_spec
+from stores import migrate, open_store, parse_store_spec
 from stores._common import sortable_time
 from stores._sql import Dialect, migrations
-from stores.migrate import migrate
 from tests.stores.builders import (
     BASE_TIME,
     Write,

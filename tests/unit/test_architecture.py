@@ -40,8 +40,8 @@ STORES_MAY_USE = frozenset({"orchestration.core", "orchestration.errors", "orche
 #: where the process environment may be read: the settings, and the one lookup of an agent's
 #: token at call time (module -> the functions allowed in it; empty: the whole module)
 ENVIRONMENT_READERS: dict[str, frozenset[str]] = {
-    "server.settings.sources": frozenset(),
-    "orchestration.workers.mcp_agents": frozenset({"from_environment"}),
+    "server.settings.config": frozenset({"load_settings"}),
+    "orchestration.workers.mcp_agents": frozenset({"token_from_environment"}),
 }
 
 
@@ -314,6 +314,7 @@ ALSO_PLANTED = [
     ("layers", {"server/app.py": "from stores.postgres import PostgresStore\n"}),
     ("private_imports", {"server/app.py": "from stores import _common\n"}),
     ("environment", {"stores/__init__.py": "from os import environ\n"}),
+    ("environment", {"server/settings/config.py": "import os\ndef other():\n    return dict(os.environ)\n"}),
     (
         "environment",
         {"orchestration/workers/mcp_agents.py": "import os\ndef f():\n    return os.getenv('X')\n"},
@@ -343,7 +344,7 @@ def test_allowed_imports_are_not_flagged(tmp_path: Path) -> None:
         {
             "orchestration/engine/drive.py": "from orchestration.core.models import RunHead\n",
             "orchestration/workers/mcp_agents.py": (
-                "import os\ndef from_environment(n):\n    return os.environ.get(n)\n"
+                "import os\ndef token_from_environment(n):\n    return os.environ.get(n)\n"
             ),
             "server/app.py": "from orchestration.engine import Runtime\nfrom stores import open_store\n",
             "stores/sqlite.py": "from stores._common import x\nfrom orchestration.core import RunHead\n",

@@ -22,8 +22,8 @@ from orchestration.engine.backoff import Backoff
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
+from stores import migrate
 from stores.memory import MemoryStore
-from stores.migrate import migrate
 from stores.postgres import PostgresStore
 from stores.sqlite import SqliteStore
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
