@@ -49,8 +49,8 @@ from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
 from server.mcp.arguments import UnknownToolRefusal
+from server.mcp.chain_prompts import register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
-from server.mcp.prompts import register_chain_prompts
 from server.mcp.resources import register_resources
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, watching_listen_handler

@@ -4,10 +4,11 @@ and ``demo``."""
 from __future__ import annotations
 
 __all__ = [
-    "costs",
+    "budget_flags",
     "demo",
     "fork",
     "live",
     "main",
-    "retention",
+    "retention_commands",
+    "subcommands",
 ]

@@ -53,10 +53,10 @@ from orchestration.chains import Catalog
 from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_raise
 from orchestration.engine import Runtime
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
-from server.cli.costs import add_budget_flags, add_usage_flags, budget_of, usage_of
+from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
-from server.cli.retention import RETENTION_COMMANDS, add_retention_parsers, run_retention
+from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.settings.config import Settings, load_settings
 from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_url

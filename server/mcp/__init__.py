@@ -7,9 +7,9 @@ from __future__ import annotations
 __all__ = [
     "answering",
     "arguments",
+    "chain_prompts",
     "elicit",
     "fork_tool",
-    "prompts",
     "resources",
     "services",
     "subscriptions",

@@ -225,6 +225,54 @@ def http_clients_outside_workers(tree: Tree) -> list[str]:
     return bad
 
 
+def repeated_names(tree: Tree) -> list[str]:
+    """Two modules of one name in different packages (``prompts`` for task prompts and for MCP
+    prompts): a name says one thing in the whole tree. Package ``__init__`` files are exempt."""
+    seen: dict[str, list[str]] = {}
+    for module, path in tree.modules.items():
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(module)
+    return [" and ".join(sorted(ms)) for name, ms in sorted(seen.items()) if len(ms) > 1]
+
+
+def unreal_exports(tree: Tree) -> list[str]:
+    """A name in a package's ``__all__`` that is neither one of its modules nor bound in its
+    ``__init__`` (an export list that went stale when a module moved)."""
+    bad = []
+    for module, path in tree.modules.items():
+        if path.name != "__init__.py":
+            continue
+        parsed = tree.parsed(module)
+        bound = {a.asname or a.name for n in parsed.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        bound |= {
+            t.id
+            for n in parsed.body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        bound |= {
+            n.name
+            for n in parsed.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        for node in parsed.body:
+            if not isinstance(node, ast.Assign | ast.AnnAssign) or not _assigns_all(node):
+                continue
+            value = node.value
+            names = [
+                e.value
+                for e in getattr(value, "elts", [])
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
+            bad += [
+                f"{module}.__all__ names {name}, which it neither has nor binds"
+                for name in names
+                if name not in bound and f"{module}.{name}" not in tree.modules
+            ]
+    return bad
+
+
 RULES = {
     "circles": lambda tree: [" <-> ".join(group) for group in circles(tree)],
     "private_imports": private_imports,
@@ -232,6 +280,8 @@ RULES = {
     "layers": layer_violations,
     "environment": environment_reads,
     "http_clients": http_clients_outside_workers,
+    "repeated_names": repeated_names,
+    "unreal_exports": unreal_exports,
 }
 
 #: third-party internals, each reached in one adapter module whose reliance a test pins
@@ -303,6 +353,11 @@ PLANTED = {
     },
     "environment": {"server/mcp/tools.py": "import os\nLEVEL = os.environ.get('LEVEL')\n"},
     "http_clients": {"server/views/page.py": "import httpx2\n"},
+    "repeated_names": {"server/mcp/prompts.py": "", "orchestration/chains/prompts.py": ""},
+    "unreal_exports": {
+        "server/cli/__init__.py": '"""The CLI."""\n__all__ = ["main", "costs"]\n',
+        "server/cli/main.py": "",
+    },
 }
 
 #: violations each rule must also see (one planted tree per line)

@@ -1,4 +1,4 @@
-"""The CLI's budget and usage flags (server/cli/costs.py): ``runs start --max-total-tokens`` and
+"""The CLI's budget and usage flags (server/cli/budget_flags.py): ``runs start --max-total-tokens`` and
 ``runs resume --input-tokens/--output-tokens`` record what ``orchestrate_start``'s ``budget`` and
 ``orchestrate_resume``'s ``usage`` record; bad values are ``invalid_argument`` and record nothing."""
 
