@@ -88,7 +88,8 @@ _THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 class AnthropicClient:
     """A :class:`~orchestration.workers.model_calls.ProviderClient` for the Anthropic Messages API.
 
-    ``http`` is shared and owned by the caller (see :func:`~orchestration.workers._http.make_http_client`).
+    ``http`` is shared and owned by the caller (see
+    :func:`~orchestration.workers.model_calls.make_http_client`).
     Arguments after ``http`` are keyword-only so that a key can never be passed where a URL is
     expected (and end up in a log line). ``clock`` dates ``retry-after`` HTTP-dates; ``monotonic``
     measures latency; both are injectable for tests. ``structured_output``: ``auto`` (a forced

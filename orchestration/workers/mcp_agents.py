@@ -20,7 +20,7 @@ call, or follow an earlier call — is decided from the record by
 
 A step with an ``output_schema`` validates the output (``invalid_output`` when it does not match).
 
-**Errors** are data (:class:`~orchestration.workers.port.AttemptFailedOutcome`), classified in one
+**Errors** are data (:class:`~orchestration.core.outcomes.AttemptFailedOutcome`), classified in one
 place (:func:`classify`): a refused or lost connection, a 5xx or a protocol error is
 ``agent_unreachable``; no answer in time is ``timeout``; a 401/403 (or the token's variable not
 set) is ``auth``; and the retry policy's verdict is folded in as the provider worker does
