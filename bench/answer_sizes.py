@@ -12,7 +12,7 @@ hands out the reviewer's task, whose user prompt must carry both outputs. Printe
 * the size of ``tools/list`` in bytes (the JSON a host receives; target at most
   :data:`MAX_TOOLS_LIST_BYTES`).
 
-Sizes are deterministic, so ``tests/unit/test_answer_sizes.py`` asserts the targets on the same
+Sizes are deterministic, so ``tests/unit/server/test_answer_sizes.py`` asserts the targets on the same
 scenario.
 
     python bench/answer_sizes.py [--output-chars 100000]

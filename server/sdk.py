@@ -18,7 +18,7 @@ Everywhere else the server uses the SDK's public API. What is here has no public
   the same client, and to hook the end of that client) is private: :func:`connection_of`,
   :func:`on_connection_closed`.
 
-``tests/unit/test_sdk_reliance.py`` pins each of these (the private names exist with the expected
+``tests/unit/server/test_sdk_reliance.py`` pins each of these (the private names exist with the expected
 types, and behave as relied on), so an SDK upgrade that changes one fails there; ``pyproject.toml``
 bounds ``mcp`` to the minor version those tests passed with.
 """

@@ -4,7 +4,7 @@
 I/O and draws no random numbers. The runtime loop is *decide → act → record*: it calls this function,
 does the one thing the returned action names, records the resulting facts in one compare-and-swap
 write, re-reads the run and decides again. Because this function is pure, a restarted run makes the
-same next decision the crashed run would have made — ``tests/unit/test_crash_prefixes.py`` checks
+same next decision the crashed run would have made — ``tests/unit/engine/test_crash_prefixes.py`` checks
 that for every prefix of full runs' fact logs.
 
 Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``WaitUntil``) or end (``Idle``) make the

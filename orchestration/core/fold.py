@@ -570,7 +570,7 @@ def _run_finished(head: RunHead, fact: RunFinished) -> _Change:
 
 
 #: the handler of each fact type after ``run_created`` (found by the fact's exact type: the facts are
-#: a closed union of final records; tests/unit/test_fold_handlers.py checks that every one is here)
+#: a closed union of final records; tests/unit/core/test_fold_handlers.py checks that every one is here)
 _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
     ApprovalRequested: _approval_requested,
     ApprovalDecided: _approval_decided,

@@ -3,7 +3,7 @@ of its tasks (the rule: :mod:`orchestration.ops.forking`). Registered by :func:`
 it answers with the new run's :class:`~server.views.run_view.RunView` (``forked_from`` names the source,
 copied tasks carry ``copied_from``) and needs the ``operate`` role, like ``orchestrate_start``.
 
-Compact on purpose (``tools/list`` has a byte budget: ``tests/unit/test_answer_sizes.py``):
+Compact on purpose (``tools/list`` has a byte budget: ``tests/unit/server/test_answer_sizes.py``):
 ``chain`` is a chain name only; a chain given as a list of specialists is kept by default, and
 another list can be given with the CLI (``runs fork --specialists``)."""
 

@@ -7,7 +7,7 @@ and make a clean stop exit with -15. uvicorn has no setting for that; its ``capt
 ``handle_exit`` are methods of no documented API, overridden here: the handlers are restored and the
 process exits normally (status 0).
 
-``tests/unit/test_uvicorn_adapter.py`` pins what this relies on (``serve`` enters
+``tests/unit/server/test_uvicorn_adapter.py`` pins what this relies on (``serve`` enters
 ``capture_signals``, the signal handler's signature, a SIGTERM ending ``serve`` without killing the
 process); ``pyproject.toml`` bounds ``uvicorn`` to the minor version those tests passed with.
 """

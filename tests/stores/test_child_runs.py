@@ -44,7 +44,7 @@ async def test_a_step_runs_a_chain_as_a_linked_child_run(store: RunStore) -> Non
 
 
 async def test_a_failed_child_fails_the_step_with_a_typed_error(store: RunStore) -> None:
-    from tests.unit.test_crash_prefixes import AUTH
+    from tests.unit.engine.test_crash_prefixes import AUTH
 
     runtime = child_runtime(store, ScriptedWorker({"reviewer": [AUTH]}))
     parent, _ = await runtime.start(StartRequest("Build", chain="outer", worker_backend="provider"))

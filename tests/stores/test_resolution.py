@@ -1,7 +1,7 @@
 """Which store is opened: spec parsing, the filesystem fallback with its warning, the error when
 fallback is off, password redaction, and lazy driver imports. Which spec the settings choose
 (explicit > config > CONSTRUCT_ORCHESTRATION_STORE > CONSTRUCT_DEPLOYMENT_MODE) is
-tests/unit/test_store_choice.py."""
+tests/unit/server/test_store_choice.py."""
 
 from __future__ import annotations
 

@@ -285,7 +285,7 @@ RULES = {
 }
 
 #: third-party internals, each reached in one adapter module whose reliance a test pins
-#: (tests/unit/test_sdk_reliance.py, tests/unit/test_uvicorn_adapter.py,
+#: (tests/unit/server/test_sdk_reliance.py, tests/unit/server/test_uvicorn_adapter.py,
 #: tests/stores/test_aiosqlite_reliance.py); nothing else may reach them
 ADAPTERS: frozenset[str] = frozenset({"server.sdk", "server.transports.uvicorn_adapter", "stores._aiosqlite"})
 

@@ -24,7 +24,7 @@ from orchestration.workers.model_calls import (
 from orchestration.workers.openai_compat import OpenAICompatClient
 from tests.fakes.fake_provider import FakeProvider
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEY = "sk-test-fake-provider-key"
 
 

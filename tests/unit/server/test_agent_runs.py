@@ -32,8 +32,8 @@ from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
 from orchestration.workers.retry import RetryPolicy
 from stores.memory import MemoryStore
+from tests.unit.engine.test_crash_prefixes import BoundaryStore
 from tests.unit.helpers import play, sequential_ids
-from tests.unit.test_crash_prefixes import BoundaryStore
 
 SECRET = "agent-token-" + secrets.token_hex(16)
 ENDPOINT = AgentEndpoint(

@@ -14,10 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 import orchestration.core.fold as fast
+import tests.unit.engine.test_crash_prefixes as crash
+import tests.unit.engine.test_parallel_prefixes as parallel
+import tests.unit.engine.test_route_prefixes as routed
 import tests.unit.fold_reference as reference
-import tests.unit.test_crash_prefixes as crash
-import tests.unit.test_parallel_prefixes as parallel
-import tests.unit.test_route_prefixes as routed
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact
 from orchestration.core.models import (

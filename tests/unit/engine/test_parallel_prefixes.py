@@ -44,10 +44,10 @@ from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.vocabulary import TaskStatus
 from orchestration.engine.runtime import StartRequest
+from tests.unit.engine.test_crash_prefixes import BoundaryStore
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel
 from tests.unit.routed import InstanceWorker, answer_for
-from tests.unit.test_crash_prefixes import BoundaryStore
 
 RATE_LIMITED = TypedError(code="rate_limited", message="slow down", retryable=True, http_status=429)
 AUTH = TypedError(code="auth", message="bad key", retryable=False, http_status=401)

@@ -9,8 +9,8 @@ from orchestration.core.clock import SystemClock
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
+from tests.unit.engine.test_deadlines import SlowWorker
 from tests.unit.helpers import make_runtime
-from tests.unit.test_deadlines import SlowWorker
 
 
 async def _cancel_while_calling(canceller: Runtime, runtime: Runtime, worker: SlowWorker) -> None:

@@ -21,8 +21,8 @@ from orchestration.core.facts import Fact
 from orchestration.core.fold import apply, fold
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.vocabulary import TaskStatus
-from tests.unit import test_crash_prefixes as crash
-from tests.unit import test_route_prefixes as routed
+from tests.unit.engine import test_crash_prefixes as crash
+from tests.unit.engine import test_route_prefixes as routed
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for
 

@@ -16,7 +16,7 @@ from server.settings.config import ENV_VARS, Settings, load_settings
 from server.settings.reference import BEGIN, END, environment_table, with_table
 from server.settings.sources import ConfigFileSource, EnvironmentSource, FlagSource
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[3] / "README.md"
 
 
 def config(tmp_path: Path, text: str) -> Path:

@@ -22,7 +22,7 @@ from stores.memory import MemoryStore
 from tests.unit.faulty import start_request
 from tests.unit.helpers import make_runtime
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SETTINGS = DriveSettings(
     owner="one",
     lease_ttl_seconds=30.0,

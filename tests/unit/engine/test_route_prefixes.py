@@ -18,9 +18,9 @@ from orchestration.core.facts import AttemptStarted
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
 from orchestration.engine.runtime import StartRequest
+from tests.unit.engine.test_crash_prefixes import BoundaryStore
 from tests.unit.helpers import Decision, make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for
-from tests.unit.test_crash_prefixes import BoundaryStore
 
 RATE_LIMITED = TypedError(code="rate_limited", message="slow down", retryable=True, http_status=429)
 REVISE_THRICE = {"reviewer": "revise", "reviewer~2": "revise", "reviewer~3": "revise"}

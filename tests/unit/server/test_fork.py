@@ -21,9 +21,9 @@ from server.app import ConstructApp
 from server.cli.main import run as cli_run
 from server.settings.config import load_settings
 from tests.fakes.fake_provider import FakeProvider
+from tests.unit.engine.test_provider_runtime import close_clients, make
 from tests.unit.helpers import make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG
-from tests.unit.test_provider_runtime import close_clients, make
 
 __all__ = ["close_clients"]  # the fixture that closes make()'s HTTP clients
 

@@ -1,0 +1,1 @@
+"""Unit tests of orchestration.chains: the catalog and its checks."""

@@ -1,0 +1,1 @@
+"""Unit tests of orchestration.core: the pure records, facts, fold and decisions."""

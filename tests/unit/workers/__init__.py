@@ -1,0 +1,1 @@
+"""Unit tests of orchestration.workers: the provider adapters, the retry policy and the fake provider."""
