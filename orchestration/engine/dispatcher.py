@@ -315,60 +315,16 @@ class Dispatcher:
     # -- driving -------------------------------------------------------------------------------
 
     async def _drive(self, run_id: str, lease: Lease | None) -> None:
+        """Drive the run in a slot, again while it changes meanwhile and still needs driving,
+        until a drive fails or the dispatcher stops; then free the slot."""
         try:
             async with self._limiter:
                 while not self._stopping:
                     self._again.discard(run_id)
-                    try:
-                        action = await self.runtime.drive(run_id, lease=lease)
-                    except LeaseLost:
-                        # Another worker claimed the run while this drive stalled; the drive
-                        # recorded nothing more. Not a failure: the run is the holder's now.
-                        log.info(
-                            "run %s is held by another worker; left to it",
-                            run_id,
-                            extra={"action": "drive_lease_lost", "run_id": run_id},
-                        )
-                        action = None
-                    except CorruptRecord as exc:
-                        log.warning(
-                            "run %s could not be advanced: %s",
-                            run_id,
-                            exc,
-                            extra={"action": "drive_failed", "run_id": run_id, "code": exc.code},
-                        )
-                        break
-                    except StoreError as exc:
-                        # The drive stopped cleanly at a store outage; its lease is released (or
-                        # expires) and the run is resumed from its facts once the store is back.
-                        self._interrupted.add(run_id)
-                        log.warning(
-                            "run %s interrupted by the store: %s",
-                            run_id,
-                            exc,
-                            extra={"action": "drive_interrupted", "run_id": run_id, "code": exc.code},
-                        )
-                        break
-                    except ConstructError as exc:
-                        log.warning(
-                            "run %s could not be advanced: %s",
-                            run_id,
-                            exc,
-                            extra={"action": "drive_failed", "run_id": run_id, "code": exc.code},
-                        )
-                        break
-                    except Exception:
-                        log.exception("drive crashed", extra={"action": "drive_crashed", "run_id": run_id})
+                    if not await self._drive_once(run_id, lease):
                         break
                     # A later pass claims the lease itself (this one was released with the drive).
                     lease = None
-                    if isinstance(action, WaitUntil):
-                        log.info(
-                            "run %s waits until %s",
-                            run_id,
-                            action.not_before.isoformat(),
-                            extra={"action": "durable_wait", "run_id": run_id},
-                        )
                     if not await self._needs_another_pass(run_id):
                         break
         finally:
@@ -376,6 +332,49 @@ class Dispatcher:
             if self._claim_runnable is not None:
                 # A slot is free: claim more work now rather than at the next poll.
                 self._wake.set()
+
+    async def _drive_once(self, run_id: str, lease: Lease | None) -> bool:
+        """One :meth:`Runtime.drive` of the run. False when it failed (logged; the run is left
+        until something wakes it); a lost lease is not a failure."""
+        try:
+            action = await self.runtime.drive(run_id, lease=lease)
+        except LeaseLost:
+            # Another worker claimed the run while this drive stalled; the drive recorded
+            # nothing more. Not a failure: the run is the holder's now.
+            log.info(
+                "run %s is held by another worker; left to it",
+                run_id,
+                extra={"action": "drive_lease_lost", "run_id": run_id},
+            )
+            return True
+        except CorruptRecord as exc:
+            _log_failed(run_id, exc)
+            return False
+        except StoreError as exc:
+            # The drive stopped cleanly at a store outage; its lease is released (or expires)
+            # and the run is resumed from its facts once the store is back.
+            self._interrupted.add(run_id)
+            log.warning(
+                "run %s interrupted by the store: %s",
+                run_id,
+                exc,
+                extra={"action": "drive_interrupted", "run_id": run_id, "code": exc.code},
+            )
+            return False
+        except ConstructError as exc:
+            _log_failed(run_id, exc)
+            return False
+        except Exception:
+            log.exception("drive crashed", extra={"action": "drive_crashed", "run_id": run_id})
+            return False
+        if isinstance(action, WaitUntil):
+            log.info(
+                "run %s waits until %s",
+                run_id,
+                action.not_before.isoformat(),
+                extra={"action": "durable_wait", "run_id": run_id},
+            )
+        return True
 
     async def _needs_another_pass(self, run_id: str) -> bool:
         """Whether something woke the run while it was being driven, and it still needs driving.
@@ -393,3 +392,13 @@ class Dispatcher:
             if not is_settled(head, self.runtime.clock.now()):
                 return True
         return False
+
+
+def _log_failed(run_id: str, exc: ConstructError) -> None:
+    """Log a drive that could not advance the run (an error other than a store outage)."""
+    log.warning(
+        "run %s could not be advanced: %s",
+        run_id,
+        exc,
+        extra={"action": "drive_failed", "run_id": run_id, "code": exc.code},
+    )

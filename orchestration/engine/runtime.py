@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, NoReturn
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
@@ -54,7 +55,15 @@ from orchestration.core.inputs import (
     inline_contract,
     with_task_timeout,
 )
-from orchestration.core.models import BudgetLimits, DecisionChannel, HostUsage, RunHead, text_hash
+from orchestration.core.models import (
+    BudgetLimits,
+    DecisionChannel,
+    GateState,
+    HostUsage,
+    RunHead,
+    TaskState,
+    text_hash,
+)
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
@@ -287,40 +296,13 @@ class Runtime:
         task with live host-started children is not complete unless ``detach_children``."""
         validate_run_id(run_id)
         check_id("task_id", task_id, self.limits)
-        if not isinstance(output, str) or not output.strip():
-            raise InvalidArgument("output is empty; pass the host model's answer for the task")
-        if len(output) > self.limits.max_output_chars:
-            raise TooLarge(
-                f"output is {len(output)} characters; the limit is {self.limits.max_output_chars} "
-                "(CONSTRUCT_MAX_OUTPUT_CHARS)"
-            )
+        self._check_output(output)
         while True:
             head = await self.store.load(run_id)
-            try:
-                task = head.task(task_id)
-            except KeyError:
-                raise InvalidArgument(
-                    f"run {run_id} has no task {quoted(task_id)}; its tasks are: "
-                    f"{', '.join(t.task_id for t in head.tasks)}"
-                ) from None
-            if task.status == TaskStatus.DONE and task.output_seq is not None:
-                done = await self.store.read_fact(run_id, task.output_seq)
-                if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
-                    return head
-                raise Conflict(
-                    f"task {task_id} of run {run_id} is already done with a different output; "
-                    "a done task's output cannot be replaced"
-                )
-            if head.status.is_terminal:
-                raise InvalidState(f"run {run_id} is {head.status.value}; it takes no more output")
-            refuse_if_out_of_time(head, self.clock.now())
-            refuse_detached(head, task_id, detach_children)
-            if task.status != TaskStatus.AWAITING_HOST:
-                awaiting = _awaiting_host_task(head)
-                hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
-                raise Conflict(
-                    f"task {task_id} of run {run_id} is {task.status.value}, not awaiting output; {hint}"
-                )
+            task = _task_named(head, task_id)
+            if await self._output_recorded(head, task, output):
+                return head
+            self._check_takes_output(head, task, detach_children)
             attempt = task.attempts[-1].number if task.attempts else 1
             schema = head.step_of(task_id).output_schema
             # An answer that does not match the step's schema is refused (InvalidOutput) and
@@ -331,6 +313,44 @@ class Runtime:
                 return await self._append(head, facts)
             except VersionConflict:
                 continue
+
+    def _check_output(self, output: str) -> None:
+        """Refuse an output no task could take: empty, or over the size limit."""
+        if not isinstance(output, str) or not output.strip():
+            raise InvalidArgument("output is empty; pass the host model's answer for the task")
+        if len(output) > self.limits.max_output_chars:
+            raise TooLarge(
+                f"output is {len(output)} characters; the limit is {self.limits.max_output_chars} "
+                "(CONSTRUCT_MAX_OUTPUT_CHARS)"
+            )
+
+    async def _output_recorded(self, head: RunHead, task: TaskState, output: str) -> bool:
+        """Whether ``task`` is done with ``output`` already (a repeat: nothing to record). A task
+        done with a different output is a ``Conflict``; False for a task not done."""
+        if task.status != TaskStatus.DONE or task.output_seq is None:
+            return False
+        done = await self.store.read_fact(head.run_id, task.output_seq)
+        if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
+            return True
+        raise Conflict(
+            f"task {task.task_id} of run {head.run_id} is already done with a different output; "
+            "a done task's output cannot be replaced"
+        )
+
+    def _check_takes_output(self, head: RunHead, task: TaskState, detach_children: bool) -> None:
+        """Refuse output for ``task`` unless the run is live, in time, and the task awaits it
+        (with no live host-started children, unless ``detach_children``)."""
+        if head.status.is_terminal:
+            raise InvalidState(f"run {head.run_id} is {head.status.value}; it takes no more output")
+        refuse_if_out_of_time(head, self.clock.now())
+        refuse_detached(head, task.task_id, detach_children)
+        if task.status != TaskStatus.AWAITING_HOST:
+            awaiting = _awaiting_host_task(head)
+            hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
+            raise Conflict(
+                f"task {task.task_id} of run {head.run_id} is {task.status.value}, not awaiting "
+                f"output; {hint}"
+            )
 
     async def approve(
         self,
@@ -361,13 +381,8 @@ class Runtime:
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
         identity the edge verified, or only claimed) are recorded with the decision."""
         validate_run_id(run_id)
-        if decision not in ("approve", "reject", "revise"):
-            raise InvalidArgument(f"decision must be 'approve', 'reject' or 'revise', not {quoted(decision)}")
-        check_id("gate_id", gate_id, self.limits)
-        if comment is not None and len(comment) > self.limits.max_comment_chars:
-            raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
-        if approver is not None and len(approver) > self.limits.max_approver_chars:
-            raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
+        asked = _Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
+        self._check_decision(asked)
         while True:
             head = await self.store.load(run_id)
             gate = gate_to_decide(head, gate_id)
@@ -375,49 +390,57 @@ class Runtime:
             if gate.status not in ("pending", "requested"):
                 check_repeat(head, gate, decision, comment, approver)
                 return head
-            refuse_if_out_of_time(head, self.clock.now())
-            # A requested gate is what waits (a parallel run may wait for a host task too).
-            if head.status.is_terminal or gate.status != "requested":
-                raise InvalidState(
-                    f"run {run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
-                )
-            now = self.clock.now()
-            if gate.expires_at is not None and now >= gate.expires_at:
-                # Too late: the gate is decided by expiry. Record it now (as a drive would: it
-                # follows from the facts), so that it holds without a server, and refuse this one.
-                on_expiry = head.step_of(gate.task_id).on_expiry
-                try:
-                    await self._append(
-                        head, [gate_expired(head, gate.gate_id, on_expiry, head.last_seq + 1, now)]
-                    )
-                except VersionConflict:
-                    continue
-                raise InvalidState(
-                    f"gate {gate.gate_id} of run {run_id} expired at {gate.expires_at.isoformat()} and "
-                    f"was decided by expiry ({on_expiry}); this decision was not recorded"
-                )
-            check_budget_raise(gate, decision, budget_raise)
-            if decision == "revise":
-                plan = revise_plan(head, gate)
-                if not isinstance(plan, RevisePlan):
-                    refused = f"gate {gate.gate_id} of run {run_id} cannot be revised: {plan.reason}"
-                    raise InvalidState(refused) if plan.bound else InvalidArgument(refused)
-            fact = ApprovalDecided(
-                seq=head.last_seq + 1,
-                at=now,
-                format=decision_format(decision),
-                gate_id=gate.gate_id,
-                decision=decision,
-                comment=comment,
-                approver=approver,
-                channel=channel,
-                verified=verified,
-                budget_raise=budget_raise,
-            )
             try:
-                return await self._append(head, [fact])
+                return await self._decide_open(head, gate, asked)
             except VersionConflict:
                 continue
+
+    def _check_decision(self, asked: _Decision) -> None:
+        """Refuse a decision malformed whatever the run: an unknown verb, a bad gate id, text
+        over the limits."""
+        if asked.decision not in ("approve", "reject", "revise"):
+            raise InvalidArgument(
+                f"decision must be 'approve', 'reject' or 'revise', not {quoted(asked.decision)}"
+            )
+        check_id("gate_id", asked.gate_id, self.limits)
+        if asked.comment is not None and len(asked.comment) > self.limits.max_comment_chars:
+            raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
+        if asked.approver is not None and len(asked.approver) > self.limits.max_approver_chars:
+            raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
+
+    async def _decide_open(self, head: RunHead, gate: GateState, asked: _Decision) -> RunHead:
+        """Record ``asked`` on ``gate``, not yet decided on ``head``, or refuse it: the run must be
+        in time and waiting at the gate, the gate not expired, the decision one it can take.
+        ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it again)."""
+        refuse_if_out_of_time(head, self.clock.now())
+        # A requested gate is what waits (a parallel run may wait for a host task too).
+        if head.status.is_terminal or gate.status != "requested":
+            raise InvalidState(
+                f"run {head.run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
+            )
+        now = self.clock.now()
+        if gate.expires_at is not None and now >= gate.expires_at:
+            await self._refuse_expired(head, gate, gate.expires_at, now)
+        check_budget_raise(gate, asked.decision, asked.budget_raise)
+        if asked.decision == "revise":
+            plan = revise_plan(head, gate)
+            if not isinstance(plan, RevisePlan):
+                refused = f"gate {gate.gate_id} of run {head.run_id} cannot be revised: {plan.reason}"
+                raise InvalidState(refused) if plan.bound else InvalidArgument(refused)
+        return await self._append(head, [asked.fact(head.last_seq + 1, now)])
+
+    async def _refuse_expired(
+        self, head: RunHead, gate: GateState, expires_at: datetime, now: datetime
+    ) -> NoReturn:
+        """Too late: the gate is decided by expiry. Record it now (as a drive would: it follows
+        from the facts), so that it holds without a server, and refuse the decision: it expired
+        at ``expires_at`` (``InvalidState``; ``VersionConflict`` when ``head`` is stale)."""
+        on_expiry = head.step_of(gate.task_id).on_expiry
+        await self._append(head, [gate_expired(head, gate.gate_id, on_expiry, head.last_seq + 1, now)])
+        raise InvalidState(
+            f"gate {gate.gate_id} of run {head.run_id} expired at {expires_at.isoformat()} and "
+            f"was decided by expiry ({on_expiry}); this decision was not recorded"
+        )
 
     async def missing_task_id(self, run_id: str, name: str = "task_id") -> ConstructError:
         """The error for host output given without the task it answers (argument ``name``): see
@@ -536,37 +559,46 @@ class Runtime:
             if lease is not None and not self.hand_over(lease):
                 await self._releases.release(lease)
             return None
-        set_aside = self._unreadable.get(run_id)
-        if self.calls.stopping or (set_aside is not None and self.clock.now() < set_aside):
+        if self._left_alone(run_id):
             if lease is not None:
                 await self._releases.release(lease)
             return None
         # Taken before the first await, so that a concurrent drive of the run sees it.
         self._driving[run_id] = None
         try:
-            if lease is None:
-                lease = await self.store.claim_lease(
-                    run_id, self.owner, self.lease_ttl_seconds, self.clock.now()
-                )
-                if lease is None:
-                    return None
-            drive = self._driving[run_id] = self._new_drive(lease)
-            try:
-                result = await drive.run()
-            except CorruptRecord:
-                # Retrying at every dispatcher poll would only repeat the error: leave the run
-                # alone for a while (an operator may repair the file meanwhile). The same for
-                # RecordTooNew: a newer version's run is left to it, never decided or written here.
-                retry = self.clock.now() + timedelta(seconds=self.unreadable_retry_seconds)
-                self._unreadable[run_id] = retry
-                raise
-            else:
-                self._unreadable.pop(run_id, None)
-            finally:
-                await self._releases.release(drive.lease)
-            return result
+            return await self._drive_leased(run_id, lease)
         finally:
             del self._driving[run_id]
+
+    def _left_alone(self, run_id: str) -> bool:
+        """Whether the run is not to be driven now: the runtime is stopping, or the run's record
+        was unreadable less than :attr:`unreadable_retry_seconds` ago."""
+        set_aside = self._unreadable.get(run_id)
+        return self.calls.stopping or (set_aside is not None and self.clock.now() < set_aside)
+
+    async def _drive_leased(self, run_id: str, lease: Lease | None) -> Action | None:
+        """Run a :class:`Drive` of the run with ``lease``, or with a lease claimed now (None when
+        another worker holds it), and release the lease after. A ``CorruptRecord`` sets the run
+        aside for :attr:`unreadable_retry_seconds`; a drive that returns clears that."""
+        if lease is None:
+            lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
+            if lease is None:
+                return None
+        drive = self._driving[run_id] = self._new_drive(lease)
+        try:
+            result = await drive.run()
+        except CorruptRecord:
+            # Retrying at every dispatcher poll would only repeat the error: leave the run
+            # alone for a while (an operator may repair the file meanwhile). The same for
+            # RecordTooNew: a newer version's run is left to it, never decided or written here.
+            retry = self.clock.now() + timedelta(seconds=self.unreadable_retry_seconds)
+            self._unreadable[run_id] = retry
+            raise
+        else:
+            self._unreadable.pop(run_id, None)
+        finally:
+            await self._releases.release(drive.lease)
+        return result
 
     def _new_drive(self, lease: Lease) -> Drive:
         settings = DriveSettings(
@@ -603,6 +635,45 @@ class Runtime:
         store's error while it is still away. A lease claimed again since is not touched (the
         release matches the token)."""
         await self._releases.release_unreleased(run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """A gate decision as a caller gives it to :meth:`Runtime.approve`."""
+
+    decision: Literal["approve", "reject", "revise"]
+    gate_id: str
+    comment: str | None
+    approver: str | None
+    channel: DecisionChannel | None
+    verified: bool
+    budget_raise: BudgetLimits | None
+
+    def fact(self, seq: int, at: datetime) -> ApprovalDecided:
+        """The decision as the fact that records it at ``seq``."""
+        return ApprovalDecided(
+            seq=seq,
+            at=at,
+            format=decision_format(self.decision),
+            gate_id=self.gate_id,
+            decision=self.decision,
+            comment=self.comment,
+            approver=self.approver,
+            channel=self.channel,
+            verified=self.verified,
+            budget_raise=self.budget_raise,
+        )
+
+
+def _task_named(head: RunHead, task_id: str) -> TaskState:
+    """The run's task ``task_id``, or ``InvalidArgument`` naming the tasks it has."""
+    try:
+        return head.task(task_id)
+    except KeyError:
+        raise InvalidArgument(
+            f"run {head.run_id} has no task {quoted(task_id)}; its tasks are: "
+            f"{', '.join(t.task_id for t in head.tasks)}"
+        ) from None
 
 
 __all__ = [

@@ -105,23 +105,7 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
     earlier fork with the same idempotency key made the run. Raises
     ``RunNotFound``, ``InvalidArgument`` (an unknown or skipped task, bad arguments),
     ``ForkMismatch``, ``Conflict`` (the key used for something else), ``UnknownChain``..."""
-    validate_run_id(fork.run_id)
-    check_id("from_task", fork.from_task, runtime.limits)
-    source = await runtime.status(fork.run_id)
-    if fork.from_task not in {t.task_id for t in source.tasks}:
-        raise InvalidArgument(
-            f"run {source.run_id} has no task {quoted(fork.from_task)}; its tasks are: "
-            f"{', '.join(t.task_id for t in source.tasks)}"
-        )
-    start = StartRequest(
-        request=source.request if fork.request is None else fork.request,
-        chain=fork.chain,
-        approve_before=fork.approve_before or (),
-        idempotency_key=fork.idempotency_key,
-        worker_backend=source.contract.worker_backend,
-        started_by=fork.started_by,
-    )
-    check_start(start, runtime.limits)
+    source, start = await _source(runtime, fork)
     facts = await runtime.read_facts(source.run_id, 0, source.last_seq)
     prefix, point = _prefix(facts, source, fork.from_task)
     if prefix.task(fork.from_task).status == TaskStatus.SKIPPED:
@@ -132,34 +116,9 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
     kept = _ended(prefix)
     chain = _chain(runtime, source.chain, fork)
     _check_steps(source.chain, chain, sorted({prefix.task(t).step_name for t in kept}))
-    contract = runtime.resolve_contract(start, chain)
-    now = runtime.clock.now()
-    limit = None if source.deadline_at is None else source.deadline_at - source.created_at
-    created = RunCreated(
-        seq=1,
-        at=now,
-        deadline_at=None if limit is None else now + limit,
-        run_id=validate_run_id(runtime.new_id()),
-        request=start.request,
-        chain=chain,
-        chain_hash=chain.content_hash(),
-        contract=contract,
-        idempotency_key=fork.idempotency_key,
-        request_hash=fork.request_hash(),
-        format=max(chain_format(chain), contract.record_format()),
-        started_by=fork.started_by,
-        forked_from=ForkOrigin(run_id=source.run_id, task_id=fork.from_task),
-    )
-    copies = _copies([f for f in facts if 1 < f.seq < point], prefix, kept, now)
-    head = apply(None, created)
-    try:
-        for copy in copies:
-            head = apply(head, copy)
-    except IllegalTransition as exc:
-        raise ForkMismatch(
-            f"the recorded work of run {source.run_id} before task {fork.from_task} does not replay "
-            f"on chain {chain.name!r} as it is now ({exc}); fork from an earlier task"
-        ) from exc
+    created = _run_created(runtime, source, start, chain, fork)
+    copies = _copies([f for f in facts if 1 < f.seq < point], prefix, kept, created.at)
+    head = _replay(created, copies, source, fork)
     stored, created_now = await runtime.create(head, [created, *copies])
     if not created_now:
         if stored.request_hash != head.request_hash:
@@ -177,6 +136,68 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
         extra={"action": "run_forked", "run_id": head.run_id},
     )
     return stored, True
+
+
+async def _source(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, StartRequest]:
+    """The run forked, which must have ``fork.from_task``, and the new run's start request
+    (checked as a start's)."""
+    validate_run_id(fork.run_id)
+    check_id("from_task", fork.from_task, runtime.limits)
+    source = await runtime.status(fork.run_id)
+    if fork.from_task not in {t.task_id for t in source.tasks}:
+        raise InvalidArgument(
+            f"run {source.run_id} has no task {quoted(fork.from_task)}; its tasks are: "
+            f"{', '.join(t.task_id for t in source.tasks)}"
+        )
+    start = StartRequest(
+        request=source.request if fork.request is None else fork.request,
+        chain=fork.chain,
+        approve_before=fork.approve_before or (),
+        idempotency_key=fork.idempotency_key,
+        worker_backend=source.contract.worker_backend,
+        started_by=fork.started_by,
+    )
+    check_start(start, runtime.limits)
+    return source, start
+
+
+def _run_created(
+    runtime: Runtime, source: RunHead, start: StartRequest, chain: ChainSnapshot, fork: ForkRequest
+) -> RunCreated:
+    """The new run's ``run_created``, made now: the source's time limit counts from the fork."""
+    contract = runtime.resolve_contract(start, chain)
+    now = runtime.clock.now()
+    limit = None if source.deadline_at is None else source.deadline_at - source.created_at
+    return RunCreated(
+        seq=1,
+        at=now,
+        deadline_at=None if limit is None else now + limit,
+        run_id=validate_run_id(runtime.new_id()),
+        request=start.request,
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=contract,
+        idempotency_key=fork.idempotency_key,
+        request_hash=fork.request_hash(),
+        format=max(chain_format(chain), contract.record_format()),
+        started_by=fork.started_by,
+        forked_from=ForkOrigin(run_id=source.run_id, task_id=fork.from_task),
+    )
+
+
+def _replay(created: RunCreated, copies: Sequence[Fact], source: RunHead, fork: ForkRequest) -> RunHead:
+    """The new run's head, folded from ``created`` and the ``copies``; ``ForkMismatch`` when the
+    copies do not fold on the new chain (a copied route that does not replay)."""
+    head = apply(None, created)
+    try:
+        for copy in copies:
+            head = apply(head, copy)
+    except IllegalTransition as exc:
+        raise ForkMismatch(
+            f"the recorded work of run {source.run_id} before task {fork.from_task} does not replay "
+            f"on chain {created.chain.name!r} as it is now ({exc}); fork from an earlier task"
+        ) from exc
+    return head
 
 
 def _concerns(fact: Fact, task_id: str, before_gates: set[str]) -> bool:
