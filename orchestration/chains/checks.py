@@ -54,73 +54,106 @@ def check_chain(steps: Sequence[ChainStep]) -> tuple[str, str] | None:
     graph = ChainSnapshot(name="check", steps=tuple(steps), specialists=()) if is_parallel(steps) else None
     for i, step in enumerate(steps):
         where = f"steps[{i}]"
-        if step.name in RESERVED_STEP_NAMES:
-            return (
-                f"{where}.name",
-                f"{step.name!r} is reserved (end, fail and ask are route targets); name the step otherwise",
-            )
-        if (step.routes is None) != (step.route_on is None):
-            missing = "routes" if step.routes is None else "route_on"
-            return f"{where}.{missing}", "route_on and routes go together: give both or neither"
-        if step.route_on is not None and step.routes is not None:
-            allowed = route_values(step.output_schema, step.route_on)
-            if isinstance(allowed, str):
-                return f"{where}.route_on", allowed
-            for value, target in step.routes.items():
-                if value not in allowed:
-                    return (
-                        f"{where}.routes.{value}",
-                        f"the output_schema does not allow {step.route_on} = {value!r}; it allows: "
-                        + ", ".join(allowed),
-                    )
-                if target not in (END, FAIL) and target not in names:
-                    return (
-                        f"{where}.routes.{value}",
-                        f"unknown target {target!r}: name a step of the chain ({', '.join(names)}), "
-                        "'end' or 'fail'",
-                    )
-                if (
-                    graph is not None
-                    and target in names
-                    and not goes_back(graph, step.name, target)
-                    and target not in descendants(graph, step.name)
-                ):
-                    return (
-                        f"{where}.routes.{value}",
-                        f"step {target!r} neither runs before {step.name!r} (a loop) nor after it (a jump); "
-                        "a route in a parallel chain goes to one or the other",
-                    )
-            unrouted = [v for v in allowed if v not in step.routes]
-            if unrouted:
-                return (
-                    f"{where}.routes",
-                    f"no route for {step.route_on} = {', '.join(map(repr, unrouted))}; every value "
-                    "the output_schema allows needs one",
-                )
-        choice = step.on_exhausted
-        if step.route_on is None and choice != FAIL:
-            return f"{where}.on_exhausted", "only a step that routes (route_on) has on_exhausted"
-        if (
-            graph is not None
-            and choice not in (END, FAIL, ASK)
-            and choice not in descendants(graph, step.name)
-        ):
-            later = ", ".join(descendants(graph, step.name)) or "none"
-            return (
-                f"{where}.on_exhausted",
-                f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
-            )
-        if choice not in (END, FAIL, ASK) and (choice not in names or names.index(choice) <= i):
-            later = ", ".join(names[i + 1 :]) or "none"
-            return (
-                f"{where}.on_exhausted",
-                f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
-            )
-    unreachable = [n for n in names if n not in reachable(steps)]
+        problem = (
+            _check_name(where, step)
+            or _check_routes(where, step, names, graph)
+            or _check_on_exhausted(where, i, step, names, graph)
+        )
+        if problem is not None:
+            return problem
+    reached = reachable(steps)
+    unreachable = [n for n in names if n not in reached]
     if unreachable:
         i = names.index(unreachable[0])
         return f"steps[{i}]", f"step {unreachable[0]!r} can never run: no route or earlier step leads to it"
     return None
+
+
+def _check_name(where: str, step: ChainStep) -> tuple[str, str] | None:
+    """A step may not take a name that a route uses as a target."""
+    if step.name in RESERVED_STEP_NAMES:
+        return (
+            f"{where}.name",
+            f"{step.name!r} is reserved (end, fail and ask are route targets); name the step otherwise",
+        )
+    return None
+
+
+def _check_routes(
+    where: str, step: ChainStep, names: list[str], graph: ChainSnapshot | None
+) -> tuple[str, str] | None:
+    """``route_on`` and ``routes`` together: every value the output_schema allows has a route, and
+    every route names a value it allows and a target the step can go to."""
+    if (step.routes is None) != (step.route_on is None):
+        missing = "routes" if step.routes is None else "route_on"
+        return f"{where}.{missing}", "route_on and routes go together: give both or neither"
+    if step.route_on is None or step.routes is None:
+        return None
+    allowed = route_values(step.output_schema, step.route_on)
+    if isinstance(allowed, str):
+        return f"{where}.route_on", allowed
+    for value, target in step.routes.items():
+        problem = _check_route(step, value, target, allowed, names, graph)
+        if problem is not None:
+            return f"{where}.routes.{value}", problem
+    unrouted = [v for v in allowed if v not in step.routes]
+    if unrouted:
+        return (
+            f"{where}.routes",
+            f"no route for {step.route_on} = {', '.join(map(repr, unrouted))}; every value "
+            "the output_schema allows needs one",
+        )
+    return None
+
+
+def _check_route(
+    step: ChainStep,
+    value: str,
+    target: str,
+    allowed: list[str],
+    names: list[str],
+    graph: ChainSnapshot | None,
+) -> str | None:
+    """What is wrong with the route ``value -> target`` of ``step``, if anything."""
+    if value not in allowed:
+        return f"the output_schema does not allow {step.route_on} = {value!r}; it allows: " + ", ".join(
+            allowed
+        )
+    if target not in (END, FAIL) and target not in names:
+        return f"unknown target {target!r}: name a step of the chain ({', '.join(names)}), 'end' or 'fail'"
+    if (
+        graph is not None
+        and target in names
+        and not goes_back(graph, step.name, target)
+        and target not in descendants(graph, step.name)
+    ):
+        return (
+            f"step {target!r} neither runs before {step.name!r} (a loop) nor after it (a jump); "
+            "a route in a parallel chain goes to one or the other"
+        )
+    return None
+
+
+def _check_on_exhausted(
+    where: str, i: int, step: ChainStep, names: list[str], graph: ChainSnapshot | None
+) -> tuple[str, str] | None:
+    """``on_exhausted`` belongs to a routing step and names 'fail', 'ask', 'end' or a later step
+    (in a parallel chain: one that runs after it)."""
+    choice = step.on_exhausted
+    if step.route_on is None and choice != FAIL:
+        return f"{where}.on_exhausted", "only a step that routes (route_on) has on_exhausted"
+    if choice in (END, FAIL, ASK):
+        return None
+    if graph is not None and choice not in descendants(graph, step.name):
+        later = ", ".join(descendants(graph, step.name)) or "none"
+    elif choice not in names or names.index(choice) <= i:
+        later = ", ".join(names[i + 1 :]) or "none"
+    else:
+        return None
+    return (
+        f"{where}.on_exhausted",
+        f"{choice!r} is not 'fail', 'ask', 'end' or a step after {step.name} (later steps: {later})",
+    )
 
 
 def reachable(steps: Sequence[ChainStep]) -> set[str]:

@@ -172,9 +172,8 @@ def render(
     ``work_outputs``: the outputs of ``work`` in its order, when the task was not sent back."""
     text = chain_plan(head.chain).text(index)
     specialist = text.specialist
-    task_id = task.task_id
     visit = task.visit_number
-    round_note = f", round {visit} (task {task_id})" if visit > 1 else ""
+    round_note = f", round {visit} (task {task.task_id})" if visit > 1 else ""
     parts = [text.opening + round_note + text.closing, "", "## Request", "", head.request.strip()]
     if work:
         parts.append("")
@@ -183,23 +182,43 @@ def render(
         parts += work_section(work, work_outputs)
     sender = task.sent_back_by
     if sender is not None and sender in outputs:
-        by = head.task(sender)
-        parts += [
-            "",
-            f"## Sent back by {by.step_name} (round {by.visit_number}, task {sender})",
-            "",
-            f"The {by.step_name}'s output below sent the work back for round {visit} of "
-            f"{head.chain.steps[index].name}. Take it into account.",
-            "",
-            outputs[sender].strip(),
-        ]
-    parts += _sent_back_by_approver(head, task, outputs)
-    seen: set[str] | None = None
+        parts += _sent_back_by_route(head, task, sender, index, outputs)
+    if task.revised_by is not None:
+        parts += _sent_back_by_approver(head, task, outputs)
+    parts += _gate_notes_and_failures(head, task, position)
+    parts.append(text.tail)
+    return TaskPrompt(task.task_id, specialist.name, specialist.persona, "\n".join(parts) + "\n")
+
+
+def _sent_back_by_route(
+    head: RunHead, task: TaskState, sender: str, index: int, outputs: Mapping[str, str]
+) -> list[str]:
+    """The section of a task created by a route back: the output of ``sender``, the routing task
+    that sent it."""
+    by = head.task(sender)
+    return [
+        "",
+        f"## Sent back by {by.step_name} (round {by.visit_number}, task {sender})",
+        "",
+        f"The {by.step_name}'s output below sent the work back for round {task.visit_number} of "
+        f"{head.chain.steps[index].name}. Take it into account.",
+        "",
+        outputs[sender].strip(),
+    ]
+
+
+def _gate_notes_and_failures(head: RunHead, task: TaskState, position: int) -> list[str]:
+    """What the tasks ``task``'s prompt mentions (:func:`_seen`) left for it: the comments on their
+    approved gates (and on the gate before ``task``), and which of them failed."""
+    parts: list[str] = []
+    seen: set[str] | None = None  # found once, and only when a section needs it
     commented = [g for g in head.gates if g.status == "approved" and g.comment]
     if commented:
         seen = _seen(head, task, position)
         notes = [
-            g for g in commented if g.task_id in seen or (g.task_id == task_id and g.position == "before")
+            g
+            for g in commented
+            if g.task_id in seen or (g.task_id == task.task_id and g.position == "before")
         ]
         if notes:
             parts += ["", "## Approver notes"]
@@ -215,5 +234,4 @@ def render(
         failed = before(head.tasks, position).failed
     if failed:
         parts += ["", f"Note: these earlier steps failed and produced no output: {', '.join(failed)}."]
-    parts.append(text.tail)
-    return TaskPrompt(task_id, specialist.name, specialist.persona, "\n".join(parts) + "\n")
+    return parts

@@ -233,42 +233,47 @@ async def settle_and_ask(
     if wait_seconds <= 0 or not _can_ask(ctx, caller):
         return _noted(view, notes)
     if _modern(ctx):
-        gate = _open_gate(view)
-        if not retry_safe or gate is None or gate == answered:
+        if not retry_safe:
             return _noted(view, notes)
-        snapshot = await services.runtime.snapshot(view.run_id)
-        if not _may_decide(snapshot.head, gate, caller):
-            return _noted(view, notes)
-        asked = AskedGate(
-            run_id=view.run_id,
-            gate_id=gate,
-            identity=caller.identity,
-            notes=tuple(n[:_NOTE_CHARS] for n in notes[-_NOTES_KEPT:]),
-        )
-        return InputRequiredResult(
-            input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=asked.to_state()
-        )
-    # Handshake era: ask in the middle of the call, each form bounded by wait_seconds.
+        return await _input_required(services, view, caller, notes, answered)
+    return await _ask_in_call(ctx, view, wait_seconds, settle, caller, notes)
+
+
+async def _input_required(
+    services: Services, view: RunView, caller: Caller, notes: list[str], answered: str | None
+) -> RunView | InputRequiredResult:
+    """On a 2026-07-28 connection: the form for the gate the run waits at, as an ``input_required``
+    answer whose retry brings the user's answer; the view when there is no gate to ask about (none,
+    the one just ``answered``, or one ``caller`` may not decide)."""
+    gate = _open_gate(view)
+    if gate is None or gate == answered:
+        return _noted(view, notes)
+    snapshot = await services.runtime.snapshot(view.run_id)
+    if not _may_decide(snapshot.head, gate, caller):
+        return _noted(view, notes)
+    asked = AskedGate(
+        run_id=view.run_id,
+        gate_id=gate,
+        identity=caller.identity,
+        notes=tuple(n[:_NOTE_CHARS] for n in notes[-_NOTES_KEPT:]),
+    )
+    return InputRequiredResult(
+        input_requests={FORM_KEY: gate_request(snapshot, gate)}, request_state=asked.to_state()
+    )
+
+
+async def _ask_in_call(
+    ctx: ToolContext, view: RunView, wait_seconds: float, settle: Settle, caller: Caller, notes: list[str]
+) -> RunView:
+    """On a handshake-era connection: ask in the middle of the call, gate after gate, until the
+    user does not accept, an answer is not recorded, or the run no longer waits at a gate."""
+    services: Services = ctx.request_context.lifespan_context
     while (gate := _open_gate(view)) is not None:
         snapshot = await services.runtime.snapshot(view.run_id)
         if not _may_decide(snapshot.head, gate, caller):
             break
-        result: ElicitResult | None = None
-        with anyio.move_on_after(wait_seconds):
-            try:
-                outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
-            except (MCPError, ValueError) as exc:
-                notes.append(f"elicitation: the form for gate {gate} failed ({exc}); it is still pending")
-                break
-            if isinstance(outcome, AcceptedElicitation):
-                result = ElicitResult(action="accept", content=outcome.data.model_dump())
-            else:
-                result = ElicitResult(action=outcome.action)
+        result = await _elicit(ctx, snapshot, gate, wait_seconds, notes)
         if result is None:
-            notes.append(
-                f"elicitation: no answer to the form for gate {gate} within {wait_seconds:g} s; the gate "
-                "is still pending"
-            )
             break
         head = await take_answer(services, snapshot.head, gate, result, caller, notes)
         if result.action != "accept":
@@ -277,6 +282,27 @@ async def settle_and_ask(
         if _open_gate(view) == gate:  # the answer was not recorded: do not ask the same again
             break
     return _noted(view, notes)
+
+
+async def _elicit(
+    ctx: ToolContext, snapshot: RunSnapshot, gate: str, wait_seconds: float, notes: list[str]
+) -> ElicitResult | None:
+    """The user's answer to the form for ``gate``, open at most ``wait_seconds``; None (and a note
+    saying why) when the form failed or got no answer in time."""
+    with anyio.move_on_after(wait_seconds):
+        try:
+            outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
+        except (MCPError, ValueError) as exc:
+            notes.append(f"elicitation: the form for gate {gate} failed ({exc}); it is still pending")
+            return None
+        if isinstance(outcome, AcceptedElicitation):
+            return ElicitResult(action="accept", content=outcome.data.model_dump())
+        return ElicitResult(action=outcome.action)
+    notes.append(
+        f"elicitation: no answer to the form for gate {gate} within {wait_seconds:g} s; the gate "
+        "is still pending"
+    )
+    return None
 
 
 async def take_answer(
@@ -289,20 +315,8 @@ async def take_answer(
 ) -> RunHead:
     """Record the user's answer to the form for ``gate_id`` (see the module docstring); returns the
     run as it is now."""
-    if response is None or response.action != "accept":
-        said = "gave no answer to" if response is None else _DID[response.action]
-        notes.append(
-            f"elicitation: the user {said} the form for gate {gate_id}; the gate is still pending: decide "
-            "it with orchestrate_approve when the user has"
-        )
-        return head
-    try:
-        form = RevisableGateForm.model_validate(response.content or {})
-    except ValidationError:
-        notes.append(
-            f"elicitation: the answer to the form for gate {gate_id} did not fit the form; nothing was "
-            "recorded and the gate is still pending"
-        )
+    form = _accepted_form(gate_id, response, notes)
+    if form is None:
         return head
     caller.require("approve", "deciding a gate")
     runtime = services.runtime
@@ -324,22 +338,46 @@ async def take_answer(
         gate = _decided(head, gate_id)
         if gate is None:  # pragma: no cover - approve raises Conflict only for a decided gate
             raise
-        by = f" by {gate.approver!r}" if gate.approver else ""
-        via = f" via {gate.channel}" if gate.channel else ""
-        if gate.status == GATE_STATUS_OF[form.decision]:
-            notes.append(
-                f"elicitation: gate {gate_id} was already {gate.status}{by}{via} while the form was open; "
-                "the answer agrees, so nothing more was recorded"
-            )
-        else:
-            notes.append(
-                f"conflict: gate {gate_id} was already {gate.status}{by}{via} while the form was open; the "
-                f"answer ({form.decision}) differs and was not recorded"
-            )
+        notes.append(_decided_elsewhere(gate, form.decision))
         return head
     except (InvalidState, InvalidArgument, Forbidden) as exc:
         notes.append(f"{exc.code}: the answer ({form.decision}) to gate {gate_id} was not recorded: {exc}")
         return await runtime.status(run_id)
+
+
+def _accepted_form(gate_id: str, response: ElicitResult | None, notes: list[str]) -> RevisableGateForm | None:
+    """The form the user accepted; None (and a note saying why) when there is no answer to record:
+    none, declined, cancelled, or one that does not fit the form."""
+    if response is None or response.action != "accept":
+        said = "gave no answer to" if response is None else _DID[response.action]
+        notes.append(
+            f"elicitation: the user {said} the form for gate {gate_id}; the gate is still pending: decide "
+            "it with orchestrate_approve when the user has"
+        )
+        return None
+    try:
+        return RevisableGateForm.model_validate(response.content or {})
+    except ValidationError:
+        notes.append(
+            f"elicitation: the answer to the form for gate {gate_id} did not fit the form; nothing was "
+            "recorded and the gate is still pending"
+        )
+        return None
+
+
+def _decided_elsewhere(gate: GateState, decision: Choice) -> str:
+    """The note for an answer to ``gate`` that was decided elsewhere while the form was open."""
+    by = f" by {gate.approver!r}" if gate.approver else ""
+    via = f" via {gate.channel}" if gate.channel else ""
+    if gate.status == GATE_STATUS_OF[decision]:
+        return (
+            f"elicitation: gate {gate.gate_id} was already {gate.status}{by}{via} while the form was open; "
+            "the answer agrees, so nothing more was recorded"
+        )
+    return (
+        f"conflict: gate {gate.gate_id} was already {gate.status}{by}{via} while the form was open; the "
+        f"answer ({decision}) differs and was not recorded"
+    )
 
 
 def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:

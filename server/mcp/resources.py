@@ -31,7 +31,9 @@ within about one poll interval: :class:`~server.mcp.subscriptions.RunSubscriptio
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, NamedTuple
 
 import mcp_types as types
 from mcp.server import MCPServer
@@ -149,71 +151,119 @@ def _flat_preview(text: str) -> str:
     return flat if len(flat) <= NAME_PREVIEW_CHARS else flat[: NAME_PREVIEW_CHARS - 1] + "…"
 
 
+class _Template(NamedTuple):
+    uri: str
+    name: str
+    title: str
+    description: str
+    mime_type: str
+    read: Callable[..., Awaitable[str]]
+
+
+#: The run resources, in the order ``resources/templates/list`` gives them.
+_TEMPLATES = (
+    _Template(
+        "run://{run_id}",
+        "run",
+        "A construct-mcp run",
+        "The run's status, next action, tasks, gates and warnings (JSON); subscribe for updates.",
+        "application/json",
+        read_run,
+    ),
+    _Template(
+        "run://{run_id}/tasks/{task_id}/output",
+        "task_output",
+        "A task's output",
+        "One task's whole output, verbatim (a run view's tasks[].output_uri).",
+        "text/plain",
+        read_task_output,
+    ),
+    _Template(
+        "run://{run_id}/events",
+        "run_events",
+        "A run's newest events",
+        "The run's newest events (JSON, as run_events pages them); read on with run_events.",
+        "application/json",
+        read_run_events,
+    ),
+    _Template(
+        "run://{run_id}/export",
+        "run_export",
+        "A run's export",
+        "The whole run as JSON Lines (header, head, every fact): runs import restores it.",
+        "application/jsonl",
+        read_run_export,
+    ),
+)
+
+
 def register_resources(
     server: MCPServer[Services], legacy: LegacySubscribers, subscriptions: RunSubscriptions
 ) -> None:
-    server.resource(
-        "run://{run_id}",
-        name="run",
-        title="A construct-mcp run",
-        description="The run's status, next action, tasks, gates and warnings (JSON); subscribe for updates.",
-        mime_type="application/json",
-    )(read_run)
-    server.resource(
-        "run://{run_id}/tasks/{task_id}/output",
-        name="task_output",
-        title="A task's output",
-        description="One task's whole output, verbatim (a run view's tasks[].output_uri).",
-        mime_type="text/plain",
-    )(read_task_output)
-    server.resource(
-        "run://{run_id}/events",
-        name="run_events",
-        title="A run's newest events",
-        description="The run's newest events (JSON, as run_events pages them); read on with run_events.",
-        mime_type="application/json",
-    )(read_run_events)
-    server.resource(
-        "run://{run_id}/export",
-        name="run_export",
-        title="A run's export",
-        description="The whole run as JSON Lines (header, head, every fact): runs import restores it.",
-        mime_type="application/jsonl",
-    )(read_run_export)
-
-    async def subscribe(
-        ctx: ServerRequestContext[Services, Any], params: types.SubscribeRequestParams
-    ) -> types.EmptyResult:
-        try:
-            caller_of(ctx.request).require("read", "subscribing to a run resource")
-            legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
-        except ConstructError as exc:
-            raise as_protocol_error(exc) from None
-        await subscriptions.add([str(params.uri)], listening=False)
-        return types.EmptyResult()
-
-    async def unsubscribe(
-        ctx: ServerRequestContext[Services, Any], params: types.UnsubscribeRequestParams
-    ) -> types.EmptyResult:
-        legacy.remove(str(params.uri), ctx.session)
-        return types.EmptyResult()
-
-    async def list_resources(
-        ctx: ServerRequestContext[Services, Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
-        static = await server.list_resources()
-        caller = caller_of(ctx.request)
-        if "read" not in caller.roles:
-            return types.ListResourcesResult(resources=static)
-        try:
-            page = await ctx.lifespan_context.runtime.list_runs(None, RECENT_RUNS)
-        except ConstructError as exc:
-            raise as_protocol_error(exc) from None
-        runs = [run_resource(head) for head in page.runs if caller.may_see(head)]
-        return types.ListResourcesResult(resources=[*static, *runs])
-
+    """Register the run resources on ``server``, and the handlers that list the newest runs and
+    that subscribe handshake-era clients (``legacy``) to them (``subscriptions`` polls what they
+    subscribe to)."""
+    for t in _TEMPLATES:
+        server.resource(t.uri, name=t.name, title=t.title, description=t.description, mime_type=t.mime_type)(
+            t.read
+        )
     # MCPServer exposes no hook for the handshake-era subscribe methods, nor lists resources that
     # change (its list is of resources registered up front); its low-level server does (server.sdk).
-    set_request_handler(server, "resources/list", types.PaginatedRequestParams, list_resources)
-    set_request_handler(server, "resources/subscribe", types.SubscribeRequestParams, subscribe)
-    set_request_handler(server, "resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    set_request_handler(
+        server, "resources/list", types.PaginatedRequestParams, partial(_list_resources, server)
+    )
+    set_request_handler(
+        server,
+        "resources/subscribe",
+        types.SubscribeRequestParams,
+        partial(_subscribe, legacy, subscriptions),
+    )
+    set_request_handler(
+        server, "resources/unsubscribe", types.UnsubscribeRequestParams, partial(_unsubscribe, legacy)
+    )
+
+
+async def _subscribe(
+    legacy: LegacySubscribers,
+    subscriptions: RunSubscriptions,
+    ctx: ServerRequestContext[Services, Any],
+    params: types.SubscribeRequestParams,
+) -> types.EmptyResult:
+    """``resources/subscribe``: remember the session for ``notifications/resources/updated`` and
+    poll the run for changes other processes make."""
+    try:
+        caller_of(ctx.request).require("read", "subscribing to a run resource")
+        legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
+    except ConstructError as exc:
+        raise as_protocol_error(exc) from None
+    await subscriptions.add([str(params.uri)], listening=False)
+    return types.EmptyResult()
+
+
+async def _unsubscribe(
+    legacy: LegacySubscribers,
+    ctx: ServerRequestContext[Services, Any],
+    params: types.UnsubscribeRequestParams,
+) -> types.EmptyResult:
+    """``resources/unsubscribe``: forget the session for that URI."""
+    legacy.remove(str(params.uri), ctx.session)
+    return types.EmptyResult()
+
+
+async def _list_resources(
+    server: MCPServer[Services],
+    ctx: ServerRequestContext[Services, Any],
+    params: types.PaginatedRequestParams | None,
+) -> types.ListResourcesResult:
+    """``resources/list``: the resources registered up front, then the :data:`RECENT_RUNS` newest
+    runs the caller may read (none without the ``read`` role)."""
+    static = await server.list_resources()
+    caller = caller_of(ctx.request)
+    if "read" not in caller.roles:
+        return types.ListResourcesResult(resources=static)
+    try:
+        page = await ctx.lifespan_context.runtime.list_runs(None, RECENT_RUNS)
+    except ConstructError as exc:
+        raise as_protocol_error(exc) from None
+    runs = [run_resource(head) for head in page.runs if caller.may_see(head)]
+    return types.ListResourcesResult(resources=[*static, *runs])
