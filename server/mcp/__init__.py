@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = [
     "answering",
     "arguments",
+    "budget_argument",
     "chain_prompts",
     "elicit",
     "fork_tool",

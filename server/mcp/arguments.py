@@ -4,8 +4,8 @@ with its stable code and names the argument in plain words (issue 9).
 :class:`StrictTool` checks a call's arguments before the SDK validates them (unknown names with the
 closest known one, schema violations without pydantic's raw text or the rejected value), and
 :func:`strict_schema` publishes what it enforces (``additionalProperties: false``, the configured size
-limits, ``task_id`` required with ``output``). :class:`UnknownToolRefusal` does the same for a tool
-name this server does not have.
+limits) in a form every function-calling dialect takes (:func:`portable_schema`; issue 21 §2).
+:class:`UnknownToolRefusal` does the same for a tool name this server does not have.
 """
 
 from __future__ import annotations
@@ -57,11 +57,14 @@ class _VerbatimText(FuncMetadata):
     unless the parameter is annotated exactly ``str`` (for hosts that send lists as JSON text);
     ``output: str | None`` then refused a typed step's answer, which *is* a JSON object. Free-text
     arguments keep the string the caller sent (recorded verbatim); the others are pre-parsed as
-    before (``chain`` may still arrive as a JSON list in a string)."""
+    before (``chain`` may still arrive as a JSON list in a string). A null argument is left out, so
+    it means what omitting it means."""
 
     def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
         parsed = super().pre_parse_json(data)
-        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items()}
+        # An argument sent as null is an argument not given (a strict model sends every key; see
+        # strict_schema): its default applies, a required one is missing.
+        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items() if v is not None}
 
     def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
         checked = _CHECKED.get()
@@ -72,13 +75,13 @@ class _VerbatimText(FuncMetadata):
 
 def verbatim_text(meta: FuncMetadata) -> FuncMetadata:
     """``meta`` with free-text arguments kept as sent (see :class:`_VerbatimText`), publishing the
-    same output schema. Without its output model: the SDK would otherwise validate each answer's
-    structured content against it again, rebuilding the whole model from the dict, and every
-    answer of these tools is already the JSON dump of a model of that very type
-    (:func:`server.mcp.answering.answer`)."""
+    same output schema, portable (:func:`portable_schema`). Without its output model: the SDK
+    would otherwise validate each answer's structured content against it again, rebuilding the
+    whole model from the dict, and every answer of these tools is already the JSON dump of a
+    model of that very type (:func:`server.mcp.answering.answer`)."""
     return _VerbatimText(
         arg_model=meta.arg_model,
-        output_schema=meta.output_schema,
+        output_schema=None if meta.output_schema is None else portable_schema(meta.output_schema),
         output_model=None,
         wrap_output=meta.wrap_output,
     )
@@ -205,7 +208,9 @@ def _plain(message: str) -> str:
 def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """The published input schema: no property beyond the declared ones, the configured size
     limits on ``request`` and ``output`` and the cursor's bound (the runtime enforces these
-    three), and ``task_id`` required whenever ``output`` is given."""
+    three), ``null`` allowed for every optional argument (see :func:`_nullable_optional`), and
+    portable (see :func:`portable_schema`). The rules portable schemas cannot say (``task_id``
+    with ``output``, a bound that excludes its value) the tools check themselves."""
     schema = {**schema, "additionalProperties": False}
     properties = dict(schema.get("properties", {}))
     for name, limit in (
@@ -215,49 +220,85 @@ def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
     ):
         if name in properties:
             properties[name] = _with_max_length(properties[name], limit)
-    schema["properties"] = properties
-    if "output" in properties and "task_id" in properties:
-        schema["dependentRequired"] = {"output": ["task_id"]}
-    published: dict[str, Any] = _untitled(schema)
+    required = set(schema.get("required", ()))
+    schema["properties"] = {
+        name: prop if name in required else _nullable_optional(prop) for name, prop in properties.items()
+    }
+    return portable_schema(schema)
+
+
+def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    r"""``schema`` in the subset of JSON Schema every function-calling dialect takes without loss
+    (issue 21 §2: OpenAI strict mode, Gemini's typed ``Schema``, plain validators): its ``$ref``\ s
+    inlined and no ``$defs``; a type list (``[T, "null"]``) as ``anyOf``; ``exclusiveMinimum`` /
+    ``exclusiveMaximum`` as the inclusive bound (the server's own validation still refuses the
+    bound itself, with ``invalid_argument``); no ``dependentRequired``; no pydantic ``title``; no
+    ``default`` of null (what an absent argument means anyway)."""
+    defs = schema.get("$defs", {})
+    published: dict[str, Any] = _portable(schema, defs)
     return published
 
 
 #: keywords whose value is a map of names to schemas (the names are data, not keywords)
 _SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
+#: keywords a portable schema leaves out (see :func:`portable_schema`)
+_DROPPED = frozenset({"$defs", "dependentRequired"})
+#: exclusive bounds and the inclusive keyword each one is published as
+_INCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
 
 
-def _untitled(schema: Any) -> Any:
-    """``schema`` without pydantic's generated ``title`` keywords ("Max Cost Usd" beside
-    ``max_cost_usd``): they tell a model nothing the property's name does not, and every host
-    pays for them in its context at each ``tools/list``. A property *named* ``title`` is kept."""
+def _portable(schema: Any, defs: Mapping[str, Any]) -> Any:
     if isinstance(schema, list):
-        return [_untitled(item) for item in schema]
+        return [_portable(item, defs) for item in schema]
     if not isinstance(schema, dict):
         return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        # pydantic's refs name a model of the same schema; none of these models is recursive
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        return _portable({**defs[ref.removeprefix("#/$defs/")], **siblings}, defs)
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key == "title" and isinstance(value, str):
+        if key in _DROPPED or (key == "title" and isinstance(value, str)):
+            continue
+        if key == "default" and value is None:
             continue
         if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _untitled(sub) for name, sub in value.items()}
+            out[key] = {name: _portable(sub, defs) for name, sub in value.items()}
+        elif key in _INCLUSIVE:
+            out[_INCLUSIVE[key]] = value
         else:
-            out[key] = _untitled(value)
-    return _nullable(out)
+            out[key] = _portable(value, defs)
+    if "description" in out and isinstance(out.get("anyOf"), list):
+        # a reused type's own description (RunId's, in a branch) says less than the argument's
+        out["anyOf"] = [{k: v for k, v in b.items() if k != "description"} for b in out["anyOf"]]
+    types = out.get("type")
+    if isinstance(types, list):
+        return _type_list_as_any_of(out, types)
+    return out
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    """``{"anyOf": [{"type": T, ...}, {"type": "null"}], "default": null}`` (pydantic's
-    ``T | None = None``) as the equivalent ``{"type": [T, "null"], ...}``: the same values are
-    valid (a string keyword such as ``maxLength`` constrains only strings), in fewer bytes; an
-    absent ``default`` of null says what the omitted argument means anyway."""
-    branches = schema.get("anyOf")
-    if not (isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches):
-        return schema
-    (other,) = [b for b in branches if b != {"type": "null"}]
-    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or "enum" in other:
-        return schema
-    flat = {k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)}
-    return {**other, **flat, "type": [other["type"], "null"]}
+def _type_list_as_any_of(schema: dict[str, Any], types: list[Any]) -> dict[str, Any]:
+    """``{"type": [T, "null"], ...}`` as ``{"anyOf": [{"type": T, ...}, {"type": "null"}]}``
+    (keywords about the value go into the branch; a description stays beside the ``anyOf``)."""
+    outer = {k: v for k, v in schema.items() if k in ("description", "default")}
+    inner = {k: v for k, v in schema.items() if k not in outer and k != "type"}
+    branches = [{"type": t, **inner} if t != "null" else {"type": "null"} for t in types]
+    return {"anyOf": branches, **outer}
+
+
+def _nullable_optional(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional argument's schema with ``null`` allowed (meaning: not given), as a strict model
+    sends every optional argument it does not set (OpenAI strict mode makes every property
+    required). :class:`_VerbatimText` then treats a null argument as an omitted one."""
+    branches = prop.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches:
+        return prop
+    outer = {k: v for k, v in prop.items() if k in ("description", "default")}
+    inner = {k: v for k, v in prop.items() if k not in outer}
+    if isinstance(branches, list) and not inner.keys() - {"anyOf"}:
+        return {**outer, "anyOf": [*branches, {"type": "null"}]}
+    return {**outer, "anyOf": [inner, {"type": "null"}]}
 
 
 def _with_max_length(prop: dict[str, Any], limit: int) -> dict[str, Any]:

@@ -13,7 +13,9 @@ Arguments are strict (:class:`StrictTool`): every input schema says ``additional
 and bounds every string; an unknown argument (``approve_befor``) is refused with a suggestion
 instead of being dropped, and a schema violation (a wrong type, a missing argument, a bad enum, an
 out-of-range or non-finite number) is ``invalid_argument: <argument>: <what is wrong>`` (over a
-length limit: ``too_large``), never the SDK's raw validation text.
+length limit: ``too_large``), never the SDK's raw validation text. The schemas are portable (no
+``$ref``, type list, ``dependentRequired``, exclusive bound or open map: issue 21 §2), and an
+optional argument sent as ``null`` means the argument omitted (strict models send every key).
 
 A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
 ``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
@@ -71,6 +73,7 @@ from server.mcp.answering import (
     settle_asking,
 )
 from server.mcp.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
+from server.mcp.budget_argument import BudgetArgument
 from server.mcp.fork_tool import orchestrate_fork
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.listing import RunsPage, runs_page
@@ -86,7 +89,7 @@ RunId = Annotated[
     str,
     Field(
         max_length=80,
-        description="The run's id (from orchestrate_start or runs_list).",
+        description="From orchestrate_start or runs_list.",
     ),
 ]
 Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
@@ -96,8 +99,8 @@ WaitSeconds = Annotated[
         ge=0,
         le=MAX_WAIT_SECONDS,
         allow_inf_nan=False,
-        description="Block up to this many seconds until the run needs you or ends (with progress "
-        "notifications); 0 answers at once.",
+        description="Seconds to wait for the run to need you or end (with progress notifications); "
+        "0 answers at once.",
     ),
 ]
 
@@ -167,15 +170,15 @@ TaskTimeout = Annotated[
     Field(
         gt=0,
         allow_inf_nan=False,
-        description="A time limit for each task (for you to answer a host task, or for a provider "
-        "call), for steps whose chain definition sets none.",
+        description="Each task's time limit (for your answer to a host task, or a provider call) "
+        "where the chain definition sets none.",
     ),
 ]
 StartBudget = Annotated[
-    Budget | None,
+    BudgetArgument | None,
     Field(
-        description="Hard limits: max_total_tokens, max_cost_usd, per step in steps; on_budget 'fail' "
-        "(default) or 'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+        description="Hard limits, for the run and per step in steps; on_budget 'fail' (default) or "
+        "'ask' (wait for an approval that raises it). Default: the chain's, if configured."
     ),
 ]
 ParentRunId = Annotated[
@@ -213,7 +216,7 @@ async def orchestrate_start(
     The answer's next_action says what to do: with the default inline backend it is usually
     run_host_task — run system_prompt/user_prompt with your own model, then call orchestrate_resume
     with the run_id, task_id and your output. Keep the run_id: runs survive server restarts and
-    run_status picks them up again. Pass idempotency_key to make a retried start safe.
+    run_status picks them up again.
     """
 
     async def work() -> RunView | InputRequiredResult:
@@ -229,7 +232,7 @@ async def orchestrate_start(
             model=model,
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
-            budget=budget,
+            budget=None if budget is None else budget.to_budget(),
         )
         parent = _parent_task(parent_run_id, parent_task_id)
         head = await _started(ctx, caller, start, parent)
@@ -316,9 +319,9 @@ AnsweredTask = Annotated[
 HostOutput = Annotated[
     str | None,
     Field(
-        description="Your model's complete answer to the task's prompts, recorded verbatim as the task's "
-        "output (a JSON object matching next_action.output_schema when that is set; else refused with "
-        "invalid_output). Omit it only to continue a run that is queued or was interrupted."
+        description="Your model's whole answer to the task's prompts, recorded verbatim (a JSON object "
+        "matching next_action.output_schema when that is set, else invalid_output). Omit it only to "
+        "continue a queued or interrupted run."
     ),
 ]
 OutputUsage = Annotated[
@@ -343,10 +346,9 @@ async def orchestrate_resume(
     """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
     an interrupted run.
 
-    With output and task_id (both from next_action): records it as that task's output and moves the
-    chain on; the answer holds the next thing to do. Sending the same task_id and output again is
-    safe (nothing is recorded twice). Without output:
-    makes the server continue a queued or interrupted run (e.g. after a server restart).
+    With output and task_id (both from next_action): records the output and moves the chain on;
+    the answer says what is next. The same call again records nothing twice. Without output:
+    continues a queued or interrupted run (e.g. after a server restart).
     """
 
     async def work() -> RunView | InputRequiredResult:
@@ -388,8 +390,8 @@ DecidedGate = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'). Required: "
-        "a retried call then never decides the next gate.",
+        description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'): a retried "
+        "call then never decides the next gate.",
     ),
 ]
 DecisionComment = Annotated[
@@ -534,7 +536,7 @@ async def runs_list(
         list[RunStatus] | None,
         Field(
             max_length=len(RunStatus),
-            description="Only runs with one of these statuses (e.g. ['awaiting_host', 'awaiting_approval']).",
+            description="Only runs with one of these statuses.",
         ),
     ] = None,
     limit: Annotated[int, Field(ge=1, le=500, description="Page size, 1-500.")] = 20,

@@ -44,7 +44,13 @@ async def connected(server: MCPServer[Services]) -> AsyncIterator[Client]:
         ({"max_tokens": 5}, "invalid_argument: budget"),
         ({"on_budget": "maybe"}, "invalid_argument: budget"),
         ({}, "invalid_argument: budget sets no limit"),
-        ({"steps": {"nope": {"max_total_tokens": 5}}}, "invalid_argument: budget.steps names 'nope'"),
+        ({"steps": [{"step": "nope", "max_total_tokens": 5}]}, "invalid_argument: budget.steps names 'nope'"),
+        # the map form of steps (before issue 21): a list of {step, ...} objects now
+        ({"steps": {"nope": {"max_total_tokens": 5}}}, "invalid_argument: budget"),
+        (
+            {"steps": [{"step": "engineer"}, {"step": "engineer", "max_cost_usd": 1}]},
+            "invalid_argument: budget.steps names 'engineer' twice",
+        ),
     ],
 )
 async def test_a_start_with_an_invalid_budget_is_refused(
