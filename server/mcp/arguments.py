@@ -239,6 +239,7 @@ def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return published
 
 
+NULL_SCHEMA = {"type": "null"}
 #: keywords whose value is a map of names to schemas (the names are data, not keywords)
 _SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
 #: keywords a portable schema leaves out (see :func:`portable_schema`)
@@ -269,13 +270,26 @@ def _portable(schema: Any, defs: Mapping[str, Any]) -> Any:
             out[_INCLUSIVE[key]] = value
         else:
             out[key] = _portable(value, defs)
-    if "description" in out and isinstance(out.get("anyOf"), list):
-        # a reused type's own description (RunId's, in a branch) says less than the argument's
-        out["anyOf"] = [{k: v for k, v in b.items() if k != "description"} for b in out["anyOf"]]
     types = out.get("type")
     if isinstance(types, list):
-        return _type_list_as_any_of(out, types)
-    return out
+        out = _type_list_as_any_of(out, types)
+    return _annotations_in_branch(out)
+
+
+def _annotations_in_branch(schema: dict[str, Any]) -> dict[str, Any]:
+    """``{"anyOf": [X, {"type": "null"}], "description": d}`` (pydantic's ``T | None``) with the
+    description and default in ``X``: Gemini's conversion makes the pair a nullable ``X`` and
+    drops what stood beside the ``anyOf``. (A reused type's own description in ``X``, RunId's,
+    says less than the argument's, which replaces it.)"""
+    branches = schema.get("anyOf")
+    if not (isinstance(branches, list) and len(branches) == 2 and NULL_SCHEMA in branches):
+        return schema
+    (other,) = [b for b in branches if b != NULL_SCHEMA]
+    moved = {k: v for k, v in schema.items() if k in ("description", "default")}
+    if not moved or not isinstance(other, dict):
+        return schema
+    rest = {k: v for k, v in schema.items() if k not in moved and k != "anyOf"}
+    return {"anyOf": [{**other, **moved}, NULL_SCHEMA], **rest}
 
 
 def _type_list_as_any_of(schema: dict[str, Any], types: list[Any]) -> dict[str, Any]:
