@@ -6,6 +6,7 @@ libraries hosts use before a request is sent (the ``test`` extra): OpenAI's stri
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from server.settings.config import load_settings
 from tests.acceptance.harness import call, text_of
 
 NULL = {"type": "null"}
+README = Path(__file__).resolve().parents[3] / "README.md"
 #: keywords a portable schema never holds, anywhere
 UNPORTABLE = ("$ref", "$defs", "dependentRequired", "exclusiveMinimum", "exclusiveMaximum")
 
@@ -488,3 +490,13 @@ async def test_the_published_schema_accepts_what_the_server_accepts(tmp_path: Pa
             elif refused_as_arguments(text) is accepted:
                 wrong.append((tool, arguments, f"the server answered {text!r}"))
     assert wrong == []
+
+
+async def test_the_readmes_budget_example_is_what_the_schema_takes(tmp_path: Path) -> None:
+    section = README.read_text("utf-8").split("**Budgets** are hard limits", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    assert example["name"] == "orchestrate_start"
+    schema = (await published(tmp_path))["orchestrate_start"][0]
+    assert Draft202012Validator(schema).is_valid(example["arguments"])
+    budget = BudgetArgument.model_validate(example["arguments"]["budget"]).to_budget()
+    assert budget.steps["engineer"].max_cost_usd == 0.5 and budget.on_budget == "ask"
