@@ -172,6 +172,8 @@ async def test_a_strict_model_drives_every_tool(tmp_path: Path) -> None:
         async def strictly(name: str, **arguments: Any) -> dict[str, Any]:
             sent = as_strict_model_sends(schemas[name], arguments)
             assert None in sent.values() or name == "orchestrate_approve", (name, sent)
+            # what the model may send: the strict schema (every key required) takes it
+            Draft202012Validator(schemas[name]).validate(sent)
             return await call(client, name, **sent)
 
         start = MEANT["orchestrate_start"]
