@@ -180,6 +180,8 @@ async def test_a_strict_model_drives_every_tool(tmp_path: Path) -> None:
         view = await strictly("orchestrate_start", **start)
         run_id = view["run_id"]
         assert view["next_action"]["task_id"] == "architect" and view["budget"]["max_total_tokens"] == 100_000
+        # the step's limit from the list reached the run's budget
+        assert view["budget"]["steps"]["engineer"]["max_total_tokens"] == 50_000
         view = await strictly("orchestrate_resume", run_id=run_id, task_id="architect", output="design")
         assert view["next_action"]["gate_id"] == "before:engineer"
         view = await strictly(
