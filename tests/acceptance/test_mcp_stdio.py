@@ -143,7 +143,8 @@ async def test_start_answers_with_the_first_host_task(client: Client) -> None:
     assert action["specialist"] == "architect"
     assert "architect" in action["system_prompt"].lower()
     assert "Design a URL shortener." in action["user_prompt"]
-    assert "orchestrate_resume" in action["instruction"] and view["run_id"] in action["instruction"]
+    assert action["tool"] == "orchestrate_resume"
+    assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect"}
     assert [s["name"] for s in view["chain"]["steps"]] == ["architect", "engineer", "reviewer"]
     assert view["tasks"][0]["status"] == "awaiting_host"
     assert view["tasks"][0]["executor"] == "inline:host"
@@ -160,7 +161,8 @@ async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
     assert action["kind"] == "approve"
     assert action["gate_id"] == "before:engineer"
     assert "engineer" in action["guards"]
-    assert "orchestrate_approve" in action["instruction"]
+    assert action["tool"] == "orchestrate_approve"
+    assert action["arguments"] == {"run_id": run_id, "gate_id": "before:engineer", "decision": "approve"}
 
     view = await call(
         client,
