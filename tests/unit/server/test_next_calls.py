@@ -21,9 +21,18 @@ from mcp import Client
 from server.app import ConstructApp
 from server.settings.config import load_settings
 
+CHILD_CHAINS = """
+[chains.gated-inner]
+steps = [{ specialist = "engineer", approve_before = true }, "reviewer"]
+
+[chains.outer-gated]
+steps = ["architect", { name = "build", chain = "gated-inner" }]
+"""
+
 
 @asynccontextmanager
 async def connected(home: Path) -> AsyncIterator[Client]:
+    (home / "construct.toml").write_text(CHILD_CHAINS)
     settings = load_settings(env={"CONSTRUCT_HOME": str(home), "CONSTRUCT_POLL_SECONDS": "0.1"})
     async with Client(ConstructApp(settings).build_server()) as client:
         yield client
@@ -149,6 +158,27 @@ async def test_every_waiting_branch_of_a_parallel_run_is_answered_by_its_own_cal
             view = await follow(client, action)
         assert view["more_actions"] == []
         assert view["next_action"]["arguments"] == {"run_id": view["run_id"], "task_id": "writer"}
+
+
+async def test_what_a_child_run_waits_for_is_a_call_on_the_child(tmp_path: Path) -> None:
+    async with connected(tmp_path) as client:
+        view = await call(client, "orchestrate_start", {"request": "Build it", "chain": "outer-gated"})
+        parent = view["run_id"]
+        view = await call(
+            client,
+            "orchestrate_resume",
+            view["next_action"]["arguments"] | {"output": "the design", "wait_seconds": 5},
+        )
+        assert view["status"] == "awaiting_children", view["status"]
+        action = view["next_action"]
+        child = action["run_id"]
+        assert child != parent and action["kind"] == "approve"
+        assert action["arguments"] == {"run_id": child, "gate_id": "before:engineer", "decision": "approve"}
+        after = await follow(client, action)
+        assert after["run_id"] == child and after["next_action"]["arguments"] == {
+            "run_id": child,
+            "task_id": "engineer",
+        }
 
 
 # -- the wrong tool: the error names the right call ---------------------------------------------
