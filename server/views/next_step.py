@@ -204,7 +204,7 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         return Done(
             arguments={"run_id": run_id, "detail": "full"},
             instruction=f"The run is {head.status.value}; nothing more will happen. "
-            "Report the outcome to the user; the call gives the whole outputs.",
+            "Report the outcome to the user; run_status gives the whole outputs.",
         )
     if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
         items = waiting_items(snapshot)
@@ -221,7 +221,7 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         instruction=(
             f"The server is working (status {head.status.value}"
             + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
-            + "): call tool with arguments to wait."
+            + "): run_status with arguments waits."
         ),
     )
 
