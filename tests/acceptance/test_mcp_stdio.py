@@ -394,7 +394,9 @@ async def test_other_invalid_arguments(client: Client) -> None:
     assert text.startswith("invalid_argument: ")
     view = await start(client)
     text = await call_error(client, "orchestrate_resume", run_id=view["run_id"])
-    assert text.startswith("invalid_argument: ") and "task_id and output" in text
+    resume = json.dumps({"run_id": view["run_id"], "task_id": "architect"})
+    assert text.startswith("invalid_argument: ")
+    assert f"call orchestrate_resume with {resume} plus output" in text
     # A schema violation is refused before the tool runs, with the code first.
     text = await call_error(
         client, "orchestrate_approve", run_id=view["run_id"], decision="maybe", gate_id="before:engineer"
