@@ -43,7 +43,7 @@ class RunHostTask(View):
     instruction: str
     run_id: str | None = Field(
         default=None,
-        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        description="Set when this waits in a child run of the run viewed (arguments name it too).",
         exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
@@ -65,7 +65,7 @@ class Approve(View):
     instruction: str
     run_id: str | None = Field(
         default=None,
-        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        description="Set when this waits in a child run of the run viewed (arguments name it too).",
         exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
@@ -76,6 +76,7 @@ class Wait(View):
     kind: Literal["wait"] = "wait"
     tool: Literal["run_status"] = "run_status"
     arguments: dict[str, Any] = Field(description="run_id and wait_seconds: waits for the next step.")
+    # Absent unless set: the call it carries now costs what a null used to.
     not_before: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
     instruction: str
 
