@@ -86,11 +86,12 @@ HTTP_SHUTDOWN_TIMEOUT_SECONDS = 3
 
 INSTRUCTIONS = """\
 construct-mcp runs durable specialist chains (for example architect -> engineer -> reviewer).
-Start one with orchestrate_start. Every answer is a run view whose next_action says what to do:
-run_host_task (do the task with your own model, then orchestrate_resume with its task_id and the
-output), approve (ask the user, then orchestrate_approve with its gate_id), wait (call run_status
-later) or none (finished). Parallel steps may wait at once: more_actions lists the others, each like
-next_action; do them in any order, or at once.
+Start one with orchestrate_start. Every answer is a run view whose next_action says what to do,
+with the call to make: send its arguments to its tool. Its kind is run_host_task (do the task with
+your own model, then call the tool with arguments plus output, your answer), approve (ask the user,
+then call it with decision set to their choice, one of choices), wait (the call waits) or none
+(finished). Parallel steps may wait at once: more_actions lists the others, each like next_action;
+do them in any order, or at once.
 Views show task outputs as previews; run_status(run_id, detail='full') shows them whole.
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 

@@ -5,6 +5,7 @@ exactly what the crashed one would have."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,6 +17,7 @@ from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, RunCreated,
 from orchestration.core.fold import time_limit, with_history
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import GateState, RunHead, TaskState
+from orchestration.core.routing import revise_offered
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.errors import (
     ConstructError,
@@ -175,6 +177,42 @@ def awaiting_host_task(head: RunHead) -> str | None:
     return None
 
 
+def awaited_calls(head: RunHead) -> str:
+    """What the run waits for from a caller, as the calls that answer it, for an error to end with
+    when the caller called the wrong tool (or named the wrong task or gate): ``"; it awaits: call
+    orchestrate_resume with {...} plus output (...)"``, one call per host task and open gate, each
+    with its arguments as JSON a caller can send; ``""`` when nothing waits for a caller. A linear
+    run waits for what its status says; a parallel run's branches may wait for both at once."""
+    run_id = head.run_id
+    if head.status.is_terminal:
+        return ""
+    parallel = is_parallel(head.chain)
+    calls: list[str] = []
+    if head.status == RunStatus.AWAITING_HOST or parallel:
+        calls += [
+            "call orchestrate_resume with "
+            + json.dumps({"run_id": run_id, "task_id": t.task_id})
+            + " plus output (your model's answer to the task's prompt; run_status shows it)"
+            for t in head.tasks
+            if t.status == TaskStatus.AWAITING_HOST
+        ]
+    if head.status == RunStatus.AWAITING_APPROVAL or parallel:
+        for gate in head.gates:
+            if gate.status != "requested":
+                continue
+            decisions = "approve, reject or revise" if revise_offered(head, gate) else "approve or reject"
+            calls.append(
+                "call orchestrate_approve with "
+                + json.dumps({"run_id": run_id, "gate_id": gate.gate_id, "decision": "approve"})
+                + f" once the user decided (decision: {decisions})"
+            )
+    if not calls and head.status == RunStatus.AWAITING_CHILDREN:
+        calls.append(
+            f"its child runs (run_status with {json.dumps({'run_id': run_id})} shows what they wait for)"
+        )
+    return "; it awaits: " + "; ".join(calls) if calls else ""
+
+
 def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructError:
     """The error for host output given without the task it answers (argument ``name``):
     ``invalid_argument`` naming the task the run awaits output for, or saying that none is
@@ -195,6 +233,7 @@ def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructErro
         )
     return InvalidArgument(
         f"{name} is missing; run {run_id} is {head.status.value} and awaits no host output{recorded}"
+        + awaited_calls(head)
     )
 
 
@@ -218,6 +257,7 @@ def missing_gate_id_error(head: RunHead, name: str = "gate_id") -> ConstructErro
         )
     return InvalidArgument(
         f"{name} is missing; run {run_id} is {head.status.value}, not awaiting approval{recorded}"
+        + awaited_calls(head)
     )
 
 
@@ -229,28 +269,24 @@ def require_resumable(head: RunHead) -> RunHead:
         raise InvalidState(f"run {run_id} is {head.status.value}; there is nothing to resume")
     if head.status == RunStatus.AWAITING_APPROVAL:
         gate = next(g for g in head.gates if g.status == "requested")
-        raise InvalidState(
-            f"run {run_id} is awaiting approval of gate {gate.gate_id}; call orchestrate_approve"
-        )
+        raise InvalidState(f"run {run_id} is awaiting approval of gate {gate.gate_id}" + awaited_calls(head))
     if head.status == RunStatus.AWAITING_HOST and is_parallel(head.chain):
         waiting = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]
-        gates = [g.gate_id for g in head.gates if g.status == "requested"]
         raise InvalidArgument(
-            f"run {run_id} is awaiting the host's output for tasks {', '.join(map(repr, waiting))}; "
-            "call orchestrate_resume with task_id and output for each"
-            + (f"; gates {', '.join(map(repr, gates))} await orchestrate_approve" if gates else "")
+            f"run {run_id} is awaiting the host's output for tasks {', '.join(map(repr, waiting))}"
+            + awaited_calls(head)
         )
     if head.status == RunStatus.AWAITING_HOST:
         awaiting = awaiting_host_task(head)
         raise InvalidArgument(
-            f"run {run_id} is awaiting the host's output for task {awaiting!r}; "
-            "call orchestrate_resume with task_id and output"
+            f"run {run_id} is awaiting the host's output for task {awaiting!r}" + awaited_calls(head)
         )
     return head
 
 
 __all__ = [
     "RunSnapshot",
+    "awaited_calls",
     "awaiting_host_task",
     "missing_gate_id_error",
     "missing_task_id_error",
@@ -267,7 +303,9 @@ def gate_to_decide(head: RunHead, gate_id: str) -> GateState:
     gate = head.gate(gate_id)
     if gate is None:
         known = ", ".join(g.gate_id for g in head.gates) or "none"
-        raise InvalidArgument(f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}")
+        raise InvalidArgument(
+            f"run {head.run_id} has no gate {quoted(gate_id)}; its gates are: {known}" + awaited_calls(head)
+        )
     return gate
 
 

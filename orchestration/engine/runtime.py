@@ -72,6 +72,7 @@ from orchestration.engine.drive import Drive
 from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases
 from orchestration.engine.reading import (
     RunSnapshot,
+    awaited_calls,
     gate_to_decide,
     missing_gate_id_error,
     missing_task_id_error,
@@ -349,7 +350,7 @@ class Runtime:
             hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
             raise Conflict(
                 f"task {task.task_id} of run {head.run_id} is {task.status.value}, not awaiting "
-                f"output; {hint}"
+                f"output; {hint}" + awaited_calls(head)
             )
 
     async def approve(
@@ -417,6 +418,7 @@ class Runtime:
         if head.status.is_terminal or gate.status != "requested":
             raise InvalidState(
                 f"run {head.run_id} is {head.status.value}, not awaiting approval of gate {gate.gate_id}"
+                + awaited_calls(head)
             )
         now = self.clock.now()
         if gate.expires_at is not None and now >= gate.expires_at:
@@ -672,7 +674,7 @@ def _task_named(head: RunHead, task_id: str) -> TaskState:
     except KeyError:
         raise InvalidArgument(
             f"run {head.run_id} has no task {quoted(task_id)}; its tasks are: "
-            f"{', '.join(t.task_id for t in head.tasks)}"
+            f"{', '.join(t.task_id for t in head.tasks)}" + awaited_calls(head)
         ) from None
 
 

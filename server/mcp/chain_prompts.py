@@ -37,13 +37,13 @@ and drive it to its end.{gates}
 1. Call orchestrate_start with chain="{chain.name}" and request set to the request below, verbatim. \
 Keep the run_id it returns.
 2. Then do what each answer's next_action says, until the run has ended:
-   - run_host_task: run its system_prompt and user_prompt with your own model, then call \
-orchestrate_resume with the run_id, task_id set to next_action.task_id, and your whole answer as output.
+   Each next_action holds its call: send next_action.arguments to the tool next_action.tool.
+   - run_host_task: run its system_prompt and user_prompt with your own model, then make the call \
+(orchestrate_resume with the run_id and task_id) with output added: your whole answer.
    - approve: show the user what the gate guards (next_action.guards) and the output under review, \
-ask them to approve or reject it, or to revise it where the instruction offers that (with a comment \
-if they like), then call orchestrate_approve with \
-the run_id, gate_id set to next_action.gate_id, and their decision. Never decide for them.
-   - wait: call run_status with the run_id and wait_seconds until the run needs you again.
+ask them to choose one of next_action.choices (with a comment if they like), then make the call \
+(orchestrate_approve with the run_id and gate_id) with decision set to their choice. Never decide for them.
+   - wait: make the call (it waits) until the run needs you again.
    - none: the run has ended; tell the user its status and what the last step produced.
 If the conversation is interrupted, run_status with the run_id picks the run up again.
 

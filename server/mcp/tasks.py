@@ -84,6 +84,7 @@ still checked as above.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
@@ -223,17 +224,18 @@ def _working_message(view: RunView) -> str:
 def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, dict[str, Any]]) -> str:
     parts: list[str] = []
     for action in actions:
+        # An action's arguments name its run: a child run's task or gate names the child.
         if isinstance(action, RunHostTask):
-            run_id = action.run_id or view.run_id  # a child run's task names the child
             parts.append(
                 f"host task {action.task_id!r} ({action.specialist}) waits for your model: run its prompts "
-                f"(in _meta[{HOST_TASKS_META!r}]), then call orchestrate_resume(run_id={run_id!r}, "
-                f"task_id={action.task_id!r}, output=...)"
+                f"(in _meta[{HOST_TASKS_META!r}]), then call {action.tool} with "
+                f"{json.dumps(action.arguments)} plus output (your model's answer)"
             )
         elif isinstance(action, Approve):
             key = GATE_KEY + action.gate_id
-            run_id = action.run_id or view.run_id
-            call = f"orchestrate_approve(run_id={run_id!r}, gate_id={action.gate_id!r}, decision=...)"
+            call = (
+                f"{action.tool} with {json.dumps(action.arguments)} (decision: {' or '.join(action.choices)})"
+            )
             if key in asked and action.run_id is None:
                 how = f"answer inputRequests[{key!r}] with tasks/update, or call {call}"
             else:  # this caller may not decide it (see server.mcp.elicit.may_decide)

@@ -20,7 +20,7 @@ from orchestration.core import RunHead, RunStatus
 from orchestration.engine import Runtime, live_children
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
 from orchestration.store import Tombstone
-from server.views.next_step import Approve, RunHostTask, Wait
+from server.views.next_step import Approve, RunHostTask, Wait, wait_call
 from server.views.run_view import ChildView, RunView
 
 #: at most this many children are listed in a view (the newest are left out)
@@ -80,8 +80,9 @@ async def with_children(view: RunView, head: RunHead, load: LoadView) -> RunView
         else:
             working = ", ".join(c.run_id for c in children if c.status not in _ENDED)
             update["next_action"] = Wait(
-                instruction=f"Child runs are working ({working}); call run_status(run_id={head.run_id!r}, "
-                "wait_seconds=30) to wait for them."
+                arguments=wait_call(head.run_id),
+                instruction=f"Child runs are working ({working}); call run_status with arguments to wait "
+                "for them.",
             )
     return view.model_copy(update=update)
 

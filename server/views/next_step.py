@@ -1,6 +1,12 @@
 """What a run view asks of its caller, its ``next_action`` field (:func:`next_step`): the first
 thing that waits, or wait, or nothing, and, for a parallel run whose branches wait at once,
 ``more_actions`` (every other host task and gate, each with its exact call).
+
+Each action carries its call as data: ``tool`` (a tool name) and ``arguments`` (a JSON object a
+host sends to that tool as it is), so that no one has to rebuild a call from a sentence. What the
+caller decides is listed apart: a host task's ``add`` names the argument its model's answer goes
+in (``output``), a gate's ``choices`` says what each value of ``decision`` does (``arguments`` holds
+``approve``). ``instruction`` says in words what to do with them.
 Built from a :class:`~orchestration.engine.reading.RunSnapshot` only; :mod:`server.views.run_view`
 puts them in the view."""
 
@@ -19,9 +25,13 @@ from server.views.outline import View
 
 
 class RunHostTask(View):
-    """The run waits for the host's own model to do one task."""
+    """The run waits for the host's own model to do one task: send ``arguments`` plus ``output``
+    (the model's answer, see ``add``) to ``tool``."""
 
     kind: Literal["run_host_task"] = "run_host_task"
+    tool: Literal["orchestrate_resume"] = "orchestrate_resume"
+    arguments: dict[str, Any] = Field(description="run_id and task_id; add output (see add).")
+    add: dict[str, str] = Field(description="The argument to add to arguments, with what goes in it.")
     task_id: str
     specialist: str
     system_prompt: str
@@ -33,15 +43,21 @@ class RunHostTask(View):
     instruction: str
     run_id: str | None = Field(
         default=None,
-        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        description="Set when this waits in a child run of the run viewed (arguments name it too).",
         exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
 
 class Approve(View):
-    """The run waits at an approval gate."""
+    """The run waits at an approval gate: send ``arguments`` to ``tool``, with ``decision`` set to
+    the user's choice (one of ``choices``)."""
 
     kind: Literal["approve"] = "approve"
+    tool: Literal["orchestrate_approve"] = "orchestrate_approve"
+    arguments: dict[str, Any] = Field(
+        description="run_id, gate_id and decision (approve); set decision to the user's choice."
+    )
+    choices: dict[str, str] = Field(description="The decisions the gate takes now, each with what it does.")
     gate_id: str
     task_id: str
     position: Literal["before", "after", "exhausted", "budget"]
@@ -49,7 +65,7 @@ class Approve(View):
     instruction: str
     run_id: str | None = Field(
         default=None,
-        description="Set when this waits in a child run of the run viewed: use this run_id.",
+        description="Set when this waits in a child run of the run viewed (arguments name it too).",
         exclude_if=lambda v: v is None,  # absent unless set: answers stay as they were
     )
 
@@ -58,7 +74,10 @@ class Wait(View):
     """The server is working on the run (or waits durably until ``not_before``)."""
 
     kind: Literal["wait"] = "wait"
-    not_before: datetime | None = None
+    tool: Literal["run_status"] = "run_status"
+    arguments: dict[str, Any] = Field(description="run_id and wait_seconds: waits for the next step.")
+    # Absent unless set: the call it carries now costs what a null used to.
+    not_before: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
     instruction: str
 
 
@@ -66,6 +85,8 @@ class Done(View):
     """The run has ended; nothing more can happen to it."""
 
     kind: Literal["none"] = "none"
+    tool: Literal["run_status"] = "run_status"
+    arguments: dict[str, Any] = Field(description="run_id and detail full: the whole outputs.")
     instruction: str
 
 
@@ -85,12 +106,11 @@ def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
     if gate.position == "before":
         return (
             f"Approval before the {step.name!r} step ({step.specialist}) starts; the earlier tasks' "
-            f"outputs are previewed in tasks[]; run_status(run_id={head.run_id!r}, detail='full') "
-            "shows them whole."
+            "outputs are previewed in tasks[]; run_status with detail='full' shows them whole."
         )
     return (
         f"Approval of the output of the {step.name!r} step ({step.specialist}) before the chain goes on; "
-        f"run_status(run_id={head.run_id!r}, task_id={gate.task_id!r}) shows that output whole."
+        f"run_status with task_id={gate.task_id!r} shows that output whole."
     )
 
 
@@ -101,34 +121,47 @@ _TYPED = (
 )
 
 
+def resume_call(run_id: str, task_id: str) -> dict[str, Any]:
+    """The arguments of the ``orchestrate_resume`` call that answers host task ``task_id``, but
+    for its ``output``."""
+    return {"run_id": run_id, "task_id": task_id}
+
+
+def wait_call(run_id: str) -> dict[str, Any]:
+    """The arguments of the ``run_status`` call that waits for the run's next step."""
+    return {"run_id": run_id, "wait_seconds": 30}
+
+
 def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
-    head = snapshot.head
-    run_id = head.run_id
-    schema = head.step_of(prompt.task_id).output_schema
-    answer = "<your complete answer>" if schema is None else "<one JSON object matching output_schema>"
+    schema = snapshot.head.step_of(prompt.task_id).output_schema
+    answer = "your complete answer" if schema is None else "one JSON object matching output_schema"
     return RunHostTask(
+        arguments=resume_call(snapshot.head.run_id, prompt.task_id),
+        add={"output": answer},
         task_id=prompt.task_id,
         specialist=prompt.specialist,
         system_prompt=prompt.system,
         user_prompt=prompt.user,
         output_schema=schema,
         instruction=(
-            f"Do this task with your own model now: take system_prompt as your instructions and answer "
-            f"user_prompt in full. Then call orchestrate_resume(run_id={run_id!r}, "
-            f"task_id={prompt.task_id!r}, output={answer}). The server records your "
-            "answer verbatim as the task's output and moves the chain on."
+            "Do this task with your own model now: system_prompt is your instructions; answer "
+            "user_prompt in full, then call tool with arguments plus output (add), recorded verbatim."
             + ("" if schema is None else _TYPED)
         ),
     )
 
 
+#: What each decision does, as an approve action's ``choices`` say it.
+_CHOICES = {
+    "approve": "go on",
+    "reject": "end the run",
+    "revise": "redo the work shown, with comment",
+}
+
+
 def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
-    run_id = snapshot.head.run_id
-    revise = revise_offered(snapshot.head, gate)
     decisions = (
-        "'approve', 'reject' or 'revise' (re-run the work shown, with the comment)"
-        if revise
-        else ("'approve' or 'reject'")
+        ("approve", "reject", "revise") if revise_offered(snapshot.head, gate) else ("approve", "reject")
     )
     step = snapshot.head.step_of(gate.task_id)
     limits = ""
@@ -137,14 +170,15 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
     if gate.expires_at is not None:
         limits += f" Undecided at {gate.expires_at.isoformat()}, it is decided by expiry ({step.on_expiry})."
     return Approve(
+        arguments={"run_id": snapshot.head.run_id, "gate_id": gate.gate_id, "decision": "approve"},
+        choices={d: _CHOICES[d] for d in decisions},
         gate_id=gate.gate_id,
         task_id=gate.task_id,
         position=gate.position,
         guards=_gate_guards(gate, snapshot),
         instruction=(
-            f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-            f"decision={decisions}, gate_id={gate.gate_id!r}, comment=<optional note for "
-            "the next steps>). Do not approve on the user's behalf without asking." + limits
+            "Ask the user, then call tool with arguments, decision: their choice, comment: optional "
+            "note. Never decide for them." + limits
         ),
     )
 
@@ -169,9 +203,9 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
     run_id = head.run_id
     if head.status.is_terminal:
         return Done(
-            instruction=f"The run is {head.status.value}; nothing more will happen to it. "
-            "Report the outcome (the tasks' outputs and errors) to the user; "
-            f"run_status(run_id={run_id!r}, detail='full') gives the whole outputs."
+            arguments={"run_id": run_id, "detail": "full"},
+            instruction=f"The run is {head.status.value}; nothing more will happen. "
+            "Report the outcome to the user; run_status gives the whole outputs.",
         )
     if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
         items = waiting_items(snapshot)
@@ -183,13 +217,24 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
             return items[0]
     not_before = head.not_before
     return Wait(
+        arguments=wait_call(run_id),
         not_before=not_before,
         instruction=(
-            f"The server is working on the run (status {head.status.value}"
+            f"The server is working (status {head.status.value}"
             + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
-            + f"). Call run_status(run_id={run_id!r}, wait_seconds=30) to wait for the next step."
+            + "): run_status with arguments waits."
         ),
     )
 
 
-__all__ = ["Approve", "Done", "NextAction", "RunHostTask", "Wait", "next_step", "waiting_items"]
+__all__ = [
+    "Approve",
+    "Done",
+    "NextAction",
+    "RunHostTask",
+    "Wait",
+    "next_step",
+    "resume_call",
+    "wait_call",
+    "waiting_items",
+]

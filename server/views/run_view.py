@@ -6,8 +6,9 @@ the persisted outputs and, when the run awaits the host, the materialized prompt
 :class:`RunView`; :func:`runs_page` turns a page of heads into a :class:`RunsPage`.
 
 The most important field is ``next_action``: what the caller must do now — run a host task and
-resume with its output, approve a gate, wait, or nothing — with an ``instruction`` sentence a host
-model can follow without reading any documentation; in a parallel run whose branches wait at once,
+resume with its output, approve a gate, wait, or nothing — as a call (``tool`` and the ``arguments``
+to send it) and an ``instruction`` sentence a host model can follow without reading any
+documentation; in a parallel run whose branches wait at once,
 ``more_actions`` holds every other host task and gate (see :mod:`server.views.next_step`).
 
 Views are sized for a model's context: every answer is a view, and a host may show all of it to its
@@ -289,7 +290,7 @@ class RunView(Outlined):
     status: RunStatus
     status_kind: Literal["active", "paused", "terminal"]
     next_action: NextAction = Field(
-        description="What to do now: kind run_host_task, approve, wait or none; instruction says how."
+        description="What to do now: send arguments to tool; kind run_host_task, approve, wait, none."
     )
     more_actions: list[RunHostTask | Approve] = Field(
         default_factory=list, description="Others waiting too (parallel steps)."

@@ -146,7 +146,8 @@ async def test_start_answers_with_the_first_host_task(client: Client) -> None:
     assert action["specialist"] == "architect"
     assert "architect" in action["system_prompt"].lower()
     assert "Design a URL shortener." in action["user_prompt"]
-    assert "orchestrate_resume" in action["instruction"] and view["run_id"] in action["instruction"]
+    assert action["tool"] == "orchestrate_resume"
+    assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect"}
     assert [s["name"] for s in view["chain"]["steps"]] == ["architect", "engineer", "reviewer"]
     assert view["tasks"][0]["status"] == "awaiting_host"
     assert view["tasks"][0]["executor"] == "inline:host"
@@ -163,7 +164,8 @@ async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
     assert action["kind"] == "approve"
     assert action["gate_id"] == "before:engineer"
     assert "engineer" in action["guards"]
-    assert "orchestrate_approve" in action["instruction"]
+    assert action["tool"] == "orchestrate_approve"
+    assert action["arguments"] == {"run_id": run_id, "gate_id": "before:engineer", "decision": "approve"}
 
     view = await call(
         client,
@@ -395,7 +397,9 @@ async def test_other_invalid_arguments(client: Client) -> None:
     assert text.startswith("invalid_argument: ")
     view = await start(client)
     text = await call_error(client, "orchestrate_resume", run_id=view["run_id"])
-    assert text.startswith("invalid_argument: ") and "task_id and output" in text
+    resume = json.dumps({"run_id": view["run_id"], "task_id": "architect"})
+    assert text.startswith("invalid_argument: ")
+    assert f"call orchestrate_resume with {resume} plus output" in text
     # A schema violation is refused before the tool runs, with the code first.
     text = await call_error(
         client, "orchestrate_approve", run_id=view["run_id"], decision="maybe", gate_id="before:engineer"

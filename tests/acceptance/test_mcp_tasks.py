@@ -85,7 +85,7 @@ async def test_a_task_taken_before_a_sigkill_is_followed_after_the_restart(
                 assert after["inputRequests"] == before["inputRequests"]
                 await update_task(aware, task_id, {GATE: APPROVE})
                 host = await _until(aware, task_id, "input_required", "awaiting_host")
-                assert "orchestrate_resume(" in host["statusMessage"], host
+                assert "orchestrate_resume with {" in host["statusMessage"], host
                 await call(aware, "orchestrate_resume", run_id=task_id, task_id="writer", output="v1 notes")
                 done = await _until(aware, task_id, "completed")
                 final = done["result"]["structuredContent"]
@@ -125,7 +125,7 @@ async def test_tasks_are_checked_like_the_tools_they_stand_for(tmp_path: Path) -
         task_id = created.task_id
         # alice reads and operates: she sees the task, but is not asked at the gate nor may answer it.
         seen = await _until(alice, task_id, "input_required")
-        assert seen["inputRequests"] == {} and "orchestrate_approve(" in seen["statusMessage"]
+        assert seen["inputRequests"] == {} and "orchestrate_approve with {" in seen["statusMessage"]
         with pytest.raises(MCPError) as forbidden:
             await update_task(alice, task_id, {GATE: APPROVE})
         assert forbidden.value.error.message.startswith("forbidden:")

@@ -32,7 +32,8 @@ async def test_three_host_tasks_at_once_answered_at_once(backend: str, tmp_path:
         assert [i["task_id"] for i in items] == list(RESEARCHERS)
         for item in items:
             assert item["kind"] == "run_host_task" and item["user_prompt"]
-            assert f"orchestrate_resume(run_id={run_id!r}, task_id={item['task_id']!r}" in item["instruction"]
+            assert item["tool"] == "orchestrate_resume"
+            assert item["arguments"] == {"run_id": run_id, "task_id": item["task_id"]}
 
         # The host's three workers answer at once; the answers race, and every one lands.
         async def answer(task_id: str) -> None:

@@ -3,6 +3,9 @@ what each one does with repeats and races."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import anyio
 import pytest
 
@@ -130,12 +133,14 @@ async def test_cancel() -> None:
 async def test_resume_without_output_says_what_the_run_needs() -> None:
     runtime = make_runtime()
     run_id = await started(runtime, approve_before=("architect",))
-    with pytest.raises(InvalidState, match="orchestrate_approve"):
+    gate = json.dumps({"run_id": run_id, "gate_id": "before:architect", "decision": "approve"})
+    with pytest.raises(InvalidState, match=re.escape(f"call orchestrate_approve with {gate}")):
         await runtime.check_resumable(run_id)
     await runtime.approve(run_id, "approve", "before:architect")
     assert (await runtime.check_resumable(run_id)).status == RunStatus.QUEUED
     await runtime.drive(run_id)
-    with pytest.raises(InvalidArgument, match="task_id and output"):
+    task = json.dumps({"run_id": run_id, "task_id": "architect"})
+    with pytest.raises(InvalidArgument, match=re.escape(f"call orchestrate_resume with {task} plus output")):
         await runtime.check_resumable(run_id)
 
 

@@ -202,14 +202,19 @@ async def test_a_client_without_elicitation_gets_next_action_as_before(tmp_path:
     assert view["status"] == "awaiting_approval"
     assert view["next_action"] == {
         "kind": "approve",
+        "tool": "orchestrate_approve",
+        "arguments": {"run_id": run_id, "gate_id": "before:writer", "decision": "approve"},
+        "choices": {
+            "approve": "go on",
+            "reject": "end the run",
+            "revise": "redo the work shown, with comment",
+        },
         "gate_id": "before:writer",
         "task_id": "writer",
         "position": "before",
         "guards": view["next_action"]["guards"],
-        "instruction": f"Ask the user whether to go on, then call orchestrate_approve(run_id={run_id!r}, "
-        "decision='approve', 'reject' or 'revise' (re-run the work shown, with the comment), "
-        "gate_id='before:writer', comment=<optional note for the next steps>). Do not approve on the "
-        "user's behalf without asking.",
+        "instruction": "Ask the user, then call tool with arguments, decision: their choice, comment: "
+        "optional note. Never decide for them.",
     }
     assert view["warnings"] == []
 

@@ -10,7 +10,7 @@ from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import StartRequest
 from server.cli.main import _print_view as print_view
-from server.views.run_view import run_view
+from server.views.run_view import Approve, run_view
 from server.views.timeline import render_timeline
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime
@@ -31,10 +31,12 @@ async def test_a_paused_parallel_run_names_every_host_task_and_gate_that_waits()
         ("run_host_task", "c", None),
         ("approve", "b", "before:b"),
     ]
-    assert (
-        "orchestrate_approve(run_id='run-test-0001', decision='approve' or 'reject', gate_id='before:b'"
-        in (waiting[2].instruction)
+    assert isinstance(waiting[2], Approve)
+    assert (waiting[2].tool, waiting[2].arguments) == (
+        "orchestrate_approve",
+        {"run_id": "run-test-0001", "gate_id": "before:b", "decision": "approve"},
     )
+    assert list(waiting[2].choices) == ["approve", "reject"]
     tasks = {t.task_id: t for t in view.tasks}
     assert tasks["b"].waits_for == "approval of gate before:b"
     assert tasks["writer"].waits_for == "tasks a, b, c"

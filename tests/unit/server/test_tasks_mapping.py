@@ -4,6 +4,7 @@ run's view with a task in progress)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -154,7 +155,8 @@ async def test_a_parent_whose_child_waits_names_the_call_on_the_child() -> None:
     (child,) = view.children
     task = detailed_task(view)
     message = task["statusMessage"]
-    assert f"orchestrate_resume(run_id={child.run_id!r}, task_id='writer', output=...)" in message
+    call = json.dumps({"run_id": child.run_id, "task_id": "writer"})
+    assert f"call orchestrate_resume with {call} plus output" in message
     # The child's task is answered on the child, with a tool call: nothing in inputRequests.
     assert task["inputRequests"] == {}
 
@@ -163,7 +165,8 @@ async def test_a_host_task_names_the_call_that_continues_it() -> None:
     view = (await views())[RunStatus.AWAITING_HOST]
     task = detailed_task(view)
     message = task["statusMessage"]
-    assert f"orchestrate_resume(run_id={view.run_id!r}, task_id='writer', output=...)" in message
+    call = json.dumps({"run_id": view.run_id, "task_id": "writer"})
+    assert f"call orchestrate_resume with {call} plus output" in message
     (host,) = task["_meta"][HOST_TASKS_META]
     assert host["task_id"] == "writer" and host["system_prompt"] and host["user_prompt"]
     # The host answers with a tool call, not with tasks/update: nothing to answer in inputRequests.
@@ -175,10 +178,17 @@ async def test_a_gate_carries_the_forms_it_is_given() -> None:
     form = {"method": "elicitation/create", "params": {"mode": "form", "message": "decide"}}
     task = detailed_task(view, {"gate:before:writer": form})
     assert task["inputRequests"] == {"gate:before:writer": form}
-    assert "tasks/update" in task["statusMessage"] and "orchestrate_approve(" in task["statusMessage"]
+    call = json.dumps({"run_id": view.run_id, "gate_id": "before:writer", "decision": "approve"})
+    assert (
+        "tasks/update" in task["statusMessage"]
+        and f"call orchestrate_approve with {call}" in task["statusMessage"]
+    )
     # A caller who may not decide it is given no form, and told who may.
     unasked = detailed_task(view)["statusMessage"]
-    assert "tasks/update" not in unasked and "someone who may decide it calls orchestrate_approve(" in unasked
+    assert (
+        "tasks/update" not in unasked
+        and f"someone who may decide it calls orchestrate_approve with {call}" in unasked
+    )
     assert HOST_TASKS_META not in task.get("_meta", {})
 
 

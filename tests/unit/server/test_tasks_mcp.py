@@ -4,6 +4,7 @@ server; a handshake-era client that declares it anyway gets the plain answers.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -129,7 +130,8 @@ async def test_a_gate_is_answered_with_tasks_update_and_the_task_followed_to_its
         await update_task(aware, task_id, {GATE: approve(comment="ship it")})
         host = await until(aware, task_id, lambda t: "awaiting_host" in t.get("statusMessage", ""))
         assert host["status"] == "input_required" and host["inputRequests"] == {}
-        assert f"orchestrate_resume(run_id={task_id!r}, task_id='writer'" in host["statusMessage"]
+        resume = json.dumps({"run_id": task_id, "task_id": "writer"})
+        assert f"orchestrate_resume with {resume}" in host["statusMessage"]
         view = await call(plain, "run_status", run_id=task_id)
         (gate,) = view["gates"]
         assert (gate["status"], gate["channel"], gate["comment"]) == ("approved", "elicitation", "ship it")

@@ -56,7 +56,7 @@ async def test_an_invalid_answer_is_refused_and_a_valid_one_is_recorded_with_its
         action = view["next_action"]
         assert action["kind"] == "run_host_task" and action["task_id"] == "reviewer"
         assert action["output_schema"] == BUILTIN_SCHEMAS["verdict"]
-        assert "output=<one JSON object matching output_schema>" in action["instruction"]
+        assert action["add"] == {"output": "one JSON object matching output_schema"}
         assert "invalid_output" in action["instruction"]
         assert "## Answer format" in action["user_prompt"]
         version = view["version"]

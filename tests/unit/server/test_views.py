@@ -70,7 +70,11 @@ async def test_a_host_task_is_the_next_action_with_its_prompts() -> None:
         snap.host_task.system,
         snap.host_task.user,
     )
-    assert f"orchestrate_resume(run_id={run_id!r}, task_id='architect'" in action.instruction
+    assert (action.tool, action.arguments) == (
+        "orchestrate_resume",
+        {"run_id": run_id, "task_id": "architect"},
+    )
+    assert action.add == {"output": "your complete answer"}
     assert view.status == RunStatus.AWAITING_HOST and view.status_kind == "paused"
     assert [t.task_id for t in view.tasks] == ["architect", "engineer", "reviewer"]
     assert view.tasks[0].attempts[0].outcome == "prepared"
@@ -89,10 +93,13 @@ async def test_a_requested_gate_is_the_next_action() -> None:
     assert isinstance(action, Approve)
     assert (action.gate_id, action.task_id, action.position) == ("before:engineer", "engineer", "before")
     assert "'engineer' step" in action.guards
-    assert "orchestrate_approve" in action.instruction and "before:engineer" in action.instruction
+    assert (action.tool, action.arguments) == (
+        "orchestrate_approve",
+        {"run_id": run_id, "gate_id": "before:engineer", "decision": "approve"},
+    )
     assert view.tasks[0].output_preview == "the design" and view.tasks[0].output_chars == len("the design")
     assert view.tasks[0].output is None  # compact: the whole output is asked for
-    assert f"run_status(run_id={run_id!r}, detail='full')" in action.guards
+    assert "run_status with detail='full'" in action.guards
     assert view.gates[0].status == "requested"
 
 
@@ -112,7 +119,7 @@ async def test_after_gates_guard_the_output() -> None:
     action = (await view_of(runtime, run_id)).next_action
     assert isinstance(action, Approve) and action.position == "after"
     assert "output of the 'writer' step" in action.guards
-    assert f"run_status(run_id={run_id!r}, task_id='writer')" in action.guards
+    assert "run_status with task_id='writer'" in action.guards
 
 
 async def test_terminal_runs_need_nothing() -> None:
@@ -126,7 +133,10 @@ async def test_terminal_runs_need_nothing() -> None:
     assert [t.output_preview for t in view.tasks] == [
         f"host output for {t}" for t in ("architect", "engineer", "reviewer")
     ]
-    assert "detail='full'" in view.next_action.instruction
+    assert (view.next_action.tool, view.next_action.arguments) == (
+        "run_status",
+        {"run_id": run_id, "detail": "full"},
+    )
 
     cancelled = await begin(runtime, "another")
     await runtime.cancel(cancelled, reason="no")
@@ -227,7 +237,10 @@ async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
     view = await view_of(runtime, head.run_id)
     assert view.status == RunStatus.QUEUED and view.status_kind == "active"
     assert isinstance(view.next_action, Wait) and view.next_action.not_before is None
-    assert "run_status" in view.next_action.instruction
+    assert (view.next_action.tool, view.next_action.arguments) == (
+        "run_status",
+        {"run_id": head.run_id, "wait_seconds": 30},
+    )
 
     head = await play(runtime, head.run_id)
     view = await view_of(runtime, head.run_id)
@@ -251,7 +264,7 @@ async def test_a_durable_wait_shows_not_before() -> None:
     action = run_view(snap).next_action
     assert isinstance(action, Wait)
     assert action.not_before == not_before
-    assert "not before" in action.instruction and "run_status" in action.instruction
+    assert "not before" in action.instruction and action.tool == "run_status"
 
 
 async def test_warnings_and_the_schema() -> None:
