@@ -249,17 +249,12 @@ def _input_tokens(usage: object) -> int | None:
     return base + sum(c for c in cached if c is not None)
 
 
-def _parse_message(
-    payload: Mapping[str, Any], facts: AttemptFacts, request: ProviderRequest
-) -> ProviderResponse:
-    content = payload.get("content")
-    if not isinstance(content, list):
-        raise facts.failure(Code.MALFORMED_RESPONSE, "the response has no 'content' list")
-    raw_stop = payload.get("stop_reason")
-    stop = raw_stop if isinstance(raw_stop, str) else None
+def _read_blocks(content: list[Any], facts: AttemptFacts) -> tuple[str, bool, str | None]:
+    """The answer's text, whether it thought, and the forced answer tool's input as JSON text (None:
+    not used); a malformed block is ``malformed_response``."""
     texts: list[str] = []
     thinking = False
-    answer: str | None = None  # the forced tool's input, as JSON text
+    answer: str | None = None
     for block in content:
         if not isinstance(block, dict):
             raise facts.failure(Code.MALFORMED_RESPONSE, "a content block is not a JSON object")
@@ -276,9 +271,13 @@ def _parse_message(
             if not isinstance(tool_input, dict):
                 raise facts.failure(Code.MALFORMED_RESPONSE, "the tool_use block has no 'input' object")
             answer = json.dumps(tool_input, ensure_ascii=False)
-    text = "".join(texts)
-    has_text = bool(text.strip())
+    return "".join(texts), thinking, answer
 
+
+def _refuse_stop(
+    stop: str | None, has_text: bool, thinking: bool, facts: AttemptFacts, max_tokens: int
+) -> None:
+    """The stop reasons that end an attempt whatever it wrote: refusal, context window, max_tokens."""
     if stop == "refusal":
         raise facts.failure(Code.CONTENT_FILTERED, "the model declined to answer (stop_reason 'refusal')")
     if stop == "model_context_window_exceeded":
@@ -291,13 +290,25 @@ def _parse_message(
         if not has_text and thinking:
             raise facts.failure(
                 Code.REASONING_ONLY,
-                f"the model spent max_tokens={request.max_tokens} on thinking and wrote no text; "
-                "raise max_tokens",
+                f"the model spent max_tokens={max_tokens} on thinking and wrote no text; raise max_tokens",
             )
         raise facts.failure(
             Code.TRUNCATED,
-            f"the answer was cut at max_tokens={request.max_tokens}; raise max_tokens or narrow the task",
+            f"the answer was cut at max_tokens={max_tokens}; raise max_tokens or narrow the task",
         )
+
+
+def _parse_message(
+    payload: Mapping[str, Any], facts: AttemptFacts, request: ProviderRequest
+) -> ProviderResponse:
+    content = payload.get("content")
+    if not isinstance(content, list):
+        raise facts.failure(Code.MALFORMED_RESPONSE, "the response has no 'content' list")
+    raw_stop = payload.get("stop_reason")
+    stop = raw_stop if isinstance(raw_stop, str) else None
+    text, thinking, answer = _read_blocks(content, facts)
+    has_text = bool(text.strip())
+    _refuse_stop(stop, has_text, thinking, facts, request.max_tokens)
     if answer is not None and request.output_schema is not None:
         return ProviderResponse(text=answer, telemetry=facts.telemetry(), stop_reason=stop)
     if stop in ("pause_turn", "tool_use"):
