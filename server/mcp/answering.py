@@ -22,6 +22,7 @@ from server.mcp.arguments import error_result
 from server.mcp.elicit import settle_and_ask
 from server.mcp.services import Services
 from server.views.children_view import settle_children
+from server.views.compact import answer_data, answer_text
 from server.views.run_view import Detail, RunView
 
 log = logging.getLogger("construct.tools")
@@ -64,6 +65,9 @@ async def caller_for(ctx: ToolContext, tool: str, run_id: str | None = None) -> 
 def _ok(model: BaseModel, services: Services | None = None) -> CallToolResult:
     if services is not None and isinstance(model, RunView):
         text, structured = services.answer_of(model)  # dumped once per version (compact)
+    elif isinstance(model, RunView):
+        structured = answer_data(model)
+        text = answer_text(structured)
     else:
         text, structured = model.model_dump_json(), model.model_dump(mode="json")
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)

@@ -48,6 +48,7 @@ from server.identity import caller_of
 from server.mcp.services import Services, run_uri
 from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, as_protocol_error
 from server.sdk import set_request_handler
+from server.views.compact import answer_data, answer_text
 from server.views.events import newest_events
 from server.views.listing import waiting_for
 from server.views.run_view import check_task_id
@@ -88,7 +89,7 @@ async def read_run(run_id: str, ctx: ResourceContext) -> str:
         view = await services.view(run_id, await _readable(ctx, run_id))
     except ConstructError as exc:
         raise _resource_error(exc) from None
-    return view.model_dump_json()
+    return answer_text(answer_data(view))
 
 
 async def read_task_output(run_id: str, task_id: str, ctx: ResourceContext) -> str:

@@ -18,6 +18,7 @@ from orchestration.engine import Dispatcher, RunSnapshot, Runtime
 from server.mcp.subscriptions import LegacySubscribers
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
+from server.views.compact import answer_data, answer_text
 from server.views.run_view import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
@@ -92,16 +93,19 @@ class Services:
 
     def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text (JSON without indentation) and structured content of an answer that is
-        ``view``. A compact view kept here (the very object :meth:`view` returned: nothing of other
+        ``view`` (compact unless it is a full view: :func:`~server.views.compact.answer_data`).
+        A compact view kept here (the very object :meth:`view` returned: nothing of other
         runs was added to it) is dumped once, like it is built once: a host polling ``run_status``
         on a run that does not move gets the same bytes at each call without paying for them.
         Callers must not change the structured content (it is shared between answers)."""
         key = (view.run_id, view.version)
         if self.compact_views.get(key) is not view:
-            return view.model_dump_json(), view.model_dump(mode="json")
+            data = answer_data(view)
+            return answer_text(data), data
         dumped = self.compact_answers.get(key)
         if dumped is None or dumped[0] is not view:
-            dumped = (view, view.model_dump_json(), view.model_dump(mode="json"))
+            data = answer_data(view)
+            dumped = (view, answer_text(data), data)
             self.compact_answers[key] = dumped
         return dumped[1], dumped[2]
 

@@ -102,6 +102,7 @@ from orchestration.core import RunHead, RunStatus, TaskStatus, validate_run_id
 from orchestration.errors import ConstructError, InvalidState, RunNotFound, StoreError
 from server.identity import Caller, Role, caller_of
 from server.mcp.elicit import RevisableGateForm, gate_request, may_decide, take_answer
+from server.views.compact import answer_data, answer_text
 from server.views.next_step import Approve, RunHostTask, Wait
 from server.views.run_view import RunView
 
@@ -203,9 +204,9 @@ def detailed_task(
 
 def tool_result(view: RunView) -> dict[str, Any]:
     """The ``CallToolResult`` the tools answer with for ``view`` (text: its JSON, compact)."""
+    data = answer_data(view)
     result = CallToolResult(
-        content=[TextContent(type="text", text=view.model_dump_json())],
-        structured_content=view.model_dump(mode="json"),
+        content=[TextContent(type="text", text=answer_text(data))], structured_content=data
     )
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 

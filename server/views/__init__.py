@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = [
     "budget_view",
     "children_view",
+    "compact",
     "events",
     "graph_view",
     "listing",

@@ -284,7 +284,8 @@ class RunView(Outlined):
 
     # Published to hosts: what they read (five tools answer with a run view; every field named
     # costs tools/list bytes in each of them). The answer holds all the fields below.
-    published = ("run_id", "status", "status_kind", "next_action", "tasks", "gates", "warnings")
+    # The compact answer (server.views.compact) has these always; the rest only when set.
+    published = ("run_id", "status", "status_kind", "next_action", "tasks")
 
     run_id: str
     status: RunStatus
@@ -328,6 +329,11 @@ class RunView(Outlined):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
+    detail: Detail = Field(
+        default="compact",
+        exclude=True,
+        description="How the view was asked for: its answer is compact (server.views.compact) or whole.",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,6 +553,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         created_at=head.created_at,
         updated_at=head.updated_at,
         finished_at=head.finished_at,
+        detail=detail,
     )
 
 

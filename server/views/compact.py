@@ -1,0 +1,132 @@
+"""The answer a tool sends for a run view: compact by default, whole on request (issue 21 §3).
+
+A host model pays for every byte of an answer with its context window, on every call, and
+frameworks that keep one conversation pile the answers up. So the default answer carries only what
+a model acts on:
+
+* the run's ``run_id``, ``status`` and ``status_kind``;
+* ``next_action`` (and ``more_actions`` when branches wait at once): the exact call to make;
+* ``tasks``, one short object each: ``task_id`` and ``status``, what a task that has not ended
+  ``waits_for``, and for a finished one its output preview, length and URI (plus a small typed
+  ``value``, its ``error``, and why it exists when another task sent the work back or a gate's
+  revise made it);
+* ``gates`` as their id, task, position, status and what a decision needs (decisions, approvers,
+  expiry, a budget gate's note, an exhausted loop's history), without their timestamps or channel;
+* ``children``, ``error``, ``warnings``, ``budget``, the links ``forked_from`` and ``parent``, and
+  ``costs`` (tokens and dollars spent) — each only when there is something to say.
+
+Nulls, empty lists and fields at their defaults are left out. The chain definition, the execution
+contract, each attempt's telemetry, the timestamps, ``semantics`` and ``version`` are in the *full*
+answer: ``run_status`` with ``detail="full"`` (which also carries every whole output and the whole
+request), and the ``run://<run_id>`` resource.
+
+:func:`answer_data` is a pure function of the view, so an answer is as deterministic as the view it
+is made of (:meth:`server.mcp.services.Services.answer_of` dumps each run version once).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from server.views.run_view import GateView, RunView, TaskView
+
+#: The task fields a compact answer keeps (when set), in this order.
+TASK_FIELDS = (
+    "task_id",
+    "status",
+    "waits_for",
+    "output",
+    "output_preview",
+    "output_chars",
+    "output_uri",
+    "value",
+    "error",
+    "sent_back_by",
+    "revised_by",
+    "copied_from",
+)
+
+#: The gate fields a compact answer keeps (when set).
+GATE_FIELDS = (
+    "gate_id",
+    "task_id",
+    "position",
+    "status",
+    "decisions",
+    "approvers",
+    "expires_at",
+    "on_expiry",
+    "note",
+    "budget_step",
+    "description",
+    "comment",
+    "approver",
+)
+
+#: The run fields a compact answer keeps (when set); ``tasks``, ``gates`` and ``costs`` are
+#: shaped here.
+RUN_FIELDS = (
+    "run_id",
+    "status",
+    "status_kind",
+    "next_action",
+    "more_actions",
+    "error",
+    "warnings",
+    "budget",
+    "children",
+    "forked_from",
+    "parent",
+)
+
+
+def answer_data(view: RunView) -> dict[str, Any]:
+    """The structured content of an answer that is ``view``: the whole view (as JSON) when it was
+    built with ``detail="full"``, else its compact form (see the module docstring)."""
+    if view.detail == "full":
+        return view.model_dump(mode="json")
+    data = _kept(view.model_dump(mode="json", include=set(RUN_FIELDS), exclude_none=True), RUN_FIELDS)
+    data["tasks"] = [_task(task) for task in view.tasks]
+    if view.gates:
+        data["gates"] = [_gate(gate) for gate in view.gates]
+    costs = _costs(view)
+    if costs:
+        data["costs"] = costs
+    return data
+
+
+def answer_text(data: dict[str, Any]) -> str:
+    """The text content of an answer whose structured content is ``data``: the same JSON, without
+    indentation (many hosts show their model only the text)."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _task(task: TaskView) -> dict[str, Any]:
+    return _kept(task.model_dump(mode="json", include=set(TASK_FIELDS), exclude_none=True), TASK_FIELDS)
+
+
+def _gate(gate: GateView) -> dict[str, Any]:
+    return _kept(gate.model_dump(mode="json", include=set(GATE_FIELDS), exclude_none=True), GATE_FIELDS)
+
+
+def _costs(view: RunView) -> dict[str, Any]:
+    """What the run spent, when it spent anything: tokens and dollars (latency and attempt counts
+    are telemetry, in the full answer)."""
+    totals = view.totals
+    spent = {
+        "input_tokens": totals.input_tokens,
+        "output_tokens": totals.output_tokens,
+        "cost_usd": round(totals.cost_usd, 6),
+    }
+    return spent if any(spent.values()) else {}
+
+
+def _kept(data: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` in ``order`` without its empty lists and objects (its nulls are gone already:
+    ``exclude_none`` drops the null fields of models at any depth, never a null inside data such
+    as a typed ``value`` or an ``output_schema``)."""
+    return {key: data[key] for key in order if key in data and data[key] not in ([], {})}
+
+
+__all__ = ["GATE_FIELDS", "RUN_FIELDS", "TASK_FIELDS", "answer_data", "answer_text"]
