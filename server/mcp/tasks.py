@@ -311,7 +311,9 @@ class TasksExtension(Extension):
         result = await call_next(ctx)
         if not isinstance(result, CallToolResult) or result.is_error or not result.structured_content:
             return result  # refused: the usual isError answer
-        view = RunView.model_validate(result.structured_content)
+        # The answer is compact (server.views.compact): the task is built from the run's view.
+        services: Services = ctx.lifespan_context
+        view = await services.view(str(result.structured_content["run_id"]))
         log.info("task created", extra={"action": "task_created", "run_id": view.run_id})
         return detailed_task(view, created=True)
 

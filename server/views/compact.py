@@ -11,7 +11,8 @@ a model acts on:
   ``value``, its ``error``, and why it exists when another task sent the work back or a gate's
   revise made it);
 * ``gates`` as their id, task, position, status and what a decision needs (decisions, approvers,
-  expiry, a budget gate's note, an exhausted loop's history), without their timestamps or channel;
+  expiry, a budget gate's note, an exhausted loop's history) and, once decided, how (comment,
+  approver, channel), without their timestamps;
 * ``children``, ``error``, ``warnings``, ``budget``, the links ``forked_from`` and ``parent``, and
   ``costs`` (tokens and dollars spent) — each only when there is something to say.
 
@@ -62,6 +63,7 @@ GATE_FIELDS = (
     "description",
     "comment",
     "approver",
+    "channel",
 )
 
 #: The run fields a compact answer keeps (when set); ``tasks``, ``gates`` and ``costs`` are
@@ -107,7 +109,9 @@ def _task(task: TaskView) -> dict[str, Any]:
 
 
 def _gate(gate: GateView) -> dict[str, Any]:
-    return _kept(gate.model_dump(mode="json", include=set(GATE_FIELDS), exclude_none=True), GATE_FIELDS)
+    """A gate's compact form; ``verified`` only when true (the approver is a token's identity)."""
+    data = _kept(gate.model_dump(mode="json", include=set(GATE_FIELDS), exclude_none=True), GATE_FIELDS)
+    return data | {"verified": True} if gate.verified else data
 
 
 def _costs(view: RunView) -> dict[str, Any]:

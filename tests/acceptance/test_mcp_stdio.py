@@ -152,7 +152,7 @@ async def test_start_answers_with_the_first_host_task(client: Client) -> None:
     assert view["tasks"][0]["status"] == "awaiting_host"
     assert view["tasks"][0]["executor"] == "inline:host"
     assert "inline:host" in view["semantics"] and "called no model" in view["semantics"]
-    assert view["warnings"] == []
+    assert "warnings" not in view
 
 
 async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
@@ -194,7 +194,7 @@ async def test_a_gated_chain_runs_to_completion(client: Client) -> None:
         assert task["executor"] == "inline:host"
         assert [a["outcome"] for a in task["attempts"]] == ["succeeded"]
     gate = view["gates"][0]
-    assert (gate["status"], gate["approver"], gate["comment"]) == ("approved", "alice", "keep it small")
+    assert (gate["status"], gate.get("approver"), gate["comment"]) == ("approved", "alice", "keep it small")
     assert view["totals"]["attempts"] == 3
 
     # run_status shows the same record; the resource too.

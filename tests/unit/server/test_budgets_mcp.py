@@ -96,6 +96,9 @@ async def test_reported_usage_is_recorded_and_counts_against_the_budget(tmp_path
             usage={"input_tokens": 700, "output_tokens": 400, "cost_usd": 0.01},
         )
         assert view["status"] == "failed" and view["error"]["code"] == "budget_exhausted"
+        # What it spent is in the compact answer; the attempt's telemetry in the full one.
+        assert view["costs"] == {"input_tokens": 700, "output_tokens": 400, "cost_usd": 0.01}
+        view = await call(client, "run_status", run_id=run_id, detail="full")
         telemetry = view["tasks"][0]["attempts"][0]["telemetry"]
         assert telemetry["reported_by_host"] is True and telemetry["input_tokens"] == 700
         assert view["budget"]["spent_tokens"] == 1100 and view["totals"]["cost_usd"] == 0.01

@@ -145,13 +145,13 @@ async def test_a_waiting_call_that_reaches_a_gate_asks_and_records_the_approval(
     assert view["status"] == "awaiting_host"
     assert view["next_action"]["task_id"] == "writer"
     gate = view["gates"][0]
-    assert (gate["status"], gate["channel"], gate["comment"], gate["verified"]) == (
+    assert (gate["status"], gate["channel"], gate["comment"], gate.get("verified", False)) == (
         "approved",
         "elicitation",
         "lgtm",
         False,
     )
-    assert view["warnings"] == []
+    assert "warnings" not in view
     facts = await _facts(tmp_path, store, run_id)
     decided = [f for f in facts if isinstance(f, ApprovalDecided)]
     assert [(d.gate_id, d.decision, d.channel, d.approver, d.verified) for d in decided] == [
@@ -216,7 +216,7 @@ async def test_a_client_without_elicitation_gets_next_action_as_before(tmp_path:
         "instruction": "Ask the user, then call tool with arguments, decision: their choice, comment: "
         "optional note. Never decide for them.",
     }
-    assert view["warnings"] == []
+    assert "warnings" not in view
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -292,7 +292,7 @@ async def test_a_retried_answer_records_one_decision_and_starts_no_second_run(
     assert runs is not None and len(runs["runs"]) == 1, "no second run"
     run_id = views[0]["run_id"]
     assert all(v["run_id"] == run_id and v["next_action"]["task_id"] == "writer" for v in views)
-    assert all(v["warnings"] == [] for v in views)
+    assert all("warnings" not in v for v in views)
     decided = await _decisions(tmp_path, store, run_id)
     assert [(d.decision, d.comment, d.channel) for d in decided] == [("approve", "go", "elicitation")]
 
@@ -410,7 +410,7 @@ async def test_a_late_answer_that_differs_is_a_conflict_and_one_that_agrees_reco
         view = await _resume(client, run_id)
     assert len(answers.asked) == 1
     gate = view["gates"][0]
-    assert (gate["approver"], gate["channel"]) == ("carol", "stdio"), "the first decision stands"
+    assert (gate.get("approver"), gate["channel"]) == ("carol", "stdio"), "the first decision stands"
     if elsewhere == "reject":
         assert view["status"] == "rejected"
         assert any(
@@ -501,7 +501,7 @@ async def test_a_revise_in_the_form_reruns_the_step_under_review_with_the_commen
     assert view["next_action"]["task_id"] == "architect~2"
     assert "cite sources" in view["next_action"]["user_prompt"]
     gate = view["gates"][0]
-    assert (gate["status"], gate["channel"], gate["decisions"]) == ("revised", "elicitation", [])
+    assert (gate["status"], gate["channel"], gate.get("decisions", [])) == ("revised", "elicitation", [])
     assert [(t["task_id"], t["status"]) for t in view["tasks"]] == [
         ("architect", "done"),
         ("writer", "skipped"),

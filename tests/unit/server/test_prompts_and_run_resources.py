@@ -54,7 +54,10 @@ async def test_each_chain_is_a_prompt_that_starts_and_drives_it(tmp_path: Path) 
             "orchestrate_start", {"chain": "docs", "request": "Explain durable execution."}
         )
         assert result.structured_content is not None
-        assert result.structured_content["chain"]["name"] == "docs"
+        full = await client.call_tool(
+            "run_status", {"run_id": result.structured_content["run_id"], "detail": "full"}
+        )
+        assert full.structured_content is not None and full.structured_content["chain"]["name"] == "docs"
 
 
 async def test_recent_runs_are_listed_as_resources_newest_first(tmp_path: Path) -> None:

@@ -82,14 +82,17 @@ async def test_answers_are_compact_and_whole_outputs_are_one_call_away(tmp_path:
         # The design travels once: in the writer's prompt; the task shows a preview.
         assert _text(result).count("x" * 2000) == 1
         architect = view["tasks"][0]
-        assert architect["output"] is None
-        assert architect["output_preview"] == design[:300]
-        assert architect["output_chars"] == len(design)
-        assert architect["output_sha256"] == hashlib.sha256(design.encode()).hexdigest()
-        assert architect["output_uri"] == f"run://{run_id}/tasks/architect/output"
+        assert architect == {
+            "task_id": "architect",
+            "status": "done",
+            "output_preview": design[:300],
+            "output_chars": len(design),
+            "output_uri": f"run://{run_id}/tasks/architect/output",
+        }
 
         full = (await client.call_tool("run_status", {"run_id": run_id, "detail": "full"})).structured_content
         assert full is not None and full["tasks"][0]["output"] == design
+        assert full["tasks"][0]["output_sha256"] == hashlib.sha256(design.encode()).hexdigest()
         one = (
             await client.call_tool("run_status", {"run_id": run_id, "task_id": "architect"})
         ).structured_content

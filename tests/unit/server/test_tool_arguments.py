@@ -236,12 +236,10 @@ async def test_a_repeated_approval_with_another_comment_is_a_conflict(server: MC
             "decision": "approve",
             "gate_id": "before:architect",
         }
-        first = await call(
-            client, "orchestrate_approve", comment="go", approver="ann", wait_seconds=0, **gate
-        )
-        again = await call(
-            client, "orchestrate_approve", comment="go", approver="ann", wait_seconds=0, **gate
-        )
+        await call(client, "orchestrate_approve", comment="go", approver="ann", wait_seconds=0, **gate)
+        first = await call(client, "run_status", run_id=view["run_id"], detail="full")
+        await call(client, "orchestrate_approve", comment="go", approver="ann", wait_seconds=0, **gate)
+        again = await call(client, "run_status", run_id=view["run_id"], detail="full")
         assert again["version"] == first["version"]
         for other in (
             {"comment": "stop", "approver": "ann"},

@@ -50,7 +50,7 @@ async def test_an_invalid_answer_is_refused_and_a_valid_one_is_recorded_with_its
         view: dict[str, Any] = started.structured_content or {}
         run_id = view["run_id"]
         assert view["next_action"]["task_id"] == "engineer"
-        assert view["next_action"]["output_schema"] is None
+        assert "output_schema" not in view["next_action"]  # an untyped step's: left out
         view = (await _resume(client, run_id, "engineer", "the parser")).structured_content or {}
 
         action = view["next_action"]
@@ -59,7 +59,8 @@ async def test_an_invalid_answer_is_refused_and_a_valid_one_is_recorded_with_its
         assert action["add"] == {"output": "one JSON object matching output_schema"}
         assert "invalid_output" in action["instruction"]
         assert "## Answer format" in action["user_prompt"]
-        version = view["version"]
+        full = {"run_id": run_id, "detail": "full"}
+        version = ((await client.call_tool("run_status", full)).structured_content or {})["version"]
 
         for bad, says in [
             ("Looks good to me, approve.", "the answer is not JSON"),
@@ -71,7 +72,7 @@ async def test_an_invalid_answer_is_refused_and_a_valid_one_is_recorded_with_its
             assert _text(refused).startswith("invalid_output: "), _text(refused)
             assert says in _text(refused)
             # Nothing was recorded: the run still waits for the reviewer, at the same version.
-            status = (await client.call_tool("run_status", {"run_id": run_id})).structured_content or {}
+            status = (await client.call_tool("run_status", full)).structured_content or {}
             assert status["version"] == version
             assert status["next_action"]["task_id"] == "reviewer"
 
@@ -81,7 +82,7 @@ async def test_an_invalid_answer_is_refused_and_a_valid_one_is_recorded_with_its
         reviewer = done["tasks"][1]
         assert reviewer["value"] == {"verdict": "revise", "notes": "add tests for empty input"}
         assert reviewer["output_preview"] == answer  # the text is recorded verbatim
-        assert done["tasks"][0]["value"] is None
+        assert "value" not in done["tasks"][0]
         # Repeating the same answer is idempotent, as for untyped tasks.
         again = await _resume(client, run_id, "reviewer", answer)
         assert not again.is_error
@@ -106,7 +107,7 @@ async def test_a_compact_view_leaves_out_a_large_value(tmp_path: Path) -> None:
         run_id = (started.structured_content or {})["run_id"]
         value = {"text": "w" * 3000}
         done = (await _resume(client, run_id, "writer", json.dumps(value))).structured_content or {}
-        assert done["tasks"][0]["value"] is None  # compact: too large to repeat
+        assert "value" not in done["tasks"][0]  # compact: too large to repeat
         full = (await client.call_tool("run_status", {"run_id": run_id, "detail": "full"})).structured_content
         assert full is not None and full["tasks"][0]["value"] == value
 
@@ -117,8 +118,10 @@ async def test_text_that_looks_like_json_reaches_the_server_verbatim(tmp_path: P
     async with Client(_app(tmp_path).build_server()) as client:
         request = '{"goal": "a parser"}'
         started = await client.call_tool("orchestrate_start", {"request": request, "chain": '["writer"]'})
-        view = started.structured_content or {}
-        assert not started.is_error and view["request_preview"] == request
+        assert not started.is_error, started.content
+        run_id = (started.structured_content or {})["run_id"]
+        view = (await client.call_tool("run_status", {"run_id": run_id, "detail": "full"})).structured_content
+        assert view is not None and view["request"] == request
         assert [s["name"] for s in view["chain"]["steps"]] == ["writer"]  # a list in a string still works
         answer = '[ "one",  "two" ]'
         done = (await _resume(client, view["run_id"], "writer", answer)).structured_content or {}

@@ -435,7 +435,9 @@ async def test_through_the_mcp_tools_with_the_provider_backend(fake: FakeProvide
         run_id = (started.structured_content or {})["run_id"]
         view: dict[str, Any] = {}
         for _ in range(10):
-            result = await client.call_tool("run_status", {"run_id": run_id, "wait_seconds": 30})
+            result = await client.call_tool(
+                "run_status", {"run_id": run_id, "wait_seconds": 30, "detail": "full"}
+            )
             view = result.structured_content or {}
             if view["status_kind"] == "terminal":
                 break

@@ -16,6 +16,7 @@ from server.mcp import services as services_module
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers
 from server.settings.config import Settings
+from server.views.compact import answer_data, answer_text
 from server.views.run_view import Detail, RunView, run_view
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
@@ -94,18 +95,18 @@ async def test_a_kept_compact_views_answer_is_dumped_once_and_never_stale(tmp_pa
     await services.runtime.drive(head.run_id)
     first = await services.view(head.run_id)
     text, structured = services.answer_of(first)
-    assert (text, structured) == (first.model_dump_json(), first.model_dump(mode="json"))
+    assert (text, structured) == (answer_text(answer_data(first)), answer_data(first))
     again = services.answer_of(await services.view(head.run_id))
     assert again[0] is text and again[1] is structured
     # Not kept: dumped at each call, and what it shows.
     full = await services.view(head.run_id, detail="full")
     assert services.answer_of(full)[0] == full.model_dump_json() != text
     changed = first.model_copy(update={"warnings": ["added"]})
-    assert services.answer_of(changed)[0] == changed.model_dump_json() != text
+    assert services.answer_of(changed)[0] == answer_text(answer_data(changed)) != text
     assert services.answer_of(first)[0] is text  # a copy did not replace the kept answer
     # The run moves on: the next version's answer, not the kept one.
     await services.runtime.submit_host_output(head.run_id, "architect", "the design")
     await services.runtime.drive(head.run_id)
     second = await services.view(head.run_id)
-    assert services.answer_of(second)[0] == second.model_dump_json() != text
+    assert services.answer_of(second)[0] == answer_text(answer_data(second)) != text
     assert services.answer_of(second)[0] is services.answer_of(second)[0]
