@@ -1,6 +1,15 @@
 """How much a host pays, in characters, for the answers it gets (not a test: run it and read the figures).
 
-Scenario: the default chain (architect -> engineer -> reviewer) on the inline backend, through a real
+Two scenarios.
+
+**Compact answers (issue 21 §3).** The default chain on the inline backend with short outputs,
+driven to the end through a real MCP client (and once more with a gate before the engineer). For
+each answer, its text content's characters (the JSON a host model reads) against its target: an
+answer that hands out a host task at most that task's prompt (system + user) plus
+:data:`TASK_ANSWER_OVERHEAD` characters; an answer that hands out nothing (a gate, the end) at most
+:data:`EMPTY_ANSWER_CHARS`.
+
+**Large outputs.** The default chain (architect -> engineer -> reviewer) on the inline backend, through a real
 MCP client talking to the server in process. The host answers the architect's and the engineer's
 tasks with outputs of ``--output-chars`` characters each (code-like text: lines, quotes, indentation,
 so JSON escaping costs what it costs in real use). The answer to the engineer's ``orchestrate_resume``
@@ -15,7 +24,7 @@ hands out the reviewer's task, whose user prompt must carry both outputs. Printe
 Sizes are deterministic, so ``tests/unit/server/test_answer_sizes.py`` asserts the targets on the same
 scenario.
 
-    python bench/answer_sizes.py [--output-chars 100000]
+    python bench/answer_sizes.py [--output-chars 100000] [--check]
 """
 
 from __future__ import annotations
@@ -41,7 +50,31 @@ from server.settings.config import load_settings
 #: The most an answer may weigh against the prompt it carries.
 MAX_RATIO = 1.2
 #: The most ``tools/list`` may weigh, in bytes.
-MAX_TOOLS_LIST_BYTES = 20_000
+MAX_TOOLS_LIST_BYTES = 12_000
+#: How long the host's outputs are in the compact scenario ("short outputs": a paragraph).
+SHORT_OUTPUT_CHARS = 150
+#: The most an answer that hands out a host task may add to that task's prompt, in characters.
+TASK_ANSWER_OVERHEAD = 1_200
+#: The most an answer that hands out nothing may weigh, in characters.
+EMPTY_ANSWER_CHARS = 1_500
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer of the compact scenario: what call it answered, its text's characters, and the
+    prompt characters of the host task it hands out (0: it hands out none)."""
+
+    call: str
+    chars: int
+    prompt_chars: int
+
+    @property
+    def limit(self) -> int:
+        return self.prompt_chars + TASK_ANSWER_OVERHEAD if self.prompt_chars else EMPTY_ANSWER_CHARS
+
+    @property
+    def held(self) -> bool:
+        return self.chars <= self.limit
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,51 @@ async def measure(home: Path, output_chars: int = 100_000) -> Figures:
         )
 
 
+def _answer(call: str, result: Any) -> Answer:
+    action = _data(result)["next_action"]
+    prompt = len(action.get("system_prompt", "")) + len(action.get("user_prompt", ""))
+    text = "".join(block.text for block in result.content if block.type == "text")
+    return Answer(call, len(text), prompt)
+
+
+async def measure_compact(home: Path, approve_before: tuple[str, ...] = ()) -> list[Answer]:
+    """Drive the default chain to the end (inline, short outputs, approving every gate) and size
+    every answer on the way."""
+    settings = load_settings(env={"CONSTRUCT_HOME": str(home), "CONSTRUCT_POLL_SECONDS": "0.1"})
+    answers: list[Answer] = []
+    async with Client(ConstructApp(settings).build_server()) as client:
+        arguments: dict[str, Any] = {"request": "Build a URL shortener"}
+        if approve_before:
+            arguments["approve_before"] = list(approve_before)
+        result = await client.call_tool("orchestrate_start", arguments)
+        answers.append(_answer("orchestrate_start", result))
+        while (action := _data(result)["next_action"])["kind"] in ("run_host_task", "approve"):
+            call = dict(action["arguments"])
+            if action["kind"] == "run_host_task":
+                call["output"] = host_output(action["task_id"], SHORT_OUTPUT_CHARS)
+                label = f"orchestrate_resume {action['task_id']}"
+            else:
+                label = f"orchestrate_approve {action['gate_id']}"
+            result = await client.call_tool(action["tool"], call)
+            answers.append(_answer(label, result))
+        run_id = _data(result)["run_id"]
+        result = await client.call_tool("run_status", {"run_id": run_id})
+        answers.append(_answer("run_status (ended)", result))
+    return answers
+
+
+def compact_report(answers: list[Answer], label: str) -> str:
+    lines = [f"compact answers: {label}"]
+    for a in answers:
+        hands = f"prompt {a.prompt_chars} + {TASK_ANSWER_OVERHEAD}" if a.prompt_chars else "hands out nothing"
+        verdict = "ok" if a.held else "OVER TARGET"
+        lines.append(
+            f"  {a.call:<34} {a.chars:>6} chars  (target <= {a.limit:>5}: {hands}; {verdict}; "
+            f"{a.chars - a.prompt_chars:>5} besides the prompt)"
+        )
+    return "\n".join(lines)
+
+
 def report(figures: Figures, output_chars: int) -> str:
     def verdict(held: bool) -> str:
         return "ok" if held else "OVER TARGET"
@@ -136,11 +214,25 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--output-chars", type=int, default=100_000)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a figure is over its target")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # the server's start/stop lines would interleave with the figures
+    held = True
+    for label, gates in (
+        ("default chain, inline, short outputs", ()),
+        ("with a gate before engineer", ("engineer",)),
+    ):
+        with tempfile.TemporaryDirectory() as home:
+            answers = anyio.run(measure_compact, Path(home), gates)
+        print(compact_report(answers, label))
+        held = held and all(a.held for a in answers)
     with tempfile.TemporaryDirectory() as home:
         figures = anyio.run(measure, Path(home), args.output_chars)
     print(report(figures, args.output_chars))
+    held = held and figures.text_ratio <= MAX_RATIO and figures.structured_ratio <= MAX_RATIO
+    held = held and figures.tools_list_bytes <= MAX_TOOLS_LIST_BYTES
+    if args.check and not held:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

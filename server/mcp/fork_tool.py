@@ -33,43 +33,43 @@ Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
 
 async def orchestrate_fork(
     ctx: ToolContext,
-    run_id: Annotated[str, Field(max_length=80, description="The run to fork (it is not changed).")],
+    run_id: Annotated[str, Field(max_length=80)],
     from_task: Annotated[
         str,
         Field(
             min_length=1,
             max_length=LIMITS.max_id_chars,
-            description="The task instance to redo from (e.g. 'engineer', 'engineer~2').",
+            description="The task to redo from, e.g. 'engineer~2'.",
         ),
     ],
-    request: Annotated[str | None, Field(description="A new request (default: the run's).")] = None,
+    request: Annotated[str | None, Field(description="Default: the run's.")] = None,
     chain: Annotated[
         str | None,
         Field(
             min_length=1,
             max_length=LIMITS.max_name_chars,
-            description="Another chain name (default: the run's).",
+            description="A chain name (default: the run's).",
         ),
     ] = None,
     approve_before: Annotated[
         list[Name] | None,
-        Field(max_length=LIMITS.max_list_items, description="Steps to gate (default: the run's)."),
+        Field(max_length=LIMITS.max_list_items, description="Default: the run's."),
     ] = None,
     idempotency_key: Annotated[
         str | None,
         Field(
             min_length=1,
             max_length=LIMITS.max_idempotency_key_chars,
-            description="Makes a retried fork safe: the same key returns the same fork.",
+            description="The same key returns the same fork.",
         ),
     ] = None,
     wait_seconds: Annotated[
         float,
         Field(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="As orchestrate_start's."),
     ] = DEFAULT_WAIT_SECONDS,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """Start a new run that copies a run's recorded outputs of the tasks done before from_task and
-    runs from there (e.g. retry a failed run from its failed task after fixing the config)."""
+) -> CallToolResult | InputRequiredResult:
+    """A new run that copies a run's outputs before from_task and runs from there (e.g. retry a
+    failed run from its failed task)."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_fork", run_id)

@@ -85,13 +85,7 @@ log = logging.getLogger("construct.tools")
 #: limits are configurable: :func:`build_tools` publishes the configured ones).
 LIMITS = Limits()
 
-RunId = Annotated[
-    str,
-    Field(
-        max_length=80,
-        description="From orchestrate_start or runs_list.",
-    ),
-]
+RunId = Annotated[str, Field(max_length=80)]
 Name = Annotated[str, Field(max_length=LIMITS.max_name_chars)]
 WaitSeconds = Annotated[
     float,
@@ -99,8 +93,7 @@ WaitSeconds = Annotated[
         ge=0,
         le=MAX_WAIT_SECONDS,
         allow_inf_nan=False,
-        description="Seconds to wait for the run to need you or end (with progress notifications); "
-        "0 answers at once.",
+        description="Seconds to wait for the run to need you (0: answer now).",
     ),
 ]
 
@@ -110,24 +103,21 @@ WaitSeconds = Annotated[
 
 # orchestrate_start's parameters (each schema is what hosts see in the tool's inputSchema)
 
-StartText = Annotated[
-    str, Field(description="What the chain should work on, in the user's words (the task, its context).")
-]
+StartText = Annotated[str, Field(description="The task and its context, in the user's words.")]
 StartChain = Annotated[
     Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
     | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
     | None,
     Field(
-        description="A chain name (omit it for 'default' = architect -> engineer -> reviewer) or a "
-        "list of specialist names run in order, e.g. ['researcher', 'writer']. Built-in specialists: "
-        "architect, engineer, reviewer, researcher, tester, writer."
+        description="A chain name (default: architect -> engineer -> reviewer) or specialists run in "
+        "order, e.g. ['researcher', 'writer']."
     ),
 ]
 ApproveBefore = Annotated[
     list[Name] | None,
     Field(
         max_length=LIMITS.max_list_items,
-        description="Step names to pause before, for a human approval (e.g. ['engineer']).",
+        description="Steps to pause before, for an approval (e.g. ['engineer']).",
     ),
 ]
 IdempotencyKey = Annotated[
@@ -135,25 +125,24 @@ IdempotencyKey = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_idempotency_key_chars,
-        description="Makes a retried start safe: the same key and request return the existing run.",
+        description="The same key and request return the existing run.",
     ),
 ]
 WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
     Field(
-        description="'inline' (usual default): you run each task with your own model. 'provider': the "
-        "server calls a configured model itself."
+        description="'inline': you run each task with your own model; 'provider': the server calls a model."
     ),
 ]
 ProviderName = Annotated[
     Literal["anthropic", "openrouter", "openai"] | None,
-    Field(description="Provider backend only: the provider to call (default: the server's, else inferred)."),
+    Field(description="Provider backend: which provider (default: the server's)."),
 ]
 ModelName = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_name_chars,
-        description="Provider backend only: the model, e.g. 'claude-sonnet-4-5' (default: the server's).",
+        description="Provider backend: the model (default: the server's).",
     ),
 ]
 RunTimeout = Annotated[
@@ -161,8 +150,7 @@ RunTimeout = Annotated[
     Field(
         gt=0,
         allow_inf_nan=False,
-        description="A time limit for the whole run, in seconds (then deadline_exceeded, even across "
-        "restarts).",
+        description="Seconds the whole run may take (then deadline_exceeded).",
     ),
 ]
 TaskTimeout = Annotated[
@@ -170,27 +158,26 @@ TaskTimeout = Annotated[
     Field(
         gt=0,
         allow_inf_nan=False,
-        description="Each task's time limit (for your answer to a host task, or a provider call) "
-        "where the chain definition sets none.",
+        description="Seconds each task may take, where its chain sets none.",
     ),
 ]
 StartBudget = Annotated[
     BudgetArgument | None,
     Field(
-        description="Hard limits, for the run and per step in steps; on_budget 'fail' (default) or "
-        "'ask' (wait for an approval that raises it). Default: the chain's, if configured."
+        description="Hard limits for the run, and per step in steps; on_budget 'fail' (default) or 'ask' "
+        "(an approval may raise it)."
     ),
 ]
 ParentRunId = Annotated[
     RunId | None,
-    Field(description="Start this run as a child of a host task you work on (with parent_task_id)."),
+    Field(description="With parent_task_id: start this run as a child of that host task."),
 ]
 ParentTaskId = Annotated[
     str | None,
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The task (awaiting your output) of parent_run_id that this child run belongs to.",
+        description="The task of parent_run_id (awaiting your output) the child belongs to.",
     ),
 ]
 
@@ -210,14 +197,9 @@ async def orchestrate_start(
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
     parent_run_id: ParentRunId = None,
     parent_task_id: ParentTaskId = None,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """Start a durable specialist chain on a request and return the run.
-
-    The answer's next_action says what to do: with the default inline backend it is usually
-    run_host_task — run system_prompt/user_prompt with your own model, then call orchestrate_resume
-    with the run_id, task_id and your output. Keep the run_id: runs survive server restarts and
-    run_status picks them up again.
-    """
+) -> CallToolResult | InputRequiredResult:
+    """Start a durable specialist chain on a request. The answer's next_action is the next call
+    (tool, arguments); runs survive restarts."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_start")
@@ -312,25 +294,23 @@ AnsweredTask = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The task your output answers (next_action.task_id, e.g. 'architect'). Required with "
-        "output: a retried call then never lands on the next task.",
+        description="The task your output answers (next_action's); required with output.",
     ),
 ]
 HostOutput = Annotated[
     str | None,
     Field(
-        description="Your model's whole answer to the task's prompts, recorded verbatim (a JSON object "
-        "matching next_action.output_schema when that is set, else invalid_output). Omit it only to "
-        "continue a queued or interrupted run."
+        description="Your model's whole answer, verbatim (JSON matching output_schema if set); omit only "
+        "to continue an interrupted run."
     ),
 ]
 OutputUsage = Annotated[
     HostUsage | None,
-    Field(description="With output: your model's input_tokens, output_tokens (and cost_usd) for it."),
+    Field(description="With output: the tokens (and cost) your model spent on it."),
 ]
 DetachChildren = Annotated[
     bool,
-    Field(description="Complete the task although child runs you started for it are still live."),
+    Field(description="Complete the task although its child runs are live."),
 ]
 
 
@@ -342,14 +322,9 @@ async def orchestrate_resume(
     usage: OutputUsage = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
     detach_children: DetachChildren = False,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """Give the server the output of a host task (next_action.kind == 'run_host_task'), or continue
-    an interrupted run.
-
-    With output and task_id (both from next_action): records the output and moves the chain on;
-    the answer says what is next. The same call again records nothing twice. Without output:
-    continues a queued or interrupted run (e.g. after a server restart).
-    """
+) -> CallToolResult | InputRequiredResult:
+    """Hand in a host task's output (next_action run_host_task), or, without output, continue an
+    interrupted run. Repeating the call records nothing twice."""
 
     async def work() -> RunView | InputRequiredResult:
         await caller_for(ctx, "orchestrate_resume", run_id)
@@ -380,38 +355,33 @@ async def orchestrate_resume(
 
 GateDecision = Annotated[
     Literal["approve", "reject", "revise"],
-    Field(
-        description="'approve' goes on; 'reject' ends the run; 'revise' re-runs the work the gate "
-        "shows with comment in its prompt (if the gate's decisions offer it)."
-    ),
+    Field(description="One of next_action's choices."),
 ]
 DecidedGate = Annotated[
     str,
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The gate the user decided (next_action.gate_id, e.g. 'before:engineer'): a retried "
-        "call then never decides the next gate.",
+        description="next_action's gate_id.",
     ),
 ]
 DecisionComment = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_comment_chars,
-        description="A note for the record; an approval's comment is shown to the following steps.",
+        description="Shown to the following steps (revise: what to change).",
     ),
 ]
 Approver = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_approver_chars,
-        description="Who decided (a name or handle), for the record. Over HTTP with a token, omit it: "
-        "the token's identity is recorded.",
+        description="Who decided, for the record (over HTTP with a token: omit).",
     ),
 ]
 BudgetRaise = Annotated[
     BudgetLimits | None,
-    Field(description="Approving a budget gate: what to add (default: the original budget again)."),
+    Field(description="Approving a budget gate: what to add (default: the budget again)."),
 ]
 
 
@@ -424,13 +394,9 @@ async def orchestrate_approve(
     approver: Approver = None,
     budget_raise: BudgetRaise = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """Approve, reject or revise the approval gate a run is waiting at (next_action.kind == 'approve').
-
-    Ask the user first; do not decide on their behalf. Repeating the same call (gate, decision,
-    comment, approver) returns the current state; anything different on a gate already decided is a
-    conflict.
-    """
+) -> CallToolResult | InputRequiredResult:
+    """Decide the gate a run waits at, as next_action's instruction says (a person's gate: ask the
+    user). Repeating a decision records nothing."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
@@ -474,28 +440,22 @@ async def run_status(
             ge=0,
             le=MAX_WAIT_SECONDS,
             allow_inf_nan=False,
-            description="0 (default) answers at once; more blocks until the run needs you or ends.",
+            description="Seconds to wait for the run to need you or end (default 0).",
         ),
     ] = 0.0,
     detail: Annotated[
         Detail,
-        Field(
-            description="'compact' (default): each task's output as a preview (start, length, sha256, URI). "
-            "'full': every task's whole output."
-        ),
+        Field(description="'full': the whole record, with every whole output."),
     ] = "compact",
     task_id: Annotated[
         str | None,
         Field(
             max_length=LIMITS.max_id_chars,
-            description="A task whose whole output the answer shows (e.g. 'engineer'), whatever detail says.",
+            description="A task whose whole output to show.",
         ),
     ] = None,
 ) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """The current state of a run: status, next_action, tasks (outputs as previews), attempts,
-    errors, gates and warnings. Use it to pick a run up again after a restart, to wait for a running
-    one, or to read whole outputs: detail='full' for all (and the whole request), task_id='<task>'
-    for one."""
+    """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs."""
 
     services = services_of(ctx)
 
@@ -514,12 +474,10 @@ async def orchestrate_cancel(
     run_id: RunId,
     reason: Annotated[
         str | None,
-        Field(max_length=LIMITS.max_comment_chars, description="Why the run is cancelled, for the record."),
+        Field(max_length=LIMITS.max_comment_chars, description="Why, for the record."),
     ] = None,
-) -> Annotated[CallToolResult, RunView]:
-    """Cancel a run that has not ended. Its pending tasks are cancelled and it never continues.
-    Cancelling a cancelled run again returns it unchanged; a run that ended otherwise cannot be
-    cancelled."""
+) -> CallToolResult:
+    """Cancel a run that has not ended; it never continues. Repeating it changes nothing."""
 
     async def work() -> RunView:
         caller = await caller_for(ctx, "orchestrate_cancel", run_id)
@@ -536,19 +494,18 @@ async def runs_list(
         list[RunStatus] | None,
         Field(
             max_length=len(RunStatus),
-            description="Only runs with one of these statuses.",
+            description="Only runs in these statuses.",
         ),
     ] = None,
-    limit: Annotated[int, Field(ge=1, le=500, description="Page size, 1-500.")] = 20,
+    limit: Annotated[int, Field(ge=1, le=500)] = 20,
     cursor: Annotated[
         str | None,
         # Bounded in the published schema (_strict_schema); a longer one is forged: the runtime
         # refuses it as invalid_argument, like any other forged cursor, not as too_large.
-        Field(description="next_cursor from the previous page; omit for the newest runs."),
+        Field(description="The previous page's next_cursor."),
     ] = None,
 ) -> Annotated[CallToolResult, RunsPage]:
-    """List runs, newest first, with what each is waiting for (a host task, an approval). Filter by
-    status; page with next_cursor. Call run_status with a run_id for the full record."""
+    """List runs, newest first, with what each waits for; page with next_cursor."""
 
     async def work() -> RunsPage:
         caller = await caller_for(ctx, "runs_list")
@@ -566,8 +523,8 @@ async def runs_list(
 async def run_events(
     ctx: ToolContext,
     run_id: RunId,
-    after_seq: Annotated[int, Field(ge=0, description="Events after this seq; 0: from the start.")] = 0,
-    limit: Annotated[int, Field(ge=1, le=MAX_EVENTS_LIMIT, description="Page size.")] = 50,
+    after_seq: Annotated[int, Field(ge=0, description="Events after this seq.")] = 0,
+    limit: Annotated[int, Field(ge=1, le=MAX_EVENTS_LIMIT)] = 50,
     wait_seconds: Annotated[
         float,
         Field(
@@ -575,9 +532,7 @@ async def run_events(
         ),
     ] = 0.0,
 ) -> Annotated[CallToolResult, EventsPage]:
-    """A run's recorded facts as small typed events after after_seq (outputs as previews with their
-    URI). Continue with after_seq=next_after_seq; with wait_seconds it long-polls. Done when
-    terminal and not more."""
+    """A run's events after after_seq; continue with next_after_seq (wait_seconds long-polls)."""
 
     async def work() -> EventsPage:
         await caller_for(ctx, "run_events", run_id)
@@ -641,8 +596,6 @@ _PUBLISHED = (
         orchestrate_start,
         "Start a specialist chain",
         ToolAnnotations(
-            title="Start a specialist chain",
-            read_only_hint=False,
             destructive_hint=False,
             open_world_hint=False,
         ),
@@ -650,16 +603,12 @@ _PUBLISHED = (
     _Publish(
         orchestrate_fork,
         "Fork a run from a task",
-        ToolAnnotations(
-            title="Fork a run", read_only_hint=False, destructive_hint=False, open_world_hint=False
-        ),
+        ToolAnnotations(destructive_hint=False, open_world_hint=False),
     ),
     _Publish(
         orchestrate_resume,
-        "Give a host task's output / continue a run",
+        "Hand in a task's output",
         ToolAnnotations(
-            title="Resume a run",
-            read_only_hint=False,
             destructive_hint=False,
             idempotent_hint=True,
             open_world_hint=False,
@@ -669,8 +618,6 @@ _PUBLISHED = (
         orchestrate_approve,
         "Approve, reject or revise a gate",
         ToolAnnotations(
-            title="Decide an approval gate",
-            read_only_hint=False,
             destructive_hint=False,
             idempotent_hint=True,
             open_world_hint=False,
@@ -680,25 +627,21 @@ _PUBLISHED = (
     _Publish(
         run_status,
         "Show a run",
-        ToolAnnotations(title="Show a run", read_only_hint=True, open_world_hint=False),
+        ToolAnnotations(read_only_hint=True, open_world_hint=False),
     ),
     _Publish(
         orchestrate_cancel,
         "Cancel a run",
         ToolAnnotations(
-            title="Cancel a run",
-            read_only_hint=False,
             destructive_hint=True,
             idempotent_hint=True,
             open_world_hint=False,
         ),
     ),
-    _Publish(
-        runs_list, "List runs", ToolAnnotations(title="List runs", read_only_hint=True, open_world_hint=False)
-    ),
+    _Publish(runs_list, "List runs", ToolAnnotations(read_only_hint=True, open_world_hint=False)),
     _Publish(
         run_events,
         "Follow a run's events",
-        ToolAnnotations(title="Follow a run's events", read_only_hint=True, open_world_hint=False),
+        ToolAnnotations(read_only_hint=True, open_world_hint=False),
     ),
 )

@@ -7,7 +7,8 @@ a model acts on:
 * the run's ``run_id``, ``status`` and ``status_kind``;
 * ``next_action`` (and ``more_actions`` when branches wait at once): the exact call to make;
 * ``tasks``, one short object each: ``task_id`` and ``status``, what a task that has not ended
-  ``waits_for``, and for a finished one its output preview, length and URI (plus a small typed
+  ``waits_for``, and for a finished one its output preview (unless a prompt in the same answer
+  carries it: outputs travel once), length and URI (plus a small typed
   ``value``, its ``error``, and why it exists when another task sent the work back or a gate's
   revise made it);
 * ``gates`` as their id, task, position, status and what a decision needs (decisions, approvers,
@@ -30,7 +31,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.views.run_view import GateView, RunView, TaskView
+from orchestration.core import TaskStatus
+from server.views.run_view import GateView, RunHostTask, RunView, TaskView
 
 #: The task fields a compact answer keeps (when set), in this order.
 TASK_FIELDS = (
@@ -89,7 +91,8 @@ def answer_data(view: RunView) -> dict[str, Any]:
     if view.detail == "full":
         return view.model_dump(mode="json")
     data = _kept(view.model_dump(mode="json", include=set(RUN_FIELDS), exclude_none=True), RUN_FIELDS)
-    data["tasks"] = [_task(task) for task in view.tasks]
+    prompts = [a.user_prompt for a in (view.next_action, *view.more_actions) if isinstance(a, RunHostTask)]
+    data["tasks"] = [_task(task, prompts) for task in view.tasks]
     if view.gates:
         data["gates"] = [_gate(gate) for gate in view.gates]
     costs = _costs(view)
@@ -104,8 +107,18 @@ def answer_text(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
-def _task(task: TaskView) -> dict[str, Any]:
-    return _kept(task.model_dump(mode="json", include=set(TASK_FIELDS), exclude_none=True), TASK_FIELDS)
+def _task(task: TaskView, prompts: list[str]) -> dict[str, Any]:
+    """A task's compact form. A task awaiting the host leaves out ``waits_for``: the answer's
+    ``next_action`` (or ``more_actions``) says it, with the call. Outputs travel once: a preview
+    that a prompt handed out in this answer carries (the work so far, in the next task's prompt)
+    is left out; the task's ``output_chars`` and ``output_uri`` stay."""
+    data = _kept(task.model_dump(mode="json", include=set(TASK_FIELDS), exclude_none=True), TASK_FIELDS)
+    if task.status == TaskStatus.AWAITING_HOST:
+        data.pop("waits_for", None)
+    preview = (task.output_preview or "").strip()
+    if preview and any(preview in prompt for prompt in prompts):
+        del data["output_preview"]
+    return data
 
 
 def _gate(gate: GateView) -> dict[str, Any]:

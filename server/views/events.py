@@ -72,12 +72,13 @@ class Event(View):
 class EventsPage(Outlined):
     """A page of a run's event feed."""
 
+    bare = True
+
     run_id: str
     status: RunStatus
     terminal: bool = Field(description="The run has ended: no event follows the last one recorded.")
     events: list[Event] = Field(
-        description="In order: seq, at, type, task_id/gate_id, summary; output as "
-        "{preview, chars, sha256, uri}."
+        description="In order: seq, at, type, task_id/gate_id, summary, output preview."
     )
     next_after_seq: int = Field(description="Pass as after_seq to read on.")
     more: bool = Field(description="More events are recorded after next_after_seq.")

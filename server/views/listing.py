@@ -31,7 +31,7 @@ class RunSummary(View):
 
 class RunsPage(Outlined):
     runs: list[RunSummary] = Field(
-        description="Newest first: run_id, status, status_kind, chain, request_preview, waiting_for, times."
+        description="Newest first: run_id, status, chain, request_preview, waiting_for."
     )
     next_cursor: str | None = Field(
         default=None, description="Pass as cursor to get the next page; null on the last page."

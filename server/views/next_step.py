@@ -144,9 +144,8 @@ def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
         user_prompt=prompt.user,
         output_schema=schema,
         instruction=(
-            "Do this task with your own model now: system_prompt is your instructions; answer "
-            "user_prompt in full, then call tool with arguments plus output (add), recorded verbatim."
-            + ("" if schema is None else _TYPED)
+            "Run system_prompt and user_prompt with your own model now, then call tool with arguments "
+            "plus output: your whole answer, recorded verbatim." + ("" if schema is None else _TYPED)
         ),
     )
 

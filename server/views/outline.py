@@ -33,6 +33,10 @@ class Outlined(View):
 
     #: The fields the outline names; None: all of them.
     published: ClassVar[tuple[str, ...] | None] = None
+    #: True: the outline names each published field by its JSON type only — no enum, no
+    #: description, a list's items by their type (what the fields hold is documented; repeated by
+    #: every tool that publishes the view, the words cost ``tools/list`` bytes each time).
+    bare: ClassVar[bool] = False
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -46,7 +50,18 @@ class Outlined(View):
             outline["properties"] = {k: v for k, v in outline["properties"].items() if k in keep}
             outline["required"] = [k for k in outline.get("required", []) if k in keep]
             outline["additionalProperties"] = True
+        if cls.bare:
+            outline["properties"] = {k: _bare(v) for k, v in outline["properties"].items()}
+            outline.pop("additionalProperties", None)  # open: the default
         return outline
+
+
+def _bare(prop: dict[str, Any]) -> dict[str, Any]:
+    """A field of a bare outline: its type (and its items' type), nothing else."""
+    lean = {"type": prop["type"]} if "type" in prop else {}
+    if "items" in prop:
+        lean["items"] = _bare(prop["items"])
+    return lean
 
 
 def _outline(node: dict[str, Any], handler: GetJsonSchemaHandler, root: bool = False) -> dict[str, Any]:

@@ -69,7 +69,7 @@ from server.views.outline import Outlined, View
 REQUEST_PREVIEW_CHARS = 200
 
 #: A compact view shows this many characters of each task's output.
-OUTPUT_PREVIEW_CHARS = 300
+OUTPUT_PREVIEW_CHARS = 200
 
 #: A compact view shows a typed task's validated value whole when its JSON has at most this many
 #: characters (a verdict with its notes, typically); a larger value only in a full view.
@@ -286,12 +286,13 @@ class RunView(Outlined):
     # costs tools/list bytes in each of them). The answer holds all the fields below.
     # The compact answer (server.views.compact) has these always; the rest only when set.
     published = ("run_id", "status", "status_kind", "next_action", "tasks")
+    bare = True
 
     run_id: str
     status: RunStatus
     status_kind: Literal["active", "paused", "terminal"]
     next_action: NextAction = Field(
-        description="What to do now: send arguments to tool; kind run_host_task, approve, wait, none."
+        description="Send arguments to tool; kind run_host_task, approve, wait or none."
     )
     more_actions: list[RunHostTask | Approve] = Field(
         default_factory=list, description="Others waiting too (parallel steps)."
@@ -311,9 +312,7 @@ class RunView(Outlined):
     parent: ForkView | None = Field(
         default=None, exclude_if=lambda v: v is None, description="A child run's parent run and task."
     )
-    tasks: list[TaskView] = Field(
-        description="Task instances in run order; outputs as previews (output_uri), whole when asked for."
-    )
+    tasks: list[TaskView] = Field(description="In run order; outputs as previews.")
     gates: list[GateView]
     routes: list[RouteView] = Field(default_factory=list, description="Routing facts, in order.")
     #: filled in by Services.view (server.views.children_view)

@@ -88,7 +88,8 @@ async def test_a_host_tasks_call_with_its_output_records_the_output(tmp_path: Pa
         assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect"}
         assert action["add"] == {"output": "your complete answer"}
         after = await follow(client, action, "the design")
-        assert after["tasks"][0]["status"] == "done" and after["tasks"][0]["output_preview"] == "the design"
+        assert after["tasks"][0]["status"] == "done" and after["tasks"][0]["output_chars"] == 10
+        assert "the design" in after["next_action"]["user_prompt"]  # so no preview: it travels once
         assert after["next_action"]["arguments"] == {"run_id": view["run_id"], "task_id": "engineer"}
 
 

@@ -79,13 +79,12 @@ async def test_answers_are_compact_and_whole_outputs_are_one_call_away(tmp_path:
         assert view is not None and view["next_action"]["task_id"] == "writer"
         # The text is the JSON of the same compact view, without indentation.
         assert _text(result) == json.dumps(view, separators=(",", ":"), ensure_ascii=False)
-        # The design travels once: in the writer's prompt; the task shows a preview.
+        # The design travels once: in the writer's prompt; the task shows its length and URI.
         assert _text(result).count("x" * 2000) == 1
         architect = view["tasks"][0]
         assert architect == {
             "task_id": "architect",
             "status": "done",
-            "output_preview": design[:300],
             "output_chars": len(design),
             "output_uri": f"run://{run_id}/tasks/architect/output",
         }
@@ -122,10 +121,10 @@ async def test_a_task_output_is_a_text_resource(tmp_path: Path) -> None:
         [contents] = read.contents
         assert isinstance(contents, TextResourceContents)
         assert contents.text == design and contents.mime_type == "text/plain"
-        # The run resource is the compact view.
+        # The run resource is the compact answer.
         [run] = (await client.read_resource(f"run://{run_id}")).contents
         assert isinstance(run, TextResourceContents)
-        assert json.loads(run.text)["tasks"][0]["output_preview"] == design
+        assert json.loads(run.text)["tasks"][0]["output_uri"] == f"run://{run_id}/tasks/architect/output"
 
         for uri, code in [
             (f"run://{run_id}/tasks/writer/output", "invalid_state"),  # not done yet

@@ -199,17 +199,20 @@ async def test_full_detail_and_full_task_carry_whole_outputs() -> None:
 def test_the_published_run_view_schema_is_an_outline() -> None:
     schema = RunView.model_json_schema()
     assert "$defs" not in schema and "$ref" not in str(schema)
-    # Only the fields a host reads are named (five tools publish it); the others are allowed.
     # Only the fields every compact answer has (server.views.compact) are named; the others are allowed.
     published = {"run_id", "status", "status_kind", "next_action", "tasks"}
     assert set(schema["properties"]) == published and published <= set(RunView.model_fields)
     assert set(schema["required"]) == published
-    assert schema["additionalProperties"] is True
-    assert schema["properties"]["next_action"]["type"] == "object"
-    assert schema["properties"]["status"]["enum"] == [s.value for s in RunStatus]
-    # Words stay where the outline hides a shape; a plain field's type says enough.
-    assert "description" in schema["properties"]["tasks"]
-    assert "description" not in schema["properties"]["run_id"]
+    assert schema.get("additionalProperties", True) is True
+    # A bare outline: each field by its type (the README says what they hold); words and enums
+    # would cost tools/list bytes.
+    assert schema["properties"] == {
+        "run_id": {"type": "string"},
+        "status": {"type": "string"},
+        "status_kind": {"type": "string"},
+        "next_action": {"type": "object"},
+        "tasks": {"type": "array", "items": {"type": "object"}},
+    }
 
     class Described(Outlined):
         chain: ChainView = Field(description="the chain the run follows")
@@ -282,7 +285,7 @@ async def test_warnings_and_the_schema() -> None:
         for ref in schema["discriminator"]["mapping"].values()
     }
     assert kinds == {"run_host_task", "approve", "wait", "none"}
-    described = RunView.model_json_schema()["properties"]["next_action"]["description"]
+    described = RunView.model_fields["next_action"].description or ""
     assert all(kind in described for kind in kinds)
 
 
