@@ -137,7 +137,7 @@ async def test_on_a_persons_gate_the_runners_own_decision_is_forbidden(tmp_path:
 
 async def test_the_approve_action_says_who_decides(tmp_path: Path) -> None:
     async with Client(_app(tmp_path).build_server()) as client:
-        actions = {}
+        actions, shown = {}, {}
         for chain in ("autonomous", "personal", "shared"):
             started = await client.call_tool("orchestrate_start", {"request": "Build it", "chain": chain})
             assert isinstance(started.structured_content, dict)
@@ -152,6 +152,9 @@ async def test_the_approve_action_says_who_decides(tmp_path: Path) -> None:
             )
             assert not done.is_error and isinstance(view.structured_content, dict), (done, view)
             actions[chain] = view.structured_content["next_action"]
+            shown[chain] = view.structured_content["gates"][0].get("approvers")
+    # The gate shows its policy, the chain's where its step has none.
+    assert shown == {"autonomous": ["agent"], "personal": None, "shared": ["agent", "bob"]}
     mine = actions["autonomous"]
     assert mine["arguments"] == {
         "run_id": mine["arguments"]["run_id"],
