@@ -26,7 +26,8 @@ Over HTTP with tokens, each tool needs a role of the token's identity (:data:`RO
 ``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
 else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
 the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
-refused), the ``approver`` argument, claimed, elsewhere.
+refused, but for ``"agent"``: the calling agent deciding a gate it may, recorded as claimed), the
+``approver`` argument, claimed, elsewhere.
 
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
