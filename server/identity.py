@@ -2,7 +2,8 @@
 
 Over HTTP, each bearer token belongs to a named **identity** (``[tokens.<identity>]`` in the config
 file; the single ``CONSTRUCT_AUTH_TOKEN`` is the identity :data:`AUTH_TOKEN_IDENTITY` with every
-role). An identity has one or more **roles**, which combine:
+role). No identity may be called ``agent``: that approver name means the calling agent itself (see
+:mod:`orchestration.core.approvals`), never a person. An identity has one or more **roles**, which combine:
 
 =========== ===================================================================================
 ``read``    see runs: ``run_status``, ``runs_list``, the ``run://`` resources (read, list, subscribe)

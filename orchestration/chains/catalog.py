@@ -57,6 +57,25 @@ it is decided by ``on_expiry`` (``reject``, the default; ``approve``; or ``fail`
 with ``approval_expired``), recorded with channel ``expiry``. ``approvers`` names the identities
 allowed to decide them (anyone else is ``forbidden``). Both are refused on a step without gates.
 
+Who answers a gate: a person (``approvers`` unset: anyone with the approve role, as a person; the
+agent driving the run is told to ask the user and never decides for them) or the calling agent
+itself, named ``"agent"`` (:data:`~orchestration.core.models.AGENT_APPROVER`, a reserved name)::
+
+    [chains.autonomous]
+    approvers = ["agent"]           # the chain's policy: every gate without approvers of its own
+    steps = [
+      "architect",
+      { specialist = "engineer", approve_after = true },                      # the agent decides
+      { specialist = "reviewer", approve_before = true, approvers = ["alice"] }, # only alice
+    ]
+
+A step's ``approvers`` may list ``"agent"`` alone or with persons. The chain's ``approvers`` (at
+the chain's table, next to ``steps``) is the policy of every gate whose step sets none, the
+``exhausted`` gate of a routing step included, and of the run's ``budget`` gates, which take only
+the chain's policy (a step's ``"agent"`` does not let the agent raise a budget; see
+:func:`~orchestration.core.approvals.gate_approvers`). A list is refused when it is empty, repeats a
+name, or holds a name with surrounding blanks or a spelling of ``agent`` other than ``"agent"``.
+
 A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
 file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
 the file belong to the server's configuration and are ignored here.
@@ -78,6 +97,7 @@ from orchestration.chains.checks import check_chain, check_child_chains
 from orchestration.chains.schemas import resolve_schema
 from orchestration.core.agent_steps import check_agent_steps, parse_agent_step
 from orchestration.core.models import (
+    AGENT_APPROVER,
     RESERVED_STEP_NAMES,
     AgentStep,
     ChainSnapshot,
@@ -127,6 +147,8 @@ class ChainDefinition:
     #: child runs: how many may be live at once, and how deep (see :mod:`orchestration.engine.children`)
     max_children: int | None = None
     max_depth: int = 3
+    #: the chain's gate policy (:attr:`~orchestration.core.models.ChainSnapshot.approvers`)
+    approvers: tuple[str, ...] | None = None
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -148,6 +170,25 @@ def _check_name(value: str) -> str:
             "starting with a letter"
         )
     return value
+
+
+def _check_approvers(value: list[str] | None) -> list[str] | None:
+    """An ``approvers`` list as written, or a ``ValueError``: no name twice, no surrounding
+    blanks, and ``"agent"`` spelled exactly (``Agent`` would be a person's name nobody has)."""
+    if value is None:
+        return None
+    for name in value:
+        if name != name.strip():
+            raise ValueError(f"approver {name!r} has surrounding blanks")
+        if name != AGENT_APPROVER and name.casefold() == AGENT_APPROVER:
+            raise ValueError(f"approver {name!r}: the calling agent is spelled {AGENT_APPROVER!r}")
+        if value.count(name) > 1:
+            raise ValueError(f"approver {name!r} is listed twice")
+    return value
+
+
+#: An ``approvers`` list: 1-100 names of 1-200 characters (checked by :func:`_check_approvers`).
+_Approvers = list[Annotated[str, Field(min_length=1, max_length=200)]] | None
 
 
 class _Strict(BaseModel):
@@ -184,9 +225,7 @@ class _StepConfig(_Strict):
     instruction: str | None = Field(default=None, max_length=4000)
     expires_after_seconds: float | None = Field(default=None, gt=0)
     on_expiry: OnExpiry = "reject"
-    approvers: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
-        default=None, min_length=1, max_length=100
-    )
+    approvers: _Approvers = Field(default=None, min_length=1, max_length=100)
     #: a step that delegates to another MCP agent (see :mod:`orchestration.core.agent_steps`)
     agent: str | None = Field(default=None, min_length=1, max_length=48)
     tool: str | None = Field(default=None, min_length=1, max_length=128)
@@ -196,6 +235,7 @@ class _StepConfig(_Strict):
     _names = field_validator("specialist", "name", "chain", "output_of")(
         lambda v: v if v is None else _check_name(v)
     )
+    _approvers = field_validator("approvers")(_check_approvers)
 
 
 class _ChainConfig(_Strict):
@@ -203,7 +243,11 @@ class _ChainConfig(_Strict):
     max_parallel: int = Field(default=4, ge=1, le=64)
     max_children: int | None = Field(default=None, ge=1, le=1000)
     max_depth: int = Field(default=3, ge=0, le=20)
+    #: the chain's gate policy (see the module docstring)
+    approvers: _Approvers = Field(default=None, min_length=1, max_length=100)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
+
+    _approvers = field_validator("approvers")(_check_approvers)
 
 
 class _CatalogConfig(BaseModel):
@@ -361,6 +405,7 @@ class Catalog:
             max_parallel=definition.max_parallel,
             max_children=definition.max_children,
             max_depth=definition.max_depth,
+            approvers=definition.approvers,
         )
 
     def _named_chain(self, chain: str | None) -> ChainDefinition:
@@ -483,7 +528,13 @@ def _user_chain(name: str, chain: _ChainConfig, context: _StepContext) -> ChainD
     if problem is not None:
         raise ConfigError(source, f"{where}.{problem[0]}", problem[1])
     return ChainDefinition(
-        name, chain.description, tuple(steps), chain.max_parallel, chain.max_children, chain.max_depth
+        name,
+        chain.description,
+        tuple(steps),
+        chain.max_parallel,
+        chain.max_children,
+        chain.max_depth,
+        None if chain.approvers is None else tuple(chain.approvers),
     )
 
 

@@ -4,6 +4,7 @@ import of any other layer: everything a restarted run decides again is decided h
 
 from __future__ import annotations
 
+from orchestration.core.approvals import agent_may_decide, gate_approvers
 from orchestration.core.budget import budget_raise, limits, priced, with_costs
 from orchestration.core.clock import SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage, Spend, Tally
@@ -32,6 +33,7 @@ from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.core.inputs import Limits, StartRequest
 from orchestration.core.memo import by_identity
 from orchestration.core.models import (
+    AGENT_APPROVER,
     GATE_STATUS_OF,
     RECORD_FORMAT,
     AttemptRecord,
@@ -54,6 +56,7 @@ from orchestration.core.routing import RevisePlan, revise_offered, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 __all__ = [
+    "AGENT_APPROVER",
     "FACT_TYPES",
     "GATE_STATUS_OF",
     "RECORD_FORMAT",
@@ -96,10 +99,12 @@ __all__ = [
     "TaskStatus",
     "Telemetry",
     "TypedError",
+    "agent_may_decide",
     "apply_write",
     "budget_raise",
     "by_identity",
     "dump_fact",
+    "gate_approvers",
     "gate_id_for",
     "head_from_creation",
     "is_parallel",

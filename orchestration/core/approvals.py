@@ -1,22 +1,64 @@
 """Who may decide a gate, and what a decision on a gate already decided means: pure checks the
-runtime makes before it records an ``approval_decided`` fact (see ``Runtime.approve``)."""
+runtime makes before it records an ``approval_decided`` fact (see ``Runtime.approve``).
+
+A gate is a person's unless its policy (:func:`gate_approvers`) lists ``"agent"``
+(:data:`~orchestration.core.models.AGENT_APPROVER`): then the agent that drives the run may decide
+it itself, so an autonomous runner can drive a chain that allows it, and cannot decide one that
+does not (``forbidden``). Over stdio the name is claimed like any other; the edge that verifies
+identities refuses a token identity of that name (see ``server.settings``)."""
 
 from __future__ import annotations
 
 from orchestration.core.costs import BudgetLimits
-from orchestration.core.models import GATE_STATUS_OF, GateState, RunHead
+from orchestration.core.models import AGENT_APPROVER, GATE_STATUS_OF, GateState, RunHead
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, quoted
 
 
+def gate_approvers(head: RunHead, gate: GateState) -> tuple[str, ...] | None:
+    """Who may decide ``gate``: identities, and :data:`~orchestration.core.models.AGENT_APPROVER`
+    for the calling agent itself; None: any person (never the agent).
+
+    A step's gates (``before``, ``after``, and the ``exhausted`` gate of its routing step, whose
+    ``on_exhausted = "ask"`` is the step's setting) take the step's ``approvers``, else the chain's.
+    A ``budget`` gate is the run's, not the step's whose call hit the budget: raising a budget is
+    spending, so it takes the chain's policy; a chain without one leaves it to the persons that
+    step names (the rule before chains had a policy, so older runs read back unchanged), never
+    to the agent on the strength of a step's policy alone."""
+    step = head.step_of(gate.task_id)
+    chain = head.chain.approvers
+    if gate.position != "budget":
+        return step.approvers if step.approvers is not None else chain
+    if chain is not None:
+        return chain
+    persons = tuple(a for a in step.approvers or () if a != AGENT_APPROVER)
+    return persons or None
+
+
+def agent_may_decide(head: RunHead, gate: GateState) -> bool:
+    """Whether the calling agent may decide ``gate`` itself (``approver = "agent"``)."""
+    return AGENT_APPROVER in (gate_approvers(head, gate) or ())
+
+
 def check_approver(head: RunHead, gate: GateState, approver: str | None, verified: bool) -> None:
-    """``Forbidden`` unless the gate's step names no ``approvers`` or ``approver`` is one of them
-    (verified over HTTP with a token, claimed over stdio and the CLI)."""
-    allowed = head.step_of(gate.task_id).approvers
+    """``Forbidden`` unless ``approver`` may decide the gate (:func:`gate_approvers`): the agent
+    (``approver = "agent"``) only where the policy lists it, a person where the policy is None or
+    names them (verified over HTTP with a token, claimed over stdio and the CLI). The agent's
+    refusal says the gate is a person's: an autonomous runner that follows it asks, never guesses."""
+    allowed = gate_approvers(head, gate)
+    if approver == AGENT_APPROVER:
+        if allowed is not None and AGENT_APPROVER in allowed:
+            return
+        who = "" if allowed is None else f" ({', '.join(allowed)})"
+        raise Forbidden(
+            f"gate {gate.gate_id} of run {head.run_id} is a person's{who}, not the agent's: ask the "
+            "user, then send their decision without approver 'agent'"
+        )
     if allowed is None or approver in allowed:
         return
     who = f"{quoted(approver)} ({'verified' if verified else 'claimed'})" if approver else "nobody named"
+    names = ", ".join("the calling agent (approver 'agent')" if a == AGENT_APPROVER else a for a in allowed)
     raise Forbidden(
-        f"gate {gate.gate_id} of run {head.run_id} may be decided only by {', '.join(allowed)}; "
+        f"gate {gate.gate_id} of run {head.run_id} may be decided only by {names}; "
         f"the decision came from {who}: ask one of them to decide it"
     )
 

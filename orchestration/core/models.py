@@ -31,7 +31,8 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 #: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.core.budget`).
 #: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
 #: Format 4 also: steps that delegate to another MCP agent (``agent``, ``remote_run_started``).
-RECORD_FORMAT = 4
+#: Format 5: a chain-level gate policy (:attr:`ChainSnapshot.approvers`).
+RECORD_FORMAT = 5
 
 
 class Frozen(BaseModel):
@@ -108,6 +109,12 @@ INSTANCE_SEPARATOR = "~"
 #: ``on_exhausted`` choice (a human decides). No step may be called any of these.
 RESERVED_STEP_NAMES = frozenset({"end", "fail", "ask"})
 
+#: The approver name that means *the calling agent itself*, not a person: a gate whose policy
+#: (``approvers``) lists it may be decided by the agent that drives the run, with ``approver =
+#: "agent"``; every other gate is a person's (see :mod:`orchestration.core.approvals`). No HTTP
+#: token identity may take this name, so a record naming it always means the agent's own decision.
+AGENT_APPROVER = "agent"
+
 
 class AgentStep(Frozen):
     """What a step that delegates to another MCP agent calls (``agent = "..."`` in a chain step; the
@@ -169,7 +176,8 @@ class ChainStep(Frozen):
     #: (``on_expiry``: reject, approve, or fail the run with ``approval_expired``); None: it waits
     expires_after_seconds: float | None = Field(default=None, gt=0)
     on_expiry: OnExpiry = "reject"
-    #: the identities allowed to decide this step's gates; None: anyone with the approve role
+    #: who may decide this step's gates: identities, and :data:`AGENT_APPROVER` for the calling
+    #: agent itself; None: the chain's policy (:attr:`ChainSnapshot.approvers`), else any person
     approvers: tuple[str, ...] | None = None
     #: a step that runs another chain as a child run (see :mod:`orchestration.engine.children`): that
     #: chain's name (``specialist`` is then ``chain:<name>``, a label), and the child's step whose
@@ -208,6 +216,11 @@ class ChainSnapshot(Frozen):
     #: and how deep a run of this chain may start them (a child of depth > ``max_depth`` fails)
     max_children: int | None = Field(default=None, ge=1)
     max_depth: int = Field(default=3, ge=0)
+    #: the chain's gate policy: who decides every gate whose step names no ``approvers`` of its own,
+    #: and the run's budget gates (:func:`~orchestration.core.approvals.gate_approvers`); None: a
+    #: person. Record format 5 when set (an older server would let anyone decide those gates). Left
+    #: out of the record when unset, so a chain without it is stored and hashed as before.
+    approvers: tuple[str, ...] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def step(self, name: str) -> ChainStep:
         return step_map(self)[name]

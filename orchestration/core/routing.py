@@ -102,7 +102,12 @@ def chain_format(chain: ChainSnapshot) -> int:
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
     refuse the whole run: "Record formats" in :mod:`orchestration.core.facts`), else 1. A parallel
     chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
-    parallel steps came in the same format, so no server reads format 2 without knowing both."""
+    parallel steps came in the same format, so no server reads format 2 without knowing both.
+    A chain-level gate policy (``approvers`` of the chain) needs format 5: a server that does not
+    know it would let anyone decide the gates it covers. A step's ``"agent"`` approver needs no
+    format of its own: an older server reads it as a name, claimed over stdio as this one does."""
+    if chain.approvers is not None:
+        return 5
     if any(s.chain is not None for s in chain.steps):
         return 4  # a step that runs a chain as a child run (orchestration.engine.children)
     if any(s.agent is not None for s in chain.steps):

@@ -5,8 +5,9 @@ When a tool call that waits (``wait_seconds`` > 0: ``orchestrate_start``, ``orch
 declared form elicitation, the server asks the user itself: a form with the gate, what comes next,
 the output under review (a bounded preview: :data:`REVIEW_PREVIEW_CHARS`) and the fields of
 :class:`GateForm` — a ``decision`` (:data:`Choice`: approve, reject, and revise where the gate
-can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose step names
-``approvers`` is asked only of them (a verified identity in the list). A caller whose
+can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose policy names
+``approvers`` is asked only of them (a verified identity in the list); a gate only the calling
+agent decides (``approvers = ["agent"]``) is asked of nobody: the agent decides it itself. A caller whose
 identity may not decide gates (over HTTP, a token without the ``approve`` role) is not asked, nor is
 a client without elicitation: they get the view with ``next_action`` ``approve``, as before.
 
@@ -65,6 +66,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 
 from orchestration.core import (
+    AGENT_APPROVER,
     GATE_STATUS_OF,
     GateState,
     Limits,
@@ -72,6 +74,7 @@ from orchestration.core import (
     RunHead,
     RunStatus,
     TaskStatus,
+    gate_approvers,
     revise_offered,
     revise_plan,
 )
@@ -161,11 +164,14 @@ def may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
 
 def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
     """Whether the answer of ``caller`` could be recorded at ``gate_id`` by its approvers (the
-    form records the verified identity, else nobody): a gate whose step names approvers is not
-    asked of anyone else."""
+    form records the verified identity, else nobody): a gate whose policy names approvers
+    (:func:`~orchestration.core.approvals.gate_approvers`) is asked only of a person it names, so a
+    gate only the agent decides is never asked (the form would record a person's decision)."""
     gate = head.gate(gate_id)
-    allowed = head.step_of(gate.task_id).approvers if gate is not None else None
-    return allowed is None or (caller.verified and caller.identity in allowed)
+    allowed = gate_approvers(head, gate) if gate is not None else None
+    if allowed is None:
+        return True
+    return caller.verified and caller.identity != AGENT_APPROVER and caller.identity in allowed
 
 
 @dataclass(frozen=True, slots=True)

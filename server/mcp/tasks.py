@@ -98,7 +98,7 @@ from mcp_types import RequestParams, SubscriptionsListenRequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from orchestration.core import RunHead, RunStatus, TaskStatus, validate_run_id
+from orchestration.core import AGENT_APPROVER, RunHead, RunStatus, TaskStatus, validate_run_id
 from orchestration.errors import ConstructError, InvalidState, RunNotFound, StoreError
 from server.identity import Caller, Role, caller_of
 from server.mcp.elicit import RevisableGateForm, gate_request, may_decide, take_answer
@@ -239,6 +239,8 @@ def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, 
             )
             if key in asked and action.run_id is None:
                 how = f"answer inputRequests[{key!r}] with tasks/update, or call {call}"
+            elif action.arguments.get("approver") == AGENT_APPROVER:  # the agent's own to decide
+                how = f"you may decide it yourself: call {call}"
             else:  # this caller may not decide it (see server.mcp.elicit.may_decide)
                 how = f"someone who may decide it calls {call}"
             parts.append(f"gate {action.gate_id!r} waits for a decision: {how}")

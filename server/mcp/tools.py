@@ -26,7 +26,8 @@ Over HTTP with tokens, each tool needs a role of the token's identity (:data:`RO
 ``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
 else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
 the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
-refused), the ``approver`` argument, claimed, elsewhere.
+refused, but for ``"agent"``: the calling agent deciding a gate it may, recorded as claimed), the
+``approver`` argument, claimed, elsewhere.
 
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
 returns the current state and records nothing new; the runtime guarantees that.
@@ -58,7 +59,16 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
-from orchestration.core import Budget, BudgetLimits, HostUsage, Limits, RunHead, RunStatus, StartRequest
+from orchestration.core import (
+    AGENT_APPROVER,
+    Budget,
+    BudgetLimits,
+    HostUsage,
+    Limits,
+    RunHead,
+    RunStatus,
+    StartRequest,
+)
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
 from server.identity import Caller
@@ -401,14 +411,15 @@ async def orchestrate_approve(
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
         services = services_of(ctx)
+        recorded = _recorded_approver(caller, approver)
         head = await services.runtime.approve(
             run_id,
             decision,
             gate_id,
             comment,
-            _recorded_approver(caller, approver),
+            recorded,
             channel=caller.channel,
-            verified=caller.verified,
+            verified=caller.verified and recorded != AGENT_APPROVER,
             budget_raise=budget_raise,
         )
         return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
@@ -419,8 +430,10 @@ async def orchestrate_approve(
 def _recorded_approver(caller: Caller, approver: str | None) -> str | None:
     """Who a decision records as its approver: a verified caller's identity (a different
     ``approver`` would be a claim the server cannot back, so it is ``forbidden`` rather than
-    recorded or silently replaced), else the ``approver`` argument, claimed."""
-    if not caller.verified:
+    recorded or silently replaced), else the ``approver`` argument, claimed. ``"agent"`` (the
+    calling agent deciding a gate whose policy lets it) is recorded as it is, claimed, on every
+    channel: no token identity may take that name (``server.settings``), so it names no person."""
+    if not caller.verified or approver == AGENT_APPROVER:
         return approver
     if approver is not None and approver != caller.identity:
         raise Forbidden(

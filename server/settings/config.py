@@ -81,7 +81,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from orchestration.core import Budget, Limits, Price
+from orchestration.core import AGENT_APPROVER, Budget, Limits, Price
 from orchestration.errors import ConfigError
 from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
@@ -393,6 +393,12 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"identity {name[:100]!r} must be 1-100 letters, digits or ._@- (starting with a letter "
                     "or digit)"
+                )
+            if name.casefold() == AGENT_APPROVER:
+                # Reserved: a decision recorded as "agent" is the calling agent's, never a person's.
+                raise ValueError(
+                    f"identity {name!r} is reserved: approvers = [{AGENT_APPROVER!r}] names the "
+                    "calling agent; name this identity otherwise"
                 )
             if (table.token is None) == (table.token_env is None):
                 raise ValueError(f"[tokens.{name}] needs exactly one of token and token_env")

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from orchestration.chains import TaskPrompt
-from orchestration.core import GateState, RunStatus, revise_offered
+from orchestration.core import AGENT_APPROVER, GateState, RunStatus, gate_approvers, revise_offered
 from orchestration.engine import RunSnapshot
 from server.views.graph_view import loop_history
 from server.views.outline import View
@@ -55,7 +55,7 @@ class Approve(View):
     kind: Literal["approve"] = "approve"
     tool: Literal["orchestrate_approve"] = "orchestrate_approve"
     arguments: dict[str, Any] = Field(
-        description="run_id, gate_id and decision (approve); set decision to the user's choice."
+        description="run_id, gate_id, decision (approve), approver at an agent's gate; set decision."
     )
     choices: dict[str, str] = Field(description="The decisions the gate takes now, each with what it does.")
     gate_id: str
@@ -159,26 +159,42 @@ _CHOICES = {
 
 
 def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
-    decisions = (
-        ("approve", "reject", "revise") if revise_offered(snapshot.head, gate) else ("approve", "reject")
-    )
-    step = snapshot.head.step_of(gate.task_id)
-    limits = ""
-    if step.approvers is not None:
-        limits += f" Only {', '.join(step.approvers)} may decide this gate."
+    """The approve action of ``gate``. A gate the calling agent may decide (its policy lists
+    ``"agent"``: :func:`~orchestration.core.approvals.gate_approvers`) says so, and its arguments
+    carry ``approver: "agent"``, so that an autonomous runner sends them as they are; any other
+    gate is a person's: ask the user, never decide for them."""
+    head = snapshot.head
+    decisions = ("approve", "reject", "revise") if revise_offered(head, gate) else ("approve", "reject")
+    step = head.step_of(gate.task_id)
+    allowed = gate_approvers(head, gate)
+    arguments: dict[str, Any] = {"run_id": head.run_id, "gate_id": gate.gate_id, "decision": "approve"}
+    persons = [a for a in allowed or () if a != AGENT_APPROVER]
+    if allowed is not None and AGENT_APPROVER in allowed:
+        arguments["approver"] = AGENT_APPROVER
+        instruction = (
+            "You may decide this gate yourself: call tool with arguments (decision: one of choices; "
+            "comment: why)."
+        )
+        if persons:
+            instruction += f" So may {', '.join(persons)}."
+    else:
+        instruction = (
+            "Ask the user, then call tool with arguments, decision: their choice, comment: optional "
+            "note. Never decide for them."
+        )
+        if persons:
+            instruction += f" Only {', '.join(persons)} may decide this gate."
     if gate.expires_at is not None:
-        limits += f" Undecided at {gate.expires_at.isoformat()}, it is decided by expiry ({step.on_expiry})."
+        expires = gate.expires_at.isoformat()
+        instruction += f" Undecided at {expires}, it is decided by expiry ({step.on_expiry})."
     return Approve(
-        arguments={"run_id": snapshot.head.run_id, "gate_id": gate.gate_id, "decision": "approve"},
+        arguments=arguments,
         choices={d: _CHOICES[d] for d in decisions},
         gate_id=gate.gate_id,
         task_id=gate.task_id,
         position=gate.position,
         guards=_gate_guards(gate, snapshot),
-        instruction=(
-            "Ask the user, then call tool with arguments, decision: their choice, comment: optional "
-            "note. Never decide for them." + limits
-        ),
+        instruction=instruction,
     )
 
 

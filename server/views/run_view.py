@@ -47,6 +47,7 @@ from orchestration.core import (
     TaskState,
     TaskStatus,
     TypedError,
+    gate_approvers,
     revise_offered,
 )
 from orchestration.engine import RunSnapshot
@@ -203,7 +204,9 @@ class GateView(View):
     decisions: list[Literal["approve", "reject", "revise"]] = Field(
         default_factory=list, description="The decisions a requested gate takes now."
     )
-    approvers: list[str] | None = Field(default=None, description="Who may decide it; none: anyone.")
+    approvers: list[str] | None = Field(
+        default=None, description="Who may decide it (agent: you); none: a person."
+    )
     expires_at: datetime | None = Field(default=None, description="When it is decided by on_expiry.")
     on_expiry: Literal["reject", "approve", "fail"] | None = None
     requested_at: datetime | None = None
@@ -411,7 +414,7 @@ def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
         | {
             "description": description,
             "decisions": gate_decisions(head, gate),
-            "approvers": None if step.approvers is None else list(step.approvers),
+            "approvers": None if (allowed := gate_approvers(head, gate)) is None else list(allowed),
             "on_expiry": step.on_expiry if step.expires_after_seconds is not None else None,
         }
     )

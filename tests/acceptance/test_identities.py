@@ -398,3 +398,47 @@ async def test_a_gate_with_approvers_is_decided_only_by_them_over_http_and_stdio
         )
         decided = next(g for g in view["gates"] if g["gate_id"] == gate)
         assert (decided["approver"], decided["channel"], decided["verified"]) == ("bob", "stdio", False)
+
+
+AGENT_GATED = """
+[chains.agent-gated]
+steps = ["architect", { specialist = "writer", approve_before = true, approvers = ["agent"] }]
+
+[chains.person-gated]
+steps = ["architect", { specialist = "writer", approve_before = true }]
+"""
+
+
+async def test_over_http_the_agent_decides_its_own_gate_as_the_agent_and_not_a_persons(
+    tmp_path: Path,
+) -> None:
+    """A verified caller sends the approve action's arguments as they are (``approver: "agent"``):
+    the record names the agent, claimed (no token identity may be called ``agent``), over http.
+    On a person's gate the same call is ``forbidden``: the gate is a person's, ask the user."""
+    (tmp_path / "construct.toml").write_text(CONFIG + AGENT_GATED)
+    gate = "before:writer"
+    async with (
+        http_server(tmp_path, "streamable-http", BOB_TOKEN=BOB) as port,
+        as_identity(port, ALICE) as alice,
+        as_identity(port, BOB) as bob,
+    ):
+        view = await play_host(
+            alice, await call(alice, "orchestrate_start", request="Mine", chain="agent-gated")
+        )
+        action = view["next_action"]
+        assert action["arguments"]["approver"] == "agent"
+        view = await call(bob, action["tool"], **action["arguments"])
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["approver"], decided["channel"], decided["verified"]) == ("agent", "http", False)
+
+        view = await play_host(
+            alice, await call(alice, "orchestrate_start", request="Theirs", chain="person-gated")
+        )
+        action = view["next_action"]
+        assert "approver" not in action["arguments"]
+        text = await call_error(bob, action["tool"], **action["arguments"], approver="agent")
+        assert_forbidden(text)
+        assert f"gate {gate} of run {view['run_id']} is a person's, not the agent's: ask the user" in text
+        view = await call(bob, action["tool"], **action["arguments"])  # bob, as himself: a person
+        decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+        assert (decided["approver"], decided["verified"]) == ("bob", True)

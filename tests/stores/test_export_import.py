@@ -1,8 +1,8 @@
 """Export and import across stores (issue 14, part 5): runs recorded by the real runtime on the
 filesystem store, in every record format (1: plain; 2: routed, ``route_decided``; 3: a gate's
-``revise``), exported to JSON Lines and imported into SQLite and PostgreSQL read back as the same
-run and the same view. A tampered export is refused; a live run is imported only when it is moved,
-and the store it left never drives it again."""
+``revise``; 4: a budget; 5: a chain-level gate policy), exported to JSON Lines and imported into
+SQLite and PostgreSQL read back as the same run and the same view. A tampered export is refused;
+a live run is imported only when it is moved, and the store it left never drives it again."""
 
 from __future__ import annotations
 
@@ -100,6 +100,9 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     # format 4: a run with a budget (its running totals in the head)
     head, _ = await runtime.start(StartRequest("Budgeted", budget=Budget(max_total_tokens=1_000_000)))
     runs["budgeted"] = (await play(runtime, head.run_id)).run_id
+    # format 5: a chain whose gates the calling agent decides (a chain-level approvers policy)
+    head, _ = await runtime.start(StartRequest("Autonomous", chain="agent-gated"))
+    runs["agent"] = (await play(runtime, head.run_id, approver="agent")).run_id
     return runs
 
 
@@ -124,7 +127,7 @@ async def test_runs_of_every_record_format_move_to_another_store_unchanged(
         assert await target.load(run_id) == head
         assert await target.read_facts(run_id) == await source.read_facts(run_id)
         assert await view_of(target, run_id) == await view_of(source, run_id)
-    assert formats == {1, 2, 3, 4} and RECORD_FORMAT == 4
+    assert formats == {1, 2, 3, 4, 5} and RECORD_FORMAT == 5
     # The imported run's idempotency key is the run's in the target too.
     again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
     assert not created and again.run_id == runs["plain"]

@@ -106,8 +106,10 @@ async def play(
     decisions: Callable[[str], Decision] = lambda gate: "approve",
     output: Callable[[str], str] = lambda task: f"host output for {task}",
     max_steps: int = 100,
+    approver: str | None = None,
 ) -> RunHead:
-    """Drive the run to its end, answering host tasks and gates like a host and an approver."""
+    """Drive the run to its end, answering host tasks and gates like a host and an approver
+    (``approver``: who the decisions name; ``"agent"`` for a chain the agent decides)."""
     for _ in range(max_steps):
         await runtime.drive(run_id)
         head = await runtime.status(run_id)
@@ -124,7 +126,7 @@ async def play(
                 assert gate.expires_at is not None and isinstance(runtime.clock, ManualClock)
                 runtime.clock.advance((gate.expires_at - runtime.clock.now()).total_seconds())
                 continue
-            await runtime.approve(run_id, decision, gate.gate_id, comment=f"ok {gate.gate_id}")
+            await runtime.approve(run_id, decision, gate.gate_id, f"ok {gate.gate_id}", approver)
     raise AssertionError("run did not finish")
 
 

@@ -47,6 +47,11 @@ ROUTED_CATALOG = Catalog.builtin().extended(
                     {**VERDICT_STEP, "routes": LOOP_ROUTES, "on_exhausted": "ask", "approve_after": True},
                 ]
             },
+            # gates the calling agent decides (the chain's policy): record format 5
+            "agent-gated": {
+                "approvers": ["agent"],
+                "steps": ["architect", {"specialist": "engineer", "approve_after": True}],
+            },
             # gates a person may send back (revise): after the engineer, before the tester
             "gated-revise": {
                 "steps": [
