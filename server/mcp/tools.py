@@ -386,7 +386,7 @@ Approver = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_approver_chars,
-        description="Who decided, for the record (over HTTP with a token: omit).",
+        description="Who decided (over HTTP with a token: omit); 'agent': you, where next_action says so.",
     ),
 ]
 BudgetRaise = Annotated[
