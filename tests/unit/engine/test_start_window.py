@@ -13,6 +13,7 @@ import anyio
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget
 from orchestration.core.inputs import RetryWindow, StartRequest
+from orchestration.core.models import ParentLink
 from orchestration.engine.runtime import Runtime
 from orchestration.engine.start_window import bucket_of, fingerprint, window_key
 from orchestration.store import Tombstone
@@ -156,3 +157,12 @@ async def test_the_window_survives_a_restart_and_holds_across_runtimes_on_one_st
 def test_the_implicit_keys_fit_the_key_limit() -> None:
     key = window_key(fingerprint(START, ALICE), 10**9, 99)
     assert key.startswith("retry:") and len(key) <= 200
+
+
+def test_a_child_runs_parent_task_is_part_of_the_fingerprint() -> None:
+    child = replace(START, parent=ParentLink(run_id="run-parent", task_id="engineer"))
+    other_task = replace(START, parent=ParentLink(run_id="run-parent", task_id="reviewer"))
+    prints = {fingerprint(s, ALICE) for s in (START, child, other_task)}
+    assert len(prints) == 3
+    # How long the call waits is not an argument of the start at all: nothing to hash.
+    assert fingerprint(replace(START, retry=None), ALICE) == fingerprint(START, ALICE)

@@ -13,6 +13,8 @@ from typing import Any
 
 import anyio
 from mcp import Client
+from mcp.client.context import ClientRequestContext
+from mcp.types import ElicitRequestParams, ElicitResult
 
 from server.app import ConstructApp
 from server.mcp.answering import DEFAULT_WAIT_SECONDS, PROGRESS_INTERVAL_SECONDS
@@ -143,3 +145,28 @@ async def test_a_zero_window_turns_the_retry_window_off(tmp_path: Path) -> None:
         a = await call(client, "orchestrate_start", request="twice", chain=["writer"])
         b = await call(client, "orchestrate_start", request="twice", chain=["writer"])
         assert a["run_id"] != b["run_id"] and "existing_run" not in b
+
+
+async def test_a_form_asked_mid_call_stays_within_the_default_wait(tmp_path: Path) -> None:
+    """A handshake-era client with elicitation: the run reaches its gate after 2 s (a slow model),
+    and the form then stays open for what is left of the call's 3 s, not 3 s more."""
+    asked: list[float] = []
+
+    async def silent(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(anyio.current_time())
+        await anyio.sleep_forever()  # the user walked away
+        raise AssertionError("unreachable")
+
+    scenario = {"default": [{"delay_seconds": 2, "text": "the design"}]}
+    with FakeProvider(scenario) as fake:
+        app = ConstructApp(load_settings(env=provider_env(tmp_path, fake)))
+        async with Client(app.build_server(), mode="legacy", elicitation_callback=silent) as client:
+            began = anyio.current_time()
+            start = {"request": "gated", "chain": ["architect", "engineer"], "approve_before": ["engineer"]}
+            view = await call(client, "orchestrate_start", **start)
+            took = anyio.current_time() - began
+    assert len(asked) == 1 and asked[0] - began >= 1.5, asked
+    assert took < DEFAULT_WAIT_SECONDS + 0.75, took
+    assert view["status"] == "awaiting_approval" and view["next_action"]["kind"] == "approve"
+    unanswered = "elicitation: no answer to the form for gate before:engineer within 3 s"
+    assert any(w.startswith(unanswered) for w in view["warnings"]), view["warnings"]
