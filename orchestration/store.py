@@ -191,6 +191,19 @@ class RunStore(Protocol):
         """
         ...
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        """The current head of the run created with idempotency key ``key``, or None when no run
+        holds it. A read, never a write: it takes no lock a create waits for, so a create with
+        ``key`` running concurrently may or may not be seen (``create`` stays the one atomic
+        create-or-return). When the key was a deleted run's, raises that run's tombstone error
+        (``RunPruned`` / ``RunMoved``, ``by_key``), as :meth:`create` with the key does: the key
+        stays reserved. Also ``CorruptRecord`` / ``RecordTooNew`` as :meth:`load`.
+
+        It lets a caller look a key up before it decides to create under it: the server's retry
+        window for ``orchestrate_start`` (:mod:`orchestration.engine.start_window`) reads the keys
+        of its recent windows, which it would otherwise have to create a run to probe."""
+        ...
+
     async def load(self, run_id: str) -> RunHead:
         """The current head. Raises ``RunNotFound`` (``RunPruned`` / ``RunMoved``, the tombstone's
         error, for a deleted run), ``InvalidArgument`` (malformed id),

@@ -32,6 +32,9 @@ A request with no HTTP request behind it is local (stdio, in process).
 
 from __future__ import annotations
 
+import functools
+import os
+import pwd
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -123,3 +126,30 @@ def caller_of(request: Any) -> Caller:
     scope = getattr(request, "scope", None)
     caller = scope.get(SCOPE_KEY) if isinstance(scope, dict) else None
     return caller if isinstance(caller, Caller) else UNAUTHENTICATED_HTTP
+
+
+@functools.cache
+def local_user() -> str:
+    """The OS user this process runs as: over stdio, the one who started the server (the host
+    spawned it as them). Read from the password database, not from ``USER`` / ``LOGNAME``
+    (which the settings alone read, and which a host may not pass on); a uid without an entry
+    (a container) is ``uid<N>``."""
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def start_identity(caller: Caller) -> str:
+    """Whose starts an ``orchestrate_start`` retry window matches (see
+    :mod:`orchestration.engine.start_window`): the verified identity of an HTTP token, else the
+    channel with the local OS user (``stdio:alice``: stdio and in-process callers are that
+    user), else ``http:anonymous`` (HTTP without tokens, loopback only). Never a connection or
+    a session: a 2026-07-28 client holds none, and some frameworks open a new connection per
+    call, so a retry arrives on another one."""
+    if caller.verified and caller.identity is not None:
+        return f"token:{caller.identity}"
+    if caller.channel == "http":
+        return "http:anonymous"
+    return f"{caller.channel}:{local_user()}"

@@ -76,6 +76,9 @@ class CrashAfterWrites:
         self._count()
         return stored
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        return await self.inner.find_by_idempotency_key(key)
+
     async def load(self, run_id: str) -> RunHead:
         return await self.inner.load(run_id)
 

@@ -476,6 +476,23 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         check_create(head, facts)
         return await self._call(self._create_sync, head, facts)
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        return await self._read(self._find_by_key_sync, key)
+
+    def _find_by_key_sync(self, key: str) -> RunHead | None:
+        """The run the key's index entry names (read without the create lock, like ``load``)."""
+        existing = self._read_key(self._keys / key_name(key))
+        if existing is None:
+            return None
+        try:
+            return self._load_sync(existing)
+        except (RunPruned, RunMoved):
+            raise self._gone(existing, by_key=True) from None
+        except RunNotFound:
+            # A dangling entry: its creator died between the key and the run (the next create
+            # under the key repairs it), or is between the two now (its create holds the lock).
+            return None
+
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
         return await self._read(self._load_sync, run_id)

@@ -57,6 +57,15 @@ class MemoryStore:
                 self._keys[head.idempotency_key] = head.run_id
             return CreateResult(head, created=True)
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        await checkpoint()
+        owner = self._keys.get(key)
+        if owner is None:
+            return None
+        if owner in self._tombstones:
+            raise self._tombstones[owner].error(by_key=True)
+        return self._current(owner)
+
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
         return self._current(run_id)

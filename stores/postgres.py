@@ -265,6 +265,16 @@ class PostgresStore(PostgresRetention):
             await self._notify_if_runnable(conn, head)
         return CreateResult(head, created=True)
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        """See ``RunStore.find_by_idempotency_key``: the run, else the key's tombstone, on one
+        connection."""
+        async with self._connection() as conn:
+            row = await conn.fetchrow(Q["head_by_idempotency_key"], key)
+            if row is None:
+                await check_key_free(conn, key)
+                return None
+        return decode_head(row[0], from_jsonb_text(row[1]))
+
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
         async with self._connection() as conn:

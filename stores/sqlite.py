@@ -335,6 +335,11 @@ class SqliteStore(SqliteRetention):
 
         return await self._write(work)
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        """See ``RunStore.find_by_idempotency_key``: one trip to the reader's thread."""
+        found = await self._read_with(_run_with_key, key)
+        return None if found is None else decode_head(*found)
+
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)
         rows = await self._read(Q["load_head"], {"run_id": run_id})
@@ -488,6 +493,16 @@ class SqliteStore(SqliteRetention):
             await self._writes.drain()
             for conn in (self._reader, self._writer):
                 await conn.close()
+
+
+def _run_with_key(conn: sqlite3.Connection, key: str) -> tuple[str, str] | None:
+    """The run id and stored head of the run holding idempotency key ``key``, or None; the
+    tombstone's error when the key was a deleted run's."""
+    found = fetch_one(conn, Q["head_by_idempotency_key"], {"idempotency_key": key})
+    if found is not None:
+        return str(found[0]), found[1]
+    check_key_free(conn, key)
+    return None
 
 
 def _rows_of_run(

@@ -30,7 +30,7 @@ from orchestration.core.facts import (
 from orchestration.core.fold import apply_write, head_from_creation
 from orchestration.core.graph import is_parallel, latest, predecessors, settled
 from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
-from orchestration.core.inputs import Limits, StartRequest
+from orchestration.core.inputs import Limits, RetryWindow, StartRequest
 from orchestration.core.memo import by_identity
 from orchestration.core.models import (
     AGENT_APPROVER,
@@ -81,6 +81,7 @@ __all__ = [
     "HostUsage",
     "Limits",
     "Price",
+    "RetryWindow",
     "RevisePlan",
     "RouteDecided",
     "RunCancelled",

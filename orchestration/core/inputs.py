@@ -44,6 +44,18 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryWindow:
+    """How a start without an idempotency key is told apart from a retry of an earlier one
+    (``orchestrate_start``'s retry window, :mod:`orchestration.engine.start_window`): the same
+    ``identity`` sending the same request within ``seconds`` gets the run it already started.
+    ``new_run``: the caller asks for another run all the same (which a later retry then finds)."""
+
+    identity: str
+    seconds: float
+    new_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StartRequest:
     request: str
     chain: str | tuple[str, ...] | None = None
@@ -69,6 +81,9 @@ class StartRequest:
     #: parent's time limit, which bounds the child's deadline; neither is part of the hash
     parent: ParentLink | None = None
     parent_deadline: datetime | None = None
+    #: without an idempotency key: the retry window that makes a retried start return the run
+    #: an identical one made (None: every start without a key makes a run); not part of the hash
+    retry: RetryWindow | None = None
 
     def deadline(self, now: datetime) -> datetime | None:
         """The run's deadline if it starts at ``now``: its ``timeout_seconds``, bounded by its
@@ -107,7 +122,7 @@ def inline_contract(request: StartRequest, _: ChainSnapshot) -> ExecutionContrac
     return ExecutionContract(worker_backend="inline")
 
 
-__all__ = ["ContractResolver", "Limits", "StartRequest", "inline_contract"]
+__all__ = ["ContractResolver", "Limits", "RetryWindow", "StartRequest", "inline_contract"]
 
 
 def check_names(request: StartRequest, limits: Limits) -> None:

@@ -57,7 +57,9 @@ from orchestration.core.inputs import (
 )
 from orchestration.core.models import (
     BudgetLimits,
+    ChainSnapshot,
     DecisionChannel,
+    ExecutionContract,
     GateState,
     HostUsage,
     RunHead,
@@ -84,12 +86,15 @@ from orchestration.engine.reading import (
     require_resumable,
 )
 from orchestration.engine.reading import awaiting_host_task as _awaiting_host_task
+from orchestration.engine.start_window import look_up
 from orchestration.errors import (
     Conflict,
     ConstructError,
     CorruptRecord,
     InvalidArgument,
     InvalidState,
+    RunMoved,
+    RunPruned,
     TooLarge,
     VersionConflict,
     quoted,
@@ -232,12 +237,38 @@ class Runtime:
     async def start(self, request: StartRequest) -> tuple[RunHead, bool]:
         """Create a run. Returns ``(head, created)``; ``created`` is False when an earlier start with
         the same idempotency key and the same request made the run. The same key with a different
-        request is a ``Conflict``."""
+        request is a ``Conflict``.
+
+        Without a key, a start with a :class:`~orchestration.core.inputs.RetryWindow` (``request.retry``,
+        what ``orchestrate_start`` passes) returns the run an identical start by the same identity
+        made within the window, ``created`` False, unless it asks for a ``new_run``: see
+        :mod:`orchestration.engine.start_window`, which says why that is a look-up by key in the
+        store (durable) rather than anything this process remembers."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
         )
         contract = self.resolve_contract(request, chain)
+        window = request.retry
+        if request.idempotency_key is not None or window is None or window.seconds <= 0:
+            return await self._create_run(request, chain, contract, request.idempotency_key)
+        while True:
+            found = await look_up(self.store, request, window, self.clock.now())
+            if found.recent is not None and not window.new_run:
+                return found.recent, False
+            try:
+                head, created = await self._create_run(request, chain, contract, found.free_key)
+            except (RunPruned, RunMoved):
+                continue  # the key's run was deleted since the look-up, which now skips it
+            if created or not window.new_run:
+                return head, created  # not created: an identical start made it a moment ago
+            # new_run, and a concurrent start took that key first: the next look-up passes it.
+
+    async def _create_run(
+        self, request: StartRequest, chain: ChainSnapshot, contract: ExecutionContract, key: str | None
+    ) -> tuple[RunHead, bool]:
+        """Create the run ``request`` asks for, under idempotency key ``key`` (the caller's, or
+        the retry window's): ``(head, created)`` as :meth:`start` says."""
         run_id = validate_run_id(self.new_id())
         fact = RunCreated(
             seq=1,
@@ -249,7 +280,7 @@ class Runtime:
             chain=chain,
             chain_hash=chain.content_hash(),
             contract=contract,
-            idempotency_key=request.idempotency_key,
+            idempotency_key=key,
             request_hash=request.request_hash(),
             format=max(chain_format(chain), contract.record_format()),
             started_by=request.started_by,
@@ -260,7 +291,7 @@ class Runtime:
         if not result.created:
             if result.head.request_hash != head.request_hash:
                 raise Conflict(
-                    f"idempotency_key {quoted(request.idempotency_key)} was already used for run "
+                    f"idempotency_key {quoted(key)} was already used for run "
                     f"{result.head.run_id} with a different request; use a new key, or repeat the "
                     "original request exactly"
                 )

@@ -6,8 +6,9 @@ an ``isError`` result starting with its stable code). The tools themselves are :
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -27,8 +28,18 @@ from server.views.run_view import Detail, RunView
 
 log = logging.getLogger("construct.tools")
 
+T = TypeVar("T")
+
 MAX_WAIT_SECONDS = 300.0
-DEFAULT_WAIT_SECONDS = 10.0
+#: What a waiting tool (start, resume, approve, fork) waits by default: common MCP clients give up
+#: on a call after 5 s (the OpenAI Agents SDK's default) and retry it, so a default answer comes
+#: well before that, and says what to call next (``next_action`` wait: ``run_status``) when the
+#: run has not settled. A host that wants to block longer passes ``wait_seconds``.
+DEFAULT_WAIT_SECONDS = 3.0
+#: While a call waits, a progress notification goes out at least this often (issue 21: at least
+#: every second), to a client that sent a progress token: clients that reset their timeout on
+#: progress keep the call, and a host sees that it is alive.
+PROGRESS_INTERVAL_SECONDS = 0.8
 
 #: The tools' context type. A parametrized pydantic model is a real class, which is what the SDK's
 #: context-parameter detection needs.
@@ -96,30 +107,78 @@ async def answer_or_ask(
     return model if isinstance(model, InputRequiredResult) else _ok(model, services)
 
 
+class Progress:
+    """The progress notifications of one waiting call: one when the wait begins, one per change
+    the wait observes (:meth:`report`), and, while nothing changes, the last message again every
+    :data:`PROGRESS_INTERVAL_SECONDS` (:meth:`tick`). A tick reuses the last head reported, so it
+    costs no store read; notifications are numbered 1, 2, ... (``progress`` rises)."""
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self._ctx = ctx
+        self._step = 0
+        self._message = ""
+        self._sent_at = -math.inf
+
+    async def report(self, head: RunHead) -> None:
+        """Tell the client what ``head`` says, now."""
+        self._message = f"run {head.run_id} is {head.status.value}"
+        await self._send()
+
+    async def _send(self) -> None:
+        self._step += 1
+        self._sent_at = anyio.current_time()
+        await self._ctx.report_progress(self._step, None, self._message)
+
+    async def tick(self) -> None:
+        """Repeat the last message whenever :data:`PROGRESS_INTERVAL_SECONDS` passed without one,
+        until cancelled. A notification that cannot be sent (the client went away) ends the ticks,
+        never the call: the call's answer decides what the client learns."""
+        try:
+            while True:
+                due = self._sent_at + PROGRESS_INTERVAL_SECONDS
+                if anyio.current_time() >= due:
+                    await self._send()
+                    continue
+                await anyio.sleep(due - anyio.current_time())
+        except Exception as exc:  # a broken stream, a closed session
+            log.debug("progress ticks stopped: %s", exc, extra={"action": "progress_stopped"})
+
+
+async def with_progress(ctx: ToolContext, head: RunHead, wait: Callable[[Progress], Awaitable[T]]) -> T:
+    """``wait(progress)`` while :class:`Progress` ticks beside it in a task group, reporting
+    ``head`` first; the ticks stop when the wait ends. The wait's error is raised as it is (not
+    in an exception group), so the tools still see a ``ConstructError``."""
+    progress = Progress(ctx)
+    await progress.report(head)
+    failed: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(progress.tick)
+        try:
+            result = await wait(progress)
+        except Exception as exc:
+            failed = exc
+        finally:
+            group.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return result
+
+
 async def settle_view(
     ctx: ToolContext,
     head: RunHead,
     wait_seconds: float,
+    progress: Progress,
     detail: Detail = "compact",
     full_task: str | None = None,
 ) -> RunView:
-    """Wait (bounded) until the run settles, reporting progress, then view it."""
+    """Wait (bounded) until the run settles, reporting each change to ``progress``, then view it."""
     services = services_of(ctx)
     if wait_seconds > 0:
-        step = 0
-
-        async def progress(current: RunHead) -> None:
-            nonlocal step
-            step += 1
-            await ctx.report_progress(step, None, f"run {current.run_id} is {current.status.value}")
-
-        # One notification when the wait begins, then one per change the wait observes: a host
-        # that asked for progress always hears that the call is alive.
-        await progress(head)
         runtime = services.runtime
         deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
         while True:
-            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress)
+            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress.report)
             if head.status == RunStatus.AWAITING_CHILDREN:
                 # What the run needs is what its children need (server.views.children_view); a child
                 # that ended moves the run on: wait for that, then for the run to settle again.
@@ -152,10 +211,28 @@ async def settle_asking(
     full_task: str | None = None,
 ) -> RunView | InputRequiredResult:
     """:func:`settle_view`, then ask the user at a gate where the client can (:mod:`server.mcp.elicit`).
-    ``retry_safe``: the call, repeated with the same arguments, records nothing new."""
+    ``retry_safe``: the call, repeated with the same arguments, records nothing new. While it
+    waits (a settle, a form open), progress ticks (:func:`with_progress`)."""
     link_call_to_run(head)
+    if wait_seconds <= 0:
+        # Nothing waits: no progress either (as before), the view at once.
+        return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
 
-    async def settle(current: RunHead, wait: float) -> RunView:
-        return await settle_view(ctx, current, wait, detail, full_task)
+    async def waiting(progress: Progress) -> RunView | InputRequiredResult:
+        async def settle(current: RunHead, wait: float) -> RunView:
+            return await settle_view(ctx, current, wait, progress, detail, full_task)
 
-    return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
+        return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
+
+    return await with_progress(ctx, head, waiting)
+
+
+def _no_settle(
+    ctx: ToolContext, detail: Detail, full_task: str | None
+) -> Callable[[RunHead, float], Awaitable[RunView]]:
+    """The settle of a call that does not wait: the view of the head as it is."""
+
+    async def view(current: RunHead, _: float) -> RunView:
+        return await services_of(ctx).view(current.run_id, current, detail, full_task)
+
+    return view

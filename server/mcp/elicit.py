@@ -26,9 +26,11 @@ recorded: a warning starting ``conflict:`` says so. Those warnings start with a 
 **Two protocol eras** (``ctx.protocol_version``):
 
 * Handshake-era connections (up to 2025-11-25): ``elicitation/create`` is sent in the middle of the
-  call (``ctx.elicit``). Each form stays open at most ``wait_seconds``; after an answer the call
-  waits again (at most ``wait_seconds``) for the run's next settled state, and asks again at the
-  next gate.
+  call (``ctx.elicit``). The whole call, forms included, answers within ``wait_seconds`` (3 s by
+  default: clients give up on longer calls): each form stays open for what is left of it, after
+  an answer the call waits for the run's next settled state with what is left, and asks again at
+  the next gate while time is left. A host that wants the user asked mid-call passes a longer
+  ``wait_seconds``; else the answer's ``next_action`` names the ``orchestrate_approve`` call.
 * 2026-07-28 connections have no server-to-client requests: the tool answers ``input_required``
   with the form and a ``request_state``, and the client *retries the same* ``tools/call`` with the
   user's answer. The retry runs the tool again from the start, so only calls that a retry cannot
@@ -223,6 +225,7 @@ async def settle_and_ask(
     records nothing new, so it may ask on a 2026-07-28 connection, where the answer is a retry."""
     services: Services = ctx.request_context.lifespan_context
     caller = caller_of(ctx.request_context.request)
+    deadline = anyio.current_time() + wait_seconds
     notes: list[str] = []
     answered: str | None = None
     if _modern(ctx) and ctx.request_state is not None:
@@ -242,7 +245,7 @@ async def settle_and_ask(
         if not retry_safe:
             return _noted(view, notes)
         return await _input_required(services, view, caller, notes, answered)
-    return await _ask_in_call(ctx, view, wait_seconds, settle, caller, notes)
+    return await _ask_in_call(ctx, view, (wait_seconds, deadline), settle, caller, notes)
 
 
 async def _input_required(
@@ -269,33 +272,47 @@ async def _input_required(
 
 
 async def _ask_in_call(
-    ctx: ToolContext, view: RunView, wait_seconds: float, settle: Settle, caller: Caller, notes: list[str]
+    ctx: ToolContext,
+    view: RunView,
+    wait: tuple[float, float],
+    settle: Settle,
+    caller: Caller,
+    notes: list[str],
 ) -> RunView:
     """On a handshake-era connection: ask in the middle of the call, gate after gate, until the
-    user does not accept, an answer is not recorded, or the run no longer waits at a gate."""
+    user does not accept, an answer is not recorded, the run no longer waits at a gate, or the
+    call's time is up (``wait``: its ``wait_seconds``, and the deadline they set, on
+    ``anyio.current_time()``)."""
     services: Services = ctx.request_context.lifespan_context
-    while (gate := _open_gate(view)) is not None:
+    wait_seconds, deadline = wait
+
+    def left() -> float:
+        return max(0.0, deadline - anyio.current_time())
+
+    while (gate := _open_gate(view)) is not None and left() > 0:
         snapshot = await services.runtime.snapshot(view.run_id)
         if not _may_decide(snapshot.head, gate, caller):
             break
-        result = await _elicit(ctx, snapshot, gate, wait_seconds, notes)
+        result = await _elicit(ctx, snapshot, gate, (left(), wait_seconds), notes)
         if result is None:
             break
         head = await take_answer(services, snapshot.head, gate, result, caller, notes)
         if result.action != "accept":
             break
-        view = await settle(head, wait_seconds)
+        view = await settle(head, left())
         if _open_gate(view) == gate:  # the answer was not recorded: do not ask the same again
             break
     return _noted(view, notes)
 
 
 async def _elicit(
-    ctx: ToolContext, snapshot: RunSnapshot, gate: str, wait_seconds: float, notes: list[str]
+    ctx: ToolContext, snapshot: RunSnapshot, gate: str, wait: tuple[float, float], notes: list[str]
 ) -> ElicitResult | None:
-    """The user's answer to the form for ``gate``, open at most ``wait_seconds``; None (and a note
-    saying why) when the form failed or got no answer in time."""
-    with anyio.move_on_after(wait_seconds):
+    """The user's answer to the form for ``gate``, open for the first of ``wait`` (what is left of
+    the call's ``wait_seconds``, the second, which the note names); None (and a note saying why)
+    when the form failed or got no answer in time."""
+    open_for, wait_seconds = wait
+    with anyio.move_on_after(open_for):
         try:
             outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
         except (MCPError, ValueError) as exc:

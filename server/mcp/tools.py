@@ -30,12 +30,19 @@ refused, but for ``"agent"``: the calling agent deciding a gate it may, recorded
 ``approver`` argument, claimed, elsewhere.
 
 Repeating a call (the same host output, the same approval, a start with the same idempotency key)
-returns the current state and records nothing new; the runtime guarantees that.
+returns the current state and records nothing new; the runtime guarantees that. A start without a
+key is safe to retry too: the same caller (:func:`~server.identity.start_identity`) sending the same
+arguments within ``start_retry_window_seconds`` gets the run it started, marked ``existing_run``,
+unless it passes ``new_run: true`` (see :mod:`orchestration.engine.start_window`: the window is a
+look-up in the store, so it holds across restarts and servers sharing a store).
 
 ``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
-host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile
-when the call carried a progress token. The default lets an inline run's first host task arrive in
-the ``orchestrate_start`` answer. ``run_events`` waits instead until the run records its next event.
+host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile,
+at least every second, when the call carried a progress token. The default,
+:data:`~server.mcp.answering.DEFAULT_WAIT_SECONDS` (3 s), answers before clients that give up after
+5 s do, and still lets an inline run's first host task arrive in the ``orchestrate_start`` answer;
+a run still working then answers ``next_action`` wait (``run_status`` with its run id).
+``run_events`` waits instead until the run records its next event.
 
 A waiting call that finds the run at an approval gate asks the user with a form where the client
 declared elicitation (see :mod:`server.mcp.elicit`); on 2026-07-28 connections the answer is a retry of
@@ -65,22 +72,25 @@ from orchestration.core import (
     BudgetLimits,
     HostUsage,
     Limits,
+    RetryWindow,
     RunHead,
     RunStatus,
     StartRequest,
 )
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
-from server.identity import Caller
+from server.identity import Caller, start_identity
 from server.mcp.answering import (
     DEFAULT_WAIT_SECONDS,
     MAX_WAIT_SECONDS,
+    Progress,
     ToolContext,
     answer,
     answer_or_ask,
     caller_for,
     services_of,
     settle_asking,
+    with_progress,
 )
 from server.mcp.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.mcp.budget_argument import BudgetArgument
@@ -137,6 +147,10 @@ IdempotencyKey = Annotated[
         max_length=LIMITS.max_idempotency_key_chars,
         description="The same key and request return the existing run.",
     ),
+]
+NewRun = Annotated[
+    bool | None,
+    Field(description="true: not the run this same start just made."),
 ]
 WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
@@ -198,6 +212,7 @@ async def orchestrate_start(
     chain: StartChain = None,
     approve_before: ApproveBefore = None,
     idempotency_key: IdempotencyKey = None,
+    new_run: NewRun = None,
     worker_backend: WorkerBackend = None,
     provider: ProviderName = None,
     model: ModelName = None,
@@ -215,6 +230,7 @@ async def orchestrate_start(
         caller = await caller_for(ctx, "orchestrate_start")
         start = _start_request(
             caller,
+            _retry_window(ctx, caller, idempotency_key, new_run),
             request=request,
             chain=chain,
             approve_before=approve_before,
@@ -227,14 +243,30 @@ async def orchestrate_start(
             budget=None if budget is None else budget.to_budget(),
         )
         parent = _parent_task(parent_run_id, parent_task_id)
-        head = await _started(ctx, caller, start, parent)
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+        head, created = await _started(ctx, caller, start, parent)
+        answered = await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+        if not created and isinstance(answered, RunView):
+            answered = answered.model_copy(update={"existing_run": True})
+        return answered
 
     return await answer_or_ask("orchestrate_start", work)
 
 
+def _retry_window(
+    ctx: ToolContext, caller: Caller, idempotency_key: str | None, new_run: bool | None
+) -> RetryWindow | None:
+    """The retry window of a start without a key (``start_retry_window_seconds``; None when it is
+    0): a retried start then returns the run the first one made, durably (see
+    :mod:`orchestration.engine.start_window`). An explicit key decides alone, ``new_run`` or not."""
+    seconds = services_of(ctx).settings.start_retry_window_seconds
+    if idempotency_key is not None or seconds <= 0:
+        return None
+    return RetryWindow(identity=start_identity(caller), seconds=seconds, new_run=bool(new_run))
+
+
 def _start_request(
     caller: Caller,
+    retry: RetryWindow | None,
     *,
     request: str,
     chain: str | list[str] | None,
@@ -248,7 +280,8 @@ def _start_request(
     budget: Budget | None,
 ) -> StartRequest:
     """What ``orchestrate_start``'s arguments ask the runtime for: the run is started by the
-    caller's identity only when it is verified, and joins the trace of this call."""
+    caller's identity only when it is verified, joins the trace of this call, and is found again
+    by a retry within ``retry`` (see :func:`_retry_window`)."""
     return StartRequest(
         request=request,
         chain=tuple(chain) if isinstance(chain, list) else chain,
@@ -263,6 +296,7 @@ def _start_request(
         # the caller's _meta traceparent, through the SDK's span of this call: the run's trace
         traceparent=current_traceparent(),
         budget=budget,
+        retry=retry,
     )
 
 
@@ -278,10 +312,10 @@ def _parent_task(parent_run_id: str | None, parent_task_id: str | None) -> tuple
 
 async def _started(
     ctx: ToolContext, caller: Caller, start: StartRequest, parent: tuple[str, str] | None
-) -> RunHead:
-    """The run ``start`` made (or found, for a known idempotency key), as a child of the host task
-    ``parent`` when given (which the caller must be allowed to see); a new run is handed to the
-    dispatcher."""
+) -> tuple[RunHead, bool]:
+    """The run ``start`` made, or found (a known idempotency key, an identical start within the
+    retry window: ``created`` False), as a child of the host task ``parent`` when given (which
+    the caller must be allowed to see); a new run is handed to the dispatcher."""
     services = services_of(ctx)
     if parent is not None:
         parent_run_id, parent_task_id = parent
@@ -294,7 +328,7 @@ async def _started(
     caller.check_run(head)
     if created:
         services.dispatcher.wake(head.run_id)
-    return head
+    return head, created
 
 
 # orchestrate_resume's parameters
@@ -549,7 +583,15 @@ async def run_events(
 
     async def work() -> EventsPage:
         await caller_for(ctx, "run_events", run_id)
-        return await read_events(services_of(ctx).runtime, run_id, after_seq, limit, wait_seconds)
+        runtime = services_of(ctx).runtime
+
+        async def page(_: Progress | None = None) -> EventsPage:
+            return await read_events(runtime, run_id, after_seq, limit, wait_seconds)
+
+        if wait_seconds <= 0:
+            return await page()
+        # A long poll: progress ticks while it waits (the run's head as the wait began).
+        return await with_progress(ctx, await runtime.status(run_id), page)
 
     return await answer("run_events", work)
 

@@ -14,6 +14,7 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     poll_seconds = 1.0
     recover_on_start = true
     store_outage_seconds = 30       # in-flight work waits this long for a store that went away
+    start_retry_window_seconds = 600  # an identical orchestrate_start (no key) within it: the same run
     max_request_chars = 200000
     max_output_chars = 1000000
     log_level = "INFO"
@@ -226,6 +227,16 @@ class Settings(BaseSettings):
         description="how long a run being driven waits for a store that stopped answering (its provider "
         "call goes on, its next write waits); then the call is cancelled and the run resumes from its "
         "facts once the store is back",
+    )
+    start_retry_window_seconds: Annotated[float, from_env("CONSTRUCT_START_RETRY_WINDOW_SECONDS")] = Field(
+        default=600.0,
+        ge=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="`orchestrate_start` without an `idempotency_key`: the same caller sending the same "
+        "arguments within this many seconds gets the run it already started (`existing_run: true`; "
+        "`new_run: true` starts another); kept in the store, so it holds across restarts and servers "
+        "sharing a store; 0 turns it off",
     )
     max_request_chars: Annotated[int, from_env("CONSTRUCT_MAX_REQUEST_CHARS")] = Field(
         default=_DEFAULT_LIMITS.max_request_chars, ge=1, description="the longest request a run accepts"

@@ -5,7 +5,8 @@ frameworks that keep one conversation pile the answers up. So the default answer
 a model acts on:
 
 * the run's ``run_id``, ``status`` and ``status_kind``;
-* ``next_action`` (and ``more_actions`` when branches wait at once): the exact call to make;
+* ``next_action`` (and ``more_actions`` when branches wait at once): the exact call to make, and
+  ``existing_run`` when a start found the run an identical start made (the retry window);
 * ``tasks``, one short object each: ``task_id`` and ``status``, what a task that has not ended
   ``waits_for``, and for a finished one its output preview (unless a prompt in the same answer
   carries it: outputs travel once), length and URI (plus a small typed
@@ -76,6 +77,7 @@ RUN_FIELDS = (
     "status_kind",
     "next_action",
     "more_actions",
+    "existing_run",
     "error",
     "warnings",
     "budget",

@@ -127,9 +127,15 @@ def resume_call(run_id: str, task_id: str) -> dict[str, Any]:
     return {"run_id": run_id, "task_id": task_id}
 
 
+#: How long the ``run_status`` call a wait names blocks: within what clients that give up on a
+#: call after 5 s allow (issue 21 §1), as the waiting tools' default does; the call is read-only,
+#: so a host repeats it until the run needs it, with progress meanwhile.
+WAIT_CALL_SECONDS = 3
+
+
 def wait_call(run_id: str) -> dict[str, Any]:
     """The arguments of the ``run_status`` call that waits for the run's next step."""
-    return {"run_id": run_id, "wait_seconds": 30}
+    return {"run_id": run_id, "wait_seconds": WAIT_CALL_SECONDS}
 
 
 def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:

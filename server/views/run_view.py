@@ -300,6 +300,13 @@ class RunView(Outlined):
     more_actions: list[RunHostTask | Approve] = Field(
         default_factory=list, description="Others waiting too (parallel steps)."
     )
+    #: set by orchestrate_start (``model_copy``) when the start did not create the run
+    existing_run: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="true: this start found the run an identical start made within the retry window "
+        "(or with the same idempotency_key); pass new_run: true for another.",
+    )
     chain: ChainView
     contract: ContractView
     request: str | None = Field(

@@ -132,7 +132,11 @@ async def test_an_output_within_the_limit_is_accepted_whatever_its_characters(tm
                 url,
                 session,
                 "tools/call",
-                {"name": "orchestrate_start", "arguments": {"request": "big output", "chain": ["writer"]}},
+                # new_run: a run for each output (the same start again would be the first run)
+                {
+                    "name": "orchestrate_start",
+                    "arguments": {"request": "big output", "chain": ["writer"], "new_run": True},
+                },
                 ascii_only=True,
             )
             run_id = started["result"]["structuredContent"]["run_id"]

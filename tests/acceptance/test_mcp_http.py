@@ -112,9 +112,10 @@ async def test_http_refuses_a_foreign_host_header(tmp_path: Path) -> None:
 
 async def test_sse_transport_serves_the_tools(tmp_path: Path) -> None:
     async with http_server(tmp_path, "sse") as port:
-        for _ in range(2):  # two connections share the process's store and dispatcher
+        for n in range(2):  # two connections share the process's store and dispatcher
             async with Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
-                view = await call(client, "orchestrate_start", request="Over SSE.", chain=["writer"])
+                # Two requests: the same one again would be the first run (the retry window).
+                view = await call(client, "orchestrate_start", request=f"Over SSE, {n}.", chain=["writer"])
                 assert view["next_action"]["kind"] == "run_host_task"
                 view = await play_host(client, view)
                 assert view["status"] == "completed"

@@ -66,6 +66,9 @@ async def client(home: Path, request: pytest.FixtureRequest) -> AsyncIterator[Cl
 
 async def start(client: Client, **arguments: Any) -> dict[str, Any]:
     arguments.setdefault("request", "Write a haiku about durable execution.")
+    # Each test wants a run of its own, on one server: without new_run, the same start within the
+    # retry window would be the run an earlier test made.
+    arguments.setdefault("new_run", True)
     return await call(client, "orchestrate_start", **arguments)
 
 

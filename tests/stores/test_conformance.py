@@ -106,6 +106,20 @@ async def test_different_idempotency_keys_create_different_runs(store: RunStore)
     assert len((await store.list_runs()).runs) == 4
 
 
+async def test_find_by_idempotency_key_reads_the_current_head_of_the_keyed_run(store: RunStore) -> None:
+    assert await store.find_by_idempotency_key("looked-up") is None
+    first = await create(store, run_id(1), key="looked-up")
+    await create(store, run_id(2), key="another")
+    await create(store, run_id(3))
+    assert await store.find_by_idempotency_key("looked-up") == first
+    advanced = await commit(store, start_attempt(first))
+    assert await store.find_by_idempotency_key("looked-up") == advanced
+    assert (await store.find_by_idempotency_key("another")) == await store.load(run_id(2))
+    # Keys are matched exactly: no prefix, no case folding.
+    for near in ("looked-u", "looked-up-", "LOOKED-UP"):
+        assert await store.find_by_idempotency_key(near) is None
+
+
 async def test_create_with_an_existing_run_id_is_a_conflict(store: RunStore) -> None:
     original_head, original_facts = new_run(run_id(1), request="original")
     await store.create(original_head, original_facts)

@@ -174,6 +174,21 @@ async def test_a_pruned_runs_idempotency_key_is_kept(store: RunStore) -> None:
     assert (await store.create(*new_run(run_id(3), key="nightly-report-2"))).created
 
 
+async def test_a_deleted_runs_key_reads_as_its_tombstone(store: RunStore) -> None:
+    """``find_by_idempotency_key`` answers a deleted run's key as ``create`` does: with the
+    tombstone's error (the key stays reserved), pruned or moved."""
+    head = await stored(store, *history(run_id(1), key="weekly"))
+    other = await stored(store, *history(run_id(2), key="monthly"))
+    await store.delete_run(pruned(head))
+    await store.delete_run(moved(other))
+    with pytest.raises(RunPruned) as info:
+        await store.find_by_idempotency_key("weekly")
+    assert "idempotency key" in info.value.message and run_id(1) in info.value.message
+    with pytest.raises(RunMoved):
+        await store.find_by_idempotency_key("monthly")
+    assert await store.find_by_idempotency_key("weekly-2") is None
+
+
 async def test_a_live_run_is_never_pruned(store: RunStore) -> None:
     head = await stored(store, *history(run_id(1), ended=False))
     with pytest.raises(InvalidState):

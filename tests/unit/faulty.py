@@ -66,6 +66,10 @@ class FaultyStore:
         self._check("create")
         return await self.inner.create(head, facts)
 
+    async def find_by_idempotency_key(self, key: str) -> RunHead | None:
+        self._check("find_by_idempotency_key")
+        return await self.inner.find_by_idempotency_key(key)
+
     async def load(self, run_id: str) -> RunHead:
         self._check("load")
         return await self.inner.load(run_id)

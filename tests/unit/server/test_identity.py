@@ -4,6 +4,8 @@ caller each token stands for, and what ``forbidden`` says."""
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,10 @@ from server.identity import (
     UNAUTHENTICATED_HTTP,
     Caller,
     NamedToken,
+    caller_for,
     caller_of,
+    local_user,
+    start_identity,
 )
 from server.settings.config import load_settings
 from server.transports.auth import BearerTokenMiddleware, check_exposure
@@ -224,3 +229,15 @@ def test_forbidden_names_the_role_and_the_identity() -> None:
     assert raised.value.code == "forbidden"
     assert "orchestrate_start needs the role 'operate'" in raised.value.message
     assert "'bob' has approve, read" in raised.value.message
+
+
+def test_a_starts_retry_window_belongs_to_a_person_never_to_a_connection() -> None:
+    """What a retried orchestrate_start is matched by (server.identity.start_identity): the token's
+    identity, else the local OS user (read from the password database), else one anonymous HTTP
+    caller."""
+    assert local_user() == pwd.getpwuid(os.getuid()).pw_name
+    assert start_identity(LOCAL) == f"stdio:{local_user()}"
+    assert start_identity(UNAUTHENTICATED_HTTP) == "http:anonymous"
+    alice = caller_for(NamedToken("alice", ALICE, own_runs_only=True))
+    assert start_identity(alice) == "token:alice"
+    assert start_identity(caller_for(NamedToken("bob", BOB))) == "token:bob"

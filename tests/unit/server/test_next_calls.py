@@ -127,7 +127,7 @@ async def test_a_waits_call_waits_for_the_next_step(tmp_path: Path) -> None:
         )
         action = view["next_action"]
         assert (view["status"], action["kind"], action["tool"]) == ("queued", "wait", "run_status")
-        assert action["arguments"] == {"run_id": view["run_id"], "wait_seconds": 30}
+        assert action["arguments"] == {"run_id": view["run_id"], "wait_seconds": 3}
         with anyio.fail_after(10):
             after = await follow(client, action)
         assert after["status"] == "awaiting_host" and after["next_action"]["kind"] == "run_host_task"

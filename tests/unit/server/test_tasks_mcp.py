@@ -163,8 +163,8 @@ async def test_tasks_cancel_cancels_the_run_and_is_an_ack_once_it_ended(tmp_path
         assert cancelled["status"] == "cancelled"
         assert (await call(plain, "run_status", run_id=task_id))["status"] == "cancelled"
         await cancel_task(aware, task_id)  # again: an ack
-        # A run that ended otherwise stays as it ended.
-        other = (await started(aware, **GATED)).task_id
+        # A run that ended otherwise stays as it ended (new_run: the same start made the first).
+        other = (await started(aware, **GATED, new_run=True)).task_id
         await until(aware, other, lambda t: t["status"] == "input_required")
         await update_task(aware, other, {GATE: approve("reject")})
         await until(aware, other, lambda t: t["status"] == "failed")

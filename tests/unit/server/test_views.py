@@ -243,7 +243,7 @@ async def test_provider_runs_show_telemetry_totals_and_their_executor() -> None:
     assert isinstance(view.next_action, Wait) and view.next_action.not_before is None
     assert (view.next_action.tool, view.next_action.arguments) == (
         "run_status",
-        {"run_id": head.run_id, "wait_seconds": 30},
+        {"run_id": head.run_id, "wait_seconds": 3},
     )
 
     head = await play(runtime, head.run_id)

@@ -1,0 +1,130 @@
+"""The retry window of a start without an idempotency key: which run an identical start already made.
+
+A client that gives up on ``orchestrate_start`` (many do after 5 s) retries it, with no key, and the
+server must not start a second run. Within a window of ``W`` seconds (:class:`RetryWindow`), a start
+by the same identity with the same arguments returns the run the first one made.
+
+**Durable, through the store's keys.** The window is not a cache of this process: it must survive a
+restart and hold across servers sharing one store, on every adapter. So it rides on what every store
+already does atomically, create-or-return by idempotency key. A start in the window is created under
+an *implicit key*: ``retry:`` + sha256 of the start's :func:`fingerprint` and its time bucket
+``b = floor(now / W)``. Two identical starts at once therefore make one run (the store's create
+decides), and a later one finds it with :meth:`~orchestration.store.RunStore.find_by_idempotency_key`:
+it reads the key of the current bucket, then of the previous one (``b - 1``), and takes the newest
+run whose ``created_at`` is within ``W`` of now. The bucket is ``W`` wide, so every run made in the
+last ``W`` seconds is in one of the two.
+
+**Generations.** A bucket's key can be used more than once: ``new_run`` asks for another run although
+an identical one is recent, and a run pruned within the window keeps its key reserved (a tombstone,
+which a create under the key is refused with). Each bucket therefore has a sequence of keys
+(``retry:<hash>``, ``retry:<hash>.1``, ...): a look-up reads them in order up to the first that no run
+holds or held, skipping deleted runs' keys, and a new run takes that first free key. A start thus
+never fails because of an old pruned run, and the newest run of the window is what a retry finds
+(also the one ``new_run`` made).
+
+**What counts as the same arguments** (:func:`fingerprint`): every argument that shapes the run,
+the same ones as an explicit key's request hash (:meth:`StartRequest.request_hash`: request, chain,
+approve_before, backend, provider, model, the time limits, the budget), plus the parent task of a
+child run, the identity and ``W`` itself (so that a changed window never matches an older key). Not
+how long the call waits, and not its trace.
+
+**The known gap.** Two identical starts made *at the same instant* on either side of a bucket boundary
+(one in ``b - 1``, the other in ``b``, each looking before the other created) take two different keys
+and make two runs. A retry comes after the call it retries gave up, not at the same instant, so
+this needs two concurrent identical calls within the store's create latency of a boundary. Clocks
+that differ between servers sharing a store widen it by their skew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orchestration.core.inputs import RetryWindow, StartRequest
+from orchestration.core.models import RunHead, canonical_hash
+from orchestration.errors import Conflict, RunMoved, RunPruned
+from orchestration.store import RunStore
+
+#: How many keys one bucket may use (runs made with ``new_run``, pruned runs) before a start is
+#: refused: far more than any client retries in one window.
+MAX_GENERATIONS = 100
+
+KEY_PREFIX = "retry:"
+
+
+def fingerprint(request: StartRequest, window: RetryWindow) -> str:
+    """What makes two starts without a key the same start (see the module docstring)."""
+    parent = None if request.parent is None else [request.parent.run_id, request.parent.task_id]
+    return canonical_hash(
+        {
+            "request": request.request_hash(),
+            "parent": parent,
+            "identity": window.identity,
+            "window_seconds": window.seconds,
+        }
+    )
+
+
+def window_key(print_: str, bucket: int, generation: int = 0) -> str:
+    """The implicit idempotency key of generation ``generation`` of ``bucket`` (71-75 characters)."""
+    digest = hashlib.sha256(f"{print_}:{bucket}".encode()).hexdigest()
+    return f"{KEY_PREFIX}{digest}" if generation == 0 else f"{KEY_PREFIX}{digest}.{generation}"
+
+
+def bucket_of(now: datetime, seconds: float) -> int:
+    """The time bucket ``now`` falls in, for a window of ``seconds``."""
+    return math.floor(now.timestamp() / seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLookup:
+    """What a look-up found: the newest run an identical start made within the window (None:
+    none), and the first key of the current bucket that no run holds or held."""
+
+    recent: RunHead | None
+    free_key: str
+
+
+async def look_up(store: RunStore, request: StartRequest, window: RetryWindow, now: datetime) -> WindowLookup:
+    """Read the window's keys (the current bucket's, then the previous one's when the current one
+    has no run): see the module docstring. Reads only; the caller creates under ``free_key``."""
+    print_ = fingerprint(request, window)
+    bucket = bucket_of(now, window.seconds)
+    since = now - timedelta(seconds=window.seconds)
+    newest, free_key = await _scan(store, print_, bucket)
+    if newest is None:
+        newest, _ = await _scan(store, print_, bucket - 1)
+    recent = newest if newest is not None and newest.created_at >= since else None
+    return WindowLookup(recent, free_key)
+
+
+async def _scan(store: RunStore, print_: str, bucket: int) -> tuple[RunHead | None, str]:
+    """The newest run holding one of ``bucket``'s keys, and the bucket's first free key. Keys are
+    taken in order, so the generations before the first free one are every run of the bucket."""
+    newest: RunHead | None = None
+    for generation in range(MAX_GENERATIONS):
+        key = window_key(print_, bucket, generation)
+        try:
+            head = await store.find_by_idempotency_key(key)
+        except (RunPruned, RunMoved):
+            continue  # a deleted run's key stays reserved: the next generation
+        if head is None:
+            return newest, key
+        newest = head
+    raise Conflict(
+        f"{MAX_GENERATIONS} runs were started with these arguments within the retry window; "
+        "pass an idempotency_key to start another"
+    )
+
+
+__all__ = [
+    "KEY_PREFIX",
+    "MAX_GENERATIONS",
+    "WindowLookup",
+    "bucket_of",
+    "fingerprint",
+    "look_up",
+    "window_key",
+]
