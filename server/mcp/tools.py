@@ -150,7 +150,7 @@ IdempotencyKey = Annotated[
 ]
 NewRun = Annotated[
     bool | None,
-    Field(description="true: not the run this same start just made."),
+    Field(description="true: start another run even if an identical start made one lately."),
 ]
 WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
@@ -367,8 +367,8 @@ async def orchestrate_resume(
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
     detach_children: DetachChildren = False,
 ) -> CallToolResult | InputRequiredResult:
-    """Hand in a host task's output (next_action run_host_task), or, without output, continue an
-    interrupted run. Repeating the call records nothing twice."""
+    """Hand in a host task's output; without output, continue an interrupted run. A repeat records
+    nothing twice."""
 
     async def work() -> RunView | InputRequiredResult:
         await caller_for(ctx, "orchestrate_resume", run_id)
@@ -671,7 +671,7 @@ _PUBLISHED = (
     ),
     _Publish(
         orchestrate_approve,
-        "Approve, reject or revise a gate",
+        "Decide a gate",
         ToolAnnotations(
             destructive_hint=False,
             idempotent_hint=True,
