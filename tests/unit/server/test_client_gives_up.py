@@ -91,7 +91,9 @@ async def test_progress_arrives_at_least_every_second_while_a_call_waits(tmp_pat
             times = [began, *(t for t, _ in seen), ended]
             gaps = [b - a for a, b in pairwise(times)]
             assert len(seen) >= 3, seen
-            assert max(gaps) <= PROGRESS_INTERVAL_SECONDS + 0.25, gaps
+            # The server ticks every PROGRESS_INTERVAL_SECONDS (0.8); the bound leaves room for a
+            # loaded machine's scheduling, and a wait that stopped ticking (one gap of 3 s) fails.
+            assert max(gaps) <= PROGRESS_INTERVAL_SECONDS + 0.45, gaps
             assert [p for _, p in seen] == list(range(1, len(seen) + 1))
 
 
