@@ -179,7 +179,7 @@ async def check_finished(
     the review step's output (``view``: run_status for the task, which carries its whole output);
     one remote run, completed, which every attempt of the step followed (``record``: the full view,
     where the attempts are)."""
-    assert view["status"] == "completed", view
+    assert view["status"] == "completed", (view.get("error"), review_of(record).get("attempts"))
     assert review_of(view)["output"] == "the remote code"
     assert review_of(record)["output"] == "the remote code"
     assert len(runs) == 1, runs
