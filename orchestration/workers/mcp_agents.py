@@ -13,7 +13,8 @@ call, or follow an earlier call — is decided from the record by
   :attr:`AgentEndpoint.paused_poll_seconds`, bounded by the step's ``timeout_seconds`` and the
   run's deadline). An attempt that follows a recorded remote run skips the start. A remote run
   that completed gives the whole output of its last done task (or of the latest visit of
-  ``output_step``), read with ``run_status(task_id=...)``; one that failed, was rejected or
+  ``output_step``), read with ``run_status(detail="full")`` (the compact answers the follow reads
+  carry neither a task's step nor its whole output); one that failed, was rejected or
   cancelled is ``agent_run_failed``.
 * **any other tool**: one ``tools/call``; the output is the text of the result's text blocks, else
   the JSON of its ``structuredContent``. An ``isError`` result is ``tool_error``.
@@ -329,14 +330,16 @@ class AgentWorker:
             error = view.get("error") or {}
             why = f": {error.get('code')}: {error.get('message')}" if error else ""
             raise _Failure("agent_run_failed", f"agent {name}: remote run {run_id} ended {status}{why}")
-        task_id = self._output_task(view, call.agent.output_step)
+        # The whole record: a task's step (for output_step) and its whole output are not in the
+        # compact answer the follow reads.
+        full = _view(
+            await session.call_tool("run_status", {"run_id": run_id, "detail": "full"}), "run_status", name
+        )
+        task_id = self._output_task(full, call.agent.output_step)
         if task_id is None:
             raise _Failure(
                 "agent_run_failed", f"agent {name}: remote run {run_id} ended {status} with no output to use"
             )
-        full = _view(
-            await session.call_tool("run_status", {"run_id": run_id, "task_id": task_id}), "run_status", name
-        )
         task = next((t for t in full.get("tasks", []) if t.get("task_id") == task_id), None)
         if task is None or not isinstance(task.get("output"), str):
             raise _Failure(

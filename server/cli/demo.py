@@ -226,7 +226,7 @@ async def _demo(env: dict[str, str], home: Path, pid_file: Path, out: TextIO) ->
             },
         )
         run_id = view["run_id"]
-        steps = " -> ".join(s["name"] for s in view["chain"]["steps"])
+        steps = " -> ".join(t["task_id"] for t in view["tasks"])  # the compact answer has no chain
         _say(out, f"  orchestrate_start: run {run_id} ({steps}, gate before engineer): {view['status']}")
         view = await _play_host(client, view, out)
         _say(out, f"  run is {view['status']}: next action {view['next_action']['kind']}")
@@ -260,7 +260,8 @@ async def _demo(env: dict[str, str], home: Path, pid_file: Path, out: TextIO) ->
         _say(out, f"  orchestrate_approve {gate}: {view['status']}")
         view = await _play_host(client, view, out)
         _say(out, f"  run is {view['status']}")
-        _say(out, f"  semantics: {view['semantics']}")
+        full = await _call(client, "run_status", {"run_id": run_id, "detail": "full"})
+        _say(out, f"  semantics: {full['semantics']}")
 
     # 5: the record says what happened.
     return await _check(env, run_id, out)

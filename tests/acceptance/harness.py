@@ -113,6 +113,13 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     return dict(result.structured_content)
 
 
+async def full_view(client: Client, run_id: str) -> dict[str, Any]:
+    """The run's whole record: ``run_status`` with ``detail="full"``. Tool answers are compact
+    (server/views/compact.py); the chain, contract, attempts, telemetry, timestamps, ``version``,
+    ``started_by`` and each task's ``executor`` are only here."""
+    return await call(client, "run_status", run_id=run_id, detail="full")
+
+
 async def call_error(client: Client, tool: str, **arguments: Any) -> str:
     """Call a tool that must fail; return the error text."""
     result = await client.call_tool(tool, arguments)

@@ -27,7 +27,7 @@ from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentWorker, Workers
 from stores.memory import MemoryStore
-from tests.acceptance.harness import REPO, call, free_port, read_log, server_env
+from tests.acceptance.harness import REPO, call, free_port, full_view, read_log, server_env
 from tests.acceptance.processes import http_server
 from tests.acceptance.store_targets import StoreTarget, store_target
 from tests.fakes.fake_provider import FakeProvider
@@ -139,9 +139,11 @@ async def make_pair(tmp_path: Path, fake: FakeProvider, backends: tuple[str, str
 
 
 async def until(client: Client, run_id: str, predicate: Any, seconds: float = 60) -> dict[str, Any]:
+    """The run's full view once ``predicate`` holds for it: the predicates read the review step's
+    attempts, which only the full view carries."""
     with anyio.fail_after(seconds):
         while True:
-            view = await call(client, "run_status", run_id=run_id, wait_seconds=1)
+            view = await call(client, "run_status", run_id=run_id, wait_seconds=1, detail="full")
             if predicate(view):
                 return view
             await anyio.sleep(0.1)
@@ -170,16 +172,20 @@ async def remote_runs(pair: Pair) -> list[dict[str, Any]]:
             return runs
 
 
-async def check_finished(view: dict[str, Any], runs: list[dict[str, Any]], pair: Pair) -> str:
+async def check_finished(
+    view: dict[str, Any], record: dict[str, Any], runs: list[dict[str, Any]], pair: Pair
+) -> str:
     """The common outcome of both trials: the parent completed with the remote engineer's code as
-    the review step's output; one remote run, completed, which every attempt of the step followed."""
-    assert view["status"] == "completed", view
-    review = review_of(view)
-    assert review["output"] == "the remote code"
+    the review step's output (``view``: run_status for the task, which carries its whole output);
+    one remote run, completed, which every attempt of the step followed (``record``: the full view,
+    where the attempts are)."""
+    assert view["status"] == "completed", (view.get("error"), review_of(record).get("attempts"))
+    assert review_of(view)["output"] == "the remote code"
+    assert review_of(record)["output"] == "the remote code"
     assert len(runs) == 1, runs
     remote_id = runs[0]["run_id"]
     assert runs[0]["status"] == "completed"
-    attempts = review["attempts"]
+    attempts = review_of(record)["attempts"]
     assert {a["remote_run_id"] for a in attempts} == {remote_id}, attempts
     assert attempts[0]["follows"] is None and all(a["follows"] == 1 for a in attempts[1:])
     assert not any(a["telemetry"]["possible_duplicate_call"] for a in attempts)
@@ -220,8 +226,9 @@ async def test_sigkill_of_the_parent_while_the_remote_run_works(
             async with pair.parent() as (_, client):
                 await until(client, run_id, lambda v: v["status_kind"] == "terminal")
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
-            await check_finished(view, await remote_runs(pair), pair)
-    attempts = review_of(view)["attempts"]
+                record = await full_view(client, run_id)
+            await check_finished(view, record, await remote_runs(pair), pair)
+    attempts = review_of(record)["attempts"]
     assert [a["error"]["code"] if a["error"] else None for a in attempts] == ["orphaned", None]
     assert fake.calls_for("engineer") == 1, "the remote run was not started again"
 
@@ -245,8 +252,9 @@ async def test_sigkill_of_the_remote_server_while_its_run_works(
             async with pair.remote():
                 await until(client, run_id, lambda v: v["status_kind"] == "terminal")
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
-                await check_finished(view, await remote_runs(pair), pair)
-    codes = {a["error"]["code"] for a in review_of(view)["attempts"] if a["error"]}
+                record = await full_view(client, run_id)
+                await check_finished(view, record, await remote_runs(pair), pair)
+    codes = {a["error"]["code"] for a in review_of(record)["attempts"] if a["error"]}
     assert codes == {"agent_unreachable"}, codes
     # The remote's orphaned engineer call was made again by the restarted remote: its own affair.
     assert fake.calls_for("engineer") == 2

@@ -18,7 +18,7 @@ from mcp import Client
 
 from orchestration.core.facts import ChildEnded, ChildStarted
 from orchestration.store import RunStore
-from tests.acceptance.harness import call, call_error
+from tests.acceptance.harness import call, call_error, full_view
 from tests.acceptance.test_retried_calls import STORES, served
 
 CONFIG = """
@@ -81,7 +81,7 @@ async def test_a_step_runs_a_chain_the_host_works_through_the_parent_view(
         assert action["kind"] == "approve" and action["gate_id"] == "before:engineer"
         assert action["run_id"] == child["run_id"] != run_id
         assert child["waiting_for"] == f"gate before:engineer in run {child['run_id']}"
-        child_view = await call(client, "run_status", run_id=child["run_id"])
+        child_view = await full_view(client, child["run_id"])
         assert "Design: a hash table." in child_view["request_preview"]
 
         final = await follow(
@@ -92,6 +92,7 @@ async def test_a_step_runs_a_chain_the_host_works_through_the_parent_view(
         assert final["status"] == "completed"
         build = next(t for t in final["tasks"] if t["task_id"] == "build")
         assert build["output_preview"] == "Code v1."  # output_of = "engineer"
+        build = next(t for t in (await full_view(client, run_id))["tasks"] if t["task_id"] == "build")
         assert build["executor"] == f"child:{child['run_id']}"
         assert [c["status"] for c in final["children"]] == ["completed"]
         done_child = await call(client, "run_status", run_id=child["run_id"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import call, call_error, read_log, server_env, stdio_client_for
+from tests.acceptance.harness import call, call_error, full_view, read_log, server_env, stdio_client_for
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -40,10 +40,11 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
                 approve_before=["engineer"],
                 wait_seconds=60,
             )
-            assert view["contract"]["worker_backend"] == "provider"
             assert view["status"] == "awaiting_approval", view
-            architect = view["tasks"][0]
-            assert architect["output_preview"] == "the design, from the model"
+            assert view["tasks"][0]["output_preview"] == "the design, from the model"
+            record = await full_view(client, view["run_id"])
+            assert record["contract"]["worker_backend"] == "provider"
+            architect = record["tasks"][0]
             assert architect["executor"] == "provider:anthropic:claude-test-1"
             # The overloaded answer was one recorded attempt; the second succeeded.
             assert [a["outcome"] for a in architect["attempts"]] == ["failed", "succeeded"]
@@ -59,8 +60,10 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
             )
             assert view["status"] == "completed", view
             assert view["tasks"][1]["output_preview"] == "the code, from the model"
-            assert "provider:anthropic:claude-test-1" in view["semantics"]
-            assert view["totals"]["output_tokens"] > 0
+            assert view["costs"]["output_tokens"] > 0
+            record = await full_view(client, view["run_id"])
+            assert "provider:anthropic:claude-test-1" in record["semantics"]
+            assert record["totals"]["output_tokens"] == view["costs"]["output_tokens"]
 
             text = await call_error(
                 client, "orchestrate_start", request="x", worker_backend="provider", provider="openai"
@@ -70,4 +73,4 @@ async def test_a_gated_provider_chain_through_mcp(tmp_path: Path) -> None:
         # The key went to the provider, and nowhere else.
         assert all(CANARY in str(r["headers"]) for r in fake.requests())
         assert CANARY not in read_log(log_path)
-        assert CANARY not in str(view)
+        assert CANARY not in str(view) and CANARY not in str(record)

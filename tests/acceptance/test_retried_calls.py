@@ -22,7 +22,7 @@ from orchestration.store import RunStore
 from server.app import ConstructApp
 from server.settings.config import load_settings
 from stores import open_store
-from tests.acceptance.harness import call, call_error
+from tests.acceptance.harness import call, call_error, full_view
 from tests.acceptance.store_targets import BACKENDS, store_target
 
 STORES = ("memory", *BACKENDS)
@@ -66,6 +66,12 @@ async def outputs(client: Client, store: RunStore | None, run_id: str) -> dict[s
     return {f.task_id: f.output for f in facts if isinstance(f, TaskCompleted)}
 
 
+async def version_of(client: Client, run_id: str) -> int:
+    """The run's recorded version (in the full view only): a call that records nothing leaves it."""
+    version: int = (await full_view(client, run_id))["version"]
+    return version
+
+
 @pytest.mark.parametrize("backend", STORES)
 async def test_a_repeated_resume_never_records_its_output_for_the_next_task(
     backend: str, tmp_path: Path
@@ -77,6 +83,7 @@ async def test_a_repeated_resume_never_records_its_output_for_the_next_task(
         # The host's call: names the task it answers.
         answered = await call(client, "orchestrate_resume", run_id=run_id, task_id="architect", output="X")
         assert answered["next_action"]["task_id"] == "engineer"
+        version = await version_of(client, run_id)
 
         # A retry without task_id, after the run moved on to the engineer: refused, nothing recorded.
         text = await call_error(client, "orchestrate_resume", run_id=run_id, output="X", wait_seconds=0)
@@ -88,8 +95,8 @@ async def test_a_repeated_resume_never_records_its_output_for_the_next_task(
         again = await call(
             client, "orchestrate_resume", run_id=run_id, task_id="architect", output="X", wait_seconds=0
         )
-        assert again["version"] == answered["version"]
-        assert again["next_action"]["task_id"] == "engineer"
+        assert await version_of(client, run_id) == version
+        assert again == answered
         assert await outputs(client, store, run_id) == {"architect": "X"}
 
         # After the run ended, a missing task_id says so (not "pass task_id").
@@ -122,12 +129,14 @@ async def test_a_repeated_approval_never_approves_the_next_gate(backend: str, tm
         view = await call(client, "orchestrate_resume", run_id=run_id, task_id="architect", output="design")
         assert view["next_action"]["kind"] == "approve"
         assert view["next_action"]["gate_id"] == "before:engineer"
+        version = await version_of(client, run_id)
 
         # The first approval retried: the current view, the second gate still open.
         again = await call(
             client, "orchestrate_approve", gate_id="before:architect", wait_seconds=0, **approval
         )
-        assert again["version"] == view["version"]
+        assert await version_of(client, run_id) == version
+        assert again == view
         assert again["next_action"]["gate_id"] == "before:engineer"
         # Retried without its gate_id: refused; the second gate stays undecided.
         text = await call_error(client, "orchestrate_approve", wait_seconds=0, **approval)

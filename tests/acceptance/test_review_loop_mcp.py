@@ -17,7 +17,7 @@ from mcp import Client
 from mcp.types import TextResourceContents
 
 from orchestration.core.facts import RouteDecided
-from tests.acceptance.harness import call
+from tests.acceptance.harness import call, full_view
 from tests.acceptance.test_retried_calls import STORES, served
 
 
@@ -56,14 +56,15 @@ async def test_revise_then_approve_goes_round_the_loop_once(backend: str, tmp_pa
         view = await answer(client, view, "reviewer~2", verdict("approve", "Good."))
 
         assert view["status"] == "completed", view
-        assert [(t["task_id"], t["step"], t["visit"]) for t in view["tasks"]] == [
+        record = await full_view(client, run_id)
+        assert [(t["task_id"], t["step"], t["visit"]) for t in record["tasks"]] == [
             ("architect", "architect", 1),
             ("engineer", "engineer", 1),
             ("reviewer", "reviewer", 1),
             ("engineer~2", "engineer", 2),
             ("reviewer~2", "reviewer", 2),
         ]
-        assert [(r["task_id"], r["value"], r["target"], r["next_task_id"]) for r in view["routes"]] == [
+        assert [(r["task_id"], r["value"], r["target"], r["next_task_id"]) for r in record["routes"]] == [
             ("reviewer", "revise", "engineer", "engineer~2"),
             ("reviewer~2", "approve", "end", None),
         ]
