@@ -86,20 +86,19 @@ class FakeRemote:
         if name == "orchestrate_cancel":
             return result({"run_id": args["run_id"], "status": "cancelled", "status_kind": "terminal"})
         assert name == "run_status"
-        if "task_id" in args:
-            task = {
-                "task_id": args["task_id"],
-                "status": "done",
-                "step": "reviewer",
-                "output": "remote verdict",
-            }
-            return result({"run_id": args["run_id"], "status": self.final, "tasks": [task]})
+        if args.get("detail") == "full":
+            # the whole record, which the step reads its output from once the run ended
+            tasks = [
+                {"task_id": "engineer", "status": "done", "step": "engineer", "output": "remote code"},
+                {"task_id": "reviewer", "status": "done", "step": "reviewer", "output": "remote verdict"},
+            ]
+            return result({"run_id": args["run_id"], "status": self.final, "tasks": tasks})
         if self.hang:
             await anyio.sleep_forever()
         if self.fail_polls:
             self.fail_polls -= 1
             raise ExceptionGroup("lost", [httpx2.RemoteProtocolError("peer closed connection")])
-        polled = sum(1 for n, a in self.calls if n == "run_status" and "task_id" not in a)
+        polled = sum(1 for n, a in self.calls if n == "run_status" and "detail" not in a)
         if polled < self.polls:
             return result({"run_id": args["run_id"], "status": "running", "status_kind": "active"})
         tasks = [{"task_id": "engineer", "status": "done", "step": "engineer"}]
@@ -472,7 +471,7 @@ async def test_agent_steps_run_side_by_side_in_a_parallel_chain() -> None:
     assert "### left (agent:reviewer2)" in prompt and "### right (agent:reviewer2)" in prompt
     # The two calls overlapped: both runs were started before either was followed to its end.
     starts = [i for i, (name, _) in enumerate(remote.calls) if name == "orchestrate_start"]
-    first_end = next(i for i, (_, args) in enumerate(remote.calls) if "task_id" in args)
+    first_end = next(i for i, (_, args) in enumerate(remote.calls) if args.get("detail") == "full")
     assert starts[1] < first_end, remote.calls
 
 
