@@ -348,7 +348,12 @@ def _correction(previous_errors: tuple[TypedError, ...]) -> str:
 
 def contract_resolver(default_backend: WorkerBackend, settings: ProviderSettings | None) -> ContractResolver:
     """The runtime's contract resolver: the backend given at start, else ``default_backend``
-    (``CONSTRUCT_WORKER_BACKEND`` / the config file); provider contracts via ``settings``."""
+    (``CONSTRUCT_WORKER_BACKEND`` / the config file); provider contracts via ``settings``.
+
+    An inline run records ``settings.max_attempts`` (``CONSTRUCT_MAX_ATTEMPTS``) too: its agent
+    steps are the tasks it has attempts of (the host's answers have none), and they take the
+    configured bound as a provider run's steps do. The bound is the contract's, recorded at start,
+    so a run keeps the one it started with when the server restarts with another setting."""
 
     def resolve(request: StartRequest, chain: ChainSnapshot) -> ExecutionContract:
         backend = request.worker_backend or default_backend
@@ -357,7 +362,9 @@ def contract_resolver(default_backend: WorkerBackend, settings: ProviderSettings
                 raise InvalidArgument(
                     "provider and model apply to worker_backend='provider'; this run would use 'inline'"
                 )
-            return ExecutionContract(worker_backend="inline")
+            if settings is None:
+                return ExecutionContract(worker_backend="inline")
+            return ExecutionContract(worker_backend="inline", max_attempts=settings.max_attempts)
         if settings is None:
             raise InvalidArgument("the provider backend is not configured on this server")
         return settings.resolve_contract(request.provider, request.model, chain)

@@ -24,7 +24,7 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     http_session_idle_seconds = 600 # Streamable HTTP: a session idle this long is closed
     provider = "anthropic"          # provider backend: anthropic | openrouter | openai (else inferred)
     model = "claude-sonnet-4-5"     # provider backend: the default model
-    max_attempts = 3                # provider backend: attempts per task
+    max_attempts = 3                # attempts per provider or agent task (recorded in a run at start)
     max_tokens = 4096
     provider_timeout_seconds = 300
     retry_wait_cap_seconds = 30         # provider backend: longer retry waits are durable (not_before)
@@ -288,7 +288,10 @@ class Settings(BaseSettings):
         default=None, min_length=1, max_length=200, description="the provider backend's default model"
     )
     max_attempts: Annotated[int, from_env("CONSTRUCT_MAX_ATTEMPTS")] = Field(
-        default=3, ge=1, le=20, description="attempts per task"
+        default=3,
+        ge=1,
+        le=20,
+        description="attempts per provider or agent task (recorded in a run at its start)",
     )
     max_tokens: Annotated[int, from_env("CONSTRUCT_MAX_TOKENS")] = Field(
         default=4096, ge=1, description="the output limit of one model call"
