@@ -12,8 +12,10 @@
   answer; a body more than twice the bound is answered at once and its connection closed.) The
   SDK's transports bound their bodies themselves (``max_request_body_size``, answered with a bare
   413): in front of them :class:`TypedBodyLimit` only counts the body and turns that 413 into the
-  typed answer, so a body is bounded and held once; the run pages, which have no bound of their
-  own, are behind :class:`BodyLimitMiddleware`, which holds the body itself.
+  typed answer, so a body is bounded and held once; the run pages' endpoints, which have no bound
+  of their own, are behind :class:`BodyLimitMiddleware`, which holds the body itself. Either limit
+  sits behind the bearer tokens (:mod:`server.transports.auth`): a request without a valid token is
+  answered ``401`` before its body is read.
 * **Streamable HTTP sessions.** At most ``http_max_sessions`` (``CONSTRUCT_HTTP_MAX_SESSIONS``,
   default 200) are open at once, and a session with no request in flight for
   ``http_session_idle_seconds`` (default 600) is closed. When a new client comes while the server is

@@ -17,7 +17,8 @@ themselves (so they need no token) and read small JSON endpoints of this server 
 
 **Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``), every
 ``/runs/api/`` request needs ``Authorization: Bearer <token>`` (checked by the same
-:class:`~server.transports.auth.BearerTokenMiddleware` as ``/mcp``), and the token's identity needs the
+:class:`~server.transports.auth.BearerTokenMiddleware` as ``/mcp``, before any of the request's body
+is read; the body bound applies after), and the token's identity needs the
 same roles
 as the tools (:mod:`server.identity`): ``read`` to see runs, ``approve`` to decide gates; one limited
 to its own runs sees and decides only those. The page asks for the token in a login form and keeps
@@ -146,10 +147,21 @@ class RunPages:
     """The Starlette app of the pages and endpoints. ``services`` gives the running server's
     :class:`~server.mcp.services.Services` (None before its lifespan started or after it ended);
     ``tokens`` are the configured tokens (empty: none needed); ``host`` is the bound host (a
-    loopback one switches on the ``Host``/``Origin`` checks)."""
+    loopback one switches on the ``Host``/``Origin`` checks); ``max_body_bytes`` bounds a body
+    sent to the endpoints.
+
+    The layers of ``/runs/api/`` are token first, body bound second: a request without a valid
+    token is answered ``401`` before a byte of its body is read (so an anonymous client cannot make
+    the server hold bodies up to the bound, as ``/mcp`` cannot), and only an identified request's
+    body is read, held up to the bound (:class:`~server.transports.http.BodyLimitMiddleware`). The
+    pages themselves answer GET only and never read a body, so they need no bound."""
 
     def __init__(
-        self, services: Callable[[], Services | None], tokens: Sequence[NamedToken], host: str
+        self,
+        services: Callable[[], Services | None],
+        tokens: Sequence[NamedToken],
+        host: str,
+        max_body_bytes: int,
     ) -> None:
         self._services = services
         self.auth_required = bool(tokens)
@@ -164,6 +176,7 @@ class RunPages:
             ],
             exception_handlers={405: _not_allowed},
         )
+        api = BodyLimitMiddleware(api, max_body_bytes)
         if tokens:
             api = BearerTokenMiddleware(api, tokens)
         self.app = Starlette(
@@ -333,8 +346,9 @@ def with_run_pages(
     host: str,
     max_body_bytes: int,
 ) -> ASGIApp:
-    """``app`` (``/mcp``, already behind its tokens) with the run pages next to it."""
-    return WithRunPages(app, BodyLimitMiddleware(RunPages(services, tokens, host), max_body_bytes))
+    """``app`` (``/mcp``, already behind its tokens) with the run pages next to it (their endpoints'
+    bodies bounded at ``max_body_bytes``, behind their tokens: see :class:`RunPages`)."""
+    return WithRunPages(app, RunPages(services, tokens, host, max_body_bytes))
 
 
 class WithRunPages:

@@ -1,14 +1,17 @@
 """The run pages' HTTP surface (``/runs``, ``/runs/api/...``) against a server subprocess, without
 a browser: the security headers, the tokens and roles, the checks on ids and bodies, the coded JSON
-errors, and the decision record (channel ``web``); and the same pages without any token."""
+errors, and the decision record (channel ``web``); the token checked before a body is read; and the
+same pages without any token."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -21,6 +24,41 @@ pytestmark = pytest.mark.slow
 
 def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+#: A body just under the default bound (15,688,576 bytes): what the server would hold if it read it.
+LARGE_BODY_BYTES = 15_000_000
+#: Over the default bound (and under twice it: read and dropped, then the typed answer).
+OVER_BOUND_BYTES = 16_000_000
+
+
+async def _raw_post_head(port: int, path: str, headers: dict[str, str], sent_body: bytes = b"") -> bytes:
+    """POST ``path`` over a raw connection declaring a ``LARGE_BODY_BYTES`` body, of which only
+    ``sent_body`` is sent; the head of the first answer (status line and headers)."""
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {LARGE_BODY_BYTES}",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(("\r\n".join(lines) + "\r\n\r\n").encode() + sent_body)
+        answer = b""
+        # A server waiting for the rest of the body would never answer: the test fails after 20 s.
+        with anyio.fail_after(20):
+            while b"\r\n\r\n" not in answer:
+                answer += await stream.receive()
+    return answer.split(b"\r\n\r\n", 1)[0]
+
+
+HEADERS_JSON = {"Content-Type": "application/json"}
+
+
+async def _chunks(total: int, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """``total`` bytes of body, streamed (chunked) in ``size`` pieces."""
+    for start in range(0, total, size):
+        yield b" " * min(size, total - start)
 
 
 def _sha256(text: str) -> str:
@@ -140,6 +178,44 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         assert again.status_code == 200
         other = await http.post(gate_url, json={"decision": "reject", "comment": "ok"}, headers=bob)
         assert other.status_code == 409 and other.json()["error"] == "conflict"
+
+
+async def test_the_token_is_checked_before_a_body_is_read(tmp_path: Path) -> None:
+    """Issue 22, finding 4: an anonymous client must not make the server hold request bodies (16
+    such 15 MB POSTs took a server from 81 MB to 320 MB). A request without a valid token is
+    answered 401 before its body is read; the body bound applies to an identified request only."""
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    async with (
+        http_server(tmp_path, "streamable-http") as port,
+        as_identity(port, ALICE) as alice,
+        httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):
+        run_id = await gated_run(alice)
+        gate_url = f"/runs/api/runs/{run_id}/gates/before:engineer"
+        for headers in ({}, _bearer("x" * 20)):
+            # Asked to confirm first (Expect: 100-continue), the server says "Continue" only when the
+            # app asks for the body: without a valid token it answers 401 and never asks.
+            head = await _raw_post_head(port, gate_url, {**headers, "Expect": "100-continue"})
+            assert head.startswith(b"HTTP/1.1 401 "), f"the body was asked for: {head!r}"
+            assert b'www-authenticate: Bearer realm="construct-mcp"' in head
+            # Sending it regardless: answered 401 with 16 KB of the declared 15 MB sent.
+            head = await _raw_post_head(port, gate_url, headers, b" " * 16_384)
+            assert head.startswith(b"HTTP/1.1 401 "), head
+        # A client that uploads the whole body before it reads still gets its 401.
+        whole = await http.post(gate_url, content=_chunks(LARGE_BODY_BYTES), headers=HEADERS_JSON)
+        assert whole.status_code == 401 and whole.json()["error"] == "unauthorized"
+
+        # With the token, the body bound: over it, the typed too_large, and nothing decided.
+        over = await http.post(
+            gate_url, content=_chunks(OVER_BOUND_BYTES), headers={**HEADERS_JSON, **_bearer(BOB)}
+        )
+        assert over.status_code == 413, over.text
+        assert over.json()["error"]["message"].startswith("too_large: the request body is over ")
+        view = (await http.get(f"/runs/api/runs/{run_id}", headers=_bearer(BOB))).json()
+        assert view["status"] == "awaiting_approval" and view["gates"][0]["status"] == "requested"
+        decided = await http.post(gate_url, json={"decision": "approve"}, headers=_bearer(BOB))
+        assert decided.status_code == 200 and decided.json()["gates"][0]["status"] == "approved"
+    assert "action=body_too_large" in (tmp_path / "server.log").read_text()
 
 
 async def test_without_tokens_the_pages_need_no_login(tmp_path: Path) -> None:
