@@ -135,3 +135,18 @@ class DecisionLog:
     """What the uninterrupted run decided, keyed by the length of the fact log it decided on."""
 
     entries: list[tuple[int, datetime, Action]] = field(default_factory=list)
+
+
+async def to_gate(runtime: Runtime, chain: str) -> RunHead:
+    """Start an inline run of ``chain`` and answer its host tasks ("the work of <task>") until it
+    waits at a gate."""
+    head, _ = await runtime.start(StartRequest("Build it", chain=chain))
+    while True:
+        await runtime.drive(head.run_id)
+        head = await runtime.status(head.run_id)
+        if head.status == RunStatus.AWAITING_APPROVAL:
+            return head
+        snap = await runtime.snapshot(head.run_id)
+        assert snap.host_task is not None, head.status
+        task_id = snap.host_task.task_id
+        await runtime.submit_host_output(head.run_id, task_id, f"the work of {task_id}")

@@ -18,10 +18,10 @@ from orchestration.core.facts import RunCreated, dump_fact, parse_fact
 from orchestration.core.fold import apply
 from orchestration.core.models import ChainSnapshot, ExecutionContract, GateState, RunHead
 from orchestration.core.routing import chain_format
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError, Forbidden
 from stores.memory import MemoryStore
-from tests.unit.helpers import make_runtime
+from tests.unit.helpers import make_runtime, to_gate
 
 VERDICT = {"specialist": "reviewer", "output_schema": "verdict", "route_on": "verdict"}
 CHAINS: dict[str, Any] = {
@@ -62,19 +62,6 @@ CATALOG = Catalog.builtin().extended({"chains": CHAINS}, "agent-gates-test", Pat
 
 def _load(chain: dict[str, Any]) -> Catalog:
     return Catalog.builtin().extended({"chains": {"bad": chain}}, "bad-test", Path("."))
-
-
-async def _to_gate(runtime: Runtime, chain: str) -> RunHead:
-    """Start an inline run of ``chain`` and answer its host tasks until it waits at a gate."""
-    head, _ = await runtime.start(StartRequest("Build it", chain=chain))
-    while True:
-        await runtime.drive(head.run_id)
-        head = await runtime.status(head.run_id)
-        if head.status.value == "awaiting_approval":
-            return head
-        snap = await runtime.snapshot(head.run_id)
-        assert snap.host_task is not None, head.status
-        await runtime.submit_host_output(head.run_id, snap.host_task.task_id, "the work")
 
 
 def _gate(position: str, task_id: str) -> GateState:
@@ -175,7 +162,7 @@ def _created(chain: ChainSnapshot) -> RunCreated:
 
 async def test_the_agent_decides_its_own_gate_and_is_refused_a_persons() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "autonomous")
+    head = await to_gate(runtime, "autonomous")
     assert head.format == 5
     for who in (None, "alice"):  # only the agent decides this one
         with pytest.raises(Forbidden, match=r"only by the calling agent \(approver 'agent'\)"):
@@ -198,7 +185,7 @@ async def test_the_agent_decides_its_own_gate_and_is_refused_a_persons() -> None
 
 async def test_on_a_gate_with_no_policy_the_agent_is_refused_and_a_person_decides() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "person")
+    head = await to_gate(runtime, "person")
     assert head.format == 1  # nothing new in the chain: the run is what it was
     with pytest.raises(
         Forbidden, match=r"after:engineer of run .* is a person's, not the agent's: ask the user"
@@ -242,6 +229,6 @@ def test_a_chain_policy_is_format_5_and_a_chain_without_one_is_stored_and_hashed
 async def test_a_run_of_a_chain_policy_reads_back_with_it_from_the_store() -> None:
     store = MemoryStore()
     runtime = make_runtime(store, catalog=CATALOG)
-    head = await _to_gate(runtime, "autonomous")
+    head = await to_gate(runtime, "autonomous")
     loaded = await store.load(head.run_id)
     assert loaded.chain.approvers == ("agent",) and loaded.format == 5

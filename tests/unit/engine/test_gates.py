@@ -16,7 +16,7 @@ from orchestration.core.routing import revise_offered
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import ConfigError, Conflict, Forbidden, InvalidArgument, InvalidState
 from stores.memory import MemoryStore
-from tests.unit.helpers import make_runtime
+from tests.unit.helpers import make_runtime, to_gate
 
 CATALOG = Catalog.builtin().extended(
     {
@@ -45,27 +45,13 @@ CATALOG = Catalog.builtin().extended(
 )
 
 
-async def _to_gate(runtime: Runtime, chain: str) -> RunHead:
-    """Start an inline run of ``chain`` and answer its host tasks until it waits at a gate."""
-    head, _ = await runtime.start(StartRequest("Build it", chain=chain))
-    while True:
-        await runtime.drive(head.run_id)
-        head = await runtime.status(head.run_id)
-        if head.status.value == "awaiting_approval":
-            return head
-        snap = await runtime.snapshot(head.run_id)
-        assert snap.host_task is not None, head.status
-        task_id = snap.host_task.task_id
-        await runtime.submit_host_output(head.run_id, task_id, f"the work of {task_id}")
-
-
 def _requested(head: RunHead) -> str:
     return next(g.gate_id for g in head.gates if g.status == "requested")
 
 
 async def test_revise_after_reruns_the_gated_step_with_the_comment_until_its_bound() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "after-gated")
+    head = await to_gate(runtime, "after-gated")
     gate = head.gate("after:engineer")
     assert gate is not None and revise_offered(head, gate)
     head = await runtime.approve(
@@ -112,7 +98,7 @@ async def test_revise_after_reruns_the_gated_step_with_the_comment_until_its_bou
 
 async def test_revise_before_reruns_the_previous_step_then_asks_again() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "before-gated")
+    head = await to_gate(runtime, "before-gated")
     head = await runtime.approve(head.run_id, "revise", "before:engineer", "more detail")
     assert [(t.task_id, t.status.value) for t in head.tasks] == [
         ("architect", "done"),
@@ -131,7 +117,7 @@ async def test_revise_before_reruns_the_previous_step_then_asks_again() -> None:
 
 async def test_revise_is_refused_where_there_is_nothing_to_send_back() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "first-gated")
+    head = await to_gate(runtime, "first-gated")
     gate = head.gate("before:architect")
     assert gate is not None and not revise_offered(head, gate)
     with pytest.raises(InvalidArgument, match="chain's first step"):
@@ -141,7 +127,7 @@ async def test_revise_is_refused_where_there_is_nothing_to_send_back() -> None:
 
 async def test_per_gate_approvers_are_the_only_ones_who_decide() -> None:
     runtime = make_runtime(catalog=CATALOG)
-    head = await _to_gate(runtime, "guarded")
+    head = await to_gate(runtime, "guarded")
     for who in (None, "mallory"):
         with pytest.raises(Forbidden, match="alice, bob"):
             await runtime.approve(head.run_id, "approve", "after:engineer", approver=who)
@@ -155,7 +141,7 @@ async def test_expiry_is_decided_from_facts_and_a_late_decision_is_refused() -> 
     clock = ManualClock()
     store = MemoryStore()
     runtime = make_runtime(store, clock=clock, catalog=CATALOG)
-    head = await _to_gate(runtime, "expiring")
+    head = await to_gate(runtime, "expiring")
     gate = head.gate("before:engineer")
     assert gate is not None and gate.expires_at is not None
     assert head.wake_at == gate.expires_at  # the stores' wake_at index finds it
