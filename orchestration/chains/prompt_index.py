@@ -83,6 +83,13 @@ def chain_plan(chain: ChainSnapshot) -> ChainPlan:
     return ChainPlan(chain, tuple(s.name for s in chain.steps))
 
 
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: a description written without a closing full stop gets one, so the
+    next sentence of the prompt does not run on from it."""
+    text = text.strip()
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
 def _step_text(chain: ChainSnapshot, index: int) -> StepText:
     steps = chain.steps
     step = steps[index]
@@ -91,7 +98,7 @@ def _step_text(chain: ChainSnapshot, index: int) -> StepText:
         "",
         "## Your task",
         "",
-        f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
+        f"Do the {specialist.name}'s part of this request. Your role: {_sentence(specialist.description)} "
         "Build on the work so far; the next step sees only what you write.",
     ]
     if step.instruction is not None:

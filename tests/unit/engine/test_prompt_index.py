@@ -149,7 +149,7 @@ def ref_materialize(
         "",
         "## Your task",
         "",
-        f"Do the {specialist.name}'s part of this request. Your role: {specialist.description} "
+        f"Do the {specialist.name}'s part of this request. Your role: {_as_sentence(specialist.description)} "
         "Build on the work so far; the next step sees only what you write.",
     ]
     if step.instruction is not None:
@@ -164,9 +164,18 @@ def ref_materialize(
 
 # -- runs of every shape --------------------------------------------------------------------------
 
+
+def _as_sentence(text: str) -> str:
+    # A custom specialist's description may lack its full stop; the prompt adds one.
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 EXTRA = Catalog.builtin().extended(
     {
+        "specialists": {"notes": {"description": "Writes the release notes", "persona": "You write notes."}},
         "chains": {
+            "custom": {"steps": ["architect", "notes"]},
             "instructed": {
                 "steps": [
                     "architect",
@@ -182,7 +191,7 @@ EXTRA = Catalog.builtin().extended(
                     {"specialist": "writer", "after": ["one", "two"]},
                 ]
             },
-        }
+        },
     },
     "test",
     Path("."),
@@ -222,6 +231,13 @@ async def _revised() -> tuple[Runtime, str]:
         return "approve"
 
     await play(runtime, head.run_id, decisions=decide)
+    return runtime, head.run_id
+
+
+async def _custom() -> tuple[Runtime, str]:
+    runtime = make_runtime(catalog=EXTRA)
+    head, _ = await runtime.start(StartRequest("Release it", chain="custom"))
+    await play(runtime, head.run_id, output=lambda t: f"the {t}'s work")
     return runtime, head.run_id
 
 
@@ -271,6 +287,7 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "revise": (_revised, "## Sent back by the approver"),
     "failed-continue-instruction": (_failing, "failed and produced no output: tester."),
     "instruction": (_failing, "\nKeep it small.\n"),
+    "custom-description": (_custom, "Your role: Writes the release notes. Build on the work so far"),
     "fan-continue": (
         lambda: _parallel("fan-continue", PARALLEL_CATALOG),
         "failed and produced no output: a.",
