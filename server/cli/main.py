@@ -70,6 +70,12 @@ from stores import parse_store_spec
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: ``runs start|resume|approve|fork`` did what was asked, and the run it advanced ended failed,
+#: rejected or cancelled: a script that chains commands must not take that for success
+EXIT_RUN_ENDED_UNSUCCESSFULLY = 3
+#: the commands that advance a run in-process (see :data:`EXIT_RUN_ENDED_UNSUCCESSFULLY`)
+_ADVANCING = frozenset({"start", "resume", "approve", "fork"})
+_UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.REJECTED, RunStatus.CANCELLED})
 
 #: How long a ``runs`` command waits for a server that holds the run's lease to move it on.
 CLI_WAIT_SECONDS = 10.0
@@ -398,6 +404,7 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
 async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
     command = args.runs_command
     model: RunView | RunsPage
+    code = EXIT_OK
     if command in LIVE_COMMANDS:
         return await run_live(runtime, args, out)
     if command == "list":
@@ -414,8 +421,10 @@ async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) ->
         head = await _run_command(command, args, runtime)
         detail: Detail = "full" if getattr(args, "full", False) else "compact"
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
+        if command in _ADVANCING and head.status in _UNSUCCESSFUL:
+            code = EXIT_RUN_ENDED_UNSUCCESSFULLY
     _emit(model, args.json, out)
-    return EXIT_OK
+    return code
 
 
 async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime) -> RunHead:

@@ -113,18 +113,11 @@ def test_reject_and_cancel(tmp_path: Path) -> None:
         tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
     )
     view = ok_json(tmp_path, "runs", "resume", view["run_id"], "--task-id", "architect", "--output", "design")
-    view = ok_json(
-        tmp_path,
-        "runs",
-        "approve",
-        view["run_id"],
-        "--gate-id",
-        "before:engineer",
-        "--reject",
-        "--comment",
-        "no",
-    )
-    assert view["status"] == "rejected"
+    argv = ["runs", "approve", view["run_id"], "--gate-id", "before:engineer", "--reject", "--comment", "no"]
+    proc = cli(tmp_path, *argv, "--json")
+    # The rejection was taken (the run is printed) and the run ended rejected: exit status 3.
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "rejected"
 
     other = ok_json(tmp_path, "runs", "start", "y", "--specialists", "writer")
     cancelled = ok_json(tmp_path, "runs", "cancel", other["run_id"], "--reason", "test")

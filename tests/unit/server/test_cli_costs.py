@@ -17,9 +17,10 @@ from server.cli.main import _runs_with, build_parser
 from tests.unit.helpers import make_runtime
 
 
-async def cli(runtime: Runtime, *argv: str) -> dict[str, object]:
+async def cli(runtime: Runtime, *argv: str, exit_status: int = 0) -> dict[str, object]:
     out = io.StringIO()
-    assert await _runs_with(runtime, build_parser().parse_args(["runs", *argv, "--json"]), out) == 0
+    args = build_parser().parse_args(["runs", *argv, "--json"])
+    assert await _runs_with(runtime, args, out) == exit_status
     answer: dict[str, object] = json.loads(out.getvalue())
     return answer
 
@@ -34,7 +35,8 @@ async def test_a_budget_from_the_cli_stops_the_run_at_the_hosts_reported_usage()
     assert head.contract.costs is not None and head.contract.costs.budget is not None
     assert head.contract.costs.budget.max_total_tokens == 1000
     argv = ["resume", run_id, "--task-id", "architect", "--output", "the design"]
-    view = await cli(runtime, *argv, "--input-tokens", "700", "--output-tokens", "400")
+    # The resume was taken, and the run it advanced failed: exit status 3.
+    view = await cli(runtime, *argv, "--input-tokens", "700", "--output-tokens", "400", exit_status=3)
     assert view["status"] == RunStatus.FAILED.value
     assert isinstance(view["error"], dict) and view["error"]["code"] == "budget_exhausted"
     (submitted,) = [f for f in await runtime.store.read_facts(run_id) if isinstance(f, HostOutputSubmitted)]
