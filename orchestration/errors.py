@@ -36,6 +36,9 @@ an operator that nothing is damaged (see "Record formats" in :mod:`orchestration
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 #: The most characters of a caller's input an error message quotes (see :func:`quoted`).
 QUOTED_CHARS = 100
 
@@ -240,3 +243,10 @@ def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
         return text
     size = f" ({len(value)} characters)" if isinstance(value, str) else ""
     return f"{text[:limit]}...{size}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when one of ``known`` is close to the misspelled ``name``, else
+    ``""``: the hint every unknown-name error gives (tools, arguments, settings, chain fields)."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -106,7 +106,14 @@ from orchestration.core.models import (
     OnFailure,
     SpecialistSnapshot,
 )
-from orchestration.errors import ConfigError, InvalidArgument, UnknownChain, UnknownSpecialist, quoted
+from orchestration.errors import (
+    ConfigError,
+    InvalidArgument,
+    UnknownChain,
+    UnknownSpecialist,
+    did_you_mean,
+    quoted,
+)
 
 BUILTIN_SPECIALISTS = ("architect", "engineer", "reviewer", "researcher", "tester", "writer")
 #: The built-in chain ``research``: three researchers, each with its own angle, then a writer
@@ -469,9 +476,27 @@ def _parsed_config(raw: Mapping[str, Any], source: str) -> _CatalogConfig:
     except ValidationError as exc:
         errors = exc.errors()
         # For a step given as a table, the error of the "plain string" branch of the union is
-        # noise: report the table's own problem.
-        err = next((e for e in errors if "str" not in e["loc"]), errors[0])
-        raise ConfigError(source, _loc(err["loc"]), err["msg"]) from None
+        # noise: report the table's own problem. A misspelled required field is both unknown and
+        # missing: the unknown one, with its did-you-mean, says what to fix.
+        errors = [e for e in errors if "str" not in e["loc"]] or errors
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        message = err["msg"] if err["type"] != "extra_forbidden" else _unknown_field(err["loc"])
+        raise ConfigError(source, _loc(err["loc"]), message) from None
+
+
+def _unknown_field(loc: Sequence[int | str]) -> str:
+    """What to say of the unknown field at ``loc`` (pydantic's "Extra inputs are not permitted"
+    names no alternative): the close known field, else the fields that table takes."""
+    if "_StepConfig" in loc:
+        model: type[BaseModel] = _StepConfig
+        noun = "a step"
+    elif loc[0] == "specialists":
+        model, noun = _SpecialistConfig, "a specialist"
+    else:
+        model, noun = _ChainConfig, "a chain"
+    known = list(model.model_fields)
+    hint = did_you_mean(str(loc[-1]), known)
+    return f"unknown field{hint}" if hint else f"unknown field; {noun} takes: {', '.join(known)}"
 
 
 def _checked_name(name: str, source: str, where: str) -> str:

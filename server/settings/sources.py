@@ -31,7 +31,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from orchestration.errors import ConfigError
+from orchestration.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from pydantic_settings.sources.types import Traversable
@@ -128,20 +128,29 @@ def _problem(settings_cls: type[BaseModel], exc: ValidationError) -> tuple[str, 
         field = settings_cls.model_fields.get(loc[0])
         table = None if field is None else table_of(field)
         if len(loc) == 1 or field is None or table is None:
-            message = _unknown_setting(settings_cls)
+            message = _unknown_setting(settings_cls, loc[0])
         elif table.unknown is not None:
             message = f"unknown setting; {table.unknown}"
         else:
             model = _table_model(field)
-            takes = ", ".join(model.model_fields) if model is not None else ""
-            message = f"unknown setting; {table.noun} takes: {takes}"
+            known = list(model.model_fields) if model is not None else []
+            hint = did_you_mean(loc[-1], known)
+            message = (
+                f"unknown setting{hint}"
+                if hint
+                else f"unknown setting; {table.noun} takes: {', '.join(known)}"
+            )
     return where, message
 
 
-def _unknown_setting(settings_cls: type[BaseModel]) -> str:
-    known = ", ".join(sorted(file_keys(settings_cls)))
+def _unknown_setting(settings_cls: type[BaseModel], name: str) -> str:
+    """What to say of the unknown top-level ``name``: the close known setting or table, else all."""
+    keys = sorted(file_keys(settings_cls))
+    hint = did_you_mean(name, [*keys, *CATALOG_TABLES])
+    if hint:
+        return f"unknown setting{hint}"
     return (
-        f"unknown setting; the known settings are: {known} "
+        f"unknown setting; the known settings are: {', '.join(keys)} "
         "(and the tables specialists, chains, providers, tokens, agents)"
     )
 
@@ -168,7 +177,9 @@ class FlagSource(InitSettingsSource):
         allowed |= set(file_keys(settings_cls))
         allowed -= {"home"}  # --home chooses where the config file is: resolved before the sources
         if unknown := sorted(given.keys() - allowed):
-            raise ConfigError("command line", self.labels[unknown[0]], _unknown_setting(settings_cls))
+            raise ConfigError(
+                "command line", self.labels[unknown[0]], _unknown_setting(settings_cls, unknown[0])
+            )
         validated(settings_cls, "command line", given, self.labels)
         super().__init__(settings_cls, given)
 
@@ -204,7 +215,7 @@ class ConfigFileSource(TomlConfigSettingsSource):
                 raise ConfigError(source, key, variable.not_in_file)
         validated(self._settings_cls, source, {k: v for k, v in values.items() if k not in unknown}, {})
         if unknown:
-            raise ConfigError(source, unknown[0], _unknown_setting(self._settings_cls))
+            raise ConfigError(source, unknown[0], _unknown_setting(self._settings_cls, unknown[0]))
         return values
 
 

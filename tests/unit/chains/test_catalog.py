@@ -59,7 +59,18 @@ steps = ["architect", { specialist = "engineer", approve_before = true }, "secur
         (
             '[chains.x]\nsteps = [{ specialist = "engineer", colour = "red" }]\n',
             "chains.x.steps[0].colour",
-            "Extra inputs",
+            "unknown field; a step takes: specialist, chain, output_of, name, approve_before",
+        ),
+        (
+            '[chains.x]\nsteps = [{ specialist = "engineer", aprove_before = true }]\n',
+            "chains.x.steps[0].aprove_before",
+            "unknown field (did you mean 'approve_before'?)",
+        ),
+        ('[chains.x]\nstep = ["architect"]\n', "chains.x.step", "unknown field (did you mean 'steps'?)"),
+        (
+            '[specialists.s]\ndescripton = "d"\npersona = "p"\n',
+            "specialists.s.descripton",
+            "unknown field (did you mean 'description'?)",
         ),
         (
             '[specialists.s]\ndescription = "d"\n',

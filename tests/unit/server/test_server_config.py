@@ -97,11 +97,14 @@ def test_a_bad_environment_variable_is_named(variable: str, value: str, problem:
     ("text", "field", "problem"),
     [
         ("dispatch_concurrency = 'lots'\n", "dispatch_concurrency", "valid integer"),
-        ("stoer = 'memory'\n", "stoer", "unknown setting"),
+        ("stoer = 'memory'\n", "stoer", "unknown setting (did you mean 'store'?)"),
+        ("chians = 1\n", "chians", "unknown setting (did you mean 'chains'?)"),
+        ("zzzz = 1\n", "zzzz", "unknown setting; the known settings are: agents, auth_token"),
         ("fault_crash_after_writes = 3\n", "fault_crash_after_writes", "only be set in the environment"),
         ("openai_base_url = 'http://x'\n", "openai_base_url", "[providers.openai]"),
         ("[providers.bogus]\napi_key = 'k'\n", "providers.bogus", "'anthropic'"),
-        ("[providers.openai]\napi_kee = 'k'\n", "providers.openai.api_kee", "base_url, api_key"),
+        ("[providers.openai]\napi_kee = 'k'\n", "providers.openai.api_kee", "(did you mean 'api_key'?)"),
+        ("[providers.openai]\nqqq = 'k'\n", "providers.openai.qqq", "takes: base_url, api_key"),
         ("this is not toml", "(file)", "not valid TOML"),
     ],
 )
