@@ -58,6 +58,7 @@ from server.mcp.tasks import TasksExtension, guard_task_notifications
 from server.mcp.tools import build_tools
 from server.sdk import set_request_handler
 from server.settings.config import Settings
+from server.settings.providers import missing_key_warning
 from server.settings.storage import OpenedRunStore, open_run_store
 from server.settings.telemetry import configure_tracing
 from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
@@ -96,6 +97,13 @@ Views show task outputs as previews; run_status(run_id, detail='full') shows the
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 
 
+def instructions_for(settings: Settings) -> str:
+    """The ``instructions`` a host receives when it connects: :data:`INSTRUCTIONS`, and a
+    warning a model must know before it starts a run (a provider backend without a key)."""
+    key = missing_key_warning(settings)
+    return INSTRUCTIONS if key is None else f"{INSTRUCTIONS}\nWarning: {key}."
+
+
 class ConstructApp:
     """Settings + catalog, and the server built from them. One per process."""
 
@@ -119,7 +127,7 @@ class ConstructApp:
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
             title="construct-mcp: durable specialist chains",
-            instructions=INSTRUCTIONS,
+            instructions=instructions_for(self.settings),
             version=_version(),
             lifespan=self.lifespan,
             subscriptions=self._bus,
@@ -147,6 +155,13 @@ class ConstructApp:
             ),
         )
         return server
+
+    def _warnings(self, opened: OpenedRunStore) -> tuple[str, ...]:
+        """What the log warns of at startup: the store's (a fallback, also in every run view) and a
+        provider backend without a key (also in the ``instructions``: not in every run view, where
+        an inline run would carry it for nothing)."""
+        key = missing_key_warning(self.settings)
+        return (*opened.warnings, *([key] if key is not None else []))
 
     @asynccontextmanager
     async def lifespan(self, _server: MCPServer[Services]) -> AsyncIterator[Services]:
@@ -192,7 +207,7 @@ class ConstructApp:
             await services.publish_change(head)
 
         runtime.add_listener(announce)
-        for warning in opened.warnings:
+        for warning in self._warnings(opened):
             log.warning(warning, extra={"action": "startup_warning"})
         async with anyio.create_task_group() as tg:
             await tg.start(dispatcher.run)

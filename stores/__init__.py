@@ -99,6 +99,10 @@ class OpenedStore:
     source: str
     warnings: list[str] = field(default_factory=list)
     fell_back: bool = False
+    #: the store did not exist before this open: an empty one was made (a directory or file that
+    #: was not there, an empty Postgres schema initialized). ``construct-mcp`` says so, since a
+    #: mistyped home or URL otherwise looks like a store with no runs.
+    created: bool = False
 
 
 def _backend_of(spec: str) -> str:
@@ -203,6 +207,20 @@ async def open_store(
     return await _open_parsed(parsed, connect_timeout)
 
 
+async def _open_new(spec: StoreSpec, connect_timeout: float) -> tuple[RunStore, bool]:
+    """The store ``spec`` names, and whether it was created by this open (see
+    :attr:`OpenedStore.created`)."""
+    existed = spec.path is not None and (
+        (spec.path / "runs").is_dir() if spec.backend == "filesystem" else spec.path.exists()
+    )
+    store = await _open_parsed(spec, connect_timeout)
+    if spec.backend == "postgres":
+        from stores.postgres import PostgresStore  # imported by _open_parsed already
+
+        return store, isinstance(store, PostgresStore) and store.created
+    return store, spec.backend != "memory" and not existed
+
+
 async def _open_parsed(spec: StoreSpec, connect_timeout: float) -> RunStore:
     if spec.backend == "memory":
         from stores.memory import MemoryStore
@@ -255,8 +273,8 @@ async def open_configured_store(
         parsed = parse_store_spec(spec, home=home, database_url=database_url, source=source)
         shown = parsed.display
         secret_source = parsed.dsn or spec
-        store = await _open_parsed(parsed, connect_timeout)
-        return OpenedStore(store, shown, source)
+        store, created = await _open_new(parsed, connect_timeout)
+        return OpenedStore(store, shown, source, created=created)
     except StoreUnavailable as exc:
         cause = scrub(str(exc), secret_source)
         if not fallback or _backend_of(spec) == "filesystem":
@@ -269,8 +287,8 @@ async def open_configured_store(
             f"{home} instead, so runs started now are not in {shown}"
         )
         log.warning(warning, extra={"action": "store.fallback", "requested": shown, "source": source})
-        fs = await _open_parsed(parse_store_spec("filesystem", home=home), connect_timeout)
-        return OpenedStore(fs, shown, source, [warning], fell_back=True)
+        fs, created = await _open_new(parse_store_spec("filesystem", home=home), connect_timeout)
+        return OpenedStore(fs, shown, source, [warning], fell_back=True, created=created)
 
 
 async def migrate(

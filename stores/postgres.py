@@ -164,6 +164,30 @@ async def migrate_postgres(
             await conn.close()
 
 
+async def _initialize_if_empty(conn: Any, schema: str, display: str) -> bool:
+    """Create the schema and apply every migration when ``schema`` has nothing in it (a fresh
+    database: nothing to lose); True when it did. A schema with anything in it is left as it is: one
+    that is behind still needs ``construct-mcp migrate``. Two processes opening one fresh database at
+    once apply each migration once (the migration lock)."""
+    await conn.execute(Q["initialize_lock"], schema)
+    try:
+        if await conn.fetchval(Q["schema_has_tables"], schema):
+            return False
+        async with conn.transaction():
+            await conn.execute(Q["schema_lock"], schema)
+            await conn.execute(await conn.fetchval(Q["create_schema_statement"], schema))
+        report = await run_migrations(_PostgresTarget(conn, schema), store=display, backend="postgres")
+    finally:
+        await conn.execute(Q["initialize_unlock"], schema)
+    log.info(
+        "initialized the empty postgres schema %s at version %d",
+        display,
+        report.to_version,
+        extra={"action": "store_initialized"},
+    )
+    return bool(report.applied)
+
+
 def _display(dsn: str, schema: str) -> str:
     shown = redact_url(dsn)
     return shown if schema == "public" else f"{shown} (schema {schema})"
@@ -178,6 +202,8 @@ class PostgresStore(PostgresRetention):
     def __init__(self, pool: Any, *, dsn: str, schema: str, connect_timeout: float) -> None:
         """Use :meth:`open`."""
         self.schema = schema
+        #: whether :meth:`open` found the schema empty and created it (``construct-mcp`` says so)
+        self.created = False
         self.channel = channel_for(schema)
         self._pool = pool
         self._dsn = dsn
@@ -220,11 +246,14 @@ class PostgresStore(PostgresRetention):
                 )
             try:
                 async with pool.acquire() as conn:
+                    created = await _initialize_if_empty(conn, schema, _display(dsn, schema))
                     await check_schema(_PostgresTarget(conn, schema), f"the {where}")
             except BaseException:
                 await pool.close()
                 raise
-        return cls(pool, dsn=dsn, schema=schema, connect_timeout=connect_timeout)
+        store = cls(pool, dsn=dsn, schema=schema, connect_timeout=connect_timeout)
+        store.created = created
+        return store
 
     # ----------------------------------------------------------------------------------------
     # plumbing

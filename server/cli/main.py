@@ -330,9 +330,9 @@ def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, ou
         out.write(f"\n{action.instruction}\n")
 
 
-def _print_page(page: RunsPage, out: TextIO) -> None:
+def _print_page(page: RunsPage, out: TextIO, where: str | None) -> None:
     if not page.runs:
-        out.write("no runs\n")
+        out.write("no runs\n" if where is None else f"no runs in the store {where}\n")
     for run in page.runs:
         waiting = f"  waiting for {run.waiting_for}" if run.waiting_for else ""
         preview = run.request_preview.replace("\n", " ")[:60]
@@ -341,13 +341,13 @@ def _print_page(page: RunsPage, out: TextIO) -> None:
         out.write(f"more: --cursor {page.next_cursor}\n")
 
 
-def _emit(model: RunView | RunsPage, as_json: bool, out: TextIO) -> None:
+def _emit(model: RunView | RunsPage, as_json: bool, out: TextIO, where: str | None = None) -> None:
     if as_json:
         out.write(model.model_dump_json(indent=2) + "\n")
     elif isinstance(model, RunView):
         _print_view(model, out)
     else:
-        _print_page(model, out)
+        _print_page(model, out, where)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -391,17 +391,36 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
         return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
     opened = await open_run_store(settings)
+    # A mistyped home or URL would otherwise look like a store with no runs (or without the run
+    # asked for): said after what the command prints, an error's `code: message` line first.
+    note = (
+        f"construct-mcp: note: the store {opened.description} did not exist before; if you "
+        "expected runs here, check --store and CONSTRUCT_HOME"
+        if opened.created
+        else None
+    )
     stop_tracing = configure_tracing(settings.otel)  # a run driven here is traced as by the server
     try:
         async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
-            return await _runs_with(runtime, args, out)
+            code = await _runs_with(runtime, args, out, where=opened.description)
+        if note is not None:
+            sys.stderr.write(note + "\n")
+        return code
+    except ConstructError as exc:
+        if note is not None:
+            exc.add_note(note)
+        raise
     finally:
         with anyio.CancelScope(shield=True):
             await opened.store.close()
         stop_tracing()
 
 
-async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
+async def _runs_with(
+    runtime: Runtime, args: argparse.Namespace, out: TextIO, *, where: str | None = None
+) -> int:
+    """Run the ``runs`` command ``args`` names on ``runtime``; ``where`` describes its store (an
+    empty ``runs list`` says which store it looked in)."""
     command = args.runs_command
     model: RunView | RunsPage
     code = EXIT_OK
@@ -423,7 +442,7 @@ async def _runs_with(runtime: Runtime, args: argparse.Namespace, out: TextIO) ->
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
         if command in _ADVANCING and head.status in _UNSUCCESSFUL:
             code = EXIT_RUN_ENDED_UNSUCCESSFULLY
-    _emit(model, args.json, out)
+    _emit(model, args.json, out, where)
     return code
 
 
@@ -584,6 +603,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     except ConstructError as exc:
         sys.stderr.write(f"{exc.code}: {exc.message}\n")
+        _write_notes(exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
@@ -593,9 +613,16 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if leaf is None:
             raise
         sys.stderr.write(f"{leaf.code}: {leaf.message}\n")
+        _write_notes(leaf)
         return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
     return EXIT_USAGE  # pragma: no cover
+
+
+def _write_notes(exc: BaseException) -> None:
+    """The notes added to an error on its way out (which store was opened), after its line."""
+    for note in getattr(exc, "__notes__", ()):
+        sys.stderr.write(f"{note}\n")
 
 
 def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError | None:

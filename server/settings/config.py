@@ -490,7 +490,9 @@ def resolve_home(explicit: Path | str | None, env: Mapping[str, str]) -> Path:
     raw = str(explicit) if explicit is not None else env.get("CONSTRUCT_HOME") or DEFAULT_HOME
     if not raw.strip():
         raise ConfigError("environment", "CONSTRUCT_HOME", "is empty")
-    return Path(raw).expanduser()
+    # Absolute: a relative home means "below the directory the process started in", and every
+    # message that names the store shows which directory that was.
+    return Path(raw).expanduser().absolute()
 
 
 def load_settings(

@@ -97,3 +97,28 @@ def provider_settings(settings: Settings) -> ProviderSettings:
         request_timeout_seconds=settings.provider_timeout_seconds,
         compat_provider=compat,
     )
+
+
+def missing_key_warning(settings: Settings) -> str | None:
+    """What a server whose default backend is ``provider`` says at startup (in its log, its
+    ``run_status`` warnings and the ``instructions`` a host receives) when the provider its runs
+    go to has no API key: such runs are refused at start, which a host would otherwise learn only
+    from its first run. None when there is a key, or the default backend is ``inline``."""
+    if settings.worker_backend != "provider":
+        return None
+    providers = provider_settings(settings)
+    if settings.provider is not None:
+        names: list[str] = [settings.provider]
+    elif settings.model:
+        names = [providers.infer_provider(settings.model)]
+    else:
+        names = list(PROVIDERS)  # the model is chosen per run: any provider with a key may serve
+    endpoints = [providers.endpoints.get(name) for name in names]
+    if any(e is not None and (e.api_key is not None or e.key_optional) for e in endpoints):
+        return None
+    keys = " or ".join(KEY_VARIABLES[name] for name in names if name in KEY_VARIABLES)
+    return (
+        f"the worker backend is provider and no API key is set for {' or '.join(names)}: set {keys} "
+        "(or api_key under [providers.<name>] in construct.toml); until then runs on the provider "
+        "backend are refused at start, and runs with worker_backend inline work"
+    )

@@ -31,6 +31,8 @@ class OpenedRunStore:
     store: RunStore
     description: str
     warnings: tuple[str, ...] = ()
+    #: the store did not exist before (see :attr:`stores.OpenedStore.created`)
+    created: bool = False
 
 
 def store_choice(settings: Settings) -> tuple[str, str]:
@@ -68,7 +70,10 @@ async def open_run_store(settings: Settings) -> OpenedRunStore:
         home=settings.home, fallback=settings.store_fallback, **store_inputs(settings)
     )
     store: RunStore = opened.store
-    description = f"{store.name} ({opened.requested}, from {opened.source})"
+    # A fallback's own warning says which store is used instead, and where.
+    created = opened.created and not opened.fell_back
+    made = ", created just now" if created else ""
+    description = f"{store.name} ({opened.requested}, from {opened.source}{made})"
     if settings.fault_crash_after_writes is not None:
         store = CrashAfterWrites(store, settings.fault_crash_after_writes)
         log.warning(
@@ -76,4 +81,4 @@ async def open_run_store(settings: Settings) -> OpenedRunStore:
             settings.fault_crash_after_writes,
             extra={"action": "fault_injection_enabled"},
         )
-    return OpenedRunStore(store, description, tuple(opened.warnings))
+    return OpenedRunStore(store, description, tuple(opened.warnings), created)

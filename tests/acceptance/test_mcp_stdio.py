@@ -584,6 +584,23 @@ async def test_a_run_survives_a_restart(tmp_path: Path) -> None:
     assert "action=server_stopping" in read_log(tmp_path / "one.log")
 
 
+async def test_a_provider_server_without_a_key_says_so_when_a_host_connects(tmp_path: Path) -> None:
+    """Issue 26: the host learns it from the instructions, the operator from the log's first
+    lines, before any run is refused; the first line names the store and that it was
+    created just now."""
+    env = server_env(tmp_path / "home", CONSTRUCT_WORKER_BACKEND="provider")
+    async with stdio_client_for(env, tmp_path / "server.log") as client:
+        assert client.instructions is not None
+        assert "Warning: the worker backend is provider and no API key is set" in client.instructions
+        # Not in every run view: an inline run would carry it for nothing.
+        view = await call(client, "orchestrate_start", request="hello", worker_backend="inline")
+        assert "warnings" not in view
+    log = read_log(tmp_path / "server.log")
+    assert "action=startup_warning" in log and "no API key is set" in log
+    home = tmp_path / "home"
+    assert f"store=filesystem (file://{home}, from default, created just now)" in log
+
+
 async def test_a_store_fallback_is_shown_in_every_run_view(tmp_path: Path) -> None:
     unreachable = "postgresql://nobody:hunter2@127.0.0.1:1/construct"
     env = server_env(tmp_path, CONSTRUCT_ORCHESTRATION_STORE=unreachable)

@@ -12,10 +12,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import anyio
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from orchestration.errors import ConfigError, StoreUnavailable
 from stores import (
+    OpenedStore,
     open_configured_store,
     open_store,
     parse_store_spec,
@@ -197,17 +200,70 @@ async def test_sqlite_by_name_opens_home_construct_db(tmp_path: Path) -> None:
         await opened.store.close()
 
 
-async def test_an_unmigrated_postgres_falls_back_with_the_migrate_hint(tmp_path: Path) -> None:
+async def test_a_postgres_schema_that_is_behind_falls_back_with_the_migrate_hint(tmp_path: Path) -> None:
+    from stores import migrate
+    from stores._sql import migrations
+
     dsn = await postgres_dsn()
     async with postgres_schema(dsn) as schema:
-        opened = await open_configured_store(
-            home=tmp_path, spec=schema_url(dsn, schema), source="CONSTRUCT_ORCHESTRATION_STORE"
-        )
+        url = schema_url(dsn, schema)
+        await migrate(url, home=tmp_path, migrations=migrations("postgres")[:1])
+        opened = await open_configured_store(home=tmp_path, spec=url, source="CONSTRUCT_ORCHESTRATION_STORE")
         try:
             assert opened.fell_back
             assert "run `construct-mcp migrate`" in opened.warnings[0]
         finally:
             await opened.store.close()
+
+
+async def test_an_empty_postgres_schema_is_initialized_at_first_open_and_said(tmp_path: Path) -> None:
+    """Nothing can be lost in an empty schema: the first open creates it (issue 26); two opens
+    racing on it both succeed; later opens say nothing was created."""
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        url = schema_url(dsn, schema)
+        opened: list[OpenedStore] = []
+
+        async def one() -> None:
+            opened.append(
+                await open_configured_store(home=tmp_path, spec=url, source="--store", fallback=False)
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            tg.start_soon(one)
+        assert sorted(o.created for o in opened) == [False, True]
+        again = await open_configured_store(home=tmp_path, spec=url, source="--store", fallback=False)
+        try:
+            assert (again.store.name, again.created, again.warnings) == ("postgres", False, [])
+        finally:
+            for o in (*opened, again):
+                await o.store.close()
+
+
+async def test_a_postgres_schema_with_other_tables_is_not_initialized(tmp_path: Path) -> None:
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'CREATE SCHEMA "{schema}"; CREATE TABLE "{schema}".theirs (id int)')
+        finally:
+            await conn.close()
+        url = schema_url(dsn, schema)
+        with pytest.raises(StoreUnavailable, match="run `construct-mcp migrate`"):
+            await open_configured_store(home=tmp_path, spec=url, source="--store", fallback=False)
+
+
+async def test_filesystem_and_sqlite_stores_say_when_they_were_created(tmp_path: Path) -> None:
+    for spec in ("filesystem", "sqlite"):
+        for created in (True, False):
+            opened = await open_configured_store(home=tmp_path, spec=spec, fallback=False)
+            # The filesystem store lays out its directory at its first use (here: a listing).
+            await opened.store.list_runs()
+            await opened.store.close()
+            assert opened.created is created, (spec, created)
+    memory = await open_configured_store(home=tmp_path, spec="memory")
+    assert memory.created is False
 
 
 async def test_a_reachable_migrated_postgres_is_opened(tmp_path: Path) -> None:

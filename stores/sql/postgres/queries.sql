@@ -21,6 +21,19 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: migrations_table_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL
 
+-- name: initialize_lock
+-- A session lock around the first start's look at the schema and its migrations, so that a process
+-- starting while another initializes the same fresh schema waits for it instead of finding it half made.
+SELECT pg_advisory_lock(hashtext('construct-mcp initialize ' || $1::text))
+
+-- name: initialize_unlock
+SELECT pg_advisory_unlock(hashtext('construct-mcp initialize ' || $1::text))
+
+-- name: schema_has_tables
+-- Anything in the schema (a table, view, sequence of ours or not): a schema with nothing in it is
+-- fresh, and opening it creates ours (nothing can be lost); anything else needs `construct-mcp migrate`.
+SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1::text)
+
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM schema_migrations
 

@@ -126,7 +126,9 @@ def test_agents_tables_are_checked(tmp_path: Path) -> None:
     assert "must not carry credentials" in settings({"url": "http://user:pw@h/mcp"})
     assert "pw" not in settings({"url": "http://user:pw@h/mcp"})
     assert "token_env applies to url" in settings({"command": ["x"], "token_env": "T"})
-    assert "an agents table takes" in settings({"url": "http://h/mcp", "token": "x" * 20})
+    assert "unknown setting (did you mean 'token_env'?)" in settings(
+        {"url": "http://h/mcp", "token": "x" * 20}
+    )
     assert "http:// or https://" in settings({"url": "ftp://h/mcp"})
     (tmp_path / "construct.toml").write_text('[agents.Bad]\nurl = "http://h/mcp"\n')
     with pytest.raises(ConfigError, match="agent name"):

@@ -114,6 +114,12 @@ own_runs_only = true
             f'[tokens.alice]\ntoken = "{ALICE}"\nroles = ["read"]\nrole = "x"\n',
             {},
             "tokens.alice.role",
+            "did you mean 'roles'?",
+        ),
+        (
+            f'[tokens.alice]\ntoken = "{ALICE}"\nroles = ["read"]\nqqq = "x"\n',
+            {},
+            "tokens.alice.qqq",
             "takes",
         ),
         (f'[tokens."al ice"]\ntoken = "{ALICE}"\nroles = ["read"]\n', {}, "tokens", "letters, digits"),

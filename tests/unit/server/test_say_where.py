@@ -1,0 +1,100 @@
+"""Say where you are (issue 26): the CLI names the store it opened and says when it was created
+just now (a mistyped or relative home otherwise looks like a store with no runs); a relative
+``CONSTRUCT_HOME`` is shown as the absolute directory it means; a server whose default backend is
+``provider`` without an API key warns at startup and in the ``instructions`` a host receives."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from server.app import INSTRUCTIONS, instructions_for
+from server.cli.main import run
+from server.settings.config import load_settings, resolve_home
+from server.settings.providers import missing_key_warning
+
+
+def test_an_empty_runs_list_names_its_store_and_says_it_was_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "mistyped"
+    out = io.StringIO()
+    assert run(["runs", "list", "--home", str(home)], out) == 0
+    assert (
+        out.getvalue() == f"no runs in the store filesystem (file://{home}, from default, created just now)\n"
+    )
+    assert "did not exist before; if you expected runs here, check --store and CONSTRUCT_HOME" in (
+        capsys.readouterr().err
+    )
+    out = io.StringIO()
+    assert run(["runs", "list", "--home", str(home)], out) == 0
+    assert out.getvalue() == f"no runs in the store filesystem (file://{home}, from default)\n"
+    assert capsys.readouterr().err == ""
+
+
+def test_json_output_stays_json_and_the_note_goes_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = io.StringIO()
+    assert run(["runs", "list", "--home", str(tmp_path / "h"), "--store", "sqlite", "--json"], out) == 0
+    assert out.getvalue().startswith("{")
+    assert f"sqlite (sqlite:///{tmp_path / 'h' / 'construct.db'}" in capsys.readouterr().err
+
+
+def test_a_relative_home_is_the_absolute_directory_it_means(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert resolve_home(None, {"CONSTRUCT_HOME": "rel"}) == tmp_path / "rel"
+    assert resolve_home("~/x", {}) == Path.home() / "x"
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"CONSTRUCT_WORKER_BACKEND": "provider"}, "no API key is set for anthropic or openrouter or openai"),
+        ({"CONSTRUCT_WORKER_BACKEND": "provider", "OPENROUTER_API_KEY": "sk-or-1234567890"}, None),
+        (
+            {"CONSTRUCT_WORKER_BACKEND": "provider", "CONSTRUCT_MODEL": "claude-sonnet-4-5"},
+            "ANTHROPIC_API_KEY",
+        ),
+        (
+            {
+                "CONSTRUCT_WORKER_BACKEND": "provider",
+                "CONSTRUCT_MODEL": "claude-sonnet-4-5",
+                "OPENROUTER_API_KEY": "sk-or-1234567890",
+            },
+            "no API key is set for anthropic: set ANTHROPIC_API_KEY",
+        ),
+        (
+            {"CONSTRUCT_WORKER_BACKEND": "provider", "CONSTRUCT_OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"},
+            None,
+        ),
+        ({"CONSTRUCT_WORKER_BACKEND": "inline"}, None),
+        ({}, None),
+    ],
+)
+def test_a_provider_backend_without_a_key_is_warned_of_at_startup(
+    tmp_path: Path, env: dict[str, str], warned: str | None
+) -> None:
+    settings = load_settings(env=env, home=tmp_path)
+    warning = missing_key_warning(settings)
+    if warned is None:
+        assert warning is None and instructions_for(settings) == INSTRUCTIONS
+        return
+    assert warning is not None and warned in warning
+    assert instructions_for(settings) == f"{INSTRUCTIONS}\nWarning: {warning}."
+    for value in env.values():
+        if value.startswith("sk-"):
+            assert value not in warning  # a key never appears in a message
+
+
+def test_an_error_in_a_new_store_keeps_its_code_line_first_and_then_says_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["runs", "status", "run-x123", "--home", str(tmp_path / "typo")], io.StringIO()) == 1
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.startswith("run_not_found: ")
+    assert second.startswith(f"construct-mcp: note: the store filesystem (file://{tmp_path / 'typo'}")
