@@ -24,7 +24,8 @@ by the engine's own fold, the result must be the head in the file (a head edited
 while its facts say the run waits is refused, naming the first field that differs), and the head
 stored is the folded one. A log the fold refuses (a fact after the run's end, a duplicated fact, a
 gap) is refused too, so nothing is imported that the store would then read back as
-``corrupt_record``. An author who edits facts and head consistently is not detected: importing is
+``corrupt_record``; so is a task output that is not the one its ``output_sha256`` names. An author
+who edits facts and head consistently (and recomputes those hashes) is not detected: importing is
 an operator's act, trusted as writing to the store is (the README's "Export, import and
 retention").
 
@@ -42,10 +43,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from orchestration.core.facts import FACT_TYPES, Fact, RunCreated, dump_fact, parse_fact, parse_head
+from orchestration.core.facts import (
+    FACT_TYPES,
+    Fact,
+    RunCreated,
+    TaskCompleted,
+    dump_fact,
+    parse_fact,
+    parse_head,
+)
 from orchestration.core.fold import fold
 from orchestration.core.ids import validate_run_id
-from orchestration.core.models import RECORD_FORMAT, RunHead, evolve
+from orchestration.core.models import RECORD_FORMAT, RunHead, evolve, text_hash
 from orchestration.engine.reading import read_log
 from orchestration.errors import ExportCorrupt, IllegalTransition, InvalidArgument, RecordTooNew
 from orchestration.store import RunStore
@@ -179,8 +188,9 @@ def derive(run: RunExport, where: str = "the export") -> RunExport:
     """``run`` as its facts make it: their fold (the engine's), at the head's ``version`` (writes,
     which facts do not count: between 1 and ``last_seq``). Raises ``ExportCorrupt`` when the run id
     is not one a store takes, when the facts do not fold into a run (the first is not the run's
-    ``run_created`` at seq 1, one does not follow the last, one comes after the run ended...), or
-    when the fold is not the head ``run`` states: the message names the first field that differs.
+    ``run_created`` at seq 1, one does not follow the last, one comes after the run ended...), when
+    a task's output is not the one its ``output_sha256`` names, or when the fold is not the head
+    ``run`` states: the message names the first field that differs.
 
     A field the stated head leaves empty (null, false) where the fold has a value is not a
     difference: a head last written by a server older than the field holds that, and the head
@@ -193,6 +203,11 @@ def derive(run: RunExport, where: str = "the export") -> RunExport:
     first = run.facts[0] if run.facts else None
     if not isinstance(first, RunCreated) or first.seq != 1 or first.run_id != head.run_id:
         raise _corrupt(where, f"run {head.run_id}: its log does not start with its run_created fact, seq 1")
+    for fact in run.facts:
+        if isinstance(fact, TaskCompleted) and text_hash(fact.output) != fact.output_sha256:
+            raise _corrupt(
+                where, f"run {head.run_id}: fact {fact.seq}'s output does not match its output_sha256"
+            )
     try:
         folded = fold(run.facts)
     except (IllegalTransition, ValueError) as exc:

@@ -217,6 +217,7 @@ async def test_an_edit_with_recomputed_hashes_is_refused_when_head_and_facts_dis
     lines = await exported(source, runs["plain"])
     finished = len(lines) - 1
     assert json.loads(lines[finished])["type"] == "run_finished"
+    output = next(i for i, line in enumerate(lines) if '"task_completed"' in line)
     edits = {
         "the head says failed": (tamper(lines, 1, lambda r: r.update(status="failed")), "status"),
         "the run's end says failed": (
@@ -228,10 +229,11 @@ async def test_an_edit_with_recomputed_hashes_is_refused_when_head_and_facts_dis
             'tasks[1].status is "skipped"',
         ),
         "more writes than facts": (tamper(lines, 1, lambda r: r.update(version=len(lines))), "version"),
+        "an output": (tamper(lines, output, lambda r: r.update(output="edited")), "output_sha256"),
     }
     for why, (edited, differs) in edits.items():
         message = await refused(target, rehashed(edited))
-        assert "does not match its facts" in message or "version" in message, why
+        assert "match" in message or "version" in message, why
         assert differs in message, (why, message)
     # An edit that blanks what the facts say (a budgeted run's spend, as a head written before
     # spend was kept holds it) imports what the facts say: the budget is not reset.
