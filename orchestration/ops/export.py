@@ -211,10 +211,11 @@ def derive(run: RunExport, where: str = "the export") -> RunExport:
     try:
         folded = fold(run.facts)
     except (IllegalTransition, ValueError) as exc:
-        raise _corrupt(where, f"run {head.run_id}: its facts do not make a run ({exc})") from None
+        why = str(exc) if len(str(exc)) <= 200 else f"{str(exc)[:197]}..."
+        raise _corrupt(where, f"run {head.run_id}: its facts do not make a run ({why})") from None
     if not 1 <= head.version <= folded.last_seq:
-        allowed = f"1 to {folded.last_seq}, one per write of its {folded.last_seq} facts at most"
-        raise _corrupt(where, f"run {head.run_id}: head version {head.version} is not {allowed}")
+        writes = f"a run of {folded.last_seq} facts was written 1 to {folded.last_seq} times"
+        raise _corrupt(where, f"run {head.run_id}: head version {head.version} is impossible: {writes}")
     stated = head.model_dump(mode="json", exclude={"version"})
     made = folded.model_dump(mode="json", exclude={"version"})
     differs = None if stated == made else _difference(stated, made, "")

@@ -67,6 +67,7 @@ from orchestration.workers.model_calls import (
     ProviderClient,
     ProviderErrorCode,
     ProviderRequest,
+    ProviderResponse,
     StructuredOutputMode,
 )
 from orchestration.workers.openai_compat import (
@@ -279,9 +280,22 @@ class ProviderWorker:
         except ProviderCallError as exc:
             self._hold(provider, exc.error)
             return self._failed(contract, attempt, previous_errors, exc.error, exc.telemetry)
+        return self._answered(contract, attempt, previous_errors, request, response)
+
+    def _answered(
+        self,
+        contract: ExecutionContract,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+        request: ProviderRequest,
+        response: ProviderResponse,
+    ) -> AttemptOutcome:
+        """What a reply makes of the attempt: its answer, or a failure when it reports more output
+        than ``request`` allowed (:func:`_over_max_tokens`) or does not match the step's schema."""
         over = _over_max_tokens(contract, request.max_tokens, response.telemetry)
         if over is not None:
             return self._failed(contract, attempt, previous_errors, over, response.telemetry)
+        schema = request.output_schema
         if schema is None:
             return AttemptSucceeded(response.text, response.telemetry)
         try:
