@@ -83,6 +83,28 @@ def check_repeat(
         )
 
 
+def check_repeated_raise(
+    head: RunHead, gate: GateState, recorded: BudgetLimits | None, asked: BudgetLimits | None
+) -> None:
+    """For a budget gate already approved, with ``recorded`` the raise its decision recorded:
+    nothing when a repeat asks that raise again (None: the original budget again), else
+    ``Conflict``, as :func:`check_repeat` for the rest of the decision: an answer that would
+    raise the budget by another amount must not be told it did."""
+    if asked == recorded:
+        return
+    raise Conflict(
+        f"gate {gate.gate_id} of run {head.run_id} was already approved with {_raise_words(recorded)}, "
+        f"not {_raise_words(asked)}; a decision's record cannot be changed (repeat it exactly, or "
+        "leave it)"
+    )
+
+
+def _raise_words(limits: BudgetLimits | None) -> str:
+    if limits is None:
+        return "no budget_raise (the original budget again)"
+    return f"budget_raise {limits.model_dump_json(exclude_none=True)}"
+
+
 def check_budget_raise(gate: GateState, decision: str, budget_raise: BudgetLimits | None) -> None:
     """``InvalidArgument`` for a budget raise (what an approver adds to a budget, see
     :func:`~orchestration.core.budget.raise_budget`) with anything but approving a ``budget`` gate."""

@@ -32,7 +32,12 @@ from typing import Literal, NoReturn
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
-from orchestration.core.approvals import check_approver, check_budget_raise, check_repeat
+from orchestration.core.approvals import (
+    check_approver,
+    check_budget_raise,
+    check_repeat,
+    check_repeated_raise,
+)
 from orchestration.core.clock import Clock, SystemClock
 from orchestration.core.decide import Action
 from orchestration.core.facts import (
@@ -398,9 +403,10 @@ class Runtime:
     ) -> RunHead:
         """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
         the gate: an approval retried after the run moved on must not approve the next gate. The
-        decision record is immutable: the same decision, comment and approver on a decided gate
-        returns the current state and appends nothing, whatever ``channel`` and ``verified`` the
-        repeat came with; else ``Conflict``. Approving a run not awaiting approval: ``InvalidState``.
+        decision record is immutable: the same decision, comment and approver (and, on a budget
+        gate, ``budget_raise``) on a decided gate returns the current state and appends nothing,
+        whatever ``channel`` and ``verified`` the repeat came with; else ``Conflict``. Approving a
+        run not awaiting approval: ``InvalidState``.
 
         ``revise`` re-runs the step whose output the gate shows, with the comment in its prompt
         (:func:`~orchestration.core.routing.revise_plan`): ``InvalidArgument`` when the gate has no such
@@ -420,12 +426,27 @@ class Runtime:
             gate = gate_to_decide(head, gate_id)
             check_approver(head, gate, approver, verified)
             if gate.status not in ("pending", "requested"):
-                check_repeat(head, gate, decision, comment, approver)
+                await self._check_repeat(head, gate, asked)
                 return head
             try:
                 return await self._decide_open(head, gate, asked)
             except VersionConflict:
                 continue
+
+    async def _check_repeat(self, head: RunHead, gate: GateState, asked: _Decision) -> None:
+        """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision
+        exactly (:func:`~orchestration.core.approvals.check_repeat`; for an approved budget gate
+        also the raise, read from its ``approval_decided`` fact: the head keeps only its sum),
+        else ``Conflict`` (``InvalidArgument`` for a raise with anything but a budget gate's
+        approval, as on an open gate)."""
+        check_repeat(head, gate, asked.decision, asked.comment, asked.approver)
+        check_budget_raise(gate, asked.decision, asked.budget_raise)
+        if gate.position != "budget" or gate.status != "approved":
+            return
+        facts = await self.store.read_facts(head.run_id, 0, head.last_seq)
+        decided = (f for f in reversed(facts) if isinstance(f, ApprovalDecided) and f.gate_id == gate.gate_id)
+        fact = next(decided, None)
+        check_repeated_raise(head, gate, None if fact is None else fact.budget_raise, asked.budget_raise)
 
     def _check_decision(self, asked: _Decision) -> None:
         """Refuse a decision malformed whatever the run: an unknown verb, a bad gate id, text

@@ -3,7 +3,7 @@ Uses the engine; the engine never uses these."""
 
 from __future__ import annotations
 
-from orchestration.ops.export import RunExport, export_lines, read_export, snapshot
+from orchestration.ops.export import RunExport, derive, export_lines, read_export, snapshot
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.ops.retention import PRUNABLE, import_export, parse_statuses, prune
 
@@ -11,6 +11,7 @@ __all__ = [
     "PRUNABLE",
     "ForkRequest",
     "RunExport",
+    "derive",
     "export_lines",
     "fork_run",
     "import_export",

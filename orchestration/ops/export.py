@@ -18,6 +18,17 @@ count, the numbering and that the head is the run's; a file that fails any check
 the rules of stored records ("Record formats" in :mod:`orchestration.core.facts`): a record of a newer
 format is ``RecordTooNew``, never imported half understood.
 
+The hashes detect accidents, not authors: anyone who edits a file can recompute them. So what an
+import stores is what the facts say, not what the head claims (:func:`derive`): the facts are folded
+by the engine's own fold, the result must be the head in the file (a head edited to say ``completed``
+while its facts say the run waits is refused, naming the first field that differs), and the head
+stored is the folded one. A log the fold refuses (a fact after the run's end, a duplicated fact, a
+gap) is refused too, so nothing is imported that the store would then read back as
+``corrupt_record``; so is a task output that is not the one its ``output_sha256`` names. An author
+who edits facts and head consistently (and recomputes those hashes) is not detected: importing is
+an operator's act, trusted as writing to the store is (the README's "Export, import and
+retention").
+
 An export is a consistent snapshot: the head read first fixes the version, and only the facts up to
 its ``last_seq`` are written (a live run may have more by the time they are read; they belong to a
 later version).
@@ -32,10 +43,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from orchestration.core.facts import FACT_TYPES, Fact, dump_fact, parse_fact, parse_head
-from orchestration.core.models import RECORD_FORMAT, RunHead
+from orchestration.core.facts import (
+    FACT_TYPES,
+    Fact,
+    RunCreated,
+    TaskCompleted,
+    dump_fact,
+    parse_fact,
+    parse_head,
+)
+from orchestration.core.fold import fold
+from orchestration.core.ids import validate_run_id
+from orchestration.core.models import RECORD_FORMAT, RunHead, evolve, text_hash
 from orchestration.engine.reading import read_log
-from orchestration.errors import ExportCorrupt, RecordTooNew
+from orchestration.errors import ExportCorrupt, IllegalTransition, InvalidArgument, RecordTooNew
 from orchestration.store import RunStore
 
 EXPORT_FORMAT = "construct-mcp.run-export"
@@ -161,3 +182,68 @@ def _too_new(run_id: str, where: str, line: str) -> RecordTooNew | None:
     if where != "head" and isinstance(kind, str) and kind not in FACT_TYPES:
         return RecordTooNew(run_id, where, stated if isinstance(stated, int) else 1, RECORD_FORMAT, kind)
     return None
+
+
+def derive(run: RunExport, where: str = "the export") -> RunExport:
+    """``run`` as its facts make it: their fold (the engine's), at the head's ``version`` (writes,
+    which facts do not count: between 1 and ``last_seq``). Raises ``ExportCorrupt`` when the run id
+    is not one a store takes, when the facts do not fold into a run (the first is not the run's
+    ``run_created`` at seq 1, one does not follow the last, one comes after the run ended...), when
+    a task's output is not the one its ``output_sha256`` names, or when the fold is not the head
+    ``run`` states: the message names the first field that differs.
+
+    A field the stated head leaves empty (null, false) where the fold has a value is not a
+    difference: a head last written by a server older than the field holds that, and the head
+    returned is the fold's in any case."""
+    head = run.head
+    try:
+        validate_run_id(head.run_id)
+    except InvalidArgument as exc:
+        raise _corrupt(where, exc.message) from None
+    first = run.facts[0] if run.facts else None
+    if not isinstance(first, RunCreated) or first.seq != 1 or first.run_id != head.run_id:
+        raise _corrupt(where, f"run {head.run_id}: its log does not start with its run_created fact, seq 1")
+    for fact in run.facts:
+        if isinstance(fact, TaskCompleted) and text_hash(fact.output) != fact.output_sha256:
+            raise _corrupt(
+                where, f"run {head.run_id}: fact {fact.seq}'s output does not match its output_sha256"
+            )
+    try:
+        folded = fold(run.facts)
+    except (IllegalTransition, ValueError) as exc:
+        why = str(exc) if len(str(exc)) <= 200 else f"{str(exc)[:197]}..."
+        raise _corrupt(where, f"run {head.run_id}: its facts do not make a run ({why})") from None
+    if not 1 <= head.version <= folded.last_seq:
+        writes = f"a run of {folded.last_seq} facts was written 1 to {folded.last_seq} times"
+        raise _corrupt(where, f"run {head.run_id}: head version {head.version} is impossible: {writes}")
+    stated = head.model_dump(mode="json", exclude={"version"})
+    made = folded.model_dump(mode="json", exclude={"version"})
+    differs = None if stated == made else _difference(stated, made, "")
+    if differs is not None:
+        raise _corrupt(where, f"run {head.run_id}: the head does not match its facts: {differs}")
+    return RunExport(evolve(folded, {"version": head.version}), run.facts)
+
+
+def _difference(stated: object, made: object, path: str) -> str | None:
+    """Where the stated head's JSON and the fold's first differ (a dotted path), and how; None
+    when they agree (a value ``stated`` leaves empty agrees: see :func:`derive`)."""
+    if stated == made or stated is None or stated is False:
+        return None
+    if isinstance(stated, dict) and isinstance(made, dict):
+        for key in [*made, *(k for k in stated if k not in made)]:
+            found = _difference(stated.get(key), made.get(key), f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+        return None
+    if isinstance(stated, list) and isinstance(made, list) and len(stated) == len(made):
+        for index, (one, other) in enumerate(zip(stated, made, strict=True)):
+            found = _difference(one, other, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return f"{path or 'the head'} is {_shown(stated)} in the head, {_shown(made)} by its facts"
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return text if len(text) <= 60 else f"{text[:57]}..."

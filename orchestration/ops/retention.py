@@ -2,8 +2,10 @@
 ``runs prune`` (the file format is :mod:`orchestration.ops.export`; the store side is ``import_run``,
 ``delete_run`` and tombstones, see "Retention" in :mod:`orchestration.store`).
 
-Import. A run is imported whole, as exported, into a store that does not have its id. A run that has
-not ended is refused unless it is *moved*: two stores holding one live run would both drive it. A
+Import. A run is imported whole, as exported, into a store that does not have its id, as its facts
+make it (:func:`~orchestration.ops.export.derive`: their fold must be the head the export states,
+else ``export_corrupt`` and nothing is written). A run whose facts say it has not ended (whatever
+its head says) is refused unless it is *moved*: two stores holding one live run would both drive it. A
 move (``move_from``: the store the export came from) first deletes the run from the source behind a
 ``moved`` tombstone, compare-and-swapped on the exported head's version, and only then imports it:
 
@@ -33,7 +35,7 @@ from datetime import datetime, timedelta
 
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import Conflict, ConstructError, InvalidArgument, InvalidState, RunNotFound
-from orchestration.ops.export import RunExport, snapshot
+from orchestration.ops.export import RunExport, derive, snapshot
 from orchestration.store import RunStore, Tombstone
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,15 @@ async def import_export(
     now: datetime,
     move_from: RunStore | None = None,
     target_name: str | None = None,
+    where: str = "the export",
 ) -> RunExport:
     """Import ``run`` into ``target``; with ``move_from``, move it out of that store first (see the
-    module docstring). Returns the run as ``target`` now holds it. Raises ``InvalidState`` for a
-    run that has not ended without ``move_from``, ``Conflict`` when ``target`` has the run id
-    already, ``VersionConflict`` when the source moved on since the export."""
+    module docstring). Returns the run as ``target`` now holds it. Raises ``ExportCorrupt`` (naming
+    ``where``) for a run whose facts do not make the head it states, ``InvalidState`` for a run
+    that has not ended without ``move_from``, ``Conflict`` when ``target`` has the run id already,
+    ``VersionConflict`` when the source moved on since the export. Nothing is written when it
+    raises before the move (a move's source lets go first: see the module docstring)."""
+    run = derive(run, where)
     head = run.head
     if move_from is None and not head.status.is_terminal:
         raise InvalidState(

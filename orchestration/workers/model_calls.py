@@ -23,6 +23,8 @@ is not a usable text is a :class:`ProviderCallError` carrying a
     reasoning_only            no          no text, but thinking/reasoning present
     empty_response            yes (x1)    2xx, no text, normal stop
     malformed_response        yes (x2)    non-JSON 2xx, missing ``content`` / ``choices``
+    over_max_tokens           no          a run with a budget: usage reports more output tokens
+                                          than the request's ``max_tokens`` (the provider worker)
 
 (``invalid_output`` — a usable text that does not match the step's output schema — is not a call
 failure: the provider worker finds it when it validates the answer, and records it as a retryable
@@ -95,6 +97,7 @@ class ProviderErrorCode(StrEnum):
     REASONING_ONLY = "reasoning_only"
     EMPTY_RESPONSE = "empty_response"
     MALFORMED_RESPONSE = "malformed_response"
+    OVER_MAX_TOKENS = "over_max_tokens"
 
 
 #: Whether a code is worth another attempt, before any server hint (``x-should-retry``) is applied.
@@ -115,6 +118,8 @@ RETRYABLE_BY_CODE: MappingProxyType[ProviderErrorCode, bool] = MappingProxyType(
         # Capped by the retry policy (see the module docstring).
         ProviderErrorCode.EMPTY_RESPONSE: True,
         ProviderErrorCode.MALFORMED_RESPONSE: True,
+        # The provider ignores the limit: the same request would overshoot again.
+        ProviderErrorCode.OVER_MAX_TOKENS: False,
     }
 )
 

@@ -28,6 +28,9 @@ with the retryable error ``invalid_output`` (what was wrong, where), bounded by 
 like any other; the next attempt's user turn ends with a "Your previous answer was rejected"
 section quoting that error (built from the recorded errors, so a resumed run asks the same).
 
+In a run with a budget, a reply that reports more output tokens than the request's ``max_tokens``
+is the provider's error (:func:`_over_max_tokens`): the budget reserved that limit for the call.
+
 Keys are held only in :class:`ProviderEndpoint` (excluded from its repr) and in the HTTP adapters.
 """
 
@@ -62,7 +65,9 @@ from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
 from orchestration.workers.model_calls import (
     ProviderCallError,
     ProviderClient,
+    ProviderErrorCode,
     ProviderRequest,
+    ProviderResponse,
     StructuredOutputMode,
 )
 from orchestration.workers.openai_compat import (
@@ -275,6 +280,22 @@ class ProviderWorker:
         except ProviderCallError as exc:
             self._hold(provider, exc.error)
             return self._failed(contract, attempt, previous_errors, exc.error, exc.telemetry)
+        return self._answered(contract, attempt, previous_errors, request, response)
+
+    def _answered(
+        self,
+        contract: ExecutionContract,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+        request: ProviderRequest,
+        response: ProviderResponse,
+    ) -> AttemptOutcome:
+        """What a reply makes of the attempt: its answer, or a failure when it reports more output
+        than ``request`` allowed (:func:`_over_max_tokens`) or does not match the step's schema."""
+        over = _over_max_tokens(contract, request.max_tokens, response.telemetry)
+        if over is not None:
+            return self._failed(contract, attempt, previous_errors, over, response.telemetry)
+        schema = request.output_schema
         if schema is None:
             return AttemptSucceeded(response.text, response.telemetry)
         try:
@@ -332,6 +353,29 @@ class ProviderWorker:
         return failed_outcome(
             self.policy, contract, attempt, previous_errors, error, telemetry, self.rng, self.clock
         )
+
+
+def _over_max_tokens(contract: ExecutionContract, max_tokens: int, telemetry: Telemetry) -> TypedError | None:
+    """The error of a reply that reports more output tokens than the request's ``max_tokens``, in
+    a run with a budget; None otherwise. The budget let the call start on the promise that it
+    spends at most ``max_tokens`` output tokens (its reservation); a provider that reports more
+    does not honour the limit (an endpoint reading the other field: ``max_tokens_field``), so its
+    answer is not used and the task fails (``over_max_tokens``, not retried: the same request
+    would overshoot again). The usage stays as reported, charged to the budget, whose next check
+    then refuses the next call."""
+    costs = contract.costs
+    spent = telemetry.output_tokens
+    if costs is None or costs.budget is None or spent is None or spent <= max_tokens:
+        return None
+    return TypedError(
+        code=ProviderErrorCode.OVER_MAX_TOKENS,
+        message=f"the provider reported {spent} output tokens for a call limited to max_tokens="
+        f"{max_tokens}, which the run's budget counted on; the answer is not used. The endpoint does "
+        "not honour the limit: check its max_tokens_field",
+        retryable=False,
+        http_status=telemetry.http_status,
+        provider_request_id=telemetry.provider_request_id,
+    )
 
 
 def _correction(previous_errors: tuple[TypedError, ...]) -> str:

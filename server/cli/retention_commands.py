@@ -10,12 +10,12 @@ ones (issue 14, export and retention).
 
 ``export`` writes the run (header, head, every fact: :mod:`orchestration.ops.export`) as JSON Lines to
 ``FILE`` (written whole, fsync'd and renamed into place) or to stdout. ``import`` reads such a file
-(``-``: stdin), verifies its hashes and stores the run in the configured store (``--store``): the
-same run, same id, same facts. It refuses a run id the store has, and a run that has not ended
-unless it is moved: ``--move --from SOURCE`` first deletes the run from the store it was exported
-from behind a ``moved`` tombstone (only if it did not change since the export), so that store never
-drives it again, then imports it (:mod:`orchestration.ops.retention`). Moving a filesystem run to
-PostgreSQL::
+(``-``: stdin), verifies its hashes and that its facts make its head, and stores the run in the
+configured store (``--store``): the same run, same id, same facts. It refuses a run id the store
+has, and a run that has not ended (as its facts say) unless it is moved: ``--move --from SOURCE``
+first deletes the run from the store it was exported from behind a ``moved`` tombstone (only if it
+did not change since the export), so that store never drives it again, then imports it
+(:mod:`orchestration.ops.retention`). Moving a filesystem run to PostgreSQL::
 
     construct-mcp runs export RUN_ID --store filesystem --out run.jsonl
     construct-mcp runs import run.jsonl --store postgresql://... --move --from filesystem
@@ -176,7 +176,7 @@ async def _import(
         source = await open_store(args.source, home=settings.home, database_url=settings.database_url)
     try:
         stored = await import_export(
-            store, run, now=SystemClock().now(), move_from=source, target_name=target
+            store, run, now=SystemClock().now(), move_from=source, target_name=target, where=where
         )
     finally:
         if source is not None:

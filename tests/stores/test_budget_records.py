@@ -1,11 +1,16 @@
 """Costs and budgets on every store: a run whose contract carries prices and a budget, whose head
 keeps running totals, and whose budget gate is created by its request and raised by its approval,
-reads back exactly (head and facts), at record format 4."""
+reads back exactly (head and facts), at record format 4; a decided budget gate is not changed by
+a repeated approval with another raise."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
+from orchestration.chains.catalog import Catalog
+from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget, BudgetAsk, BudgetLimits, Costs, HostUsage
 from orchestration.core.facts import (
     ApprovalDecided,
@@ -18,9 +23,13 @@ from orchestration.core.facts import (
 from orchestration.core.fold import apply_write, fold
 from orchestration.core.models import RECORD_FORMAT, ExecutionContract, RunHead, Telemetry, text_hash
 from orchestration.core.pricing import Price
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.errors import Conflict
 from orchestration.store import RunStore
 from orchestration.workers.host import host_output_facts
 from tests.stores.builders import new_run, run_id
+from tests.unit.helpers import FAKE_MAX_TOKENS, ScriptedWorker, provider_contract, sequential_ids
 
 COSTS = Costs(
     prices={"m": Price(input_per_mtok=3.0, output_per_mtok=15.0, source="default 2025-10-15")},
@@ -98,3 +107,37 @@ async def test_reported_usage_reads_back_on_the_host_output_fact(store: RunStore
     assert loaded.spent.run.cost_usd == 0.0123
     stored = await store.read_facts(run_id(2), after_seq=2)
     assert stored == answer and stored[0].type == "host_output_submitted" and stored[0].usage == usage
+
+
+async def test_a_decided_budget_gate_takes_only_the_raise_it_recorded(store: RunStore) -> None:
+    """Issue 22, finding 12: approving a decided budget gate again with another ``budget_raise``
+    (or none) is a ``conflict``, not an OK that changes nothing; the same raise again is the
+    idempotent repeat (nothing recorded), before and after the run went on."""
+    runtime = Runtime(
+        store,
+        Catalog.builtin(),
+        clock=ManualClock(),
+        new_id=sequential_ids(),
+        resolve_contract=provider_contract,
+        worker=ScriptedWorker(),
+        lease_ttl_seconds=30,
+    )
+    # Each scripted call spends 7 tokens and reserves FAKE_MAX_TOKENS (10): the third does not fit.
+    budget = Budget(max_total_tokens=20, on_budget="ask")
+    head, _ = await runtime.start(StartRequest("Build it", worker_backend="provider", budget=budget))
+    await runtime.drive(head.run_id)
+    assert (await store.load(head.run_id)).status == RunStatus.AWAITING_APPROVAL
+    raised = BudgetLimits(max_total_tokens=10)
+    approved = await runtime.approve(head.run_id, "approve", "budget:1", budget_raise=raised)
+    for state in ("approved", "finished"):
+        again = await runtime.approve(head.run_id, "approve", "budget:1", budget_raise=raised)
+        assert again == await store.load(head.run_id) and again.last_seq == approved.last_seq
+        for other in (BudgetLimits(max_total_tokens=20), BudgetLimits(max_cost_usd=1.0), None):
+            with pytest.raises(Conflict) as info:
+                await runtime.approve(head.run_id, "approve", "budget:1", budget_raise=other)
+            assert info.value.code == "conflict", state
+            assert 'already approved with budget_raise {"max_total_tokens":10}' in info.value.message
+        assert await store.read_facts(head.run_id, approved.last_seq) == []
+        await runtime.drive(head.run_id)
+        approved = await store.load(head.run_id)
+    assert approved.status == RunStatus.COMPLETED and FAKE_MAX_TOKENS == 10

@@ -1,8 +1,10 @@
 """Export and import across stores (issue 14, part 5): runs recorded by the real runtime on the
 filesystem store, in every record format (1: plain; 2: routed, ``route_decided``; 3: a gate's
 ``revise``; 4: a budget; 5: a chain-level gate policy), exported to JSON Lines and imported into
-SQLite and PostgreSQL read back as the same run and the same view. A tampered export is refused;
-a live run is imported only when it is moved, and the store it left never drives it again."""
+SQLite, PostgreSQL, memory and another filesystem store read back as the same run and the same
+view. A tampered export is refused, also with its hashes recomputed when its head and facts disagree
+(issue 22, finding 9); a live run is imported only when it is moved, and the store it left never
+drives it again."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -37,7 +40,7 @@ from orchestration.ops.retention import PRUNABLE, import_export, prune
 from orchestration.store import RunStore
 from server.views.run_view import run_view
 from stores.filesystem import FilesystemStore
-from tests.stores.conftest import make_memory
+from tests.stores.conftest import make_filesystem, make_memory
 from tests.stores.sql_adapters import make_postgres, make_sqlite
 from tests.unit.faulty import FaultyStore
 from tests.unit.helpers import Decision, ScriptedWorker, play, provider_contract, sequential_ids
@@ -47,6 +50,7 @@ TARGETS: dict[str, Callable[[Path], AbstractAsyncContextManager[RunStore]]] = {
     "sqlite": make_sqlite,
     "postgres": make_postgres,
     "memory": make_memory,
+    "filesystem": make_filesystem,
 }
 
 
@@ -100,6 +104,10 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     # format 4: a run with a budget (its running totals in the head)
     head, _ = await runtime.start(StartRequest("Budgeted", budget=Budget(max_total_tokens=1_000_000)))
     runs["budgeted"] = (await play(runtime, head.run_id)).run_id
+    # and a provider run that spent tokens (the scripted worker's)
+    budget = Budget(max_total_tokens=1_000)
+    head, _ = await runtime.start(StartRequest("Spent", worker_backend="provider", budget=budget))
+    runs["spent"] = (await play(runtime, head.run_id)).run_id
     # format 5: a chain whose gates the calling agent decides (a chain-level approvers policy)
     head, _ = await runtime.start(StartRequest("Autonomous", chain="agent-gated"))
     runs["agent"] = (await play(runtime, head.run_id, approver="agent")).run_id
@@ -173,6 +181,96 @@ async def test_a_tampered_export_is_refused_and_nothing_is_written(
         assert "run.jsonl" in info.value.message, why
     with pytest.raises(RunNotFound):
         await target.load(run_id)
+
+
+def rehashed(lines: list[str]) -> list[str]:
+    """``lines`` with the header made to match its head and facts again, as anyone can: the
+    hashes recomputed, the run's status, version and last_seq taken from the head line."""
+    header, head = json.loads(lines[0]), json.loads(lines[1])
+    header.update(
+        head_sha256=facts_sha256(lines[1:2]),
+        facts_sha256=facts_sha256(lines[2:]),
+        status=head["status"],
+        head_version=head["version"],
+        last_seq=head["last_seq"],
+    )
+    return [json.dumps(header), *lines[1:]]
+
+
+async def refused(target: RunStore, lines: list[str], move_from: RunStore | None = None) -> str:
+    """The ``export_corrupt`` message of importing ``lines`` into ``target`` (moved from
+    ``move_from`` when given), after which ``target`` has nothing of the run."""
+    run = read_export(lines)
+    with pytest.raises(ExportCorrupt) as info:
+        await import_export(target, run, now=ManualClock().now(), move_from=move_from)
+    assert info.value.code == "export_corrupt"
+    with pytest.raises(RunNotFound):
+        await target.load(run.run_id)
+    assert await target.tombstone(run.run_id) is None
+    return info.value.message
+
+
+async def test_an_edit_with_recomputed_hashes_is_refused_when_head_and_facts_disagree(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    runs = await runs_of_every_format(source)
+    lines = await exported(source, runs["plain"])
+    finished = len(lines) - 1
+    assert json.loads(lines[finished])["type"] == "run_finished"
+    output = next(i for i, line in enumerate(lines) if '"task_completed"' in line)
+    edits = {
+        "the head says failed": (tamper(lines, 1, lambda r: r.update(status="failed")), "status"),
+        "the run's end says failed": (
+            tamper(lines, finished, lambda r: r.update(status="failed")),
+            'status is "completed" in the head, "failed" by its facts',
+        ),
+        "a task's status": (
+            tamper(lines, 1, lambda r: cast(list[dict[str, str]], r["tasks"])[1].update(status="skipped")),
+            'tasks[1].status is "skipped"',
+        ),
+        "more writes than facts": (tamper(lines, 1, lambda r: r.update(version=len(lines))), "version"),
+        "an output": (tamper(lines, output, lambda r: r.update(output="edited")), "output_sha256"),
+    }
+    for why, (edited, differs) in edits.items():
+        message = await refused(target, rehashed(edited))
+        assert "match" in message or "version" in message, why
+        assert differs in message, (why, message)
+    # An edit that blanks what the facts say (a budgeted run's spend, as a head written before
+    # spend was kept holds it) imports what the facts say: the budget is not reset.
+    spent = await source.load(runs["spent"])
+    assert spent.spent is not None and spent.spent.run.total_tokens > 0
+    blank = tamper(await exported(source, spent.run_id), 1, lambda r: r.update(spent=None))
+    await import_export(target, read_export(rehashed(blank)), now=ManualClock().now())
+    assert await target.load(spent.run_id) == spent
+
+
+async def test_a_duplicated_last_fact_is_refused_not_imported_as_a_corrupt_record(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    run_id = (await runs_of_every_format(source))["plain"]
+    lines = await exported(source, run_id)
+    # The run's last fact again, numbered as the next one, and the head's last_seq with it.
+    again, head = json.loads(lines[-1]), json.loads(lines[1])
+    again["seq"] += 1
+    head["last_seq"] += 1
+    duplicated = [lines[0], json.dumps(head), *lines[2:], json.dumps(again)]
+    message = await refused(target, rehashed(duplicated))
+    assert "its facts do not make a run" in message and "after a terminal fact" in message
+
+
+async def test_a_live_run_relabelled_completed_is_refused_moved_or_not(
+    source: FilesystemStore, target: RunStore
+) -> None:
+    _runtime, run_id = await live_run(source)
+    lines = await exported(source, run_id)
+    at = json.loads(lines[1])["updated_at"]
+    relabelled = rehashed(tamper(lines, 1, lambda r: r.update(status="completed", finished_at=at)))
+    message = await refused(target, relabelled)
+    assert 'status is "completed" in the head, "awaiting_host" by its facts' in message
+    # Moved, it is refused before the source lets go: the source still has it and drives it.
+    await refused(target, relabelled, move_from=source)
+    assert await source.tombstone(run_id) is None
+    assert (await source.load(run_id)).status == RunStatus.AWAITING_HOST
 
 
 async def test_an_export_of_a_newer_record_format_is_record_too_new(source: FilesystemStore) -> None:

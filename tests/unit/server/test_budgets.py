@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import anyio
 import httpx2
@@ -67,18 +68,18 @@ async def close_clients() -> AsyncIterator[None]:
         await _clients.pop().aclose()
 
 
-def runtime_for(fake: FakeProvider, store: MemoryStore | None = None) -> Runtime:
+def runtime_for(fake: FakeProvider, store: MemoryStore | None = None, max_tokens: int = 100) -> Runtime:
     settings = ProviderSettings(
         endpoints={"anthropic": ProviderEndpoint("anthropic", fake.base_url, "k" * 20, "ANTHROPIC_API_KEY")},
         default_model=MODEL,
         max_attempts=3,
-        max_tokens=100,
+        max_tokens=max_tokens,
     )
     http = make_http_client()
     _clients.append(http)
     worker = ProviderWorker(settings, http, rng=lambda: 0.0, policy=RetryPolicy(base_delay_seconds=0.01))
     resolver = with_costs(
-        contract_resolver("provider", settings), prices=price_table({MODEL: PRICE}), max_tokens=100
+        contract_resolver("provider", settings), prices=price_table({MODEL: PRICE}), max_tokens=max_tokens
     )
     return Runtime(
         store or MemoryStore(),
@@ -148,6 +149,46 @@ async def test_a_step_budget_refuses_its_step_only(fake: FakeProvider) -> None:
     assert head.status == RunStatus.FAILED and head.error is not None
     assert head.error.code == "budget_exhausted" and "step engineer's budget" in head.error.message
     assert fake.calls() == {"architect": 1}
+
+
+@pytest.mark.parametrize("on_budget", ["fail", "ask"])
+async def test_a_reply_over_max_tokens_is_the_providers_error_and_the_run_spends_no_more(
+    fake: FakeProvider, on_budget: Literal["fail", "ask"]
+) -> None:
+    """Issue 22, finding 12: a provider that reports 1,200 output tokens for a call whose
+    max_tokens is 300 (all a 300-token budget allows) overshoots once, by what it reported: that
+    usage is recorded and charged as reported, the answer is not used (``over_max_tokens``, not
+    retried), and no other call starts."""
+    fake.set_scenario({"default": [{"text": "a long answer", "output_tokens": 1200}]})
+    runtime = runtime_for(fake, max_tokens=300)
+    run_id = await start(runtime, Budget(max_total_tokens=300, on_budget=on_budget))
+    head = await runtime.status(run_id)
+    assert len(fake.requests()) == 1 and fake.requests()[0]["body"]["max_tokens"] == 300
+    architect = head.task("architect")
+    assert architect.status == TaskStatus.FAILED and architect.error is not None
+    assert architect.error.code == "over_max_tokens" and not architect.error.retryable
+    assert (
+        "reported 1200 output tokens" in architect.error.message
+        and "max_tokens=300" in architect.error.message
+    )
+    assert head.status == RunStatus.FAILED and head.error is not None
+    assert head.error.code == "over_max_tokens"
+    facts = await runtime.store.read_facts(run_id)
+    assert not any(isinstance(f, TaskCompleted) for f in facts)
+    assert head.spent is not None
+    assert (head.spent.run.input_tokens, head.spent.run.output_tokens) == (11, 1200)
+
+
+async def test_a_reply_within_max_tokens_is_used(fake: FakeProvider) -> None:
+    """The bound is the request's max_tokens, not the budget: 300 output tokens for a call of
+    max_tokens 300 is an answer (and a run without a budget checks nothing)."""
+    fake.set_scenario({"default": [{"text": "just fits", "output_tokens": 300}]})
+    runtime = runtime_for(fake, max_tokens=300)
+    head = await runtime.status(await start(runtime, Budget(max_total_tokens=10_000), chain=("writer",)))
+    assert head.status == RunStatus.COMPLETED
+    fake.set_scenario({"default": [{"text": "past the limit", "output_tokens": 1200}]})
+    head = await runtime.status(await start(runtime, None, chain=("writer",)))
+    assert head.status == RunStatus.COMPLETED
 
 
 # -- ask: a gate that raises the budget --------------------------------------------------------

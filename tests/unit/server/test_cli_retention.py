@@ -15,7 +15,7 @@ import pytest
 from orchestration.engine.runtime import StartRequest
 from server.cli.main import run
 from stores.filesystem import FilesystemStore
-from tests.stores.test_export_import import runtime_on
+from tests.stores.test_export_import import rehashed, runtime_on, tamper
 from tests.unit.helpers import play
 
 
@@ -106,6 +106,16 @@ def test_a_live_run_is_imported_only_when_moved(
     assert capsys.readouterr().err.startswith("invalid_state:")
     assert cli("runs", "import", str(file), "--store", sqlite, "--move", *home)[0] == 1
     assert "--from" in capsys.readouterr().err
+    # Relabelled completed, its hashes recomputed: what its facts say decides, moved or not.
+    relabelled = tmp / "relabelled.jsonl"
+    edited = rehashed(tamper(lines.splitlines(), 1, lambda r: r.update(status="completed")))
+    relabelled.write_text("\n".join(edited) + "\n")
+    for move in ((), ("--move", "--from", fs)):
+        assert cli("runs", "import", str(relabelled), "--store", sqlite, *move, *home)[0] == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"export_corrupt: {relabelled}: run {runs['live']}: the head does not match")
+        assert '"completed" in the head, "awaiting_host" by its facts' in err
+    assert cli("runs", "status", runs["live"], "--store", fs, *home)[0] == 0
 
     code, said = cli("runs", "import", str(file), "--store", sqlite, "--move", "--from", fs, *home)
     assert code == 0, capsys.readouterr().err
