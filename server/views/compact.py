@@ -23,6 +23,15 @@ contract, each attempt's telemetry, the timestamps, ``semantics`` and ``version`
 answer: ``run_status`` with ``detail="full"`` (which also carries every whole output and the whole
 request), and the ``run://<run_id>`` resource.
 
+**Content and roles.** A run's content — its request, each output (whole, preview, typed value,
+sha256), the host tasks' prompts, gate comments and an exhausted loop's history — is for those who
+may read the run or started it (:meth:`server.identity.Caller.sees_content`). Every view a caller
+is answered with passes through :func:`content_for` (called by
+:meth:`server.mcp.services.Services.view`, the one place views are made for callers): for any other
+caller, such as an identity with only ``operate`` or ``approve`` acting on another identity's run,
+the content is left out and ``withheld`` is true; status, tasks, gates, ids, lengths and
+``next_action``'s call stay, so the call can still be made by someone who may.
+
 :func:`answer_data` is a pure function of the view, so an answer is as deterministic as the view it
 is made of (:meth:`server.mcp.services.Services.answer_of` dumps each run version once).
 """
@@ -33,7 +42,11 @@ import json
 from typing import Any
 
 from orchestration.core import TaskStatus
+from server.views.next_step import Approve
 from server.views.run_view import GateView, RunHostTask, RunView, TaskView
+
+#: What a withheld prompt (or an exhausted gate's history) says instead.
+WITHHELD = "(withheld: this identity may not read the run's content; that needs the 'read' role)"
 
 #: The task fields a compact answer keeps (when set), in this order.
 TASK_FIELDS = (
@@ -78,6 +91,7 @@ RUN_FIELDS = (
     "next_action",
     "more_actions",
     "existing_run",
+    "withheld",
     "error",
     "warnings",
     "budget",
@@ -101,6 +115,51 @@ def answer_data(view: RunView) -> dict[str, Any]:
     if costs:
         data["costs"] = costs
     return data
+
+
+def content_for(view: RunView, sees_content: bool) -> RunView:
+    """``view`` as a caller is answered with it: as it is when the caller ``sees_content`` (see
+    :meth:`server.identity.Caller.sees_content`), else a copy without the run's content (see the
+    module docstring), marked ``withheld``."""
+    if sees_content:
+        return view
+    return view.model_copy(
+        update={
+            "withheld": True,
+            "request": None,
+            "request_preview": "",
+            "next_action": _action_without_content(view.next_action),
+            "more_actions": [_action_without_content(a) for a in view.more_actions],
+            "tasks": [
+                task.model_copy(
+                    update={"output": None, "output_preview": None, "output_sha256": None, "value": None}
+                )
+                for task in view.tasks
+            ],
+            "gates": [
+                gate.model_copy(
+                    update={"comment": None, "description": None if gate.description is None else WITHHELD}
+                )
+                for gate in view.gates
+            ],
+        }
+    )
+
+
+def _action_without_content(action: Any) -> Any:
+    """A next action without the content it carries: a host task's prompts, an exhausted loop's
+    history (which an approve action's ``guards`` quotes)."""
+    if isinstance(action, RunHostTask):
+        return action.model_copy(
+            update={
+                "system_prompt": WITHHELD,
+                "user_prompt": WITHHELD,
+                "instruction": "Someone who may read this run runs this task and resumes it: " + WITHHELD,
+            }
+        )
+    if isinstance(action, Approve) and action.position == "exhausted":
+        return action.model_copy(update={"guards": WITHHELD})
+    return action
 
 
 def answer_text(data: dict[str, Any]) -> str:
@@ -148,4 +207,12 @@ def _kept(data: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
     return {key: data[key] for key in order if key in data and data[key] not in ([], {})}
 
 
-__all__ = ["GATE_FIELDS", "RUN_FIELDS", "TASK_FIELDS", "answer_data", "answer_text"]
+__all__ = [
+    "GATE_FIELDS",
+    "RUN_FIELDS",
+    "TASK_FIELDS",
+    "WITHHELD",
+    "answer_data",
+    "answer_text",
+    "content_for",
+]

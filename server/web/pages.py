@@ -269,7 +269,7 @@ class RunPages:
             task_id = request.query_params.get("task_id") or None
             if task_id is not None:
                 check_task_id(head, task_id)
-            return await services.view(head.run_id, head, "compact", task_id)
+            return await services.view(head.run_id, head, "compact", task_id, caller=caller)
 
         return await _answer(work)
 
@@ -295,7 +295,7 @@ class RunPages:
                 "gate decided on the web page",
                 extra={"action": "web_decision", "run_id": run_id, "gate_id": gate_id, "decision": decision},
             )
-            return await services.view(head.run_id, head)
+            return await services.view(head.run_id, head, caller=caller)
 
         return await _answer(work)
 
