@@ -244,12 +244,18 @@ class RunEventBus:
         self._handlers: dict[Caller, ListenHandler] = {}
         self._everyone = InMemorySubscriptionBus()
 
+    def bus_for(self, caller: Caller) -> InMemorySubscriptionBus:
+        """``caller``'s own bus: what its listen streams receive."""
+        bus = self._buses.get(caller)
+        if bus is None:
+            bus = self._buses[caller] = InMemorySubscriptionBus()
+        return bus
+
     def listen_handler(self, caller: Caller) -> ListenHandler:
         """The SDK's listen handler serving ``caller``'s streams, over ``caller``'s bus."""
         handler = self._handlers.get(caller)
         if handler is None:
-            bus = self._buses[caller] = InMemorySubscriptionBus()
-            handler = self._handlers[caller] = ListenHandler(bus)
+            handler = self._handlers[caller] = ListenHandler(self.bus_for(caller))
         return handler
 
     async def publish_run(self, head: RunHead) -> None:
