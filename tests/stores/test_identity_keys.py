@@ -11,7 +11,6 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core import StartRequest
-from orchestration.core.clock import ManualClock
 from orchestration.core.facts import RunCreated
 from orchestration.core.fold import head_from_creation
 from orchestration.engine import Runtime
@@ -19,21 +18,14 @@ from orchestration.errors import Conflict
 from orchestration.ops import ForkRequest, fork_run
 from orchestration.store import RunStore
 from tests.stores.builders import new_run, run_id
-from tests.unit.helpers import ScriptedWorker, play, provider_contract, sequential_ids
+from tests.stores.test_fork import runtime_on as fork_runtime
+from tests.unit.helpers import ScriptedWorker, play
 
 OLD = run_id(1)
 
 
 def runtime_on(store: RunStore) -> Runtime:
-    return Runtime(
-        store,
-        Catalog.builtin(),
-        clock=ManualClock(),
-        new_id=sequential_ids(),
-        resolve_contract=provider_contract,
-        worker=ScriptedWorker(),
-        lease_ttl_seconds=30,
-    )
+    return fork_runtime(store, Catalog.builtin(), ScriptedWorker())
 
 
 def start(key: str, by: str | None, request: str = "the same request") -> StartRequest:
