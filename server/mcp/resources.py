@@ -244,6 +244,7 @@ async def _subscribe(
     uri = str(params.uri)
     try:
         caller = caller_of(ctx.request)
+        caller.require("read", "subscribing to a run resource")
         await check_subscriber(caller, [uri] if check_subscribable(uri) else [], subscriptions.load)
         legacy.add(uri, ctx.session, caller)  # run:// URIs only, capped, ends with the session
     except ConstructError as exc:

@@ -24,7 +24,8 @@ answer: ``run_status`` with ``detail="full"`` (which also carries every whole ou
 request), and the ``run://<run_id>`` resource.
 
 **Content and roles.** A run's content — its request, each output (whole, preview, typed value,
-sha256), the host tasks' prompts, gate comments and an exhausted loop's history — is for those who
+sha256), the host tasks' prompts, gate comments, an exhausted loop's history and the messages of
+typed errors (which may quote an output) — is for those who
 may read the run or started it (:meth:`server.identity.Caller.sees_content`). Every view a caller
 is answered with passes through :func:`content_for` (called by
 :meth:`server.mcp.services.Services.view`, the one place views are made for callers): for any other
@@ -39,11 +40,12 @@ is made of (:meth:`server.mcp.services.Services.answer_of` dumps each run versio
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestration.core import TaskStatus
 from server.views.next_step import Approve
-from server.views.run_view import GateView, RunHostTask, RunView, TaskView
+from server.views.outline import View
+from server.views.run_view import ErrorView, GateView, RunHostTask, RunView, TaskView
 
 #: What a withheld prompt (or an exhausted gate's history) says instead.
 WITHHELD = "(withheld: this identity may not read the run's content; that needs the 'read' role)"
@@ -130,12 +132,8 @@ def content_for(view: RunView, sees_content: bool) -> RunView:
             "request_preview": "",
             "next_action": _action_without_content(view.next_action),
             "more_actions": [_action_without_content(a) for a in view.more_actions],
-            "tasks": [
-                task.model_copy(
-                    update={"output": None, "output_preview": None, "output_sha256": None, "value": None}
-                )
-                for task in view.tasks
-            ],
+            "error": _error_without_content(view.error),
+            "tasks": [_task_without_content(task) for task in view.tasks],
             "gates": [
                 gate.model_copy(
                     update={"comment": None, "description": None if gate.description is None else WITHHELD}
@@ -146,7 +144,24 @@ def content_for(view: RunView, sees_content: bool) -> RunView:
     )
 
 
-def _action_without_content(action: Any) -> Any:
+def _task_without_content(task: TaskView) -> TaskView:
+    """A task without its output (whole, preview, sha256, value) and its errors' messages."""
+    attempts = [a.model_copy(update={"error": _error_without_content(a.error)}) for a in task.attempts]
+    withheld = {"output": None, "output_preview": None, "output_sha256": None, "value": None}
+    return task.model_copy(
+        update=withheld | {"error": _error_without_content(task.error), "attempts": attempts}
+    )
+
+
+def _error_without_content(error: ErrorView | None) -> ErrorView | None:
+    """A typed error with its code, its message withheld (it may quote an output)."""
+    return None if error is None else error.model_copy(update={"message": WITHHELD})
+
+
+A = TypeVar("A", bound=View)
+
+
+def _action_without_content(action: A) -> A:
     """A next action without the content it carries: a host task's prompts, an exhausted loop's
     history (which an approve action's ``guards`` quotes)."""
     if isinstance(action, RunHostTask):

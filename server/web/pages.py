@@ -12,7 +12,8 @@ themselves (so they need no token) and read small JSON endpoints of this server 
                                                     that task's output whole)
 ``POST /runs/api/runs/{run_id}/gates/{gate_id}``    decide a gate: ``{"decision": "approve" |
                                                     "reject" | "revise", "comment": "..."}``; the
-                                                    run view
+                                                    run view (its content withheld from an
+                                                    identity that may not read the run)
 =================================================== ==========================================
 
 **Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``), every

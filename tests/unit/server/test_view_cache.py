@@ -11,11 +11,12 @@ from orchestration.core.facts import Fact
 from orchestration.core.inputs import StartRequest
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import RunSnapshot
+from server.identity import LOCAL, Caller, NamedToken, Role, caller_for
 from server.mcp import services as services_module
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
-from server.views.compact import answer_data, answer_text
+from server.views.compact import WITHHELD, answer_data, answer_text
 from server.views.run_view import Detail, RunView, run_view
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
@@ -109,3 +110,33 @@ async def test_a_kept_compact_views_answer_is_dumped_once_and_never_stale(tmp_pa
     second = await services.whole_view(head.run_id)
     assert services.answer_of(second)[0] == answer_text(answer_data(second)) != text
     assert services.answer_of(second)[0] is services.answer_of(second)[0]
+
+
+async def test_a_caller_who_may_not_read_the_run_is_answered_without_its_content(tmp_path: Path) -> None:
+    """Issue 22, finding 13: Services.view (every answer's view) withholds a run's content from an
+    identity that may neither read the run nor started it; its owner and its readers see it."""
+    services = services_on(MemoryStore(), tmp_path)
+    runtime = services.runtime
+    start = StartRequest(request="the secret request", chain=("architect", "engineer"), started_by="alice")
+    head, _ = await runtime.start(start)
+    await runtime.drive(head.run_id)
+    await runtime.submit_host_output(head.run_id, "architect", "the secret design")
+    await runtime.drive(head.run_id)
+
+    def token(identity: str, *roles: Role) -> Caller:
+        return caller_for(NamedToken(identity, f"{identity}-token-0123456789", frozenset(roles)))
+
+    operator = answer_data(await services.view(head.run_id, caller=token("olga", "operate")))
+    shown = answer_text(operator)
+    assert "secret" not in shown and operator["withheld"] is True
+    assert operator["next_action"]["kind"] == "run_host_task"
+    assert operator["next_action"]["user_prompt"] == WITHHELD
+    assert operator["tasks"][0] == {
+        "task_id": "architect",
+        "status": "done",
+        "output_chars": len("the secret design"),
+        "output_uri": f"run://{head.run_id}/tasks/architect/output",
+    }
+    for reader in (token("alice", "operate"), token("rita", "read"), LOCAL):
+        seen = answer_text(answer_data(await services.view(head.run_id, caller=reader)))
+        assert "the secret design" in seen and "withheld" not in seen
