@@ -42,7 +42,6 @@ import mcp_types
 import uvicorn
 from mcp.server import MCPServer
 from mcp.server.request_state import RequestStateSecurity
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from starlette.types import ASGIApp
 
 from orchestration.chains import Catalog
@@ -53,7 +52,7 @@ from server.mcp.chain_prompts import register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.resources import register_resources
 from server.mcp.services import Services
-from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, watching_listen_handler
+from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
 from server.mcp.tools import build_tools
 from server.sdk import set_request_handler
@@ -113,8 +112,9 @@ class ConstructApp:
         # process before it answers anything.
         self.catalog = catalog if catalog is not None else Catalog.load(settings.config_file)
         self._services: Services | None = None
-        # Resource-change fan-out: 2026-07-28 listeners (the SDK's bus) and handshake-era sessions.
-        self._bus = InMemorySubscriptionBus()
+        # Resource-change fan-out, to the callers who may read the run: 2026-07-28 listeners (one
+        # bus per caller) and handshake-era sessions.
+        self._bus = RunEventBus()
         self._legacy = LegacySubscribers(settings.max_subscriptions)
         # Which runs have subscribers here, so that changes other processes write are announced too.
         self._subscriptions = RunSubscriptions(lambda: list(self._legacy.by_uri))
@@ -149,9 +149,7 @@ class ConstructApp:
             "subscriptions/listen",
             mcp_types.SubscriptionsListenRequestParams,
             guard_task_notifications(
-                watching_listen_handler(
-                    ListenHandler(self._bus), self._subscriptions, self.settings.max_subscriptions
-                )
+                watching_listen_handler(self._bus, self._subscriptions, self.settings.max_subscriptions)
             ),
         )
         return server

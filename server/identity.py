@@ -6,7 +6,8 @@ role). No identity may be called ``agent``: that approver name means the calling
 :mod:`orchestration.core.approvals`), never a person. An identity has one or more **roles**, which combine:
 
 =========== ===================================================================================
-``read``    see runs: ``run_status``, ``runs_list``, the ``run://`` resources (read, list, subscribe)
+``read``    see runs and their content: ``run_status``, ``runs_list``, the ``run://`` resources
+            (read, list, subscribe)
 ``operate`` ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_cancel``
 ``approve`` ``orchestrate_approve`` (decide gates)
 =========== ===================================================================================
@@ -14,7 +15,11 @@ role). No identity may be called ``agent``: that approver name means the calling
 and may be limited to the runs it started (``own_runs_only``): a run records the verified identity
 that started it (``started_by`` on ``run_created``), and such an identity sees, lists, resumes,
 cancels and decides only those. A call outside an identity's roles or runs is refused as
-``forbidden`` naming the role (or the limit) that stands in the way, never the token. Listing
+``forbidden`` naming the role (or the limit) that stands in the way, never the token. A run's
+content (request, outputs, previews, prompts, gate comments) is shown to an identity that may read
+the run, or that started it (:meth:`Caller.sees_content`); any other answer about it (an
+``operate`` or ``approve`` call on another identity's run) carries the run's status and what it
+waits for without it. Listing
 tools, prompts and resource templates, and reading a prompt, need only a valid token: they show
 what the server offers, not what it holds.
 
@@ -90,7 +95,34 @@ class Caller:
         )
 
     def may_see(self, head: RunHead) -> bool:
-        return not self.own_runs_only or (head.started_by is not None and head.started_by == self.identity)
+        return not self.own_runs_only or self.started(head)
+
+    def started(self, head: RunHead) -> bool:
+        """Whether ``head``'s run was started by this caller's verified identity."""
+        return self.verified and head.started_by is not None and head.started_by == self.identity
+
+    def may_read(self, head: RunHead) -> bool:
+        """Whether this caller may read ``head``'s run as ``run_status`` does: the ``read`` role,
+        and the run is one it may see (``own_runs_only``). Resource update notifications are sent
+        on the same rule."""
+        return "read" in self.roles and self.may_see(head)
+
+    def sees_content(self, head: RunHead) -> bool:
+        """Whether answers to this caller carry ``head``'s content (its request, outputs, previews,
+        prompts, gate comments): when it may read the run (:meth:`may_read`), or started it. An
+        identity with only ``operate`` or ``approve`` acting on another identity's run gets the
+        run's status and what it waits for, the content withheld
+        (:func:`server.views.compact.content_for`)."""
+        return self.may_read(head) or self.started(head)
+
+    def check_content(self, head: RunHead, action: str) -> None:
+        """Raise ``forbidden`` unless this caller :meth:`sees_content` of ``head``."""
+        if not self.sees_content(head):
+            raise Forbidden(
+                f"{action} copies the content of run {head.run_id}, which needs the role 'read' (or to have "
+                f"started the run); identity {self.identity!r} has "
+                f"{', '.join(sorted(self.roles)) or 'no role'}"
+            )
 
     def check_run(self, head: RunHead) -> None:
         """Raise ``forbidden`` when this caller is limited to its own runs and ``head`` is not one."""

@@ -30,7 +30,7 @@ from orchestration.core.facts import (
 from orchestration.core.fold import apply_write, head_from_creation
 from orchestration.core.graph import is_parallel, latest, predecessors, settled
 from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
-from orchestration.core.inputs import Limits, RetryWindow, StartRequest
+from orchestration.core.inputs import Limits, RetryWindow, StartRequest, shown_key, stored_key
 from orchestration.core.memo import by_identity
 from orchestration.core.models import (
     AGENT_APPROVER,
@@ -119,6 +119,8 @@ __all__ = [
     "revise_offered",
     "revise_plan",
     "settled",
+    "shown_key",
+    "stored_key",
     "text_hash",
     "validate_run_id",
     "with_costs",

@@ -43,6 +43,30 @@ class Limits:
     max_cursor_chars: int = 400
 
 
+#: The namespace of the idempotency keys of verified identities (``token:<identity>:<key>``, as
+#: :func:`server.identity.start_identity` names the identity of a start's retry window).
+KEY_NAMESPACE = "token:"
+
+
+def stored_key(key: str, started_by: str | None) -> str:
+    """The idempotency key ``key``, sent by ``started_by`` (a verified identity, or None: a local
+    or unauthenticated caller), as the store keeps it: in the identity's namespace
+    (``token:alice:<key>``), so that one identity's key never finds another's run nor takes a key
+    another will need. Without an identity (stdio, the CLI, HTTP without tokens: one trusted
+    identity) the key is kept as it is, as it always was. An identity has no ``:`` in its name,
+    so the namespace ends at the first one after ``token:``."""
+    return key if started_by is None else f"{KEY_NAMESPACE}{started_by}:{key}"
+
+
+def shown_key(stored: str | None, started_by: str | None) -> str | None:
+    """The idempotency key a run's view shows its client: the key as the client sent it
+    (:func:`stored_key` undone); a key stored before keys were namespaced, or by a local caller,
+    as it is."""
+    if stored is None or started_by is None:
+        return stored
+    return stored.removeprefix(f"{KEY_NAMESPACE}{started_by}:")
+
+
 @dataclass(frozen=True, slots=True)
 class RetryWindow:
     """How a start without an idempotency key is told apart from a retry of an earlier one

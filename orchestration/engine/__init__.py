@@ -8,11 +8,12 @@ from __future__ import annotations
 from orchestration.engine.children import live_children
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.reading import RunSnapshot
-from orchestration.engine.runtime import Runtime
+from orchestration.engine.runtime import Runtime, repeated
 
 __all__ = [
     "Dispatcher",
     "RunSnapshot",
     "Runtime",
     "live_children",
+    "repeated",
 ]

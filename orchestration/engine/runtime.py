@@ -58,6 +58,7 @@ from orchestration.core.inputs import (
     check_id,
     check_start,
     inline_contract,
+    stored_key,
     with_task_timeout,
 )
 from orchestration.core.models import (
@@ -248,15 +249,26 @@ class Runtime:
         what ``orchestrate_start`` passes) returns the run an identical start by the same identity
         made within the window, ``created`` False, unless it asks for a ``new_run``: see
         :mod:`orchestration.engine.start_window`, which says why that is a look-up by key in the
-        store (durable) rather than anything this process remembers."""
+        store (durable) rather than anything this process remembers.
+
+        An explicit key is the caller's own: stored in the namespace of ``request.started_by``
+        (:func:`~orchestration.core.inputs.stored_key`), so the same key sent by another identity
+        is another key; a run the same identity started with the key before keys were namespaced
+        still answers its repeats (:meth:`keyed_before_namespaces`)."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
         )
         contract = self.resolve_contract(request, chain)
         window = request.retry
-        if request.idempotency_key is not None or window is None or window.seconds <= 0:
-            return await self._create_run(request, chain, contract, request.idempotency_key)
+        if request.idempotency_key is not None:
+            earlier = await self.keyed_before_namespaces(request.idempotency_key, request.started_by)
+            if earlier is not None:
+                return repeated(earlier, request.request_hash(), request.idempotency_key, "request"), False
+            key = stored_key(request.idempotency_key, request.started_by)
+            return await self._create_run(request, chain, contract, key)
+        if window is None or window.seconds <= 0:
+            return await self._create_run(request, chain, contract, None)
         while True:
             found = await look_up(self.store, request, window, self.clock.now())
             if found.recent is not None and not window.new_run:
@@ -294,16 +306,24 @@ class Runtime:
         head = apply(None, fact)
         result = await self.store.create(head, [fact])
         if not result.created:
-            if result.head.request_hash != head.request_hash:
-                raise Conflict(
-                    f"idempotency_key {quoted(key)} was already used for run "
-                    f"{result.head.run_id} with a different request; use a new key, or repeat the "
-                    "original request exactly"
-                )
-            return result.head, False
+            shown = request.idempotency_key if request.idempotency_key is not None else key
+            return repeated(result.head, head.request_hash, shown, "request"), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
         await self.changes.changed(result.head)
         return result.head, True
+
+    async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
+        """The run that identity ``started_by`` started with idempotency key ``key`` before keys
+        were kept per identity (stored as sent), so that its repeats still answer with it; None
+        when there is none, or the run under that key was another's (or a local caller's: whose
+        it is stays unsaid), or it was deleted (a tombstone does not say who started the run)."""
+        if started_by is None:
+            return None
+        try:
+            head = await self.store.find_by_idempotency_key(key)
+        except (RunPruned, RunMoved):
+            return None
+        return head if head is not None and head.started_by == started_by else None
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> tuple[RunHead, bool]:
         """Create a run made elsewhere (``head`` folded from ``facts``, ``run_created`` first: a fork,
@@ -730,6 +750,17 @@ def _task_named(head: RunHead, task_id: str) -> TaskState:
         ) from None
 
 
+def repeated(found: RunHead, request_hash: str, key: str | None, original: str) -> RunHead:
+    """``found``, the run an earlier call (the ``original`` request or fork) with idempotency key
+    ``key`` made, when this one asks for the same (``request_hash``); else a ``Conflict``."""
+    if found.request_hash != request_hash:
+        raise Conflict(
+            f"idempotency_key {quoted(key)} was already used for run {found.run_id} with a different "
+            f"request; use a new key, or repeat the original {original} exactly"
+        )
+    return found
+
+
 __all__ = [
     "ContractResolver",
     "Limits",
@@ -738,4 +769,5 @@ __all__ = [
     "StartRequest",
     "inline_contract",
     "is_settled",
+    "repeated",
 ]

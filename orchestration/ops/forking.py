@@ -41,7 +41,8 @@ earlier step.
 
 Idempotency. With ``idempotency_key``, the same fork (source, task, request, chain,
 approve_before) returns the run the first call made; the key with anything else is a
-``conflict`` (keys are shared with ``orchestrate_start``).
+``conflict`` (keys are shared with ``orchestrate_start``, in the namespace of the identity that
+sends them: :func:`~orchestration.core.inputs.stored_key`).
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ from orchestration.core.facts import (
 from orchestration.core.fold import apply
 from orchestration.core.graph import predecessors
 from orchestration.core.ids import validate_run_id
-from orchestration.core.inputs import StartRequest, check_id, check_start
+from orchestration.core.inputs import StartRequest, check_id, check_start, stored_key
 from orchestration.core.models import ChainSnapshot, RunHead, canonical_hash
 from orchestration.core.routing import chain_format
 from orchestration.core.vocabulary import TaskStatus
-from orchestration.engine import Runtime
-from orchestration.errors import Conflict, ForkMismatch, IllegalTransition, InvalidArgument, quoted
+from orchestration.engine import Runtime, repeated
+from orchestration.errors import ForkMismatch, IllegalTransition, InvalidArgument, quoted
 
 log = logging.getLogger("construct.runtime")
 
@@ -119,15 +120,12 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
     created = _run_created(runtime, source, start, chain, fork)
     copies = _copies([f for f in facts if 1 < f.seq < point], prefix, kept, created.at)
     head = _replay(created, copies, source, fork)
-    stored, created_now = await runtime.create(head, [created, *copies])
+    earlier = None
+    if fork.idempotency_key is not None:
+        earlier = await runtime.keyed_before_namespaces(fork.idempotency_key, fork.started_by)
+    stored, created_now = (earlier, False) if earlier else await runtime.create(head, [created, *copies])
     if not created_now:
-        if stored.request_hash != head.request_hash:
-            raise Conflict(
-                f"idempotency_key {quoted(fork.idempotency_key)} was already used for run "
-                f"{stored.run_id} with a different request; use a new key, or repeat the "
-                "original fork exactly"
-            )
-        return stored, False
+        return repeated(stored, head.request_hash, fork.idempotency_key, "fork"), False
     log.info(
         "run forked from %s at %s, %d facts copied",
         source.run_id,
@@ -177,7 +175,9 @@ def _run_created(
         chain=chain,
         chain_hash=chain.content_hash(),
         contract=contract,
-        idempotency_key=fork.idempotency_key,
+        idempotency_key=None
+        if fork.idempotency_key is None
+        else stored_key(fork.idempotency_key, fork.started_by),
         request_hash=fork.request_hash(),
         format=max(chain_format(chain), contract.record_format()),
         started_by=fork.started_by,

@@ -198,7 +198,9 @@ async def settle_view(
             if until >= deadline - anyio.current_time():
                 break
             await anyio.sleep(max(0.0, until) + 0.05)
-    return await services.view(head.run_id, head, detail, full_task)
+    return await services.view(
+        head.run_id, head, detail, full_task, caller=caller_of(ctx.request_context.request)
+    )
 
 
 async def settle_asking(
@@ -233,6 +235,7 @@ def _no_settle(
     """The settle of a call that does not wait: the view of the head as it is."""
 
     async def view(current: RunHead, _: float) -> RunView:
-        return await services_of(ctx).view(current.run_id, current, detail, full_task)
+        caller = caller_of(ctx.request_context.request)
+        return await services_of(ctx).view(current.run_id, current, detail, full_task, caller=caller)
 
     return view

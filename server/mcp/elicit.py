@@ -8,7 +8,8 @@ the output under review (a bounded preview: :data:`REVIEW_PREVIEW_CHARS`) and th
 can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose policy names
 ``approvers`` is asked only of them (a verified identity in the list); a gate only the calling
 agent decides (``approvers = ["agent"]``) is asked of nobody: the agent decides it itself. A caller whose
-identity may not decide gates (over HTTP, a token without the ``approve`` role) is not asked, nor is
+identity may not decide gates (over HTTP, a token without the ``approve`` role), or may not read the
+run's content (the form shows it: :meth:`~server.identity.Caller.sees_content`), is not asked, nor is
 a client without elicitation: they get the view with ``next_action`` ``approve``, as before.
 
 The answer is recorded through :meth:`~orchestration.engine.runtime.Runtime.approve`, the path
@@ -168,7 +169,11 @@ def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
     """Whether the answer of ``caller`` could be recorded at ``gate_id`` by its approvers (the
     form records the verified identity, else nobody): a gate whose policy names approvers
     (:func:`~orchestration.core.approvals.gate_approvers`) is asked only of a person it names, so a
-    gate only the agent decides is never asked (the form would record a person's decision)."""
+    gate only the agent decides is never asked (the form would record a person's decision). A
+    caller who may not read the run's content is not asked either: the form shows the request
+    and the output under review (:meth:`~server.identity.Caller.sees_content`)."""
+    if not caller.sees_content(head):
+        return False
     gate = head.gate(gate_id)
     allowed = gate_approvers(head, gate) if gate is not None else None
     if allowed is None:

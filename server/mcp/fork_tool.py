@@ -1,7 +1,9 @@
 """The MCP tool ``orchestrate_fork``: a new run from another run's recorded work, redone from one
 of its tasks (the rule: :mod:`orchestration.ops.forking`). Registered by :func:`server.mcp.tools.build_tools`;
 it answers with the new run's :class:`~server.views.run_view.RunView` (``forked_from`` names the source,
-copied tasks carry ``copied_from``) and needs the ``operate`` role, like ``orchestrate_start``.
+copied tasks carry ``copied_from``) and needs the ``operate`` role, like ``orchestrate_start``, and,
+since the fork copies the source's request and outputs, that the caller may read the source's content
+(:meth:`~server.identity.Caller.check_content`: the ``read`` role, or to have started it).
 
 Compact on purpose (``tools/list`` has a byte budget: ``tests/unit/server/test_answer_sizes.py``):
 ``chain`` is a chain name only; a chain given as a list of specialists is kept by default, and
@@ -74,6 +76,7 @@ async def orchestrate_fork(
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_fork", run_id)
         services = services_of(ctx)
+        caller.check_content(await services.runtime.status(run_id), "orchestrate_fork")  # it copies them
         fork = ForkRequest(
             run_id=run_id,
             from_task=from_task,

@@ -23,7 +23,9 @@ newest first, as ``run://{run_id}`` named by chain, status and the start of the 
 user can attach a run to a conversation in any host and pick it up there. The list is made at each
 request (the SDK's own list holds only resources registered up front, so its handler is replaced,
 keeping those first). Reading, listing and subscribing need the ``read`` role over HTTP with
-tokens (see :mod:`server.identity`); a caller without it is listed no runs.
+tokens (see :mod:`server.identity`); a caller without it is listed no runs. An identity limited to
+its own runs may subscribe only to those, and every update is delivered only to subscribers who may
+read the run (see :mod:`server.mcp.subscriptions`).
 
 Changes made by *other* processes on the same store (the CLI, another server) are announced too,
 within about one poll interval: :class:`~server.mcp.subscriptions.RunSubscriptions` polls the subscribed runs.
@@ -46,7 +48,13 @@ from orchestration.errors import ConstructError, Forbidden, InvalidArgument, Inv
 from orchestration.ops import RunExport, export_lines
 from server.identity import caller_of
 from server.mcp.services import Services, run_uri
-from server.mcp.subscriptions import LegacySubscribers, RunSubscriptions, as_protocol_error
+from server.mcp.subscriptions import (
+    LegacySubscribers,
+    RunSubscriptions,
+    as_protocol_error,
+    check_subscribable,
+    check_subscriber,
+)
 from server.sdk import set_request_handler
 from server.views.compact import answer_data, answer_text
 from server.views.events import newest_events
@@ -86,7 +94,8 @@ async def read_run(run_id: str, ctx: ResourceContext) -> str:
     run_status view)."""
     services: Services = ctx.request_context.lifespan_context
     try:
-        view = await services.view(run_id, await _readable(ctx, run_id))
+        caller = caller_of(ctx.request_context.request)
+        view = await services.view(run_id, await _readable(ctx, run_id), caller=caller)
     except ConstructError as exc:
         raise _resource_error(exc) from None
     return answer_text(answer_data(view))
@@ -232,12 +241,15 @@ async def _subscribe(
 ) -> types.EmptyResult:
     """``resources/subscribe``: remember the session for ``notifications/resources/updated`` and
     poll the run for changes other processes make."""
+    uri = str(params.uri)
     try:
-        caller_of(ctx.request).require("read", "subscribing to a run resource")
-        legacy.add(str(params.uri), ctx.session)  # run:// URIs only, capped, ends with the session
+        caller = caller_of(ctx.request)
+        caller.require("read", "subscribing to a run resource")
+        await check_subscriber(caller, [uri] if check_subscribable(uri) else [], subscriptions.load)
+        legacy.add(uri, ctx.session, caller)  # run:// URIs only, capped, ends with the session
     except ConstructError as exc:
         raise as_protocol_error(exc) from None
-    await subscriptions.add([str(params.uri)], listening=False)
+    await subscriptions.add([uri], listening=False)
     return types.EmptyResult()
 
 

@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
-
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, RunSnapshot, Runtime
-from server.mcp.subscriptions import LegacySubscribers
+from server.identity import Caller
+from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
-from server.views.compact import answer_data, answer_text
+from server.views.compact import answer_data, answer_text, content_for
 from server.views.run_view import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
@@ -39,7 +38,7 @@ class Services:
     settings: Settings
     runtime: Runtime
     dispatcher: Dispatcher
-    bus: SubscriptionBus
+    bus: RunEventBus
     legacy_subscribers: LegacySubscribers
     store_description: str
     warnings: Sequence[str] = ()
@@ -54,6 +53,24 @@ class Services:
     )
 
     async def view(
+        self,
+        run_id: str,
+        head: RunHead | None = None,
+        detail: Detail = "compact",
+        full_task: str | None = None,
+        *,
+        caller: Caller,
+    ) -> RunView:
+        """The run as ``caller`` is answered with it: :meth:`whole_view`, without the run's content
+        when ``caller`` may not see it (:func:`~server.views.compact.content_for`: an identity with
+        only ``operate`` or ``approve`` acting on another identity's run). Every answer made of a
+        run view goes through here."""
+        if head is None:
+            head = await self.runtime.status(run_id)
+        view = await self.whole_view(run_id, head, detail, full_task)
+        return content_for(view, caller.sees_content(head))
+
+    async def whole_view(
         self,
         run_id: str,
         head: RunHead | None = None,
@@ -89,7 +106,7 @@ class Services:
         # A parent shows its child runs, and what a waiting child needs (server.views.children_view);
         # a link to a run pruned or moved away says so.
         view = await with_gone_links(view, self.runtime)
-        return await with_children(view, head, self.view)
+        return await with_children(view, head, self.whole_view)
 
     def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text (JSON without indentation) and structured content of an answer that is
@@ -110,10 +127,10 @@ class Services:
         return dumped[1], dumped[2]
 
     async def publish_change(self, head: RunHead) -> None:
-        """Runtime listener: tell resource subscribers that ``run://<id>`` changed."""
-        uri = run_uri(head.run_id)
-        await self.bus.publish(ResourceUpdated(uri=uri))
-        await self.legacy_subscribers.notify(uri)
+        """Runtime listener: tell the resource subscribers who may read the run that ``run://<id>``
+        changed (see :mod:`server.mcp.subscriptions`)."""
+        await self.bus.publish_run(head)
+        await self.legacy_subscribers.notify(run_uri(head.run_id), head)
 
     def describe(self) -> dict[str, Any]:
         """Safe-to-log facts about this process (no secrets)."""

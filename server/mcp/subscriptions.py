@@ -24,6 +24,14 @@ store at every poll):
   registers their removal on the connection's exit stack, which the SDK unwinds when the stdio
   input ends, a Streamable HTTP session is deleted or expires, or an SSE stream closes); a
   listen stream's end with the stream.
+
+**Who hears what.** A subscription is checked like a read of the run (:meth:`check_subscriber`:
+the ``read`` role, and for an identity limited to its own runs, a run it started), when it is made
+and again at each update: :class:`LegacySubscribers` keeps each session's caller, and listen
+streams are served per caller (:class:`RunEventBus`: one bus and one SDK listen handler per
+caller), so an update of a run is delivered only to the callers that may read it
+(:meth:`~server.identity.Caller.may_read`) — never to another identity's subscription, even one
+made before the run existed.
 """
 
 from __future__ import annotations
@@ -37,12 +45,17 @@ import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import ListenHandler
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    ResourceUpdated,
+    ServerEvent,
+)
 from mcp.shared.exceptions import MCPError
 
 from orchestration.core import RunHead, validate_run_id
-from orchestration.errors import ConstructError, InvalidArgument
-from server.identity import caller_of
+from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
+from server.identity import Caller, caller_of
 from server.sdk import connection_of, on_connection_closed
 
 log = logging.getLogger("construct.server")
@@ -95,6 +108,27 @@ def check_subscribable(uri: str) -> bool:
     return True
 
 
+async def check_subscriber(caller: Caller, uris: Iterable[str], load: LoadHead) -> None:
+    """Refuse (``forbidden``) a subscription to ``uris`` (run URIs, checked) that ``caller`` could not
+    read: without the ``read`` role, or, for an identity limited to its own runs, a run it did not
+    start. A run not stored (yet) is no refusal: its updates are checked as they come."""
+    uris = list(uris)
+    if not uris:
+        return
+    caller.require("read", "subscribing to a run resource")
+    if not caller.own_runs_only:
+        return
+    for uri in uris:
+        run_id = run_id_of(uri)
+        if run_id is None:
+            continue
+        try:
+            head = await load(run_id)
+        except RunNotFound:
+            continue
+        caller.check_run(head)
+
+
 def as_protocol_error(exc: ConstructError) -> MCPError:
     """A JSON-RPC error (invalid params) whose message starts with the error's stable code."""
     return MCPError(code=types.INVALID_PARAMS, message=f"{exc.code}: {exc.message}")
@@ -114,13 +148,14 @@ class LegacySubscribers:
     def __init__(self, max_per_session: int = DEFAULT_MAX_SUBSCRIPTIONS) -> None:
         self.max_per_session = max_per_session
         #: uri -> connection -> the latest session object of that connection (it sends the updates)
-        self.by_uri: dict[str, dict[object, ServerSession]] = {}
+        #: and the caller that subscribed (an update goes only to a caller who may read the run)
+        self.by_uri: dict[str, dict[object, tuple[ServerSession, Caller]]] = {}
         #: connection -> the URIs it subscribed to
         self._by_connection: dict[object, set[str]] = {}
 
-    def add(self, uri: str, session: ServerSession) -> None:
-        """Subscribe ``session``'s connection to ``uri``. Idempotent. Raises InvalidArgument for a
-        URI that is not a valid run's, TooManySubscriptions over the cap."""
+    def add(self, uri: str, session: ServerSession, caller: Caller) -> None:
+        """Subscribe ``session``'s connection, for ``caller``, to ``uri``. Idempotent. Raises
+        InvalidArgument for a URI that is not a valid run's, TooManySubscriptions over the cap."""
         if not check_subscribable(uri):
             log.debug(
                 "subscription to a non-run resource acknowledged, not kept",
@@ -135,7 +170,7 @@ class LegacySubscribers:
         if uri not in uris and len(uris) >= self.max_per_session:
             raise TooManySubscriptions(self.max_per_session)
         uris.add(uri)
-        self.by_uri.setdefault(uri, {})[key] = session
+        self.by_uri.setdefault(uri, {})[key] = (session, caller)
 
     def remove(self, uri: str, session: ServerSession) -> None:
         """Unsubscribe ``session``'s connection from ``uri`` (nothing if it was not subscribed)."""
@@ -157,8 +192,12 @@ class LegacySubscribers:
         """How many (connection, URI) subscriptions are held."""
         return sum(len(uris) for uris in self._by_connection.values())
 
-    async def notify(self, uri: str) -> None:
-        for key, session in list(self.by_uri.get(uri, {}).items()):
+    async def notify(self, uri: str, head: RunHead) -> None:
+        """Send ``notifications/resources/updated`` for ``uri`` (``head``'s run) to each session
+        subscribed to it whose caller may read the run."""
+        for key, (session, caller) in list(self.by_uri.get(uri, {}).items()):
+            if not caller.may_read(head):
+                continue
             try:
                 await session.send_resource_updated(uri)
             except Exception as exc:
@@ -189,6 +228,56 @@ class LegacySubscribers:
             )
 
 
+class RunEventBus:
+    """The ``subscriptions/listen`` fan-out, keyed by caller (the SDK's ``SubscriptionBus`` seam).
+
+    Each caller (a token's identity, or a local caller) has its own in-memory bus and its own SDK
+    listen handler (:meth:`listen_handler`), so a listen stream only ever receives what was
+    published to its caller's bus. A run's update is published with :meth:`publish_run`, to the
+    buses of the callers that may read the run (:meth:`~server.identity.Caller.may_read`); an
+    event about no run (a list changed) published through the seam (:meth:`publish`) reaches every
+    caller, and an update of a run published there, without its head, reaches nobody. Callers are
+    the configured identities and the local ones: a bounded set."""
+
+    def __init__(self) -> None:
+        self._buses: dict[Caller, InMemorySubscriptionBus] = {}
+        self._handlers: dict[Caller, ListenHandler] = {}
+        self._everyone = InMemorySubscriptionBus()
+
+    def bus_for(self, caller: Caller) -> InMemorySubscriptionBus:
+        """``caller``'s own bus: what its listen streams receive."""
+        bus = self._buses.get(caller)
+        if bus is None:
+            bus = self._buses[caller] = InMemorySubscriptionBus()
+        return bus
+
+    def listen_handler(self, caller: Caller) -> ListenHandler:
+        """The SDK's listen handler serving ``caller``'s streams, over ``caller``'s bus."""
+        handler = self._handlers.get(caller)
+        if handler is None:
+            handler = self._handlers[caller] = ListenHandler(self.bus_for(caller))
+        return handler
+
+    async def publish_run(self, head: RunHead) -> None:
+        """Announce that ``head``'s run changed to the callers that may read it."""
+        event = ResourceUpdated(uri=RUN_URI_PREFIX + head.run_id)
+        for caller, bus in list(self._buses.items()):
+            if caller.may_read(head):
+                await bus.publish(event)
+
+    async def publish(self, event: ServerEvent) -> None:
+        """``SubscriptionBus.publish``: an event about no run, to every caller (see the class)."""
+        if isinstance(event, ResourceUpdated) and event.uri.startswith(RUN_URI_PREFIX):
+            log.debug("a run update without its run is not announced", extra={"action": "update_dropped"})
+            return
+        for bus in [self._everyone, *self._buses.values()]:
+            await bus.publish(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        """``SubscriptionBus.subscribe``: a listener of the events :meth:`publish` carries."""
+        return self._everyone.subscribe(listener)
+
+
 class RunSubscriptions:
     """The run resources this process has subscribers for, and the version each was last announced
     at. ``load`` reads a run's head from the store; ``legacy_uris`` lists the URIs handshake-era
@@ -205,6 +294,12 @@ class RunSubscriptions:
     def attach(self, load: LoadHead) -> None:
         """Give the store reader (the runtime exists only once the server runs)."""
         self._load = load
+
+    async def load(self, run_id: str) -> RunHead:
+        """The run's head, from the store (``run_not_found`` before the server runs)."""
+        if self._load is None:
+            raise RunNotFound(run_id)
+        return await self._load(run_id)
 
     def watched(self) -> set[str]:
         """Run ids with at least one subscriber here."""
@@ -287,12 +382,14 @@ class RunSubscriptions:
 
 
 def watching_listen_handler(
-    listen: ListenHandler, subscriptions: RunSubscriptions, max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    bus: RunEventBus,
+    subscriptions: RunSubscriptions,
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
 ) -> Callable[[ServerRequestContext[Any, Any], types.SubscriptionsListenRequestParams], Awaitable[Any]]:
-    """The SDK's ``subscriptions/listen`` handler, telling ``subscriptions`` which run resources
-    the stream covers while it is open. A stream names at most ``max_subscriptions`` resources,
-    each ``run://<run id>`` (else a JSON-RPC error whose message starts with the code); naming any
-    needs the ``read`` role (see :mod:`server.identity`)."""
+    """The SDK's ``subscriptions/listen`` handler of the caller (:meth:`RunEventBus.listen_handler`),
+    telling ``subscriptions`` which run resources the stream covers while it is open. A stream names
+    at most ``max_subscriptions`` resources, each ``run://<run id>`` (else a JSON-RPC error whose
+    message starts with the code); naming any is checked like reading them (:func:`check_subscriber`)."""
 
     async def handle(
         ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
@@ -300,15 +397,16 @@ def watching_listen_handler(
         named = [str(uri) for uri in params.notifications.resource_subscriptions or ()]
         try:
             uris = [uri for uri in named if check_subscribable(uri)]
-            if uris:
-                caller_of(ctx.request).require("read", "subscribing to a run resource")
+            caller = caller_of(ctx.request)
             if len(set(uris)) > max_subscriptions:
+                caller.require("read", "subscribing to a run resource")
                 raise TooManySubscriptions(max_subscriptions)
+            await check_subscriber(caller, uris, subscriptions.load)
         except ConstructError as exc:
             raise as_protocol_error(exc) from None
         await subscriptions.add(uris, listening=True)
         try:
-            return await listen(ctx, params)
+            return await bus.listen_handler(caller)(ctx, params)
         finally:
             subscriptions.remove(uris)
 

@@ -315,13 +315,13 @@ class TasksExtension(Extension):
             return result  # refused: the usual isError answer
         # The answer is compact (server.views.compact): the task is built from the run's view.
         services: Services = ctx.lifespan_context
-        view = await services.view(str(result.structured_content["run_id"]))
+        view = await services.view(str(result.structured_content["run_id"]), caller=caller_of(ctx.request))
         log.info("task created", extra={"action": "task_created", "run_id": view.run_id})
         return detailed_task(view, created=True)
 
     async def _get(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "read")
-        view = await services.view(head.run_id, head)
+        view = await services.view(head.run_id, head, caller=caller)
         requests: dict[str, dict[str, Any]] = {}
         if view.status == RunStatus.AWAITING_APPROVAL:
             snapshot = await services.runtime.snapshot(head.run_id, head)

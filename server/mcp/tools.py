@@ -323,8 +323,8 @@ async def _started(
         head, created = await services.runtime.children.start_for_host(start, parent_run_id, parent_task_id)
     else:
         head, created = await services.runtime.start(start)
-    # An idempotency key another identity used returns that identity's run: not to one
-    # limited to its own runs.
+    # Keys are per identity (orchestration.core.inputs.stored_key), so a key finds only the
+    # caller's own run; checked all the same, as every run a caller is shown.
     caller.check_run(head)
     if created:
         services.dispatcher.wake(head.run_id)
@@ -530,7 +530,7 @@ async def orchestrate_cancel(
         caller = await caller_for(ctx, "orchestrate_cancel", run_id)
         services = services_of(ctx)
         head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
-        return await services.view(head.run_id, head)
+        return await services.view(head.run_id, head, caller=caller)
 
     return await answer("orchestrate_cancel", work)
 

@@ -23,6 +23,16 @@ contract, each attempt's telemetry, the timestamps, ``semantics`` and ``version`
 answer: ``run_status`` with ``detail="full"`` (which also carries every whole output and the whole
 request), and the ``run://<run_id>`` resource.
 
+**Content and roles.** A run's content — its request, each output (whole, preview, typed value,
+sha256), the host tasks' prompts, gate comments, an exhausted loop's history and the messages of
+typed errors (which may quote an output) — is for those who
+may read the run or started it (:meth:`server.identity.Caller.sees_content`). Every view a caller
+is answered with passes through :func:`content_for` (called by
+:meth:`server.mcp.services.Services.view`, the one place views are made for callers): for any other
+caller, such as an identity with only ``operate`` or ``approve`` acting on another identity's run,
+the content is left out and ``withheld`` is true; status, tasks, gates, ids, lengths and
+``next_action``'s call stay, so the call can still be made by someone who may.
+
 :func:`answer_data` is a pure function of the view, so an answer is as deterministic as the view it
 is made of (:meth:`server.mcp.services.Services.answer_of` dumps each run version once).
 """
@@ -30,10 +40,15 @@ is made of (:meth:`server.mcp.services.Services.answer_of` dumps each run versio
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestration.core import TaskStatus
-from server.views.run_view import GateView, RunHostTask, RunView, TaskView
+from server.views.next_step import Approve
+from server.views.outline import View
+from server.views.run_view import ErrorView, GateView, RunHostTask, RunView, TaskView
+
+#: What a withheld prompt (or an exhausted gate's history) says instead.
+WITHHELD = "(withheld: this identity may not read the run's content; that needs the 'read' role)"
 
 #: The task fields a compact answer keeps (when set), in this order.
 TASK_FIELDS = (
@@ -78,6 +93,7 @@ RUN_FIELDS = (
     "next_action",
     "more_actions",
     "existing_run",
+    "withheld",
     "error",
     "warnings",
     "budget",
@@ -101,6 +117,64 @@ def answer_data(view: RunView) -> dict[str, Any]:
     if costs:
         data["costs"] = costs
     return data
+
+
+def content_for(view: RunView, sees_content: bool) -> RunView:
+    """``view`` as a caller is answered with it: as it is when the caller ``sees_content`` (see
+    :meth:`server.identity.Caller.sees_content`), else a copy without the run's content (see the
+    module docstring), marked ``withheld``."""
+    if sees_content:
+        return view
+    return view.model_copy(
+        update={
+            "withheld": True,
+            "request": None,
+            "request_preview": "",
+            "next_action": _action_without_content(view.next_action),
+            "more_actions": [_action_without_content(a) for a in view.more_actions],
+            "error": _error_without_content(view.error),
+            "tasks": [_task_without_content(task) for task in view.tasks],
+            "gates": [
+                gate.model_copy(
+                    update={"comment": None, "description": None if gate.description is None else WITHHELD}
+                )
+                for gate in view.gates
+            ],
+        }
+    )
+
+
+def _task_without_content(task: TaskView) -> TaskView:
+    """A task without its output (whole, preview, sha256, value) and its errors' messages."""
+    attempts = [a.model_copy(update={"error": _error_without_content(a.error)}) for a in task.attempts]
+    withheld = {"output": None, "output_preview": None, "output_sha256": None, "value": None}
+    return task.model_copy(
+        update=withheld | {"error": _error_without_content(task.error), "attempts": attempts}
+    )
+
+
+def _error_without_content(error: ErrorView | None) -> ErrorView | None:
+    """A typed error with its code, its message withheld (it may quote an output)."""
+    return None if error is None else error.model_copy(update={"message": WITHHELD})
+
+
+A = TypeVar("A", bound=View)
+
+
+def _action_without_content(action: A) -> A:
+    """A next action without the content it carries: a host task's prompts, an exhausted loop's
+    history (which an approve action's ``guards`` quotes)."""
+    if isinstance(action, RunHostTask):
+        return action.model_copy(
+            update={
+                "system_prompt": WITHHELD,
+                "user_prompt": WITHHELD,
+                "instruction": "Someone who may read this run runs this task and resumes it: " + WITHHELD,
+            }
+        )
+    if isinstance(action, Approve) and action.position == "exhausted":
+        return action.model_copy(update={"guards": WITHHELD})
+    return action
 
 
 def answer_text(data: dict[str, Any]) -> str:
@@ -148,4 +222,12 @@ def _kept(data: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
     return {key: data[key] for key in order if key in data and data[key] not in ([], {})}
 
 
-__all__ = ["GATE_FIELDS", "RUN_FIELDS", "TASK_FIELDS", "answer_data", "answer_text"]
+__all__ = [
+    "GATE_FIELDS",
+    "RUN_FIELDS",
+    "TASK_FIELDS",
+    "WITHHELD",
+    "answer_data",
+    "answer_text",
+    "content_for",
+]

@@ -49,6 +49,7 @@ from orchestration.core import (
     TypedError,
     gate_approvers,
     revise_offered,
+    shown_key,
 )
 from orchestration.engine import RunSnapshot
 from orchestration.errors import InvalidArgument
@@ -307,6 +308,13 @@ class RunView(Outlined):
         description="true: this start found the run an identical start made within the retry window "
         "(or with the same idempotency_key); pass new_run: true for another.",
     )
+    #: set by server.views.compact.content_for for a caller who may not read the run's content
+    withheld: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="true: the run's request, outputs and prompts are left out (reading them needs the "
+        "'read' role, or to have started the run).",
+    )
     chain: ChainView
     contract: ContractView
     request: str | None = Field(
@@ -534,7 +542,7 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
         request=head.request if detail == "full" else None,
         request_preview=request_preview(head.request),
         request_chars=len(head.request),
-        idempotency_key=head.idempotency_key,
+        idempotency_key=shown_key(head.idempotency_key, head.started_by),
         started_by=head.started_by,
         forked_from=None if snapshot.forked_from is None else ForkView(**snapshot.forked_from.model_dump()),
         parent=None

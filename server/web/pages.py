@@ -12,7 +12,8 @@ themselves (so they need no token) and read small JSON endpoints of this server 
                                                     that task's output whole)
 ``POST /runs/api/runs/{run_id}/gates/{gate_id}``    decide a gate: ``{"decision": "approve" |
                                                     "reject" | "revise", "comment": "..."}``; the
-                                                    run view
+                                                    run view (its content withheld from an
+                                                    identity that may not read the run)
 =================================================== ==========================================
 
 **Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``), every
@@ -269,7 +270,7 @@ class RunPages:
             task_id = request.query_params.get("task_id") or None
             if task_id is not None:
                 check_task_id(head, task_id)
-            return await services.view(head.run_id, head, "compact", task_id)
+            return await services.view(head.run_id, head, "compact", task_id, caller=caller)
 
         return await _answer(work)
 
@@ -295,7 +296,7 @@ class RunPages:
                 "gate decided on the web page",
                 extra={"action": "web_decision", "run_id": run_id, "gate_id": gate_id, "decision": decision},
             )
-            return await services.view(head.run_id, head)
+            return await services.view(head.run_id, head, caller=caller)
 
         return await _answer(work)
 

@@ -18,6 +18,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ResourceUpdated
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from orchestration.chains.catalog import Catalog
@@ -32,6 +33,7 @@ from tests.acceptance.harness import (
     server_env,
     stdio_client_for,
 )
+from tests.acceptance.store_targets import BACKENDS, store_target
 from tests.acceptance.test_mcp_http import http_server
 
 pytestmark = pytest.mark.slow
@@ -157,20 +159,19 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
         assert await run_uris(carol) == [f"run://{mine['run_id']}"]
         with pytest.raises(MCPError, match="forbidden"):
             await carol.read_resource(f"run://{run_id}")
-        # An idempotency key someone else used does not hand carol their run.
+        # An idempotency key someone else used is another key for carol: her own run, theirs unnamed.
         theirs = await call(
             alice, "orchestrate_start", request="Keyed.", chain=["writer"], idempotency_key="k-1"
         )
-        text = await call_error(
+        keyed = await call(
             carol, "orchestrate_start", request="Keyed.", chain=["writer"], idempotency_key="k-1"
         )
-        assert_forbidden(text)
-        assert theirs["run_id"] in text
+        assert keyed["run_id"] != theirs["run_id"] and theirs["run_id"] not in json.dumps(keyed)
 
         # Without the read role there is nothing to list; the others see every run.
         listed = {r["run_id"] for r in (await call(bob, "runs_list"))["runs"]}
-        assert listed == {run_id, mine["run_id"], theirs["run_id"]}
-        assert len(await run_uris(alice)) == 3
+        assert listed == {run_id, mine["run_id"], theirs["run_id"], keyed["run_id"]}
+        assert len(await run_uris(alice)) == 4
         # Discovery needs only a valid token.
         assert {p.name for p in (await bob.list_prompts()).prompts} == set(Catalog.builtin().chains)
 
@@ -192,6 +193,49 @@ async def test_roles_are_enforced_per_tool_over_streamable_http(tmp_path: Path) 
     assert "identities: alice, bob, carol, dave" in log
     for token in TOKENS:
         assert token not in log
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_own_runs_only_holds_for_subscriptions_and_keys_on_every_store(
+    tmp_path: Path, backend: str
+) -> None:
+    """carol (limited to her own runs) may not watch alice's run, by either era's subscription, and
+    hears of changes to her own runs only; alice's idempotency key is another key for her."""
+    (tmp_path / "construct.toml").write_text(CONFIG)
+    async with (
+        store_target(backend, tmp_path / "target") as target,
+        http_server(
+            tmp_path,
+            "streamable-http",
+            BOB_TOKEN=BOB,
+            CONSTRUCT_ORCHESTRATION_STORE=target.url,
+            CONSTRUCT_STORE_FALLBACK="false",
+        ) as port,
+        as_identity(port, ALICE) as alice,
+        as_identity(port, CAROL) as carol,
+        as_identity(port, CAROL, mode="legacy") as carol_legacy,
+    ):
+        keyed = {"request": "Keyed.", "chain": ["writer"], "idempotency_key": "k-1"}
+        theirs = await call(alice, "orchestrate_start", **keyed)
+        uri = f"run://{theirs['run_id']}"
+        with pytest.warns(MCPDeprecationWarning), pytest.raises(MCPError, match=r"^forbidden: run "):
+            await carol_legacy.subscribe_resource(uri)
+        with pytest.raises(MCPError, match=r"^forbidden: run "):
+            async with carol.listen(resource_subscriptions=[uri]):
+                pass
+        mine = await call(carol, "orchestrate_start", **keyed)
+        assert mine["run_id"] != theirs["run_id"] and theirs["run_id"] not in json.dumps(mine)
+        assert (await call(carol, "orchestrate_start", **keyed))["run_id"] == mine["run_id"]
+        assert (await call(alice, "orchestrate_start", **keyed))["run_id"] == theirs["run_id"]
+        # Her own run she may watch: she hears of its change, and of nothing of alice's.
+        own = f"run://{mine['run_id']}"
+        async with carol.listen(resource_subscriptions=[own]) as subscription:
+            await call(alice, "orchestrate_cancel", run_id=theirs["run_id"])
+            await call(carol, "orchestrate_cancel", run_id=mine["run_id"])
+            with anyio.fail_after(15):
+                async for event in subscription:
+                    assert event == ResourceUpdated(uri=own)
+                    break
 
 
 async def test_a_session_belongs_to_the_identity_that_opened_it(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Resource subscriptions are bounded (server/mcp/subscriptions.py): only ``run://<valid run id>``, at most
-``max_subscriptions`` per session, and a handshake-era session's subscriptions end with it."""
+``max_subscriptions`` per session, and a handshake-era session's subscriptions end with it; a run's
+updates reach only the callers who may read it."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
+from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
+from orchestration.core.facts import RunCreated
+from orchestration.core.fold import head_from_creation
 from server.app import ConstructApp
+from server.identity import LOCAL, ROLES, Caller, NamedToken, Role, caller_for
+from server.mcp.subscriptions import RunEventBus
 from server.settings.config import load_settings
+from tests.stores.builders import new_run, run_id
 
 
 def make_app(tmp_path: Path, **env: str) -> ConstructApp:
@@ -111,3 +118,35 @@ async def test_a_listen_stream_is_bounded_the_same_way(tmp_path: Path) -> None:
         async with client.listen(resource_subscriptions=[f"run://{run_id}"]):
             assert app._subscriptions.watched() == {run_id}
     assert app._subscriptions.watched() == set()
+
+
+def _caller(identity: str, roles: frozenset[Role] = ROLES, own_runs_only: bool = False) -> Caller:
+    return caller_for(NamedToken(identity, f"{identity}-token-0123456789", roles, own_runs_only))
+
+
+async def test_a_run_update_reaches_only_the_callers_who_may_read_the_run() -> None:
+    """The listen streams' bus is keyed by caller (issue 22, finding 7): a stream that named a run
+    (even before it existed) hears of it only while its caller may read it."""
+    bus = RunEventBus()
+    callers = {
+        "alice": _caller("alice", own_runs_only=True),  # the run's owner
+        "carol": _caller("carol", own_runs_only=True),  # another identity limited to its own runs
+        "dave": _caller("dave", frozenset({"approve"})),  # no read
+        "erin": _caller("erin", frozenset({"read"})),
+        "local": LOCAL,
+    }
+    heard: dict[str, list[ServerEvent]] = {name: [] for name in callers}
+    for name, caller in callers.items():
+        bus.bus_for(caller).subscribe(heard[name].append)
+    _, facts = new_run(run_id(1))
+    assert isinstance(facts[0], RunCreated)
+    head = head_from_creation(facts[0].model_copy(update={"started_by": "alice"}))
+
+    await bus.publish_run(head)
+    update = ResourceUpdated(uri=f"run://{head.run_id}")
+    assert heard == {"alice": [update], "carol": [], "dave": [], "erin": [update], "local": [update]}
+    # Through the SDK's seam, a run's update without its run reaches nobody; other events everyone.
+    await bus.publish(ResourceUpdated(uri=f"run://{head.run_id}"))
+    await bus.publish(ToolsListChanged())
+    assert all(events[-1] == ToolsListChanged() for events in heard.values())
+    assert [len(events) for events in heard.values()] == [2, 1, 1, 2, 2]
