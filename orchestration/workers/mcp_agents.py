@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import httpx2
@@ -53,16 +53,26 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
-from mcp_types import REQUEST_TIMEOUT
+from mcp_types import REQUEST_TIMEOUT, RequestParamsMeta
 
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
 from orchestration.core.agent_steps import AGENT_ERROR_CODES
 from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.hops import DELEGATION_META, new_server_id, onward
+from orchestration.core.inputs import Limits
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.errors import ConstructError, InvalidOutput
 from orchestration.workers._redact import Redactor, check_api_key
+from orchestration.workers.agent_answers import (
+    DELEGATION_REFUSALS,
+    AgentFailure,
+    checked_output,
+    excerpt,
+    refusal_code,
+    remote_run_id,
+)
 from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteRunKnown
 from orchestration.workers.port import TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
@@ -77,7 +87,12 @@ class AgentSession(Protocol):
     """What a call needs of an MCP client session (``mcp.Client`` is one)."""
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        meta: RequestParamsMeta | None = None,
     ) -> CallToolResult: ...
 
 
@@ -136,14 +151,8 @@ async def connect_mcp(
         yield client
 
 
-class _Failure(Exception):
-    """A classified failure inside a call (caught in :meth:`AgentWorker.delegate`)."""
-
-    def __init__(self, code: str, message: str, http_status: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
+#: a classified failure inside a call (caught in :meth:`AgentWorker.delegate`)
+_Failure = AgentFailure
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -186,7 +195,9 @@ def _text_of(result: CallToolResult) -> str:
 def _view(result: CallToolResult, tool: str, agent: str) -> dict[str, Any]:
     """The structured answer of a construct-mcp tool, or a ``_Failure``."""
     if result.is_error:
-        raise _Failure("tool_error", f"agent {agent}: {tool} answered with an error: {_text_of(result)}")
+        text = _text_of(result)
+        code = refusal_code(text) or "tool_error"
+        raise _Failure(code, f"agent {agent}: {tool} answered with an error: {excerpt(text)}")
     view = result.structured_content
     if not isinstance(view, dict) or not isinstance(view.get("run_id"), str):
         raise _Failure("malformed_response", f"agent {agent}: {tool} did not answer with a run view")
@@ -205,8 +216,15 @@ class AgentWorker:
         clock: Clock | None = None,
         rng: Rng | None = None,
         policy: RetryPolicy | None = None,
+        limits: Limits | None = None,
+        server_id: str | None = None,
     ) -> None:
         self.endpoints = dict(endpoints)
+        #: ``max_output_chars`` bounds what an agent may answer (:mod:`.agent_answers`)
+        self.limits = limits or Limits()
+        #: this server in the delegation a call sends on (:func:`orchestration.core.hops.onward`);
+        #: the runtime's ``server_id`` (the composition root gives both the same)
+        self.server_id = server_id or new_server_id()
         self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
         self._connect: Connector = connect or connect_mcp
         self.clock = clock or SystemClock()
@@ -307,12 +325,14 @@ class AgentWorker:
         self, session: AgentSession, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown
     ) -> tuple[str, dict[str, Any] | None]:
         name = call.agent.agent
+        sent = onward(call.delegation, self.server_id).model_dump(mode="json")
+        meta = cast(RequestParamsMeta, {DELEGATION_META: sent})
         if not call.agent.follows_runs:
-            result = await session.call_tool(call.agent.tool, call.arguments)
+            result = await session.call_tool(call.agent.tool, call.arguments, meta=meta)
             if result.is_error:
                 raise _Failure(
                     "tool_error",
-                    f"agent {name}: {call.agent.tool} answered with an error: {_text_of(result)}",
+                    f"agent {name}: {call.agent.tool} answered with an error: {excerpt(_text_of(result))}",
                 )
             text = _text_of(result)
             if not text and result.structured_content is not None:
@@ -321,15 +341,21 @@ class AgentWorker:
         run_id = call.remote_run_id
         if run_id is None:
             arguments = {**call.arguments, "idempotency_key": call.idempotency_key, "wait_seconds": 0}
-            view = _view(await session.call_tool("orchestrate_start", arguments), "orchestrate_start", name)
-            run_id = str(view["run_id"])
+            answer = await session.call_tool("orchestrate_start", arguments, meta=meta)
+            view = _view(answer, "orchestrate_start", name)
+            run_id = remote_run_id(view["run_id"], name, "orchestrate_start")
             await remember(run_id)
         view = await self._follow(session, endpoint, run_id, name)
         status = view.get("status")
         if status not in _COMPLETED:
-            error = view.get("error") or {}
-            why = f": {error.get('code')}: {error.get('message')}" if error else ""
-            raise _Failure("agent_run_failed", f"agent {name}: remote run {run_id} ended {status}{why}")
+            error: dict[str, Any] = view["error"] if isinstance(view.get("error"), dict) else {}
+            why = f": {excerpt(error.get('code'), 100)}: {excerpt(error.get('message'))}" if error else ""
+            # a refusal further down the delegation (a loop, too deep) is this step's too
+            refused = error.get("code")
+            code = (
+                refused if isinstance(refused, str) and refused in DELEGATION_REFUSALS else "agent_run_failed"
+            )
+            raise _Failure(code, f"agent {name}: remote run {run_id} ended {status}{why}")
         # The whole record: a task's step (for output_step) and its whole output are not in the
         # compact answer the follow reads.
         full = _view(
@@ -343,7 +369,8 @@ class AgentWorker:
         task = next((t for t in full.get("tasks", []) if t.get("task_id") == task_id), None)
         if task is None or not isinstance(task.get("output"), str):
             raise _Failure(
-                "malformed_response", f"agent {name}: run_status did not show task {task_id}'s output"
+                "malformed_response",
+                f"agent {name}: run_status did not show task {excerpt(task_id, 100)}'s output",
             )
         return self._checked(call, task["output"])
 
@@ -374,8 +401,8 @@ class AgentWorker:
         ]
         return str(done[-1]["task_id"]) if done else None
 
-    @staticmethod
-    def _checked(call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
+    def _checked(self, call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
+        checked_output(text, self.limits.max_output_chars, call.agent.agent)
         if call.output_schema is None:
             if not text.strip():
                 raise _Failure("malformed_response", f"agent {call.agent.agent}: the answer is empty")

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 import pytest
 from mcp.types import CallToolResult, TextContent
+from mcp_types import RequestParamsMeta
 
 import orchestration.engine.drive as drive_module
 from orchestration.chains.catalog import Catalog
@@ -70,16 +71,24 @@ class FakeRemote:
         self.runs: dict[str, str] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.tokens: list[str | None] = []
+        #: each call's ``_meta``
+        self.metas: list[dict[str, Any] | None] = []
         self.polls = polls
         self.final = final
         self.hang = False
         self.fail_polls = 0
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        meta: RequestParamsMeta | None = None,
     ) -> CallToolResult:
         args = dict(arguments or {})
         self.calls.append((name, args))
+        self.metas.append(dict(meta) if meta is not None else None)
         if name == "orchestrate_start":
             run_id = self.runs.setdefault(args["idempotency_key"], f"remote-{len(self.runs) + 1}")
             return result({"run_id": run_id, "status": "queued", "status_kind": "active"})
@@ -298,6 +307,8 @@ async def test_a_generic_tool_and_a_token_echoed_in_its_error() -> None:
             name: str,
             arguments: dict[str, Any] | None = None,
             read_timeout_seconds: float | None = None,
+            *,
+            meta: RequestParamsMeta | None = None,
         ) -> CallToolResult:
             calls.append(dict(arguments or {}))
             if len(calls) == 1:
@@ -524,6 +535,8 @@ async def test_a_tool_without_keys_is_called_again_after_a_crash_marked_as_a_pos
             name: str,
             arguments: dict[str, Any] | None = None,
             read_timeout_seconds: float | None = None,
+            *,
+            meta: RequestParamsMeta | None = None,
         ) -> CallToolResult:
             calls.append(name)
             if len(calls) == 1:
