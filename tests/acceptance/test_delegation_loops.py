@@ -29,6 +29,8 @@ DELEGATION_META = "construct-mcp/delegation"
 def agent_config(agent_port: int, chain: str, next_chain: str) -> str:
     """A server whose chain ``chain`` has one step: delegate ``next_chain`` to the server on
     ``agent_port``."""
+    arguments = f'{{ chain = "{next_chain}", request = "{{request}}" }}'
+    step = f'{{ name = "hop", agent = "next", tool = "orchestrate_start", arguments = {arguments} }}'
     return f"""
 [agents.next]
 url = "http://127.0.0.1:{agent_port}/mcp"
@@ -36,17 +38,19 @@ follow_wait_seconds = 1
 call_timeout_seconds = 10
 
 [chains.{chain}]
-steps = [{{ name = "hop", agent = "next", tool = "orchestrate_start", arguments = {{ chain = "{next_chain}", request = "{{request}}" }} }}]
+steps = [{step}]
 """
 
 
 @asynccontextmanager
 async def server(target: StoreTarget, home: Path, config: str, port: int) -> AsyncIterator[Client]:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "construct.toml").write_text(config)
-    async with http_server(target.env(home), home / "server.log", port):
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-            yield client
+    await anyio.Path(home).mkdir(parents=True, exist_ok=True)
+    await anyio.Path(home / "construct.toml").write_text(config)
+    async with (
+        http_server(target.env(home), home / "server.log", port),
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
+        yield client
 
 
 async def runs_of(client: Client) -> list[dict[str, Any]]:
