@@ -64,7 +64,7 @@ def remote_run_id(value: object, agent: str, tool: str) -> str:
     raise AgentFailure(
         AGENT_PROTOCOL,
         f"agent {agent}: {tool} answered the run id {excerpt(value, 100)!r}, which is not a run id "
-        "(3-80 characters of lowercase letters, digits, '-' and '_'); nothing was recorded",
+        "(3-80 characters of lowercase letters, digits, '-' and '_'); it was not recorded or followed",
     )
 
 
@@ -74,7 +74,7 @@ def checked_output(text: str, max_chars: int, agent: str) -> str:
         raise AgentFailure(
             AGENT_PROTOCOL,
             f"agent {agent} answered an output of {len(text)} characters; the limit is {max_chars} "
-            "(CONSTRUCT_MAX_OUTPUT_CHARS); nothing was recorded",
+            "(CONSTRUCT_MAX_OUTPUT_CHARS); the output was not recorded",
         )
     return text
 
