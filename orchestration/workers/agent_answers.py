@@ -10,8 +10,9 @@ recorded, as the tools check what a client sends.
   no path separator, no ``..``): :func:`remote_run_id`.
 * **Outputs** (a remote run's task output, a plain tool's text) are at most ``max_output_chars``,
   the bound a host's output has (``CONSTRUCT_MAX_OUTPUT_CHARS``): :func:`checked_output`.
-* **Everything else an error message quotes** (a tool's error text, a remote run's error, a task
-  id) is cut to :data:`QUOTED_CHARS` characters: :func:`excerpt`.
+* **What an error message quotes** (a tool's error text, a remote run's error) is bounded where
+  every attempt's message is, by the :class:`~orchestration.workers._redact.Redactor`
+  (:data:`~orchestration.workers._redact.MAX_MESSAGE_CHARS`).
 
 An answer that breaks a bound is an ``agent_protocol`` error (:data:`AGENT_PROTOCOL`; not retried:
 the same remote answers the same way), and nothing of it is recorded — no ``remote_run_started``
@@ -20,8 +21,9 @@ an answer of the wrong shape (not a run view, an empty answer).
 
 A remote construct-mcp's refusal of a delegated start (``delegation_loop: ...``,
 ``delegation_depth_exceeded: ...``; see :mod:`orchestration.core.hops`) is read from the tool
-error's text (:func:`refusal_code`): the step fails with that code, not retried, instead of a bare
-``tool_error``.
+error's text (:func:`refusal_code`), and from the error of a remote run that failed because a start
+further down was refused (:func:`ended_code`): the step fails with that code, not retried, instead
+of a bare ``tool_error`` or ``agent_run_failed``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,6 @@ from orchestration.core.ids import RUN_ID_PATTERN
 
 #: the code of an answer that breaks a bound this server holds remote answers to
 AGENT_PROTOCOL = "agent_protocol"
-
-#: the most characters of an agent's own text (an error's, an id) an error message quotes
-QUOTED_CHARS = 500
 
 #: a remote construct-mcp's refusals of a delegated start, which the step fails with as they are
 DELEGATION_REFUSALS = frozenset({"delegation_loop", "delegation_depth_exceeded"})
@@ -49,21 +48,13 @@ class AgentFailure(Exception):
         self.http_status = http_status
 
 
-def excerpt(value: object, limit: int = QUOTED_CHARS) -> str:
-    """``value`` as text for an error message, cut to ``limit`` characters (saying so)."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
-
-
 def remote_run_id(value: object, agent: str, tool: str) -> str:
     """The run id ``tool`` of ``agent`` answered, if it is one (``agent_protocol`` otherwise)."""
     if isinstance(value, str) and RUN_ID_PATTERN.fullmatch(value):
         return value
     raise AgentFailure(
         AGENT_PROTOCOL,
-        f"agent {agent}: {tool} answered the run id {excerpt(value, 100)!r}, which is not a run id "
+        f"agent {agent}: {tool} answered the run id {repr(value)[:100]}, which is not a run id "
         "(3-80 characters of lowercase letters, digits, '-' and '_'); it was not recorded or followed",
     )
 
@@ -79,6 +70,14 @@ def checked_output(text: str, max_chars: int, agent: str) -> str:
     return text
 
 
+def ended_code(error: object) -> str:
+    """The code a remote run that ended without completing fails the step with, given the run's
+    ``error``: a refusal further down the delegation (a loop, too deep) is the step's own, anything
+    else is ``agent_run_failed``."""
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) and code in DELEGATION_REFUSALS else "agent_run_failed"
+
+
 def refusal_code(text: str) -> str | None:
     """The code of a construct-mcp's refusal of a delegated start, when a tool error's ``text``
     starts with one (``delegation_loop: ...``); None otherwise."""
@@ -89,10 +88,9 @@ def refusal_code(text: str) -> str | None:
 __all__ = [
     "AGENT_PROTOCOL",
     "DELEGATION_REFUSALS",
-    "QUOTED_CHARS",
     "AgentFailure",
     "checked_output",
-    "excerpt",
+    "ended_code",
     "refusal_code",
     "remote_run_id",
 ]

@@ -66,10 +66,9 @@ from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, At
 from orchestration.errors import ConstructError, InvalidOutput
 from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.agent_answers import (
-    DELEGATION_REFUSALS,
     AgentFailure,
     checked_output,
-    excerpt,
+    ended_code,
     refusal_code,
     remote_run_id,
 )
@@ -197,7 +196,7 @@ def _view(result: CallToolResult, tool: str, agent: str) -> dict[str, Any]:
     if result.is_error:
         text = _text_of(result)
         code = refusal_code(text) or "tool_error"
-        raise _Failure(code, f"agent {agent}: {tool} answered with an error: {excerpt(text)}")
+        raise _Failure(code, f"agent {agent}: {tool} answered with an error: {text}")
     view = result.structured_content
     if not isinstance(view, dict) or not isinstance(view.get("run_id"), str):
         raise _Failure("malformed_response", f"agent {agent}: {tool} did not answer with a run view")
@@ -332,7 +331,7 @@ class AgentWorker:
             if result.is_error:
                 raise _Failure(
                     "tool_error",
-                    f"agent {name}: {call.agent.tool} answered with an error: {excerpt(_text_of(result))}",
+                    f"agent {name}: {call.agent.tool} answered with an error: {_text_of(result)}",
                 )
             text = _text_of(result)
             if not text and result.structured_content is not None:
@@ -348,14 +347,9 @@ class AgentWorker:
         view = await self._follow(session, endpoint, run_id, name)
         status = view.get("status")
         if status not in _COMPLETED:
-            error: dict[str, Any] = view["error"] if isinstance(view.get("error"), dict) else {}
-            why = f": {excerpt(error.get('code'), 100)}: {excerpt(error.get('message'))}" if error else ""
-            # a refusal further down the delegation (a loop, too deep) is this step's too
-            refused = error.get("code")
-            code = (
-                refused if isinstance(refused, str) and refused in DELEGATION_REFUSALS else "agent_run_failed"
-            )
-            raise _Failure(code, f"agent {name}: remote run {run_id} ended {status}{why}")
+            error = view.get("error") if isinstance(view.get("error"), dict) else {}
+            why = f": {error.get('code')}: {error.get('message')}" if error else ""
+            raise _Failure(ended_code(error), f"agent {name}: remote run {run_id} ended {status}{why}")
         # The whole record: a task's step (for output_step) and its whole output are not in the
         # compact answer the follow reads.
         full = _view(
@@ -369,8 +363,7 @@ class AgentWorker:
         task = next((t for t in full.get("tasks", []) if t.get("task_id") == task_id), None)
         if task is None or not isinstance(task.get("output"), str):
             raise _Failure(
-                "malformed_response",
-                f"agent {name}: run_status did not show task {excerpt(task_id, 100)}'s output",
+                "malformed_response", f"agent {name}: run_status did not show task {task_id}'s output"
             )
         return self._checked(call, task["output"])
 

@@ -3,9 +3,9 @@ delegation carries is recorded and sent on (finding 2), on every store.
 
 The agent is the scripted construct-mcp of ``tests/unit/server/test_agent_runs.py`` (or a plain
 tool), made to answer what a broken or hostile remote would: a 2,000,000-character run id, the run
-id ``../../../etc/passwd``, a 5,000,000-character output, an error text of megabytes. Each is a typed
-error (``agent_protocol``, not retried), and nothing of the answer is in the run's record: no
-``remote_run_started`` with a bad id, no bad id followed, no output, no megabytes in a message."""
+id ``../../../etc/passwd``, a 5,000,000-character output (a remote run's, a plain tool's). Each is a
+typed error (``agent_protocol``, not retried), and nothing of the answer is in the run's record: no
+``remote_run_started`` with a bad id, no bad id followed, no output."""
 
 from __future__ import annotations
 
@@ -142,14 +142,3 @@ async def test_an_output_at_max_output_chars_is_recorded(store: RunStore) -> Non
 
 async def test_a_plain_tools_text_over_max_output_chars_is_refused(store: RunStore) -> None:
     assert await failed_review(store, Remote(tool_text="y" * (LIMIT + 1)), SEARCH) == "agent_protocol"
-
-
-@pytest.mark.parametrize("step", [None, SEARCH], ids=["construct", "plain-tool"])
-async def test_an_error_text_of_megabytes_is_quoted_bounded(
-    store: RunStore, step: dict[str, Any] | None
-) -> None:
-    remote = Remote(tool_text="E" * 3_000_000, tool_error=True)
-    if step is None:  # the remote run failed, with a 3 MB error message
-        remote = Remote(run_error="E" * 3_000_000)
-    code = await failed_review(store, remote, step)
-    assert code == ("agent_run_failed" if step is None else "tool_error")
