@@ -16,13 +16,12 @@ from mcp.types import CallToolResult
 from mcp_types import RequestParamsMeta
 
 from orchestration.core.clock import ManualClock
-from orchestration.core.models import ExecutionContract, RunHead
+from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.store import RunStore
-from orchestration.workers import Workers
-from tests.unit.helpers import play, sequential_ids
-from tests.unit.server.test_agent_runs import FakeRemote, agent_worker, catalog, result
+from tests.unit.helpers import play
+from tests.unit.server.test_agent_runs import REVIEW, FakeRemote, agent_worker, result, runtime_for
 
 LIMIT = 1_000_000  # max_output_chars, the default
 SEARCH: dict[str, Any] = {
@@ -74,24 +73,11 @@ class Remote(FakeRemote):
 def runtime_with(
     store: RunStore,
     remote: FakeRemote,
-    step: dict[str, Any] | None = None,
+    step: dict[str, Any] = REVIEW,
     clock: ManualClock | None = None,
     owner: str = "p1",
 ) -> Runtime:
-    clock = clock or ManualClock()
-    worker = agent_worker(remote)
-    worker.clock = clock
-    return Runtime(
-        store,
-        catalog() if step is None else catalog(step),
-        clock=clock,
-        new_id=sequential_ids(),
-        resolve_contract=lambda request, chain: ExecutionContract(worker_backend="inline", max_attempts=3),
-        worker=Workers(None, worker),
-        owner=owner,
-        lease_ttl_seconds=30,
-        cancel_poll_seconds=0.01,
-    )
+    return runtime_for(store, agent_worker(remote), owner, clock, step)
 
 
 async def record_of(store: RunStore, head: RunHead) -> str:
@@ -99,7 +85,7 @@ async def record_of(store: RunStore, head: RunHead) -> str:
     return head.model_dump_json() + "".join(f.model_dump_json() for f in facts)
 
 
-async def failed_review(store: RunStore, remote: FakeRemote, step: dict[str, Any] | None = None) -> str:
+async def failed_review(store: RunStore, remote: FakeRemote, step: dict[str, Any] = REVIEW) -> str:
     """Drive the delegating run to its end: it must fail at the review step after one attempt;
     the error's code, the record checked for what must not be in it (no output for the step,
     nothing of the answer's size)."""

@@ -29,6 +29,7 @@ from orchestration.core.fold import fold
 from orchestration.core.models import ExecutionContract, RunHead
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.store import RunStore
 from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
 from orchestration.workers.retry import RetryPolicy
@@ -137,13 +138,17 @@ def catalog(step: dict[str, Any] = REVIEW) -> Catalog:
 
 
 def runtime_for(
-    store: MemoryStore, worker: AgentWorker, owner: str = "p1", clock: ManualClock | None = None
+    store: RunStore,
+    worker: AgentWorker,
+    owner: str = "p1",
+    clock: ManualClock | None = None,
+    step: dict[str, Any] = REVIEW,
 ) -> Runtime:
     clock = clock or ManualClock()
     worker.clock = clock  # the retry policy's not_before is on the runtime's clock
     return Runtime(
         store,
-        catalog(),
+        catalog(step),
         clock=clock,
         new_id=sequential_ids(),
         resolve_contract=lambda request, chain: ExecutionContract(worker_backend="inline", max_attempts=3),
