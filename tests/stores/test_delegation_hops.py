@@ -19,8 +19,10 @@ from orchestration.core.models import Delegation
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import StartRequest
 from orchestration.errors import DelegationDepthExceeded, DelegationLoop
+from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore
 from tests.stores.test_agent_answers import runtime_with
+from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import play
 from tests.unit.server.test_agent_runs import FakeRemote
 
@@ -94,3 +96,23 @@ async def test_a_start_that_loops_or_is_too_deep_is_refused_and_records_nothing(
         StartRequest(request="Fine", chain="delegated", delegation=Delegation(hops=3))
     )
     assert head.delegation == Delegation(hops=3)
+
+
+async def test_child_runs_and_forks_carry_their_parents_delegation(store: RunStore) -> None:
+    """A run's child runs (a step's, a host's) and its forks are as far from the delegation's
+    start as the run: their own agent steps go on counting from its hops."""
+    runtime = child_runtime(store)
+    incoming = Delegation(hops=2, servers=("srv-a",))
+    start = StartRequest(request="Outer", chain="outer", worker_backend="provider", delegation=incoming)
+    parent, _ = await runtime.start(start)
+    assert (await drive_tree(runtime, parent.run_id)).status == RunStatus.COMPLETED
+    children = [r for r in (await store.list_runs()).runs if r.parent is not None]
+    assert children and all(c.delegation == incoming for c in children), children
+    fork, _ = await fork_run(runtime, ForkRequest(run_id=parent.run_id, from_task="build"))
+    assert fork.delegation == incoming
+    inline, _ = await runtime.start(StartRequest(request="Inline", chain="inner", delegation=incoming))
+    await runtime.drive(inline.run_id)  # its engineer awaits the host
+    host_child, _ = await runtime.children.start_for_host(
+        StartRequest(request="Inner", chain="inner"), inline.run_id, "engineer"
+    )
+    assert host_child.delegation == incoming
