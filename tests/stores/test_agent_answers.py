@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from mcp.types import CallToolResult
-from mcp_types import RequestParamsMeta
 
 from orchestration.core.clock import ManualClock
 from orchestration.core.models import RunHead
@@ -49,17 +48,12 @@ class Remote(FakeRemote):
         self.tool_error, self.run_error = tool_error, run_error
 
     async def call_tool(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None = None,
-        read_timeout_seconds: float | None = None,
-        *,
-        meta: RequestParamsMeta | None = None,
+        self, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any
     ) -> CallToolResult:
         if name not in ("orchestrate_start", "run_status", "orchestrate_cancel"):
             self.calls.append((name, dict(arguments or {})))
             return result(text=self.tool_text, error=self.tool_error)
-        answer = await super().call_tool(name, arguments, read_timeout_seconds, meta=meta)
+        answer = await super().call_tool(name, arguments, *args, **kwargs)
         view = dict(answer.structured_content or {})
         if name == "orchestrate_start" and self.start_id is not None:
             return result({**view, "run_id": self.start_id})
