@@ -21,6 +21,12 @@ call, or follow an earlier call — is decided from the record by
 
 A step with an ``output_schema`` validates the output (``invalid_output`` when it does not match).
 
+**What the agent answers** is checked before any of it is recorded, in one place
+(:mod:`orchestration.workers.agent_answers`: a remote run id in the run-id grammar, an output within
+``max_output_chars``, else ``agent_protocol``). **Each call sends on** the delegation of the calling
+run, one hop more, in the request's ``_meta`` (:func:`orchestration.core.hops.onward`), so that
+construct-mcp servers can refuse a loop (``delegation_loop``, ``delegation_depth_exceeded``).
+
 **Errors** are data (:class:`~orchestration.core.outcomes.AttemptFailedOutcome`), classified in one
 place (:func:`classify`): a refused or lost connection, a 5xx or a protocol error is
 ``agent_unreachable``; no answer in time is ``timeout``; a 401/403 (or the token's variable not

@@ -17,6 +17,10 @@ length limit: ``too_large``), never the SDK's raw validation text. The schemas a
 ``$ref``, type list, ``dependentRequired``, exclusive bound or open map: issue 21 §2), and an
 optional argument sent as ``null`` means the argument omitted (strict models send every key).
 
+A start that came through agent delegation names it in its ``_meta``
+(``"construct-mcp/delegation"``: :mod:`orchestration.core.hops`); one that loops back to this server or
+has more hops than the chain's ``max_depth`` is refused before anything is recorded.
+
 A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
 ``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
 retried after the run moved on then cannot land on the next task or gate; a missing id is
