@@ -350,7 +350,7 @@ class Delegation(Frozen):
     servers the delegation passed through, oldest first. Client input (a call's ``_meta``), so
     every part is bounded."""
 
-    hops: int = Field(ge=1, le=1000)
+    hops: int = Field(ge=1, le=1000, strict=True)
     servers: tuple[Annotated[str, Field(pattern=SERVER_ID_PATTERN)], ...] = Field(default=(), max_length=50)
 
 
