@@ -13,6 +13,9 @@ at the adapter edge (``raise ... from exc``)::
     │   └── RunMoved                    run_moved          moved to another store (runs import --move)
     ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
+    ├── DelegationRefused               delegation_refused a start through agent delegation is refused:
+    │   ├── DelegationLoop              delegation_loop    ... it passed through this server already
+    │   └── DelegationDepthExceeded     delegation_depth_exceeded  ... it has more hops than max_depth
     ├── Conflict                        conflict           idempotency key reused, different decision...
     ├── Forbidden                       forbidden          the caller's identity lacks the role (or the run)
     ├── VersionConflict                 version_conflict   a compare-and-swap write lost the race
@@ -119,6 +122,25 @@ class FactNotFound(ConstructError):
 
 class InvalidState(ConstructError):
     code = "invalid_state"
+
+
+class DelegationRefused(ConstructError):
+    """A start that arrived through agent delegation (its ``_meta`` names the hops and servers it
+    passed: :mod:`orchestration.core.hops`) and must not start a run."""
+
+    code = "delegation_refused"
+
+
+class DelegationLoop(DelegationRefused):
+    """The delegation already passed through this server: its agent is itself, or a cycle."""
+
+    code = "delegation_loop"
+
+
+class DelegationDepthExceeded(DelegationRefused):
+    """The delegation has more hops than the started chain's ``max_depth`` allows."""
+
+    code = "delegation_depth_exceeded"
 
 
 class Conflict(ConstructError):

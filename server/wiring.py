@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from orchestration.chains import Catalog
-from orchestration.core import price_table, with_costs
+from orchestration.core import new_server_id, price_table, with_costs
 from orchestration.engine import Runtime
 from orchestration.store import RunStore
 from orchestration.workers import AgentWorker, ProviderWorker, Workers, contract_resolver, make_http_client
@@ -36,6 +36,10 @@ async def runtime_for(
     is closed on exit); agent steps go to the ``[agents]`` of the settings (see
     :mod:`server.settings.agents`)."""
     providers = provider_settings(settings)
+    # one identity for this process in agent delegations: the runtime refuses a start that lists
+    # it, the agent worker adds it to what its calls send on (orchestration.core.hops)
+    server_id = new_server_id()
+    agents = AgentWorker(agent_endpoints(settings.agents), limits=settings.limits(), server_id=server_id)
     async with make_http_client() as http:
         yield Runtime(
             store,
@@ -49,7 +53,8 @@ async def runtime_for(
                 max_tokens=settings.max_tokens,
                 budgets=settings.budgets,
             ),
-            worker=Workers(ProviderWorker(providers, http), AgentWorker(agent_endpoints(settings.agents))),
+            worker=Workers(ProviderWorker(providers, http), agents),
+            server_id=server_id,
             in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
             store_outage_seconds=settings.store_outage_seconds,
             warnings=warnings,

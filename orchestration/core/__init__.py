@@ -29,6 +29,8 @@ from orchestration.core.facts import (
 )
 from orchestration.core.fold import apply_write, head_from_creation
 from orchestration.core.graph import is_parallel, latest, predecessors, settled
+from orchestration.core.hops import DELEGATION_META, new_server_id
+from orchestration.core.hops import from_meta as delegation_from_meta
 from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
 from orchestration.core.inputs import Limits, RetryWindow, StartRequest, shown_key, stored_key
 from orchestration.core.memo import by_identity
@@ -40,6 +42,7 @@ from orchestration.core.models import (
     ChainSnapshot,
     ChainStep,
     DecisionChannel,
+    Delegation,
     ExecutionContract,
     GateState,
     RunHead,
@@ -57,6 +60,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 __all__ = [
     "AGENT_APPROVER",
+    "DELEGATION_META",
     "FACT_TYPES",
     "GATE_STATUS_OF",
     "RECORD_FORMAT",
@@ -73,6 +77,7 @@ __all__ = [
     "ChainSnapshot",
     "ChainStep",
     "DecisionChannel",
+    "Delegation",
     "ExecutionContract",
     "Fact",
     "GateState",
@@ -104,6 +109,7 @@ __all__ = [
     "apply_write",
     "budget_raise",
     "by_identity",
+    "delegation_from_meta",
     "dump_fact",
     "gate_approvers",
     "gate_id_for",
@@ -111,6 +117,7 @@ __all__ = [
     "is_parallel",
     "latest",
     "limits",
+    "new_server_id",
     "parse_fact",
     "parse_head",
     "predecessors",

@@ -49,7 +49,9 @@ UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout"})
 #: ``timeout`` are retried within the attempt budget; ``auth`` (401/403, or the token's environment
 #: variable not set), ``agent_not_configured`` (no such ``[agents]`` table here), ``tool_error``
 #: (the tool answered with an error), ``agent_run_failed`` (the remote run ended failed, rejected
-#: or cancelled), ``invalid_output`` and ``malformed_response`` are not.
+#: or cancelled), ``invalid_output``, ``malformed_response``, ``agent_protocol`` (an answer over a
+#: bound: :mod:`orchestration.workers.agent_answers`) and the refusals of a delegated start
+#: (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`) are not.
 AGENT_ERROR_CODES: Mapping[str, bool] = {
     "agent_unreachable": True,
     "timeout": True,
@@ -59,6 +61,9 @@ AGENT_ERROR_CODES: Mapping[str, bool] = {
     "agent_run_failed": False,
     "invalid_output": False,
     "malformed_response": False,
+    "agent_protocol": False,
+    "delegation_loop": False,
+    "delegation_depth_exceeded": False,
 }
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")

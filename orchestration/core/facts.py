@@ -48,6 +48,7 @@ from orchestration.core.models import (
     ChainSnapshot,
     Decision,
     DecisionChannel,
+    Delegation,
     ExecutionContract,
     Frozen,
     ParentLink,
@@ -98,6 +99,9 @@ class RunCreated(_Fact):
     #: a child run's parent task and depth (:mod:`orchestration.engine.children`); optional, so no new
     #: format: a reader that ignores it runs the child as a run of its own
     parent: ParentLink | None = None
+    #: the agent delegation that started the run (:mod:`orchestration.core.hops`); optional and
+    #: left out when absent, so no new format: a reader that ignores it sends hop 1 onward
+    delegation: Delegation | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ApprovalRequested(_Fact):

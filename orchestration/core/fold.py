@@ -88,6 +88,7 @@ def head_from_creation(fact: RunCreated) -> RunHead:
         started_by=fact.started_by,
         traceparent=fact.traceparent,
         parent=fact.parent,
+        delegation=fact.delegation,
         tasks=tasks,
         gates=tuple(gates),
         deadline_at=fact.deadline_at,

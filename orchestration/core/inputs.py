@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from orchestration.core.costs import Budget
 from orchestration.core.models import (
     ChainSnapshot,
+    Delegation,
     ExecutionContract,
     ParentLink,
     WorkerBackend,
@@ -105,6 +106,10 @@ class StartRequest:
     #: parent's time limit, which bounds the child's deadline; neither is part of the hash
     parent: ParentLink | None = None
     parent_deadline: datetime | None = None
+    #: the agent delegation this start came through (a call's ``_meta``: see
+    #: :mod:`orchestration.core.hops`), checked and recorded on ``run_created``; not part of the hash:
+    #: the same start retried by a restarted server lists another server id
+    delegation: Delegation | None = None
     #: without an idempotency key: the retry window that makes a retried start return the run
     #: an identical one made (None: every start without a key makes a run); not part of the hash
     retry: RetryWindow | None = None

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -339,6 +339,21 @@ class ParentLink(Frozen):
     depth: int = Field(default=1, ge=1)
 
 
+#: A server's identity as it travels in a delegation's ``servers`` list (see
+#: :mod:`orchestration.core.hops`): letters, digits, ``-`` and ``_``, at most 100 characters.
+SERVER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+
+
+class Delegation(Frozen):
+    """How a run was started by another server's agent step (:mod:`orchestration.core.hops`): the
+    hop count of its start (1: a top-level run's agent step started it) and the identities of the
+    servers the delegation passed through, oldest first. Client input (a call's ``_meta``), so
+    every part is bounded."""
+
+    hops: int = Field(ge=1, le=1000, strict=True)
+    servers: tuple[Annotated[str, Field(pattern=SERVER_ID_PATTERN)], ...] = Field(default=(), max_length=50)
+
+
 class TaskState(Frozen):
     """A task's state in the run head.
 
@@ -508,6 +523,10 @@ class RunHead(Frozen):
     deadline_at: datetime | None = None
     #: the task of another run that started this run as a child (None: a top-level run)
     parent: ParentLink | None = None
+    #: the delegation that started this run (write-once, from ``run_created``; None: not started by
+    #: an agent step of another server); its own agent steps send one hop more. A head rewritten by
+    #: an older server loses it: its agent steps then send hop 1 and no servers (as an older server).
+    delegation: Delegation | None = Field(default=None, exclude_if=lambda v: v is None)
     #: the earliest time at which the run needs a decision although nobody wrote to it: the run's
     #: deadline or the deadline of the task in progress. Stores index it so that a dispatcher finds
     #: paused runs whose time ran out while no process was up.

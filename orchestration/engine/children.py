@@ -182,6 +182,8 @@ class ChildRuns:
             format=chain_format(chain),
             started_by=parent.started_by,
             parent=link,
+            # the parent's delegation: the child's agent steps go on counting its hops
+            delegation=parent.delegation,
         )
         result = await self.store.create(apply(None, fact), [fact])
         if result.created:
@@ -222,7 +224,10 @@ class ChildRuns:
                 f"{parent.chain.max_depth} (max_depth)"
             )
         link = ParentLink(run_id=parent_run_id, task_id=parent_task_id, depth=depth)
-        child, created = await self._start(replace(request, parent=link, parent_deadline=time_limit(parent)))
+        delegation = request.delegation or parent.delegation  # the hops go on through a child
+        child, created = await self._start(
+            replace(request, parent=link, parent_deadline=time_limit(parent), delegation=delegation)
+        )
         if child.parent is None or (child.parent.run_id, child.parent.task_id) != (
             parent_run_id,
             parent_task_id,

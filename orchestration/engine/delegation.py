@@ -91,6 +91,7 @@ async def build_call(leased: LeasedRun, head: RunHead, action: StartAttempt) -> 
         idempotency_key=idempotency_key(head.run_id, action.task_id, action.follows or action.attempt),
         remote_run_id=action.remote_run_id,
         output_schema=step.output_schema,
+        delegation=head.delegation,
     )
 
 

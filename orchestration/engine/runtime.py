@@ -50,6 +50,8 @@ from orchestration.core.facts import (
     gate_expired,
 )
 from orchestration.core.fold import apply, apply_write
+from orchestration.core.hops import check_start as check_delegation
+from orchestration.core.hops import new_server_id
 from orchestration.core.ids import IdGenerator, new_run_id, validate_run_id
 from orchestration.core.inputs import (
     ContractResolver,
@@ -135,6 +137,7 @@ class Runtime:
         cancel_poll_seconds: float = 0.5,
         warnings: Sequence[str] = (),
         store_outage_seconds: float = 30.0,
+        server_id: str | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -151,6 +154,9 @@ class Runtime:
         #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
         #: stops; see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
+        #: this server's identity in agent delegations (:mod:`orchestration.core.hops`): a start
+        #: whose delegation lists it is a loop; the composition root gives the agent worker the same
+        self.server_id = server_id or new_server_id()
         #: the listeners and waiters told of every write this runtime (or one of its drives) makes
         self.changes = ChangeFeed()
         #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
@@ -254,11 +260,16 @@ class Runtime:
         An explicit key is the caller's own: stored in the namespace of ``request.started_by``
         (:func:`~orchestration.core.inputs.stored_key`), so the same key sent by another identity
         is another key; a run the same identity started with the key before keys were namespaced
-        still answers its repeats (:meth:`keyed_before_namespaces`)."""
+        still answers its repeats (:meth:`keyed_before_namespaces`).
+
+        A start that came through agent delegation (``request.delegation``) and would loop or go
+        deeper than the chain's ``max_depth`` is refused before anything is looked up or recorded
+        (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`)."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
         )
+        check_delegation(request.delegation, chain, self.server_id)
         contract = self.resolve_contract(request, chain)
         window = request.retry
         if request.idempotency_key is not None:
@@ -302,6 +313,7 @@ class Runtime:
             format=max(chain_format(chain), contract.record_format()),
             started_by=request.started_by,
             traceparent=request.traceparent,
+            delegation=request.delegation,
         )
         head = apply(None, fact)
         result = await self.store.create(head, [fact])

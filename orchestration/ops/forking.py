@@ -182,6 +182,8 @@ def _run_created(
         format=max(chain_format(chain), contract.record_format()),
         started_by=fork.started_by,
         forked_from=ForkOrigin(run_id=source.run_id, task_id=fork.from_task),
+        # a fork of a delegated run is as far from the delegation's start as its source
+        delegation=source.delegation,
     )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from orchestration.core.models import AgentStep, ExecutionContract, TypedError
+from orchestration.core.models import AgentStep, Delegation, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 
 #: ``remember(remote_run_id)``: record the remote run's id (the drive's write), before following it
@@ -53,6 +53,9 @@ class AgentCall:
     #: a recorded remote run to follow instead of starting one
     remote_run_id: str | None = None
     output_schema: dict[str, Any] | None = None
+    #: the delegation that started the calling run (None: none): the call sends one hop more
+    #: (:func:`orchestration.core.hops.onward`)
+    delegation: Delegation | None = None
 
 
 class AgentDelegate(Protocol):

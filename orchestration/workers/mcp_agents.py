@@ -21,6 +21,12 @@ call, or follow an earlier call — is decided from the record by
 
 A step with an ``output_schema`` validates the output (``invalid_output`` when it does not match).
 
+**What the agent answers** is checked before any of it is recorded, in one place
+(:mod:`orchestration.workers.agent_answers`: a remote run id in the run-id grammar, an output within
+``max_output_chars``, else ``agent_protocol``). **Each call sends on** the delegation of the calling
+run, one hop more, in the request's ``_meta`` (:func:`orchestration.core.hops.onward`), so that
+construct-mcp servers can refuse a loop (``delegation_loop``, ``delegation_depth_exceeded``).
+
 **Errors** are data (:class:`~orchestration.core.outcomes.AttemptFailedOutcome`), classified in one
 place (:func:`classify`): a refused or lost connection, a 5xx or a protocol error is
 ``agent_unreachable``; no answer in time is ``timeout``; a 401/403 (or the token's variable not
@@ -45,7 +51,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import httpx2
@@ -53,16 +59,25 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
-from mcp_types import REQUEST_TIMEOUT
+from mcp_types import REQUEST_TIMEOUT, RequestParamsMeta
 
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
 from orchestration.core.agent_steps import AGENT_ERROR_CODES
 from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.hops import DELEGATION_META, new_server_id, onward
+from orchestration.core.inputs import Limits
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.errors import ConstructError, InvalidOutput
 from orchestration.workers._redact import Redactor, check_api_key
+from orchestration.workers.agent_answers import (
+    AgentFailure,
+    checked_output,
+    ended_code,
+    refusal_code,
+    remote_run_id,
+)
 from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteRunKnown
 from orchestration.workers.port import TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
@@ -77,7 +92,12 @@ class AgentSession(Protocol):
     """What a call needs of an MCP client session (``mcp.Client`` is one)."""
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        meta: RequestParamsMeta | None = None,
     ) -> CallToolResult: ...
 
 
@@ -136,14 +156,8 @@ async def connect_mcp(
         yield client
 
 
-class _Failure(Exception):
-    """A classified failure inside a call (caught in :meth:`AgentWorker.delegate`)."""
-
-    def __init__(self, code: str, message: str, http_status: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
+#: a classified failure inside a call (caught in :meth:`AgentWorker.delegate`)
+_Failure = AgentFailure
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -186,7 +200,9 @@ def _text_of(result: CallToolResult) -> str:
 def _view(result: CallToolResult, tool: str, agent: str) -> dict[str, Any]:
     """The structured answer of a construct-mcp tool, or a ``_Failure``."""
     if result.is_error:
-        raise _Failure("tool_error", f"agent {agent}: {tool} answered with an error: {_text_of(result)}")
+        text = _text_of(result)
+        code = refusal_code(text) or "tool_error"
+        raise _Failure(code, f"agent {agent}: {tool} answered with an error: {text}")
     view = result.structured_content
     if not isinstance(view, dict) or not isinstance(view.get("run_id"), str):
         raise _Failure("malformed_response", f"agent {agent}: {tool} did not answer with a run view")
@@ -205,8 +221,15 @@ class AgentWorker:
         clock: Clock | None = None,
         rng: Rng | None = None,
         policy: RetryPolicy | None = None,
+        limits: Limits | None = None,
+        server_id: str | None = None,
     ) -> None:
         self.endpoints = dict(endpoints)
+        #: ``max_output_chars`` bounds what an agent may answer (:mod:`.agent_answers`)
+        self.limits = limits or Limits()
+        #: this server in the delegation a call sends on (:func:`orchestration.core.hops.onward`);
+        #: the runtime's ``server_id`` (the composition root gives both the same)
+        self.server_id = server_id or new_server_id()
         self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
         self._connect: Connector = connect or connect_mcp
         self.clock = clock or SystemClock()
@@ -307,8 +330,10 @@ class AgentWorker:
         self, session: AgentSession, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown
     ) -> tuple[str, dict[str, Any] | None]:
         name = call.agent.agent
+        sent = onward(call.delegation, self.server_id).model_dump(mode="json")
+        meta = cast(RequestParamsMeta, {DELEGATION_META: sent})
         if not call.agent.follows_runs:
-            result = await session.call_tool(call.agent.tool, call.arguments)
+            result = await session.call_tool(call.agent.tool, call.arguments, meta=meta)
             if result.is_error:
                 raise _Failure(
                     "tool_error",
@@ -321,15 +346,16 @@ class AgentWorker:
         run_id = call.remote_run_id
         if run_id is None:
             arguments = {**call.arguments, "idempotency_key": call.idempotency_key, "wait_seconds": 0}
-            view = _view(await session.call_tool("orchestrate_start", arguments), "orchestrate_start", name)
-            run_id = str(view["run_id"])
+            answer = await session.call_tool("orchestrate_start", arguments, meta=meta)
+            view = _view(answer, "orchestrate_start", name)
+            run_id = remote_run_id(view["run_id"], name, "orchestrate_start")
             await remember(run_id)
         view = await self._follow(session, endpoint, run_id, name)
         status = view.get("status")
         if status not in _COMPLETED:
-            error = view.get("error") or {}
+            error = view.get("error") if isinstance(view.get("error"), dict) else {}
             why = f": {error.get('code')}: {error.get('message')}" if error else ""
-            raise _Failure("agent_run_failed", f"agent {name}: remote run {run_id} ended {status}{why}")
+            raise _Failure(ended_code(error), f"agent {name}: remote run {run_id} ended {status}{why}")
         # The whole record: a task's step (for output_step) and its whole output are not in the
         # compact answer the follow reads.
         full = _view(
@@ -374,8 +400,8 @@ class AgentWorker:
         ]
         return str(done[-1]["task_id"]) if done else None
 
-    @staticmethod
-    def _checked(call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
+    def _checked(self, call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
+        checked_output(text, self.limits.max_output_chars, call.agent.agent)
         if call.output_schema is None:
             if not text.strip():
                 raise _Failure("malformed_response", f"agent {call.agent.agent}: the answer is empty")

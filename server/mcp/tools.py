@@ -17,6 +17,10 @@ length limit: ``too_large``), never the SDK's raw validation text. The schemas a
 ``$ref``, type list, ``dependentRequired``, exclusive bound or open map: issue 21 §2), and an
 optional argument sent as ``null`` means the argument omitted (strict models send every key).
 
+A start that came through agent delegation names it in its ``_meta``
+(``"construct-mcp/delegation"``: :mod:`orchestration.core.hops`); one that loops back to this server or
+has more hops than the chain's ``max_depth`` is refused before anything is recorded.
+
 A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
 ``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
 retried after the run moved on then cannot land on the next task or gate; a missing id is
@@ -70,12 +74,14 @@ from orchestration.core import (
     AGENT_APPROVER,
     Budget,
     BudgetLimits,
+    Delegation,
     HostUsage,
     Limits,
     RetryWindow,
     RunHead,
     RunStatus,
     StartRequest,
+    delegation_from_meta,
 )
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
@@ -241,6 +247,7 @@ async def orchestrate_start(
             timeout_seconds=timeout_seconds,
             task_timeout_seconds=task_timeout_seconds,
             budget=None if budget is None else budget.to_budget(),
+            delegation=delegation_from_meta(ctx.request_context.meta),
         )
         parent = _parent_task(parent_run_id, parent_task_id)
         head, created = await _started(ctx, caller, start, parent)
@@ -278,6 +285,7 @@ def _start_request(
     timeout_seconds: float | None,
     task_timeout_seconds: float | None,
     budget: Budget | None,
+    delegation: Delegation | None,
 ) -> StartRequest:
     """What ``orchestrate_start``'s arguments ask the runtime for: the run is started by the
     caller's identity only when it is verified, joins the trace of this call, and is found again
@@ -297,6 +305,8 @@ def _start_request(
         traceparent=current_traceparent(),
         budget=budget,
         retry=retry,
+        # the agent delegation the call came through (_meta), refused if it loops or is too deep
+        delegation=delegation,
     )
 
 

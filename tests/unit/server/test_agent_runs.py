@@ -18,6 +18,7 @@ import anyio
 import httpx2
 import pytest
 from mcp.types import CallToolResult, TextContent
+from mcp_types import RequestParamsMeta
 
 import orchestration.engine.drive as drive_module
 from orchestration.chains.catalog import Catalog
@@ -28,6 +29,7 @@ from orchestration.core.fold import fold
 from orchestration.core.models import ExecutionContract, RunHead
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.store import RunStore
 from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp
 from orchestration.workers.retry import RetryPolicy
@@ -70,16 +72,24 @@ class FakeRemote:
         self.runs: dict[str, str] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.tokens: list[str | None] = []
+        #: each call's ``_meta``
+        self.metas: list[dict[str, Any] | None] = []
         self.polls = polls
         self.final = final
         self.hang = False
         self.fail_polls = 0
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, read_timeout_seconds: float | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        *,
+        meta: RequestParamsMeta | None = None,
     ) -> CallToolResult:
         args = dict(arguments or {})
         self.calls.append((name, args))
+        self.metas.append(dict(meta) if meta is not None else None)
         if name == "orchestrate_start":
             run_id = self.runs.setdefault(args["idempotency_key"], f"remote-{len(self.runs) + 1}")
             return result({"run_id": run_id, "status": "queued", "status_kind": "active"})
@@ -128,13 +138,17 @@ def catalog(step: dict[str, Any] = REVIEW) -> Catalog:
 
 
 def runtime_for(
-    store: MemoryStore, worker: AgentWorker, owner: str = "p1", clock: ManualClock | None = None
+    store: RunStore,
+    worker: AgentWorker,
+    owner: str = "p1",
+    clock: ManualClock | None = None,
+    step: dict[str, Any] = REVIEW,
 ) -> Runtime:
     clock = clock or ManualClock()
     worker.clock = clock  # the retry policy's not_before is on the runtime's clock
     return Runtime(
         store,
-        catalog(),
+        catalog(step),
         clock=clock,
         new_id=sequential_ids(),
         resolve_contract=lambda request, chain: ExecutionContract(worker_backend="inline", max_attempts=3),
@@ -298,6 +312,8 @@ async def test_a_generic_tool_and_a_token_echoed_in_its_error() -> None:
             name: str,
             arguments: dict[str, Any] | None = None,
             read_timeout_seconds: float | None = None,
+            *,
+            meta: RequestParamsMeta | None = None,
         ) -> CallToolResult:
             calls.append(dict(arguments or {}))
             if len(calls) == 1:
@@ -524,6 +540,8 @@ async def test_a_tool_without_keys_is_called_again_after_a_crash_marked_as_a_pos
             name: str,
             arguments: dict[str, Any] | None = None,
             read_timeout_seconds: float | None = None,
+            *,
+            meta: RequestParamsMeta | None = None,
         ) -> CallToolResult:
             calls.append(name)
             if len(calls) == 1:
