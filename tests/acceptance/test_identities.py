@@ -339,7 +339,8 @@ async def test_decisions_record_who_when_and_through_which_channel(tmp_path: Pat
     repeat = cli(
         tmp_path, "runs", "approve", runs[1], "--gate-id", gate, "--reject", "--approver", "dana", "--json"
     )
-    assert repeat.returncode == 0, repeat.stderr
+    # Exit status 3: the command was taken (a no-op) and the run is rejected.
+    assert repeat.returncode == 3, repeat.stderr
     assert json.loads(repeat.stdout)["version"] == version
 
     user = {"USER": "erin", "LOGNAME": "erin", "LNAME": "erin", "USERNAME": "erin"}
