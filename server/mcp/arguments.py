@@ -189,13 +189,16 @@ class UnknownToolRefusal:
         if ctx.method == "tools/call" and params is not None:
             name = params.get("name")
             if isinstance(name, str) and name not in self.names:
-                close = difflib.get_close_matches(name, self.names, n=1)
-                hint = (
-                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
-                )
+                hint = did_you_mean(name, self.names, "the tools are")
                 log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
                 return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
         return await call_next(ctx)
+
+
+def did_you_mean(name: str, known: Sequence[str], listing: str) -> str:
+    """What to say after an unknown ``name``: the closest of ``known``, else all of them."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; {listing}: {', '.join(known)}"
 
 
 def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
