@@ -6,16 +6,13 @@ found``), a resource URI that matches no template (``Unknown resource: <the whol
 exception escaping a handler as code ``0`` with the exception's text (after logging a traceback).
 :class:`CodedErrors`, the outermost server middleware, answers each as the tools answer a mistake:
 the message starts with the stable code and says what to do, the code is also in ``data.code``
-(:func:`coded`), and nothing but a server bug logs a traceback:
+(:func:`coded`), and nothing but a server bug logs a traceback.
 
-========================================  ======  ====================
-what                                      JSON-RPC code  project code
-========================================  ======  ====================
-params that do not fit the method         -32602  ``invalid_argument`` (naming the param)
-a URI no resource template matches        -32602  ``invalid_argument`` (as a malformed run id)
-a method this server does not serve       -32601  ``invalid_request``
-an unexpected exception (a bug)           -32603  ``internal_error`` (traceback logged once)
-========================================  ======  ====================
+* params that do not fit the method: ``-32602`` ``invalid_argument``, naming the param;
+* a URI no resource template matches: ``-32602`` ``invalid_argument`` (as a malformed run id);
+* a method this server does not serve: ``-32601`` ``invalid_request``;
+* a request before the handshake: ``-32602`` ``invalid_state``;
+* an unexpected exception (a bug): ``-32603`` ``internal_error``, its traceback logged once.
 
 Errors that already start with a code (``run_not_found: ...``), and those whose text a
 specification fixes (MCP Tasks' ``Failed to retrieve task``), pass unchanged. A message that is no
@@ -36,7 +33,14 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from pydantic import ValidationError
 
-from orchestration.errors import ConstructError, InternalError, InvalidArgument, InvalidRequest, quoted
+from orchestration.errors import (
+    ConstructError,
+    InternalError,
+    InvalidArgument,
+    InvalidRequest,
+    InvalidState,
+    quoted,
+)
 
 log = logging.getLogger("construct.server")
 
@@ -84,7 +88,9 @@ def _recoded(ctx: ServerRequestContext[Any, Any], exc: MCPError) -> MCPError:
         )
         return coded(InvalidArgument(said), uri=uri[:200])
     if error.code == INVALID_PARAMS and error.message == "Invalid request parameters":
-        return coded(InvalidArgument(f"the params of {quoted(ctx.method)} do not fit its schema"))
+        # The SDK's answer (as an error, not a ValidationError) to a request before the handshake.
+        said = f"the session is not initialized: send initialize first, then {quoted(ctx.method)}"
+        return coded(InvalidState(said))
     return exc
 
 

@@ -116,6 +116,10 @@ async def test_over_stdio(tmp_path: Path) -> None:
                 assert process.stdin is not None
                 await process.stdin.send(line.encode() + b"\n")
 
+            await send('{"jsonrpc": "2.0", "id": "early", "method": "tools/list"}')  # before the handshake
+            check(
+                await read_message(stdout), "early", -32602, "invalid_state: the session is not initialized"
+            )
             await send(json.dumps(INITIALIZE))
             assert (await read_message(stdout))["id"] == 0
             await send('{"jsonrpc": "2.0", "method": "notifications/initialized"}')
