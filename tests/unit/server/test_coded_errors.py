@@ -14,9 +14,10 @@ import pytest
 from mcp import Client
 from mcp.server import MCPServer
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from server.app import ConstructApp
+from server.mcp import chain_prompts
 from server.mcp.services import Services
 from server.settings.config import load_settings
 
@@ -82,3 +83,19 @@ async def test_a_uri_no_template_matches_is_invalid_argument(server: MCPServer[S
         with pytest.raises(MCPError) as caught:
             await client.read_resource("run://run-abc")
         assert caught.value.error.message.startswith("run_not_found: ")
+
+
+async def test_a_server_bug_is_internal_error_logged_once(
+    server: MCPServer[Services], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> str:
+        raise RuntimeError("a bug, with a detail the client must not see")
+
+    monkeypatch.setattr(chain_prompts, "chain_prompt_text", broken)
+    async with Client(server) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.get_prompt("default", {"request": "x"})
+    message = refused(caught, "internal_error", INTERNAL_ERROR)
+    assert "detail" not in message and "prompts/get" in message, message
+    failed = [r for r in caplog.records if getattr(r, "action", None) == "request_failed"]
+    assert len(failed) == 1 and failed[0].exc_info is not None
