@@ -143,8 +143,8 @@ class CheckedLines:
 class InvalidMessageRefusal:
     """ASGI middleware in front of the Streamable HTTP app: a POST whose body :func:`refusals`
     refuses is answered ``400`` with the error (a list of them for a batch) and never reaches the
-    app. The body is read up to ``max_bytes`` to be checked, then handed on chunk by chunk (so it
-    is held once); a longer one is handed on unchecked, for the app's own bound to refuse. Only
+    app. The body is read up to ``max_bytes`` to be checked, then handed on (held once here); a
+    longer one is handed on unchecked as it arrives, for the app's own bound to refuse. Only
     JSON bodies are checked (another content type gets the app's own answer)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -168,7 +168,9 @@ class InvalidMessageRefusal:
                 break
         complete = chunks[-1]["type"] == "http.request" and not chunks[-1].get("more_body", False)
         if complete and size <= self.max_bytes:
-            errors = refusals(b"".join(m.get("body", b"") for m in chunks))
+            body = b"".join(m.get("body", b"") for m in chunks)
+            chunks = [{"type": "http.request", "body": body, "more_body": False}]  # held once
+            errors = refusals(body)
             if errors is not None:
                 log_refused("http")
                 await send_json(send, 400, errors if len(errors) > 1 else errors[0])
