@@ -235,4 +235,4 @@ def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIAp
     app = server.sse_app(
         host=bind_host(host), max_request_body_size=max_body_bytes, transport_security=security_settings(host)
     )
-    return TypedBodyLimit(app, max_body_bytes)
+    return TypedBodyLimit(InvalidMessageRefusal(app, max_body_bytes), max_body_bytes)

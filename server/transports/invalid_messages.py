@@ -141,7 +141,7 @@ class CheckedLines:
 
 
 class InvalidMessageRefusal:
-    """ASGI middleware in front of the Streamable HTTP app: a POST whose body :func:`refusals`
+    """ASGI middleware in front of the Streamable HTTP and SSE apps: a POST whose body :func:`refusals`
     refuses is answered ``400`` with the error (a list of them for a batch) and never reaches the
     app. The body is read up to ``max_bytes`` to be checked, then handed on (held once here); a
     longer one is handed on unchecked as it arrives, for the app's own bound to refuse. Only

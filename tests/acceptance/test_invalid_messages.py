@@ -1,5 +1,5 @@
-"""Every JSON-RPC request gets an answer with a project code (issue 22, finding 10), over stdio and
-Streamable HTTP, against real ``serve`` processes: a message that is no request (an object, array,
+"""Every JSON-RPC request gets an answer with a project code (issue 22, finding 10), over stdio,
+Streamable HTTP and SSE, against real ``serve`` processes: a message that is no request (an object, array,
 boolean, fraction or null id; a batch; not JSON; a bare value; a method that is no string; params
 that are no object) is answered as JSON-RPC 2.0 §5 says (``id: null`` when its id cannot be
 echoed), and so are a prompt or resource the server does not have and a method it does not serve;
@@ -21,6 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from tests.acceptance.harness import REPO, SERVER_COMMAND, read_log, server_env
 from tests.acceptance.processes import http_server
 from tests.acceptance.test_http_hygiene import INITIALIZE, result_of
+from tests.acceptance.test_mcp_http import http_server as sse_server
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +166,24 @@ async def test_over_streamable_http(tmp_path: Path) -> None:
         )
         assert listed["id"] == 99 and listed["result"]["tools"]
     assert "Traceback" not in read_log(tmp_path / "server.log")
+
+
+async def test_over_sse(tmp_path: Path) -> None:
+    async with (
+        sse_server(tmp_path, "sse") as port,
+        httpx2.AsyncClient(timeout=20) as http,
+        http.stream("GET", f"http://127.0.0.1:{port}/sse") as stream,
+    ):
+        lines = stream.aiter_lines()
+        with anyio.fail_after(20):
+            endpoint = ""
+            while not endpoint.startswith("/messages/"):
+                endpoint = (await anext(lines)).removeprefix("data: ")
+        url = f"http://127.0.0.1:{port}{endpoint}"
+        as_json = {"Content-Type": "application/json"}
+        for raw, request_id, code, start in CASES[:10]:  # what the transport checks
+            response = await http.post(url, headers=as_json, content=raw.encode())
+            assert response.status_code == 400, response.text
+            check(response.json(), request_id, code, start)
+        good = await http.post(url, json=INITIALIZE)
+        assert good.status_code == 202, good.text
