@@ -14,8 +14,8 @@ the message starts with the stable code and says what to do, the code is also in
 * a request before the handshake: ``-32602`` ``invalid_state``;
 * an unexpected exception (a bug): ``-32603`` ``internal_error``, its traceback logged once.
 
-Errors that already start with a code (``run_not_found: ...``), and those whose text a
-specification fixes (MCP Tasks' ``Failed to retrieve task``), pass unchanged. A message that is no
+Errors that already start with a code (``run_not_found: ...``) get it in ``data.code`` too; those
+whose text a specification fixes (MCP Tasks' ``Failed to retrieve task``) pass unchanged. A message that is no
 JSON-RPC request at all (an object id, a batch) never reaches a handler: the transports answer it
 (:mod:`server.transports.invalid_messages`).
 """
@@ -73,7 +73,12 @@ class CodedErrors:
 
 def _recoded(ctx: ServerRequestContext[Any, Any], exc: MCPError) -> MCPError:
     error = exc.error
-    if _CODED.match(error.message):
+    coded_as = _CODED.match(error.message)
+    if coded_as is not None:  # coded already: the code goes into data too, if it has room
+        data = error.data
+        if data is None or (isinstance(data, Mapping) and "code" not in data):
+            code = coded_as.group(0).removesuffix(": ")
+            return MCPError(code=error.code, message=error.message, data={"code": code, **(data or {})})
         return exc
     if error.code == METHOD_NOT_FOUND:
         said = f"this server has no method {quoted(ctx.method)}; see the MCP specification's methods"

@@ -82,7 +82,8 @@ async def test_a_uri_no_template_matches_is_invalid_argument(server: MCPServer[S
         # a run that is not there stays run_not_found
         with pytest.raises(MCPError) as caught:
             await client.read_resource("run://run-abc")
-        assert caught.value.error.message.startswith("run_not_found: ")
+        refused(caught, "run_not_found")  # the code in data too
+        assert caught.value.error.data == {"code": "run_not_found", "uri": "run://run-abc"}
 
 
 async def test_a_server_bug_is_internal_error_logged_once(
