@@ -6,6 +6,7 @@ at the adapter edge (``raise ... from exc``)::
 
     ConstructError                      code
     ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
+    ├── InvalidRequest                  invalid_request    a message that is no request this server serves
     │   ├── ForkMismatch                fork_mismatch      a fork's chain changed a step it copies
     │   └── ExportCorrupt               export_corrupt     a run export whose hashes or shape do not match
     ├── RunNotFound                     run_not_found
@@ -25,6 +26,7 @@ at the adapter edge (``raise ... from exc``)::
     ├── ConfigError                     config_error       a bad construct.toml (file, field, problem)
     ├── InvalidOutput                   invalid_output     an answer does not match its step's output schema
     ├── IllegalTransition               illegal_transition a status move the vocabulary forbids (a bug)
+    ├── InternalError                   internal_error     a request failed on a server bug (logged)
     ├── LeaseLost                       lease_lost         another worker holds the run
     └── StoreError                      store_error        the store failed (I/O, driver, corruption)
         ├── StoreUnavailable            store_unavailable  cannot reach / open the backend
@@ -61,6 +63,13 @@ class ConstructError(Exception):
 
 class InvalidArgument(ConstructError):
     code = "invalid_argument"
+
+
+class InvalidRequest(ConstructError):
+    """A JSON-RPC message that is no request this server can serve: not JSON, a batch, an id that
+    is no string or integer, a method that is no string or that the server does not have."""
+
+    code = "invalid_request"
 
 
 class ForkMismatch(InvalidArgument):
@@ -201,6 +210,12 @@ class InvalidOutput(ConstructError):
 
 class IllegalTransition(ConstructError):
     code = "illegal_transition"
+
+
+class InternalError(ConstructError):
+    """A request failed in a way no caller can fix (a bug): the server's log has the traceback."""
+
+    code = "internal_error"
 
 
 class LeaseLost(ConstructError):

@@ -48,8 +48,9 @@ from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
 from server.mcp.arguments import UnknownToolRefusal
-from server.mcp.chain_prompts import register_chain_prompts
+from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
+from server.mcp.protocol_errors import CodedErrors
 from server.mcp.resources import register_resources
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler
@@ -122,7 +123,8 @@ class ConstructApp:
         self._opened: OpenedRunStore | None = None
 
     def build_server(self) -> MCPServer[Services]:
-        tools = build_tools(self.settings.limits())
+        limits = self.settings.limits()
+        tools = build_tools(limits)
         panel = panel_extension(tools)  # the run panel (MCP Apps): marks two of the tools
         server: MCPServer[Services] = MCPServer(
             "construct-mcp",
@@ -133,7 +135,7 @@ class ConstructApp:
             subscriptions=self._bus,
             log_level=self.settings.log_level,
             tools=tools,
-            middleware=[UnknownToolRefusal(tools)],
+            middleware=[CodedErrors(), UnknownToolRefusal(tools), PromptRefusal(self.catalog, limits)],
             # MCP Tasks for clients that declare them (see server.mcp.tasks)
             extensions=[panel, TasksExtension()],
             # The SDK seals every request_state (the gate forms' too, see server.mcp.elicit) under a

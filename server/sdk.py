@@ -13,6 +13,10 @@ Everywhere else the server uses the SDK's public API. What is here has no public
   manager's private table and each transport's count of requests in flight.
   :func:`streamable_http_app` builds the app around it as ``MCPServer.streamable_http_app`` does
   (the server's low-level server, its custom routes), which has no parameter for the manager.
+* **Serving stdio from checked lines.** ``MCPServer.run_stdio_async`` is the SDK's stdio
+  transport around the low-level server's ``run``; :func:`run_stdio` is the same with the lines the
+  transport reads given (:mod:`server.transports.invalid_messages` checks each first) and its write
+  stream handed out (to answer a line that never reaches the server).
 * **The connection behind a session.** ``ServerRequestContext`` gives handlers a per-request
   ``ServerSession``; the per-client ``Connection`` behind it (to know that two requests come from
   the same client, and to hook the end of that client) is private: :func:`connection_of`,
@@ -26,16 +30,18 @@ bounds ``mcp`` to the minor version those tests passed with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, Callable
+from typing import Any, Protocol, TypeVar
 
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel.server import RequestHandler
 from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.message import SessionMessage
 from mcp_types import RequestParams
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -104,6 +110,25 @@ def streamable_http_app(
     )
     routes = [Route(path, endpoint=StreamableHTTPASGIApp(manager)), *server._custom_starlette_routes]
     return Starlette(routes=routes, lifespan=lambda _app: manager.run())
+
+
+async def run_stdio(
+    server: MCPServer[Any], lines: AsyncIterable[str], answer_on: Callable[[SendsMessages], None]
+) -> None:
+    """Serve ``server`` over stdio as ``run_stdio_async`` does (fd 1 diverted to stderr while it
+    serves), reading ``lines`` instead of stdin; ``answer_on`` gets the stream the transport writes
+    to stdout from, before the first line is read."""
+    stdin: Any = lines  # the transport only iterates over it
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+        answer_on(write_stream)
+        lowlevel = server._lowlevel_server
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+class SendsMessages(Protocol):
+    """The transport's write stream: each message sent is written to the client."""
+
+    async def send(self, item: SessionMessage, /) -> None: ...
 
 
 def connection_of(session: ServerSession) -> object:

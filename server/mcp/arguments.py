@@ -11,7 +11,9 @@ limits) in a form every function-calling dialect takes (:func:`portable_schema`;
 from __future__ import annotations
 
 import difflib
+import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -53,24 +55,55 @@ _CHECKED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
 
 
 class _VerbatimText(FuncMetadata):
-    """The SDK turns a string argument that parses as a JSON object or array into that object
-    unless the parameter is annotated exactly ``str`` (for hosts that send lists as JSON text);
-    ``output: str | None`` then refused a typed step's answer, which *is* a JSON object. Free-text
-    arguments keep the string the caller sent (recorded verbatim); the others are pre-parsed as
-    before (``chain`` may still arrive as a JSON list in a string). A null argument is left out, so
-    it means what omitting it means."""
+    """The SDK turns a string argument that parses as JSON into that value unless the parameter
+    is annotated exactly ``str`` (for hosts that send lists as JSON text); ``output: str | None``
+    then refused a typed step's answer, which *is* a JSON object. Free-text arguments keep the
+    string the caller sent (recorded verbatim); the others are pre-parsed only into a JSON object
+    or array (``chain`` may still arrive as a JSON list in a string), never into a boolean or
+    null (``"true"`` is no boolean). A null argument is left out, so it means what omitting it
+    means.
+
+    Validation is strict (issue 22, finding 11): the types the input schema publishes, no
+    coercion, as a JSON Schema validator would judge them (``"1"`` is no number, ``true`` no
+    number, ``"yes"`` no boolean); an integral number (``20.0``) is an integer, as JSON Schema
+    says and as Gemini sends integers."""
 
     def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
         parsed = super().pre_parse_json(data)
         # An argument sent as null is an argument not given (a strict model sends every key; see
         # strict_schema): its default applies, a required one is missing.
-        return {k: data[k] if k in _TEXT_ARGUMENTS else v for k, v in parsed.items() if v is not None}
+        return {
+            k: v if k not in _TEXT_ARGUMENTS and _pre_parsed_as_json(data[k], v) else data[k]
+            for k, v in parsed.items()
+            if data[k] is not None
+        }
 
     def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
         checked = _CHECKED.get()
         if checked is not None and checked[0] is arguments_to_validate:
             return dict(checked[1])
-        return super().validate_arguments(arguments_to_validate)
+        parsed = self.pre_parse_json(arguments_to_validate)
+        # Strict in JSON mode: an enum member or a nested model from its JSON form, nothing coerced.
+        text = json.dumps(_integral_as_int(parsed), allow_nan=True)
+        return self.arg_model.model_validate_json(text, strict=True).model_dump_one_level()
+
+
+def _pre_parsed_as_json(sent: Any, parsed: Any) -> bool:
+    """Whether the SDK's JSON pre-parse of an argument is kept: a string holding a JSON object or
+    array (a host's way of sending one); not a string become a boolean or null."""
+    return sent is parsed or isinstance(parsed, dict | list)
+
+
+def _integral_as_int(value: Any) -> Any:
+    """``value`` with every integral float (``20.0``) as the integer it is: one JSON number, which
+    JSON Schema's ``integer`` takes (and ``number`` does too)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_as_int(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_as_int(v) for v in value]
+    return value
 
 
 def verbatim_text(meta: FuncMetadata) -> FuncMetadata:
@@ -156,13 +189,16 @@ class UnknownToolRefusal:
         if ctx.method == "tools/call" and params is not None:
             name = params.get("name")
             if isinstance(name, str) and name not in self.names:
-                close = difflib.get_close_matches(name, self.names, n=1)
-                hint = (
-                    f" (did you mean {close[0]!r}?)" if close else f"; the tools are: {', '.join(self.names)}"
-                )
+                hint = did_you_mean(name, self.names, "the tools are")
                 log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
                 return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
         return await call_next(ctx)
+
+
+def did_you_mean(name: str, known: Sequence[str], listing: str) -> str:
+    """What to say after an unknown ``name``: the closest of ``known``, else all of them."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; {listing}: {', '.join(known)}"
 
 
 def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
@@ -185,7 +221,7 @@ def _schema_error(errors: list[Any]) -> ConstructError:
         if err["type"] == "too_long":
             return TooLarge(f"{_where(err['loc'])} has more than {limit} items")
     if mine[0]["type"] == "missing":
-        return InvalidArgument(f"{first} is required; see the tool's input schema")
+        return InvalidArgument(f"{_where(mine[0]['loc'])} is required; see the tool's input schema")
     # A value of the right type for one member of a union that breaks that member's constraint
     # (chain: "") is about that constraint, not about the other members' types.
     constrained = [e for e in mine if not str(e["type"]).endswith("_type")]
@@ -194,9 +230,21 @@ def _schema_error(errors: list[Any]) -> ConstructError:
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
-    """``approve_before[1]``: the argument and the list positions; the other strings of a location
-    name union members (``str``, ``list[str]``), not arguments."""
-    return str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+    """``approve_before[1]``, ``usage.input_tokens``, ``budget.steps[0].step``: the argument, the
+    fields and the list positions in it; the other strings of a location name union members
+    (``str``, ``list[constrained-str]``, a model's class name), not fields."""
+    where = str(loc[0])
+    for part in loc[1:]:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif _FIELD.fullmatch(part) and part not in _TYPE_TAGS:
+            where += f".{part}"
+    return where
+
+
+#: a field's name (the arguments' fields are snake_case; union members' tags are not, but these)
+_FIELD = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
 
 
 def _plain(message: str) -> str:

@@ -7,16 +7,31 @@ to its end: run each host task with its own model and hand the output back with 
 ask the user at each gate and pass the ``gate_id`` with their decision, never deciding for them.
 The text is built from the catalog alone (no run, no clock), so the same chain always renders the
 same prompt for the same request.
+
+A ``prompts/get`` the prompts cannot answer is refused before anything is rendered
+(:class:`PromptRefusal`), as the tools refuse their arguments: an unknown prompt name (with the
+closest one), an unknown or missing argument is ``invalid_argument``, a request over
+``CONSTRUCT_MAX_REQUEST_CHARS`` is ``too_large``, each a JSON-RPC invalid-params error whose
+message starts with the code (also in ``data.code``); nothing is logged as a failure.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
-from mcp.server import MCPServer
+from mcp.server import MCPServer, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
 from mcp.server.mcpserver.prompts.base import Prompt, PromptArgument, UserMessage
 
 from orchestration.chains import Catalog, ChainDefinition
+from orchestration.core import Limits
+from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
+from server.mcp.arguments import did_you_mean
+from server.mcp.protocol_errors import coded
+
+log = logging.getLogger("construct.server")
 
 REQUEST_DESCRIPTION = "What the chain should work on, in your words (the task and its context)."
 
@@ -72,3 +87,41 @@ def register_chain_prompts(server: MCPServer[Any], catalog: Catalog) -> None:
     """Add one prompt per chain of ``catalog`` to ``server``."""
     for name in sorted(catalog.chains):
         server.add_prompt(chain_prompt(catalog.chains[name]))
+
+
+class PromptRefusal:
+    """Server middleware: a ``prompts/get`` for no prompt of ``catalog``, or with arguments its
+    prompt does not take, is refused with a coded error (see the module docstring). Params of the
+    wrong shape are left to the SDK's validation, which :class:`~server.mcp.protocol_errors.CodedErrors`
+    codes."""
+
+    def __init__(self, catalog: Catalog, limits: Limits) -> None:
+        self.names = sorted(catalog.chains)
+        self.max_request_chars = limits.max_request_chars
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "prompts/get" and isinstance(ctx.params, Mapping):
+            refusal = self._refusal(ctx.params.get("name"), ctx.params.get("arguments"))
+            if refusal is not None:
+                log.info("prompts/get refused", extra={"action": "prompt_error", "code": refusal.code})
+                raise coded(refusal)
+        return await call_next(ctx)
+
+    def _refusal(self, name: object, arguments: object) -> ConstructError | None:
+        if not isinstance(name, str) or not (arguments is None or isinstance(arguments, Mapping)):
+            return None  # the wrong shape: the SDK's validation says so
+        if name not in self.names:
+            hint = did_you_mean(name, self.names, "the prompts are")
+            return InvalidArgument(f"unknown prompt {quoted(name)}{hint}")
+        given = dict(arguments or {})
+        unknown = [key for key in given if key != "request"]
+        if unknown:
+            said = ", ".join(quoted(str(key)) for key in unknown[:5])
+            return InvalidArgument(f"unknown argument {said}; the prompt {name!r} takes: request")
+        request = given.get("request")
+        if request is None:
+            return InvalidArgument(f"request is required: what the chain {name!r} should work on")
+        if isinstance(request, str) and len(request) > self.max_request_chars:
+            limit = self.max_request_chars
+            return TooLarge(f"request is over {limit} characters (CONSTRUCT_MAX_REQUEST_CHARS)")
+        return None

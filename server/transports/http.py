@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orchestration.core import Limits
 from server import sdk
 from server.transports.auth import is_loopback, send_json
+from server.transports.invalid_messages import InvalidMessageRefusal
 
 log = logging.getLogger("construct.server")
 
@@ -225,7 +226,8 @@ def streamable_http_app(
         session_idle_timeout=idle_seconds,
         max_sessions=max_sessions,
     )
-    return TypedBodyLimit(app, max_body_bytes)
+    # A message that is no JSON-RPC request is answered before the SDK reads it as a notification.
+    return TypedBodyLimit(InvalidMessageRefusal(app, max_body_bytes), max_body_bytes)
 
 
 def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIApp:
@@ -233,4 +235,4 @@ def sse_app(server: MCPServer[Any], *, host: str, max_body_bytes: int) -> ASGIAp
     app = server.sse_app(
         host=bind_host(host), max_request_body_size=max_body_bytes, transport_security=security_settings(host)
     )
-    return TypedBodyLimit(app, max_body_bytes)
+    return TypedBodyLimit(InvalidMessageRefusal(app, max_body_bytes), max_body_bytes)

@@ -9,7 +9,8 @@ pid file (see :mod:`server.app`).
 Cancelling the transport on SIGTERM would not do that: the SDK reads stdin in a worker thread that
 cannot be interrupted, so the cancellation would wait for the next line of input, which may never
 come. Instead the transport never reads the real stdin: :class:`StdinRelay` puts a pipe in front of
-it (fd 0 becomes the pipe's read end) and copies the real input into the pipe from a daemon thread.
+it (fd 0 becomes the pipe's read end; the transport reads a copy of it, fd 0 then the null device)
+and copies the real input into the pipe from a daemon thread.
 SIGTERM closes the pipe: the transport reads what was already copied, then sees the end of its
 input. The daemon thread may stay blocked on the real stdin; it does not keep the process alive.
 
@@ -17,10 +18,12 @@ The relay also bounds each message. The SDK reads stdin line by line with no lim
 would be held whole in memory. The relay counts the bytes of the current line as it copies them; a
 line longer than ``max_line_bytes`` (the largest message the size limits allow, JSON-escaped: see
 :func:`server.transports.http.max_message_bytes`) is cut there: the part already copied is ended with a
-newline (the SDK discards it as unparsable), the rest of the line is read and dropped without being
-kept, and if the line's start named a request id, a stand-in request with that id is passed on
-instead, which the server answers with a ``too_large`` error. So the server holds at most one
-bound's worth of a message. (Without a relay, when stdin cannot be duplicated, lines are unbounded.)
+mark and a newline (dropped unanswered, see :data:`~server.transports.invalid_messages.CUT_MARK`),
+the rest of the line is read and dropped without being kept, and if the line's start named a
+request id, a stand-in request with that id is passed on instead, which the server answers with a
+``too_large`` error. So the server holds at most one bound's worth of a message. (Without a relay,
+when stdin cannot be duplicated, lines are unbounded, and unchecked: see
+:mod:`server.transports.invalid_messages`.)
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from mcp.server import MCPServer
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
+from server import sdk
 from server.sdk import set_request_handler
+from server.transports.invalid_messages import CUT_MARK, CheckedLines
 
 log = logging.getLogger("construct.server")
 
@@ -140,7 +145,7 @@ class StdinRelay:
                     self._head += piece[: _HEAD_BYTES - len(self._head)]
                 if self._line_bytes + len(piece) > limit:
                     self._skipping = True
-                    if not self._send(b"\n" + self._refusal(limit)):
+                    if not self._send(CUT_MARK.encode() + b"\n" + self._refusal(limit)):
                         return False
                 else:
                     self._line_bytes += len(piece)
@@ -233,13 +238,26 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
         await server.run_stdio_async()
         return
     relay.start()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_end_input_on_sigterm, relay)
-            await server.run_stdio_async()
-            tg.cancel_scope.cancel()
-    finally:
-        relay.end()
+    # An open descriptor (a pipe): nothing here blocks; its lines are read in a worker thread.
+    with open(_take_input(), encoding="utf-8", errors="replace") as relayed:  # noqa: ASYNC230
+        lines = CheckedLines(anyio.wrap_file(relayed))
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_end_input_on_sigterm, relay)
+                await sdk.run_stdio(server, lines, lines.answer_on)
+                tg.cancel_scope.cancel()
+        finally:
+            relay.end()
+
+
+def _take_input(fd: int = 0) -> int:
+    """A private descriptor for the relay's output (fd ``fd``), which then reads the null device,
+    as the SDK's transport leaves it while it serves: a child process inherits no MCP input."""
+    private = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return private
 
 
 async def _end_input_on_sigterm(relay: StdinRelay) -> None:

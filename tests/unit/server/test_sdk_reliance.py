@@ -20,6 +20,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import ASGIApp, Message
@@ -165,3 +166,16 @@ def test_the_strict_tools_hooks_keep_their_signatures() -> None:
     ]
     assert {"arg_model", "output_schema", "output_model", "wrap_output"} <= set(FuncMetadata.model_fields)
     assert "self.fn_metadata.validate_arguments(arguments)" in inspect.getsource(Tool.run)
+
+
+def test_the_stdio_transport_reads_the_lines_it_is_given() -> None:
+    """server.sdk.run_stdio hands the SDK's stdio transport its lines (each checked first) and
+    answers on its write stream: the transport iterates over ``stdin`` and writes what is sent."""
+    assert "stdin" in inspect.signature(stdio_server).parameters
+    assert "async for line in stdin" in inspect.getsource(stdio_server)
+    assert list(inspect.signature(Server.run).parameters)[:4] == [
+        "self",
+        "read_stream",
+        "write_stream",
+        "initialization_options",
+    ]

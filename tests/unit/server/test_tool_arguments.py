@@ -271,13 +271,13 @@ async def test_a_calls_arguments_are_validated_once_and_answers_keep_their_schem
     from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 
     validated: list[dict[str, Any]] = []
-    original = FuncMetadata.validate_arguments
+    original = FuncMetadata.pre_parse_json  # the first step of every validation of the arguments
 
     def counting(self: FuncMetadata, arguments: dict[str, Any]) -> dict[str, Any]:
         validated.append(arguments)
         return original(self, arguments)
 
-    monkeypatch.setattr(FuncMetadata, "validate_arguments", counting)
+    monkeypatch.setattr(FuncMetadata, "pre_parse_json", counting)
     async with connected(server) as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
         assert listed["run_status"].output_schema is not None
