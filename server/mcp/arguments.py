@@ -10,7 +10,6 @@ limits) in a form every function-calling dialect takes (:func:`portable_schema`;
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import re
@@ -27,7 +26,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
 from orchestration.core import Limits
-from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
+from orchestration.errors import ConstructError, InvalidArgument, TooLarge, did_you_mean, quoted
 
 log = logging.getLogger("construct.tools")
 
@@ -189,23 +188,19 @@ class UnknownToolRefusal:
         if ctx.method == "tools/call" and params is not None:
             name = params.get("name")
             if isinstance(name, str) and name not in self.names:
-                hint = did_you_mean(name, self.names, "the tools are")
+                hint = close_or_all(name, self.names, "the tools are")
                 log.info("unknown tool refused", extra={"action": "tool_error", "code": "invalid_argument"})
                 return error_result(InvalidArgument(f"unknown tool {quoted(name)}{hint}"))
         return await call_next(ctx)
 
 
-def did_you_mean(name: str, known: Sequence[str], listing: str) -> str:
+def close_or_all(name: str, known: Sequence[str], listing: str) -> str:
     """What to say after an unknown ``name``: the closest of ``known``, else all of them."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f"; {listing}: {', '.join(known)}"
+    return did_you_mean(name, known) or f"; {listing}: {', '.join(known)}"
 
 
 def _unknown_argument(name: str, tool: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    if close:
-        return f"unknown argument {quoted(name)} (did you mean {close[0]!r}?)"
-    return f"unknown argument {quoted(name)}; {tool} takes: {', '.join(known)}"
+    return f"unknown argument {quoted(name)}{close_or_all(name, known, f'{tool} takes')}"
 
 
 def _schema_error(errors: list[Any]) -> ConstructError:

@@ -28,7 +28,7 @@ from mcp.server.mcpserver.prompts.base import Prompt, PromptArgument, UserMessag
 from orchestration.chains import Catalog, ChainDefinition
 from orchestration.core import Limits
 from orchestration.errors import ConstructError, InvalidArgument, TooLarge, quoted
-from server.mcp.arguments import did_you_mean
+from server.mcp.arguments import close_or_all
 from server.mcp.protocol_errors import coded
 
 log = logging.getLogger("construct.server")
@@ -111,7 +111,7 @@ class PromptRefusal:
         if not isinstance(name, str) or not (arguments is None or isinstance(arguments, Mapping)):
             return None  # the wrong shape: the SDK's validation says so
         if name not in self.names:
-            hint = did_you_mean(name, self.names, "the prompts are")
+            hint = close_or_all(name, self.names, "the prompts are")
             return InvalidArgument(f"unknown prompt {quoted(name)}{hint}")
         given = dict(arguments or {})
         unknown = [key for key in given if key != "request"]
