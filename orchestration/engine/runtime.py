@@ -34,7 +34,7 @@ from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
 from orchestration.core.approvals import check_approver, check_budget_raise, check_repeat
 from orchestration.core.clock import Clock, SystemClock
-from orchestration.core.decide import Action
+from orchestration.core.decide import Action, AwaitAgent
 from orchestration.core.facts import (
     ApprovalDecided,
     Fact,
@@ -68,6 +68,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.agent_waits import AgentWaits, cancel_remote_runs, remote_cancel_facts
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns, refuse_detached
 from orchestration.engine.drive import Drive
@@ -129,6 +130,7 @@ class Runtime:
         cancel_poll_seconds: float = 0.5,
         warnings: Sequence[str] = (),
         store_outage_seconds: float = 30.0,
+        remote_cancel_seconds: float = 10.0,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -145,6 +147,8 @@ class Runtime:
         #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
         #: stops; see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
+        #: how long a cancel waits, in all, for the remote runs the run awaits to be cancelled
+        self.remote_cancel_seconds = remote_cancel_seconds
         #: the listeners and waiters told of every write this runtime (or one of its drives) makes
         self.changes = ChangeFeed()
         #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
@@ -157,11 +161,14 @@ class Runtime:
         #: gives drives' leases back; keeps those it could not (the store was away)
         self._releases = LeaseReleases(store)
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
+        #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
+        self.agent_waits = AgentWaits(self)
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
         progress), so nothing new is started; what is left is picked up from the record later."""
         self.calls.stop()
+        self.agent_waits.stop()
 
     @property
     def stopping(self) -> bool:
@@ -487,19 +494,27 @@ class Runtime:
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
         """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
-        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted."""
+        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted.
+        The remote runs of agent steps the run awaits are cancelled first, and the results
+        recorded with the cancel (:mod:`orchestration.engine.agent_waits`)."""
         validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
+        remote: dict[AwaitAgent, str | None] = {}
         while True:
             head = await self.store.load(run_id)
             if head.status == RunStatus.CANCELLED:
                 return head
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is already {head.status.value}; it cannot be cancelled")
-            fact = RunCancelled(seq=head.last_seq + 1, at=self.clock.now(), reason=reason, cancelled_by=by)
+            # The remote runs it awaits are cancelled first, their results recorded with the cancel.
+            why = f"run {run_id} was cancelled"
+            await cancel_remote_runs(self.worker, head, why, self.remote_cancel_seconds, remote)
+            facts = remote_cancel_facts(head, remote, self.clock.now())
+            seq = head.last_seq + len(facts) + 1
+            facts.append(RunCancelled(seq=seq, at=self.clock.now(), reason=reason, cancelled_by=by))
             try:
-                stored = await self._append(head, [fact])
+                stored = await self._append(head, facts)
             except VersionConflict:
                 continue
             self.calls.cancel(run_id)
