@@ -220,6 +220,8 @@ async def test_sigkill_of_the_parent_while_the_remote_run_works(
         async with make_pair(tmp_path, fake, backends) as pair, pair.remote():
             async with pair.parent() as (parent, client):
                 run_id = await start_delegated(client)
+                awaiting = await call(client, "run_status", run_id=run_id)
+                assert awaiting["status"] == "awaiting_agent", awaiting  # no lease, no slot held
                 parent.kill()  # SIGKILL, while the remote engineer is still at work
                 await parent.wait()
             assert fake.calls_for("engineer") == 1
@@ -228,8 +230,15 @@ async def test_sigkill_of_the_parent_while_the_remote_run_works(
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
                 record = await full_view(client, run_id)
             await check_finished(view, record, await remote_runs(pair), pair)
+    # The restarted parent's sweep followed the same attempt's remote run: one outcome recorded.
     attempts = review_of(record)["attempts"]
-    assert [a["error"]["code"] if a["error"] else None for a in attempts] == ["orphaned", None]
+    assert [a["error"]["code"] if a["error"] else None for a in attempts] == [None]
+    facts = next(f for h, f in await pair.parent_store.runs() if h.run_id == run_id)
+    assert [f.type for f in facts if getattr(f, "task_id", None) == "review"] == [
+        "attempt_started",
+        "remote_run_started",
+        "task_completed",
+    ]
     assert fake.calls_for("engineer") == 1, "the remote run was not started again"
 
 
