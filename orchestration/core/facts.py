@@ -209,10 +209,12 @@ class RemoteRunStarted(_Fact):
 
 
 class RemoteRunCancelled(_Fact):
-    """The run was cancelled while an agent step awaited its remote run: ``orchestrate_cancel``
-    was sent there first (best effort, bounded), and its result is recorded in the same write as
-    ``run_cancelled`` (see ``Runtime.cancel``). ``cancelled``: the remote answered that its run is
-    cancelled; else ``error`` is the code of what went wrong. Record format 6."""
+    """An agent step's awaited remote run was given up — the run cancelled, the task out of time,
+    the run failing — and ``orchestrate_cancel`` was sent there first (best effort, bounded): its
+    result, recorded in the same write as the fact that gives it up (``run_cancelled``,
+    ``task_failed``, ``run_finished``; see :mod:`orchestration.engine.agent_waits`).
+    ``cancelled``: the remote answered that its run is cancelled; else ``error`` is the code of what
+    went wrong. Record format 6."""
 
     type: Literal["remote_run_cancelled"] = "remote_run_cancelled"
     format: int = Field(default=6, ge=1)

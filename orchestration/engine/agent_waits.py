@@ -50,6 +50,9 @@ follower records ``agent_run_failed`` (the caller's cancel got no answer and may
 **Deadlines.** An awaited attempt's task is ``running``, so its step's ``timeout_seconds`` and the
 run's deadline are in the run's ``wake_at``: the stores hand out the run once it passed, and the
 drive records ``deadline_exceeded`` as for any task (the follower then finds the attempt ended).
+Before a drive records a fact that ends a wait (that one, or a parallel run failing because of a
+sibling), it cancels the remote runs it gives up the same way as a cancel does, and records the
+results in the same write.
 """
 
 from __future__ import annotations
@@ -280,14 +283,16 @@ async def cancel_remote_runs(
     reason: str,
     seconds: float,
     done: dict[AwaitAgent, str | None],
+    only: list[AwaitAgent] | None = None,
 ) -> None:
-    """Before ``head``'s run is cancelled: ``orchestrate_cancel`` every remote run it awaits that
-    ``done`` has no result for yet, all at once, bounded by ``seconds`` in all, and put each
-    result in ``done`` (None: cancelled; else the error code: ``not_cancelled``, the remote
-    refused or could not be reached; ``timeout``, no answer within the bound). Best effort:
-    never raises for the agents' failures."""
+    """Before ``head``'s run is cancelled (or stops waiting otherwise): ``orchestrate_cancel``
+    every remote run it awaits (of ``only``, when given) that ``done`` has no result for yet,
+    all at once, bounded by ``seconds`` in all, and put each result in ``done`` (None:
+    cancelled; else the error code: ``not_cancelled``, the remote refused or could not be
+    reached; ``timeout``, no answer within the bound). Best effort: never raises for the
+    agents' failures."""
     delegate = agent_worker(worker)
-    todo = [w for w in awaited(head) if w not in done]
+    todo = [w for w in (awaited(head) if only is None else only) if w not in done]
     if delegate is None or not todo:
         return
 

@@ -655,6 +655,7 @@ class Runtime:
             in_memory_wait_cap_seconds=self.in_memory_wait_cap_seconds,
             cancel_poll_seconds=self.cancel_poll_seconds,
             store_outage_seconds=self.store_outage_seconds,
+            remote_cancel_seconds=self.remote_cancel_seconds,
         )
         leased = LeasedRun(
             lease,
