@@ -36,8 +36,8 @@ paused_poll_seconds = 0.2
 call_timeout_seconds = 10
 
 [chains.delegated]
-steps = [{ name = "review", agent = "reviewer2", tool = "orchestrate_start", arguments = { chain = "gated", request = "{request}" } }]
-"""
+steps = [{ name = "review", agent = "reviewer2", tool = "orchestrate_start", ARGUMENTS }]
+""".replace("ARGUMENTS", 'arguments = { chain = "gated", request = "{request}" }')
 
 REMOTE_CONFIG = """
 [chains.gated]

@@ -12,6 +12,7 @@ import anyio
 from mcp.types import CallToolResult
 
 from orchestration.core.clock import ManualClock
+from orchestration.core.facts import RemoteRunCancelled
 from orchestration.core.models import ExecutionContract
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import awaited
@@ -192,8 +193,8 @@ async def test_a_deadline_while_awaiting_fails_the_step_and_cancels_the_remote_r
         {"run_id": "remote-1", "reason": f"run {run_id} gave up waiting: task_failed"},
     ) in remote.calls
     facts = await store.read_facts(run_id)
-    cancels = [f for f in facts if f.type == "remote_run_cancelled"]
-    assert [(f.remote_run_id, f.cancelled, f.error) for f in cancels] == [("remote-1", True, None)]  # type: ignore[union-attr]
+    cancels = [f for f in facts if isinstance(f, RemoteRunCancelled)]
+    assert [(f.remote_run_id, f.cancelled, f.error) for f in cancels] == [("remote-1", True, None)]
 
 
 async def test_cancelling_a_run_awaiting_its_agent_cancels_the_remote_run_and_records_it() -> None:
@@ -246,7 +247,7 @@ async def test_the_dispatcher_follows_at_once_and_its_sweep_after_a_restart() ->
     async with anyio.create_task_group() as tg:
         await tg.start(dispatcher.run)
         with anyio.fail_after(10):
-            while (await store.load(run_id)).task("review").status != TaskStatus.DONE:
+            while (await store.load(run_id)).task("review").status != TaskStatus.DONE:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         dispatcher.stop()
     assert remote.starts() == 1
