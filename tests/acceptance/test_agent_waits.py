@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.acceptance.harness import call, free_port, play_host, read_log
 from tests.acceptance.processes import http_server
 from tests.acceptance.store_targets import store_target
-from tests.acceptance.test_agent_delegation import TOKEN, provider_vars
+from tests.acceptance.test_agent_delegation import TOKEN, provider_vars, until
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -52,15 +52,6 @@ async def remote_client(port: int) -> AsyncIterator[Client]:
         url = f"http://127.0.0.1:{port}/mcp"
         async with Client(streamable_http_client(url, http_client=http)) as client:
             yield client
-
-
-async def until(client: Client, run_id: str, predicate: Any, seconds: float = 60) -> dict[str, Any]:
-    with anyio.fail_after(seconds):
-        while True:
-            view = await call(client, "run_status", run_id=run_id, wait_seconds=1, detail="full")
-            if predicate(view):
-                return view
-            await anyio.sleep(0.1)
 
 
 def remote_run_known(view: dict[str, Any]) -> bool:
