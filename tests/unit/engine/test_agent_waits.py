@@ -6,11 +6,13 @@ there first and recording the result."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
 from mcp.types import CallToolResult
 
+from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import RemoteRunCancelled
 from orchestration.core.models import ExecutionContract
@@ -251,3 +253,27 @@ async def test_the_dispatcher_follows_at_once_and_its_sweep_after_a_restart() ->
                 await anyio.sleep(0.01)
         dispatcher.stop()
     assert remote.starts() == 1
+
+
+async def test_a_parallel_run_whose_only_work_is_remote_runs_awaits_them_without_a_drive() -> None:
+    """Two steps that delegate side by side: once both remote runs are recorded the run is
+    ``awaiting_agent`` and its drive has ended; both are followed to their end."""
+    store, remote = MemoryStore(), FakeRemote(polls=1)
+    both = {"chain": "review-loop", "request": "{outputs.architect}"}
+    agent = {"agent": "reviewer2", "tool": "orchestrate_start", "arguments": both, "after": ["architect"]}
+    steps = [
+        {"specialist": "architect", "after": []},
+        {"name": "left", **agent},
+        {"name": "right", **agent},
+        {"specialist": "writer", "after": ["left", "right"]},
+    ]
+    raw = {"agents": {"reviewer2": {}}, "chains": {"delegated": {"steps": steps}}}
+    runtime = runtime_for(store, agent_worker(remote))
+    runtime.catalog = Catalog.builtin().extended(raw, "construct.toml", Path("."))
+    run_id = await awaiting(runtime)
+    head = await store.load(run_id)
+    assert head.status == RunStatus.AWAITING_AGENT, head.status
+    assert sorted(w.task_id for w in awaited(head)) == ["left", "right"]
+    assert [n for n, _ in remote.calls] == ["orchestrate_start"] * 2, "no follow in the drive"
+    done = await play(runtime, run_id)
+    assert done.status == RunStatus.COMPLETED and remote.starts() == 2
