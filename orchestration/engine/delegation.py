@@ -111,15 +111,15 @@ async def agent_attempt(
     leased: LeasedRun, worker: TaskWorker | None, head: RunHead, action: StartAttempt
 ) -> RunHead | None:
     """One attempt of an agent step in a linear drive (see the module's docstring); the head the
-    last write recorded, or None when the call ended without an outcome (cancelled, out of
-    time)."""
+    last write recorded (``awaiting_agent`` once the remote run is awaited outside the drive),
+    or None when the call ended without an outcome (cancelled, out of time)."""
     delegate = _delegate_for(worker, head)
-    call = await build_call(leased.store, head, action, leased.known)
     executor = head.contract.executor_for(head.step_of(action.task_id))
     started = attempt_started(head, action, executor, leased.clock.now())
     if started.waits:
         # A recorded remote run is followed outside the drive: the run awaits the agent.
         return await leased.append(head, [started])
+    call = await build_call(leased.store, head, action, leased.known)
     attempt = _AgentCall(leased, action, call, await leased.append(head, [started]))
     outcome = await attempt.run(delegate)
     if attempt.detached:
