@@ -146,6 +146,8 @@ class AgentWaits:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the followers until :meth:`stop` (or cancelled): the dispatcher's part."""
         self._stop = anyio.Event()
+        if self._runtime.stopping:
+            self._stop.set()  # stopped before it ran
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
