@@ -38,26 +38,26 @@ child-run sweep, only when ``recover`` is on — starts followers for the runs a
 nobody here follows (after a restart: the process that followed them died). A server shutting down
 stops its followers; what they followed is picked up by the next sweep, here or elsewhere.
 
-**Cancel.** Cancelling a run that awaits remote runs (``Runtime.cancel``; no drive runs then)
-sends ``orchestrate_cancel`` to each first — best effort, all at once, bounded by the runtime's
-``remote_cancel_seconds`` (:func:`cancel_remote_runs`) — and records each result as a
-``remote_run_cancelled`` fact (``cancelled``, or the error code) in the same write as
-``run_cancelled`` (:func:`remote_cancel_facts`): facts cannot follow a terminal one, and so no
-crash can leave a cancelled run with a remote cancel nobody sent or recorded. A crash after the
+**Cancel.** A write that ends the wait for remote runs — cancelling the run (``Runtime.cancel``;
+no drive runs then), rejecting a parallel run's gate, a deadline, a failing sibling — sends
+``orchestrate_cancel`` to each first (:func:`giving_up`: best effort, all at once, bounded by the
+runtime's ``remote_cancel_seconds``) and records each result as a ``remote_run_cancelled`` fact
+(``cancelled``, or the error code) in the same write (:func:`remote_cancel_facts`): facts cannot
+follow a terminal one, and so no crash can leave a cancelled run with a remote cancel nobody sent
+or recorded. A crash after the
 remote cancel and before that write leaves the run awaiting a remote run that ended cancelled: its
 follower records ``agent_run_failed`` (the caller's cancel got no answer and may be repeated).
 
 **Deadlines.** An awaited attempt's task is ``running``, so its step's ``timeout_seconds`` and the
 run's deadline are in the run's ``wake_at``: the stores hand out the run once it passed, and the
 drive records ``deadline_exceeded`` as for any task (the follower then finds the attempt ended).
-Before a drive records a fact that ends a wait (that one, or a parallel run failing because of a
-sibling), it cancels the remote runs it gives up the same way as a cancel does, and records the
-results in the same write.
+The drive cancels the remote runs it gives up so before it records that (see **Cancel**).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -67,7 +67,7 @@ from anyio.abc import TaskGroup
 from orchestration.core.action_facts import outcome_fact
 from orchestration.core.clock import Clock
 from orchestration.core.decide import AwaitAgent, StartAttempt
-from orchestration.core.facts import Fact, RemoteRunCancelled
+from orchestration.core.facts import Fact, RemoteRunCancelled, RunCancelled
 from orchestration.core.fold import apply_write
 from orchestration.core.graph import awaits_agent
 from orchestration.core.models import RunHead, TypedError
@@ -337,6 +337,32 @@ def remote_cancel_facts(head: RunHead, done: dict[AwaitAgent, str | None], at: d
     return facts
 
 
+async def giving_up(
+    worker: TaskWorker | None, head: RunHead, facts: Sequence[Fact], seconds: float
+) -> list[Fact]:
+    """The facts of a write of ``facts`` on top of ``head``: when the write ends the wait for
+    remote runs of agent steps (a cancel, a deadline, the run failing or rejected), those runs are
+    cancelled there first (:func:`cancel_remote_runs`, within ``seconds``) and a
+    ``remote_run_cancelled`` fact for each goes first in the write (the others renumbered)."""
+    waits = awaited(head)
+    if not waits:
+        return list(facts)
+    after = set(awaited(apply_write(head, facts)))
+    ended = [w for w in waits if w not in after]
+    if not ended:
+        return list(facts)
+    cancel = any(isinstance(f, RunCancelled) for f in facts)
+    reason = (
+        f"run {head.run_id} was cancelled"
+        if cancel
+        else f"run {head.run_id} gave up waiting: {facts[-1].type}"
+    )
+    done: dict[AwaitAgent, str | None] = {}
+    await cancel_remote_runs(worker, head, reason, seconds, done, only=ended)
+    cancels = remote_cancel_facts(head, done, facts[0].at)
+    return [*cancels, *(f.model_copy(update={"seq": f.seq + len(cancels)}) for f in facts)]
+
+
 def _previous_errors(head: RunHead, task_id: str) -> tuple[TypedError, ...]:
     return tuple(a.error for a in head.task(task_id).attempts if a.error is not None)
 
@@ -345,4 +371,4 @@ async def _already_recorded(remote_run_id: str, ended: bool = True) -> None:
     """The ``remember`` of a call that follows a recorded remote run (never called)."""
 
 
-__all__ = ["AgentRuntime", "AgentWaits", "awaited", "cancel_remote_runs", "remote_cancel_facts"]
+__all__ = ["AgentRuntime", "AgentWaits", "awaited", "cancel_remote_runs", "giving_up", "remote_cancel_facts"]

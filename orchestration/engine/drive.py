@@ -47,7 +47,6 @@ from orchestration.core.action_facts import outcome_fact, recorded_fact
 from orchestration.core.decide import (
     PAUSING_ACTIONS,
     Action,
-    AwaitAgent,
     AwaitChild,
     PrepareHostTask,
     StartAttempt,
@@ -59,7 +58,7 @@ from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import ChainStep, RunHead
-from orchestration.engine.agent_waits import awaited, cancel_remote_runs, remote_cancel_facts
+from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.call_watch import CallWatch
 from orchestration.engine.delegation import agent_attempt
 from orchestration.engine.fanout import Fanout
@@ -201,7 +200,9 @@ class Drive:
         now = leased.clock.now()
         fact = recorded_fact(head, action, now)
         if fact is not None:
-            stored = await leased.append(head, await self._giving_up(head, fact))
+            # A fact that ends a wait for remote runs (a deadline) cancels them first.
+            seconds = leased.settings.remote_cancel_seconds
+            stored = await leased.append(head, await giving_up(self.worker, head, [fact], seconds))
             if isinstance(action, StartChild):
                 return None if await self.child_moved(stored, action.task_id) else stored
             return stored
@@ -213,24 +214,6 @@ class Drive:
                 return await agent_attempt(leased, self.worker, head, action)
             return await self._attempt(head, action)
         raise AssertionError(action)  # pragma: no cover - pausing actions never reach here
-
-    async def _giving_up(self, head: RunHead, fact: Fact) -> list[Fact]:
-        """The facts of a write of ``fact``: when it ends the wait for remote runs of agent steps
-        (a deadline, the run failing), those runs are cancelled first (best effort, bounded) and
-        the results recorded with it (``remote_run_cancelled``: :mod:`orchestration.engine.agent_waits`)."""
-        waits = awaited(head)
-        if not waits:
-            return [fact]
-        after = set(awaited(apply_write(head, [fact])))
-        ended = [w for w in waits if w not in after]
-        if not ended:
-            return [fact]
-        done: dict[AwaitAgent, str | None] = {}
-        reason = f"run {head.run_id} gave up waiting: {fact.type}"
-        seconds = self.leased.settings.remote_cancel_seconds
-        await cancel_remote_runs(self.worker, head, reason, seconds, done, only=ended)
-        facts = remote_cancel_facts(head, done, fact.at)
-        return [*facts, fact.model_copy(update={"seq": head.last_seq + len(facts) + 1})]
 
     async def child_moved(self, head: RunHead, task_id: str) -> bool:
         """Make sure the child of ``task_id`` exists and record its end if it ended; True when the

@@ -34,7 +34,7 @@ from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
 from orchestration.core.approvals import check_approver, check_budget_raise, check_repeat
 from orchestration.core.clock import Clock, SystemClock
-from orchestration.core.decide import Action, AwaitAgent
+from orchestration.core.decide import Action
 from orchestration.core.facts import (
     ApprovalDecided,
     Fact,
@@ -68,7 +68,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.agent_waits import AgentWaits, cancel_remote_runs, remote_cancel_facts
+from orchestration.engine.agent_waits import AgentWaits, giving_up
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns, refuse_detached
 from orchestration.engine.drive import Drive
@@ -186,7 +186,11 @@ class Runtime:
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """Record an external event's ``facts`` on top of ``head`` (compare-and-swap). A drive's
-        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease)."""
+        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease).
+        An event that ends the wait for remote runs of agent steps (a cancel, a rejection)
+        cancels them there first and records the results with it
+        (:func:`~orchestration.engine.agent_waits.giving_up`)."""
+        facts = await giving_up(self.worker, head, facts, self.remote_cancel_seconds)
         stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
         await self.changes.recorded(facts, stored)
         return stored
@@ -500,21 +504,15 @@ class Runtime:
         validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
-        remote: dict[AwaitAgent, str | None] = {}
         while True:
             head = await self.store.load(run_id)
             if head.status == RunStatus.CANCELLED:
                 return head
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is already {head.status.value}; it cannot be cancelled")
-            # The remote runs it awaits are cancelled first, their results recorded with the cancel.
-            why = f"run {run_id} was cancelled"
-            await cancel_remote_runs(self.worker, head, why, self.remote_cancel_seconds, remote)
-            facts = remote_cancel_facts(head, remote, self.clock.now())
-            seq = head.last_seq + len(facts) + 1
-            facts.append(RunCancelled(seq=seq, at=self.clock.now(), reason=reason, cancelled_by=by))
+            fact = RunCancelled(seq=head.last_seq + 1, at=self.clock.now(), reason=reason, cancelled_by=by)
             try:
-                stored = await self._append(head, facts)
+                stored = await self._append(head, [fact])
             except VersionConflict:
                 continue
             self.calls.cancel(run_id)

@@ -277,3 +277,33 @@ async def test_a_parallel_run_whose_only_work_is_remote_runs_awaits_them_without
     assert [n for n, _ in remote.calls] == ["orchestrate_start"] * 2, "no follow in the drive"
     done = await play(runtime, run_id)
     assert done.status == RunStatus.COMPLETED and remote.starts() == 2
+
+
+async def test_rejecting_a_parallel_runs_gate_cancels_the_remote_run_it_awaits() -> None:
+    """A branch waits at a gate beside an awaited remote run (the run shows the gate first):
+    rejecting the gate ends the run, and the remote run is cancelled there first, recorded."""
+    store, remote = MemoryStore(), FakeRemote()
+    both = {"chain": "review-loop", "request": "{outputs.architect}"}
+    steps = [
+        {"specialist": "architect", "after": []},
+        {
+            "name": "left",
+            "agent": "reviewer2",
+            "tool": "orchestrate_start",
+            "arguments": both,
+            "after": ["architect"],
+        },
+        {"specialist": "writer", "after": ["architect"], "approve_before": True},
+    ]
+    raw = {"agents": {"reviewer2": {}}, "chains": {"delegated": {"steps": steps}}}
+    runtime = runtime_for(store, agent_worker(remote))
+    runtime.catalog = Catalog.builtin().extended(raw, "construct.toml", Path("."))
+    run_id = await awaiting(runtime)
+    head = await store.load(run_id)
+    assert head.status == RunStatus.AWAITING_APPROVAL and [w.task_id for w in awaited(head)] == ["left"]
+    rejected = await runtime.approve(run_id, "reject", "before:writer", "no")
+    assert rejected.status == RunStatus.REJECTED
+    reason = f"run {run_id} gave up waiting: approval_decided"
+    assert remote.calls[-1] == ("orchestrate_cancel", {"run_id": "remote-1", "reason": reason})
+    facts = await store.read_facts(run_id)
+    assert [f.type for f in facts[-2:]] == ["remote_run_cancelled", "approval_decided"]
