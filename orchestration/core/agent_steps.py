@@ -42,26 +42,29 @@ from orchestration.core.models import AgentStep, ChainStep, TaskState
 
 #: Errors after which the agent may have acted although the attempt saw no answer: the next
 #: attempt follows this one's call instead of making another.
-UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout"})
+UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout", "agent_protocol"})
 
 #: The error codes of agent calls (the typed taxonomy of ``TypedError.code``) and whether a retry
 #: may help: ``agent_unreachable`` (connection refused or lost, a 5xx, a protocol error) and
-#: ``timeout`` are retried within the attempt budget; ``auth`` (401/403, or the token's environment
+#: ``timeout`` are retried within the attempt budget, and so is ``agent_protocol`` (the remote run
+#: answered, for longer than its agent's ``unknown_status_seconds``, with a status no construct-mcp
+#: has, or with answers that could not be read); ``auth`` (401/403, or the token's environment
 #: variable not set), ``agent_not_configured`` (no such ``[agents]`` table here), ``tool_error``
 #: (the tool answered with an error), ``agent_run_failed`` (the remote run ended failed, rejected
-#: or cancelled), ``invalid_output``, ``malformed_response``, ``agent_protocol`` (an answer over a
+#: or cancelled), ``invalid_output``, ``malformed_response``, ``agent_answer_refused`` (an answer over a
 #: bound: :mod:`orchestration.workers.agent_answers`) and the refusals of a delegated start
 #: (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`) are not.
 AGENT_ERROR_CODES: Mapping[str, bool] = {
     "agent_unreachable": True,
     "timeout": True,
+    "agent_protocol": True,
     "auth": False,
     "agent_not_configured": False,
     "tool_error": False,
     "agent_run_failed": False,
     "invalid_output": False,
     "malformed_response": False,
-    "agent_protocol": False,
+    "agent_answer_refused": False,
     "delegation_loop": False,
     "delegation_depth_exceeded": False,
 }

@@ -7,8 +7,11 @@ write, re-reads the run and decides again. Because this function is pure, a rest
 same next decision the crashed run would have made — ``tests/unit/engine/test_crash_prefixes.py`` checks
 that for every prefix of full runs' fact logs.
 
-Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``WaitUntil``) or end (``Idle``) make the
-loop return; the others are acted on.
+Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``AwaitChild``, ``AwaitAgent``,
+``WaitUntil``) or end (``Idle``) make the loop return; the others are acted on. ``AwaitAgent``: an
+agent step's remote run that had not ended when its id was recorded is followed outside any drive
+(the run is ``awaiting_agent``, :mod:`orchestration.engine.agent_waits`), so the task's attempt in
+flight is not an orphan; its deadline still fails it (``deadline_exceeded``).
 
 **Task instances and routes.** The run's tasks are task instances, in the order they run
 (``head.tasks``); a linear chain has one per step, named after it, exactly as before steps could
@@ -65,7 +68,7 @@ from orchestration.core.budget import (
 )
 from orchestration.core.costs import BudgetAsk
 from orchestration.core.fold import task_deadline
-from orchestration.core.graph import is_parallel, preds_settled
+from orchestration.core.graph import awaits_agent, is_parallel, preds_settled
 from orchestration.core.models import RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.core.routing import ASK, RoutePlan, plan_route
 from orchestration.core.settled_prefix import passed_prefix
@@ -135,6 +138,17 @@ class AwaitChild:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitAgent:
+    """The remote run ``remote_run_id`` of ``task_id``'s attempt ``attempt`` works at its agent,
+    followed outside any drive (:mod:`orchestration.engine.agent_waits`); its end is recorded on
+    this run."""
+
+    task_id: str
+    attempt: int
+    remote_run_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class FailTask:
     task_id: str
     error: TypedError
@@ -188,6 +202,7 @@ Action = (
     | FailTask
     | StartChild
     | AwaitChild
+    | AwaitAgent
     | RouteTask
     | RequestBudget
     | WaitUntil
@@ -195,7 +210,7 @@ Action = (
     | Idle
 )
 
-PAUSING_ACTIONS = (AwaitApproval, AwaitHost, AwaitChild, WaitUntil, Idle)
+PAUSING_ACTIONS = (AwaitApproval, AwaitHost, AwaitChild, AwaitAgent, WaitUntil, Idle)
 
 
 def _gate_action(head: RunHead, gate_id: str, now: datetime) -> Action | None:
@@ -353,6 +368,10 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None
         )
     if step.chain is not None:
         return _child_action(head, task, step.chain)
+    if awaits_agent(task):
+        last = task.attempts[-1]
+        assert last.remote_run_id is not None
+        return AwaitAgent(task.task_id, last.number, last.remote_run_id)
     if task.status == TaskStatus.AWAITING_HOST:
         return AwaitHost(task.task_id)
     if head.contract.worker_backend == "inline" and step.agent is None:

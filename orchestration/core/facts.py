@@ -190,6 +190,9 @@ class AttemptStarted(_Fact):
     #: making its own; only in runs of record format 4 (see :class:`RemoteRunStarted`)
     follows: int | None = None
     remote_run_id: str | None = None
+    #: following a recorded remote run, outside the drive: the run is ``awaiting_agent`` (see
+    #: :mod:`orchestration.engine.agent_waits`); record format 6, left out when False
+    waits: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class RemoteRunStarted(_Fact):
@@ -203,6 +206,28 @@ class RemoteRunStarted(_Fact):
     attempt: int
     agent: str
     remote_run_id: str
+    #: the remote run had not ended when its id came back: it is followed outside the drive and
+    #: the run is ``awaiting_agent`` (:mod:`orchestration.engine.agent_waits`); record format 6,
+    #: left out when False (a remote run that ended at once is finished in the drive)
+    waits: bool = Field(default=False, exclude_if=lambda v: not v)
+
+
+class RemoteRunCancelled(_Fact):
+    """An agent step's awaited remote run was given up — the run cancelled, the task out of time,
+    the run failing — and ``orchestrate_cancel`` was sent there first (best effort, bounded): its
+    result, recorded in the same write as the fact that gives it up (``run_cancelled``,
+    ``task_failed``, ``run_finished``; see :mod:`orchestration.engine.agent_waits`).
+    ``cancelled``: the remote answered that its run is cancelled; else ``error`` is the code of what
+    went wrong. Record format 6."""
+
+    type: Literal["remote_run_cancelled"] = "remote_run_cancelled"
+    format: int = Field(default=6, ge=1)
+    task_id: str
+    attempt: int
+    agent: str
+    remote_run_id: str
+    cancelled: bool
+    error: str | None = None
 
 
 class AttemptFailed(_Fact):
@@ -324,6 +349,7 @@ Fact = Annotated[
     | HostOutputSubmitted
     | AttemptStarted
     | RemoteRunStarted
+    | RemoteRunCancelled
     | AttemptFailed
     | TaskCompleted
     | TaskFailed

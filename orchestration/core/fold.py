@@ -24,6 +24,7 @@ from orchestration.core.facts import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    RemoteRunCancelled,
     RemoteRunStarted,
     RouteDecided,
     RunCancelled,
@@ -385,6 +386,7 @@ def _attempt_started(head: RunHead, fact: AttemptStarted) -> _Change:
             "telemetry": _STARTED_TELEMETRY[fact.possible_duplicate_call],
             "remote_run_id": fact.remote_run_id,
             "follows": fact.follows,
+            **({"waits": True} if fact.waits else {}),
         },
     )
     update: dict[str, object] = {}
@@ -410,18 +412,32 @@ def _attempt_started(head: RunHead, fact: AttemptStarted) -> _Change:
             started_at=task.started_at or fact.at,
         )
     update["not_before"] = _not_before(head, fact.at)
-    update |= _with_status(head, RunStatus.RUNNING)
+    update |= _with_status(head, RunStatus.AWAITING_AGENT if fact.waits else RunStatus.RUNNING)
     return update, changed
 
 
 def _remote_run_started(head: RunHead, fact: RemoteRunStarted) -> _Change:
-    """The attempt in flight learnt the id of its run at the remote agent (to resume it)."""
+    """The attempt in flight learnt the id of its run at the remote agent (to resume it); when
+    that run had not ended (``waits``), the run awaits the agent."""
     task = head.task(fact.task_id)
     last = task.attempts[-1] if task.attempts else None
     if task.status != TaskStatus.RUNNING or last is None or last.number != fact.attempt:
         raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} in flight")
-    attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
-    return {}, evolve(task, {"attempts": attempts})
+    if not fact.waits:
+        attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id)
+        return {}, evolve(task, {"attempts": attempts})
+    # Followed outside the drive from now on: the run waits for the agent, holding nothing.
+    attempts = _replace_attempt(task, fact.attempt, remote_run_id=fact.remote_run_id, waits=True)
+    return _with_status(head, RunStatus.AWAITING_AGENT), evolve(task, {"attempts": attempts})
+
+
+def _remote_run_cancelled(head: RunHead, fact: RemoteRunCancelled) -> _Change:
+    """What a cancel did to an awaited remote run (recorded with ``run_cancelled``, which closes
+    the task): nothing changes in the head."""
+    task = head.task(fact.task_id)
+    if not any(a.number == fact.attempt and a.remote_run_id == fact.remote_run_id for a in task.attempts):
+        raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} on {fact.remote_run_id}")
+    return {}, None
 
 
 def _attempt_failed(head: RunHead, fact: AttemptFailed) -> _Change:
@@ -579,6 +595,7 @@ _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
     HostOutputSubmitted: _host_output_submitted,
     AttemptStarted: _attempt_started,
     RemoteRunStarted: _remote_run_started,
+    RemoteRunCancelled: _remote_run_cancelled,
     AttemptFailed: _attempt_failed,
     TaskCompleted: _task_completed,
     TaskFailed: _task_failed,

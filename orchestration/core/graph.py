@@ -137,10 +137,14 @@ def summary_status(head: RunHead) -> RunStatus:
     (gates may wait too), ``awaiting_approval`` while only gates wait. It does not read a clock:
     a task waiting for a provider's retry-after is work (``queued`` with ``not_before``). A step
     whose child run works (:mod:`orchestration.engine.children`) is not a call in flight: while only
-    children work, the run is ``awaiting_children``."""
-    if any(t.status == TaskStatus.RUNNING and head.chain.step(t.step_name).chain is None for t in head.tasks):
+    children work, the run is ``awaiting_children``; nor is a remote agent run followed outside the
+    drive (:func:`awaits_agent`): while only those (and children) work, ``awaiting_agent``."""
+    if any(
+        t.status == TaskStatus.RUNNING and head.chain.step(t.step_name).chain is None and not awaits_agent(t)
+        for t in head.tasks
+    ):
         return RunStatus.RUNNING
-    host = gate = children = False
+    host = gate = children = agent = False
     for task in head.tasks:
         step = head.chain.step(task.step_name)
         if task.status == TaskStatus.FAILED and (step.on_failure == "fail" or fails_run(task)):
@@ -167,6 +171,8 @@ def summary_status(head: RunHead) -> RunStatus:
             gate = True
         elif task.status == TaskStatus.AWAITING_HOST:
             host = True
+        elif task.status == TaskStatus.RUNNING and awaits_agent(task):
+            agent = True  # a remote agent run works, followed outside the drive
         elif task.status == TaskStatus.RUNNING:
             children = True  # a step's child run works (a call in flight returned above)
         else:
@@ -175,9 +181,18 @@ def summary_status(head: RunHead) -> RunStatus:
         return RunStatus.AWAITING_HOST
     if gate:
         return RunStatus.AWAITING_APPROVAL
+    if agent:
+        return RunStatus.AWAITING_AGENT
     if children:
         return RunStatus.AWAITING_CHILDREN
     return RunStatus.QUEUED
+
+
+def awaits_agent(task: TaskState) -> bool:
+    """Whether the task's attempt in flight is an agent step's remote run followed outside any
+    drive (:mod:`orchestration.engine.agent_waits`): no call is in flight, the run awaits it."""
+    last = task.attempts[-1] if task.attempts else None
+    return last is not None and last.waits and last.outcome == "running" and task.status == TaskStatus.RUNNING
 
 
 def settled_gate(head: RunHead, task: TaskState) -> bool:
@@ -252,6 +267,7 @@ def _cycle(steps: Sequence[ChainStep]) -> list[str] | None:
 
 __all__ = [
     "ancestors",
+    "awaits_agent",
     "check_graph",
     "is_parallel",
     "latest",

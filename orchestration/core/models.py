@@ -32,7 +32,10 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 #: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
 #: Format 4 also: steps that delegate to another MCP agent (``agent``, ``remote_run_started``).
 #: Format 5: a chain-level gate policy (:attr:`ChainSnapshot.approvers`).
-RECORD_FORMAT = 5
+#: Format 6: a run ``awaiting_agent`` (an agent step's remote run followed without a lease:
+#: :mod:`orchestration.engine.agent_waits`), ``waits`` on ``remote_run_started`` /
+#: ``attempt_started``, and ``remote_run_cancelled``.
+RECORD_FORMAT = 6
 
 
 class Frozen(BaseModel):
@@ -319,6 +322,9 @@ class AttemptRecord(Frozen):
     #: attempt whose remote call it follows (None: it made its own call)
     remote_run_id: str | None = None
     follows: int | None = None
+    #: the remote run is followed outside any drive while the run is ``awaiting_agent`` (record
+    #: format 6; left out of the record when False, so older heads read the same)
+    waits: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class ChildRef(Frozen):

@@ -21,6 +21,9 @@ class RunStatus(StrEnum):
     #: a task's child run works (:mod:`orchestration.engine.children`): the run holds no lease and no
     #: dispatcher slot; the child's end is recorded on it (record format 4)
     AWAITING_CHILDREN = "awaiting_children"
+    #: a task's remote agent run works (:mod:`orchestration.engine.agent_waits`): the run holds no
+    #: lease and no dispatcher slot; the remote run's end is recorded on it (record format 6)
+    AWAITING_AGENT = "awaiting_agent"
     COMPLETED = "completed"
     COMPLETED_WITH_FAILURES = "completed_with_failures"
     FAILED = "failed"
@@ -57,7 +60,12 @@ class TaskStatus(StrEnum):
 
 ACTIVE_RUN_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 PAUSED_RUN_STATUSES = frozenset(
-    {RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN}
+    {
+        RunStatus.AWAITING_APPROVAL,
+        RunStatus.AWAITING_HOST,
+        RunStatus.AWAITING_CHILDREN,
+        RunStatus.AWAITING_AGENT,
+    }
 )
 TERMINAL_RUN_STATUSES = frozenset(
     {
@@ -85,12 +93,15 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
             _R.AWAITING_APPROVAL,
             _R.AWAITING_HOST,
             _R.AWAITING_CHILDREN,
+            _R.AWAITING_AGENT,
             _R.COMPLETED,
             _R.COMPLETED_WITH_FAILURES,
         }
     )
     | _NONTERMINAL_EXITS,
-    _R.RUNNING: frozenset({_R.QUEUED, _R.AWAITING_APPROVAL, _R.AWAITING_HOST, _R.AWAITING_CHILDREN})
+    _R.RUNNING: frozenset(
+        {_R.QUEUED, _R.AWAITING_APPROVAL, _R.AWAITING_HOST, _R.AWAITING_CHILDREN, _R.AWAITING_AGENT}
+    )
     | _NONTERMINAL_EXITS,
     # An approval gate is left by a decision: approve -> queued, reject -> rejected.
     _R.AWAITING_APPROVAL: frozenset({_R.QUEUED, _R.REJECTED}) | _NONTERMINAL_EXITS,
@@ -98,6 +109,8 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _R.AWAITING_HOST: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
     # A child run's end is recorded on its parent (-> queued: the parent goes on).
     _R.AWAITING_CHILDREN: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
+    # A remote agent run's end (or a failure to follow it) is recorded on the run (-> queued).
+    _R.AWAITING_AGENT: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
     _R.COMPLETED: frozenset(),
     _R.COMPLETED_WITH_FAILURES: frozenset(),
     _R.FAILED: frozenset(),

@@ -44,8 +44,8 @@ def is_settled(head: RunHead, now: datetime) -> bool:
         return True
     if head.wake_at is not None and head.wake_at <= now:
         return False
-    if head.status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
-        return True
+    if head.status.kind == "paused":
+        return True  # awaiting approval, the host, children or an agent
     return head.status == RunStatus.QUEUED and head.not_before is not None and head.not_before > now
 
 

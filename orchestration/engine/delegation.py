@@ -11,7 +11,13 @@ with one more write in the middle:
 3. as soon as the answer names a remote run, ``remote_run_started`` is recorded — before the run
    is followed, so that a process that dies from then on leaves a record from which the next one
    follows the same remote run (a call stopped because the run was cancelled cancels the remote
-   run too, best effort: ``orchestrate_cancel`` there);
+   run too, best effort: ``orchestrate_cancel`` there). **A remote run that has not ended** (what
+   the start's answer says) is recorded with ``waits``: the run becomes ``awaiting_agent``, the
+   call stops there, and the drive pauses (``AwaitAgent``), giving back its lease and its
+   dispatcher slot; the remote run is followed outside any drive and its end recorded by
+   :mod:`orchestration.engine.agent_waits`. So is an attempt that follows a recorded remote run
+   (``attempt_started`` with ``waits``: no call is made in the drive). Only a remote run that
+   ended already is finished in the drive;
 4. the outcome (``task_completed`` or ``attempt_failed``) is recorded against the head the last
    write produced.
 
@@ -25,13 +31,14 @@ deadline is cancelled, and the next decision records ``deadline_exceeded``.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 import anyio
 
 from orchestration.core.action_facts import outcome_fact
 from orchestration.core.agent_steps import idempotency_key, render_arguments, template_steps
 from orchestration.core.decide import StartAttempt
-from orchestration.core.facts import AttemptStarted, RemoteRunStarted
+from orchestration.core.facts import AttemptStarted, Fact, RemoteRunStarted
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import RunStatus, TaskStatus
@@ -45,10 +52,14 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
+from orchestration.store import RunStore
 from orchestration.workers.agent_calls import AgentCall, AgentDelegate
 from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
+
+#: the record format of a fact that makes a run ``awaiting_agent``
+WAITS_FORMAT = 6
 
 
 def agent_worker(worker: TaskWorker | None) -> AgentDelegate | None:
@@ -66,15 +77,17 @@ def _delegate_for(worker: TaskWorker | None, head: RunHead) -> AgentDelegate:
     return delegate
 
 
-async def build_call(leased: LeasedRun, head: RunHead, action: StartAttempt) -> AgentCall:
-    """The call of ``action``'s attempt, from the record only."""
+async def build_call(
+    store: RunStore, head: RunHead, action: StartAttempt, known: dict[int, Fact] | None = None
+) -> AgentCall:
+    """The call of ``action``'s attempt, from the record only (``known``: facts read already)."""
     step = head.step_of(action.task_id)
     assert step.agent is not None
     latest: dict[str, str] = {}
     for task in head.tasks:
         if task.status == TaskStatus.DONE and task.step_name in template_steps(step.agent.arguments):
             latest[task.step_name] = task.task_id
-    outputs = await read_outputs(leased.store, head, list(latest.values()), leased.known)
+    outputs = await read_outputs(store, head, list(latest.values()), known)
     arguments = render_arguments(
         step.agent,
         request=head.request,
@@ -99,28 +112,61 @@ async def agent_attempt(
     leased: LeasedRun, worker: TaskWorker | None, head: RunHead, action: StartAttempt
 ) -> RunHead | None:
     """One attempt of an agent step in a linear drive (see the module's docstring); the head the
-    last write recorded, or None when the call ended without an outcome (cancelled, out of
-    time)."""
+    last write recorded (``awaiting_agent`` once the remote run is awaited outside the drive),
+    or None when the call ended without an outcome (cancelled, out of time)."""
     delegate = _delegate_for(worker, head)
-    call = await build_call(leased, head, action)
     executor = head.contract.executor_for(head.step_of(action.task_id))
-    started = AttemptStarted(
+    started = attempt_started(head, action, executor, leased.clock.now())
+    if started.waits:
+        # A recorded remote run is followed outside the drive: the run awaits the agent.
+        return await leased.append(head, [started])
+    call = await build_call(leased.store, head, action, leased.known)
+    attempt = _AgentCall(leased, action, call, await leased.append(head, [started]))
+    outcome = await attempt.run(delegate)
+    if attempt.detached:
+        return attempt.current  # awaiting_agent: the drive pauses (AwaitAgent)
+    if outcome is None:
+        await attempt.ended_without_outcome(delegate)
+        return None
+    fact = outcome_fact(attempt.current, action, executor, outcome, leased.clock.now())
+    return await leased.append(attempt.current, [fact])
+
+
+def attempt_started(head: RunHead, action: StartAttempt, executor: str, now: datetime) -> AttemptStarted:
+    """The ``attempt_started`` fact of an agent step's ``action``: one that follows a recorded
+    remote run of another construct-mcp waits for it outside the drive (``waits``, record
+    format 6: :mod:`orchestration.engine.agent_waits`)."""
+    step = head.step_of(action.task_id)
+    waits = action.remote_run_id is not None and step.agent is not None and step.agent.follows_runs
+    return AttemptStarted(
         seq=head.last_seq + 1,
-        at=leased.clock.now(),
+        at=now,
         task_id=action.task_id,
         attempt=action.attempt,
         executor=executor,
         possible_duplicate_call=action.possible_duplicate_call,
         follows=action.follows,
         remote_run_id=action.remote_run_id,
+        waits=waits,
+        format=WAITS_FORMAT if waits else 1,
     )
-    attempt = _AgentCall(leased, action, call, await leased.append(head, [started]))
-    outcome = await attempt.run(delegate)
-    if outcome is None:
-        await attempt.ended_without_outcome(delegate)
-        return None
-    fact = outcome_fact(attempt.current, action, executor, outcome, leased.clock.now())
-    return await leased.append(attempt.current, [fact])
+
+
+def remote_run_started(
+    head: RunHead, action: StartAttempt, agent: str, remote_run_id: str, ended: bool, now: datetime
+) -> RemoteRunStarted:
+    """The ``remote_run_started`` fact of ``action``'s call: a remote run that had not ended when
+    its id came back is followed outside the drive (``waits``, record format 6)."""
+    return RemoteRunStarted(
+        seq=head.last_seq + 1,
+        at=now,
+        task_id=action.task_id,
+        attempt=action.attempt,
+        agent=agent,
+        remote_run_id=remote_run_id,
+        waits=not ended,
+        format=4 if ended else WAITS_FORMAT,
+    )
 
 
 class _AgentCall:
@@ -138,6 +184,8 @@ class _AgentCall:
         self.writing = False
         #: the remote run this call started or follows, once known (recorded or not)
         self.remote_id = call.remote_run_id
+        #: the remote run was recorded as awaited outside the drive, and the call stopped
+        self.detached = False
         self.scope = anyio.CancelScope()
         #: the call may not outlive the run's or the task's deadline
         self.limit = current.wake_at
@@ -167,16 +215,12 @@ class _AgentCall:
             self.leased.untrack_call(self.scope)
         return outcome
 
-    async def _remember(self, remote_run_id: str) -> None:
-        """Record ``remote_run_started`` as soon as the answer names the remote run."""
+    async def _remember(self, remote_run_id: str, ended: bool = True) -> None:
+        """Record ``remote_run_started`` as soon as the answer names the remote run; one that has
+        not ended is awaited outside the drive, so the call stops here."""
         self.remote_id = remote_run_id
-        fact = RemoteRunStarted(
-            seq=self.current.last_seq + 1,
-            at=self.leased.clock.now(),
-            task_id=self.action.task_id,
-            attempt=self.action.attempt,
-            agent=self.call.agent.agent,
-            remote_run_id=remote_run_id,
+        fact = remote_run_started(
+            self.current, self.action, self.call.agent.agent, remote_run_id, ended, self.leased.clock.now()
         )
         # A VersionConflict (someone else wrote: a cancel) ends the call: the drive decides again.
         self.writing = True
@@ -184,6 +228,9 @@ class _AgentCall:
             self.current = await self.leased.append(self.current, [fact])
         finally:
             self.writing = False
+        if fact.waits:
+            self.detached = True
+            self.scope.cancel()
 
     async def _watch(self) -> None:
         """Abort the call once anyone else wrote to the run (a cancel), or the store stayed away."""
@@ -247,16 +294,20 @@ async def parallel_agent_call(
     head: RunHead,
     action: StartAttempt,
     previous: tuple[TypedError, ...],
-) -> AttemptOutcome:
+) -> AttemptOutcome | None:
     """The call of an agent step's attempt in a parallel run (:class:`~orchestration.engine.fanout.Fanout`
     recorded ``attempt_started`` and records the outcome, against the run as it is then): the
     remote run's id is recorded under the drive's write lock, against the run as it is then, while
     the task is still in this attempt (a run that moved on, a cancel, leaves it unrecorded: the
-    call is stopped by the fan-out's watcher)."""
+    call is stopped by the fan-out's watcher). None when the remote run had not ended: it is
+    recorded as awaited outside the drive and the call stops (the fan-out records nothing)."""
     delegate = _delegate_for(worker, head)
-    call = await build_call(leased, head, action)
+    call = await build_call(leased.store, head, action, leased.known)
+    scope = anyio.CancelScope()
+    detached = False
 
-    async def remember(remote_run_id: str) -> None:
+    async def remember(remote_run_id: str, ended: bool = True) -> None:
+        nonlocal detached
         while True:
             async with lock:
                 current = await leased.load()
@@ -264,21 +315,30 @@ async def parallel_agent_call(
                 last = task.attempts[-1] if task.attempts else None
                 if current.status.is_terminal or last is None or last.number != action.attempt:
                     return
-                fact = RemoteRunStarted(
-                    seq=current.last_seq + 1,
-                    at=leased.clock.now(),
-                    task_id=action.task_id,
-                    attempt=action.attempt,
-                    agent=call.agent.agent,
-                    remote_run_id=remote_run_id,
-                )
+                now = leased.clock.now()
+                fact = remote_run_started(current, action, call.agent.agent, remote_run_id, ended, now)
                 try:
                     await leased.append(current, [fact])
                 except VersionConflict:
                     continue
+                if fact.waits:
+                    # Followed outside the drive from now on (orchestration.engine.agent_waits).
+                    detached = True
+                    scope.cancel()
                 return
 
-    return await delegate.delegate(head.contract, call, previous, remember)
+    outcome: AttemptOutcome | None = None
+    with scope:
+        outcome = await delegate.delegate(head.contract, call, previous, remember)
+    return None if detached else outcome
 
 
-__all__ = ["agent_attempt", "agent_worker", "build_call", "parallel_agent_call"]
+__all__ = [
+    "WAITS_FORMAT",
+    "agent_attempt",
+    "agent_worker",
+    "attempt_started",
+    "build_call",
+    "parallel_agent_call",
+    "remote_run_started",
+]

@@ -37,6 +37,12 @@ the safety net, every ``child_poll_seconds`` (default: 5 polls) a pass also swee
 wait for children (``ChildRuns.sweep``: creates a child a crash left uncreated, records an end
 nobody recorded). Only when ``recover`` is on, like the scans.
 
+**Agent waits.** A run awaiting an agent (:mod:`orchestration.engine.agent_waits`) is not runnable
+either. The dispatcher runs the runtime's followers beside its drives, in no slot: a write of this
+process that makes a run ``awaiting_agent`` starts its follower at once, and the same pass as the
+child-run sweep (``AgentWaits.sweep``, only when ``recover`` is on) starts followers for the runs
+awaiting agents that nobody here follows (after a restart).
+
 **Lost leases.** A drive that finds its lease taken by another worker (``LeaseLost``: this process
 stalled past the lease while another one claimed the run) has recorded nothing and stops; that is
 the lease doing its job, not a failure. The run is left to its holder (logged at INFO).
@@ -143,6 +149,8 @@ class Dispatcher:
 
     async def _run(self, task_status: TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
+            # The followers of runs awaiting agents run beside the drives, in no slot.
+            await tg.start(self.runtime.agent_waits.run)
             task_status.started()
             while not self._stopping:
                 self._wake = anyio.Event()
@@ -242,6 +250,7 @@ class Dispatcher:
             return
         self._next_sweep = now + self.child_poll_seconds
         await self.runtime.children.sweep()
+        await self.runtime.agent_waits.sweep()
 
     async def _release_interrupted(self) -> None:
         """Release the leases that interrupted drives could not release while the store was away,

@@ -58,6 +58,7 @@ from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import ChainStep, RunHead
+from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.call_watch import CallWatch
 from orchestration.engine.delegation import agent_attempt
 from orchestration.engine.fanout import Fanout
@@ -199,7 +200,9 @@ class Drive:
         now = leased.clock.now()
         fact = recorded_fact(head, action, now)
         if fact is not None:
-            stored = await leased.append(head, [fact])
+            # A fact that ends a wait for remote runs (a deadline) cancels them first.
+            seconds = leased.settings.remote_cancel_seconds
+            stored = await leased.append(head, await giving_up(self.worker, head, [fact], seconds))
             if isinstance(action, StartChild):
                 return None if await self.child_moved(stored, action.task_id) else stored
             return stored

@@ -46,12 +46,11 @@ from orchestration.core.decide import (
     WaitUntil,
     next_actions,
 )
-from orchestration.core.facts import AttemptStarted
 from orchestration.core.fold import task_deadline
 from orchestration.core.models import RunHead
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import TaskStatus
-from orchestration.engine.delegation import parallel_agent_call
+from orchestration.engine.delegation import attempt_started, parallel_agent_call
 from orchestration.engine.leased_run import DriveActions, LeasedRun
 from orchestration.engine.reading import read_prompt
 from orchestration.errors import (
@@ -217,17 +216,10 @@ class Fanout:
         executor = head.contract.executor_for(step)
         # A step that delegates has no prompt: its call is built from the record when it is made.
         prompt = None if step.agent else await read_prompt(leased.store, head, action.task_id, leased.known)
-        started = AttemptStarted(
-            seq=head.last_seq + 1,
-            at=leased.clock.now(),
-            task_id=action.task_id,
-            attempt=action.attempt,
-            executor=executor,
-            possible_duplicate_call=action.possible_duplicate_call,
-            follows=action.follows,
-            remote_run_id=action.remote_run_id,
-        )
+        started = attempt_started(head, action, executor, leased.clock.now())
         head = await leased.append(head, [started])
+        if started.waits:
+            return  # a recorded remote run, followed outside the drive (awaiting_agent)
         self.in_flight.add(action.task_id)
         tg.start_soon(self._call, head, action, executor, prompt)
 
@@ -262,7 +254,8 @@ class Fanout:
                             outcome = await self.worker.execute(
                                 head.contract, step, prompt, action.attempt, previous
                             )
-                        traced.ended(outcome)
+                        if outcome is not None:  # None: awaited outside the drive
+                            traced.ended(outcome)
             if outcome is None:
                 if limit is not None and not self.calls.cancelled and anyio.current_time() >= scope.deadline:
                     # Out of time: let the injected clock reach the deadline too, so that the next

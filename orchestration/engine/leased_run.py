@@ -107,6 +107,8 @@ class DriveSettings:
     in_memory_wait_cap_seconds: float
     cancel_poll_seconds: float
     store_outage_seconds: float
+    #: how long giving up awaited remote runs waits for their cancels, in all
+    remote_cancel_seconds: float = 10.0
 
 
 class LeasedRun:

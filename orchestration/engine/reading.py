@@ -210,6 +210,8 @@ def awaited_calls(head: RunHead) -> str:
         calls.append(
             f"its child runs (run_status with {json.dumps({'run_id': run_id})} shows what they wait for)"
         )
+    if not calls and head.status == RunStatus.AWAITING_AGENT:
+        calls.append("its agent's remote run (the server follows it; run_status with wait_seconds waits)")
     return "; it awaits: " + "; ".join(calls) if calls else ""
 
 

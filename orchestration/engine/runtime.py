@@ -76,6 +76,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.agent_waits import AgentWaits, giving_up
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns, refuse_detached
 from orchestration.engine.drive import Drive
@@ -138,6 +139,7 @@ class Runtime:
         warnings: Sequence[str] = (),
         store_outage_seconds: float = 30.0,
         server_id: str | None = None,
+        remote_cancel_seconds: float = 10.0,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -157,6 +159,8 @@ class Runtime:
         #: this server's identity in agent delegations (:mod:`orchestration.core.hops`): a start
         #: whose delegation lists it is a loop; the composition root gives the agent worker the same
         self.server_id = server_id or new_server_id()
+        #: how long a cancel waits, in all, for the remote runs the run awaits to be cancelled
+        self.remote_cancel_seconds = remote_cancel_seconds
         #: the listeners and waiters told of every write this runtime (or one of its drives) makes
         self.changes = ChangeFeed()
         #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
@@ -169,11 +173,14 @@ class Runtime:
         #: gives drives' leases back; keeps those it could not (the store was away)
         self._releases = LeaseReleases(store)
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
+        #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
+        self.agent_waits = AgentWaits(self)
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
         progress), so nothing new is started; what is left is picked up from the record later."""
         self.calls.stop()
+        self.agent_waits.stop()
 
     @property
     def stopping(self) -> bool:
@@ -191,7 +198,11 @@ class Runtime:
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """Record an external event's ``facts`` on top of ``head`` (compare-and-swap). A drive's
-        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease)."""
+        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease).
+        An event that ends the wait for remote runs of agent steps (a cancel, a rejection)
+        cancels them there first and records the results with it
+        (:func:`~orchestration.engine.agent_waits.giving_up`)."""
+        facts = await giving_up(self.worker, head, facts, self.remote_cancel_seconds)
         stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
         await self.changes.recorded(facts, stored)
         return stored
@@ -540,7 +551,9 @@ class Runtime:
 
     async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
         """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
-        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted."""
+        ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted.
+        The remote runs of agent steps the run awaits are cancelled first, and the results
+        recorded with the cancel (:mod:`orchestration.engine.agent_waits`)."""
         validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
@@ -693,6 +706,7 @@ class Runtime:
             in_memory_wait_cap_seconds=self.in_memory_wait_cap_seconds,
             cancel_poll_seconds=self.cancel_poll_seconds,
             store_outage_seconds=self.store_outage_seconds,
+            remote_cancel_seconds=self.remote_cancel_seconds,
         )
         leased = LeasedRun(
             lease,

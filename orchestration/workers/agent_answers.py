@@ -14,7 +14,7 @@ recorded, as the tools check what a client sends.
   every attempt's message is, by the :class:`~orchestration.workers._redact.Redactor`
   (:data:`~orchestration.workers._redact.MAX_MESSAGE_CHARS`).
 
-An answer that breaks a bound is an ``agent_protocol`` error (:data:`AGENT_PROTOCOL`; not retried:
+An answer that breaks a bound is an ``agent_answer_refused`` error (:data:`ANSWER_REFUSED`; not retried:
 the same remote answers the same way), and nothing of it is recorded — no ``remote_run_started``
 for a bad id, no output — only the attempt's typed error. ``malformed_response`` stays what it was:
 an answer of the wrong shape (not a run view, an empty answer).
@@ -31,7 +31,7 @@ from __future__ import annotations
 from orchestration.core.ids import RUN_ID_PATTERN
 
 #: the code of an answer that breaks a bound this server holds remote answers to
-AGENT_PROTOCOL = "agent_protocol"
+ANSWER_REFUSED = "agent_answer_refused"
 
 #: a remote construct-mcp's refusals of a delegated start, which the step fails with as they are
 DELEGATION_REFUSALS = frozenset({"delegation_loop", "delegation_depth_exceeded"})
@@ -49,21 +49,21 @@ class AgentFailure(Exception):
 
 
 def remote_run_id(value: object, agent: str, tool: str) -> str:
-    """The run id ``tool`` of ``agent`` answered, if it is one (``agent_protocol`` otherwise)."""
+    """The run id ``tool`` of ``agent`` answered, if it is one (``agent_answer_refused`` otherwise)."""
     if isinstance(value, str) and RUN_ID_PATTERN.fullmatch(value):
         return value
     raise AgentFailure(
-        AGENT_PROTOCOL,
+        ANSWER_REFUSED,
         f"agent {agent}: {tool} answered the run id {repr(value)[:100]}, which is not a run id "
         "(3-80 characters of lowercase letters, digits, '-' and '_'); it was not recorded or followed",
     )
 
 
 def checked_output(text: str, max_chars: int, agent: str) -> str:
-    """``text``, an agent's output, if it is within ``max_chars`` (``agent_protocol`` otherwise)."""
+    """``text``, an agent's output, if it is within ``max_chars`` (``agent_answer_refused`` otherwise)."""
     if len(text) > max_chars:
         raise AgentFailure(
-            AGENT_PROTOCOL,
+            ANSWER_REFUSED,
             f"agent {agent} answered an output of {len(text)} characters; the limit is {max_chars} "
             "(CONSTRUCT_MAX_OUTPUT_CHARS); the output was not recorded",
         )
@@ -86,7 +86,7 @@ def refusal_code(text: str) -> str | None:
 
 
 __all__ = [
-    "AGENT_PROTOCOL",
+    "ANSWER_REFUSED",
     "DELEGATION_REFUSALS",
     "AgentFailure",
     "checked_output",

@@ -5,15 +5,32 @@ runtime does not import the SDK."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from orchestration.core.models import AgentStep, Delegation, ExecutionContract, TypedError
-from orchestration.core.outcomes import AttemptOutcome
+from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome
 
-#: ``remember(remote_run_id)``: record the remote run's id (the drive's write), before following it
-RemoteRunKnown = Callable[[str], Awaitable[None]]
+
+class RemoteRunKnown(Protocol):
+    """``remember(remote_run_id, ended)``: record the remote run's id (the drive's write) before
+    following it; ``ended``: whether the answer that named it showed it ended already. A drive
+    that records a run that has not ended as awaited outside the drive stops the call (see
+    :mod:`orchestration.engine.delegation`)."""
+
+    async def __call__(self, remote_run_id: str, ended: bool = True) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteAnswer:
+    """One ``run_status`` answer about a followed remote run (:meth:`AgentDelegate.remote_status`):
+    the status it names (None: none could be read), the typed error of a poll that failed (then
+    ``status`` is None), and how long it took to come (monotonic seconds)."""
+
+    status: str | None
+    error: TypedError | None = None
+    answered_in: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +53,12 @@ class AgentEndpoint:
     call_timeout_seconds: float = 60.0
     #: each ``run_status`` of a followed remote run waits this long for it to settle
     follow_wait_seconds: float = 30.0
-    #: how often a paused remote run (waiting for its host or an approval) is polled
+    #: how often a paused remote run (waiting for its host or an approval) is polled at first;
+    #: the polls back off (jittered, exponential) up to ``poll_cap_seconds`` while it stays so
     paused_poll_seconds: float = 5.0
+    poll_cap_seconds: float = 30.0
+    #: answers with a status no construct-mcp has for this long fail the attempt (agent_protocol)
+    unknown_status_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +80,14 @@ class AgentCall:
 
 
 class AgentDelegate(Protocol):
-    """What the drive needs to make an agent step's attempt (see
+    """What the drive needs to make an agent step's attempt, and the follower of runs
+    ``awaiting_agent`` to follow its remote run (see
     :class:`~orchestration.workers.mcp_agents.AgentWorker`)."""
+
+    #: the configured agents, by name
+    endpoints: Mapping[str, AgentEndpoint]
+    #: draws the jitter of the follower's polls (uniform in [0, 1))
+    rng: Callable[[], float]
 
     async def delegate(
         self,
@@ -78,5 +105,20 @@ class AgentDelegate(Protocol):
         cancelled. Never raises."""
         ...
 
+    def failure(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+    ) -> AttemptFailedOutcome:
+        """``error`` as ``call``'s failed outcome, with the retry policy's verdict."""
+        ...
 
-__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "RemoteRunKnown"]
+    async def remote_status(self, agent: str, remote_run_id: str, wait_seconds: float) -> RemoteAnswer:
+        """One ``run_status`` of the remote run on ``agent`` with ``wait_seconds`` (a long poll);
+        a failure is the answer's typed error. Never raises for the agent's failures."""
+        ...
+
+
+__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "RemoteAnswer", "RemoteRunKnown"]

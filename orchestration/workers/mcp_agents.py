@@ -9,9 +9,14 @@ call, or follow an earlier call — is decided from the record by
   arguments, the attempt's ``idempotency_key`` and ``wait_seconds = 0``; the run id of the answer
   is handed to ``remember`` (the drive records it before anything else happens); then
   ``run_status`` with ``wait_seconds`` (:attr:`AgentEndpoint.follow_wait_seconds`), again and
-  again, until the remote run ends (a paused remote run — a gate, a host task — is polled every
-  :attr:`AgentEndpoint.paused_poll_seconds`, bounded by the step's ``timeout_seconds`` and the
-  run's deadline). An attempt that follows a recorded remote run skips the start. A remote run
+  again, until the remote run ends (an answer that comes at once without the run having ended — a
+  gate, a host task there, an unknown status — is followed by a jittered, backed-off sleep:
+  :mod:`orchestration.workers.agent_polls`; bounded by the step's ``timeout_seconds`` and the
+  run's deadline). An attempt that follows a recorded remote run skips the start. ``remember``
+  is told whether the start's answer showed the run ended: a drive records a run that has not
+  ended as followed outside the drive, and stops this call (:mod:`orchestration.engine.agent_waits`
+  follows it with :meth:`AgentWorker.remote_status`, a poll at a time, then finishes the step
+  with :meth:`AgentWorker.delegate` once it ended). A remote run
   that completed gives the whole output of its last done task (or of the latest visit of
   ``output_step``), read with ``run_status(detail="full")`` (the compact answers the follow reads
   carry neither a task's step nor its whole output); one that failed, was rejected or
@@ -23,7 +28,7 @@ A step with an ``output_schema`` validates the output (``invalid_output`` when i
 
 **What the agent answers** is checked before any of it is recorded, in one place
 (:mod:`orchestration.workers.agent_answers`: a remote run id in the run-id grammar, an output within
-``max_output_chars``, else ``agent_protocol``). **Each call sends on** the delegation of the calling
+``max_output_chars``, else ``agent_answer_refused``). **Each call sends on** the delegation of the calling
 run, one hop more, in the request's ``_meta`` (:func:`orchestration.core.hops.onward`), so that
 construct-mcp servers can refuse a loop (``delegation_loop``, ``delegation_depth_exceeded``).
 
@@ -54,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import anyio
+import anyio.lowlevel
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -78,7 +84,8 @@ from orchestration.workers.agent_answers import (
     refusal_code,
     remote_run_id,
 )
-from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteRunKnown
+from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteAnswer, RemoteRunKnown
+from orchestration.workers.agent_polls import TERMINAL_STATUSES, PollPacing, protocol_message, status_of
 from orchestration.workers.port import TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
@@ -286,6 +293,18 @@ class AgentWorker:
         telemetry = Telemetry(latency_ms=_ms(started))
         return AttemptSucceeded(output, telemetry, value)
 
+    def failure(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+    ) -> AttemptFailedOutcome:
+        """``error`` as ``call``'s failed outcome, the retry policy's verdict folded in (what
+        :meth:`delegate` answers a failure with; the follower of runs ``awaiting_agent`` records
+        its polls' failures so)."""
+        return self._failed(contract, call, previous_errors, error, Telemetry())
+
     def _token(self, endpoint: AgentEndpoint) -> str | None:
         """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
         if endpoint.token_env is None:
@@ -326,6 +345,32 @@ class AgentWorker:
         )
         return cancelled
 
+    async def remote_status(self, agent: str, remote_run_id: str, wait_seconds: float) -> RemoteAnswer:
+        """One ``run_status`` of a followed remote run with ``wait_seconds`` (see
+        :class:`~orchestration.workers.agent_calls.AgentDelegate`): the status it names, or the
+        poll's typed error (classified and redacted as a call's). Never raises for the agent's
+        failures."""
+        endpoint = self.endpoints.get(agent)
+        if endpoint is None:
+            message = f"this server has no [agents.{agent}] table; add it to construct.toml"
+            return RemoteAnswer(None, TypedError(code="agent_not_configured", message=message))
+        token = self._token(endpoint)
+        observed = _Observed()
+        started = time.monotonic()
+        try:
+            with anyio.fail_after(wait_seconds + endpoint.call_timeout_seconds * 2):
+                async with self._connect(endpoint, token, observed) as session:
+                    result = await session.call_tool(
+                        "run_status",
+                        {"run_id": remote_run_id, "wait_seconds": wait_seconds},
+                        read_timeout_seconds=wait_seconds + endpoint.call_timeout_seconds,
+                    )
+            view = _view(result, "run_status", agent)
+        except Exception as exc:
+            error = classify(exc, observed.statuses, Redactor([token]), agent)
+            return RemoteAnswer(None, error, time.monotonic() - started)
+        return RemoteAnswer(status_of(view), None, time.monotonic() - started)
+
     async def _call(
         self, session: AgentSession, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown
     ) -> tuple[str, dict[str, Any] | None]:
@@ -349,7 +394,9 @@ class AgentWorker:
             answer = await session.call_tool("orchestrate_start", arguments, meta=meta)
             view = _view(answer, "orchestrate_start", name)
             run_id = remote_run_id(view["run_id"], name, "orchestrate_start")
-            await remember(run_id)
+            await remember(run_id, status_of(view) in TERMINAL_STATUSES)
+            # A drive that records the run as awaited outside it cancels this call: stop here.
+            await anyio.lowlevel.checkpoint()
         view = await self._follow(session, endpoint, run_id, name)
         status = view.get("status")
         if status not in _COMPLETED:
@@ -376,20 +423,29 @@ class AgentWorker:
     async def _follow(
         self, session: AgentSession, endpoint: AgentEndpoint, run_id: str, name: str
     ) -> dict[str, Any]:
-        """``run_status`` with ``wait_seconds`` until the remote run ends."""
+        """``run_status`` with ``wait_seconds`` until the remote run ends, paced by
+        :class:`~orchestration.workers.agent_polls.PollPacing` (an answer that comes at once
+        without the run having ended — paused there, an unknown status — is followed by a
+        backed-off sleep; unknown statuses past the bound are ``agent_protocol``)."""
         wait = endpoint.follow_wait_seconds
+        pacing = PollPacing.for_endpoint(endpoint, self.rng)
         while True:
+            asked = time.monotonic()
             result = await session.call_tool(
                 "run_status",
                 {"run_id": run_id, "wait_seconds": wait},
                 read_timeout_seconds=wait + endpoint.call_timeout_seconds,
             )
             view = _view(result, "run_status", name)
-            if view.get("status") in _TERMINAL:
+            status = status_of(view)
+            if status in TERMINAL_STATUSES:
                 return view
-            if view.get("status_kind") == "paused":
-                # It waits for its host or an approver there: run_status answers at once.
-                await anyio.sleep(endpoint.paused_poll_seconds)
+            now = time.monotonic()
+            delay = pacing.after(status, wait, now - asked, now)
+            if pacing.stalled(now):
+                seconds = endpoint.unknown_status_seconds
+                raise _Failure("agent_protocol", protocol_message(name, run_id, status, seconds))
+            await anyio.sleep(delay)
 
     @staticmethod
     def _output_task(view: dict[str, Any], output_step: str | None) -> str | None:

@@ -189,6 +189,14 @@ async def settle_view(
                     head.run_id, head.last_seq, deadline - anyio.current_time()
                 )
                 continue
+            if head.status == RunStatus.AWAITING_AGENT:
+                # The server follows the agent's remote run: wait for its end to be recorded (a
+                # long poll for whoever follows this run in turn), then for the run to settle.
+                seen = head.last_seq
+                head = await runtime.wait_for_facts(head.run_id, seen, deadline - anyio.current_time())
+                if head.last_seq == seen or runtime.stopping or anyio.current_time() >= deadline:
+                    break
+                continue
             # A durable wait (a provider's backoff) that ends within the caller's budget is not
             # worth answering "wait" for: wait through it, then for the next settled state. Not
             # when the server is stopping: nothing will move the run on in this process.

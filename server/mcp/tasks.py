@@ -49,6 +49,7 @@ run status                           task
 ``awaiting_children``                ``input_required`` when a child run waits for a host task or a gate
                                      (the status message names the call on the child's run id; the
                                      child's gates are not ``inputRequests``), else ``working``
+``awaiting_agent``                   ``working`` (the server follows an agent step's remote run)
 ===================================  ====================================================================
 
 A gate id names one task instance (a revisit is ``step~2``), so a key is never reused within a
@@ -165,7 +166,7 @@ def detailed_task(
     if created:
         task["resultType"] = "task"
     actions = [view.next_action, *view.more_actions]
-    if status in (RunStatus.QUEUED, RunStatus.RUNNING):
+    if status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_AGENT):
         task["statusMessage"] = _working_message(view)
     elif status == RunStatus.AWAITING_CHILDREN and not any(
         isinstance(a, RunHostTask | Approve) for a in actions

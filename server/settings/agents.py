@@ -8,6 +8,8 @@
     call_timeout_seconds = 60               # one request's answer (default 60)
     follow_wait_seconds = 30                # each run_status wait of a followed remote run (default 30)
     paused_poll_seconds = 5                 # a paused remote run is polled this often (default 5)
+    poll_cap_seconds = 30                   # ... backing off up to this between polls (default 30)
+    unknown_status_seconds = 60             # an unknown remote status this long: agent_protocol
 
     [agents.local]                          # any MCP server over stdio
     command = ["construct-mcp", "serve"]
@@ -51,6 +53,8 @@ class AgentTable(BaseModel):
     call_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     follow_wait_seconds: float = Field(default=30.0, gt=0, le=300)
     paused_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
+    poll_cap_seconds: float = Field(default=30.0, gt=0, le=3600)
+    unknown_status_seconds: float = Field(default=60.0, gt=0, le=86400)
 
     @field_validator("url")
     @classmethod
@@ -108,6 +112,8 @@ def agent_endpoints(tables: Mapping[str, AgentTable]) -> dict[str, AgentEndpoint
             call_timeout_seconds=t.call_timeout_seconds,
             follow_wait_seconds=t.follow_wait_seconds,
             paused_poll_seconds=t.paused_poll_seconds,
+            poll_cap_seconds=t.poll_cap_seconds,
+            unknown_status_seconds=t.unknown_status_seconds,
         )
         for name, t in tables.items()
     }

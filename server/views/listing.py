@@ -43,6 +43,8 @@ def waiting_for(head: RunHead) -> str | None:
     every gate awaiting a decision (a parallel run's branches may wait at once)."""
     if head.status == RunStatus.AWAITING_CHILDREN:
         return "child runs"
+    if head.status == RunStatus.AWAITING_AGENT:
+        return "an agent's remote run"
     if head.status not in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
         return None
     tasks = [t.task_id for t in head.tasks if t.status == TaskStatus.AWAITING_HOST]

@@ -237,6 +237,14 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
         if items:
             return items[0]
     not_before = head.not_before
+    if head.status == RunStatus.AWAITING_AGENT:
+        return Wait(
+            arguments=wait_call(run_id),
+            instruction=(
+                "The run waits for its agent's remote run, which the server follows (it may wait for "
+                "a person there): run_status with arguments waits; nothing is needed from you."
+            ),
+        )
     return Wait(
         arguments=wait_call(run_id),
         not_before=not_before,

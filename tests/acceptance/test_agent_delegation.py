@@ -31,6 +31,7 @@ from tests.acceptance.harness import REPO, call, free_port, full_view, read_log,
 from tests.acceptance.processes import http_server
 from tests.acceptance.store_targets import StoreTarget, store_target
 from tests.fakes.fake_provider import FakeProvider
+from tests.unit.helpers import play
 
 pytestmark = pytest.mark.slow
 
@@ -220,6 +221,8 @@ async def test_sigkill_of_the_parent_while_the_remote_run_works(
         async with make_pair(tmp_path, fake, backends) as pair, pair.remote():
             async with pair.parent() as (parent, client):
                 run_id = await start_delegated(client)
+                awaiting = await call(client, "run_status", run_id=run_id)
+                assert awaiting["status"] == "awaiting_agent", awaiting  # no lease, no slot held
                 parent.kill()  # SIGKILL, while the remote engineer is still at work
                 await parent.wait()
             assert fake.calls_for("engineer") == 1
@@ -228,8 +231,15 @@ async def test_sigkill_of_the_parent_while_the_remote_run_works(
                 view = await call(client, "run_status", run_id=run_id, task_id="review")
                 record = await full_view(client, run_id)
             await check_finished(view, record, await remote_runs(pair), pair)
+            facts = next(f for h, f in await pair.parent_store.runs() if h.run_id == run_id)
+    # The restarted parent's sweep followed the same attempt's remote run: one outcome recorded.
     attempts = review_of(record)["attempts"]
-    assert [a["error"]["code"] if a["error"] else None for a in attempts] == ["orphaned", None]
+    assert [a["error"]["code"] if a["error"] else None for a in attempts] == [None]
+    assert [f.type for f in facts if getattr(f, "task_id", None) == "review"] == [
+        "attempt_started",
+        "remote_run_started",
+        "task_completed",
+    ]
     assert fake.calls_for("engineer") == 1, "the remote run was not started again"
 
 
@@ -290,7 +300,7 @@ async def test_a_stdio_agent_runs_a_delegated_chain_and_a_plain_tool(tmp_path: P
         # The remote's request is the argument's: the step gives none, so the remote refuses it.
         head, _ = await runtime.start(StartRequest(request="Document the cache", chain="c"))
         with anyio.fail_after(120):
-            await runtime.drive(head.run_id)
+            await play(runtime, head.run_id)  # the drive, and the follower of the remote run
         failed = await runtime.status(head.run_id)
         assert failed.status == RunStatus.FAILED and failed.error is not None
         assert failed.error.code == "tool_error" and "invalid_argument" in failed.error.message
@@ -301,7 +311,7 @@ async def test_a_stdio_agent_runs_a_delegated_chain_and_a_plain_tool(tmp_path: P
         )
         head, _ = await runtime.start(StartRequest(request="Document the cache", chain="c"))
         with anyio.fail_after(120):
-            await runtime.drive(head.run_id)
+            await play(runtime, head.run_id)  # the drive, and the follower of the remote run
         done = await runtime.snapshot(head.run_id)
     assert done.head.status == RunStatus.COMPLETED, done.head.error
     assert done.outputs["docs"] == "the remote docs"

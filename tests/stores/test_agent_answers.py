@@ -4,7 +4,7 @@ delegation carries is recorded and sent on (finding 2), on every store.
 The agent is the scripted construct-mcp of ``tests/unit/server/test_agent_runs.py`` (or a plain
 tool), made to answer what a broken or hostile remote would: a 2,000,000-character run id, the run
 id ``../../../etc/passwd``, a 5,000,000-character output (a remote run's, a plain tool's). Each is a
-typed error (``agent_protocol``, not retried), and nothing of the answer is in the run's record: no
+typed error (``agent_answer_refused``, not retried), and nothing of the answer is in the run's record: no
 ``remote_run_started`` with a bad id, no bad id followed, no output."""
 
 from __future__ import annotations
@@ -102,14 +102,14 @@ async def test_a_remote_run_id_outside_the_grammar_is_refused_and_never_followed
     store: RunStore, bad_id: str
 ) -> None:
     remote = Remote(start_id=bad_id)
-    assert await failed_review(store, remote) == "agent_protocol"
+    assert await failed_review(store, remote) == "agent_answer_refused"
     (run,) = (await store.list_runs()).runs
     assert not [f for f in await store.read_facts(run.run_id) if f.type == "remote_run_started"]
     assert [name for name, _ in remote.calls] == ["orchestrate_start"], "the bad id was followed"
 
 
 async def test_a_remote_output_over_max_output_chars_is_refused(store: RunStore) -> None:
-    assert await failed_review(store, Remote(output="x" * 5_000_000)) == "agent_protocol"
+    assert await failed_review(store, Remote(output="x" * 5_000_000)) == "agent_answer_refused"
 
 
 async def test_an_output_at_max_output_chars_is_recorded(store: RunStore) -> None:
@@ -121,4 +121,4 @@ async def test_an_output_at_max_output_chars_is_recorded(store: RunStore) -> Non
 
 
 async def test_a_plain_tools_text_over_max_output_chars_is_refused(store: RunStore) -> None:
-    assert await failed_review(store, Remote(tool_text="y" * (LIMIT + 1)), SEARCH) == "agent_protocol"
+    assert await failed_review(store, Remote(tool_text="y" * (LIMIT + 1)), SEARCH) == "agent_answer_refused"

@@ -45,6 +45,7 @@ from tests.stores.sql_adapters import make_postgres, make_sqlite
 from tests.unit.faulty import FaultyStore
 from tests.unit.helpers import Decision, ScriptedWorker, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, answer_for
+from tests.unit.server.test_agent_runs import FakeRemote, agent_worker, runtime_for
 
 TARGETS: dict[str, Callable[[Path], AbstractAsyncContextManager[RunStore]]] = {
     "sqlite": make_sqlite,
@@ -111,6 +112,11 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     # format 5: a chain whose gates the calling agent decides (a chain-level approvers policy)
     head, _ = await runtime.start(StartRequest("Autonomous", chain="agent-gated"))
     runs["agent"] = (await play(runtime, head.run_id, approver="agent")).run_id
+    # format 6: a run whose agent step awaited its remote run (awaiting_agent)
+    delegating = runtime_for(store, agent_worker(FakeRemote(polls=1)))
+    delegating.new_id = runtime.new_id  # the same sequence of run ids
+    head, _ = await delegating.start(StartRequest("Delegated", chain="delegated"))
+    runs["delegated"] = (await play(delegating, head.run_id)).run_id
     return runs
 
 
@@ -135,7 +141,7 @@ async def test_runs_of_every_record_format_move_to_another_store_unchanged(
         assert await target.load(run_id) == head
         assert await target.read_facts(run_id) == await source.read_facts(run_id)
         assert await view_of(target, run_id) == await view_of(source, run_id)
-    assert formats == {1, 2, 3, 4, 5} and RECORD_FORMAT == 5
+    assert formats == {1, 2, 3, 4, 5, 6} and RECORD_FORMAT == 6
     # The imported run's idempotency key is the run's in the target too.
     again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
     assert not created and again.run_id == runs["plain"]

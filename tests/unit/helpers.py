@@ -25,6 +25,7 @@ from orchestration.core.models import (
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.agent_waits import awaited
 from orchestration.engine.runtime import Runtime, StartRequest
 from stores.memory import MemoryStore
 
@@ -115,7 +116,11 @@ async def play(
         head = await runtime.status(run_id)
         if head.status.is_terminal:
             return head
-        if head.status == RunStatus.AWAITING_HOST:
+        if head.status == RunStatus.AWAITING_AGENT:
+            # What the dispatcher's follower does: follow each remote run to its end.
+            for wait in awaited(head):
+                await runtime.agent_waits.follow(run_id, wait)
+        elif head.status == RunStatus.AWAITING_HOST:
             snap = await runtime.snapshot(run_id)
             assert snap.host_task is not None
             await runtime.submit_host_output(run_id, snap.host_task.task_id, output(snap.host_task.task_id))

@@ -40,6 +40,8 @@ EXPECTED = {
     RunStatus.CANCELLED: "cancelled",
     # the views() case: the child run waits for the host (a child at work: "working", below)
     RunStatus.AWAITING_CHILDREN: "input_required",
+    # the server follows an agent step's remote run: nothing is asked of the caller
+    RunStatus.AWAITING_AGENT: "working",
 }
 
 #: The fields only one task status carries (SEP-2663's DetailedTask).
@@ -93,6 +95,8 @@ async def views() -> dict[RunStatus, RunView]:
     found[RunStatus.QUEUED] = queued
     task = queued.tasks[0].model_copy(update={"status": TaskStatus.RUNNING})
     found[RunStatus.RUNNING] = queued.model_copy(update={"status": RunStatus.RUNNING, "tasks": [task]})
+    awaiting_agent = {"status": RunStatus.AWAITING_AGENT, "tasks": [task]}
+    found[RunStatus.AWAITING_AGENT] = queued.model_copy(update=awaiting_agent)
     gated = await _start(runtime, chain=("writer",), approve_before=("writer",))
     found[RunStatus.AWAITING_APPROVAL] = await _view(runtime, gated)
     found[RunStatus.AWAITING_HOST] = await _view(runtime, await _start(runtime, chain=("writer",)))

@@ -1,0 +1,374 @@
+"""Runs ``awaiting_agent``: an agent step's remote run followed without a lease or a dispatcher slot
+(issue 22, finding 1).
+
+**Why.** A drive that followed its remote run held a dispatcher slot and the run's lease for as
+long as the remote run lasted — hours when the remote waits for a person — so four such steps
+left every other run of the server ``queued``. Modelled on child runs
+(:mod:`orchestration.engine.children`): once an agent step's remote run is known and has not ended,
+the drive records it with ``waits`` (``remote_run_started``, or ``attempt_started`` of an attempt
+that follows a recorded remote run: :mod:`orchestration.engine.delegation`), the run is
+``awaiting_agent`` (a paused status: not runnable, no lease, no slot) and the drive ends. A remote
+run that had ended already when its id came back is finished in the drive, as before.
+
+**Following.** :class:`AgentWaits` follows each awaited remote run with one
+``run_status(wait_seconds=follow_wait_seconds)`` at a time (a long poll, a connection per poll),
+paced by :class:`~orchestration.workers.agent_polls.PollPacing`: an answer that comes back without
+the run having ended before its wait was over (a paused remote, an unknown status, a fast answer)
+is followed by a jittered exponential backoff from the agent's ``paused_poll_seconds`` up to its
+``poll_cap_seconds``; a status no construct-mcp has, or answers it cannot read, for longer than the
+agent's ``unknown_status_seconds`` fail the attempt with ``agent_protocol``. A poll that cannot
+reach the agent (``agent_unreachable``, ``timeout``, ``auth``...) fails the attempt with its typed
+error, as the in-drive follow did. When the remote run has ended, the step's outcome is read as the
+in-drive path reads it (:meth:`~orchestration.workers.agent_calls.AgentDelegate.delegate` following
+that run: ``run_status`` and ``run_status(detail="full")``, the output checked). Every failure goes
+through the retry policy, bounded by the run's ``max_attempts``; the next attempt follows the same
+remote run (:func:`~orchestration.core.agent_steps.agent_attempt`) and waits again.
+
+**Recording.** The outcome (``task_completed`` or ``attempt_failed``, exactly what the drive would
+record) is written in one compare-and-swap write, made only while the task is still in that attempt,
+waiting on that remote run; the run becomes runnable and the dispatcher drives its next step. A
+cancel, a deadline or a second follower that recorded first leaves nothing to write: the follower
+stops. Several processes on one store may follow the same run (reads only: the remote's
+``run_status``); only one of their writes can win, the others find the attempt ended.
+
+**Who follows.** The dispatcher runs :meth:`AgentWaits.run` beside its drives: a write of this
+process that makes a run await an agent starts its follower at once (:meth:`AgentWaits.changed`, a
+listener of every write), and :meth:`AgentWaits.sweep` — every ``child_poll_seconds`` with the
+child-run sweep, only when ``recover`` is on — starts followers for the runs awaiting agents that
+nobody here follows (after a restart: the process that followed them died). A server shutting down
+stops its followers; what they followed is picked up by the next sweep, here or elsewhere.
+
+**Cancel.** A write that ends the wait for remote runs — cancelling the run (``Runtime.cancel``;
+no drive runs then), rejecting a parallel run's gate, a deadline, a failing sibling — sends
+``orchestrate_cancel`` to each first (:func:`giving_up`: best effort, all at once, bounded by the
+runtime's ``remote_cancel_seconds``) and records each result as a ``remote_run_cancelled`` fact
+(``cancelled``, or the error code) in the same write (:func:`remote_cancel_facts`): facts cannot
+follow a terminal one, and so no crash can leave a cancelled run with a remote cancel nobody sent
+or recorded. A crash after the
+remote cancel and before that write leaves the run awaiting a remote run that ended cancelled: its
+follower records ``agent_run_failed`` (the caller's cancel got no answer and may be repeated).
+
+**Deadlines.** An awaited attempt's task is ``running``, so its step's ``timeout_seconds`` and the
+run's deadline are in the run's ``wake_at``: the stores hand out the run once it passed, and the
+drive records ``deadline_exceeded`` as for any task (the follower then finds the attempt ended).
+The drive cancels the remote runs it gives up so before it records that (see **Cancel**).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from orchestration.core.action_facts import outcome_fact
+from orchestration.core.clock import Clock
+from orchestration.core.decide import AwaitAgent, StartAttempt
+from orchestration.core.facts import Fact, RemoteRunCancelled, RunCancelled
+from orchestration.core.fold import apply_write
+from orchestration.core.graph import awaits_agent
+from orchestration.core.models import RunHead, TypedError
+from orchestration.core.outcomes import AttemptOutcome
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.changes import ChangeFeed, ChangeListener
+from orchestration.engine.delegation import agent_worker, build_call
+from orchestration.errors import RunNotFound, VersionConflict
+from orchestration.store import RunStore
+from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.agent_polls import TERMINAL_STATUSES, PollPacing, protocol_message
+from orchestration.workers.port import TaskWorker
+
+log = logging.getLogger("construct.agent_waits")
+
+#: poll errors that are an answer this code cannot read (not a failure to reach the agent)
+_UNREADABLE = frozenset({"malformed_response", "tool_error"})
+
+#: the statuses a run awaiting an agent may show (a parallel run's summary puts a host task, a
+#: gate or a child before it); the sweep reads every page of the first, the newest of the others
+_SWEPT = (
+    RunStatus.AWAITING_AGENT,
+    RunStatus.AWAITING_HOST,
+    RunStatus.AWAITING_APPROVAL,
+    RunStatus.AWAITING_CHILDREN,
+)
+
+
+class AgentRuntime(Protocol):
+    """What :class:`AgentWaits` uses of the runtime that made it."""
+
+    store: RunStore
+    clock: Clock
+    changes: ChangeFeed
+    worker: TaskWorker | None
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def add_listener(self, listener: ChangeListener) -> None: ...
+
+
+def awaited(head: RunHead) -> list[AwaitAgent]:
+    """The remote runs the run awaits, one per task whose attempt waits for its agent."""
+    if head.status.is_terminal:
+        return []
+    out = []
+    for task in head.tasks:
+        if awaits_agent(task):
+            last = task.attempts[-1]
+            assert last.remote_run_id is not None
+            out.append(AwaitAgent(task.task_id, last.number, last.remote_run_id))
+    return out
+
+
+def _still_awaits(head: RunHead, wait: AwaitAgent) -> bool:
+    return wait in awaited(head)
+
+
+class AgentWaits:
+    """The followers of the runs awaiting agents, in one runtime (see the module's docstring)."""
+
+    def __init__(self, runtime: AgentRuntime) -> None:
+        self._runtime = runtime
+        self.store = runtime.store
+        self.clock = runtime.clock
+        self.changes = runtime.changes
+        #: ``(run_id, task_id, attempt)`` of every remote run followed in this process now
+        self.following: set[tuple[str, str, int]] = set()
+        self._tg: TaskGroup | None = None
+        self._stop: anyio.Event | None = None
+        runtime.add_listener(self.changed)
+
+    # -- running the followers -----------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the followers until :meth:`stop` (or cancelled): the dispatcher's part."""
+        self._stop = anyio.Event()
+        if self._runtime.stopping:
+            self._stop.set()  # stopped before it ran
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                await self._stop.wait()
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        """Stop every follower (a server shutting down: the next sweep picks their runs up)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def changed(self, head: RunHead) -> None:
+        """After every write: follow what the run now awaits (when the followers run here)."""
+        if self._tg is not None:
+            for wait in awaited(head):
+                self._spawn(head.run_id, wait)
+
+    def _spawn(self, run_id: str, wait: AwaitAgent) -> bool:
+        key = (run_id, wait.task_id, wait.attempt)
+        if self._tg is None or key in self.following or self._runtime.stopping:
+            return False
+        self.following.add(key)
+        self._tg.start_soon(self._follow_guarded, run_id, wait, key)
+        return True
+
+    async def _follow_guarded(self, run_id: str, wait: AwaitAgent, key: tuple[str, str, int]) -> None:
+        try:
+            await self.follow(run_id, wait)
+        except Exception as exc:  # logged; the sweep tries again
+            log.warning(
+                "following remote run %s of run %s stopped: %s",
+                wait.remote_run_id,
+                run_id,
+                exc,
+                extra={"action": "agent_wait_failed", "run_id": run_id},
+            )
+        finally:
+            self.following.discard(key)
+
+    async def sweep(self, limit: int = 100) -> int:
+        """Start a follower for every run awaiting an agent that nobody here follows (every run
+        ``awaiting_agent``, page by page; of the runs whose summary shows another pause first,
+        the newest ``limit`` of each status). Returns how many were started."""
+        started = 0
+        for status in _SWEPT:
+            cursor: str | None = None
+            while True:
+                page = await self.store.list_runs(frozenset({status}), limit, cursor)
+                for head in page.runs:
+                    started += sum(self._spawn(head.run_id, wait) for wait in awaited(head))
+                cursor = page.next_cursor
+                if cursor is None or status != RunStatus.AWAITING_AGENT:
+                    break
+        return started
+
+    # -- one remote run ------------------------------------------------------------------------
+
+    async def follow(self, run_id: str, wait: AwaitAgent) -> bool:
+        """Follow the remote run ``wait`` names until it ends (or its polls fail), and record the
+        step's outcome; False when the run stopped awaiting it meanwhile (nothing written)."""
+        head = await self.store.load(run_id)
+        delegate = agent_worker(self._runtime.worker)
+        if not _still_awaits(head, wait) or delegate is None:
+            return False
+        call = await build_call(
+            self.store,
+            head,
+            StartAttempt(wait.task_id, wait.attempt, follows=wait.attempt, remote_run_id=wait.remote_run_id),
+        )
+        endpoint = delegate.endpoints.get(call.agent.agent) or AgentEndpoint(name=call.agent.agent)
+        pacing = PollPacing.for_endpoint(endpoint, delegate.rng)
+        while not self._runtime.stopping:
+            answer = await delegate.remote_status(
+                call.agent.agent, wait.remote_run_id, endpoint.follow_wait_seconds
+            )
+            head = await self.store.load(run_id)
+            if not _still_awaits(head, wait):
+                return False
+            previous = _previous_errors(head, wait.task_id)
+            if answer.error is not None and answer.error.code not in _UNREADABLE:
+                return await self._record(
+                    run_id, wait, delegate.failure(head.contract, call, previous, answer.error)
+                )
+            status = None if answer.error is not None else answer.status
+            if status in TERMINAL_STATUSES:
+                outcome = await delegate.delegate(head.contract, call, previous, _already_recorded)
+                return await self._record(run_id, wait, outcome)
+            now = anyio.current_time()
+            delay = pacing.after(status, endpoint.follow_wait_seconds, answer.answered_in, now)
+            if pacing.stalled(now):
+                message = protocol_message(
+                    call.agent.agent, wait.remote_run_id, status, endpoint.unknown_status_seconds
+                )
+                error = TypedError(code="agent_protocol", message=message, retryable=True)
+                return await self._record(
+                    run_id, wait, delegate.failure(head.contract, call, previous, error)
+                )
+            await anyio.sleep(delay)
+        return False
+
+    async def _record(self, run_id: str, wait: AwaitAgent, outcome: AttemptOutcome) -> bool:
+        """Record ``outcome`` as the awaited attempt's, in one compare-and-swap write made only
+        while the task is still in that attempt with that remote run. True when written."""
+        while True:
+            try:
+                head = await self.store.load(run_id)
+            except RunNotFound:
+                return False
+            if not _still_awaits(head, wait):
+                return False
+            task = head.task(wait.task_id)
+            attempt = task.attempts[-1]
+            action = StartAttempt(wait.task_id, wait.attempt, attempt.telemetry.possible_duplicate_call)
+            fact = outcome_fact(head, action, attempt.executor, outcome, self.clock.now())
+            try:
+                stored = await self.store.append(run_id, head.version, [fact], apply_write(head, [fact]))
+            except VersionConflict:
+                continue
+            log.info(
+                "remote run %s ended: %s recorded",
+                wait.remote_run_id,
+                fact.type,
+                extra={"action": "agent_wait_ended", "run_id": run_id},
+            )
+            await self.changes.recorded([fact], stored)
+            return True
+
+
+async def cancel_remote_runs(
+    worker: TaskWorker | None,
+    head: RunHead,
+    reason: str,
+    seconds: float,
+    done: dict[AwaitAgent, str | None],
+    only: list[AwaitAgent] | None = None,
+) -> None:
+    """Before ``head``'s run is cancelled (or stops waiting otherwise): ``orchestrate_cancel``
+    every remote run it awaits (of ``only``, when given) that ``done`` has no result for yet,
+    all at once, bounded by ``seconds`` in all, and put each result in ``done`` (None:
+    cancelled; else the error code: ``not_cancelled``, the remote refused or could not be
+    reached; ``timeout``, no answer within the bound). Best effort: never raises for the
+    agents' failures."""
+    delegate = agent_worker(worker)
+    todo = [w for w in (awaited(head) if only is None else only) if w not in done]
+    if delegate is None or not todo:
+        return
+
+    async def one(wait: AwaitAgent) -> None:
+        agent = head.step_of(wait.task_id).agent
+        assert agent is not None
+        ok = await delegate.cancel_remote(agent.agent, wait.remote_run_id, reason)
+        done[wait] = None if ok else "not_cancelled"
+
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as tg:
+            for wait in todo:
+                tg.start_soon(one, wait)
+    for wait in todo:
+        done.setdefault(wait, "timeout")
+
+
+def remote_cancel_facts(head: RunHead, done: dict[AwaitAgent, str | None], at: datetime) -> list[Fact]:
+    """The ``remote_run_cancelled`` facts of the results in ``done`` for the remote runs ``head``
+    still awaits, numbered after its last fact."""
+    facts: list[Fact] = []
+    for wait in awaited(head):
+        if wait not in done:
+            continue
+        agent = head.step_of(wait.task_id).agent
+        assert agent is not None
+        error = done[wait]
+        facts.append(
+            RemoteRunCancelled(
+                seq=head.last_seq + 1 + len(facts),
+                at=at,
+                task_id=wait.task_id,
+                attempt=wait.attempt,
+                agent=agent.agent,
+                remote_run_id=wait.remote_run_id,
+                cancelled=error is None,
+                error=error,
+            )
+        )
+    return facts
+
+
+async def giving_up(
+    worker: TaskWorker | None, head: RunHead, facts: Sequence[Fact], seconds: float
+) -> list[Fact]:
+    """The facts of a write of ``facts`` on top of ``head``: when the write ends the wait for
+    remote runs of agent steps (a cancel, a deadline, the run failing or rejected), those runs are
+    cancelled there first (:func:`cancel_remote_runs`, within ``seconds``) and a
+    ``remote_run_cancelled`` fact for each goes first in the write (the others renumbered)."""
+    waits = awaited(head)
+    if not waits:
+        return list(facts)
+    after = set(awaited(apply_write(head, facts)))
+    ended = [w for w in waits if w not in after]
+    if not ended:
+        return list(facts)
+    cancel = any(isinstance(f, RunCancelled) for f in facts)
+    reason = (
+        f"run {head.run_id} was cancelled"
+        if cancel
+        else f"run {head.run_id} gave up waiting: {facts[-1].type}"
+    )
+    done: dict[AwaitAgent, str | None] = {}
+    await cancel_remote_runs(worker, head, reason, seconds, done, only=ended)
+    cancels = remote_cancel_facts(head, done, facts[0].at)
+    return [*cancels, *(f.model_copy(update={"seq": f.seq + len(cancels)}) for f in facts)]
+
+
+def _previous_errors(head: RunHead, task_id: str) -> tuple[TypedError, ...]:
+    return tuple(a.error for a in head.task(task_id).attempts if a.error is not None)
+
+
+async def _already_recorded(remote_run_id: str, ended: bool = True) -> None:
+    """The ``remember`` of a call that follows a recorded remote run (never called)."""
+
+
+__all__ = ["AgentRuntime", "AgentWaits", "awaited", "cancel_remote_runs", "giving_up", "remote_cancel_facts"]
