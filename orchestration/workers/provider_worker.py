@@ -106,6 +106,9 @@ class ProviderEndpoint:
     #: how a typed step's request asks for structured output (``auto``: the best the endpoint
     #: supports; see :data:`~orchestration.workers.model_calls.StructuredOutputMode`)
     structured_output: StructuredOutputMode = "auto"
+    #: ask for streamed answers (deltas reach ``on_delta`` as they arrive); an endpoint that
+    #: refuses a stream is called plainly from then on, so on is the safe default
+    stream: bool = True
 
     @property
     def key_optional(self) -> bool:
@@ -217,6 +220,7 @@ class ProviderWorker:
                 api_key=endpoint.api_key,
                 base_url=endpoint.base_url,
                 structured_output=endpoint.structured_output,
+                stream=endpoint.stream,
             )
         else:
             client = OpenAICompatClient(
@@ -225,6 +229,7 @@ class ProviderWorker:
                 api_key=endpoint.api_key,
                 max_tokens_field=endpoint.max_tokens_field,
                 structured_output=endpoint.structured_output,
+                stream=endpoint.stream,
             )
         self._clients[provider] = client
         return client
