@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 from urllib.parse import urlsplit
@@ -76,6 +76,7 @@ from orchestration.workers.openai_compat import (
     MaxTokensField,
     OpenAICompatClient,
 )
+from orchestration.workers.port import DELTA_SINK
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 ProviderName = Literal["anthropic", "openrouter", "openai"]
@@ -262,6 +263,25 @@ class ProviderWorker:
             timeout_seconds=self.settings.request_timeout_seconds,
             output_schema=schema,
         )
+        sink = DELTA_SINK.get()
+        if sink is None:
+            return await self._call(contract, provider, request, attempt, previous_errors)
+        request = replace(request, on_delta=sink.writer(prompt.task_id, attempt))
+        try:
+            return await self._call(contract, provider, request, attempt, previous_errors)
+        finally:
+            sink.ended(prompt.task_id, attempt)
+
+    async def _call(
+        self,
+        contract: ExecutionContract,
+        provider: str,
+        request: ProviderRequest,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        """The call of one attempt (see :meth:`execute`) and what its answer makes of it."""
+        model, schema = request.model, request.output_schema
         try:
             client = self.client(provider)
         except InvalidArgument as exc:

@@ -301,7 +301,7 @@ def _stream_response(
         events, failure = openai_chunks(reply, body), openai_stream_error(reply)
 
     async def send() -> Any:
-        deltas, sent = 0, 0
+        deltas, sent, first_at = 0, 0, None
         try:
             for event in events:
                 if reply.cut is not None and deltas >= reply.cut_after:
@@ -313,13 +313,14 @@ def _stream_response(
                 if event[2] and reply.chunk_delay_seconds > 0 and not stopping.is_set():
                     await asyncio.sleep(reply.chunk_delay_seconds)
                 deltas += event[2]
+                if event[2] and first_at is None:
+                    first_at = time.monotonic()
                 yield sse(event)
                 sent += 1
         finally:
+            ended = {"finished": sent == len(events), "at": time.monotonic(), "first_at": first_at}
             with state.lock:
-                state.streams.append(
-                    {"task": key, "deltas": deltas, "finished": sent == len(events), "at": time.monotonic()}
-                )
+                state.streams.append({"task": key, "deltas": deltas, **ended})
 
     response = StreamingResponse(send(), status_code=200, media_type="text/event-stream")
     response.headers.update({**headers, **reply.headers})
@@ -431,8 +432,9 @@ class FakeProvider:
 
     def streams(self) -> list[dict[str, Any]]:
         """Every stream that ended, oldest first: ``task``, the text ``deltas`` sent, whether all
-        its events were sent (``finished``; False: cut, or the client went away) and when it
-        ended (``at``, this process's ``time.monotonic()``)."""
+        its events were sent (``finished``; False: cut, or the client went away), when it
+        ended (``at``, this process's ``time.monotonic()``) and when its first text delta was
+        sent (``first_at``; None: none was)."""
         with self._state.lock:
             return list(self._state.streams)
 
