@@ -14,7 +14,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import SystemClock
 from orchestration.core.facts import TaskCompleted
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine import OutputDeltas, Runtime, TaskText
+from orchestration.engine import OutputDeltas, OutputPiece, Runtime, TaskText
 from orchestration.engine.runtime import StartRequest
 from orchestration.workers.model_calls import make_http_client
 from orchestration.workers.port import DELTA_SINK
@@ -54,6 +54,37 @@ async def test_a_task_holds_its_latest_attempt_capped_and_says_what_a_late_reade
     [again] = deltas.held("r1")
     assert (again.attempt, again.since(1, 12)) == (2, ("xy", 0))
     assert deltas.held("r2") == []
+
+
+def of_a(pieces: list[OutputPiece]) -> OutputPiece:
+    [piece] = [p for p in pieces if p.task_id == "a"]
+    return piece
+
+
+async def test_a_reader_follows_calls_in_flight_by_position_and_learns_what_it_missed() -> None:
+    clock = iter([100, 100, 500, 501])
+    deltas = OutputDeltas(max_task_chars=6, now_us=lambda: next(clock))
+    deltas.begin("r1", "a", 1)
+    deltas.begin("r1", "b", 1)
+    deltas.write("r1", "a", 1, "abc")  # position 100
+    deltas.write("r1", "b", 1, "xy")  # 101: the clock did not move, the position still grows
+    assert deltas.position == 101
+    [a, b] = deltas.after("r1", 0)
+    assert (a.task_id, a.offset, a.text, a.missed, a.position) == ("a", 0, "abc", 0, 100)
+    assert (b.task_id, b.text, b.position) == ("b", "xy", 101)
+    assert deltas.after("r1", 101) == []
+    deltas.write("r1", "a", 1, "defg")  # 500: "a" holds "bcdefg" now, "a" (1 char) was dropped
+    deltas.write("r1", "a", 1, "hij")  # 501: holds "efghij"
+    late = of_a(deltas.after("r1", 0))  # a late reader: what is held, and how much is gone
+    assert (late.offset, late.text, late.missed) == (4, "efghij", 4)
+    behind = of_a(deltas.after("r1", 100))  # read "abc" before: "d" is gone
+    assert (behind.offset, behind.text, behind.missed, behind.position) == (4, "efghij", 1, 501)
+    newest = of_a(deltas.after("r1", 500))
+    assert (newest.offset, newest.text, newest.missed) == (7, "hij", 0)
+    capped = of_a(deltas.after("r1", 100, limit_chars=2))
+    assert (capped.offset, capped.text, capped.missed) == (8, "ij", 5)
+    deltas.end("r1", "a", 1)  # an ended call is no longer "in flight": its output is recorded
+    assert [p.task_id for p in deltas.after("r1", 0)] == ["b"]
 
 
 async def test_the_process_holds_a_bounded_number_of_tasks_ended_ones_go_first() -> None:
