@@ -165,26 +165,42 @@ async def follow(
 ) -> int:
     """Print the feed's pages from ``after`` until the run has ended and every event is out."""
     output_after = 0
+    writing: str | None = None  # the task whose text the last line is, still open
     while True:
         page = await read(after, output_after, wait_seconds)
         for item in page["events"]:
-            out.write(json.dumps(item) if as_json else event_line(Event.model_validate(item)))
-            out.write("\n")
+            event = Event.model_validate(item)
+            if not as_json and event.type == "output_delta":
+                writing = write_delta(out, event, writing)
+                continue
+            if writing is not None:
+                out.write("\n")
+                writing = None
+            out.write((json.dumps(item) if as_json else event_line(event)) + "\n")
         out.flush()
         after, output_after = page["next_after_seq"], page.get("next_output_after", output_after)
         if page["terminal"] and not page["more"]:
             if not as_json:
-                out.write(f"run {run_id} ended: {page['status']}\n")
+                out.write(("\n" if writing else "") + f"run {run_id} ended: {page['status']}\n")
             return 0
 
 
+def write_delta(out: TextIO, event: Event, writing: str | None) -> str:
+    """Print an ``output_delta``'s text as ``  task> text`` (continued lines indented, a task's
+    text continuing its open line), after a note of what it missed; the task now writing."""
+    task = event.task_id or ""
+    if writing != task or event.missed:
+        if writing is not None:
+            out.write("\n")
+        if event.missed:
+            out.write(f"  {task}> [... {event.missed} characters not held]\n")
+        out.write(f"  {task}> ")
+    out.write((event.text or "").replace("\n", "\n" + " " * (len(task) + 4)))
+    return task
+
+
 def event_line(event: Event) -> str:
-    """One event as ``runs tail`` prints it; an ``output_delta`` as the text, ``  task> text``
-    (continued lines indented), after a note of what it missed."""
-    if event.type == "output_delta":
-        missed = f"  {event.task_id}> [... {event.missed} characters not held]\n" if event.missed else ""
-        indent = " " * (len(event.task_id or "") + 4)
-        return missed + f"  {event.task_id}> " + (event.text or "").replace("\n", "\n" + indent)
+    """One recorded event as ``runs tail`` prints it."""
     size = f" ({event.output.chars} chars: {event.output.uri})" if event.output else ""
     return f"#{event.seq:<4} {event.at:%H:%M:%S}  {event.type:<22} {event.summary}{size}"
 
