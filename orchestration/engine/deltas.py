@@ -253,9 +253,16 @@ class OutputDeltas:
         return pieces
 
     def changed(self, run_id: str) -> anyio.Event:
-        """An event set at the run's next change here (a call begins, writes or ends)."""
+        """An event set at the run's next change here (a call begins, writes or ends), or earlier
+        (a waiter must look again after it, not assume a change)."""
         event = self._changed.get(run_id)
         if event is None:
+            if len(self._changed) >= 4 * self.max_tasks:
+                # Runs read but never written here (an inline run's long poll) would pile up: wake
+                # every waiter instead (a waiter looks again and asks anew), and start afresh.
+                for waiting in self._changed.values():
+                    waiting.set()
+                self._changed.clear()
             event = self._changed[run_id] = anyio.Event()
         return event
 
@@ -270,3 +277,5 @@ class OutputDeltas:
             if key is None:
                 key = next(iter(self._held))
             del self._held[key]
+            if not any(run_id == key[0] for run_id, _ in self._held):
+                self._notify(key[0])  # its waiters look again, and nothing of the run stays here

@@ -109,6 +109,14 @@ async def test_a_change_sets_the_runs_event() -> None:
     assert event.is_set() and not deltas.changed("r1").is_set()
 
 
+async def test_waiters_on_runs_never_written_here_do_not_pile_up() -> None:
+    deltas = OutputDeltas(max_tasks=1)
+    events = [deltas.changed(f"inline-{i}") for i in range(4)]
+    assert not any(e.is_set() for e in events)
+    deltas.changed("one-more")  # past 4 x max_tasks: everyone is woken to look again
+    assert all(e.is_set() for e in events)
+
+
 async def test_the_seam_is_open_only_while_a_run_is_driven() -> None:
     deltas = OutputDeltas()
     assert DELTA_SINK.get() is None
