@@ -33,13 +33,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
-import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from orchestration.core import RunHead, RunStatus, TaskStatus
 from orchestration.engine import Runtime
 from orchestration.errors import ConstructError
+from orchestration.workers import open_session
 from server.cli.subcommands import Subcommands
 from server.views.events import Event, read_events
 from server.views.listing import waiting_for
@@ -135,11 +133,7 @@ async def tail_server(
     wait_seconds: float = TAIL_WAIT_SECONDS,
 ) -> int:
     """:func:`tail` through a running server's ``run_events`` tool (see the module docstring)."""
-    headers = {"authorization": f"Bearer {token}"} if token else None
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(wait_seconds + 30)) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
-    ):
+    async with open_session(url, token, call_timeout_seconds=wait_seconds + 30) as client:
 
         async def read(after_seq: int, output_after: int, wait: float) -> dict[str, Any]:
             arguments = {"run_id": run_id, "after_seq": after_seq, "output_after": output_after, "limit": 100}
