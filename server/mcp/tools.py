@@ -588,7 +588,7 @@ async def run_events(
             ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="With no event yet, wait this long."
         ),
     ] = 0.0,
-    output_after: Annotated[int, Field(ge=0)] = 0,
+    output_after: Annotated[int, Field(ge=0, description="Text cursor.")] = 0,
 ) -> Annotated[CallToolResult, EventsPage]:
     """A run's events after after_seq; continue with next_after_seq (wait_seconds long-polls)."""
 
