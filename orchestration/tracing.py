@@ -321,6 +321,10 @@ class ModelCallTrace:
             span.set_attribute("http.response.status_code", telemetry.http_status)
         if telemetry.provider_request_id is not None:
             span.set_attribute("construct.provider_request_id", telemetry.provider_request_id)
+        if telemetry.first_token_ms is not None:
+            span.set_attribute("construct.stream.first_token_ms", telemetry.first_token_ms)
+        if telemetry.stream_ms is not None:
+            span.set_attribute("construct.stream.duration_ms", telemetry.stream_ms)
 
 
 @contextmanager

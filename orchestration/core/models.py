@@ -308,6 +308,10 @@ class Telemetry(Frozen):
     cost_usd: float | None = None
     #: the usage was reported by the host with its output (a host task), not measured here
     reported_by_host: bool = False
+    #: a streamed call: from the request to the first output delta, and from the response's
+    #: headers to its last event (None: not streamed, or no delta came)
+    first_token_ms: float | None = None
+    stream_ms: float | None = None
 
 
 class AttemptRecord(Frozen):

@@ -6,14 +6,18 @@ and the read side. Imports the layers below it, never :mod:`orchestration.ops`."
 from __future__ import annotations
 
 from orchestration.engine.children import live_children
+from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.reading import RunSnapshot
 from orchestration.engine.runtime import Runtime, repeated
 
 __all__ = [
     "Dispatcher",
+    "OutputDeltas",
+    "OutputPiece",
     "RunSnapshot",
     "Runtime",
+    "TaskText",
     "live_children",
     "repeated",
 ]

@@ -79,6 +79,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import AgentWaits, giving_up
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns, refuse_detached
+from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
 from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases
 from orchestration.engine.reading import (
@@ -165,6 +166,8 @@ class Runtime:
         self.changes = ChangeFeed()
         #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
         self.calls = CallControl()
+        #: the output of the calls in flight, as it is written (memory only, bounded)
+        self.deltas = OutputDeltas()
         #: how long :meth:`drive` leaves a run alone after its record could not be read
         self.unreadable_retry_seconds = 60.0
         self._unreadable: dict[str, datetime] = {}
@@ -685,7 +688,8 @@ class Runtime:
                 return None
         drive = self._driving[run_id] = self._new_drive(lease)
         try:
-            result = await drive.run()
+            with self.deltas.driving(run_id):
+                result = await drive.run()
         except CorruptRecord:
             # Retrying at every dispatcher poll would only repeat the error: leave the run
             # alone for a while (an operator may repair the file meanwhile). The same for

@@ -6,7 +6,7 @@ steps. All of the project's HTTP client code lives here. Imports :mod:`orchestra
 from __future__ import annotations
 
 from orchestration.workers.agent_calls import AgentEndpoint
-from orchestration.workers.mcp_agents import AgentWorker, Workers
+from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, open_session
 from orchestration.workers.model_calls import StructuredOutputMode, make_http_client
 from orchestration.workers.openai_compat import MaxTokensField
 from orchestration.workers.provider_worker import (
@@ -25,6 +25,7 @@ __all__ = [
     "KEY_VARIABLES",
     "PROVIDERS",
     "AgentEndpoint",
+    "AgentSession",
     "AgentWorker",
     "MaxTokensField",
     "ProviderEndpoint",
@@ -35,4 +36,5 @@ __all__ = [
     "Workers",
     "contract_resolver",
     "make_http_client",
+    "open_session",
 ]

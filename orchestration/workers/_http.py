@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import httpx2
 
@@ -63,17 +64,36 @@ def request_timeout(
 
 
 @dataclass(frozen=True, slots=True)
+class StreamFacts:
+    """What a streamed answer measured: whether its final event arrived (``complete``), the time
+    from the request to the first output delta (None: no delta came) and from the response's
+    headers to its last event."""
+
+    complete: bool
+    first_token_ms: float | None
+    stream_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class HttpExchange:
-    """A response that arrived: status, headers, the raw body and the time it took."""
+    """A response that arrived: status, headers, the raw body and the time it took. A streamed
+    answer has no raw body: ``stream`` says what the stream measured and ``streamed`` is the
+    answer its events rebuilt, in the shape of the non-streamed body (see :class:`StreamReader`)."""
 
     status: int
     headers: httpx2.Headers
     content: bytes
     latency_ms: float
+    stream: StreamFacts | None = None
+    streamed: Any = None
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+    def payload(self) -> Any:
+        """The decoded JSON body (the rebuilt answer of a stream), or :data:`NOT_JSON`."""
+        return self.streamed if self.stream is not None else decode_json(self.content)
 
 
 def map_transport_exception(exc: httpx2.HTTPError) -> tuple[Code, str, bool]:
@@ -130,13 +150,7 @@ async def post_json(
             url, json=body, headers=dict(headers), timeout=request_timeout(http, timeout_seconds)
         )
     except httpx2.HTTPError as exc:
-        code, what, duplicate = map_transport_exception(exc)
-        detail = str(exc).strip()
-        message = f"{what} ({type(exc).__name__}{': ' + detail if detail else ''})"
-        failed = AttemptFacts(
-            provider=facts.provider, redact=facts.redact, latency_ms=_elapsed_ms(monotonic, started)
-        )
-        raise failed.failure(code, message, possible_duplicate_call=duplicate) from exc
+        raise _transport_failure(exc, facts, monotonic, started) from exc
     return HttpExchange(
         status=response.status_code,
         headers=response.headers,
@@ -186,19 +200,33 @@ async def complete_once(
     monotonic: Monotonic,
     facts: AttemptFacts,
     interpret: Callable[[HttpExchange, ProviderRequest], ProviderResponse],
+    reader: StreamReader | None = None,
 ) -> ProviderResponse:
-    """One attempt of an adapter's ``complete``: POST ``body``, turn the answer into a response or a
-    typed failure with the adapter's ``interpret``, and log the outcome either way."""
+    """One attempt of an adapter's ``complete``: POST ``body`` (streamed through ``reader`` when
+    given, see :func:`post_stream`), turn the answer into a response or a typed failure with the
+    adapter's ``interpret``, and log the outcome either way."""
     try:
-        exchange = await post_json(
-            http,
-            url,
-            headers=headers,
-            body=body,
-            timeout_seconds=request.timeout_seconds,
-            monotonic=monotonic,
-            facts=facts,
-        )
+        if reader is not None:
+            exchange = await post_stream(
+                http,
+                url,
+                headers=headers,
+                body=body,
+                request=request,
+                monotonic=monotonic,
+                facts=facts,
+                reader=reader,
+            )
+        else:
+            exchange = await post_json(
+                http,
+                url,
+                headers=headers,
+                body=body,
+                timeout_seconds=request.timeout_seconds,
+                monotonic=monotonic,
+                facts=facts,
+            )
         response = interpret(exchange, request)
     except ProviderCallError as exc:
         log_outcome(facts.provider, request.model, exc)
@@ -257,3 +285,179 @@ def log_outcome(
 
 def _elapsed_ms(monotonic: Monotonic, started: float) -> float:
     return max(0.0, (monotonic() - started) * 1000.0)
+
+
+# --- streaming --------------------------------------------------------------------------------------
+
+
+class StreamReader(Protocol):
+    """A dialect's reading of a stream: :meth:`feed` takes one server-sent event and returns the
+    output text it adds (None: none); :attr:`done` says nothing more is to be read (the final
+    event, or an ``error`` event); :attr:`complete` says the answer's end arrived (else the stream
+    was cut short: ``truncated``); :meth:`payload` is the answer rebuilt in the non-streamed shape,
+    for the adapter's ordinary interpretation."""
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    def feed(self, event: str, data: str) -> str | None: ...
+
+    def payload(self) -> Any: ...
+
+
+class SseLines:
+    """Server-sent events from lines (the WHATWG rules the two APIs use: ``event:`` and ``data:``
+    fields, a blank line ends an event, ``:`` starts a comment, several ``data:`` lines join with
+    a newline)."""
+
+    __slots__ = ("_data", "_event")
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def line(self, line: str) -> tuple[str, str] | None:
+        """The event that ``line`` ends, as ``(event name, data)``, or None."""
+        if not line:
+            if not self._data:
+                self._event = ""
+                return None
+            event = (self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+async def post_stream(
+    http: httpx2.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    request: ProviderRequest,
+    monotonic: Monotonic,
+    facts: AttemptFacts,
+    reader: StreamReader,
+) -> HttpExchange:
+    """POST ``body`` (which asks for a stream) and read the answer: a ``text/event-stream`` 2xx
+    through ``reader``, handing each output delta to ``request.on_delta``; any other answer (an
+    error status, or a server that ignored ``stream``) whole, as :func:`post_json` returns it.
+
+    The stream is read to its end, or until ``reader`` is done: the connection is closed when this
+    returns, fails or is cancelled (the ``async with`` of the response), so a cancelled call stops
+    reading at once. A connection lost mid-stream raises like a lost answer (retryable, possible
+    duplicate). Deltas are only handed on; what is recorded is the rebuilt whole answer.
+    """
+    started = monotonic()
+    try:
+        async with http.stream(
+            "POST",
+            url,
+            json=body,
+            headers=dict(headers),
+            timeout=request_timeout(http, request.timeout_seconds),
+        ) as response:
+            kind = response.headers.get("content-type", "")
+            if not response.is_success or not kind.startswith("text/event-stream"):
+                content = await response.aread()
+                return HttpExchange(
+                    response.status_code, response.headers, content, _elapsed_ms(monotonic, started)
+                )
+            stream = await _read_events(response, reader, request, monotonic, started)
+            return HttpExchange(
+                status=response.status_code,
+                headers=response.headers,
+                content=b"",
+                latency_ms=_elapsed_ms(monotonic, started),
+                stream=stream,
+                streamed=reader.payload(),
+            )
+    except httpx2.HTTPError as exc:
+        raise _transport_failure(exc, facts, monotonic, started) from exc
+
+
+async def _read_events(
+    response: httpx2.Response,
+    reader: StreamReader,
+    request: ProviderRequest,
+    monotonic: Monotonic,
+    started: float,
+) -> StreamFacts:
+    opened = monotonic()
+    first: float | None = None
+    sse = SseLines()
+    async for line in response.aiter_lines():
+        event = sse.line(line)
+        if event is None:
+            continue
+        delta = reader.feed(*event)
+        if delta:
+            if first is None:
+                first = _elapsed_ms(monotonic, started)
+            if request.on_delta is not None:
+                request.on_delta(delta)
+        if reader.done:
+            break
+    return StreamFacts(
+        complete=reader.complete, first_token_ms=first, stream_ms=_elapsed_ms(monotonic, opened)
+    )
+
+
+def _transport_failure(
+    exc: httpx2.HTTPError, facts: AttemptFacts, monotonic: Monotonic, started: float
+) -> ProviderCallError:
+    code, what, duplicate = map_transport_exception(exc)
+    detail = str(exc).strip()
+    message = f"{what} ({type(exc).__name__}{': ' + detail if detail else ''})"
+    failed = AttemptFacts(
+        provider=facts.provider, redact=facts.redact, latency_ms=_elapsed_ms(monotonic, started)
+    )
+    return failed.failure(code, message, possible_duplicate_call=duplicate)
+
+
+_STREAM_REFUSED = re.compile(r"\bstream", re.IGNORECASE)
+
+
+def stream_refused(exc: ProviderCallError) -> bool:
+    """The endpoint refused the request's ``stream`` (or ``stream_options``): a 400/422 naming it."""
+    return exc.error.http_status in (400, 422) and bool(_STREAM_REFUSED.search(exc.error.message))
+
+
+class StreamChoice:
+    """Whether an adapter asks its endpoint for streamed answers: ``enabled`` at first, and off for
+    the life of the process once the endpoint refuses a stream (a 400/422 naming ``stream``, see
+    :func:`stream_refused`); the refused attempt is then made again, plainly, within the same
+    call, as the structured-output fallback does."""
+
+    __slots__ = ("enabled", "provider")
+
+    def __init__(self, provider: str, *, enabled: bool) -> None:
+        self.provider = provider
+        self.enabled = enabled
+
+    async def call(self, attempt: Callable[[bool], Awaitable[ProviderResponse]]) -> ProviderResponse:
+        """``attempt(stream)``, streamed while streaming is enabled, plainly after a refusal."""
+        if self.enabled:
+            try:
+                return await attempt(True)
+            except ProviderCallError as exc:
+                if not stream_refused(exc):
+                    raise
+                self.enabled = False
+                log.info(
+                    "%s refused a streamed call; calling it without streaming from now on",
+                    self.provider,
+                    extra={"action": "provider.stream_fallback", "provider": self.provider},
+                )
+        return await attempt(False)

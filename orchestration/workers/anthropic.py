@@ -9,6 +9,16 @@ Typed answers: a request with an ``output_schema`` offers one tool, ``answer``, 
 the reply's ``tool_use`` block's ``input`` is the answer, returned as its JSON text. With
 ``structured_output="prompt"`` no tool is offered and the text answer is returned as it is (the
 prompt carries the schema). The caller validates the answer either way.
+
+Streaming (``stream=True``, the default): the request says ``"stream": true`` and the answer's
+server-sent events (``message_start``, ``content_block_start``/``_delta``/``_stop`` with
+``text_delta`` and, for the forced tool, ``input_json_delta``, ``message_delta`` with the stop
+reason and usage, ``message_stop``) are rebuilt into the message the plain call would have
+returned, then classified exactly like it; each text or tool-JSON delta goes to the request's
+``on_delta`` on the way. An ``error`` event (e.g. ``overloaded_error`` after a 200) is classified by
+its ``error.type``; a stream that ends without ``message_stop`` is ``truncated`` (retryable, and a
+possible duplicate: the model ran); a connection lost mid-stream is a ``transport_error``. An
+endpoint that refuses ``stream`` is called plainly from then on (:class:`StreamChoice`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from orchestration.workers._http import (
     NOT_JSON,
     HttpExchange,
     Monotonic,
+    NotJson,
+    StreamChoice,
     body_snippet,
     complete_once,
     decode_json,
@@ -104,6 +116,7 @@ class AnthropicClient:
         base_url: str = ANTHROPIC_BASE_URL,
         anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
         structured_output: StructuredOutputMode = "auto",
+        stream: bool = True,
         clock: Clock | None = None,
         monotonic: Monotonic | None = None,
     ) -> None:
@@ -121,33 +134,48 @@ class AnthropicClient:
         self._clock: Clock = clock or SystemClock()
         self._monotonic: Monotonic = monotonic or time.monotonic
         self._redact = Redactor([api_key])
+        self._stream = StreamChoice(_PROVIDER, enabled=stream)
 
     @property
     def base_url(self) -> str:
         return self._base_url
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the next call asks for a stream (off once the endpoint refused one)."""
+        return self._stream.enabled
+
     def __repr__(self) -> str:
         return f"AnthropicClient(base_url={self._base_url!r}, anthropic_version={self._version!r})"
 
     async def complete(self, request: ProviderRequest) -> ProviderResponse:
-        """One ``POST /v1/messages``; see :meth:`ProviderClient.complete` for the contract."""
-        return await complete_once(
-            self._http,
-            self._url,
-            headers=self._headers(),
-            body=self._body(request),
-            request=request,
-            monotonic=self._monotonic,
-            facts=AttemptFacts(provider=_PROVIDER, redact=self._redact),
-            interpret=self._interpret,
-        )
+        """One ``POST /v1/messages`` (two when the endpoint refuses a stream: see the module
+        docstring); see :meth:`ProviderClient.complete` for the contract."""
 
-    def _headers(self) -> dict[str, str]:
+        async def attempt(stream: bool) -> ProviderResponse:
+            body = self._body(request)
+            if stream:
+                body["stream"] = True
+            return await complete_once(
+                self._http,
+                self._url,
+                headers=self._headers(stream),
+                body=body,
+                request=request,
+                monotonic=self._monotonic,
+                facts=AttemptFacts(provider=_PROVIDER, redact=self._redact),
+                interpret=self._interpret,
+                reader=_MessageStream() if stream else None,
+            )
+
+        return await self._stream.call(attempt)
+
+    def _headers(self, stream: bool = False) -> dict[str, str]:
         return {
             "x-api-key": self._api_key,
             "anthropic-version": self._version,
             "content-type": "application/json",
-            "accept": "application/json",
+            "accept": "text/event-stream" if stream else "application/json",
         }
 
     def _body(self, request: ProviderRequest) -> dict[str, Any]:
@@ -172,8 +200,9 @@ class AnthropicClient:
         return body
 
     def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
-        payload = decode_json(exchange.content)
+        payload = exchange.payload()
         obj: Mapping[str, Any] = payload if isinstance(payload, dict) else {}
+        stream = exchange.stream
         body_request_id = obj.get("request_id")
         usage = obj.get("usage")
         facts = AttemptFacts(
@@ -185,11 +214,20 @@ class AnthropicClient:
             or (body_request_id if isinstance(body_request_id, str) else None),
             input_tokens=_input_tokens(usage),
             output_tokens=as_int(usage.get("output_tokens")) if isinstance(usage, dict) else None,
+            first_token_ms=stream.first_token_ms if stream is not None else None,
+            stream_ms=stream.stream_ms if stream is not None else None,
         )
         if not exchange.ok or obj.get("type") == "error":
             # A 2xx whose body is an error object (the streamed-error shape) is classified by its
             # error.type, exactly like an HTTP error.
             raise self._error(exchange, payload, facts)
+        if stream is not None and not stream.complete:
+            raise facts.failure(
+                Code.TRUNCATED,
+                "the stream ended before message_stop; the answer is incomplete",
+                retryable=True,
+                possible_duplicate_call=True,
+            )
         if payload is NOT_JSON:
             snippet = body_snippet(exchange.content, self._redact)
             raise facts.failure(
@@ -321,3 +359,89 @@ def _parse_message(
             )
         raise facts.failure(Code.EMPTY_RESPONSE, f"the model returned no text (stop_reason {stop!r})")
     return ProviderResponse(text=text, telemetry=facts.telemetry(), stop_reason=stop)
+
+
+class _MessageStream:
+    """The :class:`~orchestration.workers._http.StreamReader` of a Messages stream: rebuilds the
+    message (its content blocks by index, the stop reason, the usage of ``message_start`` and
+    ``message_delta``) and yields the text and tool-JSON deltas. An ``error`` event becomes the
+    payload (the error body's shape); an event whose data is not JSON makes the payload
+    :data:`NOT_JSON` (``malformed_response``)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self._message: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self._error: dict[str, Any] | None = None
+        self._broken = False
+
+    @property
+    def complete(self) -> bool:
+        return self.done
+
+    def feed(self, event: str, data: str) -> str | None:
+        value = decode_json(data.encode())
+        if not isinstance(value, dict):
+            self._broken = True
+            return None
+        kind = value.get("type", event)
+        if kind == "message_start" and isinstance(value.get("message"), dict):
+            self._message = dict(value["message"])
+        elif kind == "content_block_start" and isinstance(value.get("content_block"), dict):
+            self._blocks[_index(value)] = dict(value["content_block"])
+        elif kind == "content_block_delta" and isinstance(value.get("delta"), dict):
+            return self._delta(_index(value), value["delta"])
+        elif kind == "message_delta":
+            self._message_delta(value)
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            self._error, self.done = value, True
+        return None
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> str | None:
+        block = self._blocks.setdefault(index, {"type": "text", "text": ""})
+        kind, text = delta.get("type"), None
+        if kind == "text_delta" and isinstance(delta.get("text"), str):
+            text = delta["text"]
+            block["text"] = str(block.get("text") or "") + text
+        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            text = delta["partial_json"]
+            self._json.setdefault(index, []).append(text)
+        elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+            block["thinking"] = str(block.get("thinking") or "") + delta["thinking"]
+        return text
+
+    def _message_delta(self, value: Mapping[str, Any]) -> None:
+        delta = value.get("delta")
+        if isinstance(delta, dict) and "stop_reason" in delta:
+            self._message["stop_reason"] = delta["stop_reason"]
+        usage = value.get("usage")
+        if isinstance(usage, dict):
+            before = self._message.get("usage")
+            merged = dict(before) if isinstance(before, dict) else {}
+            merged.update({k: v for k, v in usage.items() if v is not None})
+            self._message["usage"] = merged
+
+    def payload(self) -> dict[str, Any] | NotJson:
+        if self._error is not None:
+            return self._error
+        if self._broken:
+            return NOT_JSON
+        message = dict(self._message)
+        if "content" in message:
+            message["content"] = [self._block(i) for i in sorted(self._blocks)]
+        return message
+
+    def _block(self, index: int) -> dict[str, Any]:
+        block = dict(self._blocks[index])
+        if block.get("type") == "tool_use":
+            text = "".join(self._json.get(index, []))
+            block["input"] = decode_json(text.encode()) if text.strip() else block.get("input") or {}
+        return block
+
+
+def _index(value: Mapping[str, Any]) -> int:
+    index = value.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else 0

@@ -190,6 +190,8 @@ class AttemptFacts:
     request_id: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    first_token_ms: float | None = None
+    stream_ms: float | None = None
 
     def telemetry(self, *, possible_duplicate_call: bool = False) -> Telemetry:
         return Telemetry(
@@ -199,6 +201,8 @@ class AttemptFacts:
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             possible_duplicate_call=possible_duplicate_call,
+            first_token_ms=self.first_token_ms,
+            stream_ms=self.stream_ms,
         )
 
     def failure(

@@ -163,6 +163,17 @@ async def connect_mcp(
         yield client
 
 
+@asynccontextmanager
+async def open_session(
+    url: str, token: str | None, call_timeout_seconds: float = 60.0
+) -> AsyncIterator[AgentSession]:
+    """A session to the MCP server at ``url`` (Streamable HTTP; ``token``: a bearer token), for a
+    command that follows a running server (``runs tail --url``): the HTTP client code stays here."""
+    endpoint = AgentEndpoint(name="server", url=url, call_timeout_seconds=call_timeout_seconds)
+    async with connect_mcp(endpoint, token, _Observed()) as session:
+        yield session
+
+
 #: a classified failure inside a call (caught in :meth:`AgentWorker.delegate`)
 _Failure = AgentFailure
 

@@ -41,8 +41,8 @@ an exception message, a :class:`TypedError`, :class:`Telemetry` or a log line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final, Literal, Protocol
@@ -133,6 +133,9 @@ class ProviderRequest:
     ``output_schema``, when set, asks for a JSON answer matching it, the way the client's
     :data:`StructuredOutputMode` says; the response's ``text`` is then that JSON (the caller
     validates it).
+    ``on_delta``, when set, receives each piece of output text as a streamed answer arrives (the
+    forced tool's JSON text for a typed step); it must not block, and nothing it receives is
+    recorded: the response's ``text`` is the whole answer, once complete.
     """
 
     model: str
@@ -142,6 +145,7 @@ class ProviderRequest:
     temperature: float | None = None
     timeout_seconds: float | None = None
     output_schema: Mapping[str, Any] | None = None
+    on_delta: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.model:

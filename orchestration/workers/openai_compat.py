@@ -30,6 +30,15 @@ without ``additionalProperties: false`` everywhere), ``json_object`` (``{"type":
 ``json_schema`` or ``json_object`` moves on to the next mode *within the same attempt*, and the
 client remembers (for the life of the process) the mode the endpoint took, so later calls start
 there. Another value pins one mode, without fallback.
+
+Streaming (``stream=True``, the default): the request adds ``"stream": true`` and
+``"stream_options": {"include_usage": true}``; the chunks (``choices[0].delta`` content, refusal
+and reasoning, the ``finish_reason``, the final usage chunk) are rebuilt into the completion the
+plain call would have returned and classified like it, each content delta (the JSON text of a
+typed answer) going to the request's ``on_delta`` on the way. An error object in a chunk is an
+in-body error; a stream that ends (or says ``[DONE]``) without a ``finish_reason`` is
+``truncated`` (retryable, possible duplicate). An endpoint that refuses ``stream`` or
+``stream_options`` is called plainly from then on (:class:`~orchestration.workers._http.StreamChoice`).
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ from orchestration.workers._http import (
     NOT_JSON,
     HttpExchange,
     Monotonic,
+    NotJson,
+    StreamChoice,
     body_snippet,
     complete_once,
     decode_json,
@@ -127,6 +138,7 @@ class OpenAICompatClient:
         extra_headers: Mapping[str, str] | None = None,
         max_tokens_field: MaxTokensField | None = None,
         structured_output: StructuredOutputMode = "auto",
+        stream: bool = True,
         clock: Clock | None = None,
         monotonic: Monotonic | None = None,
     ) -> None:
@@ -154,10 +166,16 @@ class OpenAICompatClient:
         self._monotonic: Monotonic = monotonic or time.monotonic
         sensitive = [v for k, v in self._extra_headers.items() if _SENSITIVE_HEADER.search(k)]
         self._redact = Redactor([api_key, *sensitive])
+        self._stream = StreamChoice(self._provider, enabled=stream)
 
     @property
     def base_url(self) -> str:
         return self._base_url
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the next call asks for a stream (off once the endpoint refused one)."""
+        return self._stream.enabled
 
     @property
     def provider(self) -> str:
@@ -204,21 +222,29 @@ class OpenAICompatClient:
                 self._auto_start = max(self._auto_start, _AUTO_MODES.index(mode) + 1)
 
     async def _post(self, request: ProviderRequest, mode: StructuredOutputMode | None) -> ProviderResponse:
-        return await complete_once(
-            self._http,
-            self._url,
-            headers=self._headers(),
-            body=self._body(request, mode),
-            request=request,
-            monotonic=self._monotonic,
-            facts=AttemptFacts(provider=self._provider, redact=self._redact),
-            interpret=self._interpret,
-        )
+        async def attempt(stream: bool) -> ProviderResponse:
+            body = self._body(request, mode)
+            if stream:
+                body["stream"] = True
+                body["stream_options"] = {"include_usage": True}
+            return await complete_once(
+                self._http,
+                self._url,
+                headers=self._headers(stream),
+                body=body,
+                request=request,
+                monotonic=self._monotonic,
+                facts=AttemptFacts(provider=self._provider, redact=self._redact),
+                interpret=self._interpret,
+                reader=_ChunkStream() if stream else None,
+            )
 
-    def _headers(self) -> dict[str, str]:
+        return await self._stream.call(attempt)
+
+    def _headers(self, stream: bool = False) -> dict[str, str]:
         headers = {k: v for k, v in self._extra_headers.items() if k.lower() != "authorization"}
         headers["content-type"] = "application/json"
-        headers["accept"] = "application/json"
+        headers["accept"] = "text/event-stream" if stream else "application/json"
         if self._api_key is not None:
             headers["authorization"] = f"Bearer {self._api_key}"
         return headers
@@ -246,8 +272,9 @@ class OpenAICompatClient:
         return body
 
     def _interpret(self, exchange: HttpExchange, request: ProviderRequest) -> ProviderResponse:
-        payload = decode_json(exchange.content)
+        payload = exchange.payload()
         obj: Mapping[str, Any] = payload if isinstance(payload, dict) else {}
+        stream = exchange.stream
         body_id = obj.get("id")
         usage = obj.get("usage")
         facts = AttemptFacts(
@@ -261,6 +288,8 @@ class OpenAICompatClient:
             or (body_id if isinstance(body_id, str) and body_id else None),
             input_tokens=as_int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None,
             output_tokens=as_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
+            first_token_ms=stream.first_token_ms if stream is not None else None,
+            stream_ms=stream.stream_ms if stream is not None else None,
         )
         if not exchange.ok:
             raise self._http_error(exchange, payload, facts)
@@ -273,6 +302,13 @@ class OpenAICompatClient:
             raise facts.failure(Code.MALFORMED_RESPONSE, "the response body is not a JSON object")
         if payload.get("error") is not None:
             raise self._in_body_error(exchange, payload["error"], facts)
+        if stream is not None and not stream.complete:
+            raise facts.failure(
+                Code.TRUNCATED,
+                "the stream ended without a finish_reason; the answer is incomplete",
+                retryable=True,
+                possible_duplicate_call=True,
+            )
         return _parse_completion(payload, facts, request)
 
     def _http_error(self, exchange: HttpExchange, payload: Any, facts: AttemptFacts) -> ProviderCallError:
@@ -444,3 +480,90 @@ def _parse_completion(
             )
         raise facts.failure(Code.EMPTY_RESPONSE, f"the model returned no text (finish_reason {finish!r})")
     return ProviderResponse(text=text, telemetry=facts.telemetry(), stop_reason=finish)
+
+
+class _ChunkStream:
+    """The :class:`~orchestration.workers._http.StreamReader` of a Chat Completions stream:
+    rebuilds ``choices[0]`` (content, refusal, reasoning, ``finish_reason``, a choice's ``error``)
+    and the usage chunk into a completion, and yields the content deltas. An error object in a
+    chunk becomes the payload (``{"error": ...}``, an in-body error); ``[DONE]`` ends the stream;
+    a chunk that is not JSON makes the payload :data:`NOT_JSON`. The stream is complete once a
+    ``finish_reason`` came (a server may omit the usage chunk or ``[DONE]``)."""
+
+    def __init__(self) -> None:
+        self._ended = False
+        self._id: str | None = None
+        self._parts: dict[str, list[str]] = {"content": [], "refusal": [], "reasoning": []}
+        self._finish: str | None = None
+        self._choice_error: Any = None
+        self._usage: Any = None
+        self._error: Any = None
+        self._broken = False
+        self._seen = False
+
+    @property
+    def done(self) -> bool:
+        return self._ended or self._error is not None
+
+    @property
+    def complete(self) -> bool:
+        # [DONE] after no choice at all: a malformed answer, not a cut one
+        return self._finish is not None or self._error is not None or (self._ended and not self._seen)
+
+    def feed(self, event: str, data: str) -> str | None:
+        if data.strip() == "[DONE]":
+            self._ended = True
+            return None
+        value = decode_json(data.encode())
+        if not isinstance(value, dict):
+            self._broken = True
+            return None
+        if value.get("error") is not None:
+            self._error = value["error"]
+            return None
+        if isinstance(value.get("id"), str):
+            self._id = value["id"]
+        if isinstance(value.get("usage"), dict):
+            self._usage = value["usage"]
+        choices = value.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            return None
+        self._seen = True
+        return self._choice(choice)
+
+    def _choice(self, choice: Mapping[str, Any]) -> str | None:
+        if isinstance(choice.get("finish_reason"), str):
+            self._finish = choice["finish_reason"]
+        if choice.get("error") is not None:
+            self._choice_error = choice["error"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return None
+        for key, names in (("refusal", ("refusal",)), ("reasoning", ("reasoning", "reasoning_content"))):
+            self._parts[key] += [delta[n] for n in names if isinstance(delta.get(n), str)]
+        text = _text_of(delta.get("content"))
+        if text:
+            self._parts["content"].append(text)
+        return text or None
+
+    def payload(self) -> dict[str, Any] | NotJson:
+        if self._error is not None:
+            return {"error": self._error}
+        if self._broken:
+            return NOT_JSON
+        if not self._seen:
+            return {"object": "chat.completion", **({"id": self._id} if self._id else {})}
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._parts["content"])}
+        message["refusal"] = "".join(self._parts["refusal"]) or None
+        if self._parts["reasoning"]:
+            message["reasoning"] = "".join(self._parts["reasoning"])
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self._finish}
+        if self._choice_error is not None:
+            choice["error"] = self._choice_error
+        completion: dict[str, Any] = {"object": "chat.completion", "choices": [choice]}
+        if self._id is not None:
+            completion["id"] = self._id
+        if self._usage is not None:
+            completion["usage"] = self._usage
+        return completion

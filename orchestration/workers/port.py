@@ -18,10 +18,17 @@ Whether another attempt follows is settled from recorded data, in two places:
   (``ExecutionContract.max_attempts``, counting every recorded attempt) ends it, and ``not_before``
   is a durable wait before the next attempt. An attempt whose worker died (no outcome recorded) is
   retried by ``decide`` alone, within the same budget, marked as a possible duplicate call.
+
+Output as it is written. A worker whose call streams hands each piece of output text to the
+:class:`DeltaSink` in :data:`DELTA_SINK` (set by the engine around a drive of a run: see
+:class:`orchestration.engine.deltas.OutputDeltas`), under the task id and attempt number. Nothing
+handed there is recorded: the outcome carries the whole output, as without streaming.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Protocol
 
 from orchestration.chains.prompts import TaskPrompt
@@ -41,3 +48,20 @@ class TaskWorker(Protocol):
         """Make one attempt at the task. Must not raise for provider failures (return an
         :class:`AttemptFailedOutcome`); must be cancellable (an anyio cancel scope aborts it)."""
         ...
+
+
+class DeltaSink(Protocol):
+    """Where the output of one run's calls goes while it is written (in memory only)."""
+
+    def writer(self, task_id: str, attempt: int) -> Callable[[str], None]:
+        """What receives the pieces of output text of ``task_id``'s attempt ``attempt``, in order.
+        Called when the call starts; it must not block."""
+        ...
+
+    def ended(self, task_id: str, attempt: int) -> None:
+        """The call of the attempt ended (whatever its outcome): no more pieces come."""
+        ...
+
+
+#: The sink of the run being driven in this context (None: no one is listening).
+DELTA_SINK: ContextVar[DeltaSink | None] = ContextVar("construct_delta_sink", default=None)

@@ -37,8 +37,8 @@ Keys are held only in :class:`ProviderEndpoint` (excluded from its repr) and in 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 from urllib.parse import urlsplit
@@ -76,6 +76,7 @@ from orchestration.workers.openai_compat import (
     MaxTokensField,
     OpenAICompatClient,
 )
+from orchestration.workers.port import DELTA_SINK
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 ProviderName = Literal["anthropic", "openrouter", "openai"]
@@ -106,6 +107,9 @@ class ProviderEndpoint:
     #: how a typed step's request asks for structured output (``auto``: the best the endpoint
     #: supports; see :data:`~orchestration.workers.model_calls.StructuredOutputMode`)
     structured_output: StructuredOutputMode = "auto"
+    #: ask for streamed answers (deltas reach ``on_delta`` as they arrive); an endpoint that
+    #: refuses a stream is called plainly from then on, so on is the safe default
+    stream: bool = True
 
     @property
     def key_optional(self) -> bool:
@@ -217,6 +221,7 @@ class ProviderWorker:
                 api_key=endpoint.api_key,
                 base_url=endpoint.base_url,
                 structured_output=endpoint.structured_output,
+                stream=endpoint.stream,
             )
         else:
             client = OpenAICompatClient(
@@ -225,6 +230,7 @@ class ProviderWorker:
                 api_key=endpoint.api_key,
                 max_tokens_field=endpoint.max_tokens_field,
                 structured_output=endpoint.structured_output,
+                stream=endpoint.stream,
             )
         self._clients[provider] = client
         return client
@@ -257,6 +263,27 @@ class ProviderWorker:
             timeout_seconds=self.settings.request_timeout_seconds,
             output_schema=schema,
         )
+        sink = DELTA_SINK.get()
+        write = sink.writer(prompt.task_id, attempt) if sink is not None else None
+        on_delta = _stream_guard(contract, request.max_tokens, write)
+        if on_delta is not None:
+            request = replace(request, on_delta=on_delta)
+        try:
+            return await self._call(contract, provider, request, attempt, previous_errors)
+        finally:
+            if sink is not None:
+                sink.ended(prompt.task_id, attempt)
+
+    async def _call(
+        self,
+        contract: ExecutionContract,
+        provider: str,
+        request: ProviderRequest,
+        attempt: int,
+        previous_errors: tuple[TypedError, ...],
+    ) -> AttemptOutcome:
+        """The call of one attempt (see :meth:`execute`) and what its answer makes of it."""
+        model, schema = request.model, request.output_schema
         try:
             client = self.client(provider)
         except InvalidArgument as exc:
@@ -376,6 +403,43 @@ def _over_max_tokens(contract: ExecutionContract, max_tokens: int, telemetry: Te
         http_status=telemetry.http_status,
         provider_request_id=telemetry.provider_request_id,
     )
+
+
+#: A streamed answer longer than ``max_tokens`` times this many characters has spent more output
+#: tokens than its limit: a token is much shorter than that on average, in prose and code alike.
+MAX_CHARS_PER_TOKEN = 8
+
+
+def _stream_guard(
+    contract: ExecutionContract, max_tokens: int, write: Callable[[str], None] | None
+) -> Callable[[str], None] | None:
+    """In a run with a budget: what receives a streamed answer's pieces (passing them on to
+    ``write``) and stops the stream once its text is longer than ``max_tokens`` allows (see
+    :data:`MAX_CHARS_PER_TOKEN`), as :func:`_over_max_tokens` refuses a whole answer that reports
+    more: the call ends there, its usage counted as ``max_tokens`` output tokens (at least what
+    it spent), and the task fails with ``over_max_tokens``. Without a budget: ``write``."""
+    costs = contract.costs
+    if costs is None or costs.budget is None:
+        return write
+    limit = max_tokens * MAX_CHARS_PER_TOKEN
+    written = 0
+
+    def on_delta(text: str) -> None:
+        nonlocal written
+        written += len(text)
+        if written > limit:
+            error = TypedError(
+                code=ProviderErrorCode.OVER_MAX_TOKENS,
+                message=f"the streamed answer passed {limit} characters, more than max_tokens={max_tokens} "
+                "output tokens can hold, which the run's budget counted on; the stream was stopped and the "
+                "answer is not used. The endpoint does not honour the limit: check its max_tokens_field",
+                retryable=False,
+            )
+            raise ProviderCallError(error, Telemetry(output_tokens=max_tokens))
+        if write is not None:
+            write(text)
+
+    return on_delta
 
 
 def _correction(previous_errors: tuple[TypedError, ...]) -> str:

@@ -2,14 +2,19 @@
 
 ::
 
-    construct-mcp runs tail RUN_ID [--from-start] [--json]
+    construct-mcp runs tail RUN_ID [--from-start] [--json] [--url URL [--token-file PATH]]
     construct-mcp runs watch [--once] [--limit N]
 
 ``runs tail`` prints a run's events as they are recorded, one line each (the ``run_events`` feed of
 :mod:`server.views.events`: seq, time, type, summary; an output as its size, never whole), and exits 0
 when the run has ended and every event is printed. It starts with the last
 :data:`TAIL_BACKLOG` events (``--from-start``: every event from the first); ``--json`` prints each
-event as one JSON line (JSON Lines). ``runs watch`` shows the live runs (not ended), newest first,
+event as one JSON line (JSON Lines). With ``--url`` (a running server's Streamable HTTP endpoint,
+``http://127.0.0.1:8000/mcp``; ``--token-file``: a file holding a bearer token for it) it follows the
+``run_events`` tool of that server instead of the store, and so also prints the output of the calls
+that server has in flight as it is written (``output_delta`` events, issue 25: ``  task> text``);
+from the store it prints recorded events only (the output as written lives in the memory of the
+server that makes the call). ``runs watch`` shows the live runs (not ended), newest first,
 one progress line each — chain, status, tasks finished of all, what the run waits for — refreshed
 every second; ``--once`` prints one snapshot and exits.
 
@@ -22,14 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 import anyio
 
 from orchestration.core import RunHead, RunStatus, TaskStatus
 from orchestration.engine import Runtime
+from orchestration.errors import ConstructError
+from orchestration.workers import open_session
 from server.cli.subcommands import Subcommands
 from server.views.events import Event, read_events
 from server.views.listing import waiting_for
@@ -62,6 +70,10 @@ def add_live_parsers(
         action="store_true",
         help=f"print every event from the first (default: the last {TAIL_BACKLOG}, then new ones)",
     )
+    tail.add_argument(
+        "--url", help="follow a running server's run_events at this MCP URL (shows output as it is written)"
+    )
+    tail.add_argument("--token-file", type=Path, help="with --url: a file holding a bearer token")
     common(tail)
     json_flag(tail)
     watch = runs_sub.add_parser(
@@ -74,9 +86,18 @@ def add_live_parsers(
 
 async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
     """``runs tail`` or ``runs watch``; returns the exit status."""
+    if args.runs_command == "tail" and args.url:
+        token = args.token_file.read_text().strip() if args.token_file else None
+        return await tail_server(
+            args.url, args.run_id, out, token=token, from_start=args.from_start, as_json=args.json
+        )
     if args.runs_command == "tail":
         return await tail(runtime, args.run_id, out, from_start=args.from_start, as_json=args.json)
     return await watch(runtime, out, once=args.once, limit=args.limit)
+
+
+#: One page of the feed: ``(after_seq, output_after, wait_seconds)`` -> the ``run_events`` page.
+PageReader = Callable[[int, int, float], Awaitable[dict[str, Any]]]
 
 
 async def tail(
@@ -93,21 +114,87 @@ async def tail(
     after = 0 if from_start else max(0, head.last_seq - TAIL_BACKLOG)
     if not as_json:
         out.write(f"run {head.run_id} ({head.chain.name}): {head.status.value}\n")
+
+    async def read(after_seq: int, output_after: int, wait: float) -> dict[str, Any]:
+        page = await read_events(runtime, head.run_id, after_seq, 100, wait, output_after=output_after)
+        return page.model_dump(mode="json")
+
+    return await follow(read, run_id, out, after=after, as_json=as_json, wait_seconds=wait_seconds)
+
+
+async def tail_server(
+    url: str,
+    run_id: str,
+    out: TextIO,
+    *,
+    token: str | None = None,
+    from_start: bool = False,
+    as_json: bool = False,
+    wait_seconds: float = TAIL_WAIT_SECONDS,
+) -> int:
+    """:func:`tail` through a running server's ``run_events`` tool (see the module docstring)."""
+    async with open_session(url, token, call_timeout_seconds=wait_seconds + 30) as client:
+
+        async def read(after_seq: int, output_after: int, wait: float) -> dict[str, Any]:
+            arguments = {"run_id": run_id, "after_seq": after_seq, "output_after": output_after, "limit": 100}
+            result = await client.call_tool("run_events", {**arguments, "wait_seconds": wait})
+            if result.is_error or result.structured_content is None:
+                text = "".join(getattr(c, "text", "") for c in result.content)
+                raise ConstructError(f"run_events failed: {text}")
+            return dict(result.structured_content)
+
+        after = 0
+        if not from_start:  # the newest events: read to the end first, without printing
+            page = await read(0, 0, 0.0)
+            while page["more"]:
+                page = await read(page["next_after_seq"], 0, 0.0)
+            after = max(0, page["next_after_seq"] - TAIL_BACKLOG)
+        if not as_json:
+            out.write(f"run {run_id} (from {url})\n")
+        return await follow(read, run_id, out, after=after, as_json=as_json, wait_seconds=wait_seconds)
+
+
+async def follow(
+    read: PageReader, run_id: str, out: TextIO, *, after: int, as_json: bool, wait_seconds: float
+) -> int:
+    """Print the feed's pages from ``after`` until the run has ended and every event is out."""
+    output_after = 0
+    writing: str | None = None  # the task whose text the last line is, still open
     while True:
-        page = await read_events(runtime, head.run_id, after, 100, wait_seconds)
-        for event in page.events:
-            out.write(json.dumps(event.model_dump(mode="json")) if as_json else event_line(event))
-            out.write("\n")
+        page = await read(after, output_after, wait_seconds)
+        for item in page["events"]:
+            event = Event.model_validate(item)
+            if not as_json and event.type == "output_delta":
+                writing = write_delta(out, event, writing)
+                continue
+            if writing is not None:
+                out.write("\n")
+                writing = None
+            out.write((json.dumps(item) if as_json else event_line(event)) + "\n")
         out.flush()
-        after = page.next_after_seq
-        if page.terminal and not page.more:
+        after, output_after = page["next_after_seq"], page.get("next_output_after", output_after)
+        if page["terminal"] and not page["more"]:
             if not as_json:
-                out.write(f"run {head.run_id} ended: {page.status.value}\n")
+                out.write(("\n" if writing else "") + f"run {run_id} ended: {page['status']}\n")
             return 0
 
 
+def write_delta(out: TextIO, event: Event, writing: str | None) -> str:
+    """Print an ``output_delta``'s text as ``  task> text`` (continued lines indented, a task's
+    text continuing its open line), after a note of what it missed; the task now writing."""
+    task = event.task_id or ""
+    if writing != task or event.missed:
+        if writing is not None:
+            out.write("\n")
+        if event.missed:
+            out.write(f"  {task}> [... {event.missed} characters not held]\n")
+        out.write(f"  {task}> ")
+    out.write((event.text or "").replace("\n", "\n" + " " * (len(task) + 4)))
+    return task
+
+
 def event_line(event: Event) -> str:
-    """One event as ``runs tail`` prints it."""
+    """One recorded event as ``runs tail`` prints it."""
     size = f" ({event.output.chars} chars: {event.output.uri})" if event.output else ""
     return f"#{event.seq:<4} {event.at:%H:%M:%S}  {event.type:<22} {event.summary}{size}"
 

@@ -16,6 +16,7 @@ from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel
 
 from orchestration.core import RunHead, RunStatus
+from orchestration.engine import OutputDeltas
 from orchestration.errors import ConstructError
 from orchestration.tracing import link_call_to_run
 from server.identity import Caller, Role, caller_of
@@ -40,6 +41,11 @@ DEFAULT_WAIT_SECONDS = 3.0
 #: every second), to a client that sent a progress token: clients that reset their timeout on
 #: progress keep the call, and a host sees that it is alive.
 PROGRESS_INTERVAL_SECONDS = 0.8
+#: While a task's call streams (issue 25), a waiting call's progress carries the newest output: at
+#: most one such notification per this many seconds, whose message is the text written since the
+#: previous one (the newest :data:`OUTPUT_MESSAGE_CHARS` characters of it).
+OUTPUT_INTERVAL_SECONDS = 0.25
+OUTPUT_MESSAGE_CHARS = 2000
 
 #: The tools' context type. A parametrized pydantic model is a real class, which is what the SDK's
 #: context-parameter detection needs.
@@ -111,7 +117,9 @@ class Progress:
     """The progress notifications of one waiting call: one when the wait begins, one per change
     the wait observes (:meth:`report`), and, while nothing changes, the last message again every
     :data:`PROGRESS_INTERVAL_SECONDS` (:meth:`tick`). A tick reuses the last head reported, so it
-    costs no store read; notifications are numbered 1, 2, ... (``progress`` rises)."""
+    costs no store read; notifications are numbered 1, 2, ... (``progress`` rises). While a task's
+    call streams in this process, :meth:`follow_output` adds the output written (a tick repeats
+    the status, never text already sent)."""
 
     def __init__(self, ctx: ToolContext) -> None:
         self._ctx = ctx
@@ -124,10 +132,36 @@ class Progress:
         self._message = f"run {head.run_id} is {head.status.value}"
         await self._send()
 
-    async def _send(self) -> None:
+    async def _send(self, message: str | None = None) -> None:
         self._step += 1
         self._sent_at = anyio.current_time()
-        await self._ctx.report_progress(self._step, None, self._message)
+        await self._ctx.report_progress(self._step, None, self._message if message is None else message)
+
+    async def follow_output(self, deltas: OutputDeltas, run_id: str) -> None:
+        """Until cancelled: whenever the run's calls wrote output here, a notification whose
+        message is that text (``task: text`` per task, the newest :data:`OUTPUT_MESSAGE_CHARS`
+        characters), then a pause of :data:`OUTPUT_INTERVAL_SECONDS`. The text of calls that ended
+        before the wait is not sent; a call in flight starts with what is still held of it."""
+        cursors = {t.task_id: (t.attempt, t.end) for t in deltas.held(run_id) if t.ended}
+        try:
+            while True:
+                changed = deltas.changed(run_id)
+                pieces: list[str] = []
+                for held in deltas.held(run_id):
+                    attempt, offset = cursors.get(held.task_id, (held.attempt, 0))
+                    text, _ = held.since(attempt, offset)
+                    cursors[held.task_id] = (held.attempt, held.end)
+                    if text:
+                        pieces.append(f"{held.task_id}: {text}")
+                if pieces:
+                    message = "\n".join(pieces)
+                    if len(message) > OUTPUT_MESSAGE_CHARS:
+                        message = "…" + message[-(OUTPUT_MESSAGE_CHARS - 1) :]
+                    await self._send(message)
+                    await anyio.sleep(OUTPUT_INTERVAL_SECONDS)
+                await changed.wait()
+        except Exception as exc:  # a broken stream, a closed session
+            log.debug("output progress stopped: %s", exc, extra={"action": "progress_stopped"})
 
     async def tick(self) -> None:
         """Repeat the last message whenever :data:`PROGRESS_INTERVAL_SECONDS` passed without one,
@@ -153,6 +187,7 @@ async def with_progress(ctx: ToolContext, head: RunHead, wait: Callable[[Progres
     failed: Exception | None = None
     async with anyio.create_task_group() as group:
         group.start_soon(progress.tick)
+        group.start_soon(progress.follow_output, services_of(ctx).runtime.deltas, head.run_id)
         try:
             result = await wait(progress)
         except Exception as exc:

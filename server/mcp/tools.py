@@ -588,6 +588,7 @@ async def run_events(
             ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="With no event yet, wait this long."
         ),
     ] = 0.0,
+    output_after: Annotated[int, Field(ge=0, description="Text cursor.")] = 0,
 ) -> Annotated[CallToolResult, EventsPage]:
     """A run's events after after_seq; continue with next_after_seq (wait_seconds long-polls)."""
 
@@ -596,7 +597,9 @@ async def run_events(
         runtime = services_of(ctx).runtime
 
         async def page(_: Progress | None = None) -> EventsPage:
-            return await read_events(runtime, run_id, after_seq, limit, wait_seconds)
+            return await read_events(
+                runtime, run_id, after_seq, limit, wait_seconds, output_after=output_after
+            )
 
         if wait_seconds <= 0:
             return await page()

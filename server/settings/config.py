@@ -39,6 +39,8 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     structured_output = "auto"      # how typed steps ask for JSON: auto | json_schema | json_object |
                                     #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
                                     #   back json_schema -> json_object -> prompt when refused
+    stream = true                   # stream answers (deltas to progress, run_events, the page);
+                                    #   an endpoint that refuses a stream is called plainly
 
     [prices."claude-sonnet-4-5"]    # US dollars per million tokens; overrides the dated defaults
     input_per_mtok = 3.0            #   of orchestration.core.pricing (a run records its prices at start)
@@ -122,6 +124,8 @@ class ProviderTable(BaseModel):
     max_tokens_field: MaxTokensField | None = None
     #: How typed steps ask for JSON; None: ``auto``. Anthropic takes ``auto`` or ``prompt``.
     structured_output: StructuredOutputMode | None = None
+    #: Ask for streamed answers (falls back to plain calls when the endpoint refuses a stream).
+    stream: bool = True
 
 
 def _checked_token(value: str) -> str:

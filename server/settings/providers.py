@@ -83,6 +83,7 @@ def provider_settings(settings: Settings) -> ProviderSettings:
             max_concurrency=table.max_concurrency if table is not None else 4,
             max_tokens_field=_max_tokens_field(settings, name),
             structured_output=_structured_output(settings, name),
+            stream=table.stream if table is not None else True,
         )
     openai_url = _configured_base_url(settings, "openai")
     compat: ProviderName = "openrouter"

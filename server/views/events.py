@@ -15,6 +15,17 @@ writes, polling the store for other processes'). The page says where to continue
 ended (``terminal``): a follower is done when ``terminal`` is true and ``more`` false. Reading a page
 costs what the page holds (the store's ``read_facts(run_id, after_seq, limit)``), not the run.
 
+**Output as it is written** (issue 25). A page that reaches the last recorded event also carries,
+after it, an ``output_delta`` event per task whose call is in flight in *this* process and wrote
+since the reader's ``output_after``: the text (at most :data:`OUTPUT_EVENT_CHARS` characters),
+where it starts in the attempt's output (``offset``) and how many characters written since the
+reader's position are no longer held (``missed``; a reader that joins late misses what the
+buffer dropped). These events come from memory only (:class:`orchestration.engine.OutputDeltas`):
+they have no sequence number of their own (``seq`` is the recorded event they follow), are never
+stored, are gone after a restart, and a server that does not run the call has none; ``after_seq``
+and ``next_after_seq`` count recorded events only. Pass ``next_output_after`` back as
+``output_after`` to read on; a long poll also wakes for new output.
+
 Used by the ``run_events`` tool, the ``run://{run_id}/events`` resource (the newest page) and the
 ``runs tail`` command.
 """
@@ -24,10 +35,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import anyio
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from orchestration.core import Fact, RunHead, RunStatus, TaskCompleted
-from orchestration.engine import Runtime
+from orchestration.engine import OutputPiece, Runtime
 from orchestration.errors import InvalidArgument
 from server.views.outline import Outlined, View
 from server.views.run_view import output_uri
@@ -41,6 +53,8 @@ SUMMARY_CHARS = 300
 MAX_EVENTS_LIMIT = 500
 #: How many events the ``run://{run_id}/events`` resource shows: the newest ones.
 RESOURCE_EVENTS = 50
+#: An ``output_delta`` event carries at most this many characters (the newest).
+OUTPUT_EVENT_CHARS = 4000
 
 
 class OutputPreview(View):
@@ -62,6 +76,11 @@ class Event(View):
     gate_id: str | None = None
     summary: str
     output: OutputPreview | None = None
+    #: output_delta only (see the module docstring)
+    attempt: int | None = None
+    offset: int | None = None
+    missed: int | None = None
+    text: str | None = None
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -82,6 +101,7 @@ class EventsPage(Outlined):
     )
     next_after_seq: int = Field(description="Pass as after_seq to read on.")
     more: bool = Field(description="More events are recorded after next_after_seq.")
+    next_output_after: int = 0
 
 
 def event(run_id: str, fact: Fact) -> Event:
@@ -125,10 +145,12 @@ async def read_events(
     limit: int = 50,
     wait_seconds: float = 0.0,
     head: RunHead | None = None,
+    output_after: int = 0,
 ) -> EventsPage:
-    """The run's events after ``after_seq`` (at most ``limit``). With none recorded yet and the
-    run not ended, waits up to ``wait_seconds`` for the next one. ``head``: the run as the caller
-    already read it (saves a read when there is no need to wait).
+    """The run's events after ``after_seq`` (at most ``limit``), then its output written after
+    ``output_after`` (see the module docstring). With neither yet and the run not ended, waits up
+    to ``wait_seconds`` for one. ``head``: the run as the caller already read it (saves a read
+    when there is no need to wait).
 
     Raises ``RunNotFound``, and ``InvalidArgument`` for a negative ``after_seq``, a ``limit`` out of
     1..500, or an ``after_seq`` past the run's last event (a sequence number the run never gave)."""
@@ -140,30 +162,83 @@ async def read_events(
             f"after_seq {after_seq} is past the last event of run {head.run_id}, {head.last_seq}; "
             "pass a next_after_seq this feed gave, or 0 to read from the start"
         )
-    if head.last_seq == after_seq and wait_seconds > 0 and not head.status.is_terminal:
-        head = await runtime.wait_for_facts(head.run_id, after_seq, wait_seconds)
+    idle = head.last_seq == after_seq and not runtime.deltas.after(head.run_id, output_after)
+    if idle and wait_seconds > 0 and not head.status.is_terminal:
+        head = await _wait(runtime, head, after_seq, output_after, wait_seconds)
     facts = await runtime.read_facts(head.run_id, after_seq, limit) if head.last_seq > after_seq else []
     if facts and facts[-1].seq > head.last_seq:
         head = await runtime.status(head.run_id)  # written since: the page says so
-    return page_of(head, facts, after_seq)
+    return page_of(head, facts, after_seq, runtime, output_after)
+
+
+async def _wait(
+    runtime: Runtime, head: RunHead, after_seq: int, output_after: int, seconds: float
+) -> RunHead:
+    """Wait up to ``seconds`` for the run's next recorded event or its next output written here."""
+    deltas, woken = runtime.deltas, head
+
+    async def recorded() -> None:
+        nonlocal woken
+        woken = await runtime.wait_for_facts(head.run_id, after_seq, seconds)
+        group.cancel_scope.cancel()
+
+    async def written() -> None:
+        while not deltas.after(head.run_id, output_after):
+            await deltas.changed(head.run_id).wait()
+        group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(recorded)
+        group.start_soon(written)
+    return woken
 
 
 async def newest_events(runtime: Runtime, head: RunHead, limit: int = RESOURCE_EVENTS) -> EventsPage:
-    """The run's newest ``limit`` events (what the ``run://{run_id}/events`` resource shows)."""
+    """The run's newest ``limit`` events (what the ``run://{run_id}/events`` resource shows), then
+    the output of its calls in flight here."""
     after_seq = max(0, head.last_seq - limit)
     facts = await runtime.read_facts(head.run_id, after_seq, limit)
     if facts and facts[-1].seq > head.last_seq:
         head = await runtime.status(head.run_id)
-    return page_of(head, facts, after_seq)
+    return page_of(head, facts, after_seq, runtime)
 
 
-def page_of(head: RunHead, facts: list[Fact], after_seq: int) -> EventsPage:
+def page_of(
+    head: RunHead, facts: list[Fact], after_seq: int, runtime: Runtime | None = None, output_after: int = 0
+) -> EventsPage:
+    """The page of ``facts``; with ``runtime``, and when the page reaches the last recorded event,
+    the output written after ``output_after`` follows (``output_delta`` events)."""
     next_after_seq = facts[-1].seq if facts else after_seq
+    more = next_after_seq < head.last_seq
+    events = [event(head.run_id, f) for f in facts]
+    next_output_after = output_after
+    if runtime is not None and not more:
+        pieces = runtime.deltas.after(head.run_id, output_after, OUTPUT_EVENT_CHARS)
+        at = runtime.clock.now()
+        events += [output_event(next_after_seq, at, piece) for piece in pieces]
+        next_output_after = max([output_after, runtime.deltas.position])
     return EventsPage(
         run_id=head.run_id,
         status=head.status,
         terminal=head.status.is_terminal,
-        events=[event(head.run_id, f) for f in facts],
+        events=events,
         next_after_seq=next_after_seq,
-        more=next_after_seq < head.last_seq,
+        more=more,
+        next_output_after=next_output_after,
+    )
+
+
+def output_event(seq: int, at: datetime, piece: OutputPiece) -> Event:
+    """The ``output_delta`` event of ``piece``, after the recorded event ``seq``."""
+    missed = f" ({piece.missed} characters before it are no longer held)" if piece.missed else ""
+    return Event(
+        seq=seq,
+        at=at,
+        type="output_delta",
+        task_id=piece.task_id,
+        summary=f"{piece.task_id} wrote {len(piece.text)} characters (attempt {piece.attempt}){missed}",
+        attempt=piece.attempt,
+        offset=piece.offset,
+        missed=piece.missed,
+        text=piece.text,
     )

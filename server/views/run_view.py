@@ -105,6 +105,8 @@ class TelemetryView(View):
     output_tokens: int | None = None
     cost_usd: float | None = Field(default=None, description="At the run's prices; null: unknown.")
     reported_by_host: bool = Field(default=False, description="The host reported this usage (not measured).")
+    first_token_ms: float | None = None
+    stream_ms: float | None = None
     possible_duplicate_call: bool = Field(
         default=False,
         description="True when a worker died during an earlier attempt, so the provider may have been "

@@ -10,6 +10,9 @@ themselves (so they need no token) and read small JSON endpoints of this server 
 ``GET /runs/api/runs?cursor=&limit=``               a :class:`~server.views.listing.RunsPage`, newest first
 ``GET /runs/api/runs/{run_id}?task_id=``            a :class:`~server.views.run_view.RunView` (``task_id``:
                                                     that task's output whole)
+``GET /runs/api/runs/{run_id}/events?after_seq=``   a :class:`~server.views.events.EventsPage` (``run_events``
+``&output_after=``                                  without a wait): the page shows a running task's
+                                                    ``output_delta`` text growing
 ``POST /runs/api/runs/{run_id}/gates/{gate_id}``    decide a gate: ``{"decision": "approve" |
                                                     "reject" | "revise", "comment": "..."}``; the
                                                     run view (its content withheld from an
@@ -55,12 +58,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestration.core import RunStatus, validate_run_id
+from orchestration.core import RunHead, RunStatus, validate_run_id
 from orchestration.errors import ConstructError, InvalidArgument, quoted
 from server.identity import SCOPE_KEY, UNAUTHENTICATED_HTTP, Caller, NamedToken
 from server.mcp.services import Services
 from server.transports.auth import BearerTokenMiddleware
 from server.transports.http import BodyLimitMiddleware, security_settings
+from server.views.events import MAX_EVENTS_LIMIT, read_events
 from server.views.listing import runs_page
 from server.views.run_view import check_task_id
 from server.web.panel import content_security_policy, page
@@ -172,6 +176,7 @@ class RunPages:
                 Route("/session", self.session, methods=["GET"]),
                 Route("/runs", self.list_runs, methods=["GET"]),
                 Route("/runs/{run_id}", self.run, methods=["GET"]),
+                Route("/runs/{run_id}/events", self.events, methods=["GET"]),
                 Route("/runs/{run_id}/gates/{gate_id}", self.decide, methods=["POST"]),
                 Route("/{rest:path}", _not_found),
             ],
@@ -260,17 +265,32 @@ class RunPages:
 
         return await _answer(work)
 
+    async def _readable(self, request: Request, what: str) -> tuple[Caller, Services, RunHead]:
+        """The caller, the services and the path's run, once it is checked the caller may read it."""
+        caller = _caller(request)
+        caller.require("read", what)
+        services = self._running()
+        head = await services.runtime.status(_path_id(request, "run_id"))
+        caller.check_run(head)
+        return caller, services, head
+
     async def run(self, request: Request) -> Response:
         async def work() -> BaseModel:
-            caller = _caller(request)
-            caller.require("read", "reading a run")
-            services = self._running()
-            head = await services.runtime.status(_path_id(request, "run_id"))
-            caller.check_run(head)
+            caller, services, head = await self._readable(request, "reading a run")
             task_id = request.query_params.get("task_id") or None
             if task_id is not None:
                 check_task_id(head, task_id)
             return await services.view(head.run_id, head, "compact", task_id, caller=caller)
+
+        return await _answer(work)
+
+    async def events(self, request: Request) -> Response:
+        async def work() -> BaseModel:
+            _, services, head = await self._readable(request, "reading a run's events")
+            after_seq, output_after = (_count(request, name) for name in ("after_seq", "output_after"))
+            return await read_events(
+                services.runtime, head.run_id, after_seq, MAX_EVENTS_LIMIT, 0.0, head, output_after
+            )
 
         return await _answer(work)
 
@@ -299,6 +319,14 @@ class RunPages:
             return await services.view(head.run_id, head, caller=caller)
 
         return await _answer(work)
+
+
+def _count(request: Request, name: str) -> int:
+    """A non-negative integer query parameter (0 when absent)."""
+    text = request.query_params.get(name, "0")
+    if not text.isdigit():
+        raise InvalidArgument(f"{name} {quoted(text)} is not a number of 0 or more")
+    return int(text)
 
 
 async def _not_found(request: Request) -> Response:

@@ -111,6 +111,10 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         assert view["status"] == "awaiting_approval" and view["tasks"][0]["output"] is None
         whole = (await http.get(f"/runs/api/runs/{run_id}?task_id=architect", headers=_bearer(VERA))).json()
         assert whole["tasks"][0]["output"].startswith("## Plan")
+        # The run's events, as run_events answers them (the page reads output_delta events there).
+        feed = (await http.get(f"/runs/api/runs/{run_id}/events?after_seq=1", headers=_bearer(VERA))).json()
+        assert feed["run_id"] == run_id and feed["events"][0]["seq"] == 2
+        assert feed["next_after_seq"] == feed["events"][-1]["seq"] and "next_output_after" in feed
         gate_url = f"/runs/api/runs/{run_id}/gates/before:engineer"
         refused = await http.post(gate_url, json={"decision": "approve"}, headers=_bearer(VERA))
         assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
@@ -121,6 +125,7 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
         assert (await http.get("/runs/api/runs", headers=carol)).json()["runs"] == []
         hidden = await http.get(f"/runs/api/runs/{run_id}", headers=carol)
         assert hidden.status_code == 403 and hidden.json()["error"] == "forbidden"
+        assert (await http.get(f"/runs/api/runs/{run_id}/events", headers=carol)).status_code == 403
         assert (await http.post(gate_url, json={"decision": "approve"}, headers=carol)).status_code == 403
 
         # Checked before anything is recorded: ids, media type, body, decision.
@@ -132,6 +137,8 @@ async def test_the_pages_headers_tokens_roles_and_errors(tmp_path: Path) -> None
             ("/runs/api/nothing", "not_found", 404),
             ("/runs/api/runs?status=sleeping", "invalid_argument", 400),
             ("/runs/api/runs?limit=many", "invalid_argument", 400),
+            (f"/runs/api/runs/{run_id}/events?output_after=-1", "invalid_argument", 400),
+            (f"/runs/api/runs/{run_id}/events?after_seq=999", "invalid_argument", 400),
         ):
             answer = await http.get(path, headers=bob)
             assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text

@@ -36,6 +36,13 @@ the dialect of the endpoint that was called (see :data:`ERRORS`; the rendering l
 for an Anthropic request that forces a tool (a typed step) whose ``text`` is a JSON object answers
 with that tool's ``tool_use`` block, as a model would; OpenAI-style answers are always the text.
 
+**Streams.** A request with ``"stream": true`` gets each 2xx answer as server-sent events in its
+dialect (Anthropic: ``message_start`` ... ``message_stop``, ``input_json_delta`` for a forced tool;
+OpenAI: chunks, the usage chunk, ``[DONE]``); error statuses stay plain JSON, as at the real APIs.
+A reply's ``chunk_chars`` / ``chunk_delay_seconds`` script the pieces and their timing, ``cut``
+(``reset`` / ``end`` / ``error``) after ``cut_after`` text deltas breaks the stream,
+``refuse_stream`` answers a stream request with a 400 naming ``stream`` and ``plain`` ignores it.
+
 **In process** (from sync or async tests; the server runs in a background thread with its own event
 loop, so it keeps answering while the test's loop awaits)::
 
@@ -72,11 +79,25 @@ import uvicorn
 from pydantic import RootModel
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tests.fakes.provider_wire import ERRORS, ErrorKind, Reply, anthropic_wire, openai_wire, to_response
+from tests.fakes.provider_wire import (
+    ERRORS,
+    ErrorKind,
+    Reply,
+    Wire,
+    anthropic_events,
+    anthropic_stream_error,
+    anthropic_wire,
+    openai_chunks,
+    openai_stream_error,
+    openai_wire,
+    sse,
+    stream_refusal,
+    to_response,
+)
 
 __all__ = ["ERRORS", "ErrorKind", "FakeProvider", "Reply", "Scenario", "main"]
 
@@ -143,6 +164,7 @@ class _State:
         self.scenario = scenario
         self.calls: dict[str, int] = {}
         self.requests: list[dict[str, Any]] = []
+        self.streams: list[dict[str, Any]] = []
 
     def next_reply(self, key: str, record: dict[str, Any]) -> tuple[Reply, int]:
         with self.lock:
@@ -165,6 +187,7 @@ class _State:
                 self.scenario = scenario
             self.calls.clear()
             self.requests.clear()
+            self.streams.clear()
 
 
 # --- the app --------------------------------------------------------------------------------------
@@ -200,12 +223,17 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         if reply.reset:
             await _reset_connection(request)
             return Response(status_code=500)  # never sent: the connection is gone
+        streamed = isinstance(payload, dict) and payload.get("stream") is True and not reply.plain
+        if streamed and reply.refuse_stream:
+            return to_response(reply, stream_refusal(dialect))
         if dialect == "anthropic":
             choice = payload.get("tool_choice") if isinstance(payload, dict) else None
             forced = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
             wire = anthropic_wire(reply, model, n, tool=forced if isinstance(forced, str) else None)
         else:
             wire = openai_wire(reply, model, n, openrouter=dialect == "openrouter")
+        if streamed and wire[0] == 200 and wire[3] is None and reply.raw is None and reply.body is None:
+            return _stream_response(request, reply, (dialect, key), wire, (state, stopping))
         return to_response(reply, wire)
 
     async def messages(request: Request) -> Response:
@@ -253,6 +281,50 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         await app(scope, receive, send)
 
     return asgi
+
+
+def _stream_response(
+    request: Request,
+    reply: Reply,
+    where: tuple[str, str],
+    wire: Wire,
+    server: tuple[_State, threading.Event],
+) -> Response:
+    """A 2xx answer as server-sent events, with the reply's chunk timing and cut (see
+    :class:`Reply`). When the stream ends, for whatever reason, ``state.streams`` records how
+    far it got (``FakeProvider.streams``)."""
+    (dialect, key), (state, stopping) = where, server
+    _, headers, body, _ = wire
+    if dialect == "anthropic":
+        events, failure = anthropic_events(reply, body), anthropic_stream_error()
+    else:
+        events, failure = openai_chunks(reply, body), openai_stream_error(reply)
+
+    async def send() -> Any:
+        deltas, sent, first_at = 0, 0, None
+        try:
+            for event in events:
+                if reply.cut is not None and deltas >= reply.cut_after:
+                    if reply.cut == "reset":
+                        await _reset_connection(request)
+                    elif reply.cut == "error":
+                        yield sse(failure)
+                    return
+                if event[2] and reply.chunk_delay_seconds > 0 and not stopping.is_set():
+                    await asyncio.sleep(reply.chunk_delay_seconds)
+                deltas += event[2]
+                if event[2] and first_at is None:
+                    first_at = time.monotonic()
+                yield sse(event)
+                sent += 1
+        finally:
+            ended = {"finished": sent == len(events), "at": time.monotonic(), "first_at": first_at}
+            with state.lock:
+                state.streams.append({"task": key, "deltas": deltas, **ended})
+
+    response = StreamingResponse(send(), status_code=200, media_type="text/event-stream")
+    response.headers.update({**headers, **reply.headers})
+    return response
 
 
 async def _reset_connection(request: Request) -> None:
@@ -357,6 +429,14 @@ class FakeProvider:
         """Every request seen, oldest first: ``path``, ``task``, ``headers`` (lowercase), ``body``."""
         with self._state.lock:
             return list(self._state.requests)
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Every stream that ended, oldest first: ``task``, the text ``deltas`` sent, whether all
+        its events were sent (``finished``; False: cut, or the client went away), when it
+        ended (``at``, this process's ``time.monotonic()``) and when its first text delta was
+        sent (``first_at``; None: none was)."""
+        with self._state.lock:
+            return list(self._state.streams)
 
     def set_scenario(self, scenario: ScenarioLike) -> None:
         """Replace the scenario; counters, cursors and recorded requests start again from zero."""

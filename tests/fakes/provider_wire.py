@@ -84,6 +84,17 @@ class Reply(BaseModel):
     in_body_code: int | str | None = None
     input_tokens: int = 11
     output_tokens: int = 7
+    # Streaming (a request with "stream": true): a 2xx answer is sent as server-sent events, its
+    # text in pieces of ``chunk_chars`` characters, ``chunk_delay_seconds`` apart; ``refuse_stream``
+    # answers a stream request with a 400 naming ``stream``, ``plain`` answers it with JSON.
+    # ``cut`` after ``cut_after`` text deltas: ``reset`` (TCP RST), ``end`` (the body ends without
+    # the final event) or ``error`` (an error event: overloaded_error / an error object).
+    chunk_chars: int = 8
+    chunk_delay_seconds: float = 0.0
+    refuse_stream: bool = False
+    plain: bool = False
+    cut: Literal["reset", "end", "error"] | None = None
+    cut_after: int = 1
 
 
 Wire = tuple[int, dict[str, str], Any, str | None]  # status, headers, JSON body, raw body
@@ -334,3 +345,106 @@ def to_response(reply: Reply, wire: Wire) -> Response:
     if raw is not None:
         return Response(raw, status_code=status, headers=headers)
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+#: One server-sent event: (event name or None, data, whether it carries output text).
+Event = tuple[str | None, str, bool]
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))] or [""]
+
+
+def stream_refusal(dialect: str) -> Wire:
+    """A 400 naming ``stream``, as an endpoint that does not stream answers."""
+    if dialect == "anthropic":
+        body = {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "stream: streaming is not supported"},
+        }
+        return 400, {}, body, None
+    error = {"message": "Unrecognized request argument supplied: stream", "type": "invalid_request_error"}
+    return 400, {}, {"error": {**error, "param": "stream", "code": None}}, None
+
+
+def anthropic_events(reply: Reply, message: dict[str, Any]) -> list[Event]:
+    """The Messages stream of a message body (an error body: one ``error`` event)."""
+    if message.get("type") == "error":
+        return [("error", json.dumps(message), False)]
+    if "content" not in message:  # a malformed message: sent as it is
+        return [_event("message_start", message=message), _event("message_stop")]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 1}}
+    events: list[Event] = [("message_start", json.dumps({"type": "message_start", "message": start}), False)]
+    events.append(("ping", json.dumps({"type": "ping"}), False))
+    for index, block in enumerate(message.get("content") or []):
+        kind = block["type"]
+        empty: dict[str, Any] = {"text": {"text": ""}, "thinking": {"thinking": ""}}.get(kind, {"input": {}})
+        opening = {**block, **empty}
+        events.append(_event("content_block_start", index=index, content_block=opening))
+        if kind == "text":
+            pieces = [("text_delta", "text", p, True) for p in _pieces(block["text"], reply.chunk_chars)]
+        elif kind == "thinking":
+            pieces = [("thinking_delta", "thinking", block["thinking"], False)]
+        else:
+            text = json.dumps(block["input"])
+            pieces = [("input_json_delta", "partial_json", p, True) for p in _pieces(text, reply.chunk_chars)]
+        for dtype, field, piece, counts in pieces:
+            data = json.dumps(
+                {"type": "content_block_delta", "index": index, "delta": {"type": dtype, field: piece}}
+            )
+            events.append(("content_block_delta", data, counts))
+        events.append(_event("content_block_stop", index=index))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    events.append(
+        _event("message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]})
+    )
+    events.append(_event("message_stop"))
+    return events
+
+
+def _event(kind: str, **fields: Any) -> Event:
+    return kind, json.dumps({"type": kind, **fields}), False
+
+
+def anthropic_stream_error() -> Event:
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    return "error", json.dumps(error), False
+
+
+def openai_chunks(reply: Reply, completion: dict[str, Any]) -> list[Event]:
+    """The Chat Completions stream of a completion body (an error body: one error chunk)."""
+    if "choices" not in completion:
+        return [(None, json.dumps(completion), False), (None, "[DONE]", False)]
+    base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = completion["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        entry = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
+        return json.dumps({**base, "choices": [entry]})
+
+    events: list[Event] = [(None, chunk({"role": "assistant", "content": ""}), False)]
+    if message.get("reasoning"):
+        events.append((None, chunk({"reasoning": message["reasoning"]}), False))
+    if message.get("refusal"):
+        events.append((None, chunk({"refusal": message["refusal"]}), False))
+    if message.get("content"):
+        events += [
+            (None, chunk({"content": p}), True) for p in _pieces(message["content"], reply.chunk_chars)
+        ]
+    extra = {"error": choice["error"]} if "error" in choice else {}
+    events.append((None, chunk({}, choice["finish_reason"], **extra), False))
+    events.append((None, json.dumps({**base, "choices": [], "usage": completion["usage"]}), False))
+    events.append((None, "[DONE]", False))
+    return events
+
+
+def openai_stream_error(reply: Reply) -> Event:
+    code = reply.in_body_code if reply.in_body_code is not None else 502
+    error = {"error": {"code": code, "message": "Upstream error from provider: stream interrupted"}}
+    return None, json.dumps(error), False
+
+
+def sse(event: Event) -> bytes:
+    name, data, _ = event
+    return ((f"event: {name}\n" if name else "") + f"data: {data}\n\n").encode()

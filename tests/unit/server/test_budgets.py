@@ -179,6 +179,32 @@ async def test_a_reply_over_max_tokens_is_the_providers_error_and_the_run_spends
     assert (head.spent.run.input_tokens, head.spent.run.output_tokens) == (11, 1200)
 
 
+async def test_a_stream_past_what_max_tokens_can_hold_is_stopped_and_fails_the_task(
+    fake: FakeProvider,
+) -> None:
+    """Issue 25: a streamed answer whose text passes max_tokens x 8 characters (here 300 tokens,
+    2,400 characters) cannot have kept to the limit the budget counted on: the stream is stopped
+    there (the provider sees the connection close before its answer ends), the task fails with
+    over_max_tokens, not retried, and the call is charged max_tokens output tokens."""
+    fake.set_scenario({"default": [{"text": "x" * 6000, "chunk_chars": 100, "chunk_delay_seconds": 0.005}]})
+    runtime = runtime_for(fake, max_tokens=300)
+    run_id = await start(runtime, Budget(max_total_tokens=1000))
+    head = await runtime.status(run_id)
+    architect = head.task("architect")
+    assert architect.status == TaskStatus.FAILED and architect.error is not None
+    assert architect.error.code == "over_max_tokens" and not architect.error.retryable
+    assert "passed 2400 characters" in architect.error.message
+    [stream] = fake.streams()
+    assert not stream["finished"] and stream["deltas"] < 60
+    assert head.spent is not None and head.spent.run.output_tokens == 300
+    assert len(fake.requests()) == 1
+    # Without a budget nothing is counted: the same answer is used whole.
+    fake.set_scenario({"default": [{"text": "x" * 6000, "chunk_chars": 100}]})
+    free = runtime_for(fake, max_tokens=300)
+    done = await free.status(await start(free, None, ("architect",)))
+    assert done.status == RunStatus.COMPLETED
+
+
 async def test_a_reply_within_max_tokens_is_used(fake: FakeProvider) -> None:
     """The bound is the request's max_tokens, not the budget: 300 output tokens for a call of
     max_tokens 300 is an answer (and a run without a budget checks nothing)."""

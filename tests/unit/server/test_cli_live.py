@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+from typing import Any
 
 import anyio
 
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import StartRequest
-from server.cli.live import TAIL_BACKLOG, render_watch, tail
+from server.cli.live import TAIL_BACKLOG, follow, render_watch, tail
 from tests.unit.helpers import make_runtime, play
 
 
@@ -57,3 +58,67 @@ async def test_watch_says_what_each_live_run_waits_for() -> None:
     text = render_watch([await runtime.status(head.run_id)], runtime.clock.now(), more=True)
     assert text.startswith("1+ live runs at ")
     assert "waits for host output for task writer" in text and "--limit N" in text
+
+
+async def test_tail_prints_output_deltas_as_the_text_continuing_its_line() -> None:
+    """A feed with output_delta events (what ``tail --url`` reads from a server running the call):
+    the text continues its task's line, a note says what a late reader missed, and a recorded
+    event starts a line of its own."""
+    at = "2026-12-01T10:00:00Z"
+
+    def delta(task: str, offset: int, text: str, missed: int = 0) -> dict[str, Any]:
+        return {
+            "seq": 2,
+            "at": at,
+            "type": "output_delta",
+            "task_id": task,
+            "summary": "s",
+            "attempt": 1,
+            "offset": offset,
+            "missed": missed,
+            "text": text,
+        }
+
+    recorded = {"seq": 3, "at": at, "type": "run_finished", "summary": "completed"}
+    pages = [
+        {
+            "events": [delta("writer", 40, "Hello, ", missed=40)],
+            "next_after_seq": 2,
+            "next_output_after": 7,
+            "terminal": False,
+            "more": False,
+            "status": "running",
+        },
+        {
+            "events": [delta("writer", 47, "wor"), delta("writer", 50, "ld.\nBye.")],
+            "next_after_seq": 2,
+            "next_output_after": 9,
+            "terminal": False,
+            "more": False,
+            "status": "running",
+        },
+        {
+            "events": [recorded],
+            "next_after_seq": 3,
+            "next_output_after": 9,
+            "terminal": True,
+            "more": False,
+            "status": "completed",
+        },
+    ]
+    asked: list[tuple[int, int]] = []
+
+    async def read(after_seq: int, output_after: int, wait: float) -> dict[str, Any]:
+        asked.append((after_seq, output_after))
+        return pages[len(asked) - 1]
+
+    out = io.StringIO()
+    assert await follow(read, "run-x", out, after=1, as_json=False, wait_seconds=1) == 0
+    assert asked == [(1, 0), (2, 7), (2, 9)]  # each page read on from the previous one's cursors
+    assert out.getvalue().splitlines() == [
+        "  writer> [... 40 characters not held]",
+        "  writer> Hello, world.",
+        "          Bye.",
+        "#3    10:00:00  run_finished           completed",
+        "run run-x ended: completed",
+    ]

@@ -127,6 +127,8 @@ async def test_request_shape_openai() -> None:
             {"role": "user", "content": "Review it."},
         ],
         "max_completion_tokens": 512,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 
@@ -179,6 +181,8 @@ async def test_local_server_without_key_sends_no_auth_and_old_max_tokens_field()
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 8,
         "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 

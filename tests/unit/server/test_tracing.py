@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import ManualClock, SystemClock
-from orchestration.core.facts import AttemptStarted, RunCreated, parse_fact, parse_head
+from orchestration.core.facts import AttemptStarted, RunCreated, TaskCompleted, parse_fact, parse_head
 from orchestration.core.fold import apply_write
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime, StartRequest
@@ -97,7 +97,14 @@ async def test_a_provider_run_is_a_span_tree_under_the_callers_trace(http: httpx
         head, _ = await runtime.start(StartRequest(REQUEST, traceparent=TRACEPARENT))
         await runtime.drive(head.run_id)
         assert (await runtime.status(head.run_id)).status == RunStatus.COMPLETED
+        completed = [f for f in await runtime.read_facts(head.run_id) if isinstance(f, TaskCompleted)]
         spans = finished(exporter)
+
+    # The recorded outputs carry the stream's telemetry too (the output itself is the whole text).
+    assert len(completed) == 3
+    assert all((f.telemetry.first_token_ms or 0) > 0 for f in completed)
+    assert all(f.telemetry.stream_ms is not None for f in completed)
+    assert all(f.output.endswith("[secret-output]") for f in completed)
 
     assert {s.trace_id for s in spans} == {TRACE_ID}
     [run] = named(spans, "run ")
@@ -142,6 +149,9 @@ async def test_a_provider_run_is_a_span_tree_under_the_callers_trace(http: httpx
         assert chat.attributes["gen_ai.usage.output_tokens"] > 0
         assert chat.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
         assert chat.attributes["server.address"] == "127.0.0.1"
+        # a streamed call (the default): its first delta's latency and the stream's duration
+        assert chat.attributes["construct.stream.first_token_ms"] > 0
+        assert chat.attributes["construct.stream.duration_ms"] >= 0
     [overloaded] = [c for c in chats if "error.type" in c.attributes]
     assert overloaded.attributes["error.type"] == "overloaded"
     assert overloaded.attributes["http.response.status_code"] == 529

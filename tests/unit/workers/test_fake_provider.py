@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from orchestration.workers.model_calls import (
     ProviderCallError,
     ProviderClient,
     ProviderRequest,
-    make_http_client,
 )
 from orchestration.workers.openai_compat import OpenAICompatClient
 from tests.fakes.fake_provider import FakeProvider
@@ -39,42 +37,26 @@ def request(
     )
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeProvider]:
-    with FakeProvider() as running:
-        yield running
+def anthropic(http: httpx2.AsyncClient, fake: FakeProvider, *, stream: bool = True) -> AnthropicClient:
+    return AnthropicClient(http, api_key=KEY, base_url=fake.base_url, stream=stream)
 
 
-@pytest.fixture
-def fake(server: FakeProvider) -> FakeProvider:
-    """The module's server, with an empty scenario and zeroed counters for each test."""
-    server.set_scenario(None)
-    return server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx2.AsyncClient]:
-    # trust_env=False: a proxy configured in the environment must not intercept 127.0.0.1.
-    async with make_http_client(trust_env=False, read_timeout=10.0) as client:
-        yield client
-
-
-def anthropic(http: httpx2.AsyncClient, fake: FakeProvider) -> AnthropicClient:
-    return AnthropicClient(http, api_key=KEY, base_url=fake.base_url)
-
-
-def openai(http: httpx2.AsyncClient, fake: FakeProvider, *, openrouter: bool = False) -> OpenAICompatClient:
+def openai(
+    http: httpx2.AsyncClient, fake: FakeProvider, *, openrouter: bool = False, stream: bool = True
+) -> OpenAICompatClient:
     base = f"{fake.base_url}/api" if openrouter else fake.base_url
-    return OpenAICompatClient(http, api_key=KEY, base_url=base)
+    return OpenAICompatClient(http, api_key=KEY, base_url=base, stream=stream)
 
 
 DIALECTS = ["anthropic", "openai", "openrouter"]
 
 
-def client_for(dialect: str, http: httpx2.AsyncClient, fake: FakeProvider) -> ProviderClient:
+def client_for(
+    dialect: str, http: httpx2.AsyncClient, fake: FakeProvider, *, stream: bool = True
+) -> ProviderClient:
     if dialect == "anthropic":
-        return anthropic(http, fake)
-    return openai(http, fake, openrouter=dialect == "openrouter")
+        return anthropic(http, fake, stream=stream)
+    return openai(http, fake, openrouter=dialect == "openrouter", stream=stream)
 
 
 async def fails(client: ProviderClient, req: ProviderRequest) -> ProviderCallError:
@@ -242,16 +224,19 @@ EXPECTED = {
 }
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_every_scripted_error_classifies_as_documented(
-    dialect: str, fake: FakeProvider, http: httpx2.AsyncClient
+    dialect: str, stream: bool, fake: FakeProvider, http: httpx2.AsyncClient
 ) -> None:
+    """Streamed (each 2xx answer as events: the error event, the stop reasons, a malformed
+    message) or plain, an answer classifies the same."""
     from tests.fakes.fake_provider import ERRORS
 
     expected = dict(EXPECTED, error_in_body="overloaded" if dialect == "anthropic" else "server_error")
     assert set(expected) == set(ERRORS)
     fake.set_scenario({kind: [{"error": kind}] for kind in expected})
-    client = client_for(dialect, http, fake)
+    client = client_for(dialect, http, fake, stream=stream)
     got = {kind: (await fails(client, request(kind))).error.code for kind in expected}
     assert got == expected
 

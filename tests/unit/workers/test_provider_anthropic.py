@@ -126,6 +126,7 @@ async def test_request_shape() -> None:
         "max_tokens": 256,
         "system": "You are an engineer.",
         "messages": [{"role": "user", "content": "Build it."}],
+        "stream": True,
     }
 
 
