@@ -135,15 +135,15 @@ StartChain = Annotated[
     | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
     | None,
     Field(
-        description="A chain name (default: architect -> engineer -> reviewer) or specialists run in "
-        "order, e.g. ['researcher', 'writer']."
+        description="A chain name (default: architect -> engineer -> reviewer) or specialists in order, "
+        "e.g. ['researcher', 'writer']."
     ),
 ]
 ApproveBefore = Annotated[
     list[Name] | None,
     Field(
         max_length=LIMITS.max_list_items,
-        description="Steps to pause before, for an approval (e.g. ['engineer']).",
+        description="Steps to pause before for approval (e.g. ['engineer']).",
     ),
 ]
 IdempotencyKey = Annotated[
@@ -160,13 +160,11 @@ NewRun = Annotated[
 ]
 WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
-    Field(
-        description="'inline': you run each task with your own model; 'provider': the server calls a model."
-    ),
+    Field(description="'inline': you run each task with your model; 'provider': the server calls a model."),
 ]
 ProviderName = Annotated[
     Literal["anthropic", "openrouter", "openai"] | None,
-    Field(description="Provider backend: which provider (default: the server's)."),
+    Field(description="Provider backend: the provider (default: the server's)."),
 ]
 ModelName = Annotated[
     str | None,
@@ -207,7 +205,7 @@ ParentTaskId = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The task of parent_run_id (awaiting your output) the child belongs to.",
+        description="The task of parent_run_id (awaiting your output) it belongs to.",
     ),
 ]
 
