@@ -8,6 +8,7 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     store_fallback = true           # an unreachable store falls back to filesystem, with a warning
     deployment_mode = "solo"        # solo -> filesystem; team / enterprise -> postgres
     database_url = "postgresql://..."
+    store_pool_size = 10            # postgres: connections per server (+1 listener); drives wait
     worker_backend = "inline"       # inline | provider
     lease_ttl_seconds = 30
     dispatch_concurrency = 4
@@ -201,6 +202,14 @@ class Settings(BaseSettings):
         max_length=2000,
         repr=False,
         description="the database of the store `postgres`",
+    )
+    store_pool_size: Annotated[int, from_env("CONSTRUCT_STORE_POOL_SIZE")] = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="connections this server's `postgres` store opens at most (plus one that listens for "
+        "changes); a run being driven holds one only for a statement, so more runs than connections "
+        "wait their turn, none fails for it",
     )
     worker_backend: Annotated[WorkerBackendName, from_env("CONSTRUCT_WORKER_BACKEND")] = Field(
         default="inline", description="`inline` (no model calls) or `provider`"
