@@ -118,7 +118,7 @@ class ProviderTable(BaseModel):
 
     base_url: str | None = Field(default=None, min_length=1, max_length=2000)
     api_key: str | None = Field(default=None, min_length=1, repr=False)
-    max_concurrency: int = Field(default=4, ge=1, le=256)
+    max_concurrency: int = Field(default=4, ge=1, le=10_000)
     #: OpenAI-compatible providers only; None: chosen from the base URL.
     max_tokens_field: MaxTokensField | None = None
     #: How typed steps ask for JSON; None: ``auto``. Anthropic takes ``auto`` or ``prompt``.
@@ -218,7 +218,7 @@ class Settings(BaseSettings):
         default=30.0, ge=1, le=3600, description="how long a lease on a run lasts unless renewed"
     )
     dispatch_concurrency: Annotated[int, from_env("CONSTRUCT_DISPATCH_CONCURRENCY")] = Field(
-        default=4, ge=1, le=256, description="runs the dispatcher drives at once"
+        default=4, ge=1, le=10_000, description="runs the dispatcher drives at once"
     )
     poll_seconds: Annotated[float, from_env("CONSTRUCT_POLL_SECONDS")] = Field(
         default=1.0,

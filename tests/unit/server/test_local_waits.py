@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
+from pydantic import ValidationError
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.vocabulary import RunStatus
@@ -64,3 +66,15 @@ async def test_as_many_calls_as_max_concurrency_reach_the_provider_and_none_fail
     # every task was called once: no attempt failed for waiting
     assert sorted(set(calls.values())) == [1]
     assert len(calls) == 3 * RUNS
+
+
+def test_concurrency_is_bounded_by_memory_not_by_256(tmp_path: Path) -> None:
+    # ~110-135 KiB of server memory per live run (bench/live_run_memory.py): 10,000 is ~1.3 GiB
+    settings = Settings(
+        home=tmp_path,
+        dispatch_concurrency=1000,
+        providers={"anthropic": ProviderTable(max_concurrency=2000)},
+    )
+    assert settings.dispatch_concurrency == 1000
+    with pytest.raises(ValidationError):
+        Settings(home=tmp_path, dispatch_concurrency=10_001)
