@@ -40,7 +40,7 @@ async def runtime_for(
     # it, the agent worker adds it to what its calls send on (orchestration.core.hops)
     server_id = new_server_id()
     agents = AgentWorker(agent_endpoints(settings.agents), limits=settings.limits(), server_id=server_id)
-    async with make_http_client() as http:
+    async with make_http_client(max_connections=providers.max_connections) as http:
         yield Runtime(
             store,
             catalog,

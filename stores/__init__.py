@@ -53,6 +53,7 @@ from stores.faults import CrashAfterWrites
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_POOL_SIZE",
     "CrashAfterWrites",
     "MigrationReport",
     "OpenedStore",
@@ -73,6 +74,8 @@ Backend = Literal["memory", "filesystem", "sqlite", "postgres"]
 
 #: Seconds to wait for a database connection before the store counts as unreachable.
 DEFAULT_CONNECT_TIMEOUT = 5.0
+#: The postgres store's connections at most (``store_pool_size``; the listener is one more).
+DEFAULT_POOL_SIZE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,23 +200,26 @@ async def open_store(
     home: Path,
     database_url: str | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    pool_size: int = DEFAULT_POOL_SIZE,
 ) -> RunStore:
     """Open the store ``spec`` names (see the module docstring), importing only its driver.
 
     Raises ``ConfigError`` (not a store spec), ``StoreUnavailable`` (driver missing, backend
     unreachable within ``connect_timeout`` seconds, schema behind: the message says what to do and
-    never contains a password)."""
+    never contains a password). ``pool_size``: the postgres store's connections at most."""
     parsed = parse_store_spec(spec, home=home, database_url=database_url)
-    return await _open_parsed(parsed, connect_timeout)
+    return await _open_parsed(parsed, connect_timeout, pool_size)
 
 
-async def _open_new(spec: StoreSpec, connect_timeout: float) -> tuple[RunStore, bool]:
+async def _open_new(
+    spec: StoreSpec, connect_timeout: float, pool_size: int = DEFAULT_POOL_SIZE
+) -> tuple[RunStore, bool]:
     """The store ``spec`` names, and whether it was created by this open (see
     :attr:`OpenedStore.created`)."""
     existed = spec.path is not None and (
         (spec.path / "runs").is_dir() if spec.backend == "filesystem" else spec.path.exists()
     )
-    store = await _open_parsed(spec, connect_timeout)
+    store = await _open_parsed(spec, connect_timeout, pool_size)
     if spec.backend == "postgres":
         from stores.postgres import PostgresStore  # imported by _open_parsed already
 
@@ -221,7 +227,9 @@ async def _open_new(spec: StoreSpec, connect_timeout: float) -> tuple[RunStore, 
     return store, spec.backend != "memory" and not existed
 
 
-async def _open_parsed(spec: StoreSpec, connect_timeout: float) -> RunStore:
+async def _open_parsed(
+    spec: StoreSpec, connect_timeout: float, pool_size: int = DEFAULT_POOL_SIZE
+) -> RunStore:
     if spec.backend == "memory":
         from stores.memory import MemoryStore
 
@@ -243,7 +251,9 @@ async def _open_parsed(spec: StoreSpec, connect_timeout: float) -> RunStore:
     except ImportError as exc:
         raise StoreUnavailable(f"the postgres store needs the asyncpg package ({exc})") from exc
     assert spec.dsn is not None
-    return await PostgresStore.open(spec.dsn, schema=spec.schema, connect_timeout=connect_timeout)
+    return await PostgresStore.open(
+        spec.dsn, schema=spec.schema, connect_timeout=connect_timeout, max_size=pool_size
+    )
 
 
 async def open_configured_store(
@@ -254,6 +264,7 @@ async def open_configured_store(
     database_url: str | None = None,
     fallback: bool = True,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    pool_size: int = DEFAULT_POOL_SIZE,
 ) -> OpenedStore:
     """Open the store ``spec`` names; ``source`` says where the spec came from (``--store``,
     ``config``, a variable's name, ``default``) and ``database_url`` is the bare ``postgres``'s.
@@ -273,7 +284,7 @@ async def open_configured_store(
         parsed = parse_store_spec(spec, home=home, database_url=database_url, source=source)
         shown = parsed.display
         secret_source = parsed.dsn or spec
-        store, created = await _open_new(parsed, connect_timeout)
+        store, created = await _open_new(parsed, connect_timeout, pool_size)
         return OpenedStore(store, shown, source, created=created)
     except StoreUnavailable as exc:
         cause = scrub(str(exc), secret_source)

@@ -206,9 +206,9 @@ def make_http_client(
     connect_timeout: float = 10.0,
     read_timeout: float = 600.0,
     write_timeout: float = 30.0,
-    pool_timeout: float = 30.0,
+    pool_timeout: float | None = None,
     max_connections: int = 32,
-    max_keepalive_connections: int = 16,
+    max_keepalive_connections: int | None = None,
     keepalive_expiry: float = 30.0,
     trust_env: bool = True,
 ) -> httpx2.AsyncClient:
@@ -221,6 +221,12 @@ def make_http_client(
     call sends nothing until the whole answer is ready (the official SDKs default to 600 s). Pass a
     ``transport`` (``httpx2.MockTransport`` in unit tests) to replace the network; the pool limits
     then belong to that transport. ``trust_env`` honours ``HTTPS_PROXY`` / ``NO_PROXY``.
+
+    Waiting for a pooled connection is a local wait, not the provider's time: by default it has no
+    deadline (``pool_timeout=None``), so a call queued behind others is never recorded as a
+    timed-out attempt. Size ``max_connections`` to the calls the process makes at once (the server
+    passes :attr:`~orchestration.workers.provider_worker.ProviderSettings.max_connections`, the sum
+    of the providers' ``max_concurrency``); idle connections kept alive default to the same number.
     """
     return httpx2.AsyncClient(
         transport=transport,
@@ -229,7 +235,9 @@ def make_http_client(
         ),
         limits=httpx2.Limits(
             max_connections=max_connections,
-            max_keepalive_connections=max_keepalive_connections,
+            max_keepalive_connections=max_connections
+            if max_keepalive_connections is None
+            else max_keepalive_connections,
             keepalive_expiry=keepalive_expiry,
         ),
         follow_redirects=False,

@@ -138,6 +138,13 @@ class ProviderSettings:
     #: ``openai`` when ``CONSTRUCT_OPENAI_BASE_URL`` points at another compatible server
     compat_provider: ProviderName = "openrouter"
 
+    @property
+    def max_connections(self) -> int:
+        """The HTTP connections the provider calls of one process can use at once: each provider's
+        calls are bounded by its ``max_concurrency`` (:class:`ProviderWorker`'s limiters), so the
+        shared client's pool of this size never makes a call wait for a connection."""
+        return max(1, sum(endpoint.max_concurrency for endpoint in self.endpoints.values()))
+
     def infer_provider(self, model: str) -> ProviderName:
         return "anthropic" if model.startswith("claude-") else self.compat_provider
 

@@ -8,6 +8,7 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     store_fallback = true           # an unreachable store falls back to filesystem, with a warning
     deployment_mode = "solo"        # solo -> filesystem; team / enterprise -> postgres
     database_url = "postgresql://..."
+    store_pool_size = 10            # postgres: connections per server (+1 listener); drives wait
     worker_backend = "inline"       # inline | provider
     lease_ttl_seconds = 30
     dispatch_concurrency = 4
@@ -119,7 +120,7 @@ class ProviderTable(BaseModel):
 
     base_url: str | None = Field(default=None, min_length=1, max_length=2000)
     api_key: str | None = Field(default=None, min_length=1, repr=False)
-    max_concurrency: int = Field(default=4, ge=1, le=256)
+    max_concurrency: int = Field(default=4, ge=1, le=10_000)
     #: OpenAI-compatible providers only; None: chosen from the base URL.
     max_tokens_field: MaxTokensField | None = None
     #: How typed steps ask for JSON; None: ``auto``. Anthropic takes ``auto`` or ``prompt``.
@@ -206,6 +207,14 @@ class Settings(BaseSettings):
         repr=False,
         description="the database of the store `postgres`",
     )
+    store_pool_size: Annotated[int, from_env("CONSTRUCT_STORE_POOL_SIZE")] = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="connections this server's `postgres` store opens at most (plus one that listens for "
+        "changes); a run being driven holds one only for a statement, so more runs than connections "
+        "wait their turn, none fails for it",
+    )
     worker_backend: Annotated[WorkerBackendName, from_env("CONSTRUCT_WORKER_BACKEND")] = Field(
         default="inline", description="`inline` (no model calls) or `provider`"
     )
@@ -213,7 +222,7 @@ class Settings(BaseSettings):
         default=30.0, ge=1, le=3600, description="how long a lease on a run lasts unless renewed"
     )
     dispatch_concurrency: Annotated[int, from_env("CONSTRUCT_DISPATCH_CONCURRENCY")] = Field(
-        default=4, ge=1, le=256, description="runs the dispatcher drives at once"
+        default=4, ge=1, le=10_000, description="runs the dispatcher drives at once"
     )
     poll_seconds: Annotated[float, from_env("CONSTRUCT_POLL_SECONDS")] = Field(
         default=1.0,

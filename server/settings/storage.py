@@ -51,7 +51,12 @@ def store_inputs(settings: Settings) -> dict[str, Any]:
     """The ``spec`` / ``source`` / ``database_url`` arguments of :func:`stores.open_configured_store`
     for these settings."""
     spec, source = store_choice(settings)
-    return {"spec": spec, "source": source, "database_url": settings.database_url}
+    return {
+        "spec": spec,
+        "source": source,
+        "database_url": settings.database_url,
+        "pool_size": settings.store_pool_size,
+    }
 
 
 def store_url(settings: Settings) -> str:

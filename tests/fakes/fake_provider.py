@@ -165,6 +165,10 @@ class _State:
         self.calls: dict[str, int] = {}
         self.requests: list[dict[str, Any]] = []
         self.streams: list[dict[str, Any]] = []
+        #: while set, every request waits before it is answered (:meth:`FakeProvider.hold`)
+        self.held = False
+        self.in_flight = 0
+        self.peak_in_flight = 0
 
     def next_reply(self, key: str, record: dict[str, Any]) -> tuple[Reply, int]:
         with self.lock:
@@ -212,7 +216,21 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         key = task_key(texts)
         record = {"path": request.url.path, "task": key, "headers": dict(request.headers), "body": payload}
         reply, n = state.next_reply(key, record)
+        with state.lock:
+            state.in_flight += 1
+            state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
+        try:
+            while state.held and not stopping.is_set():  # noqa: ASYNC110 (set from another thread)
+                await asyncio.sleep(0.02)
+            return await answer(request, payload, (dialect, key), model, reply, n)
+        finally:
+            with state.lock:
+                state.in_flight -= 1
 
+    async def answer(
+        request: Request, payload: Any, task: tuple[str, str], model: str, reply: Reply, n: int
+    ) -> Response:
+        dialect, key = task
         if reply.delay_seconds > 0:
             # Short sleeps that check the stop flag, so stopping the server never waits out a long
             # scripted delay; not a thread per waiting request (the default executor runs only a
@@ -437,6 +455,15 @@ class FakeProvider:
         sent (``first_at``; None: none was)."""
         with self._state.lock:
             return list(self._state.streams)
+
+    def hold(self, held: bool = True) -> None:
+        """While held, every request waits (before its scripted delay) until ``hold(False)``."""
+        self._state.held = held
+
+    def in_flight(self) -> tuple[int, int]:
+        """``(now, peak)``: requests being answered now, and the most at once so far."""
+        with self._state.lock:
+            return self._state.in_flight, self._state.peak_in_flight
 
     def set_scenario(self, scenario: ScenarioLike) -> None:
         """Replace the scenario; counters, cursors and recorded requests start again from zero."""

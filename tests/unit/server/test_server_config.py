@@ -169,6 +169,7 @@ def test_store_inputs_keep_the_source_of_the_store(tmp_path: Path) -> None:
         "spec": "memory",
         "source": "CONSTRUCT_ORCHESTRATION_STORE",
         "database_url": "postgresql://u:pw@h/db",
+        "pool_size": 10,
     }
     flagged = store_inputs(load_settings({"store": "sqlite"}, env=env))
     assert (flagged["spec"], flagged["source"]) == ("sqlite", "--store")

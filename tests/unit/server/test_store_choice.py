@@ -96,6 +96,7 @@ async def test_the_settings_reach_the_store_they_name(tmp_path: Path) -> None:
         "spec": "postgres",
         "source": "CONSTRUCT_DEPLOYMENT_MODE",
         "database_url": url,
+        "pool_size": 10,
     }
     opened = await open_run_store(settings)
     try:
