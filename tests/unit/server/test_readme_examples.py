@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestration.chains import Catalog
+from server.cli.main import build_parser
 from server.settings.config import load_settings
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -54,3 +55,18 @@ def test_the_review_loop_the_readme_shows_is_the_built_in_one(tmp_path: Path) ->
     config = tmp_path / "construct.toml"
     config.write_text(shown, "utf-8")
     assert Catalog.load(config).resolve("review-loop") == Catalog.builtin().resolve("review-loop")
+
+
+def test_the_host_entries_of_mcp_json_example_start_a_server_the_cli_accepts(tmp_path: Path) -> None:
+    """Every entry of ``mcp.json.example`` runs ``construct-mcp`` with arguments its parser takes and an
+    environment of variables the README's table documents and the settings accept (issue 26: an
+    entry named ``--store sqlite`` while the CLI, on the same home, read the filesystem store)."""
+    example = json.loads((README.parent / "mcp.json.example").read_text("utf-8"))
+    documented = README.read_text("utf-8")
+    for name, entry in example["mcpServers"].items():
+        assert entry["command"].endswith("/.venv/bin/construct-mcp"), name
+        args = build_parser().parse_args(entry["args"])
+        assert (args.command, args.store) == ("serve", None), name  # the store the CLI reads too
+        for variable in entry["env"]:
+            assert f"| `{variable}` |" in documented, (name, variable)
+        load_settings(env={**entry["env"], "CONSTRUCT_HOME": str(tmp_path)})
