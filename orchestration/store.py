@@ -278,6 +278,19 @@ class RunStore(Protocol):
         the token. Raises ``LeaseLost`` if a later claim replaced it or it was released."""
         ...
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        """:meth:`renew_lease` for many leases in one step (one statement in the SQL adapters):
+        what a runtime's renewer sends once per renewal interval for every lease it holds. Each
+        lease is judged on its own, with the rules of :meth:`renew_lease`. The answer maps every
+        given ``run_id`` to its renewed lease (same token, expiry ``now + ttl_seconds``), or to
+        None where ``renew_lease`` would raise ``LeaseLost`` (a later claim replaced the lease, it
+        was released, or the run is gone). An empty ``leases`` answers ``{}`` without touching the
+        store. Raises ``StoreError`` / ``StoreUnavailable`` as any write (then nothing is known
+        of any lease)."""
+        ...
+
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up if the stored lease still carries ``lease.token``; otherwise (a later
         claim replaced it, or it is already released) do nothing."""

@@ -102,6 +102,11 @@ class CrashAfterWrites:
     async def renew_lease(self, lease: Lease, ttl_seconds: float, now: datetime) -> Lease:
         return await self.inner.renew_lease(lease, ttl_seconds, now)
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        return await self.inner.renew_leases(leases, ttl_seconds, now)
+
     async def release_lease(self, lease: Lease) -> None:
         await self.inner.release_lease(lease)
 

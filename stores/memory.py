@@ -179,6 +179,19 @@ class MemoryStore:
             self._leases[lease.run_id] = renewed
             return renewed
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        renewed: dict[str, Lease | None] = {}
+        async with self._lock:
+            for lease in leases:
+                renewed[lease.run_id] = None
+                if self._holds(lease):
+                    kept = Lease(lease.run_id, lease.owner, expires_at, lease.token)
+                    self._leases[lease.run_id] = renewed[lease.run_id] = kept
+        return renewed
+
     async def release_lease(self, lease: Lease) -> None:
         async with self._lock:
             if self._holds(lease):

@@ -446,6 +446,25 @@ class PostgresStore(PostgresRetention):
             raise lease_lost(lease)
         return renewed
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        """See ``RunStore.renew_leases``: one ``UPDATE ... FROM unnest(...)`` for all of them."""
+        if not leases:
+            return {}
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        run_ids = [lease.run_id for lease in leases]
+        tokens = [lease.token for lease in leases]
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["renew_leases"], run_ids, tokens, utc(expires_at))
+        kept = {str(row[0]) for row in rows}
+        return {
+            lease.run_id: Lease(lease.run_id, lease.owner, expires_at, lease.token)
+            if lease.run_id in kept
+            else None
+            for lease in leases
+        }
+
     async def release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:
             await conn.execute(Q["release_lease"], lease.run_id, lease.token)

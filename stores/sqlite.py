@@ -457,6 +457,30 @@ class SqliteStore(SqliteRetention):
 
         return await self._write(work)
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        """See ``RunStore.renew_leases``: one ``UPDATE`` for all of them (their ids and tokens
+        passed as one JSON array), in one write transaction."""
+        if not leases:
+            return {}
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        params = {
+            "leases": json.dumps([[lease.run_id, lease.token] for lease in leases]),
+            "expires_at": sortable_time(expires_at),
+        }
+
+        def work(conn: sqlite3.Connection) -> set[str]:
+            return {str(row[0]) for row in fetch_all(conn, Q["renew_leases"], params)}
+
+        kept = await self._write(work)
+        return {
+            lease.run_id: Lease(lease.run_id, lease.owner, expires_at, lease.token)
+            if lease.run_id in kept
+            else None
+            for lease in leases
+        }
+
     async def release_lease(self, lease: Lease) -> None:
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})

@@ -13,6 +13,15 @@ runtime's cancel stops them through it) and whether the runtime is stopping.
 :class:`DriveActions` is what those parts ask of the drive itself (act on an action, look after a
 step's child), declared here so that they need not import the drive. :class:`LeaseReleases` gives
 the leases back once a drive is done.
+
+Renewal is per runtime, not per run: the runtime's :class:`LeaseRenewer` renews the leases of all
+its drives in ONE store call every renewal interval (``lease_ttl_seconds / 3``;
+:meth:`RunStore.renew_leases`, one statement on SQLite and Postgres), so that the renewal writes of a
+server do not grow with its live runs. Each drive still learns of its own lease alone, as when it
+renewed it itself: a lease another claim replaced stops that drive (``LeaseLost``) and no other; a
+lease handed over (:meth:`LeasedRun.hand_over`) is renewed as the new one; a store error counts
+against every held run's outage, each drive stopping past ``store_outage_seconds``; the fencing
+token of appends is the lease's, unchanged by renewals.
 """
 
 from __future__ import annotations
@@ -126,6 +135,7 @@ class LeasedRun:
         settings: DriveSettings,
         recorded: Recorded,
         calls: CallControl,
+        renewer: LeaseRenewer | None = None,
     ) -> None:
         self.run_id = lease.run_id
         #: the lease the drive holds, and the one to release once the drive returns. Renewal
@@ -140,6 +150,8 @@ class LeasedRun:
         self.settings = settings
         self.calls = calls
         self._recorded = recorded
+        #: the runtime's renewer of all its drives' leases (None: this run's own, made when needed)
+        self._renewer = renewer
         #: task outputs of this run read or committed by this drive, by sequence number: a
         #: recorded fact never changes, so a prompt reads each earlier output from the store at
         #: most once per drive (see :func:`~orchestration.engine.reading.read_outputs`)
@@ -166,40 +178,12 @@ class LeasedRun:
     # -- the lease -------------------------------------------------------------------------------
 
     async def keep_renewed(self, scope: anyio.CancelScope) -> None:
-        """Keep the lease (:attr:`lease`: same token, later expiry) while the drive runs. Stops the
-        drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the lease, or
-        when the store has been failing past the outage limit."""
-        ttl = self.settings.lease_ttl_seconds
-        interval = ttl / 3
-        backoff = Backoff(base=min(0.1, interval), cap=interval)
-        delay = interval
-        while True:
-            await anyio.sleep(delay)
-            lease = self.lease
-            try:
-                renewed = await self.store.renew_lease(lease, ttl, self.clock.now())
-            except LeaseLost:
-                if self.lease is not lease:
-                    # A new claim was handed over meanwhile: renew that one at once.
-                    delay = 0
-                    continue
-                self.lost = True
-                scope.cancel()
-                return
-            except CorruptRecord:
-                continue
-            except StoreError as exc:
-                if self.outage_over(exc):
-                    scope.cancel()
-                    return
-                # Retry sooner than the renewal interval: the lease may run out meanwhile.
-                delay = backoff.next_delay()
-                continue
-            if self.lease is lease:
-                self.lease = renewed
-            self.outage.recovered()
-            backoff.reset()
-            delay = interval
+        """Keep the lease (:attr:`lease`: same token, later expiry) while the drive runs, through
+        the runtime's :class:`LeaseRenewer` (one store call per interval for all its drives). Stops
+        the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the lease, or
+        when the store has been failing past the outage limit. Returns only when cancelled."""
+        renewer = self._renewer or LeaseRenewer(self.store, self.clock, self.settings.lease_ttl_seconds)
+        await renewer.keep(self, scope)
 
     def outage_over(self, exc: StoreError) -> bool:
         """Count a store failure against the outage; True (and logged) once it is too long, or at
@@ -325,6 +309,105 @@ class LeasedRun:
         return [f.model_dump(mode="json") for f in stored] == [f.model_dump(mode="json") for f in facts]
 
 
+class LeaseRenewer:
+    """Renews the leases of all the drives of one runtime (one process): every renewal interval
+    (TTL/3), ONE store call (:meth:`RunStore.renew_leases`, one statement on SQLite and Postgres)
+    renews every lease it holds, whatever their number, instead of one write per drive.
+
+    Each drive's :meth:`LeasedRun.keep_renewed` registers its run here (:meth:`keep`) for as long
+    as it runs; one of the registered tasks at a time runs the renewal loop (the first one; when
+    its drive ends another takes over, keeping the schedule). Each lease is judged as its own
+    renewal was: one replaced by another claim stops its drive (``LeaseLost``), unless a claim of
+    this runtime was handed over meanwhile (:meth:`LeasedRun.hand_over`: the batch is sent again
+    at once, with the new lease). A store error counts against every held run's outage (each
+    drive stops past its ``store_outage_seconds``) and the batch is retried sooner than the
+    interval, backing off."""
+
+    def __init__(self, store: RunStore, clock: Clock, ttl_seconds: float) -> None:
+        self.store = store
+        self.clock = clock
+        self.ttl_seconds = ttl_seconds
+        self.interval = ttl_seconds / 3
+        #: the runs being kept, by run id (one drive per run in a runtime), with their drive's scope
+        self._held: dict[str, tuple[LeasedRun, anyio.CancelScope]] = {}
+        self._running = False
+        self._runner_gone = anyio.Event()
+        #: when the next renewal is due (``anyio.current_time``)
+        self._due = 0.0
+        self._backoff = Backoff(base=min(0.1, self.interval), cap=self.interval)
+
+    @property
+    def held(self) -> int:
+        """How many leases it keeps now."""
+        return len(self._held)
+
+    async def keep(self, run: LeasedRun, scope: anyio.CancelScope) -> None:
+        """Keep ``run``'s lease renewed until this task is cancelled; cancel ``scope`` when the lease
+        is lost or the store stayed away too long (see the class)."""
+        if not self._held:
+            self._due = anyio.current_time() + self.interval
+        entry = (run, scope)
+        self._held[run.run_id] = entry
+        try:
+            while True:
+                if self._running:
+                    await self._runner_gone.wait()
+                    continue
+                self._running = True
+                try:
+                    await self._run()
+                finally:
+                    self._running = False
+                    gone, self._runner_gone = self._runner_gone, anyio.Event()
+                    gone.set()
+        finally:
+            if self._held.get(run.run_id) is entry:
+                del self._held[run.run_id]
+
+    async def _run(self) -> None:
+        while True:
+            await anyio.sleep(max(0.0, self._due - anyio.current_time()))
+            self._due = anyio.current_time() + await self._renew_all()
+
+    async def _renew_all(self) -> float:
+        """One renewal of every held lease; the delay until the next one."""
+        held = list(self._held.values())
+        if not held:
+            return self.interval
+        leases = [run.lease for run, _ in held]
+        try:
+            renewed = await self.store.renew_leases(leases, self.ttl_seconds, self.clock.now())
+        except CorruptRecord:
+            return self.interval
+        except StoreError as exc:
+            for run, scope in held:
+                if run.outage_over(exc):
+                    self._drop(run, scope)
+            # Retry sooner than the renewal interval: the leases may run out meanwhile.
+            return self._backoff.next_delay()
+        again = False
+        for (run, scope), lease in zip(held, leases, strict=True):
+            kept = renewed.get(lease.run_id)
+            if kept is None:
+                if run.lease is not lease:
+                    again = True  # a new claim was handed over meanwhile: renew that one at once
+                    continue
+                run.lost = True
+                self._drop(run, scope)
+                continue
+            if run.lease is lease:
+                run.lease = kept
+            run.outage.recovered()
+        self._backoff.reset()
+        return 0.0 if again else self.interval
+
+    def _drop(self, run: LeasedRun, scope: anyio.CancelScope) -> None:
+        """Stop keeping ``run``'s lease and stop its drive."""
+        if self._held.get(run.run_id, (None, None))[0] is run:
+            del self._held[run.run_id]
+        scope.cancel()
+
+
 class LeaseReleases:
     """Gives leases back to the store, and remembers those it could not give back (the store was
     away) so that the dispatcher can release them once the store answers again."""
@@ -371,6 +454,7 @@ __all__ = [
     "DriveActions",
     "DriveSettings",
     "LeaseReleases",
+    "LeaseRenewer",
     "LeasedRun",
     "Recorded",
 ]

@@ -81,7 +81,7 @@ from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled,
 from orchestration.engine.children import ChildRuns, refuse_detached
 from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
-from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases
+from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases, LeaseRenewer
 from orchestration.engine.reading import (
     RunSnapshot,
     awaited_calls,
@@ -175,6 +175,8 @@ class Runtime:
         self._driving: dict[str, Drive | None] = {}
         #: gives drives' leases back; keeps those it could not (the store was away)
         self._releases = LeaseReleases(store)
+        #: renews all its drives' leases, in one store call per renewal interval
+        self.renewer = LeaseRenewer(store, self.clock, lease_ttl_seconds)
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
@@ -719,6 +721,7 @@ class Runtime:
             settings=settings,
             recorded=self.changes.recorded,
             calls=self.calls,
+            renewer=self.renewer,
         )
         return Drive(leased, worker=self.worker, children=self.children)
 

@@ -723,6 +723,60 @@ async def test_renew_after_release_raises_lease_lost(store: RunStore) -> None:
         await store.renew_lease(lease, 10, BASE_TIME)
 
 
+async def test_renew_leases_renews_several_in_one_call_and_reports_the_lost_ones(store: RunStore) -> None:
+    for n in range(1, 6):
+        await create(store, run_id(n))
+    leases = []
+    for n in range(1, 6):
+        lease = await store.claim_lease(run_id(n), "worker-a", 10, BASE_TIME)
+        assert lease is not None
+        leases.append(lease)
+    # Run 2's lease expired and worker-b claimed it; run 3's was released; run 4's expired but
+    # nobody took it (still worker-a's); runs 1 and 5 are held.
+    stolen = await store.claim_lease(run_id(2), "worker-b", 10, BASE_TIME + timedelta(seconds=11))
+    assert stolen is not None
+    await store.release_lease(leases[2])
+    at = BASE_TIME + timedelta(seconds=12)
+    renewed = await store.renew_leases(leases, 10, at)
+    expires = BASE_TIME + timedelta(seconds=22)
+    assert renewed == {
+        run_id(1): Lease(run_id(1), "worker-a", expires, leases[0].token),
+        run_id(2): None,
+        run_id(3): None,
+        run_id(4): Lease(run_id(4), "worker-a", expires, leases[3].token),
+        run_id(5): Lease(run_id(5), "worker-a", expires, leases[4].token),
+    }
+    # The renewals hold (nobody can claim before t=22), worker-b's lease was not disturbed, and the
+    # released run stays free.
+    assert await store.claim_lease(run_id(1), "worker-c", 10, BASE_TIME + timedelta(seconds=21)) is None
+    assert await store.claim_lease(run_id(4), "worker-c", 10, BASE_TIME + timedelta(seconds=21)) is None
+    assert await store.renew_lease(stolen, 10, at) == Lease(run_id(2), "worker-b", expires, stolen.token)
+    assert await store.claim_lease(run_id(3), "worker-c", 10, at) is not None
+    assert await store.claim_lease(run_id(5), "worker-c", 10, BASE_TIME + timedelta(seconds=22)) is not None
+
+
+async def test_renew_leases_keeps_the_fence_of_each_lease(store: RunStore) -> None:
+    head = await create(store, run_id(1))
+    lease = await _claim(store, "worker-a", 0)
+    renewed = (await store.renew_leases([lease], 10, BASE_TIME + timedelta(seconds=5)))[run_id(1)]
+    assert renewed is not None and renewed.token == lease.token
+    write = start_attempt(head)
+    assert await store.append(run_id(1), write.expected_version, write.facts, write.head, lease=renewed) == (
+        write.head
+    )
+    # A lease the batch reported lost fences its holder out, as one renew_lease's LeaseLost does.
+    taken = await _claim(store, "worker-b", 20)
+    assert await store.renew_leases([renewed], 10, BASE_TIME + timedelta(seconds=21)) == {run_id(1): None}
+    await _refused(store, start_attempt(write.head), renewed, write.head)
+    assert (await store.renew_leases([taken], 10, BASE_TIME + timedelta(seconds=21)))[run_id(1)] == Lease(
+        run_id(1), "worker-b", BASE_TIME + timedelta(seconds=31), taken.token
+    )
+
+
+async def test_renew_leases_of_nothing_is_nothing(store: RunStore) -> None:
+    assert await store.renew_leases([], 10, BASE_TIME) == {}
+
+
 async def test_release_frees_the_lease(store: RunStore) -> None:
     await create(store, run_id(1))
     lease = await store.claim_lease(run_id(1), "worker-a", 30, BASE_TIME)

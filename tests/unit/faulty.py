@@ -118,6 +118,12 @@ class FaultyStore:
         self._check("renew_lease")
         return await self.inner.renew_lease(lease, ttl_seconds, now)
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], ttl_seconds: float, now: datetime
+    ) -> dict[str, Lease | None]:
+        self._check("renew_leases")
+        return await self.inner.renew_leases(leases, ttl_seconds, now)
+
     async def release_lease(self, lease: Lease) -> None:
         self._check("release_lease")
         await self.inner.release_lease(lease)

@@ -181,6 +181,13 @@ SELECT EXISTS (SELECT 1 FROM run) AS found, (SELECT count(*) FROM fenced) AS cla
 -- Only while the lease carries the caller's token (expired or not: nobody claimed it since).
 UPDATE leases SET expires_at = $3 WHERE run_id = $1 AND token = $2 RETURNING run_id
 
+-- name: renew_leases
+-- renew_lease for many leases in one statement: $1 the run ids, $2 their tokens, in the same order.
+UPDATE leases SET expires_at = $3
+FROM unnest($1::text[], $2::text[]) AS held(run_id, token)
+WHERE leases.run_id = held.run_id AND leases.token = held.token
+RETURNING leases.run_id
+
 -- name: release_lease
 -- The run row first (see claim_lease): its token cleared, then the lease row deleted.
 WITH released AS (

@@ -133,6 +133,14 @@ RETURNING run_id
 -- Only while the lease carries the caller's token (expired or not: nobody claimed it since).
 UPDATE leases SET expires_at = :expires_at WHERE run_id = :run_id AND token = :token
 
+-- name: renew_leases
+-- renew_lease for many leases in one statement: :leases is a JSON array of [run_id, token] pairs.
+UPDATE leases SET expires_at = :expires_at
+FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS token
+      FROM json_each(:leases)) AS held
+WHERE leases.run_id = held.run_id AND leases.token = held.token
+RETURNING run_id
+
 -- name: release_lease
 DELETE FROM leases WHERE run_id = :run_id AND token = :token
 

@@ -14,6 +14,7 @@ from orchestration.core.facts import AttemptStarted, TaskCompleted
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import StoreUnavailable
+from orchestration.store import RunStore
 from stores.memory import MemoryStore
 from tests.unit.faulty import CountingWorker, FaultyStore, provider_contract, start_request
 from tests.unit.helpers import sequential_ids
@@ -21,7 +22,9 @@ from tests.unit.helpers import sequential_ids
 TASKS = ("architect", "engineer", "reviewer")
 
 
-def make(store: FaultyStore, worker: CountingWorker, outage_seconds: float = 5.0) -> Runtime:
+def make(
+    store: RunStore, worker: CountingWorker, outage_seconds: float = 5.0, lease_ttl_seconds: float = 3
+) -> Runtime:
     return Runtime(
         store,
         Catalog.builtin(),
@@ -29,7 +32,7 @@ def make(store: FaultyStore, worker: CountingWorker, outage_seconds: float = 5.0
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        lease_ttl_seconds=3,
+        lease_ttl_seconds=lease_ttl_seconds,
         cancel_poll_seconds=0.05,
         store_outage_seconds=outage_seconds,
     )
