@@ -1,5 +1,6 @@
-"""Who may decide a gate, and what a decision on a gate already decided means: pure checks the
-runtime makes before it records an ``approval_decided`` fact (see ``Runtime.approve``).
+"""A caller's gate decision (:class:`Decision`, checked by :func:`check_decision` whatever the run),
+who may decide a gate, and what a decision on a gate already decided means: pure checks the runtime
+makes before it records an ``approval_decided`` fact (see ``Runtime.approve``).
 
 A gate is a person's unless its policy (:func:`gate_approvers`) lists ``"agent"``
 (:data:`~orchestration.core.models.AGENT_APPROVER`): then the agent that drives the run may decide
@@ -9,9 +10,15 @@ identities refuses a token identity of that name (see ``server.settings``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
 from orchestration.core.costs import BudgetLimits
-from orchestration.core.models import AGENT_APPROVER, GATE_STATUS_OF, GateState, RunHead
-from orchestration.errors import Conflict, Forbidden, InvalidArgument, quoted
+from orchestration.core.facts import ApprovalDecided, decision_format
+from orchestration.core.inputs import Limits, check_id
+from orchestration.core.models import AGENT_APPROVER, GATE_STATUS_OF, DecisionChannel, GateState, RunHead
+from orchestration.errors import Conflict, Forbidden, InvalidArgument, TooLarge, quoted
 
 
 def gate_approvers(head: RunHead, gate: GateState) -> tuple[str, ...] | None:
@@ -113,3 +120,45 @@ def check_budget_raise(gate: GateState, decision: str, budget_raise: BudgetLimit
             f"a budget raise goes only with approving a budget gate (budget:<n>), not with {decision} "
             f"of gate {gate.gate_id}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A gate decision as a caller gives it (:meth:`orchestration.engine.Runtime.approve`)."""
+
+    decision: Literal["approve", "reject", "revise"]
+    gate_id: str
+    comment: str | None
+    approver: str | None
+    channel: DecisionChannel | None
+    verified: bool
+    budget_raise: BudgetLimits | None
+
+    def fact(self, seq: int, at: datetime) -> ApprovalDecided:
+        """The decision as the fact that records it at ``seq``."""
+        return ApprovalDecided(
+            seq=seq,
+            at=at,
+            format=decision_format(self.decision),
+            gate_id=self.gate_id,
+            decision=self.decision,
+            comment=self.comment,
+            approver=self.approver,
+            channel=self.channel,
+            verified=self.verified,
+            budget_raise=self.budget_raise,
+        )
+
+
+def check_decision(asked: Decision, limits: Limits) -> None:
+    """Refuse a decision malformed whatever the run: an unknown verb, a bad gate id, text over
+    the limits."""
+    if asked.decision not in ("approve", "reject", "revise"):
+        raise InvalidArgument(
+            f"decision must be 'approve', 'reject' or 'revise', not {quoted(asked.decision)}"
+        )
+    check_id("gate_id", asked.gate_id, limits)
+    if asked.comment is not None and len(asked.comment) > limits.max_comment_chars:
+        raise TooLarge(f"comment is over {limits.max_comment_chars} characters")
+    if asked.approver is not None and len(asked.approver) > limits.max_approver_chars:
+        raise TooLarge(f"approver is over {limits.max_approver_chars} characters")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, NoReturn
 
@@ -33,8 +32,10 @@ from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.chains.schemas import validate_output
 from orchestration.core.approvals import (
+    Decision,
     check_approver,
     check_budget_raise,
+    check_decision,
     check_repeat,
     check_repeated_raise,
 )
@@ -46,7 +47,6 @@ from orchestration.core.facts import (
     RunCancelled,
     RunCreated,
     TaskCompleted,
-    decision_format,
     gate_expired,
 )
 from orchestration.core.fold import apply, apply_write
@@ -467,8 +467,8 @@ class Runtime:
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
         identity the edge verified, or only claimed) are recorded with the decision."""
         validate_run_id(run_id)
-        asked = _Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
-        self._check_decision(asked)
+        asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
+        check_decision(asked, self.limits)
         while True:
             head = await self.store.load(run_id)
             gate = gate_to_decide(head, gate_id)
@@ -481,7 +481,7 @@ class Runtime:
             except VersionConflict:
                 continue
 
-    async def _check_repeat(self, head: RunHead, gate: GateState, asked: _Decision) -> None:
+    async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision
         exactly (:func:`~orchestration.core.approvals.check_repeat`; for an approved budget gate
         also the raise, read from its ``approval_decided`` fact: the head keeps only its sum),
@@ -496,20 +496,7 @@ class Runtime:
         fact = next(decided, None)
         check_repeated_raise(head, gate, None if fact is None else fact.budget_raise, asked.budget_raise)
 
-    def _check_decision(self, asked: _Decision) -> None:
-        """Refuse a decision malformed whatever the run: an unknown verb, a bad gate id, text
-        over the limits."""
-        if asked.decision not in ("approve", "reject", "revise"):
-            raise InvalidArgument(
-                f"decision must be 'approve', 'reject' or 'revise', not {quoted(asked.decision)}"
-            )
-        check_id("gate_id", asked.gate_id, self.limits)
-        if asked.comment is not None and len(asked.comment) > self.limits.max_comment_chars:
-            raise TooLarge(f"comment is over {self.limits.max_comment_chars} characters")
-        if asked.approver is not None and len(asked.approver) > self.limits.max_approver_chars:
-            raise TooLarge(f"approver is over {self.limits.max_approver_chars} characters")
-
-    async def _decide_open(self, head: RunHead, gate: GateState, asked: _Decision) -> RunHead:
+    async def _decide_open(self, head: RunHead, gate: GateState, asked: Decision) -> RunHead:
         """Record ``asked`` on ``gate``, not yet decided on ``head``, or refuse it: the run must be
         in time and waiting at the gate, the gate not expired, the decision one it can take.
         ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it again)."""
@@ -742,34 +729,6 @@ class Runtime:
         store's error while it is still away. A lease claimed again since is not touched (the
         release matches the token)."""
         await self._releases.release_unreleased(run_id)
-
-
-@dataclass(frozen=True, slots=True)
-class _Decision:
-    """A gate decision as a caller gives it to :meth:`Runtime.approve`."""
-
-    decision: Literal["approve", "reject", "revise"]
-    gate_id: str
-    comment: str | None
-    approver: str | None
-    channel: DecisionChannel | None
-    verified: bool
-    budget_raise: BudgetLimits | None
-
-    def fact(self, seq: int, at: datetime) -> ApprovalDecided:
-        """The decision as the fact that records it at ``seq``."""
-        return ApprovalDecided(
-            seq=seq,
-            at=at,
-            format=decision_format(self.decision),
-            gate_id=self.gate_id,
-            decision=self.decision,
-            comment=self.comment,
-            approver=self.approver,
-            channel=self.channel,
-            verified=self.verified,
-            budget_raise=self.budget_raise,
-        )
 
 
 def _task_named(head: RunHead, task_id: str) -> TaskState:
