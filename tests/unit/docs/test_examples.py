@@ -29,6 +29,7 @@ import pytest
 from docs.fenced_blocks import SHELL, Block, all_blocks, construct_argv, construct_commands, quickstart_blocks
 from docs.run_quickstart import quickstart_script
 from orchestration.chains import Catalog
+from orchestration.errors import ConfigError
 from server.cli.main import build_parser
 from server.settings.config import ENV_VARS, load_settings
 
@@ -188,3 +189,61 @@ def test_a_marker_sits_only_on_a_block_it_applies_to() -> None:
             assert block.lang in ("toml", "python"), f"{block.where}: a {block.lang!r} block marked fragment"
         if block.marker == "quickstart":
             assert block.path == "README.md", f"{block.where}: a quickstart block outside README.md"
+
+
+# ------------------------------------------------------------------- the checks catch what is wrong
+
+
+def test_the_checks_refuse_what_the_issue_found(tmp_path: Path) -> None:
+    split_inline_table = '[chains.release]\nsteps = [\n  { name = "a",\n    specialist = "architect" },\n]\n'
+    with pytest.raises(tomllib.TOMLDecodeError):
+        test_every_toml_example_loads_as_a_config_file(tmp_path, Block("p.md", 1, "toml", split_inline_table))
+    with pytest.raises(Exception, match="aprove_before"):  # a whole file the catalog refuses
+        test_every_toml_example_loads_as_a_config_file(
+            tmp_path,
+            Block("p.md", 1, "toml", '[chains.x]\nsteps = ["architect"]\naprove_before = ["architect"]\n'),
+        )
+    with pytest.raises(pytest.fail.Exception, match=r"p.md:12: `construct-mcp runs sart` does not parse"):
+        test_every_construct_mcp_command_of_a_shell_example_parses(
+            Block("p.md", 10, "sh", "construct-mcp demo\nconstruct-mcp runs sart\n")
+        )
+    with pytest.raises(SyntaxError):
+        test_every_python_fragment_compiles(Block("p.md", 1, "python", "def f(:\n"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"command": "/x/.venv/bin/construct-mcp", "args": ["serve", "--sore", "sqlite"]}, "does not parse"),
+        ({"command": "/x/.venv/bin/construct-mcp", "args": ["demo"]}, "is not `serve`"),
+        ({"command": "python", "args": ["server.py"]}, "does not run construct-mcp"),
+        ({"command": "construct-mcp", "args": ["serve"], "env": {"CONSTRUCT_WORKERS": "2"}}, "no setting"),
+        ({"command": "construct-mcp", "args": ["serve"], "env": {"CONSTRUCT_MAX_ATTEMPTS": "x"}}, "integer"),
+        ({"type": "stdio"}, "neither a command nor a url"),
+    ],
+)
+def test_a_host_entry_that_would_not_start_is_refused(
+    tmp_path: Path, entry: dict[str, Any], problem: str
+) -> None:
+    for key in ("mcpServers", "servers"):  # Claude Desktop / Cursor, and VS Code
+        with pytest.raises((AssertionError, pytest.fail.Exception, ConfigError), match=problem):
+            _check_host_config({key: {"construct": entry}}, "p.md:1", tmp_path)
+
+
+def test_host_entries_of_every_form_the_docs_show_are_accepted(tmp_path: Path) -> None:
+    _check_host_config(
+        {
+            "servers": {
+                "venv": {"type": "stdio", "command": "/abs/.venv/bin/construct-mcp", "args": ["serve"]},
+                "uvx": {"command": "uvx", "args": ["--from", "dist/x.whl", "construct-mcp", "serve"]},
+                "http": {"type": "http", "url": "http://127.0.0.1:8000/mcp"},
+                "env": {
+                    "command": "construct-mcp",
+                    "args": ["serve", "--log-level", "DEBUG"],
+                    "env": {"CONSTRUCT_WORKER_BACKEND": "provider", "OTEL_SDK_DISABLED": "true"},
+                },
+            }
+        },
+        "p.md:1",
+        tmp_path,
+    )
