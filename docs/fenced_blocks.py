@@ -37,6 +37,8 @@ _OPEN = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})[ \t]*(?P<lang>[^\s`{]*)[^`]
 _MARKER = re.compile(r"^<!--\s*(fragment|quickstart)\s*-->\s*$")
 #: Words that run the command after them: the construct-mcp word may follow (after ``--`` when given).
 _LAUNCHERS = frozenset({"uvx", "pipx", "claude", "env", "exec", "nohup", "time", "timeout", "sudo"})
+#: A launcher's options whose value names a package, not the command (``uvx --from construct-mcp ...``).
+_PACKAGE_OPTIONS = frozenset({"--from", "--with", "--spec"})
 _SEPARATORS = frozenset({"&&", "||", ";", "|", "&", ";;", "|&"})
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PLACEHOLDER = re.compile(r"<([A-Za-z][A-Za-z0-9_.-]*)>")
@@ -164,13 +166,22 @@ def construct_argv(words: list[str]) -> list[str] | None:
     if words[0] not in _LAUNCHERS:
         return None
     rest = words[words.index("--") + 1 :] if "--" in words else words[1:]
-    at = next((i for i, word in enumerate(rest) if _is_construct(word)), None)
+    at = next(
+        (
+            i
+            for i, word in enumerate(rest)
+            if _is_construct(word) and not (i > 0 and rest[i - 1] in _PACKAGE_OPTIONS)
+        ),
+        None,
+    )
     return None if at is None else rest[at + 1 :]
 
 
 def _is_construct(word: str) -> bool:
-    """``construct-mcp`` or a path to it (``.venv/bin/construct-mcp``), not a URL or a clone's name."""
-    return "://" not in word and word.rsplit("/", 1)[-1] == "construct-mcp"
+    """``construct-mcp`` or a path to it (``.venv/bin/construct-mcp``, ``C:\\...\\construct-mcp.exe``),
+    not a URL."""
+    name = re.split(r"[/\\]", word)[-1].removesuffix(".exe")
+    return "://" not in word and name == "construct-mcp"
 
 
 def _without_redirections(words: list[str]) -> list[str]:

@@ -239,6 +239,11 @@ def test_host_entries_of_every_form_the_docs_show_are_accepted(tmp_path: Path) -
             "servers": {
                 "venv": {"type": "stdio", "command": "/abs/.venv/bin/construct-mcp", "args": ["serve"]},
                 "uvx": {"command": "uvx", "args": ["--from", "dist/x.whl", "construct-mcp", "serve"]},
+                "pkg": {"command": "uvx", "args": ["--from", "construct-mcp", "construct-mcp", "serve"]},
+                "windows": {
+                    "command": "C:\\Users\\you\\construct-mcp\\.venv\\Scripts\\construct-mcp.exe",
+                    "args": ["serve"],
+                },
                 "http": {"type": "http", "url": "http://127.0.0.1:8000/mcp"},
                 "env": {
                     "command": "construct-mcp",
