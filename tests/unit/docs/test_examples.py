@@ -39,9 +39,9 @@ BLOCKS = all_blocks(ROOT)
 OLD_README_LINES = 250
 
 
-def _blocks(*langs: str, marker: str | None = None) -> pytest.MarkDecorator:
-    """The documentation's blocks of these languages and this marker, as pytest parameters."""
-    chosen = [b for b in BLOCKS if b.lang in langs and b.marker == marker]
+def _blocks(*langs: str, markers: tuple[str | None, ...] = (None,)) -> pytest.MarkDecorator:
+    """The documentation's blocks of these languages with one of these markers, as parameters."""
+    chosen = [b for b in BLOCKS if b.lang in langs and b.marker in markers]
     return pytest.mark.parametrize("block", chosen, ids=[b.where for b in chosen])
 
 
@@ -72,7 +72,7 @@ def test_every_toml_example_loads_as_a_config_file(tmp_path: Path, block: Block)
     Catalog.load(config)
 
 
-@_blocks("toml", marker="fragment")
+@_blocks("toml", markers=("fragment",))
 def test_every_toml_fragment_parses(block: Block) -> None:
     tomllib.loads(block.text)
 
@@ -153,7 +153,7 @@ def test_the_host_entries_of_mcp_json_example_start_a_server_the_cli_accepts(tmp
 # ------------------------------------------------------------------------------------------ python
 
 
-@_blocks("python", marker="fragment")
+@_blocks("python", markers=("fragment",))
 def test_every_python_fragment_compiles(block: Block) -> None:
     compile(block.text, block.where, "exec")
 
@@ -161,14 +161,8 @@ def test_every_python_fragment_compiles(block: Block) -> None:
 # ------------------------------------------------------------------------------------------- shell
 
 
-@_blocks(*SHELL)
+@_blocks(*SHELL, markers=(None, "quickstart"))
 def test_every_construct_mcp_command_of_a_shell_example_parses(block: Block) -> None:
-    for line, argv in construct_commands(block):
-        _parse_cli(argv, f"{block.path}:{line}")
-
-
-@_blocks(*SHELL, marker="quickstart")
-def test_the_quickstart_commands_parse(block: Block) -> None:
     for line, argv in construct_commands(block):
         _parse_cli(argv, f"{block.path}:{line}")
 
