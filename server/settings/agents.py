@@ -44,17 +44,57 @@ class AgentTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str | None = Field(default=None, min_length=1, max_length=2000)
-    token_env: str | None = Field(default=None, min_length=1, max_length=200, pattern=_ENV_NAME)
-    command: list[str] | None = Field(default=None, min_length=1, max_length=100)
-    env: dict[str, str] | None = None
-    pass_env: list[str] | None = Field(default=None, max_length=100)
-    cwd: str | None = Field(default=None, min_length=1, max_length=2000)
-    call_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
-    follow_wait_seconds: float = Field(default=30.0, gt=0, le=300)
-    paused_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
-    poll_cap_seconds: float = Field(default=30.0, gt=0, le=3600)
-    unknown_status_seconds: float = Field(default=60.0, gt=0, le=86400)
+    url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="the agent's Streamable HTTP endpoint (`http` or `https`, no credentials in it); "
+        "or give `command`",
+    )
+    token_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=_ENV_NAME,
+        description="with `url`: the environment variable of the bearer token, read at each call, never "
+        "stored",
+    )
+    command: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="a stdio agent: the command and its arguments, started for each call",
+    )
+    env: dict[str, str] | None = Field(
+        default=None, description="with `command`: variables set for it (not secrets: the file is plain text)"
+    )
+    pass_env: list[str] | None = Field(
+        default=None,
+        max_length=100,
+        description="with `command`: variables passed through from this server's environment",
+    )
+    cwd: str | None = Field(
+        default=None, min_length=1, max_length=2000, description="with `command`: its working directory"
+    )
+    call_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="how long one request waits for its answer"
+    )
+    follow_wait_seconds: float = Field(
+        default=30.0, gt=0, le=300, description="each `run_status` wait of a followed remote run"
+    )
+    paused_poll_seconds: float = Field(
+        default=5.0, gt=0, le=3600, description="how often a paused remote run is polled"
+    )
+    poll_cap_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="the longest wait between polls, backing off"
+    )
+    unknown_status_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="a remote status this server does not know, for this long, fails the attempt "
+        "(`agent_protocol`)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -118,15 +118,39 @@ class ProviderTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_url: str | None = Field(default=None, min_length=1, max_length=2000)
-    api_key: str | None = Field(default=None, min_length=1, repr=False)
-    max_concurrency: int = Field(default=4, ge=1, le=10_000)
-    #: OpenAI-compatible providers only; None: chosen from the base URL.
-    max_tokens_field: MaxTokensField | None = None
-    #: How typed steps ask for JSON; None: ``auto``. Anthropic takes ``auto`` or ``prompt``.
-    structured_output: StructuredOutputMode | None = None
-    #: Ask for streamed answers (falls back to plain calls when the endpoint refuses a stream).
-    stream: bool = True
+    base_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="the provider's API endpoint: any OpenAI-compatible server for `openai` (vLLM, "
+        "llama.cpp, Ollama); default: the provider's public API",
+    )
+    api_key: str | None = Field(
+        default=None,
+        min_length=1,
+        repr=False,
+        description="the API key (default: `ANTHROPIC_API_KEY`, `OPENROUTER_API_KEY` or `OPENAI_API_KEY`); "
+        "never logged nor stored",
+    )
+    max_concurrency: int = Field(
+        default=4, ge=1, le=10_000, description="model calls to this provider at once, per server"
+    )
+    max_tokens_field: MaxTokensField | None = Field(
+        default=None,
+        description="openai and openrouter only: the one body field that carries the output limit "
+        "(default: `max_completion_tokens` for api.openai.com, `max_tokens` for any other host)",
+    )
+    structured_output: StructuredOutputMode | None = Field(
+        default=None,
+        description="how typed steps ask for JSON: `auto` (default; falls back json_schema → json_object → "
+        "prompt when refused), `json_schema`, `json_object` or `prompt`; anthropic takes `auto` (a forced "
+        "tool) or `prompt`",
+    )
+    stream: bool = Field(
+        default=True,
+        description="stream answers (deltas to progress, `run_events`, the run page); an endpoint that "
+        "refuses a stream is called plainly",
+    )
 
 
 def _checked_token(value: str) -> str:
@@ -151,12 +175,27 @@ class TokenTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    token: str | None = Field(default=None, max_length=4096, repr=False)
-    token_env: str | None = Field(
-        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"
+    token: str | None = Field(
+        default=None,
+        max_length=4096,
+        repr=False,
+        description="the bearer token itself (16+ printable characters); or give `token_env`",
     )
-    roles: list[Role] = Field(min_length=1, max_length=len(ROLES))
-    own_runs_only: bool = False
+    token_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the environment variable that holds the token, read when an HTTP transport starts",
+    )
+    roles: list[Role] = Field(
+        min_length=1,
+        max_length=len(ROLES),
+        description="what the identity may do: `read`, `operate`, `approve`, combined",
+    )
+    own_runs_only: bool = Field(
+        default=False, description="true: the identity sees and acts on only the runs it started"
+    )
 
     @field_validator("token")
     @classmethod
@@ -374,22 +413,31 @@ class Settings(BaseSettings):
     )
     #: ``[providers.<name>]`` tables (they may hold API keys: kept out of ``repr``).
     providers: Annotated[dict[ProviderName, ProviderTable], Table("a provider table")] = Field(
-        default_factory=dict, repr=False
+        default_factory=dict, repr=False, description="the provider backend's settings of one provider"
     )
     #: ``[tokens.<identity>]`` tables: the HTTP transports' named tokens besides ``auth_token``.
     tokens: Annotated[dict[str, TokenTable], Table("a tokens table")] = Field(
-        default_factory=dict, repr=False
+        default_factory=dict,
+        repr=False,
+        description="the HTTP transports' bearer tokens besides `auth_token`, one identity each",
     )
     #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
     prices: Annotated[
         dict[str, Price], Table("a prices table", "see the Costs and budgets section of the README")
-    ] = Field(default_factory=dict)
+    ] = Field(
+        default_factory=dict,
+        description="a model's price, over the dated defaults (a run records its prices at start)",
+    )
     #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
     budgets: Annotated[
         dict[str, Budget], Table("a budgets table", "see the Costs and budgets section of the README")
-    ] = Field(default_factory=dict)
+    ] = Field(
+        default_factory=dict, description="the budget of every run of the chain that gives none at start"
+    )
     #: ``[agents.NAME]`` tables (no secrets: a token's variable name only; see :mod:`server.settings.agents`)
-    agents: Annotated[dict[str, AgentTable], Table("an agents table")] = Field(default_factory=dict)
+    agents: Annotated[dict[str, AgentTable], Table("an agents table")] = Field(
+        default_factory=dict, description="another MCP agent that chain steps delegate to"
+    )
     #: The ``[tokens]`` tables with ``token_env`` read (secrets, kept out of ``repr``).
     bearer_tokens: tuple[NamedToken, ...] = Field(default=(), repr=False)
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
