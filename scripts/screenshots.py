@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import struct
 import sys
@@ -240,10 +241,35 @@ async def _contents(page: Page) -> tuple[str, str]:
     return str(text), str(html)
 
 
-async def _capture(page: Page, path: Path, height: float) -> None:
-    """The top ``height`` CSS pixels of the viewport, at the device scale, as a PNG."""
+#: Resolves once the document has painted what it holds now (two animation frames later).
+PAINTED = "new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
+#: A picture of a still page is taken until two in a row are the same, at most this many times.
+MAX_CAPTURES = 20
+
+
+async def _capture(
+    page: Page, path: Path, height: float, *, frames: Sequence[Page] = (), still: bool = True
+) -> None:
+    """The top ``height`` CSS pixels of ``page``'s viewport as a PNG, once it and its ``frames``
+    (out-of-process iframes, painted apart) have painted; for a ``still`` page, once two
+    pictures in a row are the same (a frame's new content can reach the page's picture late)."""
     await page.evaluate("document.activeElement && document.activeElement.blur()")
-    await page.screenshot(path, height)
+    width = await page.evaluate("window.innerWidth")
+    clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+    previous = b""
+    for _ in range(MAX_CAPTURES):
+        for document in (*frames, page):
+            await document.wait_for(PAINTED)
+        data = base64.b64decode(
+            (await page.send("Page.captureScreenshot", {"format": "png", "clip": clip}))["data"]
+        )
+        if not still or data == previous:
+            break
+        previous = data
+        await asyncio.sleep(0.2)
+    else:
+        raise RuntimeError(f"{path.name}: the page kept changing; no still picture")
+    await asyncio.to_thread(path.write_bytes, data)
 
 
 async def _open_page(browser: Chromium, width: int, height: int) -> Page:
@@ -390,7 +416,9 @@ async def _run_panel(browser: Chromium, sam: Client, maria: Client, run_id: str,
         top = await page.evaluate("document.getElementById('panel').getBoundingClientRect().top")
         await page.wait_for(f"document.getElementById('panel').offsetHeight > {PANEL_HEIGHT} - {top}")
         path = out / "run-panel.png"
-        await _capture(page, path, min(top + await frame.evaluate(TASKS_BOTTOM), PANEL_HEIGHT))
+        await _capture(
+            page, path, min(top + await frame.evaluate(TASKS_BOTTOM), PANEL_HEIGHT), frames=[frame]
+        )
         page_text, page_html = await _contents(page)
         frame_text, frame_html = await _contents(frame)
     finally:
@@ -421,7 +449,8 @@ async def _streaming_page(browser: Chromium, home: Path, out: Path) -> Picture:
             live = "document.querySelector('pre[data-live=\"engineer\"]')"
             await page.wait_for(f"{live} && {live}.textContent.length > 420")
             path = out / "run-page-streaming.png"
-            await _capture(page, path, min(await page.evaluate(TASKS_BOTTOM), HEIGHT))
+            # The text grows while the picture is taken: no waiting for two alike.
+            await _capture(page, path, min(await page.evaluate(TASKS_BOTTOM), HEIGHT), still=False)
             text, html = await _contents(page)
             # Let the chain finish, so the server stops with nothing in flight.
             deadline = time.monotonic() + 60
