@@ -19,9 +19,11 @@ takes the pictures:
   provider is the fake one the streaming tests use (:mod:`tests.fakes.fake_provider`), a real HTTP
   server speaking the Anthropic Messages API, so no key is needed and nothing leaves the machine.
 
-The pictures go to ``docs/images/`` (``--out`` to choose). The script needs the ``test`` extra (the
-DevTools client lives with the browser tests) and Chromium (``apt-get install -y chromium``, or
-``CONSTRUCT_TEST_CHROMIUM``). ``tests/browser/test_screenshots.py`` runs it into a temporary folder.
+The pictures go to ``docs/images/`` (``--out`` to choose). The script runs in the project's
+environment with the ``test`` extra (the DevTools client lives with the browser tests:
+``.venv/bin/python scripts/screenshots.py``) and needs Chromium (``apt-get install -y chromium``, or
+``CONSTRUCT_TEST_CHROMIUM``). It takes about a minute. ``tests/browser/test_screenshots.py`` runs it
+into a temporary folder.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from server.web.panel import PANEL_URI  # noqa: E402
 from tests.acceptance.test_mcp_http import http_server  # noqa: E402
 from tests.browser.apps_host import NEUTRAL_HOST_PAGE, AppsHost  # noqa: E402
 from tests.browser.cdp import Chromium, Page, chromium, chromium_path  # noqa: E402
+from tests.browser.test_run_pages import click, log_in  # noqa: E402
 from tests.fakes.fake_provider import FakeProvider  # noqa: E402
 
 #: Where the pictures go by default.
@@ -333,21 +336,6 @@ async def _hand_in(client: Client, view: dict[str, Any], index: int) -> dict[str
     return await _needed(client, resumed)
 
 
-async def _sign_in(page: Page, token: str) -> None:
-    await page.wait_for("!document.getElementById('login').hidden")
-    await page.evaluate("document.getElementById('token').focus()")
-    await page.type_text(token)
-    await page.press("Enter", "\r")
-
-
-async def _click(page: Page, selector: str) -> None:
-    x, y = await page.evaluate(
-        f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
-            const r = e.getClientRects()[0]; return [r.x + r.width / 2, r.y + r.height / 2]; }})()"""
-    )
-    await page.click_at(x, y)
-
-
 async def _run_page(browser: Chromium, port: int, sam: Client, out: Path) -> tuple[str, Picture]:
     """Start the run, hand in the plan, picture the page at the gate, approve there."""
     view = await _tool(
@@ -361,16 +349,17 @@ async def _run_page(browser: Chromium, port: int, sam: Client, out: Path) -> tup
         raise RuntimeError(f"expected the gate before the engineer, the run asks for {view['next_action']}")
     page = await _open_page(browser, WIDTH, HEIGHT)
     await page.navigate(f"http://127.0.0.1:{port}/runs/{run_id}")
-    await _sign_in(page, MARIA)
+    await log_in(page, MARIA)
     await page.wait_for("!!document.querySelector('button.approve')")
-    await _click(page, "#tasks details summary")  # the architect's plan, open and whole
+    await click(page, "#tasks details summary")  # the architect's plan, open and whole
     await page.wait_for("!!document.querySelector(\"button[data-key='full:architect']\")")
-    await _click(page, "button[data-key='full:architect']")
+    await click(page, "button[data-key='full:architect']")
     await page.wait_for(
         "!document.querySelector(\"button[data-key='full:architect']\")"
         " && !!document.querySelector(\"pre[data-task='architect']\")"
     )
     await page.evaluate("document.querySelector(\"pre[data-task='architect']\").scrollTop = 0")
+    await page.evaluate("window.scrollTo(0, 0)")  # (a click scrolls its target to the middle)
     path = out / "run-page.png"
     await _capture(page, path, min(await page.evaluate(TASKS_BOTTOM), HEIGHT))
     text, html = await _contents(page)
@@ -378,7 +367,7 @@ async def _run_page(browser: Chromium, port: int, sam: Client, out: Path) -> tup
     # The lead approves on the page, with a comment (a real click).
     await page.evaluate("document.querySelector('#gates textarea').focus()")
     await page.type_text(COMMENT)
-    await _click(page, "button.approve")
+    await click(page, "button.approve")
     await page.wait_for("document.getElementById('gates').textContent.includes('approved by maria')")
     return run_id, Picture(path, text, html)
 
