@@ -21,7 +21,18 @@ from mcp.types import CallToolResult
 
 from tests.browser.cdp import Chromium, Page
 
-HOST_PAGE = """
+#: The relay both host pages end with: the panel's messages to the test, the test's to the panel.
+BRIDGE = """
+  window.addEventListener('message', (ev) => {
+    if (ev.source === frame.contentWindow) toHost(JSON.stringify(ev.data));
+  });
+  window.toPanel = (message) => frame.contentWindow.postMessage(message, '*');
+  window.loadPanel = (html) => { frame.srcdoc = html; };
+})()
+"""
+
+HOST_PAGE = (
+    """
 (() => {
   document.title = 'Test MCP Apps host';
   const bar = document.createElement('div');
@@ -33,24 +44,54 @@ HOST_PAGE = """
   frame.style.cssText = 'border:0;width:100%;height:calc(100vh - 24px);display:block';
   document.body.style.margin = '0';
   document.body.append(bar, frame);
-  window.addEventListener('message', (ev) => {
-    if (ev.source === frame.contentWindow) toHost(JSON.stringify(ev.data));
-  });
-  window.toPanel = (message) => frame.contentWindow.postMessage(message, '*');
-  window.loadPanel = (html) => { frame.srcdoc = html; };
-})()
 """
+    + BRIDGE
+)
+
+#: A host page with nothing of its own to read: the panel's iframe on a plain background, framed as
+#: a host frames an app (for pictures of the panel).
+NEUTRAL_HOST_PAGE = (
+    """
+(() => {
+  document.title = 'construct-mcp';
+  const frame = document.createElement('iframe');
+  frame.id = 'panel';
+  frame.sandbox = 'allow-scripts';
+  frame.style.cssText = 'border:1px solid #d5dae0;border-radius:10px;background:#fff;display:block;'
+    + 'width:calc(100% - 34px);height:calc(100vh - 34px);margin:16px';
+  document.body.style.cssText = 'margin:0;background:#eef1f4';
+  document.body.append(frame);
+  // As hosts do, the frame takes the height the panel asks for (it reports its content's size).
+  window.addEventListener('message', (ev) => {
+    const m = ev.data;
+    if (ev.source === frame.contentWindow && m && m.method === 'ui/notifications/size-changed')
+      frame.style.height = m.params.height + 'px';
+  });
+"""
+    + BRIDGE
+)
 
 
 class AppsHost:
     """The host side of the bridge for one panel. ``tool_input`` and ``tool_result`` are what the
     host sends the panel after it initialized; :attr:`received` holds every message the panel
-    sent, :attr:`calls` the ``tools/call`` params it asked the host to forward."""
+    sent, :attr:`calls` the ``tools/call`` params it asked the host to forward. ``host_page`` builds
+    the page around the panel (:data:`HOST_PAGE` or :data:`NEUTRAL_HOST_PAGE`); ``host_name`` is the
+    host's name in its answer to ``ui/initialize``."""
 
     def __init__(
-        self, page: Page, client: Client, tool_input: dict[str, Any], tool_result: CallToolResult
+        self,
+        page: Page,
+        client: Client,
+        tool_input: dict[str, Any],
+        tool_result: CallToolResult,
+        *,
+        host_page: str = HOST_PAGE,
+        host_name: str = "construct-mcp test host",
     ) -> None:
         self.page = page
+        self.host_page = host_page
+        self.host_name = host_name
         self.client = client
         self.tool_input = tool_input
         self.tool_result = tool_result
@@ -69,7 +110,7 @@ class AppsHost:
             "Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False, "flatten": True}
         )
         start = len(self.browser.events)
-        await self.page.evaluate(HOST_PAGE)
+        await self.page.evaluate(self.host_page)
         await self.page.evaluate(f"loadPanel({json.dumps(html)})")
         _, attached = await self.browser.event(
             "Target.attachedToTarget", lambda p: p["targetInfo"]["type"] == "iframe", start
@@ -97,7 +138,7 @@ class AppsHost:
                 message,
                 {
                     "protocolVersion": message["params"]["protocolVersion"],
-                    "hostInfo": {"name": "construct-mcp test host", "version": "1"},
+                    "hostInfo": {"name": self.host_name, "version": "1"},
                     "hostCapabilities": {"serverTools": {}},
                     "hostContext": {"theme": "light", "displayMode": "inline"},
                 },

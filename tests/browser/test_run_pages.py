@@ -2,7 +2,8 @@
 against a server subprocess with named tokens: log in, see the runs, open a gated run, approve it
 with the keyboard, see the run move on; a token without the approve role sees no buttons.
 
-``CONSTRUCT_SCREENSHOTS=<dir>`` keeps the screenshots (``docs/run-page.png`` is made this way)."""
+``CONSTRUCT_SCREENSHOTS=<dir>`` keeps the screenshots (the documentation's pictures are made by
+``scripts/screenshots.py``)."""
 
 from __future__ import annotations
 

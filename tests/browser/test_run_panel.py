@@ -4,7 +4,8 @@ tool's UI resource in a sandboxed iframe of a test host page that speaks the App
 (:mod:`tests.browser.apps_host`). A gated run is rendered, the approve button is clicked, and the
 run moves on; a change made elsewhere shows up while the panel is open.
 
-``CONSTRUCT_SCREENSHOTS=<dir>`` keeps the screenshot (``docs/run-panel.png`` is made this way)."""
+``CONSTRUCT_SCREENSHOTS=<dir>`` keeps the screenshot (the documentation's pictures are made by
+``scripts/screenshots.py``)."""
 
 from __future__ import annotations
 
