@@ -67,8 +67,8 @@ at startup (stdio and the CLI do not use the tokens). Errors name the table, nev
 
 Environment variables: each field of :class:`Settings` names its own (see
 :mod:`server.settings.sources`), each overridden by the same key in the config file and by a flag.
-Their reference table, in the README's Configuration section, is rendered from the model by
-:func:`server.settings.reference.environment_table` (a test keeps the two the same).
+Their reference, ``docs/reference/configuration.md``, is rendered from the model by
+``docs/gen_config_reference.py`` (a test keeps the two the same).
 
 Any bad value is a :class:`~orchestration.errors.ConfigError` naming where it came from (the file
 path, ``environment`` or ``command line``), the field or variable, and what is wrong; the CLI prints
@@ -206,8 +206,8 @@ class TokenTable(BaseModel):
 class Settings(BaseSettings):
     """The settings of one process: one typed model, read by :func:`load_settings` from its
     sources (flags > the config file > the environment > these defaults). A field's ``Env``
-    metadata names its variables; its description is the reference table's (see
-    :mod:`server.settings.reference`). Built directly (``Settings(home=...)``), it takes its
+    metadata names its variables; its description is the reference page's (see
+    ``docs/gen_config_reference.py``). Built directly (``Settings(home=...)``), it takes its
     arguments and the defaults only: :func:`load_settings` is the one place that reads the
     environment and the file."""
 

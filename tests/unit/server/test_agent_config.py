@@ -191,7 +191,7 @@ def test_the_next_attempt_follows_a_call_whose_outcome_is_unknown(
 
 
 def test_the_readme_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text("utf-8")
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "chains.md").read_text("utf-8")
     section = readme.split("### Agents", 1)[1]
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "construct.toml").write_text(example)

@@ -26,7 +26,7 @@ from server.settings.config import load_settings
 from tests.acceptance.harness import call, text_of
 
 NULL = {"type": "null"}
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 #: keywords a portable schema never holds, anywhere
 UNPORTABLE = ("$ref", "$defs", "dependentRequired", "exclusiveMinimum", "exclusiveMaximum")
 
@@ -500,7 +500,7 @@ async def test_the_published_schema_accepts_what_the_server_accepts(tmp_path: Pa
 
 
 async def test_the_readmes_budget_example_is_what_the_schema_takes(tmp_path: Path) -> None:
-    section = README.read_text("utf-8").split("**Budgets** are hard limits", 1)[1]
+    section = PAGE.read_text("utf-8").split("**Budgets** are hard limits", 1)[1]
     example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
     assert example["name"] == "orchestrate_start"
     schema = (await published(tmp_path))["orchestrate_start"][0]

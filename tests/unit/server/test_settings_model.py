@@ -1,7 +1,7 @@
 """The settings model (server/settings/config.py on pydantic-settings): the precedence of its
-sources (flag > file > environment > default), what each source reads, a bad value's coded error, and
-the README's table of variables, which is rendered from the model; and the one other reading of the
-environment, an agent's token at call time."""
+sources (flag > file > environment > default), what each source reads, a bad value's coded error
+(the reference page rendered from the model: tests/unit/docs/test_config_reference.py); and the one
+other reading of the environment, an agent's token at call time."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from orchestration.errors import ConfigError
 from orchestration.workers import KEY_VARIABLES
 from orchestration.workers.mcp_agents import token_from_environment
 from server.settings.config import ENV_VARS, Settings, load_settings
-from server.settings.reference import BEGIN, END, environment_table, with_table
 from server.settings.sources import ConfigFileSource, EnvironmentSource, FlagSource
-
-README = Path(__file__).parents[3] / "README.md"
 
 
 def config(tmp_path: Path, text: str) -> Path:
@@ -138,30 +135,6 @@ def test_settings_built_directly_read_no_environment(monkeypatch: pytest.MonkeyP
 def test_the_provider_key_variables_are_the_models() -> None:
     for provider, variable in KEY_VARIABLES.items():
         assert ENV_VARS[variable] == f"{provider}_api_key"
-
-
-# ----------------------------------------------------------------------------------- the table
-
-
-def test_the_readmes_table_of_variables_is_the_one_rendered_from_the_model() -> None:
-    text = README.read_text("utf-8")
-    assert with_table(text) == text, (
-        "the README's table of environment variables differs from the settings model: "
-        "run `python -m server.settings.reference README.md`"
-    )
-
-
-def test_the_table_has_a_row_for_every_variable_and_a_changed_row_is_caught() -> None:
-    table = environment_table()
-    for variable in ENV_VARS:
-        assert f"`{variable}" in table, variable
-    text = README.read_text("utf-8")
-    changed = text.replace(
-        "| `CONSTRUCT_MAX_ATTEMPTS` | `max_attempts` | 3 |", "| `CONSTRUCT_MAX_ATTEMPTS` | x | 4 |"
-    )
-    assert changed != text and with_table(changed) != changed
-    with pytest.raises(ValueError):
-        with_table(text.replace(BEGIN, "").replace(END, ""))
 
 
 # ----------------------------------------------------------------------- the one other reading

@@ -1,5 +1,5 @@
-"""The README's tool reference shows the answers the server gives: each example answer of
-"## The tools" is what the same calls answer now (the run id is the README's; an abridged prompt,
+"""The tool reference (docs/tools.md) shows the answers the server gives: each example answer of
+"## The tools" is what the same calls answer now (the run id is the page's; an abridged prompt,
 its pieces between "…", appears in the real prompt in order)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from mcp import Client
 from server.app import ConstructApp
 from server.settings.config import load_settings
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "tools.md"
 
 
 def _blocks() -> list[dict[str, Any]]:
-    section = README.read_text("utf-8").split("\n## The tools\n", 1)[1].split("\n### Errors\n", 1)[0]
+    section = PAGE.read_text("utf-8").split("\n## The tools\n", 1)[1].split("\n### Errors\n", 1)[0]
     return [json.loads(block) for block in re.findall(r"```json\n(.*?)\n```", section, re.S)]
 
 
@@ -33,7 +33,7 @@ def _abridged(shown: str, real: str) -> bool:
 
 
 def _same(shown: Any, real: Any, path: str = "") -> list[str]:
-    """Where ``shown`` (from the README) differs from ``real``."""
+    """Where ``shown`` (from the page) differs from ``real``."""
     if isinstance(shown, dict) and isinstance(real, dict):
         if set(shown) != set(real):
             return [f"{path}: keys {sorted(set(shown) ^ set(real))}"]
@@ -72,6 +72,6 @@ async def test_the_readme_shows_the_answers_the_tools_give(tmp_path: Path) -> No
             )
             answers.append(result.structured_content or {})
     real = [json.loads(json.dumps(a).replace(run_id, readme_run_id)) for a in answers]
-    # The README shows the answers to the start, the architect's output and the end.
+    # The page shows the answers to the start, the architect's output and the end.
     for example, answer in zip(shown, [real[0], real[1], real[-1]], strict=True):
         assert _same(example, answer) == []
