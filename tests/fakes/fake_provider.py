@@ -7,6 +7,9 @@ Endpoints::
     POST /api/v1/chat/completions  the same, OpenRouter-flavoured (X-Generation-Id, "gen-" ids);
                                    use base URL ``{fake.base_url}/api`` to get it
     GET  /_calls                   {"engineer": 2, "default": 1}: calls per task key
+    GET  /_stats                   {"in_flight": 3, "peak_in_flight": 8, "first_at": {"r7/architect":
+                                   1767225600.25, ...}}: requests being answered now, the most at
+                                   once, and when (wall clock) each task key was first called
     GET  /_requests                every request seen: path, task key, headers (auth included:
                                    it is a fake, and tests check the auth headers), JSON body
     POST /_scenario                replace the scenario (body: a scenario) and reset counters
@@ -169,11 +172,14 @@ class _State:
         self.held = False
         self.in_flight = 0
         self.peak_in_flight = 0
+        #: task key -> when it was first called (``time.time()``: comparable across processes)
+        self.first_at: dict[str, float] = {}
 
     def next_reply(self, key: str, record: dict[str, Any]) -> tuple[Reply, int]:
         with self.lock:
             n = self.calls.get(key, 0) + 1
             self.calls[key] = n
+            self.first_at.setdefault(key, time.time())
             self.requests.append(record)
             scripts = self.scenario.root
             task = key.rsplit("/", 1)[-1]
@@ -190,6 +196,7 @@ class _State:
             if scenario is not None:
                 self.scenario = scenario
             self.calls.clear()
+            self.first_at.clear()
             self.requests.clear()
             self.streams.clear()
 
@@ -271,6 +278,16 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         with state.lock:
             return JSONResponse(list(state.requests))
 
+    async def stats(request: Request) -> Response:
+        with state.lock:
+            return JSONResponse(
+                {
+                    "in_flight": state.in_flight,
+                    "peak_in_flight": state.peak_in_flight,
+                    "first_at": state.first_at,
+                }
+            )
+
     async def scenario(request: Request) -> Response:
         state.reset(as_scenario(await request.json()))
         return JSONResponse({"ok": True})
@@ -286,6 +303,7 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
             Route("/api/v1/chat/completions", openrouter_chat, methods=["POST"]),
             Route("/_calls", calls, methods=["GET"]),
             Route("/_requests", requests, methods=["GET"]),
+            Route("/_stats", stats, methods=["GET"]),
             Route("/_scenario", scenario, methods=["POST"]),
             Route("/_reset", reset, methods=["POST"]),
         ]
