@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
@@ -34,7 +34,7 @@ from bench.list_runs import T0, fill
 from bench.scale_figures import PlantedFigures, Timings
 from bench.scale_postgres import bench_database
 from orchestration.core import RunCancelled, RunStatus, apply_write
-from orchestration.store import ClaimsRunnable, RunStore
+from orchestration.store import ClaimsRunnable, Lease, RunStore
 from stores import parse_store_spec
 from tests.acceptance.cluster import clients, server
 from tests.acceptance.harness import call
@@ -47,6 +47,8 @@ CHUNK = 100_000
 #: the JSON text of a whole-second UTC time, as the store writes it (checked against the template)
 JSON_TIME = 'YYYY-MM-DD"T"HH24:MI:SS"Z"'
 CLAIM_LIMIT = 10
+
+T = TypeVar("T")
 
 
 def _json_time(at: datetime) -> str:
@@ -134,14 +136,22 @@ async def check_planted(store: RunStore, rows: int) -> None:
     assert [f.seq for f in facts] == [1, 2] and facts[0].at == template.created_at - older, facts
 
 
-async def timed(name: str, repeats: int, once: Callable[[], Awaitable[object]]) -> Timings:
-    for _ in range(3):  # warm: prepared statements, caches
-        await once()
+async def timed(
+    name: str,
+    repeats: int,
+    once: Callable[[], Awaitable[T]],
+    after: Callable[[T], Awaitable[None]] | None = None,
+) -> Timings:
+    """``once()`` timed ``repeats`` times (after 3 untimed calls: prepared statements, caches),
+    each followed by ``after(its result)``, untimed."""
     ms = []
-    for _ in range(repeats):
+    for n in range(3 + repeats):
         began = time.perf_counter()
-        await once()
-        ms.append((time.perf_counter() - began) * 1000)
+        result = await once()
+        if n >= 3:
+            ms.append((time.perf_counter() - began) * 1000)
+        if after is not None:
+            await after(result)
     return Timings(name, tuple(ms))
 
 
@@ -168,16 +178,17 @@ async def measure_planted(admin_dsn: str, rows: int, *, live: int, repeats: int)
                 claims: ClaimsRunnable = store
                 held = await claims.claim_runnable("bench-holder", 3600, datetime.now(UTC), limit=live // 2)
 
-                async def claim() -> None:
-                    leases = await claims.claim_runnable(
-                        "bench-claimer", 30, datetime.now(UTC), limit=CLAIM_LIMIT
-                    )
+                async def claim() -> list[Lease]:
+                    now = datetime.now(UTC)
+                    return await claims.claim_runnable("bench-claimer", 30, now, limit=CLAIM_LIMIT)
+
+                async def release(leases: list[Lease]) -> None:
                     assert leases, "nothing to claim"
                     for lease in leases:
                         await store.release_lease(lease)
 
                 timings = [
-                    await timed(f"claim_runnable (up to {CLAIM_LIMIT})", repeats, claim),
+                    await timed(f"claim_runnable (up to {CLAIM_LIMIT})", repeats, claim, release),
                     await timed("list_runs first page (20)", repeats, lambda: store.list_runs(limit=20)),
                     await timed(
                         "list_runs first page, cancelled only",
