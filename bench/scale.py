@@ -97,6 +97,8 @@ TERMINAL = [s.value for s in RunStatus if s.is_terminal]
 MIN_WINDOW = 2.0
 #: connections the bench itself holds (its observer, the store it reads the records through)
 BENCH_CONNECTIONS = 4
+#: the warm-up runs' names start so (their calls are answered at once, and left out of the figures)
+WARM = "warm"
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class Options:
 def fake_scenario(sc: Scenario) -> dict[str, Any]:
     """Every call answered after D seconds, except the warm-up runs' (one per server, answered at
     once, so that the servers' idle RSS is read with their code loaded)."""
-    warm = {f"warm{n}/{task}": [{"text": "done"}] for n in range(sc.servers) for task in TASKS}
+    warm = {f"{WARM}{n}/{task}": [{"text": "done"}] for n in range(sc.servers) for task in TASKS}
     return {"default": [{"text": "done", "delay_seconds": sc.delay}], **warm}
 
 
@@ -134,7 +136,8 @@ async def steady_state(
             return None, stats.in_flight, time.time()
         await anyio.sleep(0.1)
     live, live_at = stats.in_flight, time.time()
-    end = steady_window_end(live_at, list(stats.first_at.values()), sc.delay)
+    measured = [at for key, at in stats.first_at.items() if not key.startswith(WARM)]
+    end = steady_window_end(live_at, measured, sc.delay)
     if end - time.time() < MIN_WINDOW:
         return None, live, live_at
     began = time.time()
@@ -193,7 +196,7 @@ async def drive(
     sc: Scenario, db: BenchDatabase, obs: Observer, schema: str, fake: FakeProcess, running: Any, target: Any
 ) -> ClusterFigures:
     async with clients(running) as one_each:
-        await start_runs(one_each, [f"warm{n}" for n in range(sc.servers)])
+        await start_runs(one_each, [f"{WARM}{n}" for n in range(sc.servers)])
     if not await wait_ended(obs, schema, sc.servers, within=60):
         raise SystemExit("the warm-up runs did not end within 60 s")
     await anyio.sleep(1)
@@ -218,7 +221,7 @@ async def drive(
     ended_at = time.time()
 
     stats = await fake.stats()
-    calls = {k: n for k, n in (await fake.calls()).items() if not k.startswith("warm")}
+    calls = {k: n for k, n in (await fake.calls()).items() if not k.startswith(WARM)}
     runs = await records(target, run_ids)
     done = [r for r in runs if r.head.status == RunStatus.COMPLETED]
     problem = None

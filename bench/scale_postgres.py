@@ -43,23 +43,23 @@ class BenchDatabase:
     name: str
 
 
+async def _execute(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
 @asynccontextmanager
 async def bench_database(admin_dsn: str) -> AsyncIterator[BenchDatabase]:
     """A fresh database, dropped (with whatever is still connected to it) on exit."""
     name = f"construct_bench_{os.getpid()}_{secrets.token_hex(3)}"
-    conn = await asyncpg.connect(admin_dsn, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')  # a name of ours: safe to inline
-    finally:
-        await conn.close()
+    await _execute(admin_dsn, f'CREATE DATABASE "{name}"')  # a name of ours: safe to inline
     try:
         yield BenchDatabase(with_database(admin_dsn, name), admin_dsn, name)
     finally:
-        conn = await asyncpg.connect(admin_dsn, timeout=10)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        await _execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def connection_room(admin_dsn: str) -> tuple[int, int]:
