@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_a_run_within_every_target_passes_the_check() -> None:
         ({"first_request": [0.2] * 98 + [1.1, 1.2]}, "first provider request"),
     ],
 )
-def test_each_missed_target_fails_the_check(changes: dict[str, object], what: str) -> None:
+def test_each_missed_target_fails_the_check(changes: dict[str, Any], what: str) -> None:
     failed = missed(target_checks(figures(**changes)))
     assert [c.what for c in failed] == [c.what for c in target_checks(figures()) if what in c.what]
 
