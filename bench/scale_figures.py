@@ -152,6 +152,8 @@ class Timings:
 
     name: str
     ms: tuple[float, ...]
+    #: held to the planted target (else printed beside the ones that are)
+    targeted: bool = True
 
     @property
     def p50(self) -> float:
@@ -229,7 +231,7 @@ def table_checks(figures: Sequence[ClusterFigures]) -> list[Check]:
 
 def planted_checks(fig: PlantedFigures) -> list[Check]:
     checks = []
-    for t in fig.timings:
+    for t in (t for t in fig.timings if t.targeted):
         checks.append(
             Check(
                 f"planted {fig.rows:,}: {t.name} p99 ≤ {TARGET_PLANTED_MS:g} ms",

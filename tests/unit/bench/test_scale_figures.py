@@ -143,7 +143,11 @@ def planted(rows: int, claim_ms: float) -> PlantedFigures:
         live_runs=100,
         held_runs=50,
         plant_seconds=60.0,
-        timings=(Timings("claim", (5.0,) * 98 + (claim_ms,) * 2), Timings("runs_list", (9.0,) * 100)),
+        timings=(
+            Timings("claim", (5.0,) * 98 + (claim_ms,) * 2),
+            Timings("runs_list", (9.0,) * 100),
+            Timings("runs_list, one status", (99.0,) * 100, targeted=False),
+        ),
     )
 
 
