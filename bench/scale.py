@@ -206,10 +206,14 @@ async def drive(
 
     names = [f"r{n}" for n in range(sc.runs)]
     timings: dict[str, tuple[float, float]] = {}
+    failures: dict[str, str] = {}
     first_sent = time.time()
     async with clients([running[n % len(running)] for n in range(sc.clients)]) as via:
-        run_ids = await start_runs(via, names, parallel=sc.clients, timings=timings)
-    starts_seconds = max(answered for _, answered in timings.values()) - first_sent
+        run_ids = await start_runs(via, names, parallel=sc.clients, timings=timings, failures=failures)
+    starts_seconds = max((answered for _, answered in timings.values()), default=time.time()) - first_sent
+    if failures:
+        name, error = next(iter(failures.items()))
+        print(f"  {sc.label}: {len(failures):,} starts failed; {name}: {error}", flush=True)
     steady, live, _ = await steady_state(sc, fake, obs, schema)
     rss = sum(rss_kib(s.pid) - idle[s.pid] for s in running) / live if live else None
 
@@ -244,6 +248,7 @@ async def drive(
         ],
         durations=[r.head.updated_at.timestamp() - timings[r.name][1] for r in done],
         starts_seconds=starts_seconds,
+        failed_starts=len(failures),
         twice=called_more_than_once(calls),
         record_problem=problem,
         steady=steady,

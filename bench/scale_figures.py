@@ -113,6 +113,7 @@ class ClusterFigures:
     first_request: list[float]  # per run: start sent → its first provider request
     durations: list[float]  # per completed run: start answer → completed
     starts_seconds: float  # first start sent → last start answered
+    failed_starts: int = 0  # orchestrate_start calls that failed (their runs count as not completed)
     twice: list[str] = field(default_factory=list)  # task keys called more than once
     #: why the records of the completed runs fail ``check_runs`` (None: they pass)
     record_problem: str | None = None
@@ -130,7 +131,9 @@ class ClusterFigures:
 
     @property
     def starts_per_second(self) -> float:
-        return self.scenario.runs / self.starts_seconds if self.starts_seconds > 0 else 0.0
+        """Starts answered per second (a failed one is not a start)."""
+        started = self.scenario.runs - self.failed_starts
+        return started / self.starts_seconds if self.starts_seconds > 0 else 0.0
 
     @property
     def boundaries(self) -> int:
@@ -179,7 +182,12 @@ class PlantedFigures:
 def _ran(fig: ClusterFigures, what: str) -> list[Check]:
     sc = fig.scenario
     return [
-        Check(f"{what}: all runs completed", fig.all_completed, f"{fig.completed:,}/{sc.runs:,}"),
+        Check(
+            f"{what}: all runs completed",
+            fig.all_completed,
+            f"{fig.completed:,}/{sc.runs:,}"
+            + (f" ({fig.failed_starts:,} starts failed)" if fig.failed_starts else ""),
+        ),
         Check(
             f"{what}: each task called once",
             fig.each_task_once,

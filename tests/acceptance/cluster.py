@@ -249,18 +249,27 @@ async def start_runs(
     *,
     parallel: int = 12,
     timings: dict[str, tuple[float, float]] | None = None,
+    failures: dict[str, str] | None = None,
     **extra: Any,
 ) -> dict[str, str]:
     """Start one run per name, spread round-robin over the clients, ``parallel`` calls at once;
     returns name -> run id. ``timings``, when given, receives name -> (when the call was sent, when
-    its answer came), as ``time.time()`` (comparable with :attr:`FakeStats.first_at`)."""
+    its answer came), as ``time.time()`` (comparable with :attr:`FakeStats.first_at`). A start that
+    fails raises, unless ``failures`` is given: it then receives name -> the error, and the other
+    starts go on."""
     limiter = anyio.CapacityLimiter(parallel)
     run_ids: dict[str, str] = {}
 
     async def start(client: Client, name: str) -> None:
         async with limiter:
             sent = time.time()
-            view = await call(client, "orchestrate_start", **start_arguments(name, **extra))
+            try:
+                view = await call(client, "orchestrate_start", **start_arguments(name, **extra))
+            except Exception as exc:
+                if failures is None:
+                    raise
+                failures[name] = f"{type(exc).__name__} after {time.time() - sent:.1f} s: {exc}"[:300]
+                return
             if timings is not None:
                 timings[name] = (sent, time.time())
             run_ids[name] = view["run_id"]

@@ -101,6 +101,7 @@ def test_a_run_within_every_target_passes_the_check() -> None:
     ("changes", "what"),
     [
         ({"completed": 3999}, "all runs completed"),
+        ({"completed": 3990, "failed_starts": 10}, "all runs completed"),
         ({"twice": ["r7/engineer"]}, "each task called once"),
         ({"record_problem": "records: ('r7', ...)"}, "each task called once"),
         ({"durations": [91.0] * 98 + [94.0, 94.0]}, "p99 run duration"),
@@ -189,3 +190,10 @@ def test_free_options_make_a_custom_scenario() -> None:
     assert parse(["--scenario", "planted", *dsn]).scenario == "planted"
     with pytest.raises(SystemExit):
         parse(["--scenario", "target", "--runs", "5", *dsn])
+
+
+def test_failed_starts_are_not_starts() -> None:
+    fig = figures(starts_seconds=10.0, failed_starts=2000, completed=2000)
+    assert fig.starts_per_second == 200.0
+    detail = next(c.detail for c in target_checks(fig) if "all runs completed" in c.what)
+    assert detail == "2,000/4,000 (2,000 starts failed)"
