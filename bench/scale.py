@@ -266,8 +266,11 @@ def print_cluster(figures: list[ClusterFigures]) -> None:
     print("\n".join(upkeep_table(figures)))
     print(
         "  (statements/s: transactions of pg_stat_database per second per server, in brackets the "
-        "statements seen starting in pg_stat_activity; PG CPU: this database's backends, in brackets "
-        f"every postgres process of the machine; a boundary is one task's outcome, {TASKS_PER_RUN} per run)",
+        "statements seen starting in pg_stat_activity, which --check holds to the target: a backend "
+        "reports its counters to pg_stat_database and pg_stat_user_tables up to 10 s late, so those "
+        "may count some of the busy start before the window; PG CPU: this database's backends, in "
+        "brackets every postgres process of the machine; a boundary is one task's outcome, "
+        f"{TASKS_PER_RUN} per run)",
         flush=True,
     )
 
