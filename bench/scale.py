@@ -26,8 +26,8 @@ and times the store's claim and ``runs_list`` (the store's call, and the tool ov
 
 ``--check`` exits 1 when a target of issue 24 is missed. PostgreSQL comes from ``--postgres-dsn`` or
 ``CONSTRUCT_TEST_POSTGRES_DSN``; the bench's database is dropped afterwards. Before it starts the
-servers, the bench checks that their pools (``--store-pool-size``, else the server's default, plus
-one listener each) fit in what ``max_connections`` leaves.
+servers, the bench checks that their pools (``--store-pool-size``, the server's default unless
+given, plus one listener each) fit in what ``max_connections`` leaves.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ WARM = "warm"
 @dataclass(frozen=True)
 class Options:
     admin_dsn: str
-    pool_size: int | None
+    pool_size: int
     log_level: str
 
 
@@ -159,7 +159,7 @@ async def steady_state(
 
 
 async def run_cluster(sc: Scenario, opts: Options) -> ClusterFigures:
-    pool = opts.pool_size or DEFAULT_POOL_SIZE
+    pool = opts.pool_size
     room, used = await connection_room(opts.admin_dsn)
     needed = sc.servers * (pool + 1) + BENCH_CONNECTIONS
     if needed > room - used:
@@ -179,8 +179,8 @@ async def run_cluster(sc: Scenario, opts: Options) -> ClusterFigures:
             ):
                 schema = parse_store_spec(target.url, home=target.workdir).schema
                 extra = {"CONSTRUCT_LOG_LEVEL": opts.log_level}
-                if opts.pool_size:
-                    extra["CONSTRUCT_STORE_POOL_SIZE"] = str(opts.pool_size)
+                # Always said, so that the connections counted above are the ones opened.
+                extra["CONSTRUCT_STORE_POOL_SIZE"] = str(opts.pool_size)
                 envs = []
                 for n in range(sc.servers):
                     home = workdir / f"s{n}"
@@ -324,7 +324,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--planted-rows", type=int, default=1_000_000)
     p.add_argument("--planted-live", type=int, default=100, help="queued runs beside the planted ones")
     p.add_argument("--planted-repeats", type=int, default=200, help="timed calls of each kind")
-    p.add_argument("--store-pool-size", type=int, default=None, help="CONSTRUCT_STORE_POOL_SIZE per server")
+    p.add_argument(
+        "--store-pool-size",
+        type=int,
+        default=DEFAULT_POOL_SIZE,
+        help="each server's CONSTRUCT_STORE_POOL_SIZE (its connections, the listener aside)",
+    )
     p.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
     p.add_argument("--log-level", default="INFO", help="the servers' log level")
     p.add_argument("--check", action="store_true", help="exit 1 when a target of issue 24 is missed")
