@@ -1,5 +1,5 @@
 """Several ``construct-mcp serve`` processes on one store, one fake provider process, and the checks
-the scale-out and store-fault tests share (also used by ``bench/scale_out.py``).
+the scale-out and store-fault tests share (also used by ``bench/scale_out.py`` and ``bench/scale.py``).
 
 * :func:`fake_provider_process` runs ``python -m tests.fakes.fake_provider`` as its own process (the
   servers' 600 model calls then do not compete with the test's event loop), with a scenario file;
