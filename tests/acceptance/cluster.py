@@ -1,9 +1,10 @@
 """Several ``construct-mcp serve`` processes on one store, one fake provider process, and the checks
-the scale-out and store-fault tests share (also used by ``bench/scale_out.py``).
+the scale-out and store-fault tests share (also used by ``bench/scale_out.py`` and ``bench/scale.py``).
 
 * :func:`fake_provider_process` runs ``python -m tests.fakes.fake_provider`` as its own process (the
   servers' 600 model calls then do not compete with the test's event loop), with a scenario file;
-  :meth:`FakeProcess.calls` reads its per-key counters over HTTP.
+  :meth:`FakeProcess.calls` reads its per-key counters over HTTP, :meth:`FakeProcess.stats` the
+  requests in flight and when each key was first called.
 * :func:`server` starts ``construct-mcp serve --transport streamable-http`` on a free port with the
   environment a :class:`~tests.acceptance.store_targets.StoreTarget` gives (store URL, fallback
   off), the provider backend pointed at the fake, and its own home (pid file, log).
@@ -21,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -47,17 +49,33 @@ API_KEY = "sk-ant-test-scale-out"
 # The fake provider, as a process
 
 
+@dataclass(frozen=True)
+class FakeStats:
+    #: requests being answered now, and the most at once so far
+    in_flight: int
+    peak_in_flight: int
+    #: task key -> when it was first called (``time.time()`` of the fake's machine)
+    first_at: dict[str, float]
+
+
 @dataclass
 class FakeProcess:
     base_url: str
     process: Process
 
-    async def calls(self) -> dict[str, int]:
+    async def _get(self, path: str) -> Any:
         async with httpx2.AsyncClient(base_url=self.base_url) as http:
-            response = await http.get("/_calls")
+            response = await http.get(path)
             response.raise_for_status()
-            counted: dict[str, int] = response.json()
-            return counted
+            return response.json()
+
+    async def calls(self) -> dict[str, int]:
+        counted: dict[str, int] = await self._get("/_calls")
+        return counted
+
+    async def stats(self) -> FakeStats:
+        body = await self._get("/_stats")
+        return FakeStats(int(body["in_flight"]), int(body["peak_in_flight"]), dict(body["first_at"]))
 
 
 @asynccontextmanager
@@ -226,15 +244,34 @@ def start_arguments(name: str, approve_before: Sequence[str] = ()) -> dict[str, 
 
 
 async def start_runs(
-    via: Sequence[Client], names: Sequence[str], *, parallel: int = 12, **extra: Any
+    via: Sequence[Client],
+    names: Sequence[str],
+    *,
+    parallel: int = 12,
+    timings: dict[str, tuple[float, float]] | None = None,
+    failures: dict[str, str] | None = None,
+    **extra: Any,
 ) -> dict[str, str]:
-    """Start one run per name, spread round-robin over the clients; returns name -> run id."""
+    """Start one run per name, spread round-robin over the clients, ``parallel`` calls at once;
+    returns name -> run id. ``timings``, when given, receives name -> (when the call was sent, when
+    its answer came), as ``time.time()`` (comparable with :attr:`FakeStats.first_at`). A start that
+    fails raises, unless ``failures`` is given: it then receives name -> the error, and the other
+    starts go on."""
     limiter = anyio.CapacityLimiter(parallel)
     run_ids: dict[str, str] = {}
 
     async def start(client: Client, name: str) -> None:
         async with limiter:
-            view = await call(client, "orchestrate_start", **start_arguments(name, **extra))
+            sent = time.time()
+            try:
+                view = await call(client, "orchestrate_start", **start_arguments(name, **extra))
+            except Exception as exc:
+                if failures is None:
+                    raise
+                failures[name] = f"{type(exc).__name__} after {time.time() - sent:.1f} s: {exc}"[:300]
+                return
+            if timings is not None:
+                timings[name] = (sent, time.time())
             run_ids[name] = view["run_id"]
 
     async with anyio.create_task_group() as tg:

@@ -7,6 +7,9 @@ Endpoints::
     POST /api/v1/chat/completions  the same, OpenRouter-flavoured (X-Generation-Id, "gen-" ids);
                                    use base URL ``{fake.base_url}/api`` to get it
     GET  /_calls                   {"engineer": 2, "default": 1}: calls per task key
+    GET  /_stats                   {"in_flight": 3, "peak_in_flight": 8, "first_at": {"r7/architect":
+                                   1767225600.25, ...}}: requests being answered now, the most at
+                                   once, and when (wall clock) each task key was first called
     GET  /_requests                every request seen: path, task key, headers (auth included:
                                    it is a fake, and tests check the auth headers), JSON body
     POST /_scenario                replace the scenario (body: a scenario) and reset counters
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -169,11 +173,17 @@ class _State:
         self.held = False
         self.in_flight = 0
         self.peak_in_flight = 0
+        #: set, on the server's loop, when the server stops: it ends the scripted delays
+        self.stop_signal: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        #: task key -> when it was first called (``time.time()``: comparable across processes)
+        self.first_at: dict[str, float] = {}
 
     def next_reply(self, key: str, record: dict[str, Any]) -> tuple[Reply, int]:
         with self.lock:
             n = self.calls.get(key, 0) + 1
             self.calls[key] = n
+            self.first_at.setdefault(key, time.time())
             self.requests.append(record)
             scripts = self.scenario.root
             task = key.rsplit("/", 1)[-1]
@@ -185,11 +195,24 @@ class _State:
             )
             return script[min(n, len(script)) - 1], n
 
+    async def sleep_unless_stopped(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the server's loop, or until :meth:`wake_sleepers`."""
+        if self.stop_signal is None:
+            self.stop_signal, self.loop = asyncio.Event(), asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_signal.wait(), seconds)
+
+    def wake_sleepers(self) -> None:
+        """End every :meth:`sleep_unless_stopped` now and from now on (from any thread)."""
+        if self.loop is not None and self.stop_signal is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.stop_signal.set)
+
     def reset(self, scenario: Scenario | None = None) -> None:
         with self.lock:
             if scenario is not None:
                 self.scenario = scenario
             self.calls.clear()
+            self.first_at.clear()
             self.requests.clear()
             self.streams.clear()
 
@@ -231,13 +254,12 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         request: Request, payload: Any, task: tuple[str, str], model: str, reply: Reply, n: int
     ) -> Response:
         dialect, key = task
-        if reply.delay_seconds > 0:
-            # Short sleeps that check the stop flag, so stopping the server never waits out a long
-            # scripted delay; not a thread per waiting request (the default executor runs only a
-            # handful), so many delayed answers can be pending at once, as at a real provider.
-            deadline = time.monotonic() + reply.delay_seconds
-            while not stopping.is_set() and (remaining := deadline - time.monotonic()) > 0:  # noqa: ASYNC110
-                await asyncio.sleep(min(remaining, 0.05))
+        if reply.delay_seconds > 0 and not stopping.is_set():
+            # One sleep per request, cut short when the server stops (so stopping it never waits
+            # out a long scripted delay); not a thread per waiting request (the default executor
+            # runs only a handful), nor a wake-up every few milliseconds: thousands of delayed
+            # answers can be pending at once, as at a real provider.
+            await state.sleep_unless_stopped(reply.delay_seconds)
         if reply.reset:
             await _reset_connection(request)
             return Response(status_code=500)  # never sent: the connection is gone
@@ -271,6 +293,16 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
         with state.lock:
             return JSONResponse(list(state.requests))
 
+    async def stats(request: Request) -> Response:
+        with state.lock:
+            return JSONResponse(
+                {
+                    "in_flight": state.in_flight,
+                    "peak_in_flight": state.peak_in_flight,
+                    "first_at": state.first_at,
+                }
+            )
+
     async def scenario(request: Request) -> Response:
         state.reset(as_scenario(await request.json()))
         return JSONResponse({"ok": True})
@@ -286,6 +318,7 @@ def build_app(state: _State, stopping: threading.Event) -> Any:
             Route("/api/v1/chat/completions", openrouter_chat, methods=["POST"]),
             Route("/_calls", calls, methods=["GET"]),
             Route("/_requests", requests, methods=["GET"]),
+            Route("/_stats", stats, methods=["GET"]),
             Route("/_scenario", scenario, methods=["POST"]),
             Route("/_reset", reset, methods=["POST"]),
         ]
@@ -413,6 +446,7 @@ class FakeProvider:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._state.wake_sleepers()
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
