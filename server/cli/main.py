@@ -55,6 +55,7 @@ from orchestration.engine import Runtime
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
 from server.cli.fork import add_fork_parser, run_fork
+from server.cli.hint_words import cli_message
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.settings.config import Settings, load_settings
@@ -602,7 +603,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         sys.stderr.write(f"construct-mcp: {exc}\n")
         return EXIT_USAGE
     except ConstructError as exc:
-        sys.stderr.write(f"{exc.code}: {exc.message}\n")
+        sys.stderr.write(f"{exc.code}: {cli_message(exc)}\n")
         _write_notes(exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -612,7 +613,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         leaf = _construct_error(group)
         if leaf is None:
             raise
-        sys.stderr.write(f"{leaf.code}: {leaf.message}\n")
+        sys.stderr.write(f"{leaf.code}: {cli_message(leaf)}\n")
         _write_notes(leaf)
         return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2

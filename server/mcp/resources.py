@@ -47,6 +47,7 @@ from orchestration.core import RunHead, TaskStatus, validate_run_id
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
 from orchestration.ops import RunExport, export_lines
 from server.identity import caller_of
+from server.mcp.hint_words import tool_error_text
 from server.mcp.services import Services, run_uri
 from server.mcp.subscriptions import (
     LegacySubscribers,
@@ -83,7 +84,7 @@ def _resource_error(exc: ConstructError) -> Exception:
     anything else as a resource error. Each message starts with the error's stable code."""
     if isinstance(exc, Forbidden):
         return as_protocol_error(exc)
-    said = f"{exc.code}: {exc.message}"
+    said = tool_error_text(exc)
     if isinstance(exc, RunNotFound | InvalidArgument | InvalidState):
         return ResourceNotFoundError(said)
     return ResourceError(said)
