@@ -41,8 +41,8 @@ an operator that nothing is damaged (see "Record formats" in :mod:`orchestration
 **Next steps in a channel's words.** A message that tells the caller what to do next names an
 operation (:data:`Operation`), never a tool or a command: it is a :class:`Said` -- text and
 :class:`Hint` parts -- and each channel renders the hints in its own words (:func:`rendered`): the
-MCP tools as tool names and arguments (``call runs_list``; :mod:`server.mcp.hint_words`), the CLI
-as commands and flags (``construct-mcp runs list``; :mod:`server.cli.hint_words`). ``message`` and
+MCP tools as tool names and arguments (``call runs_list``; :mod:`server.mcp.tool_hints`), the CLI
+as commands and flags (``construct-mcp runs list``; :mod:`server.cli.command_hints`). ``message`` and
 ``str()`` render them in neutral words, for logs and for messages that quote another.
 """
 

@@ -54,8 +54,8 @@ from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_ra
 from orchestration.engine import Runtime
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
+from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
-from server.cli.hint_words import cli_message
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.settings.config import Settings, load_settings

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 
 from orchestration.core import Limits
 from orchestration.errors import ConstructError, InvalidArgument, TooLarge, did_you_mean, quoted
-from server.mcp.hint_words import tool_error_text
+from server.mcp.tool_hints import tool_error_text
 
 log = logging.getLogger("construct.tools")
 

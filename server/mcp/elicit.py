@@ -84,7 +84,7 @@ from orchestration.core import (
 from orchestration.engine import RunSnapshot
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
 from server.identity import Caller, caller_of
-from server.mcp.hint_words import tool_message
+from server.mcp.tool_hints import tool_message
 from server.views.run_view import RunView, next_step, output_uri, request_preview
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from orchestration.errors import (
     InvalidState,
     quoted,
 )
-from server.mcp.hint_words import tool_error_text
+from server.mcp.tool_hints import tool_error_text
 
 log = logging.getLogger("construct.server")
 

@@ -47,7 +47,6 @@ from orchestration.core import RunHead, TaskStatus, validate_run_id
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, RunNotFound
 from orchestration.ops import RunExport, export_lines
 from server.identity import caller_of
-from server.mcp.hint_words import tool_error_text
 from server.mcp.services import Services, run_uri
 from server.mcp.subscriptions import (
     LegacySubscribers,
@@ -56,6 +55,7 @@ from server.mcp.subscriptions import (
     check_subscribable,
     check_subscriber,
 )
+from server.mcp.tool_hints import tool_error_text
 from server.sdk import set_request_handler
 from server.views.compact import answer_data, answer_text
 from server.views.events import newest_events

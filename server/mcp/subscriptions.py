@@ -56,7 +56,7 @@ from mcp.shared.exceptions import MCPError
 from orchestration.core import RunHead, validate_run_id
 from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
 from server.identity import Caller, caller_of
-from server.mcp.hint_words import tool_error_text
+from server.mcp.tool_hints import tool_error_text
 from server.sdk import connection_of, on_connection_closed
 
 log = logging.getLogger("construct.server")

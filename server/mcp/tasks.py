@@ -103,7 +103,7 @@ from orchestration.core import AGENT_APPROVER, RunHead, RunStatus, TaskStatus, v
 from orchestration.errors import ConstructError, InvalidState, RunNotFound, StoreError
 from server.identity import Caller, Role, caller_of
 from server.mcp.elicit import RevisableGateForm, gate_request, may_decide, take_answer
-from server.mcp.hint_words import tool_error_text
+from server.mcp.tool_hints import tool_error_text
 from server.views.compact import answer_data, answer_text
 from server.views.next_step import Approve, RunHostTask, Wait
 from server.views.run_view import RunView

@@ -27,7 +27,7 @@ from orchestration.errors import (
     VersionConflict,
 )
 from server.mcp.arguments import error_result
-from server.mcp.hint_words import tool_message
+from server.mcp.tool_hints import tool_message
 from server.views.listing import run_summary, runs_page
 from server.views.outline import Outlined
 from server.views.run_view import (

@@ -2,7 +2,7 @@
 :mod:`orchestration.errors`): each operation is a ``construct-mcp`` command and each argument its
 flag, so a person at a terminal reads what to type -- ``run `construct-mcp runs list` to see the
 runs that exist``, ``pass --model to `construct-mcp runs start```. The MCP tools say the same
-hints as tool calls (:mod:`server.mcp.hint_words`)."""
+hints as tool calls (:mod:`server.mcp.tool_hints`)."""
 
 from __future__ import annotations
 
