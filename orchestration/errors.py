@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -470,6 +471,8 @@ def plain_problem(error: Mapping[str, Any]) -> str:
         except (KeyError, IndexError):
             said = template.split(" {", 1)[0]
         given = _TYPE_NAMES.get(type(error.get("input")))
+        if kind in ("literal_error", "enum") and isinstance(error.get("input"), str):
+            said += did_you_mean(error["input"], re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
         if kind.endswith(("_type", "_parsing")) and given is not None and kind != "missing":
             said += f" (it is {given})"
         return said
