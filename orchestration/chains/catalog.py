@@ -428,7 +428,8 @@ class Catalog:
         name = "default" if chain is None else chain
         if name not in self.chains:
             raise UnknownChain(
-                f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
+                f"unknown chain {quoted(name)}{did_you_mean(name, self.chains)}; known chains: "
+                f"{', '.join(sorted(self.chains))} "
                 "(or pass a list of specialist names)"
             )
         return self.chains[name]
