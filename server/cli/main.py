@@ -183,7 +183,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> None:
 
     listing = actions.add_parser("list", help="list runs, newest first")
     listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
-    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--limit", type=_list_limit, default=20, help="runs per page, 1-500 (default 20)")
     listing.add_argument("--cursor")
     _common(listing)
     _json_flag(listing)
@@ -195,6 +195,17 @@ def _runs_actions(runs: argparse.ArgumentParser) -> None:
     add_live_parsers(actions, _common, _json_flag)
     add_fork_parser(actions, _common, _json_flag)
     add_retention_parsers(actions, _common, _json_flag)
+
+
+def _list_limit(value: str) -> int:
+    """``--limit`` of ``runs list``: a usage error in the flag's name when out of range."""
+    try:
+        limit = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {value!r}") from None
+    if not 1 <= limit <= 500:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 500, not {limit}")
+    return limit
 
 
 def _start_arguments(start: argparse.ArgumentParser) -> None:

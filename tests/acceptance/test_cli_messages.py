@@ -171,6 +171,7 @@ CASES = [
         ["invalid_argument", "--url", "cannot follow the run there"],
     ),
     ("a usage error", ["runs", "frobnicate"], 2, ["usage: construct-mcp runs"]),
+    ("a list limit out of range", ["runs", "list", "--limit", "0"], 2, ["--limit", "between 1 and 500"]),
 ]
 
 
