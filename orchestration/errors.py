@@ -37,25 +37,145 @@ at the adapter edge (``raise ... from exc``)::
 alone (a drive sets it aside, lists skip it, the dispatcher moves on) does the same for a record of
 a newer format, which must neither be decided from nor written over. Its own code and message tell
 an operator that nothing is damaged (see "Record formats" in :mod:`orchestration.core.facts`).
+
+**Next steps in a channel's words.** A message that tells the caller what to do next names an
+operation (:data:`Operation`), never a tool or a command: it is a :class:`Said` -- text and
+:class:`Hint` parts -- and each channel renders the hints in its own words (:func:`rendered`): the
+MCP tools as tool names and arguments (``call runs_list``; :mod:`server.mcp.tool_hints`), the CLI
+as commands and flags (``construct-mcp runs list``; :mod:`server.cli.command_hints`). ``message`` and
+``str()`` render them in neutral words, for logs and for messages that quote another.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 #: The most characters of a caller's input an error message quotes (see :func:`quoted`).
 QUOTED_CHARS = 100
 
 
+#: What a next step does, whatever the channel calls it: list the runs, show one, wait for one to
+#: move on, start one, answer a host task, decide a gate.
+Operation = Literal["list_runs", "show_run", "wait_run", "start_run", "resume_run", "approve_gate"]
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A next step a message names, in no channel's words: ``operation`` with the ``arguments``
+    the step is given (values known now; a tuple is a choice among them), ``needs`` the arguments
+    the caller supplies itself (an output, a model), and ``run_id`` the run it is about when no
+    argument names it. ``form`` is how the sentence uses it: ``call`` (an instruction: "call X
+    with ..."), ``name`` (a noun: "X with ... shows it"), ``pass`` ("pass model to X") or
+    ``choices`` (the values ``arguments`` offers: "decision: approve or reject")."""
+
+    operation: Operation
+    arguments: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    run_id: str | None = None
+    form: Literal["call", "name", "pass", "choices"] = "call"
+
+
+#: A channel's words for a hint (see :func:`rendered`).
+HintWords = Callable[[Hint], str]
+
+
+def either(values: Iterable[str]) -> str:
+    """``"a, b or c"``: the values, the last joined with "or"."""
+    words = list(values)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def call_words(names: Mapping[Operation, tuple[str, tuple[str, ...]]], verb: str = "call ") -> HintWords:
+    """The words of a channel that names each operation as a call (``names``: the call of each
+    and the arguments it implies) and the arguments by their names, those known now as JSON:
+    ``call orchestrate_resume with {"run_id": ...} plus output``, ``pass model to orchestrate_start``,
+    ``decision: approve or reject``."""
+
+    def words(hint: Hint) -> str:
+        name, implied = names[hint.operation]
+        if hint.form == "choices":
+            return ", ".join(
+                f"{key}: {either(value) if isinstance(value, tuple) else value}"
+                for key, value in hint.arguments.items()
+            )
+        needs = (*implied, *hint.needs)
+        if hint.form == "pass":
+            return f"pass {' and '.join(needs)} to {name}"
+        said = f"{verb}{name}" if hint.form == "call" else name
+        if hint.arguments:
+            said += " with " + json.dumps(dict(hint.arguments))
+        if needs:
+            said += (" plus " if hint.arguments else " with ") + " and ".join(needs)
+        return said
+
+    return words
+
+
+#: The neutral words (logs, and a message quoted inside another or shown on a page).
+neutral_words = call_words(
+    {
+        "list_runs": ("list the runs", ()),
+        "show_run": ("the run's status", ()),
+        "wait_run": ("the run's status", ("a wait",)),
+        "start_run": ("a start", ()),
+        "resume_run": ("resume the run", ()),
+        "approve_gate": ("decide the gate", ()),
+    },
+    verb="",
+)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A message as text and :class:`Hint` parts, in order; ``str + Said`` and ``Said + str``
+    are a ``Said``, so a message is built as a string is."""
+
+    parts: tuple[str | Hint, ...] = ()
+
+    def __add__(self, other: str | Said) -> Said:
+        return Said(self.parts + (other.parts if isinstance(other, Said) else (other,)))
+
+    def __radd__(self, other: str) -> Said:
+        return Said((other, *self.parts))
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def rendered(self, words: HintWords) -> str:
+        return "".join(part if isinstance(part, str) else words(part) for part in self.parts)
+
+    def hints(self) -> tuple[Hint, ...]:
+        return tuple(part for part in self.parts if isinstance(part, Hint))
+
+
+def hint(
+    operation: Operation,
+    arguments: Mapping[str, str | tuple[str, ...]] | None = None,
+    *,
+    needs: tuple[str, ...] = (),
+    run_id: str | None = None,
+    form: Literal["call", "name", "pass", "choices"] = "call",
+) -> Said:
+    """A message part that is one :class:`Hint`: ``"...; " + hint("list_runs") + " to see ..."``."""
+    return Said((Hint(operation, dict(arguments or {}), needs, run_id, form),))
+
+
 class ConstructError(Exception):
-    """Base of every error this project raises on purpose."""
+    """Base of every error this project raises on purpose. Its message is a string, or a
+    :class:`Said` whose hints each channel renders in its words (:func:`rendered`)."""
 
     code = "error"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    def __init__(self, message: str | Said) -> None:
+        self.said = message if isinstance(message, Said) else Said((message,))
+        text = self.said.rendered(neutral_words)
+        super().__init__(text)
+        self.message = text
 
     def __str__(self) -> str:
         return self.message
@@ -84,7 +204,7 @@ class RunNotFound(ConstructError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(
-            f"no run with id {run_id!r} in this store; call runs_list to see the runs that exist"
+            f"no run with id {run_id!r} in this store; " + hint("list_runs") + " to see the runs that exist"
         )
         self.run_id = run_id
 
@@ -282,8 +402,84 @@ def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
     return f"{text[:limit]}...{size}"
 
 
+def rendered(exc: ConstructError, words: HintWords) -> str:
+    """``exc``'s message with its hints in a channel's ``words``."""
+    return exc.said.rendered(words)
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` when one of ``known`` is close to the misspelled ``name``, else
     ``""``: the hint every unknown-name error gives (tools, arguments, settings, chain fields)."""
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: A validator's words for an input's type (``input`` of an error), in a config file's words.
+_TYPE_NAMES = {
+    str: "a string",
+    bool: "a boolean",
+    int: "a whole number",
+    float: "a number",
+    list: "a list",
+    dict: "a table",
+}
+
+#: pydantic error types -> what the value must be, in plain words (``{...}`` from the error's ctx).
+_MUST_BE = {
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "set_type": "must be a list",
+    "dict_type": "must be a table",
+    "model_type": "must be a table",
+    "model_attributes_type": "must be a table",
+    "missing": "is required",
+    "literal_error": "must be {expected}",
+    "enum": "must be {expected}",
+    "greater_than": "must be more than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "string_too_short": "must have at least {min_length} characters",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+}
+
+
+def plain_problem(error: Mapping[str, Any]) -> str:
+    """One validation error (a pydantic error dict: ``type``, ``msg``, ``ctx``, ``input``) in a
+    config file's words: ``must be a whole number (it is a string)``, never the validator's own
+    phrasing ("Input should be ...", "Value error, ..."). The value itself is never repeated (it
+    may be a secret); its type is."""
+    kind = str(error.get("type", ""))
+    ctx = error.get("ctx") or {}
+    template = _MUST_BE.get(kind)
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        template = "must not be empty"
+    if template is not None:
+        try:
+            said = template.format(**ctx)
+        except (KeyError, IndexError):
+            said = template.split(" {", 1)[0]
+        given = _TYPE_NAMES.get(type(error.get("input")))
+        if kind in ("literal_error", "enum") and isinstance(error.get("input"), str):
+            said += did_you_mean(error["input"], re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
+        if kind.endswith(("_type", "_parsing")) and given is not None and kind != "missing":
+            said += f" (it is {given})"
+        return said
+    message = str(error.get("msg", "is not valid"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    for validator, plain in (("Input should be ", "must be "), ("Input should have ", "must have ")):
+        if message.startswith(validator):
+            message = plain + message.removeprefix(validator)
+    return message[:1].lower() + message[1:] if message[:2] != message[:2].upper() else message

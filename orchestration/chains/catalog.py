@@ -83,6 +83,7 @@ the file belong to the server's configuration and are ignored here.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -112,6 +113,7 @@ from orchestration.errors import (
     UnknownChain,
     UnknownSpecialist,
     did_you_mean,
+    plain_problem,
     quoted,
 )
 
@@ -426,7 +428,8 @@ class Catalog:
         name = "default" if chain is None else chain
         if name not in self.chains:
             raise UnknownChain(
-                f"unknown chain {quoted(name)}; known chains: {', '.join(sorted(self.chains))} "
+                f"unknown chain {quoted(name)}{did_you_mean(name, self.chains)}; known chains: "
+                f"{', '.join(sorted(self.chains))} "
                 "(or pass a list of specialist names)"
             )
         return self.chains[name]
@@ -480,7 +483,7 @@ def _parsed_config(raw: Mapping[str, Any], source: str) -> _CatalogConfig:
         # missing: the unknown one, with its did-you-mean, says what to fix.
         errors = [e for e in errors if "str" not in e["loc"]] or errors
         err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        message = err["msg"] if err["type"] != "extra_forbidden" else _unknown_field(err["loc"])
+        message = plain_problem(err) if err["type"] != "extra_forbidden" else _unknown_field(err["loc"])
         raise ConfigError(source, _loc(err["loc"]), message) from None
 
 
@@ -496,6 +499,18 @@ def _unknown_field(loc: Sequence[int | str]) -> str:
         model, noun = _ChainConfig, "a chain"
     known = list(model.model_fields)
     hint = did_you_mean(str(loc[-1]), known)
+    if model is _ChainConfig:
+        # A step's field (``approve_before``) written on the chain: say where it goes.
+        steps_only = [f for f in _StepConfig.model_fields if f not in known]
+        name = str(loc[-1])
+        if name in steps_only or did_you_mean(name, [*known, *steps_only]) != hint:
+            close = name if name in steps_only else difflib.get_close_matches(name, steps_only, n=1)[0]
+            where = f"{close!r} is a field of a step, not of a chain"
+            said = f"; {where}" if close == name else f" (did you mean {close!r}? {where})"
+            return (
+                f"unknown field{said}: write the step as a table, as in "
+                f'steps = [{{ specialist = "...", {close} = ... }}]'
+            )
     return f"unknown field{hint}" if hint else f"unknown field; {noun} takes: {', '.join(known)}"
 
 

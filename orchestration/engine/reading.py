@@ -5,7 +5,6 @@ exactly what the crashed one would have."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +24,8 @@ from orchestration.errors import (
     IllegalTransition,
     InvalidArgument,
     InvalidState,
+    Said,
+    hint,
     quoted,
 )
 from orchestration.store import RunStore
@@ -177,22 +178,24 @@ def awaiting_host_task(head: RunHead) -> str | None:
     return None
 
 
-def awaited_calls(head: RunHead) -> str:
+def awaited_calls(head: RunHead) -> Said:
     """What the run waits for from a caller, as the calls that answer it, for an error to end with
     when the caller called the wrong tool (or named the wrong task or gate): ``"; it awaits: call
-    orchestrate_resume with {...} plus output (...)"``, one call per host task and open gate, each
-    with its arguments as JSON a caller can send; ``""`` when nothing waits for a caller. A linear
-    run waits for what its status says; a parallel run's branches may wait for both at once."""
+    orchestrate_resume with {...} plus output (...)"`` in the tools' words, one call per host task
+    and open gate, each with its arguments as JSON a caller can send (hints: each channel says them
+    in its words, see :class:`~orchestration.errors.Said`); empty when nothing waits for a caller.
+    A linear run waits for what its status says; a parallel run's branches may wait for both at once."""
     run_id = head.run_id
     if head.status.is_terminal:
-        return ""
+        return Said()
     parallel = is_parallel(head.chain)
-    calls: list[str] = []
+    calls: list[Said] = []
     if head.status == RunStatus.AWAITING_HOST or parallel:
         calls += [
-            "call orchestrate_resume with "
-            + json.dumps({"run_id": run_id, "task_id": t.task_id})
-            + " plus output (your model's answer to the task's prompt; run_status shows it)"
+            hint("resume_run", {"run_id": run_id, "task_id": t.task_id}, needs=("output",))
+            + " (your model's answer to the task's prompt; "
+            + hint("show_run", run_id=run_id, form="name")
+            + " shows it)"
             for t in head.tasks
             if t.status == TaskStatus.AWAITING_HOST
         ]
@@ -200,19 +203,33 @@ def awaited_calls(head: RunHead) -> str:
         for gate in head.gates:
             if gate.status != "requested":
                 continue
-            decisions = "approve, reject or revise" if revise_offered(head, gate) else "approve or reject"
+            decisions = (
+                ("approve", "reject", "revise") if revise_offered(head, gate) else ("approve", "reject")
+            )
             calls.append(
-                "call orchestrate_approve with "
-                + json.dumps({"run_id": run_id, "gate_id": gate.gate_id, "decision": "approve"})
-                + f" once the user decided (decision: {decisions})"
+                hint("approve_gate", {"run_id": run_id, "gate_id": gate.gate_id, "decision": "approve"})
+                + " once the user decided ("
+                + hint("approve_gate", {"decision": decisions}, run_id=run_id, form="choices")
+                + ")"
             )
     if not calls and head.status == RunStatus.AWAITING_CHILDREN:
         calls.append(
-            f"its child runs (run_status with {json.dumps({'run_id': run_id})} shows what they wait for)"
+            "its child runs ("
+            + hint("show_run", {"run_id": run_id}, form="name")
+            + " shows what they wait for)"
         )
     if not calls and head.status == RunStatus.AWAITING_AGENT:
-        calls.append("its agent's remote run (the server follows it; run_status with wait_seconds waits)")
-    return "; it awaits: " + "; ".join(calls) if calls else ""
+        calls.append(
+            "its agent's remote run (the server follows it; "
+            + hint("wait_run", run_id=run_id, form="name")
+            + " waits)"
+        )
+    if not calls:
+        return Said()
+    said = Said(("; it awaits: ",))
+    for i, call in enumerate(calls):
+        said += ("; " if i else "") + call
+    return said
 
 
 def missing_task_id_error(head: RunHead, name: str = "task_id") -> ConstructError:

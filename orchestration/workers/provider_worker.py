@@ -59,7 +59,7 @@ from orchestration.core.models import (
     WorkerBackend,
 )
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
-from orchestration.errors import InvalidArgument, InvalidOutput
+from orchestration.errors import InvalidArgument, InvalidOutput, hint
 from orchestration.tracing import model_call
 from orchestration.workers.anthropic import ANTHROPIC_BASE_URL, AnthropicClient
 from orchestration.workers.model_calls import (
@@ -154,7 +154,9 @@ class ProviderSettings:
         chosen_model = model or step.model or self.default_model
         if not chosen_model:
             raise InvalidArgument(
-                f"no model for step {step.name!r}: pass model to orchestrate_start, set it on the chain "
+                f"no model for step {step.name!r}: "
+                + hint("start_run", needs=("model",), form="pass")
+                + ", set it on the chain "
                 "step, or set CONSTRUCT_MODEL"
             )
         named = provider or step.provider or self.default_provider

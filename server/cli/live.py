@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,7 +36,7 @@ import anyio
 
 from orchestration.core import RunHead, RunStatus, TaskStatus
 from orchestration.engine import Runtime
-from orchestration.errors import ConstructError
+from orchestration.errors import ConstructError, InvalidArgument
 from orchestration.workers import open_session
 from server.cli.subcommands import Subcommands
 from server.views.events import Event, read_events
@@ -87,7 +87,10 @@ def add_live_parsers(
 async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
     """``runs tail`` or ``runs watch``; returns the exit status."""
     if args.runs_command == "tail" and args.url:
-        token = args.token_file.read_text().strip() if args.token_file else None
+        try:
+            token = args.token_file.read_text().strip() if args.token_file else None
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
         return await tail_server(
             args.url, args.run_id, out, token=token, from_start=args.from_start, as_json=args.json
         )
@@ -132,7 +135,39 @@ async def tail_server(
     as_json: bool = False,
     wait_seconds: float = TAIL_WAIT_SECONDS,
 ) -> int:
-    """:func:`tail` through a running server's ``run_events`` tool (see the module docstring)."""
+    """:func:`tail` through a running server's ``run_events`` tool (see the module docstring). A
+    server that cannot be reached is an ``invalid_argument`` naming ``--url``, not a traceback."""
+    try:
+        return await _tail_server(url, run_id, out, token, from_start, as_json, wait_seconds)
+    except Exception as exc:  # the SDK raises transport errors inside exception groups
+        leaves = list(_leaves(exc))
+        said = next((leaf for leaf in leaves if isinstance(leaf, ConstructError)), None)
+        if said is not None:
+            raise said from None
+        why = "; ".join(dict.fromkeys(f"{type(leaf).__name__}: {leaf}"[:200] for leaf in leaves))
+        raise InvalidArgument(
+            f"--url {url}: cannot follow the run there ({why}); check the URL and that a server "
+            "runs there (construct-mcp serve --transport streamable-http)"
+        ) from None
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from _leaves(sub)
+    else:
+        yield exc
+
+
+async def _tail_server(
+    url: str,
+    run_id: str,
+    out: TextIO,
+    token: str | None,
+    from_start: bool,
+    as_json: bool,
+    wait_seconds: float,
+) -> int:
     async with open_session(url, token, call_timeout_seconds=wait_seconds + 30) as client:
 
         async def read(after_seq: int, output_after: int, wait: float) -> dict[str, Any]:

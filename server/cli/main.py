@@ -31,8 +31,12 @@ as a preview. ``runs status --full`` shows every task's whole output (``--json -
 answers: ``resume`` with an output needs ``--task-id`` and ``approve`` needs ``--gate-id``; without
 one, the error names the task or gate the run awaits.
 
-Exit status: 0 success; 2 usage or configuration error; 1 operation error, with ``code: message``
-on stderr (``run_not_found: no run with id ...``).
+Exit status (:data:`EXIT_STATUSES`, also in ``--help``): 0 success; 1 the command failed, with one
+``code: message`` line on stderr (``run_not_found: no run with id ...``); 2 a usage or configuration
+error (argparse's, or ``construct-mcp: configuration error: FILE: TABLE.FIELD: problem``); 3 the run
+a command advanced ended failed, rejected or cancelled. Messages name commands and flags
+(``construct-mcp runs list``, ``--task-id``): an error's next steps are rendered in the CLI's words
+(:mod:`server.cli.command_hints`), never as MCP tools.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_ra
 from orchestration.engine import Runtime
 from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
 from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
+from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
@@ -62,7 +67,7 @@ from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
-from server.views.run_view import Approve, Detail, Done, RunHostTask, RunView, Wait, run_view
+from server.views.run_view import Approve, Detail, Done, GateView, RunHostTask, RunView, Wait, run_view
 from server.views.timeline import decided_by, render_timeline
 from server.wiring import runtime_for
 from stores import parse_store_spec
@@ -76,6 +81,15 @@ EXIT_RUN_ENDED_UNSUCCESSFULLY = 3
 #: the commands that advance a run in-process (see :data:`EXIT_RUN_ENDED_UNSUCCESSFULLY`)
 _ADVANCING = frozenset({"start", "resume", "approve", "fork"})
 _UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.REJECTED, RunStatus.CANCELLED})
+_ENDED = frozenset(s.value for s in RunStatus if s.is_terminal)
+
+#: The exit statuses, as ``--help`` lists them.
+EXIT_STATUSES = f"""exit status:
+  {EXIT_OK}  success
+  {EXIT_FAILED}  the command failed: one line "code: message" on stderr says why and what to run next
+  {EXIT_USAGE}  a usage or configuration error (a bad flag, or FILE: TABLE.FIELD: problem)
+  {EXIT_RUN_ENDED_UNSUCCESSFULLY}  runs start|resume|approve|fork: the run ended failed, rejected or cancelled
+"""
 
 #: How long a ``runs`` command waits for a server that holds the run's lease to move it on.
 CLI_WAIT_SECONDS = 10.0
@@ -112,11 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: ``serve``, ``runs ACTION``, ``migrate`` and ``demo``, each command's
     arguments added by its own function below, in the order ``--help`` lists them."""
     parser = argparse.ArgumentParser(
-        prog="construct-mcp", description="An MCP server that runs durable specialist chains."
+        prog="construct-mcp",
+        description="An MCP server that runs durable specialist chains.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve_arguments(sub.add_parser("serve", help="run the MCP server (stdio by default)"))
-    _runs_actions(sub.add_parser("runs", help="start, inspect and advance runs directly on the store"))
+    _runs_actions(
+        sub.add_parser(
+            "runs",
+            help="start, inspect and advance runs directly on the store",
+            epilog=EXIT_STATUSES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     _migrate_arguments(sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations"))
     _demo_arguments(sub.add_parser("demo", help="run the crash-and-resume demo (no API key, no database)"))
     return parser
@@ -159,7 +183,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> None:
 
     listing = actions.add_parser("list", help="list runs, newest first")
     listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
-    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--limit", type=_list_limit, default=20, help="runs per page, 1-500 (default 20)")
     listing.add_argument("--cursor")
     _common(listing)
     _json_flag(listing)
@@ -171,6 +195,17 @@ def _runs_actions(runs: argparse.ArgumentParser) -> None:
     add_live_parsers(actions, _common, _json_flag)
     add_fork_parser(actions, _common, _json_flag)
     add_retention_parsers(actions, _common, _json_flag)
+
+
+def _list_limit(value: str) -> int:
+    """``--limit`` of ``runs list``: a usage error in the flag's name when out of range."""
+    try:
+        limit = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {value!r}") from None
+    if not 1 <= limit <= 500:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 500, not {limit}")
+    return limit
 
 
 def _start_arguments(start: argparse.ArgumentParser) -> None:
@@ -249,6 +284,10 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
     # The runs commands print for a person: only warnings and errors reach stderr unless asked.
     explicit = "log_level" in settings.sources or default_log_level is None
     configure_logging(settings.log_level if explicit else (default_log_level or "WARNING"))
+    if args.command != "serve" and settings.source_of("store") == "--store":
+        # A store typed on this command line is the one meant: one that cannot be opened is the
+        # command's error, not a quiet switch to another store that has none of its runs.
+        return settings.model_copy(update={"store_fallback": False})
     return settings
 
 
@@ -317,17 +356,51 @@ def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, ou
         out.write("\n--- system prompt ---\n" + action.system_prompt.rstrip() + "\n")
         out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
     elif action.kind == "approve":
-        out.write(f"\nnext: decide gate {action.gate_id}: {action.guards}\n")
         gate = next((g for g in view.gates if g.gate_id == action.gate_id), None)
+        out.write(f"\nnext: decide gate {action.gate_id}: {_guards(view, action, gate)}\n")
         choices = "[--reject | --revise]" if gate is not None and "revise" in gate.decisions else "[--reject]"
         out.write(
             f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} {choices} "
             "[--comment TEXT]\n"
         )
     elif action.kind == "wait":
-        out.write(f"\nnext: wait — {action.instruction}\n")
+        out.write(f"\nnext: wait — {_working(view, action)}\n")
     else:
-        out.write(f"\n{action.instruction}\n")
+        out.write(
+            f"\nthe run is {view.status.value}; nothing more will happen. "
+            f"`construct-mcp runs status {view.run_id} --full` shows the whole outputs.\n"
+        )
+
+
+def _guards(view: RunView, action: Approve, gate: GateView | None) -> str:
+    """What the gate guards, in the CLI's words (the view's ``guards`` names the tools' arguments)."""
+    step = next((s for s in view.chain.steps if s.name == action.task_id), None)
+    named = f"the {action.task_id!r} step" + (f" ({step.specialist})" if step is not None else "")
+    full = f"`construct-mcp runs status {action.run_id or view.run_id} --full`"
+    if action.position == "before":
+        return f"approval before {named} starts; {full} shows the earlier tasks' outputs whole."
+    if action.position == "after":
+        return f"approval of the output of {named} before the chain goes on; {full} shows it whole."
+    if action.position == "budget":
+        note = f"{gate.note} " if gate is not None and gate.note else ""
+        return (
+            f"the budget does not allow the next call: {note}Approving raises that budget by "
+            "--raise-tokens N / --raise-usd X (default: the original budget again); --reject ends the run."
+        )
+    return action.guards  # a loop's bound: its history, in no tool's words
+
+
+def _working(view: RunView, action: Wait) -> str:
+    """What the run is doing while it needs nothing from the person, and how to follow it."""
+    if view.status == RunStatus.AWAITING_AGENT:
+        doing = "the run waits for its agent's remote run, which the server follows"
+    elif view.status == RunStatus.AWAITING_CHILDREN:
+        live = [c.run_id for c in view.children if c.status not in _ENDED]
+        doing = "its child runs are working" + (f" ({', '.join(live)})" if live else "")
+    else:
+        later = f", next attempt not before {action.not_before.isoformat()}" if action.not_before else ""
+        doing = f"the server is working on it (status {view.status.value}{later})"
+    return f"{doing}; `construct-mcp runs tail {view.run_id}` follows it."
 
 
 def _print_page(page: RunsPage, out: TextIO, where: str | None) -> None:
@@ -602,7 +675,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         sys.stderr.write(f"construct-mcp: {exc}\n")
         return EXIT_USAGE
     except ConstructError as exc:
-        sys.stderr.write(f"{exc.code}: {exc.message}\n")
+        sys.stderr.write(f"{exc.code}: {cli_message(exc)}\n")
         _write_notes(exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -612,7 +685,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         leaf = _construct_error(group)
         if leaf is None:
             raise
-        sys.stderr.write(f"{leaf.code}: {leaf.message}\n")
+        sys.stderr.write(f"{leaf.code}: {cli_message(leaf)}\n")
         _write_notes(leaf)
         return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2

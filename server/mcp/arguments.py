@@ -27,14 +27,13 @@ from pydantic import Field, ValidationError
 
 from orchestration.core import Limits
 from orchestration.errors import ConstructError, InvalidArgument, TooLarge, did_you_mean, quoted
+from server.mcp.tool_hints import tool_error_text
 
 log = logging.getLogger("construct.tools")
 
 
 def error_result(exc: ConstructError) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")], is_error=True
-    )
+    return CallToolResult(content=[TextContent(type="text", text=tool_error_text(exc))], is_error=True)
 
 
 #: Given the call's context and raw arguments, the error for a required argument the caller left out

@@ -84,6 +84,7 @@ from orchestration.core import (
 from orchestration.engine import RunSnapshot
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
 from server.identity import Caller, caller_of
+from server.mcp.tool_hints import tool_message
 from server.views.run_view import RunView, next_step, output_uri, request_preview
 
 if TYPE_CHECKING:
@@ -369,7 +370,8 @@ async def take_answer(
         notes.append(_decided_elsewhere(gate, form.decision))
         return head
     except (InvalidState, InvalidArgument, Forbidden) as exc:
-        notes.append(f"{exc.code}: the answer ({form.decision}) to gate {gate_id} was not recorded: {exc}")
+        said = tool_message(exc)
+        notes.append(f"{exc.code}: the answer ({form.decision}) to gate {gate_id} was not recorded: {said}")
         return await runtime.status(run_id)
 
 

@@ -41,6 +41,7 @@ from orchestration.errors import (
     InvalidState,
     quoted,
 )
+from server.mcp.tool_hints import tool_error_text
 
 log = logging.getLogger("construct.server")
 
@@ -52,7 +53,7 @@ _UNKNOWN_RESOURCE = "Unknown resource"
 
 def coded(exc: ConstructError, code: int = INVALID_PARAMS, **data: Any) -> MCPError:
     """``exc`` as a JSON-RPC error: the message starts with its code, which ``data.code`` repeats."""
-    return MCPError(code=code, message=f"{exc.code}: {exc.message}", data={"code": exc.code, **data})
+    return MCPError(code=code, message=tool_error_text(exc), data={"code": exc.code, **data})
 
 
 class CodedErrors:

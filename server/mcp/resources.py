@@ -55,6 +55,7 @@ from server.mcp.subscriptions import (
     check_subscribable,
     check_subscriber,
 )
+from server.mcp.tool_hints import tool_error_text
 from server.sdk import set_request_handler
 from server.views.compact import answer_data, answer_text
 from server.views.events import newest_events
@@ -83,7 +84,7 @@ def _resource_error(exc: ConstructError) -> Exception:
     anything else as a resource error. Each message starts with the error's stable code."""
     if isinstance(exc, Forbidden):
         return as_protocol_error(exc)
-    said = f"{exc.code}: {exc.message}"
+    said = tool_error_text(exc)
     if isinstance(exc, RunNotFound | InvalidArgument | InvalidState):
         return ResourceNotFoundError(said)
     return ResourceError(said)

@@ -56,6 +56,7 @@ from mcp.shared.exceptions import MCPError
 from orchestration.core import RunHead, validate_run_id
 from orchestration.errors import ConstructError, InvalidArgument, RunNotFound
 from server.identity import Caller, caller_of
+from server.mcp.tool_hints import tool_error_text
 from server.sdk import connection_of, on_connection_closed
 
 log = logging.getLogger("construct.server")
@@ -131,7 +132,7 @@ async def check_subscriber(caller: Caller, uris: Iterable[str], load: LoadHead) 
 
 def as_protocol_error(exc: ConstructError) -> MCPError:
     """A JSON-RPC error (invalid params) whose message starts with the error's stable code."""
-    return MCPError(code=types.INVALID_PARAMS, message=f"{exc.code}: {exc.message}")
+    return MCPError(code=types.INVALID_PARAMS, message=tool_error_text(exc))
 
 
 class LegacySubscribers:

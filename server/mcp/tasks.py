@@ -103,6 +103,7 @@ from orchestration.core import AGENT_APPROVER, RunHead, RunStatus, TaskStatus, v
 from orchestration.errors import ConstructError, InvalidState, RunNotFound, StoreError
 from server.identity import Caller, Role, caller_of
 from server.mcp.elicit import RevisableGateForm, gate_request, may_decide, take_answer
+from server.mcp.tool_hints import tool_error_text
 from server.views.compact import answer_data, answer_text
 from server.views.next_step import Approve, RunHostTask, Wait
 from server.views.run_view import RunView
@@ -420,7 +421,7 @@ async def _open(ctx: RequestContext, task_id: str, role: Role) -> tuple[Services
         if exc.code == "invalid_argument":
             message = "Failed to retrieve task: Task not found (not a task id this server gives out)"
         else:
-            message = f"{exc.code}: {exc}"
+            message = tool_error_text(exc)
         code = INTERNAL_ERROR if isinstance(exc, StoreError) else INVALID_PARAMS
         raise MCPError(code=code, message=message, data={"code": exc.code}) from None
     return services, caller, head

@@ -31,7 +31,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from orchestration.errors import ConfigError, did_you_mean
+from orchestration.errors import ConfigError, did_you_mean, plain_problem
 
 if TYPE_CHECKING:
     from pydantic_settings.sources.types import Traversable
@@ -122,8 +122,14 @@ def _table_model(field: FieldInfo) -> type[BaseModel] | None:
 def _problem(settings_cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"] if p != "[key]"]
-    where = ".".join(loc) or "(file)"
-    message = err["msg"]
+    where = (
+        "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}" if i else str(p)
+            for i, p in enumerate(q for q in err["loc"] if q != "[key]")
+        )
+        or "(file)"
+    )
+    message = plain_problem(err)
     if err["type"] == "extra_forbidden":
         field = settings_cls.model_fields.get(loc[0])
         table = None if field is None else table_of(field)

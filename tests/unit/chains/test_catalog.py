@@ -77,7 +77,7 @@ steps = ["architect", { specialist = "engineer", approve_before = true }, "secur
             "specialists.s",
             "exactly one of 'persona' or 'persona_file'",
         ),
-        ('[specialists.s]\npersona = "p"\n', "specialists.s.description", "Field required"),
+        ('[specialists.s]\npersona = "p"\n', "specialists.s.description", "is required"),
         ('[specialists.Bad]\ndescription = "d"\npersona = "p"\n', "specialists.Bad", "not a valid name"),
         (
             '[specialists.s]\ndescription = "d"\npersona_file = "missing.md"\n',

@@ -88,8 +88,8 @@ def test_the_chain_policy_is_read_into_the_snapshot() -> None:
         (["Agent"], "approvers", "spelled 'agent'"),
         (["AGENT"], "approvers", "spelled 'agent'"),
         ([" alice"], "approvers", "surrounding blanks"),
-        ([""], "approvers[0]", "at least 1"),
-        ("agent", "approvers", "valid list"),
+        ([""], "approvers[0]", "must not be empty"),
+        ("agent", "approvers", "must be a list"),
     ],
 )
 def test_bad_approvers_are_refused_at_load_on_the_chain_and_on_a_step(

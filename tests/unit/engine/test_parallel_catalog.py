@@ -57,7 +57,7 @@ def write(tmp_path: Path, text: str) -> Path:
         (
             '[chains.x]\nmax_parallel = 0\nsteps = ["engineer"]\n',
             "chains.x.max_parallel",
-            "greater than or equal to 1",
+            "must be at least 1",
         ),
         (
             # a route to a step that runs neither before nor after the routing step

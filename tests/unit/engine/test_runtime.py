@@ -3,15 +3,12 @@ what each one does with repeats and races."""
 
 from __future__ import annotations
 
-import json
-import re
-
 import anyio
 import pytest
 
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Limits, Runtime, StartRequest
-from orchestration.errors import Conflict, InvalidArgument, InvalidState, RunNotFound, TooLarge
+from orchestration.errors import Conflict, Hint, InvalidArgument, InvalidState, RunNotFound, TooLarge
 from tests.unit.helpers import make_runtime, play
 
 
@@ -133,15 +130,18 @@ async def test_cancel() -> None:
 async def test_resume_without_output_says_what_the_run_needs() -> None:
     runtime = make_runtime()
     run_id = await started(runtime, approve_before=("architect",))
-    gate = json.dumps({"run_id": run_id, "gate_id": "before:architect", "decision": "approve"})
-    with pytest.raises(InvalidState, match=re.escape(f"call orchestrate_approve with {gate}")):
+    # The engine names the next step as a hint (each channel says it in its words), never a tool.
+    gate = Hint("approve_gate", {"run_id": run_id, "gate_id": "before:architect", "decision": "approve"})
+    with pytest.raises(InvalidState) as refused:
         await runtime.check_resumable(run_id)
+    assert gate in refused.value.said.hints() and "orchestrate_" not in refused.value.message
     await runtime.approve(run_id, "approve", "before:architect")
     assert (await runtime.check_resumable(run_id)).status == RunStatus.QUEUED
     await runtime.drive(run_id)
-    task = json.dumps({"run_id": run_id, "task_id": "architect"})
-    with pytest.raises(InvalidArgument, match=re.escape(f"call orchestrate_resume with {task} plus output")):
+    task = Hint("resume_run", {"run_id": run_id, "task_id": "architect"}, needs=("output",))
+    with pytest.raises(InvalidArgument) as refused_output:
         await runtime.check_resumable(run_id)
+    assert task in refused_output.value.said.hints() and "orchestrate_" not in refused_output.value.message
 
 
 async def test_bad_run_ids_never_reach_the_store() -> None:

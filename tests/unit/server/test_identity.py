@@ -106,7 +106,7 @@ own_runs_only = true
             "tokens.alice.token_env",
             "not set",
         ),
-        (f'[tokens.alice]\ntoken = "{ALICE}"\nroles = ["admin"]\n', {}, "tokens.alice.roles.0", "'operate'"),
+        (f'[tokens.alice]\ntoken = "{ALICE}"\nroles = ["admin"]\n', {}, "tokens.alice.roles[0]", "'operate'"),
         (f'[tokens.alice]\ntoken = "{ALICE}"\nroles = []\n', {}, "tokens.alice.roles", "at least 1"),
         (f'[tokens.alice]\ntoken = "{ALICE}"\n', {}, "tokens.alice.roles", "required"),
         ('[tokens.alice]\nroles = ["read"]\n', {}, "tokens", "exactly one of token and token_env"),

@@ -95,7 +95,7 @@ ROUTER = '{ specialist = "reviewer", output_schema = "verdict", route_on = "verd
         (
             '{ specialist = "engineer", max_visits = 0 }',
             "chains.x.steps[0].max_visits",
-            "greater than or equal to 1",
+            "must be at least 1",
         ),
     ],
 )

@@ -72,17 +72,17 @@ def test_an_explicit_config_file_replaces_the_one_in_home(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("variable", "value", "problem"),
     [
-        ("CONSTRUCT_LEASE_TTL_SECONDS", "soon", "valid number"),
-        ("CONSTRUCT_LEASE_TTL_SECONDS", "0", "greater than or equal to 1"),
-        ("CONSTRUCT_DISPATCH_CONCURRENCY", "0", "greater than or equal to 1"),
-        ("CONSTRUCT_POLL_SECONDS", "-1", "greater than 0"),
-        ("CONSTRUCT_RECOVER_ON_START", "perhaps", "valid boolean"),
-        ("CONSTRUCT_MAX_REQUEST_CHARS", "many", "valid integer"),
-        ("CONSTRUCT_MAX_OUTPUT_CHARS", "0", "greater than or equal to 1"),
+        ("CONSTRUCT_LEASE_TTL_SECONDS", "soon", "must be a number"),
+        ("CONSTRUCT_LEASE_TTL_SECONDS", "0", "must be at least 1"),
+        ("CONSTRUCT_DISPATCH_CONCURRENCY", "0", "must be at least 1"),
+        ("CONSTRUCT_POLL_SECONDS", "-1", "must be more than 0"),
+        ("CONSTRUCT_RECOVER_ON_START", "perhaps", "must be true or false"),
+        ("CONSTRUCT_MAX_REQUEST_CHARS", "many", "must be a whole number"),
+        ("CONSTRUCT_MAX_OUTPUT_CHARS", "0", "must be at least 1"),
         ("CONSTRUCT_LOG_LEVEL", "loud", "'DEBUG'"),
         ("CONSTRUCT_DEPLOYMENT_MODE", "galaxy", "'solo'"),
         ("CONSTRUCT_WORKER_BACKEND", "magic", "'inline'"),
-        ("CONSTRUCT_FAULT_CRASH_AFTER_WRITES", "0", "greater than or equal to 1"),
+        ("CONSTRUCT_FAULT_CRASH_AFTER_WRITES", "0", "must be at least 1"),
     ],
 )
 def test_a_bad_environment_variable_is_named(variable: str, value: str, problem: str) -> None:
@@ -96,7 +96,7 @@ def test_a_bad_environment_variable_is_named(variable: str, value: str, problem:
 @pytest.mark.parametrize(
     ("text", "field", "problem"),
     [
-        ("dispatch_concurrency = 'lots'\n", "dispatch_concurrency", "valid integer"),
+        ("dispatch_concurrency = 'lots'\n", "dispatch_concurrency", "must be a whole number"),
         ("stoer = 'memory'\n", "stoer", "unknown setting (did you mean 'store'?)"),
         ("chians = 1\n", "chians", "unknown setting (did you mean 'chains'?)"),
         ("zzzz = 1\n", "zzzz", "unknown setting; the known settings are: agents, auth_token"),

@@ -48,7 +48,7 @@ def test_a_bad_value_is_refused_even_where_a_higher_source_overrides_it(tmp_path
         )
     assert caught.value.code == "config_error"
     assert (caught.value.file, caught.value.field) == ("environment", "CONSTRUCT_MAX_ATTEMPTS")
-    assert "valid integer" in caught.value.problem
+    assert "must be a whole number" in caught.value.problem
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from orchestration.errors import (
     VersionConflict,
 )
 from server.mcp.arguments import error_result
+from server.mcp.tool_hints import tool_message
 from server.views.listing import run_summary, runs_page
 from server.views.outline import Outlined
 from server.views.run_view import (
@@ -345,5 +346,5 @@ def test_error_results_start_with_the_stable_code(error: ConstructError, code: s
     result = error_result(error)
     assert result.is_error
     text = result.content[0].text  # type: ignore[union-attr]
-    assert text == f"{code}: {error.message}"
+    assert text == f"{code}: {tool_message(error)}"
     assert result.structured_content is None
