@@ -20,7 +20,7 @@ for its step's, what was spent, plus what the calls in flight may still spend (e
 attempt reserves its most: ``max_tokens`` output tokens, priced), plus this call's most stays
 within the limit. A host task's most is 0: it is refused only once the host's reported usage
 went over. Input tokens are not known before a call, so a call's most counts its output only: a
-budget can be exceeded by the input tokens of the calls that were allowed (the README says so).
+budget can be exceeded by the input tokens of the calls that were allowed (docs/operations.md says so).
 
 **When the rule refuses** a call: with ``on_budget = "fail"`` the task fails with
 ``budget_exhausted``, which fails the run whatever the step's ``on_failure``; with ``"ask"`` the run

@@ -26,7 +26,7 @@ stored is the folded one. A log the fold refuses (a fact after the run's end, a 
 gap) is refused too, so nothing is imported that the store would then read back as
 ``corrupt_record``; so is a task output that is not the one its ``output_sha256`` names. An author
 who edits facts and head consistently (and recomputes those hashes) is not detected: importing is
-an operator's act, trusted as writing to the store is (the README's "Export, import and
+an operator's act, trusted as writing to the store is (docs/operations.md, "Export, import and
 retention").
 
 An export is a consistent snapshot: the head read first fixes the version, and only the facts up to

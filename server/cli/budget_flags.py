@@ -1,4 +1,4 @@
-"""The CLI's budget and usage flags (see "Costs and budgets" in the README).
+"""The CLI's budget and usage flags (see "Costs and budgets" in docs/operations.md).
 
 ``runs start`` takes a run's budget (``--max-total-tokens``, ``--max-cost-usd``, ``--on-budget``;
 a step's own limits are set per chain in ``construct.toml``, ``[budgets.<chain>]``), and

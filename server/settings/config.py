@@ -423,14 +423,14 @@ class Settings(BaseSettings):
     )
     #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
     prices: Annotated[
-        dict[str, Price], Table("a prices table", "see the Costs and budgets section of the README")
+        dict[str, Price], Table("a prices table", "see 'Costs and budgets' in docs/operations.md")
     ] = Field(
         default_factory=dict,
         description="a model's price, over the dated defaults (a run records its prices at start)",
     )
     #: ``[budgets.<chain>]``: the budget of a run of that chain that gives none at start
     budgets: Annotated[
-        dict[str, Budget], Table("a budgets table", "see the Costs and budgets section of the README")
+        dict[str, Budget], Table("a budgets table", "see 'Costs and budgets' in docs/operations.md")
     ] = Field(
         default_factory=dict, description="the budget of every run of the chain that gives none at start"
     )
