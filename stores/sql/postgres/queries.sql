@@ -60,7 +60,8 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- name: append
 -- An append in one statement, so one round trip committed by autocommit's implicit transaction:
 -- the compare-and-swap of the head, the lease fence and the insert of the facts, with a notify when
--- the run is left queued. Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
+-- the run is left queued or the write carries no lease (an external event: a cancel, an approval, a
+-- host's output, which the drive of the run, on whichever server, must hear of at once). Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
 -- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
 -- fact the first one follows, $14 the NOTIFY channel.
 --
@@ -86,7 +87,7 @@ inserted AS (
 ),
 notified AS (
     -- Sent inside the statement's transaction: listeners hear of it only once it is committed.
-    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued'
+    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued' OR $9::text IS NULL
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
@@ -104,6 +105,10 @@ SELECT pg_notify($1, $2)
 
 -- name: run_version
 SELECT version FROM runs WHERE run_id = $1
+
+-- name: run_versions
+-- The versions of many runs in one statement (RunStore.versions): $1 the run ids.
+SELECT run_id, version FROM runs WHERE run_id = ANY ($1::text[])
 
 -- name: load_head
 -- The head as written (JSON text since migration 0010), with the chain snapshot written once at
