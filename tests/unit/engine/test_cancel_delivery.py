@@ -13,9 +13,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestration.chains.prompts import TaskPrompt
-from orchestration.core.models import ChainStep, ExecutionContract, TypedError
-from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
@@ -28,33 +25,12 @@ INTERVAL = 0.5
 SLACK = 0.75
 
 
-class Holding(CountingWorker):
-    """A provider call that lasts until cancelled; :attr:`started` is set when one is in flight,
-    :attr:`stopped` when one was cancelled."""
-
-    def __init__(self) -> None:
-        super().__init__(delay=3600)
-        self.started = anyio.Event()
-        self.stopped = anyio.Event()
-
-    async def execute(
-        self,
-        contract: ExecutionContract,
-        step: ChainStep,
-        prompt: TaskPrompt,
-        attempt: int,
-        previous_errors: tuple[TypedError, ...],
-    ) -> AttemptOutcome:
-        self.started.set()
-        try:
-            return await super().execute(contract, step, prompt, attempt, previous_errors)
-        except anyio.get_cancelled_exc_class():
-            self.stopped.set()
-            raise
-
-
 async def _cancel_while_calling(
-    driving: Runtime, other: Runtime, worker: Holding, store: FaultyStore, drive: Callable[[str], object]
+    driving: Runtime,
+    other: Runtime,
+    worker: CountingWorker,
+    store: FaultyStore,
+    drive: Callable[[str], object],
 ) -> float:
     """Start a run on ``driving`` and ``drive`` it, cancel it through ``other`` while its call is
     in flight; the seconds from the cancel's commit to the call's stop. Also checks that no record
@@ -62,14 +38,16 @@ async def _cancel_while_calling(
     head, _ = await driving.start(start_request("c1"))
     drive(head.run_id)
     with anyio.fail_after(30):
-        await worker.started.wait()
+        while not worker.in_flight:  # noqa: ASYNC110 (a counter, no event)
+            await anyio.sleep(0.005)
     loads = store.calls["load"]
     await anyio.sleep(INTERVAL * 2.5)  # a few intervals with the call in flight
     assert store.calls["load"] == loads, "the run's record was read while its call waited"
     await other.cancel(head.run_id, "stop")
     cancelled_at = anyio.current_time()
     with anyio.fail_after(30):
-        await worker.stopped.wait()
+        while not worker.cancelled:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
     elapsed = anyio.current_time() - cancelled_at
     with anyio.fail_after(30):
         while (await other.status(head.run_id)).status != RunStatus.CANCELLED:  # noqa: ASYNC110
@@ -82,7 +60,7 @@ async def test_the_batched_check_alone_stops_a_cancelled_call_within_one_interva
     backend: str, tmp_path: Path
 ) -> None:
     async with shared_stores(backend, tmp_path, 2) as (mine, theirs):
-        store, worker = FaultyStore(mine), Holding()
+        store, worker = FaultyStore(mine), CountingWorker(delay=3600)
         driving = runtime_on(store, worker, "driver")
         driving.cancel_poll_seconds = INTERVAL
         other = runtime_on(theirs, CountingWorker(), "other")
@@ -97,7 +75,7 @@ async def test_the_batched_check_alone_stops_a_cancelled_call_within_one_interva
 
 async def test_the_notification_alone_stops_a_cancelled_call_at_once(tmp_path: Path) -> None:
     async with shared_stores("postgres", tmp_path, 2) as (mine, theirs):
-        store, worker = FaultyStore(mine), Holding()
+        store, worker = FaultyStore(mine), CountingWorker(delay=3600)
         driving = runtime_on(store, worker, "driver")
         driving.cancel_poll_seconds = 3600  # the batched check is as good as off
         other = runtime_on(theirs, CountingWorker(), "other")
