@@ -39,7 +39,8 @@ probed at the call:
 
 - :class:`ClaimsRunnable` (sqlite, postgres): claim a batch of runnable runs in one step, which is
   how several processes on one database share the work;
-- :class:`NotifiesRunnable` (postgres): be told when any process leaves a run ``queued``.
+- :class:`NotifiesRunnable` (postgres): be told when any process leaves a run ``queued``, or
+  writes an external event (a write without a lease: a cancel, an approval, a host's output).
 """
 
 from __future__ import annotations
@@ -291,6 +292,16 @@ class RunStore(Protocol):
         of any lease)."""
         ...
 
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The stored version of each of ``run_ids``, in one read (one statement in the SQL
+        adapters): what a runtime's watcher reads once per interval for every run whose drive has
+        a call in flight, to learn which of them someone else wrote to (a cancel) without reading
+        any record. A run that does not exist (never did, or was deleted) is left out of the
+        answer. An empty ``run_ids`` answers ``{}`` without touching the store. Raises
+        ``InvalidArgument`` for a malformed run id, ``StoreError`` / ``StoreUnavailable`` as any
+        read."""
+        ...
+
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up if the stored lease still carries ``lease.token``; otherwise (a later
         claim replaced it, or it is already released) do nothing."""
@@ -359,7 +370,9 @@ class ClaimsRunnable(Protocol):
 @runtime_checkable
 class NotifiesRunnable(Protocol):
     """Optional ability (postgres): wake a subscriber when any process, this one or another, commits
-    a write that leaves a run ``queued`` (a new run, an approval, a scheduled retry). A wake-up
+    a write that leaves a run ``queued`` (a new run, an approval, a scheduled retry), or any write
+    made without a lease (an external event: a cancel, an approval, a host's output; the runtime
+    that drives the run stops a call in flight it made moot at once). A wake-up
     hint, not a queue: notifications sent while the listening connection is down are lost, so a
     subscriber still polls :meth:`RunStore.runnable`."""
 

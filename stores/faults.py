@@ -107,6 +107,9 @@ class CrashAfterWrites:
     ) -> dict[str, Lease | None]:
         return await self.inner.renew_leases(leases, ttl_seconds, now)
 
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        return await self.inner.versions(run_ids)
+
     async def release_lease(self, lease: Lease) -> None:
         await self.inner.release_lease(lease)
 

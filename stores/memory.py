@@ -192,6 +192,13 @@ class MemoryStore:
                     self._leases[lease.run_id] = renewed[lease.run_id] = kept
         return renewed
 
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        for run_id in run_ids:
+            validate_run_id(run_id)
+        if run_ids:
+            await checkpoint()
+        return {run_id: self._heads[run_id].version for run_id in run_ids if run_id in self._heads}
+
     async def release_lease(self, lease: Lease) -> None:
         async with self._lock:
             if self._holds(lease):

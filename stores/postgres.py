@@ -6,8 +6,9 @@
   parsing them into JSONB at every append cost server time); the chain snapshot is JSONB. Every
   write is one transaction: an append is one statement (one round
   trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
-  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued``, a
-  ``pg_notify`` — delivered only on commit. The chain snapshot, which no fact changes, is written
+  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued`` or
+  the write carries no lease (an external event: a cancel, an approval), a ``pg_notify`` —
+  delivered only on commit. The chain snapshot, which no fact changes, is written
   once by the create in a column of its own and put back into every head read (migration chain_written_once).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
   me``, each claim with a new token, also written to the run row (migration 0009); a fenced append
@@ -15,7 +16,8 @@
   :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which
   is how several processes share the work.
   :meth:`PostgresStore.listen` lets a dispatcher be woken when another process makes a run
-  runnable (an approval, a new run), and tells it when the notification connection drops so that
+  runnable (an approval, a new run) or writes an external event to it (a cancel, which the drive
+  of the run must hear of), and tells it when the notification connection drops so that
   it can listen again once the server is back.
 - The schema is never changed here: opening checks it is at the packaged head and otherwise raises
   :class:`stores.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
@@ -464,6 +466,16 @@ class PostgresStore(PostgresRetention):
             else None
             for lease in leases
         }
+
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """See ``RunStore.versions``: one ``SELECT ... WHERE run_id = ANY(...)`` (the primary key)."""
+        for run_id in run_ids:
+            validate_run_id(run_id)
+        if not run_ids:
+            return {}
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["run_versions"], list(run_ids))
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:

@@ -481,6 +481,15 @@ class SqliteStore(SqliteRetention):
             for lease in leases
         }
 
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """See ``RunStore.versions``: one ``SELECT`` (the ids passed as one JSON array)."""
+        for run_id in run_ids:
+            validate_run_id(run_id)
+        if not run_ids:
+            return {}
+        rows = await self._read(Q["run_versions"], {"run_ids": json.dumps(list(run_ids))})
+        return {str(row[0]): int(row[1]) for row in rows}
+
     async def release_lease(self, lease: Lease) -> None:
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})

@@ -1,91 +1,176 @@
-"""Watching a drive's provider calls for a write by anyone else (a cancel from another process or
-client), with one task per drive instead of one per call (issue 11: a task group, a task and a
-cancel per call were a fifth of a task boundary's interpreter time with an instant worker).
+"""Watching the runs whose calls are in flight for a write by anyone else (a cancel from another
+process or client), with ONE watcher per runtime (issue 24: upkeep per server, not per run).
 
-The rule is the one a task per call followed: a call's first check comes ``poll`` seconds after
-it began, then every ``poll`` seconds while it lasts; a check reads the run and aborts the call
-(cancels its scope) when the run's version is no longer the one the call was started on. A call
-that ends before its first check costs no read. A check whose read returns after its call ended
-changes nothing (it only ever cancels the call it was made for).
+Each call in flight — a linear drive's provider call, a parallel run's calls, an agent call — is
+watched by one :class:`Watched` entry of its runtime's :class:`RunWatch` for as long as it lasts:
+the version of the run its drive knows (its last read or write; the drive's own writes move it
+on) and what to do once the run moved past it. The runtime's watcher learns of moves in three
+ways, none of which reads a run record:
+
+* **one batched version check per interval** (:meth:`RunWatch.run`): every
+  ``cancel_poll_seconds`` (the drives' setting, 0.5 s by default) ONE
+  :meth:`~orchestration.store.RunStore.versions` read — one statement on SQLite and Postgres —
+  of the versions of every run with a call in flight, whatever their number; a run whose
+  version moved is reported to its entries. A call's first check comes at most one interval
+  after it began; a call that ends before it costs nothing;
+* **the store's change notification** (:meth:`RunWatch.notify`, fed by the dispatcher's
+  Postgres ``LISTEN``, which hears every write made without a lease — a cancel, an approval, a
+  host's output — from any process): a check of the notified runs at once, one statement;
+* **this process's own writes** (:meth:`RunWatch.changed`, fed by the runtime's change feed):
+  compared with the version the write made, no statement at all.
+
+So a cancel reaches a call in flight within one interval (plus one ``versions`` read) with the
+listener down, and within a notification's delivery and one read while it is up; the cost is one
+statement per server per interval, not one record read (~5 KB) per call per interval.
+
+A store error of the batched check is told to every entry it was for (``failed``: a drive counts
+it against its store outage and stops its calls past the limit); a store that answers again is
+told too (``answered``). An entry is told of each move once: its version is then the moved one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import anyio
 
-#: the shortest sleep of an idle watcher (a check may come this much late when the poll is shorter)
+from orchestration.errors import CorruptRecord, StoreError
+from orchestration.store import RunStore
+
+#: the shortest interval between two batched checks (a poll of zero must not spin)
 IDLE_FLOOR_SECONDS = 0.01
 
-#: ``check(version)``: read the run once; True when the call must be aborted (the run moved past
-#: ``version``, or the store has been away past the drive's outage limit)
-Check = Callable[[int], Awaitable[bool]]
 
+@dataclass(eq=False, slots=True)
+class Watched:
+    """One call (or a parallel run's calls) in flight, watched for writes by anyone else."""
 
-@dataclass(slots=True)
-class _Call:
+    run_id: str
+    #: the run's version its drive knows: a later one in the store is someone else's write
     version: int
-    scope: anyio.CancelScope
-    #: when the next check is due (``anyio.current_time``); None once the call was aborted
-    due: float | None
+    #: how often the run's version must at least be checked (the drive's ``cancel_poll_seconds``)
+    poll_seconds: float
+    #: ``moved(version)``: the run is at ``version`` now, past :attr:`version`
+    moved: Callable[[int], None]
+    #: ``failed(error)``: the batched check failed with a store error
+    failed: Callable[[StoreError], None]
+    #: the batched check was answered
+    answered: Callable[[], None]
 
 
-class CallWatch:
-    """One drive's watcher of its calls in flight: :meth:`watching` around each call, and
-    :meth:`run` in a task that lives as long as the drive (started with the first call)."""
+class RunWatch:
+    """The runtime's watcher of the runs with calls in flight (see the module docstring):
+    :meth:`add` / :meth:`remove` around each call, :meth:`run` in one task of the runtime (its
+    :class:`~orchestration.engine.leased_run.LeaseRenewer` runs it beside the renewals)."""
 
-    def __init__(self, poll_seconds: float, check: Check) -> None:
-        self._poll = poll_seconds
-        self._check = check
-        self._call: _Call | None = None
-        #: whether :meth:`run` was started (the drive starts it with its first call)
-        self.started = False
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        #: the entries by run id
+        self._watched: dict[str, list[Watched]] = {}
+        #: runs the store notified of since the last check (checked at once)
+        self._notified: set[str] = set()
+        self._wake = anyio.Event()
+        #: when the next batched check of every watched run is due (``anyio.current_time``)
+        self._due: float | None = None
+        #: how many batched ``versions`` reads were made (what a test or a bench counts)
+        self.checks = 0
 
-    @contextmanager
-    def watching(self, version: int, scope: anyio.CancelScope) -> Iterator[None]:
-        """Watch the call made inside this block, started on the run's ``version``."""
-        self.begin(version, scope, anyio.current_time())
-        try:
-            yield
-        finally:
-            self.end()
+    @property
+    def watched(self) -> int:
+        """How many runs are watched now."""
+        return len(self._watched)
 
-    def begin(self, version: int, scope: anyio.CancelScope, now: float) -> None:
-        """Watch the call that starts now (``anyio.current_time()``, which the caller has read
-        already) on the run's ``version``, until :meth:`end` (what :meth:`watching` does, without
-        a generator and a second read of the time per call)."""
-        self._call = _Call(version, scope, now + self._poll)
+    def add(self, entry: Watched) -> None:
+        """Watch ``entry`` until :meth:`remove`; its first check comes at most one
+        ``entry.poll_seconds`` from now."""
+        self._watched.setdefault(entry.run_id, []).append(entry)
+        due = anyio.current_time() + entry.poll_seconds
+        if self._due is None or due < self._due:
+            self._due = due
+            self._wake.set()
 
-    def end(self) -> None:
-        """The call watched since :meth:`begin` ended."""
-        self._call = None
+    def remove(self, entry: Watched) -> None:
+        entries = self._watched.get(entry.run_id)
+        if entries is None or entry not in entries:
+            return
+        entries.remove(entry)
+        if not entries:
+            del self._watched[entry.run_id]
+            self._notified.discard(entry.run_id)
+            if not self._watched:
+                self._due = None  # the next call gets its full interval before its first read
+
+    def wrote(self, run_id: str, version: int) -> None:
+        """The drive of ``run_id`` wrote (or read) ``version``: not a move for its entries."""
+        for entry in self._watched.get(run_id, ()):
+            entry.version = max(entry.version, version)
+
+    def changed(self, run_id: str, version: int) -> None:
+        """A write of this process left ``run_id`` at ``version`` (no statement needed)."""
+        self._report(run_id, version)
+
+    def notify(self, run_id: str) -> None:
+        """The store says ``run_id`` was written to: check its version now (if it is watched).
+        Safe to call from any task on the event loop (it does not block)."""
+        if run_id in self._watched:
+            self._notified.add(run_id)
+            self._wake.set()
 
     async def run(self) -> None:
-        """Check the call in flight when its checks are due; runs until cancelled.
-
-        With no call due it sleeps one poll interval: a call that begins meanwhile is due a poll
-        after it began, so no later than that tick, and is checked on time (the watcher then
-        sleeps until its check is due). A call costs the watcher nothing until then (it used to
-        wake the watcher through an event per call)."""
-        poll = self._poll
-        # (a poll of zero checks a call all the time, but must not spin while there is none)
-        idle = max(poll, IDLE_FLOOR_SECONDS)
+        """Check the watched runs' versions: all of them once per interval, the notified ones at
+        once. Runs until cancelled."""
         while True:
-            call = self._call
-            if call is None or call.due is None:
-                await anyio.sleep(idle)
+            now = anyio.current_time()
+            if not self._watched:
+                self._due = None
+            due = self._due
+            if not self._notified and (due is None or now < due):
+                self._wake = anyio.Event()
+                with anyio.move_on_after(None if due is None else due - now):
+                    await self._wake.wait()
                 continue
-            wait = call.due - anyio.current_time()
-            if wait > 0:
-                await anyio.sleep(wait)
-                continue
-            if await self._check(call.version):
-                if self._call is call:
-                    call.scope.cancel()
-                # Aborted (or ended meanwhile): no more checks for it.
-                call.due = None
+            if due is not None and now >= due:
+                run_ids = list(self._watched)
+                self._due = now + self._interval()
             else:
-                call.due = anyio.current_time() + poll
+                run_ids = [run_id for run_id in self._notified if run_id in self._watched]
+            self._notified.clear()
+            await self.check(run_ids)
+
+    def _interval(self) -> float:
+        polls = (entry.poll_seconds for entries in self._watched.values() for entry in entries)
+        return max(min(polls, default=IDLE_FLOOR_SECONDS), IDLE_FLOOR_SECONDS)
+
+    async def check(self, run_ids: Iterable[str]) -> None:
+        """One ``versions`` read of ``run_ids``; each entry of a run that moved is told."""
+        ids = list(run_ids)
+        if not ids:
+            return
+        self.checks += 1
+        try:
+            versions = await self.store.versions(ids)
+        except CorruptRecord:
+            return  # an unreadable run is not an outage: its drive finds out by itself
+        except StoreError as exc:
+            for entry in self._entries(ids):
+                entry.failed(exc)
+            return
+        for entry in self._entries(ids):
+            entry.answered()
+        for run_id in ids:
+            version = versions.get(run_id)
+            if version is not None:
+                self._report(run_id, version)
+
+    def _entries(self, run_ids: Iterable[str]) -> list[Watched]:
+        return [entry for run_id in run_ids for entry in self._watched.get(run_id, ())]
+
+    def _report(self, run_id: str, version: int) -> None:
+        for entry in list(self._watched.get(run_id, ())):
+            if version > entry.version:
+                entry.version = version
+                entry.moved(version)
+
+
+__all__ = ["IDLE_FLOOR_SECONDS", "RunWatch", "Watched"]

@@ -46,9 +46,7 @@ from orchestration.engine.leased_run import LeasedRun
 from orchestration.engine.reading import read_outputs
 from orchestration.errors import (
     ConstructError,
-    CorruptRecord,
     InvalidState,
-    StoreError,
     StoreUnavailable,
     VersionConflict,
 )
@@ -199,19 +197,18 @@ class _AgentCall:
         task = self.current.task(self.action.task_id)
         previous = tuple(a.error for a in task.attempts if a.error is not None)
         self.leased.track_call(self.scope)
+        # Watched by the runtime's one watcher (orchestration.engine.call_watch); our own mid-call
+        # writes move the version it compares with.
+        watched = self.leased.watch(self.current.version, self._moved, self.scope.cancel)
         outcome: AttemptOutcome | None = None
         try:
             with self.scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._watch)
-                    outcome = await delegate.delegate(
-                        self.current.contract, self.call, previous, self._remember
-                    )
-                    tg.cancel_scope.cancel()
+                outcome = await delegate.delegate(self.current.contract, self.call, previous, self._remember)
         except VersionConflict:
             await _cancel_remote_run(self.leased, delegate, self.call, self.remote_id)
             raise
         finally:
+            self.leased.unwatch(watched)
             self.leased.untrack_call(self.scope)
         return outcome
 
@@ -232,29 +229,14 @@ class _AgentCall:
             self.detached = True
             self.scope.cancel()
 
-    async def _watch(self) -> None:
-        """Abort the call once anyone else wrote to the run (a cancel), or the store stayed away."""
-        leased = self.leased
-        while True:
-            await anyio.sleep(leased.settings.cancel_poll_seconds)
-            try:
-                seen = await leased.store.load(leased.run_id)
-            except CorruptRecord:
-                continue
-            except StoreError as exc:
-                if leased.outage_over(exc):
-                    self.scope.cancel()
-                    return
-                continue
-            except ConstructError:
-                continue
-            leased.outage.recovered()
-            if seen.version > self.current.version and not self.writing:
-                log.info(
-                    "run changed during a call", extra={"action": "call_aborted", "run_id": leased.run_id}
-                )
-                self.scope.cancel()
-                return
+    def _moved(self, version: int) -> None:
+        """Abort the call once anyone else wrote to the run (a cancel); a version seen while our
+        own mid-call write is in flight may be that write's."""
+        if version > self.current.version and not self.writing:
+            log.info(
+                "run changed during a call", extra={"action": "call_aborted", "run_id": self.leased.run_id}
+            )
+            self.scope.cancel()
 
     async def ended_without_outcome(self, delegate: AgentDelegate) -> None:
         """After the call stopped without an outcome: cancel the remote run when the run was

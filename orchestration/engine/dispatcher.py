@@ -20,9 +20,12 @@ on what the store can do:
 
 When the store can notify (postgres ``listen``), the dispatcher subscribes at start, so a run made
 runnable by another process — an approval or host output given to another server, or the CLI —
-wakes it at once instead of at the next poll. A dropped notification connection wakes the
-dispatcher too; it listens again (reconnecting) at its next pass, and scans, since notifications
-sent meanwhile are lost.
+wakes it at once instead of at the next poll. Each notification, and each write of this process
+(the runtime's change feed), is also handed to the runtime's watcher of calls in flight
+(:mod:`orchestration.engine.call_watch`), so that a cancel made anywhere stops the call at once;
+its batched version check, once per interval, covers notifications that were lost. A dropped
+notification connection wakes the dispatcher too; it listens again (reconnecting) at its next
+pass, and scans, since notifications sent meanwhile are lost.
 
 **Store faults.** A scan, claim or listen that fails with a store error does not stop the
 dispatcher: it retries after a jittered exponential backoff (capped), and returns to its poll
@@ -302,6 +305,7 @@ class Dispatcher:
             await self._listen(self._on_notification, self._on_notifications_lost)
 
     def _on_notification(self, run_id: str) -> None:
+        self.runtime.renewer.watch.notify(run_id)
         self.wake(run_id)
 
     def _on_notifications_lost(self) -> None:
@@ -318,6 +322,7 @@ class Dispatcher:
                 log.info("cannot unsubscribe: %s", exc, extra={"action": "dispatch_unlisten_failed"})
 
     async def _on_change(self, head: RunHead) -> None:
+        self.runtime.renewer.watch.changed(head.run_id, head.version)
         if head.status.kind == "active":
             self.wake(head.run_id)
 

@@ -40,7 +40,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import TaskGroup
 
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.action_facts import outcome_fact, recorded_fact
@@ -59,17 +58,14 @@ from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import ChainStep, RunHead
 from orchestration.engine.agent_waits import giving_up
-from orchestration.engine.call_watch import CallWatch
 from orchestration.engine.delegation import agent_attempt
 from orchestration.engine.fanout import Fanout
 from orchestration.engine.leased_run import LeasedRun
 from orchestration.engine.reading import read_prompt
 from orchestration.errors import (
     ConstructError,
-    CorruptRecord,
     InvalidState,
     LeaseLost,
-    StoreError,
     StoreUnavailable,
     VersionConflict,
 )
@@ -101,9 +97,6 @@ class Drive:
         self.worker = worker
         #: creates a step's child run and records its end (:mod:`orchestration.engine.children`)
         self.children = children
-        #: watches the provider calls in flight for a write by anyone else (a cancel)
-        self._calls = CallWatch(leased.settings.cancel_poll_seconds, self._call_must_stop)
-        self._task_group: TaskGroup | None = None
 
     @property
     def lease(self) -> Lease:
@@ -129,7 +122,6 @@ class Drive:
         error: ConstructError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(leased.keep_renewed, tg.cancel_scope)
-            self._task_group = tg
             try:
                 result = await self._loop()
             except ConstructError as exc:
@@ -222,27 +214,6 @@ class Drive:
             raise InvalidState(f"run {head.run_id}: this runtime does not run child chains")
         return await self.children.ensure(head, task_id)
 
-    async def _call_must_stop(self, version: int) -> bool:
-        """One check of a provider call in flight (see :class:`~orchestration.engine.call_watch.CallWatch`,
-        which makes it every ``cancel_poll_seconds``): abort it when the run was written to by
-        anyone else since ``version`` (in practice: cancelled from another process or another
-        client), or once the store has been away past the outage limit (its outcome could not be
-        recorded)."""
-        leased = self.leased
-        try:
-            head = await leased.store.load(self.run_id)
-        except CorruptRecord:
-            return False
-        except StoreError as exc:
-            return leased.outage_over(exc)
-        except ConstructError:
-            return False
-        leased.outage.recovered()
-        if head.version != version:
-            log.info("run changed during a call", extra={"action": "call_aborted", "run_id": self.run_id})
-            return True
-        return False
-
     async def _attempt(self, head: RunHead, action: StartAttempt) -> RunHead | None:
         """Provider attempts: record ``attempt_started`` *before* the call, call, record the
         outcome; returns the head the last write recorded (None when a call ended without an
@@ -321,12 +292,15 @@ class Drive:
         limit = head.wake_at
         if limit is not None:
             scope.deadline = began + max(0.0, (limit - leased.clock.now()).total_seconds())
-        calls = self._calls
-        if not calls.started and self._task_group is not None:
-            # One watcher for the drive's calls, started with its first call.
-            calls.started = True
-            self._task_group.start_soon(calls.run)
-        calls.begin(head.version, scope, began)
+
+        def moved(_version: int) -> None:
+            # Written to by anyone else since the call began (in practice: cancelled from another
+            # process or another client): the outcome could not be recorded on top of it.
+            log.info("run changed during a call", extra={"action": "call_aborted", "run_id": run_id})
+            scope.cancel()
+
+        # Watched by the runtime's one watcher (orchestration.engine.call_watch), not by a task here.
+        watched = leased.watch(head.version, moved, scope.cancel)
         try:
             with (
                 scope,
@@ -337,7 +311,7 @@ class Drive:
                 outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
                 traced.ended(outcome)
         finally:
-            calls.end()
+            leased.unwatch(watched)
             leased.untrack_call(scope)
         if outcome is None:
             if leased.outage.over:

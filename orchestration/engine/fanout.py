@@ -17,8 +17,10 @@
   by the outcome, not by the head: it is dropped only when the run has ended or the task is no
   longer in that attempt.
 * Siblings do not disturb each other: only a cancel (the run ended), a deadline or a lost lease
-  stops a call. A watcher polls the run while calls are in flight and stops them all once it has
-  ended (cancelled from another process, or failed by a sibling's required failure).
+  stops a call. While calls are in flight the run is watched by the runtime's one watcher
+  (:mod:`orchestration.engine.call_watch`: versions, not records); once someone else moved it the
+  run is read once, and the calls are all stopped if it has ended (cancelled from another
+  process, or failed by a sibling's required failure).
 * The drive pauses (returns the first pausing action) once nothing is in flight and nothing is
   left to record: every branch waits for the host, a gate or a retry-after, or the run ended. A
   runtime that is stopping starts nothing more and returns once the calls in flight have ended.
@@ -50,6 +52,7 @@ from orchestration.core.fold import task_deadline
 from orchestration.core.models import RunHead
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import TaskStatus
+from orchestration.engine.call_watch import Watched
 from orchestration.engine.delegation import attempt_started, parallel_agent_call
 from orchestration.engine.leased_run import DriveActions, LeasedRun
 from orchestration.engine.reading import read_prompt
@@ -104,6 +107,12 @@ class Fanout:
         self.calls = ScopeSet()
         #: the error that stopped a call's recording (a lost lease, the store gone): ends the drive
         self.error: ConstructError | None = None
+        #: the run watched while calls are in flight (None when none is)
+        self._watched: Watched | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        #: a read of the run after a move is in flight / another move came meanwhile
+        self._checking = False
+        self._recheck = False
 
     def _wake(self) -> None:
         self.changed.set()
@@ -120,7 +129,7 @@ class Fanout:
             result: Action | None = None
             error: ConstructError | None = None
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch)
+                self._task_group = tg
                 try:
                     result = await self._loop(tg)
                 except ConstructError as exc:
@@ -134,6 +143,7 @@ class Fanout:
                 raise error
             return result
         finally:
+            self._unwatch()
             leased.untrack_call(self.calls)
 
     async def _loop(self, tg: anyio.abc.TaskGroup) -> Action | None:
@@ -220,6 +230,8 @@ class Fanout:
         head = await leased.append(head, [started])
         if started.waits:
             return  # a recorded remote run, followed outside the drive (awaiting_agent)
+        if self._watched is None:
+            self._watched = leased.watch(head.version, self._moved, self._stop)
         self.in_flight.add(action.task_id)
         tg.start_soon(self._call, head, action, executor, prompt)
 
@@ -272,6 +284,8 @@ class Fanout:
         finally:
             self.calls.scopes.discard(scope)
             self.in_flight.discard(task_id)
+            if not self.in_flight:
+                self._unwatch()
             self._wake()
 
     async def _record(self, action: StartAttempt, executor: str, outcome: AttemptOutcome) -> None:
@@ -302,31 +316,50 @@ class Fanout:
                     continue
                 return
 
-    async def _watch(self) -> None:
-        """While calls are in flight, stop them all once the run has ended (a cancel from
-        anywhere, a sibling's failure), or once the store has been away past the outage limit."""
+    def _unwatch(self) -> None:
+        if self._watched is not None:
+            self.leased.unwatch(self._watched)
+            self._watched = None
+
+    def _stop(self) -> None:
+        """The store has been away past the outage limit: stop every call."""
+        self.calls.cancel()
+        self._wake()
+
+    def _moved(self, _version: int) -> None:
+        """Someone else (or a sibling's write not yet returned) moved the run: read it once."""
+        self._recheck = True
+        if not self._checking and self._task_group is not None:
+            self._checking = True
+            self._task_group.start_soon(self._check_ended)
+
+    async def _check_ended(self) -> None:
+        """Stop the calls in flight once the run has ended (a cancel from anywhere, a sibling's
+        failure), or once the store has been away past the outage limit."""
         leased = self.leased
-        while True:
-            await anyio.sleep(leased.settings.cancel_poll_seconds)
-            if not self.in_flight:
-                continue
-            try:
-                head = await leased.store.load(leased.run_id)
-            except CorruptRecord:
-                continue
-            except StoreError as exc:
-                if leased.outage_over(exc):
+        try:
+            while self._recheck and self.in_flight:
+                self._recheck = False
+                try:
+                    head = await leased.store.load(leased.run_id)
+                except CorruptRecord:
+                    continue
+                except StoreError as exc:
+                    if leased.outage_over(exc):
+                        self._stop()
+                    continue
+                except ConstructError:
+                    continue
+                leased.outage.recovered()
+                if head.status.is_terminal:
+                    log.info(
+                        "run ended during its calls",
+                        extra={"action": "call_aborted", "run_id": leased.run_id},
+                    )
                     self.calls.cancel()
-                    self._wake()
-                continue
-            except ConstructError:
-                continue
-            leased.outage.recovered()
-            if head.status.is_terminal:
-                log.info(
-                    "run ended during its calls", extra={"action": "call_aborted", "run_id": leased.run_id}
-                )
-                self.calls.cancel()
+                    return
+        finally:
+            self._checking = False
 
 
 __all__ = ["Fanout", "ScopeSet"]

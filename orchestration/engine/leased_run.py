@@ -39,6 +39,7 @@ from orchestration.core.facts import Fact, TaskCompleted
 from orchestration.core.fold import apply_write
 from orchestration.core.models import RunHead
 from orchestration.engine.backoff import Backoff, Outage
+from orchestration.engine.call_watch import RunWatch, Watched
 from orchestration.errors import ConstructError, CorruptRecord, LeaseLost, StoreError, VersionConflict
 from orchestration.store import Lease, RunStore
 from orchestration.tracing import DriveTrace
@@ -150,8 +151,10 @@ class LeasedRun:
         self.settings = settings
         self.calls = calls
         self._recorded = recorded
-        #: the runtime's renewer of all its drives' leases (None: this run's own, made when needed)
-        self._renewer = renewer
+        #: the runtime's renewer of all its drives' leases (None: this run's own)
+        self._renewer = renewer or LeaseRenewer(store, clock, settings.lease_ttl_seconds)
+        #: the runtime's watcher of the runs with calls in flight (see :meth:`watch`)
+        self.watcher = self._renewer.watch
         #: task outputs of this run read or committed by this drive, by sequence number: a
         #: recorded fact never changes, so a prompt reads each earlier output from the store at
         #: most once per drive (see :func:`~orchestration.engine.reading.read_outputs`)
@@ -175,6 +178,27 @@ class LeasedRun:
     def untrack_call(self, scope: Cancellable) -> None:
         self.calls.untrack(self.run_id, scope)
 
+    def watch(self, version: int, moved: Callable[[int], None], stop: Callable[[], None]) -> Watched:
+        """Watch the run for writes by anyone else while calls are in flight, from ``version`` (the
+        one the caller holds; this drive's own writes and reads move it on), until
+        :meth:`unwatch`: ``moved(version)`` once the run moved past it (within one
+        ``cancel_poll_seconds``: the runtime's :class:`~orchestration.engine.call_watch.RunWatch`),
+        ``stop()`` once the store has been away past the outage limit (an outcome could not be
+        recorded)."""
+
+        def failed(exc: StoreError) -> None:
+            if self.outage_over(exc):
+                stop()
+
+        entry = Watched(
+            self.run_id, version, self.settings.cancel_poll_seconds, moved, failed, self.outage.recovered
+        )
+        self.watcher.add(entry)
+        return entry
+
+    def unwatch(self, entry: Watched) -> None:
+        self.watcher.remove(entry)
+
     # -- the lease -------------------------------------------------------------------------------
 
     async def keep_renewed(self, scope: anyio.CancelScope) -> None:
@@ -182,8 +206,7 @@ class LeasedRun:
         the runtime's :class:`LeaseRenewer` (one store call per interval for all its drives). Stops
         the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the lease, or
         when the store has been failing past the outage limit. Returns only when cancelled."""
-        renewer = self._renewer or LeaseRenewer(self.store, self.clock, self.settings.lease_ttl_seconds)
-        await renewer.keep(self, scope)
+        await self._renewer.keep(self, scope)
 
     def outage_over(self, exc: StoreError) -> bool:
         """Count a store failure against the outage; True (and logged) once it is too long, or at
@@ -226,6 +249,7 @@ class LeasedRun:
                 continue
             self.outage.recovered()
             self.trace.saw(head)
+            self.watcher.wrote(self.run_id, head.version)
             return head
 
     async def append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None) -> RunHead:
@@ -236,6 +260,8 @@ class LeasedRun:
         if new_head is None:
             new_head = apply_write(head, facts)
         stored = await self._append_through_outage(head, facts, new_head)
+        # Our own write: not a move for the calls watched (told before the change feed hears of it).
+        self.watcher.wrote(self.run_id, stored.version)
         self.trace.recorded(facts, stored)
         for fact in facts:
             if isinstance(fact, TaskCompleted):
@@ -312,7 +338,9 @@ class LeasedRun:
 class LeaseRenewer:
     """Renews the leases of all the drives of one runtime (one process): every renewal interval
     (TTL/3), ONE store call (:meth:`RunStore.renew_leases`, one statement on SQLite and Postgres)
-    renews every lease it holds, whatever their number, instead of one write per drive.
+    renews every lease it holds, whatever their number, instead of one write per drive. Beside the
+    renewals the same task runs the runtime's :class:`~orchestration.engine.call_watch.RunWatch`
+    (:attr:`watch`: one batched version check per interval for the runs with calls in flight).
 
     Each drive's :meth:`LeasedRun.keep_renewed` registers its run here (:meth:`keep`) for as long
     as it runs; one of the registered tasks at a time runs the renewal loop (the first one; when
@@ -335,6 +363,8 @@ class LeaseRenewer:
         #: when the next renewal is due (``anyio.current_time``)
         self._due = 0.0
         self._backoff = Backoff(base=min(0.1, self.interval), cap=self.interval)
+        #: the watcher of the runs whose calls are in flight, run beside the renewals
+        self.watch = RunWatch(store)
 
     @property
     def held(self) -> int:
@@ -355,7 +385,9 @@ class LeaseRenewer:
                     continue
                 self._running = True
                 try:
-                    await self._run()
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self.watch.run)
+                        await self._run()
                 finally:
                     self._running = False
                     gone, self._runner_gone = self._runner_gone, anyio.Event()

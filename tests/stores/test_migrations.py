@@ -16,7 +16,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from orchestration.errors import StoreError, StoreUnavailable
-from orchestration.store import RunStore
+from orchestration.store import ClaimsRunnable, RunStore
 from stores import SchemaOutOfDate, SchemaTooNew, migrate, open_store, parse_store_spec
 from stores._sql import Migration, head_version, migrations, parse_queries, queries, split_sqlite_script
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
@@ -210,6 +210,7 @@ async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_mi
         "0008_facts_as_text.sql",
         "0009_lease_token_on_runs.sql",
         "0010_head_as_text.sql",
+        "0011_claim_candidates.sql",
     )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
@@ -266,7 +267,11 @@ async def test_postgres_leases_held_before_the_token_moved_to_the_run_row_still_
         "DELETE FROM schema_migrations WHERE version >= 9"
     )
     report = await migrate(target.url, home=target.home)
-    assert report.applied == ("0009_lease_token_on_runs.sql", "0010_head_as_text.sql")
+    assert report.applied == (
+        "0009_lease_token_on_runs.sql",
+        "0010_head_as_text.sql",
+        "0011_claim_candidates.sql",
+    )
     store = await open_store(target.url, home=target.home)
     try:
         write = start_attempt(head)
@@ -315,10 +320,10 @@ async def test_postgres_heads_written_as_jsonb_read_back_after_the_text_migratio
         await conn.close()
     await target.execute(
         "ALTER TABLE runs ALTER COLUMN head TYPE jsonb USING head::jsonb;"
-        "DELETE FROM schema_migrations WHERE version = 10"
+        "DELETE FROM schema_migrations WHERE version >= 10"
     )
     report = await migrate(target.url, home=target.home)
-    assert report.applied == ("0010_head_as_text.sql",)
+    assert report.applied == ("0010_head_as_text.sql", "0011_claim_candidates.sql")
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
     try:
         assert tuple(await conn.fetchrow(column)) == ("text", compression)
@@ -332,6 +337,54 @@ async def test_postgres_heads_written_as_jsonb_read_back_after_the_text_migratio
         done = complete_task(before)
         await store.append(run_id(10), done.expected_version, done.facts, done.head)
         assert await store.load(run_id(10)) == done.head
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("target", ["postgres"], indirect=True)
+async def test_postgres_runs_in_flight_are_claimed_as_before_after_the_candidate_indexes(
+    target: Target,
+) -> None:
+    """Migration 0011 (claims read only candidates): a version-10 store with runs in flight — two
+    leased live, one whose holder died, one free — is refused until migrated, then upgrades to the
+    two indexes, and a claim hands out exactly the expired and the free run, through them."""
+    from tests.stores.builders import BASE_TIME, new_run, run_id
+
+    await migrate(target.url, home=target.home)
+    store: RunStore = await open_store(target.url, home=target.home)
+    try:
+        assert isinstance(store, ClaimsRunnable)
+        for n in range(1, 4):
+            await store.create(*new_run(run_id(n), at=BASE_TIME + timedelta(seconds=n)))
+        assert len(await store.claim_runnable("dead", 1, BASE_TIME, 1)) == 1
+        assert len(await store.claim_runnable("live", 3600, BASE_TIME, 10)) == 2
+        await store.create(*new_run(run_id(4), at=BASE_TIME + timedelta(seconds=4)))
+    finally:
+        await store.close()
+    # Back to version 10, then the migration.
+    await target.execute(
+        "DROP INDEX runs_claimable; DROP INDEX leases_expires_at;"
+        "DELETE FROM schema_migrations WHERE version >= 11"
+    )
+    with pytest.raises(SchemaOutOfDate):
+        await open_store(target.url, home=target.home)
+    report = await migrate(target.url, home=target.home)
+    assert (report.from_version, report.applied) == (10, ("0011_claim_candidates.sql",))
+    spec = parse_store_spec(target.url, home=target.home)
+    conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
+    try:
+        names = {
+            r[0]
+            for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = $1", spec.schema)
+        }
+    finally:
+        await conn.close()
+    assert {"runs_claimable", "leases_expires_at"} <= names
+    store = await open_store(target.url, home=target.home)
+    try:
+        assert isinstance(store, ClaimsRunnable)
+        claimed = await store.claim_runnable("me", 30, BASE_TIME + timedelta(seconds=10), 10)
+        assert [lease.run_id for lease in claimed] == [run_id(1), run_id(4)]
     finally:
         await store.close()
 

@@ -19,7 +19,15 @@ from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import LeaseLost, StoreUnavailable
 from stores import migrate, parse_store_spec
 from stores.postgres import CHANNEL, PostgresStore, channel_for
-from tests.stores.builders import BASE_TIME, complete_task, fail_attempt, new_run, run_id, start_attempt
+from tests.stores.builders import (
+    BASE_TIME,
+    cancel,
+    complete_task,
+    fail_attempt,
+    new_run,
+    run_id,
+    start_attempt,
+)
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 
 pytestmark = pytest.mark.postgres
@@ -254,13 +262,23 @@ async def test_a_listener_is_woken_by_a_write_from_another_connection(
     await other.create(head, facts)
     assert await heard.next() == run_id(1)
 
-    # A write that leaves the run running does not wake anyone; one that re-queues it does.
+    # A drive's write (fenced by its lease) that leaves the run running does not wake anyone; one
+    # that re-queues it does.
+    lease = await other.claim_lease(run_id(1), "driver", 30, BASE_TIME)
+    assert lease is not None
     started = start_attempt(head)
-    running = await other.append(run_id(1), started.expected_version, started.facts, started.head)
+    running = await other.append(
+        run_id(1), started.expected_version, started.facts, started.head, lease=lease
+    )
     assert running.status == RunStatus.RUNNING
     assert await heard.nothing_for(0.3)
     done = complete_task(running)
-    await other.append(run_id(1), done.expected_version, done.facts, done.head)
+    queued = await other.append(run_id(1), done.expected_version, done.facts, done.head, lease=lease)
+    assert await heard.next() == run_id(1)
+    # A write without a lease (an external event: a cancel) wakes the listeners whatever it leaves
+    # the run in: the drive of the run, on whichever server, must hear of it (issue 24).
+    stopped = cancel(queued)
+    await other.append(run_id(1), stopped.expected_version, stopped.facts, stopped.head)
     assert await heard.next() == run_id(1)
 
 

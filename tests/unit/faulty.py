@@ -124,6 +124,10 @@ class FaultyStore:
         self._check("renew_leases")
         return await self.inner.renew_leases(leases, ttl_seconds, now)
 
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        self._check("versions")
+        return await self.inner.versions(run_ids)
+
     async def release_lease(self, lease: Lease) -> None:
         self._check("release_lease")
         await self.inner.release_lease(lease)

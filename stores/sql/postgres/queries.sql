@@ -60,7 +60,8 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- name: append
 -- An append in one statement, so one round trip committed by autocommit's implicit transaction:
 -- the compare-and-swap of the head, the lease fence and the insert of the facts, with a notify when
--- the run is left queued. Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
+-- the run is left queued or the write carries no lease (an external event: a cancel, an approval, a
+-- host's output, which the drive of the run, on whichever server, must hear of at once). Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
 -- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
 -- fact the first one follows, $14 the NOTIFY channel.
 --
@@ -86,7 +87,7 @@ inserted AS (
 ),
 notified AS (
     -- Sent inside the statement's transaction: listeners hear of it only once it is committed.
-    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued'
+    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued' OR $9::text IS NULL
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
@@ -104,6 +105,10 @@ SELECT pg_notify($1, $2)
 
 -- name: run_version
 SELECT version FROM runs WHERE run_id = $1
+
+-- name: run_versions
+-- The versions of many runs in one statement (RunStore.versions): $1 the run ids.
+SELECT run_id, version FROM runs WHERE run_id = ANY ($1::text[])
 
 -- name: load_head
 -- The head as written (JSON text since migration 0010), with the chain snapshot written once at
@@ -197,26 +202,52 @@ DELETE FROM leases USING released WHERE leases.run_id = released.run_id AND leas
 
 -- name: claim_runnable
 -- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest
--- first (a run this owner already holds is being worked on: it is not handed out again). SKIP LOCKED
--- lets concurrent claimers (other processes) pass over the runs this one is taking instead of waiting
--- for them. NO KEY UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a
--- KEY SHARE lock on the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks
--- the lease on its latest version, so a lease committed after this statement's snapshot still wins.
--- Each claimed lease gets a new random token (a gen_random_uuid, built in since PostgreSQL 13: 122
--- random bits, as hex), written to the run row too (the append's fence, migration 0009).
-WITH candidates AS (
+-- first (a run this owner already holds is being worked on: it is not handed out again). The
+-- candidates are read through indexes that hold only candidates (migration 0011), never by probing
+-- the lease of every active run: the free active runs (no lease token on the row) in age order from
+-- runs_claimable; the runs whose lease expired, a range scan of leases_expires_at; the runs without a
+-- lease whose deadline passed, a range scan of runs_wake_at. Each set is locked as it is read, and
+-- the oldest $4 of their union are claimed (the few extra rows locked are skipped by others until
+-- this statement commits). SKIP LOCKED lets concurrent claimers (other processes) pass over the runs
+-- this one is taking instead of waiting for them; a row another claim changed meanwhile is
+-- re-checked on its latest version (READ COMMITTED), so a token written since excludes it. NO KEY
+-- UPDATE (not UPDATE) so that the lease insert's foreign-key check, which takes a KEY SHARE lock on
+-- the run, cannot deadlock against a concurrent claim_lease. The upsert re-checks the lease on its
+-- latest version, so a lease committed after this statement's snapshot still wins. Each claimed
+-- lease gets a new random token (a gen_random_uuid, built in since PostgreSQL 13: 122 random bits,
+-- as hex), written to the run row too (the append's fence, migration 0009).
+WITH free AS (
+    SELECT run_id, created_at FROM runs
+    WHERE status IN ('queued', 'running') AND lease_token IS NULL
+      AND (status = 'running' OR not_before IS NULL OR not_before <= $3)
+    ORDER BY created_at, run_id
+    LIMIT $4
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+expired AS (
     SELECT runs.run_id, runs.created_at
-    FROM runs
-    LEFT JOIN leases ON leases.run_id = runs.run_id
-    WHERE (
-        (runs.status IN ('queued', 'running')
-         AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3))
-        OR runs.wake_at <= $3
-      )
-      AND (leases.run_id IS NULL OR leases.expires_at <= $3)
+    FROM leases JOIN runs ON runs.run_id = leases.run_id
+    WHERE leases.expires_at <= $3
+      AND ((runs.status IN ('queued', 'running')
+            AND (runs.status = 'running' OR runs.not_before IS NULL OR runs.not_before <= $3))
+           OR runs.wake_at <= $3)
     ORDER BY runs.created_at, runs.run_id
     LIMIT $4
     FOR NO KEY UPDATE OF runs SKIP LOCKED
+),
+woken AS (
+    SELECT run_id, created_at FROM runs
+    WHERE wake_at <= $3 AND lease_token IS NULL
+    ORDER BY created_at, run_id
+    LIMIT $4
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+candidates AS (
+    SELECT run_id, created_at FROM free
+    UNION SELECT run_id, created_at FROM expired
+    UNION SELECT run_id, created_at FROM woken
+    ORDER BY created_at, run_id
+    LIMIT $4
 ),
 claimed AS (
     INSERT INTO leases (run_id, owner, expires_at, token)

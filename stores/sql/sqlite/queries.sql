@@ -39,6 +39,10 @@ SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(hea
 -- name: run_version
 SELECT version FROM runs WHERE run_id = :run_id
 
+-- name: run_versions
+-- The versions of many runs in one statement (RunStore.versions): :run_ids is a JSON array of ids.
+SELECT run_id, version FROM runs WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+
 -- name: insert_run
 INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
 VALUES (:run_id, :version, :status, :created_at, :updated_at, :not_before, :idempotency_key, :head, :wake_at, :chain)

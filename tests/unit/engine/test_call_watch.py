@@ -1,92 +1,190 @@
-"""One watcher per drive for its provider calls (orchestration.engine.call_watch): the checks come when a
-task per call made them, a late check aborts no other call, and a call shorter than the poll
-interval costs no check at all."""
+"""One watcher per runtime for the calls in flight of all its drives
+(orchestration.engine.call_watch.RunWatch, issue 24): one batched ``versions`` read per interval
+whatever the number of calls, never a record read; a move reaches its call within one interval; a
+notification or a write of this process is acted on at once; a call shorter than the interval
+costs no read; a store error is told to every call it was for."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import anyio
 
-from orchestration.engine.call_watch import CallWatch
+from orchestration.engine.call_watch import RunWatch, Watched
+from orchestration.errors import StoreError, StoreUnavailable
+from orchestration.store import RunStore
 
 POLL = 0.05
 
 
-class Checks:
-    """A check that records when it was made and answers from a script."""
+class Versions:
+    """What RunWatch uses of a store: ``versions``, answered from :attr:`current`, every read
+    recorded (when, which runs)."""
 
-    def __init__(self, answers: list[bool], delay: float = 0.0) -> None:
-        self.answers = answers
+    def __init__(self, current: dict[str, int], delay: float = 0.0) -> None:
+        self.current = current
         self.delay = delay
-        self.made: list[tuple[int, float]] = []
+        self.reads: list[tuple[float, list[str]]] = []
+        self.down = False
 
-    async def __call__(self, version: int) -> bool:
-        self.made.append((version, anyio.current_time()))
+    async def versions(self, run_ids: Sequence[str]) -> dict[str, int]:
+        self.reads.append((anyio.current_time(), list(run_ids)))
         await anyio.sleep(self.delay)
-        return self.answers.pop(0) if self.answers else False
+        if self.down:
+            raise StoreUnavailable("the store is away")
+        return {r: self.current[r] for r in run_ids if r in self.current}
 
 
-async def test_a_long_call_is_checked_every_poll_and_aborted_when_the_run_moved() -> None:
-    checks = Checks([False, False, True])
-    watch = CallWatch(POLL, checks)
+class Call:
+    """A watched call: its scope is cancelled when the run moves or the store fails."""
+
+    def __init__(self, watch: RunWatch, run_id: str, version: int, poll: float = POLL) -> None:
+        self.scope = anyio.CancelScope()
+        self.moves: list[int] = []
+        self.failures: list[StoreError] = []
+        self.answers = 0
+        self.entry = Watched(run_id, version, poll, self._moved, self.failures.append, self._answered)
+        self.watch = watch
+
+    def _moved(self, version: int) -> None:
+        self.moves.append(version)
+        self.scope.cancel()
+
+    def _answered(self) -> None:
+        self.answers += 1
+
+    async def lasting(self, seconds: float) -> None:
+        self.watch.add(self.entry)
+        try:
+            with self.scope:
+                await anyio.sleep(seconds)
+        finally:
+            self.watch.remove(self.entry)
+
+
+def watch_on(store: Versions) -> RunWatch:
+    return RunWatch(cast(RunStore, store))
+
+
+async def test_a_long_call_is_checked_every_interval_and_stopped_when_the_run_moved() -> None:
+    store = Versions({"r1": 7})
+    watch = watch_on(store)
+    call = Call(watch, "r1", 7)
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch.run)
-        scope = anyio.CancelScope()
         began = anyio.current_time()
-        with anyio.fail_after(5), scope, watch.watching(7, scope):
-            await anyio.sleep(10)
-        tg.cancel_scope.cancel()
-    assert scope.cancelled_caught
-    assert [version for version, _ in checks.made] == [7, 7, 7]
-    # The first check a full interval after the call began, then one per interval.
-    assert checks.made[0][1] - began >= POLL * 0.9
-    assert checks.made[2][1] - checks.made[0][1] >= 2 * POLL * 0.9
-
-
-async def test_calls_shorter_than_the_poll_interval_are_never_checked() -> None:
-    checks = Checks([])
-    watch = CallWatch(POLL, checks)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch.run)
-        for version in range(20):
-            scope = anyio.CancelScope()
-            with scope, watch.watching(version, scope):
+        tg.start_soon(call.lasting, 10)
+        while len(store.reads) < 3:  # noqa: ASYNC110 (counts the reads)
+            await anyio.sleep(POLL / 5)
+        moved_at = anyio.current_time()
+        store.current["r1"] = 8  # a cancel, written by another process
+        with anyio.fail_after(5):
+            while not call.scope.cancel_called:  # noqa: ASYNC110
                 await anyio.sleep(POLL / 10)
+        stopped_at = anyio.current_time()
         tg.cancel_scope.cancel()
-    assert checks.made == []
+    assert call.moves == [8]
+    # The first read a full interval after the call began, then one per interval.
+    assert store.reads[0][0] - began >= POLL * 0.9
+    assert store.reads[2][0] - store.reads[0][0] >= 2 * POLL * 0.9
+    # The move reached the call within one interval (and some scheduling slack).
+    assert stopped_at - moved_at <= POLL * 3
 
 
-async def test_a_check_that_returns_after_its_call_ended_aborts_no_later_call() -> None:
-    # The check of the first call answers "moved" only after that call ended and the next began.
-    checks = Checks([True], delay=POLL)
-    watch = CallWatch(POLL, checks)
+async def test_many_calls_cost_one_read_per_interval() -> None:
+    runs = {f"r{n}": 1 for n in range(200)}
+    store = Versions(dict(runs))
+    watch = watch_on(store)
+    calls = [Call(watch, run_id, 1) for run_id in runs]
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch.run)
-        first = anyio.CancelScope()
-        with first, watch.watching(1, first):
-            await anyio.sleep(POLL * 1.5)  # the check is made, and still reading, when the call ends
-        second = anyio.CancelScope()
-        with second, watch.watching(2, second):
-            await anyio.sleep(POLL)
+        for call in calls:
+            tg.start_soon(call.lasting, 10)
+        await anyio.sleep(POLL * 5.5)
         tg.cancel_scope.cancel()
-    assert checks.made and checks.made[0][0] == 1
-    assert not first.cancel_called and not second.cancel_called
+    assert 3 <= len(store.reads) <= 6, "one read per interval, not one per call"
+    assert all(sorted(ids) == sorted(runs) for _, ids in store.reads)
+    assert all(not call.moves for call in calls)
+    assert all(call.answers == len(store.reads) for call in calls)
 
 
-async def test_a_call_that_begins_while_the_watcher_idles_is_checked_on_time() -> None:
-    """The idle watcher sleeps a poll interval at a time; a call that begins in the middle of one is
-    still first checked a poll after it began, not later. (The poll is long so that the 0.4 poll
-    between on time and late stays far above a loaded machine's scheduling delays.)"""
-    poll = 1.0
-    checks = Checks([True])
-    watch = CallWatch(poll, checks)
+async def test_calls_shorter_than_the_interval_are_never_checked() -> None:
+    store = Versions({"r1": 1})
+    watch = watch_on(store)
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch.run)
-        await anyio.sleep(poll * 0.6)
-        scope = anyio.CancelScope()
-        began = anyio.current_time()
-        with anyio.fail_after(5), scope, watch.watching(3, scope):
-            await anyio.sleep(10)
+        for _ in range(20):
+            await Call(watch, "r1", 1).lasting(POLL / 10)
+        await anyio.sleep(POLL * 2)
         tg.cancel_scope.cancel()
-    assert scope.cancelled_caught and [version for version, _ in checks.made] == [3]
-    # (an idle tick after the check was due would make it 0.4 poll late)
-    assert poll * 0.9 <= checks.made[0][1] - began <= poll * 1.25
+    assert store.reads == []
+
+
+async def test_a_read_that_returns_after_its_call_ended_stops_no_later_call() -> None:
+    # The first call's read answers "moved" only after that call ended and the next began.
+    store = Versions({"r1": 2}, delay=POLL)
+    watch = watch_on(store)
+    first, second = Call(watch, "r1", 1), Call(watch, "r1", 2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        await first.lasting(POLL * 1.5)  # read, and still reading, when the call ends
+        await second.lasting(POLL)
+        tg.cancel_scope.cancel()
+    assert store.reads
+    assert not first.scope.cancel_called and not second.scope.cancel_called
+
+
+async def test_a_notification_is_checked_at_once_and_a_local_write_needs_no_read() -> None:
+    store = Versions({"r1": 1, "r2": 1})
+    watch = watch_on(store)
+    notified, local = Call(watch, "r1", 1, poll=3600), Call(watch, "r2", 1, poll=3600)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        tg.start_soon(notified.lasting, 10)
+        tg.start_soon(local.lasting, 10)
+        await anyio.sleep(POLL)
+        store.current["r1"] = 2
+        watch.notify("r1")
+        watch.notify("not-watched")  # ignored: no read for a run nobody watches here
+        with anyio.fail_after(5):
+            while not notified.scope.cancel_called:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
+        watch.changed("r2", 1)  # a write we made ourselves: not a move
+        watch.changed("r2", 3)
+        tg.cancel_scope.cancel()
+    assert notified.moves == [2] and [ids for _, ids in store.reads] == [["r1"]]
+    assert local.moves == [3]
+
+
+async def test_own_writes_are_not_moves() -> None:
+    store = Versions({"r1": 1})
+    watch = watch_on(store)
+    call = Call(watch, "r1", 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        tg.start_soon(call.lasting, 10)
+        await anyio.sleep(POLL / 2)
+        store.current["r1"] = 2
+        watch.wrote("r1", 2)  # the drive's own write, before the watcher reads it
+        await anyio.sleep(POLL * 3)
+        tg.cancel_scope.cancel()
+    assert len(store.reads) >= 2 and call.moves == []
+
+
+async def test_a_store_error_is_told_to_every_call_it_was_for() -> None:
+    store = Versions({"r1": 1, "r2": 1})
+    store.down = True
+    watch = watch_on(store)
+    calls = [Call(watch, "r1", 1), Call(watch, "r2", 1)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        for call in calls:
+            tg.start_soon(call.lasting, 10)
+        await anyio.sleep(POLL * 2.5)
+        store.down = False
+        await anyio.sleep(POLL * 2)
+        tg.cancel_scope.cancel()
+    for call in calls:
+        assert call.failures and all(isinstance(f, StoreUnavailable) for f in call.failures)
+        assert call.answers >= 1 and call.moves == []

@@ -30,14 +30,14 @@ class ReadTogether(MemoryStore):
         self.armed = False
         self.waiting = 0
         self.both = anyio.Event()
-        self.versions: list[int] = []
+        self.read_versions: list[int] = []
         self.conflicts = 0
 
     async def load(self, run_id: str) -> RunHead:
         head = await super().load(run_id)
         if self.armed and self.waiting < 2:
             self.waiting += 1
-            self.versions.append(head.version)
+            self.read_versions.append(head.version)
             if self.waiting == 2:
                 self.both.set()
             await self.both.wait()
@@ -74,7 +74,7 @@ async def test_racing_answers_for_different_tasks_both_land() -> None:
             for task_id in RESEARCHERS[:2]:
                 tg.start_soon(runtime.submit_host_output, run_id, task_id, f"found {task_id}")
     # Both read the same version; one write lost the compare-and-swap, re-read and landed.
-    assert store.versions[0] == store.versions[1] and store.conflicts == 1
+    assert store.read_versions[0] == store.read_versions[1] and store.conflicts == 1
     facts = await store.read_facts(run_id)
     assert sorted(f.task_id for f in facts if isinstance(f, TaskCompleted)) == sorted(RESEARCHERS[:2])
 
