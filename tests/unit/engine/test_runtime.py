@@ -12,7 +12,7 @@ import pytest
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Limits, Runtime, StartRequest
 from orchestration.errors import Conflict, InvalidArgument, InvalidState, RunNotFound, TooLarge
-from tests.unit.helpers import make_runtime, play
+from tests.unit.helpers import ScriptedWorker, make_runtime, play
 
 
 async def started(runtime: Runtime, **kwargs: object) -> str:
@@ -136,9 +136,9 @@ async def test_resume_without_output_says_what_the_run_needs() -> None:
     gate = json.dumps({"run_id": run_id, "gate_id": "before:architect", "decision": "approve"})
     with pytest.raises(InvalidState, match=re.escape(f"call orchestrate_approve with {gate}")):
         await runtime.check_resumable(run_id)
-    await runtime.approve(run_id, "approve", "before:architect")
-    assert (await runtime.check_resumable(run_id)).status == RunStatus.QUEUED
-    await runtime.drive(run_id)
+    # The approval's write prepares the architect's host task too.
+    head = await runtime.approve(run_id, "approve", "before:architect")
+    assert head.status == RunStatus.AWAITING_HOST
     task = json.dumps({"run_id": run_id, "task_id": "architect"})
     with pytest.raises(InvalidArgument, match=re.escape(f"call orchestrate_resume with {task} plus output")):
         await runtime.check_resumable(run_id)
@@ -173,8 +173,8 @@ async def test_racing_approvers_make_one_decision() -> None:
 
 
 async def test_drive_skips_a_run_leased_by_another_worker() -> None:
-    runtime = make_runtime()
-    head, _ = await runtime.start(StartRequest("x"))
+    runtime = make_runtime(worker=ScriptedWorker({}))
+    head, _ = await runtime.start(StartRequest("x", worker_backend="provider"))
     other = await runtime.store.claim_lease(head.run_id, "someone-else", 60, runtime.clock.now())
     assert other is not None
     assert await runtime.drive(head.run_id) is None
