@@ -9,7 +9,7 @@ from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.reading import RunSnapshot
-from orchestration.engine.runtime import Runtime, repeated
+from orchestration.engine.runtime import Runtime, is_settled, repeated
 
 __all__ = [
     "Dispatcher",
@@ -18,6 +18,7 @@ __all__ = [
     "RunSnapshot",
     "Runtime",
     "TaskText",
+    "is_settled",
     "live_children",
     "repeated",
 ]

@@ -91,13 +91,7 @@ class Services:
         key = (head.run_id, head.version)
         snapshot = self.snapshots.get(key)
         if snapshot is None:
-            snapshot = await self.runtime.snapshot(run_id, head)
-            while len(self.snapshots) >= SNAPSHOTS_KEPT:
-                oldest = next(iter(self.snapshots))
-                del self.snapshots[oldest]
-                self.compact_views.pop(oldest, None)
-                self.compact_answers.pop(oldest, None)
-            self.snapshots[key] = snapshot
+            snapshot = self.keep(await self.runtime.snapshot(run_id, head))
         if detail == "compact" and full_task is None:
             view = self.compact_views.get(key) or run_view(snapshot)
             self.compact_views[key] = view
@@ -107,6 +101,27 @@ class Services:
         # a link to a run pruned or moved away says so.
         view = await with_gone_links(view, self.runtime)
         return await with_children(view, head, self.whole_view)
+
+    def keep(self, snapshot: RunSnapshot) -> RunSnapshot:
+        """Keep ``snapshot`` as its version's (the oldest kept goes first): a call that built the
+        snapshot of the run it wrote (:mod:`orchestration.engine.host_answers`) hands it here, so
+        the view of its answer reads nothing more."""
+        key = (snapshot.head.run_id, snapshot.head.version)
+        if key in self.snapshots:
+            return self.snapshots[key]
+        while len(self.snapshots) >= SNAPSHOTS_KEPT:
+            oldest = next(iter(self.snapshots))
+            del self.snapshots[oldest]
+            self.compact_views.pop(oldest, None)
+            self.compact_answers.pop(oldest, None)
+        self.snapshots[key] = snapshot
+        return snapshot
+
+    def seen(self, run_id: str) -> RunSnapshot | None:
+        """The newest snapshot of ``run_id`` kept here, if any: what a call that writes the run
+        starts from (the facts after it are read, not the whole log)."""
+        found = [s for (r, _), s in self.snapshots.items() if r == run_id]
+        return max(found, key=lambda s: s.head.version) if found else None
 
     def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text (JSON without indentation) and structured content of an answer that is
