@@ -139,21 +139,20 @@ async def provider_run(runtime: Runtime, worker: InstantWorker) -> list[float]:
 
 
 async def inline_run(runtime: Runtime) -> list[float]:
-    """One 50-step inline run played like a host; its boundaries (output recorded + next task
-    prepared), seconds."""
-    head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
-    run_id = head.run_id
-    await runtime.drive(run_id)
+    """One 50-step inline run played like a host; its boundaries, seconds: a host's output recorded
+    with the next host task prepared (one write, issue 23) and its prompt in hand, as
+    ``orchestrate_resume`` does it (:meth:`Runtime.hand_in`, handed the previous answer; the
+    server's answer also builds the view's snapshot from it, which the stdio rows include)."""
+    answered, _ = await runtime.open_run(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
+    run_id = answered.head.run_id
     times: list[float] = []
     for _ in range(STEPS):
-        snap = await runtime.snapshot(run_id)
-        assert snap.host_task is not None
+        # The prompt is in hand: rendered once, by the call that prepared the task.
+        [task_id] = answered.prompts
         started = time.perf_counter()
-        await runtime.submit_host_output(run_id, snap.host_task.task_id, OUTPUT)
-        await runtime.drive(run_id)
+        answered = await runtime.hand_in(run_id, task_id, OUTPUT, seen=answered)
         times.append(time.perf_counter() - started)
-    done = await runtime.status(run_id)
-    assert done.status == RunStatus.COMPLETED, done.status
+    assert answered.head.status == RunStatus.COMPLETED, answered.head.status
     return times[:-1]  # the last one finishes the run: no next task
 
 

@@ -44,7 +44,7 @@ up and calls again) records nothing and answers the run as it is; a decided gate
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -85,14 +85,47 @@ from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
 
 
-@dataclass(frozen=True, slots=True)
 class Answered:
-    """What a host's call recorded: the run's head after it, and the run as a view shows it at
-    that head when the call could build it from what it held (None: a repeat that recorded
-    nothing; the view reads the run as usual)."""
+    """What a host's call recorded: the run's head after it, the outputs of its done tasks (what
+    the next answer's prompts are rendered from) and the run as a view shows it at that head
+    (:attr:`snapshot`), built from what the call held when first asked for (a server's answer
+    asks for it; a caller that only hands in the next output never pays for it). A repeat that
+    recorded nothing has neither: the view reads the run as usual."""
 
-    head: RunHead
-    snapshot: RunSnapshot | None = None
+    __slots__ = ("_make", "_outputs", "_snapshot", "head", "prompts")
+
+    def __init__(
+        self,
+        head: RunHead,
+        snapshot: RunSnapshot | None = None,
+        *,
+        outputs: Mapping[str, str] | None = None,
+        make: Callable[[], RunSnapshot] | None = None,
+        prompts: Mapping[str, TaskPrompt] | None = None,
+    ) -> None:
+        self.head = head
+        #: the prompts of the host tasks this call prepared, by task id (rendered once, here)
+        self.prompts: Mapping[str, TaskPrompt] = prompts or {}
+        self._snapshot = snapshot
+        self._outputs = outputs
+        self._make = make
+
+    @property
+    def snapshot(self) -> RunSnapshot | None:
+        if self._snapshot is None and self._make is not None:
+            self._snapshot, self._make = self._make(), None
+        return self._snapshot
+
+    @property
+    def outputs(self) -> Mapping[str, str] | None:
+        if self._outputs is not None:
+            return self._outputs
+        snapshot = self.snapshot
+        return None if snapshot is None else snapshot.outputs
+
+
+#: what a caller hands in of the run it showed last: a snapshot, or the answer of its last call
+Seen = RunSnapshot | Answered | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,20 +276,37 @@ async def snapshot_at(services: AnswerServices, head: RunHead, seen: RunSnapshot
     return extend_snapshot(seen, facts, head, warnings=services.warnings)
 
 
+async def held_at(services: AnswerServices, head: RunHead, seen: Seen) -> Answered:
+    """What the call holds of the run at ``head`` (its outputs, its snapshot): ``seen`` when it
+    is the answer of the caller's last call at this very head (nothing read), else
+    :func:`snapshot_at`."""
+    if isinstance(seen, Answered):
+        same = seen.head.run_id == head.run_id and seen.head.version == head.version
+        if same and seen.outputs is not None:
+            return seen
+        seen = seen.snapshot
+    return Answered(head, await snapshot_at(services, head, seen))
+
+
 async def write_with_follow_up(
-    services: AnswerServices, head: RunHead, facts: Sequence[Fact], snapshot: RunSnapshot
+    services: AnswerServices, head: RunHead, facts: Sequence[Fact], held: Answered
 ) -> Answered:
     """Record ``facts`` on top of ``head`` with what follows from them (:func:`follow_up`) in one
-    write. ``snapshot``: the run at ``head`` (its outputs feed the prompts). ``VersionConflict``
-    when ``head`` is no longer the run's (the caller reads it again and decides again)."""
+    write. ``held``: what the call holds of the run at ``head`` (:func:`held_at`: its outputs feed
+    the prompts). ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it
+    again and decides again)."""
     now = services.clock.now()
-    outputs = dict(snapshot.outputs)
+    outputs = dict(held.outputs or {})
     for fact in facts:
         if isinstance(fact, TaskCompleted):
             outputs[fact.task_id] = fact.output
     follow = follow_up(apply_write(head, facts), facts, now, outputs)
     stored, written = await record(services, head, follow.facts, follow.head)
-    return Answered(stored, extend_snapshot(snapshot, written, stored, follow.prompts, services.warnings))
+
+    def snapshot() -> RunSnapshot:
+        return extend_snapshot(held.snapshot, written, stored, follow.prompts, services.warnings)
+
+    return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
 
 
 def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
@@ -273,12 +323,12 @@ async def hand_in(
     output: str,
     usage: HostUsage | None = None,
     detach_children: bool = False,
-    seen: RunSnapshot | None = None,
+    seen: Seen = None,
 ) -> Answered:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
-    for the rules). ``seen``: the snapshot of the run the caller showed last, if any (see
-    :func:`snapshot_at`)."""
+    for the rules). ``seen``: what the caller showed last of the run, if anything (see
+    :func:`held_at`)."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
     while True:
@@ -294,10 +344,11 @@ async def hand_in(
         # nothing is recorded: the host corrects it and calls again.
         value = None if schema is None else validate_output(schema, output)
         facts = host_output_facts(head, task_id, attempt, output, now, value, usage)
-        seen = await snapshot_at(services, head, seen)
+        held = await held_at(services, head, seen)
         try:
-            return await write_with_follow_up(services, head, facts, seen)
+            return await write_with_follow_up(services, head, facts, held)
         except VersionConflict:
+            seen = held
             continue
 
 
@@ -357,10 +408,12 @@ __all__ = [
     "AnswerServices",
     "Answered",
     "FollowUp",
+    "Seen",
     "check_output",
     "extend_snapshot",
     "follow_up",
     "hand_in",
+    "held_at",
     "prompt_of",
     "record",
     "snapshot_at",

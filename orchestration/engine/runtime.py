@@ -78,10 +78,11 @@ from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
 from orchestration.engine.host_answers import (
     Answered,
+    Seen,
     extend_snapshot,
     hand_in,
+    held_at,
     record,
-    snapshot_at,
     start_with_follow_up,
     write_with_follow_up,
 )
@@ -348,8 +349,11 @@ class Runtime:
             return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
         await self.changes.changed(result.head)
-        snapshot = extend_snapshot(None, first.facts, result.head, first.prompts, self.warnings)
-        return Answered(result.head, snapshot), True
+
+        def snapshot() -> RunSnapshot:
+            return extend_snapshot(None, first.facts, result.head, first.prompts, self.warnings)
+
+        return Answered(result.head, outputs={}, make=snapshot, prompts=first.prompts), True
 
     async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
         """The run that identity ``started_by`` started with idempotency key ``key`` before keys
@@ -400,7 +404,7 @@ class Runtime:
         output: str,
         usage: HostUsage | None = None,
         detach_children: bool = False,
-        seen: RunSnapshot | None = None,
+        seen: Seen = None,
     ) -> Answered:
         """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
         the output, the task's completion and what follows (the next host task prepared, a gate
@@ -450,7 +454,7 @@ class Runtime:
         )
         return (await self.decide_gate(run_id, asked)).head
 
-    async def decide_gate(self, run_id: str, asked: Decision, seen: RunSnapshot | None = None) -> Answered:
+    async def decide_gate(self, run_id: str, asked: Decision, seen: Seen = None) -> Answered:
         """:meth:`approve` of the decision ``asked`` (:meth:`decision`), answered with the run as a
         view shows it after the write: the decision and what follows from it (the next host task
         prepared, the run's end) are one compare-and-swap (:mod:`orchestration.engine.host_answers`).
@@ -466,8 +470,8 @@ class Runtime:
                 return Answered(head)
             try:
                 fact = await self._decided(head, gate, asked)
-                seen = await snapshot_at(self, head, seen)
-                return await write_with_follow_up(self, head, [fact], seen)
+                held = seen = await held_at(self, head, seen)
+                return await write_with_follow_up(self, head, [fact], held)
             except VersionConflict:
                 continue
 

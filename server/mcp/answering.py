@@ -260,10 +260,15 @@ async def settle_asking(
     ``retry_safe``: the call, repeated with the same arguments, records nothing new. While it
     waits (a settle, a form open), progress ticks (:func:`with_progress`)."""
     link_call_to_run(head)
-    if wait_seconds <= 0 or _needs_the_host(head, services_of(ctx).runtime.clock.now()):
-        # Nothing waits: no progress either (as before), the view at once. A run that awaits
-        # this host (the host's path writes the next host task with its answer: issue 23) or has
-        # ended is settled as it is, with no gate to ask about: nothing to wait for either.
+    if wait_seconds <= 0:
+        # Nothing waits: no progress either (as before), the view at once.
+        return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
+    if _needs_the_host(head, services_of(ctx).runtime.clock.now()):
+        # A run that awaits this host (the host's path writes the next host task with its answer:
+        # issue 23) or has ended is settled as it is, with no gate to ask about: the wait is over
+        # as it begins. Its one progress notification (to a client that sent a progress token),
+        # then the view at once.
+        await Progress(ctx).report(head)
         return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
 
     async def waiting(progress: Progress) -> RunView | InputRequiredResult:
