@@ -8,15 +8,18 @@ from __future__ import annotations
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.host_answers import Answered, Seen
 from orchestration.engine.reading import RunSnapshot
 from orchestration.engine.runtime import Runtime, is_settled, repeated
 
 __all__ = [
+    "Answered",
     "Dispatcher",
     "OutputDeltas",
     "OutputPiece",
     "RunSnapshot",
     "Runtime",
+    "Seen",
     "TaskText",
     "is_settled",
     "live_children",

@@ -79,7 +79,15 @@ from orchestration.engine.reading import (
     read_snapshot,
     refuse_if_out_of_time,
 )
-from orchestration.errors import Conflict, InvalidArgument, InvalidState, TooLarge, VersionConflict, quoted
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    InvalidArgument,
+    InvalidState,
+    TooLarge,
+    VersionConflict,
+    quoted,
+)
 from orchestration.store import RunStore
 from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
@@ -276,6 +284,15 @@ async def snapshot_at(services: AnswerServices, head: RunHead, seen: RunSnapshot
     return extend_snapshot(seen, facts, head, warnings=services.warnings)
 
 
+def held_head_of(seen: Seen, run_id: str) -> RunHead | None:
+    """The run's head as the caller's last answer wrote it (``seen`` an :class:`Answered` that
+    recorded something), to write on without reading it first: optimistic, the write's
+    compare-and-swap is the check (a head at a version is the one the store holds at it)."""
+    if isinstance(seen, Answered) and seen.head.run_id == run_id and seen.outputs is not None:
+        return seen.head
+    return None
+
+
 async def held_at(services: AnswerServices, head: RunHead, seen: Seen) -> Answered:
     """What the call holds of the run at ``head`` (its outputs, its snapshot): ``seen`` when it
     is the answer of the caller's last call at this very head (nothing read), else
@@ -331,13 +348,26 @@ async def hand_in(
     :func:`held_at`)."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
+    held_head = held_head_of(seen, run_id)
     while True:
-        head = await services.store.load(run_id)
-        task = task_named(head, task_id)
-        if await _output_recorded(services.store, head, task, output):
-            return Answered(head)
-        now = services.clock.now()
-        _check_takes_output(head, task, detach_children, now)
+        # The head the caller's last answer wrote, if it has one, is written on without reading
+        # the run first: the compare-and-swap checks that it is still the run's (else
+        # VersionConflict: read the run, decide again). Anything but a write decided on it (a
+        # repeat, a refusal) is decided again on the run as read: it may have moved on.
+        optimistic = held_head is not None
+        head, held_head = held_head or await services.store.load(run_id), None
+        try:
+            task = task_named(head, task_id)
+            if await _output_recorded(services.store, head, task, output):
+                if optimistic:
+                    continue
+                return Answered(head)
+            now = services.clock.now()
+            _check_takes_output(head, task, detach_children, now)
+        except ConstructError:
+            if optimistic:
+                continue
+            raise
         attempt = task.attempts[-1].number if task.attempts else 1
         schema = head.step_of(task_id).output_schema
         # An answer that does not match the step's schema is refused (InvalidOutput) and
@@ -414,6 +444,7 @@ __all__ = [
     "follow_up",
     "hand_in",
     "held_at",
+    "held_head_of",
     "prompt_of",
     "record",
     "snapshot_at",

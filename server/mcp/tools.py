@@ -334,9 +334,8 @@ async def _started(
     else:
         answered, created = await runtime.open_run(start)
         head = answered.head
-        if answered.snapshot is not None:
-            # Built from the facts the start wrote: the answer's view reads nothing back.
-            services.keep(answered.snapshot)
+        # Built from the facts the start wrote: the answer's view reads nothing back.
+        services.remember(answered)
     # Keys are per identity (orchestration.core.inputs.stored_key), so a key finds only the
     # caller's own run; checked all the same, as every run a caller is shown.
     caller.check_run(head)
@@ -409,8 +408,7 @@ async def orchestrate_resume(
                 run_id, task_id, output, usage, detach_children, services.seen(run_id)
             )
             head = answered.head
-            if answered.snapshot is not None:
-                services.keep(answered.snapshot)
+            services.remember(answered)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
@@ -481,8 +479,7 @@ async def orchestrate_approve(
         )
         # One write: the decision and what follows from it (issue 23).
         answered = await runtime.decide_gate(run_id, asked, services.seen(run_id))
-        if answered.snapshot is not None:
-            services.keep(answered.snapshot)
+        services.remember(answered)
         return await settle_asking(ctx, answered.head, wait_seconds, retry_safe=True)
 
     return await answer_or_ask("orchestrate_approve", work)
