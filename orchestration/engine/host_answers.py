@@ -38,6 +38,13 @@ call holds, and the run's snapshot for the answer's view (:class:`~orchestration
 is the snapshot the caller saw last extended by the facts written (:func:`extend_snapshot`), or
 read once when the caller has none: the answer needs no second read of the log.
 
+**No read before the write either**, when the caller hands in its last answer (:class:`Answered`,
+what a server keeps per run): the call writes on the head that answer wrote, optimistically. The
+compare-and-swap is the check (the store holds one head per version): a run moved on meanwhile
+refuses the write (``VersionConflict``), and the call reads the run and decides again. Anything
+but a write decided on that head (a repeat, a refusal) is decided again on the run as read, since
+it may have moved on.
+
 **Idempotency** is unchanged: the same output for a done task (the call retried, a client that gave
 up and calls again) records nothing and answers the run as it is; a decided gate likewise.
 """

@@ -7,7 +7,12 @@ Two kinds of writes happen here:
   recorded with a compare-and-swap on the run's version: a caller that loses the race re-reads and
   re-checks, so one of two racing callers makes each transition, and a repeat returns the current
   state without appending anything.
-* **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
+* **what follows from an external event at once** — a host's output, a decision, an inline
+  start: the task completed, a route, the next host task prepared, a gate requested, the run's
+  end — recorded in the event's own write, decided by the same pure decision a drive makes, on
+  the head the call read (:mod:`orchestration.engine.host_answers`: the compare-and-swap is the
+  fence; anything that executes — a provider or agent call, a child run — is left to a drive);
+* **decisions that execute**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
   :class:`~orchestration.engine.drive.Drive` asks the pure
   :func:`~orchestration.core.decide.next_action`, does
   that one thing, records its facts in one write, and decides again from the head that write

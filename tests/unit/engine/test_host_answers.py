@@ -279,3 +279,27 @@ def test_a_running_task_is_left_to_the_lease_holder() -> None:
     assert prepared == list(RESEARCHERS[1:])
     assert all(getattr(f, "task_id", None) != busy for f in follow.facts[1:])
     assert follow.head.task(busy).status == TaskStatus.RUNNING
+
+
+async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_read() -> None:
+    """A caller's last answer is written on without reading the run (the compare-and-swap checks
+    it): when another caller moved the run meanwhile, the write is refused, the run read and the
+    answer decided again; a repeat answers the run as it is, not as the caller last saw it."""
+    store = CountingStore()
+    runtime = make_runtime(store)
+    first, _ = await runtime.open_run(StartRequest("Adopt X?", chain="research"))
+    sources, practice, critique = RESEARCHERS
+    mine = await runtime.hand_in(first.head.run_id, sources, "s", seen=first)
+    # Another caller (another process, a client without the answer) answers a sibling meanwhile.
+    theirs = await runtime.hand_in(first.head.run_id, practice, "p")
+    assert theirs.head.version == mine.head.version + 1
+    last = await runtime.hand_in(first.head.run_id, critique, "c", seen=mine)
+    assert last.head.version == theirs.head.version + 1
+    assert last.head.task("writer").status == TaskStatus.AWAITING_HOST
+    assert last.snapshot == await read_snapshot(store, last.head)
+    facts = await store.read_facts(first.head.run_id)
+    assert sorted(f.task_id for f in facts if f.type == "task_completed") == sorted(RESEARCHERS)
+    # A repeat with the stale answer writes nothing and answers the run as it is now.
+    writes = store.writes
+    again = await runtime.hand_in(first.head.run_id, sources, "s", seen=mine)
+    assert store.writes == writes and again.head == last.head
