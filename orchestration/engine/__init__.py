@@ -5,6 +5,7 @@ and the read side. Imports the layers below it, never :mod:`orchestration.ops`."
 
 from __future__ import annotations
 
+from orchestration.core.approvals import Decision
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
@@ -14,6 +15,7 @@ from orchestration.engine.runtime import Runtime, is_settled, repeated
 
 __all__ = [
     "Answered",
+    "Decision",
     "Dispatcher",
     "OutputDeltas",
     "OutputPiece",

@@ -448,19 +448,11 @@ class Runtime:
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
         identity the edge verified, or only claimed) are recorded with the decision, and what
         follows from the decision with it, in one write (:meth:`decide_gate`)."""
-        asked = self.decision(
-            decision,
-            gate_id,
-            comment,
-            approver,
-            channel=channel,
-            verified=verified,
-            budget_raise=budget_raise,
-        )
+        asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
         return (await self.decide_gate(run_id, asked)).head
 
     async def decide_gate(self, run_id: str, asked: Decision, seen: Seen = None) -> Answered:
-        """:meth:`approve` of the decision ``asked`` (:meth:`decision`), answered with the run as a
+        """:meth:`approve` of the decision ``asked`` (its arguments), answered with the run as a
         view shows it after the write: the decision and what follows from it (the next host task
         prepared, the run's end) are one compare-and-swap (:mod:`orchestration.engine.host_answers`).
         ``seen``: the snapshot of the run the caller showed last, if any."""
@@ -479,20 +471,6 @@ class Runtime:
                 return await write_with_follow_up(self, head, [fact], held)
             except VersionConflict:
                 continue
-
-    @staticmethod
-    def decision(
-        decision: Literal["approve", "reject", "revise"],
-        gate_id: str,
-        comment: str | None = None,
-        approver: str | None = None,
-        *,
-        channel: DecisionChannel | None = None,
-        verified: bool = False,
-        budget_raise: BudgetLimits | None = None,
-    ) -> Decision:
-        """The decision :meth:`approve`'s arguments make, for :meth:`decide_gate`."""
-        return Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
 
     async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision

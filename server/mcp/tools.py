@@ -83,7 +83,7 @@ from orchestration.core import (
     StartRequest,
     delegation_from_meta,
 )
-from orchestration.engine import is_settled
+from orchestration.engine import Decision, is_settled
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity
@@ -468,15 +468,8 @@ async def orchestrate_approve(
         services = services_of(ctx)
         recorded = _recorded_approver(caller, approver)
         runtime = services.runtime
-        asked = runtime.decision(
-            decision,
-            gate_id,
-            comment,
-            recorded,
-            channel=caller.channel,
-            verified=caller.verified and recorded != AGENT_APPROVER,
-            budget_raise=budget_raise,
-        )
+        verified = caller.verified and recorded != AGENT_APPROVER
+        asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
         # One write: the decision and what follows from it (issue 23).
         answered = await runtime.decide_gate(run_id, asked, services.seen(run_id))
         services.remember(answered)

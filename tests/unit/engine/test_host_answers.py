@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import FailTask, next_actions
 from orchestration.core.facts import Fact, HostTaskPrepared, RunCreated
@@ -82,8 +83,8 @@ async def host_plays(
             gate = next(g for g in head.gates if g.status == "requested")
             answered = await runtime.decide_gate(
                 head.run_id,
-                runtime.decision(decide, gate.gate_id),
-                seen=snapshot,  # type: ignore[arg-type]
+                Decision(decide, gate.gate_id, None, None, None, False, None),  # type: ignore[arg-type]
+                seen=snapshot,
             )
         answers.append(answered)
     raise AssertionError("the run did not end")
@@ -194,7 +195,7 @@ async def test_a_revise_prepares_the_revised_step_in_the_decisions_write() -> No
     before = answered.head.version
     answered = await runtime.decide_gate(
         answered.head.run_id,
-        runtime.decision("revise", "before:engineer", "more detail"),
+        Decision("revise", "before:engineer", "more detail", None, None, False, None),
         seen=answered.snapshot,
     )
     assert answered.head.version == before + 1
