@@ -23,13 +23,20 @@ It prints, in one run:
   databases, and each ratio; without it, what was skipped;
 * the MCP round trip: ``run_status`` on a completed 3-task run with 1 KB outputs against a bare
   ``bench_echo`` tool returning 1 KB on the same server (bench/_echo_server.py), over stdio and
-  Streamable HTTP, and the cold start to an initialized session.
+  Streamable HTTP, and the cold start to an initialized session;
+* the host's path over stdio (issue 23, :mod:`bench.host_path`), per persistent store:
+  ``orchestrate_resume`` that hands in an output and receives the next task, and
+  ``orchestrate_start`` of an inline chain (answered with its first host task), median and p90 of
+  ``--host-samples`` calls (at least 100), each against ``bench_echo`` in the same session.
 
-``--check`` then exits 1 when a target of issue 11 is missed (a target whose figures were not
-measured, e.g. without the extra or without Postgres, is reported as not checked).
+``--check`` then exits 1 when a target of issue 11 or issue 23 is missed (a target whose figures
+were not measured, e.g. without the extra or without Postgres, is reported as not checked).
+Issue 23's: the in-process inline boundary at most 1.5 x the provider boundary on every store;
+over stdio, a resume at most 2 x ``bench_echo`` on sqlite and postgres and 3 x on the filesystem
+store, a start of an inline chain at most 3 x on every store.
 
     python bench/boundaries.py [--runs 5] [--check] [--postgres-dsn postgresql://...]
-                               [--skip anchors,mcp,concurrent]
+                               [--skip anchors,mcp,concurrent,host] [--host-samples 100]
 
 PostgreSQL comes from ``--postgres-dsn`` or ``CONSTRUCT_TEST_POSTGRES_DSN``; everything works in
 throwaway schemas (DBOS in a throwaway database) dropped afterwards.
@@ -59,6 +66,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.anchors import AnchorFigures, measure_dbos, measure_langgraph
+from bench.host_path import HostPathFigures, measure_host_path, p90
 from bench.shape import CHAIN, CONCURRENT, OUTPUT, STEPS, median, ms
 from bench.store_append import open_filesystem, open_memory, open_sqlite, postgres_opener, postgres_reachable
 from orchestration.chains import Catalog, TaskPrompt
@@ -139,21 +147,20 @@ async def provider_run(runtime: Runtime, worker: InstantWorker) -> list[float]:
 
 
 async def inline_run(runtime: Runtime) -> list[float]:
-    """One 50-step inline run played like a host; its boundaries (output recorded + next task
-    prepared), seconds."""
-    head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
-    run_id = head.run_id
-    await runtime.drive(run_id)
+    """One 50-step inline run played like a host; its boundaries, seconds: a host's output recorded
+    with the next host task prepared (one write, issue 23) and its prompt in hand, as
+    ``orchestrate_resume`` does it (:meth:`Runtime.hand_in`, handed the previous answer; the
+    server's answer also builds the view's snapshot from it, which the stdio rows include)."""
+    answered, _ = await runtime.open_run(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
+    run_id = answered.head.run_id
     times: list[float] = []
     for _ in range(STEPS):
-        snap = await runtime.snapshot(run_id)
-        assert snap.host_task is not None
+        # The prompt is in hand: rendered once, by the call that prepared the task.
+        [task_id] = answered.prompts
         started = time.perf_counter()
-        await runtime.submit_host_output(run_id, snap.host_task.task_id, OUTPUT)
-        await runtime.drive(run_id)
+        answered = await runtime.hand_in(run_id, task_id, OUTPUT, seen=answered)
         times.append(time.perf_counter() - started)
-    done = await runtime.status(run_id)
-    assert done.status == RunStatus.COMPLETED, done.status
+    assert answered.head.status == RunStatus.COMPLETED, answered.head.status
     return times[:-1]  # the last one finishes the run: no next task
 
 
@@ -192,13 +199,17 @@ async def measure_construct(name: str, opener: Opener, runs: int, concurrent: bo
             per_run: list[float] = []
             step5: list[float] = []
             step50: list[float] = []
+            inline: list[float] = []
             for _ in range(runs):
                 boundaries = await provider_run(runtime, worker)
                 per_run.append(median(boundaries))
                 step5.append(median(boundaries[2:5]))  # the boundaries after steps 3-5
                 step50.append(median(boundaries[-3:]))  # the boundaries after steps 47-49
+                # Interleaved with the provider runs: a machine's load (fsync above all) weighs on
+                # both paths alike, so that their ratio (issue 23's target) is one of the same moment.
+                inline.append(median(await inline_run(runtime)))
             figures.provider, figures.step5, figures.step50 = median(per_run), median(step5), median(step50)
-            figures.inline = median([median(await inline_run(runtime)) for _ in range(runs)])
+            figures.inline = median(inline)
             if concurrent and name in ("sqlite", "postgres"):
                 figures.concurrent = median([await concurrent_runs(runtime, worker) for _ in range(3)])
     return figures
@@ -391,7 +402,10 @@ async def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a target of issue 11 is missed")
     parser.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
     parser.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
-    parser.add_argument("--skip", default="", help="comma-separated: anchors, mcp, concurrent")
+    parser.add_argument("--skip", default="", help="comma-separated: anchors, mcp, concurrent, host")
+    parser.add_argument(
+        "--host-samples", type=int, default=100, help="inline runs per store for the stdio host-path rows"
+    )
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     concurrent = "concurrent" not in skip
@@ -451,6 +465,14 @@ async def main() -> int:
         for transport in ("stdio", "streamable-http"):
             mcp[transport] = await measure_mcp(transport, 200)
 
+    host: dict[str, HostPathFigures] = {}
+    if "host" in skip or "mcp" in skip:
+        print("  host path over stdio: skipped (--skip)")
+    else:
+        for store in ("filesystem", "sqlite", "postgres"):
+            if store in wanted and (store != "postgres" or dsn):
+                host[store] = await measure_host_path(store, dsn, max(100, args.host_samples))
+
     # ---- the table
     stores = ("memory", "filesystem", "sqlite", "postgres")
     print()
@@ -487,12 +509,23 @@ async def main() -> int:
             f"mcp {transport}: run_status {ms(m.status)}, bench_echo {ms(m.echo)} "
             f"(ratio {m.status / m.echo:.2f}); cold start to an initialized session {m.cold_start:.2f} s"
         )
+    if host:
+        print("mcp stdio, the host's path (median / p90; bench_echo in the same session):")
+    for store, h in host.items():
+        echo = median(h.echo)
+        print(
+            f"  {store:<10} orchestrate_resume {ms(median(h.resume))} / {ms(p90(h.resume))} "
+            f"({median(h.resume) / echo:.2f} x echo, {len(h.resume)} calls); "
+            f"orchestrate_start (inline) {ms(median(h.start))} / {ms(p90(h.start))} "
+            f"({median(h.start) / echo:.2f} x echo, {len(h.start)} calls); "
+            f"bench_echo {ms(echo)} / {ms(p90(h.echo))}"
+        )
     for skipped in anchors.skipped:
         print(f"skipped: {skipped}")
 
     # ---- ratios and targets
     print()
-    print("ratios and targets (issue 11):")
+    print("ratios and targets (issues 11 and 23):")
     checks: list[Check] = []
 
     def ratio_check(what: str, ours_value: float, theirs: float | None, factor: float) -> None:
@@ -563,6 +596,7 @@ async def main() -> int:
                 f"{m.status / m.echo:.2f} x",
             )
         )
+    checks += host_path_checks(ours, host)
     for check in checks:
         print(check_line(check))
     missed = [c for c in checks if c.ok is False]
@@ -570,6 +604,40 @@ async def main() -> int:
         print(f"--check: {len(missed)} target(s) missed")
         return 1
     return 0
+
+
+#: issue 23: a stdio resume at most this many times bench_echo, per store
+RESUME_TARGETS = {"filesystem": 3.0, "sqlite": 2.0, "postgres": 2.0}
+#: issue 23: a stdio start of an inline chain at most this many times bench_echo, every store
+START_TARGET = 3.0
+#: issue 23: the in-process inline boundary at most this many times the provider boundary
+INLINE_TARGET = 1.5
+
+
+def host_path_checks(ours: dict[str, StoreFigures], host: dict[str, HostPathFigures]) -> list[Check]:
+    """Issue 23's targets (see the module docstring)."""
+    checks: list[Check] = []
+    for store, f in ours.items():
+        ratio = f.inline / f.provider
+        checks.append(
+            Check(
+                f"{store}: inline boundary at most {INLINE_TARGET:g} x the provider boundary",
+                ratio <= INLINE_TARGET,
+                f"{ratio:.2f} x ({ms(f.inline)} / {ms(f.provider)})",
+            )
+        )
+    for store, limit in RESUME_TARGETS.items():
+        h = host.get(store)
+        resume_what = f"mcp stdio, {store}: resume at most {limit:g} x bench_echo"
+        start_what = f"mcp stdio, {store}: inline start at most {START_TARGET:g} x bench_echo"
+        if h is None:
+            checks += [Check(resume_what, None, "not measured"), Check(start_what, None, "not measured")]
+            continue
+        echo = median(h.echo)
+        resume, start = median(h.resume) / echo, median(h.start) / echo
+        checks.append(Check(resume_what, resume <= limit, f"{resume:.2f} x"))
+        checks.append(Check(start_what, start <= START_TARGET, f"{start:.2f} x"))
+    return checks
 
 
 if __name__ == "__main__":

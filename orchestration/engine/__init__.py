@@ -5,19 +5,25 @@ and the read side. Imports the layers below it, never :mod:`orchestration.ops`."
 
 from __future__ import annotations
 
+from orchestration.core.approvals import Decision
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
+from orchestration.engine.host_answers import Answered, Seen
 from orchestration.engine.reading import RunSnapshot
-from orchestration.engine.runtime import Runtime, repeated
+from orchestration.engine.runtime import Runtime, is_settled, repeated
 
 __all__ = [
+    "Answered",
+    "Decision",
     "Dispatcher",
     "OutputDeltas",
     "OutputPiece",
     "RunSnapshot",
     "Runtime",
+    "Seen",
     "TaskText",
+    "is_settled",
     "live_children",
     "repeated",
 ]

@@ -7,7 +7,12 @@ Two kinds of writes happen here:
   recorded with a compare-and-swap on the run's version: a caller that loses the race re-reads and
   re-checks, so one of two racing callers makes each transition, and a repeat returns the current
   state without appending anything.
-* **decisions**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
+* **what follows from an external event at once** — a host's output, a decision, an inline
+  start: the task completed, a route, the next host task prepared, a gate requested, the run's
+  end — recorded in the event's own write, decided by the same pure decision a drive makes, on
+  the head the call read (:mod:`orchestration.engine.host_answers`: the compare-and-swap is the
+  fence; anything that executes — a provider or agent call, a child run — is left to a drive);
+* **decisions that execute**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
   :class:`~orchestration.engine.drive.Drive` asks the pure
   :func:`~orchestration.core.decide.next_action`, does
   that one thing, records its facts in one write, and decides again from the head that write
@@ -30,7 +35,6 @@ from typing import Literal, NoReturn
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
-from orchestration.chains.schemas import validate_output
 from orchestration.core.approvals import (
     Decision,
     check_approver,
@@ -46,10 +50,9 @@ from orchestration.core.facts import (
     Fact,
     RunCancelled,
     RunCreated,
-    TaskCompleted,
     gate_expired,
 )
-from orchestration.core.fold import apply, apply_write
+from orchestration.core.fold import apply
 from orchestration.core.hops import check_start as check_delegation
 from orchestration.core.hops import new_server_id
 from orchestration.core.ids import IdGenerator, new_run_id, validate_run_id
@@ -57,7 +60,6 @@ from orchestration.core.inputs import (
     ContractResolver,
     Limits,
     StartRequest,
-    check_id,
     check_start,
     inline_contract,
     stored_key,
@@ -71,16 +73,24 @@ from orchestration.core.models import (
     GateState,
     HostUsage,
     RunHead,
-    TaskState,
-    text_hash,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
-from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.agent_waits import AgentWaits, giving_up
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.agent_waits import AgentWaits
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
-from orchestration.engine.children import ChildRuns, refuse_detached
+from orchestration.engine.children import ChildRuns
 from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
+from orchestration.engine.host_answers import (
+    Answered,
+    Seen,
+    extend_snapshot,
+    hand_in,
+    held_at,
+    record,
+    start_with_follow_up,
+    write_with_follow_up,
+)
 from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases, LeaseRenewer
 from orchestration.engine.reading import (
     RunSnapshot,
@@ -95,7 +105,6 @@ from orchestration.engine.reading import (
     refuse_if_out_of_time,
     require_resumable,
 )
-from orchestration.engine.reading import awaiting_host_task as _awaiting_host_task
 from orchestration.engine.start_window import look_up
 from orchestration.errors import (
     Conflict,
@@ -110,7 +119,6 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.store import Lease, RunPage, RunStore, Tombstone
-from orchestration.workers.host import host_output_facts
 from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
@@ -202,14 +210,10 @@ class Runtime:
         self.changes.remove_listener(listener)
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
-        """Record an external event's ``facts`` on top of ``head`` (compare-and-swap). A drive's
-        writes are its :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease).
-        An event that ends the wait for remote runs of agent steps (a cancel, a rejection)
-        cancels them there first and records the results with it
-        (:func:`~orchestration.engine.agent_waits.giving_up`)."""
-        facts = await giving_up(self.worker, head, facts, self.remote_cancel_seconds)
-        stored = await self.store.append(head.run_id, head.version, facts, apply_write(head, facts))
-        await self.changes.recorded(facts, stored)
+        """Record an external event's ``facts`` on top of ``head`` (compare-and-swap): see
+        :func:`~orchestration.engine.host_answers.record`. A drive's writes are its
+        :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease)."""
+        stored, _ = await record(self, head, facts)
         return stored
 
     # -- queries ---------------------------------------------------------------------------
@@ -280,7 +284,16 @@ class Runtime:
 
         A start that came through agent delegation (``request.delegation``) and would loop or go
         deeper than the chain's ``max_depth`` is refused before anything is looked up or recorded
-        (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`)."""
+        (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`).
+
+        A new run is created with what follows at once (an inline chain's first host task
+        prepared, a first gate requested) in its one first write: :meth:`open_run`."""
+        answered, created = await self.open_run(request)
+        return answered.head, created
+
+    async def open_run(self, request: StartRequest) -> tuple[Answered, bool]:
+        """:meth:`start`, answered with the run as a view shows it when this call created it
+        (built from the facts it wrote, without reading them back)."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
@@ -291,7 +304,8 @@ class Runtime:
         if request.idempotency_key is not None:
             earlier = await self.keyed_before_namespaces(request.idempotency_key, request.started_by)
             if earlier is not None:
-                return repeated(earlier, request.request_hash(), request.idempotency_key, "request"), False
+                same = repeated(earlier, request.request_hash(), request.idempotency_key, "request")
+                return Answered(same), False
             key = stored_key(request.idempotency_key, request.started_by)
             return await self._create_run(request, chain, contract, key)
         if window is None or window.seconds <= 0:
@@ -299,20 +313,20 @@ class Runtime:
         while True:
             found = await look_up(self.store, request, window, self.clock.now())
             if found.recent is not None and not window.new_run:
-                return found.recent, False
+                return Answered(found.recent), False
             try:
-                head, created = await self._create_run(request, chain, contract, found.free_key)
+                answered, created = await self._create_run(request, chain, contract, found.free_key)
             except (RunPruned, RunMoved):
                 continue  # the key's run was deleted since the look-up, which now skips it
             if created or not window.new_run:
-                return head, created  # not created: an identical start made it a moment ago
+                return answered, created  # not created: an identical start made it a moment ago
             # new_run, and a concurrent start took that key first: the next look-up passes it.
 
     async def _create_run(
         self, request: StartRequest, chain: ChainSnapshot, contract: ExecutionContract, key: str | None
-    ) -> tuple[RunHead, bool]:
+    ) -> tuple[Answered, bool]:
         """Create the run ``request`` asks for, under idempotency key ``key`` (the caller's, or
-        the retry window's): ``(head, created)`` as :meth:`start` says."""
+        the retry window's): ``(answered, created)`` as :meth:`open_run` says."""
         run_id = validate_run_id(self.new_id())
         fact = RunCreated(
             seq=1,
@@ -331,14 +345,20 @@ class Runtime:
             traceparent=request.traceparent,
             delegation=request.delegation,
         )
-        head = apply(None, fact)
-        result = await self.store.create(head, [fact])
+        # What follows at once (an inline chain's first host task, a first gate) is created with
+        # the run: one write (orchestration.engine.host_answers).
+        first = start_with_follow_up(self, apply(None, fact), [fact])
+        result = await self.store.create(first.head, first.facts)
         if not result.created:
             shown = request.idempotency_key if request.idempotency_key is not None else key
-            return repeated(result.head, head.request_hash, shown, "request"), False
+            return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
         await self.changes.changed(result.head)
-        return result.head, True
+
+        def snapshot() -> RunSnapshot:
+            return extend_snapshot(None, first.facts, result.head, first.prompts, self.warnings)
+
+        return Answered(result.head, outputs={}, make=snapshot, prompts=first.prompts), True
 
     async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
         """The run that identity ``started_by`` started with idempotency key ``key`` before keys
@@ -372,70 +392,31 @@ class Runtime:
         detach_children: bool = False,
     ) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
-        host reports, if any. The caller always names the task its output answers (no "the
-        awaiting one" default): a call retried after the run moved on must not land on the next
-        task. The same output again for a done task returns the current state and appends nothing;
-        a different output for a done task, or output for a task not awaiting it, is a
-        ``Conflict``. A step with an ``output_schema`` takes JSON matching it, else
-        ``InvalidOutput`` and nothing is recorded; the validated value is in ``task_completed``. A
-        task with live host-started children is not complete unless ``detach_children``."""
-        validate_run_id(run_id)
-        check_id("task_id", task_id, self.limits)
-        self._check_output(output)
-        while True:
-            head = await self.store.load(run_id)
-            task = _task_named(head, task_id)
-            if await self._output_recorded(head, task, output):
-                return head
-            self._check_takes_output(head, task, detach_children)
-            attempt = task.attempts[-1].number if task.attempts else 1
-            schema = head.step_of(task_id).output_schema
-            # An answer that does not match the step's schema is refused (InvalidOutput) and
-            # nothing is recorded: the host corrects it and calls again.
-            value = None if schema is None else validate_output(schema, output)
-            facts = host_output_facts(head, task_id, attempt, output, self.clock.now(), value, usage)
-            try:
-                return await self._append(head, facts)
-            except VersionConflict:
-                continue
+        host reports, if any, and what follows from it, in one write (:meth:`hand_in`). The caller
+        always names the task its output answers (no "the awaiting one" default): a call retried
+        after the run moved on must not land on the next task. The same output again for a done
+        task returns the current state and appends nothing; a different output for a done task,
+        or output for a task not awaiting it, is a ``Conflict``. A step with an ``output_schema``
+        takes JSON matching it, else ``InvalidOutput`` and nothing is recorded; the validated
+        value is in ``task_completed``. A task with live host-started children is not complete
+        unless ``detach_children``."""
+        return (await self.hand_in(run_id, task_id, output, usage, detach_children)).head
 
-    def _check_output(self, output: str) -> None:
-        """Refuse an output no task could take: empty, or over the size limit."""
-        if not isinstance(output, str) or not output.strip():
-            raise InvalidArgument("output is empty; pass the host model's answer for the task")
-        if len(output) > self.limits.max_output_chars:
-            raise TooLarge(
-                f"output is {len(output)} characters; the limit is {self.limits.max_output_chars} "
-                "(CONSTRUCT_MAX_OUTPUT_CHARS)"
-            )
-
-    async def _output_recorded(self, head: RunHead, task: TaskState, output: str) -> bool:
-        """Whether ``task`` is done with ``output`` already (a repeat: nothing to record). A task
-        done with a different output is a ``Conflict``; False for a task not done."""
-        if task.status != TaskStatus.DONE or task.output_seq is None:
-            return False
-        done = await self.store.read_fact(head.run_id, task.output_seq)
-        if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
-            return True
-        raise Conflict(
-            f"task {task.task_id} of run {head.run_id} is already done with a different output; "
-            "a done task's output cannot be replaced"
-        )
-
-    def _check_takes_output(self, head: RunHead, task: TaskState, detach_children: bool) -> None:
-        """Refuse output for ``task`` unless the run is live, in time, and the task awaits it
-        (with no live host-started children, unless ``detach_children``)."""
-        if head.status.is_terminal:
-            raise InvalidState(f"run {head.run_id} is {head.status.value}; it takes no more output")
-        refuse_if_out_of_time(head, self.clock.now())
-        refuse_detached(head, task.task_id, detach_children)
-        if task.status != TaskStatus.AWAITING_HOST:
-            awaiting = _awaiting_host_task(head)
-            hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
-            raise Conflict(
-                f"task {task.task_id} of run {head.run_id} is {task.status.value}, not awaiting "
-                f"output; {hint}" + awaited_calls(head)
-            )
+    async def hand_in(
+        self,
+        run_id: str,
+        task_id: str,
+        output: str,
+        usage: HostUsage | None = None,
+        detach_children: bool = False,
+        seen: Seen = None,
+    ) -> Answered:
+        """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
+        the output, the task's completion and what follows (the next host task prepared, a gate
+        requested, a route, the run's end) are one compare-and-swap without a lease, decided by
+        the drive's own pure decision (:mod:`orchestration.engine.host_answers`). ``seen``: the
+        snapshot of the run the caller showed last, if any (its log is then not read again)."""
+        return await hand_in(self, validate_run_id(run_id), task_id, output, usage, detach_children, seen)
 
     async def approve(
         self,
@@ -465,19 +446,29 @@ class Runtime:
         what approving a ``budget`` gate adds (:func:`~orchestration.core.approvals.check_budget_raise`).
 
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
-        identity the edge verified, or only claimed) are recorded with the decision."""
-        validate_run_id(run_id)
+        identity the edge verified, or only claimed) are recorded with the decision, and what
+        follows from the decision with it, in one write (:meth:`decide_gate`)."""
         asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
+        return (await self.decide_gate(run_id, asked)).head
+
+    async def decide_gate(self, run_id: str, asked: Decision, seen: Seen = None) -> Answered:
+        """:meth:`approve` of the decision ``asked`` (its arguments), answered with the run as a
+        view shows it after the write: the decision and what follows from it (the next host task
+        prepared, the run's end) are one compare-and-swap (:mod:`orchestration.engine.host_answers`).
+        ``seen``: the snapshot of the run the caller showed last, if any."""
+        validate_run_id(run_id)
         check_decision(asked, self.limits)
         while True:
             head = await self.store.load(run_id)
-            gate = gate_to_decide(head, gate_id)
-            check_approver(head, gate, approver, verified)
+            gate = gate_to_decide(head, asked.gate_id)
+            check_approver(head, gate, asked.approver, asked.verified)
             if gate.status not in ("pending", "requested"):
                 await self._check_repeat(head, gate, asked)
-                return head
+                return Answered(head)
             try:
-                return await self._decide_open(head, gate, asked)
+                fact = await self._decided(head, gate, asked)
+                held = seen = await held_at(self, head, seen)
+                return await write_with_follow_up(self, head, [fact], held)
             except VersionConflict:
                 continue
 
@@ -496,10 +487,10 @@ class Runtime:
         fact = next(decided, None)
         check_repeated_raise(head, gate, None if fact is None else fact.budget_raise, asked.budget_raise)
 
-    async def _decide_open(self, head: RunHead, gate: GateState, asked: Decision) -> RunHead:
-        """Record ``asked`` on ``gate``, not yet decided on ``head``, or refuse it: the run must be
-        in time and waiting at the gate, the gate not expired, the decision one it can take.
-        ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it again)."""
+    async def _decided(self, head: RunHead, gate: GateState, asked: Decision) -> Fact:
+        """The fact that records ``asked`` on ``gate``, not yet decided on ``head``, or the refusal:
+        the run must be in time and waiting at the gate, the gate not expired (an expired gate's
+        expiry is recorded first: :meth:`_refuse_expired`), the decision one it can take."""
         refuse_if_out_of_time(head, self.clock.now())
         # A requested gate is what waits (a parallel run may wait for a host task too).
         if head.status.is_terminal or gate.status != "requested":
@@ -516,7 +507,7 @@ class Runtime:
             if not isinstance(plan, RevisePlan):
                 refused = f"gate {gate.gate_id} of run {head.run_id} cannot be revised: {plan.reason}"
                 raise InvalidState(refused) if plan.bound else InvalidArgument(refused)
-        return await self._append(head, [asked.fact(head.last_seq + 1, now)])
+        return asked.fact(head.last_seq + 1, now)
 
     async def _refuse_expired(
         self, head: RunHead, gate: GateState, expires_at: datetime, now: datetime
@@ -729,17 +720,6 @@ class Runtime:
         store's error while it is still away. A lease claimed again since is not touched (the
         release matches the token)."""
         await self._releases.release_unreleased(run_id)
-
-
-def _task_named(head: RunHead, task_id: str) -> TaskState:
-    """The run's task ``task_id``, or ``InvalidArgument`` naming the tasks it has."""
-    try:
-        return head.task(task_id)
-    except KeyError:
-        raise InvalidArgument(
-            f"run {head.run_id} has no task {quoted(task_id)}; its tasks are: "
-            f"{', '.join(t.task_id for t in head.tasks)}" + awaited_calls(head)
-        ) from None
 
 
 def repeated(found: RunHead, request_hash: str, key: str | None, original: str) -> RunHead:

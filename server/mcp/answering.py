@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -16,7 +17,7 @@ from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel
 
 from orchestration.core import RunHead, RunStatus
-from orchestration.engine import OutputDeltas
+from orchestration.engine import OutputDeltas, is_settled
 from orchestration.errors import ConstructError
 from orchestration.tracing import link_call_to_run
 from server.identity import Caller, Role, caller_of
@@ -262,6 +263,13 @@ async def settle_asking(
     if wait_seconds <= 0:
         # Nothing waits: no progress either (as before), the view at once.
         return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
+    if _needs_the_host(head, services_of(ctx).runtime.clock.now()):
+        # A run that awaits this host (the host's path writes the next host task with its answer:
+        # issue 23) or has ended is settled as it is, with no gate to ask about: the wait is over
+        # as it begins. Its one progress notification (to a client that sent a progress token),
+        # then the view at once.
+        await Progress(ctx).report(head)
+        return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
 
     async def waiting(progress: Progress) -> RunView | InputRequiredResult:
         async def settle(current: RunHead, wait: float) -> RunView:
@@ -270,6 +278,16 @@ async def settle_asking(
         return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
 
     return await with_progress(ctx, head, waiting)
+
+
+def _needs_the_host(head: RunHead, now: datetime) -> bool:
+    """Whether ``head`` is settled for good as it is: the run ended, or it awaits host output
+    and nothing else (no gate open, no time about to decide), so a wait would return at once."""
+    if head.status.is_terminal:
+        return True
+    if head.status != RunStatus.AWAITING_HOST or not is_settled(head, now):
+        return False
+    return not any(gate.status == "requested" for gate in head.gates)
 
 
 def _no_settle(

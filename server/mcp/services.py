@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestration.core import RunHead
-from orchestration.engine import Dispatcher, RunSnapshot, Runtime
+from orchestration.engine import Answered, Dispatcher, RunSnapshot, Runtime, Seen
 from server.identity import Caller
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
@@ -51,6 +51,9 @@ class Services:
     compact_answers: dict[tuple[str, int], tuple[RunView, str, dict[str, Any]]] = field(
         default_factory=dict, repr=False, compare=False
     )
+    #: the last write this process's host's path made on each of the last few runs it wrote
+    #: (see :meth:`remember`)
+    answers: dict[str, Answered] = field(default_factory=dict, repr=False, compare=False)
 
     async def view(
         self,
@@ -91,13 +94,7 @@ class Services:
         key = (head.run_id, head.version)
         snapshot = self.snapshots.get(key)
         if snapshot is None:
-            snapshot = await self.runtime.snapshot(run_id, head)
-            while len(self.snapshots) >= SNAPSHOTS_KEPT:
-                oldest = next(iter(self.snapshots))
-                del self.snapshots[oldest]
-                self.compact_views.pop(oldest, None)
-                self.compact_answers.pop(oldest, None)
-            self.snapshots[key] = snapshot
+            snapshot = self.keep(await self.runtime.snapshot(run_id, head))
         if detail == "compact" and full_task is None:
             view = self.compact_views.get(key) or run_view(snapshot)
             self.compact_views[key] = view
@@ -107,6 +104,44 @@ class Services:
         # a link to a run pruned or moved away says so.
         view = await with_gone_links(view, self.runtime)
         return await with_children(view, head, self.whole_view)
+
+    def keep(self, snapshot: RunSnapshot) -> RunSnapshot:
+        """Keep ``snapshot`` as its version's (the oldest kept goes first): a call that built the
+        snapshot of the run it wrote (:mod:`orchestration.engine.host_answers`) hands it here, so
+        the view of its answer reads nothing more."""
+        key = (snapshot.head.run_id, snapshot.head.version)
+        if key in self.snapshots:
+            return self.snapshots[key]
+        while len(self.snapshots) >= SNAPSHOTS_KEPT:
+            oldest = next(iter(self.snapshots))
+            del self.snapshots[oldest]
+            self.compact_views.pop(oldest, None)
+            self.compact_answers.pop(oldest, None)
+        self.snapshots[key] = snapshot
+        return snapshot
+
+    def remember(self, answered: Answered) -> None:
+        """Keep what a host's call recorded (:class:`~orchestration.engine.Answered`): its snapshot
+        as its version's (:meth:`keep`: the answer's view reads nothing more), and the answer
+        itself as the run's last, which the run's next host call starts from (:meth:`seen`)."""
+        snapshot = answered.snapshot
+        if snapshot is None:
+            return
+        self.keep(snapshot)
+        self.answers.pop(answered.head.run_id, None)
+        while len(self.answers) >= SNAPSHOTS_KEPT:
+            del self.answers[next(iter(self.answers))]
+        self.answers[answered.head.run_id] = answered
+
+    def seen(self, run_id: str) -> Seen:
+        """What this process showed last of ``run_id``: the last answer its host's path recorded
+        (the next call writes on its head without reading it: the compare-and-swap checks it),
+        else the newest snapshot kept (only the facts after it are read), else None."""
+        answered = self.answers.get(run_id)
+        if answered is not None:
+            return answered
+        found = [s for (r, _), s in self.snapshots.items() if r == run_id]
+        return max(found, key=lambda s: s.head.version) if found else None
 
     def answer_of(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text (JSON without indentation) and structured content of an answer that is

@@ -83,6 +83,7 @@ from orchestration.core import (
     StartRequest,
     delegation_from_meta,
 )
+from orchestration.engine import Decision, is_settled
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity
@@ -325,16 +326,22 @@ async def _started(
     retry window: ``created`` False), as a child of the host task ``parent`` when given (which
     the caller must be allowed to see); a new run is handed to the dispatcher."""
     services = services_of(ctx)
+    runtime = services.runtime
     if parent is not None:
         parent_run_id, parent_task_id = parent
-        caller.check_run(await services.runtime.status(parent_run_id))
-        head, created = await services.runtime.children.start_for_host(start, parent_run_id, parent_task_id)
+        caller.check_run(await runtime.status(parent_run_id))
+        head, created = await runtime.children.start_for_host(start, parent_run_id, parent_task_id)
     else:
-        head, created = await services.runtime.start(start)
+        answered, created = await runtime.open_run(start)
+        head = answered.head
+        # Built from the facts the start wrote: the answer's view reads nothing back.
+        services.remember(answered)
     # Keys are per identity (orchestration.core.inputs.stored_key), so a key finds only the
     # caller's own run; checked all the same, as every run a caller is shown.
     caller.check_run(head)
-    if created:
+    if created and not is_settled(head, runtime.clock.now()):
+        # An inline run starts with its first host task prepared (or its first gate requested)
+        # in its first write: the dispatcher is needed only for work that runs elsewhere.
         services.dispatcher.wake(head.run_id)
     return head, created
 
@@ -395,7 +402,13 @@ async def orchestrate_resume(
         elif task_id is None:
             raise await runtime.missing_task_id(run_id)
         else:
-            head = await runtime.submit_host_output(run_id, task_id, output, usage, detach_children)
+            # One write: the output and what follows from it (the next host task, prompt rendered
+            # once); the view of the answer is built from what the call holds (issue 23).
+            answered = await runtime.hand_in(
+                run_id, task_id, output, usage, detach_children, services.seen(run_id)
+            )
+            head = answered.head
+            services.remember(answered)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
@@ -454,17 +467,13 @@ async def orchestrate_approve(
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
         services = services_of(ctx)
         recorded = _recorded_approver(caller, approver)
-        head = await services.runtime.approve(
-            run_id,
-            decision,
-            gate_id,
-            comment,
-            recorded,
-            channel=caller.channel,
-            verified=caller.verified and recorded != AGENT_APPROVER,
-            budget_raise=budget_raise,
-        )
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=True)
+        runtime = services.runtime
+        verified = caller.verified and recorded != AGENT_APPROVER
+        asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
+        # One write: the decision and what follows from it (issue 23).
+        answered = await runtime.decide_gate(run_id, asked, services.seen(run_id))
+        services.remember(answered)
+        return await settle_asking(ctx, answered.head, wait_seconds, retry_safe=True)
 
     return await answer_or_ask("orchestrate_approve", work)
 

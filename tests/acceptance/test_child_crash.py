@@ -4,11 +4,13 @@ N of the run (the parent's and the child's), a server started with
 ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N`` kills itself right after it; a new server on the same
 store finishes the run with a host that repeats what it was doing.
 
-The writes that matter most: N = 4 records ``child_started`` and dies before the child exists (the
-new server's sweep creates it: the waiting parent is not runnable); N = 5 creates the child and
-dies before the parent's drive goes on; N = 12 ends the child and dies before its end is recorded
-on the parent (the sweep records it). Every trial must end with one parent and one child, each
-task prepared and completed once, the child linked once and its end recorded once."""
+The writes that matter most: N = 3 records ``child_started`` and dies before the child exists (the
+new server's sweep creates it: the waiting parent is not runnable); N = 4 creates the child and
+dies before the parent's drive goes on; N = 8 ends the child and dies before its end is recorded
+on the parent (the sweep records it). A host's answer is one write with what follows from it
+(issue 23), so the kill after each write is also the kill before the next call's. Every trial
+must end with one parent and one child, each task prepared and completed once, the child linked
+once and its end recorded once."""
 
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ steps = [{ specialist = "engineer", approve_before = true }, "reviewer"]
 steps = ["architect", { name = "build", chain = "gated-inner", output_of = "engineer" }, "writer"]
 """
 START = {"request": "A rate limiter", "chain": "outer", "idempotency_key": "child-crash"}
-#: parent: create, prepare, output, child_started; child: create, gate requested and decided,
-#: prepare and output twice, finish; parent: the child's end, prepare, output, finish
-WRITES = 16
+#: parent: create (with the architect's task), the architect's output, child_started; child:
+#: create, gate requested, the decision (with the engineer's task), the engineer's output (with
+#: the reviewer's task), the reviewer's output (with the child's end); parent: the child's end,
+#: the writer's task, the writer's output (with the run's end)
+WRITES = 11
 
 
 def output_for(task_id: str) -> str:
@@ -133,12 +137,12 @@ async def test_kill_after_write_n_then_resume(n: int, tmp_path: Path) -> None:
         os.kill(pid, 0)
     assert f"SIGKILL after write {n}" in log.read_text()
     killed = await stored_runs(tmp_path)
-    if n == 4:
+    if n == 3:
         # child_started is recorded, the child does not exist: only the sweep can create it.
         assert sorted(killed) == ["outer"]
         assert killed["outer"][0].status == "awaiting_children"
         assert isinstance(killed["outer"][1][-1], ChildStarted)
-    if n == 12:
+    if n == 8:
         # The child ended; its end is not recorded on the parent.
         assert killed["gated-inner"][0].status == "completed"
         assert killed["outer"][0].status == "awaiting_children"

@@ -1,9 +1,14 @@
-"""Crash safety with real processes (issue 2): for N = 1 .. the number of durable writes in a gated
-chain, a server started with ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N`` kills itself with SIGKILL
-right after its N-th write. A new server on the same store then finishes the run, with a host that
-simply repeats what it was doing (every host action is idempotent). The final run must equal the
-uninterrupted one — same facts in the same order, same outputs, same decisions — and no task may
-have been prepared or completed twice."""
+"""Crash safety with real processes (issue 2), on every persistent store: for N = 1 .. the number of
+durable writes in a gated inline chain, a server started with ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N``
+kills itself with SIGKILL right after its N-th write, before it answers. A new server on the same
+store then finishes the run, with a host that simply repeats what it was doing (every host action
+is idempotent). The final run must equal the uninterrupted one — same facts in the same order, same
+outputs, same decisions, same writes — and no task may have been prepared or completed twice.
+
+Since issue 23 every write of the host's path is ONE write per call that holds what follows from it
+(the start with the first host task, each answer with the next task or the gate or the run's end,
+the decision with the next task): killing after write N is killing after that call's write and
+before the next call's, so the matrix covers the kill before and after each of them."""
 
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ from mcp import Client
 
 from orchestration.core.facts import Fact, TaskCompleted
 from orchestration.core.models import RunHead
-from stores.filesystem import FilesystemStore
-from tests.acceptance.harness import call, server_env, stdio_client_for
+from tests.acceptance.harness import call, stdio_client_for
+from tests.acceptance.store_targets import BACKENDS, StoreTarget, store_target
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +63,12 @@ async def host(client: Client, rounds: int = 30) -> dict[str, Any]:
     raise AssertionError(f"run did not finish: {view['status']}")
 
 
-async def run_server(home: Path, log: Path, **env: str) -> dict[str, Any] | None:
-    """Run the host against one server process; None if the server died under it."""
+async def run_server(target: StoreTarget, home: Path, log: Path, **env: str) -> dict[str, Any] | None:
+    """Run the host against one server process on ``target``; None if the server died under it."""
     try:
         with anyio.fail_after(120):
             async with stdio_client_for(
-                server_env(home, CONSTRUCT_LEASE_TTL_SECONDS="1", **env), log
+                target.env(home, CONSTRUCT_LEASE_TTL_SECONDS="1", **env), log
             ) as client:
                 return await host(client)
     except TimeoutError:
@@ -74,15 +79,10 @@ async def run_server(home: Path, log: Path, **env: str) -> dict[str, Any] | None
         return None
 
 
-async def stored_run(home: Path) -> tuple[RunHead, list[Fact]]:
-    store = FilesystemStore(home)
-    try:
-        page = await store.list_runs()
-        assert len(page.runs) == 1, [h.run_id for h in page.runs]
-        head = page.runs[0]
-        return head, await store.read_facts(head.run_id)
-    finally:
-        await store.close()
+async def stored_run(target: StoreTarget) -> tuple[RunHead, list[Fact]]:
+    runs = await target.runs()
+    assert len(runs) == 1, [h.run_id for h, _ in runs]
+    return runs[0]
 
 
 def comparable(facts: list[Fact]) -> list[dict[str, Any]]:
@@ -95,44 +95,53 @@ def comparable(facts: list[Fact]) -> list[dict[str, Any]]:
     return out
 
 
+#: The writes of the uninterrupted run: the start (with the architect's task), the architect's
+#: answer (with the gate's request), the decision (with the engineer's task), the engineer's answer
+#: (with the reviewer's task), the reviewer's answer (with the run's end).
+WRITES = 5
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunHead, list[Fact]]:
-    home = tmp_path_factory.mktemp("reference")
-
-    async def go() -> tuple[RunHead, list[Fact]]:
-        view = await run_server(home, home / "server.log")
-        assert view is not None and view["status"] == "completed", (home / "server.log").read_text()
-        return await stored_run(home)
-
-    return anyio.run(go)
+def references() -> dict[str, tuple[RunHead, list[Fact]]]:
+    return {}
 
 
-def test_reference_run_has_the_expected_number_of_writes(reference: tuple[RunHead, list[Fact]]) -> None:
-    head, facts = reference
-    assert head.status == "completed"
-    # run_created, 3x host_task_prepared, 3x (host output + completion), approval requested and
-    # decided, run_finished: 10 writes. The matrix below crashes after each one.
-    assert head.version == 10
-    assert len(facts) == 13
+async def reference_for(
+    backend: str, references: dict[str, tuple[RunHead, list[Fact]]], workdir: Path
+) -> tuple[RunHead, list[Fact]]:
+    if backend not in references:
+        async with store_target(backend, workdir) as target:
+            view = await run_server(target, workdir / "home", workdir / "server.log")
+            assert view is not None and view["status"] == "completed", (workdir / "server.log").read_text()
+            references[backend] = await stored_run(target)
+        head, facts = references[backend]
+        assert head.status == "completed"
+        # run_created, 3x host_task_prepared, 3x (host output + completion), approval requested and
+        # decided, run_finished: 13 facts in 5 writes, one per call. The matrix crashes after each.
+        assert head.version == WRITES
+        assert len(facts) == 13
+    return references[backend]
 
 
-@pytest.mark.parametrize("n", range(1, 11))
+@pytest.mark.parametrize("n", range(1, WRITES + 1))
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_kill_after_write_n_then_resume(
-    n: int, tmp_path: Path, reference: tuple[RunHead, list[Fact]]
+    backend: str, n: int, tmp_path: Path, references: dict[str, tuple[RunHead, list[Fact]]]
 ) -> None:
-    log = tmp_path / "server.log"
-    first = await run_server(tmp_path, log, CONSTRUCT_FAULT_CRASH_AFTER_WRITES=str(n))
-    assert first is None, f"server #1 should have died after write {n}"
-    pid = int((tmp_path / "server.pid").read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert f"SIGKILL after write {n}" in log.read_text()
+    ref_head, ref_facts = await reference_for(backend, references, tmp_path / "ref")
+    async with store_target(backend, tmp_path / "store") as target:
+        log = tmp_path / "server.log"
+        first = await run_server(target, tmp_path / "s1", log, CONSTRUCT_FAULT_CRASH_AFTER_WRITES=str(n))
+        assert first is None, f"server #1 should have died after write {n}"
+        pid = int((tmp_path / "s1" / "server.pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert f"SIGKILL after write {n}" in log.read_text()
 
-    second = await run_server(tmp_path, log)
-    assert second is not None and second["status"] == "completed", log.read_text()
+        second = await run_server(target, tmp_path / "s2", log)
+        assert second is not None and second["status"] == "completed", log.read_text()
 
-    head, facts = await stored_run(tmp_path)
-    ref_head, ref_facts = reference
+        head, facts = await stored_run(target)
     assert comparable(facts) == comparable(ref_facts)
     assert head.version == ref_head.version
     for task in head.tasks:

@@ -21,10 +21,12 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import ManualClock
+from orchestration.core.fold import apply_write
 from orchestration.core.models import RECORD_FORMAT, RunHead
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import CorruptRecord, RecordTooNew
 from orchestration.store import RunStore
+from orchestration.workers.host import host_output_facts
 from tests.stores.builders import BASE_TIME, Write, complete_task, new_run, run_id
 from tests.stores.raw_records import RawRecords
 
@@ -192,8 +194,11 @@ async def queued_after_architect(runtime: Runtime) -> str:
     """An inline run whose architect is done: the next drive would prepare the engineer's task,
     reading the architect's output (fact 4)."""
     head, _ = await runtime.start(StartRequest("records test", chain=("architect", "engineer")))
-    await runtime.drive(head.run_id)
-    await runtime.submit_host_output(head.run_id, "architect", "the design")
+    # The architect's output recorded alone, as a server before issue 23 recorded it (since, the
+    # engineer's task is prepared in the same write).
+    head = await runtime.store.load(head.run_id)
+    facts = host_output_facts(head, "architect", 1, "the design", runtime.clock.now())
+    await runtime.store.append(head.run_id, head.version, facts, apply_write(head, facts))
     return head.run_id
 
 

@@ -11,11 +11,12 @@ from datetime import datetime
 import pytest
 
 import orchestration.engine.drive as drive_module
+import orchestration.engine.host_answers as host_answers_module
 from orchestration.chains.catalog import Catalog
 from orchestration.core.budget import refusal
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget, BudgetLimits
-from orchestration.core.decide import Action, FailTask, RequestBudget, StartAttempt, next_action
+from orchestration.core.decide import Action, FailTask, RequestBudget, StartAttempt, next_action, next_actions
 from orchestration.core.facts import AttemptStarted, Fact
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
@@ -127,7 +128,7 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
         heads[head.last_seq] = head
         return action
 
-    monkeypatch.setattr(drive_module, "next_action", recording_next_action)
+    record_decisions(monkeypatch, recording_next_action)
     store = BoundaryStore()
     runtime = make_runtime(store, ScriptedWorker(script), ManualClock(), GATED_CATALOG)
     head, _ = await runtime.start(request)
@@ -136,10 +137,12 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
     assert final.status.is_terminal
     assert store.boundaries[-1] == len(facts) and len(store.boundaries) == final.version
 
-    for prefix_len in store.boundaries:
+    # Every boundary, and every prefix decided on inside a write (a host's answer records what
+    # follows from it in its own write: orchestration.engine.host_answers).
+    for prefix_len in sorted({*store.boundaries, *decided}):
         folded = fold(facts[:prefix_len])
         last = facts[prefix_len - 1]
-        if isinstance(last, AttemptStarted):
+        if isinstance(last, AttemptStarted) and prefix_len not in decided:
             # The uninterrupted run called the provider here (no decision). A run restarted at this
             # point finds an orphaned attempt and retries it, marked as a possible duplicate call.
             # With the attempt budget spent, the task fails with attempts_exhausted instead.
@@ -159,6 +162,22 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
         stored = heads[prefix_len]
         assert folded.model_dump(exclude={"version"}) == stored.model_dump(exclude={"version"})
         assert next_action(folded, now) == action, f"prefix {prefix_len} of {name}"
+
+
+def record_decisions(
+    monkeypatch: pytest.MonkeyPatch, recorder: Callable[[RunHead, datetime], Action]
+) -> None:
+    """Have ``recorder`` see every decision the run makes: the drive's (``next_action``) and those a
+    host's answer makes to record what follows from it in the same write (the first of
+    ``next_actions``, which is ``next_action``)."""
+
+    def recording_next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
+        actions = next_actions(head, now)
+        assert recorder(head, now) == actions[0]
+        return actions
+
+    monkeypatch.setattr(drive_module, "next_action", recorder)
+    monkeypatch.setattr(host_answers_module, "next_actions", recording_next_actions)
 
 
 class BoundaryStore(MemoryStore):
@@ -196,7 +215,7 @@ async def test_scenarios_cover_every_kind_of_decision(monkeypatch: pytest.Monkey
         seen.add(type(action).__name__)
         return action
 
-    monkeypatch.setattr(drive_module, "next_action", recording)
+    record_decisions(monkeypatch, recording)
     for request, script, decisions in SCENARIOS.values():
         runtime = make_runtime(MemoryStore(), ScriptedWorker(script), ManualClock(), GATED_CATALOG)
         head, _ = await runtime.start(request)

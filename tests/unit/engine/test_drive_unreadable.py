@@ -8,8 +8,10 @@ import pytest
 
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact
+from orchestration.core.fold import apply_write
 from orchestration.engine.runtime import StartRequest
 from orchestration.errors import CorruptRecord
+from orchestration.workers.host import host_output_facts
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 
@@ -31,8 +33,12 @@ async def test_an_unreadable_run_is_set_aside_then_retried() -> None:
     store, clock = DamagedFacts(), ManualClock()
     runtime = make_runtime(store, clock=clock)
     head, _ = await runtime.start(StartRequest("x", chain=("architect", "engineer")))
-    await runtime.drive(head.run_id)
-    await runtime.submit_host_output(head.run_id, "architect", "design")
+    # The architect's output recorded alone, as a server before issue 23 recorded it (since,
+    # the next host task is prepared in the same write): the drive prepares the engineer's task,
+    # reading the architect's output.
+    head = await store.load(head.run_id)
+    facts = host_output_facts(head, "architect", 1, "design", clock.now())
+    await store.append(head.run_id, head.version, facts, apply_write(head, facts))
     store.damaged = True
 
     with pytest.raises(CorruptRecord):

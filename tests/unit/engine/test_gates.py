@@ -100,10 +100,11 @@ async def test_revise_before_reruns_the_previous_step_then_asks_again() -> None:
     runtime = make_runtime(catalog=CATALOG)
     head = await to_gate(runtime, "before-gated")
     head = await runtime.approve(head.run_id, "revise", "before:engineer", "more detail")
+    # The revised step's new instance is prepared for the host in the decision's write.
     assert [(t.task_id, t.status.value) for t in head.tasks] == [
         ("architect", "done"),
         ("engineer", "skipped"),
-        ("architect~2", "pending"),
+        ("architect~2", "awaiting_host"),
         ("engineer~2", "pending"),
     ]
     await runtime.drive(head.run_id)

@@ -9,7 +9,7 @@ import pytest
 
 from orchestration.chains.catalog import RESEARCH_ANGLES, Catalog
 from orchestration.core.clock import ManualClock
-from orchestration.core.decide import PrepareHostTask, next_actions
+from orchestration.core.decide import AwaitHost, next_actions
 from orchestration.core.graph import ancestors
 from orchestration.core.routing import chain_format
 from orchestration.engine.runtime import StartRequest
@@ -134,8 +134,9 @@ def test_builtin_research_runs_three_researchers_then_a_writer() -> None:
 async def test_researchers_start_together_and_the_writer_sees_every_finding_labelled() -> None:
     runtime = make_runtime()
     head, _ = await runtime.start(StartRequest("Should we adopt X?", chain="research"))
-    actions = next_actions(head, ManualClock().now())
-    assert actions == tuple(PrepareHostTask(name, 1) for name in RESEARCHERS)
+    # The three researchers' host tasks are prepared in the run's first write.
+    assert head.version == 1
+    assert next_actions(head, ManualClock().now()) == tuple(AwaitHost(name) for name in RESEARCHERS)
     await runtime.drive(head.run_id)
     head = await runtime.status(head.run_id)
     first = await runtime.prompt_for(head, "research-sources")

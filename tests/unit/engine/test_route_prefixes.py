@@ -11,14 +11,13 @@ from datetime import datetime
 
 import pytest
 
-import orchestration.engine.drive as drive_module
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import Action, ExpireGate, FailTask, RouteTask, StartAttempt, next_action
 from orchestration.core.facts import AttemptStarted
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
 from orchestration.engine.runtime import StartRequest
-from tests.unit.engine.test_crash_prefixes import BoundaryStore
+from tests.unit.engine.test_crash_prefixes import BoundaryStore, record_decisions
 from tests.unit.helpers import Decision, make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for
 
@@ -131,7 +130,7 @@ async def test_every_prefix_of_a_routed_run_decides_as_the_uninterrupted_run(
         heads[head.last_seq] = head
         return action
 
-    monkeypatch.setattr(drive_module, "next_action", recording_next_action)
+    record_decisions(monkeypatch, recording_next_action)
     store = BoundaryStore()
     worker = InstanceWorker(scenario.verdicts, scenario.errors)
     runtime = make_runtime(store, worker, ManualClock(), ROUTED_CATALOG)  # type: ignore[arg-type]
@@ -165,10 +164,10 @@ async def test_every_prefix_of_a_routed_run_decides_as_the_uninterrupted_run(
         if expected == "failed":
             assert final.error is not None and final.error.code == "approval_expired"
 
-    for prefix_len in store.boundaries:
+    for prefix_len in sorted({*store.boundaries, *decided}):
         folded = fold(facts[:prefix_len])
         last = facts[prefix_len - 1]
-        if isinstance(last, AttemptStarted):
+        if isinstance(last, AttemptStarted) and prefix_len not in decided:
             action = next_action(folded, ManualClock().now())
             if last.attempt < folded.contract.max_attempts:
                 assert action == StartAttempt(last.task_id, last.attempt + 1, possible_duplicate_call=True)

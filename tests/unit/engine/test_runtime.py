@@ -9,7 +9,7 @@ import pytest
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Limits, Runtime, StartRequest
 from orchestration.errors import Conflict, Hint, InvalidArgument, InvalidState, RunNotFound, TooLarge
-from tests.unit.helpers import make_runtime, play
+from tests.unit.helpers import ScriptedWorker, make_runtime, play
 
 
 async def started(runtime: Runtime, **kwargs: object) -> str:
@@ -135,9 +135,9 @@ async def test_resume_without_output_says_what_the_run_needs() -> None:
     with pytest.raises(InvalidState) as refused:
         await runtime.check_resumable(run_id)
     assert gate in refused.value.said.hints() and "orchestrate_" not in refused.value.message
-    await runtime.approve(run_id, "approve", "before:architect")
-    assert (await runtime.check_resumable(run_id)).status == RunStatus.QUEUED
-    await runtime.drive(run_id)
+    # The approval's write prepares the architect's host task too.
+    head = await runtime.approve(run_id, "approve", "before:architect")
+    assert head.status == RunStatus.AWAITING_HOST
     task = Hint("resume_run", {"run_id": run_id, "task_id": "architect"}, needs=("output",))
     with pytest.raises(InvalidArgument) as refused_output:
         await runtime.check_resumable(run_id)
@@ -173,8 +173,8 @@ async def test_racing_approvers_make_one_decision() -> None:
 
 
 async def test_drive_skips_a_run_leased_by_another_worker() -> None:
-    runtime = make_runtime()
-    head, _ = await runtime.start(StartRequest("x"))
+    runtime = make_runtime(worker=ScriptedWorker({}))
+    head, _ = await runtime.start(StartRequest("x", worker_backend="provider"))
     other = await runtime.store.claim_lease(head.run_id, "someone-else", 60, runtime.clock.now())
     assert other is not None
     assert await runtime.drive(head.run_id) is None

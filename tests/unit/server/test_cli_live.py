@@ -50,11 +50,12 @@ async def test_tail_prints_each_event_as_it_is_recorded_and_ends_with_the_run() 
 
 async def test_watch_says_what_each_live_run_waits_for() -> None:
     runtime = make_runtime()
-    head, _ = await runtime.start(StartRequest("Queued.", chain=("writer",)))
+    head, _ = await runtime.start(StartRequest("Queued.", chain=("writer",), worker_backend="provider"))
     text = render_watch([head], runtime.clock.now())
     assert f"{head.run_id}  custom" in text and "queued" in text
     assert "tasks 0/1  waits for a worker to pick it up" in text
-    await runtime.drive(head.run_id)
+    # An inline run's first host task is prepared as it starts.
+    head, _ = await runtime.start(StartRequest("Inline.", chain=("writer",)))
     text = render_watch([await runtime.status(head.run_id)], runtime.clock.now(), more=True)
     assert text.startswith("1+ live runs at ")
     assert "waits for host output for task writer" in text and "--limit N" in text

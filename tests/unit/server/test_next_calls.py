@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 from mcp import Client
 
 from server.app import ConstructApp
@@ -120,17 +119,16 @@ async def test_another_choice_is_the_same_call_with_decision_set(tmp_path: Path)
         assert after["status"] == "rejected" and after["next_action"]["kind"] == "none"
 
 
-async def test_a_waits_call_waits_for_the_next_step(tmp_path: Path) -> None:
+async def test_an_inline_start_answers_its_first_host_task_without_waiting(tmp_path: Path) -> None:
+    """The first host task is prepared in the run's first write (issue 23): even a start that
+    does not wait answers with it, not with a wait."""
     async with connected(tmp_path) as client:
         view = await call(
             client, "orchestrate_start", {"request": "Build a URL shortener", "wait_seconds": 0}
         )
         action = view["next_action"]
-        assert (view["status"], action["kind"], action["tool"]) == ("queued", "wait", "run_status")
-        assert action["arguments"] == {"run_id": view["run_id"], "wait_seconds": 3}
-        with anyio.fail_after(10):
-            after = await follow(client, action)
-        assert after["status"] == "awaiting_host" and after["next_action"]["kind"] == "run_host_task"
+        assert (view["status"], action["kind"]) == ("awaiting_host", "run_host_task")
+        assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect"}
 
 
 async def test_a_finished_runs_call_gives_the_whole_outputs(tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ async def test_a_run_of_a_routing_chain_is_format_2_from_its_creation() -> None:
     after the first review): it must refuse the run from its first record on."""
     runtime = routed_runtime()
     head, _ = await runtime.start(StartRequest("Build it", chain="review-loop"))
-    [created] = await runtime.store.read_facts(head.run_id)
+    created, *_ = await runtime.store.read_facts(head.run_id)
     assert created.format == 2 and (await runtime.status(head.run_id)).format == 2
 
 

@@ -91,7 +91,10 @@ async def views() -> dict[RunStatus, RunView]:
     worker = ScriptedWorker({"tester": [REFUSED], "reviewer": [REFUSED]})
     runtime = make_runtime(worker=worker, catalog=_catalog())
     found: dict[RunStatus, RunView] = {}
-    queued = await _view(runtime, await _start(runtime, drive=False, chain=("writer",)))
+    # (An inline start prepares its first host task in its first write: a provider run waits.)
+    queued = await _view(
+        runtime, await _start(runtime, drive=False, chain=("writer",), worker_backend="provider")
+    )
     found[RunStatus.QUEUED] = queued
     task = queued.tasks[0].model_copy(update={"status": TaskStatus.RUNNING})
     found[RunStatus.RUNNING] = queued.model_copy(update={"status": RunStatus.RUNNING, "tasks": [task]})

@@ -229,7 +229,7 @@ async def test_without_an_sdk_the_spans_cost_nothing_and_change_nothing() -> Non
 async def test_the_traceparent_is_recorded_with_the_run_and_read_back() -> None:
     runtime = make_runtime()
     head, _ = await runtime.start(StartRequest("x", traceparent=TRACEPARENT))
-    [created] = await runtime.store.read_facts(head.run_id)
+    created, *_ = await runtime.store.read_facts(head.run_id)
     assert isinstance(created, RunCreated) and created.traceparent == TRACEPARENT
     assert head.traceparent == TRACEPARENT
     # An older record (no field) reads as None; the field does not make a start another request.

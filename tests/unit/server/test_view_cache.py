@@ -59,6 +59,7 @@ async def test_a_version_viewed_again_is_not_read_again_and_a_new_one_is(tmp_pat
     assert first.next_action.kind == "run_host_task"
     await runtime.submit_host_output(head.run_id, "architect", "the design")
     await runtime.drive(head.run_id)
+    reads = store.log_reads
     second = await services.whole_view(head.run_id)
     assert store.log_reads == reads + 1
     assert second != first

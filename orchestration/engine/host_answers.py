@@ -1,0 +1,461 @@
+"""The host's path in one write (issue 23): a host's output, a gate's decision or an inline start is
+recorded together with everything that follows from it — the task completed, a route decided, the
+next host task(s) prepared, a gate requested, the run finished — in ONE compare-and-swap.
+
+**Why that is the same decision a drive makes.** What follows is decided by the very same pure
+:func:`~orchestration.core.decide.next_actions` a drive asks, on the head the call loaded with its
+own facts folded in, and each bookkeeping action becomes the fact the drive would record for it
+(:func:`~orchestration.core.action_facts.recorded_fact`; a host task's ``host_task_prepared`` with
+the prompt's hash, :func:`~orchestration.workers.host.host_task_prepared`). Preparing a host task is
+pure (its prompt is a function of recorded facts: the upstream outputs the call holds), so nothing
+is called and nothing else is read to decide it. The facts of one write are exactly those a drive
+would have recorded one write each, in the same order; a crash before the write leaves the run as
+it was (the host repeats its call), a crash after it leaves the run as the drive would have left it
+several writes later (``tests/unit/engine/test_host_answer_prefixes.py`` checks every prefix).
+
+**The fence is the compare-and-swap, not a lease.** The call holds no lease: it writes on the
+version it read, and a racing writer (a drive, another caller) makes it read again and decide
+again from the newer head, exactly as an external event was recorded before. That keeps the
+one-writer rule: a lease exists so that one worker at a time *executes* a run (calls a provider,
+an agent, starts a child), and such actions are never taken here. The call records only actions
+that execute nothing, and leaves alone every action that belongs to a lease holder:
+
+* a provider or agent attempt (``StartAttempt``), a child run (``StartChild``), a durable wait,
+  an awaited child or agent — the run is then left ``queued``/``running`` (an active status), so
+  the write wakes the dispatcher (its change listener), which claims the lease and acts; the
+  answer says ``wait`` (its ``next_action``), as it did;
+* any action on a task that is ``running``: an attempt in flight in some drive, or an orphan —
+  the record cannot tell them apart, only the lease holder can (a parallel run's fan-out leaves
+  out its own calls in flight the same way). In a parallel run the call goes on with the ready
+  actions of the other branches, in run order, as the fan-out does.
+
+A drive holding the run's lease meanwhile (a parallel run with a branch in flight) finds its next
+write refused by the version (``VersionConflict``), reads the run again and decides from the
+record, which now holds the host's facts: nothing it had in flight is lost, nothing is done twice.
+
+**One read for the answer.** The prompt handed out is rendered once, here, from the outputs the
+call holds, and the run's snapshot for the answer's view (:class:`~orchestration.engine.reading.RunSnapshot`)
+is the snapshot the caller saw last extended by the facts written (:func:`extend_snapshot`), or
+read once when the caller has none: the answer needs no second read of the log.
+
+**No read before the write either**, when the caller hands in its last answer (:class:`Answered`,
+what a server keeps per run): the call writes on the head that answer wrote, optimistically. The
+compare-and-swap is the check (the store holds one head per version): a run moved on meanwhile
+refuses the write (``VersionConflict``), and the call reads the run and decides again. Anything
+but a write decided on that head (a repeat, a refusal) is decided again on the run as read, since
+it may have moved on.
+
+**Idempotency** is unchanged: the same output for a done task (the call retried, a client that gave
+up and calls again) records nothing and answers the run as it is; a decided gate likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from orchestration.chains.prompts import TaskPrompt, render, upstream
+from orchestration.chains.schemas import validate_output
+from orchestration.core.action_facts import recorded_fact
+from orchestration.core.clock import Clock
+from orchestration.core.decide import (
+    PAUSING_ACTIONS,
+    Action,
+    FailTask,
+    PrepareHostTask,
+    RequestBudget,
+    StartAttempt,
+    StartChild,
+    next_actions,
+)
+from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, TaskCompleted, TaskFailed
+from orchestration.core.fold import apply, apply_write
+from orchestration.core.graph import is_parallel
+from orchestration.core.inputs import Limits, check_id
+from orchestration.core.models import HostUsage, RunHead, TaskState, evolve, text_hash
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.agent_waits import giving_up
+from orchestration.engine.changes import ChangeFeed
+from orchestration.engine.children import refuse_detached
+from orchestration.engine.reading import (
+    RunSnapshot,
+    awaited_calls,
+    awaiting_host_task,
+    read_snapshot,
+    refuse_if_out_of_time,
+)
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    InvalidArgument,
+    InvalidState,
+    TooLarge,
+    VersionConflict,
+    quoted,
+)
+from orchestration.store import RunStore
+from orchestration.workers.host import host_output_facts, host_task_prepared
+from orchestration.workers.port import TaskWorker
+
+
+class Answered:
+    """What a host's call recorded: the run's head after it, the outputs of its done tasks (what
+    the next answer's prompts are rendered from) and the run as a view shows it at that head
+    (:attr:`snapshot`), built from what the call held when first asked for (a server's answer
+    asks for it; a caller that only hands in the next output never pays for it). A repeat that
+    recorded nothing has neither: the view reads the run as usual."""
+
+    __slots__ = ("_make", "_outputs", "_snapshot", "head", "prompts")
+
+    def __init__(
+        self,
+        head: RunHead,
+        snapshot: RunSnapshot | None = None,
+        *,
+        outputs: Mapping[str, str] | None = None,
+        make: Callable[[], RunSnapshot] | None = None,
+        prompts: Mapping[str, TaskPrompt] | None = None,
+    ) -> None:
+        self.head = head
+        #: the prompts of the host tasks this call prepared, by task id (rendered once, here)
+        self.prompts: Mapping[str, TaskPrompt] = prompts or {}
+        self._snapshot = snapshot
+        self._outputs = outputs
+        self._make = make
+
+    @property
+    def snapshot(self) -> RunSnapshot | None:
+        if self._snapshot is None and self._make is not None:
+            self._snapshot, self._make = self._make(), None
+        return self._snapshot
+
+    @property
+    def outputs(self) -> Mapping[str, str] | None:
+        if self._outputs is not None:
+            return self._outputs
+        snapshot = self.snapshot
+        return None if snapshot is None else snapshot.outputs
+
+
+#: what a caller hands in of the run it showed last: a snapshot, or the answer of its last call
+Seen = RunSnapshot | Answered | None
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """One write's facts with what follows from them (:func:`follow_up`): ``facts`` in order,
+    ``head`` the head they fold to (the version of one write), and the prompts of the host tasks
+    prepared among them, by task id."""
+
+    facts: list[Fact]
+    head: RunHead
+    prompts: dict[str, TaskPrompt]
+
+
+def _own_action(head: RunHead, now: datetime) -> Action | None:
+    """The next action the host's call records itself, or None when what is left is a pause or
+    a lease holder's (see the module docstring). The first action, in run order, that is neither
+    a pause nor an attempt nor about a ``running`` task, as the fan-out picks it; a child start
+    there stops the call (the drive starts children)."""
+    if head.status.is_terminal:
+        return None
+    for action in next_actions(head, now):
+        if isinstance(action, (*PAUSING_ACTIONS, StartAttempt)):
+            continue
+        if isinstance(action, (FailTask, RequestBudget)) and _running(head, action.task_id):
+            continue
+        if isinstance(action, StartChild):
+            return None
+        return action
+    return None
+
+
+def _running(head: RunHead, task_id: str) -> bool:
+    return head.task(task_id).status == TaskStatus.RUNNING
+
+
+def prompt_of(head: RunHead, task_id: str, outputs: Mapping[str, str]) -> TaskPrompt:
+    """``task_id``'s prompts from ``outputs`` (done tasks' outputs by task id, at least those of
+    its upstream tasks), as :func:`~orchestration.engine.reading.read_prompt` renders them."""
+    up = upstream(head, task_id)
+    return render(head, up.task, up.position, up.index, up.work, {k: outputs[k] for k in up.ids})
+
+
+def follow_up(after: RunHead, facts: Sequence[Fact], now: datetime, outputs: Mapping[str, str]) -> FollowUp:
+    """``facts`` (the call's own, folded into ``after``) with the facts of every action that
+    follows from them and that the call records itself (:func:`_own_action`), each decided by
+    :func:`~orchestration.core.decide.next_actions` on the head the facts before it fold to. Pure.
+    ``outputs``: the done tasks' outputs by task id (those of ``facts`` included), for the
+    prompts of the host tasks it prepares."""
+    written = list(facts)
+    prompts: dict[str, TaskPrompt] = {}
+    while (action := _own_action(after, now)) is not None:
+        if isinstance(action, PrepareHostTask):
+            prompt = prompts[action.task_id] = prompt_of(after, action.task_id, outputs)
+            fact: Fact | None = host_task_prepared(after, prompt, action.attempt, now)
+        else:
+            fact = recorded_fact(after, action, now)
+        assert fact is not None, action  # _own_action returns bookkeeping actions only
+        written.append(fact)
+        after = apply(after, fact)
+    return FollowUp(written, after, prompts)
+
+
+def extend_snapshot(
+    base: RunSnapshot | None,
+    facts: Sequence[Fact],
+    head: RunHead,
+    prompts: Mapping[str, TaskPrompt] | None = None,
+    warnings: tuple[str, ...] = (),
+) -> RunSnapshot:
+    """The snapshot :func:`~orchestration.engine.reading.read_snapshot` reads at ``head``, made
+    from ``base`` (the snapshot of an earlier head of the run; None: of no head, ``facts`` start
+    with ``run_created``) and ``facts``, the run's facts after it up to ``head.last_seq``, without
+    reading anything. ``prompts``: host prompts rendered already, by task id (others are
+    rendered here, or kept from ``base``)."""
+    detailed = None if base is None else base.head
+    outputs = {} if base is None else dict(base.outputs)
+    values = {} if base is None else dict(base.values)
+    routes = () if base is None else base.routes
+    copied = {} if base is None else dict(base.copied)
+    forked_from: ForkOrigin | None = None if base is None else base.forked_from
+    for fact in facts:
+        if detailed is None:
+            forked_from = getattr(fact, "forked_from", None)
+        detailed = apply(detailed, fact, keep_history=True)
+        if isinstance(fact, TaskCompleted):
+            outputs[fact.task_id] = fact.output
+            if fact.value is not None:
+                values[fact.task_id] = fact.value
+        elif isinstance(fact, RouteDecided):
+            routes = (*routes, fact)
+        if isinstance(fact, TaskCompleted | TaskFailed) and fact.copied_from is not None:
+            copied[fact.task_id] = fact.copied_from
+    assert detailed is not None and detailed.last_seq == head.last_seq, "the facts end at the head"
+    shown = evolve(head, {"tasks": detailed.tasks})
+    known = dict(prompts or {})
+    if base is not None:
+        for prompt in base.host_tasks:
+            known.setdefault(prompt.task_id, prompt)
+    awaiting = [t for t in shown.tasks if t.status == TaskStatus.AWAITING_HOST]
+    host_tasks: tuple[TaskPrompt, ...] = ()
+    if awaiting and (shown.status == RunStatus.AWAITING_HOST or is_parallel(shown.chain)):
+        host_tasks = tuple(known.get(t.task_id) or prompt_of(shown, t.task_id, outputs) for t in awaiting)
+    host_task = host_tasks[0] if host_tasks and shown.status == RunStatus.AWAITING_HOST else None
+    return RunSnapshot(shown, outputs, host_task, warnings, values, routes, host_tasks, forked_from, copied)
+
+
+class AnswerServices(Protocol):
+    """What the host's path needs of the runtime it runs in
+    (:class:`~orchestration.engine.runtime.Runtime`)."""
+
+    store: RunStore
+    clock: Clock
+    limits: Limits
+    worker: TaskWorker | None
+    remote_cancel_seconds: float
+    warnings: tuple[str, ...]
+    changes: ChangeFeed
+
+
+async def record(
+    services: AnswerServices, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None
+) -> tuple[RunHead, list[Fact]]:
+    """Record an external event's ``facts`` on top of ``head`` (compare-and-swap, no lease; see the
+    module docstring) and tell the runtime's listeners. ``new_head``: the head ``facts`` fold to,
+    when the caller has it. A write that ends the wait for remote runs of agent steps (a cancel, a
+    rejection, the run failing) cancels them first and records the results with it
+    (:func:`~orchestration.engine.agent_waits.giving_up`). Returns the stored head and the facts
+    written."""
+    written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
+    if new_head is None or len(written) != len(facts):
+        new_head = apply_write(head, written)
+    stored = await services.store.append(head.run_id, head.version, written, new_head)
+    await services.changes.recorded(written, stored)
+    return stored, written
+
+
+async def snapshot_at(services: AnswerServices, head: RunHead, seen: RunSnapshot | None) -> RunSnapshot:
+    """The run's snapshot at ``head``: ``seen`` (an earlier snapshot of the run, what the caller
+    showed last) caught up with the facts written since (one read of those alone), else read."""
+    if seen is None or seen.head.run_id != head.run_id or seen.head.last_seq > head.last_seq:
+        return await read_snapshot(services.store, head, services.warnings)
+    if seen.head.version == head.version:
+        return seen
+    after = seen.head.last_seq
+    facts = await services.store.read_facts(head.run_id, after, head.last_seq - after)
+    if len(facts) != head.last_seq - after:
+        return await read_snapshot(services.store, head, services.warnings)
+    return extend_snapshot(seen, facts, head, warnings=services.warnings)
+
+
+def held_head_of(seen: Seen, run_id: str) -> RunHead | None:
+    """The run's head as the caller's last answer wrote it (``seen`` an :class:`Answered` that
+    recorded something), to write on without reading it first: optimistic, the write's
+    compare-and-swap is the check (a head at a version is the one the store holds at it)."""
+    if isinstance(seen, Answered) and seen.head.run_id == run_id and seen.outputs is not None:
+        return seen.head
+    return None
+
+
+async def held_at(services: AnswerServices, head: RunHead, seen: Seen) -> Answered:
+    """What the call holds of the run at ``head`` (its outputs, its snapshot): ``seen`` when it
+    is the answer of the caller's last call at this very head (nothing read), else
+    :func:`snapshot_at`."""
+    if isinstance(seen, Answered):
+        same = seen.head.run_id == head.run_id and seen.head.version == head.version
+        if same and seen.outputs is not None:
+            return seen
+        seen = seen.snapshot
+    return Answered(head, await snapshot_at(services, head, seen))
+
+
+async def write_with_follow_up(
+    services: AnswerServices, head: RunHead, facts: Sequence[Fact], held: Answered
+) -> Answered:
+    """Record ``facts`` on top of ``head`` with what follows from them (:func:`follow_up`) in one
+    write. ``held``: what the call holds of the run at ``head`` (:func:`held_at`: its outputs feed
+    the prompts). ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it
+    again and decides again)."""
+    now = services.clock.now()
+    outputs = dict(held.outputs or {})
+    for fact in facts:
+        if isinstance(fact, TaskCompleted):
+            outputs[fact.task_id] = fact.output
+    follow = follow_up(apply_write(head, facts), facts, now, outputs)
+    stored, written = await record(services, head, follow.facts, follow.head)
+
+    def snapshot() -> RunSnapshot:
+        return extend_snapshot(held.snapshot, written, stored, follow.prompts, services.warnings)
+
+    return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
+
+
+def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
+    """A new run's first write: its ``run_created`` fact (``facts``, folded into ``created``) with
+    what follows at once (an inline chain's first host task prepared, a first gate requested),
+    as :func:`follow_up` decides it. Pure but for the clock."""
+    return follow_up(created, facts, services.clock.now(), {})
+
+
+async def hand_in(
+    services: AnswerServices,
+    run_id: str,
+    task_id: str,
+    output: str,
+    usage: HostUsage | None = None,
+    detach_children: bool = False,
+    seen: Seen = None,
+) -> Answered:
+    """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
+    :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
+    for the rules). ``seen``: what the caller showed last of the run, if anything (see
+    :func:`held_at`)."""
+    check_id("task_id", task_id, services.limits)
+    check_output(output, services.limits)
+    held_head = held_head_of(seen, run_id)
+    while True:
+        # The head the caller's last answer wrote, if it has one, is written on without reading
+        # the run first: the compare-and-swap checks that it is still the run's (else
+        # VersionConflict: read the run, decide again). Anything but a write decided on it (a
+        # repeat, a refusal) is decided again on the run as read: it may have moved on.
+        optimistic = held_head is not None
+        head, held_head = held_head or await services.store.load(run_id), None
+        try:
+            task = task_named(head, task_id)
+            if await _output_recorded(services.store, head, task, output):
+                if optimistic:
+                    continue
+                return Answered(head)
+            now = services.clock.now()
+            _check_takes_output(head, task, detach_children, now)
+        except ConstructError:
+            if optimistic:
+                continue
+            raise
+        attempt = task.attempts[-1].number if task.attempts else 1
+        schema = head.step_of(task_id).output_schema
+        # An answer that does not match the step's schema is refused (InvalidOutput) and
+        # nothing is recorded: the host corrects it and calls again.
+        value = None if schema is None else validate_output(schema, output)
+        facts = host_output_facts(head, task_id, attempt, output, now, value, usage)
+        held = await held_at(services, head, seen)
+        try:
+            return await write_with_follow_up(services, head, facts, held)
+        except VersionConflict:
+            seen = held
+            continue
+
+
+def check_output(output: str, limits: Limits) -> None:
+    """Refuse an output no task could take: empty, or over the size limit."""
+    if not isinstance(output, str) or not output.strip():
+        raise InvalidArgument("output is empty; pass the host model's answer for the task")
+    if len(output) > limits.max_output_chars:
+        raise TooLarge(
+            f"output is {len(output)} characters; the limit is {limits.max_output_chars} "
+            "(CONSTRUCT_MAX_OUTPUT_CHARS)"
+        )
+
+
+async def _output_recorded(store: RunStore, head: RunHead, task: TaskState, output: str) -> bool:
+    """Whether ``task`` is done with ``output`` already (a repeat: nothing to record). A task
+    done with a different output is a ``Conflict``; False for a task not done."""
+    if task.status != TaskStatus.DONE or task.output_seq is None:
+        return False
+    done = await store.read_fact(head.run_id, task.output_seq)
+    if isinstance(done, TaskCompleted) and done.output_sha256 == text_hash(output):
+        return True
+    raise Conflict(
+        f"task {task.task_id} of run {head.run_id} is already done with a different output; "
+        "a done task's output cannot be replaced"
+    )
+
+
+def _check_takes_output(head: RunHead, task: TaskState, detach_children: bool, now: datetime) -> None:
+    """Refuse output for ``task`` unless the run is live, in time, and the task awaits it
+    (with no live host-started children, unless ``detach_children``)."""
+    if head.status.is_terminal:
+        raise InvalidState(f"run {head.run_id} is {head.status.value}; it takes no more output")
+    refuse_if_out_of_time(head, now)
+    refuse_detached(head, task.task_id, detach_children)
+    if task.status != TaskStatus.AWAITING_HOST:
+        awaiting = awaiting_host_task(head)
+        hint = f"the task awaiting output is {awaiting!r}" if awaiting else "no task awaits output"
+        raise Conflict(
+            f"task {task.task_id} of run {head.run_id} is {task.status.value}, not awaiting "
+            f"output; {hint}" + awaited_calls(head)
+        )
+
+
+def task_named(head: RunHead, task_id: str) -> TaskState:
+    """The run's task ``task_id``, or ``InvalidArgument`` naming the tasks it has."""
+    try:
+        return head.task(task_id)
+    except KeyError:
+        raise InvalidArgument(
+            f"run {head.run_id} has no task {quoted(task_id)}; its tasks are: "
+            f"{', '.join(t.task_id for t in head.tasks)}" + awaited_calls(head)
+        ) from None
+
+
+__all__ = [
+    "AnswerServices",
+    "Answered",
+    "FollowUp",
+    "Seen",
+    "check_output",
+    "extend_snapshot",
+    "follow_up",
+    "hand_in",
+    "held_at",
+    "held_head_of",
+    "prompt_of",
+    "record",
+    "snapshot_at",
+    "start_with_follow_up",
+    "task_named",
+    "write_with_follow_up",
+]

@@ -1,0 +1,306 @@
+"""The host's path in one write (issue 23): each host answer, gate decision and inline start is ONE
+durable write that holds what follows from it, needs no lease and no drive, reads nothing but the
+run's head when the caller hands in the snapshot it showed last, and builds the snapshot a view
+shows exactly as a read of the log would."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from orchestration.core.approvals import Decision
+from orchestration.core.clock import ManualClock
+from orchestration.core.decide import FailTask, next_actions
+from orchestration.core.facts import Fact, HostTaskPrepared, RunCreated
+from orchestration.core.fold import apply
+from orchestration.core.inputs import with_task_timeout
+from orchestration.core.models import AttemptRecord, RunHead, evolve
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine.host_answers import Answered, follow_up
+from orchestration.engine.reading import read_prompt, read_snapshot
+from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.errors import LeaseLost, VersionConflict
+from orchestration.store import CreateResult, Lease
+from stores.memory import MemoryStore
+from tests.unit.helpers import make_runtime
+from tests.unit.parallel import PARALLEL_CATALOG, RESEARCHERS
+from tests.unit.routed import ROUTED_CATALOG, answer_for
+
+
+class CountingStore(MemoryStore):
+    """Counts writes, lease claims and reads of the log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.claims = 0
+        self.log_reads = 0
+
+    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        self.writes += 1
+        return await super().create(head, facts)
+
+    async def append(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
+    ) -> RunHead:
+        self.writes += 1
+        return await super().append(run_id, expected_version, facts, head, lease)
+
+    async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
+        self.claims += 1
+        return await super().claim_lease(run_id, owner, ttl_seconds, now)
+
+    async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
+        self.log_reads += 1
+        return await super().read_facts(run_id, after_seq, limit)
+
+    async def read_fact(self, run_id: str, seq: int) -> Fact:
+        self.log_reads += 1
+        return await super().read_fact(run_id, seq)
+
+
+async def host_plays(
+    runtime: Runtime, answered: Answered, output: object = None, decide: str = "approve"
+) -> tuple[Answered, list[Answered]]:
+    """Answer every host task and gate from the answers alone (no drive, no status read): the
+    snapshot of each answer is what the next call hands in. Returns the last answer and all."""
+    answers = [answered]
+    for _ in range(60):
+        head, snapshot = answered.head, answered.snapshot
+        if head.status.is_terminal:
+            return answered, answers
+        assert snapshot is not None
+        if snapshot.host_tasks:
+            task_id = snapshot.host_tasks[0].task_id
+            text = output(task_id) if callable(output) else f"the work of {task_id}"
+            answered = await runtime.hand_in(head.run_id, task_id, text, seen=snapshot)
+        else:
+            gate = next(g for g in head.gates if g.status == "requested")
+            answered = await runtime.decide_gate(
+                head.run_id,
+                Decision(decide, gate.gate_id, None, None, None, False, None),  # type: ignore[arg-type]
+                seen=snapshot,
+            )
+        answers.append(answered)
+    raise AssertionError("the run did not end")
+
+
+async def test_an_inline_run_ends_with_one_write_per_answer_and_no_lease_nor_drive() -> None:
+    store = CountingStore()
+    runtime = make_runtime(store)
+    answered, created = await runtime.open_run(
+        StartRequest("Build it", chain=("architect", "engineer", "reviewer"), approve_before=("engineer",))
+    )
+    assert created and answered.head.status == RunStatus.AWAITING_HOST and answered.head.version == 1
+    final, answers = await host_plays(runtime, answered)
+    assert final.head.status == RunStatus.COMPLETED
+    # created (with the architect's task), architect's answer (with the gate's request), the
+    # decision (with the engineer's task), the engineer's answer (with the reviewer's task), the
+    # reviewer's answer (with the run's end): five writes, each call one.
+    assert store.writes == len(answers) == final.head.version == 5
+    assert store.claims == 0
+    facts = await store.read_facts(final.head.run_id)
+    assert [f.type for f in facts] == [
+        "run_created",
+        "host_task_prepared",
+        "host_output_submitted",
+        "task_completed",
+        "approval_requested",
+        "approval_decided",
+        "host_task_prepared",
+        "host_output_submitted",
+        "task_completed",
+        "host_task_prepared",
+        "host_output_submitted",
+        "task_completed",
+        "run_finished",
+    ]
+
+
+async def test_an_answer_reads_nothing_but_the_head_when_handed_the_snapshot_it_showed() -> None:
+    store = CountingStore()
+    runtime = make_runtime(store)
+    answered, _ = await runtime.open_run(
+        StartRequest("Build it", chain=("architect", "engineer", "reviewer"))
+    )
+    reads = store.log_reads
+    final, _ = await host_plays(runtime, answered)
+    assert final.head.status == RunStatus.COMPLETED
+    assert store.log_reads == reads == 0
+
+
+async def test_the_prompt_handed_out_is_the_one_the_record_materializes() -> None:
+    store = MemoryStore()
+    runtime = make_runtime(store)
+    answered, _ = await runtime.open_run(
+        StartRequest("Build it", chain=("architect", "engineer", "reviewer"))
+    )
+    for _ in range(3):
+        head, snapshot = answered.head, answered.snapshot
+        assert snapshot is not None and snapshot.host_task is not None
+        task_id = snapshot.host_task.task_id
+        recorded = await read_prompt(store, head, task_id)
+        assert snapshot.host_task == recorded
+        prepared = [
+            f
+            for f in await store.read_facts(head.run_id)
+            if isinstance(f, HostTaskPrepared) and f.task_id == task_id
+        ]
+        assert [f.prompt_sha256 for f in prepared] == [recorded.sha256]
+        answered = await runtime.hand_in(head.run_id, task_id, f"the work of {task_id}", seen=snapshot)
+
+
+async def test_every_answers_snapshot_is_the_one_a_read_of_the_log_gives() -> None:
+    """Linear with gates and a revise, a routed loop, and a parallel fan-out/fan-in."""
+    cases = [
+        (
+            make_runtime(),
+            StartRequest("Build it", chain=("architect", "engineer"), approve_before=("engineer",)),
+            None,
+        ),
+        (make_runtime(catalog=ROUTED_CATALOG), StartRequest("Build it", chain="review-loop"), "review"),
+        (make_runtime(catalog=PARALLEL_CATALOG), StartRequest("Adopt X?", chain="fan-gated"), None),
+        (make_runtime(), StartRequest("Adopt X?", chain="research"), None),
+    ]
+    verdicts = {"reviewer": "revise", "reviewer~2": "approve"}
+    for runtime, request, kind in cases:
+        answered, _ = await runtime.open_run(request)
+        output = answer_for(verdicts) if kind == "review" else None
+        final, answers = await host_plays(runtime, answered, output)
+        assert final.head.status == RunStatus.COMPLETED, (request.chain, final.head.status)
+        for each in answers:
+            assert each.snapshot is not None
+            assert each.snapshot == await read_snapshot(runtime.store, each.head), (
+                request.chain,
+                each.head.version,
+            )
+        # A snapshot shown earlier catches up with the facts written since (one read of those).
+        first = answers[0].snapshot
+        assert first is not None
+        assert await runtime.snapshot(final.head.run_id) == await read_snapshot(runtime.store, final.head)
+
+
+async def test_a_revise_prepares_the_revised_step_in_the_decisions_write() -> None:
+    runtime = make_runtime()
+    answered, _ = await runtime.open_run(
+        StartRequest("Build it", chain=("architect", "engineer"), approve_before=("engineer",))
+    )
+    assert answered.snapshot is not None
+    answered = await runtime.hand_in(answered.head.run_id, "architect", "a design", seen=answered.snapshot)
+    before = answered.head.version
+    answered = await runtime.decide_gate(
+        answered.head.run_id,
+        Decision("revise", "before:engineer", "more detail", None, None, False, None),
+        seen=answered.snapshot,
+    )
+    assert answered.head.version == before + 1
+    assert answered.snapshot is not None and answered.snapshot.host_task is not None
+    assert (
+        answered.snapshot.host_task.task_id == "architect~2"
+        and "more detail" in answered.snapshot.host_task.user
+    )
+
+
+async def test_an_answer_needs_no_lease_and_a_lease_holders_stale_write_is_refused() -> None:
+    """A drive may hold the run's lease (a run with work elsewhere): the host's answer is fenced by
+    the version alone, and the holder's next write, decided on the older head, is refused; it
+    reads the run again."""
+    store = MemoryStore()
+    runtime = make_runtime(store)
+    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
+    held = await store.claim_lease(answered.head.run_id, "a-drive", 60, runtime.clock.now())
+    assert held is not None
+    stale = answered.head
+    answered = await runtime.hand_in(stale.run_id, "architect", "a design", seen=answered.snapshot)
+    assert answered.head.task("engineer").status == TaskStatus.AWAITING_HOST
+    prepared = HostTaskPrepared(
+        seq=stale.last_seq + 1,
+        at=runtime.clock.now(),
+        task_id="architect",
+        attempt=2,
+        executor="inline:host",
+        prompt_sha256="0" * 64,
+    )
+    try:
+        await store.append(
+            stale.run_id,
+            stale.version,
+            [prepared],
+            evolve(stale, {"version": stale.version + 1, "last_seq": stale.last_seq + 1}),
+            lease=held,
+        )
+    except (VersionConflict, LeaseLost) as exc:
+        assert isinstance(exc, VersionConflict)
+    else:
+        raise AssertionError("a write on a stale version went through")
+    # The lease still holds: the answer did not take it, the holder goes on (re-reading).
+    assert await store.renew_lease(held, 60, runtime.clock.now())
+
+
+def test_a_running_task_is_left_to_the_lease_holder() -> None:
+    """In a parallel run, a branch whose attempt is ``running`` (in flight in some drive, or an
+    orphan: the record cannot tell) is the lease holder's: what follows from an answer on another
+    branch is recorded, the running branch's decisions (here: fail it, past its time limit) are
+    not."""
+    runtime = make_runtime()
+    clock = ManualClock()
+    request = StartRequest("Adopt X?", chain="research")
+    chain = with_task_timeout(runtime.catalog.resolve("research", ()), 10)
+    created = RunCreated(
+        seq=1,
+        at=clock.now(),
+        run_id="run-x",
+        request="Adopt X?",
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=runtime.resolve_contract(request, chain),
+        request_hash="h",
+        format=2,
+    )
+    head = apply(None, created)
+    busy = RESEARCHERS[0]
+    attempt = AttemptRecord(number=1, executor="agent:x", started_at=clock.now())
+    tasks = tuple(
+        evolve(t, {"status": TaskStatus.RUNNING, "attempts": (attempt,), "started_at": clock.now()})
+        if t.task_id == busy
+        else t
+        for t in head.tasks
+    )
+    head = evolve(head, {"tasks": tasks})
+    clock.advance(60)
+    actions = next_actions(head, clock.now())
+    assert any(isinstance(a, FailTask) and a.task_id == busy for a in actions), actions
+    follow = follow_up(head, [created], clock.now(), {})
+    prepared = [f.task_id for f in follow.facts if isinstance(f, HostTaskPrepared)]
+    assert prepared == list(RESEARCHERS[1:])
+    assert all(getattr(f, "task_id", None) != busy for f in follow.facts[1:])
+    assert follow.head.task(busy).status == TaskStatus.RUNNING
+
+
+async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_read() -> None:
+    """A caller's last answer is written on without reading the run (the compare-and-swap checks
+    it): when another caller moved the run meanwhile, the write is refused, the run read and the
+    answer decided again; a repeat answers the run as it is, not as the caller last saw it."""
+    store = CountingStore()
+    runtime = make_runtime(store)
+    first, _ = await runtime.open_run(StartRequest("Adopt X?", chain="research"))
+    sources, practice, critique = RESEARCHERS
+    mine = await runtime.hand_in(first.head.run_id, sources, "s", seen=first)
+    # Another caller (another process, a client without the answer) answers a sibling meanwhile.
+    theirs = await runtime.hand_in(first.head.run_id, practice, "p")
+    assert theirs.head.version == mine.head.version + 1
+    last = await runtime.hand_in(first.head.run_id, critique, "c", seen=mine)
+    assert last.head.version == theirs.head.version + 1
+    assert last.head.task("writer").status == TaskStatus.AWAITING_HOST
+    assert last.snapshot == await read_snapshot(store, last.head)
+    facts = await store.read_facts(first.head.run_id)
+    assert sorted(f.task_id for f in facts if f.type == "task_completed") == sorted(RESEARCHERS)
+    # A repeat with the stale answer writes nothing and answers the run as it is now.
+    writes = store.writes
+    again = await runtime.hand_in(first.head.run_id, sources, "s", seen=mine)
+    assert store.writes == writes and again.head == last.head
