@@ -212,7 +212,7 @@ def test_the_checks_refuse_what_the_issue_found(tmp_path: Path) -> None:
         ({"command": "/x/.venv/bin/construct-mcp", "args": ["demo"]}, "is not `serve`"),
         ({"command": "python", "args": ["server.py"]}, "does not run construct-mcp"),
         ({"command": "construct-mcp", "args": ["serve"], "env": {"CONSTRUCT_WORKERS": "2"}}, "no setting"),
-        ({"command": "construct-mcp", "args": ["serve"], "env": {"CONSTRUCT_MAX_ATTEMPTS": "x"}}, "whole number"),
+        ({"command": "construct-mcp", "args": ["serve"], "env": {"CONSTRUCT_MAX_ATTEMPTS": "x"}}, "number"),
         ({"type": "stdio"}, "neither a command nor a url"),
     ],
 )
