@@ -5,16 +5,18 @@ extra and the ``OTEL_*`` variables, see :mod:`server.settings.telemetry`) every 
 one, and a span costs a few attribute dictionaries. The tracer is the global one, as OpenTelemetry
 intends for instrumented libraries: the composition root (or a test) installs the provider.
 
-**The tree.** A drive of a run (:class:`~orchestration.engine.drive.Drive`, in whatever process holds the
-run's lease) opens ``run <chain>``; under it, ``task <task_id>`` for each task it calls a model
+**The tree.** A drive of a run (:class:`~orchestration.engine.drive.Drive`, in whatever process holds
+the run's lease) opens ``run <chain>``; under it, ``task <task_id>`` for each task it calls a model
 for, and under that ``attempt <task_id>`` per attempt; the provider worker's ``chat <model>``
-(:func:`model_call`, GenAI semantic conventions) is a child of the attempt in progress. A run that
-pauses and is driven again later (an approval, a host's answer, a restart) gets one ``run`` span
-per drive, all children of the same parent: the W3C ``traceparent`` recorded on ``run_created``
-(from the starting tool call's ``_meta``, through the MCP SDK's own server span). So a run resumed
-by another process after a crash continues the caller's trace. A span is exported when it ends:
-the spans a killed process held open (its drive, the task and the attempt in flight) are lost;
-what ended before survives. An attempt that retries an orphan says so:
+(:func:`model_call`, GenAI semantic conventions) is a child of the attempt in progress. A write a call
+decides itself, without a drive (the host's path: a host's answer, a gate decision, an inline start
+with its first host task, a cancel — :func:`traced_write`), is traced as a drive is: one ``run`` span
+of its own. A run that pauses and is driven again later (an approval, a host's answer, a restart) gets
+one ``run`` span per drive or such write, all children of the same parent: the W3C ``traceparent``
+recorded on ``run_created`` (from the starting tool call's ``_meta``, through the MCP SDK's own server
+span). So a run resumed by another process after a crash continues the caller's trace. A span is
+exported when it ends: the spans a killed process held open (its drive, the task and the attempt in
+flight) are lost; what ended before survives. An attempt that retries an orphan says so:
 ``construct.attempt.follows_orphan`` names the orphaned attempt's number.
 
 **Never recorded:** prompt text, outputs, request text, keys or headers. Attributes are ids,
@@ -294,6 +296,18 @@ class DriveTrace:
                     self._run.set_attribute("error.type", code or type(error).__qualname__)
                     self._run.set_status(StatusCode.ERROR, code or type(error).__qualname__)
                 self._run.end()
+
+
+@contextmanager
+def traced_write(head: RunHead) -> Iterator[DriveTrace]:
+    """Around a write a call decides and records itself on ``head`` (the run as the call holds
+    it; no lease, no drive): the ``run <chain>`` span of that write, as a drive's, child of the
+    run's recorded ``traceparent``. Tell the trace what was written with
+    :meth:`DriveTrace.recorded`; the span ends with the write (with its error, if one stopped it)."""
+    traced = DriveTrace(head.run_id)
+    with traced.drive():
+        traced.saw(head)
+        yield traced
 
 
 @dataclass

@@ -96,6 +96,7 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.store import RunStore
+from orchestration.tracing import traced_write
 from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
 
@@ -269,10 +270,12 @@ async def record(
     rejection, the run failing) cancels them first and records the results with it
     (:func:`~orchestration.engine.agent_waits.giving_up`). Returns the stored head and the facts
     written."""
-    written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
-    if new_head is None or len(written) != len(facts):
-        new_head = apply_write(head, written)
-    stored = await services.store.append(head.run_id, head.version, written, new_head)
+    with traced_write(head) as traced:
+        written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
+        if new_head is None or len(written) != len(facts):
+            new_head = apply_write(head, written)
+        stored = await services.store.append(head.run_id, head.version, written, new_head)
+        traced.recorded(written, stored)
     await services.changes.recorded(written, stored)
     return stored, written
 

@@ -119,6 +119,7 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.store import Lease, RunPage, RunStore, Tombstone
+from orchestration.tracing import traced_write
 from orchestration.workers.port import TaskWorker
 
 log = logging.getLogger("construct.runtime")
@@ -348,7 +349,12 @@ class Runtime:
         # What follows at once (an inline chain's first host task, a first gate) is created with
         # the run: one write (orchestration.engine.host_answers).
         first = start_with_follow_up(self, apply(None, fact), [fact])
-        result = await self.store.create(first.head, first.facts)
+        if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
+            result = await self.store.create(first.head, first.facts)
+        else:
+            with traced_write(first.head) as traced:
+                result = await self.store.create(first.head, first.facts)
+                traced.recorded(first.facts if result.created else (), result.head)
         if not result.created:
             shown = request.idempotency_key if request.idempotency_key is not None else key
             return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False

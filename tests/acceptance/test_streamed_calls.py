@@ -99,7 +99,8 @@ async def test_a_sigkill_mid_stream_records_no_partial_output_and_the_retry_is_m
 
 
 async def test_runs_tail_with_a_url_prints_the_output_as_it_is_written(tmp_path: Path) -> None:
-    scenario = {"writer": [{"text": LONG[:3000], "chunk_chars": 60, "chunk_delay_seconds": 0.04}]}
+    # 50 chunks over 7.5 s: the tail (a new CLI process, ~2.5 s to start here) joins while it is written.
+    scenario = {"writer": [{"text": LONG[:3000], "chunk_chars": 60, "chunk_delay_seconds": 0.15}]}
     async with store_target("filesystem", tmp_path / "store") as target:
         with FakeProvider(scenario) as fake:
             env = provider_env(target, tmp_path / "s1", fake)
