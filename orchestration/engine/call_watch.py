@@ -30,6 +30,7 @@ told too (``answered``). An entry is told of each move once: its version is then
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -71,10 +72,16 @@ class RunWatch:
         #: runs the store notified of since the last check (checked at once)
         self._notified: set[str] = set()
         self._wake = anyio.Event()
-        #: when the next batched check of every watched run is due (``anyio.current_time``)
+        #: when the next batched check of every watched run is due (``anyio.current_time``); it
+        #: outlives the last entry's removal, so that the calls of a run driven step after step
+        #: (each added and removed in turn) do not wake the watcher each (see :meth:`add`)
         self._due: float | None = None
+        #: until when the watcher sleeps (``math.inf``: until woken), ``None`` while it checks
+        self._sleep_until: float | None = None
         #: how many batched ``versions`` reads were made (what a test or a bench counts)
         self.checks = 0
+        #: how many times the watcher's sleep ended (a deadline or a wake-up; what a test counts)
+        self.wakeups = 0
 
     @property
     def watched(self) -> int:
@@ -84,11 +91,16 @@ class RunWatch:
     def add(self, entry: Watched) -> None:
         """Watch ``entry`` until :meth:`remove`; its first check comes at most one
         ``entry.poll_seconds`` from now."""
+        fresh = not self._watched
         self._watched.setdefault(entry.run_id, []).append(entry)
         due = anyio.current_time() + entry.poll_seconds
-        if self._due is None or due < self._due:
+        if fresh or self._due is None or due < self._due:
+            # The first call of a quiet spell gets its full interval (a call shorter than that is
+            # never checked), even if that moves the deadline later: the watcher, asleep until
+            # the earlier one, then only wakes to sleep on, once per interval, not once per call.
             self._due = due
-            self._wake.set()
+        if self._sleep_until is not None and self._due < self._sleep_until:
+            self._wake.set()  # the watcher sleeps past the deadline (or until woken): wake it
 
     def remove(self, entry: Watched) -> None:
         entries = self._watched.get(entry.run_id)
@@ -98,8 +110,6 @@ class RunWatch:
         if not entries:
             del self._watched[entry.run_id]
             self._notified.discard(entry.run_id)
-            if not self._watched:
-                self._due = None  # the next call gets its full interval before its first read
 
     def wrote(self, run_id: str, version: int) -> None:
         """The drive of ``run_id`` wrote (or read) ``version``: not a move for its entries."""
@@ -122,13 +132,18 @@ class RunWatch:
         once. Runs until cancelled."""
         while True:
             now = anyio.current_time()
-            if not self._watched:
-                self._due = None
+            if not self._watched and (self._due is None or now >= self._due):
+                self._due = None  # nothing to check: sleep until a call is added
             due = self._due
             if not self._notified and (due is None or now < due):
                 self._wake = anyio.Event()
-                with anyio.move_on_after(None if due is None else due - now):
-                    await self._wake.wait()
+                self._sleep_until = math.inf if due is None else due
+                try:
+                    with anyio.move_on_after(self._sleep_until - now):
+                        await self._wake.wait()
+                finally:
+                    self._sleep_until = None
+                    self.wakeups += 1
                 continue
             if due is not None and now >= due:
                 run_ids = list(self._watched)

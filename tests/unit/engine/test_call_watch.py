@@ -121,6 +121,22 @@ async def test_calls_shorter_than_the_interval_are_never_checked() -> None:
     assert store.reads == []
 
 
+async def test_calls_one_after_another_do_not_wake_the_watcher_each() -> None:
+    # A run driven step after step adds and removes one entry per provider call: the watcher
+    # wakes about once per interval for them all, not once per call (the provider path's cost).
+    store = Versions({"r1": 1})
+    watch = watch_on(store)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch.run)
+        await anyio.sleep(POLL / 10)
+        woken = watch.wakeups
+        for _ in range(50):
+            await Call(watch, "r1", 1).lasting(POLL / 100)
+        tg.cancel_scope.cancel()
+    assert watch.wakeups - woken <= 4, watch.wakeups - woken
+    assert store.reads == []
+
+
 async def test_a_read_that_returns_after_its_call_ended_stops_no_later_call() -> None:
     # The first call's read answers "moved" only after that call ended and the next began.
     store = Versions({"r1": 2}, delay=POLL)
