@@ -5,7 +5,9 @@ backend against a fake provider that answers each request after ``D`` seconds (a
 Each cluster scenario starts ``--servers`` servers (Streamable HTTP, ``--concurrency`` runs driven
 at once each) on a schema of a throwaway database of its own, starts ``--runs`` runs of the
 three-task chain through ``orchestrate_start`` from ``--clients`` concurrent MCP clients (spread
-round-robin over the servers), waits until every run has ended, and prints:
+round-robin over the servers; ``--client thin``, the default, makes them plain JSON-RPC POSTs on an
+initialized session, ``bench/scale_client.py``, so that they leave the cores to the servers;
+``--client sdk`` uses ``mcp.Client``), waits until every run has ended, and prints:
 
 * the issue's table: servers x dispatch concurrency, runs, D | completed | runs/s (ideal) | calls in
   flight, max (ideal) | start → first provider request p50 / p99;
@@ -49,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.boundaries import Check, check_line
 from bench.live_run_memory import rss_kib
+from bench.scale_client import thin_clients
 from bench.scale_figures import (
     TABLE,
     TARGET,
@@ -106,6 +109,8 @@ class Options:
     admin_dsn: str
     pool_size: int
     log_level: str
+    #: which MCP client starts the runs: ``thin`` (bench/scale_client.py) or ``sdk`` (mcp.Client)
+    client: str = "thin"
 
 
 def fake_scenario(sc: Scenario) -> dict[str, Any]:
@@ -188,14 +193,22 @@ async def run_cluster(sc: Scenario, opts: Options) -> ClusterFigures:
                         (f"s{n}", server_env(target, home, fake, extra, concurrency=sc.concurrency), home)
                     )
                 async with servers(envs) as running:
-                    return await drive(sc, db, obs, schema, fake, running, target)
+                    return await drive(sc, db, obs, schema, fake, running, target, opts.client)
     raise AssertionError("unreachable")  # pragma: no cover - the block returns
 
 
 async def drive(
-    sc: Scenario, db: BenchDatabase, obs: Observer, schema: str, fake: FakeProcess, running: Any, target: Any
+    sc: Scenario,
+    db: BenchDatabase,
+    obs: Observer,
+    schema: str,
+    fake: FakeProcess,
+    running: Any,
+    target: Any,
+    client: str,
 ) -> ClusterFigures:
-    async with clients(running) as one_each:
+    sessions = thin_clients if client == "thin" else clients
+    async with sessions(running) as one_each:
         await start_runs(one_each, [f"{WARM}{n}" for n in range(sc.servers)])
     if not await wait_ended(obs, schema, sc.servers, within=60):
         raise SystemExit("the warm-up runs did not end within 60 s")
@@ -208,7 +221,7 @@ async def drive(
     timings: dict[str, tuple[float, float]] = {}
     failures: dict[str, str] = {}
     first_sent = time.time()
-    async with clients([running[n % len(running)] for n in range(sc.clients)]) as via:
+    async with sessions([running[n % len(running)] for n in range(sc.clients)]) as via:
         run_ids = await start_runs(via, names, parallel=sc.clients, timings=timings, failures=failures)
     starts_seconds = max((answered for _, answered in timings.values()), default=time.time()) - first_sent
     if failures:
@@ -276,9 +289,13 @@ def print_cluster(figures: list[ClusterFigures]) -> None:
 
 
 async def bench(args: argparse.Namespace) -> int:
-    opts = Options(args.postgres_dsn, args.store_pool_size, args.log_level)
+    opts = Options(args.postgres_dsn, args.store_pool_size, args.log_level, args.client)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"scale bench (issue 24): {os.cpu_count()} cores, load average {load} at the start", flush=True)
+    print(
+        f"scale bench (issue 24): {os.cpu_count()} cores, load average {load} at the start, "
+        f"{args.client} MCP clients",
+        flush=True,
+    )
     checks: list[Check] = []
     if args.scenario in ("target", "all"):
         target = await run_cluster(TARGET, opts)
@@ -332,6 +349,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
     p.add_argument("--log-level", default="INFO", help="the servers' log level")
+    p.add_argument(
+        "--client",
+        choices=["thin", "sdk"],
+        default="thin",
+        help="the clients that start runs: thin JSON-RPC POSTs (bench/scale_client.py) or mcp.Client",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target of issue 24 is missed")
     return p
 

@@ -261,10 +261,11 @@ class ShardedTransport(httpx2.AsyncBaseTransport):
 
     httpcore's pool walks all its connections and queued requests on every request's start and
     end: with 1,000 calls in flight, a request on a new connection costs 3.3 ms of CPU in one pool
-    and 2.4 ms in shards of 64 (``bench/provider_pool.py``, this 2-core machine). A request goes to the shard with the fewest
-    requests open (ties: the first), so no request waits on a full shard while another has room,
-    and the total never exceeds ``max_connections``: ``max_connections`` requests open at once
-    fill every shard to its limit. A request's count is given back when its response is closed.
+    and 2.4 ms in shards of 64 (``bench/provider_pool.py``, this 2-core machine). A request goes
+    to the shard with the smallest share of its limit in use (ties: the first), so no request
+    waits on a full shard while another has room, and the total never exceeds
+    ``max_connections``: ``max_connections`` requests open at once fill every shard to its limit.
+    A request's count is given back when its response is closed.
     Proxies from the environment are the client's own mounts, as without shards.
     """
 

@@ -37,7 +37,7 @@ from mcp import Client
 from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
-from tests.acceptance.harness import REPO, SERVER_COMMAND, call, free_port, read_log
+from tests.acceptance.harness import REPO, SERVER_COMMAND, ToolCaller, call, free_port, read_log
 from tests.acceptance.store_targets import StoreTarget
 
 TASKS = ("architect", "engineer", "reviewer")
@@ -244,7 +244,7 @@ def start_arguments(name: str, approve_before: Sequence[str] = ()) -> dict[str, 
 
 
 async def start_runs(
-    via: Sequence[Client],
+    via: Sequence[ToolCaller],
     names: Sequence[str],
     *,
     parallel: int = 12,
@@ -260,7 +260,7 @@ async def start_runs(
     limiter = anyio.CapacityLimiter(parallel)
     run_ids: dict[str, str] = {}
 
-    async def start(client: Client, name: str) -> None:
+    async def start(client: ToolCaller, name: str) -> None:
         async with limiter:
             sent = time.time()
             try:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -97,13 +97,19 @@ class SharedClient:
                 await asyncio.wait_for(self._task, 30)
 
 
+class ToolCaller(Protocol):
+    """What :func:`call` needs of a client: ``mcp.Client``, or a bench's thin client."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+
+
 def text_of(result: CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, TextContent), block
     return block.text
 
 
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+async def call(client: ToolCaller, tool: str, **arguments: Any) -> dict[str, Any]:
     """Call a tool that must succeed; return its structured content."""
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, f"{tool} failed: {text_of(result)}"
