@@ -67,7 +67,7 @@ from stores._lease import check_fence, lease_lost
 from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
 from stores._postgres_retention import PostgresRetention, check_key_free, missing
-from stores._postgres_rows import fact_columns, fact_values, head_values, run_values, utc
+from stores._postgres_rows import fact_columns, head_values, run_values, utc
 from stores._sql import (
     CURSOR_START_KEY,
     SCHEMA_NAME,
@@ -283,17 +283,29 @@ class PostgresStore(PostgresRetention):
         the first to commit and then returns its run (``created=False``)."""
         validate_run_id(head.run_id)
         check_create(head, facts)
-        async with self._transaction() as conn:
-            inserted = await conn.fetchval(Q["insert_run"], *run_values(head))
-            if inserted is None:
-                if head.idempotency_key is not None:
-                    row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
-                    if row is not None:
-                        return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
+        values = (
+            *run_values(head),
+            *fact_columns(facts),
+            self.channel,
+            head.status == RunStatus.QUEUED,
+        )
+        if head.idempotency_key is None:
+            # One statement, one round trip (autocommit): nothing to check after it.
+            async with self._connection() as conn:
+                inserted = await conn.fetchval(Q["create_run"], *values)
+            if not inserted:
                 raise Conflict(f"a run with id {head.run_id} already exists")
-            await check_key_free(conn, head.idempotency_key)  # after the insert: see its module
-            await conn.execute(Q["insert_facts"], *fact_values(head.run_id, facts))
-            await self._notify_if_runnable(conn, head)
+            return CreateResult(head, created=True)
+        async with self._transaction() as conn:
+            inserted = await conn.fetchval(Q["create_run"], *values)
+            if not inserted:
+                row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
+                if row is not None:
+                    return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
+                raise Conflict(f"a run with id {head.run_id} already exists")
+            # After the insert, in its transaction: see stores/_postgres_retention.py. A refusal
+            # rolls the run and its facts back.
+            await check_key_free(conn, head.idempotency_key)
         return CreateResult(head, created=True)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:

@@ -120,8 +120,16 @@ class Dispatcher:
         self.stopped = anyio.Event()
 
     def wake(self, run_id: str | None = None) -> None:
-        """Look for work now (``run_id``: at least at this run). Safe from any task."""
+        """Look for work now (``run_id``: at least at this run). Safe from any task.
+
+        A run being driven here is only marked to be looked at again when its drive ends
+        (:meth:`_needs_another_pass`): its change (every write of its own drive is one) needs no
+        pass, whose claim would look for other work that nothing made claimable — a slot freed
+        or a run made runnable elsewhere wakes the dispatcher by itself."""
         if run_id is not None:
+            if run_id in self._active:
+                self._again.add(run_id)
+                return
             self._woken.add(run_id)
         self._wake.set()
 

@@ -1,5 +1,7 @@
 """The postgres append as one statement (issue 11): one round trip per append, each refusal still
-its own error, and the run and lease rows locked in the order the claim path locks them."""
+its own error, and the run and lease rows locked in the order the claim path locks them. A create
+is one statement too without an idempotency key, and BEGIN, that statement, the key's tombstone
+check and COMMIT with one (issue 24)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,36 @@ async def test_a_fenced_append_is_one_statement(store: PostgresStore) -> None:
     assert len(sent) == 1, sent
     assert await store.load(run_id(1)) == done.head
     assert [f.seq for f in await store.read_facts(run_id(1))] == list(range(1, done.head.last_seq + 1))
+
+
+async def test_a_create_is_one_statement_and_a_keyed_one_checks_the_tombstones_in_its_transaction(
+    store: PostgresStore,
+) -> None:
+    for n, key in ((7, None), (8, "warm")):  # asyncpg learns the statements' types once
+        await store.create(*new_run(run_id(n), key=key))
+    sent: list[str] = []
+    async with store._pool.acquire() as conn:
+        conn.add_query_logger(lambda record: sent.append(" ".join(record.query.split())))
+    head, facts = new_run(run_id(1))
+    assert (await store.create(head, facts)).created
+    await anyio.lowlevel.checkpoint()
+    assert len(sent) == 1 and "facts_in" in sent[0], sent
+    assert await store.load(run_id(1)) == head
+    assert await store.read_facts(run_id(1)) == list(facts)
+    await anyio.lowlevel.checkpoint()
+    sent.clear()
+    keyed, keyed_facts = new_run(run_id(2), key="k")
+    assert (await store.create(keyed, keyed_facts)).created
+    await anyio.lowlevel.checkpoint()
+    assert len(sent) == 4, sent
+    assert sent[0] == "BEGIN;" and "facts_in" in sent[1] and "FROM tombstones" in sent[2], sent
+    assert sent[3] == "COMMIT;", sent
+    # The same key again: the first run, nothing written.
+    again, again_facts = new_run(run_id(3), key="k")
+    result = await store.create(again, again_facts)
+    assert not result.created and result.head.run_id == run_id(2)
+    with pytest.raises(RunNotFound):
+        await store.load(run_id(3))
 
 
 async def test_each_refusal_keeps_its_error_and_writes_nothing(store: PostgresStore) -> None:

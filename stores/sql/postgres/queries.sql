@@ -48,6 +48,32 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
 ON CONFLICT DO NOTHING
 RETURNING run_id
 
+-- name: create_run
+-- A create's writes in one statement: the run row (insert_run), its facts (insert_facts) and, when
+-- $14 is set, the notification that it is runnable (notify_runnable; sent once the statement's
+-- transaction commits). Parameters: $1-$10 as insert_run, $11-$13 the facts (seq, type, body),
+-- $14 the NOTIFY channel, $15 whether to notify. inserted = 0: the run id or the idempotency key
+-- was taken (nothing is written). A create without an idempotency key runs it alone (autocommit:
+-- one round trip); with one, it runs in a transaction that checks the key's tombstones after it
+-- (see stores/_postgres_retention.py).
+WITH inserted AS (
+    INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id
+),
+facts_in AS (
+    INSERT INTO facts (run_id, seq, type, body)
+    SELECT inserted.run_id, f.seq, f.type, f.body
+    FROM inserted, unnest($11::integer[], $12::text[], $13::text[]) AS f (seq, type, body)
+    RETURNING 1
+),
+notified AS (
+    SELECT pg_notify($14, inserted.run_id) FROM inserted WHERE $15::boolean
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM facts_in) AS facts,
+       (SELECT count(*) FROM notified) AS notified
+
 -- name: head_by_idempotency_key
 SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE idempotency_key = $1
 
