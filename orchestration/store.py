@@ -61,6 +61,7 @@ from orchestration.errors import RunMoved, RunNotFound, RunPruned
 __all__ = [
     "ClaimsRunnable",
     "CreateResult",
+    "CreatesUnannounced",
     "Lease",
     "NotifiesRunnable",
     "RunPage",
@@ -364,6 +365,21 @@ class ClaimsRunnable(Protocol):
         token, as from :meth:`RunStore.claim_lease`. Atomic across processes: two concurrent
         claimers never get the same run (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``; sqlite:
         ``BEGIN IMMEDIATE``). Raises ``StoreError`` / ``StoreUnavailable`` as any write."""
+        ...
+
+
+@runtime_checkable
+class CreatesUnannounced(Protocol):
+    """Optional ability (postgres, beside :class:`NotifiesRunnable`): create a run without telling
+    the other processes' dispatchers that it is runnable. A runtime whose own dispatcher has a free
+    slot creates its provider runs so (:attr:`orchestration.engine.runtime.Runtime.claims_here`):
+    that dispatcher claims the run at once, woken by the runtime's change feed, and the others
+    neither wake nor send a claim for it. Should the local claim not come (the slot was taken
+    meanwhile, the process died), the run is claimed at a dispatcher's next poll, as after a lost
+    notification."""
+
+    async def create_unannounced(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        """:meth:`RunStore.create`, without the notification a queued run's creation sends."""
         ...
 
 

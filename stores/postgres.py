@@ -279,15 +279,23 @@ class PostgresStore(PostgresRetention):
     # RunStore
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        """See ``RunStore.create``. One transaction; a concurrent create with the same key waits for
-        the first to commit and then returns its run (``created=False``)."""
+        """See ``RunStore.create``. One statement, in a transaction with the key's tombstone check
+        when the run has an idempotency key; a concurrent create with the same key waits for the
+        first to commit and then returns its run (``created=False``)."""
+        return await self._create(head, facts, announce=True)
+
+    async def create_unannounced(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+        """See ``CreatesUnannounced``: :meth:`create` without the notification."""
+        return await self._create(head, facts, announce=False)
+
+    async def _create(self, head: RunHead, facts: Sequence[Fact], *, announce: bool) -> CreateResult:
         validate_run_id(head.run_id)
         check_create(head, facts)
         values = (
             *run_values(head),
             *fact_columns(facts),
             self.channel,
-            head.status == RunStatus.QUEUED,
+            announce and head.status == RunStatus.QUEUED,
         )
         if head.idempotency_key is None:
             # One statement, one round trip (autocommit): nothing to check after it.

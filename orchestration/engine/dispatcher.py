@@ -102,6 +102,9 @@ class Dispatcher:
         self._claim_runnable: ClaimRunnable | None = None
         if recover and isinstance(store, ClaimsRunnable):
             self._claim_runnable = store.claim_runnable
+            # A run this process creates with a slot free is claimed here at once (its change
+            # wakes this dispatcher): the others need not hear of it.
+            runtime.claims_here = self._has_room
         self._listen: Callable[..., Awaitable[None]] | None = None
         self._unlisten: Callable[..., Awaitable[None]] | None = None
         if isinstance(store, NotifiesRunnable):
@@ -132,6 +135,9 @@ class Dispatcher:
                 return
             self._woken.add(run_id)
         self._wake.set()
+
+    def _has_room(self) -> bool:
+        return not self._stopping and len(self._active) < self.concurrency
 
     def stop(self) -> None:
         """Stop taking new work; runs being driven stop at their next step boundary, and

@@ -118,7 +118,7 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.store import Lease, RunPage, RunStore, Tombstone
+from orchestration.store import CreatesUnannounced, Lease, RunPage, RunStore, Tombstone
 from orchestration.tracing import traced_write
 from orchestration.workers.port import TaskWorker
 
@@ -189,6 +189,11 @@ class Runtime:
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
+        #: whether a run created now would be claimed by this process's own dispatcher at once (it
+        #: has a free slot): set by the dispatcher that batch-claims for this runtime; then a run
+        #: whose first write decides nothing more is created unannounced (CreatesUnannounced)
+        self.claims_here: Callable[[], bool] = lambda: False
+        self._unannounced = store if isinstance(store, CreatesUnannounced) else None
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -350,7 +355,12 @@ class Runtime:
         # the run: one write (orchestration.engine.host_answers).
         first = start_with_follow_up(self, apply(None, fact), [fact])
         if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
-            result = await self.store.create(first.head, first.facts)
+            if self._unannounced is not None and self.claims_here():
+                # This process's dispatcher claims it at once (the change feed wakes it): the
+                # other processes' dispatchers need not hear of it (CreatesUnannounced).
+                result = await self._unannounced.create_unannounced(first.head, first.facts)
+            else:
+                result = await self.store.create(first.head, first.facts)
         else:
             with traced_write(first.head) as traced:
                 result = await self.store.create(first.head, first.facts)
