@@ -73,7 +73,13 @@ class ThinClient:
         await self._http.aclose()
 
     async def _post(self, message: dict[str, Any], expect: int = 200) -> httpx2.Response:
-        response = await self._http.post(self.url, headers=self._headers, content=json.dumps(message))
+        body = json.dumps(message)
+        try:
+            response = await self._http.post(self.url, headers=self._headers, content=body)
+        except (httpx2.ReadError, httpx2.RemoteProtocolError):
+            # A kept-alive connection the server closed as it was reused: sent again on a new one,
+            # as HTTP clients do (the bench's starts carry idempotency keys, so a repeat is safe).
+            response = await self._http.post(self.url, headers=self._headers, content=body)
         if response.status_code != expect:
             raise CallFailed(f"{message.get('method')}: HTTP {response.status_code}: {response.text[:300]}")
         return response

@@ -9,7 +9,11 @@ on what the store can do:
   claimer (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``), and drives each with the lease it already
   holds (:meth:`Runtime.drive` with ``lease=``). Several server processes on one database share
   the work this way; a run claimed by one is never driven by another while the lease holds, and a
-  dead process's runs are claimed by the others once their leases expire. When the claim hands out
+  dead process's runs are claimed by the others once their leases expire. A drive's end frees a
+  slot, which claims at once only when the last claim filled every slot it had (more runs may be
+  waiting); after one that found fewer, new work wakes the dispatcher by itself (a run made
+  runnable here, a notification, the poll), and a run created here while a slot is free is
+  created unannounced for this dispatcher alone (``CreatesUnannounced``). When the claim hands out
   a run this process is still driving (its drive stalled past the lease's expiry without
   renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
   starting a second one.
@@ -115,6 +119,8 @@ class Dispatcher:
         self._woken: set[str] = set()
         #: runs whose drive a store error stopped: their lease is released once the store is back
         self._interrupted: set[str] = set()
+        #: whether the last batch claim got as many runs as it asked for (more may be waiting)
+        self._backlog = True
         self._wake = anyio.Event()
         self._stopping = False
         self._store_down_since: float | None = None
@@ -223,6 +229,10 @@ class Dispatcher:
         leases = await self._claim_runnable(
             runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
         )
+        # Fewer than asked for: nothing else was claimable. Until something wakes this
+        # dispatcher for new work (a run made runnable here, a notification, the poll), a freed
+        # slot needs no claim (see _drive).
+        self._backlog = len(leases) >= free
         for lease in leases:
             if lease.run_id in self._active:
                 # Our own lease had run out (a stalled loop) and was claimed anew, which replaced
@@ -357,8 +367,9 @@ class Dispatcher:
                         break
         finally:
             self._active.discard(run_id)
-            if self._claim_runnable is not None:
-                # A slot is free: claim more work now rather than at the next poll.
+            if self._claim_runnable is not None and self._backlog:
+                # A slot is free and the last claim filled every slot it had: there may be more
+                # runnable runs waiting, so claim now rather than at the next poll.
                 self._wake.set()
 
     async def _drive_once(self, run_id: str, lease: Lease | None) -> bool:

@@ -138,6 +138,36 @@ async def test_a_claimed_run_is_driven_with_its_claim(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_a_freed_slot_claims_only_after_a_claim_that_filled_every_slot(tmp_path: Path) -> None:
+    """A drive's end frees a slot; it claims at once only when the last claim got as many runs as
+    it asked for (more may be waiting), not after one that found all there was (a poll, a new run
+    or a notification wakes the dispatcher for new work)."""
+    store = FaultyStore(await SqliteStore.open(tmp_path / "one.db"))
+    try:
+        runtime = runtime_on(store, CountingWorker(), "w")
+        # Polls far apart: every claim in the test is one a wake-up asked for.
+        dispatcher = Dispatcher(runtime, concurrency=2, poll_seconds=3600)
+        async with dispatching(dispatcher):
+            await wait_until(lambda: _claims(store, 1), within=5)  # the first pass
+            head, _ = await runtime.start(start_request("one"))
+            await wait_until(lambda: all_completed(store, [head.run_id]), within=10)
+            await anyio.sleep(0.2)
+            # The start's own wake-up claimed it (1 of 2 slots asked for): its drive's end
+            # claims nothing more.
+            assert store.calls["claim_runnable"] == 2
+            # Three runs for two slots, made runnable while the dispatcher is busy: the claim
+            # fills both slots, so each freed slot claims again, and the third run is driven.
+            heads = [(await runtime.start(start_request(f"n{n}")))[0] for n in range(3)]
+            await wait_until(lambda: all_completed(store, [h.run_id for h in heads]), within=10)
+        assert store.calls["claim_runnable"] >= 4
+    finally:
+        await store.close()
+
+
+async def _claims(store: FaultyStore, count: int) -> bool:
+    return store.calls["claim_runnable"] >= count
+
+
 # ------------------------------------------------------------------------------ store faults
 
 
