@@ -163,8 +163,7 @@ class Runtime:
         self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
         self.cancel_poll_seconds = cancel_poll_seconds
         self.warnings = tuple(warnings)
-        #: how long a drive rides out a store outage (its writes wait, its call goes on) before it
-        #: stops; see :meth:`drive`
+        #: how long a drive rides out a store outage (writes wait, calls go on): see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
         #: this server's identity in agent delegations (:mod:`orchestration.core.hops`): a start
         #: whose delegation lists it is a loop; the composition root gives the agent worker the same
@@ -189,9 +188,8 @@ class Runtime:
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
-        #: whether a run created now would be claimed by this process's own dispatcher at once (it
-        #: has a free slot): set by the dispatcher that batch-claims for this runtime; then a run
-        #: whose first write decides nothing more is created unannounced (CreatesUnannounced)
+        #: whether this process's dispatcher would claim a run created now (it has a free slot; set
+        #: by that dispatcher): such a run is created unannounced (CreatesUnannounced)
         self.claims_here: Callable[[], bool] = lambda: False
         self._unannounced = store if isinstance(store, CreatesUnannounced) else None
 
