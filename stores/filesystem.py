@@ -13,7 +13,8 @@ Layout under ``root``::
     runs/<run_id>/lock          flock(2) target: every write to the run (facts, head, lease) happens
                                 while holding it, so a fenced append reads the lease and the head
                                 and writes under one lock that every claim takes too
-    keys/<sha256(key)>          idempotency index: the id of the run created with that key
+    keys/<sha256(key)>          idempotency index: a symbolic link whose target is the id of the run
+                                created with that key (a file holding it, in stores written before)
     create.lock                 flock(2) target serializing run creation (and the use of tmp/)
     tmp/                        staging area for runs being created
     tombstones/, trash/         deleted runs' tombstones, and runs being deleted (stores._fs_retention)
@@ -97,10 +98,13 @@ from stores._fs_files import (
     encode_facts,
     flocked,
     fsync_dir,
+    fsync_together,
     head_position,
     holds,
     index_records,
     key_name,
+    open_dir,
+    open_written,
     read_lease,
     replace_file,
     write_all,
@@ -220,26 +224,58 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         return head
 
     def _read_key(self, path: Path) -> str | None:
+        """The run id a key's index entry names (a symbolic link's target, or, written before
+        keys were links, a file's content), None when there is no entry."""
         try:
-            raw = path.read_text(encoding="utf-8").strip()
+            raw = os.readlink(path)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: not a link, an entry written before
+                raise
+            try:
+                raw = path.read_text(encoding="utf-8").strip()
+            except FileNotFoundError:
+                return None
         if not RUN_ID_PATTERN.fullmatch(raw):
             raise StoreError(f"idempotency index entry {path} does not hold a run id")
         return raw
 
-    def _publish_key(self, path: Path, run_id: str) -> None:
-        staged = self._tmp / f"key.{secrets.token_hex(8)}"
-        write_new_file(staged, run_id.encode())
+    def _stage(self, staging: Path, head: RunHead, lines: list[bytes], key_path: Path | None) -> None:
+        """Write a new run's files into ``staging`` and publish its key (``key_path``), all of it
+        durable when this returns: the log, the chain, the head and the directories holding them
+        and the key fsync'd together (:func:`fsync_together`). Not fsync'd: the index (derived from
+        the log, stores._fs_index rebuilds it) and the empty lock file (the directory's fsync keeps
+        its entry). Key before run (the caller renames ``staging`` into ``runs/`` after this): a
+        crash in between leaves a dangling key (repaired at the next create under it), never a
+        keyed run without its key (which would let a retry create a second run)."""
+        write_new_file(staging / INDEX_FILE, index_records(lines, 0), sync=False)
+        write_new_file(staging / LOCK_FILE, b"", sync=False)
+        fds: list[int] = []
         try:
-            # link(2) fails if the name exists: at most one creator can own a key, even if the
-            # create lock were ever bypassed.
-            os.link(staged, path)
+            fds.append(open_written(staging / FACTS_FILE, b"".join(lines)))
+            fds.append(open_written(staging / CHAIN_FILE, encode_stored_chain(head)))
+            fds.append(open_written(staging / HEAD_FILE, encode_stored_head(head, chain_apart=True)))
+            fds.append(open_dir(staging))
+            if key_path is not None:
+                self._publish_key(key_path, head.run_id)
+                fds.append(open_dir(self._keys))
+            fsync_together(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _publish_key(self, path: Path, run_id: str) -> None:
+        """The key's index entry: a symbolic link whose target is the run id, made in one step
+        (symlink(2) writes the entry and its content together, so no crash leaves an entry
+        without its run id) and refused when the name exists: at most one creator can own a key,
+        even if the create lock were ever bypassed. Durable once ``keys/`` is fsync'd (the
+        caller's). Entries written before are regular files holding the run id (:meth:`_read_key`
+        reads both)."""
+        try:
+            os.symlink(run_id, path)
         except FileExistsError:
             raise StoreError(f"idempotency index entry {path} appeared during create") from None
-        finally:
-            staged.unlink(missing_ok=True)
-        fsync_dir(self._keys)
 
     def _sweep_tmp(self) -> None:
         # Only creators holding create.lock use tmp/, and we hold it: anything left there was
@@ -288,17 +324,7 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             staging = self._tmp / f"run.{run_id}.{secrets.token_hex(8)}"
             try:
                 staging.mkdir()
-                blob = b"".join(lines)
-                write_new_file(staging / FACTS_FILE, blob)
-                write_new_file(staging / INDEX_FILE, index_records(lines, 0))
-                write_new_file(staging / CHAIN_FILE, encode_stored_chain(head))
-                write_new_file(staging / HEAD_FILE, encode_stored_head(head, chain_apart=True))
-                write_new_file(staging / LOCK_FILE, b"")
-                fsync_dir(staging)
-                # Key before run: a crash in between leaves a dangling key (repaired above), never
-                # a keyed run without its key (which would let a retry create a second run).
-                if key_path is not None:
-                    self._publish_key(key_path, run_id)
+                self._stage(staging, head, lines, key_path)
                 try:
                     os.rename(staging, run_dir)
                 except OSError as exc:
@@ -364,12 +390,12 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
                     # from the log and not fsync'd (stores._fs_index rebuilds what a power loss cuts).
                     write_all(facts_fd, b"".join(lines))
                     write_all(index_fd, index_records(lines, end))
-                    os.fsync(facts_fd)
                 finally:
                     os.close(index_fd)
+                # The log and the new head's temp file are fsync'd together, before the rename.
+                replace_file(run_dir / HEAD_FILE, head_bytes, also=[facts_fd])
             finally:
                 os.close(facts_fd)
-            replace_file(run_dir / HEAD_FILE, head_bytes)
 
     def _discard_uncommitted(
         self, run_id: str, facts_fd: int, index_fd: int, end: int, last_seq: int

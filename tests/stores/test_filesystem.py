@@ -32,6 +32,7 @@ from orchestration.errors import (
 )
 from orchestration.store import Lease, Tombstone
 from stores._fs_files import head_position as _head_position
+from stores._fs_files import key_name
 from stores.filesystem import FilesystemStore
 from tests.stores.builders import (
     BASE_TIME,
@@ -247,10 +248,12 @@ async def test_a_crash_during_an_append_leaves_the_run_as_it_was(fs: FilesystemS
 
 
 CRASHES_DURING_CREATE = [
-    pytest.param("write:1", id="staging-the-facts"),
+    pytest.param("write:1", id="staging-the-index"),
+    pytest.param("write:2:torn", id="staging-the-facts"),
     pytest.param("write:3:torn", id="staging-the-chain"),
     pytest.param("write:4:torn", id="staging-the-head"),
-    pytest.param("link:1", id="before-the-key"),
+    pytest.param("symlink:1", id="before-the-key"),
+    pytest.param("fsync:3", id="key-published-not-durable"),
     pytest.param("rename:1", id="key-published-run-not"),
 ]
 
@@ -274,6 +277,24 @@ async def test_a_crash_during_create_leaves_no_run_visible(fs: FilesystemStore, 
     assert (await fs.create(*new_run(run_id(1)))).created is True
     assert sorted(h.run_id for h in (await fs.list_runs()).runs) == [run_id(1), run_id(2)]
     assert list((fs.root / "tmp").iterdir()) == []
+
+
+async def test_a_key_is_a_link_to_its_run_and_a_key_file_written_before_still_answers(
+    fs: FilesystemStore,
+) -> None:
+    await fs.create(*new_run(run_id(1), key="linked"))
+    entry = fs.root / "keys" / key_name("linked")
+    assert entry.is_symlink() and os.readlink(entry) == run_id(1)
+
+    # A store written before keys were links holds the run id in a regular file.
+    await fs.create(*new_run(run_id(2), key="old"))
+    entry = fs.root / "keys" / key_name("old")
+    entry.unlink()
+    entry.write_text(run_id(2) + "\n")
+    found = await fs.find_by_idempotency_key("old")
+    assert found is not None and found.run_id == run_id(2)
+    again = await fs.create(*new_run(run_id(3), key="old"))
+    assert again.created is False and again.head.run_id == run_id(2)
 
 
 # ------------------------------------------------------------------------------ corruption

@@ -119,7 +119,34 @@ async def test_an_append_fsyncs_the_log_the_head_and_the_directory(
 
     monkeypatch.setattr(os, "fsync", fsync)
     await commit(fs, start_attempt(head, "reviewer"))
-    assert synced == ["facts.jsonl", "head.json.tmp", run_id(1)]
+    # The log and the new head's temp file together (either may finish first), then the rename's
+    # directory; the index is not fsync'd.
+    assert sorted(synced[:2]) == ["facts.jsonl", "head.json.tmp"]
+    assert synced[2:] == [run_id(1)]
+
+
+async def test_a_create_fsyncs_the_log_chain_head_and_directories_but_not_the_index(
+    fs: FilesystemStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await fs.list_runs()  # the store's directories exist before
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    await fs.create(*new_run(run_id(1), key="k"))
+    *together, last = synced
+    staged = [name for name in together if name.startswith("run.")]
+    assert len(staged) == 1 and sorted(set(together) - set(staged)) == [
+        "chain.json",
+        "facts.jsonl",
+        "head.json",
+        "keys",
+    ]
+    assert len(together) == 5 and last == "runs"
 
 
 async def test_a_hole_before_the_last_records_is_read_around(fs: FilesystemStore) -> None:
