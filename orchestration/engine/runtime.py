@@ -314,14 +314,19 @@ class Runtime:
             return await self._create_run(request, chain, contract, key)
         if window is None or window.seconds <= 0:
             return await self._create_run(request, chain, contract, None)
+        guess = not window.new_run  # see look_up: one read for a first start
         while True:
-            found = await look_up(self.store, request, window, self.clock.now())
+            found = await look_up(self.store, request, window, self.clock.now(), guess=guess)
             if found.recent is not None and not window.new_run:
                 return Answered(found.recent), False
             try:
                 answered, created = await self._create_run(request, chain, contract, found.free_key)
             except (RunPruned, RunMoved):
+                guess = False
                 continue  # the key's run was deleted since the look-up, which now skips it
+            if found.guessed and not created:
+                guess = False
+                continue  # the bucket has runs: a full look-up answers with its newest
             if created or not window.new_run:
                 return answered, created  # not created: an identical start made it a moment ago
             # new_run, and a concurrent start took that key first: the next look-up passes it.

@@ -81,18 +81,35 @@ def bucket_of(now: datetime, seconds: float) -> int:
 @dataclass(frozen=True, slots=True)
 class WindowLookup:
     """What a look-up found: the newest run an identical start made within the window (None:
-    none), and the first key of the current bucket that no run holds or held."""
+    none), and the first key of the current bucket that no run holds or held. ``guessed``: the
+    current bucket was not read (:func:`look_up` with ``guess``): ``free_key`` is its first key,
+    free unless a run holds it, which the create then answers (the caller looks up again in
+    full)."""
 
     recent: RunHead | None
     free_key: str
+    guessed: bool = False
 
 
-async def look_up(store: RunStore, request: StartRequest, window: RetryWindow, now: datetime) -> WindowLookup:
+async def look_up(
+    store: RunStore, request: StartRequest, window: RetryWindow, now: datetime, *, guess: bool = False
+) -> WindowLookup:
     """Read the window's keys (the current bucket's, then the previous one's when the current one
-    has no run): see the module docstring. Reads only; the caller creates under ``free_key``."""
+    has no run): see the module docstring. Reads only; the caller creates under ``free_key``.
+
+    ``guess``: most starts are the first of their kind, so read the previous bucket only, and when
+    it holds no recent run, guess that the current one holds none either (``guessed``): the
+    caller creates under the current bucket's first key, and the store's create-or-return tells
+    it whether a run holds that key (then it looks up again without ``guess``: the newest run of
+    the bucket answers, which may be a later generation's). One read of the store instead of
+    two for a first start; a retry pays one create attempt more."""
     print_ = fingerprint(request, window)
     bucket = bucket_of(now, window.seconds)
     since = now - timedelta(seconds=window.seconds)
+    if guess:
+        earlier, _ = await _scan(store, print_, bucket - 1)
+        if earlier is None or earlier.created_at < since:
+            return WindowLookup(None, window_key(print_, bucket), guessed=True)
     newest, free_key = await _scan(store, print_, bucket)
     if newest is None:
         newest, _ = await _scan(store, print_, bucket - 1)

@@ -166,3 +166,28 @@ def test_a_child_runs_parent_task_is_part_of_the_fingerprint() -> None:
     assert len(prints) == 3
     # How long the call waits is not an argument of the start at all: nothing to hash.
     assert fingerprint(replace(START, retry=None), ALICE) == fingerprint(START, ALICE)
+
+
+async def test_a_first_start_reads_one_key_and_a_retry_still_finds_the_newest_run() -> None:
+    runtime = make_runtime()
+    store = runtime.store
+    read: list[str] = []
+    find = store.find_by_idempotency_key
+
+    async def counted(key: str):  # type: ignore[no-untyped-def]
+        read.append(key)
+        return await find(key)
+
+    store.find_by_idempotency_key = counted  # type: ignore[method-assign]
+    print_ = fingerprint(START, ALICE)
+    bucket = bucket_of(runtime.clock.now(), W)
+    first, created = await runtime.start(START)
+    # Only the previous bucket's first key is read; the create tries the current one's.
+    assert created and read == [window_key(print_, bucket - 1)]
+    forced = replace(START, retry=replace(ALICE, new_run=True))
+    second, _ = await runtime.start(forced)
+    read.clear()
+    retried, created = await runtime.start(START)
+    # The guess meets the first run's key: the full look-up answers with the newest run.
+    assert not created and retried.run_id == second.run_id != first.run_id
+    assert read[0] == window_key(print_, bucket - 1) and window_key(print_, bucket, 1) in read
