@@ -42,6 +42,12 @@ async def missing(conn: Any, run_id: str) -> RunNotFound:
     return _gone_from(run_id, await conn.fetchval(Q["tombstone_by_run"], run_id))
 
 
+def gone_by_key(run_id: str, body: str) -> RunNotFound:
+    """The error of a start whose idempotency key is deleted run ``run_id``'s (its tombstone's
+    ``body``)."""
+    return _gone_from(run_id, body, by_key=True)
+
+
 async def check_key_free(conn: Any, key: str | None) -> None:
     """Refuse a create whose idempotency key is a deleted run's (call it after inserting the run
     row, in the same transaction: see the module docstring)."""
@@ -49,7 +55,7 @@ async def check_key_free(conn: Any, key: str | None) -> None:
         return
     row = await conn.fetchrow(Q["tombstone_by_key"], key)
     if row is not None:
-        raise _gone_from(str(row[0]), str(row[1]), by_key=True)
+        raise gone_by_key(str(row[0]), str(row[1]))
 
 
 class PostgresRetention:

@@ -66,7 +66,7 @@ from stores._jsonb import from_jsonb_text
 from stores._lease import check_fence, lease_lost
 from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
-from stores._postgres_retention import PostgresRetention, check_key_free, missing
+from stores._postgres_retention import PostgresRetention, check_key_free, gone_by_key, missing
 from stores._postgres_rows import fact_columns, head_values, run_values, utc
 from stores._sql import (
     CURSOR_START_KEY,
@@ -317,14 +317,15 @@ class PostgresStore(PostgresRetention):
         return CreateResult(head, created=True)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
-        """See ``RunStore.find_by_idempotency_key``: the run, else the key's tombstone, on one
-        connection."""
+        """See ``RunStore.find_by_idempotency_key``: the run, else the key's tombstone, in one
+        statement."""
         async with self._connection() as conn:
-            row = await conn.fetchrow(Q["head_by_idempotency_key"], key)
-            if row is None:
-                await check_key_free(conn, key)
-                return None
-        return decode_head(row[0], from_jsonb_text(row[1]))
+            run_id, head, gone, body = await conn.fetchrow(Q["find_by_idempotency_key"], key)
+        if run_id is not None:
+            return decode_head(run_id, from_jsonb_text(head))
+        if gone is not None:
+            raise gone_by_key(gone, body)
+        return None
 
     async def load(self, run_id: str) -> RunHead:
         validate_run_id(run_id)

@@ -77,6 +77,19 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM facts_
 -- name: head_by_idempotency_key
 SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE idempotency_key = $1
 
+-- name: find_by_idempotency_key
+-- The run holding a key, else the tombstone of the deleted run that held it, in one statement (one
+-- round trip, one snapshot): the run's id and head and two NULLs, or two NULLs and the tombstone's
+-- run id and body, or four NULLs when neither exists.
+SELECT r.run_id,
+       CASE WHEN r.chain IS NULL THEN r.head ELSE left(r.head, -1) || ',"chain":' || r.chain::text || '}' END,
+       t.run_id,
+       t.body
+FROM (SELECT $1::text AS key) AS k
+LEFT JOIN runs AS r ON r.idempotency_key = k.key
+LEFT JOIN tombstones AS t ON r.run_id IS NULL AND t.idempotency_key = k.key
+LIMIT 1
+
 -- name: insert_facts
 -- All the facts of one write in one statement (one round trip).
 INSERT INTO facts (run_id, seq, type, body)
