@@ -68,6 +68,7 @@ __all__ = [
     "RunStore",
     "Tombstone",
     "TombstoneReason",
+    "WritesElsewhere",
     "new_lease_token",
 ]
 
@@ -381,6 +382,20 @@ class CreatesUnannounced(Protocol):
     async def create_unannounced(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
         """:meth:`RunStore.create`, without the notification a queued run's creation sends."""
         ...
+
+
+@runtime_checkable
+class WritesElsewhere(Protocol):
+    """Optional trait (postgres): the store's writes are made by another process (a database
+    server), so what this process computes while a write is in flight costs the write nothing: a
+    host's answer is built meanwhile (:func:`orchestration.engine.host_answers.while_writing`;
+    in-process, 400 runs x 2 host answers on Postgres: 1.21 -> 0.86 ms per answer, median). A store
+    whose writes run Python in this process's own threads (SQLite, files) is not one: its thread
+    waits for the interpreter's lock while that work runs, and the write only takes longer
+    (measured: 1.15 -> 1.20 ms on SQLite)."""
+
+    #: always True (a store without the trait has no such attribute)
+    writes_elsewhere: bool
 
 
 @runtime_checkable

@@ -200,6 +200,9 @@ class PostgresStore(PostgresRetention):
     process (it holds a pool) and any number of processes per database."""
 
     name = "postgres"
+    #: orchestration.store.WritesElsewhere: the database server writes, so a host's answer is
+    #: built while its write is in flight
+    writes_elsewhere = True
 
     def __init__(self, pool: Any, *, dsn: str, schema: str, connect_timeout: float) -> None:
         """Use :meth:`open`."""

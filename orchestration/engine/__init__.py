@@ -9,7 +9,7 @@ from orchestration.core.approvals import Decision
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
-from orchestration.engine.host_answers import Answered, Seen
+from orchestration.engine.host_answers import Answered, Meanwhile, Seen
 from orchestration.engine.reading import RunSnapshot
 from orchestration.engine.runtime import Runtime, is_settled, repeated
 
@@ -17,6 +17,7 @@ __all__ = [
     "Answered",
     "Decision",
     "Dispatcher",
+    "Meanwhile",
     "OutputDeltas",
     "OutputPiece",
     "RunSnapshot",

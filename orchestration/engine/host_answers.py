@@ -51,10 +51,12 @@ up and calls again) records nothing and answers the run as it is; a decided gate
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from orchestration.chains.prompts import TaskPrompt, render, upstream
 from orchestration.chains.schemas import validate_output
@@ -99,6 +101,9 @@ from orchestration.store import RunStore
 from orchestration.tracing import traced_write
 from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
+
+log = logging.getLogger("construct.runtime")
+T = TypeVar("T")
 
 
 class Answered:
@@ -260,21 +265,61 @@ class AnswerServices(Protocol):
     warnings: tuple[str, ...]
     changes: ChangeFeed
 
+    @property
+    def overlaps_writes(self) -> bool:
+        """Whether work done while a write is in flight is free (see :func:`while_writing`)."""
+        ...
+
+
+async def while_writing(write: Coroutine[Any, Any, T], meanwhile: Callable[[], object]) -> T:
+    """Await ``write`` (a store's write), running ``meanwhile`` on this task while it is in flight:
+    the write goes out first (its statement sent), then ``meanwhile`` runs, then the write is
+    awaited. For CPU work that only the write's success makes useful (an answer's view built while
+    the database commits: the round trip and the commit's flush are spent waiting otherwise).
+    ``meanwhile`` must not record or publish anything; an error in it is logged and dropped (the
+    caller builds what it needed the usual way), so the write's outcome is the call's, its error
+    raised as it is. A cancelled call cancels the write, as awaiting it directly would.
+
+    An asyncio task, not an anyio task group: the stores run on asyncio (their pools and threads
+    are asyncio's), and a task group costs 31 us per call here where a task costs 5 us."""
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.sleep(0)  # the task's first step: the write goes out
+        try:
+            meanwhile()
+        except Exception:
+            log.exception("work done while a write was in flight failed; it is done again after it")
+        return await task
+    finally:
+        if not task.done():  # cancelled meanwhile
+            task.cancel()
+
 
 async def record(
-    services: AnswerServices, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None
+    services: AnswerServices,
+    head: RunHead,
+    facts: Sequence[Fact],
+    new_head: RunHead | None = None,
+    meanwhile: Callable[[RunHead, list[Fact]], object] | None = None,
 ) -> tuple[RunHead, list[Fact]]:
     """Record an external event's ``facts`` on top of ``head`` (compare-and-swap, no lease; see the
     module docstring) and tell the runtime's listeners. ``new_head``: the head ``facts`` fold to,
     when the caller has it. A write that ends the wait for remote runs of agent steps (a cancel, a
     rejection, the run failing) cancels them first and records the results with it
-    (:func:`~orchestration.engine.agent_waits.giving_up`). Returns the stored head and the facts
-    written."""
+    (:func:`~orchestration.engine.agent_waits.giving_up`). ``meanwhile``: called with the head and
+    the facts being written while the write is in flight (:func:`while_writing`), when the store
+    writes elsewhere (``services.overlaps_writes``), else not at all. Returns the stored head and
+    the facts written."""
     with traced_write(head) as traced:
         written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
         if new_head is None or len(written) != len(facts):
             new_head = apply_write(head, written)
-        stored = await services.store.append(head.run_id, head.version, written, new_head)
+        write = services.store.append(head.run_id, head.version, written, new_head)
+        if meanwhile is None or not services.overlaps_writes:
+            stored = await write
+        else:
+            writing = new_head
+            stored = await while_writing(write, lambda: meanwhile(writing, written))
         traced.recorded(written, stored)
     await services.changes.recorded(written, stored)
     return stored, written
@@ -315,25 +360,48 @@ async def held_at(services: AnswerServices, head: RunHead, seen: Seen) -> Answer
     return Answered(head, await snapshot_at(services, head, seen))
 
 
+#: what a host's call does with its answer while the write that makes it true is in flight (a
+#: server: its view built; see :func:`while_writing`)
+Meanwhile = Callable[[Answered], object]
+
+
 async def write_with_follow_up(
-    services: AnswerServices, head: RunHead, facts: Sequence[Fact], held: Answered
+    services: AnswerServices,
+    head: RunHead,
+    facts: Sequence[Fact],
+    held: Answered,
+    meanwhile: Meanwhile | None = None,
 ) -> Answered:
     """Record ``facts`` on top of ``head`` with what follows from them (:func:`follow_up`) in one
     write. ``held``: what the call holds of the run at ``head`` (:func:`held_at`: its outputs feed
     the prompts). ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it
-    again and decides again)."""
+    again and decides again). ``meanwhile``: called with the answer the write will make while the
+    write is in flight (:func:`while_writing`); the answer returned is that very object when the
+    store stored the head it was given (else a new one, which ``meanwhile`` never saw)."""
     now = services.clock.now()
     outputs = dict(held.outputs or {})
     for fact in facts:
         if isinstance(fact, TaskCompleted):
             outputs[fact.task_id] = fact.output
     follow = follow_up(apply_write(head, facts), facts, now, outputs)
-    stored, written = await record(services, head, follow.facts, follow.head)
 
-    def snapshot() -> RunSnapshot:
-        return extend_snapshot(held.snapshot, written, stored, follow.prompts, services.warnings)
+    def answered_at(stored: RunHead, written: list[Fact]) -> Answered:
+        def snapshot() -> RunSnapshot:
+            return extend_snapshot(held.snapshot, written, stored, follow.prompts, services.warnings)
 
-    return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
+        return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
+
+    early: list[Answered] = []
+
+    def prepare(writing: RunHead, written: list[Fact]) -> None:
+        early.append(answered_at(writing, written))
+        if meanwhile is not None:
+            meanwhile(early[0])
+
+    stored, written = await record(services, head, follow.facts, follow.head, prepare)
+    if early and early[0].head is stored:
+        return early[0]
+    return answered_at(stored, written)
 
 
 def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
@@ -351,11 +419,12 @@ async def hand_in(
     usage: HostUsage | None = None,
     detach_children: bool = False,
     seen: Seen = None,
+    meanwhile: Meanwhile | None = None,
 ) -> Answered:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
     for the rules). ``seen``: what the caller showed last of the run, if anything (see
-    :func:`held_at`)."""
+    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
     held_head = held_head_of(seen, run_id)
@@ -386,7 +455,7 @@ async def hand_in(
         facts = host_output_facts(head, task_id, attempt, output, now, value, usage)
         held = await held_at(services, head, seen)
         try:
-            return await write_with_follow_up(services, head, facts, held)
+            return await write_with_follow_up(services, head, facts, held, meanwhile)
         except VersionConflict:
             seen = held
             continue
@@ -448,6 +517,7 @@ __all__ = [
     "AnswerServices",
     "Answered",
     "FollowUp",
+    "Meanwhile",
     "Seen",
     "check_output",
     "extend_snapshot",
@@ -460,5 +530,6 @@ __all__ = [
     "snapshot_at",
     "start_with_follow_up",
     "task_named",
+    "while_writing",
     "write_with_follow_up",
 ]

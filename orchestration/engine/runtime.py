@@ -28,6 +28,7 @@ retention) are :mod:`orchestration.ops`, over the public methods here.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -83,6 +84,7 @@ from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
 from orchestration.engine.host_answers import (
     Answered,
+    Meanwhile,
     Seen,
     extend_snapshot,
     hand_in,
@@ -118,7 +120,14 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.store import CreatesUnannounced, Lease, RunPage, RunStore, Tombstone
+from orchestration.store import (
+    CreatesUnannounced,
+    Lease,
+    RunPage,
+    RunStore,
+    Tombstone,
+    WritesElsewhere,
+)
 from orchestration.tracing import traced_write
 from orchestration.workers.port import TaskWorker
 
@@ -192,6 +201,12 @@ class Runtime:
         #: by that dispatcher): such a run is created unannounced (CreatesUnannounced)
         self.claims_here: Callable[[], bool] = lambda: False
         self._unannounced = store if isinstance(store, CreatesUnannounced) else None
+
+    @functools.cached_property
+    def overlaps_writes(self) -> bool:
+        """Whether a host's call builds its answer while its write is in flight (the store's
+        writes are made elsewhere: :class:`~orchestration.store.WritesElsewhere`)."""
+        return isinstance(self.store, WritesElsewhere)
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -429,13 +444,16 @@ class Runtime:
         usage: HostUsage | None = None,
         detach_children: bool = False,
         seen: Seen = None,
+        meanwhile: Meanwhile | None = None,
     ) -> Answered:
         """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
         the output, the task's completion and what follows (the next host task prepared, a gate
         requested, a route, the run's end) are one compare-and-swap without a lease, decided by
         the drive's own pure decision (:mod:`orchestration.engine.host_answers`). ``seen``: the
-        snapshot of the run the caller showed last, if any (its log is then not read again)."""
-        return await hand_in(self, validate_run_id(run_id), task_id, output, usage, detach_children, seen)
+        snapshot of the run the caller showed last, if any (its log is then not read again).
+        ``meanwhile``: called with the answer while its write is in flight."""
+        run_id = validate_run_id(run_id)
+        return await hand_in(self, run_id, task_id, output, usage, detach_children, seen, meanwhile)
 
     async def approve(
         self,
@@ -470,11 +488,14 @@ class Runtime:
         asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
         return (await self.decide_gate(run_id, asked)).head
 
-    async def decide_gate(self, run_id: str, asked: Decision, seen: Seen = None) -> Answered:
+    async def decide_gate(
+        self, run_id: str, asked: Decision, seen: Seen = None, meanwhile: Meanwhile | None = None
+    ) -> Answered:
         """:meth:`approve` of the decision ``asked`` (its arguments), answered with the run as a
         view shows it after the write: the decision and what follows from it (the next host task
         prepared, the run's end) are one compare-and-swap (:mod:`orchestration.engine.host_answers`).
-        ``seen``: the snapshot of the run the caller showed last, if any."""
+        ``seen``: the snapshot of the run the caller showed last, if any. ``meanwhile``: called
+        with the answer while its write is in flight."""
         validate_run_id(run_id)
         check_decision(asked, self.limits)
         while True:
@@ -487,7 +508,7 @@ class Runtime:
             try:
                 fact = await self._decided(head, gate, asked)
                 held = seen = await held_at(self, head, seen)
-                return await write_with_follow_up(self, head, [fact], held)
+                return await write_with_follow_up(self, head, [fact], held, meanwhile)
             except VersionConflict:
                 continue
 

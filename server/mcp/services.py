@@ -31,6 +31,43 @@ def run_uri(run_id: str) -> str:
     return f"run://{run_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedAnswer:
+    """A host call's answer built ahead (:class:`Preparing`): the snapshot it was built from, the
+    compact view and what the answer of that view is (its text and structured content)."""
+
+    answered: Answered
+    snapshot: RunSnapshot
+    view: RunView
+    text: str
+    data: dict[str, Any]
+
+
+class Preparing:
+    """The ``meanwhile`` of a host's call (:data:`~orchestration.engine.Meanwhile`): the answer's
+    compact view built, and dumped, while the write that makes it true is in flight (a store's
+    round trip, its commit's fsync: time the call spends waiting otherwise). Nothing is kept
+    anywhere until the write succeeded: :meth:`Services.remember` then takes it (:meth:`of` the
+    answer the write returned; an answer it was not built for is built again, as before)."""
+
+    __slots__ = ("_ready",)
+
+    def __init__(self) -> None:
+        self._ready: PreparedAnswer | None = None
+
+    def __call__(self, answered: Answered) -> None:
+        snapshot = answered.snapshot
+        if snapshot is None:
+            return
+        view = run_view(snapshot)
+        data = answer_data(view)
+        self._ready = PreparedAnswer(answered, snapshot, view, answer_text(data), data)
+
+    def of(self, answered: Answered) -> PreparedAnswer | None:
+        ready = self._ready
+        return ready if ready is not None and ready.answered is answered else None
+
+
 @dataclass(frozen=True)
 class Services:
     """Everything a tool needs: the runtime (store, catalog), the dispatcher, the settings."""
@@ -120,14 +157,22 @@ class Services:
         self.snapshots[key] = snapshot
         return snapshot
 
-    def remember(self, answered: Answered) -> None:
+    def remember(self, answered: Answered, prepared: Preparing | None = None) -> None:
         """Keep what a host's call recorded (:class:`~orchestration.engine.Answered`): its snapshot
         as its version's (:meth:`keep`: the answer's view reads nothing more), and the answer
-        itself as the run's last, which the run's next host call starts from (:meth:`seen`)."""
+        itself as the run's last, which the run's next host call starts from (:meth:`seen`).
+        ``prepared``: the compact view and answer built for it while its write was in flight
+        (:class:`Preparing`), kept as its version's too (the answer is then not built again)."""
         snapshot = answered.snapshot
         if snapshot is None:
             return
-        self.keep(snapshot)
+        snapshot = self.keep(snapshot)
+        ready = None if prepared is None else prepared.of(answered)
+        if ready is not None and ready.snapshot is snapshot:
+            key = (snapshot.head.run_id, snapshot.head.version)
+            view = self.compact_views.setdefault(key, ready.view)
+            if view is ready.view:
+                self.compact_answers[key] = (view, ready.text, ready.data)
         self.answers.pop(answered.head.run_id, None)
         while len(self.answers) >= SNAPSHOTS_KEPT:
             del self.answers[next(iter(self.answers))]

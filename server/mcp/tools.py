@@ -102,6 +102,7 @@ from server.mcp.answering import (
 from server.mcp.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.mcp.budget_argument import BudgetArgument
 from server.mcp.fork_tool import orchestrate_fork
+from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.listing import RunsPage, runs_page
 from server.views.run_view import Detail, RunView, check_task_id
@@ -255,7 +256,7 @@ async def orchestrate_start(
             answered = answered.model_copy(update={"existing_run": True})
         return answered
 
-    return await answer_or_ask("orchestrate_start", work)
+    return await answer_or_ask("orchestrate_start", work, services_of(ctx))
 
 
 def _retry_window(
@@ -404,16 +405,17 @@ async def orchestrate_resume(
         else:
             # One write: the output and what follows from it (the next host task, prompt rendered
             # once); the view of the answer is built from what the call holds (issue 23).
+            prepared = Preparing()  # the answer's view built while the write is in flight
             answered = await runtime.hand_in(
-                run_id, task_id, output, usage, detach_children, services.seen(run_id)
+                run_id, task_id, output, usage, detach_children, services.seen(run_id), prepared
             )
             head = answered.head
-            services.remember(answered)
+            services.remember(answered, prepared)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
 
-    return await answer_or_ask("orchestrate_resume", work)
+    return await answer_or_ask("orchestrate_resume", work, services_of(ctx))
 
 
 # orchestrate_approve's parameters
@@ -471,11 +473,12 @@ async def orchestrate_approve(
         verified = caller.verified and recorded != AGENT_APPROVER
         asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
         # One write: the decision and what follows from it (issue 23).
-        answered = await runtime.decide_gate(run_id, asked, services.seen(run_id))
-        services.remember(answered)
+        prepared = Preparing()
+        answered = await runtime.decide_gate(run_id, asked, services.seen(run_id), prepared)
+        services.remember(answered, prepared)
         return await settle_asking(ctx, answered.head, wait_seconds, retry_safe=True)
 
-    return await answer_or_ask("orchestrate_approve", work)
+    return await answer_or_ask("orchestrate_approve", work, services_of(ctx))
 
 
 def _recorded_approver(caller: Caller, approver: str | None) -> str | None:

@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+import anyio
+import anyio.lowlevel
+import pytest
+
 from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import FailTask, next_actions
@@ -16,7 +20,7 @@ from orchestration.core.fold import apply
 from orchestration.core.inputs import with_task_timeout
 from orchestration.core.models import AttemptRecord, RunHead, evolve
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.host_answers import Answered, follow_up
+from orchestration.engine.host_answers import Answered, follow_up, while_writing
 from orchestration.engine.reading import read_prompt, read_snapshot
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import LeaseLost, VersionConflict
@@ -304,3 +308,75 @@ async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_
     writes = store.writes
     again = await runtime.hand_in(first.head.run_id, sources, "s", seen=mine)
     assert store.writes == writes and again.head == last.head
+
+
+class ElsewhereStore(CountingStore):
+    """A memory store that says its writes are made elsewhere (``WritesElsewhere``), and notes
+    whether a write was in flight when the call's ``meanwhile`` ran."""
+
+    writes_elsewhere = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = False
+
+    async def append(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None = None,
+    ) -> RunHead:
+        self.in_flight = True
+        try:
+            await anyio.sleep(0.01)  # the database's round trip
+            return await super().append(run_id, expected_version, facts, head, lease)
+        finally:
+            self.in_flight = False
+
+
+async def test_an_answer_is_built_while_its_write_is_in_flight_on_a_store_that_writes_elsewhere() -> None:
+    store = ElsewhereStore()
+    runtime = make_runtime(store)
+    assert runtime.overlaps_writes and not make_runtime().overlaps_writes
+    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
+    seen: list[tuple[Answered, bool]] = []
+
+    def meanwhile(early: Answered) -> None:
+        seen.append((early, store.in_flight))
+        assert early.snapshot is not None  # built now, while the write is in flight
+
+    task_id = answered.head.tasks[0].task_id
+    after = await runtime.hand_in(answered.head.run_id, task_id, "design", seen=answered, meanwhile=meanwhile)
+    # The very answer the call returns, seen while its write was in flight, as a read gives it.
+    assert [(a is after, flying) for a, flying in seen] == [(True, True)]
+    assert after.snapshot == await read_snapshot(store, after.head)
+    # A write refused (another caller moved the run): the answer built for it is dropped.
+    seen.clear()
+    engineer = after.head.tasks[1].task_id
+    await runtime.hand_in(answered.head.run_id, engineer, "code")  # another caller, no meanwhile
+    again = await runtime.hand_in(answered.head.run_id, engineer, "code", seen=after, meanwhile=meanwhile)
+    # The optimistic write on ``after`` was refused; read again, the call is a repeat.
+    assert again.head.status == RunStatus.COMPLETED and [a is again for a, _ in seen] == [False]
+    assert again.head == await store.load(answered.head.run_id)
+
+
+async def test_while_writing_raises_the_writes_error_as_it_is_and_drops_an_error_of_meanwhile() -> None:
+    async def refused() -> RunHead:
+        await anyio.lowlevel.checkpoint()
+        raise VersionConflict("run-x", 1, 2)
+
+    ran: list[bool] = []
+    with pytest.raises(VersionConflict):
+        await while_writing(refused(), lambda: ran.append(True))
+    assert ran == [True]
+
+    async def written() -> str:
+        await anyio.sleep(0.001)
+        return "stored"
+
+    def broken() -> None:
+        raise RuntimeError("a bug in what runs meanwhile")
+
+    assert await while_writing(written(), broken) == "stored"

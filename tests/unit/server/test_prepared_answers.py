@@ -1,0 +1,57 @@
+"""A host's answer built while its write is in flight (``server.mcp.services.Preparing``, on a
+store whose writes are made elsewhere: Postgres): what the host receives is the answer a fresh read
+of the run gives, call after call, and the next call still starts from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from orchestration.engine import Answered
+from server.app import ConstructApp
+from server.mcp.services import PreparedAnswer, Preparing
+from server.settings.config import load_settings
+from tests.acceptance.store_targets import store_target
+
+TASKS = ["architect", "engineer", "reviewer"]
+
+
+async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error and result.structured_content is not None, result.content
+    text = result.content[0].text  # type: ignore[union-attr]
+    return text, result.structured_content
+
+
+async def test_answers_built_during_the_write_are_those_a_read_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[bool] = []
+    of = Preparing.of
+
+    def counted(self: Preparing, answered: Answered) -> PreparedAnswer | None:
+        ready = of(self, answered)
+        used.append(ready is not None)
+        return ready
+
+    monkeypatch.setattr(Preparing, "of", counted)
+    async with store_target("postgres", tmp_path) as target:
+        env = {"CONSTRUCT_HOME": str(tmp_path / "home"), "CONSTRUCT_ORCHESTRATION_STORE": target.url}
+        app = ConstructApp(load_settings(env={**env, "CONSTRUCT_STORE_FALLBACK": "false"}))
+        async with Client(app.build_server()) as client:
+            _, view = await _call(client, "orchestrate_start", {"request": "Build it", "chain": TASKS})
+            run_id = view["run_id"]
+            for task in TASKS:
+                assert view["next_action"]["task_id"] == task
+                arguments = {"run_id": run_id, "task_id": task, "output": f"the {task}'s work"}
+                text, view = await _call(client, "orchestrate_resume", arguments)
+                # A second server on the store builds the view from a read of the record.
+                reader = ConstructApp(load_settings(env={**env, "CONSTRUCT_HOME": str(tmp_path / "r")}))
+                async with Client(reader.build_server()) as other:
+                    read_text, read = await _call(other, "run_status", {"run_id": run_id})
+                assert view == read and text == read_text
+            assert view["status"] == "completed"
+    assert used == [True] * len(TASKS)  # each answer was the one built during its write
