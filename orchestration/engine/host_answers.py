@@ -391,12 +391,14 @@ async def write_with_follow_up(
 
         return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
 
+    if meanwhile is None:
+        stored, written = await record(services, head, follow.facts, follow.head)
+        return answered_at(stored, written)
     early: list[Answered] = []
 
     def prepare(writing: RunHead, written: list[Fact]) -> None:
         early.append(answered_at(writing, written))
-        if meanwhile is not None:
-            meanwhile(early[0])
+        meanwhile(early[0])
 
     stored, written = await record(services, head, follow.facts, follow.head, prepare)
     if early and early[0].head is stored:
