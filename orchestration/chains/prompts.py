@@ -26,13 +26,14 @@ What is found here fast (and cached) is found by :mod:`orchestration.chains.prom
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
 from orchestration.chains.prompt_index import before, chain_plan, describe, locate, work_section
 from orchestration.core.graph import ancestors, is_parallel, latest
-from orchestration.core.models import RunHead, TaskState, text_hash
+from orchestration.core.models import RunHead, TaskState
 from orchestration.core.vocabulary import TaskStatus
 
 _TASK_ID = attrgetter("task_id")
@@ -49,7 +50,14 @@ class TaskPrompt:
 
     @property
     def sha256(self) -> str:
-        return text_hash(self.system + "\x00" + self.user)
+        """The SHA-256 of ``system``, a NUL and ``user`` (UTF-8), hashed part by part: the digest
+        of the joined text without building it. A system prompt with one non-ASCII character (the
+        builtin personas' dashes) makes the joined text a wide string, and encoding a 30 KB one cost
+        16 us where the two parts cost 2 us."""
+        digest = hashlib.sha256(self.system.encode())
+        digest.update(b"\x00")
+        digest.update(self.user.encode())
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

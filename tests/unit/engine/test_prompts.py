@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from orchestration.chains.prompts import materialize
+import hashlib
+
+from orchestration.chains.prompts import TaskPrompt, materialize
 from orchestration.engine.runtime import StartRequest
 from tests.unit.helpers import make_runtime, play
 
@@ -24,3 +26,16 @@ async def test_same_record_same_prompt_and_only_persisted_inputs() -> None:
     assert "Make a game" in reviewer.user
     architect = materialize(final, "architect", {})
     assert "Work so far" not in architect.user
+
+
+def test_a_prompts_digest_is_the_sha256_of_its_text_with_non_ascii_parts() -> None:
+    # Hashed part by part (no joined copy): the digest must stay the one of the joined UTF-8 text
+    # that older records hold, whatever characters either part has.
+    for system, user in (
+        ("plain", "text"),
+        ("a \u2013 dash", "\u00fcn\u00efcode \u2713"),
+        ("", ""),
+        ("sys", ""),
+    ):
+        prompt = TaskPrompt("t", "s", system, user)
+        assert prompt.sha256 == hashlib.sha256(f"{system}\x00{user}".encode()).hexdigest()
