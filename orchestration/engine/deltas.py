@@ -15,7 +15,7 @@ there (the provider worker does). The tasks a drive starts inherit the context, 
 **Bounds.** Per task, the text of its latest attempt only, at most ``max_task_chars`` characters:
 past that the oldest text is dropped, and :attr:`TaskText.start` says how many characters of the
 attempt's output are no longer held (a reader that comes late learns how much it missed). At most
-``max_tasks`` tasks are held per process; past that the oldest one whose call ended goes first,
+``max_tasks`` tasks are held per process; past that the one whose call ended first goes first,
 then the oldest at all.
 
 Text is measured in characters (``str`` indices). A reader follows a run with a **position**:
@@ -176,6 +176,11 @@ class OutputDeltas:
         self._now_us = now_us
         self._position = 0
         self._held: OrderedDict[tuple[str, str], _Held] = OrderedDict()
+        # Beside it, so that a call's begin costs the same with 1 or 1,000 calls in flight (it was
+        # a scan of every held task): the held tasks whose call ended, in the order they ended,
+        # and the held tasks of each run, in the order their calls began.
+        self._ended: dict[tuple[str, str], None] = {}
+        self._by_run: dict[str, dict[str, None]] = {}
         self._changed: dict[str, anyio.Event] = {}
 
     @property
@@ -195,8 +200,9 @@ class OutputDeltas:
     def begin(self, run_id: str, task_id: str, attempt: int) -> None:
         """A call of the task starts: its earlier attempt's text is dropped."""
         key = (run_id, task_id)
-        self._held.pop(key, None)
+        self._drop(key)
         self._held[key] = _Held(attempt)
+        self._by_run.setdefault(run_id, {})[task_id] = None
         self._evict()
         self._notify(run_id)
 
@@ -216,6 +222,7 @@ class OutputDeltas:
         held = self._held.get((run_id, task_id))
         if held is not None and held.attempt == attempt and not held.ended:
             held.ended = True
+            self._ended[(run_id, task_id)] = None
             self._notify(run_id)
 
     def held(self, run_id: str) -> list[TaskText]:
@@ -229,16 +236,15 @@ class OutputDeltas:
                 "".join(c.text for c in h.chunks),
                 h.ended,
             )
-            for (r, task_id), h in self._held.items()
-            if r == run_id
+            for r, task_id, h in self._of(run_id)
         ]
 
     def after(self, run_id: str, position: int, limit_chars: int | None = None) -> list[OutputPiece]:
         """For each of the run's calls in flight that wrote after ``position``: that text (its
         newest ``limit_chars`` characters when given, the rest counted as missed)."""
         pieces: list[OutputPiece] = []
-        for (r, task_id), held in self._held.items():
-            if r != run_id or held.ended:
+        for _, task_id, held in self._of(run_id):
+            if held.ended:
                 continue
             new = [c for c in held.chunks if c.position > position]
             if not new:
@@ -271,11 +277,25 @@ class OutputDeltas:
         if event is not None:
             event.set()
 
+    def _of(self, run_id: str) -> list[tuple[str, str, _Held]]:
+        """The run's held tasks, oldest call first."""
+        return [(run_id, t, self._held[run_id, t]) for t in self._by_run.get(run_id, ())]
+
+    def _drop(self, key: tuple[str, str]) -> bool:
+        """Forget ``key``'s task; whether it was the last one of its run held here."""
+        if self._held.pop(key, None) is None:
+            return False
+        self._ended.pop(key, None)
+        run_id, task_id = key
+        tasks = self._by_run[run_id]
+        del tasks[task_id]
+        if tasks:
+            return False
+        del self._by_run[run_id]
+        return True
+
     def _evict(self) -> None:
         while len(self._held) > self.max_tasks:
-            key = next((k for k, h in self._held.items() if h.ended), None)
-            if key is None:
-                key = next(iter(self._held))
-            del self._held[key]
-            if not any(run_id == key[0] for run_id, _ in self._held):
+            key = next(iter(self._ended), None) or next(iter(self._held))
+            if self._drop(key):
                 self._notify(key[0])  # its waiters look again, and nothing of the run stays here

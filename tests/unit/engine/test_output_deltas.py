@@ -101,6 +101,23 @@ async def test_the_process_holds_a_bounded_number_of_tasks_ended_ones_go_first()
     assert deltas.held("r1") == [] and [t.task_id for t in deltas.held("r3")] == ["d"]
 
 
+async def test_the_task_whose_call_ended_first_goes_first_and_each_run_keeps_its_own() -> None:
+    deltas = OutputDeltas(max_tasks=3)
+    for run_id, task_id in (("r1", "a"), ("r2", "b"), ("r1", "c")):
+        deltas.begin(run_id, task_id, 1)
+    deltas.end("r1", "c", 1)
+    deltas.end("r2", "b", 1)
+    deltas.begin("r3", "d", 1)  # c ended before b: c goes, though b began earlier
+    assert [t.task_id for t in deltas.held("r1")] == ["a"] and [t.task_id for t in deltas.held("r2")] == ["b"]
+    deltas.begin("r1", "a", 2)  # a new attempt: a is the newest call now, and not ended
+    deltas.begin("r4", "e", 1)  # b goes (ended), then none ended: the oldest, d
+    deltas.begin("r5", "f", 1)
+    assert deltas.held("r2") == [] and deltas.held("r3") == []
+    assert [(t.run_id, t.task_id, t.attempt) for t in deltas.held("r1")] == [("r1", "a", 2)]
+    deltas.write("r1", "a", 2, "x")
+    assert [p.text for p in deltas.after("r1", 0)] == ["x"]
+
+
 async def test_a_change_sets_the_runs_event() -> None:
     deltas = OutputDeltas()
     event = deltas.changed("r1")
