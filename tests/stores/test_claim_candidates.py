@@ -104,7 +104,8 @@ async def test_postgres_claim_reads_only_candidates(
                 renew = "UPDATE leases SET expires_at = expires_at + interval '1 hour'"
                 await conn.execute(f"{renew} WHERE owner = 'live-server'")
             now = BASE_TIME + timedelta(seconds=3610)
-            args = ("me", utc(now + timedelta(seconds=30)), utc(now), 100)
+            # As a dispatcher with 1,000 free slots asks.
+            args = ("me", utc(now + timedelta(seconds=30)), utc(now), 1000)
             sql = queries("postgres")["claim_runnable"]
             raw = await _explain(conn, f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)
             text = await _explain(conn, f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}", args)
