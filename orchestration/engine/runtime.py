@@ -174,7 +174,8 @@ class Runtime:
         self.warnings = tuple(warnings)
         #: how long a drive rides out a store outage (writes wait, calls go on): see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
-        #: this server's identity in agent delegations (a loop lists it: orchestration.core.hops)
+        #: this server's identity in agent delegations (:mod:`orchestration.core.hops`): a start
+        #: whose delegation lists it is a loop; the composition root gives the agent worker the same
         self.server_id = server_id or new_server_id()
         #: how long a cancel waits, in all, for the remote runs the run awaits to be cancelled
         self.remote_cancel_seconds = remote_cancel_seconds
@@ -196,9 +197,12 @@ class Runtime:
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
-        #: whether the dispatcher has a slot free (its own check): then a new run is CreatesClaimed
+        #: whether this process's dispatcher would drive a run created now (it has a free slot;
+        #: set by that dispatcher): such a run is created leased to this runtime, unannounced
+        #: (CreatesClaimed), and its lease handed to :attr:`drive_claimed`
         self.claims_here: Callable[[], bool] = lambda: False
-        #: drives a run created claimed from its head (the dispatcher's); else gives the lease back
+        #: drives a run created here with its lease and its head as created (set by the
+        #: dispatcher); by default the lease is given back, for a later claim
         self.drive_claimed: Callable[[Lease, RunHead], Awaitable[None]] = self._give_back
         self._claimed = store if isinstance(store, CreatesClaimed) else None
 
