@@ -149,16 +149,15 @@ class Dispatcher:
     def _has_room(self) -> bool:
         return not self._stopping and len(self._active) < self.concurrency
 
-    async def _drive_claimed(self, lease: Lease, head: RunHead) -> None:
-        """A run this process has just created leased to itself (``Runtime.claims_here``), ``head``
-        as created: driven in a free slot at once, as a claimed one is, from that head. When none
-        is free any more (taken while the run was created) or the dispatcher is not running, the
-        lease is given back, and the run is claimed at a dispatcher's next pass, here or
-        elsewhere."""
+    async def _drive_claimed(self, lease: Lease) -> None:
+        """A run this process has just created leased to itself (``Runtime.claims_here``): driven
+        in a free slot at once, as a claimed one is. When none is free any more (taken while the
+        run was created) or the dispatcher is not running, the lease is given back, and the run
+        is claimed at a dispatcher's next pass, here or elsewhere."""
         if self._tg is None or not self._has_room() or lease.run_id in self._active:
             await self._release_unused(lease)
             return
-        self._start(self._tg, lease.run_id, lease, head)
+        self._start(self._tg, lease.run_id, lease)
 
     def stop(self) -> None:
         """Stop taking new work; runs being driven stop at their next step boundary, and
@@ -287,9 +286,9 @@ class Dispatcher:
                 continue
             self._start(tg, run_id, None)
 
-    def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None, head: RunHead | None = None) -> None:
+    def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None) -> None:
         self._active.add(run_id)
-        tg.start_soon(self._drive, run_id, lease, head)
+        tg.start_soon(self._drive, run_id, lease)
 
     async def _sweep_children(self) -> None:
         """Every ``child_poll_seconds``: the child runs' safety net (see the module docstring)."""
@@ -373,18 +372,17 @@ class Dispatcher:
 
     # -- driving -------------------------------------------------------------------------------
 
-    async def _drive(self, run_id: str, lease: Lease | None, head: RunHead | None = None) -> None:
+    async def _drive(self, run_id: str, lease: Lease | None) -> None:
         """Drive the run in a slot, again while it changes meanwhile and still needs driving,
         until a drive fails or the dispatcher stops; then free the slot."""
         try:
             async with self._limiter:
                 while not self._stopping:
                     self._again.discard(run_id)
-                    if not await self._drive_once(run_id, lease, head):
+                    if not await self._drive_once(run_id, lease):
                         break
-                    # A later pass claims the lease itself (this one was released with the drive)
-                    # and reads the run.
-                    lease, head = None, None
+                    # A later pass claims the lease itself (this one was released with the drive).
+                    lease = None
                     if not await self._needs_another_pass(run_id):
                         break
         finally:
@@ -394,11 +392,11 @@ class Dispatcher:
                 # runnable runs waiting, so claim now rather than at the next poll.
                 self._wake.set()
 
-    async def _drive_once(self, run_id: str, lease: Lease | None, head: RunHead | None = None) -> bool:
+    async def _drive_once(self, run_id: str, lease: Lease | None) -> bool:
         """One :meth:`Runtime.drive` of the run. False when it failed (logged; the run is left
         until something wakes it); a lost lease is not a failure."""
         try:
-            action = await self.runtime.drive(run_id, lease=lease, head=head)
+            action = await self.runtime.drive(run_id, lease=lease)
         except LeaseLost:
             # Another worker claimed the run while this drive stalled; the drive recorded
             # nothing more. Not a failure: the run is the holder's now.

@@ -201,13 +201,10 @@ class Runtime:
         #: set by that dispatcher): such a run is created leased to this runtime, unannounced
         #: (CreatesClaimed), and its lease handed to :attr:`drive_claimed`
         self.claims_here: Callable[[], bool] = lambda: False
-        #: drives a run created here with its lease and its head as created (set by the
-        #: dispatcher); by default the lease is given back, for a later claim
-        self.drive_claimed: Callable[[Lease, RunHead], Awaitable[None]] = self._give_back
+        #: drives a run created here with its lease (set by the dispatcher); by default the lease
+        #: is given back, for a later claim
+        self.drive_claimed: Callable[[Lease], Awaitable[None]] = self._releases.release
         self._claimed = store if isinstance(store, CreatesClaimed) else None
-
-    async def _give_back(self, lease: Lease, _: RunHead) -> None:
-        await self._releases.release(lease)
 
     @functools.cached_property
     def overlaps_writes(self) -> bool:
@@ -400,7 +397,7 @@ class Runtime:
         if lease is not None:
             # Before the change is told: the run is then being driven here, and the change wakes
             # no dispatcher pass for it.
-            await self.drive_claimed(lease, result.head)
+            await self.drive_claimed(lease)
         await self.changes.changed(result.head)
 
         def snapshot() -> RunSnapshot:
@@ -670,9 +667,7 @@ class Runtime:
 
     # -- driving (the loop itself is orchestration.engine.drive) -------------------------------------
 
-    async def drive(
-        self, run_id: str, lease: Lease | None = None, head: RunHead | None = None
-    ) -> Action | None:
+    async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
         or None when another worker holds the lease, this runtime is already driving the run, or
         the runtime is stopping. May be called at any time from any process: the lease and the
@@ -683,9 +678,7 @@ class Runtime:
         ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
         batch claim); the drive then does not claim again, and renews and releases that lease as
         its own. If this runtime is driving the run already, that drive takes the lease over
-        (:meth:`hand_over`) and this call returns None. ``head``: with ``lease``, the run as this
-        runtime recorded it under that lease (a run it created claimed): the drive starts from
-        it, without reading the run first (the first write's compare-and-swap checks it).
+        (:meth:`hand_over`) and this call returns None.
 
         **One drive per run per runtime.** A second drive of a run this runtime is driving (or
         claiming) returns None at once, without claiming: a same-owner claim would replace the
@@ -706,7 +699,7 @@ class Runtime:
         # Taken before the first await, so that a concurrent drive of the run sees it.
         self._driving[run_id] = None
         try:
-            return await self._drive_leased(run_id, lease, head if lease is not None else None)
+            return await self._drive_leased(run_id, lease)
         finally:
             del self._driving[run_id]
 
@@ -716,7 +709,7 @@ class Runtime:
         set_aside = self._unreadable.get(run_id)
         return self.calls.stopping or (set_aside is not None and self.clock.now() < set_aside)
 
-    async def _drive_leased(self, run_id: str, lease: Lease | None, head: RunHead | None) -> Action | None:
+    async def _drive_leased(self, run_id: str, lease: Lease | None) -> Action | None:
         """Run a :class:`Drive` of the run with ``lease``, or with a lease claimed now (None when
         another worker holds it), and release the lease after. A ``CorruptRecord`` sets the run
         aside for :attr:`unreadable_retry_seconds`; a drive that returns clears that."""
@@ -724,7 +717,7 @@ class Runtime:
             lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
             if lease is None:
                 return None
-        drive = self._driving[run_id] = self._new_drive(lease, head)
+        drive = self._driving[run_id] = self._new_drive(lease)
         try:
             with self.deltas.driving(run_id):
                 result = await drive.run()
@@ -741,7 +734,7 @@ class Runtime:
             await self._releases.release(drive.lease)
         return result
 
-    def _new_drive(self, lease: Lease, head: RunHead | None = None) -> Drive:
+    def _new_drive(self, lease: Lease) -> Drive:
         settings = DriveSettings(
             owner=self.owner,
             lease_ttl_seconds=self.lease_ttl_seconds,
@@ -759,7 +752,7 @@ class Runtime:
             calls=self.calls,
             renewer=self.renewer,
         )
-        return Drive(leased, worker=self.worker, children=self.children, head=head)
+        return Drive(leased, worker=self.worker, children=self.children)
 
     def hand_over(self, lease: Lease) -> bool:
         """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a
