@@ -13,8 +13,7 @@ on what the store can do:
   slot, which claims at once only when the last claim filled every slot it had (more runs may be
   waiting); after one that found fewer, new work wakes the dispatcher by itself (a run made
   runnable here, a notification, the poll), and a run created here while a slot is free is
-  created leased to this process and driven at once, unannounced (``CreatesClaimed``: postgres),
-  with no claim at all. When the claim hands out
+  created unannounced for this dispatcher alone (``CreatesUnannounced``). When the claim hands out
   a run this process is still driving (its drive stalled past the lease's expiry without
   renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
   starting a second one.
@@ -107,17 +106,14 @@ class Dispatcher:
         self._claim_runnable: ClaimRunnable | None = None
         if recover and isinstance(store, ClaimsRunnable):
             self._claim_runnable = store.claim_runnable
-            # A run this process creates with a slot free is created leased to it and driven
-            # here at once (CreatesClaimed): no claim, and the others need not hear of it.
+            # A run this process creates with a slot free is claimed here at once (its change
+            # wakes this dispatcher): the others need not hear of it.
             runtime.claims_here = self._has_room
-            runtime.drive_claimed = self._drive_claimed
         self._listen: Callable[..., Awaitable[None]] | None = None
         self._unlisten: Callable[..., Awaitable[None]] | None = None
         if isinstance(store, NotifiesRunnable):
             self._listen, self._unlisten = store.listen, store.unlisten
         self._limiter = anyio.CapacityLimiter(concurrency)
-        #: the task group the drives run in, while :meth:`run` runs
-        self._tg: TaskGroup | None = None
         self._active: set[str] = set()
         self._again: set[str] = set()
         self._woken: set[str] = set()
@@ -149,16 +145,6 @@ class Dispatcher:
     def _has_room(self) -> bool:
         return not self._stopping and len(self._active) < self.concurrency
 
-    async def _drive_claimed(self, lease: Lease) -> None:
-        """A run this process has just created leased to itself (``Runtime.claims_here``): driven
-        in a free slot at once, as a claimed one is. When none is free any more (taken while the
-        run was created) or the dispatcher is not running, the lease is given back, and the run
-        is claimed at a dispatcher's next pass, here or elsewhere."""
-        if self._tg is None or not self._has_room() or lease.run_id in self._active:
-            await self._release_unused(lease)
-            return
-        self._start(self._tg, lease.run_id, lease)
-
     def stop(self) -> None:
         """Stop taking new work; runs being driven stop at their next step boundary, and
         :meth:`run` returns once they have (await :attr:`stopped`; bound the wait yourself)."""
@@ -188,19 +174,15 @@ class Dispatcher:
         async with anyio.create_task_group() as tg:
             # The followers of runs awaiting agents run beside the drives, in no slot.
             await tg.start(self.runtime.agent_waits.run)
-            self._tg = tg
             task_status.started()
-            try:
-                while not self._stopping:
-                    self._wake = anyio.Event()
-                    healthy = await self._pass(tg)
-                    if self.on_idle is not None and not self._active:
-                        self.on_idle()
-                    delay = self.poll_seconds if healthy else self.backoff.next_delay()
-                    with anyio.move_on_after(delay):
-                        await self._wake.wait()
-            finally:
-                self._tg = None  # no drive starts from here on
+            while not self._stopping:
+                self._wake = anyio.Event()
+                healthy = await self._pass(tg)
+                if self.on_idle is not None and not self._active:
+                    self.on_idle()
+                delay = self.poll_seconds if healthy else self.backoff.next_delay()
+                with anyio.move_on_after(delay):
+                    await self._wake.wait()
             # Leaving the task group waits for the drives in progress: each returns at its next
             # step boundary because the runtime is stopping.
 
@@ -242,8 +224,6 @@ class Dispatcher:
         assert self._claim_runnable is not None
         free = self.concurrency - len(self._active)
         if free <= 0:
-            # Woken with every slot taken: what woke it may be waiting, for the next freed slot.
-            self._backlog = True
             return
         runtime = self.runtime
         leases = await self._claim_runnable(

@@ -121,7 +121,7 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.store import (
-    CreatesClaimed,
+    CreatesUnannounced,
     Lease,
     RunPage,
     RunStore,
@@ -197,14 +197,10 @@ class Runtime:
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
-        #: whether this process's dispatcher would drive a run created now (it has a free slot;
-        #: set by that dispatcher): such a run is created leased to this runtime, unannounced
-        #: (CreatesClaimed), and its lease handed to :attr:`drive_claimed`
+        #: whether this process's dispatcher would claim a run created now (it has a free slot; set
+        #: by that dispatcher): such a run is created unannounced (CreatesUnannounced)
         self.claims_here: Callable[[], bool] = lambda: False
-        #: drives a run created here with its lease (set by the dispatcher); by default the lease
-        #: is given back, for a later claim
-        self.drive_claimed: Callable[[Lease], Awaitable[None]] = self._releases.release
-        self._claimed = store if isinstance(store, CreatesClaimed) else None
+        self._unannounced = store if isinstance(store, CreatesUnannounced) else None
 
     @functools.cached_property
     def overlaps_writes(self) -> bool:
@@ -376,14 +372,11 @@ class Runtime:
         # What follows at once (an inline chain's first host task, a first gate) is created with
         # the run: one write (orchestration.engine.host_answers).
         first = start_with_follow_up(self, apply(None, fact), [fact])
-        lease: Lease | None = None
         if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
-            if self._claimed is not None and self.claims_here():
-                # Leased to this process, whose dispatcher drives it at once: no claim, and the
-                # other processes' dispatchers need not hear of it (CreatesClaimed).
-                result, lease = await self._claimed.create_claimed(
-                    first.head, first.facts, self.owner, self.lease_ttl_seconds, now
-                )
+            if self._unannounced is not None and self.claims_here():
+                # This process's dispatcher claims it at once (the change feed wakes it): the
+                # other processes' dispatchers need not hear of it (CreatesUnannounced).
+                result = await self._unannounced.create_unannounced(first.head, first.facts)
             else:
                 result = await self.store.create(first.head, first.facts)
         else:
@@ -394,10 +387,6 @@ class Runtime:
             shown = request.idempotency_key if request.idempotency_key is not None else key
             return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
-        if lease is not None:
-            # Before the change is told: the run is then being driven here, and the change wakes
-            # no dispatcher pass for it.
-            await self.drive_claimed(lease)
         await self.changes.changed(result.head)
 
         def snapshot() -> RunSnapshot:

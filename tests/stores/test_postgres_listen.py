@@ -6,7 +6,6 @@ unannounced is heard by nobody; a runtime creates so while its dispatcher has a 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -20,10 +19,9 @@ from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
-from orchestration.store import Lease
 from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
-from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
+from tests.stores.builders import new_run, run_id
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 
 pytestmark = pytest.mark.postgres
@@ -128,42 +126,18 @@ async def test_closing_the_store_is_not_reported_as_a_lost_connection(
     assert heard.lost == 0
 
 
-async def test_a_claimed_create_is_leased_to_its_creator_and_heard_by_no_listener(
+async def test_an_unannounced_create_is_heard_by_no_listener(
     stores: tuple[PostgresStore, PostgresStore, str],
 ) -> None:
     listener, writer, _ = stores
     heard = Heard()
     await listener.listen(heard, heard.on_lost)
-    head, facts = new_run(run_id(1))
-    result, lease = await writer.create_claimed(head, facts, "creator", 30, BASE_TIME)
-    assert result.created and lease is not None and lease.owner == "creator"
-    assert lease.expires_at == BASE_TIME + timedelta(seconds=30)
+    assert (await writer.create_unannounced(*new_run(run_id(1)))).created
     await writer.create(*new_run(run_id(2)))
     await heard.wait()
     await anyio.sleep(0.2)
     assert heard.ids == [run_id(2)]
-    # The lease is live: nobody else claims the run, the creator's fenced writes go through.
-    claimed = await writer.claim_runnable("other", 30, BASE_TIME, 10)
-    assert [c.run_id for c in claimed] == [run_id(2)]
-    assert await writer.claim_lease(run_id(1), "other", 30, BASE_TIME) is None
-    renewed = await writer.renew_lease(lease, 30, BASE_TIME)
-    write = start_attempt(head)
-    await writer.append(run_id(1), write.expected_version, write.facts, write.head, renewed)
-    # Once it expires, anyone may claim it, as any lease (run 2's has expired too).
-    later = BASE_TIME + timedelta(seconds=31)
-    again = await writer.claim_runnable("another", 30, later, 10)
-    assert [c.run_id for c in again] == [run_id(1), run_id(2)]
-
-
-async def test_a_claimed_create_whose_key_is_taken_gets_no_lease(
-    stores: tuple[PostgresStore, PostgresStore, str],
-) -> None:
-    _, writer, _ = stores
-    first = new_run(run_id(1), key="k")
-    assert (await writer.create(*first)).created
-    result, lease = await writer.create_claimed(*new_run(run_id(2), key="k"), "me", 30, BASE_TIME)
-    assert not result.created and result.head.run_id == run_id(1) and lease is None
-    assert [c.run_id for c in await writer.claim_runnable("other", 30, BASE_TIME, 10)] == [run_id(1)]
+    assert await writer.load(run_id(1)) is not None
 
 
 class HeldWorker:
@@ -179,21 +153,12 @@ class HeldWorker:
         return AttemptSucceeded("done", Telemetry())
 
 
-async def test_a_runtime_creates_claimed_runs_only_while_its_dispatcher_has_a_free_slot(
-    stores: tuple[PostgresStore, PostgresStore, str], monkeypatch: pytest.MonkeyPatch
+async def test_a_runtime_creates_unannounced_only_while_its_dispatcher_has_a_free_slot(
+    stores: tuple[PostgresStore, PostgresStore, str],
 ) -> None:
     listener, writer, _ = stores
     heard = Heard()
     await listener.listen(heard, heard.on_lost)
-    claims: list[int] = []
-    claim = writer.claim_runnable
-
-    async def counted(owner: str, ttl: float, now: datetime, limit: int = 10) -> list[Lease]:
-        leases = await claim(owner, ttl, now, limit)
-        claims.append(len(leases))
-        return leases
-
-    monkeypatch.setattr(writer, "claim_runnable", counted)
     worker = HeldWorker()
     runtime = Runtime(
         writer,
@@ -206,15 +171,10 @@ async def test_a_runtime_creates_claimed_runs_only_while_its_dispatcher_has_a_fr
     request = StartRequest(request="build", chain=("architect",), worker_backend="provider")
     async with anyio.create_task_group() as tg:
         await tg.start(dispatcher.run)
-        with anyio.fail_after(5):
-            while not claims:  # noqa: ASYNC110 (the dispatcher's first pass)
-                await anyio.sleep(0.01)
         first, _ = await runtime.start(request)
         with anyio.fail_after(5):
-            while worker.calls < 1:  # noqa: ASYNC110 (driven at once, with the lease it was created with)
+            while worker.calls < 1:  # noqa: ASYNC110 (the dispatcher claimed it at once)
                 await anyio.sleep(0.01)
-        assert claims == [0], "no claim was sent for the run created here"
-        assert first.run_id in dispatcher.active
         # The only slot is taken: the next run is announced, for the other servers to claim.
         second, _ = await runtime.start(request)
         await heard.wait()
