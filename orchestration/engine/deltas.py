@@ -229,21 +229,21 @@ class OutputDeltas:
         """What is held of the run's tasks, oldest call first."""
         return [
             TaskText(
-                r,
+                run_id,
                 task_id,
                 h.attempt,
                 h.chunks[0].offset if h.chunks else h.written,
                 "".join(c.text for c in h.chunks),
                 h.ended,
             )
-            for r, task_id, h in self._of(run_id)
+            for task_id, h in self._of(run_id)
         ]
 
     def after(self, run_id: str, position: int, limit_chars: int | None = None) -> list[OutputPiece]:
         """For each of the run's calls in flight that wrote after ``position``: that text (its
         newest ``limit_chars`` characters when given, the rest counted as missed)."""
         pieces: list[OutputPiece] = []
-        for _, task_id, held in self._of(run_id):
+        for task_id, held in self._of(run_id):
             if held.ended:
                 continue
             new = [c for c in held.chunks if c.position > position]
@@ -277,9 +277,9 @@ class OutputDeltas:
         if event is not None:
             event.set()
 
-    def _of(self, run_id: str) -> list[tuple[str, str, _Held]]:
-        """The run's held tasks, oldest call first."""
-        return [(run_id, t, self._held[run_id, t]) for t in self._by_run.get(run_id, ())]
+    def _of(self, run_id: str) -> list[tuple[str, _Held]]:
+        """The run's held tasks (task id, what is held), oldest call first."""
+        return [(t, self._held[run_id, t]) for t in self._by_run.get(run_id, ())]
 
     def _drop(self, key: tuple[str, str]) -> bool:
         """Forget ``key``'s task; whether it was the last one of its run held here."""
