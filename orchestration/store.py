@@ -61,7 +61,7 @@ from orchestration.errors import RunMoved, RunNotFound, RunPruned
 __all__ = [
     "ClaimsRunnable",
     "CreateResult",
-    "CreatesUnannounced",
+    "CreatesClaimed",
     "Lease",
     "NotifiesRunnable",
     "RunPage",
@@ -370,17 +370,23 @@ class ClaimsRunnable(Protocol):
 
 
 @runtime_checkable
-class CreatesUnannounced(Protocol):
-    """Optional ability (postgres, beside :class:`NotifiesRunnable`): create a run without telling
-    the other processes' dispatchers that it is runnable. A runtime whose own dispatcher has a free
-    slot creates its provider runs so (:attr:`orchestration.engine.runtime.Runtime.claims_here`):
-    that dispatcher claims the run at once, woken by the runtime's change feed, and the others
-    neither wake nor send a claim for it. Should the local claim not come (the slot was taken
-    meanwhile, the process died), the run is claimed at a dispatcher's next poll, as after a lost
-    notification."""
+class CreatesClaimed(Protocol):
+    """Optional ability (postgres, beside :class:`NotifiesRunnable`): create a run already leased
+    to its creator, without telling the other processes' dispatchers that it is runnable. A runtime
+    whose own dispatcher has a free slot creates its provider runs so
+    (:attr:`orchestration.engine.runtime.Runtime.claims_here`) and hands the lease to that
+    dispatcher, which drives the run at once: no claim is sent for it, by this process or the
+    others. Should the drive not start (the slot was taken meanwhile: its lease is released; the
+    process died: its lease expires), the run is claimed at a dispatcher's next poll, as after a
+    lost notification."""
 
-    async def create_unannounced(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        """:meth:`RunStore.create`, without the notification a queued run's creation sends."""
+    async def create_claimed(
+        self, head: RunHead, facts: Sequence[Fact], owner: str, ttl_seconds: float, now: datetime
+    ) -> tuple[CreateResult, Lease | None]:
+        """:meth:`RunStore.create`, without the notification a queued run's creation sends, and
+        with a lease on the run for ``owner`` until ``now + ttl_seconds`` (a new token, as
+        :meth:`RunStore.claim_lease` gives) written in the same atomic step; the lease is None
+        when nothing was created (``created=False``)."""
         ...
 
 
@@ -401,9 +407,11 @@ class WritesElsewhere(Protocol):
 @runtime_checkable
 class NotifiesRunnable(Protocol):
     """Optional ability (postgres): wake a subscriber when any process, this one or another, commits
-    a write that leaves a run ``queued`` (a new run, an approval, a scheduled retry), or any write
-    made without a lease (an external event: a cancel, an approval, a host's output; the runtime
-    that drives the run stops a call in flight it made moot at once). A wake-up
+    a write that leaves a run runnable with no lease on it (a new run, unless created claimed; the
+    release of a lease on a run still due), or any write made without a lease (an external event: a
+    cancel, an approval, a host's output; the runtime that drives the run stops a call in flight it
+    made moot at once). A drive's own writes, made under its lease, wake nobody: no other process
+    may take the run until the lease is released or expires. A wake-up
     hint, not a queue: notifications sent while the listening connection is down are lost, so a
     subscriber still polls :meth:`RunStore.runnable`."""
 

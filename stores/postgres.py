@@ -6,9 +6,9 @@
   parsing them into JSONB at every append cost server time); the chain snapshot is JSONB. Every
   write is one transaction: an append is one statement (one round
   trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
-  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the new head is ``queued`` or
-  the write carries no lease (an external event: a cancel, an approval), a ``pg_notify`` —
-  delivered only on commit. The chain snapshot, which no fact changes, is written
+  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the write carries no lease
+  (an external event: a cancel, an approval), a ``pg_notify`` — delivered only on commit; a lease's
+  release notifies when it leaves the run runnable. The chain snapshot, which no fact changes, is written
   once by the create in a column of its own and put back into every head read (migration chain_written_once).
 - Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
   me``, each claim with a new token, also written to the run row (migration 0009); a fenced append
@@ -287,11 +287,19 @@ class PostgresStore(PostgresRetention):
         first to commit and then returns its run (``created=False``)."""
         return await self._create(head, facts, announce=True)
 
-    async def create_unannounced(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        """See ``CreatesUnannounced``: :meth:`create` without the notification."""
-        return await self._create(head, facts, announce=False)
+    async def create_claimed(
+        self, head: RunHead, facts: Sequence[Fact], owner: str, ttl_seconds: float, now: datetime
+    ) -> tuple[CreateResult, Lease | None]:
+        """See ``CreatesClaimed``: :meth:`create` without the notification, with a lease for
+        ``owner`` written in the same statement (the run row carries its token, as a claim writes
+        it). No lease when nothing was created."""
+        lease = Lease(head.run_id, owner, now + timedelta(seconds=ttl_seconds), new_lease_token())
+        result = await self._create(head, facts, announce=False, lease=lease)
+        return result, lease if result.created else None
 
-    async def _create(self, head: RunHead, facts: Sequence[Fact], *, announce: bool) -> CreateResult:
+    async def _create(
+        self, head: RunHead, facts: Sequence[Fact], *, announce: bool, lease: Lease | None = None
+    ) -> CreateResult:
         validate_run_id(head.run_id)
         check_create(head, facts)
         values = (
@@ -299,6 +307,7 @@ class PostgresStore(PostgresRetention):
             *fact_columns(facts),
             self.channel,
             announce and head.status == RunStatus.QUEUED,
+            *((None, None, None) if lease is None else (lease.token, lease.owner, utc(lease.expires_at))),
         )
         if head.idempotency_key is None:
             # One statement, one round trip (autocommit): nothing to check after it.
@@ -503,7 +512,7 @@ class PostgresStore(PostgresRetention):
 
     async def release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:
-            await conn.execute(Q["release_lease"], lease.run_id, lease.token)
+            await conn.execute(Q["release_lease"], lease.run_id, lease.token, self.channel)
 
     async def claim_runnable(
         self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
@@ -524,8 +533,9 @@ class PostgresStore(PostgresRetention):
     async def listen(
         self, callback: Callable[[str], None], on_lost: Callable[[], None] | None = None
     ) -> None:
-        """Call ``callback(run_id)`` whenever any process commits a write that leaves a run
-        ``queued`` in this store (a new run, an approval, a scheduled retry). Runs on the event
+        """Call ``callback(run_id)`` whenever any process commits a write that ``NotifiesRunnable``
+        (:mod:`orchestration.store`) names: an announced new run, a write without a lease, the
+        release of a lease on a run still due. Runs on the event
         loop; ``callback`` must not block. Uses one dedicated connection, opened by the first
         ``listen``.
 

@@ -13,7 +13,8 @@ on what the store can do:
   slot, which claims at once only when the last claim filled every slot it had (more runs may be
   waiting); after one that found fewer, new work wakes the dispatcher by itself (a run made
   runnable here, a notification, the poll), and a run created here while a slot is free is
-  created unannounced for this dispatcher alone (``CreatesUnannounced``). When the claim hands out
+  created leased to this process and driven at once, unannounced (``CreatesClaimed``: postgres),
+  with no claim at all. When the claim hands out
   a run this process is still driving (its drive stalled past the lease's expiry without
   renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
   starting a second one.
@@ -57,6 +58,7 @@ the lease doing its job, not a failure. The run is left to its holder (logged at
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -106,15 +108,22 @@ class Dispatcher:
         self._claim_runnable: ClaimRunnable | None = None
         if recover and isinstance(store, ClaimsRunnable):
             self._claim_runnable = store.claim_runnable
-            # A run this process creates with a slot free is claimed here at once (its change
-            # wakes this dispatcher): the others need not hear of it.
+            # A run this process creates with a slot free is created leased to it and driven
+            # here at once (CreatesClaimed): no claim, and the others need not hear of it.
             runtime.claims_here = self._has_room
+            runtime.drive_claimed = self._drive_claimed
         self._listen: Callable[..., Awaitable[None]] | None = None
         self._unlisten: Callable[..., Awaitable[None]] | None = None
         if isinstance(store, NotifiesRunnable):
             self._listen, self._unlisten = store.listen, store.unlisten
         self._limiter = anyio.CapacityLimiter(concurrency)
+        #: the task group the drives run in, while :meth:`run` runs
+        self._tg: TaskGroup | None = None
+        #: the context drives start in (the dispatcher's own, not a request's: see _drive_claimed)
+        self._context: contextvars.Context | None = None
         self._active: set[str] = set()
+        #: slots a batch claim in flight may fill: taken by nothing else meanwhile (_has_room)
+        self._reserved = 0
         self._again: set[str] = set()
         self._woken: set[str] = set()
         #: runs whose drive a store error stopped: their lease is released once the store is back
@@ -143,7 +152,25 @@ class Dispatcher:
         self._wake.set()
 
     def _has_room(self) -> bool:
-        return not self._stopping and len(self._active) < self.concurrency
+        return not self._stopping and self._free() > 0
+
+    def _free(self) -> int:
+        """Slots neither driving a run nor promised to a batch claim in flight."""
+        return self.concurrency - len(self._active) - self._reserved
+
+    async def _drive_claimed(self, lease: Lease, head: RunHead) -> None:
+        """A run this process has just created leased to itself (``Runtime.claims_here``), ``head``
+        as created: driven in a free slot at once, as a claimed one is, from that head. When none
+        is free any more (taken while the run was created) or the dispatcher is not running, the
+        lease is given back, and the run is claimed at a dispatcher's next pass, here or
+        elsewhere."""
+        if self._tg is None or self._context is None or not self._has_room() or lease.run_id in self._active:
+            await self._release_unused(lease)
+            return
+        # Called from the task of the request that created the run: the drive is started in the
+        # dispatcher's context, as every other drive, not in that request's (its MCP request
+        # context, its current span), which would outlive the request in the drive.
+        self._context.run(self._start, self._tg, lease.run_id, lease, head)
 
     def stop(self) -> None:
         """Stop taking new work; runs being driven stop at their next step boundary, and
@@ -174,15 +201,19 @@ class Dispatcher:
         async with anyio.create_task_group() as tg:
             # The followers of runs awaiting agents run beside the drives, in no slot.
             await tg.start(self.runtime.agent_waits.run)
+            self._tg, self._context = tg, contextvars.copy_context()
             task_status.started()
-            while not self._stopping:
-                self._wake = anyio.Event()
-                healthy = await self._pass(tg)
-                if self.on_idle is not None and not self._active:
-                    self.on_idle()
-                delay = self.poll_seconds if healthy else self.backoff.next_delay()
-                with anyio.move_on_after(delay):
-                    await self._wake.wait()
+            try:
+                while not self._stopping:
+                    self._wake = anyio.Event()
+                    healthy = await self._pass(tg)
+                    if self.on_idle is not None and not self._active:
+                        self.on_idle()
+                    delay = self.poll_seconds if healthy else self.backoff.next_delay()
+                    with anyio.move_on_after(delay):
+                        await self._wake.wait()
+            finally:
+                self._tg = self._context = None  # no drive starts from here on
             # Leaving the task group waits for the drives in progress: each returns at its next
             # step boundary because the runtime is stopping.
 
@@ -220,19 +251,29 @@ class Dispatcher:
 
     async def _claim(self, tg: TaskGroup) -> None:
         """Claim as many runs as there are free slots, and drive each with its lease. Never more:
-        a claimed run must be driven at once, or its lease would run out while it waits."""
+        a claimed run must be driven at once, or its lease would run out while it waits. The
+        slots asked for stay promised to the claim while it is in flight: a run created claimed
+        meanwhile (:meth:`_drive_claimed`) must not take one, or the claim's last run would wait
+        for a slot with a lease nobody renews yet."""
         assert self._claim_runnable is not None
-        free = self.concurrency - len(self._active)
+        free = self._free()
         if free <= 0:
+            # Woken with every slot taken: what woke it may be waiting, for the next freed slot.
+            self._backlog = True
             return
         runtime = self.runtime
-        leases = await self._claim_runnable(
-            runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
-        )
+        self._reserved += free
+        try:
+            leases = await self._claim_runnable(
+                runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
+            )
+        finally:
+            self._reserved -= free
         # Fewer than asked for: nothing else was claimable. Until something wakes this
         # dispatcher for new work (a run made runnable here, a notification, the poll), a freed
         # slot needs no claim (see _drive).
         self._backlog = len(leases) >= free
+        unused: list[Lease] = []
         for lease in leases:
             if lease.run_id in self._active:
                 # Our own lease had run out (a stalled loop) and was claimed anew, which replaced
@@ -240,9 +281,12 @@ class Dispatcher:
                 # would call twice). Between two drives of the run, the next one claims anew.
                 self._again.add(lease.run_id)
                 if not runtime.hand_over(lease):
-                    await self._release_unused(lease)
+                    unused.append(lease)
                 continue
             self._start(tg, lease.run_id, lease)
+        # Only once every drive of the batch has its slot (nothing else can take one meanwhile).
+        for lease in unused:
+            await self._release_unused(lease)
 
     async def _release_unused(self, lease: Lease) -> None:
         """Give up a claimed lease no drive will use. Best effort: the other claims of the batch
@@ -266,9 +310,9 @@ class Dispatcher:
                 continue
             self._start(tg, run_id, None)
 
-    def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None) -> None:
+    def _start(self, tg: TaskGroup, run_id: str, lease: Lease | None, head: RunHead | None = None) -> None:
         self._active.add(run_id)
-        tg.start_soon(self._drive, run_id, lease)
+        tg.start_soon(self._drive, run_id, lease, head)
 
     async def _sweep_children(self) -> None:
         """Every ``child_poll_seconds``: the child runs' safety net (see the module docstring)."""
@@ -352,19 +396,34 @@ class Dispatcher:
 
     # -- driving -------------------------------------------------------------------------------
 
-    async def _drive(self, run_id: str, lease: Lease | None) -> None:
+    async def _drive(self, run_id: str, lease: Lease | None, head: RunHead | None = None) -> None:
         """Drive the run in a slot, again while it changes meanwhile and still needs driving,
         until a drive fails or the dispatcher stops; then free the slot."""
         try:
-            async with self._limiter:
+            if lease is None:
+                await self._limiter.acquire()
+            elif not self._slot_now():
+                # Not expected (a lease is only handed out for a slot counted free, and the
+                # claims count the slots they fill): a lease must not wait for a slot, it would
+                # run out unrenewed meanwhile and the run be taken over mid-call.
+                log.warning(
+                    "no slot for a claimed run; its lease is given back",
+                    extra={"action": "claim_without_slot", "run_id": run_id},
+                )
+                await self._release_unused(lease)
+                return
+            try:
                 while not self._stopping:
                     self._again.discard(run_id)
-                    if not await self._drive_once(run_id, lease):
+                    if not await self._drive_once(run_id, lease, head):
                         break
-                    # A later pass claims the lease itself (this one was released with the drive).
-                    lease = None
+                    # A later pass claims the lease itself (this one was released with the drive)
+                    # and reads the run.
+                    lease, head = None, None
                     if not await self._needs_another_pass(run_id):
                         break
+            finally:
+                self._limiter.release()
         finally:
             self._active.discard(run_id)
             if self._claim_runnable is not None and self._backlog:
@@ -372,11 +431,18 @@ class Dispatcher:
                 # runnable runs waiting, so claim now rather than at the next poll.
                 self._wake.set()
 
-    async def _drive_once(self, run_id: str, lease: Lease | None) -> bool:
+    def _slot_now(self) -> bool:
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        return True
+
+    async def _drive_once(self, run_id: str, lease: Lease | None, head: RunHead | None = None) -> bool:
         """One :meth:`Runtime.drive` of the run. False when it failed (logged; the run is left
         until something wakes it); a lost lease is not a failure."""
         try:
-            action = await self.runtime.drive(run_id, lease=lease)
+            action = await self.runtime.drive(run_id, lease=lease, head=head)
         except LeaseLost:
             # Another worker claimed the run while this drive stalled; the drive recorded
             # nothing more. Not a failure: the run is the holder's now.

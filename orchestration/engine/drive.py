@@ -89,7 +89,12 @@ class Drive:
     see :attr:`lease`."""
 
     def __init__(
-        self, leased: LeasedRun, *, worker: TaskWorker | None, children: ChildRuns | None = None
+        self,
+        leased: LeasedRun,
+        *,
+        worker: TaskWorker | None,
+        children: ChildRuns | None = None,
+        head: RunHead | None = None,
     ) -> None:
         #: the run under the drive's lease (:mod:`orchestration.engine.leased_run`)
         self.leased = leased
@@ -97,6 +102,9 @@ class Drive:
         self.worker = worker
         #: creates a step's child run and records its end (:mod:`orchestration.engine.children`)
         self.children = children
+        #: the run as the lease's holder wrote it last (a run it created claimed), to start from
+        #: without reading it; None: the drive reads it first
+        self._first = head
 
     @property
     def lease(self) -> Lease:
@@ -157,7 +165,9 @@ class Drive:
         # The run as recorded: read from the store, or the head our last compare-and-swap wrote
         # (a successful one proves that head is the recorded state); None: read it again.
         leased = self.leased
-        head: RunHead | None = None
+        head, self._first = self._first, None
+        if head is not None:
+            leased.held(head)
         while not leased.stopping:
             if head is None:
                 head = await leased.load()

@@ -248,9 +248,14 @@ class LeasedRun:
                 await anyio.sleep(backoff.next_delay())
                 continue
             self.outage.recovered()
-            self.trace.saw(head)
-            self.watcher.wrote(self.run_id, head.version)
+            self.held(head)
             return head
+
+    def held(self, head: RunHead) -> None:
+        """The drive holds ``head`` as the run's recorded state (read, or written by this lease's
+        holder): the trace and the watcher of calls in flight learn of it, as of a read."""
+        self.trace.saw(head)
+        self.watcher.wrote(self.run_id, head.version)
 
     async def append(self, head: RunHead, facts: Sequence[Fact], new_head: RunHead | None = None) -> RunHead:
         """Record ``facts`` on top of ``head`` (compare-and-swap), fenced by the lease

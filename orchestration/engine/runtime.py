@@ -121,7 +121,7 @@ from orchestration.errors import (
     quoted,
 )
 from orchestration.store import (
-    CreatesUnannounced,
+    CreatesClaimed,
     Lease,
     RunPage,
     RunStore,
@@ -174,8 +174,7 @@ class Runtime:
         self.warnings = tuple(warnings)
         #: how long a drive rides out a store outage (writes wait, calls go on): see :meth:`drive`
         self.store_outage_seconds = store_outage_seconds
-        #: this server's identity in agent delegations (:mod:`orchestration.core.hops`): a start
-        #: whose delegation lists it is a loop; the composition root gives the agent worker the same
+        #: this server's identity in agent delegations (a loop lists it: orchestration.core.hops)
         self.server_id = server_id or new_server_id()
         #: how long a cancel waits, in all, for the remote runs the run awaits to be cancelled
         self.remote_cancel_seconds = remote_cancel_seconds
@@ -197,10 +196,14 @@ class Runtime:
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
-        #: whether this process's dispatcher would claim a run created now (it has a free slot; set
-        #: by that dispatcher): such a run is created unannounced (CreatesUnannounced)
+        #: whether the dispatcher has a slot free (its own check): then a new run is CreatesClaimed
         self.claims_here: Callable[[], bool] = lambda: False
-        self._unannounced = store if isinstance(store, CreatesUnannounced) else None
+        #: drives a run created claimed from its head (the dispatcher's); else gives the lease back
+        self.drive_claimed: Callable[[Lease, RunHead], Awaitable[None]] = self._give_back
+        self._claimed = store if isinstance(store, CreatesClaimed) else None
+
+    async def _give_back(self, lease: Lease, _: RunHead) -> None:
+        await self._releases.release(lease)
 
     @functools.cached_property
     def overlaps_writes(self) -> bool:
@@ -372,11 +375,14 @@ class Runtime:
         # What follows at once (an inline chain's first host task, a first gate) is created with
         # the run: one write (orchestration.engine.host_answers).
         first = start_with_follow_up(self, apply(None, fact), [fact])
+        lease: Lease | None = None
         if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
-            if self._unannounced is not None and self.claims_here():
-                # This process's dispatcher claims it at once (the change feed wakes it): the
-                # other processes' dispatchers need not hear of it (CreatesUnannounced).
-                result = await self._unannounced.create_unannounced(first.head, first.facts)
+            if self._claimed is not None and self.claims_here():
+                # Leased to this process, whose dispatcher drives it at once: no claim, and the
+                # other processes' dispatchers need not hear of it (CreatesClaimed).
+                result, lease = await self._claimed.create_claimed(
+                    first.head, first.facts, self.owner, self.lease_ttl_seconds, now
+                )
             else:
                 result = await self.store.create(first.head, first.facts)
         else:
@@ -387,6 +393,10 @@ class Runtime:
             shown = request.idempotency_key if request.idempotency_key is not None else key
             return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
+        if lease is not None:
+            # Before the change is told: the run is then being driven here, and the change wakes
+            # no dispatcher pass for it.
+            await self.drive_claimed(lease, result.head)
         await self.changes.changed(result.head)
 
         def snapshot() -> RunSnapshot:
@@ -656,7 +666,9 @@ class Runtime:
 
     # -- driving (the loop itself is orchestration.engine.drive) -------------------------------------
 
-    async def drive(self, run_id: str, lease: Lease | None = None) -> Action | None:
+    async def drive(
+        self, run_id: str, lease: Lease | None = None, head: RunHead | None = None
+    ) -> Action | None:
         """Advance the run until it pauses or ends, holding its lease. Returns the pausing action,
         or None when another worker holds the lease, this runtime is already driving the run, or
         the runtime is stopping. May be called at any time from any process: the lease and the
@@ -667,7 +679,9 @@ class Runtime:
         ``lease``: a lease on the run that this runtime's owner already holds (a dispatcher's
         batch claim); the drive then does not claim again, and renews and releases that lease as
         its own. If this runtime is driving the run already, that drive takes the lease over
-        (:meth:`hand_over`) and this call returns None.
+        (:meth:`hand_over`) and this call returns None. ``head``: with ``lease``, the run as this
+        runtime recorded it under that lease (a run it created claimed): the drive starts from
+        it, without reading the run first (the first write's compare-and-swap checks it).
 
         **One drive per run per runtime.** A second drive of a run this runtime is driving (or
         claiming) returns None at once, without claiming: a same-owner claim would replace the
@@ -688,7 +702,7 @@ class Runtime:
         # Taken before the first await, so that a concurrent drive of the run sees it.
         self._driving[run_id] = None
         try:
-            return await self._drive_leased(run_id, lease)
+            return await self._drive_leased(run_id, lease, head if lease is not None else None)
         finally:
             del self._driving[run_id]
 
@@ -698,7 +712,7 @@ class Runtime:
         set_aside = self._unreadable.get(run_id)
         return self.calls.stopping or (set_aside is not None and self.clock.now() < set_aside)
 
-    async def _drive_leased(self, run_id: str, lease: Lease | None) -> Action | None:
+    async def _drive_leased(self, run_id: str, lease: Lease | None, head: RunHead | None) -> Action | None:
         """Run a :class:`Drive` of the run with ``lease``, or with a lease claimed now (None when
         another worker holds it), and release the lease after. A ``CorruptRecord`` sets the run
         aside for :attr:`unreadable_retry_seconds`; a drive that returns clears that."""
@@ -706,7 +720,7 @@ class Runtime:
             lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
             if lease is None:
                 return None
-        drive = self._driving[run_id] = self._new_drive(lease)
+        drive = self._driving[run_id] = self._new_drive(lease, head)
         try:
             with self.deltas.driving(run_id):
                 result = await drive.run()
@@ -723,7 +737,7 @@ class Runtime:
             await self._releases.release(drive.lease)
         return result
 
-    def _new_drive(self, lease: Lease) -> Drive:
+    def _new_drive(self, lease: Lease, head: RunHead | None = None) -> Drive:
         settings = DriveSettings(
             owner=self.owner,
             lease_ttl_seconds=self.lease_ttl_seconds,
@@ -741,7 +755,7 @@ class Runtime:
             calls=self.calls,
             renewer=self.renewer,
         )
-        return Drive(leased, worker=self.worker, children=self.children)
+        return Drive(leased, worker=self.worker, children=self.children, head=head)
 
     def hand_over(self, lease: Lease) -> bool:
         """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -262,8 +262,8 @@ async def test_a_listener_is_woken_by_a_write_from_another_connection(
     await other.create(head, facts)
     assert await heard.next() == run_id(1)
 
-    # A drive's write (fenced by its lease) that leaves the run running does not wake anyone; one
-    # that re-queues it does.
+    # A drive's write (fenced by its lease) wakes nobody, whatever it leaves the run in: nobody
+    # else may take the run while the lease holds. Releasing the lease on a run left runnable does.
     lease = await other.claim_lease(run_id(1), "driver", 30, BASE_TIME)
     assert lease is not None
     started = start_attempt(head)
@@ -271,15 +271,44 @@ async def test_a_listener_is_woken_by_a_write_from_another_connection(
         run_id(1), started.expected_version, started.facts, started.head, lease=lease
     )
     assert running.status == RunStatus.RUNNING
-    assert await heard.nothing_for(0.3)
     done = complete_task(running)
     queued = await other.append(run_id(1), done.expected_version, done.facts, done.head, lease=lease)
+    assert queued.status == RunStatus.QUEUED
+    assert await heard.nothing_for(0.3)
+    await other.release_lease(lease)
     assert await heard.next() == run_id(1)
     # A write without a lease (an external event: a cancel) wakes the listeners whatever it leaves
     # the run in: the drive of the run, on whichever server, must hear of it (issue 24).
     stopped = cancel(queued)
     await other.append(run_id(1), stopped.expected_version, stopped.facts, stopped.head)
     assert await heard.next() == run_id(1)
+
+
+async def test_releasing_a_lease_wakes_listeners_only_when_it_leaves_the_run_due(
+    store: PostgresStore, other: PostgresStore
+) -> None:
+    heard = Heard()
+    head, facts = new_run(run_id(1))
+    await other.create(head, facts)
+    await store.listen(heard)
+    lease = await other.claim_lease(run_id(1), "driver", 30, BASE_TIME)
+    assert lease is not None
+    # Retried later: queued until a time still to come (the database's clock judges it).
+    later = datetime.now(UTC) + timedelta(hours=1)
+    waiting = fail_attempt(head, not_before=later)
+    await other.append(run_id(1), waiting.expected_version, waiting.facts, waiting.head, lease=lease)
+    await other.release_lease(lease)
+    assert await heard.nothing_for(0.3)
+    # A lease on a finished run: its release wakes nobody either.
+    second = new_run(run_id(2))
+    await other.create(*second)
+    assert await heard.next() == run_id(2)
+    lease = await other.claim_lease(run_id(2), "driver", 30, BASE_TIME)
+    assert lease is not None
+    stopped = cancel(second[0])
+    await other.append(run_id(2), stopped.expected_version, stopped.facts, stopped.head, lease=lease)
+    await other.release_lease(lease)
+    assert await heard.nothing_for(0.3)
 
 
 async def test_a_rolled_back_write_wakes_nobody(store: PostgresStore, other: PostgresStore) -> None:

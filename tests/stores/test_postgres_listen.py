@@ -6,6 +6,7 @@ unannounced is heard by nobody; a runtime creates so while its dispatcher has a 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -14,14 +15,15 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.inputs import StartRequest
-from orchestration.core.models import ExecutionContract, Telemetry
+from orchestration.core.models import ExecutionContract, RunHead, Telemetry
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
+from orchestration.store import Lease
 from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
-from tests.stores.builders import new_run, run_id
+from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
 from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
 
 pytestmark = pytest.mark.postgres
@@ -126,18 +128,42 @@ async def test_closing_the_store_is_not_reported_as_a_lost_connection(
     assert heard.lost == 0
 
 
-async def test_an_unannounced_create_is_heard_by_no_listener(
+async def test_a_claimed_create_is_leased_to_its_creator_and_heard_by_no_listener(
     stores: tuple[PostgresStore, PostgresStore, str],
 ) -> None:
     listener, writer, _ = stores
     heard = Heard()
     await listener.listen(heard, heard.on_lost)
-    assert (await writer.create_unannounced(*new_run(run_id(1)))).created
+    head, facts = new_run(run_id(1))
+    result, lease = await writer.create_claimed(head, facts, "creator", 30, BASE_TIME)
+    assert result.created and lease is not None and lease.owner == "creator"
+    assert lease.expires_at == BASE_TIME + timedelta(seconds=30)
     await writer.create(*new_run(run_id(2)))
     await heard.wait()
     await anyio.sleep(0.2)
     assert heard.ids == [run_id(2)]
-    assert await writer.load(run_id(1)) is not None
+    # The lease is live: nobody else claims the run, the creator's fenced writes go through.
+    claimed = await writer.claim_runnable("other", 30, BASE_TIME, 10)
+    assert [c.run_id for c in claimed] == [run_id(2)]
+    assert await writer.claim_lease(run_id(1), "other", 30, BASE_TIME) is None
+    renewed = await writer.renew_lease(lease, 30, BASE_TIME)
+    write = start_attempt(head)
+    await writer.append(run_id(1), write.expected_version, write.facts, write.head, renewed)
+    # Once it expires, anyone may claim it, as any lease (run 2's has expired too).
+    later = BASE_TIME + timedelta(seconds=31)
+    again = await writer.claim_runnable("another", 30, later, 10)
+    assert [c.run_id for c in again] == [run_id(1), run_id(2)]
+
+
+async def test_a_claimed_create_whose_key_is_taken_gets_no_lease(
+    stores: tuple[PostgresStore, PostgresStore, str],
+) -> None:
+    _, writer, _ = stores
+    first = new_run(run_id(1), key="k")
+    assert (await writer.create(*first)).created
+    result, lease = await writer.create_claimed(*new_run(run_id(2), key="k"), "me", 30, BASE_TIME)
+    assert not result.created and result.head.run_id == run_id(1) and lease is None
+    assert [c.run_id for c in await writer.claim_runnable("other", 30, BASE_TIME, 10)] == [run_id(1)]
 
 
 class HeldWorker:
@@ -153,12 +179,29 @@ class HeldWorker:
         return AttemptSucceeded("done", Telemetry())
 
 
-async def test_a_runtime_creates_unannounced_only_while_its_dispatcher_has_a_free_slot(
-    stores: tuple[PostgresStore, PostgresStore, str],
+async def test_a_runtime_creates_claimed_runs_only_while_its_dispatcher_has_a_free_slot(
+    stores: tuple[PostgresStore, PostgresStore, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     listener, writer, _ = stores
     heard = Heard()
     await listener.listen(heard, heard.on_lost)
+    claims: list[int] = []
+    claim = writer.claim_runnable
+
+    async def counted(owner: str, ttl: float, now: datetime, limit: int = 10) -> list[Lease]:
+        leases = await claim(owner, ttl, now, limit)
+        claims.append(len(leases))
+        return leases
+
+    monkeypatch.setattr(writer, "claim_runnable", counted)
+    loads: list[str] = []
+    load = writer.load
+
+    async def counted_load(run_id: str) -> RunHead:
+        loads.append(run_id)
+        return await load(run_id)
+
+    monkeypatch.setattr(writer, "load", counted_load)
     worker = HeldWorker()
     runtime = Runtime(
         writer,
@@ -171,10 +214,16 @@ async def test_a_runtime_creates_unannounced_only_while_its_dispatcher_has_a_fre
     request = StartRequest(request="build", chain=("architect",), worker_backend="provider")
     async with anyio.create_task_group() as tg:
         await tg.start(dispatcher.run)
+        with anyio.fail_after(5):
+            while not claims:  # noqa: ASYNC110 (the dispatcher's first pass)
+                await anyio.sleep(0.01)
         first, _ = await runtime.start(request)
         with anyio.fail_after(5):
-            while worker.calls < 1:  # noqa: ASYNC110 (the dispatcher claimed it at once)
+            while worker.calls < 1:  # noqa: ASYNC110 (driven at once, with the lease it was created with)
                 await anyio.sleep(0.01)
+        assert claims == [0], "no claim was sent for the run created here"
+        assert first.run_id not in loads, "its drive started from the head it was created with"
+        assert first.run_id in dispatcher.active
         # The only slot is taken: the next run is announced, for the other servers to claim.
         second, _ = await runtime.start(request)
         await heard.wait()

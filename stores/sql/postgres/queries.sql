@@ -49,16 +49,18 @@ ON CONFLICT DO NOTHING
 RETURNING run_id
 
 -- name: create_run
--- A create's writes in one statement: the run row (insert_run), its facts (insert_facts) and, when
--- $14 is set, the notification that it is runnable (notify_runnable; sent once the statement's
--- transaction commits). Parameters: $1-$10 as insert_run, $11-$13 the facts (seq, type, body),
--- $14 the NOTIFY channel, $15 whether to notify. inserted = 0: the run id or the idempotency key
--- was taken (nothing is written). A create without an idempotency key runs it alone (autocommit:
--- one round trip); with one, it runs in a transaction that checks the key's tombstones after it
--- (see stores/_postgres_retention.py).
+-- A create's writes in one statement: the run row (insert_run), its facts (insert_facts), when $16
+-- is set a lease on it (token $16, for owner $17 until $18: a run this process drives at once,
+-- CreatesClaimed; the token is on the run row too, as a claim writes it) and, when $15 is set, the
+-- notification that it is runnable (notify_runnable; sent once the statement's transaction
+-- commits). Parameters: $1-$10 as insert_run, $11-$13 the facts (seq, type, body), $14 the NOTIFY
+-- channel, $15 whether to notify, $16-$18 the lease or three NULLs. inserted = 0: the run id or
+-- the idempotency key was taken (nothing is written). A create without an idempotency key runs it
+-- alone (autocommit: one round trip); with one, it runs in a transaction that checks the key's
+-- tombstones after it (see stores/_postgres_retention.py).
 WITH inserted AS (
-    INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
+    INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain, lease_token)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $16::text)
     ON CONFLICT DO NOTHING
     RETURNING run_id
 ),
@@ -68,11 +70,16 @@ facts_in AS (
     FROM inserted, unnest($11::integer[], $12::text[], $13::text[]) AS f (seq, type, body)
     RETURNING 1
 ),
+leased AS (
+    INSERT INTO leases (run_id, owner, expires_at, token)
+    SELECT inserted.run_id, $17::text, $18::timestamptz, $16::text FROM inserted WHERE $16::text IS NOT NULL
+    RETURNING 1
+),
 notified AS (
     SELECT pg_notify($14, inserted.run_id) FROM inserted WHERE $15::boolean
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM facts_in) AS facts,
-       (SELECT count(*) FROM notified) AS notified
+       (SELECT count(*) FROM leased) AS leased, (SELECT count(*) FROM notified) AS notified
 
 -- name: head_by_idempotency_key
 SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE idempotency_key = $1
@@ -99,8 +106,13 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- name: append
 -- An append in one statement, so one round trip committed by autocommit's implicit transaction:
 -- the compare-and-swap of the head, the lease fence and the insert of the facts, with a notify when
--- the run is left queued or the write carries no lease (an external event: a cancel, an approval, a
--- host's output, which the drive of the run, on whichever server, must hear of at once). Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
+-- the write carries no lease (an external event: a cancel, an approval, a host's output, which the
+-- drive of the run, on whichever server, must hear of at once, and which may leave it runnable). A
+-- drive's own write (fenced) tells nobody, even when it leaves the run queued: no other server can
+-- claim the run while its lease holds, and the release that lets go of a runnable run notifies
+-- (release_lease). Every run's last task leaves it queued for its run_finished write: that
+-- notification woke every other server's dispatcher for a claim that found nothing, 6,592 claims
+-- in bench/scale.py's target scenario. Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
 -- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
 -- fact the first one follows, $14 the NOTIFY channel.
 --
@@ -126,7 +138,7 @@ inserted AS (
 ),
 notified AS (
     -- Sent inside the statement's transaction: listeners hear of it only once it is committed.
-    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $4 = 'queued' OR $9::text IS NULL
+    SELECT pg_notify($14, cas.run_id) FROM cas WHERE $9::text IS NULL
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
@@ -233,11 +245,22 @@ WHERE leases.run_id = held.run_id AND leases.token = held.token
 RETURNING leases.run_id
 
 -- name: release_lease
--- The run row first (see claim_lease): its token cleared, then the lease row deleted.
+-- The run row first (see claim_lease): its token cleared, then the lease row deleted; when the
+-- run is left runnable now (as a claim's free runs are, judged with the database's clock: a hint),
+-- the notification that it is ($3 the NOTIFY channel), so that another server's dispatcher claims
+-- it at once rather than at its poll (a drive that stopped with its run unfinished: a shutdown).
 WITH released AS (
-    UPDATE runs SET lease_token = NULL WHERE run_id = $1 AND lease_token = $2 RETURNING run_id
+    UPDATE runs SET lease_token = NULL WHERE run_id = $1 AND lease_token = $2
+    RETURNING run_id, status IN ('queued', 'running')
+        AND (status = 'running' OR not_before IS NULL OR not_before <= now()) AS runnable
+),
+dropped AS (
+    DELETE FROM leases USING released WHERE leases.run_id = released.run_id AND leases.token = $2
+),
+notified AS (
+    SELECT pg_notify($3, run_id) FROM released WHERE runnable
 )
-DELETE FROM leases USING released WHERE leases.run_id = released.run_id AND leases.token = $2
+SELECT (SELECT count(*) FROM notified) AS notified
 
 -- name: claim_runnable
 -- Claim up to $4 runnable runs (as runnable defines them) whose lease is free or expired, oldest

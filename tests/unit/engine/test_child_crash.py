@@ -232,9 +232,9 @@ async def test_a_waiting_parent_is_not_claimed_by_the_dispatcher() -> None:
     driven: list[str] = []
     real_drive = runtime.drive
 
-    async def counting(run_id: str, lease: Lease | None = None) -> Action | None:
+    async def counting(run_id: str, lease: Lease | None = None, head: RunHead | None = None) -> Action | None:
         driven.append(run_id)
-        return await real_drive(run_id, lease)
+        return await real_drive(run_id, lease, head)
 
     runtime.drive = counting  # type: ignore[method-assign]
 

@@ -6,8 +6,9 @@ stopped by an outage has its lease released once the store is back, so the run r
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,13 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import SystemClock
-from orchestration.core.facts import AttemptStarted
+from orchestration.core.facts import AttemptStarted, Fact
+from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.backoff import Backoff
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
-from orchestration.store import RunStore
+from orchestration.store import CreateResult, CreatesClaimed, Lease, RunStore
 from stores import migrate
 from stores.memory import MemoryStore
 from stores.postgres import PostgresStore
@@ -166,6 +168,74 @@ async def test_a_freed_slot_claims_only_after_a_claim_that_filled_every_slot(tmp
 
 async def _claims(store: FaultyStore, count: int) -> bool:
     return store.calls["claim_runnable"] >= count
+
+
+class ClaimingSqlite(SqliteStore):
+    """SQLite with a claimed create (as Postgres has: ``CreatesClaimed``, here two steps, which is
+    enough in one process) and a batch claim that can be held in flight (:attr:`hold`)."""
+
+    hold: anyio.Event | None = None
+    holding: anyio.Event | None = None
+
+    async def create_claimed(
+        self, head: RunHead, facts: Sequence[Fact], owner: str, ttl_seconds: float, now: datetime
+    ) -> tuple[CreateResult, Lease | None]:
+        result = await self.create(head, facts)
+        lease = await self.claim_lease(head.run_id, owner, ttl_seconds, now) if result.created else None
+        return result, lease
+
+    async def claim_runnable(
+        self, owner: str, ttl_seconds: float, now: datetime, limit: int = 10
+    ) -> list[Lease]:
+        if self.hold is not None and self.holding is not None:
+            self.holding.set()
+            await self.hold.wait()
+        return await super().claim_runnable(owner, ttl_seconds, now, limit)
+
+
+async def test_a_run_created_while_a_claim_is_in_flight_does_not_take_the_claims_slot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The slots a batch claim asks for are its own until it answers: a run created here
+    meanwhile is created queued, not claimed into one of them. Else the claim's run would wait for
+    a slot, holding a lease nobody renews, until another server took it over mid-call (issue 24:
+    tasks called twice in bench/scale.py's table scenario)."""
+    store = await ClaimingSqlite.open(tmp_path / "one.db")
+    try:
+        assert isinstance(store, ClaimingSqlite) and isinstance(store, CreatesClaimed)
+        worker = CountingWorker(delay=0.2)
+        runtime = runtime_on(store, worker, "w")
+        dispatcher = Dispatcher(runtime, concurrency=1, poll_seconds=3600)
+        most = 0
+        async with dispatching(dispatcher):
+            # A run made runnable by somebody else (no dispatcher of its own).
+            other = runtime_on(store, worker, "x")
+            waiting, _ = await other.start(start_request("waiting"))
+            store.hold, store.holding = anyio.Event(), anyio.Event()
+            dispatcher.wake()
+            with anyio.fail_after(5):
+                await store.holding.wait()
+            # The claim (one slot) is in flight: the run started now is not this process's to drive.
+            assert not runtime.claims_here()
+            started, _ = await runtime.start(start_request("started"))
+            store.hold.set()
+            store.hold = None
+
+            async def done() -> bool:
+                nonlocal most
+                most = max(most, len(dispatcher.active))
+                return await all_completed(store, [waiting.run_id, started.run_id])
+
+            await wait_until(done, within=15, step=0.005)
+        assert most == 1
+        # No claimed run found its slot taken (the dispatcher's backstop gives such a lease back).
+        assert not [r for r in caplog.records if getattr(r, "action", None) == "claim_without_slot"]
+        assert worker.calls == {(name, t): 1 for name in ("waiting", "started") for t in TASKS}
+        for run_id in (waiting.run_id, started.run_id):
+            facts = await store.read_facts(run_id)
+            assert not any(isinstance(f, AttemptStarted) and f.possible_duplicate_call for f in facts)
+    finally:
+        await store.close()
 
 
 # ------------------------------------------------------------------------------ store faults
