@@ -122,8 +122,6 @@ class Dispatcher:
         #: the context drives start in (the dispatcher's own, not a request's: see _drive_claimed)
         self._context: contextvars.Context | None = None
         self._active: set[str] = set()
-        #: slots a batch claim in flight may fill: taken by nothing else meanwhile (_has_room)
-        self._reserved = 0
         self._again: set[str] = set()
         self._woken: set[str] = set()
         #: runs whose drive a store error stopped: their lease is released once the store is back
@@ -155,8 +153,7 @@ class Dispatcher:
         return not self._stopping and self._free() > 0
 
     def _free(self) -> int:
-        """Slots neither driving a run nor promised to a batch claim in flight."""
-        return self.concurrency - len(self._active) - self._reserved
+        return self.concurrency - len(self._active)
 
     async def _drive_claimed(self, lease: Lease, head: RunHead) -> None:
         """A run this process has just created leased to itself (``Runtime.claims_here``), ``head``
@@ -251,10 +248,12 @@ class Dispatcher:
 
     async def _claim(self, tg: TaskGroup) -> None:
         """Claim as many runs as there are free slots, and drive each with its lease. Never more:
-        a claimed run must be driven at once, or its lease would run out while it waits. The
-        slots asked for stay promised to the claim while it is in flight: a run created claimed
-        meanwhile (:meth:`_drive_claimed`) must not take one, or the claim's last run would wait
-        for a slot with a lease nobody renews yet."""
+        a claimed run must be driven at once, or its lease would run out while it waits. Runs
+        created claimed while the claim is in flight (:meth:`_drive_claimed`) may have taken
+        slots it asked for: the leases it got beyond the slots still free are given back (their
+        runs are claimed at the next pass, here or elsewhere), never left waiting for a slot
+        with a lease nobody renews yet. Promising the claim its slots instead would make every
+        run started meanwhile a plain create, whose notification wakes every server's claim."""
         assert self._claim_runnable is not None
         free = self._free()
         if free <= 0:
@@ -262,13 +261,9 @@ class Dispatcher:
             self._backlog = True
             return
         runtime = self.runtime
-        self._reserved += free
-        try:
-            leases = await self._claim_runnable(
-                runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
-            )
-        finally:
-            self._reserved -= free
+        leases = await self._claim_runnable(
+            runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
+        )
         # Fewer than asked for: nothing else was claimable. Until something wakes this
         # dispatcher for new work (a run made runnable here, a notification, the poll), a freed
         # slot needs no claim (see _drive).
@@ -282,6 +277,12 @@ class Dispatcher:
                 self._again.add(lease.run_id)
                 if not runtime.hand_over(lease):
                     unused.append(lease)
+                continue
+            if not self._has_room():
+                # Taken meanwhile by runs created claimed (or the dispatcher is stopping): a
+                # freed slot claims again.
+                unused.append(lease)
+                self._backlog = True
                 continue
             self._start(tg, lease.run_id, lease)
         # Only once every drive of the batch has its slot (nothing else can take one meanwhile).
@@ -403,9 +404,9 @@ class Dispatcher:
             if lease is None:
                 await self._limiter.acquire()
             elif not self._slot_now():
-                # Not expected (a lease is only handed out for a slot counted free, and the
-                # claims count the slots they fill): a lease must not wait for a slot, it would
-                # run out unrenewed meanwhile and the run be taken over mid-call.
+                # Not expected (a drive with a lease is only started in a slot counted free): a
+                # lease must not wait for a slot, it would run out unrenewed meanwhile and the
+                # run be taken over mid-call.
                 log.warning(
                     "no slot for a claimed run; its lease is given back",
                     extra={"action": "claim_without_slot", "run_id": run_id},
