@@ -14,10 +14,11 @@ on what the store can do:
   waiting); after one that found fewer, new work wakes the dispatcher by itself (a run made
   runnable here, a notification, the poll), and a run created here while a slot is free is
   created leased to this process and driven at once, unannounced (``CreatesClaimed``: postgres),
-  with no claim at all. When the claim hands out
-  a run this process is still driving (its drive stalled past the lease's expiry without
-  renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather than
-  starting a second one.
+  with no claim at all. A claim's leases beyond the slots still free when it answers (runs
+  created claimed took them meanwhile) are given back: a lease never waits for a slot. When the
+  claim hands out a run this process is still driving (its drive stalled past the lease's expiry
+  without renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather
+  than starting a second one.
 * **Scans** (memory, filesystem; or ``recover=False``). It lists runnable runs and drives each
   through :meth:`Runtime.drive`, which claims the lease first: a run another worker holds is
   skipped. With ``recover=False`` it never scans: it drives only the runs it is woken for (the ones

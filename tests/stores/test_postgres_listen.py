@@ -1,7 +1,8 @@
 """The postgres adapter's notification connection under faults: ``listen`` is idempotent per
 callback, a dropped connection is reported through ``on_lost``, and listening again reconnects so
-that wake-ups resume (the dispatcher relies on all three after a PostgreSQL restart). A create
-unannounced is heard by nobody; a runtime creates so while its dispatcher has a free slot."""
+that wake-ups resume (the dispatcher relies on all three after a PostgreSQL restart). A claimed
+create is leased to its creator and heard by nobody; a runtime creates so while its dispatcher has
+a free slot, and that dispatcher drives the run with no claim."""
 
 from __future__ import annotations
 
