@@ -66,6 +66,7 @@ __all__ = [
     "NotifiesRunnable",
     "RunPage",
     "RunStore",
+    "TellsFlush",
     "Tombstone",
     "TombstoneReason",
     "WritesElsewhere",
@@ -398,10 +399,35 @@ class WritesElsewhere(Protocol):
     in-process, 400 runs x 2 host answers on Postgres: 1.21 -> 0.86 ms per answer, median). A store
     whose writes run Python in this process's own threads (SQLite, files) is not one: its thread
     waits for the interpreter's lock while that work runs, and the write only takes longer
-    (measured: 1.15 -> 1.20 ms on SQLite)."""
+    (measured: 1.15 -> 1.20 ms on SQLite). SQLite says instead when its flush begins
+    (:class:`TellsFlush`)."""
 
     #: always True (a store without the trait has no such attribute)
     writes_elsewhere: bool
+
+
+@runtime_checkable
+class TellsFlush(Protocol):
+    """Optional ability (sqlite): say when a write's flush begins. A store whose commit is made on
+    a thread of this process (SQLite's writer thread) runs its statements holding the interpreter's
+    lock, then flushes (``COMMIT``: the write-ahead log's ``fsync``) with the lock released. What
+    this process computes during that flush costs the write nothing, unlike work done while the
+    statements run (see :class:`WritesElsewhere`): a host's answer is built then
+    (:func:`orchestration.engine.host_answers.while_writing`)."""
+
+    async def append_telling_flush(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        flushing: Callable[[], None],
+    ) -> RunHead:
+        """:meth:`RunStore.append` without a lease, calling ``flushing`` (on the event loop, at most
+        once) when the write's statements ran and its commit's flush is under way. Not called when
+        the write is refused before that; called for a write whose flush then fails (the append
+        raises as usual)."""
+        ...
 
 
 @runtime_checkable

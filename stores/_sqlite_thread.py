@@ -17,6 +17,8 @@ against other processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -43,13 +45,19 @@ async def on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any
     return result
 
 
-def in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+def in_transaction(
+    conn: sqlite3.Connection,
+    work: Callable[[sqlite3.Connection], T],
+    committing: Callable[[], None] | None = None,
+) -> T:
     """``work(conn)`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction (runs on the connection's
     thread), rolled back on any error. The commit is on disk when this returns (``synchronous =
-    FULL``)."""
+    FULL``). ``committing``: called once ``work`` ran, just before the ``COMMIT``."""
     conn.execute(Q["begin_immediate"])
     try:
         result = work(conn)
+        if committing is not None:
+            committing()
         conn.execute("COMMIT")
     except BaseException:
         # A failed COMMIT (an I/O error) leaves the transaction open: never leave it so.
@@ -73,10 +81,11 @@ Work = Callable[[sqlite3.Connection], Any]
 class _Write:
     """A write waiting in a :class:`GroupCommit`: its function, then what it returned or raised."""
 
-    __slots__ = ("outcome", "woken", "work")
+    __slots__ = ("flushing", "outcome", "woken", "work")
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, flushing: Callable[[], None] | None) -> None:
         self.work = work
+        self.flushing = flushing
         self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.outcome: tuple[bool, Any] | None = None
 
@@ -101,10 +110,14 @@ class GroupCommit:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def run(
+        self, work: Callable[[sqlite3.Connection], T], flushing: Callable[[], None] | None = None
+    ) -> T:
         """``work(conn)`` in a write transaction, committed before this returns (shielded from
-        cancellation, like :func:`on_thread`)."""
-        write = _Write(work)
+        cancellation, like :func:`on_thread`). ``flushing``: called on the event loop once
+        ``work`` ran without error and the group's ``COMMIT`` (its ``fsync``, made with the
+        interpreter's lock released) is under way."""
+        write = _Write(work, flushing)
         self._pending.append(write)
         with anyio.CancelScope(shield=True):
             if self._in_flight:
@@ -125,8 +138,10 @@ class GroupCommit:
         group, self._pending = self._pending, []
         self._in_flight = True
         self._idle.clear()
+        works = [write.work for write in group]
+        told = _teller([write.flushing for write in group])
         try:
-            outcomes = await run_on_thread(self._conn, _commit_group, [write.work for write in group])
+            outcomes = await run_on_thread(self._conn, _commit_group, works, told)
         except BaseException as exc:  # BEGIN or COMMIT failed (or the connection is closed): none landed
             outcomes = [(False, exc)] * len(group)
         for write, outcome in zip(group, outcomes, strict=True):
@@ -140,12 +155,43 @@ class GroupCommit:
             self._idle.set()
 
 
-def _commit_group(conn: sqlite3.Connection, works: list[Work]) -> list[tuple[bool, Any]]:
+#: what tells a group's writers that its commit is under way (:func:`_teller`), on the thread:
+#: handed the outcomes of the group's writes so far
+Teller = Callable[[list[tuple[bool, Any]]], None]
+
+
+def _teller(flushing: list[Callable[[], None] | None]) -> Teller | None:
+    """(On the event loop.) What the thread calls before a group's ``COMMIT``: it schedules, on
+    the event loop, the ``flushing`` callback of each write of the group that ran without error
+    (None: no write of the group asked)."""
+    if not any(flushing):
+        return None
+    loop = asyncio.get_running_loop()
+
+    def tell(outcomes: list[tuple[bool, Any]]) -> None:
+        due = [f for f, (ok, _) in zip(flushing, outcomes, strict=True) if ok and f is not None]
+        if due:
+            # Never a reason for the transaction to fail: a loop closed meanwhile hears nothing.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_call_each, due)
+
+    return tell
+
+
+def _call_each(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()
+
+
+def _commit_group(
+    conn: sqlite3.Connection, works: list[Work], tell: Teller | None = None
+) -> list[tuple[bool, Any]]:
     """(On the connection's thread.) ``works`` in one transaction, each in a savepoint of its own;
-    what each returned or raised."""
+    what each returned or raised. ``tell``: called with those outcomes just before the ``COMMIT``."""
     if len(works) == 1:
+        committing = None if tell is None else functools.partial(tell, [(True, None)])
         try:
-            return [(True, in_transaction(conn, works[0]))]
+            return [(True, in_transaction(conn, works[0], committing))]
         except Exception as exc:
             return [(False, exc)]
     outcomes: list[tuple[bool, Any]] = []
@@ -160,5 +206,5 @@ def _commit_group(conn: sqlite3.Connection, works: list[Work]) -> list[tuple[boo
                 outcomes.append((False, exc))
             conn.execute("RELEASE one_write")
 
-    in_transaction(conn, each)
+    in_transaction(conn, each, None if tell is None else lambda: tell(outcomes))
     return outcomes

@@ -277,12 +277,14 @@ class SqliteStore(SqliteRetention):
     # ----------------------------------------------------------------------------------------
     # plumbing
 
-    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def _write(
+        self, work: Callable[[sqlite3.Connection], T], flushing: Callable[[], None] | None = None
+    ) -> T:
         """Run ``work`` in a write transaction on the writer's thread (one trip, maybe shared with
         concurrent writes: see ``GroupCommit``), with errors translated."""
         self._check_open()
         with _translated(self._where):
-            return await self._writes.run(work)
+            return await self._writes.run(work, flushing)
 
     async def _read(self, sql: str, params: dict[str, Any]) -> list[Any]:
         self._check_open()
@@ -360,6 +362,29 @@ class SqliteStore(SqliteRetention):
         that the first fact follows the log's last one — and one insert per fact; committed with
         ``synchronous = FULL`` before it returns. Only a refused update reads on, to tell which
         check refused it (in the order: lease, version, log)."""
+        return await self._append(run_id, expected_version, facts, head, lease)
+
+    async def append_telling_flush(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        flushing: Callable[[], None],
+    ) -> RunHead:
+        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`append` without a lease, calling
+        ``flushing`` when its statements ran and the ``COMMIT`` begins (see ``GroupCommit``)."""
+        return await self._append(run_id, expected_version, facts, head, None, flushing)
+
+    async def _append(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None,
+        flushing: Callable[[], None] | None = None,
+    ) -> RunHead:
         validate_run_id(run_id)
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
@@ -380,7 +405,7 @@ class SqliteStore(SqliteRetention):
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
             return head
 
-        return await self._write(work)
+        return await self._write(work, flushing)
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         validate_run_id(run_id)

@@ -125,6 +125,7 @@ from orchestration.store import (
     Lease,
     RunPage,
     RunStore,
+    TellsFlush,
     Tombstone,
     WritesElsewhere,
 )
@@ -210,6 +211,13 @@ class Runtime:
         """Whether a host's call builds its answer while its write is in flight (the store's
         writes are made elsewhere: :class:`~orchestration.store.WritesElsewhere`)."""
         return isinstance(self.store, WritesElsewhere)
+
+    @functools.cached_property
+    def tells_flush(self) -> TellsFlush | None:
+        """The store, when it says when a write's flush begins
+        (:class:`~orchestration.store.TellsFlush`): a host's call then builds its answer during
+        the flush."""
+        return self.store if isinstance(self.store, TellsFlush) else None
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in

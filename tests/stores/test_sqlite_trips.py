@@ -143,3 +143,45 @@ async def test_concurrent_writes_commit_in_groups_and_a_refused_one_rolls_back_a
         assert (await other.read_fact(run_id(1), 2)).model_dump()["executor"] == "provider:fake:a"
     finally:
         await other.close()
+
+
+async def test_an_append_telling_flush_says_so_once_before_it_is_answered_and_a_refused_one_never(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    heads = {}
+    for n in (1, 2, 3):
+        head, facts = new_run(run_id(n))
+        await store.create(head, facts)
+        heads[n] = head
+    events: list[str] = []
+
+    async def append(name: str, n: int) -> None:
+        write = start_attempt(heads[n], executor=f"provider:fake:{name}")
+        try:
+            await store.append_telling_flush(
+                run_id(n),
+                write.expected_version,
+                write.facts,
+                write.head,
+                lambda: events.append(f"{name} flushing"),
+            )
+            events.append(f"{name} answered")
+        except VersionConflict:
+            events.append(f"{name} refused")
+
+    await append("a", 1)
+    assert events == ["a flushing", "a answered"]
+    # In one group (concurrent writes): the refused one (run 1 again, on its old version) is never
+    # told; the others are, each before its answer.
+    events.clear()
+    async with anyio.create_task_group() as tg:
+        for name, n in [("b", 1), ("c", 2), ("d", 3)]:
+            tg.start_soon(append, name, n)
+    assert sorted(events) == ["b refused", "c answered", "c flushing", "d answered", "d flushing"]
+    for name in ("c", "d"):
+        assert events.index(f"{name} flushing") < events.index(f"{name} answered")
+    other = await SqliteStore.open(tmp_path / "construct.db")
+    try:
+        assert [(await other.load(run_id(n))).version for n in (1, 2, 3)] == [2, 2, 2]
+    finally:
+        await other.close()

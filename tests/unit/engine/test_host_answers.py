@@ -5,7 +5,8 @@ shows exactly as a read of the log would."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import anyio
@@ -380,3 +381,84 @@ async def test_while_writing_raises_the_writes_error_as_it_is_and_drops_an_error
         raise RuntimeError("a bug in what runs meanwhile")
 
     assert await while_writing(written(), broken) == "stored"
+
+
+class FlushTellingStore(CountingStore):
+    """A memory store that says when a write's flush begins (``TellsFlush``, as SQLite's writer
+    thread does before its ``COMMIT``), and notes which phase a write was in when the call's
+    ``meanwhile`` ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "idle"
+
+    async def append_telling_flush(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        flushing: Callable[[], None],
+    ) -> RunHead:
+        self.phase = "statements"
+        try:
+            await anyio.sleep(0.005)  # the statements, holding the interpreter's lock
+            stored = await super().append(run_id, expected_version, facts, head)  # refused: raises
+            self.phase = "flush"
+            flushing()
+            await anyio.sleep(0.01)  # the fsync, with the lock released
+            return stored
+        finally:
+            self.phase = "idle"
+
+
+async def test_an_answer_is_built_while_its_write_flushes_on_a_store_that_tells_when() -> None:
+    store = FlushTellingStore()
+    runtime = make_runtime(store)
+    assert runtime.tells_flush is store and not runtime.overlaps_writes
+    assert make_runtime().tells_flush is None
+    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
+    phases: list[tuple[Answered, str]] = []
+
+    def meanwhile(early: Answered) -> None:
+        phases.append((early, store.phase))
+        assert early.snapshot is not None
+
+    task_id = answered.head.tasks[0].task_id
+    after = await runtime.hand_in(answered.head.run_id, task_id, "design", seen=answered, meanwhile=meanwhile)
+    # Built once the flush began (never while the statements ran), for the very answer returned.
+    assert [(a is after, phase) for a, phase in phases] == [(True, "flush")]
+    assert after.snapshot == await read_snapshot(store, after.head)
+    # A write refused before its flush (another caller moved the run) runs nothing meanwhile.
+    phases.clear()
+    engineer = after.head.tasks[1].task_id
+    await runtime.hand_in(answered.head.run_id, engineer, "code")  # another caller, no meanwhile
+    again = await runtime.hand_in(answered.head.run_id, engineer, "code", seen=after, meanwhile=meanwhile)
+    assert phases == [] and again.head.status == RunStatus.COMPLETED
+
+
+async def test_while_writing_told_of_a_flush_runs_nothing_for_a_write_that_ends_before_it() -> None:
+    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def refused() -> RunHead:
+        await anyio.lowlevel.checkpoint()
+        raise VersionConflict("run-x", 1, 2)
+
+    ran: list[bool] = []
+    with pytest.raises(VersionConflict):
+        await while_writing(refused(), lambda: ran.append(True), flushing)
+    assert ran == []
+
+    told: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def written() -> str:
+        told.set_result(None)
+        await anyio.sleep(0.001)
+        return "stored"
+
+    def broken() -> None:
+        ran.append(True)
+        raise RuntimeError("a bug in what runs meanwhile")
+
+    assert await while_writing(written(), broken, told) == "stored"
+    assert ran == [True]
