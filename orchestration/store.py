@@ -408,11 +408,12 @@ class WritesElsewhere(Protocol):
 
 @runtime_checkable
 class TellsFlush(Protocol):
-    """Optional ability (sqlite): say when a write's flush begins. A store whose commit is made on
-    a thread of this process (SQLite's writer thread) runs its statements holding the interpreter's
-    lock, then flushes (``COMMIT``: the write-ahead log's ``fsync``) with the lock released. What
-    this process computes during that flush costs the write nothing, unlike work done while the
-    statements run (see :class:`WritesElsewhere`): a host's answer is built then
+    """Optional ability (sqlite, filesystem): say when a write's flush begins. A store whose writes
+    are made on a thread of this process (SQLite's writer thread, the filesystem store's worker
+    threads) runs their Python holding the interpreter's lock, then flushes (SQLite's ``COMMIT``,
+    the files' ``fsync``) with the lock released. What this process computes during that flush
+    costs the write nothing, unlike work done while the rest of the write runs (see
+    :class:`WritesElsewhere`): a host's answer is built then
     (:func:`orchestration.engine.host_answers.while_writing`)."""
 
     async def append_telling_flush(
@@ -424,9 +425,17 @@ class TellsFlush(Protocol):
         flushing: Callable[[], None],
     ) -> RunHead:
         """:meth:`RunStore.append` without a lease, calling ``flushing`` (on the event loop, at most
-        once) when the write's statements ran and its commit's flush is under way. Not called when
-        the write is refused before that; called for a write whose flush then fails (the append
-        raises as usual)."""
+        once) when the write's checks passed and its flush is under way. Not called when the write
+        is refused before that; called for a write whose flush then fails (the append raises as
+        usual)."""
+        ...
+
+    async def create_telling_flush(
+        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    ) -> CreateResult:
+        """:meth:`RunStore.create`, calling ``flushing`` (on the event loop, at most once) when its
+        flush is under way. It may be called for a create that then creates nothing (its key was
+        taken): what was built meanwhile is for the caller to drop."""
         ...
 
 

@@ -4,7 +4,9 @@ codec."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -257,3 +259,16 @@ def is_runnable(head: RunHead, now: datetime) -> bool:
         return True
     # A paused (or waiting) run whose deadline passed needs a decision although nobody wrote to it.
     return not head.status.is_terminal and head.wake_at is not None and head.wake_at <= now
+
+
+def from_thread(callback: Callable[[], None]) -> Callable[[], None]:
+    """(Made on the event loop.) A function a store's thread calls to have ``callback`` run on
+    that loop (:class:`~orchestration.store.TellsFlush`'s ``flushing``). Never a reason for the
+    thread's write to fail: a loop closed meanwhile hears nothing."""
+    loop = asyncio.get_running_loop()
+
+    def tell() -> None:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(callback)
+
+    return tell

@@ -17,7 +17,6 @@ against other processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import sqlite3
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import aiosqlite
 import anyio
 
 from stores._aiosqlite import run_on_thread
+from stores._common import from_thread
 from stores._sql import queries
 
 Q = queries("sqlite")
@@ -166,21 +166,14 @@ def _teller(flushing: list[Callable[[], None] | None]) -> Teller | None:
     (None: no write of the group asked)."""
     if not any(flushing):
         return None
-    loop = asyncio.get_running_loop()
+    tells = [None if f is None else from_thread(f) for f in flushing]
 
     def tell(outcomes: list[tuple[bool, Any]]) -> None:
-        due = [f for f, (ok, _) in zip(flushing, outcomes, strict=True) if ok and f is not None]
-        if due:
-            # Never a reason for the transaction to fail: a loop closed meanwhile hears nothing.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_call_each, due)
+        for told, (ok, _) in zip(tells, outcomes, strict=True):
+            if ok and told is not None:
+                told()
 
     return tell
-
-
-def _call_each(callbacks: list[Callable[[], None]]) -> None:
-    for callback in callbacks:
-        callback()
 
 
 def _commit_group(

@@ -86,6 +86,7 @@ from stores._common import (
     decode_cursor,
     decode_stored_fact,
     decode_stored_head,
+    from_thread,
     not_continuing,
 )
 from stores._fs_chain import CHAIN_FILE, encode_stored_chain, encode_stored_head, with_chain
@@ -241,14 +242,22 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             raise StoreError(f"idempotency index entry {path} does not hold a run id")
         return raw
 
-    def _stage(self, staging: Path, head: RunHead, lines: list[bytes], key_path: Path | None) -> None:
+    def _stage(
+        self,
+        staging: Path,
+        head: RunHead,
+        lines: list[bytes],
+        key_path: Path | None,
+        told: Callable[[], None] | None = None,
+    ) -> None:
         """Write a new run's files into ``staging`` and publish its key (``key_path``), all of it
         durable when this returns: the log, the chain, the head and the directories holding them
         and the key fsync'd together (:func:`fsync_together`). Not fsync'd: the index (derived from
         the log, stores._fs_index rebuilds it) and the empty lock file (the directory's fsync keeps
         its entry). Key before run (the caller renames ``staging`` into ``runs/`` after this): a
         crash in between leaves a dangling key (repaired at the next create under it), never a
-        keyed run without its key (which would let a retry create a second run)."""
+        keyed run without its key (which would let a retry create a second run). ``told``: called
+        as the fsyncs begin."""
         write_new_file(staging / INDEX_FILE, index_records(lines, 0), sync=False)
         write_new_file(staging / LOCK_FILE, b"", sync=False)
         fds: list[int] = []
@@ -260,7 +269,7 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             if key_path is not None:
                 self._publish_key(key_path, head.run_id)
                 fds.append(open_dir(self._keys))
-            fsync_together(fds)
+            fsync_together(fds, told)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -291,7 +300,13 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             else:
                 os.unlink(entry.path)
 
-    def _create_sync(self, head: RunHead, facts: Sequence[Fact], imported: bool = False) -> CreateResult:
+    def _create_sync(
+        self,
+        head: RunHead,
+        facts: Sequence[Fact],
+        imported: bool = False,
+        told: Callable[[], None] | None = None,
+    ) -> CreateResult:
         run_id = head.run_id
         lines = encode_facts(facts)
         with flocked(self._create_lock):
@@ -324,7 +339,7 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             staging = self._tmp / f"run.{run_id}.{secrets.token_hex(8)}"
             try:
                 staging.mkdir()
-                self._stage(staging, head, lines, key_path)
+                self._stage(staging, head, lines, key_path, told)
                 try:
                     os.rename(staging, run_dir)
                 except OSError as exc:
@@ -358,7 +373,13 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         return position[1], position[2]
 
     def _append_sync(
-        self, run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead, lease: Lease | None
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None,
+        told: Callable[[], None] | None = None,
     ) -> None:
         run_dir = self._run_dir(run_id)
         # A run keeps its layout: the chain apart (created by this version) or in its head.
@@ -393,7 +414,7 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
                 finally:
                     os.close(index_fd)
                 # The log and the new head's temp file are fsync'd together, before the rename.
-                replace_file(run_dir / HEAD_FILE, head_bytes, also=[facts_fd])
+                replace_file(run_dir / HEAD_FILE, head_bytes, also=[facts_fd], told=told)
             finally:
                 os.close(facts_fd)
 
@@ -523,6 +544,15 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         check_create(head, facts)
         return await self._call(self._create_sync, head, facts)
 
+    async def create_telling_flush(
+        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    ) -> CreateResult:
+        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`create`, calling ``flushing`` as the
+        new run's files are fsync'd (after the key was found free and the files were written)."""
+        validate_run_id(head.run_id)
+        check_create(head, facts)
+        return await self._call(self._create_sync, head, facts, told=from_thread(flushing))
+
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
         return await self._read(self._find_by_key_sync, key)
 
@@ -556,6 +586,22 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         check_append(run_id, expected_version, facts, head)
         check_fence(run_id, lease)
         await self._call(self._append_sync, run_id, expected_version, facts, head, lease)
+        return head
+
+    async def append_telling_flush(
+        self,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        flushing: Callable[[], None],
+    ) -> RunHead:
+        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`append` without a lease, calling
+        ``flushing`` as the log and the new head are fsync'd (after the checks passed)."""
+        validate_run_id(run_id)
+        check_append(run_id, expected_version, facts, head)
+        told = from_thread(flushing)
+        await self._call(self._append_sync, run_id, expected_version, facts, head, None, told)
         return head
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:

@@ -315,6 +315,18 @@ class SqliteStore(SqliteRetention):
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
         """See ``RunStore.create``. The key lookup and the inserts share one ``BEGIN IMMEDIATE``
         transaction, so two concurrent creates with one key make one run."""
+        return await self._create(head, facts)
+
+    async def create_telling_flush(
+        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    ) -> CreateResult:
+        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`create`, calling ``flushing`` when
+        the ``COMMIT`` begins (also for a create that found its key taken)."""
+        return await self._create(head, facts, flushing)
+
+    async def _create(
+        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         validate_run_id(head.run_id)
         check_create(head, facts)
 
@@ -335,7 +347,7 @@ class SqliteStore(SqliteRetention):
             conn.executemany(Q["insert_fact"], fact_rows)
             return CreateResult(head, created=True)
 
-        return await self._write(work)
+        return await self._write(work, flushing)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
         """See ``RunStore.find_by_idempotency_key``: one trip to the reader's thread."""

@@ -103,7 +103,7 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.store import RunStore, TellsFlush
+from orchestration.store import CreateResult, RunStore, TellsFlush
 from orchestration.tracing import traced_write
 from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
@@ -457,6 +457,36 @@ async def write_with_follow_up(
     return answered_at(stored, written)
 
 
+async def create_with_follow_up(
+    services: AnswerServices, first: FollowUp, meanwhile: Meanwhile | None = None
+) -> tuple[CreateResult, Answered]:
+    """Create a run from its first write ``first`` (:func:`start_with_follow_up`): the store's
+    result, and the answer of a run it created (built from ``first``, nothing read back; for a
+    run it did not create, ``Answered`` of nothing: the caller answers with the run it found).
+    ``meanwhile``: called with that answer while the create flushes, on a store that says when
+    (:func:`while_writing`); a create that creates nothing drops what it built."""
+
+    tells = services.tells_flush
+    if meanwhile is None or tells is None:
+        result = await services.store.create(first.head, first.facts)
+        return result, started(services, first, result.head)
+    early = started(services, first, first.head)
+    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    write = tells.create_telling_flush(first.head, first.facts, lambda: _settle(flushing))
+    result = await while_writing(write, lambda: meanwhile(early), flushing)
+    return result, early if result.head is first.head else started(services, first, result.head)
+
+
+def started(services: AnswerServices, first: FollowUp, head: RunHead) -> Answered:
+    """The answer of a run created from ``first`` (its first write), stored as ``head``: its
+    snapshot made from ``first``'s facts when asked for, nothing read."""
+
+    def snapshot() -> RunSnapshot:
+        return extend_snapshot(None, first.facts, head, first.prompts, services.warnings)
+
+    return Answered(head, outputs={}, make=snapshot, prompts=first.prompts)
+
+
 def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
     """A new run's first write: its ``run_created`` fact (``facts``, folded into ``created``) with
     what follows at once (an inline chain's first host task prepared, a first gate requested),
@@ -573,6 +603,7 @@ __all__ = [
     "Meanwhile",
     "Seen",
     "check_output",
+    "create_with_follow_up",
     "extend_snapshot",
     "follow_up",
     "hand_in",
@@ -582,6 +613,7 @@ __all__ = [
     "record",
     "snapshot_at",
     "start_with_follow_up",
+    "started",
     "task_named",
     "while_writing",
     "write_with_follow_up",

@@ -86,11 +86,12 @@ from orchestration.engine.host_answers import (
     Answered,
     Meanwhile,
     Seen,
-    extend_snapshot,
+    create_with_follow_up,
     hand_in,
     held_at,
     record,
     start_with_follow_up,
+    started,
     write_with_follow_up,
 )
 from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases, LeaseRenewer
@@ -321,9 +322,13 @@ class Runtime:
         answered, created = await self.open_run(request)
         return answered.head, created
 
-    async def open_run(self, request: StartRequest) -> tuple[Answered, bool]:
+    async def open_run(
+        self, request: StartRequest, meanwhile: Meanwhile | None = None
+    ) -> tuple[Answered, bool]:
         """:meth:`start`, answered with the run as a view shows it when this call created it
-        (built from the facts it wrote, without reading them back)."""
+        (built from the facts it wrote, without reading them back). ``meanwhile``: called with
+        that answer while the create flushes, on a store that says when
+        (:func:`~orchestration.engine.host_answers.create_with_follow_up`)."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
@@ -337,16 +342,18 @@ class Runtime:
                 same = repeated(earlier, request.request_hash(), request.idempotency_key, "request")
                 return Answered(same), False
             key = stored_key(request.idempotency_key, request.started_by)
-            return await self._create_run(request, chain, contract, key)
+            return await self._create_run(request, chain, contract, key, meanwhile)
         if window is None or window.seconds <= 0:
-            return await self._create_run(request, chain, contract, None)
+            return await self._create_run(request, chain, contract, None, meanwhile)
         guess = not window.new_run  # see look_up: one read for a first start
         while True:
             found = await look_up(self.store, request, window, self.clock.now(), guess=guess)
             if found.recent is not None and not window.new_run:
                 return Answered(found.recent), False
             try:
-                answered, created = await self._create_run(request, chain, contract, found.free_key)
+                answered, created = await self._create_run(
+                    request, chain, contract, found.free_key, meanwhile
+                )
             except (RunPruned, RunMoved):
                 guess = False
                 continue  # the key's run was deleted since the look-up, which now skips it
@@ -358,7 +365,12 @@ class Runtime:
             # new_run, and a concurrent start took that key first: the next look-up passes it.
 
     async def _create_run(
-        self, request: StartRequest, chain: ChainSnapshot, contract: ExecutionContract, key: str | None
+        self,
+        request: StartRequest,
+        chain: ChainSnapshot,
+        contract: ExecutionContract,
+        key: str | None,
+        meanwhile: Meanwhile | None,
     ) -> tuple[Answered, bool]:
         """Create the run ``request`` asks for, under idempotency key ``key`` (the caller's, or
         the retry window's): ``(answered, created)`` as :meth:`open_run` says."""
@@ -384,6 +396,7 @@ class Runtime:
         # the run: one write (orchestration.engine.host_answers).
         first = start_with_follow_up(self, apply(None, fact), [fact])
         lease: Lease | None = None
+        answered: Answered | None = None
         if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
             if self._claimed is not None and self.claims_here():
                 # Leased to this process, whose dispatcher drives it at once: no claim, and the
@@ -395,7 +408,7 @@ class Runtime:
                 result = await self.store.create(first.head, first.facts)
         else:
             with traced_write(first.head) as traced:
-                result = await self.store.create(first.head, first.facts)
+                result, answered = await create_with_follow_up(self, first, meanwhile)
                 traced.recorded(first.facts if result.created else (), result.head)
         if not result.created:
             shown = request.idempotency_key if request.idempotency_key is not None else key
@@ -406,11 +419,7 @@ class Runtime:
             # no dispatcher pass for it.
             await self.drive_claimed(lease, result.head)
         await self.changes.changed(result.head)
-
-        def snapshot() -> RunSnapshot:
-            return extend_snapshot(None, first.facts, result.head, first.prompts, self.warnings)
-
-        return Answered(result.head, outputs={}, make=snapshot, prompts=first.prompts), True
+        return answered or started(self, first, result.head), True
 
     async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
         """The run that identity ``started_by`` started with idempotency key ``key`` before keys

@@ -333,10 +333,11 @@ async def _started(
         caller.check_run(await runtime.status(parent_run_id))
         head, created = await runtime.children.start_for_host(start, parent_run_id, parent_task_id)
     else:
-        answered, created = await runtime.open_run(start)
+        prepared = Preparing()  # the answer's view built while the create flushes
+        answered, created = await runtime.open_run(start, prepared)
         head = answered.head
         # Built from the facts the start wrote: the answer's view reads nothing back.
-        services.remember(answered)
+        services.remember(answered, prepared)
     # Keys are per identity (orchestration.core.inputs.stored_key), so a key finds only the
     # caller's own run; checked all the same, as every run a caller is shown.
     caller.check_run(head)

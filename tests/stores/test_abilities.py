@@ -4,22 +4,25 @@ wrapper has the abilities of the store it wraps, no more and no fewer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 
-from orchestration.store import ClaimsRunnable, NotifiesRunnable, RunStore
+from orchestration.errors import VersionConflict
+from orchestration.store import ClaimsRunnable, NotifiesRunnable, RunStore, TellsFlush
 from stores import CrashAfterWrites
-from tests.stores.builders import BASE_TIME, new_run, run_id
+from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
 from tests.stores.conftest import ADAPTERS
 
-OPTIONAL: tuple[type, ...] = (ClaimsRunnable, NotifiesRunnable)
+OPTIONAL: tuple[type, ...] = (ClaimsRunnable, NotifiesRunnable, TellsFlush)
 
 #: adapter name -> the optional abilities it has
 ABILITIES: dict[str, set[type]] = {
     "memory": set(),
-    "filesystem": set(),
-    "sqlite": {ClaimsRunnable},
+    "filesystem": {TellsFlush},
+    "sqlite": {ClaimsRunnable, TellsFlush},
     "postgres": {ClaimsRunnable, NotifiesRunnable},
 }
 
@@ -62,3 +65,35 @@ async def test_the_crash_wrapper_claims_through_the_store_and_counts_no_write(st
     leases = await wrapped.claim_runnable("w", 30, BASE_TIME + timedelta(seconds=1), 10)
     assert [lease.run_id for lease in leases] == [run_id(1)]
     assert wrapped.writes == 1  # the create; a claim writes a lease, not a fact
+
+
+async def test_a_store_that_tells_flush_tells_each_write_once_before_answering_and_never_a_refused_one(
+    store: RunStore,
+) -> None:
+    if not isinstance(store, TellsFlush):
+        pytest.skip(f"{store.name} does not tell when a write flushes")
+    events: list[str] = []
+
+    def told(name: str) -> Callable[[], None]:
+        return lambda: events.append(f"{name} flushing")
+
+    head, facts = new_run(run_id(1), key="k1")
+    created = await store.create_telling_flush(head, facts, told("create"))
+    events.append("create answered")
+    assert created.created and events == ["create flushing", "create answered"]
+    write = start_attempt(head)
+    events.clear()
+    await store.append_telling_flush(
+        run_id(1), write.expected_version, write.facts, write.head, told("append")
+    )
+    events.append("append answered")
+    assert events == ["append flushing", "append answered"]
+    assert await store.load(run_id(1)) == write.head
+    # Refused before its flush (the version moved on): never told, nothing written.
+    events.clear()
+    with pytest.raises(VersionConflict):
+        await store.append_telling_flush(
+            run_id(1), write.expected_version, write.facts, write.head, told("stale")
+        )
+    await anyio.sleep(0.01)  # a call from the writer's thread would have arrived by now
+    assert events == [] and [f.seq for f in await store.read_facts(run_id(1))] == [1, 2]

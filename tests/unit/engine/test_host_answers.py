@@ -411,11 +411,44 @@ class FlushTellingStore(CountingStore):
         finally:
             self.phase = "idle"
 
+    async def create_telling_flush(
+        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    ) -> CreateResult:
+        self.phase = "statements"
+        try:
+            result = await super().create(head, facts)
+            self.phase = "flush"
+            flushing()  # also for a create that found its key taken, as SQLite may
+            await anyio.sleep(0.01)
+            return result
+        finally:
+            self.phase = "idle"
+
+
+async def test_a_start_is_answered_with_what_was_built_while_its_create_flushed() -> None:
+    store = FlushTellingStore()
+    runtime = make_runtime(store)
+    phases: list[tuple[Answered, str]] = []
+
+    def meanwhile(early: Answered) -> None:
+        phases.append((early, store.phase))
+        assert early.snapshot is not None
+
+    request = StartRequest("Build it", chain=("architect", "engineer"), idempotency_key="k1")
+    answered, created = await runtime.open_run(request, meanwhile)
+    assert created and [(a is answered, phase) for a, phase in phases] == [(True, "flush")]
+    assert answered.snapshot == await read_snapshot(store, answered.head)
+    # A repeat creates nothing: what was built meanwhile is dropped, the run found is answered.
+    phases.clear()
+    again, created = await runtime.open_run(request, meanwhile)
+    assert not created and again.head == answered.head
+    assert [a is again for a, _ in phases] == [False]
+
 
 async def test_an_answer_is_built_while_its_write_flushes_on_a_store_that_tells_when() -> None:
     store = FlushTellingStore()
     runtime = make_runtime(store)
-    assert runtime.tells_flush is store and not runtime.overlaps_writes
+    assert runtime.tells_flush is not None and not runtime.overlaps_writes
     assert make_runtime().tells_flush is None
     answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
     phases: list[tuple[Answered, str]] = []
