@@ -217,9 +217,12 @@ def waiting_items(snapshot: RunSnapshot) -> list[RunHostTask | Approve]:
     return items
 
 
-def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
+def next_step(
+    snapshot: RunSnapshot, waiting: list[RunHostTask | Approve] | None = None
+) -> RunHostTask | Approve | Wait | Done:
     """What the caller does now: the first of :func:`waiting_items` when the run is paused (the
-    others are the view's ``more_actions``), else wait or nothing."""
+    others are the view's ``more_actions``), else wait or nothing. ``waiting``: those items, when
+    the caller has them already."""
     head = snapshot.head
     run_id = head.run_id
     if head.status.is_terminal:
@@ -229,7 +232,7 @@ def next_step(snapshot: RunSnapshot) -> RunHostTask | Approve | Wait | Done:
             "Report the outcome to the user; run_status gives the whole outputs.",
         )
     if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
-        items = waiting_items(snapshot)
+        items = waiting_items(snapshot) if waiting is None else waiting
         if head.status == RunStatus.AWAITING_APPROVAL:
             items = [i for i in items if isinstance(i, Approve)] + [
                 i for i in items if isinstance(i, RunHostTask)

@@ -39,14 +39,17 @@ from pydantic import Field
 
 from orchestration.core import (
     AttemptRecord,
+    ChainSnapshot,
     ChainStep,
     DecisionChannel,
+    ExecutionContract,
     GateState,
     RunHead,
     RunStatus,
     TaskState,
     TaskStatus,
     TypedError,
+    by_identity,
     gate_approvers,
     revise_offered,
     shown_key,
@@ -363,7 +366,10 @@ def _error(error: TypedError | None) -> ErrorView | None:
     return None if error is None else ErrorView.model_validate(error.model_dump())
 
 
+@by_identity
 def _attempt(attempt: AttemptRecord) -> AttemptView:
+    """An attempt as views show it, once per attempt record (a record is immutable, and a task's
+    unchanged attempts are the same objects from one head to the next; views are frozen)."""
     return AttemptView(
         number=attempt.number,
         executor=attempt.executor,
@@ -435,6 +441,19 @@ def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
             "on_expiry": step.on_expiry if step.expires_after_seconds is not None else None,
         }
     )
+
+
+@by_identity
+def _steps(chain: ChainSnapshot) -> tuple[StepView, ...]:
+    """A chain's steps as views show them, once per chain snapshot (the same object in every
+    head of a run)."""
+    return tuple(_step(s) for s in chain.steps)
+
+
+@by_identity
+def _contract(contract: ExecutionContract) -> ContractView:
+    """A run's contract as views show it (its costs apart), once per contract object."""
+    return ContractView.model_validate(contract.model_dump(exclude={"costs"}))
 
 
 def _step(step: ChainStep) -> StepView:
@@ -527,20 +546,21 @@ def run_view(snapshot: RunSnapshot, detail: Detail = "compact", full_task: str |
     head = snapshot.head
     if full_task is not None:
         check_task_id(head, full_task)
-    action = next_step(snapshot)
+    waiting = waiting_items(snapshot)
+    action = next_step(snapshot, waiting)
     return RunView(
         run_id=head.run_id,
         status=head.status,
         status_kind=status_kind_of(head.status),
         next_action=action,
-        more_actions=[i for i in waiting_items(snapshot) if i != action],
+        more_actions=[i for i in waiting if i is not action],
         chain=ChainView(
             name=head.chain.name,
-            steps=[_step(s) for s in head.chain.steps],
+            steps=list(_steps(head.chain)),
             hash=head.chain_hash,
             max_parallel=head.chain.max_parallel,
         ),
-        contract=ContractView.model_validate(head.contract.model_dump(exclude={"costs"})),
+        contract=_contract(head.contract),
         request=head.request if detail == "full" else None,
         request_preview=request_preview(head.request),
         request_chars=len(head.request),
