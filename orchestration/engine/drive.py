@@ -128,15 +128,11 @@ class Drive:
         leased = self.leased
         result: Action | None = None
         error: ConstructError | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(leased.keep_renewed, tg.cancel_scope)
+        with anyio.CancelScope() as scope, leased.kept_renewed(scope):
             try:
                 result = await self._loop()
             except ConstructError as exc:
-                # Raised below, outside the task group, so that the caller gets the error itself
-                # and not an ExceptionGroup around it.
                 error = exc
-            tg.cancel_scope.cancel()
         if error is None and result is None and leased.lost:
             # The lease keeper found the lease taken by another claim and stopped the drive.
             error = LeaseLost(

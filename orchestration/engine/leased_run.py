@@ -6,7 +6,7 @@ read and write the run through.
 :class:`LeasedRun` is the run under its lease: it loads the run and appends to it through a short
 store outage (:meth:`~LeasedRun.load`, :meth:`~LeasedRun.append`), fences every write with the
 lease (``LeaseLost`` once another claim replaced it), keeps the lease renewed
-(:meth:`~LeasedRun.keep_renewed`) and counts the outage (:meth:`~LeasedRun.outage_over`). It also
+(:meth:`~LeasedRun.kept_renewed`) and counts the outage (:meth:`~LeasedRun.outage_over`). It also
 carries the runtime's :class:`CallControl`: the cancel scope of the run's calls in flight (the
 runtime's cancel stops them through it) and whether the runtime is stopping.
 
@@ -26,8 +26,11 @@ token of appends is the lease's, unchanged by renewals.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -201,12 +204,18 @@ class LeasedRun:
 
     # -- the lease -------------------------------------------------------------------------------
 
-    async def keep_renewed(self, scope: anyio.CancelScope) -> None:
-        """Keep the lease (:attr:`lease`: same token, later expiry) while the drive runs, through
-        the runtime's :class:`LeaseRenewer` (one store call per interval for all its drives). Stops
-        the drive (cancels ``scope``, sets :attr:`lost`) when another claim replaced the lease, or
-        when the store has been failing past the outage limit. Returns only when cancelled."""
-        await self._renewer.keep(self, scope)
+    @contextmanager
+    def kept_renewed(self, scope: anyio.CancelScope) -> Iterator[None]:
+        """Keep the lease (:attr:`lease`: same token, later expiry) while the drive runs inside
+        this block, through the runtime's :class:`LeaseRenewer` (one store call per interval for
+        all its drives; no task of the drive's own). Stops the drive (cancels ``scope``, sets
+        :attr:`lost`) when another claim replaced the lease, or when the store has been failing
+        past the outage limit."""
+        self._renewer.hold(self, scope)
+        try:
+            yield
+        finally:
+            self._renewer.let_go(self, scope)
 
     def outage_over(self, exc: StoreError) -> bool:
         """Count a store failure against the outage; True (and logged) once it is too long, or at
@@ -347,9 +356,11 @@ class LeaseRenewer:
     renewals the same task runs the runtime's :class:`~orchestration.engine.call_watch.RunWatch`
     (:attr:`watch`: one batched version check per interval for the runs with calls in flight).
 
-    Each drive's :meth:`LeasedRun.keep_renewed` registers its run here (:meth:`keep`) for as long
-    as it runs; one of the registered tasks at a time runs the renewal loop (the first one; when
-    its drive ends another takes over, keeping the schedule). Each lease is judged as its own
+    Each drive's :meth:`LeasedRun.kept_renewed` registers its run here (:meth:`hold`) for as long
+    as it runs, without a task of its own: the renewer's one task (started by the first run held,
+    stopped when none is left) runs the renewal loop. (A task per drive waiting its turn to run the
+    loop cost each live run a task and a task group, and woke them all whenever the loop's drive
+    ended.) Each lease is judged as its own
     renewal was: one replaced by another claim stops its drive (``LeaseLost``), unless a claim of
     this runtime was handed over meanwhile (:meth:`LeasedRun.hand_over`: the batch is sent again
     at once, with the new lease). A store error counts against every held run's outage (each
@@ -363,8 +374,8 @@ class LeaseRenewer:
         self.interval = ttl_seconds / 3
         #: the runs being kept, by run id (one drive per run in a runtime), with their drive's scope
         self._held: dict[str, tuple[LeasedRun, anyio.CancelScope]] = {}
-        self._running = False
-        self._runner_gone = anyio.Event()
+        #: the task renewing them (:meth:`_serve`), while any is held
+        self._task: asyncio.Task[None] | None = None
         #: when the next renewal is due (``anyio.current_time``)
         self._due = 0.0
         self._backoff = Backoff(base=min(0.1, self.interval), cap=self.interval)
@@ -376,30 +387,37 @@ class LeaseRenewer:
         """How many leases it keeps now."""
         return len(self._held)
 
-    async def keep(self, run: LeasedRun, scope: anyio.CancelScope) -> None:
-        """Keep ``run``'s lease renewed until this task is cancelled; cancel ``scope`` when the lease
-        is lost or the store stayed away too long (see the class)."""
+    def hold(self, run: LeasedRun, scope: anyio.CancelScope) -> None:
+        """Keep ``run``'s lease renewed until :meth:`let_go`; cancel ``scope`` when the lease is
+        lost or the store stayed away too long (see the class). The first run held starts the
+        renewer's task."""
         if not self._held:
             self._due = anyio.current_time() + self.interval
-        entry = (run, scope)
-        self._held[run.run_id] = entry
+        self._held[run.run_id] = (run, scope)
+        if self._task is None or self._task.done():
+            # A task of its own, in an empty context: not the first drive's (its trace, its
+            # cancel scope), and one per runtime whatever the number of drives.
+            self._task = asyncio.get_running_loop().create_task(self._serve(), context=contextvars.Context())
+
+    def let_go(self, run: LeasedRun, scope: anyio.CancelScope) -> None:
+        """Stop keeping ``run``'s lease (its drive ended); the last one stops the renewer's task."""
+        if self._held.get(run.run_id, (None, None))[1] is scope:
+            del self._held[run.run_id]
+        if not self._held and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _serve(self) -> None:
+        """The renewals, and the watch of calls in flight beside them, while runs are held. A bug
+        here stops every held drive (their leases would lapse unseen), logged."""
         try:
-            while True:
-                if self._running:
-                    await self._runner_gone.wait()
-                    continue
-                self._running = True
-                try:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self.watch.run)
-                        await self._run()
-                finally:
-                    self._running = False
-                    gone, self._runner_gone = self._runner_gone, anyio.Event()
-                    gone.set()
-        finally:
-            if self._held.get(run.run_id) is entry:
-                del self._held[run.run_id]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.watch.run)
+                await self._run()
+        except Exception:
+            log.exception("the lease renewer failed; its drives stop", extra={"action": "renewer_failed"})
+            for run, scope in list(self._held.values()):
+                self._drop(run, scope)
 
     async def _run(self) -> None:
         while True:

@@ -5,6 +5,7 @@ other, and a store outage is ridden out by every drive up to ``store_outage_seco
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -137,3 +138,33 @@ async def test_a_store_outage_past_the_limit_stops_every_drive_and_the_runs_resu
     store.down = False
     for run_id in run_ids:
         assert (await store.load(run_id)).status == RunStatus.RUNNING
+
+
+async def test_drives_have_no_renewal_task_of_their_own_and_the_first_to_end_leaves_the_rest_kept() -> None:
+    memory = MemoryStore()
+    store, worker = CountingRenewals(memory), CountingWorker(delay=3600)
+    runtime = make(store, worker)
+    run_ids = await start_all(runtime)
+    base = len(asyncio.all_tasks())
+    scopes = {run_id: anyio.CancelScope() for run_id in run_ids}
+
+    async def drive(run_id: str) -> None:
+        with scopes[run_id]:
+            await runtime.drive(run_id)
+
+    async with anyio.create_task_group() as tg:
+        for run_id in run_ids:
+            tg.start_soon(drive, run_id)
+        await until(lambda: worker.in_flight == DRIVES, "every drive in its provider call")
+        # One task per drive, and the renewer's two (its renewals, the watch of calls in flight)
+        # whatever the number of drives.
+        assert len(asyncio.all_tasks()) - base == DRIVES + 2
+        # The first drive, whose start started the renewer, ends: the others are still renewed.
+        scopes[run_ids[0]].cancel()
+        await until(lambda: worker.in_flight == DRIVES - 1, "the first drive stopped")
+        seen = len(store.renewals)
+        await until(lambda: len(store.renewals) >= seen + 2, "two more renewals")
+        assert store.renewals[seen : seen + 2] == [DRIVES - 1] * 2
+        tg.cancel_scope.cancel()
+    await anyio.sleep(0.05)
+    assert len(asyncio.all_tasks()) == base  # no drive left: the renewer's task is gone too
