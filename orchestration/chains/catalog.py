@@ -297,6 +297,10 @@ def _loc(loc: Sequence[int | str]) -> str:
 # ------------------------------------------------------------------------------------------
 
 
+#: how many resolved chain snapshots a catalog keeps (:meth:`Catalog.resolve`); past it, it starts again
+RESOLVED_KEPT = 256
+
+
 @dataclass(frozen=True)
 class Catalog:
     """The specialists and chains a server knows. Immutable once loaded."""
@@ -305,6 +309,10 @@ class Catalog:
     chains: Mapping[str, ChainDefinition]
     source: str = "built-in"
     _snapshots: dict[str, SpecialistSnapshot] = field(default_factory=dict, compare=False)
+    #: the snapshots resolved lately, by what was resolved (see :meth:`resolve`)
+    _resolved: dict[tuple[str | tuple[str, ...] | None, tuple[str, ...]], ChainSnapshot] = field(
+        default_factory=dict, compare=False
+    )
 
     @classmethod
     def builtin(cls) -> Catalog:
@@ -394,7 +402,22 @@ class Catalog:
     def resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str] = ()) -> ChainSnapshot:
         """Resolve a chain given at start (a chain name, or a list of specialist names) into the
         snapshot the run keeps. ``approve_before`` names steps to gate (in addition to the chain's
-        own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument."""
+        own gates). Raises UnknownChain, UnknownSpecialist or InvalidArgument.
+
+        The same arguments resolve to the same snapshot *object* (the catalog is immutable, a
+        snapshot frozen): the runs of one chain share it, and with it what is derived from it once
+        per object (its hash, its stored and shown forms: :mod:`orchestration.core.memo`), instead
+        of a copy per live run. At most :data:`RESOLVED_KEPT` are kept."""
+        key = (chain if chain is None or isinstance(chain, str) else tuple(chain), tuple(approve_before))
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolve(chain, approve_before)
+            if len(self._resolved) >= RESOLVED_KEPT:
+                self._resolved.clear()
+            self._resolved[key] = found
+        return found
+
+    def _resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str]) -> ChainSnapshot:
         if chain is None or isinstance(chain, str):
             definition = self._named_chain(chain)
         else:

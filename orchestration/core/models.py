@@ -239,7 +239,14 @@ class ChainSnapshot(Frozen):
         raise KeyError(name)
 
     def content_hash(self) -> str:
-        return canonical_hash(self.model_dump(mode="json"))
+        return _content_hash(self)
+
+
+@by_identity
+def _content_hash(chain: ChainSnapshot) -> str:
+    """A snapshot's content hash, once per snapshot object (a catalog hands the same snapshot to
+    every start of the same chain: :meth:`~orchestration.chains.catalog.Catalog.resolve`)."""
+    return canonical_hash(chain.model_dump(mode="json"))
 
 
 @by_identity

@@ -121,3 +121,20 @@ def test_snapshot_hash_changes_with_persona() -> None:
     )
     assert a.content_hash() == Catalog.builtin().resolve(["writer"]).content_hash()
     assert a.content_hash() != b.resolve(["writer"]).content_hash()
+
+
+def test_the_same_resolution_is_the_same_snapshot_object_shared_by_every_run_of_it() -> None:
+    """Issue 24 (memory per live run): the runs of one chain share its snapshot, and what is
+    derived from it once per object (its hash, its stored and shown forms), not a copy each."""
+    catalog = Catalog.builtin()
+    first = catalog.resolve(None)
+    assert catalog.resolve(None) is first and catalog.resolve("default") is not None
+    assert catalog.resolve(["architect", "engineer"]) is catalog.resolve(("architect", "engineer"))
+    gated = catalog.resolve(None, ["engineer"])
+    assert gated is not first and gated is catalog.resolve(None, ("engineer",))
+    assert gated.steps[1].approve_before and not first.steps[1].approve_before
+    assert first.content_hash() == catalog.resolve(None).content_hash()
+    with pytest.raises(UnknownChain):
+        catalog.resolve("no-such-chain")
+    with pytest.raises(UnknownChain):  # a refusal is never remembered as a snapshot
+        catalog.resolve("no-such-chain")
