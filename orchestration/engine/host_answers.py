@@ -332,9 +332,9 @@ async def record(
     when the caller has it. A write that ends the wait for remote runs of agent steps (a cancel, a
     rejection, the run failing) cancels them first and records the results with it
     (:func:`~orchestration.engine.agent_waits.giving_up`). ``meanwhile``: called with the head and
-    the facts being written while the write is in flight (:func:`while_writing`), when the store
-    writes elsewhere (``services.overlaps_writes``), else not at all. Returns the stored head and
-    the facts written."""
+    the facts being written while the write is under way (:func:`while_writing`): in flight when
+    the store writes elsewhere (``services.overlaps_writes``), flushing when it says when
+    (``services.tells_flush``), else not at all. Returns the stored head and the facts written."""
     with traced_write(head) as traced:
         written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
         if new_head is None or len(written) != len(facts):
