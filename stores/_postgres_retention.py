@@ -10,8 +10,11 @@ statement sees the whole run (its snapshot predates the commit) or none of it; `
 that the run exists after reading the facts, so it never returns part of a run.
 
 A create checks the tombstones for its idempotency key *after* inserting its run row: a prune of the
-key's run that commits while the create waits on the key's unique index is then seen (each statement
-of a READ COMMITTED transaction reads the latest commits), and the create is refused.
+key's run that commits while the create waits on the key's unique index is then seen, and the create
+is refused. The create is one statement (``create_run``), whose snapshot predates that commit; so the
+check is the VOLATILE function ``construct_key_free`` (migration 0012), called on the inserted row,
+which reads the tombstones with a snapshot of its own taken then and aborts the statement with
+SQLSTATE ``CX001`` (:func:`refused_by_tombstone` turns it into the tombstone's error).
 """
 
 from __future__ import annotations
@@ -48,14 +51,16 @@ def gone_by_key(run_id: str, body: str) -> RunNotFound:
     return _gone_from(run_id, body, by_key=True)
 
 
-async def check_key_free(conn: Any, key: str | None) -> None:
-    """Refuse a create whose idempotency key is a deleted run's (call it after inserting the run
-    row, in the same transaction: see the module docstring)."""
-    if key is None:
-        return
-    row = await conn.fetchrow(Q["tombstone_by_key"], key)
-    if row is not None:
-        raise gone_by_key(str(row[0]), str(row[1]))
+#: The SQLSTATE construct_key_free raises (migration 0012): the create's key is a deleted run's.
+KEY_OF_A_DELETED_RUN = "CX001"
+
+
+def refused_by_tombstone(exc: BaseException) -> RunNotFound | None:
+    """The error of a create that ``construct_key_free`` refused (``exc``, the driver's error:
+    the deleted run's id in its detail, the tombstone in its hint), else None."""
+    if getattr(exc, "sqlstate", None) != KEY_OF_A_DELETED_RUN:
+        return None
+    return gone_by_key(str(getattr(exc, "detail", "")), str(getattr(exc, "hint", "")))
 
 
 class PostgresRetention:
@@ -118,4 +123,4 @@ class PostgresRetention:
         return decode_tombstone(run_id, body) if body is not None else None
 
 
-__all__ = ["PostgresRetention", "check_key_free", "missing"]
+__all__ = ["KEY_OF_A_DELETED_RUN", "PostgresRetention", "gone_by_key", "missing", "refused_by_tombstone"]

@@ -66,7 +66,7 @@ from stores._jsonb import from_jsonb_text
 from stores._lease import check_fence, lease_lost
 from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
-from stores._postgres_retention import PostgresRetention, check_key_free, gone_by_key, missing
+from stores._postgres_retention import PostgresRetention, gone_by_key, missing, refused_by_tombstone
 from stores._postgres_rows import fact_columns, head_values, run_values, utc
 from stores._sql import (
     CURSOR_START_KEY,
@@ -282,9 +282,10 @@ class PostgresStore(PostgresRetention):
     # RunStore
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        """See ``RunStore.create``. One statement, in a transaction with the key's tombstone check
-        when the run has an idempotency key; a concurrent create with the same key waits for the
-        first to commit and then returns its run (``created=False``)."""
+        """See ``RunStore.create``. One statement (one round trip), which checks the key's
+        tombstones after its insert when the run has an idempotency key (migration 0012); a
+        concurrent create with the same key waits for the first to commit and then returns its run
+        (``created=False``, one more statement reads it)."""
         return await self._create(head, facts, announce=True)
 
     async def create_claimed(
@@ -309,23 +310,22 @@ class PostgresStore(PostgresRetention):
             announce and head.status == RunStatus.QUEUED,
             *((None, None, None) if lease is None else (lease.token, lease.owner, utc(lease.expires_at))),
         )
-        if head.idempotency_key is None:
-            # One statement, one round trip (autocommit): nothing to check after it.
-            async with self._connection() as conn:
+        # One statement, one round trip (autocommit), with an idempotency key too: the statement
+        # checks the key's tombstones after its insert (migration 0012, refused_by_tombstone).
+        async with self._connection() as conn:
+            try:
                 inserted = await conn.fetchval(Q["create_run"], *values)
-            if not inserted:
-                raise Conflict(f"a run with id {head.run_id} already exists")
-            return CreateResult(head, created=True)
-        async with self._transaction() as conn:
-            inserted = await conn.fetchval(Q["create_run"], *values)
-            if not inserted:
+            except asyncpg.PostgresError as exc:
+                refused = refused_by_tombstone(exc)
+                if refused is None:
+                    raise
+                raise refused from exc
+            if not inserted and head.idempotency_key is not None:
                 row = await conn.fetchrow(Q["head_by_idempotency_key"], head.idempotency_key)
                 if row is not None:
                     return CreateResult(decode_head(row[0], from_jsonb_text(row[1])), created=False)
-                raise Conflict(f"a run with id {head.run_id} already exists")
-            # After the insert, in its transaction: see stores/_postgres_retention.py. A refusal
-            # rolls the run and its facts back.
-            await check_key_free(conn, head.idempotency_key)
+        if not inserted:
+            raise Conflict(f"a run with id {head.run_id} already exists")
         return CreateResult(head, created=True)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:

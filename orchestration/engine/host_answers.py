@@ -463,17 +463,21 @@ async def create_with_follow_up(
     """Create a run from its first write ``first`` (:func:`start_with_follow_up`): the store's
     result, and the answer of a run it created (built from ``first``, nothing read back; for a
     run it did not create, ``Answered`` of nothing: the caller answers with the run it found).
-    ``meanwhile``: called with that answer while the create flushes, on a store that says when
+    ``meanwhile``: called with that answer while the create is in flight (a store that writes
+    elsewhere) or flushes (a store that says when), as :func:`record`'s appends
     (:func:`while_writing`); a create that creates nothing drops what it built."""
 
     tells = services.tells_flush
-    if meanwhile is None or tells is None:
+    if meanwhile is None or (tells is None and not services.overlaps_writes):
         result = await services.store.create(first.head, first.facts)
         return result, started(services, first, result.head)
     early = started(services, first, first.head)
-    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    write = tells.create_telling_flush(first.head, first.facts, lambda: _settle(flushing))
-    result = await while_writing(write, lambda: meanwhile(early), flushing)
+    if tells is None:  # the store writes elsewhere
+        result = await while_writing(services.store.create(first.head, first.facts), lambda: meanwhile(early))
+    else:
+        flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        write = tells.create_telling_flush(first.head, first.facts, lambda: _settle(flushing))
+        result = await while_writing(write, lambda: meanwhile(early), flushing)
     return result, early if result.head is first.head else started(services, first, result.head)
 
 

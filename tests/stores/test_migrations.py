@@ -211,6 +211,7 @@ async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_mi
         "0009_lease_token_on_runs.sql",
         "0010_head_as_text.sql",
         "0011_claim_candidates.sql",
+        "0012_keyed_create_in_one_statement.sql",
     )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
@@ -271,6 +272,7 @@ async def test_postgres_leases_held_before_the_token_moved_to_the_run_row_still_
         "0009_lease_token_on_runs.sql",
         "0010_head_as_text.sql",
         "0011_claim_candidates.sql",
+        "0012_keyed_create_in_one_statement.sql",
     )
     store = await open_store(target.url, home=target.home)
     try:
@@ -323,7 +325,11 @@ async def test_postgres_heads_written_as_jsonb_read_back_after_the_text_migratio
         "DELETE FROM schema_migrations WHERE version >= 10"
     )
     report = await migrate(target.url, home=target.home)
-    assert report.applied == ("0010_head_as_text.sql", "0011_claim_candidates.sql")
+    assert report.applied == (
+        "0010_head_as_text.sql",
+        "0011_claim_candidates.sql",
+        "0012_keyed_create_in_one_statement.sql",
+    )
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
     try:
         assert tuple(await conn.fetchrow(column)) == ("text", compression)
@@ -369,7 +375,10 @@ async def test_postgres_runs_in_flight_are_claimed_as_before_after_the_candidate
     with pytest.raises(SchemaOutOfDate):
         await open_store(target.url, home=target.home)
     report = await migrate(target.url, home=target.home)
-    assert (report.from_version, report.applied) == (10, ("0011_claim_candidates.sql",))
+    assert (report.from_version, report.applied) == (
+        10,
+        ("0011_claim_candidates.sql", "0012_keyed_create_in_one_statement.sql"),
+    )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
     try:

@@ -1,7 +1,7 @@
 """The postgres append as one statement (issue 11): one round trip per append, each refusal still
 its own error, and the run and lease rows locked in the order the claim path locks them. A create
-is one statement too without an idempotency key, and BEGIN, that statement, the key's tombstone
-check and COMMIT with one (issue 24)."""
+is one statement too, with an idempotency key or without, and a keyed one is still refused when its
+key's run is pruned while it waits on the key (issue 24)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.errors import InvalidArgument, LeaseLost, RunNotFound, VersionConflict
-from orchestration.store import Lease
+from orchestration.errors import InvalidArgument, LeaseLost, RunNotFound, RunPruned, VersionConflict
+from orchestration.store import CreateResult, Lease, Tombstone
 from stores import migrate, parse_store_spec
+from stores._retention import encode_tombstone
 from stores._sql import migrations
 from stores.postgres import PostgresStore
 from tests.stores.builders import BASE_TIME, complete_task, new_run, run_id, start_attempt
@@ -64,34 +65,66 @@ async def test_a_fenced_append_is_one_statement(store: PostgresStore) -> None:
     assert [f.seq for f in await store.read_facts(run_id(1))] == list(range(1, done.head.last_seq + 1))
 
 
-async def test_a_create_is_one_statement_and_a_keyed_one_checks_the_tombstones_in_its_transaction(
-    store: PostgresStore,
-) -> None:
+async def test_a_create_is_one_statement_with_an_idempotency_key_or_without(store: PostgresStore) -> None:
     for n, key in ((7, None), (8, "warm")):  # asyncpg learns the statements' types once
         await store.create(*new_run(run_id(n), key=key))
     sent: list[str] = []
     async with store._pool.acquire() as conn:
         conn.add_query_logger(lambda record: sent.append(" ".join(record.query.split())))
-    head, facts = new_run(run_id(1))
-    assert (await store.create(head, facts)).created
-    await anyio.lowlevel.checkpoint()
-    assert len(sent) == 1 and "facts_in" in sent[0], sent
-    assert await store.load(run_id(1)) == head
-    assert await store.read_facts(run_id(1)) == list(facts)
-    await anyio.lowlevel.checkpoint()
-    sent.clear()
-    keyed, keyed_facts = new_run(run_id(2), key="k")
-    assert (await store.create(keyed, keyed_facts)).created
-    await anyio.lowlevel.checkpoint()
-    assert len(sent) == 4, sent
-    assert sent[0] == "BEGIN;" and "facts_in" in sent[1] and "FROM tombstones" in sent[2], sent
-    assert sent[3] == "COMMIT;", sent
+    for n, key in ((1, None), (2, "k")):
+        await anyio.lowlevel.checkpoint()
+        sent.clear()
+        head, facts = new_run(run_id(n), key=key)
+        assert (await store.create(head, facts)).created
+        await anyio.lowlevel.checkpoint()  # asyncpg calls query loggers soon after, not at once
+        assert len(sent) == 1 and "facts_in" in sent[0], (key, sent)
+        assert await store.load(run_id(n)) == head
+        assert await store.read_facts(run_id(n)) == list(facts)
     # The same key again: the first run, nothing written.
     again, again_facts = new_run(run_id(3), key="k")
     result = await store.create(again, again_facts)
     assert not result.created and result.head.run_id == run_id(2)
     with pytest.raises(RunNotFound):
         await store.load(run_id(3))
+
+
+async def test_a_keyed_create_waiting_on_its_key_sees_the_prune_that_frees_it(
+    store: PostgresStore, dsn_and_schema: tuple[str, str]
+) -> None:
+    """A prune of the key's run holds the key's index entry until it commits; a create with the
+    key waits for it, then must see the tombstone that commit wrote (though its statement's
+    snapshot predates it) and be refused, writing nothing (migration 0012)."""
+    head, facts = new_run(run_id(1), key="k")
+    await store.create(head, facts)
+    dsn, schema = dsn_and_schema
+    pruning = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    outcome: list[BaseException | CreateResult] = []
+
+    async def create() -> None:
+        try:
+            outcome.append(await store.create(*new_run(run_id(2), key="k")))
+        except RunNotFound as exc:
+            outcome.append(exc)
+
+    try:
+        prune = pruning.transaction()
+        await prune.start()
+        for table in ("leases", "facts", "runs"):
+            await pruning.execute(f"DELETE FROM {table} WHERE run_id = $1", run_id(1))
+        tomb = encode_tombstone(Tombstone.of(head, "pruned", BASE_TIME + timedelta(days=30)))
+        await pruning.execute("INSERT INTO tombstones VALUES ($1, $2, $3)", run_id(1), "k", tomb)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(create)
+            await anyio.sleep(0.5)
+            assert outcome == []  # waiting on the key's unique index
+            await prune.commit()
+    finally:
+        await pruning.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], RunPruned), outcome
+    assert "idempotency key" in outcome[0].message and run_id(1) in outcome[0].message
+    with pytest.raises(RunNotFound):
+        await store.load(run_id(2))
+    assert await store.create(*new_run(run_id(3), key="k-2"))
 
 
 async def test_each_refusal_keeps_its_error_and_writes_nothing(store: PostgresStore) -> None:

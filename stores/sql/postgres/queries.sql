@@ -55,14 +55,19 @@ RETURNING run_id
 -- notification that it is runnable (notify_runnable; sent once the statement's transaction
 -- commits). Parameters: $1-$10 as insert_run, $11-$13 the facts (seq, type, body), $14 the NOTIFY
 -- channel, $15 whether to notify, $16-$18 the lease or three NULLs. inserted = 0: the run id or
--- the idempotency key was taken (nothing is written). A create without an idempotency key runs it
--- alone (autocommit: one round trip); with one, it runs in a transaction that checks the key's
--- tombstones after it (see stores/_postgres_retention.py).
+-- the idempotency key was taken (nothing is written). With an idempotency key, the inserted row
+-- is then checked against the tombstones by construct_key_free (migration 0012), which reads them
+-- with a snapshot of its own, taken after the insert, and aborts the statement with SQLSTATE CX001
+-- when the key is a deleted run's (see stores/_postgres_retention.py). One round trip either way
+-- (autocommit).
 WITH inserted AS (
     INSERT INTO runs (run_id, version, status, created_at, updated_at, not_before, idempotency_key, head, wake_at, chain, lease_token)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $16::text)
     ON CONFLICT DO NOTHING
-    RETURNING run_id
+    RETURNING run_id, idempotency_key
+),
+key_free AS (
+    SELECT construct_key_free(inserted.idempotency_key) FROM inserted WHERE inserted.idempotency_key IS NOT NULL
 ),
 facts_in AS (
     INSERT INTO facts (run_id, seq, type, body)
@@ -79,7 +84,8 @@ notified AS (
     SELECT pg_notify($14, inserted.run_id) FROM inserted WHERE $15::boolean
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM facts_in) AS facts,
-       (SELECT count(*) FROM leased) AS leased, (SELECT count(*) FROM notified) AS notified
+       (SELECT count(*) FROM leased) AS leased, (SELECT count(*) FROM notified) AS notified,
+       (SELECT count(*) FROM key_free) AS key_free
 
 -- name: head_by_idempotency_key
 SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE left(head, -1) || ',"chain":' || chain::text || '}' END FROM runs WHERE idempotency_key = $1

@@ -27,10 +27,10 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[s
     return text, result.structured_content
 
 
-#: store -> whether a start's answer is built during its create (Postgres: no, a keyed create is
-#: one transaction whose work runs before its first statement), then each resume's
+#: store -> whether a start's answer is built during its create (a keyed create is one statement on
+#: Postgres too: migration 0012), then each resume's
 PREPARED = {
-    "postgres": [False, True, True, True],
+    "postgres": [True, True, True, True],
     "sqlite": [True, True, True, True],
     "filesystem": [True, True, True, True],
 }
