@@ -47,6 +47,7 @@ from starlette.types import ASGIApp
 from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
+from server.collector import tune_collector
 from server.mcp.arguments import UnknownToolRefusal
 from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
@@ -253,6 +254,7 @@ class ConstructApp:
         # Open the store before any transport starts: an unreachable store (with store_fallback
         # off) is then a one-line startup error, not a traceback from inside the transport.
         self._opened = await open_run_store(self.settings)
+        tune_collector()  # startup is done: what it made lives as long as the process
         try:
             await self._serve_transport(server, transport, host, port)
         finally:
