@@ -26,10 +26,12 @@ What is found here fast (and cached) is found by :mod:`orchestration.chains.prom
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Protocol
 
 from orchestration.chains.prompt_index import before, chain_plan, describe, locate, work_section
 from orchestration.core.graph import ancestors, is_parallel, latest
@@ -54,10 +56,29 @@ class TaskPrompt:
         of the joined text without building it. A system prompt with one non-ASCII character (the
         builtin personas' dashes) makes the joined text a wide string, and encoding a 30 KB one cost
         16 us where the two parts cost 2 us."""
-        digest = hashlib.sha256(self.system.encode())
-        digest.update(b"\x00")
+        digest = _system_digest(self.system).copy()
         digest.update(self.user.encode())
         return digest.hexdigest()
+
+
+class _Digest(Protocol):
+    """What :meth:`TaskPrompt.sha256` uses of a ``hashlib`` hash object."""
+
+    def copy(self) -> _Digest: ...
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+@functools.lru_cache(maxsize=64)
+def _system_digest(system: str) -> _Digest:
+    """The SHA-256 state after ``system`` and the NUL: the same for every prompt of a specialist
+    (its persona), so hashed once (a persona is 2-3 KB; a prompt's user part, which holds the
+    work so far, is hashed for each prompt)."""
+    digest = hashlib.sha256(system.encode())
+    digest.update(b"\x00")
+    return digest
 
 
 @dataclass(frozen=True, slots=True)

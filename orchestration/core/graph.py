@@ -40,6 +40,13 @@ def _chain_is_parallel(chain: ChainSnapshot) -> bool:
     return any(step.after is not None for step in chain.steps)
 
 
+@by_identity
+def has_agent_steps(chain: ChainSnapshot) -> bool:
+    """Whether a step of the chain delegates to an MCP agent: only such a step's attempt can
+    wait for a remote run (:func:`awaits_agent`). Once per chain snapshot."""
+    return any(step.agent is not None for step in chain.steps)
+
+
 def predecessors_in(steps: Sequence[ChainStep], index: int) -> tuple[str, ...]:
     """The names of the steps that step ``steps[index]`` runs after."""
     step = steps[index]
@@ -269,6 +276,7 @@ __all__ = [
     "ancestors",
     "awaits_agent",
     "check_graph",
+    "has_agent_steps",
     "is_parallel",
     "latest",
     "predecessors",

@@ -69,7 +69,7 @@ from orchestration.core.clock import Clock
 from orchestration.core.decide import AwaitAgent, StartAttempt
 from orchestration.core.facts import Fact, RemoteRunCancelled, RunCancelled
 from orchestration.core.fold import apply_write
-from orchestration.core.graph import awaits_agent
+from orchestration.core.graph import awaits_agent, has_agent_steps
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import RunStatus
@@ -111,8 +111,9 @@ class AgentRuntime(Protocol):
 
 
 def awaited(head: RunHead) -> list[AwaitAgent]:
-    """The remote runs the run awaits, one per task whose attempt waits for its agent."""
-    if head.status.is_terminal:
+    """The remote runs the run awaits, one per task whose attempt waits for its agent (none in a
+    chain without agent steps: only their attempts wait for a remote run)."""
+    if head.status.is_terminal or not has_agent_steps(head.chain):
         return []
     out = []
     for task in head.tasks:

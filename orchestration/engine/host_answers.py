@@ -212,7 +212,23 @@ def follow_up(after: RunHead, facts: Sequence[Fact], now: datetime, outputs: Map
         assert fact is not None, action  # _own_action returns bookkeeping actions only
         written.append(fact)
         after = apply(after, fact)
+        if isinstance(action, PrepareHostTask) and host_answers_next(after, now):
+            break
     return FollowUp(written, after, prompts)
+
+
+def host_answers_next(head: RunHead, now: datetime) -> bool:
+    """Whether nothing can follow ``head`` at ``now`` but the host's answer, known without
+    deciding again: a linear run awaiting the host with no time limit or gate expiry due
+    (``wake_at``). Once a host task is prepared in such a run, the decision walk meets what the
+    one before it met — the same earlier tasks and gates at the same instant — and then the
+    prepared task, which waits for the host; only a time that has come could make it decide
+    otherwise. :func:`follow_up` stops there: one decision less per answer."""
+    return (
+        head.status == RunStatus.AWAITING_HOST
+        and (head.wake_at is None or head.wake_at > now)
+        and not is_parallel(head.chain)
+    )
 
 
 def extend_snapshot(
@@ -613,6 +629,7 @@ __all__ = [
     "hand_in",
     "held_at",
     "held_head_of",
+    "host_answers_next",
     "prompt_of",
     "record",
     "snapshot_at",

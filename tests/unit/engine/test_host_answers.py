@@ -15,13 +15,13 @@ import pytest
 
 from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
-from orchestration.core.decide import FailTask, next_actions
+from orchestration.core.decide import AwaitHost, FailTask, next_actions
 from orchestration.core.facts import Fact, HostTaskPrepared, RunCreated
 from orchestration.core.fold import apply
 from orchestration.core.inputs import with_task_timeout
 from orchestration.core.models import AttemptRecord, RunHead, evolve
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.host_answers import Answered, follow_up, while_writing
+from orchestration.engine.host_answers import Answered, follow_up, host_answers_next, while_writing
 from orchestration.engine.reading import read_prompt, read_snapshot
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import LeaseLost, VersionConflict
@@ -495,3 +495,48 @@ async def test_while_writing_told_of_a_flush_runs_nothing_for_a_write_that_ends_
 
     assert await while_writing(written(), broken, told) == "stored"
     assert ran == [True]
+
+
+@pytest.mark.parametrize("chain", ["default", "review-loop", ("architect", "engineer", "reviewer")])
+async def test_a_follow_up_that_stops_at_a_prepared_host_task_leaves_nothing_undecided(
+    chain: str | tuple[str, ...],
+) -> None:
+    """``follow_up`` stops deciding once it prepared a host task in a linear run with nothing due
+    (``host_answers_next``): at that moment every next action is the wait for the host."""
+    clock = ManualClock()
+    runtime = make_runtime(clock=clock)
+    answered, _ = await runtime.open_run(
+        StartRequest("Build it", chain=chain, approve_before=("engineer",), task_timeout_seconds=600)
+    )
+    verdicts = answer_for({"reviewer": "revise", "reviewer~2": "approve"})
+    final, answers = await host_plays(runtime, answered, output=verdicts)
+    assert final.head.status.is_terminal
+    waits = [a.head for a in answers if a.head.status == RunStatus.AWAITING_HOST]
+    assert len(waits) >= 3
+    for head in waits:
+        assert host_answers_next(head, clock.now())
+        assert all(isinstance(a, AwaitHost) for a in next_actions(head, clock.now())), head
+
+
+def test_a_linear_run_awaiting_the_host_is_decided_again_when_a_time_limit_is_due() -> None:
+    runtime = make_runtime()
+    clock = ManualClock()
+    chain = with_task_timeout(runtime.catalog.resolve(("architect", "engineer"), ()), 10)
+    created = RunCreated(
+        seq=1,
+        at=clock.now(),
+        run_id="run-y",
+        request="Build it",
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=runtime.resolve_contract(StartRequest("Build it"), chain),
+        request_hash="h",
+        format=2,
+    )
+    follow = follow_up(apply(None, created), [created], clock.now(), {})
+    head = follow.head
+    assert [f.type for f in follow.facts] == ["run_created", "host_task_prepared"]
+    assert head.status == RunStatus.AWAITING_HOST and host_answers_next(head, clock.now())
+    clock.advance(11)  # the architect's time limit passed: deciding again fails the task
+    assert not host_answers_next(head, clock.now())
+    assert any(isinstance(a, FailTask) for a in next_actions(head, clock.now()))

@@ -44,5 +44,6 @@ def test_cycles_made_after_startup_are_still_freed_by_the_collector_on_its_own()
     gone = weakref.ref(a)
     del a, b
     assert gone() is not None  # a cycle: reference counting alone does not free it
-    allocated: list[list[int]] = [[] for _ in range(3 * YOUNG_THRESHOLD)]  # no gc.collect(): the thresholds' work
+    # No gc.collect(): the thresholds' own work.
+    allocated: list[list[int]] = [[] for _ in range(3 * YOUNG_THRESHOLD)]
     assert gone() is None, len(allocated)
