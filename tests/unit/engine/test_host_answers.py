@@ -247,26 +247,32 @@ async def test_an_answer_needs_no_lease_and_a_lease_holders_stale_write_is_refus
     assert await store.renew_lease(held, 60, runtime.clock.now())
 
 
+def created_with_time_limit(
+    clock: ManualClock, chain_name: str | tuple[str, ...], request: str
+) -> RunCreated:
+    """The ``run_created`` fact of an inline run of ``chain_name`` whose tasks have 10 s each."""
+    runtime = make_runtime()
+    chain = with_task_timeout(runtime.catalog.resolve(chain_name, ()), 10)
+    return RunCreated(
+        seq=1,
+        at=clock.now(),
+        run_id="run-x",
+        request=request,
+        chain=chain,
+        chain_hash=chain.content_hash(),
+        contract=runtime.resolve_contract(StartRequest(request, chain=chain_name), chain),
+        request_hash="h",
+        format=2,
+    )
+
+
 def test_a_running_task_is_left_to_the_lease_holder() -> None:
     """In a parallel run, a branch whose attempt is ``running`` (in flight in some drive, or an
     orphan: the record cannot tell) is the lease holder's: what follows from an answer on another
     branch is recorded, the running branch's decisions (here: fail it, past its time limit) are
     not."""
-    runtime = make_runtime()
     clock = ManualClock()
-    request = StartRequest("Adopt X?", chain="research")
-    chain = with_task_timeout(runtime.catalog.resolve("research", ()), 10)
-    created = RunCreated(
-        seq=1,
-        at=clock.now(),
-        run_id="run-x",
-        request="Adopt X?",
-        chain=chain,
-        chain_hash=chain.content_hash(),
-        contract=runtime.resolve_contract(request, chain),
-        request_hash="h",
-        format=2,
-    )
+    created = created_with_time_limit(clock, "research", "Adopt X?")
     head = apply(None, created)
     busy = RESEARCHERS[0]
     attempt = AttemptRecord(number=1, executor="agent:x", started_at=clock.now())
@@ -519,20 +525,8 @@ async def test_a_follow_up_that_stops_at_a_prepared_host_task_leaves_nothing_und
 
 
 def test_a_linear_run_awaiting_the_host_is_decided_again_when_a_time_limit_is_due() -> None:
-    runtime = make_runtime()
     clock = ManualClock()
-    chain = with_task_timeout(runtime.catalog.resolve(("architect", "engineer"), ()), 10)
-    created = RunCreated(
-        seq=1,
-        at=clock.now(),
-        run_id="run-y",
-        request="Build it",
-        chain=chain,
-        chain_hash=chain.content_hash(),
-        contract=runtime.resolve_contract(StartRequest("Build it"), chain),
-        request_hash="h",
-        format=2,
-    )
+    created = created_with_time_limit(clock, ("architect", "engineer"), "Build it")
     follow = follow_up(apply(None, created), [created], clock.now(), {})
     head = follow.head
     assert [f.type for f in follow.facts] == ["run_created", "host_task_prepared"]
