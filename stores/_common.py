@@ -46,14 +46,18 @@ def _task_json(task: TaskState) -> str:
 #: Per run, the tasks of the head it last encoded and their texts (strong references: an ``is``
 #: below can never meet a reused id), so that the next head's encoding compares its tasks with those
 #: by identity, 50 ``is`` tests instead of 50 cache look-ups, and encodes only the tasks that changed.
+#: In the order the runs were last encoded: past the limit the run encoded longest ago is dropped
+#: (a server with more live runs than the limit keeps the ones at work), and a run whose head has
+#: ended is dropped at once (nothing is appended after its last head).
 _LAST_TASKS: dict[str, tuple[tuple[TaskState, ...], list[str]]] = {}
-#: runs remembered at most; past it the cache starts again
+#: runs remembered at most
 LAST_TASKS_LIMIT = 1024
 
 
-def _tasks_json(run_id: str, tasks: tuple[TaskState, ...]) -> str:
-    """The head's tasks as stored (their JSON texts, comma-separated), ``_task_json`` of each."""
-    last = _LAST_TASKS.get(run_id)
+def _tasks_json(run_id: str, tasks: tuple[TaskState, ...], ended: bool = False) -> str:
+    """The head's tasks as stored (their JSON texts, comma-separated), ``_task_json`` of each.
+    ``ended``: the head is the run's last (its entry is dropped: see :data:`_LAST_TASKS`)."""
+    last = _LAST_TASKS.pop(run_id, None)  # put back last: the order is that of the last encoding
     if last is not None and len(last[0]) == len(tasks):
         texts = [
             text if task is before else _task_json(task)
@@ -61,9 +65,10 @@ def _tasks_json(run_id: str, tasks: tuple[TaskState, ...]) -> str:
         ]
     else:
         texts = [_task_json(task) for task in tasks]
-        if len(_LAST_TASKS) >= LAST_TASKS_LIMIT:
-            _LAST_TASKS.clear()
-    _LAST_TASKS[run_id] = (tasks, texts)
+    if not ended:
+        while len(_LAST_TASKS) >= LAST_TASKS_LIMIT:
+            del _LAST_TASKS[next(iter(_LAST_TASKS))]
+        _LAST_TASKS[run_id] = (tasks, texts)
     return ",".join(texts)
 
 
@@ -95,7 +100,7 @@ def encode_head(head: RunHead, *, with_chain: bool = True) -> str:
     rest = head.model_dump_json(exclude_defaults=True, exclude=_ENCODED_APART)
     chain_at = rest.index(',"chain_hash":')
     tasks_at = rest.index(',"gates":', chain_at)
-    tasks = _tasks_json(head.run_id, head.tasks)
+    tasks = _tasks_json(head.run_id, head.tasks, head.status.is_terminal)
     chain = f',"chain":{_chain_json(head.chain)}' if with_chain else ""
     data = f'{rest[:chain_at]}{chain}{rest[chain_at:tasks_at]},"tasks":[{tasks}]{rest[tasks_at:]}'
 

@@ -71,13 +71,25 @@ def test_the_tasks_remembered_from_the_run_s_last_head_are_never_stale() -> None
         assert encode_head(head, with_chain=False) == _without_chain(head)
 
 
-def test_the_run_cache_starts_again_past_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_run_cache_keeps_the_runs_encoded_last_and_forgets_ended_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(_common, "LAST_TASKS_LIMIT", 2)
     monkeypatch.setattr(_common, "_LAST_TASKS", {})  # not what earlier tests left
     for n in range(1, 6):
         head, _ = new_run(run_id(n))
         assert encode_head(head) == plain_dump(head)
         assert len(_common._LAST_TASKS) <= 2
+    assert list(_common._LAST_TASKS) == [run_id(4), run_id(5)]
+    again, _ = new_run(run_id(4))
+    encode_head(again)  # run 4 is now the one encoded last: run 5 goes first past the limit
+    encode_head(new_run(run_id(6))[0])
+    assert list(_common._LAST_TASKS) == [run_id(4), run_id(6)]
+    *going, ended = heads()  # the last one is cancelled
+    encode_head(going[-1])
+    assert ended.run_id in _common._LAST_TASKS and ended.status.is_terminal
+    assert encode_head(ended) == plain_dump(ended)
+    assert ended.run_id not in _common._LAST_TASKS
 
 
 def _without_chain(head: RunHead) -> str:
