@@ -63,7 +63,6 @@ from orchestration.core.inputs import (
     StartRequest,
     check_start,
     inline_contract,
-    stored_key,
     with_task_timeout,
 )
 from orchestration.core.models import (
@@ -108,15 +107,12 @@ from orchestration.engine.reading import (
     refuse_if_out_of_time,
     require_resumable,
 )
-from orchestration.engine.start_window import look_up
+from orchestration.engine.start_window import keyed_before_namespaces, repeated, start_once
 from orchestration.errors import (
-    Conflict,
     ConstructError,
     CorruptRecord,
     InvalidArgument,
     InvalidState,
-    RunMoved,
-    RunPruned,
     TooLarge,
     VersionConflict,
     quoted,
@@ -335,34 +331,11 @@ class Runtime:
         )
         check_delegation(request.delegation, chain, self.server_id)
         contract = self.resolve_contract(request, chain)
-        window = request.retry
-        if request.idempotency_key is not None:
-            earlier = await self.keyed_before_namespaces(request.idempotency_key, request.started_by)
-            if earlier is not None:
-                same = repeated(earlier, request.request_hash(), request.idempotency_key, "request")
-                return Answered(same), False
-            key = stored_key(request.idempotency_key, request.started_by)
+
+        async def create(key: str | None) -> tuple[Answered, bool]:
             return await self._create_run(request, chain, contract, key, meanwhile)
-        if window is None or window.seconds <= 0:
-            return await self._create_run(request, chain, contract, None, meanwhile)
-        guess = not window.new_run  # see look_up: one read for a first start
-        while True:
-            found = await look_up(self.store, request, window, self.clock.now(), guess=guess)
-            if found.recent is not None and not window.new_run:
-                return Answered(found.recent), False
-            try:
-                answered, created = await self._create_run(
-                    request, chain, contract, found.free_key, meanwhile
-                )
-            except (RunPruned, RunMoved):
-                guess = False
-                continue  # the key's run was deleted since the look-up, which now skips it
-            if found.guessed and not created:
-                guess = False
-                continue  # the bucket has runs: a full look-up answers with its newest
-            if created or not window.new_run:
-                return answered, created  # not created: an identical start made it a moment ago
-            # new_run, and a concurrent start took that key first: the next look-up passes it.
+
+        return await start_once(self.store, request, self.clock, create, Answered)
 
     async def _create_run(
         self,
@@ -422,17 +395,8 @@ class Runtime:
         return answered or started(self, first, result.head), True
 
     async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
-        """The run that identity ``started_by`` started with idempotency key ``key`` before keys
-        were kept per identity (stored as sent), so that its repeats still answer with it; None
-        when there is none, or the run under that key was another's (or a local caller's: whose
-        it is stays unsaid), or it was deleted (a tombstone does not say who started the run)."""
-        if started_by is None:
-            return None
-        try:
-            head = await self.store.find_by_idempotency_key(key)
-        except (RunPruned, RunMoved):
-            return None
-        return head if head is not None and head.started_by == started_by else None
+        """See :func:`orchestration.engine.start_window.keyed_before_namespaces`."""
+        return await keyed_before_namespaces(self.store, key, started_by)
 
     async def create(self, head: RunHead, facts: Sequence[Fact]) -> tuple[RunHead, bool]:
         """Create a run made elsewhere (``head`` folded from ``facts``, ``run_created`` first: a fork,
@@ -791,17 +755,6 @@ class Runtime:
         store's error while it is still away. A lease claimed again since is not touched (the
         release matches the token)."""
         await self._releases.release_unreleased(run_id)
-
-
-def repeated(found: RunHead, request_hash: str, key: str | None, original: str) -> RunHead:
-    """``found``, the run an earlier call (the ``original`` request or fork) with idempotency key
-    ``key`` made, when this one asks for the same (``request_hash``); else a ``Conflict``."""
-    if found.request_hash != request_hash:
-        raise Conflict(
-            f"idempotency_key {quoted(key)} was already used for run {found.run_id} with a different "
-            f"request; use a new key, or repeat the original {original} exactly"
-        )
-    return found
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The retry window of a start without an idempotency key: which run an identical start already made.
+"""Which run an identical start already made: under the caller's idempotency key, or within the
+retry window of a start without one (:func:`start_once`, what ``Runtime.open_run`` creates through).
 
 A client that gives up on ``orchestrate_start`` (many do after 5 s) retries it, with no key, and the
 server must not start a second run. Within a window of ``W`` seconds (:class:`RetryWindow`), a start
@@ -39,13 +40,18 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
-from orchestration.core.inputs import RetryWindow, StartRequest
+from orchestration.core.clock import Clock
+from orchestration.core.inputs import RetryWindow, StartRequest, stored_key
 from orchestration.core.models import RunHead, canonical_hash
-from orchestration.errors import Conflict, RunMoved, RunPruned
+from orchestration.errors import Conflict, RunMoved, RunPruned, quoted
 from orchestration.store import RunStore
+
+T = TypeVar("T")
 
 #: How many keys one bucket may use (runs made with ``new_run``, pruned runs) before a start is
 #: refused: far more than any client retries in one window.
@@ -136,12 +142,79 @@ async def _scan(store: RunStore, print_: str, bucket: int) -> tuple[RunHead | No
     )
 
 
+async def start_once(
+    store: RunStore,
+    request: StartRequest,
+    clock: Clock,
+    create: Callable[[str | None], Awaitable[tuple[T, bool]]],
+    found: Callable[[RunHead], T],
+) -> tuple[T, bool]:
+    """A start made once: ``(found(run), False)`` for the run an earlier identical start made —
+    under the caller's idempotency key (:func:`keyed_before_namespaces` too), or within the retry
+    window (the module docstring) — else what ``create(key)`` answers, ``key`` the idempotency key
+    the new run goes under (the caller's stored per identity, the window's first free key, or
+    None without either). A window key whose run was deleted since the look-up, or that a
+    concurrent start took, is looked up again."""
+    if request.idempotency_key is not None:
+        earlier = await keyed_before_namespaces(store, request.idempotency_key, request.started_by)
+        if earlier is not None:
+            return found(repeated(earlier, request.request_hash(), request.idempotency_key, "request")), False
+        return await create(stored_key(request.idempotency_key, request.started_by))
+    window = request.retry
+    if window is None or window.seconds <= 0:
+        return await create(None)
+    guess = not window.new_run  # see look_up: one read for a first start
+    while True:
+        seen = await look_up(store, request, window, clock.now(), guess=guess)
+        if seen.recent is not None and not window.new_run:
+            return found(seen.recent), False
+        try:
+            made, created = await create(seen.free_key)
+        except (RunPruned, RunMoved):
+            guess = False
+            continue  # the key's run was deleted since the look-up, which now skips it
+        if seen.guessed and not created:
+            guess = False
+            continue  # the bucket has runs: a full look-up answers with its newest
+        if created or not window.new_run:
+            return made, created  # not created: an identical start made it a moment ago
+        # new_run, and a concurrent start took that key first: the next look-up passes it.
+
+
+async def keyed_before_namespaces(store: RunStore, key: str, started_by: str | None) -> RunHead | None:
+    """The run that identity ``started_by`` started with idempotency key ``key`` before keys
+    were kept per identity (stored as sent), so that its repeats still answer with it; None
+    when there is none, or the run under that key was another's (or a local caller's: whose
+    it is stays unsaid), or it was deleted (a tombstone does not say who started the run)."""
+    if started_by is None:
+        return None
+    try:
+        head = await store.find_by_idempotency_key(key)
+    except (RunPruned, RunMoved):
+        return None
+    return head if head is not None and head.started_by == started_by else None
+
+
+def repeated(found: RunHead, request_hash: str, key: str | None, original: str) -> RunHead:
+    """``found``, the run an earlier call (the ``original`` request or fork) with idempotency key
+    ``key`` made, when this one asks for the same (``request_hash``); else a ``Conflict``."""
+    if found.request_hash != request_hash:
+        raise Conflict(
+            f"idempotency_key {quoted(key)} was already used for run {found.run_id} with a different "
+            f"request; use a new key, or repeat the original {original} exactly"
+        )
+    return found
+
+
 __all__ = [
     "KEY_PREFIX",
     "MAX_GENERATIONS",
     "WindowLookup",
     "bucket_of",
     "fingerprint",
+    "keyed_before_namespaces",
     "look_up",
+    "repeated",
+    "start_once",
     "window_key",
 ]
