@@ -127,9 +127,14 @@ def _no_op(tracer: trace.Tracer) -> bool:
     until a tracer provider is installed, and then uses that provider's tracer: told here by the
     API's public ``get_tracer_provider``, which is the proxy provider until one is installed)."""
     if isinstance(tracer, trace.ProxyTracer):
-        provider = trace.get_tracer_provider()
-        return isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        return _no_provider()
     return isinstance(tracer, trace.NoOpTracer)
+
+
+def _no_provider() -> bool:
+    """Whether no tracer provider is installed (the API's proxy provider, or its no-op one): every
+    span started now, by any tracer, is a no-op one."""
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 class _NoAttemptTrace(AttemptTrace):
@@ -305,7 +310,7 @@ def traced_write(head: RunHead) -> AbstractContextManager[DriveTrace]:
     :meth:`DriveTrace.recorded`; the span ends with the write (with its error, if one stopped it).
     While no tracer provider is installed (every span the API's no-op one), a trace that does
     nothing, made once: a host's answer pays no span objects (about 4 us of its boundary)."""
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+    if _no_provider():
         return _UNTRACED_WRITE
     return _traced_write(head)
 
