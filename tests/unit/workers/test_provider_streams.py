@@ -82,6 +82,11 @@ async def test_a_streamed_answer_arrives_in_deltas_and_whole(
     assert t.provider_request_id
     assert t.first_token_ms is not None and t.stream_ms is not None
     assert 0 < t.first_token_ms <= (t.latency_ms or 0)
+    with anyio.fail_after(5):
+        # The fake, on another thread, records the stream once its last write returned: after
+        # the client has read it, possibly.
+        while not fake.streams():  # noqa: ASYNC110 - the fake runs on another thread
+            await anyio.sleep(0.01)
     assert [s["finished"] for s in fake.streams()] == [True]
 
 
