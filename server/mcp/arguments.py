@@ -41,6 +41,13 @@ def error_result(exc: ConstructError) -> CallToolResult:
 MissingHint = Callable[[Context[Any, Any], Mapping[str, Any]], Awaitable[ConstructError]]
 
 
+#: Arguments a host application adds to every tool's input schema on its own and sends in its
+#: calls; they mean nothing to this server, so they are dropped before the arguments are checked
+#: (never refused as unknown, never reaching a tool or a run's record). The published schemas do
+#: not list them. Gemini CLI adds ``wait_for_previous`` (a boolean its model sets to say whether the
+#: call must wait for the calls before it in the same turn: the host's own scheduling).
+HOST_ADDED_ARGUMENTS = frozenset({"wait_for_previous"})
+
 #: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
 _TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
 
@@ -124,7 +131,8 @@ class StrictTool(Tool):
     validation text after ``Error executing tool <name>:``):
 
     * an argument the tool does not take is ``invalid_argument: unknown argument 'x'`` with the
-      closest known name (an ignored ``approve_befor`` would silently drop a gate);
+      closest known name (an ignored ``approve_befor`` would silently drop a gate), but for the
+      arguments hosts add to every tool (:data:`HOST_ADDED_ARGUMENTS`), which are dropped;
     * a schema violation is ``invalid_argument: <argument>: <what is wrong>``, or ``too_large``
       for a string or list over its bound; nothing of the rejected value is echoed;
     * a missing argument with a hint in :attr:`missing` gets the hint's error, which names the
@@ -136,6 +144,7 @@ class StrictTool(Tool):
     async def run(
         self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
     ) -> Any:
+        arguments = self._without_host_added(arguments)
         outcome = await self._refusal(arguments, context)
         if isinstance(outcome, ConstructError):
             log.info(
@@ -150,6 +159,16 @@ class StrictTool(Tool):
             return await super().run(arguments, context, convert_result)
         finally:
             _CHECKED.reset(checked)
+
+    def _without_host_added(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """``arguments`` without those a host added on its own (:data:`HOST_ADDED_ARGUMENTS`) that
+        this tool does not take; the same dict when there are none."""
+        dropped = HOST_ADDED_ARGUMENTS.intersection(arguments).difference(
+            self.fn_metadata.arg_model.model_fields
+        )
+        if not dropped:
+            return arguments
+        return {name: value for name, value in arguments.items() if name not in dropped}
 
     async def _refusal(
         self, arguments: dict[str, Any], context: Context[Any, Any]

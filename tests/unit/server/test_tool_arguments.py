@@ -24,7 +24,9 @@ from orchestration.chains.catalog import Catalog
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument, TooLarge
 from server.app import ConstructApp
+from server.mcp.arguments import HOST_ADDED_ARGUMENTS
 from server.mcp.services import Services
+from server.mcp.tools import build_tools
 from server.settings.config import load_settings
 from stores._common import decode_cursor
 from stores.memory import MemoryStore
@@ -289,3 +291,78 @@ async def test_a_calls_arguments_are_validated_once_and_answers_keep_their_schem
     assert [a["run_id"] for a in validated] == [first["run_id"], second["run_id"]]
     assert one["run_id"] == first["run_id"] and one.get("request") is None
     assert two["run_id"] == second["run_id"] and two["request"] == "two"
+
+
+async def _a_call_for_every_tool(client: Client) -> dict[str, dict[str, Any]]:
+    """Arguments with which each published tool succeeds, on runs made for it: one awaiting the
+    host, one at a gate, one to cancel."""
+    host = await call(client, "orchestrate_start", request="notes", chain=["writer"], wait_seconds=0)
+    gated = await call(
+        client, "orchestrate_start", request="gated", chain=["writer"], approve_before=["writer"]
+    )
+    doomed = await call(client, "orchestrate_start", request="doomed", chain=["writer"], new_run=True)
+    return {
+        "orchestrate_start": {"request": "another", "chain": ["writer"], "wait_seconds": 0},
+        "orchestrate_fork": {"run_id": host["run_id"], "from_task": "writer", "wait_seconds": 0},
+        "orchestrate_resume": {"run_id": host["run_id"], "task_id": "writer", "output": "the notes"},
+        "orchestrate_approve": {"run_id": gated["run_id"], "gate_id": "before:writer", "decision": "approve"},
+        "run_status": {"run_id": host["run_id"]},
+        "orchestrate_cancel": {"run_id": doomed["run_id"], "reason": "not needed"},
+        "runs_list": {},
+        "run_events": {"run_id": host["run_id"]},
+    }
+
+
+def _misspelt(name: str) -> str:
+    """``name`` with its last letter dropped: close enough that the refusal suggests ``name``."""
+    return name[:-1]
+
+
+#: every tool the server publishes
+PUBLISHED = [tool.name for tool in build_tools()]
+
+
+async def test_every_published_tool_has_a_call_here(server: MCPServer[Services]) -> None:
+    """The parametrized tests below cover every tool the server publishes."""
+    async with connected(server) as client:
+        assert sorted(await _a_call_for_every_tool(client)) == sorted(PUBLISHED)
+        assert sorted(t.name for t in (await client.list_tools()).tools) == sorted(PUBLISHED)
+
+
+@pytest.mark.parametrize("tool", PUBLISHED)
+async def test_arguments_hosts_add_to_every_tool_are_accepted_and_ignored(
+    server: MCPServer[Services], tool: str
+) -> None:
+    """Gemini CLI adds ``wait_for_previous`` to every tool and sends it: the call answers as without
+    it (the tool never sees it, no run records it); the published schema stays closed without it."""
+    assert "wait_for_previous" in HOST_ADDED_ARGUMENTS
+    async with connected(server) as client:
+        schema = {t.name: t for t in (await client.list_tools()).tools}[tool].input_schema
+        assert schema["additionalProperties"] is False
+        assert not HOST_ADDED_ARGUMENTS & set(schema["properties"])
+        arguments = (await _a_call_for_every_tool(client))[tool]
+        for value in (True, False):
+            answer = await call(client, tool, **arguments, wait_for_previous=value)
+            assert "wait_for_previous" not in json.dumps(answer)
+            if tool == "orchestrate_resume":
+                break  # the second hand-in would be refused as another output for a done task
+        runs = (await call(client, "runs_list"))["runs"]
+        for run in runs:
+            full = await call(client, "run_status", run_id=run["run_id"], detail="full")
+            events = await call(client, "run_events", run_id=run["run_id"], limit=500)
+            assert "wait_for_previous" not in json.dumps(full) + json.dumps(events)
+
+
+@pytest.mark.parametrize("tool", PUBLISHED)
+async def test_an_unknown_argument_of_ours_is_still_refused_on_every_tool(
+    server: MCPServer[Services], tool: str
+) -> None:
+    async with connected(server) as client:
+        arguments = (await _a_call_for_every_tool(client))[tool]
+        schema = {t.name: t for t in (await client.list_tools()).tools}[tool].input_schema
+        name = max(schema["properties"], key=len)  # a long name: its misspelling is unambiguous
+        wrong = _misspelt(name)
+        text = await call_error(client, tool, **arguments, **{wrong: 1}, wait_for_previous=True)
+        assert text == f"invalid_argument: unknown argument '{wrong}' (did you mean '{name}'?)"
+        text = await call_error(client, "orchestrate_start", request="x", approve_befor=["writer"])
+        assert text == "invalid_argument: unknown argument 'approve_befor' (did you mean 'approve_before'?)"
