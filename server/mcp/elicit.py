@@ -66,7 +66,7 @@ from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from mcp_types.version import is_version_at_least
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestration.core import (
     AGENT_APPROVER,
@@ -112,8 +112,19 @@ _NOTES_KEPT = 5
 _NOTE_CHARS = 400
 
 
+#: The form's own title and description, which hosts show the user: plain sentences (the models'
+#: docstrings, which pydantic would publish instead, are written for developers).
+FORM_TITLE = "Your decision at this gate"
+FORM_DESCRIPTION = "Approve, or reject, the step this gate holds; a comment is optional."
+REVISABLE_FORM_DESCRIPTION = (
+    "Approve, reject, or send the work under review back to be done again; a comment is optional."
+)
+
+
 class GateForm(BaseModel):
     """The form's fields (primitive, as elicitation requires), for a gate that cannot be revised."""
+
+    model_config = ConfigDict(title=FORM_TITLE, json_schema_extra={"description": FORM_DESCRIPTION})
 
     decision: Literal["approve", "reject"] = Field(
         title="Decision",
@@ -129,6 +140,8 @@ class GateForm(BaseModel):
 
 class RevisableGateForm(BaseModel):
     """The form for a gate that can be revised (:func:`~orchestration.core.routing.revise_offered`)."""
+
+    model_config = ConfigDict(title=FORM_TITLE, json_schema_extra={"description": REVISABLE_FORM_DESCRIPTION})
 
     decision: Choice = Field(
         title="Decision",

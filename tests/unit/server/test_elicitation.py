@@ -5,6 +5,7 @@ SQLite stores."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,13 +16,15 @@ import anyio
 import pytest
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
+from mcp.server.elicitation import render_elicitation_schema
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, InputRequiredResult
+from pydantic import BaseModel
 
 from orchestration.core.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.errors import InvalidArgument
 from orchestration.store import RunStore
 from server.app import ConstructApp
-from server.mcp.elicit import FORM_KEY, STATE_TTL_SECONDS, AskedGate
+from server.mcp.elicit import FORM_KEY, STATE_TTL_SECONDS, AskedGate, GateForm, RevisableGateForm
 from server.settings.config import load_settings
 from stores import open_store
 from tests.acceptance.store_targets import store_target
@@ -434,6 +437,37 @@ steps = [{ specialist = "architect", approve_after = true }, "writer"]
 """
 
 
+#: Markup for developers that must never reach a form a person reads (Sphinx roles, backticks).
+DEVELOPER_MARKUP = re.compile(r":(func|class|meth|mod|data|attr):|`|~orchestration")
+
+
+def assert_plain_text(asked: ElicitRequestParams) -> None:
+    """The form's texts (its message, its title and description, its fields' titles and
+    descriptions) are plain sentences for people."""
+    schema: dict[str, Any] = getattr(asked, "requested_schema", {})
+    texts = [asked.message, schema.get("title", ""), schema.get("description", "")]
+    for field in schema.get("properties", {}).values():
+        texts += [field.get("title", ""), field.get("description", "")]
+    for text in texts:
+        assert not DEVELOPER_MARKUP.search(text), text
+
+
+@pytest.mark.parametrize("form", [GateForm, RevisableGateForm])
+def test_each_form_is_titled_and_described_in_plain_sentences(form: type[BaseModel]) -> None:
+    """The schema a form is published with (every gate position asks with one of these two)."""
+    schema = render_elicitation_schema(form)
+    assert schema["title"] and schema["description"]
+    texts = [schema["title"], schema["description"]]
+    texts += [
+        v
+        for field in schema["properties"].values()
+        for k, v in field.items()
+        if k in ("title", "description")
+    ]
+    for text in texts:
+        assert not DEVELOPER_MARKUP.search(text), text
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_the_form_of_a_gate_after_a_step_shows_that_steps_output_and_what_follows(
     tmp_path: Path, mode: Mode
@@ -456,6 +490,7 @@ async def test_the_form_of_a_gate_after_a_step_shows_that_steps_output_and_what_
         f"\n{short}"
     )
     assert (result.structured_content or {})["next_action"]["task_id"] == "writer"
+    assert_plain_text(answers.asked[0])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -486,6 +521,7 @@ async def test_the_form_of_an_exhausted_loop_shows_its_history(tmp_path: Path, m
     schema = answers.asked[0].requested_schema  # type: ignore[union-attr]
     assert schema["properties"]["decision"]["enum"] == ["approve", "reject"]
     assert "Revise:" not in message
+    assert_plain_text(answers.asked[0])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -499,6 +535,9 @@ async def test_a_revise_in_the_form_reruns_the_step_under_review_with_the_commen
         view = await _resume(client, await _to_gate(client))
     assert view["next_action"]["kind"] == "run_host_task"
     assert view["next_action"]["task_id"] == "architect~2"
+    (asked,) = answers.asked
+    assert asked.requested_schema["properties"]["decision"]["enum"] == ["approve", "reject", "revise"]  # type: ignore[union-attr]
+    assert_plain_text(asked)
     assert "cite sources" in view["next_action"]["user_prompt"]
     gate = view["gates"][0]
     assert (gate["status"], gate["channel"], gate.get("decisions", [])) == ("revised", "elicitation", [])
