@@ -16,7 +16,9 @@ The answer is recorded through :meth:`~orchestration.engine.runtime.Runtime.appr
 ``orchestrate_approve`` takes, with ``channel="elicitation"``: the approver is the verified identity
 of the HTTP token (``verified=True``), else nobody (claimed: the form names no one). A duplicated
 answer therefore records one decision. Declining or cancelling the form leaves the gate pending;
-the answer's ``warnings`` say so. When the gate was decided elsewhere while the form was open, an
+the answer's ``warnings`` say so, as the host's refusal when it came sooner than anybody could
+have read the form (:data:`FORM_READ_SECONDS`: headless hosts refuse forms at once), else as the
+user's. When the gate was decided elsewhere while the form was open, an
 answer that agrees records nothing (a warning says who decided), and one that differs is not
 recorded: a warning starting ``conflict:`` says so. Those warnings start with a stable word:
 ``elicitation:`` (declined, cancelled, unanswered, already decided the same way), ``conflict:``,
@@ -106,6 +108,13 @@ INPUT_REQUIRED_VERSION = "2026-07-28"
 #: How long a ``request_state`` this server issued is good for: the expiry the SDK seals it with
 #: (:mod:`server.app` builds the server with this policy).
 STATE_TTL_SECONDS = 600.0
+
+#: A form refused (declined or cancelled) sooner than this after it was sent was refused by the host
+#: itself, before anybody could have read it: the form shows a gate, what comes next and up to
+#: 1,500 characters under review, which no one reads, let alone decides on, in under a second and a
+#: half; headless hosts answer within milliseconds (Claude Code ``-p`` cancels, Codex ``exec``
+#: declines). Such a refusal is reported as the host's, not as the user's choice.
+FORM_READ_SECONDS = 1.5
 
 _DID = {"decline": "declined", "cancel": "cancelled", "accept": "accepted"}
 _NOTES_KEPT = 5
@@ -332,6 +341,7 @@ async def _elicit(
     when the form failed or got no answer in time."""
     open_for, wait_seconds = wait
     with anyio.move_on_after(open_for):
+        sent = anyio.current_time()
         try:
             outcome = await ctx.elicit(gate_message(snapshot, gate), form_for(snapshot.head, gate))
         except (MCPError, ValueError) as exc:
@@ -339,6 +349,13 @@ async def _elicit(
             return None
         if isinstance(outcome, AcceptedElicitation):
             return ElicitResult(action="accept", content=outcome.data.model_dump())
+        if anyio.current_time() - sent < FORM_READ_SECONDS:
+            notes.append(
+                f"elicitation: the host {_DID[outcome.action]} the form for gate {gate} at once, before "
+                "anybody could read it (it shows no forms to the user); the gate is still pending: ask the "
+                "user, then call orchestrate_approve with their decision"
+            )
+            return None
         return ElicitResult(action=outcome.action)
     notes.append(
         f"elicitation: no answer to the form for gate {gate} within {wait_seconds:g} s; the gate "

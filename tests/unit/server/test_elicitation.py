@@ -24,6 +24,7 @@ from orchestration.core.facts import ApprovalDecided, Fact, TaskCompleted
 from orchestration.errors import InvalidArgument
 from orchestration.store import RunStore
 from server.app import ConstructApp
+from server.mcp import elicit
 from server.mcp.elicit import FORM_KEY, STATE_TTL_SECONDS, AskedGate, GateForm, RevisableGateForm
 from server.settings.config import load_settings
 from stores import open_store
@@ -177,10 +178,16 @@ async def test_a_rejection_in_the_form_rejects_the_run(tmp_path: Path, mode: Mod
 @pytest.mark.parametrize("action", ["decline", "cancel"])
 @pytest.mark.parametrize("mode", MODES)
 async def test_declining_or_cancelling_leaves_the_gate_pending_and_says_so(
-    tmp_path: Path, mode: Mode, store: str, action: Literal["decline", "cancel"]
+    tmp_path: Path,
+    mode: Mode,
+    store: str,
+    action: Literal["decline", "cancel"],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     said = {"decline": "declined", "cancel": "cancelled"}[action]
     answers = Answers(ElicitResult(action=action))
+    # Any answer counts as read: this test is about the user's refusal (the host's: below).
+    monkeypatch.setattr(elicit, "FORM_READ_SECONDS", 0.0)
     async with client_for(_app(tmp_path, store), mode, answers) as client:
         run_id = await _to_gate(client)
         view = await _resume(client, run_id)
@@ -195,6 +202,34 @@ async def test_declining_or_cancelling_leaves_the_gate_pending_and_says_so(
         for w in view["warnings"]
     ), view["warnings"]
     assert await _decisions(tmp_path, store, run_id) == []
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+@pytest.mark.parametrize("threshold", [60.0, 0.0])
+async def test_a_form_refused_within_moments_is_the_host_s_refusal(
+    tmp_path: Path, action: Literal["decline", "cancel"], threshold: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handshake-era host that refuses the form sooner than anybody could read it (Claude Code
+    ``-p`` cancels at once, Codex ``exec`` declines): the warning says the host refused it and to
+    ask the user; the gate stays pending. The same answer once the threshold has passed (here:
+    a threshold of 0 instead of a delay, so the test does not sleep) is the user's."""
+    monkeypatch.setattr(elicit, "FORM_READ_SECONDS", threshold)
+    said = {"decline": "declined", "cancel": "cancelled"}[action]
+    answers = Answers(ElicitResult(action=action))
+    async with client_for(_app(tmp_path, "filesystem"), "legacy", answers) as client:
+        run_id = await _to_gate(client)
+        view = await _resume(client, run_id)
+    assert len(answers.asked) == 1
+    assert view["next_action"]["kind"] == "approve" and view["gates"][0]["status"] == "requested"
+    host = [w for w in view["warnings"] if w.startswith(f"elicitation: the host {said} the form")]
+    user = [w for w in view["warnings"] if w.startswith(f"elicitation: the user {said} the form")]
+    if threshold > 0:
+        assert len(host) == 1 and not user, view["warnings"]
+        assert "before anybody could read it" in host[0]
+        assert host[0].endswith("ask the user, then call orchestrate_approve with their decision")
+    else:
+        assert len(user) == 1 and not host, view["warnings"]
+    assert await _decisions(tmp_path, "filesystem", run_id) == []
 
 
 @pytest.mark.parametrize("mode", MODES)
