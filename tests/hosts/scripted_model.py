@@ -387,7 +387,7 @@ def _pieces(text: str, size: int = 4_000) -> list[str]:
 
 def anthropic_stream(move: Move, model: str, n: int) -> Iterator[bytes]:
     usage = {"input_tokens": 10, "output_tokens": 1}
-    message = {
+    message: dict[str, Any] = {
         "id": f"msg_{n}",
         "type": "message",
         "role": "assistant",
@@ -692,11 +692,10 @@ class ScriptedModel:
         elif path.endswith(":streamGenerateContent") or path.endswith(":generateContent"):
             model = path.rsplit("/", 1)[-1].split(":")[0]
             turn = gemini_turn(body)
-            move = self._move(turn)
-            if move is None:  # the router's call: a JSON answer to its response schema
-                config = body.get("generationConfig", {})
-                schema = config.get("responseJsonSchema") or config.get("responseSchema")
-                move = Final(json.dumps(schema_example(schema)) if schema else "OK")
+            config = body.get("generationConfig", {})
+            schema = config.get("responseJsonSchema") or config.get("responseSchema")
+            # no tools: the router's call, a JSON answer to its response schema
+            move = self._move(turn) or Final(json.dumps(schema_example(schema)) if schema else "OK")
             self._record("POST", path, chars, _describe(turn, move))
             if path.endswith(":generateContent"):
                 handler._json(200, gemini_chunk(move, model))

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.launch import HOSTS, missing, run_host, server_exe
+from tests.hosts.launch import HOSTS, REPO, missing, run_host, server_exe
 from tests.hosts.scripted_model import LONG_OUTPUT_CHARS, SHORT_OUTPUT_CHARS, ScriptedModel, prompt_sha256
 
 pytestmark = pytest.mark.slow
@@ -32,10 +32,18 @@ pytestmark = pytest.mark.slow
 #: One host run's bound (the slowest, opencode, took 5.6 s with short outputs).
 RUN_TIMEOUT = 120.0
 
+#: Whether the server hands long prompts out in parts (the ``task_prompt`` tool). Without it an
+#: answer holding a 60,000-character prompt is cut or replaced by every host (Codex silently, in the
+#: middle: the JSON still parses and the model gets a prompt the run did not record).
+PARTS = any("task_prompt" in p.read_text(encoding="utf-8") for p in (REPO / "server" / "mcp").glob("*.py"))
+_NEEDS_PARTS = pytest.mark.xfail(
+    not PARTS, reason="answers hold whole prompts: hosts truncate 60,000-character ones", strict=True
+)
+
 CASES = [
     pytest.param("default", SHORT_OUTPUT_CHARS, id="default-short"),
-    pytest.param("default", LONG_OUTPUT_CHARS, id="default-60k"),
-    pytest.param("review-loop", LONG_OUTPUT_CHARS, id="review-loop-60k"),
+    pytest.param("default", LONG_OUTPUT_CHARS, id="default-60k", marks=_NEEDS_PARTS),
+    pytest.param("review-loop", LONG_OUTPUT_CHARS, id="review-loop-60k", marks=_NEEDS_PARTS),
 ]
 
 
