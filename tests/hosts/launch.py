@@ -33,7 +33,10 @@ def server_exe() -> Path:
 def doc_block(host: str) -> str:
     """The configuration block docs/hosts.md shows for ``host``."""
     page = (REPO / "docs" / "hosts.md").read_text(encoding="utf-8")
-    found = re.search(rf"<!-- host-config: {host} -->\n```\w*\n(.*?)\n```", page, re.DOTALL)
+    # (a TOML block not for construct.toml also carries docs/fenced_blocks.py's fragment marker)
+    found = re.search(
+        rf"<!-- host-config: {host} -->\n(?:<!-- fragment -->\n)?```\w*\n(.*?)\n```", page, re.DOTALL
+    )
     assert found is not None, f"docs/hosts.md has no host-config block for {host}"
     return found.group(1)
 
