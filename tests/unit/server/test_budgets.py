@@ -194,6 +194,11 @@ async def test_a_stream_past_what_max_tokens_can_hold_is_stopped_and_fails_the_t
     assert architect.status == TaskStatus.FAILED and architect.error is not None
     assert architect.error.code == "over_max_tokens" and not architect.error.retryable
     assert "passed 2400 characters" in architect.error.message
+    with anyio.fail_after(5):
+        # The fake, on another thread, records the stream once a write finds the connection
+        # closed: after the client stopped reading, so possibly after the task failed.
+        while not fake.streams():  # noqa: ASYNC110 - the fake runs on another thread
+            await anyio.sleep(0.01)
     [stream] = fake.streams()
     assert not stream["finished"] and stream["deltas"] < 60
     assert head.spent is not None and head.spent.run.output_tokens == 300
