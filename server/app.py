@@ -92,8 +92,8 @@ Start one with orchestrate_start. Every answer is a run view whose next_action s
 with the call to make: send its arguments to its tool. Its kind is run_host_task (do the task with
 your own model, then call the tool with arguments plus output, your answer), approve (ask the user,
 then call it with decision set to their choice, one of choices), wait (the call waits) or none
-(finished). Parallel steps may wait at once: more_actions lists the others, each like next_action;
-do them in any order, or at once.
+(finished: it names no call; stop). Parallel steps may wait at once: more_actions lists the
+others, each like next_action; do them in any order, or at once.
 Views show task outputs as previews; run_status(run_id, detail='full') shows them whole.
 Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
 

@@ -84,14 +84,15 @@ GATE_FIELDS = (
     "channel",
 )
 
-#: The run fields a compact answer keeps (when set); ``tasks``, ``gates`` and ``costs`` are
-#: shaped here.
+#: The run fields a compact answer keeps (when set), in this order; ``tasks``, ``gates`` and
+#: ``costs`` are shaped here. ``next_action`` comes first: a host that cuts a long answer short
+#: still shows the call to make.
 RUN_FIELDS = (
+    "next_action",
+    "more_actions",
     "run_id",
     "status",
     "status_kind",
-    "next_action",
-    "more_actions",
     "existing_run",
     "withheld",
     "error",
@@ -107,7 +108,8 @@ def answer_data(view: RunView) -> dict[str, Any]:
     """The structured content of an answer that is ``view``: the whole view (as JSON) when it was
     built with ``detail="full"``, else its compact form (see the module docstring)."""
     if view.detail == "full":
-        return view.model_dump(mode="json")
+        whole = view.model_dump(mode="json")
+        return {"next_action": whole.pop("next_action"), **whole}
     data = _kept(view.model_dump(mode="json", include=set(RUN_FIELDS), exclude_none=True), RUN_FIELDS)
     prompts = [a.user_prompt for a in (view.next_action, *view.more_actions) if isinstance(a, RunHostTask)]
     data["tasks"] = [_task(task, prompts) for task in view.tasks]

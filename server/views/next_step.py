@@ -82,11 +82,11 @@ class Wait(View):
 
 
 class Done(View):
-    """The run has ended; nothing more can happen to it."""
+    """The run has ended; nothing more can happen to it. It names no call: a host that makes every
+    call an answer names would otherwise call again and again, each answer naming the same call.
+    Its instruction says how to read an output whole, should the user ask for one."""
 
     kind: Literal["none"] = "none"
-    tool: Literal["run_status"] = "run_status"
-    arguments: dict[str, Any] = Field(description="run_id and detail full: the whole outputs.")
     instruction: str
 
 
@@ -227,9 +227,9 @@ def next_step(
     run_id = head.run_id
     if head.status.is_terminal:
         return Done(
-            arguments={"run_id": run_id, "detail": "full"},
-            instruction=f"The run is {head.status.value}; nothing more will happen. "
-            "Report the outcome to the user; run_status gives the whole outputs.",
+            instruction=f"The run is {head.status.value}; nothing more will happen: report the outcome "
+            "to the user and make no more calls for it. Should the user ask for a task's whole output: "
+            f"run_status with run_id {run_id!r} and that task_id.",
         )
     if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
         items = waiting_items(snapshot) if waiting is None else waiting

@@ -131,18 +131,35 @@ async def test_an_inline_start_answers_its_first_host_task_without_waiting(tmp_p
         assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect"}
 
 
-async def test_a_finished_runs_call_gives_the_whole_outputs(tmp_path: Path) -> None:
+async def test_a_finished_run_names_no_call_and_says_how_to_read_its_outputs(tmp_path: Path) -> None:
     async with connected(tmp_path) as client:
         view = await call(client, "orchestrate_start", {"request": "Build a URL shortener"})
         long = "x" * 1000  # longer than a preview
         while view["next_action"]["kind"] == "run_host_task":
             view = await follow(client, view["next_action"], long)
         action = view["next_action"]
-        assert (view["status"], action["kind"], action["tool"]) == ("completed", "none", "run_status")
-        assert action["arguments"] == {"run_id": view["run_id"], "detail": "full"}
+        assert (view["status"], action["kind"]) == ("completed", "none")
+        # A host that makes every call an answer names stops here: there is none.
+        assert set(action) == {"kind", "instruction"}
+        assert "run_status" in action["instruction"] and "task_id" in action["instruction"]
         assert all("output" not in t or t["output"] is None for t in view["tasks"])
-        whole = await follow(client, action)
+        whole = await call(client, "run_status", {"run_id": view["run_id"], "detail": "full"})
         assert [t["output"] for t in whole["tasks"]] == [long, long, long]
+        assert next(iter(whole)) == "next_action"
+
+
+async def test_an_answer_names_its_call_first(tmp_path: Path) -> None:
+    async with connected(tmp_path) as client:
+        view = await call(
+            client, "orchestrate_start", {"request": "Build a URL shortener", "wait_seconds": 0}
+        )
+        result = await client.call_tool("run_status", {"run_id": view["run_id"]})
+        text = result.content[0].text  # type: ignore[union-attr]
+        # A host that keeps only an answer's head (Codex keeps its first ~6,000 characters) still
+        # shows the call.
+        assert text.startswith(
+            '{"next_action":{"kind":"run_host_task","tool":"orchestrate_resume","arguments":'
+        )
 
 
 async def test_every_waiting_branch_of_a_parallel_run_is_answered_by_its_own_call(tmp_path: Path) -> None:

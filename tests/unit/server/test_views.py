@@ -134,10 +134,8 @@ async def test_terminal_runs_need_nothing() -> None:
     assert [t.output_preview for t in view.tasks] == [
         f"host output for {t}" for t in ("architect", "engineer", "reviewer")
     ]
-    assert (view.next_action.tool, view.next_action.arguments) == (
-        "run_status",
-        {"run_id": run_id, "detail": "full"},
-    )
+    # no call: a host that makes every call an answer names would otherwise never stop
+    assert set(view.next_action.model_dump()) == {"kind", "instruction"}
 
     cancelled = await begin(runtime, "another")
     await runtime.cancel(cancelled, reason="no")
