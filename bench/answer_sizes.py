@@ -49,8 +49,8 @@ from server.settings.config import load_settings
 
 #: The most an answer may weigh against the prompt it carries.
 MAX_RATIO = 1.2
-#: The most ``tools/list`` may weigh, in bytes.
-MAX_TOOLS_LIST_BYTES = 12_000
+#: The most ``tools/list`` may weigh, in bytes (nine tools: about 1.4 KB each, with their schemas).
+MAX_TOOLS_LIST_BYTES = 13_000
 #: How long the host's outputs are in the compact scenario ("short outputs": a paragraph).
 SHORT_OUTPUT_CHARS = 150
 #: The most an answer that hands out a host task may add to that task's prompt, in characters.
@@ -132,12 +132,23 @@ async def measure(home: Path, output_chars: int = 100_000) -> Figures:
         action = view["next_action"]
         if action.get("task_id") != "reviewer":
             raise RuntimeError(f"expected the reviewer task, got {action}")
-        text = "".join(block.text for block in result.content if block.type == "text")
-        structured = json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+        text_chars = structured_chars = 0
+        system, user = action.get("system_prompt", ""), action.get("user_prompt", "")
+        while True:  # the answer, then each part of a prompt too long for one answer
+            text_chars += len("".join(block.text for block in result.content if block.type == "text"))
+            structured_chars += len(
+                json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+            )
+            if action["kind"] != "read_prompt":
+                break
+            result = await client.call_tool(action["tool"], action["arguments"])
+            part = _data(result)
+            system, user = part.get("system_prompt", system), user + part["text"]
+            action = part["next_action"]
         return Figures(
-            text_chars=len(text),
-            structured_chars=len(structured),
-            prompt_chars=len(action["system_prompt"]) + len(action["user_prompt"]),
+            text_chars=text_chars,
+            structured_chars=structured_chars,
+            prompt_chars=len(system) + len(user),
             tools_list_bytes=tools_list_bytes,
         )
 

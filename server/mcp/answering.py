@@ -67,6 +67,7 @@ ROLE_OF: dict[str, Role] = {
     "run_status": "read",
     "runs_list": "read",
     "run_events": "read",
+    "task_prompt": "read",
 }
 
 
@@ -91,9 +92,12 @@ def _ok(model: BaseModel, services: Services | None = None) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
-async def answer(tool: str, work: Callable[[], Awaitable[BaseModel]]) -> CallToolResult:
-    """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code."""
-    result = await answer_or_ask(tool, work)
+async def answer(
+    tool: str, work: Callable[[], Awaitable[BaseModel]], services: Services | None = None
+) -> CallToolResult:
+    """Run ``work``; a ConstructError becomes an ``isError`` result starting with its code (with
+    ``services``: see :func:`answer_or_ask`)."""
+    result = await answer_or_ask(tool, work, services)
     assert isinstance(result, CallToolResult)  # work never asks (see answer_or_ask)
     return result
 

@@ -92,4 +92,4 @@ async def orchestrate_fork(
             services.dispatcher.wake(head.run_id)
         return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
 
-    return await answer_or_ask("orchestrate_fork", work)
+    return await answer_or_ask("orchestrate_fork", work, services_of(ctx))

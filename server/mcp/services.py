@@ -18,6 +18,7 @@ from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
 from server.views.compact import answer_data, answer_text, content_for
+from server.views.parts import fitted
 from server.views.run_view import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
@@ -50,9 +51,10 @@ class Preparing:
     anywhere until the write succeeded: :meth:`Services.remember` then takes it (:meth:`of` the
     answer the write returned; an answer it was not built for is built again, as before)."""
 
-    __slots__ = ("_ready",)
+    __slots__ = ("_bound", "_ready")
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int) -> None:
+        self._bound = bound  # max_answer_chars
         self._ready: PreparedAnswer | None = None
 
     def __call__(self, answered: Answered) -> None:
@@ -60,7 +62,7 @@ class Preparing:
         if snapshot is None:
             return
         view = run_view(snapshot)
-        data = answer_data(view)
+        data = fitted(answer_data(view), self._bound)
         self._ready = PreparedAnswer(answered, snapshot, view, answer_text(data), data)
 
     def of(self, answered: Answered) -> PreparedAnswer | None:
@@ -129,9 +131,7 @@ class Services:
         if head is None:
             head = await self.runtime.status(run_id)
         key = (head.run_id, head.version)
-        snapshot = self.snapshots.get(key)
-        if snapshot is None:
-            snapshot = self.keep(await self.runtime.snapshot(run_id, head))
+        snapshot = await self.snapshot_of(head)
         if detail == "compact" and full_task is None:
             view = self.compact_views.get(key) or run_view(snapshot)
             self.compact_views[key] = view
@@ -197,14 +197,25 @@ class Services:
         Callers must not change the structured content (it is shared between answers)."""
         key = (view.run_id, view.version)
         if self.compact_views.get(key) is not view:
-            data = answer_data(view)
+            data = self.fitted(view)
             return answer_text(data), data
         dumped = self.compact_answers.get(key)
         if dumped is None or dumped[0] is not view:
-            data = answer_data(view)
+            data = self.fitted(view)
             dumped = (view, answer_text(data), data)
             self.compact_answers[key] = dumped
         return dumped[1], dumped[2]
+
+    def fitted(self, view: RunView) -> dict[str, Any]:
+        """The structured content of an answer that is ``view``, its host tasks' prompts handed
+        out in parts where they would make it longer than ``max_answer_chars``
+        (:func:`~server.views.parts.fitted`)."""
+        return fitted(answer_data(view), self.settings.max_answer_chars)
+
+    async def snapshot_of(self, head: RunHead) -> RunSnapshot:
+        """The snapshot of the run at ``head`` (kept per version, as :meth:`whole_view` keeps it)."""
+        snapshot = self.snapshots.get((head.run_id, head.version))
+        return snapshot if snapshot is not None else self.keep(await self.runtime.snapshot(head.run_id, head))
 
     async def publish_change(self, head: RunHead) -> None:
         """Runtime listener: tell the resource subscribers who may read the run that ``run://<id>``

@@ -84,7 +84,7 @@ from orchestration.core import (
     delegation_from_meta,
 )
 from orchestration.engine import Decision, is_settled
-from orchestration.errors import ConstructError, Forbidden, InvalidArgument, quoted
+from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, quoted
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity
 from server.mcp.answering import (
@@ -105,6 +105,7 @@ from server.mcp.fork_tool import orchestrate_fork
 from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.listing import RunsPage, runs_page
+from server.views.parts import PromptPart, prompt_part
 from server.views.run_view import Detail, RunView, check_task_id
 
 log = logging.getLogger("construct.tools")
@@ -333,7 +334,7 @@ async def _started(
         caller.check_run(await runtime.status(parent_run_id))
         head, created = await runtime.children.start_for_host(start, parent_run_id, parent_task_id)
     else:
-        prepared = Preparing()  # the answer's view built while the create flushes
+        prepared = Preparing(services.settings.max_answer_chars)  # built while the create flushes
         answered, created = await runtime.open_run(start, prepared)
         head = answered.head
         # Built from the facts the start wrote: the answer's view reads nothing back.
@@ -406,7 +407,7 @@ async def orchestrate_resume(
         else:
             # One write: the output and what follows from it (the next host task, prompt rendered
             # once); the view of the answer is built from what the call holds (issue 23).
-            prepared = Preparing()  # the answer's view built while the write is in flight
+            prepared = Preparing(services.settings.max_answer_chars)  # built while the write is in flight
             answered = await runtime.hand_in(
                 run_id, task_id, output, usage, detach_children, services.seen(run_id), prepared
             )
@@ -417,6 +418,42 @@ async def orchestrate_resume(
         return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
 
     return await answer_or_ask("orchestrate_resume", work, services_of(ctx))
+
+
+async def task_prompt(
+    ctx: ToolContext,
+    run_id: RunId,
+    task_id: Annotated[
+        str,
+        Field(min_length=1, max_length=LIMITS.max_id_chars, description="next_action's task_id."),
+    ],
+    offset: Annotated[int, Field(ge=0, description="next_action's offset: where the part starts.")] = 0,
+) -> CallToolResult:
+    """Read a long host task prompt in parts (next_action read_prompt); each answer names the next
+    call."""
+
+    async def work() -> PromptPart:
+        caller = await caller_for(ctx, "task_prompt", run_id)
+        services = services_of(ctx)
+        head = await services.runtime.status(run_id)
+        if not caller.sees_content(head):
+            raise Forbidden("reading a task's prompt needs the 'read' role, or to have started the run")
+        snapshot = await services.snapshot_of(head)
+        prompts = snapshot.host_tasks or ((snapshot.host_task,) if snapshot.host_task is not None else ())
+        prompt = next((p for p in prompts if p.task_id == task_id), None)
+        if prompt is None:
+            raise InvalidState(
+                f"task {quoted(task_id)} of run {head.run_id} is not awaiting the host's output (the run "
+                f"is {head.status.value}); run_status shows what the run needs"
+            )
+        if offset > 0 and offset >= len(prompt.user):
+            raise InvalidArgument(
+                f"offset {offset} is past the prompt's end ({len(prompt.user)} characters); start at 0"
+            )
+        schema = head.step_of(task_id).output_schema
+        return prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
+
+    return await answer("task_prompt", work, services_of(ctx))
 
 
 # orchestrate_approve's parameters
@@ -474,7 +511,7 @@ async def orchestrate_approve(
         verified = caller.verified and recorded != AGENT_APPROVER
         asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
         # One write: the decision and what follows from it (issue 23).
-        prepared = Preparing()
+        prepared = Preparing(services.settings.max_answer_chars)
         answered = await runtime.decide_gate(run_id, asked, services.seen(run_id), prepared)
         services.remember(answered, prepared)
         return await settle_asking(ctx, answered.head, wait_seconds, retry_safe=True)
@@ -553,7 +590,7 @@ async def orchestrate_cancel(
         head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
         return await services.view(head.run_id, head, caller=caller)
 
-    return await answer("orchestrate_cancel", work)
+    return await answer("orchestrate_cancel", work, services_of(ctx))
 
 
 async def runs_list(
@@ -692,6 +729,11 @@ _PUBLISHED = (
             idempotent_hint=True,
             open_world_hint=False,
         ),
+    ),
+    _Publish(
+        task_prompt,
+        "Read a task's prompt in parts",
+        ToolAnnotations(read_only_hint=True, open_world_hint=False),
     ),
     _Publish(
         orchestrate_approve,

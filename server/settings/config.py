@@ -18,6 +18,7 @@ and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
     start_retry_window_seconds = 600  # an identical orchestrate_start (no key) within it: the same run
     max_request_chars = 200000
     max_output_chars = 1000000
+    max_answer_chars = 10000        # a tool answer's text at most; longer content comes in parts
     log_level = "INFO"
     auth_token = "..."              # HTTP transports: clients send 'Authorization: Bearer <token>'
     max_subscriptions = 100         # resource subscriptions per session
@@ -295,6 +296,14 @@ class Settings(BaseSettings):
     )
     max_output_chars: Annotated[int, from_env("CONSTRUCT_MAX_OUTPUT_CHARS")] = Field(
         default=_DEFAULT_LIMITS.max_output_chars, ge=1, description="the longest output a step may record"
+    )
+    max_answer_chars: Annotated[int, from_env("CONSTRUCT_MAX_ANSWER_CHARS")] = Field(
+        default=10_000,
+        ge=2_000,
+        le=1_000_000,
+        description="the most characters a tool answer's text has: host applications cap what they show "
+        "of a tool result (Codex CLI about 12,000 characters, cutting the middle silently), so a longer "
+        "prompt, output or record is handed out in parts, each answer naming the call for the next",
     )
     log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
         default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"

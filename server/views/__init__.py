@@ -13,6 +13,7 @@ __all__ = [
     "listing",
     "next_step",
     "outline",
+    "parts",
     "run_view",
     "timeline",
 ]

@@ -114,7 +114,7 @@ def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
     )
 
 
-_TYPED = (
+TYPED_INSTRUCTION = (
     " This task's answer is typed: output must be only a JSON object that matches output_schema (no "
     "prose around it); one that does not match is refused with invalid_output saying what is wrong, "
     "and nothing is recorded, so fix it and call again."
@@ -151,7 +151,8 @@ def _host_item(snapshot: RunSnapshot, prompt: TaskPrompt) -> RunHostTask:
         output_schema=schema,
         instruction=(
             "Run system_prompt and user_prompt with your own model now, then call tool with arguments "
-            "plus output: your whole answer, recorded verbatim." + ("" if schema is None else _TYPED)
+            "plus output: your whole answer, recorded verbatim."
+            + ("" if schema is None else TYPED_INSTRUCTION)
         ),
     )
 
@@ -260,6 +261,7 @@ def next_step(
 
 
 __all__ = [
+    "TYPED_INSTRUCTION",
     "Approve",
     "Done",
     "NextAction",

@@ -88,6 +88,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
         "orchestrate_cancel",
         "runs_list",
         "run_events",
+        "task_prompt",
     }
     # The reading tools publish an output schema (an outline); the tools that act answer with the
     # same compact run view, described once, in run_status's (issue 21 §3: tools/list bytes).

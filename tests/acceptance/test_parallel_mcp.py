@@ -28,9 +28,14 @@ async def test_three_host_tasks_at_once_answered_at_once(backend: str, tmp_path:
         run_id = view["run_id"]
         assert view["status"] == "awaiting_host" and view["status_kind"] == "paused"
         items = waiting(view)
-        # Every ready task, each with its prompts and the exact call to make.
+        # Every ready task, each with its prompts (the longest in parts, when the three do not fit
+        # in one answer: read with task_prompt) and the exact call to make.
         assert [i["task_id"] for i in items] == list(RESEARCHERS)
         for item in items:
+            if item["kind"] == "read_prompt":
+                assert item["tool"] == "task_prompt"
+                assert item["arguments"] == {"run_id": run_id, "task_id": item["task_id"], "offset": 0}
+                continue
             assert item["kind"] == "run_host_task" and item["user_prompt"]
             assert item["tool"] == "orchestrate_resume"
             assert item["arguments"] == {"run_id": run_id, "task_id": item["task_id"]}

@@ -519,19 +519,22 @@ def chat_stream(move: Move, model: str, n: int) -> Iterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def schema_example(schema: object) -> object:
-    """A value matching a (router's) response schema: its enums' first values, short strings."""
+def schema_example(schema: object, name: str = "") -> object:
+    """A value matching a (router's) response schema: its enums' first values, short strings. A
+    number named a confidence is 0: Gemini CLI asks, after many turns, how confident the model is
+    that the conversation is stuck in a loop (``unproductive_state_confidence``), and ends it when
+    the answer is high; a model reading a prompt in parts is making progress."""
     if not isinstance(schema, dict):
         return "x"
     if schema.get("enum"):
         return schema["enum"][0]
     kind = str(schema.get("type", "")).lower()
     if kind == "object" or "properties" in schema:
-        return {k: schema_example(v) for k, v in schema.get("properties", {}).items()}
+        return {k: schema_example(v, k) for k, v in schema.get("properties", {}).items()}
     if kind == "array":
         return [schema_example(schema.get("items"))]
     if kind in ("integer", "number"):
-        return 1
+        return 0 if "confidence" in name else 1
     if kind == "boolean":
         return True
     return "scripted"

@@ -72,7 +72,7 @@ def test_the_walk_sees_nested_keywords() -> None:
 
 async def test_every_schema_is_flat_and_closed(tmp_path: Path) -> None:
     schemas = await published(tmp_path)
-    assert len(schemas) == 8
+    assert len(schemas) == 9
     for name, (input_schema, output_schema) in schemas.items():
         for node in nodes(input_schema):
             assert not set(UNPORTABLE) & node.keys(), (name, node)
@@ -136,6 +136,7 @@ MEANT: dict[str, dict[str, Any]] = {
     "orchestrate_resume": {"run_id": "RUN", "task_id": "architect", "output": "design"},
     "orchestrate_approve": {"run_id": "RUN", "decision": "approve", "gate_id": "before:engineer"},
     "run_status": {"run_id": "RUN"},
+    "task_prompt": {"run_id": "RUN", "task_id": "architect"},
     "run_events": {"run_id": "RUN"},
     "runs_list": {},
     "orchestrate_fork": {"run_id": "RUN", "from_task": "engineer"},
@@ -449,6 +450,8 @@ TABLE: list[tuple[str, dict[str, Any], bool | str]] = [
     ("run_events", {"run_id": RUN, "after_seq": 0, "limit": None}, True),
     ("run_events", {"run_id": RUN, "after_seq": -1}, False),
     ("run_events", {"run_id": RUN, "limit": 501}, False),
+    ("task_prompt", {"run_id": RUN, "task_id": "architect", "offset": None}, True),
+    ("task_prompt", {"run_id": RUN, "task_id": "architect", "offset": -1}, False),
 ]
 
 

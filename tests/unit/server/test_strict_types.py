@@ -93,6 +93,7 @@ RIGHT = {
     "run_id": "run-abc",
     "decision": "approve",
     "gate_id": "g",
+    "task_id": "architect",
     "from_task": "t",
     "step": "writer",
     "input_tokens": 1,

@@ -1,0 +1,180 @@
+"""Answers that fit what hosts show: a host task whose prompt is too long for one answer is handed
+out in parts.
+
+Host applications cap a tool result and do not say so to their model (Codex CLI keeps about 12,000
+characters, the first and last 6,000; Gemini CLI the first 8,000 and last 32,000; Claude Code and
+opencode replace a long one by a file path). So no answer's text is longer than the server's
+``max_answer_chars``: where a host task's prompts would make it longer, the action becomes
+``read_prompt``, a call to the ``task_prompt`` tool that hands out the user prompt in parts
+(:func:`prompt_part`), each answer naming the call for the next and the last one the
+``orchestrate_resume`` call. The parts, joined in order, are the user prompt byte for byte; the
+system prompt comes whole with the first part. Every host can call a tool; not every host reads
+resources, so the parts are a tool's answers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field
+
+from orchestration.chains import TaskPrompt
+from server.views.compact import answer_text
+from server.views.next_step import TYPED_INSTRUCTION, resume_call
+from server.views.outline import Outlined
+
+#: the tool that hands out a prompt in parts
+PROMPT_TOOL = "task_prompt"
+
+#: the least room a part's text gets, whatever else its answer carries
+MIN_PART_CHARS = 500
+
+
+class PromptPart(Outlined):
+    """A part of a host task's user prompt: characters ``offset`` to ``end`` of ``chars``; the
+    system prompt with the first part. ``next_action`` names the call for the next part, or, with
+    the last one, the call that hands in the task's output."""
+
+    published = ("next_action", "run_id", "task_id", "offset", "end", "chars", "text")
+    bare = True
+
+    next_action: dict[str, Any]
+    run_id: str
+    task_id: str
+    offset: int
+    end: int
+    chars: int = Field(description="The user prompt's length in characters.")
+    system_prompt: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    text: str = Field(description="The user prompt's characters offset to end.")
+
+
+def fitted(data: dict[str, Any], bound: int) -> dict[str, Any]:
+    """``data`` (a compact answer's structured content) with as few of its host tasks as it takes
+    (the longest first) made ``read_prompt`` actions, so that its text fits in ``bound``
+    characters where the prompts are what makes it longer. ``data`` itself is not changed."""
+    if len(answer_text(data)) <= bound:
+        return data
+    slots = [("next_action", -1)] + [("more_actions", i) for i in range(len(data.get("more_actions", ())))]
+    hosted = [
+        (len(json.dumps(_at(data, slot), ensure_ascii=False)), slot)
+        for slot in slots
+        if _at(data, slot).get("kind") == "run_host_task" and "user_prompt" in _at(data, slot)
+    ]
+    out = dict(data)
+    if "more_actions" in out:
+        out["more_actions"] = list(out["more_actions"])
+    for _, slot in sorted(hosted, key=lambda sized: -sized[0]):
+        _put(out, slot, read_prompt(_at(out, slot)))
+        if len(answer_text(out)) <= bound:
+            break
+    return out
+
+
+def _at(data: dict[str, Any], slot: tuple[str, int]) -> dict[str, Any]:
+    key, index = slot
+    found: dict[str, Any] = data[key] if index < 0 else data[key][index]
+    return found
+
+
+def _put(data: dict[str, Any], slot: tuple[str, int], action: dict[str, Any]) -> None:
+    key, index = slot
+    if index < 0:
+        data[key] = action
+    else:
+        data[key][index] = action
+
+
+def read_prompt(action: dict[str, Any], offset: int = 0) -> dict[str, Any]:
+    """The action that reads the host task ``action`` describes in parts, from ``offset``."""
+    run_id = action["arguments"]["run_id"]
+    chars = action["chars"] if "chars" in action else len(action["user_prompt"])
+    read: dict[str, Any] = {
+        "kind": "read_prompt",
+        "tool": PROMPT_TOOL,
+        "arguments": {"run_id": run_id, "task_id": action["task_id"], "offset": offset},
+        "task_id": action["task_id"],
+        "specialist": action["specialist"],
+        "chars": chars,
+        "instruction": (
+            f"This task's prompt ({chars:,} characters) is longer than one answer holds: call tool "
+            "with arguments to read it; each answer's next_action names the call for the next part, "
+            "the last one the call that hands in your output. system_prompt comes with the first "
+            "part; user_prompt is the parts' text joined in order. Read every part, then run the "
+            "whole prompt with your own model."
+            if offset == 0
+            else f"Call tool with arguments for the next part (characters from {offset:,} of {chars:,})."
+        ),
+    }
+    if "run_id" in action:
+        read["run_id"] = action["run_id"]
+    return read
+
+
+def prompt_part(
+    run_id: str,
+    prompt: TaskPrompt,
+    offset: int,
+    bound: int,
+    output_schema: dict[str, Any] | None,
+) -> PromptPart:
+    """The part of ``prompt``'s user prompt from ``offset`` that fits, with the system prompt when
+    ``offset`` is 0, in an answer of at most ``bound`` characters (but for a system prompt that
+    leaves less than :data:`MIN_PART_CHARS` of room)."""
+    user = prompt.user
+    ahead = {"arguments": {"run_id": run_id}, "task_id": prompt.task_id, "specialist": prompt.specialist}
+    last = _hand_in(run_id, prompt, output_schema)
+
+    def answer(end: int, text: str) -> PromptPart:
+        more = end < len(user)
+        return PromptPart(
+            next_action=read_prompt(ahead | {"chars": len(user)}, end) if more else last,
+            run_id=run_id,
+            task_id=prompt.task_id,
+            offset=offset,
+            end=end,
+            chars=len(user),
+            system_prompt=prompt.system if offset == 0 else None,
+            text=text,
+        )
+
+    # The longer of the two answers this part can be, with no text yet; digits for the offsets.
+    frame = max(len(answer(end, "").model_dump_json()) for end in (len(user) - 1, len(user)))
+    room = max(MIN_PART_CHARS, bound - frame - 16)
+    end = _fitting_end(user, offset, room)
+    return answer(end, user[offset:end])
+
+
+def _fitting_end(text: str, start: int, room: int) -> int:
+    """The end of the longest stretch of ``text`` from ``start`` whose JSON string (quotes and
+    escapes) has at most ``room`` characters between its quotes."""
+    end = min(len(text), start + room)
+    while True:
+        escaped = len(json.dumps(text[start:end], ensure_ascii=False)) - 2
+        if escaped <= room or end - start <= 1:
+            return end
+        end = start + max(1, (end - start) * room // escaped - 1)
+
+
+def _hand_in(run_id: str, prompt: TaskPrompt, output_schema: dict[str, Any] | None) -> dict[str, Any]:
+    """The action that follows the last part: run the task, hand in its output."""
+    answer = "your complete answer" if output_schema is None else "one JSON object matching output_schema"
+    action: dict[str, Any] = {
+        "kind": "run_host_task",
+        "tool": "orchestrate_resume",
+        "arguments": resume_call(run_id, prompt.task_id),
+        "add": {"output": answer},
+        "task_id": prompt.task_id,
+        "specialist": prompt.specialist,
+    }
+    if output_schema is not None:
+        action["output_schema"] = output_schema
+    action["instruction"] = (
+        "That was the last part: run system_prompt (from the first part) and user_prompt (every part's "
+        "text, joined in order) with your own model now, then call tool with arguments plus output: your "
+        "whole answer, recorded verbatim." + ("" if output_schema is None else TYPED_INSTRUCTION)
+    )
+    return action
+
+
+__all__ = ["MIN_PART_CHARS", "PROMPT_TOOL", "PromptPart", "fitted", "prompt_part", "read_prompt"]

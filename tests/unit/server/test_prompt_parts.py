@@ -1,0 +1,102 @@
+"""Every answer fits in ``max_answer_chars``: a host task whose prompt is longer is handed out in
+parts (``task_prompt``), which joined are the prompt the run recorded, byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from mcp import Client
+
+from orchestration.core import HostTaskPrepared
+from server.app import ConstructApp
+from server.settings.config import load_settings
+from stores.filesystem import FilesystemStore
+
+BOUND = 10_000
+
+
+@asynccontextmanager
+async def connected(home: Path) -> AsyncIterator[Client]:
+    settings = load_settings(env={"CONSTRUCT_HOME": str(home), "CONSTRUCT_POLL_SECONDS": "0.1"})
+    assert settings.max_answer_chars == BOUND  # the default
+    async with Client(ConstructApp(settings).build_server()) as client:
+        yield client
+
+
+async def call(client: Client, tool: str, arguments: dict[str, Any], sizes: list[int]) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    text = result.content[0].text  # type: ignore[union-attr]
+    sizes.append(len(text))
+    assert isinstance(result.structured_content, dict)
+    assert text.startswith('{"next_action":')
+    return result.structured_content
+
+
+def _output(task_id: str, chars: int) -> str:
+    # quotes, backslashes, newlines and characters outside ASCII: JSON escapes make them longer
+    piece = f'{task_id}: "quoted" \\ back\nslash — ünïcødé 🙂 '
+    return (piece * (chars // len(piece) + 1))[:chars]
+
+
+async def _drive(client: Client, request: str, chain: str, output_chars: int) -> tuple[str, dict[str, str]]:
+    """Run ``chain`` to its end as a host that does what each next_action says; the prompts it
+    received (task id -> SHA-256 of system, NUL, user) and the run id."""
+    sizes: list[int] = []
+    view = await call(client, "orchestrate_start", {"request": request, "chain": chain}, sizes)
+    run_id = view["run_id"]
+    received: dict[str, str] = {}
+    parts: list[str] = []
+    system = ""
+    action = view["next_action"]
+    while action["kind"] != "none":
+        arguments = dict(action["arguments"])
+        if action["kind"] == "run_host_task":
+            user = action.get("user_prompt", "".join(parts))
+            system = action.get("system_prompt", system)
+            received[action["task_id"]] = hashlib.sha256(f"{system}\0{user}".encode()).hexdigest()
+            arguments["output"] = _output(action["task_id"], output_chars)
+            parts = []
+        answer = await call(client, action["tool"], arguments, sizes)
+        if action["kind"] == "read_prompt":
+            assert answer["offset"] == sum(map(len, parts))
+            parts.append(answer["text"])
+            system = answer.get("system_prompt", system)
+        action = answer["next_action"]
+    assert max(sizes) <= BOUND, sizes
+    return run_id, received
+
+
+async def test_long_prompts_come_in_parts_that_join_to_the_prompt_recorded(tmp_path: Path) -> None:
+    async with connected(tmp_path) as client:
+        run_id, received = await _drive(client, "Build a URL shortener", "default", 60_000)
+    facts = await FilesystemStore(tmp_path).read_facts(run_id)
+    recorded = {f.task_id: f.prompt_sha256 for f in facts if isinstance(f, HostTaskPrepared)}
+    assert received == recorded
+    assert set(recorded) == {"architect", "engineer", "reviewer"}
+
+
+async def test_a_short_prompt_still_comes_whole_in_the_answer(tmp_path: Path) -> None:
+    async with connected(tmp_path) as client:
+        sizes: list[int] = []
+        view = await call(client, "orchestrate_start", {"request": "Build a URL shortener"}, sizes)
+        assert view["next_action"]["kind"] == "run_host_task"
+        assert "user_prompt" in view["next_action"]
+
+
+async def test_a_part_of_a_task_not_awaiting_the_host_is_refused(tmp_path: Path) -> None:
+    async with connected(tmp_path) as client:
+        sizes: list[int] = []
+        view = await call(client, "orchestrate_start", {"request": "x" * 30_000}, sizes)
+        action = view["next_action"]
+        assert action["kind"] == "read_prompt" and action["tool"] == "task_prompt"
+        assert action["arguments"] == {"run_id": view["run_id"], "task_id": "architect", "offset": 0}
+        wrong = await client.call_tool("task_prompt", {"run_id": view["run_id"], "task_id": "engineer"})
+        assert wrong.is_error and wrong.content[0].text.startswith("invalid_state:")  # type: ignore[union-attr]
+        past = {"run_id": view["run_id"], "task_id": "architect", "offset": 10**6}
+        beyond = await client.call_tool("task_prompt", past)
+        assert beyond.is_error and beyond.content[0].text.startswith("invalid_argument:")  # type: ignore[union-attr]
