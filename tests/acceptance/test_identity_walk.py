@@ -117,6 +117,8 @@ class Need:
 TOOLS: dict[str, tuple[Need, dict[str, Any]]] = {
     "run_status": (Need("read"), {"run_id": "{run}", "detail": "full"}),
     "run_events": (Need("read"), {"run_id": "{run}"}),
+    # the task waits at a gate, not for the host: an identity that may read it gets invalid_state
+    "task_prompt": (Need("read", content=True), {"run_id": "{run}", "task_id": "writer"}),
     "runs_list": (Need("read", on_run=False), {}),
     "orchestrate_start": (
         Need("operate", on_run=False),
