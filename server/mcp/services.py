@@ -17,7 +17,7 @@ from server.identity import Caller
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
-from server.views.compact import answer_data, answer_text, content_for
+from server.views.compact import answer_data, content_for
 from server.views.parts import fitted
 from server.views.run_view import Detail, RunView, run_view
 
@@ -62,8 +62,8 @@ class Preparing:
         if snapshot is None:
             return
         view = run_view(snapshot)
-        data = fitted(answer_data(view), self._bound)
-        self._ready = PreparedAnswer(answered, snapshot, view, answer_text(data), data)
+        text, data = fitted(answer_data(view), self._bound)
+        self._ready = PreparedAnswer(answered, snapshot, view, text, data)
 
     def of(self, answered: Answered) -> PreparedAnswer | None:
         ready = self._ready
@@ -197,17 +197,15 @@ class Services:
         Callers must not change the structured content (it is shared between answers)."""
         key = (view.run_id, view.version)
         if self.compact_views.get(key) is not view:
-            data = self.fitted(view)
-            return answer_text(data), data
+            return self.fitted(view)
         dumped = self.compact_answers.get(key)
         if dumped is None or dumped[0] is not view:
-            data = self.fitted(view)
-            dumped = (view, answer_text(data), data)
+            dumped = (view, *self.fitted(view))
             self.compact_answers[key] = dumped
         return dumped[1], dumped[2]
 
-    def fitted(self, view: RunView) -> dict[str, Any]:
-        """The structured content of an answer that is ``view``, its host tasks' prompts handed
+    def fitted(self, view: RunView) -> tuple[str, dict[str, Any]]:
+        """The text and structured content of an answer that is ``view``, its host tasks' prompts handed
         out in parts where they would make it longer than ``max_answer_chars``
         (:func:`~server.views.parts.fitted`)."""
         return fitted(answer_data(view), self.settings.max_answer_chars)

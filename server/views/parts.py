@@ -49,12 +49,14 @@ class PromptPart(Outlined):
     text: str = Field(description="The user prompt's characters offset to end.")
 
 
-def fitted(data: dict[str, Any], bound: int) -> dict[str, Any]:
+def fitted(data: dict[str, Any], bound: int) -> tuple[str, dict[str, Any]]:
     """``data`` (a compact answer's structured content) with as few of its host tasks as it takes
     (the longest first) made ``read_prompt`` actions, so that its text fits in ``bound``
-    characters where the prompts are what makes it longer. ``data`` itself is not changed."""
-    if len(answer_text(data)) <= bound:
-        return data
+    characters where the prompts are what makes it longer, and its text (dumped once). ``data``
+    itself is not changed."""
+    text = answer_text(data)
+    if len(text) <= bound:
+        return text, data
     slots = [("next_action", -1)] + [("more_actions", i) for i in range(len(data.get("more_actions", ())))]
     hosted = [
         (len(json.dumps(_at(data, slot), ensure_ascii=False)), slot)
@@ -66,9 +68,10 @@ def fitted(data: dict[str, Any], bound: int) -> dict[str, Any]:
         out["more_actions"] = list(out["more_actions"])
     for _, slot in sorted(hosted, key=lambda sized: -sized[0]):
         _put(out, slot, read_prompt(_at(out, slot)))
-        if len(answer_text(out)) <= bound:
+        text = answer_text(out)
+        if len(text) <= bound:
             break
-    return out
+    return text, out
 
 
 def _at(data: dict[str, Any], slot: tuple[str, int]) -> dict[str, Any]:
