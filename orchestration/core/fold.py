@@ -365,11 +365,14 @@ def _host_task_prepared(head: RunHead, fact: HostTaskPrepared) -> _Change:
 
 
 def _host_output_submitted(head: RunHead, fact: HostOutputSubmitted) -> _Change:
-    """The host's output arrived: nothing changes until its outcome is recorded."""
+    """The host's output arrived: nothing changes until its outcome is recorded, but for how much
+    of a prompt handed out in parts the host read, noted on the attempt."""
     task = head.task(fact.task_id)
     if task.status != TaskStatus.AWAITING_HOST:
         raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
-    return {}, None
+    if fact.prompt_read is None:
+        return {}, None
+    return {}, evolve(task, {"attempts": _replace_attempt(task, fact.attempt, prompt_read=fact.prompt_read)})
 
 
 def _attempt_started(head: RunHead, fact: AttemptStarted) -> _Change:

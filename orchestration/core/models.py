@@ -321,6 +321,20 @@ class Telemetry(Frozen):
     stream_ms: float | None = None
 
 
+class PromptRead(Frozen):
+    """How much of a host task's user prompt the host fetched, when it was handed out in parts
+    (``task_prompt``): ``read`` of its ``chars`` characters, each counted once, as the server
+    process that took the output served them. The run does not depend on it (the output is
+    recorded either way); it makes a host that skipped parts visible in the run."""
+
+    chars: int = Field(ge=0)
+    read: int = Field(ge=0)
+
+    @property
+    def whole(self) -> bool:
+        return self.read >= self.chars
+
+
 class AttemptRecord(Frozen):
     number: int
     executor: str
@@ -336,6 +350,9 @@ class AttemptRecord(Frozen):
     #: the remote run is followed outside any drive while the run is ``awaiting_agent`` (record
     #: format 6; left out of the record when False, so older heads read the same)
     waits: bool = Field(default=False, exclude_if=lambda v: not v)
+    #: a host task's attempt whose prompt was handed out in parts: how much of it the host read
+    #: (left out when None, so older heads read the same)
+    prompt_read: PromptRead | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChildRef(Frozen):

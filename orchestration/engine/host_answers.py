@@ -82,7 +82,7 @@ from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, TaskComplet
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.inputs import Limits, check_id
-from orchestration.core.models import HostUsage, RunHead, TaskState, evolve, text_hash
+from orchestration.core.models import HostUsage, PromptRead, RunHead, TaskState, evolve, text_hash
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.changes import ChangeFeed
@@ -523,11 +523,13 @@ async def hand_in(
     detach_children: bool = False,
     seen: Seen = None,
     meanwhile: Meanwhile | None = None,
+    prompt_read: PromptRead | None = None,
 ) -> Answered:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
     for the rules). ``seen``: what the caller showed last of the run, if anything (see
-    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`."""
+    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`. ``prompt_read``: how much
+    of the task's prompt, handed out in parts, the host fetched (recorded with the output)."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
     held_head = held_head_of(seen, run_id)
@@ -555,7 +557,7 @@ async def hand_in(
         # An answer that does not match the step's schema is refused (InvalidOutput) and
         # nothing is recorded: the host corrects it and calls again.
         value = None if schema is None else validate_output(schema, output)
-        facts = host_output_facts(head, task_id, attempt, output, now, value, usage)
+        facts = host_output_facts(head, task_id, attempt, output, now, value, usage, prompt_read)
         held = await held_at(services, head, seen)
         try:
             return await write_with_follow_up(services, head, facts, held, meanwhile)

@@ -72,6 +72,7 @@ from orchestration.core.models import (
     ExecutionContract,
     GateState,
     HostUsage,
+    PromptRead,
     RunHead,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
@@ -436,15 +437,19 @@ class Runtime:
         detach_children: bool = False,
         seen: Seen = None,
         meanwhile: Meanwhile | None = None,
+        prompt_read: PromptRead | None = None,
     ) -> Answered:
         """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
         the output, the task's completion and what follows (the next host task prepared, a gate
         requested, a route, the run's end) are one compare-and-swap without a lease, decided by
         the drive's own pure decision (:mod:`orchestration.engine.host_answers`). ``seen``: the
         snapshot of the run the caller showed last, if any (its log is then not read again).
-        ``meanwhile``: called with the answer while its write is in flight."""
+        ``meanwhile``: called with the answer while its write is in flight. ``prompt_read``: how
+        much of the task's prompt, handed out in parts, the host fetched (recorded with it)."""
         run_id = validate_run_id(run_id)
-        return await hand_in(self, run_id, task_id, output, usage, detach_children, seen, meanwhile)
+        return await hand_in(
+            self, run_id, task_id, output, usage, detach_children, seen, meanwhile, prompt_read
+        )
 
     async def approve(
         self,

@@ -14,6 +14,7 @@ from typing import Any
 from orchestration.core import RunHead
 from orchestration.engine import Answered, Dispatcher, RunSnapshot, Runtime, Seen
 from server.identity import Caller
+from server.mcp.prompt_reads import PromptReads, actions_of
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
@@ -93,6 +94,8 @@ class Services:
     #: the last write this process's host's path made on each of the last few runs it wrote
     #: (see :meth:`remember`)
     answers: dict[str, Answered] = field(default_factory=dict, repr=False, compare=False)
+    #: how much of each long host task prompt this process handed out (recorded with the output)
+    prompt_reads: PromptReads = field(default_factory=PromptReads, repr=False, compare=False)
 
     async def view(
         self,
@@ -173,6 +176,7 @@ class Services:
             view = self.compact_views.setdefault(key, ready.view)
             if view is ready.view:
                 self.compact_answers[key] = (view, ready.text, ready.data)
+                self.prompt_reads.shown(actions_of(ready.data))
         self.answers.pop(answered.head.run_id, None)
         while len(self.answers) >= SNAPSHOTS_KEPT:
             del self.answers[next(iter(self.answers))]
@@ -208,7 +212,9 @@ class Services:
         """The text and structured content of an answer that is ``view``, its host tasks' prompts handed
         out in parts where they would make it longer than ``max_answer_chars``
         (:func:`~server.views.parts.fitted`)."""
-        return fitted(answer_data(view), self.settings.max_answer_chars)
+        text, data = fitted(answer_data(view), self.settings.max_answer_chars)
+        self.prompt_reads.shown(actions_of(data))
+        return text, data
 
     async def snapshot_of(self, head: RunHead) -> RunSnapshot:
         """The snapshot of the run at ``head`` (kept per version, as :meth:`whole_view` keeps it)."""

@@ -408,10 +408,19 @@ async def orchestrate_resume(
             # One write: the output and what follows from it (the next host task, prompt rendered
             # once); the view of the answer is built from what the call holds (issue 23).
             prepared = Preparing(services.settings.max_answer_chars)  # built while the write is in flight
+            reads = services.prompt_reads
             answered = await runtime.hand_in(
-                run_id, task_id, output, usage, detach_children, services.seen(run_id), prepared
+                run_id,
+                task_id,
+                output,
+                usage,
+                detach_children,
+                services.seen(run_id),
+                prepared,
+                prompt_read=reads.of(run_id, task_id),
             )
             head = answered.head
+            reads.forget(run_id, task_id)
             services.remember(answered, prepared)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
@@ -451,7 +460,9 @@ async def task_prompt(
                 f"offset {offset} is past the prompt's end ({len(prompt.user)} characters); start at 0"
             )
         schema = head.step_of(task_id).output_schema
-        return prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
+        part = prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
+        services.prompt_reads.served(head.run_id, task_id, part.chars, part.offset, part.end)
+        return part
 
     return await answer("task_prompt", work, services_of(ctx))
 
