@@ -303,7 +303,9 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="the most characters a tool answer's text has: host applications cap what they show "
         "of a tool result (Codex CLI about 12,000 characters, cutting the middle silently), so a longer "
-        "prompt, output or record is handed out in parts, each answer naming the call for the next",
+        "prompt, output or record is handed out in parts, each answer naming the call for the next; "
+        "it must hold a long prompt's first part, which carries the persona whole (the built-in "
+        "specialists need 4,213: a smaller bound is refused at start, naming what it needs)",
     )
     log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
         default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"

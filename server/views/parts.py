@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import Field
 
-from orchestration.chains import TaskPrompt
+from orchestration.chains import Catalog, TaskPrompt
+from orchestration.errors import ConfigError
 from server.views.compact import answer_text
 from server.views.next_step import TYPED_INSTRUCTION, resume_call
 from server.views.outline import Outlined
@@ -148,6 +149,48 @@ def prompt_part(
     return answer(end, user[offset:end])
 
 
+def check_room(catalog: Catalog, bound: int) -> None:
+    """Refuse (``ConfigError``) a catalog with a specialist whose persona, or a chain step whose
+    persona and output schema, leave a long prompt's first or last part less than
+    :data:`MIN_PART_CHARS` of room in ``bound`` characters: the system prompt comes whole with the
+    first part, and the last part's action carries the step's output schema. Measured on the
+    parts themselves, with the longest ids a run and a task can have and a prompt of ten million
+    characters; the error names the bound the largest of them needs."""
+    run_id, task_id, user = "r" * 80, "t" * 100, "u" * 10**7
+
+    def needs(specialist: str, schema: dict[str, Any] | None) -> int:
+        system = catalog.specialists[specialist].persona
+        prompt = TaskPrompt(task_id=task_id, specialist=specialist, system=system, user=user)
+        # With no room to spare a part gets MIN_PART_CHARS of text: the least bound that holds the
+        # first part (the persona) and the last (the hand-in action with the schema).
+        first = prompt_part(run_id, prompt, 0, 0, schema)
+        last = prompt_part(run_id, prompt, len(user) - MIN_PART_CHARS, 0, schema)
+        return max(len(first.model_dump_json()), len(last.model_dump_json()))
+
+    checks = [(f"specialists.{name}.persona", needs(name, None)) for name in catalog.specialists]
+    for chain in catalog.chains.values():
+        checks += [
+            (f"chains.{chain.name}.{step.name}", needs(step.specialist, step.output_schema))
+            for step in chain.steps
+            if step.output_schema is not None and step.specialist in catalog.specialists
+        ]
+    where, need = max(checks, key=lambda check: check[1], default=("", 0))
+    if need > bound:
+        what = (
+            "the persona makes"
+            if where.startswith("specialists.")
+            else "the persona and the output schema make"
+        )
+        raise ConfigError(
+            catalog.source,
+            where,
+            f"{what} a long prompt's parts {need:,} characters (the first carries the persona whole, the "
+            f"last the output schema), over "
+            f"max_answer_chars ({bound:,}); shorten them, or raise max_answer_chars to at least {need:,} "
+            "(CONSTRUCT_MAX_ANSWER_CHARS)",
+        )
+
+
 def _fitting_end(text: str, start: int, room: int) -> int:
     """The end of the longest stretch of ``text`` from ``start`` whose JSON string (quotes and
     escapes) has at most ``room`` characters between its quotes."""
@@ -180,4 +223,12 @@ def _hand_in(run_id: str, prompt: TaskPrompt, output_schema: dict[str, Any] | No
     return action
 
 
-__all__ = ["MIN_PART_CHARS", "PROMPT_TOOL", "PromptPart", "fitted", "prompt_part", "read_prompt"]
+__all__ = [
+    "MIN_PART_CHARS",
+    "PROMPT_TOOL",
+    "PromptPart",
+    "check_room",
+    "fitted",
+    "prompt_part",
+    "read_prompt",
+]
