@@ -127,6 +127,7 @@ async def test_a_host_that_read_every_part_is_recorded_as_reading_the_whole_prom
     history = fold(facts, keep_history=True)
     assert history.task("reviewer").attempts[-1].prompt_read == submitted["reviewer"].prompt_read
     read = submitted["reviewer"].prompt_read
+    assert read is not None
     assert f"it read {read.chars:,} of the prompt's {read.chars:,} characters" in render_timeline(
         history, facts
     )
