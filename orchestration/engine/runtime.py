@@ -708,8 +708,7 @@ class Runtime:
                 return None
         drive = self._driving[run_id] = self._new_drive(lease, head)
         try:
-            with self.deltas.driving(run_id):
-                result = await drive.run()
+            result = await drive.run()
         except CorruptRecord:
             # Retrying at every dispatcher poll would only repeat the error: leave the run
             # alone for a while (an operator may repair the file meanwhile). The same for
@@ -741,7 +740,8 @@ class Runtime:
             calls=self.calls,
             renewer=self.renewer,
         )
-        return Drive(leased, worker=self.worker, children=self.children, head=head)
+        sink = self.deltas.sink(lease.run_id)
+        return Drive(leased, worker=self.worker, children=self.children, head=head, sink=sink)
 
     def hand_over(self, lease: Lease) -> bool:
         """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a

@@ -22,7 +22,7 @@ from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore
-from orchestration.workers.port import TaskWorker
+from orchestration.workers.port import DeltaSink, TaskWorker
 from server.views.run_view import run_view
 from tests.unit.helpers import Decision, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker
@@ -51,6 +51,7 @@ class ModelWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls[prompt.task_id] = self.calls.get(prompt.task_id, 0) + 1
         if step.model == MISSING_MODEL:

@@ -21,6 +21,7 @@ from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, T
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.workers.port import DeltaSink
 from server.settings.config import Settings
 from server.settings.storage import open_run_store
 from stores import migrate
@@ -46,6 +47,7 @@ class OverlappingWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         marker = re.search(r"\[run:(\w+)\]", prompt.user)
         key = f"{marker.group(1) if marker else None}/{step.name}"

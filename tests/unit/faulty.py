@@ -32,6 +32,7 @@ from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import StartRequest
 from orchestration.errors import StoreUnavailable
 from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
+from orchestration.workers.port import DeltaSink
 
 _RUN_MARKER = re.compile(r"\[run:([A-Za-z0-9_.\-]+)\]")
 
@@ -175,6 +176,7 @@ class CountingWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         match = _RUN_MARKER.search(prompt.user)
         key = (match.group(1) if match else "?", step.name)

@@ -27,6 +27,7 @@ from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.agent_waits import awaited
 from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
 
 
@@ -49,6 +50,7 @@ class ScriptedWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         n = self.calls.get(step.name, 0)
         self.calls[step.name] = n + 1

@@ -23,6 +23,7 @@ from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.store import Lease
+from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
 from tests.unit.helpers import provider_contract, sequential_ids
 from tests.unit.parallel import PARALLEL_CATALOG, RESEARCHERS
@@ -61,6 +62,7 @@ class Barrier:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started.append(step.name)
         self.in_flight += 1
@@ -104,6 +106,7 @@ class Bounded:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         self.in_flight += 1
@@ -170,6 +173,7 @@ class Sibling:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls.append((step.name, attempt))
         if step.name in ("b", "c"):
@@ -211,6 +215,7 @@ class Blocked:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         if self.started == 3:
@@ -247,6 +252,7 @@ async def test_a_required_branch_failing_ends_the_run_and_stops_its_siblings(fai
             prompt: TaskPrompt,
             attempt: int,
             previous_errors: tuple[TypedError, ...],
+            sink: DeltaSink | None = None,
         ) -> AttemptOutcome:
             if step.name == failing:
                 from orchestration.core.outcomes import AttemptFailedOutcome
@@ -284,6 +290,7 @@ class Released:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         if self.started == 3:

@@ -18,6 +18,7 @@ from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.models import ChainStep, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.engine.runtime import StartRequest
+from orchestration.workers.port import DeltaSink
 from tests.spans import TRACEPARENT, fresh_globals, global_provider
 from tests.unit.helpers import ScriptedWorker, make_runtime
 
@@ -35,6 +36,7 @@ class SpanNotingWorker(ScriptedWorker):
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.seen.append(trace.get_current_span())
         return await super().execute(contract, step, prompt, attempt, previous_errors)

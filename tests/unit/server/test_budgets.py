@@ -30,6 +30,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime, StartRequest
 from orchestration.errors import InvalidArgument
 from orchestration.workers.model_calls import make_http_client
+from orchestration.workers.port import DeltaSink
 from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
@@ -331,6 +332,7 @@ class Counting:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
