@@ -151,6 +151,9 @@ INTERNAL_ERROR: Final = -32603
 #: The prefix of a gate's key in ``inputRequests`` / ``inputResponses``.
 GATE_KEY: Final = "gate:"
 
+#: The text and structured content of the tools' answer that is a view.
+AnswerOf = Callable[[RunView], tuple[str, dict[str, Any]]]
+
 
 class TaskParams(RequestParams):
     """``tasks/get`` and ``tasks/cancel``: ``{"taskId": ...}``."""
@@ -170,12 +173,17 @@ class UpdateTaskParams(RequestParams):
 
 
 def detailed_task(
-    view: RunView, gate_requests: dict[str, dict[str, Any]] | None = None, *, created: bool = False
+    view: RunView,
+    gate_requests: dict[str, dict[str, Any]] | None = None,
+    *,
+    created: bool = False,
+    answer_of: AnswerOf | None = None,
 ) -> dict[str, Any]:
     """The task a run is, as ``tasks/get`` answers it (see the table in the module docstring).
     ``gate_requests``: the elicitation forms of the open gates the caller may answer, by key (none
     for a client that does not declare elicitation). ``created``: the seed ``CreateTaskResult``
-    (``resultType: "task"``, neither ``result`` nor ``error``)."""
+    (``resultType: "task"``, neither ``result`` nor ``error``). ``answer_of``: how the tools answer
+    with a view (see :func:`tool_result`)."""
     status = view.status
     task: dict[str, Any] = {
         "taskId": view.run_id,
@@ -198,22 +206,11 @@ def detailed_task(
     elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
         # awaiting_children here: a child run waits for a host task or a gate (the view's actions
         # name the child's run_id; a child's gate is answered on the child, not by tasks/update)
-        message = _waiting_message(view, actions, forms)
-        if hands_over(view, forms):
-            task.update(status="completed", statusMessage=f"handed over: {message}")
-            if not created:
-                task["result"] = tool_result(view)
-        else:
-            task.update(
-                status="input_required",
-                pollIntervalMs=POLL_WAITING_MS,
-                statusMessage=message,
-                inputRequests=forms,
-            )
+        task.update(_waiting(view, actions, forms, None if created else answer_of or _whole))
     elif status in (RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_FAILURES):
         task.update(status="completed", statusMessage=_completed_message(view))
         if not created:
-            task["result"] = tool_result(view)
+            task["result"] = tool_result(view, answer_of)
     elif status in (RunStatus.FAILED, RunStatus.REJECTED):
         reason, message = _failure(view)
         task.update(status="failed", statusMessage=f"run {view.run_id} {status.value}: {reason}: {message}")
@@ -227,6 +224,32 @@ def detailed_task(
         assert status == RunStatus.CANCELLED, status
         task.update(status="cancelled", statusMessage=_cancelled_message(view))
     return task
+
+
+def _waiting(
+    view: RunView, actions: Sequence[object], forms: dict[str, dict[str, Any]], answer_of: AnswerOf | None
+) -> dict[str, Any]:
+    """The fields of a task whose run waits for someone: ``input_required`` with the forms, or
+    handed over (``completed``, its result the view as ``answer_of`` answers it; none in a seed,
+    when ``answer_of`` is None)."""
+    message = _waiting_message(view, actions, forms)
+    if not hands_over(view, forms):
+        return {
+            "status": "input_required",
+            "pollIntervalMs": POLL_WAITING_MS,
+            "statusMessage": message,
+            "inputRequests": forms,
+        }
+    fields: dict[str, Any] = {"status": "completed", "statusMessage": f"handed over: {message}"}
+    if answer_of is not None:
+        fields["result"] = tool_result(view, answer_of)
+    return fields
+
+
+def _whole(view: RunView) -> tuple[str, dict[str, Any]]:
+    """The compact view whole, as text and structured content (no prompt handed out in parts)."""
+    data = answer_data(view)
+    return answer_text(data), data
 
 
 def hands_over(view: RunView, gate_requests: dict[str, dict[str, Any]]) -> bool:
@@ -248,12 +271,12 @@ def _waits_for_someone(actions: Sequence[object]) -> bool:
     return any(isinstance(a, RunHostTask | Approve) for a in actions)
 
 
-def tool_result(view: RunView) -> dict[str, Any]:
-    """The ``CallToolResult`` the tools answer with for ``view`` (text: its JSON, compact)."""
-    data = answer_data(view)
-    result = CallToolResult(
-        content=[TextContent(type="text", text=answer_text(data))], structured_content=data
-    )
+def tool_result(view: RunView, answer_of: AnswerOf | None = None) -> dict[str, Any]:
+    """The ``CallToolResult`` the tools answer with for ``view``: ``answer_of`` gives its text and
+    structured content (the server's :meth:`~server.mcp.services.Services.answer_of`, which hands
+    long prompts out in parts as every tool answer does); without it, the compact view whole."""
+    text, data = (answer_of or _whole)(view)
+    result = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
@@ -381,7 +404,8 @@ class TasksExtension(Extension):
     async def _get(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "read")
         view = await services.view(head.run_id, head, caller=caller)
-        return detailed_task(view, await _gate_forms(ctx, services, caller, view, head))
+        forms = await _gate_forms(ctx, services, caller, view, head)
+        return detailed_task(view, forms, answer_of=services.answer_of)
 
     async def _update(self, ctx: RequestContext, params: UpdateTaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "approve")

@@ -206,6 +206,23 @@ async def test_a_run_the_host_s_model_works_on_is_never_a_task(tmp_path: Path, d
         assert done["result"]["structuredContent"]["next_action"]["kind"] == "run_host_task"
 
 
+async def test_a_handed_over_result_is_the_answer_run_status_gives(tmp_path: Path) -> None:
+    """Prompts too long for one answer come in parts (next_action read_prompt) in the result too."""
+    async with clients(tmp_path, provider=False) as (aware, plain):
+        long = await plain_answer(
+            aware, request="Write the release notes. " + "Detail. " * 2000, chain=["writer"]
+        )
+        assert long["next_action"]["kind"] == "read_prompt", long["next_action"]["kind"]
+        done = await get_task(aware, long["run_id"])
+        assert done["status"] == "completed"
+        status = await start_task(plain, "run_status", run_id=long["run_id"])
+        assert isinstance(status, CallToolResult) and not status.is_error
+        answered = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for key in ("content", "structuredContent"):  # the SDK adds _meta, isError and resultType
+            assert done["result"][key] == answered[key], key
+        assert len(done["result"]["content"][0]["text"]) <= 10_000
+
+
 async def test_a_gate_first_is_no_task_for_a_client_without_elicitation(tmp_path: Path) -> None:
     async with clients(tmp_path, elicits=False) as (aware, plain):
         mine = await plain_answer(aware, **GATED, new_run=True)
