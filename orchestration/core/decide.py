@@ -67,12 +67,12 @@ from orchestration.core.budget import (
     refusal,
 )
 from orchestration.core.costs import BudgetAsk
-from orchestration.core.fold import task_deadline
 from orchestration.core.graph import awaits_agent, is_parallel, preds_settled
 from orchestration.core.models import ChainStep, RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.core.routing import ASK, RoutePlan, plan_route
 from orchestration.core.settled_prefix import passed_prefix
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.core.wake import task_deadline
 
 
 @dataclass(frozen=True, slots=True)

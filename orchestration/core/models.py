@@ -18,10 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# BudgetLimits and HostUsage are re-exported for the runtime's use cases.
-from orchestration.core.costs import BudgetLimits as BudgetLimits
 from orchestration.core.costs import Costs, Spend
-from orchestration.core.costs import HostUsage as HostUsage
 from orchestration.core.memo import by_identity
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 

@@ -48,10 +48,10 @@ from orchestration.core.decide import (
     WaitUntil,
     next_actions,
 )
-from orchestration.core.fold import task_deadline
 from orchestration.core.models import RunHead
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import TaskStatus
+from orchestration.core.wake import task_deadline
 from orchestration.engine.call_watch import Watched
 from orchestration.engine.delegation import attempt_started, parallel_agent_call
 from orchestration.engine.leased_run import DriveActions, LeasedRun

@@ -68,6 +68,7 @@ from orchestration.chains.prompts import TaskPrompt, render, upstream
 from orchestration.chains.schemas import validate_output
 from orchestration.core.action_facts import recorded_fact
 from orchestration.core.clock import Clock
+from orchestration.core.costs import HostUsage
 from orchestration.core.decide import (
     PAUSING_ACTIONS,
     Action,
@@ -82,7 +83,7 @@ from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, TaskComplet
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.inputs import Limits, check_id
-from orchestration.core.models import HostUsage, PromptRead, RunHead, TaskState, evolve, text_hash
+from orchestration.core.models import PromptRead, RunHead, TaskState, evolve, text_hash
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.changes import ChangeFeed

@@ -45,6 +45,7 @@ from orchestration.core.approvals import (
     check_repeated_raise,
 )
 from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.costs import BudgetLimits, HostUsage
 from orchestration.core.decide import Action
 from orchestration.core.facts import (
     ApprovalDecided,
@@ -66,12 +67,10 @@ from orchestration.core.inputs import (
     with_task_timeout,
 )
 from orchestration.core.models import (
-    BudgetLimits,
     ChainSnapshot,
     DecisionChannel,
     ExecutionContract,
     GateState,
-    HostUsage,
     PromptRead,
     RunHead,
 )
@@ -762,13 +761,4 @@ class Runtime:
         await self._releases.release_unreleased(run_id)
 
 
-__all__ = [
-    "ContractResolver",
-    "Limits",
-    "RunSnapshot",
-    "Runtime",
-    "StartRequest",
-    "inline_contract",
-    "is_settled",
-    "repeated",
-]
+__all__ = ["Runtime"]

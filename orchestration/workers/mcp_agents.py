@@ -520,12 +520,9 @@ class Workers:
 
 
 __all__ = [
-    "AgentCall",
-    "AgentEndpoint",
     "AgentSession",
     "AgentWorker",
     "Connector",
-    "RemoteRunKnown",
     "Workers",
     "classify",
     "connect_mcp",

@@ -67,7 +67,8 @@ from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
-from server.views.run_view import Approve, Detail, Done, GateView, RunHostTask, RunView, Wait, run_view
+from server.views.next_step import Approve, Done, RunHostTask, Wait
+from server.views.run_view import Detail, GateView, RunView, run_view
 from server.views.timeline import decided_by, render_timeline
 from server.wiring import runtime_for
 from stores import parse_store_spec

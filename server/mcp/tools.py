@@ -74,6 +74,7 @@ from orchestration.core import (
     AGENT_APPROVER,
     Budget,
     BudgetLimits,
+    Decision,
     Delegation,
     HostUsage,
     Limits,
@@ -83,7 +84,7 @@ from orchestration.core import (
     StartRequest,
     delegation_from_meta,
 )
-from orchestration.engine import Decision, is_settled
+from orchestration.engine import is_settled
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, quoted
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity

@@ -92,7 +92,6 @@ from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 from server.settings.agents import AgentTable, check_agent_names
 from server.settings.sources import (
-    CATALOG_TABLES,
     NO_FILE_KEY,
     ConfigFileSource,
     EnvironmentSource,
@@ -645,7 +644,6 @@ def _named_tokens(
 
 
 __all__ = [
-    "CATALOG_TABLES",
     "CONFIG_FILE_NAME",
     "ENV_VARS",
     "ProviderTable",

@@ -43,9 +43,9 @@ import json
 from typing import Any, TypeVar
 
 from orchestration.core import TaskStatus
-from server.views.next_step import Approve
+from server.views.next_step import Approve, RunHostTask
 from server.views.outline import View
-from server.views.run_view import ErrorView, GateView, RunHostTask, RunView, TaskView
+from server.views.run_view import ErrorView, GateView, RunView, TaskView
 
 #: What a withheld prompt (or an exhausted gate's history) says instead.
 WITHHELD = "(withheld: this identity may not read the run's content; that needs the 'read' role)"

@@ -13,12 +13,13 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import RouteDecided, TaskCompleted, dump_fact
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore

@@ -16,11 +16,12 @@ import anyio
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.workers.port import DeltaSink
 from server.settings.config import Settings
 from server.settings.storage import open_run_store

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.facts import Fact
 from orchestration.core.models import (
     ChainSnapshot,
@@ -29,7 +30,6 @@ from orchestration.core.models import (
 )
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import StoreUnavailable
 from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
 from orchestration.workers.port import DeltaSink

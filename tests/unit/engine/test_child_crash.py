@@ -13,6 +13,7 @@ import pytest
 
 import orchestration.engine.drive as drive_module
 import orchestration.engine.fanout as fanout_module
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import (
     Action,
@@ -29,7 +30,6 @@ from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.children import ChildRuns
 from orchestration.engine.dispatcher import Dispatcher
-from orchestration.engine.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree

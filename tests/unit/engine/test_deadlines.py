@@ -7,11 +7,11 @@ import anyio
 import pytest
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock, SystemClock
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import InvalidState
 from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore

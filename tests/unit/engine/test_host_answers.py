@@ -13,6 +13,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import AwaitHost, FailTask, next_actions
@@ -23,7 +24,7 @@ from orchestration.core.models import AttemptRecord, RunHead, evolve
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.host_answers import Answered, follow_up, host_answers_next, while_writing
 from orchestration.engine.reading import read_prompt, read_snapshot
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost, VersionConflict
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore

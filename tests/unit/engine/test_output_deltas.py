@@ -11,11 +11,11 @@ import anyio
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.facts import TaskCompleted
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine import OutputDeltas, OutputPiece, Runtime, TaskText
-from orchestration.engine.runtime import StartRequest
 from orchestration.workers.model_calls import make_http_client
 from orchestration.workers.provider_worker import (
     ProviderEndpoint,

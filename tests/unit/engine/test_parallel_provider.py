@@ -16,12 +16,13 @@ import anyio.lowlevel
 import pytest
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.store import Lease
 from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact, TaskCompleted
 from orchestration.core.models import RunHead
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, VersionConflict
 from orchestration.store import Lease
 from stores.memory import MemoryStore

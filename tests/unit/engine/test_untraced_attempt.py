@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 import orchestration.tracing as tracing
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.models import ChainStep, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptOutcome
-from orchestration.engine.runtime import StartRequest
 from orchestration.workers.port import DeltaSink
 from tests.spans import TRACEPARENT, fresh_globals, global_provider
 from tests.unit.helpers import ScriptedWorker, make_runtime

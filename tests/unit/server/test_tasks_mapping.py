@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.models import TypedError
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from server.mcp.tasks import (
     POLL_WAITING_MS,
     POLL_WORKING_MS,
