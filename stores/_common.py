@@ -77,7 +77,7 @@ def encode_chain(chain: ChainSnapshot) -> str:
     head: see :func:`encode_head`). Not remembered (unlike :func:`_chain_json`): it is written
     once per run, and the text would stay for as long as the run's chain snapshot lives — with
     the UTF-8 copy the database driver's encoding leaves in it, about 28 KB per live run for the
-    built-in chain (issue 24: memory per live run)."""
+    built-in chain (memory per live run)."""
     return chain.model_dump_json(exclude_defaults=True)
 
 

@@ -193,7 +193,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
 
 def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -> RunHead:
     """:func:`apply` on a head, and the head's new ``version`` when not None (the last fact of a
-    write: one copy of the head per fact, issue 11). What the fact changes is its handler's
+    write: not one copy of the head per fact). What the fact changes is its handler's
     (:data:`_HANDLERS`); what every fact changes, and settling the tasks it ended, is here."""
     if isinstance(fact, RunCreated):
         raise IllegalTransition(f"run {head.run_id} already exists")

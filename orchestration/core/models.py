@@ -48,7 +48,7 @@ _set = object.__setattr__
 
 
 def evolve(record: F, update: Mapping[str, Any]) -> F:
-    """``record.model_copy(update=update)``, in a fraction of its time (issue 11: the fold makes
+    """``record.model_copy(update=update)``, in a fraction of its time (the fold makes
     several copies per fact): the new record shares every unchanged value with ``record``, keeps
     its fields in the same order, and counts the updated ones as set, as ``model_copy`` does.
     Like it, nothing is validated: ``update`` holds values of the fields' types. Frozen records
@@ -593,7 +593,7 @@ def task_position(head: RunHead, task_id: str) -> int:
     """Where task ``task_id`` is in ``head.tasks`` (KeyError when the run has none). A run's tasks
     start one per step in chain order, and stay there unless a route or a revise inserts a new
     instance: the step's position is tried first, and checked (task ids are unique), so a lookup
-    does not scan the tasks (issue 11: the fold and every decision look tasks up by id)."""
+    does not scan the tasks (the fold and every decision look tasks up by id)."""
     tasks = head.tasks
     guess = _step_positions(head.chain).get(task_id)
     if guess is not None and guess < len(tasks) and tasks[guess].task_id == task_id:

@@ -1,4 +1,4 @@
-"""The host's path in one write (issue 23): a host's output, a gate's decision or an inline start is
+"""The host's path in one write: a host's output, a gate's decision or an inline start is
 recorded together with everything that follows from it — the task completed, a route decided, the
 next host task(s) prepared, a gate requested, the run finished — in ONE compare-and-swap.
 
