@@ -274,6 +274,13 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--keep", action="store_true", help="keep the temporary demo home")
 
 
+def _on_a_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
     flags: dict[str, Any] = {
         "store": getattr(args, "store", None),
@@ -650,7 +657,9 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             # Imported here: the MCP SDK is slow to import and only serve needs it.
             from server.app import ConstructApp
 
-            settings = _settings(args)
+            # A person's terminal (a host program run by hand passes its own stderr on) gets
+            # warnings and errors only unless asked; a host application keeps the whole log.
+            settings = _settings(args, default_log_level="WARNING" if _on_a_terminal(sys.stderr) else None)
             ConstructApp(settings).serve(args.transport, args.host, args.port)
             return EXIT_OK
         if args.command == "runs":

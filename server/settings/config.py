@@ -307,7 +307,9 @@ class Settings(BaseSettings):
         "specialists need 4,213: a smaller bound is refused at start, naming what it needs)",
     )
     log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
-        default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"
+        default="INFO",
+        description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`. Unset, `serve` whose "
+        "stderr is a terminal logs WARNING and up, and the `runs` commands WARNING",
     )
     auth_token: Annotated[str | None, from_env("CONSTRUCT_AUTH_TOKEN", keep_empty=True)] = Field(
         default=None,
