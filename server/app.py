@@ -285,6 +285,11 @@ class ConstructApp:
             app = with_run_pages(
                 self._guarded(app), lambda: self._services, self.settings.named_tokens(), host, max_bytes
             )
+            base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+            log.info(
+                f"MCP at {base}/mcp; the runs page at {base}/runs",
+                extra={"action": "http_addresses", "transport": transport},
+            )
             await _serve_http(app, host, port, self.settings.log_level, self._stop_work)
         elif transport == "sse":
             # The SSE app enters the lifespan per connection; hold it for the whole process so the

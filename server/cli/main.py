@@ -657,9 +657,10 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             # Imported here: the MCP SDK is slow to import and only serve needs it.
             from server.app import ConstructApp
 
-            # A person's terminal (a host program run by hand passes its own stderr on) gets
-            # warnings and errors only unless asked; a host application keeps the whole log.
-            settings = _settings(args, default_log_level="WARNING" if _on_a_terminal(sys.stderr) else None)
+            # On stdio, a person's terminal (a host program run by hand passes its own stderr on)
+            # gets warnings and errors only unless asked; a host application keeps the whole log.
+            quiet = args.transport == "stdio" and _on_a_terminal(sys.stderr)
+            settings = _settings(args, default_log_level="WARNING" if quiet else None)
             ConstructApp(settings).serve(args.transport, args.host, args.port)
             return EXIT_OK
         if args.command == "runs":
