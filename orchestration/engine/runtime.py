@@ -28,7 +28,6 @@ retention) are :mod:`orchestration.ops`, over the public methods here.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -122,9 +121,7 @@ from orchestration.store import (
     Lease,
     RunPage,
     RunStore,
-    TellsFlush,
     Tombstone,
-    WritesElsewhere,
 )
 from orchestration.tracing import traced_write
 from orchestration.workers.port import TaskWorker
@@ -202,19 +199,6 @@ class Runtime:
 
     async def _give_back(self, lease: Lease, _: RunHead) -> None:
         await self._releases.release(lease)
-
-    @functools.cached_property
-    def overlaps_writes(self) -> bool:
-        """Whether a host's call builds its answer while its write is in flight (the store's
-        writes are made elsewhere: :class:`~orchestration.store.WritesElsewhere`)."""
-        return isinstance(self.store, WritesElsewhere)
-
-    @functools.cached_property
-    def tells_flush(self) -> TellsFlush | None:
-        """The store, when it says when a write's flush begins
-        (:class:`~orchestration.store.TellsFlush`): a host's call then builds its answer during
-        the flush."""
-        return self.store if isinstance(self.store, TellsFlush) else None
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in

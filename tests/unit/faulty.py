@@ -63,9 +63,11 @@ class FaultyStore:
             self.failures += 1
             raise StoreUnavailable(f"cannot use the test store: it is down ({op})")
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         self._check("create")
-        return await self.inner.create(head, facts)
+        return await self.inner.create(head, facts, flushing=flushing)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
         self._check("find_by_idempotency_key")
@@ -82,12 +84,14 @@ class FaultyStore:
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         self._check("append")
         if self.fail_before_commit:
             self.fail_before_commit -= 1
             raise StoreUnavailable("connection lost before commit")
-        stored = await self.inner.append(run_id, expected_version, facts, head, lease)
+        stored = await self.inner.append(run_id, expected_version, facts, head, lease, flushing=flushing)
         if self.fail_after_commit:
             self.fail_after_commit -= 1
             raise StoreUnavailable("connection lost during COMMIT")

@@ -187,8 +187,10 @@ class BoundaryStore(MemoryStore):
         super().__init__()
         self.boundaries: list[int] = []
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        result = await super().create(head, facts)
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
+        result = await super().create(head, facts, flushing=flushing)
         self.boundaries.append(head.last_seq)
         return result
 
@@ -199,8 +201,10 @@ class BoundaryStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head, lease)
+        stored = await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         self.boundaries.append(head.last_seq)
         return stored
 

@@ -8,7 +8,7 @@ failure)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -152,8 +152,10 @@ class NotifyingStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head, lease)
+        stored = await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         if any(isinstance(f, TaskCompleted) and f.task_id == "a" for f in facts):
             self.a_done.set()
         return stored

@@ -6,7 +6,7 @@ one is a conflict)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import pytest
@@ -51,9 +51,11 @@ class ReadTogether(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         try:
-            return await super().append(run_id, expected_version, facts, head, lease)
+            return await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         except VersionConflict:
             self.conflicts += 1
             raise
