@@ -107,6 +107,7 @@ from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.listing import RunsPage, runs_page
 from server.views.parts import PromptPart, prompt_part
+from server.views.record_parts import RecordPart, StatusAnswer, check_record_arguments, record_answer
 from server.views.run_view import Detail, RunView, check_task_id
 
 log = logging.getLogger("construct.tools")
@@ -571,17 +572,29 @@ async def run_status(
             description="A task whose whole output to show.",
         ),
     ] = None,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs."""
+    offset: Annotated[int, Field(ge=0, description="read_more's offset: where the part starts.")] = 0,
+    version: Annotated[
+        int | None, Field(ge=0, description="read_more's version: the run's, which the parts come from.")
+    ] = None,
+) -> Annotated[CallToolResult, StatusAnswer] | InputRequiredResult:
+    """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs
+    (in parts when long)."""
 
     services = services_of(ctx)
 
-    async def work() -> RunView | InputRequiredResult:
+    async def work() -> RunView | RecordPart | InputRequiredResult:
         await caller_for(ctx, "run_status", run_id)
+        check_record_arguments(detail, task_id, offset, version)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id)
+        answered = await settle_asking(
+            ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
+        )
+        if isinstance(answered, InputRequiredResult) or (detail != "full" and task_id is None):
+            return answered
+        bound = services.settings.max_answer_chars
+        return record_answer(answered, task_id, offset, version, bound, services.records, services.fitted)
 
     return await answer_or_ask("run_status", work, services)
 
