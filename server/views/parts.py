@@ -10,6 +10,10 @@ opencode replace a long one by a file path). So no answer's text is longer than 
 ``orchestrate_resume`` call. The parts, joined in order, are the user prompt byte for byte; the
 system prompt comes whole with the first part. Every host can call a tool; not every host reads
 resources, so the parts are a tool's answers.
+
+A compact answer too long for its tasks (a run of many) shrinks them instead (:func:`fitted`);
+a record too long (``run_status`` with whole outputs) comes in parts too
+(:mod:`server.views.record_parts`), and so do lists (:mod:`server.views.fitted_pages`).
 """
 
 from __future__ import annotations
