@@ -574,10 +574,8 @@ async def run_status(
             description="A task whose whole output to show.",
         ),
     ] = None,
-    offset: Annotated[int, Field(ge=0, description="read_more's offset: where the part starts.")] = 0,
-    version: Annotated[
-        int | None, Field(ge=0, description="read_more's version: the run's, which the parts come from.")
-    ] = None,
+    offset: Annotated[int, Field(ge=0, description="read_more's offset (a long record's part).")] = 0,
+    version: Annotated[int | None, Field(ge=0, description="read_more's version (pins the parts).")] = None,
 ) -> Annotated[CallToolResult, StatusAnswer] | InputRequiredResult:
     """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs
     (in parts when long)."""

@@ -158,7 +158,8 @@ def record_answer(
     """The answer to ``run_status`` reading ``view``'s record (``detail="full"`` or ``task_id``):
     ``view`` itself when its text fits in ``bound`` characters and no part is asked for, else the
     part from ``offset`` (see the module docstring). ``record_changed`` when ``version`` is not the
-    run's version now; ``invalid_argument`` for an offset past the text's end."""
+    run's version now; ``invalid_argument`` for an offset past the text's end, or past 0 in a
+    record that comes whole."""
     call = record_call(view.run_id, view.detail, task_id)
     if version is not None and version != view.version:
         raise RecordChanged(view.run_id, version, view.version, call)
@@ -166,7 +167,12 @@ def record_answer(
     found = kept.get(key)
     if found is None:
         text, data = fit_prompts(answer_data(view), bound)
-        if offset == 0 and len(text) <= bound:
+        if len(text) <= bound:
+            if offset > 0:
+                raise InvalidArgument(
+                    f"offset {offset}: this record fits in one answer ({len(text)} characters), which "
+                    "comes whole; read it from offset 0"
+                )
             return view
         found = (text, data["next_action"])
         kept.put(key, *found)

@@ -144,6 +144,9 @@ async def test_a_record_that_fits_comes_whole(tmp_path: Path) -> None:
         pinned = {"run_id": run_id, "detail": "full", "version": view["version"]}
         _, again = await answer(client, "run_status", pinned, 10_000)
         assert again == view
+        # It has no parts: an offset past 0 is refused.
+        refused = await error(client, "run_status", pinned | {"offset": 5})
+        assert refused.startswith("invalid_argument: offset 5: this record fits in one answer")
 
 
 async def test_the_parts_of_one_read_come_from_one_version(tmp_path: Path) -> None:
