@@ -23,12 +23,19 @@ from server.views.parts import TASKS_READ, fitted
 
 STEPS = 50  # the most a chain has
 
+#: the built-in specialists with short personas: a long prompt's first part carries its persona
+#: whole, and the built-in ones need a bound of about 4,200 characters (checked at start)
+SHORT_PERSONAS = "".join(
+    f'[specialists.{name}]\ndescription = "{name}"\npersona = "You are the {name}."\n'
+    for name in ("architect", "engineer", "researcher", "reviewer", "tester", "writer")
+)
+
 
 @asynccontextmanager
 async def connected(home: Path, bound: int) -> AsyncIterator[Client]:
     config = home / "construct.toml"
     steps = ", ".join(f'{{ name = "s{i}", specialist = "writer" }}' for i in range(STEPS))
-    config.write_text(f"[chains.long]\nsteps = [{steps}]\n")
+    config.write_text(f"[chains.long]\nsteps = [{steps}]\n" + SHORT_PERSONAS)
     env = {"CONSTRUCT_HOME": str(home), "CONSTRUCT_MAX_ANSWER_CHARS": str(bound)}
     async with Client(ConstructApp(load_settings(env=env, config_file=config)).build_server()) as client:
         yield client
