@@ -159,14 +159,15 @@ def record_answer(
     ``view`` itself when its text fits in ``bound`` characters and no part is asked for, else the
     part from ``offset`` (see the module docstring). ``record_changed`` when ``version`` is not the
     run's version now; ``invalid_argument`` for an offset past the text's end, or past 0 in a
-    record that comes whole."""
+    record that comes whole. ``fit``: how the server makes the answer text of a view (default:
+    :func:`~server.views.parts.fit_prompts` of its data), which the record's text is."""
     call = record_call(view.run_id, view.detail, task_id)
     if version is not None and version != view.version:
         raise RecordChanged(view.run_id, version, view.version, call)
     key = (view.run_id, view.version, view.detail, task_id, view.withheld)
     found = kept.get(key)
     if found is None:
-        text, data = fit_prompts(answer_data(view), bound)
+        text, data = fit(view) if fit is not None else fit_prompts(answer_data(view), bound)
         if len(text) <= bound:
             if offset > 0:
                 raise InvalidArgument(
