@@ -14,8 +14,13 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from orchestration.core import StartRequest
 from server.app import ConstructApp
 from server.settings.config import load_settings
+from server.views.compact import answer_data, answer_text
+from server.views.record_parts import RecordPart, RecordTexts, record_answer
+from server.views.run_view import ChildView, run_view
+from tests.unit.helpers import make_runtime, play
 
 #: a bound no record here reaches: the record's text whole, to compare the parts with
 WHOLE = 1_000_000
@@ -192,3 +197,30 @@ async def test_offsets_the_record_does_not_have_are_refused(tmp_path: Path) -> N
         assert "with detail 'full' or a task_id" in await error(client, "run_status", compact)
         negative = {"run_id": run_id, "detail": "full", "offset": -1}
         assert (await error(client, "run_status", negative)).startswith("invalid_argument: offset")
+
+
+async def test_the_parts_of_one_version_agree_while_what_it_shows_of_other_runs_moves() -> None:
+    """A record's text is the same for one version of its run but for what it shows of other runs
+    (its children); the server keeps the text it hands out in parts, so a child that moves
+    between two parts does not make them disagree."""
+    runtime = make_runtime()
+    head, _ = await runtime.start(StartRequest("Build it", chain=("writer",)))
+    await runtime.drive(head.run_id)
+    await play(runtime, head.run_id, output=lambda task: output(task, 20_000))
+    view = run_view(await runtime.snapshot(head.run_id), "full")
+    child = ChildView(run_id="run-child", task_id="writer", by="host", status="running")
+    moved = view.model_copy(update={"children": [child.model_copy(update={"status": "completed"})]})
+    view = view.model_copy(update={"children": [child]})
+    kept, bound = RecordTexts(), 4_000
+    first = record_answer(view, None, 0, None, bound, kept)
+    assert isinstance(first, RecordPart)
+    parts = [first]
+    while parts[-1].next_action["kind"] == "read_more":
+        part = record_answer(moved, None, parts[-1].end, view.version, bound, kept)
+        assert isinstance(part, RecordPart)
+        parts.append(part)
+    joined = "".join(p.text for p in parts)
+    assert joined == answer_text(answer_data(view)) != answer_text(answer_data(moved))
+    # Another server (nothing kept) reads what the run shows now.
+    fresh = record_answer(moved, None, 0, None, bound, RecordTexts())
+    assert isinstance(fresh, RecordPart) and fresh.chars == len(answer_text(answer_data(moved)))
