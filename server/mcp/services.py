@@ -19,7 +19,8 @@ from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
 from server.views.compact import answer_data, content_for
-from server.views.parts import fitted
+from server.views.parts import fit_prompts, fitted
+from server.views.record_parts import RecordTexts, is_record
 from server.views.run_view import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
@@ -96,6 +97,9 @@ class Services:
     answers: dict[str, Answered] = field(default_factory=dict, repr=False, compare=False)
     #: how much of each long host task prompt this process handed out (recorded with the output)
     prompt_reads: PromptReads = field(default_factory=PromptReads, repr=False, compare=False)
+    #: the texts of the records ``run_status`` handed out in parts lately (see
+    #: :class:`~server.views.record_parts.RecordTexts`)
+    records: RecordTexts = field(default_factory=RecordTexts, repr=False, compare=False)
 
     async def view(
         self,
@@ -210,9 +214,12 @@ class Services:
 
     def fitted(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text and structured content of an answer that is ``view``, its host tasks' prompts handed
-        out in parts where they would make it longer than ``max_answer_chars``
-        (:func:`~server.views.parts.fitted`)."""
-        text, data = fitted(answer_data(view), self.settings.max_answer_chars)
+        out in parts where they would make it longer than ``max_answer_chars``, and a compact
+        view's tasks shrunk where they would (:func:`~server.views.parts.fitted`). A view with whole
+        outputs (``detail="full"``, a ``task_id``) keeps them all: ``run_status`` hands out one
+        too long for an answer in parts (:mod:`server.views.record_parts`)."""
+        shape = fit_prompts if is_record(view) else fitted
+        text, data = shape(answer_data(view), self.settings.max_answer_chars)
         self.prompt_reads.shown(actions_of(data))
         return text, data
 

@@ -16,7 +16,9 @@ a model acts on:
   expiry, a budget gate's note, an exhausted loop's history) and, once decided, how (comment,
   approver, channel), without their timestamps;
 * ``children``, ``error``, ``warnings``, ``budget``, the links ``forked_from`` and ``parent``, and
-  ``costs`` (tokens and dollars spent) — each only when there is something to say.
+  ``costs`` (tokens and dollars spent) — each only when there is something to say;
+* ``tasks_left_out``, when the tasks are more than an answer of ``max_answer_chars`` holds: the
+  tasks it leaves out, counted (see :func:`server.views.parts.fitted`).
 
 Nulls, empty lists and fields at their defaults are left out. The chain definition, the execution
 contract, each attempt's telemetry, the timestamps, ``semantics`` and ``version`` are in the *full*
