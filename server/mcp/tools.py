@@ -14,7 +14,7 @@ and bounds every string; an unknown argument (``approve_befor``) is refused with
 instead of being dropped, and a schema violation (a wrong type, a missing argument, a bad enum, an
 out-of-range or non-finite number) is ``invalid_argument: <argument>: <what is wrong>`` (over a
 length limit: ``too_large``), never the SDK's raw validation text. The schemas are portable (no
-``$ref``, type list, ``dependentRequired``, exclusive bound or open map: issue 21 §2), and an
+``$ref``, type list, ``dependentRequired``, exclusive bound or open map), and an
 optional argument sent as ``null`` means the argument omitted (strict models send every key).
 
 A start that came through agent delegation names it in its ``_meta``
@@ -410,7 +410,7 @@ async def orchestrate_resume(
             raise await runtime.missing_task_id(run_id)
         else:
             # One write: the output and what follows from it (the next host task, prompt rendered
-            # once); the view of the answer is built from what the call holds (issue 23).
+            # once); the view of the answer is built from what the call holds.
             prepared = Preparing(services.settings.max_answer_chars)  # built while the write is in flight
             reads = services.prompt_reads
             answered = await runtime.hand_in(
@@ -525,7 +525,7 @@ async def orchestrate_approve(
         runtime = services.runtime
         verified = caller.verified and recorded != AGENT_APPROVER
         asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
-        # One write: the decision and what follows from it (issue 23).
+        # One write: the decision and what follows from it.
         prepared = Preparing(services.settings.max_answer_chars)
         answered = await runtime.decide_gate(run_id, asked, services.seen(run_id), prepared)
         services.remember(answered, prepared)

@@ -1,4 +1,4 @@
-"""The answer a tool sends for a run view: compact by default, whole on request (issue 21 §3).
+"""The answer a tool sends for a run view: compact by default, whole on request.
 
 A host model pays for every byte of an answer with its context window, on every call, and
 frameworks that keep one conversation pile the answers up. So the default answer carries only what

@@ -1,4 +1,4 @@
-"""A run's facts as a feed of small, typed events, readable from an offset (issue 14, live events).
+"""A run's facts as a feed of small, typed events, readable from an offset.
 
 Every fact a run records is one event: its ``seq`` (1, 2, 3, ... in the run's log), when it was
 recorded (``at``), its ``type`` (the fact's: ``run_created``, ``host_task_prepared``,
@@ -15,7 +15,7 @@ writes, polling the store for other processes'). The page says where to continue
 ended (``terminal``): a follower is done when ``terminal`` is true and ``more`` false. Reading a page
 costs what the page holds (the store's ``read_facts(run_id, after_seq, limit)``), not the run.
 
-**Output as it is written** (issue 25). A page that reaches the last recorded event also carries,
+**Output as it is written.** A page that reaches the last recorded event also carries,
 after it, an ``output_delta`` event per task whose call is in flight in *this* process and wrote
 since the reader's ``output_after``: the text (at most :data:`OUTPUT_EVENT_CHARS` characters),
 where it starts in the attempt's output (``offset``) and how many characters written since the

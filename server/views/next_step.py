@@ -128,7 +128,7 @@ def resume_call(run_id: str, task_id: str) -> dict[str, Any]:
 
 
 #: How long the ``run_status`` call a wait names blocks: within what clients that give up on a
-#: call after 5 s allow (issue 21 §1), as the waiting tools' default does; the call is read-only,
+#: call after 5 s allow, as the waiting tools' default does; the call is read-only,
 #: so a host repeats it until the run needs it, with progress meanwhile.
 WAIT_CALL_SECONDS = 3
 

@@ -9,6 +9,7 @@ tree with a planted violation, so that a rule that could never fail is itself a 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,6 +330,20 @@ def second_paths(tree: Tree) -> list[str]:
     return bad
 
 
+#: "issue 23", "issues 11 and 23", "issue #9": where code came from is history, kept in commits
+ISSUE_REFERENCE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def issue_references(tree: Tree) -> list[str]:
+    """Code says what and why; which issue asked for it lives in the commits and the changelog."""
+    return [
+        f"{module}:{number}: {line.strip()[:80]}"
+        for module, path in tree.modules.items()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ISSUE_REFERENCE.search(line)
+    ]
+
+
 #: the size rule as a structure rule: a function fits on a screen (docstring included); a longer one
 #: is split by what its parts decide, never by size alone
 MAX_FUNCTION_LINES = 60
@@ -356,6 +371,7 @@ RULES = {
     "unreal_exports": unreal_exports,
     "long_functions": long_functions,
     "second_paths": second_paths,
+    "issue_references": issue_references,
 }
 
 #: third-party internals, each reached in one adapter module whose reliance a test pins
@@ -434,6 +450,7 @@ PLANTED = {
         "server/cli/__init__.py": '"""The CLI."""\n__all__ = ["main", "costs"]\n',
         "server/cli/main.py": "",
     },
+    "issue_references": {"orchestration/core/a.py": '"""The fold, made fast (issue 11)."""\n'},
     "second_paths": {
         "orchestration/core/inputs.py": "class StartRequest: ...\n",
         "orchestration/engine/runtime.py": "from orchestration.core.inputs import StartRequest\n",
