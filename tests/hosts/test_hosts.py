@@ -110,3 +110,15 @@ def test_host_runs_chain(host: str, chain: str, output_chars: int, tmp_path: Pat
     )
     if chain == "review-loop":
         assert {"reviewer", "reviewer~2", "engineer~2"} <= set(recorded), sorted(recorded)
+    # The run records that the host read every part of each prompt handed out in parts.
+    reads = {
+        fact["task_id"]: fact.get("prompt_read")
+        for line in export.splitlines()
+        if line.strip()
+        for fact in _facts(json.loads(line))
+        if fact["type"] == "host_output_submitted"
+    }
+    assert set(reads) == set(recorded), sorted(reads)
+    parted = {task: read for task, read in reads.items() if read is not None}
+    assert all(read["read"] == read["chars"] for read in parted.values()), parted
+    assert bool(parted) == (output_chars == LONG_OUTPUT_CHARS), parted
