@@ -12,9 +12,11 @@ filesystem store) ``--spawns`` times, one after another, and on each:
   to the ``tools/list`` answer;
 * closes stdin and waits for the process to exit.
 
-It prints the median, p90 and max of both, and the imports that cost most when ``server.cli.main``
-and the stdio server are imported (``python -X importtime``, cumulative), to show what stands in the
-way.
+It prints the median, p90 and max of both; what the process imports before it answers
+``initialize`` (``serve`` answers it before it imports the server, see
+``server/transports/handshake.py``), with the imports that cost most there; and the imports that
+cost most when ``server.cli.main`` and the stdio server are imported (``python -X importtime``,
+cumulative), which is what stands between the ``initialize`` answer and the ``tools/list`` one.
 
     python bench/startup.py [--spawns 10] [--check] [--top 8]
 
@@ -50,6 +52,9 @@ PROTOCOL_VERSION = "2025-06-18"
 ANSWER_TIMEOUT_SECONDS = 30.0
 #: what ``-X importtime`` is asked to import: the CLI, then the stdio server ``serve`` builds
 IMPORTS = "import server.cli.main, server.app"
+#: what ``serve`` imports before it answers ``initialize``: the entry point, and what it needs to
+#: build the answer (the package version through ``importlib.metadata``)
+EARLY_IMPORTS = "import server.__main__; server.__main__.inline_card()"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,12 +169,12 @@ def spawn_once(executable: str, home: Path) -> Spawn:
             proc.stdout.close()
 
 
-def top_imports(count: int) -> list[tuple[float, str]]:
-    """The ``count`` imports with the largest cumulative time (seconds, module) under ``IMPORTS``,
+def top_imports(count: int, imports: str = IMPORTS) -> list[tuple[float, str]]:
+    """The ``count`` imports with the largest cumulative time (seconds, module) under ``imports``,
     from a fresh interpreter with ``-X importtime``; one module is shown once, at its outermost
     import, with the modules it imported on its behalf left out (they are in its figure)."""
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", IMPORTS],
+        [sys.executable, "-X", "importtime", "-c", imports],
         capture_output=True,
         text=True,
         check=True,
@@ -223,6 +228,10 @@ def main() -> int:
     row("spawn -> tools/list answered", [s.tools_list for s in spawns])
     print(f"  tools listed: {spawns[-1].tools}")
 
+    early = top_imports(args.top, EARLY_IMPORTS)
+    print(f"\nimported before the initialize answer (python -X importtime -c '{EARLY_IMPORTS}'):")
+    for seconds, name in early:
+        print(f"  {seconds:.3f} s  {name}")
     print(f"\nthird-party imports that cost most (python -X importtime -c '{IMPORTS}'):")
     for seconds, name in top_imports(args.top):
         print(f"  {seconds:.3f} s  {name}")
