@@ -1,8 +1,9 @@
 """``python -m server`` and the ``construct-mcp`` console script.
 
-``construct-mcp serve`` on stdio answers the host's ``initialize`` before it imports the server
-(:mod:`server.transports.handshake`): only the standard library and the modules named below are
-imported first, then the command line (:mod:`server.cli.main`) runs as for any other command.
+``construct-mcp serve`` on stdio answers the host's ``initialize`` (and its first ``tools/list``)
+before it imports the server (:mod:`server.transports.handshake`): only the standard library and
+the modules named below are imported first, then the command line (:mod:`server.cli.main`) runs as
+for any other command.
 """
 
 from __future__ import annotations
@@ -10,8 +11,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from server.mcp.server_card import CAPABILITIES, SERVER_NAME, SERVER_TITLE, instructions_with, server_version
-from server.settings.backend_probe import surely_inline
+from server.mcp.server_card import (
+    CAPABILITIES,
+    SERVER_NAME,
+    SERVER_TITLE,
+    default_tools_list,
+    instructions_with,
+    server_version,
+)
+from server.settings.early import early_settings
 from server.transports.handshake import EarlyInput, ServerCard, answer_initialize_early
 
 #: ``serve``'s options that take a value, and the values the early answer allows for the ones
@@ -50,20 +58,27 @@ def stdio_serve_options(argv: Sequence[str]) -> dict[str, str] | None:
     return options
 
 
-def inline_card() -> ServerCard:
-    """What ``initialize`` answers when the worker backend is ``inline`` (instructions without a
-    warning), as :meth:`server.app.ConstructApp.build_server` builds the server then."""
-    return ServerCard(SERVER_NAME, SERVER_TITLE, server_version(), instructions_with(None), CAPABILITIES)
+def inline_card(default_limits: bool = True) -> ServerCard:
+    """What is answered early when the worker backend is ``inline`` (instructions without a
+    warning), as :meth:`server.app.ConstructApp.build_server` builds the server then; with the
+    tools' list when the size limits are the defaults."""
+    tools = default_tools_list() if default_limits else None
+    return ServerCard(
+        SERVER_NAME, SERVER_TITLE, server_version(), instructions_with(None), CAPABILITIES, tools
+    )
 
 
 def answer_early(argv: Sequence[str]) -> EarlyInput | None:
     """For ``serve`` on stdio whose instructions are known without loading the settings: start
-    answering ``initialize`` on stdin (see :mod:`server.transports.handshake`)."""
+    answering ``initialize`` (and ``tools/list``) on stdin (see :mod:`server.transports.handshake`)."""
     options = stdio_serve_options(argv)
-    if options is None or not surely_inline(options.get("--home"), options.get("--config")):
+    if options is None:
+        return None
+    sure = early_settings(options.get("--home"), options.get("--config"))
+    if not sure.inline:
         return None
     try:
-        return answer_initialize_early(inline_card())
+        return answer_initialize_early(inline_card(sure.default_limits))
     except OSError:
         return None  # no stdin or stdout to duplicate: the server meets the same and says so
 

@@ -16,10 +16,10 @@ Everywhere else the server uses the SDK's public API. What is here has no public
 * **Serving stdio from checked lines.** ``MCPServer.run_stdio_async`` is the SDK's stdio
   transport around the low-level server's ``run``; :func:`run_stdio` is the same with the lines the
   transport reads given (:mod:`server.transports.invalid_messages` checks each first) and its write
-  stream handed out (to answer a line that never reaches the server); and, when ``initialize`` was
-  answered before the SDK was imported (:mod:`server.transports.handshake`), the SDK's own answer
-  to that request dropped on its way to stdout (:class:`DropsEarlyAnswer`), as the stdio transport
-  writes it (``model_dump_json(by_alias=True, exclude_unset=True)``, to compare the two).
+  stream handed out (to answer a line that never reaches the server); and, when requests were
+  answered before the SDK was imported (:mod:`server.transports.handshake`), the SDK's own answers
+  to them dropped on their way to stdout (:class:`DropsEarlyAnswers`), as the stdio transport
+  writes them (``model_dump_json(by_alias=True, exclude_unset=True)``, to compare).
 * **The connection behind a session.** ``ServerRequestContext`` gives handlers a per-request
   ``ServerSession``; the per-client ``Connection`` behind it (to know that two requests come from
   the same client, and to hook the end of that client) is private: :func:`connection_of`,
@@ -33,7 +33,7 @@ bounds ``mcp`` to the minor version those tests passed with.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from mcp.server import MCPServer
@@ -119,18 +119,18 @@ async def run_stdio(
     server: MCPServer[Any],
     lines: AsyncIterable[str],
     answer_on: Callable[[SendsMessages], None],
-    answered: Callable[[], AnsweredRequest | None] | None = None,
+    answered: Callable[[], Sequence[AnsweredRequest]] | None = None,
 ) -> None:
     """Serve ``server`` over stdio as ``run_stdio_async`` does (fd 1 diverted to stderr while it
     serves), reading ``lines`` instead of stdin; ``answer_on`` gets the stream the transport writes
-    to stdout from, before the first line is read. ``answered`` says which request was answered
+    to stdout from, before the first line is read. ``answered`` says which requests were answered
     before the server started (asked when the first answer is written, by then it is known): the
-    server's answer to it is not written."""
+    server's answers to them are not written."""
     stdin: Any = lines  # the transport only iterates over it
     async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         answer_on(write_stream)
         lowlevel = server._lowlevel_server
-        out: Any = write_stream if answered is None else DropsEarlyAnswer(write_stream, answered)
+        out: Any = write_stream if answered is None else DropsEarlyAnswers(write_stream, answered)
         await lowlevel.run(read_stream, out, lowlevel.create_initialization_options())
 
 
@@ -144,27 +144,29 @@ class AnsweredRequest(Protocol):
     def line(self) -> str: ...
 
 
-class DropsEarlyAnswer:
-    """The transport's write stream, less the server's first answer to the request ``answered``
-    names (the client has its answer already). An answer that differs from the one written is
-    logged as an error: the early answer (:mod:`server.transports.handshake`) is meant to be the
+class DropsEarlyAnswers:
+    """The transport's write stream, less the server's first answer to each request ``answered``
+    lists (the client has its answers already). An answer that differs from the one written is
+    logged as an error: the early answers (:mod:`server.transports.handshake`) are meant to be the
     same, byte for byte."""
 
-    def __init__(self, inner: Any, answered: Callable[[], AnsweredRequest | None]) -> None:
+    def __init__(self, inner: Any, answered: Callable[[], Sequence[AnsweredRequest]]) -> None:
         self._inner = inner
         self._answered = answered
-        self._first = True
+        self._pending: dict[str | int, str] | None = None  # request id -> the line written early
 
     async def send(self, item: SessionMessage, /) -> None:
-        if self._first and isinstance(item.message, JSONRPCResponse | JSONRPCError):
-            self._first = False
-            early = self._answered()
-            if early is not None and item.message.id == early.request_id:
-                line = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-                if line != early.line:
+        message = item.message
+        if isinstance(message, JSONRPCResponse | JSONRPCError):
+            if self._pending is None:
+                self._pending = {early.request_id: early.line for early in self._answered()}
+            early = self._pending.pop(message.id, None) if message.id is not None else None
+            if early is not None:
+                line = message.model_dump_json(by_alias=True, exclude_unset=True)
+                if line != early:
                     log.error(
-                        "the early initialize answer differs from the server's: %s instead of %s",
-                        early.line,
+                        "an early answer differs from the server's: %s instead of %s",
+                        early,
                         line,
                         extra={"action": "early_initialize_differs"},
                     )
@@ -174,7 +176,7 @@ class DropsEarlyAnswer:
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    async def __aenter__(self) -> DropsEarlyAnswer:
+    async def __aenter__(self) -> DropsEarlyAnswers:
         await self._inner.__aenter__()
         return self
 

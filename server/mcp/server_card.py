@@ -5,9 +5,19 @@ Only the standard library is imported here: the stdio transport answers ``initia
 before the MCP SDK is imported (:mod:`server.transports.handshake`), and :mod:`server.app` builds
 the SDK server from the same values. ``tests/unit/server/test_early_initialize.py`` compares the
 early answer with the SDK's, :data:`CAPABILITIES` included.
+
+So that the first ``tools/list`` can be answered as early, ``tools_list.json`` beside this module
+holds the SDK's ``tools/list`` result for the default size limits (the tools depend on the settings
+only through those), as the stdio transport writes it; ``scripts/tools_list.py`` writes it, and the
+same test fails when it is not the SDK's answer any more.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+#: the SDK's ``tools/list`` result (JSON) for the default size limits: see the module docstring
+TOOLS_LIST_FILE = Path(__file__).with_name("tools_list.json")
 
 SERVER_NAME = "construct-mcp"
 SERVER_TITLE = "construct-mcp: durable specialist chains"
@@ -40,6 +50,14 @@ def instructions_with(warning: str | None) -> str:
     return INSTRUCTIONS if warning is None else f"{INSTRUCTIONS}\nWarning: {warning}."
 
 
+def default_tools_list() -> str | None:
+    """:data:`TOOLS_LIST_FILE`'s result, or None when it cannot be read (then the SDK answers)."""
+    try:
+        return TOOLS_LIST_FILE.read_text("utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def server_version() -> str:
     """The installed package's version (``serverInfo.version``)."""
     try:
@@ -55,6 +73,8 @@ __all__ = [
     "INSTRUCTIONS",
     "SERVER_NAME",
     "SERVER_TITLE",
+    "TOOLS_LIST_FILE",
+    "default_tools_list",
     "instructions_with",
     "server_version",
 ]

@@ -2,14 +2,14 @@
 flags > the config file > the environment > defaults, read in one place, :mod:`.config` and its
 :mod:`.sources`; its reference page is rendered by docs/gen_config_reference.py), the store they name, the
 provider backend's and the agents' settings, logging to stderr and the opt-in trace export; and
-:mod:`.backend_probe`, the one setting stdio's early ``initialize`` reads before they are loaded."""
+:mod:`.early`, what stdio's early answers need of them before they are loaded."""
 
 from __future__ import annotations
 
 __all__ = [
     "agents",
-    "backend_probe",
     "config",
+    "early",
     "logs",
     "providers",
     "sources",

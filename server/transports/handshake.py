@@ -1,4 +1,4 @@
-"""The stdio ``initialize`` answered before the MCP SDK is imported.
+"""The stdio ``initialize`` (and the first ``tools/list``) answered before the MCP SDK is imported.
 
 A host such as Codex CLI starts its first model request about a second after it spawns its MCP
 servers, and leaves out the tools of a server that has not answered ``initialize`` by then; importing
@@ -8,15 +8,18 @@ imported: a thread that reads the first message on stdin and, when it is an ``in
 (checked strictly enough that the SDK is sure to accept it, see :func:`initialize_answer`), writes
 the answer the SDK would write to stdout at once: the protocol version negotiated as the SDK does
 (:data:`HANDSHAKE_PROTOCOL_VERSIONS`), the server's capabilities, its name, title and version, and
-its instructions, as the same compact JSON.
+its instructions, as the same compact JSON. When the card has the tools' list (the default size
+limits), the thread reads on past ``notifications/initialized`` and answers a ``tools/list`` request
+from it too, as the SDK would: a host such as Codex waits for that answer, not only for
+``initialize``, before its first model request. The first other message ends the thread's reading.
 
 The server meanwhile starts as it always has. Its stdin relay (:mod:`server.transports.stdio`)
-waits for the thread, passes on everything the thread read, the ``initialize`` request included,
-then the rest of stdin: the SDK handles the same request, so the session it serves is the one it
-would have served, and its own answer to that request is dropped instead of written
-(:func:`server.sdk.run_stdio`, which logs an error if it ever differs from the early one). Any other
-first message is passed on unanswered. ``tests/unit/server/test_early_initialize.py`` compares the
-early answer with the SDK's for every protocol version.
+waits for the thread, passes on everything the thread read, the requests it answered included, then
+the rest of stdin: the SDK handles the same requests, so the session it serves is the one it would
+have served, and its own answers to those requests are dropped instead of written
+(:func:`server.sdk.run_stdio`, which logs an error if one ever differs from the early one). Any
+other first message is passed on unanswered. ``tests/unit/server/test_early_initialize.py``
+compares the early answers with the SDK's for every protocol version.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 log = logging.getLogger("construct.server")
 
@@ -50,13 +54,15 @@ RequestId = str | int
 @dataclass(frozen=True)
 class ServerCard:
     """What ``initialize`` tells a host: the server's name, title, version and instructions, and
-    its capabilities as the SDK puts them on the wire."""
+    its capabilities as the SDK puts them on the wire; and the ``tools/list`` result as the SDK
+    writes it (JSON), if it is known (else ``tools/list`` is the server's to answer)."""
 
     name: str
     title: str
     version: str
     instructions: str
     capabilities: Mapping[str, object]
+    tools_list: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,8 @@ def negotiated_version(requested: str) -> str:
 def initialize_answer(line: bytes, card: ServerCard) -> EarlyAnswer | None:
     """The answer to ``line`` when it is an ``initialize`` request the SDK surely accepts, as the
     SDK's stdio transport writes it; None for anything else (the SDK then answers it itself)."""
-    try:
-        message = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
-    except ValueError:
-        return None
-    if not isinstance(message, dict) or set(message) != {"jsonrpc", "id", "method", "params"}:
+    message = _parsed(line)
+    if message is None or set(message) != {"jsonrpc", "id", "method", "params"}:
         return None
     request_id, params = message["id"], message["params"]
     if message["jsonrpc"] != "2.0" or message["method"] != "initialize" or not _plain_id(request_id):
@@ -101,11 +104,59 @@ def initialize_answer(line: bytes, card: ServerCard) -> EarlyAnswer | None:
     return EarlyAnswer(request_id, text)
 
 
+def tools_list_answer(line: bytes, result: str) -> EarlyAnswer | None:
+    """The answer to ``line`` when it is a ``tools/list`` request for the first page (no params,
+    empty ones, or only a progress token, as Codex CLI sends it), with ``result`` (the SDK's, as
+    JSON); None for anything else."""
+    message = _parsed(line)
+    if message is None or set(message) - {"params"} != {"jsonrpc", "id", "method"}:
+        return None
+    if message["jsonrpc"] != "2.0" or message["method"] != "tools/list" or not _plain_id(message["id"]):
+        return None
+    params = message.get("params", {})
+    if params != {} and not _only_progress_token(params):
+        return None
+    request_id = message["id"]
+    try:
+        text = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id, ensure_ascii=False)},"result":{result}}}'
+        text.encode("utf-8")
+    except ValueError:
+        return None
+    return EarlyAnswer(request_id, text)
+
+
+def _only_progress_token(params: object) -> bool:
+    if not isinstance(params, dict) or set(params) != {"_meta"}:
+        return False
+    meta = params["_meta"]
+    return isinstance(meta, dict) and set(meta) == {"progressToken"} and _plain_id(meta["progressToken"])
+
+
+def is_initialized(line: bytes) -> bool:
+    """Whether ``line`` is the ``notifications/initialized`` notification (which has no answer)."""
+    message = _parsed(line)
+    return (
+        message is not None
+        and set(message) - {"params"} == {"jsonrpc", "method"}
+        and message["jsonrpc"] == "2.0"
+        and message["method"] == "notifications/initialized"
+        and isinstance(message.get("params", {}), dict)
+    )
+
+
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    try:
+        message = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
 def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
-def _plain_id(value: object) -> bool:
+def _plain_id(value: object) -> TypeGuard[RequestId]:
     if isinstance(value, bool):
         return False
     return isinstance(value, str) or (isinstance(value, int) and -_MAX_ID <= value < _MAX_ID)
@@ -156,7 +207,9 @@ class EarlyInput:
             os.close(self._source)
             raise
         self._read = b""
-        self.answered: EarlyAnswer | None = None
+        self._start = 0  # where the next line starts in what was read
+        #: the requests answered, in order (read once :meth:`wait` has returned)
+        self.answered: list[EarlyAnswer] = []
         self._thread = threading.Thread(target=self._run, name="construct-early-initialize", daemon=True)
 
     def start(self) -> None:
@@ -170,11 +223,18 @@ class EarlyInput:
 
     def _run(self) -> None:
         try:
-            line = self._first_line()
+            line = self._next_line()
             answer = initialize_answer(line, self._card) if line is not None else None
-            if answer is not None:
-                self._write((answer.line + "\n").encode("utf-8"))
-                self.answered = answer
+            if answer is None:
+                return
+            self._answer(answer)
+            tools = self._card.tools_list
+            while tools is not None and (line := self._next_line()) is not None:
+                if not is_initialized(line):
+                    listed = tools_list_answer(line, tools)
+                    if listed is not None:
+                        self._answer(listed)
+                    return
         except OSError as exc:
             log.warning(
                 "cannot answer initialize early: %s", exc, extra={"action": "early_initialize_failed"}
@@ -183,23 +243,25 @@ class EarlyInput:
             os.close(self._source)
             os.close(self._sink)
 
-    def _first_line(self) -> bytes | None:
-        """The first line that is not blank (the transport drops blank ones), or None at the end of
-        the input or past :data:`FIRST_LINE_LIMIT`."""
-        start = 0
-        while len(self._read) <= FIRST_LINE_LIMIT:
-            newline = self._read.find(b"\n", start)
+    def _next_line(self) -> bytes | None:
+        """The next line that is not blank (the transport drops blank ones), or None at the end of
+        the input or past :data:`FIRST_LINE_LIMIT` bytes of it."""
+        while len(self._read) - self._start <= FIRST_LINE_LIMIT:
+            newline = self._read.find(b"\n", self._start)
             if newline == -1:
                 chunk = os.read(self._source, _CHUNK)
                 if not chunk:
                     return None
                 self._read += chunk
                 continue
-            line = self._read[start:newline]
+            line, self._start = self._read[self._start : newline], newline + 1
             if line.strip():
                 return line
-            start = newline + 1
         return None
+
+    def _answer(self, answer: EarlyAnswer) -> None:
+        self._write((answer.line + "\n").encode("utf-8"))
+        self.answered.append(answer)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -238,6 +300,8 @@ __all__ = [
     "ServerCard",
     "answer_initialize_early",
     "initialize_answer",
+    "is_initialized",
     "negotiated_version",
     "take_early_input",
+    "tools_list_answer",
 ]

@@ -242,7 +242,7 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
     end the same way (see the module docstring). A line over ``max_line_bytes`` is refused."""
     set_request_handler(server, TOO_LARGE_METHOD, _TooLargeParams, _too_large)
     early = take_early_input()
-    answered = (lambda: early.answered) if early is not None else None
+    answered = (lambda: tuple(early.answered)) if early is not None else None
     try:
         relay = StdinRelay(max_line_bytes=max_line_bytes, early=early)
     except OSError as exc:

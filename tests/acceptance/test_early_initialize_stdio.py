@@ -1,9 +1,10 @@
-"""``construct-mcp serve`` on stdio answers ``initialize`` before the SDK is imported, then hands the
-same request to the SDK and drops the SDK's answer (``server/transports/handshake.py``). With real
-server processes: the session the SDK serves after that is sound (tools listed and called, each
-request answered once, the SDK's answer the same as the early one), a first message other than
-``initialize`` is the SDK's to answer as before, and a server that never gets a message stops in
-order."""
+"""``construct-mcp serve`` on stdio answers ``initialize`` and the first ``tools/list`` before the SDK
+is imported, then hands the same requests to the SDK and drops the SDK's answers
+(``server/transports/handshake.py``). With real server processes: the session the SDK serves after
+that is sound (tools listed and called, each request answered once, the SDK's answers the same as
+the early ones), size limits that change the tools leave ``tools/list`` to the SDK, a first message
+other than ``initialize`` is the SDK's to answer as before, and a server that never gets a message
+stops in order."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from server.__main__ import inline_card
-from server.transports.handshake import initialize_answer
+from server.transports.handshake import initialize_answer, tools_list_answer
 from tests.acceptance.harness import REPO, SERVER_COMMAND, call, read_log, server_env, stdio_client_for
 
 pytestmark = pytest.mark.slow
@@ -55,10 +56,18 @@ def early_answer_line() -> bytes:
     return (answer.line + "\n").encode()
 
 
+def early_tools_line(request: dict[str, Any]) -> bytes:
+    tools = inline_card().tools_list
+    assert tools is not None
+    answer = tools_list_answer(line(request).rstrip(), tools)
+    assert answer is not None
+    return (answer.line + "\n").encode()
+
+
 class RawServer:
     """``python -m server serve`` as a host spawns it, spoken to in raw JSON-RPC lines."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, **env: str) -> None:
         self.log = home / "server.log"
         with self.log.open("ab") as errlog:
             self.proc = subprocess.Popen(
@@ -66,7 +75,7 @@ class RawServer:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errlog,
-                env={**os.environ, **server_env(home)},
+                env={**os.environ, **server_env(home, **env)},
                 cwd=REPO,
             )
         assert self.proc.stdout is not None
@@ -132,10 +141,12 @@ def test_initialize_answered_early_then_the_sdk_serves_the_session(tmp_path: Pat
     server = RawServer(tmp_path)
     try:
         # Pipelined, as a host may write them: the whole lot is read before the SDK starts.
-        server.send(line(INITIALIZE), line(INITIALIZED), line(message(2, "tools/list", {})))
+        tools_list = message(2, "tools/list", {})
+        server.send(line(INITIALIZE), line(INITIALIZED), line(tools_list))
         raw, _ = server.answer(1)
         assert raw == early_answer_line()
-        _, listed = server.answer(2)
+        raw, listed = server.answer(2)
+        assert raw == early_tools_line(tools_list)
         names = {tool["name"] for tool in listed["result"]["tools"]}
         assert {"orchestrate_start", "run_status"} <= names
         start = {"name": "orchestrate_start", "arguments": {"request": "early", "chain": ["writer"]}}
@@ -147,7 +158,7 @@ def test_initialize_answered_early_then_the_sdk_serves_the_session(tmp_path: Pat
     finally:
         code = server.close()
     assert code == 0
-    # The SDK's answer to the replayed initialize was dropped: each request answered once.
+    # The SDK's answers to the replayed requests were dropped: each request answered once.
     assert [answers_to(server.lines, n) for n in (1, 2, 3, 4)] == [1, 1, 1, 1]
     log = read_log(server.log)
     assert "action=server_started" in log
@@ -165,6 +176,21 @@ async def test_the_official_client_works_after_the_early_answer(tmp_path: Path) 
         assert view["status"] == "awaiting_host"
     log = read_log(log_path)
     assert "early_initialize_differs" not in log and "ERROR" not in log
+
+
+def test_limits_that_change_the_tools_leave_tools_list_to_the_sdk(tmp_path: Path) -> None:
+    server = RawServer(tmp_path, CONSTRUCT_MAX_REQUEST_CHARS="1000")
+    try:
+        tools_list = message(2, "tools/list")
+        server.send(line(INITIALIZE), line(INITIALIZED), line(tools_list))
+        assert server.answer(1)[0] == early_answer_line()
+        raw, listed = server.answer(2)
+        assert raw != early_tools_line(tools_list)  # the server's own list, for its limits
+        assert "orchestrate_start" in {tool["name"] for tool in listed["result"]["tools"]}
+    finally:
+        assert server.close() == 0
+    assert [answers_to(server.lines, n) for n in (1, 2)] == [1, 1]
+    assert "early_initialize_differs" not in read_log(server.log)
 
 
 def test_a_first_message_other_than_initialize_is_left_to_the_sdk(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ STORES_MAY_USE = frozenset({"orchestration.core", "orchestration.errors", "orche
 #: time (module -> the functions allowed in it; empty: the whole module)
 ENVIRONMENT_READERS: dict[str, frozenset[str]] = {
     "server.settings.config": frozenset({"load_settings"}),
-    "server.settings.backend_probe": frozenset({"surely_inline"}),
+    "server.settings.early": frozenset({"early_settings"}),
     "orchestration.workers.mcp_agents": frozenset({"token_from_environment"}),
 }
 

@@ -1,6 +1,7 @@
-"""``serve`` on stdio answers ``initialize`` before it imports anything heavy (``server/__main__.py``):
-at the moment the answer is written, none of the MCP SDK, pydantic, the HTTP stacks, OpenTelemetry or
-the domain is imported. (How soon that is, is measured by ``bench/startup.py``, not here.)"""
+"""``serve`` on stdio answers ``initialize`` and ``tools/list`` before it imports anything heavy
+(``server/__main__.py``): at the moment the answers are written, none of the MCP SDK, pydantic, the
+HTTP stacks, OpenTelemetry or the domain is imported. (How soon that is, is measured by
+``bench/startup.py``, not here.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from server.__main__ import inline_card
-from server.transports.handshake import initialize_answer
+from server.transports.handshake import initialize_answer, tools_list_answer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -43,7 +44,7 @@ FIRST_PARTY_ALLOWED = frozenset(
         "server.mcp",
         "server.mcp.server_card",
         "server.settings",
-        "server.settings.backend_probe",
+        "server.settings.early",
         "server.transports",
         "server.transports.handshake",
     }
@@ -62,14 +63,17 @@ INITIALIZE = json.dumps(
     }
 )
 
-# Runs the entry point's early step as `construct-mcp serve` does, waits for the answer, then reports
+INITIALIZED = '{"jsonrpc": "2.0", "method": "notifications/initialized"}'
+TOOLS_LIST = '{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}'
+
+# Runs the entry point's early step as `construct-mcp serve` does, waits for the answers, then reports
 # which modules were imported by then (nothing else runs in between: the main thread only waits).
 PROBE = """
 import json, sys
 from server.__main__ import answer_early
 early = answer_early(sys.argv[1:])
 early.wait()
-sys.stderr.write(json.dumps({"answered": early.answered is not None, "modules": sorted(sys.modules)}))
+sys.stderr.write(json.dumps({"answered": len(early.answered), "modules": sorted(sys.modules)}))
 """
 
 
@@ -86,7 +90,7 @@ def early_modules(tmp_path: Path, *preamble: str) -> tuple[bytes, dict[str, obje
     """Run :data:`PROBE` (after ``preamble``) as ``serve`` with a fresh home; its stdout and report."""
     run = subprocess.run(
         [sys.executable, "-c", "\n".join([*preamble, PROBE]), "serve"],
-        input=(INITIALIZE + "\n").encode(),
+        input=(INITIALIZE + "\n" + INITIALIZED + "\n" + TOOLS_LIST + "\n").encode(),
         capture_output=True,
         cwd=REPO,
         env={"CONSTRUCT_HOME": str(tmp_path), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
@@ -97,11 +101,15 @@ def early_modules(tmp_path: Path, *preamble: str) -> tuple[bytes, dict[str, obje
     return run.stdout, report
 
 
-def test_the_answer_is_written_before_anything_heavy_is_imported(tmp_path: Path) -> None:
+def test_the_answers_are_written_before_anything_heavy_is_imported(tmp_path: Path) -> None:
     stdout, report = early_modules(tmp_path)
-    expected = initialize_answer(INITIALIZE.encode(), inline_card())
-    assert expected is not None and stdout == (expected.line + "\n").encode()
-    assert report["answered"] is True
+    card = inline_card()
+    assert card.tools_list is not None
+    initialized = initialize_answer(INITIALIZE.encode(), card)
+    listed = tools_list_answer(TOOLS_LIST.encode(), card.tools_list)
+    assert initialized is not None and listed is not None
+    assert stdout == (initialized.line + "\n" + listed.line + "\n").encode()
+    assert report["answered"] == 2
     modules = report["modules"]
     assert isinstance(modules, list)
     assert too_heavy(modules) == []
