@@ -10,13 +10,15 @@ filesystem store) ``--spawns`` times, one after another, and on each:
   to its stdin at once, and measures the wall time from the spawn to the answer on its stdout;
 * then sends ``notifications/initialized`` and ``tools/list``, and measures the time from the spawn
   to the ``tools/list`` answer;
+* then sends ``ping``, which only the server itself answers, and measures the time from the spawn to
+  that answer: when the server is serving;
 * closes stdin and waits for the process to exit.
 
-It prints the median, p90 and max of both; what the process imports before it answers
-``initialize`` (``serve`` answers it before it imports the server, see
+It prints the median, p90 and max of the three; what the process imports before it answers
+``initialize`` and ``tools/list`` (``serve`` answers them before it imports the server, see
 ``server/transports/handshake.py``), with the imports that cost most there; and the imports that
 cost most when ``server.cli.main`` and the stdio server are imported (``python -X importtime``,
-cumulative), which is what stands between the ``initialize`` answer and the ``tools/list`` one.
+cumulative), which is what stands between those answers and the server serving.
 
     python bench/startup.py [--spawns 10] [--check] [--top 8]
 
@@ -65,6 +67,7 @@ class Spawn:
 
     initialize: float
     tools_list: float
+    served: float
     tools: int
 
 
@@ -88,6 +91,7 @@ INITIALIZE = _message(
 )
 INITIALIZED = _message(None, "notifications/initialized")
 TOOLS_LIST = _message(2, "tools/list", {})
+PING = _message(3, "ping")
 
 
 class _Lines:
@@ -154,9 +158,13 @@ def spawn_once(executable: str, home: Path) -> Spawn:
         proc.stdin.flush()
         listed = lines.answer(2, deadline)
         tools_listed = time.perf_counter() - started
+        proc.stdin.write(PING)
+        proc.stdin.flush()
+        lines.answer(3, deadline)
+        served = time.perf_counter() - started
         result = listed.get("result")
         tools = result.get("tools", []) if isinstance(result, dict) else []
-        return Spawn(initialized, tools_listed, len(tools) if isinstance(tools, list) else 0)
+        return Spawn(initialized, tools_listed, served, len(tools) if isinstance(tools, list) else 0)
     finally:
         lines.close()
         proc.stdin.close()
@@ -226,10 +234,11 @@ def main() -> int:
     print(f"construct-mcp serve (stdio, filesystem store, fresh home), {len(spawns)} spawns:")
     row("spawn -> initialize answered", [s.initialize for s in spawns])
     row("spawn -> tools/list answered", [s.tools_list for s in spawns])
+    row("spawn -> ping answered (serving)", [s.served for s in spawns])
     print(f"  tools listed: {spawns[-1].tools}")
 
     early = top_imports(args.top, EARLY_IMPORTS)
-    print(f"\nimported before the initialize answer (python -X importtime -c '{EARLY_IMPORTS}'):")
+    print(f"\nimported before the early answers (python -X importtime -c '{EARLY_IMPORTS}'):")
     for seconds, name in early:
         print(f"  {seconds:.3f} s  {name}")
     print(f"\nthird-party imports that cost most (python -X importtime -c '{IMPORTS}'):")
