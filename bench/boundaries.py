@@ -84,6 +84,7 @@ from orchestration.core import (
 )
 from orchestration.engine import Runtime
 from orchestration.store import RunStore
+from orchestration.workers.port import DeltaSink
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,6 +107,7 @@ class InstantWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls.setdefault(CURRENT_RUN.get(), []).append(time.perf_counter())
         return AttemptSucceeded(OUTPUT, Telemetry())

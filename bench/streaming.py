@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anyio
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.engine import Runtime
-from orchestration.engine.runtime import StartRequest
 from orchestration.workers import ProviderEndpoint, ProviderSettings, ProviderWorker, contract_resolver
 from orchestration.workers.model_calls import make_http_client
 from stores.memory import MemoryStore

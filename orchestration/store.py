@@ -66,10 +66,8 @@ __all__ = [
     "NotifiesRunnable",
     "RunPage",
     "RunStore",
-    "TellsFlush",
     "Tombstone",
     "TombstoneReason",
-    "WritesElsewhere",
     "new_lease_token",
 ]
 
@@ -182,7 +180,9 @@ class RunStore(Protocol):
 
     name: str
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         """Create a run from its first write (``head.version == 1``).
 
         Atomic: either the run with its facts and head exists afterwards, or nothing was written.
@@ -191,7 +191,8 @@ class RunStore(Protocol):
         compares request hashes). When the key was a deleted run's, nothing is written and that
         run's tombstone error is raised (``RunPruned`` / ``RunMoved``: the key stays reserved, see
         :meth:`delete_run`). Raises ``Conflict`` if a run with the same ``run_id`` exists,
-        ``InvalidArgument`` for a malformed run id.
+        ``InvalidArgument`` for a malformed run id. ``flushing``: see :meth:`append` (it may be
+        called for a create that then creates nothing: its key was taken).
         """
         ...
 
@@ -222,6 +223,8 @@ class RunStore(Protocol):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         """Append ``facts`` and replace the head with ``head``, atomically, if and only if the
         stored head's version is ``expected_version`` (compare-and-swap) and, when ``lease`` is
@@ -237,6 +240,15 @@ class RunStore(Protocol):
 
         Durable on return (fsync'd / committed). The cost does not grow with the number or size of
         earlier facts. Raises ``RunNotFound``, ``InvalidArgument`` (also for a lease on another run).
+
+        ``flushing``: called on the event loop, at most once, when the write is under way and what
+        this process computes meanwhile costs the write nothing: once the statement is sent, where
+        another process writes (postgres: the database server); once the flush begins, where this
+        process's own threads write (sqlite's ``COMMIT``, the files' ``fsync``: the thread waits on
+        the disk, not on the interpreter's lock). A host's answer is built then
+        (:func:`orchestration.engine.host_answers.while_writing`), and dropped when the write is
+        refused. A write refused before its flush is never told (sqlite, filesystem); one sent is
+        told whatever its answer (postgres); a store that cannot tell (memory) never calls it.
         """
         ...
 
@@ -388,54 +400,6 @@ class CreatesClaimed(Protocol):
         with a lease on the run for ``owner`` until ``now + ttl_seconds`` (a new token, as
         :meth:`RunStore.claim_lease` gives) written in the same atomic step; the lease is None
         when nothing was created (``created=False``)."""
-        ...
-
-
-@runtime_checkable
-class WritesElsewhere(Protocol):
-    """Optional trait (postgres): the store's writes are made by another process (a database
-    server), so what this process computes while a write is in flight costs the write nothing: a
-    host's answer is built meanwhile (:func:`orchestration.engine.host_answers.while_writing`;
-    in-process, 400 runs x 2 host answers on Postgres: 1.21 -> 0.86 ms per answer, median). A store
-    whose writes run Python in this process's own threads (SQLite, files) is not one: its thread
-    waits for the interpreter's lock while that work runs, and the write only takes longer
-    (measured: 1.15 -> 1.20 ms on SQLite). SQLite says instead when its flush begins
-    (:class:`TellsFlush`)."""
-
-    #: always True (a store without the trait has no such attribute)
-    writes_elsewhere: bool
-
-
-@runtime_checkable
-class TellsFlush(Protocol):
-    """Optional ability (sqlite, filesystem): say when a write's flush begins. A store whose writes
-    are made on a thread of this process (SQLite's writer thread, the filesystem store's worker
-    threads) runs their Python holding the interpreter's lock, then flushes (SQLite's ``COMMIT``,
-    the files' ``fsync``) with the lock released. What this process computes during that flush
-    costs the write nothing, unlike work done while the rest of the write runs (see
-    :class:`WritesElsewhere`): a host's answer is built then
-    (:func:`orchestration.engine.host_answers.while_writing`)."""
-
-    async def append_telling_flush(
-        self,
-        run_id: str,
-        expected_version: int,
-        facts: Sequence[Fact],
-        head: RunHead,
-        flushing: Callable[[], None],
-    ) -> RunHead:
-        """:meth:`RunStore.append` without a lease, calling ``flushing`` (on the event loop, at most
-        once) when the write's checks passed and its flush is under way. Not called when the write
-        is refused before that; called for a write whose flush then fails (the append raises as
-        usual)."""
-        ...
-
-    async def create_telling_flush(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
-    ) -> CreateResult:
-        """:meth:`RunStore.create`, calling ``flushing`` (on the event loop, at most once) when its
-        flush is under way. It may be called for a create that then creates nothing (its key was
-        taken): what was built meanwhile is for the caller to drop."""
         ...
 
 

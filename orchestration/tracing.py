@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for runs, tasks, attempts and model calls (issue 14, part 1).
+"""OpenTelemetry spans for runs, tasks, attempts and model calls.
 
 Spans go through ``opentelemetry-api`` only: without an SDK installed and configured (the ``otel``
 extra and the ``OTEL_*`` variables, see :mod:`server.settings.telemetry`) every tracer is the API's no-op

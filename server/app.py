@@ -68,6 +68,7 @@ from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, ch
 from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.transports.stdio import serve_stdio
 from server.transports.uvicorn_adapter import GracefulServer
+from server.views.parts import check_room
 from server.web.pages import with_run_pages
 from server.web.panel import panel_extension
 from server.wiring import runtime_for
@@ -104,6 +105,7 @@ class ConstructApp:
         # Loaded here, not in the lifespan: a bad [specialists]/[chains] table must stop the
         # process before it answers anything.
         self.catalog = catalog if catalog is not None else Catalog.load(settings.config_file)
+        check_room(self.catalog, settings.max_answer_chars)
         self._services: Services | None = None
         # Resource-change fan-out, to the callers who may read the run: 2026-07-28 listeners (one
         # bus per caller) and handshake-era sessions.
@@ -273,6 +275,11 @@ class ConstructApp:
             # ... and the run pages for a browser at /runs (see server.web.pages).
             app = with_run_pages(
                 self._guarded(app), lambda: self._services, self.settings.named_tokens(), host, max_bytes
+            )
+            base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+            log.info(
+                f"MCP at {base}/mcp; the runs page at {base}/runs",
+                extra={"action": "http_addresses", "transport": transport},
             )
             await _serve_http(app, host, port, self.settings.log_level, self._stop_work)
         elif transport == "sse":

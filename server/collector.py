@@ -1,4 +1,4 @@
-"""The cyclic garbage collector tuned for a long-lived server (issue 24).
+"""The cyclic garbage collector tuned for a long-lived server.
 
 CPython's defaults (thresholds 700, 10, 10) suit a short script. A server holds a heap that grows
 with its live runs (a few hundred objects each: heads, tasks, snapshots, the drive's coroutines),

@@ -8,8 +8,9 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from orchestration.core import (
     FACT_TYPES,
@@ -22,8 +23,11 @@ from orchestration.core import (
     by_identity,
     parse_fact,
     parse_head,
+    validate_run_id,
 )
 from orchestration.errors import CorruptRecord, InvalidArgument, RecordTooNew, quoted
+from orchestration.store import Lease
+from stores._lease import check_fence
 
 ListKey = tuple[str, str]
 
@@ -77,7 +81,7 @@ def encode_chain(chain: ChainSnapshot) -> str:
     head: see :func:`encode_head`). Not remembered (unlike :func:`_chain_json`): it is written
     once per run, and the text would stay for as long as the run's chain snapshot lives — with
     the UTF-8 copy the database driver's encoding leaves in it, about 28 KB per live run for the
-    built-in chain (issue 24: memory per live run)."""
+    built-in chain (memory per live run)."""
     return chain.model_dump_json(exclude_defaults=True)
 
 
@@ -185,9 +189,14 @@ def check_create(head: RunHead, facts: Sequence[Fact]) -> None:
         raise InvalidArgument("the new head's last_seq must be the seq of the last fact")
 
 
-def check_append(run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead) -> None:
-    """Reject a malformed append before anything is written. (Whether the first fact continues
-    the stored log is checked by each store, under its compare-and-swap: see :func:`not_continuing`.)"""
+def check_append(
+    run_id: str, expected_version: int, facts: Sequence[Fact], head: RunHead, lease: Lease | None = None
+) -> None:
+    """Reject a malformed append before anything is read or written: a malformed run id, no facts,
+    a head that does not follow, a lease for another run. (Whether the first fact continues the
+    stored log is checked by each store, under its compare-and-swap: see :func:`not_continuing`.)"""
+    validate_run_id(run_id)
+    check_fence(run_id, lease)
     if not facts:
         raise InvalidArgument("an append needs at least one fact")
     if head.run_id != run_id:
@@ -271,7 +280,7 @@ def is_runnable(head: RunHead, now: datetime) -> bool:
 
 def from_thread(callback: Callable[[], None]) -> Callable[[], None]:
     """(Made on the event loop.) A function a store's thread calls to have ``callback`` run on
-    that loop (:class:`~orchestration.store.TellsFlush`'s ``flushing``). Never a reason for the
+    that loop (``RunStore.append``'s ``flushing``). Never a reason for the
     thread's write to fail: a loop closed meanwhile hears nothing."""
     loop = asyncio.get_running_loop()
 
@@ -280,3 +289,23 @@ def from_thread(callback: Callable[[], None]) -> Callable[[], None]:
             loop.call_soon_threadsafe(callback)
 
     return tell
+
+
+T = TypeVar("T")
+
+
+async def sent(statement: Coroutine[Any, Any, T], flushing: Callable[[], None] | None) -> T:
+    """Await ``statement`` (a query to a database server), calling ``flushing`` once it is sent:
+    it runs as a task whose first step sends it, then ``flushing`` is called while the server
+    works (``RunStore.append``'s ``flushing``). A cancelled caller cancels the statement."""
+    if flushing is None:
+        return await statement
+    task = asyncio.ensure_future(statement)
+    try:
+        await asyncio.sleep(0)  # the task's first step: the statement goes out
+        if not task.done():
+            flushing()
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()

@@ -1,4 +1,4 @@
-"""The filesystem store's chain snapshot, written once (issue 11; the SQL stores' migration
+"""The filesystem store's chain snapshot, written once (the SQL stores' migration
 ``chain_written_once`` does the same in a column).
 
 A run's head carries its chain snapshot (steps and the specialists' personas: most of a head,

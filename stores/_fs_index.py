@@ -3,7 +3,7 @@
 The index is derived data: record ``n`` holds the byte offsets of fact ``n``'s line in
 ``facts.jsonl``, and the log alone determines them (one fact per line, each line starting with its
 ``seq``). An append therefore fsyncs the log and the head, which make the write durable, but not
-the index (issue 11: one fsync less per append). A process killed at any point loses nothing of the
+the index (one fsync less per append). A process killed at any point loses nothing of the
 index (its bytes are in the page cache); only a power loss or an OS crash can leave it behind the
 committed head — short, or with zeroed blocks. Every use of the index checks the records it reads
 (each one continues the one before it, and the committed end is a line's end) and, when they do not

@@ -1,4 +1,4 @@
-"""The postgres store's connection pool: a stack of idle asyncpg connections (issue 11).
+"""The postgres store's connection pool: a stack of idle asyncpg connections.
 
 asyncpg's own pool costs about 70-90 us per acquire and release (a connection proxy, a task per
 release under ``asyncio.shield``, the reset hook), paid by every append, that is at every task

@@ -5,9 +5,9 @@ its N-th durable write (a create or an append) has returned — the fact is on d
 ran. Off unless the server is configured with it; never use it outside tests.
 
 The wrapper has exactly the optional abilities of the store it wraps (``ClaimsRunnable``,
-``NotifiesRunnable``, ``TellsFlush``, see :mod:`orchestration.store`), so a dispatcher on a
-wrapped sqlite or postgres store claims in batches and listens as it would on the store itself,
-and a host's call on a wrapped sqlite or filesystem store writes as it would there.
+``NotifiesRunnable``, see :mod:`orchestration.store`), so a dispatcher on a wrapped sqlite or
+postgres store claims in batches and listens as it would on the store itself; a write's
+``flushing`` is passed on, so a host's call writes as it would on the store itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from orchestration.store import (
     NotifiesRunnable,
     RunPage,
     RunStore,
-    TellsFlush,
     Tombstone,
 )
 
@@ -41,10 +40,7 @@ class CrashAfterWrites:
 
     def __new__(cls, inner: RunStore, n: int) -> CrashAfterWrites:
         if cls is CrashAfterWrites:
-            claims, notifies, tells = (
-                isinstance(inner, a) for a in (ClaimsRunnable, NotifiesRunnable, TellsFlush)
-            )
-            cls = _WRAPPERS[claims, notifies, tells]
+            cls = _WRAPPERS[isinstance(inner, ClaimsRunnable), isinstance(inner, NotifiesRunnable)]
         return super().__new__(cls)
 
     def __init__(self, inner: RunStore, n: int) -> None:
@@ -63,8 +59,10 @@ class CrashAfterWrites:
             )
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        result = await self.inner.create(head, facts)
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
+        result = await self.inner.create(head, facts, flushing=flushing)
         if result.created:
             self._count()
         return result
@@ -76,8 +74,10 @@ class CrashAfterWrites:
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await self.inner.append(run_id, expected_version, facts, head, lease)
+        stored = await self.inner.append(run_id, expected_version, facts, head, lease, flushing=flushing)
         self._count()
         return stored
 
@@ -159,56 +159,14 @@ class _Notifies(CrashAfterWrites):
         await self.inner.unlisten(callback)
 
 
-class _Tells(CrashAfterWrites):
-    """The wrapper of a store that ``TellsFlush``: its writes that tell are counted as the others."""
-
-    async def append_telling_flush(
-        self,
-        run_id: str,
-        expected_version: int,
-        facts: Sequence[Fact],
-        head: RunHead,
-        flushing: Callable[[], None],
-    ) -> RunHead:
-        assert isinstance(self.inner, TellsFlush)  # chosen by CrashAfterWrites.__new__
-        stored = await self.inner.append_telling_flush(run_id, expected_version, facts, head, flushing)
-        self._count()
-        return stored
-
-    async def create_telling_flush(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
-    ) -> CreateResult:
-        assert isinstance(self.inner, TellsFlush)
-        result = await self.inner.create_telling_flush(head, facts, flushing)
-        if result.created:
-            self._count()
-        return result
-
-
 class _ClaimsAndNotifies(_Claims, _Notifies):
     """The wrapper of a store that claims and notifies (postgres)."""
 
 
-class _ClaimsAndTells(_Claims, _Tells):
-    """The wrapper of a store that claims and tells (sqlite)."""
-
-
-class _NotifiesAndTells(_Notifies, _Tells):
-    """The wrapper of a store that notifies and tells."""
-
-
-class _All(_Claims, _Notifies, _Tells):
-    """The wrapper of a store with every ability."""
-
-
-#: (claims, notifies, tells) -> the wrapper with those abilities
-_WRAPPERS: dict[tuple[bool, bool, bool], type[CrashAfterWrites]] = {
-    (False, False, False): CrashAfterWrites,
-    (True, False, False): _Claims,
-    (False, True, False): _Notifies,
-    (False, False, True): _Tells,
-    (True, True, False): _ClaimsAndNotifies,
-    (True, False, True): _ClaimsAndTells,
-    (False, True, True): _NotifiesAndTells,
-    (True, True, True): _All,
+#: (claims, notifies) -> the wrapper with those abilities
+_WRAPPERS: dict[tuple[bool, bool], type[CrashAfterWrites]] = {
+    (False, False): CrashAfterWrites,
+    (True, False): _Claims,
+    (False, True): _Notifies,
+    (True, True): _ClaimsAndNotifies,
 }

@@ -115,7 +115,7 @@ from stores._fs_files import (
 from stores._fs_index import chained, committed_end, rebuild, repair, unpack
 from stores._fs_listing import FilesystemListing
 from stores._fs_retention import TOMBSTONES_DIR, FilesystemRetention
-from stores._lease import check_aware, check_fence, lease_lost
+from stores._lease import check_aware, lease_lost
 
 logger = logging.getLogger("construct.stores")
 
@@ -539,19 +539,15 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
 
     # ---------------------------------------------------------------- RunStore
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        validate_run_id(head.run_id)
-        check_create(head, facts)
-        return await self._call(self._create_sync, head, facts)
-
-    async def create_telling_flush(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
     ) -> CreateResult:
-        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`create`, calling ``flushing`` as the
-        new run's files are fsync'd (after the key was found free and the files were written)."""
+        """See ``RunStore.create``; ``flushing`` is called as the new run's files are fsync'd
+        (after the key was found free and the files were written)."""
         validate_run_id(head.run_id)
         check_create(head, facts)
-        return await self._call(self._create_sync, head, facts, told=from_thread(flushing))
+        told = None if flushing is None else from_thread(flushing)
+        return await self._call(self._create_sync, head, facts, told=told)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
         return await self._read(self._find_by_key_sync, key)
@@ -581,27 +577,14 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        validate_run_id(run_id)
-        check_append(run_id, expected_version, facts, head)
-        check_fence(run_id, lease)
-        await self._call(self._append_sync, run_id, expected_version, facts, head, lease)
-        return head
-
-    async def append_telling_flush(
-        self,
-        run_id: str,
-        expected_version: int,
-        facts: Sequence[Fact],
-        head: RunHead,
-        flushing: Callable[[], None],
-    ) -> RunHead:
-        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`append` without a lease, calling
-        ``flushing`` as the log and the new head are fsync'd (after the checks passed)."""
-        validate_run_id(run_id)
-        check_append(run_id, expected_version, facts, head)
-        told = from_thread(flushing)
-        await self._call(self._append_sync, run_id, expected_version, facts, head, None, told)
+        """See ``RunStore.append``; ``flushing`` is called as the log and the new head are fsync'd
+        (after the checks passed)."""
+        check_append(run_id, expected_version, facts, head, lease)
+        told = None if flushing is None else from_thread(flushing)
+        await self._call(self._append_sync, run_id, expected_version, facts, head, lease, told)
         return head
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:

@@ -4,7 +4,7 @@ reference the conformance suite holds every other adapter to. Nothing survives t
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 import anyio
@@ -23,7 +23,7 @@ from stores._common import (
     list_order_key,
     not_continuing,
 )
-from stores._lease import check_fence, lease_lost
+from stores._lease import lease_lost
 from stores._retention import check_delete, check_import, deleted_already
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,10 @@ class MemoryStore:
         self._tombstones: dict[str, Tombstone] = {}
         self._lock = anyio.Lock()
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
+        """See ``RunStore.create``; ``flushing`` is never called (nothing flushes)."""
         validate_run_id(head.run_id)
         check_create(head, facts)
         async with self._lock:
@@ -86,10 +89,11 @@ class MemoryStore:
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        validate_run_id(run_id)
-        check_append(run_id, expected_version, facts, head)
-        check_fence(run_id, lease)
+        """See ``RunStore.append``; ``flushing`` is never called (nothing flushes)."""
+        check_append(run_id, expected_version, facts, head, lease)
         # One checkpoint (a cancel is delivered here, other tasks run), then the compare-and-swap,
         # which awaits nothing (not even an overridden load): atomic in the event loop, as every
         # section under the lock is, so it needs no lock of its own (the lock's acquire cost a

@@ -60,10 +60,11 @@ from stores._common import (
     check_create,
     decode_cursor,
     not_continuing,
+    sent,
     sortable_time,
 )
 from stores._jsonb import from_jsonb_text
-from stores._lease import check_fence, lease_lost
+from stores._lease import lease_lost
 from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
 from stores._postgres_retention import PostgresRetention, gone_by_key, missing, refused_by_tombstone
@@ -200,9 +201,6 @@ class PostgresStore(PostgresRetention):
     process (it holds a pool) and any number of processes per database."""
 
     name = "postgres"
-    #: orchestration.store.WritesElsewhere: the database server writes, so a host's answer is
-    #: built while its write is in flight
-    writes_elsewhere = True
 
     def __init__(self, pool: Any, *, dsn: str, schema: str, connect_timeout: float) -> None:
         """Use :meth:`open`."""
@@ -281,12 +279,14 @@ class PostgresStore(PostgresRetention):
     # ----------------------------------------------------------------------------------------
     # RunStore
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         """See ``RunStore.create``. One statement (one round trip), which checks the key's
         tombstones after its insert when the run has an idempotency key (migration 0012); a
         concurrent create with the same key waits for the first to commit and then returns its run
-        (``created=False``, one more statement reads it)."""
-        return await self._create(head, facts, announce=True)
+        (``created=False``, one more statement reads it). ``flushing``: once the statement is sent."""
+        return await self._create(head, facts, announce=True, flushing=flushing)
 
     async def create_claimed(
         self, head: RunHead, facts: Sequence[Fact], owner: str, ttl_seconds: float, now: datetime
@@ -299,7 +299,13 @@ class PostgresStore(PostgresRetention):
         return result, lease if result.created else None
 
     async def _create(
-        self, head: RunHead, facts: Sequence[Fact], *, announce: bool, lease: Lease | None = None
+        self,
+        head: RunHead,
+        facts: Sequence[Fact],
+        *,
+        announce: bool,
+        lease: Lease | None = None,
+        flushing: Callable[[], None] | None = None,
     ) -> CreateResult:
         validate_run_id(head.run_id)
         check_create(head, facts)
@@ -314,7 +320,7 @@ class PostgresStore(PostgresRetention):
         # checks the key's tombstones after its insert (migration 0012, refused_by_tombstone).
         async with self._connection() as conn:
             try:
-                inserted = await conn.fetchval(Q["create_run"], *values)
+                inserted = await sent(conn.fetchval(Q["create_run"], *values), flushing)
             except asyncpg.PostgresError as exc:
                 refused = refused_by_tombstone(exc)
                 if refused is None:
@@ -354,6 +360,8 @@ class PostgresStore(PostgresRetention):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         """See ``RunStore.append``: one statement, so one round trip, committed by autocommit's
         implicit transaction (the compare-and-swap, the lease fence on the run row's token, the
@@ -364,21 +372,22 @@ class PostgresStore(PostgresRetention):
         refusal, so it may see a later state than the one that refused the write (a claim committed
         since): it then names the later reason, which is as true, and nothing was written either
         way."""
-        validate_run_id(run_id)
-        check_append(run_id, expected_version, facts, head)
-        check_fence(run_id, lease)
+        check_append(run_id, expected_version, facts, head, lease)
         follows = facts[0].seq - 1
         async with self._connection() as conn:
             try:
-                row = await conn.fetchrow(
-                    Q["append"],
-                    run_id,
-                    expected_version,
-                    *head_values(head),
-                    lease.token if lease is not None else None,
-                    *fact_columns(facts),
-                    follows,
-                    self.channel,
+                row = await sent(
+                    conn.fetchrow(
+                        Q["append"],
+                        run_id,
+                        expected_version,
+                        *head_values(head),
+                        lease.token if lease is not None else None,
+                        *fact_columns(facts),
+                        follows,
+                        self.channel,
+                    ),
+                    flushing,
                 )
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)

@@ -55,7 +55,7 @@ from stores._common import (
     not_continuing,
     sortable_time,
 )
-from stores._lease import check_fence, lease_lost
+from stores._lease import lease_lost
 from stores._migrations import MigrationReport, SchemaOutOfDate, check_schema, run_migrations
 from stores._sql import (
     CURSOR_START_KEY,
@@ -312,21 +312,12 @@ class SqliteStore(SqliteRetention):
     # ----------------------------------------------------------------------------------------
     # RunStore
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         """See ``RunStore.create``. The key lookup and the inserts share one ``BEGIN IMMEDIATE``
-        transaction, so two concurrent creates with one key make one run."""
-        return await self._create(head, facts)
-
-    async def create_telling_flush(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
-    ) -> CreateResult:
-        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`create`, calling ``flushing`` when
-        the ``COMMIT`` begins (also for a create that found its key taken)."""
-        return await self._create(head, facts, flushing)
-
-    async def _create(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None] | None = None
-    ) -> CreateResult:
+        transaction, so two concurrent creates with one key make one run; ``flushing`` is called
+        when the ``COMMIT`` begins (also for a create that found its key taken)."""
         validate_run_id(head.run_id)
         check_create(head, facts)
 
@@ -368,38 +359,16 @@ class SqliteStore(SqliteRetention):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         """See ``RunStore.append``: one transaction, one trip to the writer's thread, holding the
         compare-and-swap update of the head — which also checks the lease's token (when fenced) and
         that the first fact follows the log's last one — and one insert per fact; committed with
-        ``synchronous = FULL`` before it returns. Only a refused update reads on, to tell which
+        ``synchronous = FULL`` before it returns, ``flushing`` called when its statements ran and
+        the ``COMMIT`` begins (see ``GroupCommit``). Only a refused update reads on, to tell which
         check refused it (in the order: lease, version, log)."""
-        return await self._append(run_id, expected_version, facts, head, lease)
-
-    async def append_telling_flush(
-        self,
-        run_id: str,
-        expected_version: int,
-        facts: Sequence[Fact],
-        head: RunHead,
-        flushing: Callable[[], None],
-    ) -> RunHead:
-        """``TellsFlush`` (:mod:`orchestration.store`): :meth:`append` without a lease, calling
-        ``flushing`` when its statements ran and the ``COMMIT`` begins (see ``GroupCommit``)."""
-        return await self._append(run_id, expected_version, facts, head, None, flushing)
-
-    async def _append(
-        self,
-        run_id: str,
-        expected_version: int,
-        facts: Sequence[Fact],
-        head: RunHead,
-        lease: Lease | None,
-        flushing: Callable[[], None] | None = None,
-    ) -> RunHead:
-        validate_run_id(run_id)
-        check_append(run_id, expected_version, facts, head)
-        check_fence(run_id, lease)
+        check_append(run_id, expected_version, facts, head, lease)
         row = head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
         update = Q["update_head"]
         if lease is not None:

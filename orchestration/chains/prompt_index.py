@@ -1,4 +1,4 @@
-"""What a task's prompt needs, found without walking the whole run at every task boundary (issue 11).
+"""What a task's prompt needs, found without walking the whole run at every task boundary.
 
 :mod:`orchestration.chains.prompts` says what a prompt contains; this module finds it fast. Three things
 made reading a prompt cost a pass (or several) over every task of the run at every boundary, so

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Protocol
 
-from orchestration.chains.prompt_index import before, chain_plan, describe, locate, work_section
+from orchestration.chains.prompt_index import before, chain_plan, locate, work_section
 from orchestration.core.graph import ancestors, is_parallel, latest
 from orchestration.core.models import RunHead, TaskState
 from orchestration.core.vocabulary import TaskStatus
 
 _TASK_ID = attrgetter("task_id")
 
-__all__ = ["TaskPrompt", "Upstream", "describe", "materialize", "render", "upstream", "upstream_task_ids"]
+__all__ = ["TaskPrompt", "Upstream", "materialize", "render", "upstream", "upstream_task_ids"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ import of any other layer: everything a restarted run decides again is decided h
 
 from __future__ import annotations
 
-from orchestration.core.approvals import agent_may_decide, gate_approvers
+from orchestration.core.approvals import Decision, agent_may_decide, gate_approvers
 from orchestration.core.budget import budget_raise, limits, priced, with_costs
 from orchestration.core.clock import SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage, Spend, Tally
@@ -45,6 +45,7 @@ from orchestration.core.models import (
     Delegation,
     ExecutionContract,
     GateState,
+    PromptRead,
     RunHead,
     SpecialistSnapshot,
     TaskState,
@@ -76,6 +77,7 @@ __all__ = [
     "BudgetLimits",
     "ChainSnapshot",
     "ChainStep",
+    "Decision",
     "DecisionChannel",
     "Delegation",
     "ExecutionContract",
@@ -86,6 +88,7 @@ __all__ = [
     "HostUsage",
     "Limits",
     "Price",
+    "PromptRead",
     "RetryWindow",
     "RevisePlan",
     "RouteDecided",

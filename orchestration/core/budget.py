@@ -1,4 +1,4 @@
-"""Costs and hard budgets: the pure rules (issue 14, part 2). The records are in
+"""Costs and hard budgets: the pure rules. The records are in
 :mod:`orchestration.core.costs`, the prices in :mod:`orchestration.core.pricing`.
 
 **What a run records when it starts** (:func:`with_costs`, which wraps the runtime's contract

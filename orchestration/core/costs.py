@@ -1,4 +1,4 @@
-"""The records of costs and budgets: what a run may spend, and what it spent (issue 14, part 2).
+"""The records of costs and budgets: what a run may spend, and what it spent.
 
 * :class:`Costs` is recorded with the run's execution contract when it starts: the prices of its
   models (:mod:`orchestration.core.pricing`), the output limit of a provider call (``max_tokens``) and

@@ -67,12 +67,12 @@ from orchestration.core.budget import (
     refusal,
 )
 from orchestration.core.costs import BudgetAsk
-from orchestration.core.fold import task_deadline
 from orchestration.core.graph import awaits_agent, is_parallel, preds_settled
-from orchestration.core.models import RunHead, TaskState, TypedError, gate_id_for, step_map
+from orchestration.core.models import ChainStep, RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.core.routing import ASK, RoutePlan, plan_route
 from orchestration.core.settled_prefix import passed_prefix
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.core.wake import task_deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,19 +294,9 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
         if task.status == TaskStatus.FAILED:
             continue
         if task.status.is_terminal:
-            if task.status == TaskStatus.DONE and step.approve_after:
-                action = _gate_action(head, gate_id_for("after", task.task_id), now)
-                if action is not None:
-                    actions.append(action)
-                    continue
-            if task.status == TaskStatus.DONE and step.route_on is not None and not _revised(head, task):
-                if task.routed_to is None:
-                    actions.append(RouteTask(plan_route(head, task)))
-                elif task.routed_to == ASK:
-                    action = _gate_action(head, gate_id_for("exhausted", task.task_id), now)
-                    # Approved: the work is accepted as it is.
-                    accepted = FinishRun("completed_with_failures" if any_failed else "completed")
-                    actions.append(action if action is not None else accepted)
+            done = _done_action(head, task, step, now, any_failed)
+            if done is not None:
+                actions.append(done)
             continue
         if not preds_settled(head, task):
             continue
@@ -322,6 +312,35 @@ def next_actions(head: RunHead, now: datetime) -> tuple[Action, ...]:
     return _bound_children(head, actions)
 
 
+def _done_action(
+    head: RunHead, task: TaskState, step: ChainStep, now: datetime, any_failed: bool
+) -> Action | None:
+    """What a terminal task still asks for, in a linear and a parallel run alike: a done task's
+    ``approve_after`` gate while it is open, then its route (planned once; a loop out of visits asks
+    at its ``exhausted`` gate, whose approval accepts the work as it is and ends the run). None:
+    nothing (the walk goes past the task)."""
+    if task.status != TaskStatus.DONE:
+        return None
+    if step.approve_after:
+        action = _gate_action(head, gate_id_for("after", task.task_id), now)
+        if action is not None:
+            return action
+    if step.route_on is None or _revised(head, task):
+        return None
+    if task.routed_to is None:
+        return RouteTask(plan_route(head, task))
+    if task.routed_to == ASK:
+        action = _gate_action(head, gate_id_for("exhausted", task.task_id), now)
+        accepted = FinishRun("completed_with_failures" if any_failed else "completed")
+        return action if action is not None else accepted
+    return None
+
+
+def _live_children(head: RunHead) -> int:
+    """How many of the run's child runs have not ended."""
+    return sum(c.status == "active" for t in head.tasks for c in t.children or ())
+
+
 def _bound_children(head: RunHead, actions: list[Action]) -> tuple[Action, ...]:
     """Several steps of a parallel run may start child runs at once: those that would go over the
     chain's ``max_children`` (counting the live ones and the earlier starts) fail, as in a
@@ -329,7 +348,7 @@ def _bound_children(head: RunHead, actions: list[Action]) -> tuple[Action, ...]:
     limit = head.chain.max_children
     if limit is None:
         return tuple(actions)
-    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    live = _live_children(head)
     out: list[Action] = []
     for action in actions:
         if isinstance(action, StartChild):
@@ -433,7 +452,7 @@ def _child_action(head: RunHead, task: TaskState, chain: str) -> Action:
             ),
         )
     limit = head.chain.max_children
-    live = sum(c.status == "active" for t in head.tasks for c in t.children or ())
+    live = _live_children(head)
     if limit is not None and live >= limit:
         return FailTask(task.task_id, _too_many(head, live, limit))
     return StartChild(task.task_id, child_run_id(head.run_id, task.task_id), chain)
@@ -463,19 +482,9 @@ def _linear_action(head: RunHead, now: datetime) -> Action:
                     return FinishRun("failed", task.error)
                 any_failed = True
                 continue
-            if task.status == TaskStatus.DONE and step.approve_after:
-                action = _gate_action(head, gate_id_for("after", task.task_id), now)
-                if action is not None:
-                    return action
-            if task.status == TaskStatus.DONE and step.route_on is not None and not _revised(head, task):
-                if task.routed_to is None:
-                    return RouteTask(plan_route(head, task))
-                if task.routed_to == ASK:
-                    action = _gate_action(head, gate_id_for("exhausted", task.task_id), now)
-                    if action is not None:
-                        return action
-                    # The gate was approved: the work is accepted as it is.
-                    return FinishRun("completed_with_failures" if any_failed else "completed")
+            done = _done_action(head, task, step, now, any_failed)
+            if done is not None:
+                return done
             continue
         # The first task that is not terminal decides, as one ready task of a parallel chain does
         # (a linear run's head never holds a durable wait for a task without attempts, nor a call

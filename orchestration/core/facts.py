@@ -52,6 +52,7 @@ from orchestration.core.models import (
     ExecutionContract,
     Frozen,
     ParentLink,
+    PromptRead,
     RunHead,
     Telemetry,
     TypedError,
@@ -175,6 +176,10 @@ class HostOutputSubmitted(_Fact):
     #: the usage the host reported with its output (``orchestrate_resume``'s ``usage``); also in
     #: the ``task_completed`` fact's telemetry, marked ``reported_by_host``, which is what counts
     usage: HostUsage | None = None
+    #: the task's prompt was handed out in parts: how much of it the host fetched (None: it came
+    #: whole in one answer, or no part was handed out by the process that took the output).
+    #: Informational, so no new record format: an older reader ignores it and decides the same.
+    prompt_read: PromptRead | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class AttemptStarted(_Fact):

@@ -193,7 +193,7 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
 
 def _apply(head: RunHead, fact: Fact, keep_history: bool, version: int | None) -> RunHead:
     """:func:`apply` on a head, and the head's new ``version`` when not None (the last fact of a
-    write: one copy of the head per fact, issue 11). What the fact changes is its handler's
+    write: not one copy of the head per fact). What the fact changes is its handler's
     (:data:`_HANDLERS`); what every fact changes, and settling the tasks it ended, is here."""
     if isinstance(fact, RunCreated):
         raise IllegalTransition(f"run {head.run_id} already exists")
@@ -365,11 +365,14 @@ def _host_task_prepared(head: RunHead, fact: HostTaskPrepared) -> _Change:
 
 
 def _host_output_submitted(head: RunHead, fact: HostOutputSubmitted) -> _Change:
-    """The host's output arrived: nothing changes until its outcome is recorded."""
+    """The host's output arrived: nothing changes until its outcome is recorded, but for how much
+    of a prompt handed out in parts the host read, noted on the attempt."""
     task = head.task(fact.task_id)
     if task.status != TaskStatus.AWAITING_HOST:
         raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
-    return {}, None
+    if fact.prompt_read is None:
+        return {}, None
+    return {}, evolve(task, {"attempts": _replace_attempt(task, fact.attempt, prompt_read=fact.prompt_read)})
 
 
 def _attempt_started(head: RunHead, fact: AttemptStarted) -> _Change:

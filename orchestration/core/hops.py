@@ -1,5 +1,5 @@
 """Delegation hops: how far a chain of agent delegations has gone, and the two refusals that end a
-delegation loop (issue 22, finding 2).
+delegation loop.
 
 An agent step's call to another construct-mcp (:mod:`orchestration.core.agent_steps`) carries, in
 the request's ``_meta`` under :data:`DELEGATION_META`, ``{"hops": n, "servers": [...]}``

@@ -1,4 +1,4 @@
-"""Pure caches keyed on immutable snapshots (issue 11: the interpreter time of a task boundary).
+"""Pure caches keyed on immutable snapshots (the interpreter time of a task boundary).
 
 Records are frozen (see :mod:`orchestration.core.models`), and a head's ``model_copy`` shares its
 unchanged parts with the head it was copied from: the chain snapshot a run's heads carry is the

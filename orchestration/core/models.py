@@ -18,10 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# BudgetLimits and HostUsage are re-exported for the runtime's use cases.
-from orchestration.core.costs import BudgetLimits as BudgetLimits
 from orchestration.core.costs import Costs, Spend
-from orchestration.core.costs import HostUsage as HostUsage
 from orchestration.core.memo import by_identity
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 
@@ -51,7 +48,7 @@ _set = object.__setattr__
 
 
 def evolve(record: F, update: Mapping[str, Any]) -> F:
-    """``record.model_copy(update=update)``, in a fraction of its time (issue 11: the fold makes
+    """``record.model_copy(update=update)``, in a fraction of its time (the fold makes
     several copies per fact): the new record shares every unchanged value with ``record``, keeps
     its fields in the same order, and counts the updated ones as set, as ``model_copy`` does.
     Like it, nothing is validated: ``update`` holds values of the fields' types. Frozen records
@@ -321,6 +318,20 @@ class Telemetry(Frozen):
     stream_ms: float | None = None
 
 
+class PromptRead(Frozen):
+    """How much of a host task's user prompt the host fetched, when it was handed out in parts
+    (``task_prompt``): ``read`` of its ``chars`` characters, each counted once, as the server
+    process that took the output served them. The run does not depend on it (the output is
+    recorded either way); it makes a host that skipped parts visible in the run."""
+
+    chars: int = Field(ge=0)
+    read: int = Field(ge=0)
+
+    @property
+    def whole(self) -> bool:
+        return self.read >= self.chars
+
+
 class AttemptRecord(Frozen):
     number: int
     executor: str
@@ -336,6 +347,9 @@ class AttemptRecord(Frozen):
     #: the remote run is followed outside any drive while the run is ``awaiting_agent`` (record
     #: format 6; left out of the record when False, so older heads read the same)
     waits: bool = Field(default=False, exclude_if=lambda v: not v)
+    #: a host task's attempt whose prompt was handed out in parts: how much of it the host read
+    #: (left out when None, so older heads read the same)
+    prompt_read: PromptRead | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChildRef(Frozen):
@@ -579,7 +593,7 @@ def task_position(head: RunHead, task_id: str) -> int:
     """Where task ``task_id`` is in ``head.tasks`` (KeyError when the run has none). A run's tasks
     start one per step in chain order, and stay there unless a route or a revise inserts a new
     instance: the step's position is tried first, and checked (task ids are unique), so a lookup
-    does not scan the tasks (issue 11: the fold and every decision look tasks up by id)."""
+    does not scan the tasks (the fold and every decision look tasks up by id)."""
     tasks = head.tasks
     guess = _step_positions(head.chain).get(task_id)
     if guess is not None and guess < len(tasks) and tasks[guess].task_id == task_id:

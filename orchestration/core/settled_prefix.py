@@ -1,5 +1,5 @@
 """The settled prefix of a linear run's tasks, found without reading every task at every decision
-(issue 11: a linear decision read all the run's tasks, so a boundary cost grew with the steps done).
+(a linear decision read all the run's tasks, so a boundary cost grew with the steps done).
 
 A linear decision (:func:`orchestration.core.decide._linear_action`) walks the run's tasks in order. A
 *passed* task is one that walk goes past whatever the gates and the time are: a terminal task that

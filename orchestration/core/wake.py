@@ -44,7 +44,7 @@ def _time_limit(
     chain: ChainSnapshot, deadline_at: datetime | None, tasks: tuple[TaskState, ...]
 ) -> datetime | None:
     if not _has_task_timeouts(chain):
-        # No task has a deadline: no pass over the tasks (issue 11: one per fact, in the fold).
+        # No task has a deadline: no pass over the tasks (one per fact, in the fold).
         return deadline_at
     times = [deadline_at] + [_deadline(chain, t) for t in tasks if t.status in _IN_PROGRESS]
     present = [t for t in times if t is not None]

@@ -5,17 +5,17 @@ and the read side. Imports the layers below it, never :mod:`orchestration.ops`."
 
 from __future__ import annotations
 
-from orchestration.core.approvals import Decision
+from orchestration.engine.changes import is_settled
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.host_answers import Answered, Meanwhile, Seen
 from orchestration.engine.reading import RunSnapshot
-from orchestration.engine.runtime import Runtime, is_settled, repeated
+from orchestration.engine.runtime import Runtime
+from orchestration.engine.start_window import repeated
 
 __all__ = [
     "Answered",
-    "Decision",
     "Dispatcher",
     "Meanwhile",
     "OutputDeltas",

@@ -1,5 +1,5 @@
-"""Runs ``awaiting_agent``: an agent step's remote run followed without a lease or a dispatcher slot
-(issue 22, finding 1).
+"""Runs ``awaiting_agent``: an agent step's remote run followed without a lease or a dispatcher
+slot.
 
 **Why.** A drive that followed its remote run held a dispatcher slot and the run's lease for as
 long as the remote run lasted — hours when the remote waits for a person — so four such steps

@@ -1,5 +1,5 @@
 """Watching the runs whose calls are in flight for a write by anyone else (a cancel from another
-process or client), with ONE watcher per runtime (issue 24: upkeep per server, not per run).
+process or client), with ONE watcher per runtime (upkeep per server, not per run).
 
 Each call in flight — a linear drive's provider call, a parallel run's calls, an agent call — is
 watched by one :class:`Watched` entry of its runtime's :class:`RunWatch` for as long as it lasts:

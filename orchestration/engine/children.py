@@ -49,7 +49,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import upstream_task_ids
 from orchestration.core.clock import Clock
 from orchestration.core.facts import ChildEnded, ChildStarted, Fact, RunCreated, TaskCompleted, TaskFailed
-from orchestration.core.fold import apply, apply_write, time_limit
+from orchestration.core.fold import apply, apply_write
 from orchestration.core.ids import validate_run_id
 from orchestration.core.inputs import StartRequest
 from orchestration.core.models import (
@@ -63,6 +63,7 @@ from orchestration.core.models import (
 )
 from orchestration.core.routing import chain_format
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.core.wake import time_limit
 from orchestration.engine.changes import ChangeFeed
 from orchestration.engine.reading import read_outputs
 from orchestration.errors import (

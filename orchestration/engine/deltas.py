@@ -1,4 +1,4 @@
-"""Output as it is written (issue 25): a per-process, bounded buffer of the text of the calls in
+"""Output as it is written: a per-process, bounded buffer of the text of the calls in
 flight, for the readers that show it growing (progress notifications, the ``output_delta`` events,
 the page).
 
@@ -7,10 +7,9 @@ when its call ends (:mod:`orchestration.engine.drive`). A process that dies lose
 server that did not make the call (another one sharing the store) holds nothing of it, and its
 readers see the stored events only.
 
-**The seam.** :meth:`Runtime.drive <orchestration.engine.runtime.Runtime.drive>` runs each drive
-inside :meth:`OutputDeltas.driving`, which puts a :class:`~orchestration.workers.port.DeltaSink`
-for that run in :data:`~orchestration.workers.port.DELTA_SINK`; a worker whose call streams writes
-there (the provider worker does). The tasks a drive starts inherit the context, fan-out included.
+**The seam.** Each drive holds its run's :meth:`OutputDeltas.sink` and gives it to the worker with
+every call (``TaskWorker.execute``'s ``sink``, fan-out included); a worker whose call streams
+writes there (the provider worker does).
 
 **Bounds.** Per task, the text of its latest attempt only, at most ``max_task_chars`` characters:
 past that the oldest text is dropped, and :attr:`TaskText.start` says how many characters of the
@@ -29,13 +28,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
 
-from orchestration.workers.port import DELTA_SINK
+from orchestration.workers.port import DeltaSink
 
 __all__ = ["OutputDeltas", "OutputPiece", "TaskText"]
 
@@ -188,14 +186,10 @@ class OutputDeltas:
         """The newest position given (see the module docstring)."""
         return self._position
 
-    @contextmanager
-    def driving(self, run_id: str) -> Iterator[None]:
-        """Within: the output the run's calls write comes here (:data:`DELTA_SINK`)."""
-        token = DELTA_SINK.set(_RunSink(self, run_id))
-        try:
-            yield
-        finally:
-            DELTA_SINK.reset(token)
+    def sink(self, run_id: str) -> DeltaSink:
+        """Where the run's calls hand their output as it is written, to come here (a drive gives
+        it to the worker with each call)."""
+        return _RunSink(self, run_id)
 
     def begin(self, run_id: str, task_id: str, attempt: int) -> None:
         """A call of the task starts: its earlier attempt's text is dropped."""

@@ -70,7 +70,8 @@ from anyio.abc import TaskGroup, TaskStatus
 from orchestration.core.decide import WaitUntil
 from orchestration.core.models import RunHead
 from orchestration.engine.backoff import Backoff
-from orchestration.engine.runtime import Runtime, is_settled
+from orchestration.engine.changes import is_settled
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConstructError, CorruptRecord, LeaseLost, StoreError
 from orchestration.store import ClaimsRunnable, Lease, NotifiesRunnable
 

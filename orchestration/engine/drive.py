@@ -71,7 +71,7 @@ from orchestration.errors import (
 )
 from orchestration.store import Lease
 from orchestration.workers.host import host_task_prepared
-from orchestration.workers.port import TaskWorker
+from orchestration.workers.port import DeltaSink, TaskWorker
 
 if TYPE_CHECKING:
     from orchestration.engine.children import ChildRuns
@@ -95,11 +95,14 @@ class Drive:
         worker: TaskWorker | None,
         children: ChildRuns | None = None,
         head: RunHead | None = None,
+        sink: DeltaSink | None = None,
     ) -> None:
         #: the run under the drive's lease (:mod:`orchestration.engine.leased_run`)
         self.leased = leased
         self.run_id = leased.run_id
         self.worker = worker
+        #: where the worker's calls hand their output as it is written
+        self.sink = sink
         #: creates a step's child run and records its end (:mod:`orchestration.engine.children`)
         self.children = children
         #: the run as the lease's holder wrote it last (a run it created claimed), to start from
@@ -169,7 +172,7 @@ class Drive:
                 head = await leased.load()
             if is_parallel(head.chain):
                 # Several steps may be ready at once: see orchestration.engine.fanout.
-                return await Fanout(leased, self, self.worker).run()
+                return await Fanout(leased, self, self.worker, self.sink).run()
             action = next_action(head, leased.clock.now())
             if isinstance(action, WaitUntil):
                 delay = (action.not_before - leased.clock.now()).total_seconds()
@@ -314,7 +317,9 @@ class Drive:
                     head, action.task_id, action.attempt, action.possible_duplicate_call
                 ) as traced,
             ):
-                outcome = await self.worker.execute(head.contract, step, prompt, action.attempt, previous)  # type: ignore[union-attr]
+                outcome = await self.worker.execute(  # type: ignore[union-attr]
+                    head.contract, step, prompt, action.attempt, previous, self.sink
+                )
                 traced.ended(outcome)
         finally:
             leased.unwatch(watched)

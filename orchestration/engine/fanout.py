@@ -48,10 +48,10 @@ from orchestration.core.decide import (
     WaitUntil,
     next_actions,
 )
-from orchestration.core.fold import task_deadline
 from orchestration.core.models import RunHead
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import TaskStatus
+from orchestration.core.wake import task_deadline
 from orchestration.engine.call_watch import Watched
 from orchestration.engine.delegation import attempt_started, parallel_agent_call
 from orchestration.engine.leased_run import DriveActions, LeasedRun
@@ -64,7 +64,7 @@ from orchestration.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from orchestration.workers.port import TaskWorker
+from orchestration.workers.port import DeltaSink, TaskWorker
 
 log = logging.getLogger("construct.runtime")
 
@@ -97,10 +97,13 @@ class Fanout:
     outage handling), has the drive act on what it records (:class:`DriveActions`), and calls
     ``worker``."""
 
-    def __init__(self, leased: LeasedRun, drive: DriveActions, worker: TaskWorker | None) -> None:
+    def __init__(
+        self, leased: LeasedRun, drive: DriveActions, worker: TaskWorker | None, sink: DeltaSink | None = None
+    ) -> None:
         self.leased = leased
         self.drive = drive
         self.worker = worker
+        self.sink = sink
         self.in_flight: set[str] = set()
         self.lock = anyio.Lock()
         self.changed = anyio.Event()
@@ -264,7 +267,7 @@ class Fanout:
                         else:
                             assert self.worker is not None
                             outcome = await self.worker.execute(
-                                head.contract, step, prompt, action.attempt, previous
+                                head.contract, step, prompt, action.attempt, previous, self.sink
                             )
                         if outcome is not None:  # None: awaited outside the drive
                             traced.ended(outcome)

@@ -1,4 +1,4 @@
-"""The host's path in one write (issue 23): a host's output, a gate's decision or an inline start is
+"""The host's path in one write: a host's output, a gate's decision or an inline start is
 recorded together with everything that follows from it — the task completed, a route decided, the
 next host task(s) prepared, a gate requested, the run finished — in ONE compare-and-swap.
 
@@ -39,10 +39,9 @@ is the snapshot the caller saw last extended by the facts written (:func:`extend
 read once when the caller has none: the answer needs no second read of the log.
 
 **Built while the write is under way.** Where what the call computes for its answer costs the
-write nothing, it is computed then: while the write is in flight on a store whose writes a
-database server makes (:func:`while_writing`), or while the commit flushes on a store that says
-when its flush begins (SQLite: its writer thread waits on the disk then,
-not on the interpreter's lock).
+write nothing, it is computed then (:func:`while_writing`): when the store says the write is
+under way (``RunStore.append``'s ``flushing``: its statement sent to a database server, or its
+flush begun, the writer thread waiting on the disk and not on the interpreter's lock).
 
 **No read before the write either**, when the caller hands in its last answer (:class:`Answered`,
 what a server keeps per run): the call writes on the head that answer wrote, optimistically. The
@@ -68,6 +67,7 @@ from orchestration.chains.prompts import TaskPrompt, render, upstream
 from orchestration.chains.schemas import validate_output
 from orchestration.core.action_facts import recorded_fact
 from orchestration.core.clock import Clock
+from orchestration.core.costs import HostUsage
 from orchestration.core.decide import (
     PAUSING_ACTIONS,
     Action,
@@ -82,7 +82,7 @@ from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, TaskComplet
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.inputs import Limits, check_id
-from orchestration.core.models import HostUsage, RunHead, TaskState, evolve, text_hash
+from orchestration.core.models import PromptRead, RunHead, TaskState, evolve, text_hash
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.changes import ChangeFeed
@@ -103,7 +103,7 @@ from orchestration.errors import (
     VersionConflict,
     quoted,
 )
-from orchestration.store import CreateResult, RunStore, TellsFlush
+from orchestration.store import CreateResult, RunStore
 from orchestration.tracing import traced_write
 from orchestration.workers.host import host_output_facts, host_task_prepared
 from orchestration.workers.port import TaskWorker
@@ -287,45 +287,29 @@ class AnswerServices(Protocol):
     warnings: tuple[str, ...]
     changes: ChangeFeed
 
-    @property
-    def overlaps_writes(self) -> bool:
-        """Whether work done while a write is in flight is free (see :func:`while_writing`)."""
-        ...
-
-    @property
-    def tells_flush(self) -> TellsFlush | None:
-        """The store, when it says when a write's flush begins (see :func:`while_writing`)."""
-        ...
-
 
 async def while_writing(
-    write: Coroutine[Any, Any, T],
+    write: Callable[[Callable[[], None]], Coroutine[Any, Any, T]],
     meanwhile: Callable[[], object],
-    flushing: asyncio.Future[None] | None = None,
 ) -> T:
-    """Await ``write`` (a store's write), running ``meanwhile`` on this task while it is in flight:
-    the write goes out first (its statement sent), then ``meanwhile`` runs, then the write is
-    awaited. For CPU work that only the write's success makes useful (an answer's view built while
-    the database commits: the round trip and the commit's flush are spent waiting otherwise).
-    ``meanwhile`` must not record or publish anything; an error in it is logged and dropped (the
-    caller builds what it needed the usual way), so the write's outcome is the call's, its error
-    raised as it is. A cancelled call cancels the write, as awaiting it directly would.
-
-    ``flushing``: set by the write (a :class:`~orchestration.store.TellsFlush` store's append)
-    when its commit's flush begins; ``meanwhile`` then runs once that flush is under way (the
-    writer's thread waits on the disk, not on this process's interpreter lock, so the work costs
-    the write nothing), and not at all for a write that ends before its flush (refused, failed).
+    """Run ``write(flushing)`` (a store's write, given its ``flushing`` hook), running
+    ``meanwhile`` on this task once the store says the write is under way (its statement sent to
+    a database server, or its flush begun: the writer waits, not on this process's interpreter
+    lock, so the work costs the write nothing), then await the write. Not at all for a write that
+    ends before (refused, failed, or on a store that never says). For CPU work that only the
+    write's success makes useful (an answer's view built while the write commits). ``meanwhile``
+    must not record or publish anything; an error in it is logged and dropped (the caller builds
+    what it needed the usual way), so the write's outcome is the call's, its error raised as it
+    is. A cancelled call cancels the write, as awaiting it directly would.
 
     An asyncio task, not an anyio task group: the stores run on asyncio (their pools and threads
     are asyncio's), and a task group costs 31 us per call here where a task costs 5 us."""
-    task = asyncio.ensure_future(write)
+    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(write(lambda: _settle(flushing)))
     try:
-        if flushing is None:
-            await asyncio.sleep(0)  # the task's first step: the write goes out
-        else:
-            task.add_done_callback(lambda _: _settle(flushing))
-            await flushing
-        if flushing is None or not task.done():
+        task.add_done_callback(lambda _: _settle(flushing))
+        await flushing
+        if not task.done():
             try:
                 meanwhile()
             except Exception:
@@ -348,9 +332,8 @@ async def record(
     when the caller has it. A write that ends the wait for remote runs of agent steps (a cancel, a
     rejection, the run failing) cancels them first and records the results with it
     (:func:`~orchestration.engine.agent_waits.giving_up`). ``meanwhile``: called with the head and
-    the facts being written while the write is under way (:func:`while_writing`): in flight when
-    the store writes elsewhere (``services.overlaps_writes``), flushing when it says when
-    (``services.tells_flush``), else not at all. Returns the stored head and the facts written."""
+    the facts being written while the write is under way (:func:`while_writing`), if the store
+    says when. Returns the stored head and the facts written."""
     with traced_write(head) as traced:
         written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
         if new_head is None or len(written) != len(facts):
@@ -368,23 +351,16 @@ async def _append(
     new_head: RunHead,
     meanwhile: Callable[[RunHead, list[Fact]], object] | None,
 ) -> RunHead:
-    """The store's append of ``written`` on ``head``, with ``meanwhile`` run while it is in flight
-    (a store that writes elsewhere) or while it flushes (a store that says when), else not at all
+    """The store's append of ``written`` on ``head``, with ``meanwhile`` run while it is under way
     (see :func:`record` and :func:`while_writing`)."""
     store = services.store
     if meanwhile is None:
         return await store.append(head.run_id, head.version, written, new_head)
-    if services.overlaps_writes:
-        write = store.append(head.run_id, head.version, written, new_head)
-        return await while_writing(write, lambda: meanwhile(new_head, written))
-    tells = services.tells_flush
-    if tells is None:
-        return await store.append(head.run_id, head.version, written, new_head)
-    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    write = tells.append_telling_flush(
-        head.run_id, head.version, written, new_head, lambda: _settle(flushing)
-    )
-    return await while_writing(write, lambda: meanwhile(new_head, written), flushing)
+
+    def write(flushing: Callable[[], None]) -> Coroutine[Any, Any, RunHead]:
+        return store.append(head.run_id, head.version, written, new_head, flushing=flushing)
+
+    return await while_writing(write, lambda: meanwhile(new_head, written))
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -479,21 +455,18 @@ async def create_with_follow_up(
     """Create a run from its first write ``first`` (:func:`start_with_follow_up`): the store's
     result, and the answer of a run it created (built from ``first``, nothing read back; for a
     run it did not create, ``Answered`` of nothing: the caller answers with the run it found).
-    ``meanwhile``: called with that answer while the create is in flight (a store that writes
-    elsewhere) or flushes (a store that says when), as :func:`record`'s appends
-    (:func:`while_writing`); a create that creates nothing drops what it built."""
-
-    tells = services.tells_flush
-    if meanwhile is None or (tells is None and not services.overlaps_writes):
-        result = await services.store.create(first.head, first.facts)
+    ``meanwhile``: called with that answer while the create is under way, as :func:`record`'s
+    appends (:func:`while_writing`); a create that creates nothing drops what it built."""
+    store = services.store
+    if meanwhile is None:
+        result = await store.create(first.head, first.facts)
         return result, started(services, first, result.head)
     early = started(services, first, first.head)
-    if tells is None:  # the store writes elsewhere
-        result = await while_writing(services.store.create(first.head, first.facts), lambda: meanwhile(early))
-    else:
-        flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        write = tells.create_telling_flush(first.head, first.facts, lambda: _settle(flushing))
-        result = await while_writing(write, lambda: meanwhile(early), flushing)
+
+    def write(flushing: Callable[[], None]) -> Coroutine[Any, Any, CreateResult]:
+        return store.create(first.head, first.facts, flushing=flushing)
+
+    result = await while_writing(write, lambda: meanwhile(early))
     return result, early if result.head is first.head else started(services, first, result.head)
 
 
@@ -523,11 +496,13 @@ async def hand_in(
     detach_children: bool = False,
     seen: Seen = None,
     meanwhile: Meanwhile | None = None,
+    prompt_read: PromptRead | None = None,
 ) -> Answered:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
     for the rules). ``seen``: what the caller showed last of the run, if anything (see
-    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`."""
+    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`. ``prompt_read``: how much
+    of the task's prompt, handed out in parts, the host fetched (recorded with the output)."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
     held_head = held_head_of(seen, run_id)
@@ -555,7 +530,7 @@ async def hand_in(
         # An answer that does not match the step's schema is refused (InvalidOutput) and
         # nothing is recorded: the host corrects it and calls again.
         value = None if schema is None else validate_output(schema, output)
-        facts = host_output_facts(head, task_id, attempt, output, now, value, usage)
+        facts = host_output_facts(head, task_id, attempt, output, now, value, usage, prompt_read)
         held = await held_at(services, head, seen)
         try:
             return await write_with_follow_up(services, head, facts, held, meanwhile)

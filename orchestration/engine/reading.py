@@ -13,11 +13,12 @@ from typing import Any
 
 from orchestration.chains.prompts import TaskPrompt, materialize, render, upstream, upstream_task_ids
 from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, RunCreated, TaskCompleted, TaskFailed
-from orchestration.core.fold import time_limit, with_history
+from orchestration.core.fold import with_history
 from orchestration.core.graph import is_parallel
 from orchestration.core.models import GateState, RunHead, TaskState
 from orchestration.core.routing import revise_offered
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.core.wake import time_limit
 from orchestration.errors import (
     ConstructError,
     CorruptRecord,

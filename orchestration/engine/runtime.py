@@ -28,7 +28,6 @@ retention) are :mod:`orchestration.ops`, over the public methods here.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -45,6 +44,7 @@ from orchestration.core.approvals import (
     check_repeated_raise,
 )
 from orchestration.core.clock import Clock, SystemClock
+from orchestration.core.costs import BudgetLimits, HostUsage
 from orchestration.core.decide import Action
 from orchestration.core.facts import (
     ApprovalDecided,
@@ -66,12 +66,11 @@ from orchestration.core.inputs import (
     with_task_timeout,
 )
 from orchestration.core.models import (
-    BudgetLimits,
     ChainSnapshot,
     DecisionChannel,
     ExecutionContract,
     GateState,
-    HostUsage,
+    PromptRead,
     RunHead,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
@@ -122,9 +121,7 @@ from orchestration.store import (
     Lease,
     RunPage,
     RunStore,
-    TellsFlush,
     Tombstone,
-    WritesElsewhere,
 )
 from orchestration.tracing import traced_write
 from orchestration.workers.port import TaskWorker
@@ -202,19 +199,6 @@ class Runtime:
 
     async def _give_back(self, lease: Lease, _: RunHead) -> None:
         await self._releases.release(lease)
-
-    @functools.cached_property
-    def overlaps_writes(self) -> bool:
-        """Whether a host's call builds its answer while its write is in flight (the store's
-        writes are made elsewhere: :class:`~orchestration.store.WritesElsewhere`)."""
-        return isinstance(self.store, WritesElsewhere)
-
-    @functools.cached_property
-    def tells_flush(self) -> TellsFlush | None:
-        """The store, when it says when a write's flush begins
-        (:class:`~orchestration.store.TellsFlush`): a host's call then builds its answer during
-        the flush."""
-        return self.store if isinstance(self.store, TellsFlush) else None
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -436,15 +420,19 @@ class Runtime:
         detach_children: bool = False,
         seen: Seen = None,
         meanwhile: Meanwhile | None = None,
+        prompt_read: PromptRead | None = None,
     ) -> Answered:
         """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
         the output, the task's completion and what follows (the next host task prepared, a gate
         requested, a route, the run's end) are one compare-and-swap without a lease, decided by
         the drive's own pure decision (:mod:`orchestration.engine.host_answers`). ``seen``: the
         snapshot of the run the caller showed last, if any (its log is then not read again).
-        ``meanwhile``: called with the answer while its write is in flight."""
+        ``meanwhile``: called with the answer while its write is in flight. ``prompt_read``: how
+        much of the task's prompt, handed out in parts, the host fetched (recorded with it)."""
         run_id = validate_run_id(run_id)
-        return await hand_in(self, run_id, task_id, output, usage, detach_children, seen, meanwhile)
+        return await hand_in(
+            self, run_id, task_id, output, usage, detach_children, seen, meanwhile, prompt_read
+        )
 
     async def approve(
         self,
@@ -703,8 +691,7 @@ class Runtime:
                 return None
         drive = self._driving[run_id] = self._new_drive(lease, head)
         try:
-            with self.deltas.driving(run_id):
-                result = await drive.run()
+            result = await drive.run()
         except CorruptRecord:
             # Retrying at every dispatcher poll would only repeat the error: leave the run
             # alone for a while (an operator may repair the file meanwhile). The same for
@@ -736,7 +723,8 @@ class Runtime:
             calls=self.calls,
             renewer=self.renewer,
         )
-        return Drive(leased, worker=self.worker, children=self.children, head=head)
+        sink = self.deltas.sink(lease.run_id)
+        return Drive(leased, worker=self.worker, children=self.children, head=head, sink=sink)
 
     def hand_over(self, lease: Lease) -> bool:
         """Give ``lease`` — a claim this runtime's owner made again on a run it is driving (a
@@ -757,13 +745,4 @@ class Runtime:
         await self._releases.release_unreleased(run_id)
 
 
-__all__ = [
-    "ContractResolver",
-    "Limits",
-    "RunSnapshot",
-    "Runtime",
-    "StartRequest",
-    "inline_contract",
-    "is_settled",
-    "repeated",
-]
+__all__ = ["Runtime"]

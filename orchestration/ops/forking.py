@@ -1,4 +1,4 @@
-"""Fork and rewind: a new run that starts from another run's recorded work (issue 14, part 4).
+"""Fork and rewind: a new run that starts from another run's recorded work.
 
 ``fork(run, from_task)`` starts a **new** run that reuses the source run's recorded outputs of
 every task instance that had ended before ``from_task``'s instance started, and runs from there.

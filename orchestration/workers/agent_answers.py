@@ -1,4 +1,4 @@
-"""What an agent answers, checked as if a client had sent it (issue 22, finding 6): the one place
+"""What an agent answers, checked as if a client had sent it: the one place
 :mod:`orchestration.workers.mcp_agents` turns a remote's values into values this server records.
 
 A remote agent is another party: whatever it answers is bounded and checked before any of it is

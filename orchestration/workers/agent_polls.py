@@ -1,5 +1,5 @@
 """How a remote construct-mcp run is polled while an agent step follows it: the pace of the polls
-and the bound on answers that cannot be understood (finding 3 of issue 22).
+and the bound on answers that cannot be understood.
 
 A follower asks ``run_status`` with ``wait_seconds`` (a long poll: the remote answers when its run
 moves or the wait is over). An answer that comes back before the wait is over without the run

@@ -14,7 +14,7 @@ from typing import Any
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.costs import HostUsage
 from orchestration.core.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
-from orchestration.core.models import RunHead, Telemetry, text_hash
+from orchestration.core.models import PromptRead, RunHead, Telemetry, text_hash
 
 HOST_EXECUTOR = "inline:host"
 
@@ -38,11 +38,13 @@ def host_output_facts(
     at: datetime,
     value: dict[str, Any] | None = None,
     usage: HostUsage | None = None,
+    prompt_read: PromptRead | None = None,
 ) -> list[HostOutputSubmitted | TaskCompleted]:
     """The facts of one host answer, written together: the submission and the task's completion.
     ``value``: the answer's validated value when the step has an output schema. ``usage``: what
     the host reported it spent, on both facts (the completion's telemetry says
-    ``reported_by_host``; that is what the run's totals and budget count)."""
+    ``reported_by_host``; that is what the run's totals and budget count). ``prompt_read``: how
+    much of a prompt handed out in parts the host fetched, on the submission."""
     digest = text_hash(output)
     telemetry = Telemetry()
     if usage is not None:
@@ -61,6 +63,7 @@ def host_output_facts(
             output_sha256=digest,
             output_chars=len(output),
             usage=usage,
+            prompt_read=prompt_read,
         ),
         TaskCompleted(
             seq=head.last_seq + 2,

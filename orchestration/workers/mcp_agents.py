@@ -86,7 +86,7 @@ from orchestration.workers.agent_answers import (
 )
 from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteAnswer, RemoteRunKnown
 from orchestration.workers.agent_polls import TERMINAL_STATUSES, PollPacing, protocol_message, status_of
-from orchestration.workers.port import TaskWorker
+from orchestration.workers.port import DeltaSink, TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 log = logging.getLogger("construct.agents")
@@ -511,20 +511,18 @@ class Workers:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         if self.provider is None:
             error = TypedError(code="invalid_request", message="the provider backend is not configured here")
             return AttemptFailedOutcome(error, Telemetry())
-        return await self.provider.execute(contract, step, prompt, attempt, previous_errors)
+        return await self.provider.execute(contract, step, prompt, attempt, previous_errors, sink)
 
 
 __all__ = [
-    "AgentCall",
-    "AgentEndpoint",
     "AgentSession",
     "AgentWorker",
     "Connector",
-    "RemoteRunKnown",
     "Workers",
     "classify",
     "connect_mcp",

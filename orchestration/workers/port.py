@@ -20,7 +20,7 @@ Whether another attempt follows is settled from recorded data, in two places:
   retried by ``decide`` alone, within the same budget, marked as a possible duplicate call.
 
 Output as it is written. A worker whose call streams hands each piece of output text to the
-:class:`DeltaSink` in :data:`DELTA_SINK` (set by the engine around a drive of a run: see
+``sink`` :meth:`TaskWorker.execute` is given (the run's, from
 :class:`orchestration.engine.deltas.OutputDeltas`), under the task id and attempt number. Nothing
 handed there is recorded: the outcome carries the whole output, as without streaming.
 """
@@ -28,7 +28,6 @@ handed there is recorded: the outcome carries the whole output, as without strea
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Protocol
 
 from orchestration.chains.prompts import TaskPrompt
@@ -44,9 +43,11 @@ class TaskWorker(Protocol):
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         """Make one attempt at the task. Must not raise for provider failures (return an
-        :class:`AttemptFailedOutcome`); must be cancellable (an anyio cancel scope aborts it)."""
+        :class:`AttemptFailedOutcome`); must be cancellable (an anyio cancel scope aborts it).
+        ``sink``: where a call that streams hands its output as it is written (None: nowhere)."""
         ...
 
 
@@ -61,7 +62,3 @@ class DeltaSink(Protocol):
     def ended(self, task_id: str, attempt: int) -> None:
         """The call of the attempt ended (whatever its outcome): no more pieces come."""
         ...
-
-
-#: The sink of the run being driven in this context (None: no one is listening).
-DELTA_SINK: ContextVar[DeltaSink | None] = ContextVar("construct_delta_sink", default=None)

@@ -76,7 +76,7 @@ from orchestration.workers.openai_compat import (
     MaxTokensField,
     OpenAICompatClient,
 )
-from orchestration.workers.port import DELTA_SINK
+from orchestration.workers.port import DeltaSink
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 ProviderName = Literal["anthropic", "openrouter", "openai"]
@@ -258,6 +258,7 @@ class ProviderWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         provider, model = self._route(contract, step)
         schema = step.output_schema
@@ -272,7 +273,6 @@ class ProviderWorker:
             timeout_seconds=self.settings.request_timeout_seconds,
             output_schema=schema,
         )
-        sink = DELTA_SINK.get()
         write = sink.writer(prompt.task_id, attempt) if sink is not None else None
         on_delta = _stream_guard(contract, request.max_tokens, write)
         if on_delta is not None:

@@ -1,4 +1,4 @@
-"""``runs tail`` and ``runs watch``: follow runs live in the terminal (issue 14, live events).
+"""``runs tail`` and ``runs watch``: follow runs live in the terminal.
 
 ::
 
@@ -12,7 +12,7 @@ when the run has ended and every event is printed. It starts with the last
 event as one JSON line (JSON Lines). With ``--url`` (a running server's Streamable HTTP endpoint,
 ``http://127.0.0.1:8000/mcp``; ``--token-file``: a file holding a bearer token for it) it follows the
 ``run_events`` tool of that server instead of the store, and so also prints the output of the calls
-that server has in flight as it is written (``output_delta`` events, issue 25: ``  task> text``);
+that server has in flight as it is written (``output_delta`` events: ``  task> text``);
 from the store it prints recorded events only (the output as written lives in the memory of the
 server that makes the call). ``runs watch`` shows the live runs (not ended), newest first,
 one progress line each — chain, status, tasks finished of all, what the run waits for — refreshed

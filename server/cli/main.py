@@ -67,7 +67,8 @@ from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
-from server.views.run_view import Approve, Detail, Done, GateView, RunHostTask, RunView, Wait, run_view
+from server.views.next_step import Approve, Done, RunHostTask, Wait
+from server.views.run_view import Detail, GateView, RunView, run_view
 from server.views.timeline import decided_by, render_timeline
 from server.wiring import runtime_for
 from stores import parse_store_spec
@@ -271,6 +272,13 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--home", type=Path, help="state directory for the demo (default: a fresh temp dir)")
     demo.add_argument("--store", help="store for the demo server (default: filesystem under the demo home)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary demo home")
+
+
+def _on_a_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
@@ -649,7 +657,10 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             # Imported here: the MCP SDK is slow to import and only serve needs it.
             from server.app import ConstructApp
 
-            settings = _settings(args)
+            # On stdio, a person's terminal (a host program run by hand passes its own stderr on)
+            # gets warnings and errors only unless asked; a host application keeps the whole log.
+            quiet = args.transport == "stdio" and _on_a_terminal(sys.stderr)
+            settings = _settings(args, default_log_level="WARNING" if quiet else None)
             ConstructApp(settings).serve(args.transport, args.host, args.port)
             return EXIT_OK
         if args.command == "runs":

@@ -1,5 +1,5 @@
 """``runs export``, ``runs import`` and ``runs prune``: move runs between stores and delete ended
-ones (issue 14, export and retention).
+ones.
 
 ::
 

@@ -38,11 +38,11 @@ MAX_WAIT_SECONDS = 300.0
 #: well before that, and says what to call next (``next_action`` wait: ``run_status``) when the
 #: run has not settled. A host that wants to block longer passes ``wait_seconds``.
 DEFAULT_WAIT_SECONDS = 3.0
-#: While a call waits, a progress notification goes out at least this often (issue 21: at least
+#: While a call waits, a progress notification goes out at least this often (at least
 #: every second), to a client that sent a progress token: clients that reset their timeout on
 #: progress keep the call, and a host sees that it is alive.
 PROGRESS_INTERVAL_SECONDS = 0.8
-#: While a task's call streams (issue 25), a waiting call's progress carries the newest output: at
+#: While a task's call streams, a waiting call's progress carries the newest output: at
 #: most one such notification per this many seconds, whose message is the text written since the
 #: previous one (the newest :data:`OUTPUT_MESSAGE_CHARS` characters of it).
 OUTPUT_INTERVAL_SECONDS = 0.25
@@ -268,8 +268,8 @@ async def settle_asking(
         # Nothing waits: no progress either (as before), the view at once.
         return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
     if _needs_the_host(head, services_of(ctx).runtime.clock.now()):
-        # A run that awaits this host (the host's path writes the next host task with its answer:
-        # issue 23) or has ended is settled as it is, with no gate to ask about: the wait is over
+        # A run that awaits this host (the host's path writes the next host task with its answer)
+        # or has ended is settled as it is, with no gate to ask about: the wait is over
         # as it begins. Its one progress notification (to a client that sent a progress token),
         # then the view at once.
         await Progress(ctx).report(head)

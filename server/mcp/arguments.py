@@ -1,10 +1,10 @@
 """Strict tool arguments: every refusal of a call's arguments is an ``isError`` result that starts
-with its stable code and names the argument in plain words (issue 9).
+with its stable code and names the argument in plain words.
 
 :class:`StrictTool` checks a call's arguments before the SDK validates them (unknown names with the
 closest known one, schema violations without pydantic's raw text or the rejected value), and
 :func:`strict_schema` publishes what it enforces (``additionalProperties: false``, the configured size
-limits) in a form every function-calling dialect takes (:func:`portable_schema`; issue 21 §2).
+limits) in a form every function-calling dialect takes (:func:`portable_schema`).
 :class:`UnknownToolRefusal` does the same for a tool name this server does not have.
 """
 
@@ -68,7 +68,7 @@ class _VerbatimText(FuncMetadata):
     null (``"true"`` is no boolean). A null argument is left out, so it means what omitting it
     means.
 
-    Validation is strict (issue 22, finding 11): the types the input schema publishes, no
+    Validation is strict: the types the input schema publishes, no
     coercion, as a JSON Schema validator would judge them (``"1"`` is no number, ``true`` no
     number, ``"yes"`` no boolean); an integral number (``20.0``) is an integer, as JSON Schema
     says and as Gemini sends integers."""
@@ -290,7 +290,7 @@ def strict_schema(schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
     r"""``schema`` in the subset of JSON Schema every function-calling dialect takes without loss
-    (issue 21 §2: OpenAI strict mode, Gemini's typed ``Schema``, plain validators): its ``$ref``\ s
+    (OpenAI strict mode, Gemini's typed ``Schema``, plain validators): its ``$ref``\ s
     inlined and no ``$defs``; a type list (``[T, "null"]``) as ``anyOf``; ``exclusiveMinimum`` /
     ``exclusiveMaximum`` as the inclusive bound (the server's own validation still refuses the
     bound itself, with ``invalid_argument``); no ``dependentRequired``; no pydantic ``title``; no

@@ -1,4 +1,4 @@
-"""``orchestrate_start``'s ``budget`` argument as the tool publishes it (issue 21 §2): the run's limits
+"""``orchestrate_start``'s ``budget`` argument as the tool publishes it: the run's limits
 and its steps' as a *list* of ``{step, max_total_tokens, max_cost_usd}`` objects, because an open map
 (``steps: {name: limits}``, the core :class:`~orchestration.core.Budget`) is what strict function
 calling refuses (OpenAI) or drops (converters that make it an empty object). Every optional field

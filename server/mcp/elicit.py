@@ -87,7 +87,8 @@ from orchestration.engine import RunSnapshot
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
 from server.identity import Caller, caller_of
 from server.mcp.tool_hints import tool_message
-from server.views.run_view import RunView, next_step, output_uri, request_preview
+from server.views.next_step import next_step
+from server.views.run_view import RunView, output_uri, request_preview
 
 if TYPE_CHECKING:
     from server.mcp.services import Services

@@ -1,4 +1,4 @@
-"""Every JSON-RPC error this server answers carries a project code (issue 22, finding 10).
+"""Every JSON-RPC error this server answers carries a project code.
 
 The SDK answers some client mistakes in its own words: params that do not fit a method's schema
 (``Invalid request parameters``, with no hint which), a method it does not serve (``Method not

@@ -14,11 +14,13 @@ from typing import Any
 from orchestration.core import RunHead
 from orchestration.engine import Answered, Dispatcher, RunSnapshot, Runtime, Seen
 from server.identity import Caller
+from server.mcp.prompt_reads import PromptReads, actions_of
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.children_view import with_children, with_gone_links
 from server.views.compact import answer_data, content_for
-from server.views.parts import fitted
+from server.views.parts import fit_prompts, fitted
+from server.views.record_parts import RecordTexts, is_record
 from server.views.run_view import Detail, RunView, run_view
 
 log = logging.getLogger("construct.server")
@@ -93,6 +95,11 @@ class Services:
     #: the last write this process's host's path made on each of the last few runs it wrote
     #: (see :meth:`remember`)
     answers: dict[str, Answered] = field(default_factory=dict, repr=False, compare=False)
+    #: how much of each long host task prompt this process handed out (recorded with the output)
+    prompt_reads: PromptReads = field(default_factory=PromptReads, repr=False, compare=False)
+    #: the texts of the records ``run_status`` handed out in parts lately (see
+    #: :class:`~server.views.record_parts.RecordTexts`)
+    records: RecordTexts = field(default_factory=RecordTexts, repr=False, compare=False)
 
     async def view(
         self,
@@ -173,6 +180,7 @@ class Services:
             view = self.compact_views.setdefault(key, ready.view)
             if view is ready.view:
                 self.compact_answers[key] = (view, ready.text, ready.data)
+                self.prompt_reads.shown(actions_of(ready.data))
         self.answers.pop(answered.head.run_id, None)
         while len(self.answers) >= SNAPSHOTS_KEPT:
             del self.answers[next(iter(self.answers))]
@@ -206,9 +214,14 @@ class Services:
 
     def fitted(self, view: RunView) -> tuple[str, dict[str, Any]]:
         """The text and structured content of an answer that is ``view``, its host tasks' prompts handed
-        out in parts where they would make it longer than ``max_answer_chars``
-        (:func:`~server.views.parts.fitted`)."""
-        return fitted(answer_data(view), self.settings.max_answer_chars)
+        out in parts where they would make it longer than ``max_answer_chars``, and a compact
+        view's tasks shrunk where they would (:func:`~server.views.parts.fitted`). A view with whole
+        outputs (``detail="full"``, a ``task_id``) keeps them all: ``run_status`` hands out one
+        too long for an answer in parts (:mod:`server.views.record_parts`)."""
+        shape = fit_prompts if is_record(view) else fitted
+        text, data = shape(answer_data(view), self.settings.max_answer_chars)
+        self.prompt_reads.shown(actions_of(data))
+        return text, data
 
     async def snapshot_of(self, head: RunHead) -> RunSnapshot:
         """The snapshot of the run at ``head`` (kept per version, as :meth:`whole_view` keeps it)."""

@@ -16,29 +16,51 @@ it, every tool answers as it always did. ``tasks/*`` from a client that does not
 spec's ``-32021`` (missing required client capability); on a handshake-era connection the methods
 do not exist (``-32601``).
 
-**Task = run.** For a declaring client, ``orchestrate_start`` answers with a ``CreateTaskResult``
-(``resultType: "task"``) whose ``taskId`` is the run id, once the run is stored (the runtime writes
-it before the tool answers; an ``idempotency_key`` that names an existing run gives that run's task).
-It answers at once: the call's ``wait_seconds`` is set to 0, so it neither waits nor asks a form (the
-task's ``input_required`` carries the form instead). A start the server refuses (a bad argument,
-an unknown chain) is the usual ``isError`` tool result, not a task. The other tools answer as
-before for everyone: a run view is already a handle a client can poll.
+**A task only where the client can carry it to its end.** A task-aware client follows a task
+with ``tasks/get`` and answers ``inputRequests`` with ``tasks/update``; it has no way to run a
+prompt with the host's own model, and it answers a gate only with a form, which a client that
+does not declare elicitation cannot fill. So:
 
-``tasks/get`` maps the run's status (:func:`detailed_task`, pure):
+* a run whose tasks the host's model does (an ``inline`` contract: the ``worker_backend`` argument,
+  else the server's default; the child runs of a step share it) is never a task:
+  ``orchestrate_start`` answers exactly as it does for a client without the extension (the plain
+  ``CallToolResult``, whose ``next_action`` names the host task);
+* a run whose first need is a gate that no form of this client can answer (it does not declare
+  elicitation, or may not decide the gate) is not a task either, and answers the same way (the run
+  waits at the gate from its first write, so the answer is the one the plain call gives);
+* an ``input_required`` task always carries the forms it waits for in ``inputRequests``, never an
+  empty map (SEP-2663 requires them);
+* a task whose run later comes to need what the client cannot give (a host task, a gate it cannot
+  answer with a form) is handed over: it is ``completed`` with the run's view as its result, the
+  answer ``run_status`` gives, whose ``next_action`` says what to do next. The client thus always
+  gets a final result; should it poll the same task again after acting on it, the task shows the
+  run as it then is (a status derived from the run, not stored apart).
+
+**Task = run.** Otherwise, for a declaring client, ``orchestrate_start`` answers with a
+``CreateTaskResult`` (``resultType: "task"``) whose ``taskId`` is the run id, once the run is
+stored (the runtime writes it before the tool answers; an ``idempotency_key`` that names an
+existing run gives that run's task). It answers at once: the call's ``wait_seconds`` is set to 0,
+so it neither waits nor asks a form mid-call (the task's ``input_required`` carries the form
+instead). A start the server refuses (a bad argument, an unknown chain) is the usual ``isError``
+tool result, not a task. The other tools answer as before for everyone: a run view is already a
+handle a client can poll.
+
+``tasks/get`` maps the run's status (:func:`detailed_task`, pure; "forms": the elicitation forms of
+the run's open gates that this caller may decide, given only to a client that declares
+elicitation):
 
 ===================================  ====================================================================
 run status                           task
 ===================================  ====================================================================
 ``queued``, ``running``              ``working`` (the status message says which task runs, or until when
                                      a retry waits)
-``awaiting_approval``                ``input_required``; ``inputRequests`` holds one elicitation form per
-                                     open gate the caller may decide (key ``gate:<gate_id>``; the form of
-                                     :mod:`server.mcp.elicit`: decision and comment)
-``awaiting_host``                    ``input_required``; the status message names the call that continues
-                                     it (``orchestrate_resume`` with ``run_id``, ``task_id`` and the
-                                     output); the host tasks (prompts included) are in
-                                     ``_meta["construct-mcp/hostTasks"]``; ``inputRequests`` has no entry
-                                     for them (the host answers with a tool call, not ``tasks/update``)
+``awaiting_approval``                with forms: ``input_required``; ``inputRequests`` holds one form per
+                                     such gate (key ``gate:<gate_id>``; the form of
+                                     :mod:`server.mcp.elicit`: decision and comment). Without: handed
+                                     over (``completed``, see above)
+``awaiting_host``                    handed over: ``completed``; ``result`` is the run's view, whose
+                                     ``next_action`` names the host task and the ``orchestrate_resume``
+                                     call that continues it
 ``completed``,                       ``completed``; ``result`` is the ``CallToolResult`` a ``run_status``
 ``completed_with_failures``          call would give (the compact final view); the status message lists
                                      the failed tasks with their error codes
@@ -46,9 +68,9 @@ run status                           task
                                      :data:`RUN_ENDED_ERROR`, whose ``data.reason`` is the typed reason
                                      (the run's error code, or ``rejected``) and ``data.run_id`` the run
 ``cancelled``                        ``cancelled`` (the status message gives the reason)
-``awaiting_children``                ``input_required`` when a child run waits for a host task or a gate
-                                     (the status message names the call on the child's run id; the
-                                     child's gates are not ``inputRequests``), else ``working``
+``awaiting_children``                handed over when a child run waits for a host task or a gate (the
+                                     view's actions name the call on the child's run id; a child's gate
+                                     is no ``inputRequests`` entry), else ``working``
 ``awaiting_agent``                   ``working`` (the server follows an agent step's remote run)
 ===================================  ====================================================================
 
@@ -126,10 +148,11 @@ RUN_ENDED_ERROR: Final = -32000
 MISSING_CAPABILITY: Final = -32021
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
-#: Where a task waiting for the host carries the host tasks (prompts included).
-HOST_TASKS_META: Final = "construct-mcp/hostTasks"
 #: The prefix of a gate's key in ``inputRequests`` / ``inputResponses``.
 GATE_KEY: Final = "gate:"
+
+#: The text and structured content of the tools' answer that is a view.
+AnswerOf = Callable[[RunView], tuple[str, dict[str, Any]]]
 
 
 class TaskParams(RequestParams):
@@ -150,11 +173,17 @@ class UpdateTaskParams(RequestParams):
 
 
 def detailed_task(
-    view: RunView, gate_requests: dict[str, dict[str, Any]] | None = None, *, created: bool = False
+    view: RunView,
+    gate_requests: dict[str, dict[str, Any]] | None = None,
+    *,
+    created: bool = False,
+    answer_of: AnswerOf | None = None,
 ) -> dict[str, Any]:
     """The task a run is, as ``tasks/get`` answers it (see the table in the module docstring).
-    ``gate_requests``: the elicitation requests of the open gates the caller may decide, by key.
-    ``created``: the seed ``CreateTaskResult`` (``resultType: "task"``, no status payload)."""
+    ``gate_requests``: the elicitation forms of the open gates the caller may answer, by key (none
+    for a client that does not declare elicitation). ``created``: the seed ``CreateTaskResult``
+    (``resultType: "task"``, neither ``result`` nor ``error``). ``answer_of``: how the tools answer
+    with a view (see :func:`tool_result`)."""
     status = view.status
     task: dict[str, Any] = {
         "taskId": view.run_id,
@@ -167,28 +196,21 @@ def detailed_task(
     if created:
         task["resultType"] = "task"
     actions = [view.next_action, *view.more_actions]
+    forms = dict(gate_requests or {})
     if status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_AGENT):
         task["statusMessage"] = _working_message(view)
-    elif status == RunStatus.AWAITING_CHILDREN and not any(
-        isinstance(a, RunHostTask | Approve) for a in actions
-    ):
+    elif status == RunStatus.AWAITING_CHILDREN and not _waits_for_someone(actions):
         task["statusMessage"] = f"run {view.run_id} waits for its child runs: " + ", ".join(
             f"{c.run_id} ({c.status})" for c in view.children
         )
     elif status in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
         # awaiting_children here: a child run waits for a host task or a gate (the view's actions
         # name the child's run_id; a child's gate is answered on the child, not by tasks/update)
-        task.update(status="input_required", pollIntervalMs=POLL_WAITING_MS)
-        task["statusMessage"] = _waiting_message(view, actions, gate_requests or {})
-        host = [a.model_dump(mode="json") for a in actions if isinstance(a, RunHostTask)]
-        if host:
-            task["_meta"] = {HOST_TASKS_META: host}
-        if not created:
-            task["inputRequests"] = dict(gate_requests or {})
+        task.update(_waiting(view, actions, forms, None if created else answer_of or _whole))
     elif status in (RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_FAILURES):
         task.update(status="completed", statusMessage=_completed_message(view))
         if not created:
-            task["result"] = tool_result(view)
+            task["result"] = tool_result(view, answer_of)
     elif status in (RunStatus.FAILED, RunStatus.REJECTED):
         reason, message = _failure(view)
         task.update(status="failed", statusMessage=f"run {view.run_id} {status.value}: {reason}: {message}")
@@ -204,12 +226,57 @@ def detailed_task(
     return task
 
 
-def tool_result(view: RunView) -> dict[str, Any]:
-    """The ``CallToolResult`` the tools answer with for ``view`` (text: its JSON, compact)."""
+def _waiting(
+    view: RunView, actions: Sequence[object], forms: dict[str, dict[str, Any]], answer_of: AnswerOf | None
+) -> dict[str, Any]:
+    """The fields of a task whose run waits for someone: ``input_required`` with the forms, or
+    handed over (``completed``, its result the view as ``answer_of`` answers it; none in a seed,
+    when ``answer_of`` is None)."""
+    message = _waiting_message(view, actions, forms)
+    if not hands_over(view, forms):
+        return {
+            "status": "input_required",
+            "pollIntervalMs": POLL_WAITING_MS,
+            "statusMessage": message,
+            "inputRequests": forms,
+        }
+    fields: dict[str, Any] = {"status": "completed", "statusMessage": f"handed over: {message}"}
+    if answer_of is not None:
+        fields["result"] = tool_result(view, answer_of)
+    return fields
+
+
+def _whole(view: RunView) -> tuple[str, dict[str, Any]]:
+    """The compact view whole, as text and structured content (no prompt handed out in parts)."""
     data = answer_data(view)
-    result = CallToolResult(
-        content=[TextContent(type="text", text=answer_text(data))], structured_content=data
-    )
+    return answer_text(data), data
+
+
+def hands_over(view: RunView, gate_requests: dict[str, dict[str, Any]]) -> bool:
+    """Whether the run waits for what a task-aware client cannot give through ``tasks/update``:
+    a host task (the host's model runs it), or gates none of whose forms ``gate_requests`` holds
+    (the client does not declare elicitation, may not decide them, or they are a child's). Such a
+    run is no task at its start, and a task that comes to it is ``completed`` with the run's view."""
+    if view.status not in (RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_HOST, RunStatus.AWAITING_CHILDREN):
+        return False
+    actions = [view.next_action, *view.more_actions]
+    if any(isinstance(a, RunHostTask) for a in actions) or view.status == RunStatus.AWAITING_HOST:
+        return True
+    if view.status == RunStatus.AWAITING_CHILDREN and not _waits_for_someone(actions):
+        return False  # the children are at work
+    return not gate_requests
+
+
+def _waits_for_someone(actions: Sequence[object]) -> bool:
+    return any(isinstance(a, RunHostTask | Approve) for a in actions)
+
+
+def tool_result(view: RunView, answer_of: AnswerOf | None = None) -> dict[str, Any]:
+    """The ``CallToolResult`` the tools answer with for ``view``: ``answer_of`` gives its text and
+    structured content (the server's :meth:`~server.mcp.services.Services.answer_of`, which hands
+    long prompts out in parts as every tool answer does); without it, the compact view whole."""
+    text, data = (answer_of or _whole)(view)
+    result = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
@@ -231,7 +298,7 @@ def _waiting_message(view: RunView, actions: Sequence[object], asked: dict[str, 
         if isinstance(action, RunHostTask):
             parts.append(
                 f"host task {action.task_id!r} ({action.specialist}) waits for your model: run its prompts "
-                f"(in _meta[{HOST_TASKS_META!r}]), then call {action.tool} with "
+                f"(the result's next_action or more_actions has them), then call {action.tool} with "
                 f"{json.dumps(action.arguments)} plus output (your model's answer)"
             )
         elif isinstance(action, Approve):
@@ -310,30 +377,35 @@ class TasksExtension(Extension):
     ) -> HandlerResult:
         if params.name not in TASK_TOOLS or not declares_tasks(ctx):
             return await call_next(ctx)
+        services: Services = ctx.lifespan_context
+        if _host_runs_it(params.arguments or {}, services.settings.worker_backend):
+            return await call_next(ctx)  # the host's model does its tasks: the plain call, untouched
         # Answer as soon as the run is stored: the handler is invoked with these very params.
         params.arguments = {**(params.arguments or {}), "wait_seconds": 0}
         result = await call_next(ctx)
         if not isinstance(result, CallToolResult) or result.is_error or not result.structured_content:
             return result  # refused: the usual isError answer
         # The answer is compact (server.views.compact): the task is built from the run's view.
-        services: Services = ctx.lifespan_context
-        view = await services.view(str(result.structured_content["run_id"]), caller=caller_of(ctx.request))
+        caller = caller_of(ctx.request)
+        run_id = str(result.structured_content["run_id"])
+        head = await services.runtime.status(run_id)
+        view = await services.view(run_id, head, caller=caller)
+        forms = await _gate_forms(ctx, services, caller, view, head)
+        # What the start's own answer shows: the run as its first write left it (the dispatcher
+        # may have moved it on since; a run that was at work then is a task all the same).
+        waits_at_start = result.structured_content.get("status") in _WAITING
+        if view.contract.worker_backend == "inline" or (waits_at_start and hands_over(view, forms)):
+            # An inline run found by its key, or one that waits from its first write for what this
+            # client cannot give: no task. The run is settled there, so this is the plain answer.
+            return result
         log.info("task created", extra={"action": "task_created", "run_id": view.run_id})
-        return detailed_task(view, created=True)
+        return detailed_task(view, forms, created=True)
 
     async def _get(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "read")
         view = await services.view(head.run_id, head, caller=caller)
-        requests: dict[str, dict[str, Any]] = {}
-        if view.status == RunStatus.AWAITING_APPROVAL:
-            snapshot = await services.runtime.snapshot(head.run_id, head)
-            for action in (view.next_action, *view.more_actions):
-                if isinstance(action, Approve) and may_decide(snapshot.head, action.gate_id, caller):
-                    request = gate_request(snapshot, action.gate_id)
-                    requests[GATE_KEY + action.gate_id] = request.model_dump(
-                        mode="json", by_alias=True, exclude_none=True
-                    )
-        return detailed_task(view, requests)
+        forms = await _gate_forms(ctx, services, caller, view, head)
+        return detailed_task(view, forms, answer_of=services.answer_of)
 
     async def _update(self, ctx: RequestContext, params: UpdateTaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "approve")
@@ -378,6 +450,48 @@ def guard_task_notifications(listen: ListenHandler) -> ListenHandler:
         return await listen(ctx, params)
 
     return handle
+
+
+#: The statuses in which a run waits for someone (a host task, a gate; a child's, for a parent).
+_WAITING: Final = frozenset(
+    {RunStatus.AWAITING_APPROVAL.value, RunStatus.AWAITING_HOST.value, RunStatus.AWAITING_CHILDREN.value}
+)
+
+
+def _host_runs_it(arguments: dict[str, Any], default_backend: str) -> bool:
+    """Whether the start asks for a run whose tasks the host's model does: the ``inline`` backend,
+    asked for, else the server's default (as the runtime resolves a run's contract; a child run
+    the engine starts for a step shares its parent's, and is no start of its own)."""
+    return (arguments.get("worker_backend") or default_backend) == "inline"
+
+
+def declares_elicitation(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """The client declared form elicitation (a bare ``elicitation: {}`` counts, as in the SDK)."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and not (elicitation.form is None and elicitation.url is not None)
+
+
+async def _gate_forms(
+    ctx: ServerRequestContext[Any, Any], services: Services, caller: Caller, view: RunView, head: RunHead
+) -> dict[str, dict[str, Any]]:
+    """The elicitation forms, by ``inputRequests`` key, of the run's own open gates that ``caller``
+    may decide; none for a client that does not declare elicitation (it could not fill them)."""
+    if view.status != RunStatus.AWAITING_APPROVAL or not declares_elicitation(ctx):
+        return {}
+    snapshot = await services.runtime.snapshot(head.run_id, head)
+    forms: dict[str, dict[str, Any]] = {}
+    for action in (view.next_action, *view.more_actions):
+        if (
+            isinstance(action, Approve)
+            and action.run_id is None
+            and may_decide(snapshot.head, action.gate_id, caller)
+        ):
+            request = gate_request(snapshot, action.gate_id)
+            forms[GATE_KEY + action.gate_id] = request.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
+    return forms
 
 
 def _missing_capability() -> MCPError:

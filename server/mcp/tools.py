@@ -74,6 +74,7 @@ from orchestration.core import (
     AGENT_APPROVER,
     Budget,
     BudgetLimits,
+    Decision,
     Delegation,
     HostUsage,
     Limits,
@@ -83,8 +84,9 @@ from orchestration.core import (
     StartRequest,
     delegation_from_meta,
 )
-from orchestration.engine import Decision, is_settled
+from orchestration.engine import is_settled
 from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, quoted
+from orchestration.store import RunPage
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity
 from server.mcp.answering import (
@@ -104,8 +106,10 @@ from server.mcp.budget_argument import BudgetArgument
 from server.mcp.fork_tool import orchestrate_fork
 from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
-from server.views.listing import RunsPage, runs_page
+from server.views.fitted_pages import fitted_events, fitted_runs
+from server.views.listing import RunsPage
 from server.views.parts import PromptPart, prompt_part
+from server.views.record_parts import RecordPart, StatusAnswer, check_record_arguments, record_answer
 from server.views.run_view import Detail, RunView, check_task_id
 
 log = logging.getLogger("construct.tools")
@@ -408,10 +412,19 @@ async def orchestrate_resume(
             # One write: the output and what follows from it (the next host task, prompt rendered
             # once); the view of the answer is built from what the call holds (issue 23).
             prepared = Preparing(services.settings.max_answer_chars)  # built while the write is in flight
+            reads = services.prompt_reads
             answered = await runtime.hand_in(
-                run_id, task_id, output, usage, detach_children, services.seen(run_id), prepared
+                run_id,
+                task_id,
+                output,
+                usage,
+                detach_children,
+                services.seen(run_id),
+                prepared,
+                prompt_read=reads.of(run_id, task_id),
             )
             head = answered.head
+            reads.forget(run_id, task_id)
             services.remember(answered, prepared)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
@@ -451,7 +464,9 @@ async def task_prompt(
                 f"offset {offset} is past the prompt's end ({len(prompt.user)} characters); start at 0"
             )
         schema = head.step_of(task_id).output_schema
-        return prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
+        part = prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
+        services.prompt_reads.served(head.run_id, task_id, part.chars, part.offset, part.end)
+        return part
 
     return await answer("task_prompt", work, services_of(ctx))
 
@@ -559,17 +574,27 @@ async def run_status(
             description="A task whose whole output to show.",
         ),
     ] = None,
-) -> Annotated[CallToolResult, RunView] | InputRequiredResult:
-    """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs."""
+    offset: Annotated[int, Field(ge=0, description="read_more's offset (a long record's part).")] = 0,
+    version: Annotated[int | None, Field(ge=0, description="read_more's version (pins the parts).")] = None,
+) -> Annotated[CallToolResult, StatusAnswer] | InputRequiredResult:
+    """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs
+    (in parts when long)."""
 
     services = services_of(ctx)
 
-    async def work() -> RunView | InputRequiredResult:
+    async def work() -> RunView | RecordPart | InputRequiredResult:
         await caller_for(ctx, "run_status", run_id)
+        check_record_arguments(detail, task_id, offset, version)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id)
+        answered = await settle_asking(
+            ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
+        )
+        if isinstance(answered, InputRequiredResult) or (detail != "full" and task_id is None):
+            return answered
+        bound = services.settings.max_answer_chars
+        return record_answer(answered, task_id, offset, version, bound, services.records, services.fitted)
 
     return await answer_or_ask("run_status", work, services)
 
@@ -615,12 +640,21 @@ async def runs_list(
     async def work() -> RunsPage:
         caller = await caller_for(ctx, "runs_list")
         services = services_of(ctx)
-        page = await services.runtime.list_runs(frozenset(status) if status else None, limit, cursor)
-        if caller.own_runs_only:
-            # Filtered page by page: a page may then hold fewer than limit runs (next_cursor still
-            # says whether more follow).
-            return runs_page([h for h in page.runs if caller.may_see(h)], page.next_cursor)
-        return runs_page(page)
+        statuses = frozenset(status) if status else None
+
+        async def read(count: int) -> RunPage:
+            return await services.runtime.list_runs(statuses, count, cursor)
+
+        # Filtered page by page for an identity limited to its own runs: a page may then hold fewer
+        # than limit runs (next_cursor still says whether more follow); fewer too where limit runs
+        # would make the answer longer than max_answer_chars.
+        return await fitted_runs(
+            read,
+            caller.may_see if caller.own_runs_only else lambda _: True,
+            limit,
+            services.settings.max_answer_chars,
+            {"status": [s.value for s in status]} if status else {},
+        )
 
     return await answer("runs_list", work)
 
@@ -650,9 +684,11 @@ async def run_events(
             )
 
         if wait_seconds <= 0:
-            return await page()
-        # A long poll: progress ticks while it waits (the run's head as the wait began).
-        return await with_progress(ctx, await runtime.status(run_id), page)
+            read = await page()
+        else:
+            # A long poll: progress ticks while it waits (the run's head as the wait began).
+            read = await with_progress(ctx, await runtime.status(run_id), page)
+        return fitted_events(read, services_of(ctx).settings.max_answer_chars, limit, output_after)
 
     return await answer("run_events", work)
 

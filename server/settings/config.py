@@ -92,7 +92,6 @@ from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 from server.settings.agents import AgentTable, check_agent_names
 from server.settings.sources import (
-    CATALOG_TABLES,
     NO_FILE_KEY,
     ConfigFileSource,
     EnvironmentSource,
@@ -303,10 +302,14 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="the most characters a tool answer's text has: host applications cap what they show "
         "of a tool result (Codex CLI about 12,000 characters, cutting the middle silently), so a longer "
-        "prompt, output or record is handed out in parts, each answer naming the call for the next",
+        "prompt, output or record is handed out in parts, each answer naming the call for the next; "
+        "it must hold a long prompt's first part, which carries the persona whole (the built-in "
+        "specialists need 4,213: a smaller bound is refused at start, naming what it needs)",
     )
     log_level: Annotated[LogLevel, from_env("CONSTRUCT_LOG_LEVEL")] = Field(
-        default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`"
+        default="INFO",
+        description="DEBUG, INFO, WARNING, ERROR or CRITICAL; `--log-level`. Unset, `serve` whose "
+        "stderr is a terminal logs WARNING and up, and the `runs` commands WARNING",
     )
     auth_token: Annotated[str | None, from_env("CONSTRUCT_AUTH_TOKEN", keep_empty=True)] = Field(
         default=None,
@@ -643,7 +646,6 @@ def _named_tokens(
 
 
 __all__ = [
-    "CATALOG_TABLES",
     "CONFIG_FILE_NAME",
     "ENV_VARS",
     "ProviderTable",

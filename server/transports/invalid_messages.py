@@ -1,4 +1,4 @@
-"""Answers for messages that are no JSON-RPC request the SDK can serve (issue 22, finding 10).
+"""Answers for messages that are no JSON-RPC request the SDK can serve.
 
 The SDK reads a request whose ``id`` is an object, an array, a boolean, a fraction or null as a
 *notification* (it drops the id) and never answers it; over stdio it drops without a word a line

@@ -16,7 +16,9 @@ a model acts on:
   expiry, a budget gate's note, an exhausted loop's history) and, once decided, how (comment,
   approver, channel), without their timestamps;
 * ``children``, ``error``, ``warnings``, ``budget``, the links ``forked_from`` and ``parent``, and
-  ``costs`` (tokens and dollars spent) — each only when there is something to say.
+  ``costs`` (tokens and dollars spent) — each only when there is something to say;
+* ``tasks_left_out``, when the tasks are more than an answer of ``max_answer_chars`` holds: the
+  tasks it leaves out, counted (see :func:`server.views.parts.fitted`).
 
 Nulls, empty lists and fields at their defaults are left out. The chain definition, the execution
 contract, each attempt's telemetry, the timestamps, ``semantics`` and ``version`` are in the *full*
@@ -43,9 +45,9 @@ import json
 from typing import Any, TypeVar
 
 from orchestration.core import TaskStatus
-from server.views.next_step import Approve
+from server.views.next_step import Approve, RunHostTask
 from server.views.outline import View
-from server.views.run_view import ErrorView, GateView, RunHostTask, RunView, TaskView
+from server.views.run_view import ErrorView, GateView, RunView, TaskView
 
 #: What a withheld prompt (or an exhausted gate's history) says instead.
 WITHHELD = "(withheld: this identity may not read the run's content; that needs the 'read' role)"

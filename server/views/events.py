@@ -93,6 +93,9 @@ class EventsPage(Outlined):
 
     bare = True
 
+    #: set by the run_events tool when more events are recorded (server.views.fitted_pages): the
+    #: call that reads them
+    next_action: dict[str, Any] = Field(default_factory=dict, exclude_if=lambda v: not v)
     run_id: str
     status: RunStatus
     terminal: bool = Field(description="The run has ended: no event follows the last one recorded.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,6 +30,8 @@ class RunSummary(View):
 
 
 class RunsPage(Outlined):
+    #: set by the runs_list tool when more runs follow (server.views.fitted_pages): the call for them
+    next_action: dict[str, Any] = Field(default_factory=dict, exclude_if=lambda v: not v)
     runs: list[RunSummary] = Field(
         description="Newest first: run_id, status, chain, request_preview, waiting_for."
     )
@@ -51,12 +53,24 @@ def waiting_for(head: RunHead) -> str | None:
     gates = [g.gate_id for g in head.gates if g.status == "requested"]
     said = []
     if tasks:
-        said.append(f"host output for task{'s' if len(tasks) > 1 else ''} {', '.join(tasks)}")
+        said.append(f"host output for task{'s' if len(tasks) > 1 else ''} {_named(tasks)}")
     if gates:
-        said.append(f"approval of gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}")
+        said.append(f"approval of gate{'s' if len(gates) > 1 else ''} {_named(gates)}")
     if head.status == RunStatus.AWAITING_APPROVAL:
         said.reverse()
     return "; ".join(said) or ("host output" if head.status == RunStatus.AWAITING_HOST else "approval")
+
+
+#: ``waiting_for`` names at most this many tasks (and gates): a run's summary stays small however
+#: many branches wait at once
+NAMED_IDS = 5
+
+
+def _named(ids: list[str]) -> str:
+    """``ids`` joined, at most :data:`NAMED_IDS` of them, then how many more (``run_status`` has all)."""
+    if len(ids) <= NAMED_IDS:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:NAMED_IDS])} and {len(ids) - NAMED_IDS} more (run_status shows them)"
 
 
 def run_summary(head: RunHead) -> RunSummary:

@@ -10,16 +10,22 @@ opencode replace a long one by a file path). So no answer's text is longer than 
 ``orchestrate_resume`` call. The parts, joined in order, are the user prompt byte for byte; the
 system prompt comes whole with the first part. Every host can call a tool; not every host reads
 resources, so the parts are a tool's answers.
+
+A compact answer too long for its tasks (a run of many) shrinks them instead (:func:`fitted`);
+a record too long (``run_status`` with whole outputs) comes in parts too
+(:mod:`server.views.record_parts`), and so do lists (:mod:`server.views.fitted_pages`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
 
-from orchestration.chains import TaskPrompt
+from orchestration.chains import Catalog, TaskPrompt
+from orchestration.errors import ConfigError
 from server.views.compact import answer_text
 from server.views.next_step import TYPED_INSTRUCTION, resume_call
 from server.views.outline import Outlined
@@ -50,10 +56,89 @@ class PromptPart(Outlined):
 
 
 def fitted(data: dict[str, Any], bound: int) -> tuple[str, dict[str, Any]]:
-    """``data`` (a compact answer's structured content) with as few of its host tasks as it takes
-    (the longest first) made ``read_prompt`` actions, so that its text fits in ``bound``
-    characters where the prompts are what makes it longer, and its text (dumped once). ``data``
+    """``data`` (a compact answer's structured content) made to fit in ``bound`` characters, and
+    its text (dumped once): as few of its host tasks as it takes made ``read_prompt`` actions
+    (:func:`fit_prompts`), and where the tasks are what makes it longer (a run of many tasks), the
+    tasks shrunk a step at a time until it fits: first without their output previews, then with
+    the done tasks left out, then every task that neither awaits the host, runs nor failed, then
+    as many of the remaining ones as it takes, from the last. The tasks left out are counted in
+    ``tasks_left_out`` (``count``, ``statuses``, and ``read``: where the whole list is). ``data``
     itself is not changed."""
+    text, out = fit_prompts(data, bound)
+    if len(text) <= bound or "tasks" not in data:
+        return text, out
+    for shrink in (_without_previews, _collapsed(COLLAPSED_FIRST), _collapsed(COLLAPSED_NEXT)):
+        data = shrink(data)
+        text, out = fit_prompts(data, bound)
+        if len(text) <= bound:
+            return text, out
+    # The tasks still shown are few statuses but many tasks: keep the most that fit.
+    kept, dropped = 0, len(data["tasks"])
+    while dropped - kept > 1:
+        middle = (kept + dropped) // 2
+        if len(fit_prompts(_cut(data, middle), bound)[0]) <= bound:
+            kept = middle
+        else:
+            dropped = middle
+    return fit_prompts(_cut(data, kept), bound)
+
+
+#: the task statuses a compact answer too long for its bound leaves out first, then next
+COLLAPSED_FIRST = frozenset({"done"})
+COLLAPSED_NEXT = frozenset({"pending", "skipped", "cancelled"})
+
+#: where the tasks a compact answer leaves out are listed
+TASKS_READ = "run_status with detail 'full' lists every task"
+
+
+def _without_previews(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with no task's output preview (its length and URI stay)."""
+    tasks = [{k: v for k, v in task.items() if k != "output_preview"} for task in data["tasks"]]
+    return data | {"tasks": tasks}
+
+
+def _collapsed(statuses: frozenset[str]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def collapse(data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with its tasks in ``statuses`` counted in ``tasks_left_out`` instead."""
+        return _left_out(data, [t for t in data["tasks"] if t["status"] not in statuses])
+
+    return collapse
+
+
+def _cut(data: dict[str, Any], kept: int) -> dict[str, Any]:
+    """``data`` with its first ``kept`` tasks, the others counted in ``tasks_left_out``."""
+    return _left_out(data, data["tasks"][:kept])
+
+
+def _left_out(data: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``data`` showing only ``tasks`` (of its own), the others added to ``tasks_left_out``, which
+    follows ``tasks``."""
+    shown = {id(task) for task in tasks}
+    before = data.get("tasks_left_out", {"count": 0, "statuses": {}})
+    statuses = dict(before["statuses"])
+    for task in data["tasks"]:
+        if id(task) not in shown:
+            statuses[task["status"]] = statuses.get(task["status"], 0) + 1
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "tasks_left_out":
+            continue
+        out[key] = value
+        if key == "tasks":
+            out[key] = tasks
+            out["tasks_left_out"] = {
+                "count": sum(statuses.values()),
+                "statuses": statuses,
+                "read": TASKS_READ,
+            }
+    return out
+
+
+def fit_prompts(data: dict[str, Any], bound: int) -> tuple[str, dict[str, Any]]:
+    """``data`` (an answer's structured content) with as few of its host tasks as it takes (the
+    longest first) made ``read_prompt`` actions, so that its text fits in ``bound`` characters
+    where the prompts are what makes it longer, and its text (dumped once). ``data`` itself is not
+    changed."""
     text = answer_text(data)
     if len(text) <= bound:
         return text, data
@@ -144,11 +229,53 @@ def prompt_part(
     # The longer of the two answers this part can be, with no text yet; digits for the offsets.
     frame = max(len(answer(end, "").model_dump_json()) for end in (len(user) - 1, len(user)))
     room = max(MIN_PART_CHARS, bound - frame - 16)
-    end = _fitting_end(user, offset, room)
+    end = fitting_end(user, offset, room)
     return answer(end, user[offset:end])
 
 
-def _fitting_end(text: str, start: int, room: int) -> int:
+def check_room(catalog: Catalog, bound: int) -> None:
+    """Refuse (``ConfigError``) a catalog with a specialist whose persona, or a chain step whose
+    persona and output schema, leave a long prompt's first or last part less than
+    :data:`MIN_PART_CHARS` of room in ``bound`` characters: the system prompt comes whole with the
+    first part, and the last part's action carries the step's output schema. Measured on the
+    parts themselves, with the longest ids a run and a task can have and a prompt of ten million
+    characters; the error names the bound the largest of them needs."""
+    run_id, task_id, user = "r" * 80, "t" * 100, "u" * 10**7
+
+    def needs(specialist: str, schema: dict[str, Any] | None) -> int:
+        system = catalog.specialists[specialist].persona
+        prompt = TaskPrompt(task_id=task_id, specialist=specialist, system=system, user=user)
+        # With no room to spare a part gets MIN_PART_CHARS of text: the least bound that holds the
+        # first part (the persona) and the last (the hand-in action with the schema).
+        first = prompt_part(run_id, prompt, 0, 0, schema)
+        last = prompt_part(run_id, prompt, len(user) - MIN_PART_CHARS, 0, schema)
+        return max(len(first.model_dump_json()), len(last.model_dump_json()))
+
+    checks = [(f"specialists.{name}.persona", needs(name, None)) for name in catalog.specialists]
+    for chain in catalog.chains.values():
+        checks += [
+            (f"chains.{chain.name}.{step.name}", needs(step.specialist, step.output_schema))
+            for step in chain.steps
+            if step.output_schema is not None and step.specialist in catalog.specialists
+        ]
+    where, need = max(checks, key=lambda check: check[1], default=("", 0))
+    if need > bound:
+        what = (
+            "the persona makes"
+            if where.startswith("specialists.")
+            else "the persona and the output schema make"
+        )
+        raise ConfigError(
+            catalog.source,
+            where,
+            f"{what} a long prompt's parts {need:,} characters (the first carries the persona whole, the "
+            f"last the output schema), over "
+            f"max_answer_chars ({bound:,}); shorten them, or raise max_answer_chars to at least {need:,} "
+            "(CONSTRUCT_MAX_ANSWER_CHARS)",
+        )
+
+
+def fitting_end(text: str, start: int, room: int) -> int:
     """The end of the longest stretch of ``text`` from ``start`` whose JSON string (quotes and
     escapes) has at most ``room`` characters between its quotes."""
     end = min(len(text), start + room)
@@ -180,4 +307,15 @@ def _hand_in(run_id: str, prompt: TaskPrompt, output_schema: dict[str, Any] | No
     return action
 
 
-__all__ = ["MIN_PART_CHARS", "PROMPT_TOOL", "PromptPart", "fitted", "prompt_part", "read_prompt"]
+__all__ = [
+    "MIN_PART_CHARS",
+    "PROMPT_TOOL",
+    "TASKS_READ",
+    "PromptPart",
+    "check_room",
+    "fit_prompts",
+    "fitted",
+    "fitting_end",
+    "prompt_part",
+    "read_prompt",
+]

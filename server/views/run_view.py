@@ -44,6 +44,7 @@ from orchestration.core import (
     DecisionChannel,
     ExecutionContract,
     GateState,
+    PromptRead,
     RunHead,
     RunStatus,
     TaskState,
@@ -117,6 +118,16 @@ class TelemetryView(View):
     )
 
 
+class PromptReadView(View):
+    chars: int = Field(description="The user prompt's length in characters.")
+    read: int = Field(description="How many of them the host fetched (task_prompt), each counted once.")
+    whole: bool = Field(description="Whether the host fetched all of it.")
+
+    @classmethod
+    def of(cls, read: PromptRead) -> PromptReadView:
+        return cls(chars=read.chars, read=read.read, whole=read.whole)
+
+
 class AttemptView(View):
     number: int
     executor: str
@@ -132,6 +143,11 @@ class AttemptView(View):
     )
     follows: int | None = Field(
         default=None, description="The earlier attempt whose remote call this one follows (no new call)."
+    )
+    prompt_read: PromptReadView | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="A host task whose prompt was handed out in parts: how much of it the host read.",
     )
 
 
@@ -380,6 +396,7 @@ def _attempt(attempt: AttemptRecord) -> AttemptView:
         finished_at=attempt.finished_at,
         remote_run_id=attempt.remote_run_id,
         follows=attempt.follows,
+        prompt_read=None if attempt.prompt_read is None else PromptReadView.of(attempt.prompt_read),
     )
 
 

@@ -89,7 +89,14 @@ def _host_output_submitted(fact: HostOutputSubmitted) -> str:
         else f", reported by the host: {usage.input_tokens} in / {usage.output_tokens} out tokens"
         + ("" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}")
     )
-    return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported})"
+    read = fact.prompt_read
+    parts = (
+        ""
+        if read is None
+        else f"; it read {read.read:,} of the prompt's {read.chars:,} characters handed out in parts"
+        + ("" if read.whole else f", SKIPPING {read.chars - read.read:,}")
+    )
+    return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported}{parts})"
 
 
 def _task_completed(fact: TaskCompleted) -> str:

@@ -22,8 +22,9 @@ from anyio.abc import Process
 from mcp import Client
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentWorker, Workers
 from stores.memory import MemoryStore

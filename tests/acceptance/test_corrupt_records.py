@@ -19,8 +19,9 @@ import anyio
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.fold import apply_write
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.workers.host import host_output_facts
 from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import call, call_error, pid_alive, play_host, read_log, stdio_client_for

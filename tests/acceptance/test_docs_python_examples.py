@@ -1,8 +1,9 @@
 """Every whole ``python`` block of README.md and docs/**/*.md runs (issue 26): as a script in a fresh
-interpreter, the way a reader runs a copied example — its working directory an empty temporary
-one, ``HOME`` and ``CONSTRUCT_HOME`` fresh temporary directories, this virtualenv's ``bin`` (its
-``construct-mcp``) first on ``PATH``, no provider API key and no other ``CONSTRUCT_*`` variable —
-and must exit 0 within 60 s. A block that launches ``construct-mcp serve`` over stdio (the README's
+interpreter, the way a reader who followed the quick start runs a copied example: with the venv's
+Python (``.venv/bin/python example.py``), the venv not activated (its ``bin``, and so its
+``construct-mcp``, not on ``PATH``), its working directory an empty temporary one, ``HOME`` and
+``CONSTRUCT_HOME`` fresh temporary directories, no provider API key and no other ``CONSTRUCT_*``
+variable — and must exit 0 within 60 s. A block that launches ``construct-mcp serve`` over stdio (the README's
 host loop) starts a real server that way; ``HOME`` is fresh too because the MCP client passes a
 server only a few variables (``HOME`` and ``PATH`` among them, not ``CONSTRUCT_HOME``), so the
 server's default home is a fresh one as well.
@@ -42,7 +43,9 @@ def example_env(tmp_path: Path) -> dict[str, str]:
     home.mkdir()
     env = reader_environment(os.environ, home / ".construct")
     env["HOME"] = str(home)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    venv_bin = Path(sys.executable).parent
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != venv_bin)
+    env.pop("VIRTUAL_ENV", None)
     return env
 
 
@@ -129,6 +132,25 @@ def test_an_example_sees_no_api_key_and_fresh_homes(tmp_path: Path, monkeypatch:
         "home = pathlib.Path(os.environ['CONSTRUCT_HOME'])\n"
         "assert not home.exists() and home.parent == pathlib.Path(os.environ['HOME'])\n"
         "assert pathlib.Path.cwd().name == 'cwd' and not any(pathlib.Path.cwd().iterdir())\n"
-        "assert shutil.which('construct-mcp').startswith(os.path.dirname(sys.executable))\n",
+        "assert os.path.dirname(sys.executable) not in os.environ['PATH'].split(os.pathsep)\n"
+        "assert 'VIRTUAL_ENV' not in os.environ\n",
     )
     run_example(probe, tmp_path)
+
+
+def test_an_example_that_needs_the_venv_activated_fails_as_it_does_for_a_reader(tmp_path: Path) -> None:
+    # The README's host loop once started command="construct-mcp": found only with the venv
+    # activated, which the quick start does not do.
+    by_path = Block(
+        "sample.md",
+        1,
+        "python",
+        "import asyncio\n"
+        "from mcp import Client, StdioServerParameters\n"
+        "async def main() -> None:\n"
+        "    async with Client(StdioServerParameters(command='construct-mcp', args=['serve'])):\n"
+        "        pass\n"
+        "asyncio.run(main())\n",
+    )
+    with pytest.raises(AssertionError, match=r"(?s)sample.md:1: exited 1.*construct-mcp"):
+        run_example(by_path, tmp_path)

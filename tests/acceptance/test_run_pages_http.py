@@ -230,6 +230,9 @@ async def test_without_tokens_the_pages_need_no_login(tmp_path: Path) -> None:
         http_server(tmp_path, "streamable-http") as port,
         httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
     ):
+        # The log says where to point a host and a browser.
+        base = f"http://127.0.0.1:{port}"
+        assert f"MCP at {base}/mcp; the runs page at {base}/runs" in (tmp_path / "server.log").read_text()
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             run_id = await gated_run(client)
         session = (await http.get("/runs/api/session")).json()

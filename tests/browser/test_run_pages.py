@@ -103,6 +103,9 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         # A reader sees the list, opens the run, and gets no buttons.
         await log_in(page, VERA)
         await page.wait_for("!!document.querySelector('#runs a')")
+        # Each run says how long ago it moved (the full times in its title).
+        assert await page.evaluate("document.querySelector('#runs time').textContent") == "just now"
+        assert "updated " in await page.evaluate("document.querySelector('#runs time').title")
         assert await page.evaluate("document.getElementById('who').textContent") == "Signed in as vera"
         await click(page, "#runs a")
         await page.wait_for(f"location.pathname === '/runs/{run_id}' && document.readyState === 'complete'")
@@ -115,6 +118,12 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         await page.wait_for("!!document.querySelector('button.approve')")
         # The architect's plan can be sent back: this gate offers Revise.
         assert await page.evaluate("document.querySelectorAll('button.revise').length") == 1
+        # The gate shows what it approves: the engineer starts on the architect's plan.
+        review = await page.evaluate("document.querySelector('#gates pre[data-review]').textContent")
+        assert review == PLAN[: len(review)] and len(review) > 20
+        assert "on the output of architect" in await page.evaluate(
+            "document.getElementById('gates').textContent"
+        )
         # Untrusted text is shown as text.
         assert HOSTILE in await page.evaluate("document.getElementById('request').textContent")
         assert await page.evaluate("document.querySelectorAll('img, main script').length") == 0
@@ -123,6 +132,17 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         assert await page.evaluate("document.cookie") == ""
         used = await page.evaluate(BOTTOM)
         await page.screenshot(screenshot_path(tmp_path, "run-page.png"), min(used, 1000))
+        # The whole of what is under review, in the gate's card.
+        await click(page, "[data-key='review:before:engineer']")
+        await page.wait_for(
+            f"document.querySelector('#gates pre[data-review]').textContent === {json.dumps(PLAN)}"
+        )
+        # Revise without a comment sends nothing: it asks for one.
+        await click(page, "button.revise")
+        await page.wait_for("document.getElementById('msg').textContent.includes('write what should change')")
+        assert await page.evaluate("document.activeElement.tagName") == "TEXTAREA"
+        pending = (await alice.call_tool("run_status", {"run_id": run_id})).structured_content or {}
+        assert pending["gates"][0]["status"] == "requested"
 
         # The keyboard alone: a comment, Tab to Approve, Enter.
         await page.evaluate("document.querySelector('#gates textarea').focus()")
@@ -169,3 +189,21 @@ async def test_log_in_open_a_gated_run_and_approve_it_from_the_keyboard(tmp_path
         await page.wait_for("!!document.querySelector('button.approve')")
         assert await page.evaluate("document.querySelectorAll('button.revise').length") == 0
         assert await page.evaluate("document.querySelectorAll('button.reject').length") == 1
+        assert "nothing ran before it" in await page.evaluate("document.getElementById('gates').textContent")
+        # Reject ends the run: the first click only asks; "Keep the run" takes it back.
+        await click(page, "button.reject")
+        await page.wait_for(
+            "document.querySelector('button.reject').textContent.startsWith('Confirm reject')"
+        )
+        await click(page, "[data-key='keep:before:architect']")
+        await page.wait_for("document.querySelector('button.reject').textContent === 'Reject'")
+        still = (await alice.call_tool("run_status", {"run_id": first_id})).structured_content or {}
+        assert still["gates"][0]["status"] == "requested"
+        await click(page, "button.reject")
+        await page.wait_for(
+            "document.querySelector('button.reject').textContent.startsWith('Confirm reject')"
+        )
+        await click(page, "button.reject")
+        await page.wait_for("document.getElementById('gates').textContent.includes('rejected by bob')")
+        done = (await alice.call_tool("run_status", {"run_id": first_id})).structured_content or {}
+        assert done["gates"][0]["status"] == "rejected"

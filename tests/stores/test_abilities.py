@@ -11,18 +11,18 @@ import anyio
 import pytest
 
 from orchestration.errors import VersionConflict
-from orchestration.store import ClaimsRunnable, NotifiesRunnable, RunStore, TellsFlush
+from orchestration.store import ClaimsRunnable, NotifiesRunnable, RunStore
 from stores import CrashAfterWrites
 from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
 from tests.stores.conftest import ADAPTERS
 
-OPTIONAL: tuple[type, ...] = (ClaimsRunnable, NotifiesRunnable, TellsFlush)
+OPTIONAL: tuple[type, ...] = (ClaimsRunnable, NotifiesRunnable)
 
 #: adapter name -> the optional abilities it has
 ABILITIES: dict[str, set[type]] = {
     "memory": set(),
-    "filesystem": {TellsFlush},
-    "sqlite": {ClaimsRunnable, TellsFlush},
+    "filesystem": set(),
+    "sqlite": {ClaimsRunnable},
     "postgres": {ClaimsRunnable, NotifiesRunnable},
 }
 
@@ -67,33 +67,30 @@ async def test_the_crash_wrapper_claims_through_the_store_and_counts_no_write(st
     assert wrapped.writes == 1  # the create; a claim writes a lease, not a fact
 
 
-async def test_a_store_that_tells_flush_tells_each_write_once_before_answering_and_never_a_refused_one(
-    store: RunStore,
-) -> None:
-    if not isinstance(store, TellsFlush):
-        pytest.skip(f"{store.name} does not tell when a write flushes")
+async def test_a_store_tells_each_write_under_way_once_before_answering(store: RunStore) -> None:
+    """``flushing``: once per write, before its answer (memory: never, it cannot tell); a write
+    refused before its flush never (sqlite, filesystem), one sent to a server whatever its
+    answer (postgres)."""
+    tells = store.name != "memory"
     events: list[str] = []
 
     def told(name: str) -> Callable[[], None]:
         return lambda: events.append(f"{name} flushing")
 
     head, facts = new_run(run_id(1), key="k1")
-    created = await store.create_telling_flush(head, facts, told("create"))
+    created = await store.create(head, facts, flushing=told("create"))
     events.append("create answered")
-    assert created.created and events == ["create flushing", "create answered"]
+    assert created.created and events == ["create flushing"] * tells + ["create answered"]
     write = start_attempt(head)
     events.clear()
-    await store.append_telling_flush(
-        run_id(1), write.expected_version, write.facts, write.head, told("append")
-    )
+    await store.append(run_id(1), write.expected_version, write.facts, write.head, flushing=told("append"))
     events.append("append answered")
-    assert events == ["append flushing", "append answered"]
+    assert events == ["append flushing"] * tells + ["append answered"]
     assert await store.load(run_id(1)) == write.head
-    # Refused before its flush (the version moved on): never told, nothing written.
+    # Refused (the version moved on): nothing written; told only where the statement went out.
     events.clear()
     with pytest.raises(VersionConflict):
-        await store.append_telling_flush(
-            run_id(1), write.expected_version, write.facts, write.head, told("stale")
-        )
+        await store.append(run_id(1), write.expected_version, write.facts, write.head, flushing=told("stale"))
     await anyio.sleep(0.01)  # a call from the writer's thread would have arrived by now
-    assert events == [] and [f.seq for f in await store.read_facts(run_id(1))] == [1, 2]
+    assert events == (["stale flushing"] if store.name == "postgres" else [])
+    assert [f.seq for f in await store.read_facts(run_id(1))] == [1, 2]

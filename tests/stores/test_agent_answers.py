@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from mcp.types import CallToolResult
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from tests.unit.helpers import play
 from tests.unit.server.test_agent_runs import REVIEW, FakeRemote, agent_worker, result, runtime_for

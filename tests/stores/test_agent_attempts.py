@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers import Workers, contract_resolver
 from server.settings.config import load_settings

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import awaited
-from orchestration.engine.runtime import StartRequest
 from orchestration.store import ClaimsRunnable, RunStore
 from tests.unit.helpers import play
 from tests.unit.server.test_agent_runs import REVIEW, FakeRemote, agent_worker, catalog, runtime_for

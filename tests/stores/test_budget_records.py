@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget, BudgetAsk, BudgetLimits, Costs, HostUsage
 from orchestration.core.facts import (
@@ -24,7 +25,7 @@ from orchestration.core.fold import apply_write, fold
 from orchestration.core.models import RECORD_FORMAT, ExecutionContract, RunHead, Telemetry, text_hash
 from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict
 from orchestration.store import RunStore
 from orchestration.workers.host import host_output_facts

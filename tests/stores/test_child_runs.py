@@ -4,9 +4,9 @@ parent that ends takes its live children with it."""
 
 from __future__ import annotations
 
+from orchestration.core import StartRequest
 from orchestration.core.facts import ChildEnded, ChildStarted, TaskCompleted
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.store import RunStore
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker

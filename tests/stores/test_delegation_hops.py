@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from mcp.types import CallToolResult
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.hops import DELEGATION_META
 from orchestration.core.models import Delegation
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import DelegationDepthExceeded, DelegationLoop
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore

@@ -18,12 +18,13 @@ from typing import cast
 
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget
 from orchestration.core.models import RECORD_FORMAT
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.reading import read_snapshot
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import (
     Conflict,
     ExportCorrupt,

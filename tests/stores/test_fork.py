@@ -13,16 +13,17 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import RouteDecided, TaskCompleted, dump_fact
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import RunStore
-from orchestration.workers.port import TaskWorker
+from orchestration.workers.port import DeltaSink, TaskWorker
 from server.views.run_view import run_view
 from tests.unit.helpers import Decision, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker
@@ -51,6 +52,7 @@ class ModelWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls[prompt.task_id] = self.calls.get(prompt.task_id, 0) + 1
         if step.model == MISSING_MODEL:

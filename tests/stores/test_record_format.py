@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.fold import apply_write
 from orchestration.core.models import RECORD_FORMAT, RunHead
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import CorruptRecord, RecordTooNew
 from orchestration.store import RunStore
 from orchestration.workers.host import host_output_facts

@@ -145,7 +145,7 @@ async def test_concurrent_writes_commit_in_groups_and_a_refused_one_rolls_back_a
         await other.close()
 
 
-async def test_an_append_telling_flush_says_so_once_before_it_is_answered_and_a_refused_one_never(
+async def test_an_append_says_its_flush_once_before_it_is_answered_and_a_refused_one_never(
     store: SqliteStore, tmp_path: Path
 ) -> None:
     heads = {}
@@ -158,12 +158,12 @@ async def test_an_append_telling_flush_says_so_once_before_it_is_answered_and_a_
     async def append(name: str, n: int) -> None:
         write = start_attempt(heads[n], executor=f"provider:fake:{name}")
         try:
-            await store.append_telling_flush(
+            await store.append(
                 run_id(n),
                 write.expected_version,
                 write.facts,
                 write.head,
-                lambda: events.append(f"{name} flushing"),
+                flushing=lambda: events.append(f"{name} flushing"),
             )
             events.append(f"{name} answered")
         except VersionConflict:

@@ -16,11 +16,13 @@ import anyio
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
+from orchestration.workers.port import DeltaSink
 from server.settings.config import Settings
 from server.settings.storage import open_run_store
 from stores import migrate
@@ -46,6 +48,7 @@ class OverlappingWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         marker = re.search(r"\[run:(\w+)\]", prompt.user)
         key = f"{marker.group(1) if marker else None}/{step.name}"

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.facts import Fact
 from orchestration.core.models import (
     ChainSnapshot,
@@ -29,9 +30,9 @@ from orchestration.core.models import (
 )
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import StoreUnavailable
 from orchestration.store import CreateResult, Lease, RunPage, RunStore, Tombstone
+from orchestration.workers.port import DeltaSink
 
 _RUN_MARKER = re.compile(r"\[run:([A-Za-z0-9_.\-]+)\]")
 
@@ -62,9 +63,11 @@ class FaultyStore:
             self.failures += 1
             raise StoreUnavailable(f"cannot use the test store: it is down ({op})")
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         self._check("create")
-        return await self.inner.create(head, facts)
+        return await self.inner.create(head, facts, flushing=flushing)
 
     async def find_by_idempotency_key(self, key: str) -> RunHead | None:
         self._check("find_by_idempotency_key")
@@ -81,12 +84,14 @@ class FaultyStore:
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         self._check("append")
         if self.fail_before_commit:
             self.fail_before_commit -= 1
             raise StoreUnavailable("connection lost before commit")
-        stored = await self.inner.append(run_id, expected_version, facts, head, lease)
+        stored = await self.inner.append(run_id, expected_version, facts, head, lease, flushing=flushing)
         if self.fail_after_commit:
             self.fail_after_commit -= 1
             raise StoreUnavailable("connection lost during COMMIT")
@@ -175,6 +180,7 @@ class CountingWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         match = _RUN_MARKER.search(prompt.user)
         key = (match.group(1) if match else "?", step.name)

@@ -236,6 +236,12 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
         task = head.task(fact.task_id)
         if task.status != TaskStatus.AWAITING_HOST:
             raise IllegalTransition(f"task {fact.task_id} is not awaiting the host")
+        if fact.prompt_read is not None:
+            attempts = tuple(
+                a.model_copy(update={"prompt_read": fact.prompt_read}) if a.number == fact.attempt else a
+                for a in task.attempts
+            )
+            update["tasks"] = _replace_task(head, task.model_copy(update={"attempts": attempts}))
     elif isinstance(fact, AttemptStarted):
         task = head.task(fact.task_id)
         attempt = AttemptRecord(

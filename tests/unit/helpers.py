@@ -11,6 +11,7 @@ from typing import Literal
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.budget import with_costs
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import Action
@@ -26,7 +27,8 @@ from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, At
 from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.agent_waits import awaited
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
+from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
 
 
@@ -49,6 +51,7 @@ class ScriptedWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         n = self.calls.get(step.name, 0)
         self.calls[step.name] = n + 1

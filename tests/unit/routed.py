@@ -14,6 +14,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.workers.port import DeltaSink
 
 VERDICT_STEP = {"specialist": "reviewer", "output_schema": "verdict", "route_on": "verdict"}
 LOOP_ROUTES = {"approve": "end", "revise": "engineer", "reject": "fail"}
@@ -123,6 +124,7 @@ class InstanceWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         n = self.calls.get(prompt.task_id, 0)
         self.calls[prompt.task_id] = n + 1

@@ -275,6 +275,62 @@ def unreal_exports(tree: Tree) -> list[str]:
     return bad
 
 
+def _defined(parsed: ast.Module) -> set[str]:
+    """The names a module defines itself (functions, classes, assignments, also under a
+    top-level ``if`` or ``try``), not the names it imports. (Python 3.11: no ``type`` statements.)"""
+    names: set[str] = set()
+    statements = list(parsed.body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.If | ast.Try):
+            statements += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+    return names
+
+
+def second_paths(tree: Tree) -> list[str]:
+    """One public path per name: a module's ``__all__`` lists only names it defines; a name is
+    imported from the module that defines it or from a package that exports it, never through
+    another module that merely imported it; a package's ``__init__`` exports only its own
+    modules' names."""
+    bad = []
+    defined = {m: _defined(tree.parsed(m)) for m, p in tree.modules.items() if p.name != "__init__.py"}
+    for module, path in tree.modules.items():
+        parsed = tree.parsed(module)
+        exported = {
+            e.value
+            for node in parsed.body
+            if isinstance(node, ast.Assign | ast.AnnAssign) and _assigns_all(node)
+            for e in getattr(node.value, "elts", [])
+            if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        }
+        if path.name == "__init__.py":
+            bad += [
+                f"{module} re-exports {name} from {imp.target}, outside the package"
+                for imp in tree.imports(module)
+                if imp.target.split(".")[0] in TOPS and not imp.target.startswith(f"{module}.")
+                for name in imp.names
+                if name in exported
+            ]
+        else:
+            bad += [
+                f"{module}.__all__ lists {n}, which it does not define" for n in exported - defined[module]
+            ]
+        for imp in tree.imports(module):
+            if imp.target in defined:
+                bad += [
+                    f"{module}:{imp.line} imports {name} from {imp.target}, which does not define it"
+                    for name in imp.names
+                    if name not in defined[imp.target]
+                ]
+    return bad
+
+
 #: the size rule as a structure rule: a function fits on a screen (docstring included); a longer one
 #: is split by what its parts decide, never by size alone
 MAX_FUNCTION_LINES = 60
@@ -301,6 +357,7 @@ RULES = {
     "repeated_names": repeated_names,
     "unreal_exports": unreal_exports,
     "long_functions": long_functions,
+    "second_paths": second_paths,
 }
 
 #: third-party internals, each reached in one adapter module whose reliance a test pins
@@ -379,10 +436,33 @@ PLANTED = {
         "server/cli/__init__.py": '"""The CLI."""\n__all__ = ["main", "costs"]\n',
         "server/cli/main.py": "",
     },
+    "second_paths": {
+        "orchestration/core/inputs.py": "class StartRequest: ...\n",
+        "orchestration/engine/runtime.py": "from orchestration.core.inputs import StartRequest\n",
+        "server/app.py": "from orchestration.engine.runtime import StartRequest\n",
+    },
 }
 
 #: violations each rule must also see (one planted tree per line)
 ALSO_PLANTED = [
+    (
+        "second_paths",
+        {
+            "orchestration/core/inputs.py": "class Limits: ...\n",
+            "orchestration/engine/runtime.py": (
+                "from orchestration.core.inputs import Limits\n__all__ = ['Limits']\n"
+            ),
+        },
+    ),
+    (
+        "second_paths",
+        {
+            "orchestration/core/approvals.py": "Decision = str\n",
+            "orchestration/engine/__init__.py": (
+                '"""x"""\nfrom orchestration.core.approvals import Decision\n__all__ = ["Decision"]\n'
+            ),
+        },
+    ),
     ("layers", {"server/app.py": "from orchestration.engine.runtime import Runtime\n"}),
     ("layers", {"stores/memory.py": "from orchestration.engine import Runtime\n"}),
     ("layers", {"orchestration/engine/runtime.py": "from orchestration.ops.forking import fork_run\n"}),

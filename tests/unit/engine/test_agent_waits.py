@@ -14,13 +14,14 @@ from mcp.types import CallToolResult
 from mcp_types import RequestParamsMeta
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import RemoteRunCancelled
 from orchestration.core.models import ExecutionContract
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import awaited
 from orchestration.engine.dispatcher import Dispatcher
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.workers.agent_calls import AgentCall, AgentEndpoint
 from orchestration.workers.mcp_agents import AgentWorker
 from orchestration.workers.retry import RetryPolicy

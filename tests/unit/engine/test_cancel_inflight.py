@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import anyio
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from stores.memory import MemoryStore
 from tests.unit.engine.test_deadlines import SlowWorker
 from tests.unit.helpers import make_runtime

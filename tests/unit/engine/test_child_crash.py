@@ -5,7 +5,7 @@ once; the dispatcher's sweep is the safety net when nobody did."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import anyio
@@ -13,6 +13,7 @@ import pytest
 
 import orchestration.engine.drive as drive_module
 import orchestration.engine.fanout as fanout_module
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import (
     Action,
@@ -29,7 +30,6 @@ from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.children import ChildRuns
 from orchestration.engine.dispatcher import Dispatcher
-from orchestration.engine.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_catalog, child_runtime, drive_tree
@@ -48,8 +48,10 @@ class BoundaryStore(MemoryStore):
         super().__init__()
         self.boundaries: dict[str, list[int]] = {}
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        result = await super().create(head, facts)
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
+        result = await super().create(head, facts, flushing=flushing)
         if result.created:
             self.boundaries.setdefault(head.run_id, []).append(head.last_seq)
         return result
@@ -61,8 +63,10 @@ class BoundaryStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head, lease)
+        stored = await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         self.boundaries[run_id].append(head.last_seq)
         return stored
 

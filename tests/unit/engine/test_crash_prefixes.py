@@ -13,6 +13,7 @@ import pytest
 import orchestration.engine.drive as drive_module
 import orchestration.engine.host_answers as host_answers_module
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.budget import refusal
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget, BudgetLimits
@@ -20,7 +21,6 @@ from orchestration.core.decide import Action, FailTask, RequestBudget, StartAtte
 from orchestration.core.facts import AttemptStarted, Fact
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
-from orchestration.engine.runtime import StartRequest
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime, play
@@ -187,8 +187,10 @@ class BoundaryStore(MemoryStore):
         super().__init__()
         self.boundaries: list[int] = []
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
-        result = await super().create(head, facts)
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
+        result = await super().create(head, facts, flushing=flushing)
         self.boundaries.append(head.last_seq)
         return result
 
@@ -199,8 +201,10 @@ class BoundaryStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head, lease)
+        stored = await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         self.boundaries.append(head.last_seq)
         return stored
 

@@ -7,12 +7,13 @@ import anyio
 import pytest
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock, SystemClock
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import InvalidState
+from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
 
@@ -72,6 +73,7 @@ class SlowWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         try:
             await anyio.sleep(30)

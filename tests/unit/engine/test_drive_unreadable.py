@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact
 from orchestration.core.fold import apply_write
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import CorruptRecord
 from orchestration.workers.host import host_output_facts
 from stores.memory import MemoryStore

@@ -18,6 +18,7 @@ import tests.unit.engine.test_crash_prefixes as crash
 import tests.unit.engine.test_parallel_prefixes as parallel
 import tests.unit.engine.test_route_prefixes as routed
 import tests.unit.fold_reference as reference
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact
 from orchestration.core.models import (
@@ -31,7 +32,6 @@ from orchestration.core.models import (
     evolve,
     task_position,
 )
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import IllegalTransition
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker, make_runtime, play

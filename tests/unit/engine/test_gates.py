@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import ApprovalDecided
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead
 from orchestration.core.routing import revise_offered
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError, Conflict, Forbidden, InvalidArgument, InvalidState
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime, to_gate

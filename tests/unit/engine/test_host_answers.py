@@ -5,7 +5,6 @@ shows exactly as a read of the log would."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -13,6 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import AwaitHost, FailTask, next_actions
@@ -23,7 +23,7 @@ from orchestration.core.models import AttemptRecord, RunHead, evolve
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.host_answers import Answered, follow_up, host_answers_next, while_writing
 from orchestration.engine.reading import read_prompt, read_snapshot
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost, VersionConflict
 from orchestration.store import CreateResult, Lease
 from stores.memory import MemoryStore
@@ -41,9 +41,11 @@ class CountingStore(MemoryStore):
         self.claims = 0
         self.log_reads = 0
 
-    async def create(self, head: RunHead, facts: Sequence[Fact]) -> CreateResult:
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
+    ) -> CreateResult:
         self.writes += 1
-        return await super().create(head, facts)
+        return await super().create(head, facts, flushing=flushing)
 
     async def append(
         self,
@@ -52,9 +54,11 @@ class CountingStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         self.writes += 1
-        return await super().append(run_id, expected_version, facts, head, lease)
+        return await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
         self.claims += 1
@@ -318,10 +322,9 @@ async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_
 
 
 class ElsewhereStore(CountingStore):
-    """A memory store that says its writes are made elsewhere (``WritesElsewhere``), and notes
-    whether a write was in flight when the call's ``meanwhile`` ran."""
-
-    writes_elsewhere = True
+    """A memory store whose writes are made elsewhere, as a database server's are: it tells
+    ``flushing`` once the statement is sent, and notes whether a write was in flight when the
+    call's ``meanwhile`` ran."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -334,9 +337,13 @@ class ElsewhereStore(CountingStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         self.in_flight = True
         try:
+            if flushing is not None:
+                flushing()  # the statement is sent
             await anyio.sleep(0.01)  # the database's round trip
             return await super().append(run_id, expected_version, facts, head, lease)
         finally:
@@ -346,7 +353,6 @@ class ElsewhereStore(CountingStore):
 async def test_an_answer_is_built_while_its_write_is_in_flight_on_a_store_that_writes_elsewhere() -> None:
     store = ElsewhereStore()
     runtime = make_runtime(store)
-    assert runtime.overlaps_writes and not make_runtime().overlaps_writes
     answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
     seen: list[tuple[Answered, bool]] = []
 
@@ -370,61 +376,67 @@ async def test_an_answer_is_built_while_its_write_is_in_flight_on_a_store_that_w
 
 
 async def test_while_writing_raises_the_writes_error_as_it_is_and_drops_an_error_of_meanwhile() -> None:
-    async def refused() -> RunHead:
+    async def refused(flushing: Callable[[], None]) -> RunHead:
+        flushing()  # sent, then refused by the server
         await anyio.lowlevel.checkpoint()
         raise VersionConflict("run-x", 1, 2)
 
     ran: list[bool] = []
     with pytest.raises(VersionConflict):
-        await while_writing(refused(), lambda: ran.append(True))
+        await while_writing(refused, lambda: ran.append(True))
     assert ran == [True]
 
-    async def written() -> str:
+    async def written(flushing: Callable[[], None]) -> str:
+        flushing()
         await anyio.sleep(0.001)
         return "stored"
 
     def broken() -> None:
         raise RuntimeError("a bug in what runs meanwhile")
 
-    assert await while_writing(written(), broken) == "stored"
+    assert await while_writing(written, broken) == "stored"
 
 
 class FlushTellingStore(CountingStore):
-    """A memory store that says when a write's flush begins (``TellsFlush``, as SQLite's writer
-    thread does before its ``COMMIT``), and notes which phase a write was in when the call's
-    ``meanwhile`` ran."""
+    """A memory store that says when a write's flush begins (as SQLite's writer thread does
+    before its ``COMMIT``), and notes which phase a write was in when the call's ``meanwhile``
+    ran."""
 
     def __init__(self) -> None:
         super().__init__()
         self.phase = "idle"
 
-    async def append_telling_flush(
+    async def append(
         self,
         run_id: str,
         expected_version: int,
         facts: Sequence[Fact],
         head: RunHead,
-        flushing: Callable[[], None],
+        lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         self.phase = "statements"
         try:
             await anyio.sleep(0.005)  # the statements, holding the interpreter's lock
-            stored = await super().append(run_id, expected_version, facts, head)  # refused: raises
+            stored = await super().append(run_id, expected_version, facts, head, lease)  # refused: raises
             self.phase = "flush"
-            flushing()
+            if flushing is not None:
+                flushing()
             await anyio.sleep(0.01)  # the fsync, with the lock released
             return stored
         finally:
             self.phase = "idle"
 
-    async def create_telling_flush(
-        self, head: RunHead, facts: Sequence[Fact], flushing: Callable[[], None]
+    async def create(
+        self, head: RunHead, facts: Sequence[Fact], *, flushing: Callable[[], None] | None = None
     ) -> CreateResult:
         self.phase = "statements"
         try:
             result = await super().create(head, facts)
             self.phase = "flush"
-            flushing()  # also for a create that found its key taken, as SQLite may
+            if flushing is not None:
+                flushing()  # also for a create that found its key taken, as SQLite may
             await anyio.sleep(0.01)
             return result
         finally:
@@ -454,8 +466,6 @@ async def test_a_start_is_answered_with_what_was_built_while_its_create_flushed(
 async def test_an_answer_is_built_while_its_write_flushes_on_a_store_that_tells_when() -> None:
     store = FlushTellingStore()
     runtime = make_runtime(store)
-    assert runtime.tells_flush is not None and not runtime.overlaps_writes
-    assert make_runtime().tells_flush is None
     answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
     phases: list[tuple[Answered, str]] = []
 
@@ -476,22 +486,24 @@ async def test_an_answer_is_built_while_its_write_flushes_on_a_store_that_tells_
     assert phases == [] and again.head.status == RunStatus.COMPLETED
 
 
-async def test_while_writing_told_of_a_flush_runs_nothing_for_a_write_that_ends_before_it() -> None:
-    flushing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def refused() -> RunHead:
+async def test_while_writing_runs_nothing_for_a_write_that_ends_before_it_is_under_way() -> None:
+    async def refused(flushing: Callable[[], None]) -> RunHead:
         await anyio.lowlevel.checkpoint()
         raise VersionConflict("run-x", 1, 2)
 
     ran: list[bool] = []
     with pytest.raises(VersionConflict):
-        await while_writing(refused(), lambda: ran.append(True), flushing)
+        await while_writing(refused, lambda: ran.append(True))
     assert ran == []
 
-    told: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def never_told(flushing: Callable[[], None]) -> str:  # a store that cannot tell (memory)
+        await anyio.sleep(0.001)
+        return "stored"
 
-    async def written() -> str:
-        told.set_result(None)
+    assert await while_writing(never_told, lambda: ran.append(True)) == "stored" and ran == []
+
+    async def written(flushing: Callable[[], None]) -> str:
+        flushing()
         await anyio.sleep(0.001)
         return "stored"
 
@@ -499,7 +511,7 @@ async def test_while_writing_told_of_a_flush_runs_nothing_for_a_write_that_ends_
         ran.append(True)
         raise RuntimeError("a bug in what runs meanwhile")
 
-    assert await while_writing(written(), broken, told) == "stored"
+    assert await while_writing(written, broken) == "stored"
     assert ran == [True]
 
 

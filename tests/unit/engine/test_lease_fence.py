@@ -29,6 +29,7 @@ from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost
 from orchestration.store import RunStore
+from orchestration.workers.port import DeltaSink
 from stores.filesystem import FilesystemStore
 from stores.memory import MemoryStore
 from stores.sqlite import SqliteStore
@@ -58,6 +59,7 @@ class StallingWorker:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls.append(step.name)
         if len(self.calls) == 1:

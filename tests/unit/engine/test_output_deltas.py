@@ -11,13 +11,12 @@ import anyio
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.facts import TaskCompleted
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine import OutputDeltas, OutputPiece, Runtime, TaskText
-from orchestration.engine.runtime import StartRequest
 from orchestration.workers.model_calls import make_http_client
-from orchestration.workers.port import DELTA_SINK
 from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
@@ -134,17 +133,15 @@ async def test_waiters_on_runs_never_written_here_do_not_pile_up() -> None:
     assert all(e.is_set() for e in events)
 
 
-async def test_the_seam_is_open_only_while_a_run_is_driven() -> None:
+async def test_a_runs_sink_writes_into_what_is_held_for_that_run() -> None:
     deltas = OutputDeltas()
-    assert DELTA_SINK.get() is None
-    with deltas.driving("r1"):
-        sink = DELTA_SINK.get()
-        assert sink is not None
-        write = sink.writer("architect", 1)
-        write("design")
-        sink.ended("architect", 1)
-    assert DELTA_SINK.get() is None
+    sink = deltas.sink("r1")
+    write = sink.writer("architect", 1)
+    write("design")
+    assert deltas.held("r1") == [TaskText("r1", "architect", 1, 0, "design", False)]
+    sink.ended("architect", 1)
     assert deltas.held("r1") == [TaskText("r1", "architect", 1, 0, "design", True)]
+    assert deltas.held("r2") == []
 
 
 # --- through a provider run ------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from orchestration.chains.catalog import RESEARCH_ANGLES, Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import AwaitHost, next_actions
 from orchestration.core.graph import ancestors
 from orchestration.core.routing import chain_format
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import ConfigError
 from tests.unit.helpers import make_runtime
 from tests.unit.parallel import RESEARCHERS

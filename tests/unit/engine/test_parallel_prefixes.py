@@ -14,6 +14,7 @@ from datetime import datetime
 import pytest
 
 import orchestration.engine.fanout as fanout_module
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget
 from orchestration.core.decide import (
@@ -43,7 +44,6 @@ from orchestration.core.facts import (
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
 from orchestration.core.vocabulary import TaskStatus
-from orchestration.engine.runtime import StartRequest
 from tests.unit.engine.test_crash_prefixes import BoundaryStore
 from tests.unit.helpers import Decision, ScriptedWorker, make_runtime
 from tests.unit.parallel import PARALLEL_CATALOG, play_parallel

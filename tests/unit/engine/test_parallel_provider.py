@@ -8,7 +8,7 @@ failure)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -16,13 +16,15 @@ import anyio.lowlevel
 import pytest
 
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.store import Lease
+from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
 from tests.unit.helpers import provider_contract, sequential_ids
 from tests.unit.parallel import PARALLEL_CATALOG, RESEARCHERS
@@ -61,6 +63,7 @@ class Barrier:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started.append(step.name)
         self.in_flight += 1
@@ -104,6 +107,7 @@ class Bounded:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         self.in_flight += 1
@@ -148,8 +152,10 @@ class NotifyingStore(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
-        stored = await super().append(run_id, expected_version, facts, head, lease)
+        stored = await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         if any(isinstance(f, TaskCompleted) and f.task_id == "a" for f in facts):
             self.a_done.set()
         return stored
@@ -170,6 +176,7 @@ class Sibling:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.calls.append((step.name, attempt))
         if step.name in ("b", "c"):
@@ -211,6 +218,7 @@ class Blocked:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         if self.started == 3:
@@ -247,6 +255,7 @@ async def test_a_required_branch_failing_ends_the_run_and_stops_its_siblings(fai
             prompt: TaskPrompt,
             attempt: int,
             previous_errors: tuple[TypedError, ...],
+            sink: DeltaSink | None = None,
         ) -> AttemptOutcome:
             if step.name == failing:
                 from orchestration.core.outcomes import AttemptFailedOutcome
@@ -284,6 +293,7 @@ class Released:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.started += 1
         if self.started == 3:

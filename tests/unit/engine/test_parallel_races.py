@@ -6,15 +6,16 @@ one is a conflict)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact, TaskCompleted
 from orchestration.core.models import RunHead
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, VersionConflict
 from orchestration.store import Lease
 from stores.memory import MemoryStore
@@ -50,9 +51,11 @@ class ReadTogether(MemoryStore):
         facts: Sequence[Fact],
         head: RunHead,
         lease: Lease | None = None,
+        *,
+        flushing: Callable[[], None] | None = None,
     ) -> RunHead:
         try:
-            return await super().append(run_id, expected_version, facts, head, lease)
+            return await super().append(run_id, expected_version, facts, head, lease, flushing=flushing)
         except VersionConflict:
             self.conflicts += 1
             raise

@@ -13,8 +13,10 @@ import pytest
 
 from orchestration.chains import prompt_index
 from orchestration.chains.catalog import Catalog
-from orchestration.chains.prompts import TaskPrompt, describe, materialize, upstream_task_ids
+from orchestration.chains.prompt_index import describe
+from orchestration.chains.prompts import TaskPrompt, materialize, upstream_task_ids
 from orchestration.chains.schemas import answer_format
+from orchestration.core import StartRequest
 from orchestration.core.facts import Fact, TaskCompleted
 from orchestration.core.fold import apply
 from orchestration.core.graph import ancestors, is_parallel, latest
@@ -22,7 +24,7 @@ from orchestration.core.models import RunHead, TaskState, TypedError
 from orchestration.core.routing import routing_note
 from orchestration.core.vocabulary import TaskStatus
 from orchestration.engine.reading import read_outputs, read_prompt
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from stores.memory import MemoryStore
 from tests.unit.child_chains import child_runtime, drive_tree
 from tests.unit.helpers import ScriptedWorker, make_runtime, play

@@ -3,7 +3,7 @@ from __future__ import annotations
 import hashlib
 
 from orchestration.chains.prompts import TaskPrompt, materialize
-from orchestration.engine.runtime import StartRequest
+from orchestration.core import StartRequest
 from tests.unit.helpers import make_runtime, play
 
 

@@ -12,10 +12,11 @@ import httpx2
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.decide import WaitUntil
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
 from orchestration.workers.model_calls import make_http_client
 from orchestration.workers.provider_worker import (

@@ -11,12 +11,12 @@ from datetime import datetime
 
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import Action, ExpireGate, FailTask, RouteTask, StartAttempt, next_action
 from orchestration.core.facts import AttemptStarted
 from orchestration.core.fold import fold
 from orchestration.core.models import RunHead, TypedError
-from orchestration.engine.runtime import StartRequest
 from tests.unit.engine.test_crash_prefixes import BoundaryStore, record_decisions
 from tests.unit.helpers import Decision, make_runtime, play
 from tests.unit.routed import ROUTED_CATALOG, InstanceWorker, answer_for

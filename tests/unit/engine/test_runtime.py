@@ -6,8 +6,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from orchestration.core import Limits, StartRequest
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Limits, Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, Hint, InvalidArgument, InvalidState, RunNotFound, TooLarge
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 

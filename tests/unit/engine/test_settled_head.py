@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from orchestration.core import StartRequest
 from orchestration.core.facts import (
     AttemptFailed,
     AttemptStarted,
@@ -31,7 +32,6 @@ from orchestration.core.models import (
     text_hash,
 )
 from orchestration.core.vocabulary import TaskStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import CorruptRecord
 from stores._common import encode_head
 from stores.memory import MemoryStore

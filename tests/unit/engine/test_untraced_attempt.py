@@ -15,9 +15,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 import orchestration.tracing as tracing
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.models import ChainStep, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptOutcome
-from orchestration.engine.runtime import StartRequest
+from orchestration.workers.port import DeltaSink
 from tests.spans import TRACEPARENT, fresh_globals, global_provider
 from tests.unit.helpers import ScriptedWorker, make_runtime
 
@@ -35,6 +36,7 @@ class SpanNotingWorker(ScriptedWorker):
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.seen.append(trace.get_current_span())
         return await super().execute(contract, step, prompt, attempt, previous_errors)

@@ -17,8 +17,9 @@ from mcp.client.context import ClientRequestContext
 from mcp.types import ElicitRequestParams, ElicitResult, ErrorData
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError
 from server.app import ConstructApp
 from server.mcp.tasks import detailed_task

@@ -22,6 +22,7 @@ from mcp_types import RequestParamsMeta
 
 import orchestration.engine.drive as drive_module
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import Action, AwaitAgent, StartAttempt, next_action
 from orchestration.core.facts import AttemptStarted, RemoteRunStarted
@@ -29,7 +30,7 @@ from orchestration.core.fold import fold
 from orchestration.core.models import ExecutionContract, RunHead
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import awaited
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers.agent_calls import AgentEndpoint
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, _Observed, connect_mcp

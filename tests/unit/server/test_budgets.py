@@ -18,6 +18,7 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
+from orchestration.core import StartRequest
 from orchestration.core.budget import refusal, with_costs
 from orchestration.core.clock import ManualClock, SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage
@@ -27,9 +28,10 @@ from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, T
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
 from orchestration.workers.model_calls import make_http_client
+from orchestration.workers.port import DeltaSink
 from orchestration.workers.provider_worker import (
     ProviderEndpoint,
     ProviderSettings,
@@ -331,6 +333,7 @@ class Counting:
         prompt: TaskPrompt,
         attempt: int,
         previous_errors: tuple[TypedError, ...],
+        sink: DeltaSink | None = None,
     ) -> AttemptOutcome:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)

@@ -12,11 +12,11 @@ import anyio
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import child_run_id
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.children import refuse_detached
-from orchestration.engine.runtime import StartRequest
 from orchestration.errors import ConfigError, InvalidState
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.store import Tombstone

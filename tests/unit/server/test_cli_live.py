@@ -8,8 +8,8 @@ from typing import Any
 
 import anyio
 
+from orchestration.core import StartRequest
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import StartRequest
 from server.cli.live import TAIL_BACKLOG, follow, render_watch, tail
 from tests.unit.helpers import make_runtime, play
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestration.engine.runtime import StartRequest
+from orchestration.core import StartRequest
 from server.cli.main import run
 from stores.filesystem import FilesystemStore
 from tests.stores.test_export_import import rehashed, runtime_on, tamper

@@ -13,9 +13,9 @@ import pytest
 from mcp import Client
 from mcp.types import TextContent
 
+from orchestration.core import StartRequest
 from orchestration.core.facts import TaskCompleted
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import StartRequest
 from orchestration.ops.forking import ForkRequest, fork_run
 from server.app import ConstructApp
 from server.cli.main import run as cli_run

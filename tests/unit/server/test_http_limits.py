@@ -13,7 +13,7 @@ from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestration.engine.runtime import Limits
+from orchestration.core import Limits
 from orchestration.errors import ConfigError
 from server.settings.config import load_settings
 from server.transports.http import (

@@ -17,8 +17,9 @@ import pytest
 from pydantic import ValidationError
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from server.settings.config import ProviderTable, Settings
 from server.wiring import runtime_for
 from stores.memory import MemoryStore

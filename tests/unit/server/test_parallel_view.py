@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import io
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import StartRequest
 from server.cli.main import _print_view as print_view
-from server.views.run_view import Approve, run_view
+from server.views.next_step import Approve
+from server.views.run_view import run_view
 from server.views.timeline import render_timeline
 from stores.memory import MemoryStore
 from tests.unit.helpers import ScriptedWorker, make_runtime

@@ -11,8 +11,9 @@ from pathlib import Path
 from mcp import Client
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.models import RECORD_FORMAT
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from server.app import ConstructApp
 from server.settings.config import load_settings
 from stores.filesystem import FilesystemStore

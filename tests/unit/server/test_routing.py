@@ -11,10 +11,11 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import materialize
+from orchestration.core import StartRequest
 from orchestration.core.facts import RouteDecided, TaskCompleted
 from orchestration.core.models import RECORD_FORMAT, ChainStep, instance_id
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError, InvalidArgument
 from server.cli.main import _print_view as print_view
 from server.views.run_view import run_view

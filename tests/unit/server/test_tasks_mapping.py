@@ -1,6 +1,8 @@
 """The MCP Tasks mapping (:func:`server.mcp.tasks.detailed_task`): every run status, from views of
 real runs on the memory store (``running``, which a run holds only inside a drive, is the queued
-run's view with a task in progress)."""
+run's view with a task in progress). A run that waits for what a task-aware client cannot give
+through ``tasks/update`` (a host task, a gate it has no form for) is handed over: ``completed``
+with the run's view."""
 
 from __future__ import annotations
 
@@ -11,15 +13,16 @@ from pathlib import Path
 import pytest
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.models import TypedError
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from server.mcp.tasks import (
-    HOST_TASKS_META,
     POLL_WAITING_MS,
     POLL_WORKING_MS,
     RUN_ENDED_ERROR,
     detailed_task,
+    hands_over,
     tool_result,
 )
 from server.views.children_view import with_children
@@ -27,19 +30,21 @@ from server.views.run_view import RunView, run_view
 from tests.acceptance.task_client import conforms
 from tests.unit.helpers import ScriptedWorker, make_runtime, play
 
-#: The task status each run status maps to (SEP-2663's five).
+#: The task status each run status maps to (SEP-2663's five), for a caller given no gate form.
 EXPECTED = {
     RunStatus.QUEUED: "working",
     RunStatus.RUNNING: "working",
-    RunStatus.AWAITING_APPROVAL: "input_required",
-    RunStatus.AWAITING_HOST: "input_required",
+    # no form to put in inputRequests: handed over with the view (test_a_gate_carries_...: with one)
+    RunStatus.AWAITING_APPROVAL: "completed",
+    # the host's model does the task: the client gets the view that says so
+    RunStatus.AWAITING_HOST: "completed",
     RunStatus.COMPLETED: "completed",
     RunStatus.COMPLETED_WITH_FAILURES: "completed",
     RunStatus.FAILED: "failed",
     RunStatus.REJECTED: "failed",
     RunStatus.CANCELLED: "cancelled",
     # the views() case: the child run waits for the host (a child at work: "working", below)
-    RunStatus.AWAITING_CHILDREN: "input_required",
+    RunStatus.AWAITING_CHILDREN: "completed",
     # the server follows an agent step's remote run: nothing is asked of the caller
     RunStatus.AWAITING_AGENT: "working",
 }
@@ -142,10 +147,32 @@ async def test_every_run_status_maps_to_a_task(status: RunStatus) -> None:
         assert (field in task) == (task["status"] == task_status), (task_status, field)
     # As the extension's schema has it (the SDK adds resultType "complete" to a tasks/get answer).
     conforms("GetTaskResult", {**task, "resultType": "complete"})
-    # The seed state a tools/call answers with: resultType task, the same status, no payload.
+    # The seed state a tools/call answers with: resultType task, the same status, no result or error.
     seed = conforms("CreateTaskResult", detailed_task(view, created=True))
     assert seed["resultType"] == "task" and seed["status"] == task["status"]
-    assert not set(PAYLOAD.values()) & set(seed)
+    assert not {"result", "error"} & set(seed)
+
+
+FORM = {"method": "elicitation/create", "params": {"mode": "form", "message": "decide"}}
+ENDED = (RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_FAILURES)
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+@pytest.mark.parametrize("forms", [{}, {"gate:before:writer": FORM}], ids=["no-form", "a-form"])
+async def test_input_required_always_carries_the_forms_it_waits_for(
+    status: RunStatus, forms: dict[str, dict[str, object]]
+) -> None:
+    view = (await views())[status]
+    for created in (False, True):
+        task = detailed_task(view, forms, created=created)
+        if task["status"] == "input_required":
+            assert forms and task["inputRequests"] == forms, task
+        # Handed over: a run that waits for someone, with no form to give, is a final result.
+        handed = hands_over(view, forms)
+        assert handed == (task["status"] == "completed" and status not in ENDED), (status, task["status"])
+        if handed and not created:
+            assert task["result"] == tool_result(view)
+            assert task["statusMessage"].startswith("handed over: ")
 
 
 async def test_a_parent_whose_child_is_at_work_is_working() -> None:
@@ -157,46 +184,48 @@ async def test_a_parent_whose_child_is_at_work_is_working() -> None:
     assert child in task["statusMessage"] and "inputRequests" not in task
 
 
-async def test_a_parent_whose_child_waits_names_the_call_on_the_child() -> None:
+async def test_a_parent_whose_child_waits_is_handed_over_naming_the_call_on_the_child() -> None:
     view = (await views())[RunStatus.AWAITING_CHILDREN]
     (child,) = view.children
     task = detailed_task(view)
-    message = task["statusMessage"]
+    assert task["status"] == "completed" and "inputRequests" not in task
     call = json.dumps({"run_id": child.run_id, "task_id": "writer"})
-    assert f"call orchestrate_resume with {call} plus output" in message
-    # The child's task is answered on the child, with a tool call: nothing in inputRequests.
-    assert task["inputRequests"] == {}
+    assert f"call orchestrate_resume with {call} plus output" in task["statusMessage"]
+    # The result is the parent's view, whose next action is the child's host task.
+    action = task["result"]["structuredContent"]["next_action"]
+    assert (action["kind"], action["arguments"]) == ("run_host_task", json.loads(call))
 
 
-async def test_a_host_task_names_the_call_that_continues_it() -> None:
+async def test_a_host_task_is_handed_over_with_the_view_that_names_it() -> None:
     view = (await views())[RunStatus.AWAITING_HOST]
     task = detailed_task(view)
-    message = task["statusMessage"]
+    assert task["status"] == "completed" and task["pollIntervalMs"] == POLL_WORKING_MS
     call = json.dumps({"run_id": view.run_id, "task_id": "writer"})
-    assert f"call orchestrate_resume with {call} plus output" in message
-    (host,) = task["_meta"][HOST_TASKS_META]
-    assert host["task_id"] == "writer" and host["system_prompt"] and host["user_prompt"]
-    # The host answers with a tool call, not with tasks/update: nothing to answer in inputRequests.
-    assert task["inputRequests"] == {}
+    assert f"call orchestrate_resume with {call} plus output" in task["statusMessage"]
+    # The prompts are in the result, the plain answer of the tools: no private _meta key.
+    assert "_meta" not in task and "inputRequests" not in task
+    action = task["result"]["structuredContent"]["next_action"]
+    assert action["kind"] == "run_host_task" and action["task_id"] == "writer"
+    assert action["system_prompt"] and action["user_prompt"]
+    # Forms do not keep a run that waits for the host's model from being handed over.
+    assert detailed_task(view, {"gate:before:writer": FORM})["status"] == "completed"
 
 
 async def test_a_gate_carries_the_forms_it_is_given() -> None:
     view = (await views())[RunStatus.AWAITING_APPROVAL]
-    form = {"method": "elicitation/create", "params": {"mode": "form", "message": "decide"}}
-    task = detailed_task(view, {"gate:before:writer": form})
-    assert task["inputRequests"] == {"gate:before:writer": form}
+    task = detailed_task(view, {"gate:before:writer": FORM})
+    assert task["status"] == "input_required" and task["pollIntervalMs"] == POLL_WAITING_MS
+    assert task["inputRequests"] == {"gate:before:writer": FORM}
     call = json.dumps({"run_id": view.run_id, "gate_id": "before:writer", "decision": "approve"})
-    assert (
-        "tasks/update" in task["statusMessage"]
-        and f"call orchestrate_approve with {call}" in task["statusMessage"]
-    )
-    # A caller who may not decide it is given no form, and told who may.
-    unasked = detailed_task(view)["statusMessage"]
-    assert (
-        "tasks/update" not in unasked
-        and f"someone who may decide it calls orchestrate_approve with {call}" in unasked
-    )
-    assert HOST_TASKS_META not in task.get("_meta", {})
+    message = task["statusMessage"]
+    assert "tasks/update" in message and f"call orchestrate_approve with {call}" in message
+    # A caller given no form (no elicitation, or not one who may decide) gets the view, told who may.
+    unasked = detailed_task(view)
+    assert unasked["status"] == "completed"
+    assert unasked["result"]["structuredContent"]["next_action"]["gate_id"] == "before:writer"
+    message = unasked["statusMessage"]
+    assert "tasks/update" not in message
+    assert f"someone who may decide it calls orchestrate_approve with {call}" in message
 
 
 async def test_completed_carries_the_final_view_and_lists_failures() -> None:

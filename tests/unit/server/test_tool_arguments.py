@@ -21,7 +21,8 @@ from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent
 
 from orchestration.chains.catalog import Catalog
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.core import StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument, TooLarge
 from server.app import ConstructApp
 from server.mcp.arguments import HOST_ADDED_ARGUMENTS

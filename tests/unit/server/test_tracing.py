@@ -21,11 +21,12 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock, SystemClock
 from orchestration.core.facts import AttemptStarted, RunCreated, TaskCompleted, parse_fact, parse_head
 from orchestration.core.fold import apply_write
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.tracing import current_traceparent, parent_context
 from orchestration.workers.model_calls import make_http_client
 from orchestration.workers.provider_worker import (

@@ -196,7 +196,8 @@ def test_a_non_object_answer_is_refused() -> None:
 
 
 async def test_a_typed_steps_prompt_carries_the_answer_format(tmp_path: Path) -> None:
-    from orchestration.engine.runtime import Runtime, StartRequest
+    from orchestration.core import StartRequest
+    from orchestration.engine.runtime import Runtime
     from stores.memory import MemoryStore
 
     catalog = load(

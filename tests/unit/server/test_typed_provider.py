@@ -16,10 +16,11 @@ import pytest
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.schemas import BUILTIN_SCHEMAS
+from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.facts import AttemptFailed, TaskCompleted
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError
 from orchestration.workers.anthropic import AnthropicClient
 from orchestration.workers.model_calls import ProviderCallError, ProviderRequest, make_http_client

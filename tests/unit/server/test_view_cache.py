@@ -11,7 +11,7 @@ import pytest
 from orchestration.core.facts import Fact
 from orchestration.core.inputs import StartRequest
 from orchestration.engine.dispatcher import Dispatcher
-from orchestration.engine.runtime import RunSnapshot
+from orchestration.engine.reading import RunSnapshot
 from server.identity import LOCAL, Caller, NamedToken, Role, caller_for
 from server.mcp import services as services_module
 from server.mcp.services import Services

@@ -10,10 +10,12 @@ import jsonschema  # type: ignore[import-untyped]  # ships no type information
 import pytest
 from pydantic import Field, TypeAdapter
 
+from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.models import TypedError, text_hash
 from orchestration.core.vocabulary import RunStatus
-from orchestration.engine.runtime import RunSnapshot, Runtime, StartRequest
+from orchestration.engine.reading import RunSnapshot
+from orchestration.engine.runtime import Runtime
 from orchestration.errors import (
     Conflict,
     ConstructError,
@@ -29,18 +31,14 @@ from orchestration.errors import (
 from server.mcp.arguments import error_result
 from server.mcp.tool_hints import tool_message
 from server.views.listing import run_summary, runs_page
+from server.views.next_step import Approve, Done, NextAction, RunHostTask, Wait
 from server.views.outline import Outlined
 from server.views.run_view import (
     OUTPUT_PREVIEW_CHARS,
     REQUEST_PREVIEW_CHARS,
-    Approve,
     ChainView,
-    Done,
     ErrorView,
-    NextAction,
-    RunHostTask,
     RunView,
-    Wait,
     run_view,
     semantics,
 )

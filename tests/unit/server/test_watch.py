@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import anyio
 
+from orchestration.core import StartRequest
 from orchestration.core.models import RunHead
-from orchestration.engine.runtime import Runtime, StartRequest
+from orchestration.engine.runtime import Runtime
 from server.mcp.subscriptions import RunSubscriptions, run_id_of
 from stores.memory import MemoryStore
 from tests.unit.helpers import make_runtime
