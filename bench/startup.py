@@ -10,11 +10,15 @@ filesystem store) ``--spawns`` times, one after another, and on each:
   to its stdin at once, and measures the wall time from the spawn to the answer on its stdout;
 * then sends ``notifications/initialized`` and ``tools/list``, and measures the time from the spawn
   to the ``tools/list`` answer;
+* then sends ``ping``, which only the server itself answers, and measures the time from the spawn to
+  that answer: when the server is serving;
 * closes stdin and waits for the process to exit.
 
-It prints the median, p90 and max of both, and the imports that cost most when ``server.cli.main``
-and the stdio server are imported (``python -X importtime``, cumulative), to show what stands in the
-way.
+It prints the median, p90 and max of the three; what the process imports before it answers
+``initialize`` and ``tools/list`` (``serve`` answers them before it imports the server, see
+``server/transports/handshake.py``), with the imports that cost most there; and the imports that
+cost most when ``server.cli.main`` and the stdio server are imported (``python -X importtime``,
+cumulative), which is what stands between those answers and the server serving.
 
     python bench/startup.py [--spawns 10] [--check] [--top 8]
 
@@ -50,6 +54,9 @@ PROTOCOL_VERSION = "2025-06-18"
 ANSWER_TIMEOUT_SECONDS = 30.0
 #: what ``-X importtime`` is asked to import: the CLI, then the stdio server ``serve`` builds
 IMPORTS = "import server.cli.main, server.app"
+#: what ``serve`` imports before it answers ``initialize``: the entry point, and what it needs to
+#: build the answer (the package version through ``importlib.metadata``)
+EARLY_IMPORTS = "import server.__main__; server.__main__.inline_card()"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +67,7 @@ class Spawn:
 
     initialize: float
     tools_list: float
+    served: float
     tools: int
 
 
@@ -83,6 +91,7 @@ INITIALIZE = _message(
 )
 INITIALIZED = _message(None, "notifications/initialized")
 TOOLS_LIST = _message(2, "tools/list", {})
+PING = _message(3, "ping")
 
 
 class _Lines:
@@ -149,9 +158,13 @@ def spawn_once(executable: str, home: Path) -> Spawn:
         proc.stdin.flush()
         listed = lines.answer(2, deadline)
         tools_listed = time.perf_counter() - started
+        proc.stdin.write(PING)
+        proc.stdin.flush()
+        lines.answer(3, deadline)
+        served = time.perf_counter() - started
         result = listed.get("result")
         tools = result.get("tools", []) if isinstance(result, dict) else []
-        return Spawn(initialized, tools_listed, len(tools) if isinstance(tools, list) else 0)
+        return Spawn(initialized, tools_listed, served, len(tools) if isinstance(tools, list) else 0)
     finally:
         lines.close()
         proc.stdin.close()
@@ -164,12 +177,12 @@ def spawn_once(executable: str, home: Path) -> Spawn:
             proc.stdout.close()
 
 
-def top_imports(count: int) -> list[tuple[float, str]]:
-    """The ``count`` imports with the largest cumulative time (seconds, module) under ``IMPORTS``,
+def top_imports(count: int, imports: str = IMPORTS) -> list[tuple[float, str]]:
+    """The ``count`` imports with the largest cumulative time (seconds, module) under ``imports``,
     from a fresh interpreter with ``-X importtime``; one module is shown once, at its outermost
     import, with the modules it imported on its behalf left out (they are in its figure)."""
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", IMPORTS],
+        [sys.executable, "-X", "importtime", "-c", imports],
         capture_output=True,
         text=True,
         check=True,
@@ -221,8 +234,13 @@ def main() -> int:
     print(f"construct-mcp serve (stdio, filesystem store, fresh home), {len(spawns)} spawns:")
     row("spawn -> initialize answered", [s.initialize for s in spawns])
     row("spawn -> tools/list answered", [s.tools_list for s in spawns])
+    row("spawn -> ping answered (serving)", [s.served for s in spawns])
     print(f"  tools listed: {spawns[-1].tools}")
 
+    early = top_imports(args.top, EARLY_IMPORTS)
+    print(f"\nimported before the early answers (python -X importtime -c '{EARLY_IMPORTS}'):")
+    for seconds, name in early:
+        print(f"  {seconds:.3f} s  {name}")
     print(f"\nthird-party imports that cost most (python -X importtime -c '{IMPORTS}'):")
     for seconds, name in top_imports(args.top):
         print(f"  {seconds:.3f} s  {name}")

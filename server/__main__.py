@@ -1,8 +1,94 @@
-"""``python -m server`` is ``construct-mcp``."""
+"""``python -m server`` and the ``construct-mcp`` console script.
+
+``construct-mcp serve`` on stdio answers the host's ``initialize`` (and its first ``tools/list``)
+before it imports the server (:mod:`server.transports.handshake`): only the standard library and
+the modules named below are imported first, then the command line (:mod:`server.cli.main`) runs as
+for any other command.
+"""
 
 from __future__ import annotations
 
-from server.cli.main import main
+import sys
+from collections.abc import Sequence
+
+from server.mcp.server_card import (
+    CAPABILITIES,
+    SERVER_NAME,
+    SERVER_TITLE,
+    default_tools_list,
+    instructions_with,
+    server_version,
+)
+from server.settings.early import early_settings
+from server.transports.handshake import EarlyInput, ServerCard, answer_initialize_early
+
+#: ``serve``'s options that take a value, and the values the early answer allows for the ones
+#: that are checked (None: any); any other argument leaves ``initialize`` to the server.
+_SERVE_OPTIONS: dict[str, frozenset[str] | None] = {
+    "--transport": frozenset({"stdio"}),
+    "--home": None,
+    "--config": None,
+    "--store": None,
+    "--log-level": frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}),
+    "--host": None,
+    "--port": None,
+}
+
+
+def stdio_serve_options(argv: Sequence[str]) -> dict[str, str] | None:
+    """The options of ``serve`` on stdio in ``argv`` (option -> value), or None when ``argv`` is
+    another command, another transport, or anything the command line might refuse (the server then
+    answers ``initialize`` itself, after the command line has had its say)."""
+    if not argv or argv[0] != "serve":
+        return None
+    options: dict[str, str] = {}
+    rest = list(argv[1:])
+    while rest:
+        option, joined, value = rest.pop(0).partition("=")
+        if option not in _SERVE_OPTIONS or option in options:
+            return None
+        if not joined:
+            if not rest or rest[0].startswith("-"):
+                return None
+            value = rest.pop(0)
+        allowed = _SERVE_OPTIONS[option]
+        if (allowed is not None and value not in allowed) or (option == "--port" and not value.isdigit()):
+            return None
+        options[option] = value
+    return options
+
+
+def inline_card(default_limits: bool = True) -> ServerCard:
+    """What is answered early when the worker backend is ``inline`` (instructions without a
+    warning), as :meth:`server.app.ConstructApp.build_server` builds the server then; with the
+    tools' list when the size limits are the defaults."""
+    tools = default_tools_list() if default_limits else None
+    return ServerCard(
+        SERVER_NAME, SERVER_TITLE, server_version(), instructions_with(None), CAPABILITIES, tools
+    )
+
+
+def answer_early(argv: Sequence[str]) -> EarlyInput | None:
+    """For ``serve`` on stdio whose instructions are known without loading the settings: start
+    answering ``initialize`` (and ``tools/list``) on stdin (see :mod:`server.transports.handshake`)."""
+    options = stdio_serve_options(argv)
+    if options is None:
+        return None
+    sure = early_settings(options.get("--home"), options.get("--config"))
+    if not sure.inline:
+        return None
+    try:
+        return answer_initialize_early(inline_card(sure.default_limits))
+    except OSError:
+        return None  # no stdin or stdout to duplicate: the server meets the same and says so
+
+
+def main() -> None:
+    answer_early(sys.argv[1:])
+    from server.cli.main import main as cli_main
+
+    cli_main()
+
 
 if __name__ == "__main__":
     main()

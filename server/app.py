@@ -53,6 +53,8 @@ from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.protocol_errors import CodedErrors
 from server.mcp.resources import register_resources
+from server.mcp.server_card import INSTRUCTIONS as INSTRUCTIONS  # named here too: what hosts read
+from server.mcp.server_card import SERVER_NAME, SERVER_TITLE, instructions_with, server_version
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
@@ -87,23 +89,12 @@ SHUTDOWN_GRACE_SECONDS = 1.0
 #: holding an SSE stream open keeps the server from ever reaching its lifespan's shutdown.
 HTTP_SHUTDOWN_TIMEOUT_SECONDS = 3
 
-INSTRUCTIONS = """\
-construct-mcp runs durable specialist chains (for example architect -> engineer -> reviewer).
-Start one with orchestrate_start. Every answer is a run view whose next_action says what to do,
-with the call to make: send its arguments to its tool. Its kind is run_host_task (do the task with
-your own model, then call the tool with arguments plus output, your answer), approve (ask the user,
-then call it with decision set to their choice, one of choices), wait (the call waits) or none
-(finished: it names no call; stop). Parallel steps may wait at once: more_actions lists the
-others, each like next_action; do them in any order, or at once.
-Views show task outputs as previews; run_status(run_id, detail='full') shows them whole.
-Runs survive server restarts: keep the run_id and call run_status to pick a run up again."""
-
 
 def instructions_for(settings: Settings) -> str:
-    """The ``instructions`` a host receives when it connects: :data:`INSTRUCTIONS`, and a
-    warning a model must know before it starts a run (a provider backend without a key)."""
-    key = missing_key_warning(settings)
-    return INSTRUCTIONS if key is None else f"{INSTRUCTIONS}\nWarning: {key}."
+    """The ``instructions`` a host receives when it connects:
+    :data:`~server.mcp.server_card.INSTRUCTIONS`, and a warning a model must know before it starts a
+    run (a provider backend without a key)."""
+    return instructions_with(missing_key_warning(settings))
 
 
 class ConstructApp:
@@ -130,10 +121,10 @@ class ConstructApp:
         tools = build_tools(limits)
         panel = panel_extension(tools)  # the run panel (MCP Apps): marks two of the tools
         server: MCPServer[Services] = MCPServer(
-            "construct-mcp",
-            title="construct-mcp: durable specialist chains",
+            SERVER_NAME,
+            title=SERVER_TITLE,
             instructions=instructions_for(self.settings),
-            version=_version(),
+            version=server_version(),
             lifespan=self.lifespan,
             subscriptions=self._bus,
             log_level=self.settings.log_level,
@@ -353,15 +344,6 @@ async def _close_store(opened: OpenedRunStore) -> None:
     with anyio.CancelScope(shield=True):
         await opened.store.close()
     log.info("store closed", extra={"action": "store_closed"})
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("construct-mcp")
-    except Exception:  # pragma: no cover - running from a source tree without metadata
-        return "0"
 
 
 def _write_pid_file(path: Path | None) -> None:

@@ -16,7 +16,10 @@ Everywhere else the server uses the SDK's public API. What is here has no public
 * **Serving stdio from checked lines.** ``MCPServer.run_stdio_async`` is the SDK's stdio
   transport around the low-level server's ``run``; :func:`run_stdio` is the same with the lines the
   transport reads given (:mod:`server.transports.invalid_messages` checks each first) and its write
-  stream handed out (to answer a line that never reaches the server).
+  stream handed out (to answer a line that never reaches the server); and, when requests were
+  answered before the SDK was imported (:mod:`server.transports.handshake`), the SDK's own answers
+  to them dropped on their way to stdout (:class:`DropsEarlyAnswers`), as the stdio transport
+  writes them (``model_dump_json(by_alias=True, exclude_unset=True)``, to compare).
 * **The connection behind a session.** ``ServerRequestContext`` gives handlers a per-request
   ``ServerSession``; the per-client ``Connection`` behind it (to know that two requests come from
   the same client, and to hook the end of that client) is private: :func:`connection_of`,
@@ -30,7 +33,7 @@ bounds ``mcp`` to the minor version those tests passed with.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from mcp.server import MCPServer
@@ -42,7 +45,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
-from mcp_types import RequestParams
+from mcp_types import JSONRPCError, JSONRPCResponse, RequestParams
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -113,16 +116,73 @@ def streamable_http_app(
 
 
 async def run_stdio(
-    server: MCPServer[Any], lines: AsyncIterable[str], answer_on: Callable[[SendsMessages], None]
+    server: MCPServer[Any],
+    lines: AsyncIterable[str],
+    answer_on: Callable[[SendsMessages], None],
+    answered: Callable[[], Sequence[AnsweredRequest]] | None = None,
 ) -> None:
     """Serve ``server`` over stdio as ``run_stdio_async`` does (fd 1 diverted to stderr while it
     serves), reading ``lines`` instead of stdin; ``answer_on`` gets the stream the transport writes
-    to stdout from, before the first line is read."""
+    to stdout from, before the first line is read. ``answered`` says which requests were answered
+    before the server started (asked when the first answer is written, by then it is known): the
+    server's answers to them are not written."""
     stdin: Any = lines  # the transport only iterates over it
     async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         answer_on(write_stream)
         lowlevel = server._lowlevel_server
-        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+        out: Any = write_stream if answered is None else DropsEarlyAnswers(write_stream, answered)
+        await lowlevel.run(read_stream, out, lowlevel.create_initialization_options())
+
+
+class AnsweredRequest(Protocol):
+    """A request answered before the server started: its id and the answer's line (no newline)."""
+
+    @property
+    def request_id(self) -> str | int: ...
+
+    @property
+    def line(self) -> str: ...
+
+
+class DropsEarlyAnswers:
+    """The transport's write stream, less the server's first answer to each request ``answered``
+    lists (the client has its answers already). An answer that differs from the one written is
+    logged as an error: the early answers (:mod:`server.transports.handshake`) are meant to be the
+    same, byte for byte."""
+
+    def __init__(self, inner: Any, answered: Callable[[], Sequence[AnsweredRequest]]) -> None:
+        self._inner = inner
+        self._answered = answered
+        self._pending: dict[str | int, str] | None = None  # request id -> the line written early
+
+    async def send(self, item: SessionMessage, /) -> None:
+        message = item.message
+        if isinstance(message, JSONRPCResponse | JSONRPCError):
+            if self._pending is None:
+                self._pending = {early.request_id: early.line for early in self._answered()}
+            early = self._pending.pop(message.id, None) if message.id is not None else None
+            if early is not None:
+                line = message.model_dump_json(by_alias=True, exclude_unset=True)
+                if line != early:
+                    log.error(
+                        "an early answer differs from the server's: %s instead of %s",
+                        early,
+                        line,
+                        extra={"action": "early_initialize_differs"},
+                    )
+                return
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> DropsEarlyAnswers:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        result: bool | None = await self._inner.__aexit__(*exc_info)
+        return result
 
 
 class SendsMessages(Protocol):

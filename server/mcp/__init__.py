@@ -1,6 +1,7 @@
 """The MCP surface: the tools and their strict arguments, what every tool does around its own work
 (roles, bounded waits), runs as resources and their subscriptions, chains as prompts, elicitation at
-gates, MCP Tasks, and the objects a server process hands to all of them (:mod:`server.mcp.services`)."""
+gates, MCP Tasks, what a host learns on connecting (:mod:`server.mcp.server_card`), and the objects a
+server process hands to all of them (:mod:`server.mcp.services`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ __all__ = [
     "elicit",
     "fork_tool",
     "resources",
+    "server_card",
     "services",
     "subscriptions",
     "tasks",

@@ -24,6 +24,11 @@ request id, a stand-in request with that id is passed on instead, which the serv
 ``too_large`` error. So the server holds at most one bound's worth of a message. (Without a relay,
 when stdin cannot be duplicated, lines are unbounded, and unchecked: see
 :mod:`server.transports.invalid_messages`.)
+
+When the process answered ``initialize`` before the SDK was imported
+(:mod:`server.transports.handshake`), the relay first passes on what that early reader read, the
+``initialize`` request included, and the SDK's own answer to that request is dropped
+(:func:`server.sdk.run_stdio`): the SDK serves the session from its first message all the same.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import re
 import select
 import signal
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -45,6 +51,7 @@ from mcp.shared.exceptions import MCPError
 
 from server import sdk
 from server.sdk import set_request_handler
+from server.transports.handshake import EarlyInput, take_early_input
 from server.transports.invalid_messages import CUT_MARK, CheckedLines
 
 log = logging.getLogger("construct.server")
@@ -81,10 +88,14 @@ def request_id_in(head: bytes) -> str | int | None:
 
 
 class StdinRelay:
-    """Copies the process's stdin into a pipe that replaces it as fd 0, until :meth:`end`."""
+    """Copies the process's stdin into a pipe that replaces it as fd 0, until :meth:`end`; first
+    what ``early`` read from it, if stdin was read before the relay started."""
 
-    def __init__(self, fd: int = 0, max_line_bytes: int | None = None) -> None:
+    def __init__(
+        self, fd: int = 0, max_line_bytes: int | None = None, early: EarlyInput | None = None
+    ) -> None:
         self._max_line_bytes = max_line_bytes
+        self._early = early
         self._line_bytes = 0  # bytes of the current line copied so far
         self._head = b""  # the current line's first bytes
         self._skipping = False  # dropping the rest of an over-long line
@@ -121,6 +132,11 @@ class StdinRelay:
 
     def _copy(self) -> None:
         try:
+            if self._early is not None:
+                # Read on from where the early reader stopped, once it has stopped.
+                read = self._early.wait()
+                if read and not self._relay(read):
+                    return
             while chunk := os.read(self._source, _CHUNK):
                 if not self._relay(chunk):
                     return
@@ -225,8 +241,10 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
     """Serve ``server`` over stdio until the end of stdin or SIGTERM, whichever comes first; both
     end the same way (see the module docstring). A line over ``max_line_bytes`` is refused."""
     set_request_handler(server, TOO_LARGE_METHOD, _TooLargeParams, _too_large)
+    early = take_early_input()
+    answered = (lambda: tuple(early.answered)) if early is not None else None
     try:
-        relay = StdinRelay(max_line_bytes=max_line_bytes)
+        relay = StdinRelay(max_line_bytes=max_line_bytes, early=early)
     except OSError as exc:
         # No usable stdin descriptor: serve as the SDK does; SIGTERM then just ends the process.
         log.warning(
@@ -235,7 +253,10 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
             exc,
             extra={"action": "stdin_relay_unavailable"},
         )
-        await server.run_stdio_async()
+        if early is None:
+            await server.run_stdio_async()
+        else:
+            await sdk.run_stdio(server, _after_early(early), lambda _write: None, answered)
         return
     relay.start()
     # An open descriptor (a pipe): nothing here blocks; its lines are read in a worker thread.
@@ -244,10 +265,27 @@ async def serve_stdio(server: MCPServer[Any], max_line_bytes: int | None = None)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_end_input_on_sigterm, relay)
-                await sdk.run_stdio(server, lines, lines.answer_on)
+                await sdk.run_stdio(server, lines, lines.answer_on, answered)
                 tg.cancel_scope.cancel()
         finally:
             relay.end()
+
+
+async def _after_early(early: EarlyInput) -> AsyncIterator[str]:
+    """The lines ``early`` read, then the rest of stdin (without a relay: unbounded, unchecked)."""
+    pending = await anyio.to_thread.run_sync(early.wait)
+    with open(os.dup(0), "rb") as rest:  # noqa: ASYNC230
+        source = anyio.wrap_file(rest)
+        while True:
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield (line + b"\n").decode("utf-8", errors="replace")
+            more = await source.readline()
+            if not more:
+                break
+            pending += more
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
 
 
 def _take_input(fd: int = 0) -> int:

@@ -38,10 +38,12 @@ PUBLIC = frozenset(
 )
 #: what ``stores`` may use of ``orchestration``: the records, never the engine
 STORES_MAY_USE = frozenset({"orchestration.core", "orchestration.errors", "orchestration.store"})
-#: where the process environment may be read: the settings, and the one lookup of an agent's
-#: token at call time (module -> the functions allowed in it; empty: the whole module)
+#: where the process environment may be read: the settings (and the one setting stdio's early
+#: ``initialize`` needs before they can be loaded), and the one lookup of an agent's token at call
+#: time (module -> the functions allowed in it; empty: the whole module)
 ENVIRONMENT_READERS: dict[str, frozenset[str]] = {
     "server.settings.config": frozenset({"load_settings"}),
+    "server.settings.early": frozenset({"early_settings"}),
     "orchestration.workers.mcp_agents": frozenset({"token_from_environment"}),
 }
 

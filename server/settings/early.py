@@ -1,0 +1,74 @@
+"""What the stdio transport's early answers depend on, found without loading the settings.
+
+The ``instructions`` a host receives carry a warning only when the worker backend is ``provider``
+(:func:`server.settings.providers.missing_key_warning`), and the tools listed depend on the settings
+only through the size limits (``max_request_chars``, ``max_output_chars``). The stdio transport
+answers ``initialize`` and the first ``tools/list`` before anything heavy is imported
+(:mod:`server.transports.handshake`), and loading the settings imports the domain and, through it,
+the MCP SDK. So :func:`early_settings` reads those settings the way
+:func:`server.settings.config.load_settings` does (the config file over the environment over the
+defaults; ``serve`` has no flag for them), with the standard library alone, and says "surely" only
+when nothing is in doubt: a file it cannot read or parse, or any value but the default, leaves the
+answer to the server once its settings are loaded. ``tests/unit/server/test_early_initialize.py``
+holds it to :func:`~server.settings.config.load_settings`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+#: As in :mod:`server.settings.config` (a test keeps them the same).
+DEFAULT_HOME = "~/.construct"
+CONFIG_FILE_NAME = "construct.toml"
+HOME_VARIABLE = "CONSTRUCT_HOME"
+BACKEND_VARIABLE = "CONSTRUCT_WORKER_BACKEND"
+BACKEND_KEY = "worker_backend"
+INLINE = "inline"
+#: the settings the tools' definitions depend on (config file key -> environment variable)
+LIMITS = {
+    "max_request_chars": "CONSTRUCT_MAX_REQUEST_CHARS",
+    "max_output_chars": "CONSTRUCT_MAX_OUTPUT_CHARS",
+}
+
+
+@dataclass(frozen=True)
+class EarlySettings:
+    """What is sure before the settings are loaded."""
+
+    #: the worker backend is ``inline``: the instructions carry no warning
+    inline: bool
+    #: the size limits are the defaults: the tools are listed as for the default settings
+    default_limits: bool
+
+
+UNSURE = EarlySettings(inline=False, default_limits=False)
+
+
+def early_settings(
+    home: str | None = None, config_file: str | None = None, env: Mapping[str, str] | None = None
+) -> EarlySettings:
+    """What is sure of the settings ``--home home --config config_file`` and ``env`` (default: the
+    process environment) resolve to, without loading them."""
+    env = os.environ if env is None else env
+    raw_home = home if home is not None else env.get(HOME_VARIABLE) or DEFAULT_HOME
+    if not raw_home.strip():
+        return UNSURE  # a configuration error, for the settings to report
+    path = Path(config_file) if config_file is not None else Path(raw_home).expanduser() / CONFIG_FILE_NAME
+    table: dict[str, object] = {}
+    try:
+        if config_file is not None or path.is_file():
+            table = tomllib.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return UNSURE
+    inline = (
+        table[BACKEND_KEY] == INLINE if BACKEND_KEY in table else env.get(BACKEND_VARIABLE, INLINE) == INLINE
+    )
+    default_limits = not any(key in table or variable in env for key, variable in LIMITS.items())
+    return EarlySettings(inline=inline, default_limits=default_limits)
+
+
+__all__ = ["UNSURE", "EarlySettings", "early_settings"]
