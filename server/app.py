@@ -53,7 +53,6 @@ from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.protocol_errors import CodedErrors
 from server.mcp.resources import register_resources
-from server.mcp.server_card import INSTRUCTIONS as INSTRUCTIONS  # named here too: what hosts read
 from server.mcp.server_card import SERVER_NAME, SERVER_TITLE, instructions_with, server_version
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from server.app import INSTRUCTIONS, instructions_for
+from server.app import instructions_for
 from server.cli.main import run
+from server.mcp.server_card import INSTRUCTIONS
 from server.settings.config import load_settings, resolve_home
 from server.settings.providers import missing_key_warning
 
