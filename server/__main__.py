@@ -83,8 +83,34 @@ def answer_early(argv: Sequence[str]) -> EarlyInput | None:
         return None  # no stdin or stdout to duplicate: the server meets the same and says so
 
 
+#: what ``serve`` on stdio says to a person who started it in a terminal (stdin a terminal: no
+#: host application is on the other end), on stderr; it serves all the same
+TERMINAL_HINT = (
+    "construct-mcp serve: this is an MCP server for a host application, which starts it and speaks "
+    "JSON-RPC on its stdin and stdout (see docs/hosts.md). To try it by hand, run "
+    "'construct-mcp demo'; for the runs page in a browser, 'construct-mcp serve --transport "
+    "streamable-http' (http://127.0.0.1:8000/runs). Ctrl-C stops it.\n"
+)
+
+
+def on_stdio(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is ``serve`` on the stdio transport (its default)."""
+    if not argv or argv[0] != "serve":
+        return False
+    for at, arg in enumerate(argv):
+        if arg.startswith("--transport="):
+            return arg.partition("=")[2] == "stdio"
+        if arg == "--transport":
+            return argv[at + 1 : at + 2] == ["stdio"]
+    return True
+
+
 def main() -> None:
-    answer_early(sys.argv[1:])
+    argv = sys.argv[1:]
+    if on_stdio(argv) and sys.stdin.isatty():
+        sys.stderr.write(TERMINAL_HINT)
+        sys.stderr.flush()
+    answer_early(argv)
     from server.cli.main import main as cli_main
 
     cli_main()

@@ -103,3 +103,48 @@ def test_a_host_application_keeps_every_event(tmp_path: Path) -> None:
     out, err = _serve(tmp_path, terminal=False)
     assert '"run_id"' in out
     assert "action=server_started" in err and "action=run_created" in err, err
+
+
+def test_serve_started_in_a_terminal_says_what_it_is_and_what_to_run_instead(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONSTRUCT_")}
+    env |= {"CONSTRUCT_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server", "serve"],
+        stdin=secondary,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    os.close(secondary)
+    assert process.stderr is not None and process.stdout is not None
+    first = process.stderr.readline().decode()
+    os.close(primary)  # the person closes the terminal: end of input
+    try:
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        out = process.stdout.read()
+        process.stdout.close()
+        process.stderr.close()
+    assert first.startswith("construct-mcp serve: this is an MCP server for a host application")
+    assert "'construct-mcp demo'" in first and "--transport streamable-http" in first
+    assert out == b""  # stdout stays the protocol's
+
+
+def test_serve_started_by_a_host_says_nothing_of_the_kind(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONSTRUCT_")}
+    env |= {"CONSTRUCT_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "serve"],
+        input=b"",  # a host's pipe, closed at once
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert b"this is an MCP server for a host application" not in done.stderr, done.stderr
+    assert done.stdout == b""
