@@ -33,8 +33,8 @@ does not declare elicitation cannot fill. So:
 * a task whose run later comes to need what the client cannot give (a host task, a gate it cannot
   answer with a form) is handed over: it is ``completed`` with the run's view as its result, the
   answer ``run_status`` gives, whose ``next_action`` says what to do next. The client thus always
-  gets a final result; should it poll the same task again after acting on it, the task shows the
-  run as it then is (a status derived from the run, not stored apart).
+  gets a final result, and a final one: polled again after acting on it, the task is answered as
+  it was handed over (:class:`TasksExtension`; ``run_status`` follows the run).
 
 **Task = run.** Otherwise, for a declaring client, ``orchestrate_start`` answers with a
 ``CreateTaskResult`` (``resultType: "task"``) whose ``taskId`` is the run id, once the run is
@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
@@ -240,7 +241,7 @@ def _waiting(
             "statusMessage": message,
             "inputRequests": forms,
         }
-    fields: dict[str, Any] = {"status": "completed", "statusMessage": f"handed over: {message}"}
+    fields: dict[str, Any] = {"status": "completed", "statusMessage": f"{HANDED_OVER}{message}"}
     if answer_of is not None:
         fields["result"] = tool_result(view, answer_of)
     return fields
@@ -358,11 +359,28 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     return bool(extensions) and EXTENSION_ID in (extensions or {})
 
 
+#: how a handed-over task's status message begins
+HANDED_OVER: Final = "handed over: "
+
+#: how many handed-over tasks a process remembers (the oldest goes first)
+HANDED_OVER_KEPT: Final = 4096
+
+
 class TasksExtension(Extension):
     """``tasks/get``, ``tasks/update``, ``tasks/cancel``, and ``orchestrate_start`` answered with a
-    task for a declaring client (see the module docstring)."""
+    task for a declaring client (see the module docstring).
+
+    A terminal status is final: a task handed over (``completed`` with the run's view, whose
+    ``next_action`` the client's model then carries out) is answered the same way by later
+    ``tasks/get`` calls of the same caller, while the run goes on (``run_status`` follows it). This
+    process remembers the handed-over answers; another process (or this one after a restart)
+    answers with the run as it is then."""
 
     identifier = EXTENSION_ID
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handed_over: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
 
     def methods(self) -> Sequence[MethodBinding]:
         modern = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -403,9 +421,18 @@ class TasksExtension(Extension):
 
     async def _get(self, ctx: RequestContext, params: TaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "read")
+        key = (head.run_id, caller.identity)
+        final = self._handed_over.get(key)
+        if final is not None:
+            return final
         view = await services.view(head.run_id, head, caller=caller)
         forms = await _gate_forms(ctx, services, caller, view, head)
-        return detailed_task(view, forms, answer_of=services.answer_of)
+        task = detailed_task(view, forms, answer_of=services.answer_of)
+        if task["status"] == "completed" and str(task.get("statusMessage", "")).startswith(HANDED_OVER):
+            self._handed_over[key] = task
+            while len(self._handed_over) > HANDED_OVER_KEPT:
+                self._handed_over.popitem(last=False)
+        return task
 
     async def _update(self, ctx: RequestContext, params: UpdateTaskParams) -> dict[str, Any]:
         services, caller, head = await _open(ctx, params.task_id, "approve")
