@@ -74,8 +74,22 @@ def parse_age(text: str) -> timedelta:
     """``30d`` as a ``timedelta`` (units s, m, h, d, w); ``InvalidArgument`` otherwise."""
     match = _AGE.fullmatch(text.strip())
     if match is None:
-        raise InvalidArgument(f"--older-than {text[:40]!r} is not an age like 30d, 12h, 90m, 2w or 3600s")
+        raise InvalidArgument(f"{text[:40]!r} is not an age like 30d, 12h, 90m, 2w or 3600s")
     return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def _flag_value(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type`` that refuses what ``check`` refuses as a usage error (exit 2, the
+    command's usage, the flag named), and keeps the text as given."""
+
+    def checked(text: str) -> str:
+        try:
+            check(text)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return checked
 
 
 def add_retention_parsers(
@@ -100,9 +114,15 @@ def add_retention_parsers(
     pruning.add_argument(
         "--status",
         default=",".join(sorted(s.value for s in PRUNABLE)),
+        type=_flag_value(parse_statuses),
         help="comma-separated ended statuses (default: all of them)",
     )
-    pruning.add_argument("--older-than", required=True, help="ended more than this long ago: 30d, 12h, 2w")
+    pruning.add_argument(
+        "--older-than",
+        required=True,
+        type=_flag_value(parse_age),
+        help="ended more than this long ago: 30d, 12h, 2w",
+    )
     pruning.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     pruning.add_argument("--export-dir", type=Path, help="write each run's export here before deleting it")
     common(pruning)

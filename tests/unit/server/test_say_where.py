@@ -2,8 +2,9 @@
 just now (a mistyped or relative home otherwise looks like a store with no runs); a relative
 ``--home`` is shown as the absolute directory it means; a home that can hold no state (a file, an
 unwritable directory, a relative ``CONSTRUCT_HOME``) is refused at startup in one line, exit 2; a
-server whose default backend is ``provider`` without an API key warns at startup and in the
-``instructions`` a host receives."""
+home holding a SQLite store is not read as an empty filesystem store; a server whose default
+backend is ``provider`` without an API key warns at startup and in the ``instructions`` a host
+receives."""
 
 from __future__ import annotations
 
@@ -106,6 +107,26 @@ def test_an_unwritable_home_is_refused_when_it_is_named(
     # writable (a container's HOME).
     monkeypatch.setenv("HOME", str(locked))
     assert load_settings(env={}).home == locked / ".construct"
+
+
+def test_a_home_holding_a_sqlite_store_is_not_read_as_an_empty_filesystem_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "demo"
+    assert run(["runs", "start", "x", "--home", str(home), "--store", "sqlite"], io.StringIO()) == 0
+    capsys.readouterr()
+    for argv in (["runs", "list"], ["runs", "status", "run-x"], ["runs", "export", "run-x"]):
+        assert run([*argv, "--home", str(home)], io.StringIO()) == 2
+        assert capsys.readouterr().err == (
+            f"construct-mcp: {home} holds a SQLite store (construct.db), not a filesystem store: name it "
+            "with --store sqlite (or set CONSTRUCT_ORCHESTRATION_STORE=sqlite)\n"
+        )
+    assert not (home / "runs").exists()  # no empty filesystem store was made beside it
+    out = io.StringIO()
+    assert run(["runs", "list", "--home", str(home), "--store", "sqlite"], out) == 0
+    assert "awaiting_host" in out.getvalue()
+    # A store named as filesystem is the one meant.
+    assert run(["runs", "list", "--home", str(home), "--store", "filesystem"], io.StringIO()) == 0
 
 
 @pytest.mark.parametrize(
