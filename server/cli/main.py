@@ -74,6 +74,7 @@ from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
+from server.cli.usage import UsageError
 from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_choice, store_url
@@ -106,16 +107,6 @@ EXIT_STATUSES = f"""exit status:
 
 #: How long a ``runs`` command waits for a server that holds the run's lease to move it on.
 CLI_WAIT_SECONDS = 10.0
-
-
-class UsageError(Exception):
-    """A command line that cannot be acted on (exit status 2). ``error``: the project's error that
-    says what is missing (``--gate-id`` and the gate the run waits at), printed as its
-    ``code: message`` line like any other; else the message is the exception's own."""
-
-    def __init__(self, message: str = "", error: ConstructError | None = None) -> None:
-        super().__init__(message or (str(error) if error is not None else ""))
-        self.error = error
 
 
 # ------------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from orchestration.ops import (
 )
 from orchestration.store import RunStore
 from server.cli.subcommands import Subcommands
+from server.cli.usage import UsageError
 from server.settings.config import Settings
 from server.settings.storage import store_inputs
 from stores import open_configured_store, open_store, parse_store_spec
@@ -154,7 +155,11 @@ async def _write(path: Path, lines: Sequence[str]) -> None:
 async def run_retention(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     """``runs export``, ``runs import`` or ``runs prune`` on the configured store; the exit status."""
     if args.runs_command == "import" and args.move != (args.source is not None):
-        raise InvalidArgument("--move and --from go together: --move --from SOURCE names the store it leaves")
+        raise UsageError(
+            error=InvalidArgument(
+                "--move and --from go together: --move --from SOURCE names the store it leaves"
+            )
+        )
     opened = await open_configured_store(home=settings.home, fallback=False, **store_inputs(settings))
     try:
         if args.runs_command == "export":

@@ -108,6 +108,24 @@ def test_a_bad_prune_flag_is_a_usage_error(
     assert err.startswith("usage: construct-mcp runs prune") and said in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["runs", "start", "x", "--on-budget", "ask"],
+            "invalid_argument: --on-budget needs --max-total-tokens",
+        ),
+        (["runs", "start", "x", "--max-cost-usd", "-1"], "invalid_argument: budget: max_cost_usd"),
+        (["runs", "import", "run.jsonl", "--move"], "invalid_argument: --move and --from go together"),
+    ],
+)
+def test_flags_that_go_together_or_bad_values_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    assert run([*argv, "--home", str(tmp_path)], io.StringIO()) == 2
+    assert capsys.readouterr().err.startswith(said)
+
+
 def test_runs_list_has_a_header_row(tmp_path: Path) -> None:
     first = start(tmp_path, "--specialists", "writer")
     second = start(tmp_path, "--specialists", "writer")

@@ -104,7 +104,7 @@ def test_a_live_run_is_imported_only_when_moved(
     file.write_text(lines)
     assert cli("runs", "import", str(file), "--store", sqlite, *home)[0] == 1
     assert capsys.readouterr().err.startswith("invalid_state:")
-    assert cli("runs", "import", str(file), "--store", sqlite, "--move", *home)[0] == 1
+    assert cli("runs", "import", str(file), "--store", sqlite, "--move", *home)[0] == 2  # usage
     assert "--from" in capsys.readouterr().err
     # Relabelled completed, its hashes recomputed: what its facts say decides, moved or not.
     relabelled = tmp / "relabelled.jsonl"
