@@ -25,6 +25,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*SERVER_COMMAND, *args],
+        stdin=subprocess.DEVNULL,  # no terminal: serve's hint to a person stays out of stderr
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
