@@ -728,19 +728,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             settings = _settings(args, default_log_level="WARNING")
             return _run_async(lambda: _migrate(args, settings, out))
         if args.command == "demo":
-            from server.cli.demo import run_demo
-
-            if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
-                raise UsageError(
-                    "the demo kills its server and starts another on the same store, and the memory "
-                    "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
-                )
-            # Absolute: the demo's servers are given it as CONSTRUCT_HOME, which must be.
-            home = args.home.absolute() if args.home is not None else None
-            if home is not None:
-                check_home(home, "command line", "--home")
-            configure_logging("WARNING")
-            return _run_async(lambda: run_demo(home=home, store=args.store, keep=args.keep, out=out))
+            return _demo(args, out)
     except ConfigError as exc:
         sys.stderr.write(f"construct-mcp: configuration error: {exc}\n")
         return EXIT_USAGE
@@ -766,6 +754,23 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
     args.command_parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
     return EXIT_USAGE  # pragma: no cover
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    """``demo``: its store and home checked here, where a usage error can still be said."""
+    from server.cli.demo import run_demo
+
+    if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
+        raise UsageError(
+            "the demo kills its server and starts another on the same store, and the memory "
+            "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
+        )
+    # Absolute: the demo's servers are given it as CONSTRUCT_HOME, which must be.
+    home = args.home.absolute() if args.home is not None else None
+    if home is not None:
+        check_home(home, "command line", "--home")
+    configure_logging("WARNING")
+    return _run_async(lambda: run_demo(home=home, store=args.store, keep=args.keep, out=out))
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
