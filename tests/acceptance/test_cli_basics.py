@@ -21,11 +21,11 @@ pytestmark = pytest.mark.slow
 
 
 def cli(
-    home: Path, *args: str, stdout: int | None = subprocess.PIPE, **env: str
+    home: Path, *args: str, stdout: int | None = subprocess.PIPE, stdin: str = "", **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*SERVER_COMMAND, *args],
-        stdin=subprocess.DEVNULL,  # no terminal: serve's hint to a person stays out of stderr
+        input=stdin,  # no terminal: serve's hint to a person stays out of stderr
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
@@ -33,6 +33,23 @@ def cli(
         timeout=120,
         check=False,
     )
+
+
+INITIALIZE = (
+    json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"},
+            },
+        }
+    )
+    + "\n"
+)
 
 
 @pytest.mark.parametrize("kind", ["a file", "relative"])
@@ -44,8 +61,9 @@ def test_serve_refuses_a_home_that_cannot_hold_state_in_one_line(tmp_path: Path,
     else:
         home = Path("relative-home")
         said = "'relative-home' is a relative path; give an absolute one"
-    proc = cli(tmp_path, "serve", CONSTRUCT_HOME=str(home))
+    proc = cli(tmp_path, "serve", stdin=INITIALIZE, CONSTRUCT_HOME=str(home))
     assert proc.returncode == 2
+    assert proc.stdout == ""  # not even initialize is answered: the host sees a server that failed
     assert proc.stderr == f"construct-mcp: configuration error: environment: CONSTRUCT_HOME: {said}" + (
         "\n" if kind == "a file" else f" (such as {Path.cwd() / home})\n"
     )
