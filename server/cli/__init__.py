@@ -11,4 +11,5 @@ __all__ = [
     "main",
     "retention_commands",
     "subcommands",
+    "usage",
 ]

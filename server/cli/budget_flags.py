@@ -4,7 +4,8 @@
 a step's own limits are set per chain in ``construct.toml``, ``[budgets.<chain>]``), and
 ``runs resume`` the usage a host reports for its output (``--input-tokens``, ``--output-tokens``,
 ``--cost-usd``), as ``orchestrate_start``'s ``budget`` and ``orchestrate_resume``'s ``usage`` do.
-Values are checked by the same models as the tools' arguments: a bad one is ``invalid_argument``.
+Values are checked by the same models as the tools' arguments: a bad one is ``invalid_argument``,
+a usage error (exit status 2), as is a flag given without the one it goes with.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from orchestration.core import Budget, HostUsage
 from orchestration.errors import InvalidArgument
+from server.cli.usage import UsageError
 
 
 def add_budget_flags(start: argparse.ArgumentParser) -> None:
@@ -31,7 +33,7 @@ def budget_of(args: argparse.Namespace) -> Budget | None:
     """The budget the flags give, or None (then the chain's from the configuration, if any)."""
     if args.max_total_tokens is None and args.max_cost_usd is None:
         if args.on_budget is not None:
-            raise InvalidArgument("--on-budget needs --max-total-tokens or --max-cost-usd")
+            raise UsageError(error=InvalidArgument("--on-budget needs --max-total-tokens or --max-cost-usd"))
         return None
     try:
         return Budget(
@@ -40,7 +42,7 @@ def budget_of(args: argparse.Namespace) -> Budget | None:
             on_budget=args.on_budget or "fail",
         )
     except ValidationError as exc:
-        raise InvalidArgument(f"budget: {_problem(exc)}") from None
+        raise UsageError(error=InvalidArgument(f"budget: {_problem(exc)}")) from None
 
 
 def add_usage_flags(resume: argparse.ArgumentParser) -> None:
@@ -55,16 +57,16 @@ def usage_of(args: argparse.Namespace) -> HostUsage | None:
     """The usage the flags report, or None; both token counts go together."""
     if args.input_tokens is None and args.output_tokens is None:
         if args.cost_usd is not None:
-            raise InvalidArgument("--cost-usd needs --input-tokens and --output-tokens")
+            raise UsageError(error=InvalidArgument("--cost-usd needs --input-tokens and --output-tokens"))
         return None
     if args.input_tokens is None or args.output_tokens is None:
-        raise InvalidArgument("--input-tokens and --output-tokens go together")
+        raise UsageError(error=InvalidArgument("--input-tokens and --output-tokens go together"))
     try:
         return HostUsage(
             input_tokens=args.input_tokens, output_tokens=args.output_tokens, cost_usd=args.cost_usd
         )
     except ValidationError as exc:
-        raise InvalidArgument(f"usage: {_problem(exc)}") from None
+        raise UsageError(error=InvalidArgument(f"usage: {_problem(exc)}")) from None
 
 
 def _problem(exc: ValidationError) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -180,6 +181,8 @@ async def _check(env: dict[str, str], run_id: str, out: TextIO) -> bool:
 async def run_demo(
     home: Path | None = None, store: str | None = None, keep: bool = False, out: TextIO | None = None
 ) -> int:
+    """Run the demo in ``home`` (an absolute path: the servers are given it as ``CONSTRUCT_HOME``;
+    default a temporary directory, removed afterwards unless ``keep``); its exit status."""
     out = out if out is not None else sys.stdout
     made_home = home is None
     demo_home = Path(tempfile.mkdtemp(prefix="construct-demo-")) if home is None else home
@@ -198,8 +201,9 @@ async def run_demo(
         else f"state in {demo_home} (no API key, no database)"
     )
     _say(out, f"construct-mcp demo — {where}\n")
+    started: list[str] = []  # the run's id, once the demo has started it
     try:
-        ok = await _demo(env, demo_home, pid_file, out)
+        ok = await _demo(env, demo_home, pid_file, out, started)
     except (DemoFailed, TimeoutError, OSError) as exc:
         _say(out, f"\nDEMO FAILED: {exc}")
         ok = False
@@ -207,10 +211,27 @@ async def run_demo(
         if made_home and not keep:
             shutil.rmtree(demo_home, ignore_errors=True)
     _say(out, "\nDemo passed." if ok else "\nDemo FAILED.")
+    if not made_home or keep:
+        _say(out, kept_note(demo_home, store, started[0] if started else None))
     return 0 if ok else 1
 
 
-async def _demo(env: dict[str, str], home: Path, pid_file: Path, out: TextIO) -> bool:
+def kept_note(home: Path, store: str | None, run_id: str | None) -> str:
+    """Where a kept demo left its run, and the command that shows it: the store named whatever
+    the person's environment says (their ``CONSTRUCT_ORCHESTRATION_STORE`` is not the demo's)."""
+    named = redact_url(store) if store is not None else "filesystem"
+    command = (
+        f"construct-mcp runs {'status ' + run_id if run_id else 'list'} "
+        f"--store {shlex.quote(named)} --home {shlex.quote(str(home))}"
+    )
+    password = " (with the password in place of ***)" if store is not None and named != store else ""
+    return (
+        f"\nThe demo's run is kept in {home} (logs: server-1.log, server-2.log). See it with:\n"
+        f"  {command}{password}"
+    )
+
+
+async def _demo(env: dict[str, str], home: Path, pid_file: Path, out: TextIO, started: list[str]) -> bool:
     # 1-3: server #1 starts the run, the host answers the architect, then the server is SIGKILLed.
     async with _server(env, home / "server-1.log") as client:
         pid = await _wait_for_pid(pid_file)
@@ -226,6 +247,7 @@ async def _demo(env: dict[str, str], home: Path, pid_file: Path, out: TextIO) ->
             },
         )
         run_id = view["run_id"]
+        started.append(run_id)
         steps = " -> ".join(t["task_id"] for t in view["tasks"])  # the compact answer has no chain
         _say(out, f"  orchestrate_start: run {run_id} ({steps}, gate before engineer): {view['status']}")
         view = await _play_host(client, view, out)

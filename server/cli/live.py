@@ -250,7 +250,8 @@ async def watch(runtime: Runtime, out: TextIO, *, once: bool = False, limit: int
 
 def render_watch(heads: Sequence[RunHead], now: datetime, more: bool = False) -> str:
     """The live runs, one progress line each (what ``runs watch`` prints)."""
-    lines = [f"{len(heads)}{'+' if more else ''} live runs at {now:%H:%M:%S}Z"]
+    runs = "live run" if len(heads) == 1 and not more else "live runs"
+    lines = [f"{len(heads)}{'+' if more else ''} {runs} at {now:%H:%M:%S}Z"]
     for head in heads:
         finished = sum(1 for t in head.tasks if t.status.is_terminal)
         lines.append(

@@ -18,7 +18,8 @@
     construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
     construct-mcp runs prune --older-than 30d [--status S,...] [--dry-run] [--export-dir DIR]
     construct-mcp migrate [--check] [--store S]
-    construct-mcp demo [--store S] [--home DIR]
+    construct-mcp demo [--store S] [--home DIR] [--keep]
+    construct-mcp --version
 
 The ``runs`` commands work directly on the configured store, without a server: each records its
 event through the :class:`~orchestration.engine.runtime.Runtime` and then drives the run in this process
@@ -33,19 +34,23 @@ one, the error names the task or gate the run awaits.
 
 Exit status (:data:`EXIT_STATUSES`, also in ``--help``): 0 success; 1 the command failed, with one
 ``code: message`` line on stderr (``run_not_found: no run with id ...``); 2 a usage or configuration
-error (argparse's, or ``construct-mcp: configuration error: FILE: TABLE.FIELD: problem``); 3 the run
-a command advanced ended failed, rejected or cancelled. Messages name commands and flags
-(``construct-mcp runs list``, ``--task-id``): an error's next steps are rendered in the CLI's words
-(:mod:`server.cli.command_hints`), never as MCP tools.
+error (argparse's -- no command given prints the help listing the commands; an unknown flag is said
+under its sub-command's usage with the closest flag -- a ``--gate-id`` or ``--task-id`` left out, or
+``construct-mcp: configuration error: FILE: TABLE.FIELD: problem``); 3 the run a command advanced
+ended failed, rejected or cancelled. A reader that goes away (``| head -1``) changes no status.
+Messages name commands and flags (``construct-mcp runs list``, ``--task-id``): an error's next steps
+are rendered in the CLI's words (:mod:`server.cli.command_hints`), never as MCP tools.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.metadata
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -56,15 +61,23 @@ import anyio
 from orchestration.chains import Catalog
 from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_raise
 from orchestration.engine import Runtime
-from orchestration.errors import ConfigError, ConstructError, InvalidArgument, LeaseLost
+from orchestration.errors import (
+    ConfigError,
+    ConstructError,
+    InvalidArgument,
+    LeaseLost,
+    StoreUnavailable,
+    did_you_mean,
+)
 from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
-from server.settings.config import Settings, load_settings
+from server.cli.usage import UsageError
+from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
-from server.settings.storage import open_run_store, store_url
+from server.settings.storage import open_run_store, store_choice, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
 from server.views.next_step import Approve, Done, RunHostTask, Wait
@@ -96,10 +109,6 @@ EXIT_STATUSES = f"""exit status:
 CLI_WAIT_SECONDS = 10.0
 
 
-class UsageError(Exception):
-    """A command line that cannot be acted on (exit status 2)."""
-
-
 # ------------------------------------------------------------------------------------------------
 # Parsing
 
@@ -123,18 +132,32 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def version() -> str:
+    """This installation's version (its package metadata), as ``--version`` prints it."""
+    try:
+        return importlib.metadata.version("construct-mcp")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: ``serve``, ``runs ACTION``, ``migrate`` and ``demo``, each command's
-    arguments added by its own function below, in the order ``--help`` lists them."""
+    arguments added by its own function below, in the order ``--help`` lists them.
+
+    Each parser sets the default ``command_parser`` to itself, so a parsed namespace names the
+    innermost (sub-)command given: a usage problem found after parsing (an unknown flag, a command
+    left out) is said with that command's usage."""
     parser = argparse.ArgumentParser(
         prog="construct-mcp",
         description="An MCP server that runs durable specialist chains.",
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    # Not required: without a command the help is printed (listing the commands), not a bare usage line.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_arguments(sub.add_parser("serve", help="run the MCP server (stdio by default)"))
-    _runs_actions(
+    runs_actions = _runs_actions(
         sub.add_parser(
             "runs",
             help="start, inspect and advance runs directly on the store",
@@ -144,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _migrate_arguments(sub.add_parser("migrate", help="apply (or --check) the SQL stores' schema migrations"))
     _demo_arguments(sub.add_parser("demo", help="run the crash-and-resume demo (no API key, no database)"))
+    parser.set_defaults(command_parser=parser)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
+    for action in runs_actions.values():
+        action.set_defaults(command_parser=action)
     return parser
 
 
@@ -156,11 +184,12 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     _common(serve)
 
 
-def _runs_actions(runs: argparse.ArgumentParser) -> None:
+def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``runs``' actions: a run's life (start, status, resume, approve, cancel), the listing and
     the timeline here; following one live (``tail``, ``watch``), ``fork``, and ``export``,
-    ``import`` and ``prune`` from their own modules."""
-    actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    ``import`` and ``prune`` from their own modules. Returns the actions' parsers by name."""
+    # Not required: `runs` alone prints its help (listing the actions), like the bare command.
+    actions = runs.add_subparsers(dest="runs_command", metavar="ACTION")
     _start_arguments(actions.add_parser("start", help="start a chain on a request"))
 
     status = actions.add_parser("status", help="show a run")
@@ -196,6 +225,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> None:
     add_live_parsers(actions, _common, _json_flag)
     add_fork_parser(actions, _common, _json_flag)
     add_retention_parsers(actions, _common, _json_flag)
+    return actions.choices
 
 
 def _list_limit(value: str) -> int:
@@ -305,6 +335,7 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
 
 def _print_view(view: RunView, out: TextIO) -> None:
     parallel = any(s.after is not None for s in view.chain.steps)
+    gated = any(s.approve_before or s.approve_after for s in view.chain.steps)
     steps = (", " if parallel else " -> ").join(
         s.name
         + ("*" if s.approve_before or s.approve_after else "")
@@ -313,7 +344,8 @@ def _print_view(view: RunView, out: TextIO) -> None:
         for s in view.chain.steps
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
-    out.write(f"chain {view.chain.name}: {steps}   (* = approval gate)\n")
+    legend = "   (* = approval gate)" if gated else ""  # said only where a * is shown
+    out.write(f"chain {view.chain.name}: {steps}{legend}\n")
     request = view.request_preview.replace("\n", " ")
     out.write(f"request: {request}\n")
     if view.forked_from is not None:
@@ -412,12 +444,15 @@ def _working(view: RunView, action: Wait) -> str:
 
 
 def _print_page(page: RunsPage, out: TextIO, where: str | None) -> None:
+    width = max((len(run.run_id) for run in page.runs), default=0)
     if not page.runs:
         out.write("no runs\n" if where is None else f"no runs in the store {where}\n")
+    else:
+        out.write(f"{'RUN':<{width}}  {'STATUS':<18} {'CHAIN':<10} REQUEST\n")
     for run in page.runs:
         waiting = f"  waiting for {run.waiting_for}" if run.waiting_for else ""
         preview = run.request_preview.replace("\n", " ")[:60]
-        out.write(f"{run.run_id}  {run.status.value:<18} {run.chain:<10} {preview}{waiting}\n")
+        out.write(f"{run.run_id:<{width}}  {run.status.value:<18} {run.chain:<10} {preview}{waiting}\n")
     if page.next_cursor:
         out.write(f"more: --cursor {page.next_cursor}\n")
 
@@ -467,7 +502,22 @@ def _chain_arg(chain: str | None, specialists: str | None) -> str | tuple[str, .
     return tuple(part.strip() for part in listed.split(",") if part.strip())
 
 
+def _refuse_another_kind_of_store(settings: Settings) -> None:
+    """A home that holds a SQLite store and no filesystem store, read as a filesystem store
+    because no store is named, is refused with the store to name: opening it would say "no runs"
+    and leave an empty filesystem store beside the runs the person looks for."""
+    _spec, source = store_choice(settings)
+    database = parse_store_spec("sqlite", home=settings.home).path
+    assert database is not None  # the sqlite store is a file
+    if source == "default" and database.is_file() and not (settings.home / "runs").exists():
+        raise UsageError(
+            f"{settings.home} holds a SQLite store ({database.name}), not a filesystem store: "
+            "name it with --store sqlite (or set CONSTRUCT_ORCHESTRATION_STORE=sqlite)"
+        )
+
+
 async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    _refuse_another_kind_of_store(settings)
     if args.runs_command in RETENTION_COMMANDS:
         return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
@@ -487,7 +537,7 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
         if note is not None:
             sys.stderr.write(note + "\n")
         return code
-    except ConstructError as exc:
+    except (ConstructError, UsageError) as exc:
         if note is not None:
             exc.add_note(note)
         raise
@@ -554,10 +604,12 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         usage = usage_of(args)
         if output is None:
             if args.task_id is not None or usage is not None:
-                raise InvalidArgument("--task-id or usage was given without --output or --output-file")
+                raise UsageError(
+                    error=InvalidArgument("--task-id or usage was given without --output or --output-file")
+                )
             head = await runtime.check_resumable(args.run_id)
         elif args.task_id is None:
-            raise await runtime.missing_task_id(args.run_id, "--task-id")
+            raise _missing_flag(await runtime.missing_task_id(args.run_id, "--task-id"))
         else:
             head = await runtime.submit_host_output(
                 args.run_id, args.task_id, output, usage, args.detach_children
@@ -568,7 +620,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
             "reject" if args.reject else "revise" if args.revise else "approve"
         )
         if args.gate_id is None:
-            raise await runtime.missing_gate_id(args.run_id, "--gate-id")
+            raise _missing_flag(await runtime.missing_gate_id(args.run_id, "--gate-id"))
         # The CLI is a local, trusted channel: the approver is what it says (--approver, else the
         # OS user), recorded as claimed.
         approver = args.approver if args.approver is not None else _os_user()
@@ -580,6 +632,13 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
     if command == "cancel":
         return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
     raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
+
+
+def _missing_flag(error: ConstructError) -> Exception:
+    """The error for a flag left out (``error`` says what the run awaits): a usage error (exit 2),
+    as argparse's for a required flag; but when the run has ended no flag would help, and the
+    run's state is the error (``invalid_state``, exit 1)."""
+    return UsageError(error=error) if isinstance(error, InvalidArgument) else error
 
 
 def _os_user() -> str | None:
@@ -647,10 +706,9 @@ def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
 def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """The CLI; returns the exit status instead of exiting (tests call this)."""
     out = out if out is not None else sys.stdout
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        args = _parse(build_parser(), argv)
+    except SystemExit as exc:  # argparse: --help or --version (0) or a usage error (2)
         return int(exc.code or 0)
     try:
         if args.command == "serve":
@@ -670,23 +728,15 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             settings = _settings(args, default_log_level="WARNING")
             return _run_async(lambda: _migrate(args, settings, out))
         if args.command == "demo":
-            from server.cli.demo import run_demo
-
-            if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
-                raise UsageError(
-                    "the demo kills its server and starts another on the same store, and the memory "
-                    "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
-                )
-            configure_logging("WARNING")
-            return _run_async(lambda: run_demo(home=args.home, store=args.store, keep=args.keep, out=out))
+            return _demo(args, out)
     except ConfigError as exc:
         sys.stderr.write(f"construct-mcp: configuration error: {exc}\n")
         return EXIT_USAGE
     except UsageError as exc:
-        sys.stderr.write(f"construct-mcp: {exc}\n")
+        _write_usage_error(exc)
         return EXIT_USAGE
     except ConstructError as exc:
-        sys.stderr.write(f"{exc.code}: {cli_message(exc)}\n")
+        sys.stderr.write(f"{exc.code}: {_said(exc, args)}\n")
         _write_notes(exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -696,11 +746,77 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         leaf = _construct_error(group)
         if leaf is None:
             raise
-        sys.stderr.write(f"{leaf.code}: {cli_message(leaf)}\n")
+        if isinstance(leaf, UsageError):
+            _write_usage_error(leaf)
+            return EXIT_USAGE
+        sys.stderr.write(f"{leaf.code}: {_said(leaf, args)}\n")
         _write_notes(leaf)
         return EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
+    args.command_parser.error(f"unknown command {args.command!r}")  # pragma: no cover - exits 2
     return EXIT_USAGE  # pragma: no cover
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    """``demo``: its store and home checked here, where a usage error can still be said."""
+    from server.cli.demo import run_demo
+
+    if args.store is not None and parse_store_spec(args.store, home=Path.cwd()).backend == "memory":
+        raise UsageError(
+            "the demo kills its server and starts another on the same store, and the memory "
+            "store keeps nothing across processes: use filesystem, sqlite or a postgresql:// URL"
+        )
+    # Absolute: the demo's servers are given it as CONSTRUCT_HOME, which must be.
+    home = args.home.absolute() if args.home is not None else None
+    if home is not None:
+        check_home(home, "command line", "--home")
+    configure_logging("WARNING")
+    return _run_async(lambda: run_demo(home=home, store=args.store, keep=args.keep, out=out))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed; a usage problem exits 2 with the usage of the (sub-)command it is about: an
+    unknown flag with the closest flag that command has, a command left out with the help that
+    lists the commands (``construct-mcp`` alone, ``construct-mcp runs``)."""
+    args, unknown = parser.parse_known_args(argv)
+    command: argparse.ArgumentParser = args.command_parser
+    if unknown:
+        flags = set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", command.format_usage()))
+        hints = "".join(did_you_mean(arg.split("=", 1)[0], flags) for arg in unknown if arg.startswith("-"))
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
+    if args.command is None or (args.command == "runs" and args.runs_command is None):
+        # Usage error (exit 2, help on stderr) as argparse treats a missing required argument; the
+        # help, not argparse's bare usage line, because it lists the commands to choose from.
+        command.print_help(sys.stderr)
+        command.exit(EXIT_USAGE)
+    return args
+
+
+def _said(exc: ConstructError, args: argparse.Namespace) -> str:
+    """``exc``'s message in the CLI's words. A store named with ``--store`` that cannot be opened
+    is said as unreachable, with what to check: the CLI, not the person, turned the fallback off
+    (see :func:`_settings`), so the stores' "store_fallback is off" would send them to a setting
+    they never set."""
+    message = cli_message(exc)
+    if isinstance(exc, StoreUnavailable) and _no_fallback_for_named_store(args):
+        message = message.replace("; store_fallback is off", "")
+        message += (
+            "; check that the database is up and that the URL's host, port, user and database are "
+            "right (the CLI uses the store --store names, never another)"
+        )
+    return message
+
+
+def _no_fallback_for_named_store(args: argparse.Namespace) -> bool:
+    """Whether :func:`_settings` turned the fallback off for this command line."""
+    return args.command not in ("serve", "demo") and getattr(args, "store", None) is not None
+
+
+def _write_usage_error(exc: UsageError) -> None:
+    if exc.error is None:
+        sys.stderr.write(f"construct-mcp: {exc}\n")
+    else:
+        sys.stderr.write(f"{exc.error.code}: {cli_message(exc.error)}\n")
+    _write_notes(exc)
 
 
 def _write_notes(exc: BaseException) -> None:
@@ -709,9 +825,9 @@ def _write_notes(exc: BaseException) -> None:
         sys.stderr.write(f"{note}\n")
 
 
-def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError | None:
+def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError | UsageError | None:
     for exc in group.exceptions:
-        if isinstance(exc, ConstructError):
+        if isinstance(exc, (ConstructError, UsageError)):
             return exc
         if isinstance(exc, BaseExceptionGroup):
             found = _construct_error(exc)
@@ -723,12 +839,16 @@ def _construct_error(group: BaseExceptionGroup[BaseException]) -> ConstructError
 def main() -> None:
     """Console-script entry point (``construct-mcp``)."""
     logging.captureWarnings(True)
+    # When the reader goes away mid-output, the command has done its work: it exits 0, as a
+    # command that printed everything does (the reader read what it wanted).
+    code = EXIT_OK
     try:
         code = run()
         sys.stdout.flush()
     except BrokenPipeError:
-        # The reader went away (``construct-mcp runs list | head``): not an error worth a traceback.
+        # The reader went away (``construct-mcp runs status R | head -1``): not an error worth a
+        # traceback, nor a failure. What is still buffered goes nowhere, quietly: without this the
+        # interpreter's last flush fails again and prints "Exception ignored ... BrokenPipeError".
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        code = EXIT_FAILED
     sys.exit(code)

@@ -57,6 +57,7 @@ from orchestration.ops import (
 )
 from orchestration.store import RunStore
 from server.cli.subcommands import Subcommands
+from server.cli.usage import UsageError
 from server.settings.config import Settings
 from server.settings.storage import store_inputs
 from stores import open_configured_store, open_store, parse_store_spec
@@ -74,8 +75,22 @@ def parse_age(text: str) -> timedelta:
     """``30d`` as a ``timedelta`` (units s, m, h, d, w); ``InvalidArgument`` otherwise."""
     match = _AGE.fullmatch(text.strip())
     if match is None:
-        raise InvalidArgument(f"--older-than {text[:40]!r} is not an age like 30d, 12h, 90m, 2w or 3600s")
+        raise InvalidArgument(f"{text[:40]!r} is not an age like 30d, 12h, 90m, 2w or 3600s")
     return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def _flag_value(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type`` that refuses what ``check`` refuses as a usage error (exit 2, the
+    command's usage, the flag named), and keeps the text as given."""
+
+    def checked(text: str) -> str:
+        try:
+            check(text)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return checked
 
 
 def add_retention_parsers(
@@ -100,9 +115,15 @@ def add_retention_parsers(
     pruning.add_argument(
         "--status",
         default=",".join(sorted(s.value for s in PRUNABLE)),
+        type=_flag_value(parse_statuses),
         help="comma-separated ended statuses (default: all of them)",
     )
-    pruning.add_argument("--older-than", required=True, help="ended more than this long ago: 30d, 12h, 2w")
+    pruning.add_argument(
+        "--older-than",
+        required=True,
+        type=_flag_value(parse_age),
+        help="ended more than this long ago: 30d, 12h, 2w",
+    )
     pruning.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     pruning.add_argument("--export-dir", type=Path, help="write each run's export here before deleting it")
     common(pruning)
@@ -134,7 +155,11 @@ async def _write(path: Path, lines: Sequence[str]) -> None:
 async def run_retention(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     """``runs export``, ``runs import`` or ``runs prune`` on the configured store; the exit status."""
     if args.runs_command == "import" and args.move != (args.source is not None):
-        raise InvalidArgument("--move and --from go together: --move --from SOURCE names the store it leaves")
+        raise UsageError(
+            error=InvalidArgument(
+                "--move and --from go together: --move --from SOURCE names the store it leaves"
+            )
+        )
     opened = await open_configured_store(home=settings.home, fallback=False, **store_inputs(settings))
     try:
         if args.runs_command == "export":

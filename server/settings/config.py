@@ -560,12 +560,40 @@ def config_file_for(home: Path, explicit: Path | None) -> Path | None:
 
 
 def resolve_home(explicit: Path | str | None, env: Mapping[str, str]) -> Path:
+    """The state directory: ``explicit`` (``--home``), else ``CONSTRUCT_HOME``, else ``~/.construct``,
+    as an absolute path. Raises ConfigError, naming where the home came from, for a home that can
+    never hold state (see :func:`check_home`) and for a relative ``CONSTRUCT_HOME``: a host starts
+    the server in a directory of its choosing, so the variable must not depend on it (``--home``
+    may be relative: typed at a prompt, it means the directory the person is in)."""
+    named = explicit is not None or "CONSTRUCT_HOME" in env
+    where = ("command line", "--home") if explicit is not None else ("environment", "CONSTRUCT_HOME")
     raw = str(explicit) if explicit is not None else env.get("CONSTRUCT_HOME") or DEFAULT_HOME
     if not raw.strip():
-        raise ConfigError("environment", "CONSTRUCT_HOME", "is empty")
-    # Absolute: a relative home means "below the directory the process started in", and every
-    # message that names the store shows which directory that was.
-    return Path(raw).expanduser().absolute()
+        raise ConfigError(*where, "is empty")
+    path = Path(raw).expanduser()
+    if explicit is None and not path.is_absolute():
+        raise ConfigError(
+            *where, f"{raw!r} is a relative path; give an absolute one (such as {path.absolute()})"
+        )
+    # Absolute: every message that names the store shows which directory a relative --home meant.
+    home = path.absolute()
+    check_home(home, *where, writable=named)
+    return home
+
+
+def check_home(home: Path, file: str, field: str, *, writable: bool = True) -> None:
+    """Refuse (ConfigError naming ``file`` and ``field``) a home that is not a directory, or, when
+    ``writable``, one that this process cannot write or create. A home that does not exist yet is
+    fine when it can be created. The default home is checked only for the first (``writable``
+    false): a server on a database store may run where ``~`` cannot be written."""
+    if home.exists() and not home.is_dir():
+        raise ConfigError(file, field, f"{home} is a file, not a directory")
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(file, field, f"{home} cannot be created: {existing} is a file")
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        problem = "is not writable" if existing == home else f"cannot be created: {existing} is not writable"
+        raise ConfigError(file, field, f"{home} {problem} by this user")
 
 
 def load_settings(
@@ -651,6 +679,7 @@ __all__ = [
     "ProviderTable",
     "Settings",
     "TokenTable",
+    "check_home",
     "config_file_for",
     "load_settings",
     "resolve_home",

@@ -57,6 +57,11 @@ def early_settings(
     raw_home = home if home is not None else env.get(HOME_VARIABLE) or DEFAULT_HOME
     if not raw_home.strip():
         return UNSURE  # a configuration error, for the settings to report
+    named = home is not None or HOME_VARIABLE in env
+    if not _could_be_a_home(Path(raw_home).expanduser(), relative_allowed=home is not None, named=named):
+        # The settings refuse it and the server exits at once: no answer must make a host take it
+        # for a server that started (see server.settings.config.check_home).
+        return UNSURE
     path = Path(config_file) if config_file is not None else Path(raw_home).expanduser() / CONFIG_FILE_NAME
     table: dict[str, object] = {}
     try:
@@ -69,6 +74,17 @@ def early_settings(
     )
     default_limits = not any(key in table or variable in env for key, variable in LIMITS.items())
     return EarlySettings(inline=inline, default_limits=default_limits)
+
+
+def _could_be_a_home(home: Path, relative_allowed: bool, named: bool) -> bool:
+    """False for a home the settings refuse (:func:`server.settings.config.check_home`): a
+    relative ``CONSTRUCT_HOME``; a path that is, or is under, something other than a directory; a
+    named home this user cannot write or create."""
+    if not relative_allowed and not home.is_absolute():
+        return False
+    home = home.absolute()
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    return existing.is_dir() and (not named or os.access(existing, os.W_OK | os.X_OK))
 
 
 __all__ = ["UNSURE", "EarlySettings", "early_settings"]

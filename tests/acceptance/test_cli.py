@@ -133,13 +133,14 @@ def test_resume_and_approve_name_what_they_answer(tmp_path: Path) -> None:
         tmp_path, "runs", "start", "x", "--chain", "architect,engineer", "--approve-before", "engineer"
     )
     run_id = view["run_id"]
+    # A flag left out is a usage error (exit 2), said with what the run awaits.
     proc = cli(tmp_path, "runs", "resume", run_id, "--output", "design")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith("invalid_argument: --task-id is missing"), proc.stderr
     assert "--task-id='architect'" in proc.stderr
     ok_json(tmp_path, "runs", "resume", run_id, "--task-id", "architect", "--output", "design")
     proc = cli(tmp_path, "runs", "approve", run_id)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith("invalid_argument: --gate-id is missing"), proc.stderr
     assert "--gate-id='before:engineer'" in proc.stderr
     # The human output shows the whole next command.

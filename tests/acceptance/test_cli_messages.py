@@ -209,7 +209,7 @@ def test_what_a_run_waits_for_is_said_as_commands(tmp_path: Path) -> None:
     approve = f"`construct-mcp runs approve {run_id} --gate-id before:writer`"
     refused(cli(tmp_path, "runs", "resume", run_id), 1, "invalid_state", approve, "--reject")
     refused(cli(tmp_path, "runs", "resume", run_id, "--task-id", "writer", "--output", "x"), 1, approve)
-    refused(cli(tmp_path, "runs", "approve", run_id), 1, "--gate-id is missing", "before:writer")
+    refused(cli(tmp_path, "runs", "approve", run_id), 2, "--gate-id is missing", "before:writer")
     refused(cli(tmp_path, "runs", "approve", run_id, "--gate-id", "nope"), 1, "no gate 'nope'", approve)
 
     approved = cli(tmp_path, "runs", "approve", run_id, "--gate-id", "before:writer", "--json")

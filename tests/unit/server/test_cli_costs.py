@@ -14,6 +14,7 @@ from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
 from server.cli.main import _runs_with, build_parser
+from server.cli.usage import UsageError
 from tests.unit.helpers import make_runtime
 
 
@@ -56,8 +57,9 @@ async def test_a_budget_from_the_cli_stops_the_run_at_the_hosts_reported_usage()
 )
 async def test_bad_budget_flags_are_refused_and_start_nothing(argv: list[str], says: str) -> None:
     runtime = make_runtime()
-    with pytest.raises(InvalidArgument, match=says):
+    with pytest.raises(UsageError, match=says) as raised:
         await cli(runtime, "start", "Build it", *argv)
+    assert isinstance(raised.value.error, InvalidArgument)
     assert not (await runtime.list_runs()).runs
 
 
@@ -73,6 +75,7 @@ async def test_bad_usage_flags_are_refused_and_record_nothing(argv: list[str], s
     runtime = make_runtime()
     run_id = str((await cli(runtime, "start", "Build it", "--specialists", "architect"))["run_id"])
     before = (await runtime.status(run_id)).version
-    with pytest.raises(InvalidArgument, match=says):
+    with pytest.raises(UsageError, match=says) as raised:
         await cli(runtime, "resume", run_id, "--task-id", "architect", "--output", "x", *argv)
+    assert isinstance(raised.value.error, InvalidArgument)
     assert (await runtime.status(run_id)).version == before

@@ -104,7 +104,7 @@ def test_a_live_run_is_imported_only_when_moved(
     file.write_text(lines)
     assert cli("runs", "import", str(file), "--store", sqlite, *home)[0] == 1
     assert capsys.readouterr().err.startswith("invalid_state:")
-    assert cli("runs", "import", str(file), "--store", sqlite, "--move", *home)[0] == 1
+    assert cli("runs", "import", str(file), "--store", sqlite, "--move", *home)[0] == 2  # usage
     assert "--from" in capsys.readouterr().err
     # Relabelled completed, its hashes recomputed: what its facts say decides, moved or not.
     relabelled = tmp / "relabelled.jsonl"
@@ -156,6 +156,8 @@ def test_prune_lists_archives_and_deletes_ended_runs(
     # The archive restores the run, here or in another store.
     assert cli("runs", "import", str(archive / f"{runs['first']}.jsonl"), "--store", sqlite, *home)[0] == 0
 
+    # Usage errors (exit 2), said with the command's usage and the flag.
     for bad in (("--older-than", "soon"), ("--older-than", "1d", "--status", "queued")):
-        assert cli("runs", "prune", *bad, "--store", fs, *home)[0] == 1
-        assert capsys.readouterr().err.startswith("invalid_argument:")
+        assert cli("runs", "prune", *bad, "--store", fs, *home)[0] == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: construct-mcp runs prune") and f"argument {bad[-2]}: " in err

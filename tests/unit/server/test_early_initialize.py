@@ -18,6 +18,7 @@ import mcp_types.version
 import pytest
 from mcp.server.stdio import stdio_server
 
+from orchestration.errors import ConfigError
 from server.__main__ import inline_card, stdio_serve_options
 from server.app import ConstructApp, instructions_for
 from server.mcp.server_card import TOOLS_LIST_FILE, default_tools_list
@@ -350,6 +351,33 @@ def test_the_probe_reads_the_config_file_named_and_the_home_given(tmp_path: Path
     assert not early.early_settings(home=str(tmp_path), env={}).inline
     assert early.early_settings(home=str(tmp_path / "elsewhere"), env={}) == early.EarlySettings(True, True)
     assert early.early_settings(home=" ", env={}) == early.UNSURE
+
+
+def test_a_home_the_settings_refuse_gets_no_early_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server exits at once with a configuration error: an answered initialize would make a
+    # host take it for a server that started.
+    file = tmp_path / "file"
+    file.write_text("")
+    for env in (
+        {"CONSTRUCT_HOME": "relative"},
+        {"CONSTRUCT_HOME": str(file)},
+        {"CONSTRUCT_HOME": f"{file}/h"},
+    ):
+        with pytest.raises(ConfigError):
+            load_settings(env=env)
+        assert early.early_settings(env=env) == early.UNSURE, env
+    assert early.early_settings(home=str(file), env={}) == early.UNSURE
+    monkeypatch.chdir(tmp_path)
+    assert early.early_settings(home="relative", env={}) == early.EarlySettings(True, True)  # --home may be
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    with pytest.raises(ConfigError):
+        load_settings(env={"CONSTRUCT_HOME": str(locked)})
+    assert early.early_settings(env={"CONSTRUCT_HOME": str(locked)}) == early.UNSURE
 
 
 @pytest.mark.parametrize(
