@@ -19,7 +19,7 @@ from mcp.server.mcpserver.tools import Tool
 import server.app as app_module
 from orchestration.core import Limits
 from server.cli.main import run
-from server.mcp.tools import build_tools
+from server.mcp.publishing import build_tools
 
 _LIMITS = Limits()
 ECHO = ("0123456789abcdef" * 64)[:1024]  # 1 KB

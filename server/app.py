@@ -52,12 +52,12 @@ from server.mcp.arguments import UnknownToolRefusal
 from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
 from server.mcp.elicit import STATE_TTL_SECONDS
 from server.mcp.protocol_errors import CodedErrors
+from server.mcp.publishing import build_tools
 from server.mcp.resources import register_resources
 from server.mcp.server_card import SERVER_NAME, SERVER_TITLE, instructions_with, server_version
 from server.mcp.services import Services
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
-from server.mcp.tools import build_tools
 from server.sdk import set_request_handler
 from server.settings.config import Settings
 from server.settings.providers import missing_key_warning

@@ -73,6 +73,7 @@ from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
+from server.cli.printing import emit
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.cli.usage import UsageError
 from server.settings.config import Settings, check_home, load_settings
@@ -80,9 +81,8 @@ from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_choice, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.listing import RunsPage, runs_page
-from server.views.next_step import Approve, Done, RunHostTask, Wait
-from server.views.run_view import Detail, GateView, RunView, run_view
-from server.views.timeline import decided_by, render_timeline
+from server.views.run_view import Detail, RunView, run_view
+from server.views.timeline import render_timeline
 from server.wiring import runtime_for
 from stores import parse_store_spec
 
@@ -95,7 +95,6 @@ EXIT_RUN_ENDED_UNSUCCESSFULLY = 3
 #: the commands that advance a run in-process (see :data:`EXIT_RUN_ENDED_UNSUCCESSFULLY`)
 _ADVANCING = frozenset({"start", "resume", "approve", "fork"})
 _UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.REJECTED, RunStatus.CANCELLED})
-_ENDED = frozenset(s.value for s in RunStatus if s.is_terminal)
 
 #: The exit statuses, as ``--help`` lists them.
 EXIT_STATUSES = f"""exit status:
@@ -330,143 +329,6 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
 
 
 # ------------------------------------------------------------------------------------------------
-# Human-readable output
-
-
-def _print_view(view: RunView, out: TextIO) -> None:
-    parallel = any(s.after is not None for s in view.chain.steps)
-    gated = any(s.approve_before or s.approve_after for s in view.chain.steps)
-    steps = (", " if parallel else " -> ").join(
-        s.name
-        + ("*" if s.approve_before or s.approve_after else "")
-        + (f" [{s.route_on}: {', '.join(f'{v}->{t}' for v, t in s.routes.items())}]" if s.routes else "")
-        + (f" (after {', '.join(s.after)})" if s.after else "")
-        for s in view.chain.steps
-    )
-    out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
-    legend = "   (* = approval gate)" if gated else ""  # said only where a * is shown
-    out.write(f"chain {view.chain.name}: {steps}{legend}\n")
-    request = view.request_preview.replace("\n", " ")
-    out.write(f"request: {request}\n")
-    if view.forked_from is not None:
-        out.write(f"forked from {view.forked_from.run_id} at task {view.forked_from.task_id}\n")
-    out.write("tasks:\n")
-    for task in view.tasks:
-        executor = task.executor or "-"
-        size = f"{task.output_chars} chars" if task.output_chars is not None else ""
-        error = f" error={task.error.code}: {task.error.message}" if task.error else ""
-        error += " (copied)" if task.copied_from is not None else ""
-        out.write(
-            f"  {task.task_id:<14} {task.status.value:<14} {executor:<14} attempts={len(task.attempts)} "
-            f"{size}{error}\n".rstrip()
-            + "\n"
-        )
-    for task in view.tasks:
-        if task.output is not None:
-            out.write(
-                f"--- {task.task_id} output ({len(task.output)} chars) ---\n{task.output.rstrip()}\n---\n"
-            )
-    for route in view.routes:
-        bound = f" (bound reached; on_exhausted {route.applied})" if route.exhausted else ""
-        went = route.next_task_id or route.applied
-        out.write(f"route {route.task_id}: {route.route_on}={route.value} -> {route.target}{bound}: {went}\n")
-    for gate in view.gates:
-        who = decided_by(gate.approver, gate.channel, gate.verified)
-        when = f" at {gate.decided_at:%Y-%m-%d %H:%M:%S}Z" if gate.decided_at else ""
-        note = f" ({gate.comment})" if gate.comment else ""
-        out.write(f"gate {gate.gate_id}: {gate.status}{who}{when}{note}\n")
-    if view.error is not None:
-        out.write(f"error: {view.error.code}: {view.error.message}\n")
-    for warning in view.warnings:
-        out.write(f"warning: {warning}\n")
-    action = view.next_action
-    _print_action(view, action, out)
-    if view.more_actions:
-        out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
-        for more in view.more_actions:
-            _print_action(view, more, out)
-
-
-def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, out: TextIO) -> None:
-    if action.kind == "run_host_task":
-        out.write(f"\nnext: run host task {action.task_id!r} ({action.specialist}) with your model, then\n")
-        out.write(
-            f"  construct-mcp runs resume {view.run_id} --task-id {action.task_id} --output-file ANSWER.md\n"
-        )
-        out.write("\n--- system prompt ---\n" + action.system_prompt.rstrip() + "\n")
-        out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
-    elif action.kind == "approve":
-        gate = next((g for g in view.gates if g.gate_id == action.gate_id), None)
-        out.write(f"\nnext: decide gate {action.gate_id}: {_guards(view, action, gate)}\n")
-        choices = "[--reject | --revise]" if gate is not None and "revise" in gate.decisions else "[--reject]"
-        out.write(
-            f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} {choices} "
-            "[--comment TEXT]\n"
-        )
-    elif action.kind == "wait":
-        out.write(f"\nnext: wait — {_working(view, action)}\n")
-    else:
-        out.write(
-            f"\nthe run is {view.status.value}; nothing more will happen. "
-            f"`construct-mcp runs status {view.run_id} --full` shows the whole outputs.\n"
-        )
-
-
-def _guards(view: RunView, action: Approve, gate: GateView | None) -> str:
-    """What the gate guards, in the CLI's words (the view's ``guards`` names the tools' arguments)."""
-    step = next((s for s in view.chain.steps if s.name == action.task_id), None)
-    named = f"the {action.task_id!r} step" + (f" ({step.specialist})" if step is not None else "")
-    full = f"`construct-mcp runs status {action.run_id or view.run_id} --full`"
-    if action.position == "before":
-        return f"approval before {named} starts; {full} shows the earlier tasks' outputs whole."
-    if action.position == "after":
-        return f"approval of the output of {named} before the chain goes on; {full} shows it whole."
-    if action.position == "budget":
-        note = f"{gate.note} " if gate is not None and gate.note else ""
-        return (
-            f"the budget does not allow the next call: {note}Approving raises that budget by "
-            "--raise-tokens N / --raise-usd X (default: the original budget again); --reject ends the run."
-        )
-    return action.guards  # a loop's bound: its history, in no tool's words
-
-
-def _working(view: RunView, action: Wait) -> str:
-    """What the run is doing while it needs nothing from the person, and how to follow it."""
-    if view.status == RunStatus.AWAITING_AGENT:
-        doing = "the run waits for its agent's remote run, which the server follows"
-    elif view.status == RunStatus.AWAITING_CHILDREN:
-        live = [c.run_id for c in view.children if c.status not in _ENDED]
-        doing = "its child runs are working" + (f" ({', '.join(live)})" if live else "")
-    else:
-        later = f", next attempt not before {action.not_before.isoformat()}" if action.not_before else ""
-        doing = f"the server is working on it (status {view.status.value}{later})"
-    return f"{doing}; `construct-mcp runs tail {view.run_id}` follows it."
-
-
-def _print_page(page: RunsPage, out: TextIO, where: str | None) -> None:
-    width = max((len(run.run_id) for run in page.runs), default=0)
-    if not page.runs:
-        out.write("no runs\n" if where is None else f"no runs in the store {where}\n")
-    else:
-        out.write(f"{'RUN':<{width}}  {'STATUS':<18} {'CHAIN':<10} REQUEST\n")
-    for run in page.runs:
-        waiting = f"  waiting for {run.waiting_for}" if run.waiting_for else ""
-        preview = run.request_preview.replace("\n", " ")[:60]
-        out.write(f"{run.run_id:<{width}}  {run.status.value:<18} {run.chain:<10} {preview}{waiting}\n")
-    if page.next_cursor:
-        out.write(f"more: --cursor {page.next_cursor}\n")
-
-
-def _emit(model: RunView | RunsPage, as_json: bool, out: TextIO, where: str | None = None) -> None:
-    if as_json:
-        out.write(model.model_dump_json(indent=2) + "\n")
-    elif isinstance(model, RunView):
-        _print_view(model, out)
-    else:
-        _print_page(model, out, where)
-
-
-# ------------------------------------------------------------------------------------------------
 # runs ...
 
 
@@ -573,7 +435,7 @@ async def _runs_with(
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
         if command in _ADVANCING and head.status in _UNSUCCESSFUL:
             code = EXIT_RUN_ENDED_UNSUCCESSFULLY
-    _emit(model, args.json, out, where)
+    emit(model, args.json, out, where)
     return code
 
 

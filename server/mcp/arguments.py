@@ -37,7 +37,7 @@ def error_result(exc: ConstructError) -> CallToolResult:
 
 
 #: Given the call's context and raw arguments, the error for a required argument the caller left out
-#: (naming the value to pass); see ``missing`` in :func:`server.mcp.tools.build_tools`.
+#: (naming the value to pass); see ``missing`` in :func:`server.mcp.publishing.build_tools`.
 MissingHint = Callable[[Context[Any, Any], Mapping[str, Any]], Awaitable[ConstructError]]
 
 

@@ -1,6 +1,8 @@
-"""The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_approve``,
-``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a run's event feed, see
-:mod:`server.views.events`: it answers with an :class:`~server.views.events.EventsPage`).
+"""The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``task_prompt``,
+``orchestrate_approve``, ``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a
+run's event feed, see :mod:`server.views.events`: it answers with an
+:class:`~server.views.events.EventsPage`); how they are published is
+:mod:`server.mcp.publishing`.
 
 Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
 a :class:`~server.views.run_view.RunView` or :class:`~server.views.listing.RunsPage` (``outputSchema`` and
@@ -60,14 +62,10 @@ as its structured content, without indentation: many hosts show their model only
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from mcp.server.mcpserver.tools import Tool
-from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
+from mcp.types import CallToolResult, InputRequiredResult
 from pydantic import Field
 
 from orchestration.core import (
@@ -85,7 +83,7 @@ from orchestration.core import (
     delegation_from_meta,
 )
 from orchestration.engine import is_settled
-from orchestration.errors import ConstructError, Forbidden, InvalidArgument, InvalidState, quoted
+from orchestration.errors import Forbidden, InvalidArgument, InvalidState, quoted
 from orchestration.store import RunPage
 from orchestration.tracing import current_traceparent
 from server.identity import Caller, start_identity
@@ -101,9 +99,7 @@ from server.mcp.answering import (
     settle_asking,
     with_progress,
 )
-from server.mcp.arguments import MissingHint, StrictTool, strict_schema, verbatim_text
 from server.mcp.budget_argument import BudgetArgument
-from server.mcp.fork_tool import orchestrate_fork
 from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.fitted_pages import fitted_events, fitted_runs
@@ -115,7 +111,7 @@ from server.views.run_view import Detail, RunView, check_task_id
 log = logging.getLogger("construct.tools")
 
 #: The bounds the input schemas publish; the runtime enforces the same ones (request and output
-#: limits are configurable: :func:`build_tools` publishes the configured ones).
+#: limits are configurable: :func:`~server.mcp.publishing.build_tools` publishes the configured ones).
 LIMITS = Limits()
 
 RunId = Annotated[str, Field(max_length=80)]
@@ -691,114 +687,3 @@ async def run_events(
         return fitted_events(read, services_of(ctx).settings.max_answer_chars, limit, output_after)
 
     return await answer("run_events", work)
-
-
-def build_tools(limits: Limits = LIMITS) -> list[Tool]:
-    """The tools, strict (see :class:`StrictTool`), for ``MCPServer(tools=...)``, in the order
-    :data:`_PUBLISHED` lists them. ``limits`` are the server's configured size limits, published as
-    the ``maxLength`` of ``request`` and ``output`` (over one is ``too_large``, from the runtime)
-    and of ``cursor``."""
-    return [_strict_tool(published, limits) for published in _PUBLISHED]
-
-
-@dataclass(frozen=True, slots=True)
-class _Publish:
-    """How a tool function is published: its title, its hints, and the hint for each argument
-    whose absence the tool explains itself (see :class:`StrictTool`)."""
-
-    fn: Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
-    title: str
-    annotations: ToolAnnotations
-    missing: Mapping[str, MissingHint] = field(default_factory=dict)
-
-
-def _strict_tool(published: _Publish, limits: Limits) -> StrictTool:
-    """``published.fn`` as a strict tool: its docstring as its description, its text arguments
-    taken verbatim, its input schema bounded by ``limits``."""
-    fn = published.fn
-    # cleandoc: the SDK would otherwise hand hosts the docstring with its source indentation.
-    description = inspect.cleandoc(fn.__doc__ or "")
-    tool = StrictTool.from_function(
-        fn,
-        title=published.title,
-        description=description,
-        # a copy: each list of tools has its own, as when they were made at each call
-        annotations=published.annotations.model_copy(),
-    )
-    assert isinstance(tool, StrictTool)  # from_function builds its own class
-    tool.missing = dict(published.missing)
-    tool.fn_metadata = verbatim_text(tool.fn_metadata)
-    tool.parameters = strict_schema(tool.parameters, limits)
-    return tool
-
-
-async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> ConstructError:
-    run_id = str(arguments["run_id"])
-    try:
-        # The hint names the run's gates: only to a caller who may decide them.
-        await caller_for(ctx, "orchestrate_approve", run_id)
-    except ConstructError as exc:
-        return exc
-    return await services_of(ctx).runtime.missing_gate_id(run_id)
-
-
-#: the tools :func:`build_tools` publishes, in this order
-_PUBLISHED = (
-    _Publish(
-        orchestrate_start,
-        "Start a specialist chain",
-        ToolAnnotations(
-            destructive_hint=False,
-            open_world_hint=False,
-        ),
-    ),
-    _Publish(
-        orchestrate_fork,
-        "Fork a run from a task",
-        ToolAnnotations(destructive_hint=False, open_world_hint=False),
-    ),
-    _Publish(
-        orchestrate_resume,
-        "Hand in a task's output",
-        ToolAnnotations(
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    ),
-    _Publish(
-        task_prompt,
-        "Read a task's prompt in parts",
-        ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    ),
-    _Publish(
-        orchestrate_approve,
-        "Decide a gate",
-        ToolAnnotations(
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-        missing={"gate_id": _missing_gate_id},
-    ),
-    _Publish(
-        run_status,
-        "Show a run",
-        ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    ),
-    _Publish(
-        orchestrate_cancel,
-        "Cancel a run",
-        ToolAnnotations(
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    ),
-    _Publish(runs_list, "List runs", ToolAnnotations(read_only_hint=True, open_world_hint=False)),
-    _Publish(
-        run_events,
-        "Follow a run's events",
-        ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    ),
-)

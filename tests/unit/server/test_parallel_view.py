@@ -9,7 +9,7 @@ import io
 from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus
-from server.cli.main import _print_view as print_view
+from server.cli.printing import print_view as print_view
 from server.views.next_step import Approve
 from server.views.run_view import run_view
 from server.views.timeline import render_timeline

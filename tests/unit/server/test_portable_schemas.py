@@ -20,8 +20,8 @@ from mcp.server import MCPServer
 
 from server.app import ConstructApp
 from server.mcp.budget_argument import BudgetArgument
+from server.mcp.publishing import build_tools
 from server.mcp.services import Services
-from server.mcp.tools import build_tools
 from server.settings.config import load_settings
 from tests.acceptance.harness import call, text_of
 

@@ -17,7 +17,7 @@ from orchestration.core.models import RECORD_FORMAT, ChainStep, instance_id
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import ConfigError, InvalidArgument
-from server.cli.main import _print_view as print_view
+from server.cli.printing import print_view as print_view
 from server.views.run_view import run_view
 from server.views.timeline import render_timeline
 from stores.memory import MemoryStore

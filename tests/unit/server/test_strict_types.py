@@ -16,8 +16,8 @@ from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent
 
 from server.app import ConstructApp
+from server.mcp.publishing import build_tools
 from server.mcp.services import Services
-from server.mcp.tools import build_tools
 from server.settings.config import load_settings
 from tests.acceptance.harness import call, call_error
 

@@ -26,8 +26,8 @@ from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument, TooLarge
 from server.app import ConstructApp
 from server.mcp.arguments import HOST_ADDED_ARGUMENTS
+from server.mcp.publishing import build_tools
 from server.mcp.services import Services
-from server.mcp.tools import build_tools
 from server.settings.config import load_settings
 from stores._common import decode_cursor
 from stores.memory import MemoryStore
