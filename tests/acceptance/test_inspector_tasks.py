@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -30,14 +28,12 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import REPO, SERVER_COMMAND, server_env
+from tests.acceptance.harness import SERVER_COMMAND, server_env
+from tests.acceptance.node_tools import SUITE_DIR, node_path, require
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
 
-SUITE_DIR = REPO / "tests" / "conformance"
-BIN = SUITE_DIR / "node_modules" / ".bin"
-MIN_NODE_MAJOR = 22
 #: Seconds one Inspector run may take; each takes a few.
 RUN_SECONDS = 90
 #: The server's log line when it answers a tools/call with a task.
@@ -49,39 +45,10 @@ SCENARIO = {
 }
 
 
-def _path() -> str:
-    """PATH with the pinned ``node`` (22) first: the CLI's ``#!/usr/bin/env node`` finds it."""
-    return os.pathsep.join([str(BIN), os.environ.get("PATH", "")])
-
-
-def _missing() -> str | None:
-    """Why the Inspector cannot run here, or None."""
-    install = f"run `npm ci` in {SUITE_DIR.relative_to(REPO)} (it installs the Inspector and Node 22)"
-    if not (BIN / "mcp-inspector").exists() or not (BIN / "node").exists():
-        return f"the MCP Inspector CLI is not installed: {install}"
-    if shutil.which("npx", path=_path()) is None:
-        return "npx is not on PATH (it comes with npm)"
-    try:
-        version = subprocess.run(
-            [str(BIN / "node"), "--version"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{BIN / 'node'} does not run ({exc}): {install}"
-    match = re.match(r"v(\d+)\.", version)
-    if match is None or int(match.group(1)) < MIN_NODE_MAJOR:
-        return f"the Inspector needs Node >= {MIN_NODE_MAJOR}, {BIN / 'node'} is {version!r}: {install}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def inspector() -> None:
     """Skip locally, fail in CI (``CI=true``), when the Inspector is not installed."""
-    reason = _missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the MCP Inspector tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
+    require("mcp-inspector", "the MCP Inspector CLI")
 
 
 def start_with_inspector(home: Path, server: dict[str, str], **arguments: Any) -> tuple[dict[str, Any], str]:
@@ -118,7 +85,7 @@ def start_with_inspector(home: Path, server: dict[str, str], **arguments: Any) -
     (home / "inspector").mkdir(exist_ok=True)
     env = {
         **os.environ,
-        "PATH": _path(),
+        "PATH": node_path(),
         "HOME": str(home / "inspector"),
         "NO_COLOR": "1",
         "NPM_CONFIG_UPDATE_NOTIFIER": "false",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,13 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import REPO, SERVER_COMMAND, free_port, read_log, server_env
+from tests.acceptance.harness import SERVER_COMMAND, free_port, read_log, server_env
+from tests.acceptance.node_tools import SUITE_DIR, node_path, require
 
 pytestmark = pytest.mark.slow
 
-SUITE_DIR = REPO / "tests" / "conformance"
-BIN = SUITE_DIR / "node_modules" / ".bin"
-MIN_NODE_MAJOR = 22
 
 #: The scenarios that hold any MCP server to the protocol (names as ``conformance list --server``
 #: gives them, suite 0.1.16).
@@ -90,39 +87,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ALL_PASSED = re.compile(r"^Passed: (\d+)/\1, 0 failed", re.MULTILINE)
 
 
-def _path() -> str:
-    """PATH with the suite's own ``node`` (22) first: the CLI's ``#!/usr/bin/env node`` finds it."""
-    return os.pathsep.join([str(BIN), os.environ.get("PATH", "")])
-
-
-def _missing() -> str | None:
-    """Why the suite cannot run here, or None."""
-    install = f"run `npm ci` in {SUITE_DIR.relative_to(REPO)} (it installs the suite and Node 22)"
-    if not (BIN / "conformance").exists() or not (BIN / "node").exists():
-        return f"the MCP conformance suite is not installed: {install}"
-    if shutil.which("npx", path=_path()) is None:
-        return "npx is not on PATH (it comes with npm)"
-    try:
-        version = subprocess.run(
-            [str(BIN / "node"), "--version"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{BIN / 'node'} does not run ({exc}): {install}"
-    match = re.match(r"v(\d+)\.", version)
-    if match is None or int(match.group(1)) < MIN_NODE_MAJOR:
-        return f"the suite needs Node >= {MIN_NODE_MAJOR}, {BIN / 'node'} is {version!r}: {install}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def suite() -> None:
     """Skip locally, fail in CI (``CI=true``), when the suite is not installed."""
-    reason = _missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the MCP conformance tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
+    require("conformance", "the MCP conformance suite")
 
 
 def conformance(*args: str) -> subprocess.CompletedProcess[str]:
@@ -130,7 +98,7 @@ def conformance(*args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         ["npx", "--no-install", "conformance", *args],
         cwd=SUITE_DIR,
-        env={**os.environ, "PATH": _path(), "NO_COLOR": "1"},
+        env={**os.environ, "PATH": node_path(), "NO_COLOR": "1"},
         capture_output=True,
         text=True,
         timeout=120,
