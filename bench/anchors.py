@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from bench.shape import CONCURRENT, OUTPUT, STEPS, median
+from bench.harness import median
+from bench.shape import CONCURRENT, OUTPUT, STEPS
 
 
 @dataclass

@@ -29,7 +29,6 @@ scenario.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -44,6 +43,7 @@ from mcp import Client
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Check, conclude, parser
 from server.app import ConstructApp
 from server.settings.config import load_settings
 
@@ -190,45 +190,63 @@ def compact_report(answers: list[Answer], label: str) -> str:
     lines = [f"compact answers: {label}"]
     for a in answers:
         hands = f"prompt {a.prompt_chars} + {TASK_ANSWER_OVERHEAD}" if a.prompt_chars else "hands out nothing"
-        verdict = "ok" if a.held else "OVER TARGET"
         lines.append(
-            f"  {a.call:<34} {a.chars:>6} chars  (target <= {a.limit:>5}: {hands}; {verdict}; "
+            f"  {a.call:<34} {a.chars:>6} chars  (target <= {a.limit:>5}: {hands}; "
             f"{a.chars - a.prompt_chars:>5} besides the prompt)"
         )
     return "\n".join(lines)
 
 
-def report(figures: Figures, output_chars: int) -> str:
-    def verdict(held: bool) -> str:
-        return "ok" if held else "OVER TARGET"
+def compact_check(answers: list[Answer], label: str) -> Check:
+    over = [f"{a.call} {a.chars} > {a.limit}" for a in answers if not a.held]
+    return Check(
+        f"compact answers, {label}: each within its target",
+        not over,
+        "; ".join(over) if over else f"{len(answers)} answers",
+    )
 
+
+def report(figures: Figures, output_chars: int) -> str:
     return "\n".join(
         [
             f"scenario: default chain, inline, architect and engineer outputs of {output_chars} chars each;",
             "the answer to the engineer's orchestrate_resume (hands out the reviewer's task)",
             f"  reviewer prompt (system + user):  {figures.prompt_chars:>9} chars",
             f"  answer text content:              {figures.text_chars:>9} chars  "
-            f"{figures.text_ratio:.2f}x the prompt  ({verdict(figures.text_ratio <= MAX_RATIO)}, "
-            f"target <= {MAX_RATIO}x)",
+            f"{figures.text_ratio:.2f}x the prompt",
             f"  answer structured content (JSON): {figures.structured_chars:>9} chars  "
-            f"{figures.structured_ratio:.2f}x the prompt  ({verdict(figures.structured_ratio <= MAX_RATIO)}, "
-            f"target <= {MAX_RATIO}x)",
-            f"tools/list: {figures.tools_list_bytes} bytes "
-            f"({verdict(figures.tools_list_bytes <= MAX_TOOLS_LIST_BYTES)}, "
-            f"target <= {MAX_TOOLS_LIST_BYTES})",
+            f"{figures.structured_ratio:.2f}x the prompt",
+            f"tools/list: {figures.tools_list_bytes} bytes",
         ]
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--output-chars", type=int, default=100_000)
-    parser.add_argument("--check", action="store_true", help="exit 1 when a figure is over its target")
-    args = parser.parse_args()
+def checks(figures: Figures) -> list[Check]:
+    return [
+        Check(
+            f"answer text content at most {MAX_RATIO}x the prompt",
+            figures.text_ratio <= MAX_RATIO,
+            f"{figures.text_ratio:.2f}x",
+        ),
+        Check(
+            f"answer structured content at most {MAX_RATIO}x the prompt",
+            figures.structured_ratio <= MAX_RATIO,
+            f"{figures.structured_ratio:.2f}x",
+        ),
+        Check(
+            f"tools/list at most {MAX_TOOLS_LIST_BYTES:,} bytes",
+            figures.tools_list_bytes <= MAX_TOOLS_LIST_BYTES,
+            f"{figures.tools_list_bytes:,} bytes",
+        ),
+    ]
+
+
+def main() -> int:
+    p = parser(__doc__, check="a figure is over its target")
+    p.add_argument("--output-chars", type=int, default=100_000)
+    args = p.parse_args()
     logging.disable(logging.INFO)  # the server's start/stop lines would interleave with the figures
-    held = True
+    targets: list[Check] = []
     for label, gates in (
         ("default chain, inline, short outputs", ()),
         ("with a gate before engineer", ("engineer",)),
@@ -236,15 +254,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as home:
             answers = anyio.run(measure_compact, Path(home), gates)
         print(compact_report(answers, label))
-        held = held and all(a.held for a in answers)
+        targets.append(compact_check(answers, label))
     with tempfile.TemporaryDirectory() as home:
         figures = anyio.run(measure, Path(home), args.output_chars)
     print(report(figures, args.output_chars))
-    held = held and figures.text_ratio <= MAX_RATIO and figures.structured_ratio <= MAX_RATIO
-    held = held and figures.tools_list_bytes <= MAX_TOOLS_LIST_BYTES
-    if args.check and not held:
-        sys.exit(1)
+    return conclude([*targets, *checks(figures)], check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -45,7 +45,6 @@ throwaway schemas (DBOS in a throwaway database) dropped afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
 import itertools
@@ -66,9 +65,11 @@ import anyio
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import echo_client
 from bench.anchors import AnchorFigures, measure_dbos, measure_langgraph
-from bench.host_path import HostPathFigures, measure_host_path, p90
-from bench.shape import CHAIN, CONCURRENT, OUTPUT, STEPS, median, ms
+from bench.harness import Check, add_postgres_dsn, alternate, conclude, median, ms, names, p90, parser, repeat
+from bench.host_path import HostPathFigures, measure_host_path
+from bench.shape import CHAIN, CONCURRENT, OUTPUT, STEPS
 from bench.store_append import open_filesystem, open_memory, open_sqlite, postgres_opener, postgres_reachable
 from orchestration.chains import Catalog, TaskPrompt
 from orchestration.core import (
@@ -85,8 +86,6 @@ from orchestration.core import (
 from orchestration.engine import Runtime
 from orchestration.store import RunStore
 from orchestration.workers.port import DeltaSink
-
-REPO = Path(__file__).resolve().parents[1]
 
 Opener = Callable[[Path], Any]
 
@@ -199,20 +198,17 @@ async def measure_construct(name: str, opener: Opener, runs: int, concurrent: bo
             worker = InstantWorker()
             runtime = new_runtime(store, worker)
             await provider_run(runtime, worker)  # warm-up
-            per_run: list[float] = []
-            step5: list[float] = []
-            step50: list[float] = []
-            inline: list[float] = []
-            for _ in range(runs):
-                boundaries = await provider_run(runtime, worker)
-                per_run.append(median(boundaries))
-                step5.append(median(boundaries[2:5]))  # the boundaries after steps 3-5
-                step50.append(median(boundaries[-3:]))  # the boundaries after steps 47-49
-                # Interleaved with the provider runs: a machine's load (fsync above all) weighs on
-                # both paths alike, so that their ratio (issue 23's target) is one of the same moment.
-                inline.append(median(await inline_run(runtime)))
-            figures.provider, figures.step5, figures.step50 = median(per_run), median(step5), median(step50)
-            figures.inline = median(inline)
+            # The two paths interleaved: a machine's load (fsync above all) weighs on both alike, so
+            # that their ratio (issue 23's target) is one of the same moment.
+            paths = await alternate(
+                {"provider": lambda: provider_run(runtime, worker), "inline": lambda: inline_run(runtime)},
+                runs,
+            )
+            provider = paths["provider"]
+            figures.provider = median([median(b) for b in provider])
+            figures.step5 = median([median(b[2:5]) for b in provider])  # the boundaries after steps 3-5
+            figures.step50 = median([median(b[-3:]) for b in provider])  # the boundaries after steps 47-49
+            figures.inline = median([median(b) for b in paths["inline"]])
             if concurrent and name in ("sqlite", "postgres"):
                 figures.concurrent = median([await concurrent_runs(runtime, worker) for _ in range(3)])
     return figures
@@ -261,11 +257,7 @@ async def postgres_floor(dsn: str, samples: int = 300) -> tuple[float, float, fl
                 await c.close()
 
         times, _ = await one_client("single", samples, None)
-        rt = []
-        for _ in range(samples):
-            started = time.perf_counter()
-            await conn.fetchval("SELECT 1")
-            rt.append(time.perf_counter() - started)
+        rt = await repeat(lambda: conn.fetchval("SELECT 1"), samples)
         until = time.perf_counter() + 3.0
         results = await asyncio.gather(*(one_client(f"c{i}", None, until) for i in range(CONCURRENT)))
         commits = sum(n for _, n in results) / 3.0
@@ -337,28 +329,19 @@ async def _mcp_session(client: Any, samples: int) -> tuple[float, float]:
 
 
 async def measure_mcp(transport: str, samples: int) -> McpFigures:
-    from mcp import Client, StdioServerParameters
-    from mcp.client.stdio import stdio_client
+    from mcp import Client
 
     with tempfile.TemporaryDirectory(prefix="construct-bench-mcp-") as tmp:
-        env = {
-            **os.environ,
-            "CONSTRUCT_HOME": tmp,
-            "CONSTRUCT_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(REPO),
-        }
-        command = [sys.executable, str(REPO / "bench" / "_echo_server.py"), "serve"]
+        env = echo_client.server_env(Path(tmp))
         async with AsyncExitStack() as stack:
             started = time.perf_counter()
             if transport == "stdio":
-                errlog = stack.enter_context((Path(tmp) / "server.log").open("w"))
-                params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(REPO))
-                client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog)))
+                client = await echo_client.stdio_client(stack, Path(tmp), env)
             else:
                 port = _free_port()
                 errlog = stack.enter_context((Path(tmp) / "server.log").open("w"))
                 process = await anyio.open_process(
-                    [*command, "--transport", "streamable-http", "--port", str(port)],
+                    [*echo_client.COMMAND, "--transport", "streamable-http", "--port", str(port)],
                     env=env,
                     stdout=errlog,
                     stderr=errlog,
@@ -385,42 +368,27 @@ async def measure_mcp(transport: str, samples: int) -> McpFigures:
 # ------------------------------------------------------------------------------------------- main
 
 
-@dataclass
-class Check:
-    what: str
-    ok: bool | None  # None: not measured
-    detail: str
-
-
-def check_line(check: Check) -> str:
-    verdict = "not checked" if check.ok is None else ("met" if check.ok else "MISSED")
-    return f"  [{verdict:>11}] {check.what}: {check.detail}"
-
-
 async def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=5, help="runs per figure (the median is printed)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    parser.add_argument(
+    p = parser(__doc__, check="a target is missed")
+    p.add_argument("--runs", type=int, default=5, help="runs per figure (the median is printed)")
+    p.add_argument(
         "--issue",
         type=int,
         choices=(11, 23),
         default=None,
         help="with --check: count only the targets of this issue (all are printed)",
     )
-    parser.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
-    parser.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
-    parser.add_argument("--skip", default="", help="comma-separated: anchors, mcp, concurrent, host")
-    parser.add_argument(
+    add_postgres_dsn(p)
+    p.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
+    p.add_argument("--skip", default="", help="comma-separated: anchors, mcp, concurrent, host")
+    p.add_argument(
         "--host-samples", type=int, default=100, help="inline runs per store for the stdio host-path rows"
     )
-    args = parser.parse_args()
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    args = p.parse_args()
+    skip = set(names(args.skip))
     concurrent = "concurrent" not in skip
 
-    wanted = {s.strip() for s in args.stores.split(",") if s.strip()}
+    wanted = set(names(args.stores))
     openers: dict[str, Opener] = {"memory": open_memory, "filesystem": open_filesystem, "sqlite": open_sqlite}
     openers = {name: opener for name, opener in openers.items() if name in wanted}
     dsn = args.postgres_dsn if "postgres" in wanted else ""
@@ -534,8 +502,6 @@ async def main() -> int:
         print(f"skipped: {skipped}")
 
     # ---- ratios and targets
-    print()
-    print("ratios and targets (issues 11 and 23):")
     checks: list[Check] = []
 
     def ratio_check(what: str, ours_value: float, theirs: float | None, factor: float) -> None:
@@ -549,7 +515,7 @@ async def main() -> int:
     for store in stores:
         if store in ours and store in anchors.per_step:
             times = anchors.per_step[store] / ours[store].provider
-            print(f"  LangGraph / construct-mcp, {store}: {times:.2f} x")
+            print(f"LangGraph / construct-mcp, {store}: {times:.2f} x")
     ratio_check("postgres: 5 x faster than LangGraph", pg.provider, anchors.per_step.get("postgres"), 5)
     ratio_check("postgres: 5 x faster than DBOS", pg.provider, dbos.per_step.get("postgres"), 5)
     if dsn:
@@ -608,17 +574,14 @@ async def main() -> int:
         )
     issue23 = host_path_checks(ours, host)
     counted = {None: [*checks, *issue23], 11: checks, 23: issue23}[args.issue]
-    checks += issue23
-    for check in checks:
-        print(check_line(check))
-    missed = [c for c in counted if c.ok is False]
-    if args.check and missed:
-        named = "" if args.issue is None else f" of issue {args.issue}"
-        print(f"--check: {len(missed)} target(s){named} missed")
-        return 1
-    if args.check and args.issue is not None:
-        print(f"--check: every target of issue {args.issue} met")
-    return 0
+    scope = "" if args.issue is None else f"of issue {args.issue}"
+    return conclude(
+        [*checks, *issue23],
+        check=args.check,
+        counted=counted,
+        scope=scope,
+        title="targets (issues 11 and 23)",
+    )
 
 
 #: issue 23: a stdio resume at most this many times bench_echo, per store

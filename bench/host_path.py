@@ -11,10 +11,7 @@ run the first one made).
 
 from __future__ import annotations
 
-import os
 import secrets
-import statistics
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -23,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import echo_client
 from bench.shape import OUTPUT
 
-REPO = Path(__file__).resolve().parents[1]
 TASKS = ["architect", "engineer", "reviewer"]
 
 
@@ -36,10 +33,6 @@ class HostPathFigures:
     resume: list[float] = field(default_factory=list)
     start: list[float] = field(default_factory=list)
     echo: list[float] = field(default_factory=list)
-
-
-def p90(values: list[float]) -> float:
-    return statistics.quantiles(values, n=10)[8] if len(values) >= 2 else float("nan")
 
 
 @asynccontextmanager
@@ -111,25 +104,14 @@ async def _play(client: Any, n: int, figures: HostPathFigures | None) -> None:
 
 async def measure_host_path(store: str, dsn: str, samples: int) -> HostPathFigures:
     """``samples`` starts and ``2 * samples`` resumes (and an echo after each) on a fresh store."""
-    from mcp import Client, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
     figures = HostPathFigures()
     with tempfile.TemporaryDirectory(prefix="construct-bench-host-") as name:
         tmp = Path(name)
         async with store_url(store, tmp, dsn) as url, AsyncExitStack() as stack:
-            env = {
-                **os.environ,
-                "CONSTRUCT_HOME": str(tmp),
-                "CONSTRUCT_LOG_LEVEL": "WARNING",
-                "CONSTRUCT_ORCHESTRATION_STORE": url,
-                "CONSTRUCT_STORE_FALLBACK": "false",
-                "PYTHONPATH": str(REPO),
-            }
-            command = [sys.executable, str(REPO / "bench" / "_echo_server.py"), "serve"]
-            errlog = stack.enter_context((tmp / "server.log").open("w"))
-            params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(REPO))
-            client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog)))
+            env = echo_client.server_env(
+                tmp, CONSTRUCT_ORCHESTRATION_STORE=url, CONSTRUCT_STORE_FALLBACK="false"
+            )
+            client = await echo_client.stdio_client(stack, tmp, env)
             await _play(client, 5, None)
             await _play(client, samples, figures)
     return figures

@@ -15,12 +15,12 @@ Needs the host CLIs (``npm ci`` in tests/hosts).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.harness import Check, conclude, parser
 from tests.hosts import launch
 from tests.hosts.scripted_model import ScriptedModel
 
@@ -54,12 +54,9 @@ def one_run(root: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--check", action="store_true", help="exit 1 unless every run was ready")
-    args = parser.parse_args(argv)
+    p = parser(__doc__, check="a run's first request lacked construct's tools")
+    p.add_argument("--runs", type=int, default=10)
+    args = p.parse_args(argv)
     reason = launch.missing("codex")
     if reason is not None:
         print(reason, file=sys.stderr)
@@ -71,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             ready += ok
             print(f"run {n + 1}: {'tools listed' if ok else 'no construct tool'}", file=sys.stderr)
     print(f"ready in {ready} of {args.runs} runs")
-    return 1 if args.check and ready < args.runs else 0
+    target = Check(
+        "construct's tools in every run's first request", ready == args.runs, f"{ready} of {args.runs}"
+    )
+    return conclude([target], check=args.check)
 
 
 if __name__ == "__main__":

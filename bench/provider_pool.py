@@ -17,10 +17,8 @@ one pool of ``--calls`` connections (httpx's own pool), interleaved ``--rounds``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ import httpx2
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import Check, alternate, conclude, median, parser
 from orchestration.workers.model_calls import make_http_client
 
 HOLDER = r"""
@@ -120,31 +119,30 @@ async def cpu_per_request(http: httpx2.AsyncClient, calls: int) -> float:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args()
-    sharded: list[float] = []
-    single: list[float] = []
-    for _ in range(args.rounds):
+    p = parser(__doc__, check=f"the sharded pool costs more than {RATIO} x the single pool's CPU per request")
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+
+    async def sharded_pool() -> float:
         async with make_http_client(max_connections=args.calls, read_timeout=3600) as http:
-            sharded.append(await cpu_per_request(http, args.calls))
+            return await cpu_per_request(http, args.calls)
+
+    async def one_pool() -> float:
         async with single_pool(args.calls) as http:
-            single.append(await cpu_per_request(http, args.calls))
-    ours, theirs = statistics.median(sharded), statistics.median(single)
+            return await cpu_per_request(http, args.calls)
+
+    pools = await alternate({"sharded": sharded_pool, "single": one_pool}, args.rounds)
+    sharded, single = pools["sharded"], pools["single"]
+    ours, theirs = median(sharded), median(single)
     print(f"provider pool bench (issue 24): {args.calls:,} calls held at once, {args.rounds} rounds, 2 cores")
     print()
     print("| pool | CPU per request sent, median (rounds) |")
     print("|---|---|")
     print(f"| shards of <= 64 (the server's) | {ours:.2f} ms ({', '.join(f'{v:.2f}' for v in sharded)}) |")
     print(f"| one pool of {args.calls:,} | {theirs:.2f} ms ({', '.join(f'{v:.2f}' for v in single)}) |")
-    met = ours <= RATIO * theirs
-    print()
-    print(f"  [{'met' if met else 'MISSED':>6}] sharded <= {RATIO} x one pool: {ours / theirs:.2f} x")
-    return 1 if args.check and not met else 0
+    target = Check(f"sharded <= {RATIO} x one pool", ours <= RATIO * theirs, f"{ours / theirs:.2f} x")
+    return conclude([target], check=args.check)
 
 
 if __name__ == "__main__":

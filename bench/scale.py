@@ -49,8 +49,7 @@ import anyio
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.boundaries import Check, check_line
-from bench.live_run_memory import rss_kib
+from bench.harness import Check, add_postgres_dsn, conclude, parser, rss_kib
 from bench.scale_client import thin_clients
 from bench.scale_figures import (
     TABLE,
@@ -62,7 +61,6 @@ from bench.scale_figures import (
     Steady,
     called_more_than_once,
     issue_table,
-    missed,
     planted_checks,
     planted_table,
     steady_window_end,
@@ -323,18 +321,11 @@ async def bench(args: argparse.Namespace) -> int:
         print()
         print("\n".join(planted_table(planted)), flush=True)
         checks += planted_checks(planted)
-    print()
-    for check in checks:
-        print(check_line(check))
-    failed = missed(checks)
-    if args.check and failed:
-        print(f"--check: {len(failed)} target(s) missed")
-        return 1
-    return 0
+    return conclude(checks, check=args.check)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options() -> argparse.ArgumentParser:
+    p = parser(__doc__, check="a target of issue 24 is missed")
     p.add_argument("--scenario", choices=["target", "table", "planted", "all", "custom"], default=None)
     p.add_argument("--servers", type=int, default=None)
     p.add_argument("--concurrency", type=int, default=None, help="dispatch concurrency per server")
@@ -350,7 +341,7 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_POOL_SIZE,
         help="each server's CONSTRUCT_STORE_POOL_SIZE (its connections, the listener aside)",
     )
-    p.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
+    add_postgres_dsn(p)
     p.add_argument("--log-level", default="INFO", help="the servers' log level")
     p.add_argument(
         "--client",
@@ -358,14 +349,13 @@ def parser() -> argparse.ArgumentParser:
         default="thin",
         help="the clients that start runs: thin JSON-RPC POSTs (bench/scale_client.py) or mcp.Client",
     )
-    p.add_argument("--check", action="store_true", help="exit 1 when a target of issue 24 is missed")
     return p
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The options; free ``--servers`` ... ``--clients`` make a custom scenario (the others from
     the table's first point)."""
-    p = parser()
+    p = options()
     args = p.parse_args(argv)
     free = ("servers", "concurrency", "runs", "delay", "clients")
     given = [name for name in free if getattr(args, name) is not None]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from bench.boundaries import Check
+from bench.harness import Check
 
 #: tasks per run: the three-task chain (architect, engineer, reviewer)
 TASKS_PER_RUN = 3
@@ -251,11 +251,6 @@ def planted_checks(fig: PlantedFigures) -> list[Check]:
             )
         )
     return checks
-
-
-def missed(checks: Sequence[Check]) -> list[Check]:
-    """The checks that failed; a check not measured (``ok is None``) is not a miss."""
-    return [c for c in checks if c.ok is False]
 
 
 # ------------------------------------------------------------------------------------------ tables

@@ -1,19 +1,9 @@
 """The shape every figure of bench/boundaries.py is measured with (issue 11): a 50-step chain,
-1 KB output per step, 20 runs at once for the concurrent figures; and how figures are summed up."""
+1 KB output per step, 20 runs at once for the concurrent figures."""
 
 from __future__ import annotations
-
-import statistics
 
 STEPS = 50
 CONCURRENT = 20
 OUTPUT = ("0123456789abcdef" * 64)[:1024]  # 1 KB
 CHAIN = tuple(["engineer"] * STEPS)
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")

@@ -28,7 +28,6 @@ cumulative), which is what stands between those answers and the server serving.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import selectors
@@ -42,8 +41,7 @@ from pathlib import Path
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.host_path import p90
-from bench.shape import median
+from bench.harness import Check, conclude, median, p90, parser
 
 #: The median time from spawn to the ``initialize`` answer that ``--check`` holds ``serve`` to: a host
 #: that waits about a second must have its answer with room to spare on a busy machine.
@@ -212,13 +210,10 @@ def top_imports(count: int, imports: str = IMPORTS) -> list[tuple[float, str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--spawns", type=int, default=10, help="servers spawned, one after another")
-    parser.add_argument("--top", type=int, default=8, help="third-party imports listed")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args()
+    p = parser(__doc__, check="the target is missed")
+    p.add_argument("--spawns", type=int, default=10, help="servers spawned, one after another")
+    p.add_argument("--top", type=int, default=8, help="third-party imports listed")
+    args = p.parse_args()
 
     executable = _executable()
     spawns: list[Spawn] = []
@@ -246,16 +241,12 @@ def main() -> int:
         print(f"  {seconds:.3f} s  {name}")
 
     initialize = median([s.initialize for s in spawns])
-    ok = initialize <= INITIALIZE_TARGET_SECONDS
-    verdict = "met" if ok else "MISSED"
-    print(
-        f"\n  [{verdict:>6}] initialize answered within {INITIALIZE_TARGET_SECONDS:g} s (median): "
-        f"{initialize:.3f} s"
+    target = Check(
+        f"initialize answered within {INITIALIZE_TARGET_SECONDS:g} s (median)",
+        initialize <= INITIALIZE_TARGET_SECONDS,
+        f"{initialize:.3f} s",
     )
-    if args.check and not ok:
-        print("--check: the target is missed")
-        return 1
-    return 0
+    return conclude([target], check=args.check)
 
 
 if __name__ == "__main__":

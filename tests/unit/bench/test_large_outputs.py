@@ -25,5 +25,7 @@ def test_one_run_with_60000_character_outputs_stays_under_the_bound() -> None:
     assert largest is not None, done.stdout
     bounded, whole = (int(g.replace(",", "")) for g in largest.groups())
     assert bounded <= 10_000 < 120_000 < whole  # the reviewer's prompt whole is 124 KB and more
-    assert "did not join" not in done.stdout and "chars >" not in done.stdout, done.stdout
+    # Its targets besides time: met (the timed one is the benchmark's to hold).
+    assert "[        met] filesystem: every answer at most 10,000 chars" in done.stdout, done.stdout
+    assert "[        met] filesystem: the parts join into the recorded prompts" in done.stdout, done.stdout
     assert re.search(r"parts per long prompt: \[\d+, \d+\]", done.stdout), done.stdout

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness import missed
 from bench.scale import parse
 from bench.scale_figures import (
     TABLE,
@@ -20,7 +21,6 @@ from bench.scale_figures import (
     Timings,
     called_more_than_once,
     issue_table,
-    missed,
     percentile,
     planted_checks,
     planted_table,
