@@ -11,13 +11,9 @@ once; the figures are the median of the calls after it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +21,7 @@ from pathlib import Path
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import add_postgres_dsn, median, names, parser, repeat
 from bench.store_append import open_filesystem, open_sqlite, postgres_opener, postgres_reachable
 from orchestration.core import (
     ChainSnapshot,
@@ -73,27 +70,20 @@ async def fill(store: RunStore, runs: int, live_percent: float) -> None:
         await store.append(head.run_id, head.version, [cancelled], apply_write(head, [cancelled]))
 
 
-async def median_ms(call: Callable[[], Awaitable[object]], repeat: int = 7) -> float:
-    await call()  # the first call of a store object reads every head once
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        await call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+async def median_ms(call: Callable[[], Awaitable[object]]) -> float:
+    # The first call of a store object reads every head once: not timed.
+    return median(await repeat(call, 7, warmup=1)) * 1000
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=5000)
-    parser.add_argument("--live-percent", type=float, default=10.0)
-    parser.add_argument("--stores", default="filesystem,sqlite,postgres")
-    parser.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=5000)
+    p.add_argument("--live-percent", type=float, default=10.0)
+    p.add_argument("--stores", default="filesystem,sqlite,postgres")
+    add_postgres_dsn(p)
+    args = p.parse_args()
     openers = {"filesystem": open_filesystem, "sqlite": open_sqlite}
-    wanted = [name.strip() for name in args.stores.split(",") if name.strip()]
+    wanted = names(args.stores)
     if "postgres" in wanted:
         if not args.postgres_dsn:
             print("postgres: skipped (no --postgres-dsn and no CONSTRUCT_TEST_POSTGRES_DSN)")

@@ -38,6 +38,7 @@ import asyncpg  # type: ignore[import-untyped]
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import cpu_seconds, parser, rss_kib
 from stores import migrate
 from tests.acceptance.cluster import (
     FakeProcess,
@@ -49,20 +50,6 @@ from tests.acceptance.cluster import (
 )
 from tests.acceptance.store_targets import StoreTarget, store_target
 from tests.stores.sql_adapters import postgres_dsn
-
-
-def rss_kib(pid: int) -> int:
-    """The resident set of process ``pid``, in KiB (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far, in seconds (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _with_database(dsn: str, name: str) -> str:
@@ -186,17 +173,17 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=500)
-    parser.add_argument("--delay", type=float, default=300.0, help="seconds per provider call")
-    parser.add_argument("--window", type=float, default=20.0, help="seconds of steady state measured")
-    parser.add_argument("--store", choices=["postgres", "sqlite", "filesystem"], default="sqlite")
-    parser.add_argument("--postgres-dsn", default=None)
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=500)
+    p.add_argument("--delay", type=float, default=300.0, help="seconds per provider call")
+    p.add_argument("--window", type=float, default=20.0, help="seconds of steady state measured")
+    p.add_argument("--store", choices=["postgres", "sqlite", "filesystem"], default="sqlite")
+    p.add_argument("--postgres-dsn", default=None)
+    args = p.parse_args()
     if args.postgres_dsn:
         os.environ["CONSTRUCT_TEST_POSTGRES_DSN"] = args.postgres_dsn
     if args.store == "postgres" and not os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN"):
-        parser.error("PostgreSQL needs --postgres-dsn or CONSTRUCT_TEST_POSTGRES_DSN")
+        p.error("PostgreSQL needs --postgres-dsn or CONSTRUCT_TEST_POSTGRES_DSN")
     anyio.run(bench, args)
 
 

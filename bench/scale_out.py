@@ -27,6 +27,7 @@ import anyio
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import parser
 from tests.acceptance.cluster import (
     TASKS,
     check_runs,
@@ -88,20 +89,20 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--servers", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--delay", type=float, default=0.02, help="seconds per provider call")
-    parser.add_argument("--store", choices=["postgres", "sqlite", "filesystem"], default="postgres")
-    parser.add_argument("--postgres-dsn", default=None)
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--servers", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--delay", type=float, default=0.02, help="seconds per provider call")
+    p.add_argument("--store", choices=["postgres", "sqlite", "filesystem"], default="postgres")
+    p.add_argument("--postgres-dsn", default=None)
     # INFO, as a server normally runs: the per-server task counts are read from the logs.
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args()
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args()
     if args.postgres_dsn:
         os.environ["CONSTRUCT_TEST_POSTGRES_DSN"] = args.postgres_dsn
     if args.store == "postgres" and not os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN"):
-        parser.error("PostgreSQL needs --postgres-dsn or CONSTRUCT_TEST_POSTGRES_DSN")
+        p.error("PostgreSQL needs --postgres-dsn or CONSTRUCT_TEST_POSTGRES_DSN")
     anyio.run(bench, args)
 
 

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
+from bench.harness import repeat
 from bench.list_runs import T0, fill
 from bench.scale_figures import PlantedFigures, Timings
 from bench.scale_postgres import bench_database
@@ -147,15 +148,8 @@ async def timed(
 ) -> Timings:
     """``once()`` timed ``repeats`` times (after 3 untimed calls: prepared statements, caches),
     each followed by ``after(its result)``, untimed."""
-    ms = []
-    for n in range(3 + repeats):
-        began = time.perf_counter()
-        result = await once()
-        if n >= 3:
-            ms.append((time.perf_counter() - began) * 1000)
-        if after is not None:
-            await after(result)
-    return Timings(name, tuple(ms), targeted)
+    seconds = await repeat(once, repeats, warmup=3, after=after)
+    return Timings(name, tuple(s * 1000 for s in seconds), targeted)
 
 
 async def cancel(store: RunStore, run_id: str, at: datetime | None = None) -> None:

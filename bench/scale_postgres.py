@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import asyncpg  # type: ignore[import-untyped]
 
+from bench.harness import cpu_seconds
+
 #: the application name every construct-mcp store connection sets
 APPLICATION = "construct-mcp"
 
@@ -166,17 +168,13 @@ class Observer:
 
 # ---------------------------------------------------------------------------------------- /proc
 
-_TICKS = os.sysconf("SC_CLK_TCK")
 
-
-def cpu_seconds(pid: int) -> float | None:
+def cpu_seconds_or_none(pid: int) -> float | None:
     """utime + stime of process ``pid`` (Linux), None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def postgres_pids() -> set[int]:
@@ -193,7 +191,7 @@ def postgres_pids() -> set[int]:
 
 
 def cpu_of(pids: set[int]) -> dict[int, float]:
-    return {pid: s for pid in pids if (s := cpu_seconds(pid)) is not None}
+    return {pid: s for pid in pids if (s := cpu_seconds_or_none(pid)) is not None}
 
 
 def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:

@@ -26,15 +26,11 @@ import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import cpu_seconds, parser
 from tests.acceptance.harness import REPO, SERVER_COMMAND, free_port
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 VERSION = "2025-11-25"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def session(http: httpx2.AsyncClient, url: str, uris: list[str]) -> None:
@@ -109,15 +105,13 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sessions", type=int, default=50)
-    parser.add_argument("--per-session", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--settle", type=float, default=2.0)
-    parser.add_argument("--repo", type=Path, default=REPO)
-    anyio.run(bench, parser.parse_args())
+    p = parser(__doc__)
+    p.add_argument("--sessions", type=int, default=50)
+    p.add_argument("--per-session", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--settle", type=float, default=2.0)
+    p.add_argument("--repo", type=Path, default=REPO)
+    anyio.run(bench, p.parse_args())
 
 
 if __name__ == "__main__":

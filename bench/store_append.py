@@ -22,16 +22,11 @@ answers; it works in a throwaway schema that is dropped afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
-import os
 import secrets
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,6 +34,7 @@ from pathlib import Path
 # Runnable as a plain script from anywhere in the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import add_postgres_dsn, alternate, median, names, once, parser
 from orchestration.core import (
     AttemptStarted,
     ChainSnapshot,
@@ -187,24 +183,23 @@ async def measure(store: RunStore, samples: int, pin_head: bool) -> dict[int, tu
     for _ in range(samples):
         for history in HISTORIES:
             runs[history].append(await run_with_history(store, history, pin_head))
-    times: dict[int, list[float]] = {n: [] for n in HISTORIES}
     head_bytes: dict[int, int] = {}
-    for index in range(samples):
-        for history in HISTORIES:
-            run, first = runs[history][index]
+
+    def append_after(history: int) -> Callable[[], Awaitable[float]]:
+        built = iter(runs[history])
+
+        async def append() -> float:
+            run, first = next(built)
             write = pinned(run.complete(with_start=False), first)
             head_bytes[history] = len(encode_head(write[2]).encode())
-            # As timeit does: no garbage collection inside the timed call (the heap holds every
-            # run built above, so a collection there would time the bench's own objects).
-            gc.collect()
-            gc.disable()
-            try:
-                started = time.perf_counter()
-                await commit(store, write)
-                times[history].append(time.perf_counter() - started)
-            finally:
-                gc.enable()
-    return {n: (statistics.median(times[n]), head_bytes[n]) for n in HISTORIES}
+            # The heap holds every run built above: a collection inside the timed call would time
+            # the bench's own objects.
+            return await once(lambda: commit(store, write), quiet_gc=True)
+
+        return append
+
+    times = await alternate({str(n): append_after(n) for n in HISTORIES}, samples)
+    return {n: (median(times[str(n)]), head_bytes[n]) for n in HISTORIES}
 
 
 # ------------------------------------------------------------------------------------------ stores
@@ -279,20 +274,18 @@ async def postgres_reachable(dsn: str) -> bool:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--samples", type=int, default=15, help="runs measured per history length")
-    parser.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
-    parser.add_argument("--postgres-dsn", default=os.environ.get("CONSTRUCT_TEST_POSTGRES_DSN", ""))
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--samples", type=int, default=15, help="runs measured per history length")
+    p.add_argument("--stores", default="memory,filesystem,sqlite,postgres")
+    add_postgres_dsn(p)
+    args = p.parse_args()
 
     openers: dict[str, Callable[[Path], AsyncIterator[RunStore]]] = {
         "memory": open_memory,  # type: ignore[dict-item]
         "filesystem": open_filesystem,  # type: ignore[dict-item]
         "sqlite": open_sqlite,  # type: ignore[dict-item]
     }
-    wanted = [name.strip() for name in args.stores.split(",") if name.strip()]
+    wanted = names(args.stores)
     if "postgres" in wanted:
         if not args.postgres_dsn:
             print("postgres: skipped (no --postgres-dsn and no CONSTRUCT_TEST_POSTGRES_DSN)")
