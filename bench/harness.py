@@ -10,9 +10,10 @@ Every target prints the same way, whether ``--check`` is given or not::
       [     MISSED] sqlite: at most 1.5 ms: 1.62 ms
       [not checked] postgres targets: no Postgres
 
-and with ``--check`` one more line says what it decided: ``--check: 1 target(s) missed`` (exit 1)
+and with ``--check`` one more line says what it decided: ``--check: 1 target(s) missed`` (exit 1),
 or ``--check: every target met`` (exit 0). A target whose figures were not measured (no Postgres,
-an optional extra missing) is not checked, and is not a miss.
+an optional extra missing) is not checked, and is not a miss: ``--check: no target missed (1 not
+checked)`` (exit 0).
 """
 
 from __future__ import annotations
@@ -155,12 +156,17 @@ def conclude(
         print(check_line(c))
     if not check:
         return 0
-    failed = missed(checks if counted is None else counted)
+    held_to = checks if counted is None else counted
+    failed = missed(held_to)
+    unmeasured = sum(1 for c in held_to if c.ok is None)
     named = f" {scope}" if scope else ""
     if failed:
         print(f"--check: {len(failed)} target(s){named} missed")
         return 1
-    print(f"--check: every target{named} met")
+    if unmeasured:
+        print(f"--check: no target{named} missed ({unmeasured} not checked)")
+    else:
+        print(f"--check: every target{named} met")
     return 0
 
 
