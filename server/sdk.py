@@ -25,6 +25,13 @@ Everywhere else the server uses the SDK's public API. What is here has no public
   the same client, and to hook the end of that client) is private: :func:`connection_of`,
   :func:`on_connection_closed`.
 
+* **Arguments validated once.** ``Tool.run`` validates the very dict it is given
+  (``self.fn_metadata.validate_arguments(arguments)``), with no way to hand it arguments validated
+  already. :class:`~server.mcp.arguments.StrictTool` checks a call's arguments before that (its own
+  validation, with coded refusals); :func:`validated_once` keeps what it gave for that dict while
+  ``Tool.run`` runs, and :func:`validated_before` hands it to the metadata's ``validate_arguments``
+  instead of validating the same dict a second time.
+
 ``tests/unit/server/test_sdk_reliance.py`` pins each of these (the private names exist with the expected
 types, and behave as relied on), so an SDK upgrade that changes one fails there; ``pyproject.toml``
 bounds ``mcp`` to the minor version those tests passed with.
@@ -33,7 +40,9 @@ bounds ``mcp`` to the minor version those tests passed with.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar
 
 from mcp.server import MCPServer
@@ -52,6 +61,33 @@ from starlette.routing import Route
 log = logging.getLogger("construct.server")
 
 P = TypeVar("P", bound=RequestParams)
+
+
+#: the arguments of the tool call in progress that were validated already (that very dict), and
+#: what validating them gave (see :func:`validated_once`)
+_VALIDATED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
+    "construct_validated_arguments", default=None
+)
+
+
+@contextmanager
+def validated_once(arguments: dict[str, Any], validated: dict[str, Any]) -> Iterator[None]:
+    """While the block runs (``Tool.run``): ``arguments`` (that very dict) are validated, giving
+    ``validated`` (:func:`validated_before` hands it out)."""
+    token = _VALIDATED.set((arguments, validated))
+    try:
+        yield
+    finally:
+        _VALIDATED.reset(token)
+
+
+def validated_before(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """What validating ``arguments`` gave, when this very dict was validated already
+    (:func:`validated_once`), as a new dict; else None."""
+    validated = _VALIDATED.get()
+    if validated is None or validated[0] is not arguments:
+        return None
+    return dict(validated[1])
 
 
 def set_request_handler(

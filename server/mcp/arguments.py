@@ -14,7 +14,6 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 from mcp.server import ServerRequestContext
@@ -28,6 +27,7 @@ from pydantic import Field, ValidationError
 from orchestration.core import Limits
 from orchestration.errors import ConstructError, InvalidArgument, TooLarge, did_you_mean, quoted
 from server.mcp.tool_hints import tool_error_text
+from server.sdk import validated_before, validated_once
 
 log = logging.getLogger("construct.tools")
 
@@ -50,13 +50,6 @@ HOST_ADDED_ARGUMENTS = frozenset({"wait_for_previous"})
 
 #: Free-text arguments: whatever the caller sends is the text, even when it looks like JSON.
 _TEXT_ARGUMENTS = frozenset({"request", "output", "comment", "reason"})
-
-#: The arguments :class:`StrictTool` checked for the call in progress (that very dict) and what
-#: validating them gave: the SDK's validation of the same dict in ``Tool.run`` reuses it instead of
-#: validating the call's arguments a second time.
-_CHECKED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
-    "construct_checked_arguments", default=None
-)
 
 
 class _VerbatimText(FuncMetadata):
@@ -84,9 +77,9 @@ class _VerbatimText(FuncMetadata):
         }
 
     def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
-        checked = _CHECKED.get()
-        if checked is not None and checked[0] is arguments_to_validate:
-            return dict(checked[1])
+        checked = validated_before(arguments_to_validate)  # by StrictTool.run
+        if checked is not None:
+            return checked
         parsed = self.pre_parse_json(arguments_to_validate)
         # Strict in JSON mode: an enum member or a nested model from its JSON form, nothing coerced.
         text = json.dumps(_integral_as_int(parsed), allow_nan=True)
@@ -154,11 +147,8 @@ class StrictTool(Tool):
                 extra={"action": "tool_error", "code": outcome.code},
             )
             return error_result(outcome)
-        checked = _CHECKED.set((arguments, outcome))  # validated once (see _VerbatimText)
-        try:
+        with validated_once(arguments, outcome):  # the SDK's validation reuses it (_VerbatimText)
             return await super().run(arguments, context, convert_result)
-        finally:
-            _CHECKED.reset(checked)
 
     def _without_host_added(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """``arguments`` without those a host added on its own (:data:`HOST_ADDED_ARGUMENTS`) that

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message
 
 from server import sdk
 from server.app import ConstructApp
+from server.sdk import validated_before, validated_once
 from server.settings.config import load_settings
 from server.transports.http import sse_app, streamable_http_app
 
@@ -179,3 +180,34 @@ def test_the_stdio_transport_reads_the_lines_it_is_given() -> None:
         "write_stream",
         "initialization_options",
     ]
+
+
+async def test_tool_run_validates_the_very_dict_it_is_given() -> None:
+    """``Tool.run`` hands its ``arguments`` object itself to ``validate_arguments``: what
+    ``validated_once`` keeps for that dict is what the tool function then receives (the SDK
+    copying the dict first would validate the call's arguments a second time, silently)."""
+    seen: list[dict[str, Any]] = []
+
+    class Watching(FuncMetadata):
+        def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+            seen.append(arguments_to_validate)
+            return validated_before(arguments_to_validate) or super().validate_arguments(
+                arguments_to_validate
+            )
+
+    def shout(text: str) -> str:
+        return text.upper()
+
+    tool = Tool.from_function(shout)
+    meta = tool.fn_metadata
+    tool.fn_metadata = Watching(
+        arg_model=meta.arg_model,
+        output_schema=meta.output_schema,
+        output_model=meta.output_model,
+        wrap_output=meta.wrap_output,
+    )
+    arguments = {"text": "sent"}
+    with validated_once(arguments, {"text": "checked"}):
+        result = await tool.run(arguments, None)  # type: ignore[arg-type]
+    assert seen[0] is arguments and result == "CHECKED"
+    assert validated_before(arguments) is None  # only while the call runs
