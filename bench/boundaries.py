@@ -78,12 +78,13 @@ from orchestration.core import (
     ChainSnapshot,
     ChainStep,
     ExecutionContract,
+    PromptRead,
     RunStatus,
     StartRequest,
     Telemetry,
     TypedError,
 )
-from orchestration.engine import Runtime
+from orchestration.engine import RunSnapshot, Runtime, RuntimeSettings, Written
 from orchestration.store import RunStore
 from orchestration.workers.port import DeltaSink
 
@@ -127,13 +128,36 @@ def contract_for(request: StartRequest, _: ChainSnapshot) -> ExecutionContract:
     return ExecutionContract(worker_backend="inline")
 
 
+class LastWrites:
+    """A run memory that keeps each run's last write and builds nothing while it flushes (a
+    server also builds its answer's view then, which the stdio rows include)."""
+
+    builds = False
+
+    def __init__(self) -> None:
+        self.written: dict[str, Written] = {}
+
+    def last(self, run_id: str) -> Written | RunSnapshot | None:
+        return self.written.get(run_id)
+
+    def build(self, written: Written) -> object:
+        return None
+
+    def keep(self, written: Written, built: object) -> None:
+        self.written[written.head.run_id] = written
+
+    def prompt_read(self, run_id: str, task_id: str) -> PromptRead | None:
+        return None
+
+
 def new_runtime(store: RunStore, worker: InstantWorker) -> Runtime:
     return Runtime(
         store,
         Catalog.builtin(),
         resolve_contract=contract_for,
         worker=worker,
-        owner=f"bench-{secrets.token_hex(3)}",
+        settings=RuntimeSettings(owner=f"bench-{secrets.token_hex(3)}"),
+        memory=LastWrites(),
     )
 
 
@@ -151,18 +175,21 @@ async def provider_run(runtime: Runtime, worker: InstantWorker) -> list[float]:
 async def inline_run(runtime: Runtime) -> list[float]:
     """One 50-step inline run played like a host; its boundaries, seconds: a host's output recorded
     with the next host task prepared (one write, issue 23) and its prompt in hand, as
-    ``orchestrate_resume`` does it (:meth:`Runtime.hand_in`, handed the previous answer; the
-    server's answer also builds the view's snapshot from it, which the stdio rows include)."""
-    answered, _ = await runtime.open_run(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
-    run_id = answered.head.run_id
+    ``orchestrate_resume`` does it (:meth:`Runtime.submit_host_output`, the runtime's memory
+    holding the previous write; the server's answer also builds the view's snapshot from it,
+    which the stdio rows include)."""
+    memory = runtime.memory
+    assert isinstance(memory, LastWrites)
+    head, _ = await runtime.start(StartRequest(request="bench", chain=CHAIN, worker_backend="inline"))
+    run_id = head.run_id
     times: list[float] = []
     for _ in range(STEPS):
         # The prompt is in hand: rendered once, by the call that prepared the task.
-        [task_id] = answered.prompts
+        [task_id] = memory.written[run_id].prompts
         started = time.perf_counter()
-        answered = await runtime.hand_in(run_id, task_id, OUTPUT, seen=answered)
+        head = await runtime.submit_host_output(run_id, task_id, OUTPUT)
         times.append(time.perf_counter() - started)
-    assert answered.head.status == RunStatus.COMPLETED, answered.head.status
+    assert head.status == RunStatus.COMPLETED, head.status
     return times[:-1]  # the last one finishes the run: no next task
 
 

@@ -246,7 +246,7 @@ class RunStore(Protocol):
         another process writes (postgres: the database server); once the flush begins, where this
         process's own threads write (sqlite's ``COMMIT``, the files' ``fsync``: the thread waits on
         the disk, not on the interpreter's lock). A host's answer is built then
-        (:func:`orchestration.engine.host_answers.while_writing`), and dropped when the write is
+        (:func:`orchestration.engine.host_writes.while_writing`), and dropped when the write is
         refused. A write refused before its flush is never told (sqlite, filesystem); one sent is
         told whatever its answer (postgres); a store that cannot tell (memory) never calls it.
         """
@@ -387,7 +387,7 @@ class CreatesClaimed(Protocol):
     """Optional ability (postgres, beside :class:`NotifiesRunnable`): create a run already leased
     to its creator, without telling the other processes' dispatchers that it is runnable. A runtime
     whose own dispatcher has a free slot creates its provider runs so
-    (:attr:`orchestration.engine.runtime.Runtime.claims_here`) and hands the lease to that
+    (:meth:`orchestration.engine.runtime.Runtime.drive_new_runs_with`) and hands the lease to that
     dispatcher, which drives the run at once: no claim is sent for it, by this process or the
     others. Should the drive not start (the slot was taken meanwhile: its lease is released; the
     process died: its lease expires), the run is claimed at a dispatcher's next poll, as after a

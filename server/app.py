@@ -56,6 +56,7 @@ from server.mcp.publishing import build_tools
 from server.mcp.resources import register_resources
 from server.mcp.server_card import SERVER_NAME, SERVER_TITLE, instructions_with, server_version
 from server.mcp.services import Services
+from server.mcp.shown_runs import ShownRuns
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus, RunSubscriptions, watching_listen_handler
 from server.mcp.tasks import TasksExtension, guard_task_notifications
 from server.sdk import set_request_handler
@@ -164,10 +165,11 @@ class ConstructApp:
             return
         owned = self._opened is None
         opened = self._opened if self._opened is not None else await open_run_store(self.settings)
+        memory = ShownRuns(self.settings.max_answer_chars)
         try:
             async with (
-                runtime_for(self.settings, opened.store, self.catalog, opened.warnings) as runtime,
-                self._running(opened, runtime) as services,
+                runtime_for(self.settings, opened.store, self.catalog, opened.warnings, memory) as runtime,
+                self._running(opened, runtime, memory) as services,
             ):
                 yield services
         finally:
@@ -175,7 +177,9 @@ class ConstructApp:
                 await _close_store(opened)
 
     @asynccontextmanager
-    async def _running(self, opened: OpenedRunStore, runtime: Runtime) -> AsyncIterator[Services]:
+    async def _running(
+        self, opened: OpenedRunStore, runtime: Runtime, memory: ShownRuns
+    ) -> AsyncIterator[Services]:
         settings = self.settings
         dispatcher = Dispatcher(
             runtime,
@@ -191,6 +195,7 @@ class ConstructApp:
             legacy_subscribers=self._legacy,
             store_description=opened.description,
             warnings=tuple(opened.warnings),
+            memory=memory,
         )
         subscriptions = self._subscriptions
         subscriptions.attach(runtime.status)
@@ -210,7 +215,7 @@ class ConstructApp:
             log.info(
                 "server started: %s",
                 " ".join(f"{k}={v}" for k, v in services.describe().items()),
-                extra={"action": "server_started", "owner": runtime.owner},
+                extra={"action": "server_started", "owner": runtime.settings.owner},
             )
             try:
                 yield services
@@ -225,7 +230,9 @@ class ConstructApp:
                         await dispatcher.stopped.wait()
                 tg.cancel_scope.cancel()
                 _remove_pid_file(settings.pid_file)
-                log.info("server stopping", extra={"action": "server_stopping", "owner": runtime.owner})
+                log.info(
+                    "server stopping", extra={"action": "server_stopping", "owner": runtime.settings.owner}
+                )
 
     # -- transports ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from orchestration.chains import Catalog
 from orchestration.core import new_server_id, price_table, with_costs
-from orchestration.engine import Runtime
+from orchestration.engine import RunMemory, Runtime, RuntimeSettings
 from orchestration.store import RunStore
 from orchestration.workers import AgentWorker, ProviderWorker, Workers, contract_resolver, make_http_client
 from server.settings.agents import agent_endpoints
@@ -29,7 +29,11 @@ def process_owner() -> str:
 
 @asynccontextmanager
 async def runtime_for(
-    settings: Settings, store: RunStore, catalog: Catalog, warnings: Sequence[str] = ()
+    settings: Settings,
+    store: RunStore,
+    catalog: Catalog,
+    warnings: Sequence[str] = (),
+    memory: RunMemory | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime over ``store`` with both worker backends wired: ``inline`` (the host runs the
     tasks) and ``provider`` (this process calls the model, through one pooled HTTP client that
@@ -45,8 +49,6 @@ async def runtime_for(
             store,
             catalog,
             limits=settings.limits(),
-            owner=process_owner(),
-            lease_ttl_seconds=settings.lease_ttl_seconds,
             resolve_contract=with_costs(
                 contract_resolver(settings.worker_backend, providers),
                 prices=price_table(settings.prices),
@@ -55,7 +57,12 @@ async def runtime_for(
             ),
             worker=Workers(ProviderWorker(providers, http), agents),
             server_id=server_id,
-            in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
-            store_outage_seconds=settings.store_outage_seconds,
             warnings=warnings,
+            memory=memory,
+            settings=RuntimeSettings(
+                owner=process_owner(),
+                lease_ttl_seconds=settings.lease_ttl_seconds,
+                in_memory_wait_cap_seconds=settings.retry_wait_cap_seconds,
+                store_outage_seconds=settings.store_outage_seconds,
+            ),
         )

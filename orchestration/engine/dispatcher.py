@@ -112,8 +112,7 @@ class Dispatcher:
             self._claim_runnable = store.claim_runnable
             # A run this process creates with a slot free is created leased to it and driven
             # here at once (CreatesClaimed): no claim, and the others need not hear of it.
-            runtime.claims_here = self._has_room
-            runtime.drive_claimed = self._drive_claimed
+            runtime.drive_new_runs_with(self)
         self._listen: Callable[..., Awaitable[None]] | None = None
         self._unlisten: Callable[..., Awaitable[None]] | None = None
         if isinstance(store, NotifiesRunnable):
@@ -121,7 +120,7 @@ class Dispatcher:
         self._limiter = anyio.CapacityLimiter(concurrency)
         #: the task group the drives run in, while :meth:`run` runs
         self._tg: TaskGroup | None = None
-        #: the context drives start in (the dispatcher's own, not a request's: see _drive_claimed)
+        #: the context drives start in (the dispatcher's own, not a request's: see drive_claimed)
         self._context: contextvars.Context | None = None
         self._active: set[str] = set()
         self._again: set[str] = set()
@@ -151,19 +150,19 @@ class Dispatcher:
             self._woken.add(run_id)
         self._wake.set()
 
-    def _has_room(self) -> bool:
+    def has_room(self) -> bool:
         return not self._stopping and self._free() > 0
 
     def _free(self) -> int:
         return self.concurrency - len(self._active)
 
-    async def _drive_claimed(self, lease: Lease, head: RunHead) -> None:
-        """A run this process has just created leased to itself (``Runtime.claims_here``), ``head``
+    async def drive_claimed(self, lease: Lease, head: RunHead) -> None:
+        """A run this process has just created leased to itself (``Runtime.drive_new_runs_with``), ``head``
         as created: driven in a free slot at once, as a claimed one is, from that head. When none
         is free any more (taken while the run was created) or the dispatcher is not running, the
         lease is given back, and the run is claimed at a dispatcher's next pass, here or
         elsewhere."""
-        if self._tg is None or self._context is None or not self._has_room() or lease.run_id in self._active:
+        if self._tg is None or self._context is None or not self.has_room() or lease.run_id in self._active:
             await self._release_unused(lease)
             return
         # Called from the task of the request that created the run: the drive is started in the
@@ -251,7 +250,7 @@ class Dispatcher:
     async def _claim(self, tg: TaskGroup) -> None:
         """Claim as many runs as there are free slots, and drive each with its lease. Never more:
         a claimed run must be driven at once, or its lease would run out while it waits. Runs
-        created claimed while the claim is in flight (:meth:`_drive_claimed`) may have taken
+        created claimed while the claim is in flight (:meth:`drive_claimed`) may have taken
         slots it asked for: the leases it got beyond the slots still free are given back (their
         runs are claimed at the next pass, here or elsewhere), never left waiting for a slot
         with a lease nobody renews yet. Promising the claim its slots instead would make every
@@ -264,7 +263,7 @@ class Dispatcher:
             return
         runtime = self.runtime
         leases = await self._claim_runnable(
-            runtime.owner, runtime.lease_ttl_seconds, runtime.clock.now(), free
+            runtime.settings.owner, runtime.settings.lease_ttl_seconds, runtime.clock.now(), free
         )
         # Fewer than asked for: nothing else was claimable. Until something wakes this
         # dispatcher for new work (a run made runnable here, a notification, the poll), a freed
@@ -280,7 +279,7 @@ class Dispatcher:
                 if not runtime.hand_over(lease):
                     unused.append(lease)
                 continue
-            if not self._has_room():
+            if not self.has_room():
                 # Taken meanwhile by runs created claimed (or the dispatcher is stopping): a
                 # freed slot claims again.
                 unused.append(lease)

@@ -111,15 +111,18 @@ class DriveActions(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class DriveSettings:
-    """The runtime's settings a drive uses (see :class:`~orchestration.engine.runtime.Runtime`), as they
-    were when the drive began."""
+class RuntimeSettings:
+    """How a :class:`~orchestration.engine.runtime.Runtime` and its drives hold leases and wait."""
 
-    owner: str
-    lease_ttl_seconds: float
-    in_memory_wait_cap_seconds: float
-    cancel_poll_seconds: float
-    store_outage_seconds: float
+    #: who holds the leases this runtime takes (one name per process)
+    owner: str = "runtime"
+    lease_ttl_seconds: float = 30.0
+    #: the longest backoff a drive waits in memory; a longer one is a durable wait
+    in_memory_wait_cap_seconds: float = 30.0
+    #: how often a call in flight checks whether its run was cancelled elsewhere
+    cancel_poll_seconds: float = 0.5
+    #: how long a drive rides out a store outage (writes wait, calls go on)
+    store_outage_seconds: float = 30.0
     #: how long giving up awaited remote runs waits for their cancels, in all
     remote_cancel_seconds: float = 10.0
 
@@ -136,7 +139,7 @@ class LeasedRun:
         *,
         store: RunStore,
         clock: Clock,
-        settings: DriveSettings,
+        settings: RuntimeSettings,
         recorded: Recorded,
         calls: CallControl,
         renewer: LeaseRenewer | None = None,
@@ -507,9 +510,9 @@ __all__ = [
     "CallControl",
     "Cancellable",
     "DriveActions",
-    "DriveSettings",
     "LeaseReleases",
     "LeaseRenewer",
     "LeasedRun",
     "Recorded",
+    "RuntimeSettings",
 ]

@@ -10,7 +10,7 @@ Two kinds of writes happen here:
 * **what follows from an external event at once** — a host's output, a decision, an inline
   start: the task completed, a route, the next host task prepared, a gate requested, the run's
   end — recorded in the event's own write, decided by the same pure decision a drive makes, on
-  the head the call read (:mod:`orchestration.engine.host_answers`: the compare-and-swap is the
+  the head the call read (:mod:`orchestration.engine.host_writes`: the compare-and-swap is the
   fence; anything that executes — a provider or agent call, a child run — is left to a drive);
 * **decisions that execute**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
   :class:`~orchestration.engine.drive.Drive` asks the pure
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, Protocol
 
 from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
@@ -70,7 +70,6 @@ from orchestration.core.models import (
     DecisionChannel,
     ExecutionContract,
     GateState,
-    PromptRead,
     RunHead,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
@@ -80,19 +79,23 @@ from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled,
 from orchestration.engine.children import ChildRuns
 from orchestration.engine.deltas import OutputDeltas
 from orchestration.engine.drive import Drive
-from orchestration.engine.host_answers import (
-    Answered,
-    Meanwhile,
-    Seen,
+from orchestration.engine.host_writes import (
+    Forgetful,
+    RunMemory,
     create_with_follow_up,
     hand_in,
     held_at,
     record,
     start_with_follow_up,
-    started,
     write_with_follow_up,
 )
-from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun, LeaseReleases, LeaseRenewer
+from orchestration.engine.leased_run import (
+    CallControl,
+    LeasedRun,
+    LeaseReleases,
+    LeaseRenewer,
+    RuntimeSettings,
+)
 from orchestration.engine.reading import (
     RunSnapshot,
     awaited_calls,
@@ -131,6 +134,19 @@ log = logging.getLogger("construct.runtime")
 ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 _DEFAULT_LIMITS = Limits()
+_DEFAULT_SETTINGS = RuntimeSettings()
+
+
+class DrivesNewRuns(Protocol):
+    """Who drives the runs a runtime creates leased to its own process (the dispatcher)."""
+
+    def has_room(self) -> bool:
+        """Whether a run created now would be driven at once (a slot is free)."""
+        ...
+
+    async def drive_claimed(self, lease: Lease, head: RunHead) -> None:
+        """Drive the run just created under ``lease`` from ``head`` (or give the lease back)."""
+        ...
 
 
 class Runtime:
@@ -144,35 +160,26 @@ class Runtime:
         clock: Clock | None = None,
         new_id: IdGenerator = new_run_id,
         limits: Limits = _DEFAULT_LIMITS,
-        owner: str = "runtime",
-        lease_ttl_seconds: float = 30.0,
+        settings: RuntimeSettings = _DEFAULT_SETTINGS,
         resolve_contract: ContractResolver = inline_contract,
         worker: TaskWorker | None = None,
-        in_memory_wait_cap_seconds: float = 30.0,
-        cancel_poll_seconds: float = 0.5,
         warnings: Sequence[str] = (),
-        store_outage_seconds: float = 30.0,
         server_id: str | None = None,
-        remote_cancel_seconds: float = 10.0,
+        memory: RunMemory | None = None,
     ) -> None:
         self.store = store
+        self.settings = settings
+        #: what this process keeps of the runs its host's calls wrote and showed
+        self.memory: RunMemory = memory or Forgetful()
         self.catalog = catalog
         self.clock = clock or SystemClock()
         self.new_id = new_id
         self.limits = limits
-        self.owner = owner
-        self.lease_ttl_seconds = lease_ttl_seconds
         self.resolve_contract = resolve_contract
         self.worker = worker
-        self.in_memory_wait_cap_seconds = in_memory_wait_cap_seconds
-        self.cancel_poll_seconds = cancel_poll_seconds
         self.warnings = tuple(warnings)
-        #: how long a drive rides out a store outage (writes wait, calls go on): see :meth:`drive`
-        self.store_outage_seconds = store_outage_seconds
         #: this server's identity in agent delegations (a loop lists it: orchestration.core.hops)
         self.server_id = server_id or new_server_id()
-        #: how long a cancel waits, in all, for the remote runs the run awaits to be cancelled
-        self.remote_cancel_seconds = remote_cancel_seconds
         #: the listeners and waiters told of every write this runtime (or one of its drives) makes
         self.changes = ChangeFeed()
         #: the cancel scopes of the calls in flight in its drives, and whether it is stopping
@@ -187,18 +194,23 @@ class Runtime:
         #: gives drives' leases back; keeps those it could not (the store was away)
         self._releases = LeaseReleases(store)
         #: renews all its drives' leases, in one store call per renewal interval
-        self.renewer = LeaseRenewer(store, self.clock, lease_ttl_seconds)
+        self.renewer = LeaseRenewer(store, self.clock, settings.lease_ttl_seconds)
         self.children = ChildRuns(self)  # a step that runs a chain, a host's sub-chains
         #: follows agent steps' remote runs while their runs are awaiting_agent (no lease, no slot)
         self.agent_waits = AgentWaits(self)
-        #: whether the dispatcher has a slot free (its own check): then a new run is CreatesClaimed
-        self.claims_here: Callable[[], bool] = lambda: False
-        #: drives a run created claimed from its head (the dispatcher's); else gives the lease back
-        self.drive_claimed: Callable[[Lease, RunHead], Awaitable[None]] = self._give_back
+        #: who drives a run this process creates leased to itself (see :meth:`drive_new_runs_with`)
+        self._drives_new: DrivesNewRuns | None = None
         self._claimed = store if isinstance(store, CreatesClaimed) else None
 
-    async def _give_back(self, lease: Lease, _: RunHead) -> None:
-        await self._releases.release(lease)
+    def drive_new_runs_with(self, drives: DrivesNewRuns) -> None:
+        """From now on, a run this runtime creates while ``drives`` has room is created leased to
+        this process (on a store that :class:`~orchestration.store.CreatesClaimed`) and handed to
+        ``drives`` at once: no claim is sent for it. The dispatcher registers itself here."""
+        self._drives_new = drives
+
+    def _claims_here(self) -> bool:
+        """Whether a run created now would be created leased to this process."""
+        return self._claimed is not None and self._drives_new is not None and self._drives_new.has_room()
 
     def stop(self) -> None:
         """Graceful shutdown: every ``drive`` returns at its next step boundary (after the write in
@@ -222,7 +234,7 @@ class Runtime:
 
     async def _append(self, head: RunHead, facts: Sequence[Fact]) -> RunHead:
         """Record an external event's ``facts`` on top of ``head`` (compare-and-swap): see
-        :func:`~orchestration.engine.host_answers.record`. A drive's writes are its
+        :func:`~orchestration.engine.host_writes.record`. A drive's writes are its
         :class:`~orchestration.engine.leased_run.LeasedRun`'s (fenced by its lease)."""
         stored, _ = await record(self, head, facts)
         return stored
@@ -298,17 +310,7 @@ class Runtime:
         (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`).
 
         A new run is created with what follows at once (an inline chain's first host task
-        prepared, a first gate requested) in its one first write: :meth:`open_run`."""
-        answered, created = await self.open_run(request)
-        return answered.head, created
-
-    async def open_run(
-        self, request: StartRequest, meanwhile: Meanwhile | None = None
-    ) -> tuple[Answered, bool]:
-        """:meth:`start`, answered with the run as a view shows it when this call created it
-        (built from the facts it wrote, without reading them back). ``meanwhile``: called with
-        that answer while the create flushes, on a store that says when
-        (:func:`~orchestration.engine.host_answers.create_with_follow_up`)."""
+        prepared, a first gate requested) in its one first write, kept in :attr:`memory`."""
         check_start(request, self.limits)
         chain = with_task_timeout(
             self.catalog.resolve(request.chain, request.approve_before), request.task_timeout_seconds
@@ -316,10 +318,10 @@ class Runtime:
         check_delegation(request.delegation, chain, self.server_id)
         contract = self.resolve_contract(request, chain)
 
-        async def create(key: str | None) -> tuple[Answered, bool]:
-            return await self._create_run(request, chain, contract, key, meanwhile)
+        async def create(key: str | None) -> tuple[RunHead, bool]:
+            return await self._create_run(request, chain, contract, key)
 
-        return await start_once(self.store, request, self.clock, create, Answered)
+        return await start_once(self.store, request, self.clock, create)
 
     async def _create_run(
         self,
@@ -327,10 +329,9 @@ class Runtime:
         chain: ChainSnapshot,
         contract: ExecutionContract,
         key: str | None,
-        meanwhile: Meanwhile | None,
-    ) -> tuple[Answered, bool]:
+    ) -> tuple[RunHead, bool]:
         """Create the run ``request`` asks for, under idempotency key ``key`` (the caller's, or
-        the retry window's): ``(answered, created)`` as :meth:`open_run` says."""
+        the retry window's): ``(head, created)`` as :meth:`start` says."""
         run_id = validate_run_id(self.new_id())
         fact = RunCreated(
             seq=1,
@@ -350,33 +351,32 @@ class Runtime:
             delegation=request.delegation,
         )
         # What follows at once (an inline chain's first host task, a first gate) is created with
-        # the run: one write (orchestration.engine.host_answers).
+        # the run: one write (orchestration.engine.host_writes).
         first = start_with_follow_up(self, apply(None, fact), [fact])
         lease: Lease | None = None
-        answered: Answered | None = None
         if len(first.facts) == 1:  # nothing decided but the run: its first drive traces it
-            if self._claimed is not None and self.claims_here():
+            if self._claimed is not None and self._claims_here():
                 # Leased to this process, whose dispatcher drives it at once: no claim, and the
                 # other processes' dispatchers need not hear of it (CreatesClaimed).
                 result, lease = await self._claimed.create_claimed(
-                    first.head, first.facts, self.owner, self.lease_ttl_seconds, now
+                    first.head, first.facts, self.settings.owner, self.settings.lease_ttl_seconds, now
                 )
             else:
                 result = await self.store.create(first.head, first.facts)
         else:
             with traced_write(first.head) as traced:
-                result, answered = await create_with_follow_up(self, first, meanwhile)
+                result = await create_with_follow_up(self, first)
                 traced.recorded(first.facts if result.created else (), result.head)
         if not result.created:
             shown = request.idempotency_key if request.idempotency_key is not None else key
-            return Answered(repeated(result.head, first.head.request_hash, shown, "request")), False
+            return repeated(result.head, first.head.request_hash, shown, "request"), False
         log.info("run created", extra={"action": "run_created", "run_id": run_id})
-        if lease is not None:
+        if lease is not None and self._drives_new is not None:
             # Before the change is told: the run is then being driven here, and the change wakes
             # no dispatcher pass for it.
-            await self.drive_claimed(lease, result.head)
+            await self._drives_new.drive_claimed(lease, result.head)
         await self.changes.changed(result.head)
-        return answered or started(self, first, result.head), True
+        return result.head, True
 
     async def keyed_before_namespaces(self, key: str, started_by: str | None) -> RunHead | None:
         """See :func:`orchestration.engine.start_window.keyed_before_namespaces`."""
@@ -401,38 +401,19 @@ class Runtime:
         detach_children: bool = False,
     ) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
-        host reports, if any, and what follows from it, in one write (:meth:`hand_in`). The caller
-        always names the task its output answers (no "the awaiting one" default): a call retried
-        after the run moved on must not land on the next task. The same output again for a done
-        task returns the current state and appends nothing; a different output for a done task,
-        or output for a task not awaiting it, is a ``Conflict``. A step with an ``output_schema``
-        takes JSON matching it, else ``InvalidOutput`` and nothing is recorded; the validated
-        value is in ``task_completed``. A task with live host-started children is not complete
-        unless ``detach_children``."""
-        return (await self.hand_in(run_id, task_id, output, usage, detach_children)).head
+        host reports, if any, and what follows from it (the task's completion, the next host task
+        prepared, a gate requested, a route, the run's end) in one compare-and-swap without a
+        lease, decided by the drive's own pure decision (:mod:`orchestration.engine.host_writes`).
+        Returns the run's head after it.
 
-    async def hand_in(
-        self,
-        run_id: str,
-        task_id: str,
-        output: str,
-        usage: HostUsage | None = None,
-        detach_children: bool = False,
-        seen: Seen = None,
-        meanwhile: Meanwhile | None = None,
-        prompt_read: PromptRead | None = None,
-    ) -> Answered:
-        """:meth:`submit_host_output`, answered with the run as a view shows it after the write:
-        the output, the task's completion and what follows (the next host task prepared, a gate
-        requested, a route, the run's end) are one compare-and-swap without a lease, decided by
-        the drive's own pure decision (:mod:`orchestration.engine.host_answers`). ``seen``: the
-        snapshot of the run the caller showed last, if any (its log is then not read again).
-        ``meanwhile``: called with the answer while its write is in flight. ``prompt_read``: how
-        much of the task's prompt, handed out in parts, the host fetched (recorded with it)."""
-        run_id = validate_run_id(run_id)
-        return await hand_in(
-            self, run_id, task_id, output, usage, detach_children, seen, meanwhile, prompt_read
-        )
+        The caller always names the task its output answers (no "the awaiting one" default): a
+        call retried after the run moved on must not land on the next task. The same output again
+        for a done task returns the current state and appends nothing; a different output for a
+        done task, or output for a task not awaiting it, is a ``Conflict``. A step with an
+        ``output_schema`` takes JSON matching it, else ``InvalidOutput`` and nothing is recorded;
+        the validated value is in ``task_completed``. A task with live host-started children is
+        not complete unless ``detach_children``."""
+        return await hand_in(self, validate_run_id(run_id), task_id, output, usage, detach_children)
 
     async def approve(
         self,
@@ -446,9 +427,10 @@ class Runtime:
         verified: bool = False,
         budget_raise: BudgetLimits | None = None,
     ) -> RunHead:
-        """Decide the gate ``gate_id``, which the run must be waiting at. The caller always names
-        the gate: an approval retried after the run moved on must not approve the next gate. The
-        decision record is immutable: the same decision, comment and approver (and, on a budget
+        """Decide the gate ``gate_id``, which the run must be waiting at, and record what follows
+        from the decision with it, in one write (as :meth:`submit_host_output`). The caller always
+        names the gate: an approval retried after the run moved on must not approve the next gate.
+        The decision record is immutable: the same decision, comment and approver (and, on a budget
         gate, ``budget_raise``) on a decided gate returns the current state and appends nothing,
         whatever ``channel`` and ``verified`` the repeat came with; else ``Conflict``. Approving a
         run not awaiting approval: ``InvalidState``.
@@ -460,36 +442,28 @@ class Runtime:
         gate past its ``expires_at`` is decided by expiry, not by a late caller: the expiry is
         recorded then (if no drive did yet) and the call is ``InvalidState``. ``budget_raise``:
         what approving a ``budget`` gate adds (:func:`~orchestration.core.approvals.check_budget_raise`).
-
         ``channel`` (how the decision came in) and ``verified`` (whether ``approver`` is an
-        identity the edge verified, or only claimed) are recorded with the decision, and what
-        follows from the decision with it, in one write (:meth:`decide_gate`)."""
-        asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
-        return (await self.decide_gate(run_id, asked)).head
-
-    async def decide_gate(
-        self, run_id: str, asked: Decision, seen: Seen = None, meanwhile: Meanwhile | None = None
-    ) -> Answered:
-        """:meth:`approve` of the decision ``asked`` (its arguments), answered with the run as a
-        view shows it after the write: the decision and what follows from it (the next host task
-        prepared, the run's end) are one compare-and-swap (:mod:`orchestration.engine.host_answers`).
-        ``seen``: the snapshot of the run the caller showed last, if any. ``meanwhile``: called
-        with the answer while its write is in flight."""
+        identity the edge verified, or only claimed) are recorded with the decision."""
         validate_run_id(run_id)
+        asked = Decision(decision, gate_id, comment, approver, channel, verified, budget_raise)
         check_decision(asked, self.limits)
+        shown = self.memory.last(run_id)
         while True:
             head = await self.store.load(run_id)
             gate = gate_to_decide(head, asked.gate_id)
             check_approver(head, gate, asked.approver, asked.verified)
             if gate.status not in ("pending", "requested"):
                 await self._check_repeat(head, gate, asked)
-                return Answered(head)
+                return head
             try:
                 fact = await self._decided(head, gate, asked)
-                held = seen = await held_at(self, head, seen)
-                return await write_with_follow_up(self, head, [fact], held, meanwhile)
-            except VersionConflict:
+            except VersionConflict:  # an expiry recorded meanwhile: decide again
                 continue
+            held = await held_at(self, head, shown)
+            try:
+                return (await write_with_follow_up(self, head, [fact], held)).head
+            except VersionConflict:
+                shown = held
 
     async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision
@@ -658,8 +632,10 @@ class Runtime:
 
         The lease is a fence, and a drive rides out a short store outage: see
         :mod:`orchestration.engine.drive` (``LeaseLost``, ``StoreUnavailable``)."""
-        if lease is not None and lease.owner != self.owner:
-            raise InvalidArgument(f"the lease on run {run_id} belongs to {lease.owner}, not to {self.owner}")
+        if lease is not None and lease.owner != self.settings.owner:
+            raise InvalidArgument(
+                f"the lease on run {run_id} belongs to {lease.owner}, not to {self.settings.owner}"
+            )
         if run_id in self._driving:
             if lease is not None and not self.hand_over(lease):
                 await self._releases.release(lease)
@@ -686,7 +662,9 @@ class Runtime:
         another worker holds it), and release the lease after. A ``CorruptRecord`` sets the run
         aside for :attr:`unreadable_retry_seconds`; a drive that returns clears that."""
         if lease is None:
-            lease = await self.store.claim_lease(run_id, self.owner, self.lease_ttl_seconds, self.clock.now())
+            lease = await self.store.claim_lease(
+                run_id, self.settings.owner, self.settings.lease_ttl_seconds, self.clock.now()
+            )
             if lease is None:
                 return None
         drive = self._driving[run_id] = self._new_drive(lease, head)
@@ -706,19 +684,11 @@ class Runtime:
         return result
 
     def _new_drive(self, lease: Lease, head: RunHead | None = None) -> Drive:
-        settings = DriveSettings(
-            owner=self.owner,
-            lease_ttl_seconds=self.lease_ttl_seconds,
-            in_memory_wait_cap_seconds=self.in_memory_wait_cap_seconds,
-            cancel_poll_seconds=self.cancel_poll_seconds,
-            store_outage_seconds=self.store_outage_seconds,
-            remote_cancel_seconds=self.remote_cancel_seconds,
-        )
         leased = LeasedRun(
             lease,
             store=self.store,
             clock=self.clock,
-            settings=settings,
+            settings=self.settings,
             recorded=self.changes.recorded,
             calls=self.calls,
             renewer=self.renewer,
@@ -732,7 +702,7 @@ class Runtime:
         whose old token the claim replaced: its next write and renewal carry the new token.
         False (nothing done) when this runtime is not driving the run."""
         drive = self._driving.get(lease.run_id)
-        if drive is None or lease.owner != self.owner:
+        if drive is None or lease.owner != self.settings.owner:
             return False
         drive.hand_over(lease)
         return True

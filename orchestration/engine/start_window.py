@@ -1,5 +1,5 @@
 """Which run an identical start already made: under the caller's idempotency key, or within the
-retry window of a start without one (:func:`start_once`, what ``Runtime.open_run`` creates through).
+retry window of a start without one (:func:`start_once`, what ``Runtime.start`` creates through).
 
 A client that gives up on ``orchestrate_start`` (many do after 5 s) retries it, with no key, and the
 server must not start a second run. Within a window of ``W`` seconds (:class:`RetryWindow`), a start
@@ -43,15 +43,12 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 from orchestration.core.clock import Clock
 from orchestration.core.inputs import RetryWindow, StartRequest, stored_key
 from orchestration.core.models import RunHead, canonical_hash
 from orchestration.errors import Conflict, RunMoved, RunPruned, quoted
 from orchestration.store import RunStore
-
-T = TypeVar("T")
 
 #: How many keys one bucket may use (runs made with ``new_run``, pruned runs) before a start is
 #: refused: far more than any client retries in one window.
@@ -146,10 +143,9 @@ async def start_once(
     store: RunStore,
     request: StartRequest,
     clock: Clock,
-    create: Callable[[str | None], Awaitable[tuple[T, bool]]],
-    found: Callable[[RunHead], T],
-) -> tuple[T, bool]:
-    """A start made once: ``(found(run), False)`` for the run an earlier identical start made —
+    create: Callable[[str | None], Awaitable[tuple[RunHead, bool]]],
+) -> tuple[RunHead, bool]:
+    """A start made once: ``(run, False)`` for the run an earlier identical start made —
     under the caller's idempotency key (:func:`keyed_before_namespaces` too), or within the retry
     window (the module docstring) — else what ``create(key)`` answers, ``key`` the idempotency key
     the new run goes under (the caller's stored per identity, the window's first free key, or
@@ -158,7 +154,7 @@ async def start_once(
     if request.idempotency_key is not None:
         earlier = await keyed_before_namespaces(store, request.idempotency_key, request.started_by)
         if earlier is not None:
-            return found(repeated(earlier, request.request_hash(), request.idempotency_key, "request")), False
+            return repeated(earlier, request.request_hash(), request.idempotency_key, "request"), False
         return await create(stored_key(request.idempotency_key, request.started_by))
     window = request.retry
     if window is None or window.seconds <= 0:
@@ -167,7 +163,7 @@ async def start_once(
     while True:
         seen = await look_up(store, request, window, clock.now(), guess=guess)
         if seen.recent is not None and not window.new_run:
-            return found(seen.recent), False
+            return seen.recent, False
         try:
             made, created = await create(seen.free_key)
         except (RunPruned, RunMoved):

@@ -22,7 +22,17 @@ from orchestration.errors import ConstructError
 from orchestration.tracing import link_call_to_run
 from server.identity import Caller, Role, caller_of
 from server.mcp.arguments import error_result
-from server.mcp.elicit import settle_and_ask
+from server.mcp.elicit import (
+    ask_in_call,
+    brought_answer,
+    brought_response,
+    can_ask,
+    input_required,
+    is_modern,
+    noted,
+    open_gate,
+    take_answer,
+)
 from server.mcp.services import Services
 from server.views.children_view import settle_children
 from server.views.compact import answer_data, answer_text
@@ -206,53 +216,57 @@ async def with_progress(ctx: ToolContext, head: RunHead, wait: Callable[[Progres
 
 async def settle_view(
     ctx: ToolContext,
+    caller: Caller,
     head: RunHead,
     wait_seconds: float,
     progress: Progress,
     detail: Detail = "compact",
     full_task: str | None = None,
 ) -> RunView:
-    """Wait (bounded) until the run settles, reporting each change to ``progress``, then view it."""
+    """Wait (bounded) until the run settles, reporting each change to ``progress``, then view it
+    as ``caller`` is shown it."""
     services = services_of(ctx)
     if wait_seconds > 0:
-        runtime = services.runtime
-        deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
-        while True:
-            head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress.report)
-            if head.status == RunStatus.AWAITING_CHILDREN:
-                # What the run needs is what its children need (server.views.children_view); a child
-                # that ended moves the run on: wait for that, then for the run to settle again.
-                ended = await settle_children(runtime, head, deadline - anyio.current_time())
-                if not ended or runtime.stopping or anyio.current_time() >= deadline:
-                    break
-                head = await runtime.wait_for_facts(
-                    head.run_id, head.last_seq, deadline - anyio.current_time()
-                )
-                continue
-            if head.status == RunStatus.AWAITING_AGENT:
-                # The server follows the agent's remote run: wait for its end to be recorded (a
-                # long poll for whoever follows this run in turn), then for the run to settle.
-                seen = head.last_seq
-                head = await runtime.wait_for_facts(head.run_id, seen, deadline - anyio.current_time())
-                if head.last_seq == seen or runtime.stopping or anyio.current_time() >= deadline:
-                    break
-                continue
-            # A durable wait (a provider's backoff) that ends within the caller's budget is not
-            # worth answering "wait" for: wait through it, then for the next settled state. Not
-            # when the server is stopping: nothing will move the run on in this process.
-            if runtime.stopping or head.status != RunStatus.QUEUED or head.not_before is None:
-                break
-            until = (head.not_before - runtime.clock.now()).total_seconds()
-            if until >= deadline - anyio.current_time():
-                break
-            await anyio.sleep(max(0.0, until) + 0.05)
-    return await services.view(
-        head.run_id, head, detail, full_task, caller=caller_of(ctx.request_context.request)
-    )
+        head = await _settled(services, head, wait_seconds, progress)
+    return await services.view(head.run_id, head, detail, full_task, caller=caller)
+
+
+async def _settled(services: Services, head: RunHead, wait_seconds: float, progress: Progress) -> RunHead:
+    """The run's head once it settled, or when ``wait_seconds`` are up (see :func:`settle_view`)."""
+    runtime = services.runtime
+    deadline = anyio.current_time() + min(wait_seconds, MAX_WAIT_SECONDS)
+    while True:
+        head = await runtime.wait_settled(head.run_id, deadline - anyio.current_time(), progress.report)
+        if head.status == RunStatus.AWAITING_CHILDREN:
+            # What the run needs is what its children need (server.views.children_view); a child
+            # that ended moves the run on: wait for that, then for the run to settle again.
+            ended = await settle_children(runtime, head, deadline - anyio.current_time())
+            if not ended or runtime.stopping or anyio.current_time() >= deadline:
+                return head
+            head = await runtime.wait_for_facts(head.run_id, head.last_seq, deadline - anyio.current_time())
+            continue
+        if head.status == RunStatus.AWAITING_AGENT:
+            # The server follows the agent's remote run: wait for its end to be recorded (a
+            # long poll for whoever follows this run in turn), then for the run to settle.
+            seen = head.last_seq
+            head = await runtime.wait_for_facts(head.run_id, seen, deadline - anyio.current_time())
+            if head.last_seq == seen or runtime.stopping or anyio.current_time() >= deadline:
+                return head
+            continue
+        # A durable wait (a provider's backoff) that ends within the caller's budget is not
+        # worth answering "wait" for: wait through it, then for the next settled state. Not
+        # when the server is stopping: nothing will move the run on in this process.
+        if runtime.stopping or head.status != RunStatus.QUEUED or head.not_before is None:
+            return head
+        until = (head.not_before - runtime.clock.now()).total_seconds()
+        if until >= deadline - anyio.current_time():
+            return head
+        await anyio.sleep(max(0.0, until) + 0.05)
 
 
 async def settle_asking(
     ctx: ToolContext,
+    caller: Caller,
     head: RunHead,
     wait_seconds: float,
     *,
@@ -260,28 +274,46 @@ async def settle_asking(
     detail: Detail = "compact",
     full_task: str | None = None,
 ) -> RunView | InputRequiredResult:
-    """:func:`settle_view`, then ask the user at a gate where the client can (:mod:`server.mcp.elicit`).
-    ``retry_safe``: the call, repeated with the same arguments, records nothing new. While it
-    waits (a settle, a form open), progress ticks (:func:`with_progress`)."""
+    """What a call that waits answers: the user's answer its retry brings recorded (a 2026-07-28
+    connection), the run settled (bounded by ``wait_seconds``, with progress), then the user
+    asked at the gate it waits at where the client can (:mod:`server.mcp.elicit`): a form in the
+    call (handshake era), or an ``input_required`` answer whose retry brings the answer — only
+    when ``retry_safe`` (the call, repeated with the same arguments, records nothing new)."""
     link_call_to_run(head)
-    if wait_seconds <= 0:
-        # Nothing waits: no progress either (as before), the view at once.
-        return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
-    if _needs_the_host(head, services_of(ctx).runtime.clock.now()):
-        # A run that awaits this host (the host's path writes the next host task with its answer)
-        # or has ended is settled as it is, with no gate to ask about: the wait is over
-        # as it begins. Its one progress notification (to a client that sent a progress token),
-        # then the view at once.
-        await Progress(ctx).report(head)
-        return await settle_and_ask(ctx, head, 0.0, _no_settle(ctx, detail, full_task), retry_safe=retry_safe)
+    services = services_of(ctx)
+    notes: list[str] = []
+    brought = brought_answer(ctx, caller, head)
+    if brought is not None:
+        notes.extend(brought.notes)
+        head = await take_answer(services, head, brought.gate_id, brought_response(ctx), caller, notes)
+    answered = None if brought is None else brought.gate_id
 
-    async def waiting(progress: Progress) -> RunView | InputRequiredResult:
-        async def settle(current: RunHead, wait: float) -> RunView:
-            return await settle_view(ctx, current, wait, progress, detail, full_task)
+    async def asking(progress: Progress, wait: float = wait_seconds) -> RunView | InputRequiredResult:
+        deadline = anyio.current_time() + wait  # the call's whole wait: the settle's and the forms'
+        view = await settle_view(ctx, caller, head, wait, progress, detail, full_task)
+        if wait <= 0 or not can_ask(ctx, caller):
+            return noted(view, notes)
+        if is_modern(ctx):
+            form = await input_required(services, view, caller, notes, answered) if retry_safe else None
+            return form or noted(view, notes)
+        while (gate := open_gate(view)) is not None and (left := deadline - anyio.current_time()) > 0:
+            moved = await ask_in_call(ctx, view, gate, caller, (left, wait_seconds), notes)
+            if moved is None:
+                break
+            left = deadline - anyio.current_time()
+            view = await settle_view(ctx, caller, moved, left, progress, detail, full_task)
+            if open_gate(view) == gate:  # the answer was not recorded: do not ask the same again
+                break
+        return noted(view, notes)
 
-        return await settle_and_ask(ctx, head, wait_seconds, settle, retry_safe=retry_safe)
-
-    return await with_progress(ctx, head, waiting)
+    if wait_seconds <= 0 or _needs_the_host(head, services.runtime.clock.now()):
+        # Nothing to wait for (no wait asked, or a run that awaits this host or has ended, with
+        # no gate to ask about): one progress notification when there is a wait, the view at once.
+        progress = Progress(ctx)
+        if wait_seconds > 0:
+            await progress.report(head)
+        return await asking(progress, 0.0)
+    return await with_progress(ctx, head, asking)
 
 
 def _needs_the_host(head: RunHead, now: datetime) -> bool:
@@ -292,15 +324,3 @@ def _needs_the_host(head: RunHead, now: datetime) -> bool:
     if head.status != RunStatus.AWAITING_HOST or not is_settled(head, now):
         return False
     return not any(gate.status == "requested" for gate in head.gates)
-
-
-def _no_settle(
-    ctx: ToolContext, detail: Detail, full_task: str | None
-) -> Callable[[RunHead, float], Awaitable[RunView]]:
-    """The settle of a call that does not wait: the view of the head as it is."""
-
-    async def view(current: RunHead, _: float) -> RunView:
-        caller = caller_of(ctx.request_context.request)
-        return await services_of(ctx).view(current.run_id, current, detail, full_task, caller=caller)
-
-    return view

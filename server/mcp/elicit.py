@@ -58,7 +58,6 @@ recorded: a warning starting ``conflict:`` says so. Those warnings start with a 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,7 +84,7 @@ from orchestration.core import (
 )
 from orchestration.engine import RunSnapshot
 from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState
-from server.identity import Caller, caller_of
+from server.identity import Caller
 from server.mcp.tool_hints import tool_message
 from server.views.next_step import next_step
 from server.views.run_view import RunView, output_uri, request_preview
@@ -241,54 +240,42 @@ class AskedGate:
             ) from None
 
 
-#: Waits (bounded) until a run settles and views it: ``tools._settle`` for the call's detail.
-Settle = Callable[[RunHead, float], Awaitable[RunView]]
 ToolContext = Context["Services", Any]
 
 
-async def settle_and_ask(
-    ctx: ToolContext, head: RunHead, wait_seconds: float, settle: Settle, *, retry_safe: bool
-) -> RunView | InputRequiredResult:
-    """Settle the run (``settle``), then, when it waits at a gate and the user can be asked here,
-    ask (see the module docstring). ``retry_safe``: repeating this call with the same arguments
-    records nothing new, so it may ask on a 2026-07-28 connection, where the answer is a retry."""
-    services: Services = ctx.request_context.lifespan_context
-    caller = caller_of(ctx.request_context.request)
-    deadline = anyio.current_time() + wait_seconds
-    notes: list[str] = []
-    answered: str | None = None
-    if _modern(ctx) and ctx.request_state is not None:
-        asked = AskedGate.from_state(ctx.request_state)
-        if asked.run_id != head.run_id or asked.identity != caller.identity:
-            raise InvalidArgument(
-                "request_state was issued for another run or identity; nothing was recorded. Call the "
-                "tool again without it to be asked again"
-            )
-        notes.extend(asked.notes)
-        answered = asked.gate_id
-        head = await take_answer(services, head, asked.gate_id, _response(ctx), caller, notes)
-    view = await settle(head, wait_seconds)
-    if wait_seconds <= 0 or not _can_ask(ctx, caller):
-        return _noted(view, notes)
-    if _modern(ctx):
-        if not retry_safe:
-            return _noted(view, notes)
-        return await _input_required(services, view, caller, notes, answered)
-    return await _ask_in_call(ctx, view, (wait_seconds, deadline), settle, caller, notes)
+def brought_answer(ctx: ToolContext, caller: Caller, head: RunHead) -> AskedGate | None:
+    """On a 2026-07-28 connection, the gate whose form this call's retry answers (its
+    ``request_state``), with the notes of earlier rounds; ``invalid_argument`` when the state names
+    another run or identity. None when the call brings no answer."""
+    if not is_modern(ctx) or ctx.request_state is None:
+        return None
+    asked = AskedGate.from_state(ctx.request_state)
+    if asked.run_id != head.run_id or asked.identity != caller.identity:
+        raise InvalidArgument(
+            "request_state was issued for another run or identity; nothing was recorded. Call the "
+            "tool again without it to be asked again"
+        )
+    return asked
 
 
-async def _input_required(
+def brought_response(ctx: ToolContext) -> ElicitResult | None:
+    """The user's answer to the form this call's retry brings, if any."""
+    response = (ctx.input_responses or {}).get(FORM_KEY)
+    return response if isinstance(response, ElicitResult) else None
+
+
+async def input_required(
     services: Services, view: RunView, caller: Caller, notes: list[str], answered: str | None
-) -> RunView | InputRequiredResult:
+) -> InputRequiredResult | None:
     """On a 2026-07-28 connection: the form for the gate the run waits at, as an ``input_required``
-    answer whose retry brings the user's answer; the view when there is no gate to ask about (none,
+    answer whose retry brings the user's answer; None when there is no gate to ask about (none,
     the one just ``answered``, or one ``caller`` may not decide)."""
-    gate = _open_gate(view)
+    gate = open_gate(view)
     if gate is None or gate == answered:
-        return _noted(view, notes)
+        return None
     snapshot = await services.runtime.snapshot(view.run_id)
     if not _may_decide(snapshot.head, gate, caller):
-        return _noted(view, notes)
+        return None
     asked = AskedGate(
         run_id=view.run_id,
         gate_id=gate,
@@ -300,38 +287,22 @@ async def _input_required(
     )
 
 
-async def _ask_in_call(
-    ctx: ToolContext,
-    view: RunView,
-    wait: tuple[float, float],
-    settle: Settle,
-    caller: Caller,
-    notes: list[str],
-) -> RunView:
-    """On a handshake-era connection: ask in the middle of the call, gate after gate, until the
-    user does not accept, an answer is not recorded, the run no longer waits at a gate, or the
-    call's time is up (``wait``: its ``wait_seconds``, and the deadline they set, on
-    ``anyio.current_time()``)."""
+async def ask_in_call(
+    ctx: ToolContext, view: RunView, gate: str, caller: Caller, wait: tuple[float, float], notes: list[str]
+) -> RunHead | None:
+    """On a handshake-era connection: ask ``caller`` the form for ``gate`` in the middle of the
+    call (open for the first of ``wait``, what is left of the call's ``wait_seconds``, the second)
+    and record an accepted answer; the run's head after it, or None when the form is not for
+    ``caller`` or the user did not accept (a note says why)."""
     services: Services = ctx.request_context.lifespan_context
-    wait_seconds, deadline = wait
-
-    def left() -> float:
-        return max(0.0, deadline - anyio.current_time())
-
-    while (gate := _open_gate(view)) is not None and left() > 0:
-        snapshot = await services.runtime.snapshot(view.run_id)
-        if not _may_decide(snapshot.head, gate, caller):
-            break
-        result = await _elicit(ctx, snapshot, gate, (left(), wait_seconds), notes)
-        if result is None:
-            break
-        head = await take_answer(services, snapshot.head, gate, result, caller, notes)
-        if result.action != "accept":
-            break
-        view = await settle(head, left())
-        if _open_gate(view) == gate:  # the answer was not recorded: do not ask the same again
-            break
-    return _noted(view, notes)
+    snapshot = await services.runtime.snapshot(view.run_id)
+    if not _may_decide(snapshot.head, gate, caller):
+        return None
+    result = await _elicit(ctx, snapshot, gate, wait, notes)
+    if result is None:
+        return None
+    head = await take_answer(services, snapshot.head, gate, result, caller, notes)
+    return head if result.action == "accept" else None
 
 
 async def _elicit(
@@ -500,12 +471,13 @@ def _last_done_before(head: RunHead, task_id: str) -> str | None:
     return done
 
 
-def _modern(ctx: ToolContext) -> bool:
+def is_modern(ctx: ToolContext) -> bool:
+    """Whether the connection is of the 2026-07-28 era (no server-to-client requests)."""
     version = ctx.protocol_version
     return version is not None and is_version_at_least(version, INPUT_REQUIRED_VERSION)
 
 
-def _can_ask(ctx: ToolContext, caller: Caller) -> bool:
+def can_ask(ctx: ToolContext, caller: Caller) -> bool:
     """The client declared form elicitation (a bare ``elicitation: {}`` counts, as in the SDK) and
     the caller may decide gates."""
     capabilities = ctx.client_capabilities
@@ -515,12 +487,8 @@ def _can_ask(ctx: ToolContext, caller: Caller) -> bool:
     return "approve" in caller.roles
 
 
-def _response(ctx: ToolContext) -> ElicitResult | None:
-    response = (ctx.input_responses or {}).get(FORM_KEY)
-    return response if isinstance(response, ElicitResult) else None
-
-
-def _open_gate(view: RunView) -> str | None:
+def open_gate(view: RunView) -> str | None:
+    """The gate the run waits at, by its view; None when it waits at none."""
     action = view.next_action
     if view.status == RunStatus.AWAITING_APPROVAL and action.kind == "approve":
         return action.gate_id
@@ -532,7 +500,8 @@ def _decided(head: RunHead, gate_id: str) -> GateState | None:
     return gate if gate is not None and gate.status not in ("pending", "requested") else None
 
 
-def _noted(view: RunView, notes: list[str]) -> RunView:
+def noted(view: RunView, notes: list[str]) -> RunView:
+    """``view`` with ``notes`` added to its warnings."""
     if not notes:
         return view
     return view.model_copy(update={"warnings": [*view.warnings, *notes]})

@@ -91,6 +91,6 @@ async def orchestrate_fork(
         caller.check_run(head)
         if created:
             services.dispatcher.wake(head.run_id)
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+        return await settle_asking(ctx, caller, head, wait_seconds, retry_safe=idempotency_key is not None)
 
     return await answer_or_ask("orchestrate_fork", work, services_of(ctx))

@@ -72,7 +72,6 @@ from orchestration.core import (
     AGENT_APPROVER,
     Budget,
     BudgetLimits,
-    Decision,
     Delegation,
     HostUsage,
     Limits,
@@ -100,7 +99,6 @@ from server.mcp.answering import (
     with_progress,
 )
 from server.mcp.budget_argument import BudgetArgument
-from server.mcp.services import Preparing
 from server.views.events import MAX_EVENTS_LIMIT, EventsPage, read_events
 from server.views.fitted_pages import fitted_events, fitted_runs
 from server.views.listing import RunsPage
@@ -252,7 +250,8 @@ async def orchestrate_start(
         )
         parent = _parent_task(parent_run_id, parent_task_id)
         head, created = await _started(ctx, caller, start, parent)
-        answered = await settle_asking(ctx, head, wait_seconds, retry_safe=idempotency_key is not None)
+        keyed = idempotency_key is not None
+        answered = await settle_asking(ctx, caller, head, wait_seconds, retry_safe=keyed)
         if not created and isinstance(answered, RunView):
             answered = answered.model_copy(update={"existing_run": True})
         return answered
@@ -334,11 +333,7 @@ async def _started(
         caller.check_run(await runtime.status(parent_run_id))
         head, created = await runtime.children.start_for_host(start, parent_run_id, parent_task_id)
     else:
-        prepared = Preparing(services.settings.max_answer_chars)  # built while the create flushes
-        answered, created = await runtime.open_run(start, prepared)
-        head = answered.head
-        # Built from the facts the start wrote: the answer's view reads nothing back.
-        services.remember(answered, prepared)
+        head, created = await runtime.start(start)
     # Keys are per identity (orchestration.core.inputs.stored_key), so a key finds only the
     # caller's own run; checked all the same, as every run a caller is shown.
     caller.check_run(head)
@@ -389,7 +384,7 @@ async def orchestrate_resume(
     nothing twice."""
 
     async def work() -> RunView | InputRequiredResult:
-        await caller_for(ctx, "orchestrate_resume", run_id)
+        caller = await caller_for(ctx, "orchestrate_resume", run_id)
         services = services_of(ctx)
         runtime = services.runtime
         if output is None:
@@ -405,26 +400,11 @@ async def orchestrate_resume(
         elif task_id is None:
             raise await runtime.missing_task_id(run_id)
         else:
-            # One write: the output and what follows from it (the next host task, prompt rendered
-            # once); the view of the answer is built from what the call holds.
-            prepared = Preparing(services.settings.max_answer_chars)  # built while the write is in flight
-            reads = services.prompt_reads
-            answered = await runtime.hand_in(
-                run_id,
-                task_id,
-                output,
-                usage,
-                detach_children,
-                services.seen(run_id),
-                prepared,
-                prompt_read=reads.of(run_id, task_id),
-            )
-            head = answered.head
-            reads.forget(run_id, task_id)
-            services.remember(answered, prepared)
+            # One write: the output and what follows from it (the next host task).
+            head = await runtime.submit_host_output(run_id, task_id, output, usage, detach_children)
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
-        return await settle_asking(ctx, head, wait_seconds, retry_safe=output is not None)
+        return await settle_asking(ctx, caller, head, wait_seconds, retry_safe=output is not None)
 
     return await answer_or_ask("orchestrate_resume", work, services_of(ctx))
 
@@ -461,7 +441,7 @@ async def task_prompt(
             )
         schema = head.step_of(task_id).output_schema
         part = prompt_part(head.run_id, prompt, offset, services.settings.max_answer_chars, schema)
-        services.prompt_reads.served(head.run_id, task_id, part.chars, part.offset, part.end)
+        services.memory.prompt_reads.served(head.run_id, task_id, part.chars, part.offset, part.end)
         return part
 
     return await answer("task_prompt", work, services_of(ctx))
@@ -518,14 +498,18 @@ async def orchestrate_approve(
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
         services = services_of(ctx)
         recorded = _recorded_approver(caller, approver)
-        runtime = services.runtime
-        verified = caller.verified and recorded != AGENT_APPROVER
-        asked = Decision(decision, gate_id, comment, recorded, caller.channel, verified, budget_raise)
         # One write: the decision and what follows from it.
-        prepared = Preparing(services.settings.max_answer_chars)
-        answered = await runtime.decide_gate(run_id, asked, services.seen(run_id), prepared)
-        services.remember(answered, prepared)
-        return await settle_asking(ctx, answered.head, wait_seconds, retry_safe=True)
+        head = await services.runtime.approve(
+            run_id,
+            decision,
+            gate_id,
+            comment,
+            recorded,
+            channel=caller.channel,
+            verified=caller.verified and recorded != AGENT_APPROVER,
+            budget_raise=budget_raise,
+        )
+        return await settle_asking(ctx, caller, head, wait_seconds, retry_safe=True)
 
     return await answer_or_ask("orchestrate_approve", work, services_of(ctx))
 
@@ -579,18 +563,18 @@ async def run_status(
     services = services_of(ctx)
 
     async def work() -> RunView | RecordPart | InputRequiredResult:
-        await caller_for(ctx, "run_status", run_id)
+        caller = await caller_for(ctx, "run_status", run_id)
         check_record_arguments(detail, task_id, offset, version)
         head = await services.runtime.status(run_id)
         if task_id is not None:
             check_task_id(head, task_id)  # before waiting: an unknown task is a mistake to report now
         answered = await settle_asking(
-            ctx, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
+            ctx, caller, head, wait_seconds, retry_safe=True, detail=detail, full_task=task_id
         )
         if isinstance(answered, InputRequiredResult) or (detail != "full" and task_id is None):
             return answered
         bound = services.settings.max_answer_chars
-        return record_answer(answered, task_id, offset, version, bound, services.records, services.fitted)
+        return record_answer(answered, task_id, offset, version, bound, services.records, services.answer_of)
 
     return await answer_or_ask("run_status", work, services)
 

@@ -21,6 +21,7 @@ import pytest
 from orchestration.chains.catalog import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.fold import apply_write
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.workers.host import host_output_facts
 from stores.filesystem import FilesystemStore
@@ -83,7 +84,7 @@ async def test_corrupt_runs_are_reported_and_contained(tmp_path: Path) -> None:
     async with store_target("filesystem", tmp_path) as target:
         root = tmp_path / "store"
         store = FilesystemStore(root)
-        runtime = Runtime(store, Catalog.load(None), owner="setup")
+        runtime = Runtime(store, Catalog.load(None), settings=RuntimeSettings(owner="setup"))
         healthy_queued = await queued_after_first_task(runtime, "healthy")
         damaged = {kind: await queued_after_first_task(runtime, kind) for kind in DAMAGE}
         await store.close()

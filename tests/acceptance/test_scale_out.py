@@ -28,6 +28,7 @@ import pytest
 from orchestration.chains.catalog import Catalog
 from orchestration.core.facts import ApprovalDecided, AttemptStarted
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from stores import parse_store_spec
 from tests.acceptance.cluster import (
@@ -202,7 +203,7 @@ async def test_an_approval_from_another_process_wakes_a_server_through_notify(tm
             latencies: list[float] = []
             with trial("notify_wakeup", store="postgres", servers=2, poll_seconds=POLL) as t:
                 async with target.opened() as store:
-                    approver = Runtime(store, Catalog.builtin(), owner="approver")
+                    approver = Runtime(store, Catalog.builtin(), settings=RuntimeSettings(owner="approver"))
                     for name in names:
                         await approver.approve(run_ids[name], "approve", "before:engineer", approver="test")
                         with anyio.fail_after(POLL / 3):

@@ -18,6 +18,7 @@ import pytest
 from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers import Workers, contract_resolver
@@ -45,9 +46,7 @@ def runtime_with(
         new_id=sequential_ids(),
         resolve_contract=contract_resolver(settings.worker_backend, provider_settings(settings)),
         worker=Workers(None, worker),
-        owner=owner,
-        lease_ttl_seconds=30,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(owner=owner, lease_ttl_seconds=30, cancel_poll_seconds=0.01),
     )
 
 

@@ -25,6 +25,7 @@ from orchestration.core.fold import apply_write, fold
 from orchestration.core.models import RECORD_FORMAT, ExecutionContract, RunHead, Telemetry, text_hash
 from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict
 from orchestration.store import RunStore
@@ -121,7 +122,7 @@ async def test_a_decided_budget_gate_takes_only_the_raise_it_recorded(store: Run
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=ScriptedWorker(),
-        lease_ttl_seconds=30,
+        settings=RuntimeSettings(lease_ttl_seconds=30),
     )
     # Each scripted call spends 7 tokens and reserves FAKE_MAX_TOKENS (10): the third does not fit.
     budget = Budget(max_total_tokens=20, on_budget="ask")

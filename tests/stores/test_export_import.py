@@ -23,6 +23,7 @@ from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget
 from orchestration.core.models import RECORD_FORMAT
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.reading import read_snapshot
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import (
@@ -78,7 +79,7 @@ def runtime_on(store: RunStore, clock: ManualClock | None = None) -> Runtime:
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=ScriptedWorker(),
-        lease_ttl_seconds=30,
+        settings=RuntimeSettings(lease_ttl_seconds=30),
     )
 
 

@@ -19,6 +19,7 @@ from orchestration.core.facts import RouteDecided, TaskCompleted, dump_fact
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import Conflict, ForkMismatch, InvalidArgument, RunNotFound, UnknownChain
 from orchestration.ops.forking import ForkRequest, fork_run
@@ -71,7 +72,7 @@ def runtime_on(
         new_id=ids or sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        lease_ttl_seconds=30,
+        settings=RuntimeSettings(lease_ttl_seconds=30),
     )
 
 

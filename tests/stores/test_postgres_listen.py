@@ -19,6 +19,7 @@ from orchestration.core.inputs import StartRequest
 from orchestration.core.models import ExecutionContract, RunHead, Telemetry
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
 from orchestration.store import Lease
@@ -209,7 +210,7 @@ async def test_a_runtime_creates_claimed_runs_only_while_its_dispatcher_has_a_fr
         Catalog.builtin(),
         resolve_contract=lambda _r, _c: ExecutionContract(worker_backend="provider", provider="p", model="m"),
         worker=worker,
-        owner="here",
+        settings=RuntimeSettings(owner="here"),
     )
     dispatcher = Dispatcher(runtime, concurrency=1, poll_seconds=30)
     request = StartRequest(request="build", chain=("architect",), worker_backend="provider")

@@ -24,6 +24,7 @@ from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.fold import apply_write
 from orchestration.core.models import RECORD_FORMAT, RunHead
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import CorruptRecord, RecordTooNew
 from orchestration.store import RunStore
@@ -188,7 +189,9 @@ async def test_a_record_without_a_format_is_format_1(store: RunStore) -> None:
 
 
 def runtime_on(store: RunStore, clock: ManualClock, owner: str = "old-server") -> Runtime:
-    return Runtime(store, Catalog.builtin(), clock=clock, owner=owner, lease_ttl_seconds=30)
+    return Runtime(
+        store, Catalog.builtin(), clock=clock, settings=RuntimeSettings(owner=owner, lease_ttl_seconds=30)
+    )
 
 
 async def queued_after_architect(runtime: Runtime) -> str:

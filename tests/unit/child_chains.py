@@ -9,6 +9,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import ManualClock
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from tests.unit.helpers import ScriptedWorker, provider_contract, sequential_ids
@@ -50,7 +51,7 @@ def child_runtime(
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker or ScriptedWorker(),
-        lease_ttl_seconds=30,
+        settings=RuntimeSettings(lease_ttl_seconds=30),
     )
 
 

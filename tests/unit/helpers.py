@@ -26,7 +26,9 @@ from orchestration.core.models import (
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.agent_waits import awaited
+from orchestration.engine.host_writes import RunMemory
 from orchestration.engine.runtime import Runtime
 from orchestration.workers.port import DeltaSink
 from stores.memory import MemoryStore
@@ -87,6 +89,7 @@ def make_runtime(
     worker: ScriptedWorker | None = None,
     clock: ManualClock | None = None,
     catalog: Catalog | None = None,
+    memory: RunMemory | None = None,
 ) -> Runtime:
     return Runtime(
         store or MemoryStore(),
@@ -95,7 +98,8 @@ def make_runtime(
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker or ScriptedWorker(),
-        lease_ttl_seconds=30,
+        memory=memory,
+        settings=RuntimeSettings(lease_ttl_seconds=30),
     )
 
 

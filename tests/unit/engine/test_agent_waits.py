@@ -6,6 +6,7 @@ there first and recording the result."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,7 @@ async def test_cancelling_a_run_awaiting_its_agent_cancels_the_remote_run_and_re
 async def test_a_cancel_records_a_remote_that_does_not_answer() -> None:
     store, remote = MemoryStore(), FakeRemote()
     runtime = runtime_for(store, agent_worker(remote))
-    runtime.remote_cancel_seconds = 0.2
+    runtime.settings = replace(runtime.settings, remote_cancel_seconds=0.2)
     run_id = await awaiting(runtime)
     remote.hang = True
     original = remote.call_tool

@@ -8,6 +8,7 @@ calls in flight, one read per interval."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -62,7 +63,7 @@ async def test_the_batched_check_alone_stops_a_cancelled_call_within_one_interva
     async with shared_stores(backend, tmp_path, 2) as (mine, theirs):
         store, worker = FaultyStore(mine), CountingWorker(delay=3600)
         driving = runtime_on(store, worker, "driver")
-        driving.cancel_poll_seconds = INTERVAL
+        driving.settings = replace(driving.settings, cancel_poll_seconds=INTERVAL)
         other = runtime_on(theirs, CountingWorker(), "other")
         async with anyio.create_task_group() as tg:
             # No dispatcher: nothing listens; only the batched version check can see the cancel.
@@ -77,7 +78,7 @@ async def test_the_notification_alone_stops_a_cancelled_call_at_once(tmp_path: P
     async with shared_stores("postgres", tmp_path, 2) as (mine, theirs):
         store, worker = FaultyStore(mine), CountingWorker(delay=3600)
         driving = runtime_on(store, worker, "driver")
-        driving.cancel_poll_seconds = 3600  # the batched check is as good as off
+        driving.settings = replace(driving.settings, cancel_poll_seconds=3600)  # the batched check is off
         other = runtime_on(theirs, CountingWorker(), "other")
         dispatcher = Dispatcher(driving, concurrency=4, poll_seconds=1.0)
         async with dispatching(dispatcher):

@@ -3,6 +3,8 @@ another one on the same store (another server process, the CLI)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 
 from orchestration.core import StartRequest
@@ -45,7 +47,7 @@ async def test_cancel_through_another_runtime_on_the_same_store() -> None:
     store = MemoryStore()
     runtime = make_runtime(store)
     runtime.clock, runtime.worker = SystemClock(), worker
-    runtime.cancel_poll_seconds = 0.05
+    runtime.settings = replace(runtime.settings, cancel_poll_seconds=0.05)
     other = make_runtime(store)
     other.clock = SystemClock()
     await _cancel_while_calling(other, runtime, worker)

@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 import orchestration.engine.drive as drive_module
-import orchestration.engine.host_answers as host_answers_module
+import orchestration.engine.host_writes as host_answers_module
 from orchestration.chains.catalog import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.budget import refusal
@@ -138,7 +138,7 @@ async def test_every_prefix_decides_as_the_uninterrupted_run(
     assert store.boundaries[-1] == len(facts) and len(store.boundaries) == final.version
 
     # Every boundary, and every prefix decided on inside a write (a host's answer records what
-    # follows from it in its own write: orchestration.engine.host_answers).
+    # follows from it in its own write: orchestration.engine.host_writes).
     for prefix_len in sorted({*store.boundaries, *decided}):
         folded = fold(facts[:prefix_len])
         last = facts[prefix_len - 1]

@@ -20,6 +20,7 @@ from orchestration.core.clock import SystemClock
 from orchestration.core.facts import AttemptStarted, Fact
 from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.backoff import Backoff
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
@@ -45,10 +46,12 @@ def runtime_on(store: RunStore, worker: CountingWorker, owner: str, **kwargs: An
         new_id=lambda: ids().replace("test", owner),
         resolve_contract=provider_contract,
         worker=worker,
-        owner=owner,
-        lease_ttl_seconds=kwargs.pop("lease_ttl_seconds", 5),
-        cancel_poll_seconds=0.05,
-        **kwargs,
+        settings=RuntimeSettings(
+            owner=owner,
+            lease_ttl_seconds=kwargs.pop("lease_ttl_seconds", 5),
+            cancel_poll_seconds=0.05,
+            **kwargs,
+        ),
     )
 
 
@@ -224,7 +227,7 @@ async def test_a_claims_run_whose_slot_a_claimed_create_took_meanwhile_is_given_
             with anyio.fail_after(5):
                 await store.holding.wait()
             # The claim (one slot) is in flight; the run started now is driven here at once.
-            assert runtime.claims_here()
+            assert dispatcher.has_room()
             started, _ = await runtime.start(start_request("started"))
             assert dispatcher.active == {started.run_id}
             store.hold.set()

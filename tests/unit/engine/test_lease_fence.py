@@ -25,6 +25,7 @@ from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost
@@ -76,9 +77,7 @@ def runtime(store: RunStore, worker: StallingWorker, clock: ManualClock, owner: 
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        owner=owner,
-        lease_ttl_seconds=TTL,
-        cancel_poll_seconds=poll,
+        settings=RuntimeSettings(owner=owner, lease_ttl_seconds=TTL, cancel_poll_seconds=poll),
     )
 
 

@@ -15,7 +15,7 @@ from orchestration.core.clock import ManualClock
 from orchestration.core.facts import Fact, RunCancelled
 from orchestration.core.models import RunHead
 from orchestration.engine.changes import ChangeFeed
-from orchestration.engine.leased_run import CallControl, DriveSettings, LeasedRun
+from orchestration.engine.leased_run import CallControl, LeasedRun, RuntimeSettings
 from orchestration.errors import LeaseLost
 from orchestration.ops import ForkRequest, fork_run
 from stores.memory import MemoryStore
@@ -23,7 +23,7 @@ from tests.unit.faulty import start_request
 from tests.unit.helpers import make_runtime
 
 ROOT = Path(__file__).resolve().parents[3]
-SETTINGS = DriveSettings(
+SETTINGS = RuntimeSettings(
     owner="one",
     lease_ttl_seconds=30.0,
     in_memory_wait_cap_seconds=30.0,

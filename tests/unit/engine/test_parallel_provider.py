@@ -22,6 +22,7 @@ from orchestration.core.facts import AttemptStarted, Fact, TaskCompleted
 from orchestration.core.models import ChainStep, ExecutionContract, RunHead, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.store import Lease
 from orchestration.workers.port import DeltaSink
@@ -40,8 +41,7 @@ def runtime_with(worker: object, store: MemoryStore | None = None) -> Runtime:
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,  # type: ignore[arg-type]
-        lease_ttl_seconds=30,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(lease_ttl_seconds=30, cancel_poll_seconds=0.01),
     )
 
 

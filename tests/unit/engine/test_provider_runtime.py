@@ -16,6 +16,7 @@ from orchestration.core import StartRequest
 from orchestration.core.clock import SystemClock
 from orchestration.core.decide import WaitUntil
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
 from orchestration.workers.model_calls import make_http_client
@@ -76,7 +77,7 @@ async def make(fake: FakeProvider, model: str = "claude-test-1", wait_cap: float
         new_id=sequential_ids(),
         resolve_contract=contract_resolver("provider", settings),
         worker=worker,
-        in_memory_wait_cap_seconds=wait_cap,
+        settings=RuntimeSettings(in_memory_wait_cap_seconds=wait_cap),
     )
 
 

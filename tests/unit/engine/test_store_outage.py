@@ -5,6 +5,8 @@ cleanly, and the run resumes from its facts once the store is back."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 import pytest
 
@@ -12,6 +14,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.core.clock import SystemClock
 from orchestration.core.facts import AttemptStarted, TaskCompleted
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import StoreUnavailable
 from orchestration.store import RunStore
@@ -32,9 +35,9 @@ def make(
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        lease_ttl_seconds=lease_ttl_seconds,
-        cancel_poll_seconds=0.05,
-        store_outage_seconds=outage_seconds,
+        settings=RuntimeSettings(
+            lease_ttl_seconds=lease_ttl_seconds, cancel_poll_seconds=0.05, store_outage_seconds=outage_seconds
+        ),
     )
 
 
@@ -134,7 +137,7 @@ async def test_an_outage_past_the_limit_cancels_the_call_and_the_run_resumes_lat
     # The lease could not be released while the store was down; another worker takes over
     # once it expires (ttl 3 s), and the cancelled attempt is an orphan retried as attempt 2.
     other = make(store, worker)
-    other.owner = "another-worker"
+    other.settings = replace(other.settings, owner="another-worker")
     with anyio.fail_after(10):
         # None while the stale lease holds: try again until it has expired.
         while await other.drive(head.run_id) is None:  # noqa: ASYNC110

@@ -29,6 +29,7 @@ from orchestration.core.facts import AttemptStarted, RemoteRunStarted
 from orchestration.core.fold import fold
 from orchestration.core.models import ExecutionContract, RunHead
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.agent_waits import awaited
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
@@ -155,9 +156,7 @@ def runtime_for(
         new_id=sequential_ids(),
         resolve_contract=lambda request, chain: ExecutionContract(worker_backend="inline", max_attempts=3),
         worker=Workers(None, worker),
-        owner=owner,
-        lease_ttl_seconds=30,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(owner=owner, lease_ttl_seconds=30, cancel_poll_seconds=0.01),
     )
 
 

@@ -28,6 +28,7 @@ from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, T
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, price_table
 from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
 from orchestration.workers.model_calls import make_http_client
@@ -355,7 +356,7 @@ async def test_parallel_calls_start_only_while_their_reservations_fit() -> None:
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(cancel_poll_seconds=0.01),
     )
     head, _ = await runtime.start(
         StartRequest("x", chain="fan-continue", worker_backend="provider", budget=Budget(max_total_tokens=25))
@@ -380,7 +381,7 @@ async def test_without_a_budget_the_same_branches_run_together() -> None:
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(cancel_poll_seconds=0.01),
     )
     head, _ = await runtime.start(StartRequest("x", chain="fan-continue", worker_backend="provider"))
     with anyio.fail_after(20):
@@ -480,7 +481,7 @@ async def test_a_parallel_run_asks_at_a_budget_gate_and_goes_on_once_approved() 
         new_id=sequential_ids(),
         resolve_contract=provider_contract,
         worker=worker,
-        cancel_poll_seconds=0.01,
+        settings=RuntimeSettings(cancel_poll_seconds=0.01),
     )
     budget = Budget(max_total_tokens=25, on_budget="ask")
     head, _ = await runtime.start(

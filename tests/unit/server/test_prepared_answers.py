@@ -1,4 +1,4 @@
-"""A host's answer built while its write is under way (``server.mcp.services.Preparing``: in flight
+"""A host's answer built while its write is under way (``server.mcp.shown_runs.ShownRuns.build``: in flight
 on a store whose writes are made elsewhere, Postgres; flushing on a store that says when, SQLite
 and files): what the host receives is the answer a fresh read of the run gives, call after call,
 and the next call still starts from it."""
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from orchestration.engine import Answered
+from orchestration.engine import Written
 from server.app import ConstructApp
-from server.mcp.services import PreparedAnswer, Preparing
+from server.mcp.shown_runs import ShownRuns
 from server.settings.config import load_settings
 from tests.acceptance.store_targets import store_target
 
@@ -41,14 +41,13 @@ async def test_answers_built_during_the_write_are_those_a_read_gives(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     used: list[bool] = []
-    of = Preparing.of
+    keep = ShownRuns.keep
 
-    def counted(self: Preparing, answered: Answered) -> PreparedAnswer | None:
-        ready = of(self, answered)
-        used.append(ready is not None)
-        return ready
+    def counted(self: ShownRuns, written: Written, built: object) -> None:
+        used.append(built is not None)
+        keep(self, written, built)
 
-    monkeypatch.setattr(Preparing, "of", counted)
+    monkeypatch.setattr(ShownRuns, "keep", counted)
     async with store_target(store, tmp_path) as target:
         env = {"CONSTRUCT_HOME": str(tmp_path / "home"), "CONSTRUCT_ORCHESTRATION_STORE": target.url}
         app = ConstructApp(load_settings(env={**env, "CONSTRUCT_STORE_FALLBACK": "false"}))

@@ -13,6 +13,7 @@ from mcp import Client
 from orchestration.chains.catalog import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.models import RECORD_FORMAT
+from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from server.app import ConstructApp
 from server.settings.config import load_settings
@@ -25,7 +26,7 @@ RUN_FILES = ("head.json", "facts.jsonl", "facts.idx")
 async def test_run_status_says_record_too_new_and_the_run_is_left_alone(tmp_path: Path) -> None:
     # A queued run, its head then replaced by what a newer version would write.
     store = FilesystemStore(tmp_path)
-    head, _ = await Runtime(store, Catalog.builtin(), owner="setup").start(
+    head, _ = await Runtime(store, Catalog.builtin(), settings=RuntimeSettings(owner="setup")).start(
         StartRequest("written by a newer version", chain=("writer",))
     )
     await store.close()

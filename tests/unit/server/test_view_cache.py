@@ -14,7 +14,9 @@ from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.reading import RunSnapshot
 from server.identity import LOCAL, Caller, NamedToken, Role, caller_for
 from server.mcp import services as services_module
+from server.mcp import shown_runs as memory_module
 from server.mcp.services import Services
+from server.mcp.shown_runs import ShownRuns
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
 from server.views.compact import WITHHELD, answer_data, answer_text
@@ -42,6 +44,7 @@ def services_on(store: MemoryStore, home: Path) -> Services:
         bus=RunEventBus(),
         legacy_subscribers=LegacySubscribers(),
         store_description="memory",
+        memory=ShownRuns(10_000),
     )
 
 
@@ -76,6 +79,7 @@ async def test_a_versions_compact_view_is_built_once(tmp_path: Path, monkeypatch
         return run_view(snapshot, detail, full_task)
 
     monkeypatch.setattr(services_module, "run_view", counting)
+    monkeypatch.setattr(memory_module, "run_view", counting)
     services = services_on(MemoryStore(), tmp_path)
     head, _ = await services.runtime.start(StartRequest(request="x", chain=("architect",)))
     await services.runtime.drive(head.run_id)

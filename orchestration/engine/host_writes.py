@@ -1,57 +1,21 @@
-"""The host's path in one write: a host's output, a gate's decision or an inline start is
-recorded together with everything that follows from it — the task completed, a route decided, the
-next host task(s) prepared, a gate requested, the run finished — in ONE compare-and-swap.
+"""The host's path in one write: a host's output, a gate's decision or an inline start is recorded
+with everything that follows from it (the task completed, a route, the next host task prepared, a
+gate requested, the run's end) in ONE compare-and-swap, without a lease.
 
-**Why that is the same decision a drive makes.** What follows is decided by the very same pure
-:func:`~orchestration.core.decide.next_actions` a drive asks, on the head the call loaded with its
-own facts folded in, and each bookkeeping action becomes the fact the drive would record for it
-(:func:`~orchestration.core.action_facts.recorded_fact`; a host task's ``host_task_prepared`` with
-the prompt's hash, :func:`~orchestration.workers.host.host_task_prepared`). Preparing a host task is
-pure (its prompt is a function of recorded facts: the upstream outputs the call holds), so nothing
-is called and nothing else is read to decide it. The facts of one write are exactly those a drive
-would have recorded one write each, in the same order; a crash before the write leaves the run as
-it was (the host repeats its call), a crash after it leaves the run as the drive would have left it
-several writes later (``tests/unit/engine/test_host_answer_prefixes.py`` checks every prefix).
+The invariant: those facts are exactly the ones a drive would have recorded, one write each, in the
+same order — decided by the same pure :func:`~orchestration.core.decide.next_actions` on the head
+the call holds, each action turned into the fact a drive records for it. So a crash before the
+write leaves the run as it was (the host repeats its call), a crash after it as a drive would have
+left it (``tests/unit/engine/test_crash_prefixes.py`` checks every prefix). The compare-and-swap is
+the fence: a racing writer makes the call read again and decide again. Nothing that executes (a
+provider or agent attempt, a child run, a durable wait, any action on a ``running`` task) is taken
+here: that is left to a lease holder, whom the write wakes.
 
-**The fence is the compare-and-swap, not a lease.** The call holds no lease: it writes on the
-version it read, and a racing writer (a drive, another caller) makes it read again and decide
-again from the newer head, exactly as an external event was recorded before. That keeps the
-one-writer rule: a lease exists so that one worker at a time *executes* a run (calls a provider,
-an agent, starts a child), and such actions are never taken here. The call records only actions
-that execute nothing, and leaves alone every action that belongs to a lease holder:
-
-* a provider or agent attempt (``StartAttempt``), a child run (``StartChild``), a durable wait,
-  an awaited child or agent — the run is then left ``queued``/``running`` (an active status), so
-  the write wakes the dispatcher (its change listener), which claims the lease and acts; the
-  answer says ``wait`` (its ``next_action``), as it did;
-* any action on a task that is ``running``: an attempt in flight in some drive, or an orphan —
-  the record cannot tell them apart, only the lease holder can (a parallel run's fan-out leaves
-  out its own calls in flight the same way). In a parallel run the call goes on with the ready
-  actions of the other branches, in run order, as the fan-out does.
-
-A drive holding the run's lease meanwhile (a parallel run with a branch in flight) finds its next
-write refused by the version (``VersionConflict``), reads the run again and decides from the
-record, which now holds the host's facts: nothing it had in flight is lost, nothing is done twice.
-
-**One read for the answer.** The prompt handed out is rendered once, here, from the outputs the
-call holds, and the run's snapshot for the answer's view (:class:`~orchestration.engine.reading.RunSnapshot`)
-is the snapshot the caller saw last extended by the facts written (:func:`extend_snapshot`), or
-read once when the caller has none: the answer needs no second read of the log.
-
-**Built while the write is under way.** Where what the call computes for its answer costs the
-write nothing, it is computed then (:func:`while_writing`): when the store says the write is
-under way (``RunStore.append``'s ``flushing``: its statement sent to a database server, or its
-flush begun, the writer thread waiting on the disk and not on the interpreter's lock).
-
-**No read before the write either**, when the caller hands in its last answer (:class:`Answered`,
-what a server keeps per run): the call writes on the head that answer wrote, optimistically. The
-compare-and-swap is the check (the store holds one head per version): a run moved on meanwhile
-refuses the write (``VersionConflict``), and the call reads the run and decides again. Anything
-but a write decided on that head (a repeat, a refusal) is decided again on the run as read, since
-it may have moved on.
-
-**Idempotency** is unchanged: the same output for a done task (the call retried, a client that gave
-up and calls again) records nothing and answers the run as it is; a decided gate likewise.
+What the process keeps of the runs it wrote (:class:`RunMemory`) lets the next call write on the
+head it wrote last without reading the run first (the compare-and-swap checks it), render the next
+prompt from the outputs it holds, and build the answer's view while the write flushes
+(:func:`while_writing`). A repeat (the same output for a done task, the same decision) records
+nothing.
 """
 
 from __future__ import annotations
@@ -87,6 +51,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.changes import ChangeFeed
 from orchestration.engine.children import refuse_detached
+from orchestration.engine.leased_run import RuntimeSettings
 from orchestration.engine.reading import (
     RunSnapshot,
     awaited_calls,
@@ -112,47 +77,90 @@ log = logging.getLogger("construct.runtime")
 T = TypeVar("T")
 
 
-class Answered:
-    """What a host's call recorded: the run's head after it, the outputs of its done tasks (what
-    the next answer's prompts are rendered from) and the run as a view shows it at that head
-    (:attr:`snapshot`), built from what the call held when first asked for (a server's answer
-    asks for it; a caller that only hands in the next output never pays for it). A repeat that
-    recorded nothing has neither: the view reads the run as usual."""
+class Written:
+    """What a host's call wrote: the run's head after its write, the facts written, the outputs of
+    the run's done tasks (the next prompts are rendered from them), the prompts of the host tasks it
+    prepared (rendered once, by task id), and the run as a view shows it at that head
+    (:attr:`snapshot`, made from what the call held when first asked for: nothing is read)."""
 
-    __slots__ = ("_make", "_outputs", "_snapshot", "head", "prompts")
+    __slots__ = ("_make", "_snapshot", "facts", "head", "outputs", "prompts")
 
     def __init__(
         self,
         head: RunHead,
-        snapshot: RunSnapshot | None = None,
-        *,
-        outputs: Mapping[str, str] | None = None,
-        make: Callable[[], RunSnapshot] | None = None,
-        prompts: Mapping[str, TaskPrompt] | None = None,
+        facts: Sequence[Fact],
+        outputs: Mapping[str, str],
+        prompts: Mapping[str, TaskPrompt],
+        make: Callable[[], RunSnapshot],
     ) -> None:
         self.head = head
-        #: the prompts of the host tasks this call prepared, by task id (rendered once, here)
-        self.prompts: Mapping[str, TaskPrompt] = prompts or {}
-        self._snapshot = snapshot
-        self._outputs = outputs
-        self._make = make
+        self.facts = facts
+        self.outputs = outputs
+        self.prompts = prompts
+        self._make: Callable[[], RunSnapshot] | None = make
+        self._snapshot: RunSnapshot | None = None
+
+    @classmethod
+    def read(cls, snapshot: RunSnapshot) -> Written:
+        """What a call holds of a run it read (``snapshot``), having written nothing yet."""
+        return cls(snapshot.head, (), snapshot.outputs, {}, lambda: snapshot)
 
     @property
-    def snapshot(self) -> RunSnapshot | None:
-        if self._snapshot is None and self._make is not None:
+    def snapshot(self) -> RunSnapshot:
+        if self._snapshot is None:
+            assert self._make is not None
             self._snapshot, self._make = self._make(), None
         return self._snapshot
 
-    @property
-    def outputs(self) -> Mapping[str, str] | None:
-        if self._outputs is not None:
-            return self._outputs
-        snapshot = self.snapshot
-        return None if snapshot is None else snapshot.outputs
+
+class RunMemory(Protocol):
+    """What a process keeps of the runs its host's calls wrote and showed, per run version (a
+    version is one committed state: what is kept of it never changes, it is only evicted). The
+    runtime's host use cases consult it; the server keeps its answers' views in it.
+
+    ``builds``: whether :meth:`build` does anything (if not, a write is not watched for its flush)."""
+
+    builds: bool
+
+    def last(self, run_id: str) -> Written | RunSnapshot | None:
+        """What this process showed last of ``run_id``: the last write its host's path made on it
+        (the next call writes on its head without reading the run), else the newest snapshot
+        kept (only the facts after it are read), else None."""
+        ...
+
+    def build(self, written: Written) -> object:
+        """Called while the write of ``written`` flushes (:func:`while_writing`): build what the
+        answer needs; what it returns is handed to :meth:`keep` if the write succeeds, else dropped.
+        Must not record or publish anything."""
+        ...
+
+    def keep(self, written: Written, built: object) -> None:
+        """The write of ``written`` succeeded: keep it as the run's last (``built``: what
+        :meth:`build` returned for it, or None when it was not called)."""
+        ...
+
+    def prompt_read(self, run_id: str, task_id: str) -> PromptRead | None:
+        """How much of the task's prompt, handed out in parts by this process, the host read
+        (recorded with its output); None when it was handed out whole or elsewhere."""
+        ...
 
 
-#: what a caller hands in of the run it showed last: a snapshot, or the answer of its last call
-Seen = RunSnapshot | Answered | None
+class Forgetful:
+    """A :class:`RunMemory` that keeps nothing: every call reads the run it writes."""
+
+    builds = False
+
+    def last(self, run_id: str) -> Written | RunSnapshot | None:
+        return None
+
+    def build(self, written: Written) -> object:
+        return None
+
+    def keep(self, written: Written, built: object) -> None:
+        pass
+
+    def prompt_read(self, run_id: str, task_id: str) -> PromptRead | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,15 +283,16 @@ def extend_snapshot(
     return RunSnapshot(shown, outputs, host_task, warnings, values, routes, host_tasks, forked_from, copied)
 
 
-class AnswerServices(Protocol):
+class HostServices(Protocol):
     """What the host's path needs of the runtime it runs in
     (:class:`~orchestration.engine.runtime.Runtime`)."""
 
     store: RunStore
+    memory: RunMemory
     clock: Clock
     limits: Limits
     worker: TaskWorker | None
-    remote_cancel_seconds: float
+    settings: RuntimeSettings
     warnings: tuple[str, ...]
     changes: ChangeFeed
 
@@ -321,7 +330,7 @@ async def while_writing(
 
 
 async def record(
-    services: AnswerServices,
+    services: HostServices,
     head: RunHead,
     facts: Sequence[Fact],
     new_head: RunHead | None = None,
@@ -335,7 +344,7 @@ async def record(
     the facts being written while the write is under way (:func:`while_writing`), if the store
     says when. Returns the stored head and the facts written."""
     with traced_write(head) as traced:
-        written = await giving_up(services.worker, head, facts, services.remote_cancel_seconds)
+        written = await giving_up(services.worker, head, facts, services.settings.remote_cancel_seconds)
         if new_head is None or len(written) != len(facts):
             new_head = apply_write(head, written)
         stored = await _append(services, head, written, new_head, meanwhile)
@@ -345,7 +354,7 @@ async def record(
 
 
 async def _append(
-    services: AnswerServices,
+    services: HostServices,
     head: RunHead,
     written: list[Fact],
     new_head: RunHead,
@@ -368,119 +377,98 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def snapshot_at(services: AnswerServices, head: RunHead, seen: RunSnapshot | None) -> RunSnapshot:
-    """The run's snapshot at ``head``: ``seen`` (an earlier snapshot of the run, what the caller
+async def snapshot_at(services: HostServices, head: RunHead, earlier: RunSnapshot | None) -> RunSnapshot:
+    """The run's snapshot at ``head``: ``earlier`` (an earlier snapshot of the run, what the process
     showed last) caught up with the facts written since (one read of those alone), else read."""
-    if seen is None or seen.head.run_id != head.run_id or seen.head.last_seq > head.last_seq:
+    if earlier is None or earlier.head.run_id != head.run_id or earlier.head.last_seq > head.last_seq:
         return await read_snapshot(services.store, head, services.warnings)
-    if seen.head.version == head.version:
-        return seen
-    after = seen.head.last_seq
+    if earlier.head.version == head.version:
+        return earlier
+    after = earlier.head.last_seq
     facts = await services.store.read_facts(head.run_id, after, head.last_seq - after)
     if len(facts) != head.last_seq - after:
         return await read_snapshot(services.store, head, services.warnings)
-    return extend_snapshot(seen, facts, head, warnings=services.warnings)
+    return extend_snapshot(earlier, facts, head, warnings=services.warnings)
 
 
-def held_head_of(seen: Seen, run_id: str) -> RunHead | None:
-    """The run's head as the caller's last answer wrote it (``seen`` an :class:`Answered` that
-    recorded something), to write on without reading it first: optimistic, the write's
-    compare-and-swap is the check (a head at a version is the one the store holds at it)."""
-    if isinstance(seen, Answered) and seen.head.run_id == run_id and seen.outputs is not None:
-        return seen.head
-    return None
-
-
-async def held_at(services: AnswerServices, head: RunHead, seen: Seen) -> Answered:
-    """What the call holds of the run at ``head`` (its outputs, its snapshot): ``seen`` when it
-    is the answer of the caller's last call at this very head (nothing read), else
-    :func:`snapshot_at`."""
-    if isinstance(seen, Answered):
-        same = seen.head.run_id == head.run_id and seen.head.version == head.version
-        if same and seen.outputs is not None:
-            return seen
-        seen = seen.snapshot
-    return Answered(head, await snapshot_at(services, head, seen))
-
-
-#: what a host's call does with its answer while the write that makes it true is in flight (a
-#: server: its view built; see :func:`while_writing`)
-Meanwhile = Callable[[Answered], object]
+async def held_at(services: HostServices, head: RunHead, shown: Written | RunSnapshot | None) -> Written:
+    """What the call holds of the run at ``head`` (its outputs, its snapshot): ``shown`` when it
+    is a write at this very head (nothing read), else :func:`snapshot_at` from what it shows."""
+    if isinstance(shown, Written):
+        if shown.head.run_id == head.run_id and shown.head.version == head.version:
+            return shown
+        shown = shown.snapshot
+    return Written.read(await snapshot_at(services, head, shown))
 
 
 async def write_with_follow_up(
-    services: AnswerServices,
-    head: RunHead,
-    facts: Sequence[Fact],
-    held: Answered,
-    meanwhile: Meanwhile | None = None,
-) -> Answered:
+    services: HostServices, head: RunHead, facts: Sequence[Fact], held: Written
+) -> Written:
     """Record ``facts`` on top of ``head`` with what follows from them (:func:`follow_up`) in one
-    write. ``held``: what the call holds of the run at ``head`` (:func:`held_at`: its outputs feed
-    the prompts). ``VersionConflict`` when ``head`` is no longer the run's (the caller reads it
-    again and decides again). ``meanwhile``: called with the answer the write will make while the
-    write is in flight (:func:`while_writing`); the answer returned is that very object when the
-    store stored the head it was given (else a new one, which ``meanwhile`` never saw)."""
+    write, and keep it in the services' memory. ``held``: what the call holds of the run at
+    ``head`` (:func:`held_at`: its outputs feed the prompts). ``VersionConflict`` when ``head`` is
+    no longer the run's (the caller reads it again and decides again)."""
     now = services.clock.now()
-    outputs = dict(held.outputs or {})
+    outputs = dict(held.outputs)
     for fact in facts:
         if isinstance(fact, TaskCompleted):
             outputs[fact.task_id] = fact.output
     follow = follow_up(apply_write(head, facts), facts, now, outputs)
 
-    def answered_at(stored: RunHead, written: list[Fact]) -> Answered:
+    def written_at(stored: RunHead, written: list[Fact]) -> Written:
         def snapshot() -> RunSnapshot:
             return extend_snapshot(held.snapshot, written, stored, follow.prompts, services.warnings)
 
-        return Answered(stored, outputs=outputs, make=snapshot, prompts=follow.prompts)
+        return Written(stored, written, outputs, follow.prompts, snapshot)
 
-    if meanwhile is None:
-        stored, written = await record(services, head, follow.facts, follow.head)
-        return answered_at(stored, written)
-    early: list[Answered] = []
+    memory = services.memory
+    built: list[tuple[Written, object]] = []
 
-    def prepare(writing: RunHead, written: list[Fact]) -> None:
-        early.append(answered_at(writing, written))
-        meanwhile(early[0])
+    def build(writing: RunHead, written: list[Fact]) -> None:
+        early = written_at(writing, written)
+        built.append((early, memory.build(early)))
 
-    stored, written = await record(services, head, follow.facts, follow.head, prepare)
-    if early and early[0].head is stored:
-        return early[0]
-    return answered_at(stored, written)
+    meanwhile = build if memory.builds else None
+    stored, written = await record(services, head, follow.facts, follow.head, meanwhile)
+    # The store stores the head it is given: what was built while it flushed is that write's.
+    kept, extra = built[0] if built else (written_at(stored, written), None)
+    memory.keep(kept, extra)
+    return kept
 
 
-async def create_with_follow_up(
-    services: AnswerServices, first: FollowUp, meanwhile: Meanwhile | None = None
-) -> tuple[CreateResult, Answered]:
-    """Create a run from its first write ``first`` (:func:`start_with_follow_up`): the store's
-    result, and the answer of a run it created (built from ``first``, nothing read back; for a
-    run it did not create, ``Answered`` of nothing: the caller answers with the run it found).
-    ``meanwhile``: called with that answer while the create is under way, as :func:`record`'s
-    appends (:func:`while_writing`); a create that creates nothing drops what it built."""
+async def create_with_follow_up(services: HostServices, first: FollowUp) -> CreateResult:
+    """Create a run from its first write ``first`` (:func:`start_with_follow_up`) and keep a run
+    it created in the services' memory (built from ``first``: nothing read back), as
+    :func:`write_with_follow_up` keeps its writes."""
     store = services.store
-    if meanwhile is None:
-        result = await store.create(first.head, first.facts)
-        return result, started(services, first, result.head)
+    memory = services.memory
     early = started(services, first, first.head)
+    if not memory.builds:
+        result = await store.create(first.head, first.facts)
+        built = None
+    else:
+        extra: list[object] = []
 
-    def write(flushing: Callable[[], None]) -> Coroutine[Any, Any, CreateResult]:
-        return store.create(first.head, first.facts, flushing=flushing)
+        def write(flushing: Callable[[], None]) -> Coroutine[Any, Any, CreateResult]:
+            return store.create(first.head, first.facts, flushing=flushing)
 
-    result = await while_writing(write, lambda: meanwhile(early))
-    return result, early if result.head is first.head else started(services, first, result.head)
+        result = await while_writing(write, lambda: extra.append(memory.build(early)))
+        built = extra[0] if extra else None
+    if result.created:
+        memory.keep(early, built)
+    return result
 
 
-def started(services: AnswerServices, first: FollowUp, head: RunHead) -> Answered:
-    """The answer of a run created from ``first`` (its first write), stored as ``head``: its
-    snapshot made from ``first``'s facts when asked for, nothing read."""
+def started(services: HostServices, first: FollowUp, head: RunHead) -> Written:
+    """What the first write ``first`` of a run wrote, stored as ``head``."""
 
     def snapshot() -> RunSnapshot:
         return extend_snapshot(None, first.facts, head, first.prompts, services.warnings)
 
-    return Answered(head, outputs={}, make=snapshot, prompts=first.prompts)
+    return Written(head, first.facts, {}, first.prompts, snapshot)
 
 
-def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
+def start_with_follow_up(services: HostServices, created: RunHead, facts: Sequence[Fact]) -> FollowUp:
     """A new run's first write: its ``run_created`` fact (``facts``, folded into ``created``) with
     what follows at once (an inline chain's first host task prepared, a first gate requested),
     as :func:`follow_up` decides it. Pure but for the clock."""
@@ -488,29 +476,26 @@ def start_with_follow_up(services: AnswerServices, created: RunHead, facts: Sequ
 
 
 async def hand_in(
-    services: AnswerServices,
+    services: HostServices,
     run_id: str,
     task_id: str,
     output: str,
     usage: HostUsage | None = None,
     detach_children: bool = False,
-    seen: Seen = None,
-    meanwhile: Meanwhile | None = None,
-    prompt_read: PromptRead | None = None,
-) -> Answered:
+) -> RunHead:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
-    for the rules). ``seen``: what the caller showed last of the run, if anything (see
-    :func:`held_at`). ``meanwhile``: see :func:`write_with_follow_up`. ``prompt_read``: how much
-    of the task's prompt, handed out in parts, the host fetched (recorded with the output)."""
+    for the rules); the run's head after it."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
-    held_head = held_head_of(seen, run_id)
+    memory = services.memory
+    shown = memory.last(run_id)
+    held_head = shown.head if isinstance(shown, Written) else None
     while True:
-        # The head the caller's last answer wrote, if it has one, is written on without reading
-        # the run first: the compare-and-swap checks that it is still the run's (else
-        # VersionConflict: read the run, decide again). Anything but a write decided on it (a
-        # repeat, a refusal) is decided again on the run as read: it may have moved on.
+        # The head this process wrote last, if it has one, is written on without reading the run
+        # first: the compare-and-swap checks that it is still the run's (else VersionConflict:
+        # read the run, decide again). Anything but a write decided on it (a repeat, a refusal)
+        # is decided again on the run as read: it may have moved on.
         optimistic = held_head is not None
         head, held_head = held_head or await services.store.load(run_id), None
         try:
@@ -518,7 +503,7 @@ async def hand_in(
             if await _output_recorded(services.store, head, task, output):
                 if optimistic:
                     continue
-                return Answered(head)
+                return head
             now = services.clock.now()
             _check_takes_output(head, task, detach_children, now)
         except ConstructError:
@@ -530,12 +515,13 @@ async def hand_in(
         # An answer that does not match the step's schema is refused (InvalidOutput) and
         # nothing is recorded: the host corrects it and calls again.
         value = None if schema is None else validate_output(schema, output)
-        facts = host_output_facts(head, task_id, attempt, output, now, value, usage, prompt_read)
-        held = await held_at(services, head, seen)
+        read = memory.prompt_read(run_id, task_id)
+        facts = host_output_facts(head, task_id, attempt, output, now, value, usage, read)
+        held = await held_at(services, head, shown)
         try:
-            return await write_with_follow_up(services, head, facts, held, meanwhile)
+            return (await write_with_follow_up(services, head, facts, held)).head
         except VersionConflict:
-            seen = held
+            shown = held
             continue
 
 
@@ -592,18 +578,17 @@ def task_named(head: RunHead, task_id: str) -> TaskState:
 
 
 __all__ = [
-    "AnswerServices",
-    "Answered",
     "FollowUp",
-    "Meanwhile",
-    "Seen",
+    "Forgetful",
+    "HostServices",
+    "RunMemory",
+    "Written",
     "check_output",
     "create_with_follow_up",
     "extend_snapshot",
     "follow_up",
     "hand_in",
     "held_at",
-    "held_head_of",
     "host_answers_next",
     "prompt_of",
     "record",

@@ -1,28 +1,29 @@
-"""The host's path in one write (issue 23): each host answer, gate decision and inline start is ONE
-durable write that holds what follows from it, needs no lease and no drive, reads nothing but the
-run's head when the caller hands in the snapshot it showed last, and builds the snapshot a view
-shows exactly as a read of the log would."""
+"""The host's path in one write: each host output, gate decision and inline start is ONE durable
+write that holds what follows from it, needs no lease and no drive, reads nothing but the run's
+head when the process's memory holds what it showed last, and builds the snapshot a view shows
+exactly as a read of the log would."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal, cast
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 from orchestration.core import StartRequest
-from orchestration.core.approvals import Decision
 from orchestration.core.clock import ManualClock
 from orchestration.core.decide import AwaitHost, FailTask, next_actions
 from orchestration.core.facts import Fact, HostTaskPrepared, RunCreated
 from orchestration.core.fold import apply
 from orchestration.core.inputs import with_task_timeout
-from orchestration.core.models import AttemptRecord, RunHead, evolve
+from orchestration.core.models import AttemptRecord, PromptRead, RunHead, evolve
 from orchestration.core.vocabulary import RunStatus, TaskStatus
-from orchestration.engine.host_answers import Answered, follow_up, host_answers_next, while_writing
-from orchestration.engine.reading import read_prompt, read_snapshot
+from orchestration.engine.host_writes import Written, follow_up, host_answers_next, while_writing
+from orchestration.engine.reading import RunSnapshot, read_prompt, read_snapshot
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import LeaseLost, VersionConflict
 from orchestration.store import CreateResult, Lease
@@ -73,11 +74,90 @@ class CountingStore(MemoryStore):
         return await super().read_fact(run_id, seq)
 
 
+class Remembering:
+    """A run memory for the tests: keeps every write (``kept``: each with what was built for it),
+    and shows the runtime what the test says this process showed last (``shown``, by run id: a
+    call hands it in, see :func:`hand_in`). ``building``: what a write builds while it flushes
+    (none by default: the write is then not watched)."""
+
+    def __init__(self, building: Callable[[Written], object] | None = None) -> None:
+        self.building = building
+        self.builds = building is not None
+        self.kept: list[tuple[Written, object]] = []
+        self.shown: dict[str, Written | RunSnapshot] = {}
+
+    def last(self, run_id: str) -> Written | RunSnapshot | None:
+        return self.shown.get(run_id)
+
+    def build(self, written: Written) -> object:
+        return None if self.building is None else self.building(written)
+
+    def keep(self, written: Written, built: object) -> None:
+        self.kept.append((written, built))
+
+    def prompt_read(self, run_id: str, task_id: str) -> PromptRead | None:
+        return None
+
+
+def remembering(store: MemoryStore | None = None, **kwargs: object) -> Runtime:
+    memory = kwargs.pop("memory", None) or Remembering()
+    return make_runtime(store, memory=cast(Remembering, memory), **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A host call's result: the run's head after it, and what it wrote (None: a repeat)."""
+
+    head: RunHead
+    written: Written | None
+
+    @property
+    def snapshot(self) -> RunSnapshot | None:
+        return None if self.written is None else self.written.snapshot
+
+
+async def _called(runtime: Runtime, run_id: str, shown: Call | RunSnapshot | None, call: object) -> Call:
+    memory = cast(Remembering, runtime.memory)
+    memory.shown.pop(run_id, None)
+    if isinstance(shown, Call) and shown.written is not None:
+        memory.shown[run_id] = shown.written
+    elif isinstance(shown, RunSnapshot):
+        memory.shown[run_id] = shown
+    kept = len(memory.kept)
+    head = await call  # type: ignore[misc]
+    return Call(head, memory.kept[-1][0] if len(memory.kept) > kept else None)
+
+
+async def start(runtime: Runtime, request: StartRequest) -> tuple[Call, bool]:
+    memory = cast(Remembering, runtime.memory)
+    kept = len(memory.kept)
+    head, created = await runtime.start(request)
+    return Call(head, memory.kept[-1][0] if len(memory.kept) > kept else None), created
+
+
+async def hand_in(
+    runtime: Runtime, run_id: str, task_id: str, output: str, shown: Call | RunSnapshot | None = None
+) -> Call:
+    """``submit_host_output`` by a caller that showed ``shown`` last (None: nothing)."""
+    return await _called(runtime, run_id, shown, runtime.submit_host_output(run_id, task_id, output))
+
+
+async def decide(
+    runtime: Runtime,
+    run_id: str,
+    decision: Literal["approve", "reject", "revise"],
+    gate_id: str,
+    comment: str | None = None,
+    shown: Call | RunSnapshot | None = None,
+) -> Call:
+    return await _called(runtime, run_id, shown, runtime.approve(run_id, decision, gate_id, comment))
+
+
 async def host_plays(
-    runtime: Runtime, answered: Answered, output: object = None, decide: str = "approve"
-) -> tuple[Answered, list[Answered]]:
+    runtime: Runtime, answered: Call, output: object = None, decide_as: str = "approve"
+) -> tuple[Call, list[Call]]:
     """Answer every host task and gate from the answers alone (no drive, no status read): the
-    snapshot of each answer is what the next call hands in. Returns the last answer and all."""
+    snapshot of each answer is what the next call shows. Returns the last answer and all."""
     answers = [answered]
     for _ in range(60):
         head, snapshot = answered.head, answered.snapshot
@@ -87,23 +167,20 @@ async def host_plays(
         if snapshot.host_tasks:
             task_id = snapshot.host_tasks[0].task_id
             text = output(task_id) if callable(output) else f"the work of {task_id}"
-            answered = await runtime.hand_in(head.run_id, task_id, text, seen=snapshot)
+            answered = await hand_in(runtime, head.run_id, task_id, text, snapshot)
         else:
             gate = next(g for g in head.gates if g.status == "requested")
-            answered = await runtime.decide_gate(
-                head.run_id,
-                Decision(decide, gate.gate_id, None, None, None, False, None),  # type: ignore[arg-type]
-                seen=snapshot,
-            )
+            answered = await decide(runtime, head.run_id, decide_as, gate.gate_id, shown=snapshot)  # type: ignore[arg-type]
         answers.append(answered)
     raise AssertionError("the run did not end")
 
 
 async def test_an_inline_run_ends_with_one_write_per_answer_and_no_lease_nor_drive() -> None:
     store = CountingStore()
-    runtime = make_runtime(store)
-    answered, created = await runtime.open_run(
-        StartRequest("Build it", chain=("architect", "engineer", "reviewer"), approve_before=("engineer",))
+    runtime = remembering(store)
+    answered, created = await start(
+        runtime,
+        StartRequest("Build it", chain=("architect", "engineer", "reviewer"), approve_before=("engineer",)),
     )
     assert created and answered.head.status == RunStatus.AWAITING_HOST and answered.head.version == 1
     final, answers = await host_plays(runtime, answered)
@@ -133,10 +210,8 @@ async def test_an_inline_run_ends_with_one_write_per_answer_and_no_lease_nor_dri
 
 async def test_an_answer_reads_nothing_but_the_head_when_handed_the_snapshot_it_showed() -> None:
     store = CountingStore()
-    runtime = make_runtime(store)
-    answered, _ = await runtime.open_run(
-        StartRequest("Build it", chain=("architect", "engineer", "reviewer"))
-    )
+    runtime = remembering(store)
+    answered, _ = await start(runtime, StartRequest("Build it", chain=("architect", "engineer", "reviewer")))
     reads = store.log_reads
     final, _ = await host_plays(runtime, answered)
     assert final.head.status == RunStatus.COMPLETED
@@ -145,10 +220,8 @@ async def test_an_answer_reads_nothing_but_the_head_when_handed_the_snapshot_it_
 
 async def test_the_prompt_handed_out_is_the_one_the_record_materializes() -> None:
     store = MemoryStore()
-    runtime = make_runtime(store)
-    answered, _ = await runtime.open_run(
-        StartRequest("Build it", chain=("architect", "engineer", "reviewer"))
-    )
+    runtime = remembering(store)
+    answered, _ = await start(runtime, StartRequest("Build it", chain=("architect", "engineer", "reviewer")))
     for _ in range(3):
         head, snapshot = answered.head, answered.snapshot
         assert snapshot is not None and snapshot.host_task is not None
@@ -161,24 +234,24 @@ async def test_the_prompt_handed_out_is_the_one_the_record_materializes() -> Non
             if isinstance(f, HostTaskPrepared) and f.task_id == task_id
         ]
         assert [f.prompt_sha256 for f in prepared] == [recorded.sha256]
-        answered = await runtime.hand_in(head.run_id, task_id, f"the work of {task_id}", seen=snapshot)
+        answered = await hand_in(runtime, head.run_id, task_id, f"the work of {task_id}", snapshot)
 
 
 async def test_every_answers_snapshot_is_the_one_a_read_of_the_log_gives() -> None:
     """Linear with gates and a revise, a routed loop, and a parallel fan-out/fan-in."""
     cases = [
         (
-            make_runtime(),
+            remembering(),
             StartRequest("Build it", chain=("architect", "engineer"), approve_before=("engineer",)),
             None,
         ),
-        (make_runtime(catalog=ROUTED_CATALOG), StartRequest("Build it", chain="review-loop"), "review"),
-        (make_runtime(catalog=PARALLEL_CATALOG), StartRequest("Adopt X?", chain="fan-gated"), None),
-        (make_runtime(), StartRequest("Adopt X?", chain="research"), None),
+        (remembering(catalog=ROUTED_CATALOG), StartRequest("Build it", chain="review-loop"), "review"),
+        (remembering(catalog=PARALLEL_CATALOG), StartRequest("Adopt X?", chain="fan-gated"), None),
+        (remembering(), StartRequest("Adopt X?", chain="research"), None),
     ]
     verdicts = {"reviewer": "revise", "reviewer~2": "approve"}
     for runtime, request, kind in cases:
-        answered, _ = await runtime.open_run(request)
+        answered, _ = await start(runtime, request)
         output = answer_for(verdicts) if kind == "review" else None
         final, answers = await host_plays(runtime, answered, output)
         assert final.head.status == RunStatus.COMPLETED, (request.chain, final.head.status)
@@ -195,17 +268,15 @@ async def test_every_answers_snapshot_is_the_one_a_read_of_the_log_gives() -> No
 
 
 async def test_a_revise_prepares_the_revised_step_in_the_decisions_write() -> None:
-    runtime = make_runtime()
-    answered, _ = await runtime.open_run(
-        StartRequest("Build it", chain=("architect", "engineer"), approve_before=("engineer",))
+    runtime = remembering()
+    answered, _ = await start(
+        runtime, StartRequest("Build it", chain=("architect", "engineer"), approve_before=("engineer",))
     )
     assert answered.snapshot is not None
-    answered = await runtime.hand_in(answered.head.run_id, "architect", "a design", seen=answered.snapshot)
+    answered = await hand_in(runtime, answered.head.run_id, "architect", "a design", answered.snapshot)
     before = answered.head.version
-    answered = await runtime.decide_gate(
-        answered.head.run_id,
-        Decision("revise", "before:engineer", "more detail", None, None, False, None),
-        seen=answered.snapshot,
+    answered = await decide(
+        runtime, answered.head.run_id, "revise", "before:engineer", "more detail", answered.snapshot
     )
     assert answered.head.version == before + 1
     assert answered.snapshot is not None and answered.snapshot.host_task is not None
@@ -220,12 +291,12 @@ async def test_an_answer_needs_no_lease_and_a_lease_holders_stale_write_is_refus
     the version alone, and the holder's next write, decided on the older head, is refused; it
     reads the run again."""
     store = MemoryStore()
-    runtime = make_runtime(store)
-    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
+    runtime = remembering(store)
+    answered, _ = await start(runtime, StartRequest("Build it", chain=("architect", "engineer")))
     held = await store.claim_lease(answered.head.run_id, "a-drive", 60, runtime.clock.now())
     assert held is not None
     stale = answered.head
-    answered = await runtime.hand_in(stale.run_id, "architect", "a design", seen=answered.snapshot)
+    answered = await hand_in(runtime, stale.run_id, "architect", "a design", answered.snapshot)
     assert answered.head.task("engineer").status == TaskStatus.AWAITING_HOST
     prepared = HostTaskPrepared(
         seq=stale.last_seq + 1,
@@ -255,7 +326,7 @@ def created_with_time_limit(
     clock: ManualClock, chain_name: str | tuple[str, ...], request: str
 ) -> RunCreated:
     """The ``run_created`` fact of an inline run of ``chain_name`` whose tasks have 10 s each."""
-    runtime = make_runtime()
+    runtime = remembering()
     chain = with_task_timeout(runtime.catalog.resolve(chain_name, ()), 10)
     return RunCreated(
         seq=1,
@@ -302,14 +373,14 @@ async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_
     it): when another caller moved the run meanwhile, the write is refused, the run read and the
     answer decided again; a repeat answers the run as it is, not as the caller last saw it."""
     store = CountingStore()
-    runtime = make_runtime(store)
-    first, _ = await runtime.open_run(StartRequest("Adopt X?", chain="research"))
+    runtime = remembering(store)
+    first, _ = await start(runtime, StartRequest("Adopt X?", chain="research"))
     sources, practice, critique = RESEARCHERS
-    mine = await runtime.hand_in(first.head.run_id, sources, "s", seen=first)
+    mine = await hand_in(runtime, first.head.run_id, sources, "s", first)
     # Another caller (another process, a client without the answer) answers a sibling meanwhile.
-    theirs = await runtime.hand_in(first.head.run_id, practice, "p")
+    theirs = await hand_in(runtime, first.head.run_id, practice, "p")
     assert theirs.head.version == mine.head.version + 1
-    last = await runtime.hand_in(first.head.run_id, critique, "c", seen=mine)
+    last = await hand_in(runtime, first.head.run_id, critique, "c", mine)
     assert last.head.version == theirs.head.version + 1
     assert last.head.task("writer").status == TaskStatus.AWAITING_HOST
     assert last.snapshot == await read_snapshot(store, last.head)
@@ -317,7 +388,7 @@ async def test_an_answer_written_on_a_stale_head_is_decided_again_on_the_run_as_
     assert sorted(f.task_id for f in facts if f.type == "task_completed") == sorted(RESEARCHERS)
     # A repeat with the stale answer writes nothing and answers the run as it is now.
     writes = store.writes
-    again = await runtime.hand_in(first.head.run_id, sources, "s", seen=mine)
+    again = await hand_in(runtime, first.head.run_id, sources, "s", mine)
     assert store.writes == writes and again.head == last.head
 
 
@@ -352,26 +423,32 @@ class ElsewhereStore(CountingStore):
 
 async def test_an_answer_is_built_while_its_write_is_in_flight_on_a_store_that_writes_elsewhere() -> None:
     store = ElsewhereStore()
-    runtime = make_runtime(store)
-    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
-    seen: list[tuple[Answered, bool]] = []
+    built: list[tuple[Written, bool]] = []
 
-    def meanwhile(early: Answered) -> None:
-        seen.append((early, store.in_flight))
-        assert early.snapshot is not None  # built now, while the write is in flight
+    def build(early: Written) -> object:
+        built.append((early, store.in_flight))
+        return early.snapshot  # built now, while the write is in flight
 
+    memory = Remembering(build)
+    runtime = remembering(store, memory=memory)
+    answered, _ = await start(runtime, StartRequest("Build it", chain=("architect", "engineer")))
+    built.clear()
     task_id = answered.head.tasks[0].task_id
-    after = await runtime.hand_in(answered.head.run_id, task_id, "design", seen=answered, meanwhile=meanwhile)
-    # The very answer the call returns, seen while its write was in flight, as a read gives it.
-    assert [(a is after, flying) for a, flying in seen] == [(True, True)]
+    after = await hand_in(runtime, answered.head.run_id, task_id, "design", answered)
+    # What was built while the write was in flight is kept with that very write, as a read gives it.
+    assert after.written is not None
+    assert [(w is after.written, flying) for w, flying in built] == [(True, True)]
+    assert memory.kept[-1] == (after.written, after.snapshot)
     assert after.snapshot == await read_snapshot(store, after.head)
-    # A write refused (another caller moved the run): the answer built for it is dropped.
-    seen.clear()
+    # A write refused (another caller moved the run): what was built for it is dropped.
     engineer = after.head.tasks[1].task_id
-    await runtime.hand_in(answered.head.run_id, engineer, "code")  # another caller, no meanwhile
-    again = await runtime.hand_in(answered.head.run_id, engineer, "code", seen=after, meanwhile=meanwhile)
+    await hand_in(runtime, answered.head.run_id, engineer, "code")  # another caller
+    built.clear()
+    kept = len(memory.kept)
+    again = await hand_in(runtime, answered.head.run_id, engineer, "code", after)
     # The optimistic write on ``after`` was refused; read again, the call is a repeat.
-    assert again.head.status == RunStatus.COMPLETED and [a is again for a, _ in seen] == [False]
+    assert again.head.status == RunStatus.COMPLETED and again.written is None
+    assert len(built) == 1 and len(memory.kept) == kept
     assert again.head == await store.load(answered.head.run_id)
 
 
@@ -445,44 +522,48 @@ class FlushTellingStore(CountingStore):
 
 async def test_a_start_is_answered_with_what_was_built_while_its_create_flushed() -> None:
     store = FlushTellingStore()
-    runtime = make_runtime(store)
-    phases: list[tuple[Answered, str]] = []
+    phases: list[tuple[Written, str]] = []
 
-    def meanwhile(early: Answered) -> None:
+    def build(early: Written) -> object:
         phases.append((early, store.phase))
-        assert early.snapshot is not None
+        return early.snapshot
 
+    memory = Remembering(build)
+    runtime = remembering(store, memory=memory)
     request = StartRequest("Build it", chain=("architect", "engineer"), idempotency_key="k1")
-    answered, created = await runtime.open_run(request, meanwhile)
-    assert created and [(a is answered, phase) for a, phase in phases] == [(True, "flush")]
+    answered, created = await start(runtime, request)
+    assert created and [(w is answered.written, phase) for w, phase in phases] == [(True, "flush")]
+    assert memory.kept == [(answered.written, answered.snapshot)]
     assert answered.snapshot == await read_snapshot(store, answered.head)
     # A repeat creates nothing: what was built meanwhile is dropped, the run found is answered.
     phases.clear()
-    again, created = await runtime.open_run(request, meanwhile)
-    assert not created and again.head == answered.head
-    assert [a is again for a, _ in phases] == [False]
+    again, created = await start(runtime, request)
+    assert not created and again.head == answered.head and again.written is None
+    assert len(phases) == 1 and len(memory.kept) == 1
 
 
 async def test_an_answer_is_built_while_its_write_flushes_on_a_store_that_tells_when() -> None:
     store = FlushTellingStore()
-    runtime = make_runtime(store)
-    answered, _ = await runtime.open_run(StartRequest("Build it", chain=("architect", "engineer")))
-    phases: list[tuple[Answered, str]] = []
+    phases: list[tuple[Written, str]] = []
 
-    def meanwhile(early: Answered) -> None:
+    def build(early: Written) -> object:
         phases.append((early, store.phase))
-        assert early.snapshot is not None
+        return early.snapshot
 
+    runtime = remembering(store, memory=Remembering(build))
+    answered, _ = await start(runtime, StartRequest("Build it", chain=("architect", "engineer")))
+    phases.clear()
     task_id = answered.head.tasks[0].task_id
-    after = await runtime.hand_in(answered.head.run_id, task_id, "design", seen=answered, meanwhile=meanwhile)
-    # Built once the flush began (never while the statements ran), for the very answer returned.
-    assert [(a is after, phase) for a, phase in phases] == [(True, "flush")]
+    after = await hand_in(runtime, answered.head.run_id, task_id, "design", answered)
+    # Built once the flush began (never while the statements ran), for the very write kept.
+    assert [(w is after.written, phase) for w, phase in phases] == [(True, "flush")]
     assert after.snapshot == await read_snapshot(store, after.head)
-    # A write refused before its flush (another caller moved the run) runs nothing meanwhile.
+    # A write refused before its flush (another caller moved the run) builds nothing.
     phases.clear()
     engineer = after.head.tasks[1].task_id
-    await runtime.hand_in(answered.head.run_id, engineer, "code")  # another caller, no meanwhile
-    again = await runtime.hand_in(answered.head.run_id, engineer, "code", seen=after, meanwhile=meanwhile)
+    await hand_in(runtime, answered.head.run_id, engineer, "code")  # another caller
+    phases.clear()
+    again = await hand_in(runtime, answered.head.run_id, engineer, "code", after)
     assert phases == [] and again.head.status == RunStatus.COMPLETED
 
 
@@ -522,9 +603,9 @@ async def test_a_follow_up_that_stops_at_a_prepared_host_task_leaves_nothing_und
     """``follow_up`` stops deciding once it prepared a host task in a linear run with nothing due
     (``host_answers_next``): at that moment every next action is the wait for the host."""
     clock = ManualClock()
-    runtime = make_runtime(clock=clock)
-    answered, _ = await runtime.open_run(
-        StartRequest("Build it", chain=chain, approve_before=("engineer",), task_timeout_seconds=600)
+    runtime = remembering(clock=clock)
+    answered, _ = await start(
+        runtime, StartRequest("Build it", chain=chain, approve_before=("engineer",), task_timeout_seconds=600)
     )
     verdicts = answer_for({"reviewer": "revise", "reviewer~2": "approve"})
     final, answers = await host_plays(runtime, answered, output=verdicts)
