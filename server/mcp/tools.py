@@ -63,6 +63,7 @@ as its structured content, without indentation: many hosts show their model only
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Annotated, Literal
 
 from mcp.types import CallToolResult, InputRequiredResult
@@ -253,10 +254,30 @@ async def orchestrate_start(
         keyed = idempotency_key is not None
         answered = await settle_asking(ctx, caller, head, wait_seconds, retry_safe=keyed)
         if not created and isinstance(answered, RunView):
-            answered = answered.model_copy(update={"existing_run": True})
+            found = _found_earlier(head, idempotency_key, services_of(ctx).runtime.clock.now())
+            answered = answered.model_copy(
+                update={"existing_run": True, "warnings": [*answered.warnings, found]}
+            )
         return answered
 
     return await answer_or_ask("orchestrate_start", work, services_of(ctx))
+
+
+def _found_earlier(head: RunHead, idempotency_key: str | None, now: datetime) -> str:
+    """What a start that found an earlier run says, in words a person and a model both notice:
+    which run, how old, and how to start another."""
+    age = max(0, round((now - head.created_at).total_seconds()))
+    old = f"{age} s" if age < 120 else f"{age // 60} min"
+    if idempotency_key is not None:
+        return (
+            f"existing_run: nothing new was started; run {head.run_id} was started {old} ago with this "
+            "idempotency_key. Pass another idempotency_key to start another run"
+        )
+    return (
+        f"existing_run: nothing new was started; run {head.run_id} was started {old} ago by an identical "
+        "orchestrate_start (a repeat within the start retry window is taken for a retry). Call "
+        "orchestrate_start again with new_run: true to start another run"
+    )
 
 
 def _retry_window(

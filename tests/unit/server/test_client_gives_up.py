@@ -126,6 +126,11 @@ async def test_a_retried_start_finds_its_run_after_a_restart_and_new_run_starts_
     async with served(env(tmp_path)) as client:  # a new server process on the same store
         again = await call(client, "orchestrate_start", **start)
         assert again["run_id"] == first["run_id"] and again["existing_run"] is True
+        # Said in words a person reading the answer and a model both notice: which run, how old,
+        # and the one argument that starts another.
+        [said] = [w for w in again["warnings"] if w.startswith("existing_run:")]
+        assert f"run {first['run_id']} was started " in said and " s ago " in said
+        assert "new_run: true" in said and "warnings" not in first
         other = await call(client, "orchestrate_start", **start, new_run=True)
         assert other["run_id"] != first["run_id"] and "existing_run" not in other
         # new_run as a strict model sends it when unset: null, which means omitted
@@ -135,9 +140,9 @@ async def test_a_retried_start_finds_its_run_after_a_restart_and_new_run_starts_
         assert different["run_id"] not in (first["run_id"], other["run_id"])
         keyed = await call(client, "orchestrate_start", **start, idempotency_key="k1")
         assert keyed["run_id"] not in (first["run_id"], other["run_id"]) and "existing_run" not in keyed
-        assert (await call(client, "orchestrate_start", **start, idempotency_key="k1"))[
-            "existing_run"
-        ] is True
+        keyed_again = await call(client, "orchestrate_start", **start, idempotency_key="k1")
+        assert keyed_again["existing_run"] is True
+        assert any("another idempotency_key" in w for w in keyed_again["warnings"])
         assert len((await call(client, "runs_list"))["runs"]) == 4
 
 
