@@ -289,10 +289,7 @@ async def open_configured_store(
     except StoreUnavailable as exc:
         cause = scrub(str(exc), secret_source)
         if not fallback or _backend_of(spec) == "filesystem":
-            raise StoreUnavailable(
-                f"cannot open the store {shown} (from {source}): {cause}"
-                + ("" if _backend_of(spec) == "filesystem" else "; store_fallback is off")
-            ) from exc
+            raise StoreUnavailable(f"cannot open the store {shown} (from {source}): {cause}") from exc
         warning = (
             f"store {shown} (from {source}) could not be opened: {cause}; using the filesystem store at "
             f"{home} instead, so runs started now are not in {shown}"

@@ -16,9 +16,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from orchestration.errors import StoreUnavailable
 from orchestration.store import RunStore
 from server.settings.config import Settings
-from stores import CrashAfterWrites, open_configured_store
+from stores import CrashAfterWrites, open_configured_store, parse_store_spec
 
 log = logging.getLogger("construct.server")
 
@@ -71,9 +72,19 @@ def store_url(settings: Settings) -> str:
 async def open_run_store(settings: Settings) -> OpenedRunStore:
     """Open the configured store. Raises ConfigError (not a store spec) or StoreUnavailable (cannot
     be opened and no fallback)."""
-    opened = await open_configured_store(
-        home=settings.home, fallback=settings.store_fallback, **store_inputs(settings)
-    )
+    try:
+        opened = await open_configured_store(
+            home=settings.home, fallback=settings.store_fallback, **store_inputs(settings)
+        )
+    except StoreUnavailable as exc:
+        spec, source = store_choice(settings)
+        if (
+            settings.store_fallback
+            or parse_store_spec(spec, home=settings.home, source=source).backend == "filesystem"
+        ):
+            raise
+        # Said here, where the setting is known: the stores know nothing of settings.
+        raise StoreUnavailable(f"{exc.message}; store_fallback is off") from exc
     store: RunStore = opened.store
     # A fallback's own warning says which store is used instead, and where.
     created = opened.created and not opened.fell_back

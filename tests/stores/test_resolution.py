@@ -17,6 +17,8 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from orchestration.errors import ConfigError, StoreUnavailable
+from server.settings.config import load_settings
+from server.settings.storage import open_run_store
 from stores import (
     OpenedStore,
     open_configured_store,
@@ -157,6 +159,20 @@ async def test_with_fallback_off_an_unreachable_postgres_is_an_error_naming_the_
     assert "127.0.0.1" in message
     assert "refused" in message.lower() or "connect" in message.lower()
     assert not (tmp_path / "runs").exists()
+    assert "store_fallback" not in message  # the stores know no settings: their caller says it
+
+
+async def test_the_server_says_the_fallback_setting_was_off(tmp_path: Path) -> None:
+    url = unreachable_url()
+    off = load_settings(
+        env={
+            "CONSTRUCT_HOME": str(tmp_path),
+            "CONSTRUCT_ORCHESTRATION_STORE": url,
+            "CONSTRUCT_STORE_FALLBACK": "false",
+        }
+    )
+    with pytest.raises(StoreUnavailable, match=r"; store_fallback is off$"):
+        await open_run_store(off)
 
 
 async def test_team_mode_without_a_database_url_falls_back(tmp_path: Path) -> None:
