@@ -1,10 +1,7 @@
-"""Immutable domain records: chain snapshots, the execution contract, task and gate states, the
-run head, typed errors and telemetry.
-
-Every record is a frozen pydantic model; a change makes a copy (``model_copy(update=...)``). The run
-head is the fold of the run's facts (see :mod:`orchestration.core.facts`); it holds no task output, only a
-reference to the fact that carries it, so that writing a new head costs the same whatever the size
-of earlier outputs.
+"""Immutable domain records: chain snapshots, the execution contract, task and gate states, the run
+head, typed errors and telemetry. Every record is frozen; a change makes a copy. The head holds no
+task output, only a reference to the fact that carries it, so writing a head costs the same
+whatever the size of earlier outputs.
 """
 
 from __future__ import annotations
