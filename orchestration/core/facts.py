@@ -34,8 +34,8 @@ from orchestration.core.routing import RoutePlan
 class _Fact(Frozen):
     seq: int
     at: datetime
-    #: the record format a reader must understand to read this fact ("Record formats" above); a
-    #: fact type added in a later format declares that format as its default
+    #: the record format a reader must understand to read this fact ("Record formats" in
+    #: docs/development.md); a fact type added in a later format declares that format as its default
     format: int = Field(default=1, ge=1)
     #: a fork's copy of a source run's fact: that fact's ``seq`` in the run its ``run_created``
     #: names (``forked_from``; see :mod:`orchestration.ops.forking`). Optional and left out of the
@@ -102,7 +102,7 @@ class ApprovalDecided(_Fact):
 
 def decision_format(decision: Decision) -> int:
     """The record format of an ``approval_decided`` fact recording ``decision``: 3 for ``revise``
-    and ``fail`` (an older reader cannot read them: "Record formats" above), else 1."""
+    and ``fail`` (an older reader cannot read them: "Record formats" in docs/development.md), else 1."""
     return 3 if decision in ("revise", "fail") else 1
 
 
@@ -224,8 +224,9 @@ class TaskCompleted(_Fact):
     output_sha256: str
     telemetry: Telemetry = Telemetry()
     #: The validated value of ``output`` for a step with an ``output_schema`` (None otherwise).
-    #: Added without a new record format ("Record formats" above): a fact without it is the output
-    #: of an untyped step, and a reader that does not know the field loses nothing it decides on.
+    #: Added without a new record format ("Record formats" in docs/development.md): a fact without
+    #: it is the output of an untyped step, and a reader that does not know the field loses nothing
+    #: it decides on.
     #: (A routed value is decided on; but a run that routes holds route_decided facts, format 2.)
     value: dict[str, Any] | None = None
 
@@ -349,13 +350,13 @@ FACT_TYPES: frozenset[str] = frozenset(
 
 def parse_fact(data: str | bytes) -> Fact:
     """A stored fact read back; fields this code does not know are ignored ("Record formats"
-    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    in docs/development.md). The caller checks ``format`` against ``RECORD_FORMAT``."""
     return FACT_ADAPTER.validate_json(data, extra="ignore")
 
 
 def parse_head(data: str | bytes) -> RunHead:
     """A stored head read back; fields this code does not know are ignored ("Record formats"
-    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    in docs/development.md). The caller checks ``format`` against ``RECORD_FORMAT``."""
     return RunHead.model_validate_json(data, extra="ignore")
 
 

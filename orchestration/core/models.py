@@ -21,7 +21,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 #: The newest stored-record format this code understands.
 #: Every stored head and fact states the format a reader must understand to read it; a record
-#: without one is format 1. The rules: "Record formats" in :mod:`orchestration.core.facts`.
+#: without one is format 1. The rules: "Record formats" in docs/development.md.
 #: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.core.budget`).
 #: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
 #: Format 4 also: steps that delegate to another MCP agent (``agent``, ``remote_run_started``).
@@ -568,7 +568,7 @@ class RunHead(Frozen):
     #: nothing spent yet (or a head written before spend was kept)
     spent: Spend | None = None
     #: the record format a reader must understand to read this head: the highest ``format`` of the
-    #: facts folded into it (see "Record formats" in :mod:`orchestration.core.facts`). Declared last, so
+    #: facts folded into it (see "Record formats" in docs/development.md). Declared last, so
     #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.
     format: int = Field(default=1, ge=1)
 

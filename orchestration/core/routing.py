@@ -64,7 +64,7 @@ def chain_format(chain: ChainSnapshot) -> int:
     their approvers (a server that does not know them would let a gate wait forever, or let anyone
     decide it), else 2 when a step routes (a server that
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
-    refuse the whole run: "Record formats" in :mod:`orchestration.core.facts`), else 1. A parallel
+    refuse the whole run: "Record formats" in docs/development.md), else 1. A parallel
     chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
     parallel steps came in the same format, so no server reads format 2 without knowing both.
     A chain-level gate policy (``approvers`` of the chain) needs format 5: a server that does not
