@@ -1,8 +1,9 @@
 """The project's exception hierarchy.
 
-Every error a caller can act on carries a stable ``code`` (the MCP tools and the CLI show it) and a
-message that says what to do. Driver, filesystem and HTTP errors are translated into this hierarchy
-at the adapter edge (``raise ... from exc``)::
+Every error a caller can act on carries a stable ``code`` (the tools and the CLI show it) and a
+message that says what to do, its next steps as :class:`Hint` parts each channel words its own way
+(:func:`rendered`). Driver, filesystem and HTTP errors are translated into it at the adapter edge
+(``raise ... from exc``)::
 
     ConstructError                      code
     ├── InvalidArgument                 invalid_argument   bad input: an id, a field, a value
@@ -32,18 +33,6 @@ at the adapter edge (``raise ... from exc``)::
         ├── StoreUnavailable            store_unavailable  cannot reach / open the backend
         └── CorruptRecord               corrupt_record     a stored record cannot be read back
             └── RecordTooNew            record_too_new     ... because a newer version wrote it
-
-``RecordTooNew`` is a kind of ``CorruptRecord`` on purpose: everything that leaves an unreadable run
-alone (a drive sets it aside, lists skip it, the dispatcher moves on) does the same for a record of
-a newer format, which must neither be decided from nor written over. Its own code and message tell
-an operator that nothing is damaged (see "Record formats" in :mod:`orchestration.core.facts`).
-
-**Next steps in a channel's words.** A message that tells the caller what to do next names an
-operation (:data:`Operation`), never a tool or a command: it is a :class:`Said` -- text and
-:class:`Hint` parts -- and each channel renders the hints in its own words (:func:`rendered`): the
-MCP tools as tool names and arguments (``call runs_list``; :mod:`server.mcp.tool_hints`), the CLI
-as commands and flags (``construct-mcp runs list``; :mod:`server.cli.command_hints`). ``message`` and
-``str()`` render them in neutral words, for logs and for messages that quote another.
 """
 
 from __future__ import annotations
@@ -363,7 +352,11 @@ class RecordTooNew(CorruptRecord):
     """A stored record written in a newer record format than this code reads (by a newer version
     of the server: a rolling upgrade, or a rollback). ``record_format`` is the format the record
     states, ``supported_format`` the newest this code reads; ``fact_type`` is set when the record
-    is a fact whose type this code does not know."""
+    is a fact whose type this code does not know.
+
+    A ``CorruptRecord`` on purpose: everything that leaves an unreadable run alone (a drive sets it
+    aside, lists skip it, the dispatcher moves on) does the same for it, since it must neither be
+    decided from nor written over; its own code and message tell an operator nothing is damaged."""
 
     code = "record_too_new"
 

@@ -1,46 +1,14 @@
 """The ``RunStore`` port (DESIGN §6). Its docstrings are the contract every adapter honours; one
 conformance suite (``tests/stores``) checks every adapter against them.
 
-A run is an append-only log of facts plus a head (the fold of the log, see
-:mod:`orchestration.core.facts`). Stores never fold: the writer passes the facts *and* the head they
-produce, and the store persists both atomically. The head carries no task output and keeps finished
-tasks settled (see ``TaskState.settled``), so it does not grow with the run's history, and neither
-does the cost of one append.
-
-Leases are not facts: they are a small mutable record per run (owner, expiry, token) that says which
-worker may execute the run now. Expiry is judged with the ``now`` the caller passes (its injected
-clock), never with the store's own clock.
-
-A lease is a fence, not a hint (DESIGN §9). Every successful claim gives the lease a new, unique
-``token``; a later claim, by another owner or by the same one, replaces it. Renewal and release act
-only while the stored lease still carries the caller's token, and an ``append`` that passes a lease
-is accepted only while it does, checked in the same atomic step as the version compare-and-swap. A
-lease that expired but that nobody claimed again still carries its token: it does not stop its
-holder, whose writes and renewals still go through. Writes that bring an external event (a new run,
-a host's output, an approval, a cancellation) pass no lease and are fenced by the version alone.
-
-Stored heads and facts state their record format, and a store reads them back by the rules in
-:mod:`orchestration.core.facts` ("Record formats"): fields it does not know are ignored; a record of a
-newer format, or a fact of an unknown type, raises ``RecordTooNew`` (a ``CorruptRecord``) and is
-never rewritten; lists skip such a run like any unreadable one.
-
-Retention. A run leaves a store in one way only: :meth:`RunStore.delete_run` removes its head, facts
-and lease and leaves a :class:`Tombstone` in their place, in one atomic step (``runs prune`` for
-ended runs, ``runs import --move`` for a run that moves to another store). A tombstone is not a
-fact, like a lease: it is what the store keeps of a run it no longer holds. It answers every later
-use of the run id (``RunPruned`` / ``RunMoved``, both ``RunNotFound``) and keeps the run's
-idempotency key reserved. :meth:`RunStore.import_run` is the way in for a whole run another store
-held (``runs import``). Retention is part of the port, not an option: every adapter keeps
-tombstones, since ``load`` and ``create`` answer with them.
-
-Optional abilities. A store may do more than ``RunStore``; each such ability is a protocol of its
-own, checked with ``isinstance`` where the store is handed to the engine (the dispatcher), never
-probed at the call:
-
-- :class:`ClaimsRunnable` (sqlite, postgres): claim a batch of runnable runs in one step, which is
-  how several processes on one database share the work;
-- :class:`NotifiesRunnable` (postgres): be told when any process leaves a run ``queued``, or
-  writes an external event (a write without a lease: a cancel, an approval, a host's output).
+A run is an append-only log of facts plus its head. Stores never fold: the writer passes the facts
+and the head they produce, and the store persists both atomically, compare-and-swapped on the
+head's version. A lease is a fence, not a hint (DESIGN §9): each claim gets a new token, and a
+renewal, a release or an append that passes a lease goes through only while the stored lease
+carries it, checked in the same atomic step; expiry is judged with the caller's ``now``. A run
+leaves a store only through :meth:`RunStore.delete_run`, behind a :class:`Tombstone` that answers
+every later use of its id. Optional abilities are protocols of their own, checked where the store
+is handed to the engine, never probed at the call.
 """
 
 from __future__ import annotations
@@ -104,9 +72,11 @@ TombstoneReason = Literal["pruned", "moved"]
 
 
 class Tombstone(BaseModel):
-    """What a store keeps of a run it deleted (see "Retention" above): enough to say what became of
-    it, and the idempotency key it keeps reserved. Stored as JSON and read back leniently (fields
-    this code does not know are ignored), like heads and facts."""
+    """What a store keeps of a run it deleted (``runs prune``, ``runs import --move``): enough to
+    say what became of it (``RunPruned`` / ``RunMoved`` for every later use of the id), and the
+    idempotency key it keeps reserved. Like a lease, not a fact; every adapter keeps tombstones.
+    Stored as JSON and read back leniently (fields this code does not know are ignored), like heads
+    and facts."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

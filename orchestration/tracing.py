@@ -1,29 +1,10 @@
-"""OpenTelemetry spans for runs, tasks, attempts and model calls.
+"""OpenTelemetry spans for runs, tasks, attempts and model calls, through ``opentelemetry-api`` only
+(a no-op until the composition root installs a provider).
 
-Spans go through ``opentelemetry-api`` only: without an SDK installed and configured (the ``otel``
-extra and the ``OTEL_*`` variables, see :mod:`server.settings.telemetry`) every tracer is the API's no-op
-one, and a span costs a few attribute dictionaries. The tracer is the global one, as OpenTelemetry
-intends for instrumented libraries: the composition root (or a test) installs the provider.
-
-**The tree.** A drive of a run (:class:`~orchestration.engine.drive.Drive`, in whatever process holds
-the run's lease) opens ``run <chain>``; under it, ``task <task_id>`` for each task it calls a model
-for, and under that ``attempt <task_id>`` per attempt; the provider worker's ``chat <model>``
-(:func:`model_call`, GenAI semantic conventions) is a child of the attempt in progress. A write a call
-decides itself, without a drive (the host's path: a host's answer, a gate decision, an inline start
-with its first host task, a cancel — :func:`traced_write`), is traced as a drive is: one ``run`` span
-of its own. A run that pauses and is driven again later (an approval, a host's answer, a restart) gets
-one ``run`` span per drive or such write, all children of the same parent: the W3C ``traceparent``
-recorded on ``run_created`` (from the starting tool call's ``_meta``, through the MCP SDK's own server
-span). So a run resumed by another process after a crash continues the caller's trace. A span is
-exported when it ends: the spans a killed process held open (its drive, the task and the attempt in
-flight) are lost; what ended before survives. An attempt that retries an orphan says so:
-``construct.attempt.follows_orphan`` names the orphaned attempt's number.
-
-**Never recorded:** prompt text, outputs, request text, keys or headers. Attributes are ids,
-names, numbers, outcomes, error codes and token counts.
-
-**No decision reads a span.** Nothing here is read back by ``decide``; a span that fails to start
-or end changes nothing but the trace.
+Each drive of a run, or each write made without a drive, is one ``run`` span, child of the
+``traceparent`` recorded on ``run_created``, so a run resumed by another process continues its
+caller's trace. Spans carry ids, names, numbers, outcomes, error codes and token counts, never
+prompts, outputs, keys or headers; and no decision reads a span. The tree: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -163,7 +144,7 @@ class _Untraced:
 
 
 class DriveTrace:
-    """The spans of one drive of one run (see the module's docstring). :meth:`saw` opens the run
+    """The spans of one drive of one run (the tree: docs/operations.md, Traces). :meth:`saw` opens the run
     span at the drive's first read of the run; :meth:`recorded` ends the task spans whose task a
     write ended; :meth:`attempt` wraps a worker's call; :meth:`drive` ends what is still open."""
 

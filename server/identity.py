@@ -1,38 +1,10 @@
 """Who is calling, and what they may do: identities, roles and channels.
 
-Over HTTP, each bearer token belongs to a named **identity** (``[tokens.<identity>]`` in the config
-file; the single ``CONSTRUCT_AUTH_TOKEN`` is the identity :data:`AUTH_TOKEN_IDENTITY` with every
-role). No identity may be called ``agent``: that approver name means the calling agent itself (see
-:mod:`orchestration.core.approvals`), never a person. An identity has one or more **roles**, which combine:
-
-=========== ===================================================================================
-``read``    see runs and their content: ``run_status``, ``runs_list``, the ``run://`` resources
-            (read, list, subscribe)
-``operate`` ``orchestrate_start``, ``orchestrate_resume``, ``orchestrate_cancel``
-``approve`` ``orchestrate_approve`` (decide gates)
-=========== ===================================================================================
-
-and may be limited to the runs it started (``own_runs_only``): a run records the verified identity
-that started it (``started_by`` on ``run_created``), and such an identity sees, lists, resumes,
-cancels and decides only those. A call outside an identity's roles or runs is refused as
-``forbidden`` naming the role (or the limit) that stands in the way, never the token. A run's
-content (request, outputs, previews, prompts, gate comments) is shown to an identity that may read
-the run, or that started it (:meth:`Caller.sees_content`); any other answer about it (an
-``operate`` or ``approve`` call on another identity's run) carries the run's status and what it
-waits for without it. Listing
-tools, prompts and resource templates, and reading a prompt, need only a valid token: they show
-what the server offers, not what it holds.
-
-stdio, an in-process client and the CLI are **local, trusted channels**: whoever can write to the
-process's stdin or run the CLI on the store already holds everything the server does, so they have
-every role and see every run. What they say about who they are (the ``approver`` argument, the
-CLI's ``--approver`` or the OS user) is recorded as *claimed*, not verified. Over HTTP without any
-token (loopback only, see :mod:`server.transports.auth`) the same holds, with channel ``http``.
-
-The caller of a request is read from the HTTP request the MCP SDK hands each handler
-(``ctx.request_context.request``): :class:`~server.transports.auth.BearerTokenMiddleware` puts the verified
-:class:`Caller` into the ASGI scope under :data:`SCOPE_KEY` before the MCP app sees the request.
-A request with no HTTP request behind it is local (stdio, in process).
+Over HTTP each bearer token is an identity with roles (``read``, ``operate``, ``approve``), perhaps
+limited to the runs it started; a call outside them is ``forbidden``, naming the role, never the
+token. stdio, an in-process client and the CLI are local, trusted channels: every role, every run,
+and the names they give are recorded as claimed, not verified. No identity may be called ``agent``.
+The rules as users see them: docs/approvals.md (Who may do what).
 """
 
 from __future__ import annotations
@@ -53,7 +25,9 @@ ROLES: frozenset[Role] = frozenset(get_args(Role))
 AUTH_TOKEN_IDENTITY = "admin"
 #: What an identity's name may look like: it is shown in views and recorded with decisions.
 IDENTITY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
-#: Where the bearer-token middleware leaves the verified caller in the ASGI scope.
+#: Where the bearer-token middleware leaves the verified caller in the ASGI scope, before the MCP
+#: app sees the request; a handler reads it from the HTTP request the SDK hands it
+#: (``ctx.request_context.request``). A request with no HTTP request behind it is local.
 SCOPE_KEY = "construct.caller"
 
 

@@ -1,38 +1,9 @@
-"""``RunStore`` adapters and how a store is chosen and opened.
+"""``RunStore`` adapters, and how a store spec is parsed and opened.
 
-Store specs (``--store``, the config file's ``store``, ``CONSTRUCT_ORCHESTRATION_STORE``):
-
-==============================  ===============================================================
-``memory``                      in-process only (tests); nothing survives the process
-``filesystem``                  ``FilesystemStore(home)``: runs under ``<home>/runs/<run_id>``
-``file:///abs/dir``             ``FilesystemStore(/abs/dir)``: runs under ``/abs/dir/runs/``
-``sqlite``                      ``<home>/construct.db``
-``sqlite:///relative.db``       three slashes: a path relative to ``home`` (not to the process's
-                                working directory, which an MCP host chooses arbitrarily)
-``sqlite:////abs/path.db``      four slashes: an absolute path
-``postgres``                    PostgreSQL at the database URL the settings give (``database_url``)
-``postgresql://...``,           an asyncpg DSN; an extra ``?schema=name`` query parameter selects
-``postgres://...``              the schema (search_path) the tables live in (default ``public``)
-==============================  ===============================================================
-
-Drivers (aiosqlite, asyncpg) are imported only when their adapter is opened.
-
-Which spec applies is the settings' concern (:func:`server.settings.storage.store_inputs`: ``--store`` >
-the config file's ``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` > the deployment mode > filesystem);
-this package is given the spec, where it came from and the database URL, and reads no environment.
-:func:`open_configured_store` opens it; a backend that cannot be opened (driver missing, database
-unreachable, schema not migrated) falls back to the filesystem store with a warning returned in
-:class:`OpenedStore` — unless ``fallback=False``, which raises instead. Warnings and errors never
-contain a password: every URL shown goes through :func:`redact_url`.
-
-Optional abilities beyond ``RunStore``, declared as protocols on the port
-(:mod:`orchestration.store`) and checked with ``isinstance`` by the dispatcher:
-
-- ``ClaimsRunnable.claim_runnable`` (sqlite, postgres): claim a batch of runnable runs in one
-  transaction, no run to two claimers (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``).
-- ``NotifiesRunnable.listen`` / ``unlisten`` (postgres): be called back when any process commits a
-  write that leaves a run ``queued``; a wake-up hint, not a queue, so a dispatcher still polls
-  ``runnable``.
+The specs are listed in docs/stores.md; which one applies is the settings' concern
+(:func:`server.settings.storage.store_inputs`), so this package reads no environment. Drivers are
+imported only when their adapter is opened, and every URL shown goes through :func:`redact_url`,
+so no warning or error carries a password.
 """
 
 from __future__ import annotations
@@ -116,7 +87,7 @@ def _backend_of(spec: str) -> str:
 def parse_store_spec(
     spec: str, *, home: Path, database_url: str | None = None, source: str = "store"
 ) -> StoreSpec:
-    """Parse a store spec (table in the module docstring). ``database_url`` is the database of the
+    """Parse a store spec (the forms: docs/stores.md). ``database_url`` is the database of the
     bare name ``postgres``. Raises ``ConfigError`` naming ``source`` for a spec that is not one;
     ``StoreUnavailable`` for ``postgres`` without a database URL."""
     text = spec.strip()
@@ -202,7 +173,7 @@ async def open_store(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     pool_size: int = DEFAULT_POOL_SIZE,
 ) -> RunStore:
-    """Open the store ``spec`` names (see the module docstring), importing only its driver.
+    """Open the store ``spec`` names , importing only its driver.
 
     Raises ``ConfigError`` (not a store spec), ``StoreUnavailable`` (driver missing, backend
     unreachable within ``connect_timeout`` seconds, schema behind: the message says what to do and

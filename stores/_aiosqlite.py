@@ -1,14 +1,7 @@
-"""aiosqlite's internals the SQLite store relies on, in one place (aiosqlite 0.21 and 0.22).
-
-aiosqlite runs every call on the connection's own thread, one queued function at a time, but has
-no public way to queue a function of one's own: :func:`run_on_thread` does it through the same
-queue its own calls take (``Connection._execute``), handing the function the ``sqlite3``
-connection (``Connection._conn``, which raises ``ValueError`` on a closed connection, as aiosqlite's
-own calls do). :mod:`stores._sqlite_thread` builds its one-trip store calls on it.
-
-``tests/stores/test_aiosqlite_reliance.py`` pins both (names, types, and that the function runs on
-the connection's thread in order with aiosqlite's own calls); ``pyproject.toml`` bounds
-``aiosqlite`` to the versions those tests passed with.
+"""aiosqlite's internals the SQLite store relies on, in one place: :func:`run_on_thread` queues a
+function of our own on a connection's thread, through the queue aiosqlite's own calls take.
+``tests/stores/test_aiosqlite_reliance.py`` pins the reliance; ``pyproject.toml`` bounds aiosqlite
+to the versions it passed with.
 """
 
 from __future__ import annotations

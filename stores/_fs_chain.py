@@ -1,17 +1,8 @@
-"""The filesystem store's chain snapshot, written once (the SQL stores' migration
-``chain_written_once`` does the same in a column).
-
-A run's head carries its chain snapshot (steps and the specialists' personas: most of a head,
-10-20 KB for a long chain), and no fact changes it after the run's creation. A run created by this
-version keeps it in ``chain.json``, written (and fsync'd) with the rest of the run directory by the
-create; its ``head.json`` is the head without the chain, so an append rewrites and fsyncs a few KB
-instead of the whole snapshot. Reading a head puts the chain back.
-
-Runs written by the previous version have no ``chain.json``: their ``head.json`` holds the chain,
-and appends keep writing it there (a run directory's layout never changes, so no crash can leave
-a half-converted run). Whether a head holds its chain is read from the head itself, not from the
-layout: a head that holds one (as the previous version wrote it, or as written by hand) is read as
-it is, whatever lies beside it. Blocking: called from a worker thread.
+"""The filesystem store's chain snapshot, written once in ``chain.json`` by the create, so an append
+rewrites a head of a few KB instead of the whole snapshot. Whether a head holds its chain is read
+from the head itself, never from the layout: runs written before ``chain.json`` keep theirs in
+``head.json``, and a run directory's layout never changes, so no crash leaves a half-converted run.
+Blocking: called from a worker thread.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The filesystem store's fact index (``facts.idx``), and how it is rebuilt from the fact log.
-
-The index is derived data: record ``n`` holds the byte offsets of fact ``n``'s line in
-``facts.jsonl``, and the log alone determines them (one fact per line, each line starting with its
-``seq``). An append therefore fsyncs the log and the head, which make the write durable, but not
-the index (one fsync less per append). A process killed at any point loses nothing of the
-index (its bytes are in the page cache); only a power loss or an OS crash can leave it behind the
-committed head — short, or with zeroed blocks. Every use of the index checks the records it reads
-(each one continues the one before it, and the committed end is a line's end) and, when they do not
-hold, rebuilds them from the log: readers in memory, the next append on disk (under the run lock,
-with an fsync). Facts never come from a record that was not checked: a fact read through a record
-is also decoded and its ``seq`` compared. Blocking: called from a worker thread.
+"""The filesystem store's fact index (``facts.idx``: the byte offsets of each fact's line), derived
+from the log and rebuilt from it. It is not fsync'd per append: a killed process loses none of it,
+and after an OS crash every use checks the records it reads and rebuilds them from the log when
+they do not hold, so no fact ever comes from an unchecked record. Blocking: called from a worker
+thread.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Retention for the filesystem store (a mixin of :class:`stores.filesystem.FilesystemStore`):
 importing a whole run, deleting a run behind a tombstone, and what a deleted run's id answers.
 
-Layout (next to ``runs/``, ``keys/``, ``tmp/``)::
-
-    tombstones/<run_id>.json   the tombstone of a deleted run (written durably before the deletion)
-    trash/<run_id>.<random>    a run directory being deleted: renamed here in one step, then removed
-                               (by this deletion, or by the next if a crash came in between)
-
-Deleting (``delete_run``) happens under the run's lock, which every write to the run takes: the
-stored head's version and status are checked, the tombstone is written and fsync'd, and the run
-directory is renamed out of ``runs/`` (atomic; the directory fsync'd), then removed. A reader sees
-the directory, whole, or no directory and the tombstone; a file it opened before the rename stays
-readable until it closes it, and a file it opens after is missing, which it reports as the run's
-tombstone error. A writer that waited for the lock finds the directory gone and answers the same.
-The idempotency key file stays: it points at the deleted run, whose tombstone answers for it.
-
-Importing (``import_run``) is a create of a whole run (``FilesystemStore._create_sync`` with
-``imported``): staged under ``tmp/`` and renamed into ``runs/`` under ``create.lock``; a tombstone
-of the same id is removed once the run is in place.
+A deletion, under the run's lock, writes the tombstone durably, then renames the run directory out
+of ``runs/`` in one step (into ``trash/``) and removes it: a reader sees the whole directory, or
+none and the tombstone. An import is a create of a whole run (staged under ``tmp/``).
 """
 
 from __future__ import annotations

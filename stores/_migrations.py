@@ -1,14 +1,7 @@
-"""The migration runner of the SQL stores, used by the adapters (:mod:`stores.sqlite`,
-:mod:`stores.postgres`) when they open and when they migrate; the ``migrate`` command is
-:func:`stores.migrate`.
-
-Migrations are the numbered, forward-only ``.sql`` files under ``stores/sql/<dialect>/migrations``;
-a ``schema_migrations`` table records the ones applied. :func:`run_migrations` applies the pending
-ones in order over a :class:`MigrationTarget` (one connection of a dialect), each in its own
-transaction together with its ``schema_migrations`` row, under a lock that makes concurrent migrators
-apply each migration once (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a transaction-scoped advisory
-lock). Applying twice is a no-op. :func:`check_schema` is what an adapter runs at open: it refuses a
-schema that is behind (:class:`SchemaOutOfDate`) or ahead of this code (:class:`SchemaTooNew`).
+"""The migration runner of the SQL stores: :func:`run_migrations` applies the pending numbered,
+forward-only migrations in order, each in one transaction with its ``schema_migrations`` row, under
+a lock that makes concurrent migrators apply each once; :func:`check_schema`, run at open, refuses
+a schema behind (:class:`SchemaOutOfDate`) or ahead of (:class:`SchemaTooNew`) this code.
 """
 
 from __future__ import annotations

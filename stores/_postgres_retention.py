@@ -1,20 +1,10 @@
 """Retention for the PostgreSQL store (a mixin of :class:`stores.postgres.PostgresStore`): importing
-a whole run, deleting a run behind a tombstone (table ``tombstones``, migration 0005), and what a
-deleted run's id answers.
+a whole run, deleting a run behind a tombstone, and what a deleted run's id answers.
 
-A deletion is one transaction: it locks the run row (``SELECT ... FOR UPDATE``), checks the head's
-version (and, for a prune, that it ended), deletes the run's leases, facts and row and inserts the
-tombstone. An append's compare-and-swap ``UPDATE`` of the same row waits for it, then finds no row
-and answers with the tombstone's error; a claim's lease insert fails its foreign key. A reader's
-statement sees the whole run (its snapshot predates the commit) or none of it; ``read_facts`` checks
-that the run exists after reading the facts, so it never returns part of a run.
-
-A create checks the tombstones for its idempotency key *after* inserting its run row: a prune of the
-key's run that commits while the create waits on the key's unique index is then seen, and the create
-is refused. The create is one statement (``create_run``), whose snapshot predates that commit; so the
-check is the VOLATILE function ``construct_key_free`` (migration 0012), called on the inserted row,
-which reads the tombstones with a snapshot of its own taken then and aborts the statement with
-SQLSTATE ``CX001`` (:func:`refused_by_tombstone` turns it into the tombstone's error).
+A deletion is one transaction holding the run row's lock, so an append or a claim that races it
+finds the tombstone; ``read_facts`` checks the run still exists after reading, so it never returns
+part of a run. A create checks the tombstones for its key after inserting its row, in a VOLATILE
+function with a snapshot of its own, so a prune that commits meanwhile is seen.
 """
 
 from __future__ import annotations

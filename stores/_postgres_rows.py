@@ -1,10 +1,7 @@
-"""The rows of the PostgreSQL store: how a run's head and its facts become the statement parameters
-of ``stores/sql/postgres/queries.sql`` (used by :mod:`stores.postgres` and its retention mixin,
-:mod:`stores._postgres_retention`).
-
-Times are sent as aware UTC datetimes (:func:`utc`). Heads and fact bodies are JSON text with
-U+0000 escaped (:func:`~stores._jsonb.to_jsonb_text`); the chain snapshot is written once, by the
-create or the import, in a column of its own (migration chain_written_once), never by an append.
+"""The rows of the PostgreSQL store: how a run's head and facts become the parameters of
+``stores/sql/postgres/queries.sql``. Times are aware UTC datetimes; heads and fact bodies are JSON
+text with U+0000 escaped (not JSONB: no query reads into them, and parsing them at every append cost
+server time); the chain snapshot is written once, by the create or the import, never by an append.
 """
 
 from __future__ import annotations

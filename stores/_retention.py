@@ -1,5 +1,5 @@
 """Checks and encodings every adapter shares for retention: importing a whole run and deleting one
-behind a tombstone (see "Retention" in :mod:`orchestration.store`)."""
+behind a tombstone (:meth:`orchestration.store.RunStore.delete_run`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""SQL for the sqlite and postgres adapters: named queries and numbered migrations, read from the
-package's ``stores/sql/<dialect>/`` files (``importlib.resources``, so it works from a wheel too).
-
-``queries.sql`` holds blocks introduced by ``-- name: <query_name>``; everything up to the next such
-line is the query. ``migrations/NNNN_<slug>.sql`` are forward-only migrations applied in number
-order (by ``stores._migrations``; the command is :func:`stores.migrate`). SQL is never assembled
-from fragments in Python.
-
-Also here: small helpers both SQL adapters share (row decoding into typed records, the list cursor
-for a row, splitting a SQLite script into statements).
+"""SQL for the sqlite and postgres adapters: named queries (``-- name: <query_name>`` blocks of
+``queries.sql``) and numbered forward-only migrations, read from ``stores/sql/<dialect>/`` with
+``importlib.resources``; and the small helpers both adapters share. SQL is never assembled from
+fragments in Python.
 """
 
 from __future__ import annotations

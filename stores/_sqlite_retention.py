@@ -1,13 +1,7 @@
 """Retention for the SQLite store (a mixin of :class:`stores.sqlite.SqliteStore`): importing a whole
-run, deleting a run behind a tombstone (table ``tombstones``, migration 0004), and what a deleted
-run's id answers.
-
-Both writes are one ``BEGIN IMMEDIATE`` transaction, like every write of the store: a deletion reads
-the head, checks its version (and, for a prune, that it ended), deletes the run's leases, facts and
-run row and inserts the tombstone, with the file's write lock held throughout, so no append or claim
-comes in between. A reader's statement sees the run before the commit or its absence after it;
-``read_facts`` reads the facts first and checks that the run still exists after, so it returns the
-whole log or the tombstone's error, never part of a run.
+run, deleting a run behind a tombstone, and what a deleted run's id answers. Both are one
+``BEGIN IMMEDIATE`` transaction, so no append or claim comes in between; ``read_facts`` checks the
+run still exists after reading, so it returns the whole log or the tombstone's error.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The rows of the SQLite store: how a run's head and its facts become the named parameters of
-``stores/sql/sqlite/queries.sql`` (used by :mod:`stores.sqlite` and its retention mixin,
-:mod:`stores._sqlite_retention`).
-
-Times are stored as sortable text (``stores._common.sortable_time``); the head and fact bodies as
-JSON text; the chain snapshot is written once, by the create or the import, in a column of its own
-(migration chain_written_once), never by an append.
+"""The rows of the SQLite store: how a run's head and facts become the named parameters of
+``stores/sql/sqlite/queries.sql``. Times are sortable text, bodies JSON text; the chain snapshot is
+written once, by the create or the import, never by an append.
 """
 
 from __future__ import annotations

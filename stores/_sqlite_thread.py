@@ -1,17 +1,8 @@
-"""One trip to a connection's thread per store call (the SQLite store, :mod:`stores.sqlite`).
-
-aiosqlite runs every call on the connection's own thread and hands each result back to the event
-loop: a round trip per statement, which cost more than the statements themselves (an append was
-seven: ``BEGIN``, the lease check, the update, the cursor's close, the fact check, the inserts,
-``COMMIT``). Here a whole store call — a write transaction from ``BEGIN IMMEDIATE`` to ``COMMIT``,
-or a read of several statements — is one plain function that runs on that thread in one trip,
-through the same queue aiosqlite's own calls take (:func:`stores._aiosqlite.run_on_thread`, the
-one place that relies on aiosqlite's internals).
-
-The queue runs one function at a time, in order, so a write transaction can no longer interleave
-with another call on its connection, and no lock is needed for that: writes from concurrent tasks
-queue on the thread, and SQLite's own lock (``BEGIN IMMEDIATE`` and the busy timeout) orders them
-against other processes.
+"""One trip to a connection's thread per store call of the SQLite store: a whole write transaction,
+or a read of several statements, is one function run through aiosqlite's own queue
+(:func:`stores._aiosqlite.run_on_thread`). The queue runs one function at a time, so a transaction
+never interleaves with another call on its connection; SQLite's lock orders it against other
+processes.
 """
 
 from __future__ import annotations

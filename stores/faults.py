@@ -1,13 +1,7 @@
-"""Fault injection for crash tests: ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N``.
-
-Wrapping a store in :class:`CrashAfterWrites` makes the process kill itself with SIGKILL right after
-its N-th durable write (a create or an append) has returned — the fact is on disk, nothing after it
-ran. Off unless the server is configured with it; never use it outside tests.
-
-The wrapper has exactly the optional abilities of the store it wraps (``ClaimsRunnable``,
-``NotifiesRunnable``, see :mod:`orchestration.store`), so a dispatcher on a wrapped sqlite or
-postgres store claims in batches and listens as it would on the store itself; a write's
-``flushing`` is passed on, so a host's call writes as it would on the store itself.
+"""Fault injection for crash tests (``CONSTRUCT_FAULT_CRASH_AFTER_WRITES=N``): :class:`CrashAfterWrites`
+SIGKILLs the process right after its N-th durable write has returned. It has exactly the optional
+abilities of the store it wraps and passes a write's ``flushing`` on, so a server on it behaves as
+on the store itself. Never use it outside tests.
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
 """The PostgreSQL ``RunStore`` (asyncpg): the store several server processes share.
 
-- A pool of connections whose ``search_path`` is the store's schema (``public`` unless the URL
-  says ``?schema=name``; tests use a schema per session).
-- Heads and fact bodies are JSON text (migrations 0010 and 0008: no query reads into them, and
-  parsing them into JSONB at every append cost server time); the chain snapshot is JSONB. Every
-  write is one transaction: an append is one statement (one round
-  trip), the compare-and-swap ``UPDATE runs ... WHERE run_id = $1 AND version = $2``, the lease
-  fence, one ``INSERT ... SELECT unnest(...)`` of its facts and, when the write carries no lease
-  (an external event: a cancel, an approval), a ``pg_notify`` — delivered only on commit; a lease's
-  release notifies when it leaves the run runnable. The chain snapshot, which no fact changes, is written
-  once by the create in a column of its own and put back into every head read (migration chain_written_once).
-- Leases are rows upserted with ``ON CONFLICT ... DO UPDATE ... WHERE expires_at <= now OR owner =
-  me``, each claim with a new token, also written to the run row (migration 0009); a fenced append
-  checks the token on the run row in the WHERE of its compare-and-swap;
-  :meth:`PostgresStore.claim_runnable` claims a batch with ``FOR NO KEY UPDATE SKIP LOCKED``, which
-  is how several processes share the work.
-  :meth:`PostgresStore.listen` lets a dispatcher be woken when another process makes a run
-  runnable (an approval, a new run) or writes an external event to it (a cancel, which the drive
-  of the run must hear of), and tells it when the notification connection drops so that
-  it can listen again once the server is back.
-- The schema is never changed here: opening checks it is at the packaged head and otherwise raises
-  :class:`stores.SchemaOutOfDate` (``construct-mcp migrate`` applies the migrations).
-
-Driver errors are translated at this edge: connection failures to ``StoreUnavailable``, the rest to
-``StoreError``, chained, with any password scrubbed from the message.
-
-JSONB cannot hold the character U+0000, which a model or a host may well put in an output. The JSON
-this adapter stores (in JSONB columns first, now in text ones, where the rows written before keep
-their form) therefore carries it as two characters, U+E000 (a private-use character) then
-``0``, and a U+E000 of the data as U+E000 twice (:func:`~stores._jsonb.to_jsonb_text`, undone on every read by
-:func:`~stores._jsonb.from_jsonb_text`). So every text reads back exactly as written, as on the other stores;
-migration 0003 escaped the U+E000 characters of rows written before.
+Every write is one transaction, an append one statement: the compare-and-swap on the run row's
+version, with the lease fence (the claim's token, kept on the run row) in the same WHERE. Claims
+take batches with ``FOR NO KEY UPDATE SKIP LOCKED``; ``LISTEN/NOTIFY`` wakes other processes'
+dispatchers. The schema is never changed here, only checked at open. Driver errors become
+``StoreUnavailable`` or ``StoreError``, with any password scrubbed; U+0000 is escaped in stored JSON.
 """
 
 from __future__ import annotations

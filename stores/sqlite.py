@@ -1,25 +1,10 @@
 """The SQLite ``RunStore`` (aiosqlite): one file, several processes, WAL mode.
 
-- Every write is one ``BEGIN IMMEDIATE`` transaction on the store's writer connection: appends do
-  their compare-and-swap on ``runs.version`` (and, when fenced, check the lease's token) inside it,
-  creates check the idempotency key inside it, lease claims read and upsert inside it.
-  ``BEGIN IMMEDIATE`` takes SQLite's write lock up front, so two processes never both decide on a
-  stale read; the busy timeout makes the loser wait for the lock instead of failing at once.
-  Each write is one function that runs on the writer's thread in one trip; the writes of this
-  process's concurrent tasks share a transaction, each in its own savepoint
-  (:class:`stores._sqlite_thread.GroupCommit`).
-- ``synchronous = FULL``: a write is on disk when it returns, as the contract requires.
-- Reads use a second connection; in WAL mode they see the last committed write and never block, or
-  wait for, the writer.
-- The head is kept as JSON next to the columns lists and the dispatcher filter on (status,
-  created_at, not_before, wake_at, idempotency_key), each indexed; facts are rows keyed by
-  (run_id, seq), so an append costs one head update and one indexed insert per fact whatever the
-  run's history.
-
-Beyond ``RunStore``, :meth:`SqliteStore.claim_runnable` is the optional batch-claim ability
-(``ClaimsRunnable``, see :mod:`orchestration.store`). Opening migrates the file to the packaged
-schema by default (a private file that only construct-mcp uses); pass ``auto_migrate=False`` to
-only check it.
+Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite's write lock taken up front, so no two
+processes decide on a stale read), with the compare-and-swap on ``runs.version`` and the lease
+fence inside it; ``synchronous = FULL``, so a write is on disk when it returns. Writes of this
+process's concurrent tasks share a commit, each in its own savepoint. Reads use a second connection
+and never wait for the writer.
 """
 
 from __future__ import annotations

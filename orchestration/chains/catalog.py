@@ -1,84 +1,9 @@
 """Specialists and chains: the built-in catalog and the user's ``construct.toml``.
 
-Built-in specialists live as text files in :mod:`orchestration.chains.specialists` (first line
-``description: ...``, then the persona prompt). The built-in chain ``default`` is
-architect → engineer → reviewer.
-
-A user adds or overrides specialists and chains in a TOML file::
-
-    [specialists.security]
-    description = "Threat-models the design and the code."
-    persona = "You are a security engineer..."        # or: persona_file = "security.md"
-
-    [chains.secure]
-    description = "Design, build, audit, review"
-    steps = [
-      "architect",
-      { specialist = "engineer", approve_before = true },
-      { name = "audit", specialist = "security", on_failure = "continue" },
-      { specialist = "reviewer", output_schema = "verdict" },
-    ]
-
-A step's ``output_schema`` makes its output typed: the name of a built-in schema (``verdict``) or
-an inline table holding a JSON Schema whose top level is ``type = "object"``, e.g.
-``output_schema = { type = "object", properties = { score = { type = "integer" } }, required =
-["score"] }``. It is checked when the file is loaded and resolved into the run's chain snapshot
-(see :mod:`orchestration.chains.schemas`).
-
-A step with a typed output may route on one of its fields, and a run then loops or jumps (the rule
-is in :mod:`orchestration.core.routing`); the built-in chain ``review-loop`` is::
-
-    [chains.review-loop]
-    steps = [
-      "architect",
-      { specialist = "engineer", max_visits = 3 },
-      { specialist = "reviewer", output_schema = "verdict", route_on = "verdict",
-        routes = { approve = "end", revise = "engineer", reject = "fail" }, on_exhausted = "ask" },
-    ]
-
-``route_on`` names a required field of the step's ``output_schema`` whose values are a fixed set of
-strings (an ``enum``); ``routes`` maps every one of them (and nothing else) to a step of the chain,
-``end`` or ``fail``; ``max_visits`` (default 3) bounds every step's visits; ``on_exhausted`` (on
-the routing step: ``fail`` by default, ``ask``, ``end`` or a later step) says what a route that
-would exceed a bound does instead. Step names cannot be ``end``, ``fail`` or ``ask``, and every
-step must be reachable from the first.
-
-Steps may run in parallel (the rule is in :mod:`orchestration.core.graph`): ``after`` names the steps a
-step runs after (``after = []``: at the start; no ``after``: the previous step), ``instruction`` is a
-step's own instruction added to its prompt, and the chain's ``max_parallel`` (default 4) bounds how
-many of a run's steps the provider backend runs at once. The built-in chain ``research`` is three
-researchers at once, each with its own angle (:data:`RESEARCH_ANGLES`), then a writer after all
-three. ``after`` is checked at load: unknown steps, a step after itself, cycles; routes of a
-parallel chain loop back or jump forward along its edges (see :mod:`orchestration.core.routing`).
-
-A step's gates (``approve_before``, ``approve_after``, and the ``exhausted`` gate of a routing step
-whose ``on_exhausted`` is ``ask``) may expire: ``expires_after_seconds`` after a gate is requested
-it is decided by ``on_expiry`` (``reject``, the default; ``approve``; or ``fail``: the run fails
-with ``approval_expired``), recorded with channel ``expiry``. ``approvers`` names the identities
-allowed to decide them (anyone else is ``forbidden``). Both are refused on a step without gates.
-
-Who answers a gate: a person (``approvers`` unset: anyone with the approve role, as a person; the
-agent driving the run is told to ask the user and never decides for them) or the calling agent
-itself, named ``"agent"`` (:data:`~orchestration.core.models.AGENT_APPROVER`, a reserved name)::
-
-    [chains.autonomous]
-    approvers = ["agent"]           # the chain's policy: every gate without approvers of its own
-    steps = [
-      "architect",
-      { specialist = "engineer", approve_after = true },                      # the agent decides
-      { specialist = "reviewer", approve_before = true, approvers = ["alice"] }, # only alice
-    ]
-
-A step's ``approvers`` may list ``"agent"`` alone or with persons. The chain's ``approvers`` (at
-the chain's table, next to ``steps``) is the policy of every gate whose step sets none, the
-``exhausted`` gate of a routing step included, and of the run's ``budget`` gates, which take only
-the chain's policy (a step's ``"agent"`` does not let the agent raise a budget; see
-:func:`~orchestration.core.approvals.gate_approvers`). A list is refused when it is empty, repeats a
-name, or holds a name with surrounding blanks or a spelling of ``agent`` other than ``"agent"``.
-
-A bad file is rejected at load time with :class:`~orchestration.errors.ConfigError` naming the
-file, the field (``chains.secure.steps[1].specialist``) and what is wrong. Other top-level keys of
-the file belong to the server's configuration and are ignored here.
+A chain is checked whole when it is loaded, and resolved into the snapshot a run records, so a run
+never depends on the configuration again; a bad file is refused with
+:class:`~orchestration.errors.ConfigError` naming the file, the field and what is wrong. What a
+file may say is in docs/chains.md and docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -252,7 +177,7 @@ class _ChainConfig(_Strict):
     max_parallel: int = Field(default=4, ge=1, le=64)
     max_children: int | None = Field(default=None, ge=1, le=1000)
     max_depth: int = Field(default=3, ge=0, le=20)
-    #: the chain's gate policy (see the module docstring)
+    #: the policy of every gate whose step sets none, and of the run's budget gates (docs/approvals.md)
     approvers: _Approvers = Field(default=None, min_length=1, max_length=100)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
 

@@ -1,22 +1,9 @@
-"""What a task's prompt needs, found without walking the whole run at every task boundary.
+"""What a task's prompt needs (:mod:`orchestration.chains.prompts` says what), found without walking
+the whole run at every task boundary, so step 50 costs what step 5 does.
 
-:mod:`orchestration.chains.prompts` says what a prompt contains; this module finds it fast. Three things
-made reading a prompt cost a pass (or several) over every task of the run at every boundary, so
-that the boundary at step 50 of a chain cost several times the one at step 5:
-
-* the text that depends on the chain snapshot alone (a step's opening line, its task section, its
-  answer format): computed once per snapshot (:func:`chain_plan`, see :mod:`orchestration.core.memo`);
-* the tasks before a task in a linear chain (the latest done instance of each earlier step, the
-  failed ones): a :class:`Before` per *prefix* of the run's tasks, extended from the one of the
-  previous boundary (the tasks before the current one are the same objects from one head to the
-  next: a settled task is never copied again);
-* the "Work so far" section: the lines for a list of (task, output) pairs, extended from the
-  ones the previous boundary made for all but its last pair (:func:`work_section`).
-
-The last two are kept in small bounded caches keyed by the identity of an immutable object (a
-task) that the entry itself holds, so that no other object can take its id while the entry lives;
-an entry is used only after the whole of what it was computed from compares equal (by identity
-first, which is one C loop over a tuple), so it can only give what computing afresh would give.
+Caches are keyed by the identity of an immutable object the entry itself holds (so no other object
+can take its id while it lives), and an entry is used only once all it was computed from compares
+equal: it can only give what computing afresh would give.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Prompt materialization: one function for every worker backend.
 
-The system prompt is the specialist's persona from the run's chain snapshot. The user prompt is the
-run's request, the outputs of the earlier tasks (from persisted facts only, in chain order) and the
-comments approvers left on gates passed so far; a step with an ``output_schema`` ends with an "Answer
-format" section giving the schema (every backend, so a provider asked for structured output only
-through its prompt gets it too). The same run record always gives the same prompt,
-byte for byte: nothing here reads a clock, the environment or the config file.
-
-A later visit of a step (``engineer~2``, created by a route back) sees, for each step before its own
-in the chain, the output of that step's latest done instance that ran before it (so the architect's
-design, and for ``reviewer~2`` the work of ``engineer~2``), labelled with the instance's id; and,
-under "Sent back by", the output of the routing task whose route created it (the reviewer's notes).
-A routing step is told what each value of its routed field does. An instance created by a gate's
-``revise`` (see :mod:`orchestration.core.routing`) sees, under "Sent back by the approver", the output
-that was sent back and the approver's comment.
-
-In a parallel chain (steps naming what they run ``after``, see :mod:`orchestration.core.graph`) the
-work a task sees is that of its step's *ancestors* in the graph, not of every earlier step: a
-writer after three researchers sees all three outputs, each labelled with its task id, and a
-researcher does not see its siblings'. A step's own ``instruction`` (the angle a researcher
-takes) ends its task section, in every chain.
-
-What is found here fast (and cached) is found by :mod:`orchestration.chains.prompt_index`.
+The system prompt is the step's persona; the user prompt the request, the work of the tasks the
+task comes after (its step's ancestors in a parallel chain), approvers' comments, what sent it back
+and, for a typed step, the answer format. It is read from the run's record alone (no clock,
+environment or config), so the same record always gives the same prompt, byte for byte.
 """
 
 from __future__ import annotations

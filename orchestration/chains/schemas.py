@@ -1,14 +1,8 @@
 """Typed step outputs: the built-in output schemas, schema checks, and validation of an answer.
 
-A chain step may declare ``output_schema``: a JSON Schema (draft 2020-12) whose top level is an
-object, or the name of a built-in one (:data:`BUILTIN_SCHEMAS`). The catalog resolves it when the
-chain is loaded (:func:`resolve_schema`) and the run keeps the resolved schema in its chain snapshot,
-so resuming never depends on the configuration. Every answer for such a step, from a provider or
-from the host, passes :func:`validate_output` before it is recorded; its value is recorded with the
-output text in the task's ``task_completed`` fact.
-
-Validation uses the ``jsonschema`` package (a dependency of the MCP SDK anyway): a well-kept,
-complete validator beats a partial one of our own.
+A step's schema is resolved at load (:func:`resolve_schema`) and kept in the run's chain snapshot,
+so resuming never depends on the configuration; every answer, a provider's or a host's, passes
+:func:`validate_output` before it is recorded.
 """
 
 from __future__ import annotations

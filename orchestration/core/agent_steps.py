@@ -1,35 +1,10 @@
 """Steps that delegate to another MCP agent: their argument templates, their error codes, and the
 pure rule that says whether an attempt makes its own call or follows an earlier one.
 
-A chain step may name an agent (an ``[agents.NAME]`` table of the server's config: a Streamable
-HTTP URL with a bearer token read from an environment variable, or a stdio command) instead of a
-specialist, the tool to call there, and the tool's arguments::
-
-    { name = "review", agent = "reviewer2", tool = "orchestrate_start",
-      arguments = { chain = "review-loop", worker_backend = "provider",
-                    request = "{request}\\n\\n{outputs.engineer}" } }
-
-**Templates.** Every string in ``arguments`` (nested in lists and tables too) is a template:
-``{request}`` is the run's request, ``{outputs.STEP}`` the output of the latest done visit of step
-``STEP`` ("" when it has none: skipped, or failed with ``on_failure = "continue"``), ``{run_id}``
-and ``{task_id}`` the run's and the task instance's ids; ``{{`` and ``}}`` are literal braces.
-Anything else between braces is refused when the chain is loaded (:func:`check_template`), as is
-``{outputs.X}`` for a step that is not in the chain or is the agent step itself. Other values
-(numbers, booleans) are passed as they are. Rendering reads recorded outputs only, so a resumed
-run sends the same arguments.
-
-**Durability** (the drive's part is :mod:`orchestration.engine.delegation`). Each attempt is recorded
-(``attempt_started``) before its call. A tool named ``orchestrate_start`` is taken to be another
-construct-mcp: the call carries an ``idempotency_key`` derived from the run, the task instance and
-the attempt that made the first call (:func:`idempotency_key`), the remote run's id is recorded
-(``remote_run_started``) as soon as the answer names it, and the remote run is followed with
-``run_status`` until it ends; its final output is the step's output. :func:`agent_attempt` decides,
-from the record alone, what the next attempt does after one that ended without a known outcome
-(the process died, or the agent could not be reached or did not answer in time): it *follows*
-that attempt's call — the recorded remote run, else the same idempotency key, which the remote
-answers with the run it already made, if any — so one remote run serves every attempt that
-follows it. Any other tool gets one ``tools/call`` per attempt; after an unknown outcome the next
-attempt calls again, marked ``possible_duplicate_call`` as provider calls are.
+Rendering reads recorded outputs only, so a resumed run sends the same arguments; and
+:func:`agent_attempt` decides from the record alone that an attempt after one whose outcome is
+unknown follows that attempt's call (its recorded remote run, else its idempotency key), so one
+remote run serves every attempt that follows it. The user's side is in docs/chains.md (Agents).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""A caller's gate decision (:class:`Decision`, checked by :func:`check_decision` whatever the run),
-who may decide a gate, and what a decision on a gate already decided means: pure checks the runtime
-makes before it records an ``approval_decided`` fact (see ``Runtime.approve``).
-
-A gate is a person's unless its policy (:func:`gate_approvers`) lists ``"agent"``
-(:data:`~orchestration.core.models.AGENT_APPROVER`): then the agent that drives the run may decide
-it itself, so an autonomous runner can drive a chain that allows it, and cannot decide one that
-does not (``forbidden``). Over stdio the name is claimed like any other; the edge that verifies
-identities refuses a token identity of that name (see ``server.settings``)."""
+"""A caller's gate decision (:class:`Decision`), who may decide a gate, and what a decision on a gate
+already decided means: pure checks the runtime makes before it records ``approval_decided``.
+A gate is a person's unless its policy (:func:`gate_approvers`) lists ``"agent"``.
+"""
 
 from __future__ import annotations
 

@@ -1,38 +1,9 @@
-"""Costs and hard budgets: the pure rules. The records are in
-:mod:`orchestration.core.costs`, the prices in :mod:`orchestration.core.pricing`.
+"""Costs and hard budgets: the pure rules (the records are in :mod:`orchestration.core.costs`).
 
-**What a run records when it starts** (:func:`with_costs`, which wraps the runtime's contract
-resolver): every contract carries :class:`~orchestration.core.costs.Costs` — the prices of the
-run's models, the output limit of a provider call and the run's budget (the start's ``budget``,
-else the chain's from the configuration) — checked before anything is stored
-(:func:`check_budget`; a dollar budget needs the price of every model it would pay for).
-
-**What a run spent** is folded from its facts into ``head.spent`` as they are recorded
-(:func:`charge`): the tokens of every attempt's telemetry — a provider's measured usage, or what a
-host reported with a host task's output (nothing else counts for a host task) — and their cost at
-the prices the run recorded when it started. An attempt closed without an outcome (its worker
-died, or it ran out of time) may still have been billed, so it is charged at its most
-(:func:`charge_unmetered`).
-
-**The rule**, checked by :func:`~orchestration.core.decide.next_action` before every provider call and
-host task (:func:`refusal`), from the head alone: a call starts only if, for the run's budget and
-for its step's, what was spent, plus what the calls in flight may still spend (each running
-attempt reserves its most: ``max_tokens`` output tokens, priced), plus this call's most stays
-within the limit. A host task's most is 0: it is refused only once the host's reported usage
-went over. Input tokens are not known before a call, so a call's most counts its output only: a
-budget can be exceeded by the input tokens of the calls that were allowed (docs/operations.md says so).
-
-**When the rule refuses** a call: with ``on_budget = "fail"`` the task fails with
-``budget_exhausted``, which fails the run whatever the step's ``on_failure``; with ``"ask"`` the run
-waits at a ``budget:<n>`` gate whose note says what was spent and what the call may need.
-Approving it raises the budget it hit by the approver's amounts (``budget_raise``), each kind
-not given by the original limit again (:func:`raise_budget`); rejecting it ends the run. In a
-parallel chain a call that does not fit only because of other calls in flight waits for them
-(:attr:`Refusal.wait`): their outcomes replace their reservations, and the rule is applied again.
-
-Child runs do not exist yet; when they do, a child's spend counts against its parent's budget: a
-child's ``charge`` must also be charged to the parent's head (or the parent reserves the child's
-budget when it starts it), so that the parent's check sees it.
+A call starts only if, for the run's budget and its step's, what was spent, plus what the calls in
+flight may still spend (each reserves its most), plus this call's most stays within the limit;
+decided from the head alone (:func:`refusal`), so a restarted run refuses the same calls. The
+rule, as users see it, is in docs/operations.md (Costs and budgets).
 """
 
 from __future__ import annotations
@@ -170,6 +141,9 @@ def _add(head: RunHead, step: str, tokens: tuple[int, int], cost: float | None, 
     return spend.model_copy(update={"run": run, "steps": {**spend.steps, step: tally}})
 
 
+# A child run's spend is not charged to its parent's head. For it to count against the parent's
+# budget, a child's charge must also be charged to the parent (or the parent reserve the child's
+# budget when it starts it), so that the parent's check sees it.
 def charge(head: RunHead, step: str, telemetry: Telemetry) -> Spend | None:
     """``head.spent`` with an outcome's usage (``telemetry``, already :func:`priced`) added to the
     run's and ``step``'s totals; unchanged when the outcome reported no usage."""

@@ -1,18 +1,7 @@
-"""The records of costs and budgets: what a run may spend, and what it spent.
-
-* :class:`Costs` is recorded with the run's execution contract when it starts: the prices of its
-  models (:mod:`orchestration.core.pricing`), the output limit of a provider call (``max_tokens``) and
-  its :class:`Budget`, if any. A restarted run decides from this record, never from the
-  configuration of the process that resumes it.
-* :class:`Spend` is kept in the run's head: running totals (:class:`Tally`) for the run and for
-  each step, folded from the facts as they are recorded, and what approvals of budget gates added
-  to the budget. So checking a budget reads the head only, whatever the length of the run.
-* :class:`HostUsage` is what a host may report with a host task's output (``orchestrate_resume``'s
-  ``usage``); it is the only spend a host task counts.
-
-The rules that use these records (the check before a call, the charge of an outcome) are in
-:mod:`orchestration.core.budget`. This module imports nothing from the rest of the domain, so that
-:mod:`orchestration.core.models` can hold these records in the contract and the head.
+"""The records of costs and budgets: what a run may spend (:class:`Costs`, recorded with its
+contract), what it spent (:class:`Spend`, running totals in its head) and what a host reported.
+A restarted run decides from these records, never from the resuming process's configuration. This
+module imports nothing else of the domain, so that :mod:`orchestration.core.models` can hold them.
 """
 
 from __future__ import annotations

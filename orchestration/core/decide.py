@@ -1,53 +1,9 @@
-"""``next_action``: the pure decision at the heart of the runtime (DESIGN §1).
+"""The pure decision (DESIGN §1): what a run does next, from its head and ``now`` alone.
 
-``next_action(head, now)`` looks only at the persisted run head and the injected ``now``; it does no
-I/O and draws no random numbers. The runtime loop is *decide → act → record*: it calls this function,
-does the one thing the returned action names, records the resulting facts in one compare-and-swap
-write, re-reads the run and decides again. Because this function is pure, a restarted run makes the
-same next decision the crashed run would have made — ``tests/unit/engine/test_crash_prefixes.py`` checks
-that for every prefix of full runs' fact logs.
-
-Actions that *pause* (``AwaitApproval``, ``AwaitHost``, ``AwaitChild``, ``AwaitAgent``,
-``WaitUntil``) or end (``Idle``) make the loop return; the others are acted on. ``AwaitAgent``: an
-agent step's remote run that had not ended when its id was recorded is followed outside any drive
-(the run is ``awaiting_agent``, :mod:`orchestration.engine.agent_waits`), so the task's attempt in
-flight is not an orphan; its deadline still fails it (``deadline_exceeded``).
-
-**Task instances and routes.** The run's tasks are task instances, in the order they run
-(``head.tasks``); a linear chain has one per step, named after it, exactly as before steps could
-be revisited. The first instance that is not settled decides, as a step did. A done task of a
-routing step that has no routing fact yet gives :class:`RouteTask`: the plan of
-:func:`orchestration.core.routing.plan_route`, made from the routed value the head keeps on the task,
-which the drive records as a ``route_decided`` fact. Its fold makes the route happen — new
-instances for a loop back, skipped instances for a jump forward, the run's end for ``end`` or
-``fail``, an ``exhausted:<task>`` gate for a bound reached with ``on_exhausted = "ask"`` (the rule,
-in full, is in :mod:`orchestration.core.routing`). Approving that gate accepts the work: the decision
-is then ``FinishRun("completed")``.
-
-**Gates.** A pending gate gives ``RequestApproval``, a requested one ``AwaitApproval`` — or, once
-its ``expires_at`` (its step's ``expires_after_seconds`` after it was requested) has passed,
-``ExpireGate``: the drive records the step's ``on_expiry`` as the decision, with channel
-``expiry``. Time is an input like the head, so the same head decides differently before and after
-the expiry, and a run nobody touched is found by the stores' ``wake_at`` (which includes the
-expiry). An approved gate lets its task go on; a ``revised`` one (see
-:mod:`orchestration.core.routing`) is passed over: the new instances its revise inserted come next, and
-a revised routing task does not route.
-
-**Parallel steps.** In a chain whose steps name what they run ``after`` (see
-:mod:`orchestration.core.graph`), several tasks may be ready at once: :func:`next_actions` returns the
-action of every one of them, in run order (a host task to prepare or await, a provider attempt, a
-gate to request or await, a task to fail); :func:`next_action` is its first. A failed required task
-(``on_failure = "fail"``) finishes the run failed at once, whatever its siblings are doing; the run
-finishes otherwise when every task has ended. A done routing task gives its ``RouteTask`` there
-too (what a route does in a parallel chain: :mod:`orchestration.core.routing`); a loop's work accepted
-at its ``exhausted`` gate finishes the run. For a linear chain both are the one action above.
-The drive acts on every action that is not a pause, and pauses when only pauses are left.
-
-**Budgets.** Before a provider call or a host task starts, the run's budget is checked from the
-head (:func:`orchestration.core.budget.refusal`): a call it does not allow gives ``FailTask`` with
-``budget_exhausted`` (which fails the run), or with ``on_budget = "ask"`` :class:`RequestBudget`
-(a ``budget:<n>`` gate) and then the gate's own actions; in a parallel run a call that waits for
-the reservations of calls in flight gives no action until they end.
+No I/O, no randomness: so a restarted run makes the same next decision the crashed run would have
+made (``tests/unit/engine/test_crash_prefixes.py`` checks it for every prefix of full runs' logs).
+:func:`next_actions` gives every ready task's action in run order; :func:`next_action` is its
+first. Pauses (``Await*``, ``WaitUntil``) and ``Idle`` end a drive; the drive acts on the others.
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """Typed facts (DESIGN §3), and how stored ones are read back.
 
-A run's record is an append-only, ordered log of facts. Each fact is a frozen pydantic model with a
-``type`` discriminator, the sequence number ``seq`` it has in its run's log (1, 2, 3, ...) and the
-time ``at`` it was recorded. :mod:`orchestration.core.fold` turns a run's facts into its head.
-
-Record formats
---------------
-Records outlive the code that wrote them: during a rolling upgrade two versions of the server share
-one store, and after a rollback an older one reads what a newer one wrote. So every stored head and
-fact carries ``format``, the record format a reader must understand to read it correctly (a record
-without it is format 1, as every record written before formats existed). :data:`RECORD_FORMAT
-<orchestration.core.models.RECORD_FORMAT>` is the newest format this code understands. The rules:
-
-- **Reading.** Stores decode heads and facts with :func:`parse_head` and :func:`parse_fact`, which
-  *ignore* fields they do not know, at every format up to ``RECORD_FORMAT``. Only stored records
-  are read so: building a record in code, tool inputs and configuration stay strict
-  (``extra="forbid"``).
-- **Too new.** A record whose ``format`` is above ``RECORD_FORMAT`` is refused with
-  :class:`~orchestration.errors.RecordTooNew` (``record_too_new``, naming both formats), even when
-  it would happen to parse. So is a fact whose ``type`` this code does not know, whatever format it
-  states: a fold that skipped a fact would decide differently from the server that wrote it, and
-  such a type is a newer version's (whose writer forgot to raise the format) far more often than
-  damage. The run is left alone: nothing is decided from it, and nothing writes over it (a write is
-  a compare-and-swap on the version of a head the writer could read). Damage that is not a newer
-  format stays ``corrupt_record``.
-- **Writing.** A writer raises the format when it adds something an older reader must not ignore:
-  a new fact type (its class declares ``format`` with the higher default), a new status or other
-  enum value, a field whose absence would change what the record means. The fold keeps the
-  highest format of the facts folded into a head (:func:`~orchestration.core.fold.apply`), so a run
-  that used something new is refused by older servers as a whole, while runs that did not stay
-  theirs during a rolling upgrade.
-- **Adding a field without a new format** is allowed only if a reader that does not find it does
-  the right thing. That is what an older server leaves behind: it ignores the field on read and,
-  for a head (rewritten at every append), writes the next head without it. Facts are never
-  rewritten, so a new fact field survives.
+A run's record is an append-only, ordered log of frozen facts, each with its ``type``, its ``seq``
+in the run's log and the time ``at`` it was recorded. Stored facts and heads are read with
+:func:`parse_fact` and :func:`parse_head`, which ignore unknown fields and refuse, with
+:class:`~orchestration.errors.RecordTooNew`, a record of a newer format or a fact type this code
+does not know. The rules of record formats are in docs/development.md (Record formats).
 """
 
 from __future__ import annotations
@@ -63,8 +34,8 @@ from orchestration.core.routing import RoutePlan
 class _Fact(Frozen):
     seq: int
     at: datetime
-    #: the record format a reader must understand to read this fact ("Record formats" above); a
-    #: fact type added in a later format declares that format as its default
+    #: the record format a reader must understand to read this fact ("Record formats" in
+    #: docs/development.md); a fact type added in a later format declares that format as its default
     format: int = Field(default=1, ge=1)
     #: a fork's copy of a source run's fact: that fact's ``seq`` in the run its ``run_created``
     #: names (``forked_from``; see :mod:`orchestration.ops.forking`). Optional and left out of the
@@ -131,7 +102,7 @@ class ApprovalDecided(_Fact):
 
 def decision_format(decision: Decision) -> int:
     """The record format of an ``approval_decided`` fact recording ``decision``: 3 for ``revise``
-    and ``fail`` (an older reader cannot read them: "Record formats" above), else 1."""
+    and ``fail`` (an older reader cannot read them: "Record formats" in docs/development.md), else 1."""
     return 3 if decision in ("revise", "fail") else 1
 
 
@@ -253,8 +224,9 @@ class TaskCompleted(_Fact):
     output_sha256: str
     telemetry: Telemetry = Telemetry()
     #: The validated value of ``output`` for a step with an ``output_schema`` (None otherwise).
-    #: Added without a new record format ("Record formats" above): a fact without it is the output
-    #: of an untyped step, and a reader that does not know the field loses nothing it decides on.
+    #: Added without a new record format ("Record formats" in docs/development.md): a fact without
+    #: it is the output of an untyped step, and a reader that does not know the field loses nothing
+    #: it decides on.
     #: (A routed value is decided on; but a run that routes holds route_decided facts, format 2.)
     value: dict[str, Any] | None = None
 
@@ -378,13 +350,13 @@ FACT_TYPES: frozenset[str] = frozenset(
 
 def parse_fact(data: str | bytes) -> Fact:
     """A stored fact read back; fields this code does not know are ignored ("Record formats"
-    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    in docs/development.md). The caller checks ``format`` against ``RECORD_FORMAT``."""
     return FACT_ADAPTER.validate_json(data, extra="ignore")
 
 
 def parse_head(data: str | bytes) -> RunHead:
     """A stored head read back; fields this code does not know are ignored ("Record formats"
-    above). The caller checks ``format`` against ``RECORD_FORMAT``."""
+    in docs/development.md). The caller checks ``format`` against ``RECORD_FORMAT``."""
     return RunHead.model_validate_json(data, extra="ignore")
 
 

@@ -1,10 +1,6 @@
-"""The fold: how a run's facts become its head (DESIGN §3).
-
-:func:`apply` folds one fact into a head; :func:`apply_write` folds the facts of one atomic write and
-bumps the head's ``version``. A fact that the vocabulary does not allow in the head's current state
-raises :class:`~orchestration.errors.IllegalTransition`, so nothing is ever appended after a
-terminal fact. The facts themselves, and the rules for reading stored ones, are in
-:mod:`orchestration.core.facts`.
+"""The fold: how a run's facts become its head (DESIGN §3). Pure; a fact the vocabulary does not
+allow in the head's state raises :class:`~orchestration.errors.IllegalTransition`, so nothing is
+ever appended after a terminal fact.
 """
 
 from __future__ import annotations

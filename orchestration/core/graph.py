@@ -1,20 +1,9 @@
 """A chain as a graph of steps: edges, ancestry, readiness, and the checks made at load.
 
-A step runs *after* the steps its ``after`` names (``after = ["a", "b"]``); a step without
-``after`` runs after the previous step of the chain (the first step after nothing), so every chain
-written before steps could run in parallel means what it meant. A chain in which some step says
-``after`` is *parallel* (:func:`is_parallel`): its steps whose predecessors have all settled run
-at the same time (:func:`ready_tasks`), and a step after several sees all their outputs.
-
-Settled, for a predecessor: its latest instance is done (and its ``approve_after`` gate, if any,
-approved), failed with ``on_failure = "continue"``, or skipped. A predecessor that failed with
-``on_failure = "fail"`` fails the run, so nothing after it runs.
-
-A routing step of a parallel chain (see :mod:`orchestration.core.routing`) is settled once its route
-is recorded. A route back to the routing step or a step it runs after is a loop: the steps on the
-paths between them (:func:`loop_body`) get new instances, and "latest instance" is what the steps
-after them wait for and read; the other steps keep theirs. A route forward to a step that runs after
-it is a jump: the steps between them (:func:`jumped`) are skipped.
+A step runs after the steps its ``after`` names, else after the previous step, so a chain without
+``after`` means what it always meant. In a parallel chain (:func:`is_parallel`) the steps whose
+predecessors have all settled run at once (:func:`ready_tasks`); a loop's body
+(:func:`loop_body`) and a jump's skipped steps (:func:`jumped`) follow the same edges.
 """
 
 from __future__ import annotations
@@ -109,7 +98,9 @@ def latest(head: RunHead, step: str) -> TaskState | None:
 
 
 def settled(head: RunHead, task: TaskState) -> bool:
-    """Whether the steps after ``task``'s may start: see the module's docstring."""
+    """Whether the steps after ``task``'s may start: ``task`` is done (its ``approve_after`` gate, if
+    any, approved; a routing task's route recorded), failed with ``on_failure = "continue"``, or
+    skipped. A predecessor failed with ``on_failure = "fail"`` fails the run instead."""
     if task.status == TaskStatus.DONE:
         step = head.chain.step(task.step_name)
         if step.route_on is not None and (task.routed_to is None or task.routed_to == "ask"):

@@ -1,32 +1,10 @@
 """Delegation hops: how far a chain of agent delegations has gone, and the two refusals that end a
-delegation loop.
+delegation loop (:func:`check_start`: ``delegation_loop``, ``delegation_depth_exceeded``).
 
-An agent step's call to another construct-mcp (:mod:`orchestration.core.agent_steps`) carries, in
-the request's ``_meta`` under :data:`DELEGATION_META`, ``{"hops": n, "servers": [...]}``
-(:func:`onward`): ``n`` is one more than the hops of the run making the call (a run that no agent
-started is at hop 0), ``servers`` the servers the delegation passed through, the calling one last.
-The run such a start creates records what it received (``run_created.delegation``, kept in the
-head), so its own agent steps send ``n + 1`` and the list with this server added — in any process,
-after any restart, since they read it from the record; a child run (and a fork) carries its
-parent's (a host's child run is checked as a start at its parent's hop). A construct-mcp refuses
-such a start before anything is recorded (:func:`check_start`):
-
-* ``delegation_loop`` when ``servers`` holds this server's own id: an agent whose URL is the server
-  itself, or a cycle A → B → A;
-* ``delegation_depth_exceeded`` when ``n`` is above the ``max_depth`` of the chain it would start,
-  the bound child runs have (a child at a depth above ``max_depth`` fails).
-
-The delegating step then fails with that code, which is not retried.
-
-**A server's identity** is a random id per process (:func:`new_server_id`): it needs no storage and
-no configuration, and two servers never share one, so the loop check never refuses a start that
-is not a loop. What it misses: the processes of one deployment (several servers on one Postgres
-store behind one URL) have an id each, so a loop through them is refused only once it comes back to
-a process it passed; a server restarted in the middle of a chain has a new id that the lists
-recorded before do not hold; and a loop through something that is not a construct-mcp (a plain tool
-that delegates on its own) carries no ``_meta`` onward. The hop bound is the backstop: whatever the
-ids say, delegations through construct-mcp servers end after ``max_depth`` hops. (An id per store
-would catch the first case too, but needs a record every store adapter keeps.)
+The hops and servers a run received are recorded in it, so its agent steps send the same onward
+(:func:`onward`) in any process, after any restart. A server's id is random per process
+(:func:`new_server_id`): the loop check never refuses a start that is not a loop, and may miss
+one (see docs/chains.md, Agents); the hop bound is the backstop.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Pure caches keyed on immutable snapshots (the interpreter time of a task boundary).
+"""Pure caches keyed on immutable snapshots, for the interpreter time of a task boundary.
 
-Records are frozen (see :mod:`orchestration.core.models`), and a head's ``model_copy`` shares its
-unchanged parts with the head it was copied from: the chain snapshot a run's heads carry is the
-same object from one write to the next. So what is derived from such an object alone (whether its
-chain is parallel, where each step is) can be computed once per object instead of at every
-decision. :func:`by_identity` remembers a function's result per *object* — not per value, so
-nothing is hashed or compared — while the object lives; a cached result is what the function
-would return again, so no decision changes.
+:func:`by_identity` remembers a function's result per *object* (not per value: nothing is hashed
+or compared) while the object lives. Records are frozen and a head's copy shares its unchanged
+parts, so a cached result is what the function would return again: no decision changes.
 """
 
 from __future__ import annotations

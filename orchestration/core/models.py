@@ -1,10 +1,7 @@
-"""Immutable domain records: chain snapshots, the execution contract, task and gate states, the
-run head, typed errors and telemetry.
-
-Every record is a frozen pydantic model; a change makes a copy (``model_copy(update=...)``). The run
-head is the fold of the run's facts (see :mod:`orchestration.core.facts`); it holds no task output, only a
-reference to the fact that carries it, so that writing a new head costs the same whatever the size
-of earlier outputs.
+"""Immutable domain records: chain snapshots, the execution contract, task and gate states, the run
+head, typed errors and telemetry. Every record is frozen; a change makes a copy. The head holds no
+task output, only a reference to the fact that carries it, so writing a head costs the same
+whatever the size of earlier outputs.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 #: The newest stored-record format this code understands.
 #: Every stored head and fact states the format a reader must understand to read it; a record
-#: without one is format 1. The rules: "Record formats" in :mod:`orchestration.core.facts`.
+#: without one is format 1. The rules: "Record formats" in docs/development.md.
 #: Format 4: budgets (a run with a budget, a ``budget`` gate: :mod:`orchestration.core.budget`).
 #: Format 4 also: child runs (a run ``awaiting_children``, ``child_started`` / ``child_ended``).
 #: Format 4 also: steps that delegate to another MCP agent (``agent``, ``remote_run_started``).
@@ -571,7 +568,7 @@ class RunHead(Frozen):
     #: nothing spent yet (or a head written before spend was kept)
     spent: Spend | None = None
     #: the record format a reader must understand to read this head: the highest ``format`` of the
-    #: facts folded into it (see "Record formats" in :mod:`orchestration.core.facts`). Declared last, so
+    #: facts folded into it (see "Record formats" in docs/development.md). Declared last, so
     #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.
     format: int = Field(default=1, ge=1)
 

@@ -1,16 +1,6 @@
-"""Model prices: what a provider call's tokens cost, in US dollars per million tokens.
-
-:data:`DEFAULT_PRICES` holds a few known models at their public list prices **as of
-:data:`PRICES_AS_OF`**. They are defaults, not facts about today: providers change prices, and
-discounts (batch, cached input) are not modelled. ``construct.toml`` overrides and extends them::
-
-    [prices."claude-sonnet-4-5"]
-    input_per_mtok = 3.0
-    output_per_mtok = 15.0
-
-A run records the prices of its models when it starts (see :class:`~orchestration.core.costs.Costs`),
-so what it spent, and what its budget allows, is decided from its own record: a price changed in
-the configuration later applies to runs started later, and a restarted run decides the same.
+"""Model prices, in US dollars per million tokens: :data:`DEFAULT_PRICES` are list prices as of
+:data:`PRICES_AS_OF`, defaults that ``construct.toml`` overrides. A run records its prices when it
+starts, so a later change applies to later runs only (docs/operations.md, Costs and budgets).
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """Routing and bounded loops: the rules shared by the pure decision, the fold and the catalog.
 
-A step whose output is typed (``output_schema``) may route on one of its fields (``route_on``):
-``routes`` maps every value the schema allows to a step name, ``end`` (finish the run) or ``fail``
-(fail it). Deciding is pure and reads only the head: the fold of a ``task_completed`` fact puts the
-routed field's value on the task (``TaskState.route_value``); :func:`plan_route` turns it into a
-:class:`RoutePlan`; the drive records the plan as a ``route_decided`` fact; folding that fact
-(:func:`route_update`) moves the run. A restarted run therefore routes exactly as the crashed one
-would have, and the log says why the run went where it went.
-
-The rule (a run is a sequence of task instances, in the order they run):
-
-* **Forward** (the target comes after the routing step in the chain): the instances between the
-  routing task and the target's next instance are ``skipped``; the run goes on with the target.
-  In a parallel chain (:mod:`orchestration.core.graph`), "after" and "before" follow the ``after``
-  edges: a jump skips the latest instances of the steps between the router and the target
-  (:func:`~orchestration.core.graph.jumped`), and a loop's body is the steps on the paths from the
-  target to the router (:func:`~orchestration.core.graph.loop_body`), the target first.
-* **Back** (the target is the routing step itself or comes before it): the loop body — every step
-  from the target to the routing step, in chain order — gets new instances (``engineer~2``,
-  ``reviewer~2``), inserted right after the routing task, with their own gates; the steps after the
-  routing step keep their pending instances and run once the loop has been left.
-* ``end`` finishes the run ``completed`` and ``fail`` fails it (``route_failed``, naming the step,
-  the field and the value); both skip whatever had not run.
-* **Bounds.** A step is visited at most ``max_visits`` times (default 3); every instance counts,
-  a skipped one too. When a back route would give a body step one visit more than its bound, the
-  routing step's ``on_exhausted`` decides instead: ``fail`` (the run fails with ``loop_exhausted``
-  naming the step and its count), ``end`` (the run completes with the work as it is), a step name
-  (a step after the routing step: the run goes on there, as a forward route would) or ``ask``: an
-  approval gate ``exhausted:<routing task>`` on the routing instance; approving it accepts the work
-  and the run completes, rejecting it ends the run ``rejected``.
-
-**Revise** (a gate's third decision, :func:`revise_plan`) is a loop a person asks for: it re-runs
-the step whose output the gate shows — for an ``after`` gate the gated step, for a ``before`` gate
-the step before it (its only predecessor in a parallel chain) — as new instances (``step~n``),
-inserted right after the gated task, with their own gates, as a route back would. For a ``before``
-gate the loop body runs from that step to the gated one, and the gated instance is skipped (its
-new instance asks the gate again). The first new instance carries the gate (``revised_by``) and
-the task whose output was sent back (``revision_of``): its prompt shows that output and the
-approver's comment. The same bounds hold: a revise that would give a body step more visits than
-its ``max_visits`` is refused (the gate stays open for approve or reject). An ``exhausted`` gate,
-a ``before`` gate of a first step (or of a step after several), or one whose previous step has no
-output, offers no revise.
+Deciding reads only the head: the fold of ``task_completed`` keeps the routed value on the task,
+:func:`plan_route` turns it into a :class:`RoutePlan`, the drive records it as ``route_decided``
+and folding that fact (:func:`route_update`) moves the run. So a restarted run routes exactly as
+the crashed one would have, and the log says why. A gate's revise (:func:`revise_plan`) is a loop
+a person asks for, under the same bounds. The rules in full: docs/chains.md and docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -100,7 +64,7 @@ def chain_format(chain: ChainSnapshot) -> int:
     their approvers (a server that does not know them would let a gate wait forever, or let anyone
     decide it), else 2 when a step routes (a server that
     does not know routes would read the snapshot as a linear chain and decide wrongly, so it must
-    refuse the whole run: "Record formats" in :mod:`orchestration.core.facts`), else 1. A parallel
+    refuse the whole run: "Record formats" in docs/development.md), else 1. A parallel
     chain (a step with ``after``) or a step's own ``instruction`` needs format 2 too: routing and
     parallel steps came in the same format, so no server reads format 2 without knowing both.
     A chain-level gate policy (``approvers`` of the chain) needs format 5: a server that does not
@@ -329,7 +293,7 @@ def route_effect(
 
 @dataclass(frozen=True, slots=True)
 class RevisePlan:
-    """What a ``revise`` of a gate re-runs (see the module's docstring): the task whose output the
+    """What a ``revise`` of a gate re-runs (the rule: docs/approvals.md): the task whose output the
     gate shows (``revision_of``), the steps that get new instances (the first is re-run), and
     whether the gated task itself is skipped (a ``before`` gate)."""
 

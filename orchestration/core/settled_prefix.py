@@ -1,21 +1,7 @@
-"""The settled prefix of a linear run's tasks, found without reading every task at every decision
-(a linear decision read all the run's tasks, so a boundary cost grew with the steps done).
-
-A linear decision (:func:`orchestration.core.decide._linear_action`) walks the run's tasks in order. A
-*passed* task is one that walk goes past whatever the gates and the time are: a terminal task that
-is neither done nor failed, a done task whose step has neither an ``after`` gate nor a route, a
-failed task that does not fail the run (it only makes the run end ``completed_with_failures``).
-:func:`passed_prefix` says how many of the first tasks are passed, and whether one of them failed;
-the decision walks the rest as before. Whether a task is passed depends on nothing but the task
-and its chain, both immutable, so the answer is exact.
-
-**Incremental.** The fold replaces one task of the tuple per fact and keeps the others (the same
-objects): a write's new head shares the settled prefix of the head it was folded from. The last
-answer is kept per run with the tuple and the chain it was computed for; the next decision on a
-head of the same run whose tuple starts with the same tasks (the same objects, which a tuple
-comparison sees in C; an equal task that is another object is compared by value) reads on from
-there. Any other head (read back from a store, another run, a chain of another
-object) is walked from the start, so a stale entry can only cost time, never change an answer.
+"""The settled prefix of a linear run's tasks: how many of its first tasks a linear decision walks
+past whatever the gates and the time are, found without reading every task at every decision.
+Whether a task is passed depends only on the task and its chain, both immutable, and a cached
+answer is reused only for the same objects, so a stale entry can cost time, never an answer.
 """
 
 from __future__ import annotations
@@ -45,12 +31,19 @@ class _Entry:
         self.any_failed = any_failed
 
 
+# The last answer per run, with the task tuple and the chain it was computed for. The fold
+# replaces one task of the tuple per fact and keeps the others (the same objects), so a write's
+# new head shares the settled prefix of the head it was folded from, and the next decision reads
+# on from there. Any other head (read back from a store, another run, another chain object) is
+# walked from the start.
 _last: dict[str, _Entry] = {}
 
 
 def passed_prefix(head: RunHead) -> tuple[int, bool]:
     """How many of ``head``'s first tasks a linear decision walks past unconditionally, and whether
-    one of those failed (see the module's docstring)."""
+    one of those failed. A passed task is a terminal task that is neither done nor failed, a done
+    task whose step has neither an ``after`` gate nor a route, or a failed task that does not fail
+    the run (it only makes the run end ``completed_with_failures``)."""
     tasks = head.tasks
     chain = head.chain
     entry = _last.get(head.run_id)

@@ -1,37 +1,11 @@
-"""The run export format: a run, head and every fact, as JSON Lines (``runs export``), and how an
-export is read back and verified (``runs import``).
+"""The run export format: a run's head and every fact as JSON Lines behind a hashed header
+(``runs export``), and how an export is read back and verified (``runs import``).
 
-::
-
-    {"format": "construct-mcp.run-export", "version": 1, "run_id": ..., "head_sha256": ..., ...}
-    {... the head, as RunHead JSON ...}
-    {... fact 1 ...}
-    ...
-    {... fact last_seq ...}
-
-The first line is the header: the export format and its version, the run's id, status, head
-version and ``last_seq``, the record format the run needs, the chain and request hashes, when and
-from which store it was exported, and two SHA-256 hashes: ``head_sha256`` of the head line and
-``facts_sha256`` of the fact lines (each with its newline), in order. Reading verifies both, the
-count, the numbering and that the head is the run's; a file that fails any check is refused with
-``ExportCorrupt`` (``export_corrupt``) before anything is written. Records are written and read by
-the rules of stored records ("Record formats" in :mod:`orchestration.core.facts`): a record of a newer
-format is ``RecordTooNew``, never imported half understood.
-
-The hashes detect accidents, not authors: anyone who edits a file can recompute them. So what an
-import stores is what the facts say, not what the head claims (:func:`derive`): the facts are folded
-by the engine's own fold, the result must be the head in the file (a head edited to say ``completed``
-while its facts say the run waits is refused, naming the first field that differs), and the head
-stored is the folded one. A log the fold refuses (a fact after the run's end, a duplicated fact, a
-gap) is refused too, so nothing is imported that the store would then read back as
-``corrupt_record``; so is a task output that is not the one its ``output_sha256`` names. An author
-who edits facts and head consistently (and recomputes those hashes) is not detected: importing is
-an operator's act, trusted as writing to the store is (docs/operations.md, "Export, import and
-retention").
-
-An export is a consistent snapshot: the head read first fixes the version, and only the facts up to
-its ``last_seq`` are written (a live run may have more by the time they are read; they belong to a
-later version).
+The hashes detect accidents, not authors, so an import stores what the facts say, not what the
+head claims (:func:`derive`): the facts are folded by the engine's own fold and must give the head
+in the file; a file that fails any check is refused before anything is written. An export is one
+consistent snapshot: the facts up to the ``last_seq`` of the head read first. The format and its
+checks, as operators see them: docs/operations.md (Export, import and retention).
 """
 
 from __future__ import annotations

@@ -1,48 +1,10 @@
 """Fork and rewind: a new run that starts from another run's recorded work.
 
-``fork(run, from_task)`` starts a **new** run that reuses the source run's recorded outputs of
-every task instance that had ended before ``from_task``'s instance started, and runs from there.
-The source run is only read, never written. The usual use: a run failed at a task; fix the
-configuration (a chain's step, a specialist, a provider setting) and fork the run from its failed
-task, so that only that task and the ones after it run again.
-
-Naming the task. ``from_task`` is a task *instance* id as the run's view shows it: the step's name
-for its first visit (``engineer``), ``engineer~2`` for its second visit in a loop, and so on. A
-step's name therefore always means its *first* instance; to redo only the last round of a loop,
-name that round's instance. An instance that a route or a revise skipped (it never ran, and the
-run went on without it) cannot be forked from: ``invalid_argument``.
-
-What is copied. The fork point is the source's first fact about ``from_task``'s instance (its
-``before`` gate being asked, a host task prepared, an attempt started), or, for an instance that
-never started (the run ended first), the fact that ended the run. The new run's log is its own
-``run_created`` (naming the source: ``forked_from``), then a copy of each source fact before the
-fork point that belongs to an instance that had *ended* by then — ``done``; ``failed`` where its
-step says ``on_failure = "continue"``; ``skipped`` by a route — with the gates of those instances
-that were decided, and the routing facts (``route_decided``) of those instances. Each copy is
-the same fact with the new run's sequence number, the fork's time, and ``copied_from``: the
-sequence number of the fact it copies in the source run (a route's ``output_seq`` points to the
-copy of the output it routed on). The new run folds its copies as the source folded the
-originals, so routes replay — a loop's instances exist again with the same ids — and nothing is
-decided again or sent to a worker: ``next_action`` of the new run starts at ``from_task``'s
-instance. Instances that were in progress at the fork point (parallel siblings), gates asked but
-not decided, and everything at or after the fork point run again. The run is created in one
-atomic write (``RunStore.create`` with all its facts).
-
-What the new run runs with. The request is the source's unless ``request`` is given. The chain is
-re-read from the configuration as it is now (``chain`` if given, else the source's chain name, or
-the source's specialists for a chain given as a list): that is what makes "fix the config, fork
-from the failed task" work. ``approve_before`` when omitted keeps the source's gated steps; task
-time limits set at start and the run's time limit (as a duration from the fork) carry over; the
-worker backend is the source's, and provider and model are resolved as for a new start. Every step
-whose output is copied must exist in the new chain with the same definition, the same specialist
-persona and the same predecessors, and the copied routes must replay on it: otherwise
-``fork_mismatch``, naming the step and what changed. Fork from an earlier task to change an
-earlier step.
-
-Idempotency. With ``idempotency_key``, the same fork (source, task, request, chain,
-approve_before) returns the run the first call made; the key with anything else is a
-``conflict`` (keys are shared with ``orchestrate_start``, in the namespace of the identity that
-sends them: :func:`~orchestration.core.inputs.stored_key`).
+:func:`fork` creates, in one atomic write, a run whose log copies the source's facts of every task
+instance that had ended before ``from_task``'s started; folding the copies replays the source (its
+routes too), so nothing is decided again or sent to a worker before ``from_task``. The source is
+only read. The chain is re-read from the configuration as it is now, and every copied step must be
+unchanged in it (else ``fork_mismatch``). The rules in full: docs/operations.md (Fork and rewind).
 """
 
 from __future__ import annotations
@@ -75,7 +37,7 @@ log = logging.getLogger("construct.runtime")
 
 @dataclass(frozen=True, slots=True)
 class ForkRequest:
-    """What a caller asks a fork for (see the module's docstring)."""
+    """What a caller asks a fork for (the fields: docs/operations.md, Fork and rewind)."""
 
     run_id: str
     from_task: str

@@ -1,29 +1,11 @@
 """Moving runs between stores and deleting ended ones: the use cases behind ``runs import`` and
-``runs prune`` (the file format is :mod:`orchestration.ops.export`; the store side is ``import_run``,
-``delete_run`` and tombstones, see "Retention" in :mod:`orchestration.store`).
+``runs prune`` (the store side: ``import_run``, ``delete_run`` and tombstones in
+:mod:`orchestration.store`).
 
-Import. A run is imported whole, as exported, into a store that does not have its id, as its facts
-make it (:func:`~orchestration.ops.export.derive`: their fold must be the head the export states,
-else ``export_corrupt`` and nothing is written). A run whose facts say it has not ended (whatever
-its head says) is refused unless it is *moved*: two stores holding one live run would both drive it. A
-move (``move_from``: the store the export came from) first deletes the run from the source behind a
-``moved`` tombstone, compare-and-swapped on the exported head's version, and only then imports it:
-
-- the source never drives or changes the run again: its dispatcher no longer finds it, and every
-  call on it answers ``run_moved`` naming the target (the tombstone is the durable marker);
-- a source that moved on since the export (an approval, a drive) refuses the move
-  (``version_conflict``): export it again;
-- a crash or an unreachable target between the two steps leaves the run in the export file only,
-  and the same import, repeated, finishes the move (the source's tombstone of the same version is
-  accepted again). The target picks up a live run like any orphan: a ``running`` task's attempt is
-  retried, flagged as a possible duplicate call.
-
-Prune. Runs whose status is one of the given ended statuses and that ended (``finished_at``, else
-``updated_at``) before a cutoff are deleted, each behind a ``pruned`` tombstone, after an export
-when an archive is asked for. A run is deleted only if its head is still the one the prune read
-and it has ended, judged by the store in the same atomic step as the deletion; a live run is never
-touched. The tombstone keeps the run's idempotency key reserved: a start retried with it is refused
-with ``run_pruned`` instead of starting the work again.
+A live run is never held by two stores: a move first deletes it from the source behind a ``moved``
+tombstone, compare-and-swapped on the exported head's version, then imports it, and the same
+import repeated finishes a move a crash interrupted. A prune deletes a run only if it has ended and
+its head is still the one read, judged by the store in the step that deletes it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Keeping API keys out of messages.
-
-Provider error bodies are the best explanation of a failure, so their ``message`` text is kept, but
-only after a :class:`Redactor` has passed over it: providers sometimes echo a (partly masked) key
-back ("Incorrect API key provided: sk-proj-****abcd"), and a misconfigured proxy may echo a whole
-header. The redactor removes the exact key strings it was given, then anything shaped like a key or
-a bearer credential, then caps the length so that a whole HTML error page never lands in a record.
+"""Keeping API keys out of messages: a :class:`Redactor` removes the exact keys it was given, then
+anything shaped like a key or a bearer credential, then caps the length, so that a provider's error
+text (which may echo a key) can be kept in a record.
 """
 
 from __future__ import annotations

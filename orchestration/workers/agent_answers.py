@@ -1,29 +1,10 @@
 """What an agent answers, checked as if a client had sent it: the one place
 :mod:`orchestration.workers.mcp_agents` turns a remote's values into values this server records.
 
-A remote agent is another party: whatever it answers is bounded and checked before any of it is
-recorded, as the tools check what a client sends.
-
-* **Remote run ids** (``orchestrate_start``'s answer, recorded as ``remote_run_started`` and sent
-  back in every ``run_status`` that follows the run) must be run ids of the grammar this server's
-  own ids have (:data:`~orchestration.core.ids.RUN_ID_PATTERN`: 3-80 characters of ``a-z0-9_-``,
-  no path separator, no ``..``): :func:`remote_run_id`.
-* **Outputs** (a remote run's task output, a plain tool's text) are at most ``max_output_chars``,
-  the bound a host's output has (``CONSTRUCT_MAX_OUTPUT_CHARS``): :func:`checked_output`.
-* **What an error message quotes** (a tool's error text, a remote run's error) is bounded where
-  every attempt's message is, by the :class:`~orchestration.workers._redact.Redactor`
-  (:data:`~orchestration.workers._redact.MAX_MESSAGE_CHARS`).
-
-An answer that breaks a bound is an ``agent_answer_refused`` error (:data:`ANSWER_REFUSED`; not retried:
-the same remote answers the same way), and nothing of it is recorded — no ``remote_run_started``
-for a bad id, no output — only the attempt's typed error. ``malformed_response`` stays what it was:
-an answer of the wrong shape (not a run view, an empty answer).
-
-A remote construct-mcp's refusal of a delegated start (``delegation_loop: ...``,
-``delegation_depth_exceeded: ...``; see :mod:`orchestration.core.hops`) is read from the tool
-error's text (:func:`refusal_code`), and from the error of a remote run that failed because a start
-further down was refused (:func:`ended_code`): the step fails with that code, not retried, instead
-of a bare ``tool_error`` or ``agent_run_failed``.
+A remote run id must be in this server's run-id grammar (:func:`remote_run_id`) and an output
+within ``max_output_chars`` (:func:`checked_output`); an answer that breaks a bound is
+``agent_answer_refused`` (not retried) and nothing of it is recorded. A remote's refusal of a
+delegated start is read back as its own code (:func:`refusal_code`, :func:`ended_code`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""How a remote construct-mcp run is polled while an agent step follows it: the pace of the polls
-and the bound on answers that cannot be understood.
-
-A follower asks ``run_status`` with ``wait_seconds`` (a long poll: the remote answers when its run
-moves or the wait is over). An answer that comes back before the wait is over without the run
-having ended — a paused remote run (a gate, a host task: ``run_status`` answers those at once), a
-status this code does not know, a server shutting down — would otherwise be asked again at once,
-hundreds of times a second. :class:`PollPacing` makes the follower sleep after such an answer:
-a jittered exponential backoff from the agent's ``paused_poll_seconds`` up to its
-``poll_cap_seconds`` ("equal jitter": each delay drawn from the upper half of its nominal value),
-reset by an answer that shows the run working (a long poll that waited its time, or a known active
-status). A status it does not know, or an answer it cannot read, for longer than
-``unknown_status_seconds`` is ``agent_protocol``: the attempt's typed failure, retried within the
-run's attempt budget by following the same remote run (its outcome is unknown:
-:data:`~orchestration.core.agent_steps.UNKNOWN_OUTCOME_CODES`).
-
-Both followers use it: the in-drive follow of :class:`~orchestration.workers.mcp_agents.AgentWorker`
-and the follower of runs ``awaiting_agent`` (:mod:`orchestration.engine.agent_waits`).
+"""How a remote construct-mcp run is polled while an agent step follows it (in a drive, or while the
+run is ``awaiting_agent``): :class:`PollPacing` backs off after an answer that came at once without
+the run having ended, so a paused remote run is not asked hundreds of times a second, and turns a
+status it cannot understand, past ``unknown_status_seconds``, into ``agent_protocol``.
 """
 
 from __future__ import annotations
@@ -42,8 +28,11 @@ def status_of(view: dict[str, Any]) -> str | None:
 
 @dataclass
 class PollPacing:
-    """The pace of one follower's polls (see the module's docstring). Times are monotonic seconds
-    given by the caller; ``rng`` draws the jitter (uniform in [0, 1))."""
+    """The pace of one follower's polls: after an answer that came at once without the run having
+    ended, a jittered exponential backoff from ``first_seconds`` up to ``cap_seconds`` ("equal
+    jitter": each delay drawn from the upper half of its nominal value), reset by an answer that
+    shows the run working. Times are monotonic seconds given by the caller; ``rng`` draws the
+    jitter (uniform in [0, 1))."""
 
     first_seconds: float
     cap_seconds: float

@@ -1,24 +1,7 @@
-"""The Anthropic Messages API adapter: ``POST {base}/v1/messages``, one attempt per call.
-
-Error bodies look like ``{"type": "error", "error": {"type": "overloaded_error", "message": ...},
-"request_id": ...}``; the ``error.type`` is more precise than the HTTP status and is trusted first
-(the status is the fallback for bodies that are not Anthropic's, e.g. a proxy's HTML page).
-
-Typed answers: a request with an ``output_schema`` offers one tool, ``answer``, whose
-``input_schema`` is the schema, and forces it (``tool_choice: {"type": "tool", "name": "answer"}``);
-the reply's ``tool_use`` block's ``input`` is the answer, returned as its JSON text. With
-``structured_output="prompt"`` no tool is offered and the text answer is returned as it is (the
-prompt carries the schema). The caller validates the answer either way.
-
-Streaming (``stream=True``, the default): the request says ``"stream": true`` and the answer's
-server-sent events (``message_start``, ``content_block_start``/``_delta``/``_stop`` with
-``text_delta`` and, for the forced tool, ``input_json_delta``, ``message_delta`` with the stop
-reason and usage, ``message_stop``) are rebuilt into the message the plain call would have
-returned, then classified exactly like it; each text or tool-JSON delta goes to the request's
-``on_delta`` on the way. An ``error`` event (e.g. ``overloaded_error`` after a 200) is classified by
-its ``error.type``; a stream that ends without ``message_stop`` is ``truncated`` (retryable, and a
-possible duplicate: the model ran); a connection lost mid-stream is a ``transport_error``. An
-endpoint that refuses ``stream`` is called plainly from then on (:class:`StreamChoice`).
+"""The Anthropic Messages API adapter: ``POST {base}/v1/messages``, one HTTP attempt per call,
+streamed or not, classified into the provider error codes (:mod:`orchestration.workers.model_calls`).
+A typed answer is asked for with one forced tool, ``answer``, whose input schema is the step's
+schema, or through the prompt alone (``structured_output="prompt"``).
 """
 
 from __future__ import annotations

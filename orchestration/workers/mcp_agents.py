@@ -1,49 +1,10 @@
 """The MCP client side of agent steps: one call of a tool on another MCP server, per attempt.
 
-:class:`AgentWorker` makes the call an attempt of an agent step needs (what the attempt does —
-call, or follow an earlier call — is decided from the record by
-:func:`orchestration.core.agent_steps.agent_attempt`; the drive's part is
-:mod:`orchestration.engine.delegation`):
-
-* **another construct-mcp** (tool ``orchestrate_start``): ``orchestrate_start`` with the rendered
-  arguments, the attempt's ``idempotency_key`` and ``wait_seconds = 0``; the run id of the answer
-  is handed to ``remember`` (the drive records it before anything else happens); then
-  ``run_status`` with ``wait_seconds`` (:attr:`AgentEndpoint.follow_wait_seconds`), again and
-  again, until the remote run ends (an answer that comes at once without the run having ended — a
-  gate, a host task there, an unknown status — is followed by a jittered, backed-off sleep:
-  :mod:`orchestration.workers.agent_polls`; bounded by the step's ``timeout_seconds`` and the
-  run's deadline). An attempt that follows a recorded remote run skips the start. ``remember``
-  is told whether the start's answer showed the run ended: a drive records a run that has not
-  ended as followed outside the drive, and stops this call (:mod:`orchestration.engine.agent_waits`
-  follows it with :meth:`AgentWorker.remote_status`, a poll at a time, then finishes the step
-  with :meth:`AgentWorker.delegate` once it ended). A remote run
-  that completed gives the whole output of its last done task (or of the latest visit of
-  ``output_step``), read with ``run_status(detail="full")`` (the compact answers the follow reads
-  carry neither a task's step nor its whole output); one that failed, was rejected or
-  cancelled is ``agent_run_failed``.
-* **any other tool**: one ``tools/call``; the output is the text of the result's text blocks, else
-  the JSON of its ``structuredContent``. An ``isError`` result is ``tool_error``.
-
-A step with an ``output_schema`` validates the output (``invalid_output`` when it does not match).
-
-**What the agent answers** is checked before any of it is recorded, in one place
-(:mod:`orchestration.workers.agent_answers`: a remote run id in the run-id grammar, an output within
-``max_output_chars``, else ``agent_answer_refused``). **Each call sends on** the delegation of the calling
-run, one hop more, in the request's ``_meta`` (:func:`orchestration.core.hops.onward`), so that
-construct-mcp servers can refuse a loop (``delegation_loop``, ``delegation_depth_exceeded``).
-
-**Errors** are data (:class:`~orchestration.core.outcomes.AttemptFailedOutcome`), classified in one
-place (:func:`classify`): a refused or lost connection, a 5xx or a protocol error is
-``agent_unreachable``; no answer in time is ``timeout``; a 401/403 (or the token's variable not
-set) is ``auth``; and the retry policy's verdict is folded in as the provider worker does
-(:class:`~orchestration.workers.retry.RetryPolicy`, bounded by the run's attempt budget).
-
-**The token** is read from the environment variable the agent names (``token_env``) when the call is
-made (:func:`token_from_environment`, this module's one read of the process environment, which also
-gives a stdio agent the variables its ``pass_env`` names), and lives only in the HTTP client's headers
-for that call: never in a record, a log line or an error message (every message passes a
-:class:`~orchestration.workers._redact.Redactor` that knows it). A URL must not carry credentials (the
-config refuses userinfo).
+:class:`AgentWorker` starts or follows a remote construct-mcp run, or calls any other tool once;
+what an attempt does is decided from the record (:func:`orchestration.core.agent_steps.agent_attempt`).
+Errors come back as data, classified in one place (:func:`classify`). The agent's token is read
+from its ``token_env`` when the call is made (:func:`token_from_environment`) and lives only in
+that call's headers: never in a record, a log line or an error message.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """The provider-call port: one model call, its typed outcome, and the error taxonomy.
 
-A :class:`ProviderClient` makes exactly **one** HTTP attempt per :meth:`~ProviderClient.complete`
-call. It never retries and never sleeps: the durable step is the only retry layer
-(``notes/providers.md``). The provider worker asks :mod:`orchestration.workers.retry` whether and
-when to try again and folds the answer into the attempt's outcome; the runtime records it, and the
-pure decide step starts the next attempt (or fails the task) from that record. Every outcome that
-is not a usable text is a :class:`ProviderCallError` carrying a
-:class:`~orchestration.core.models.TypedError` whose ``code`` is one of :class:`ProviderErrorCode`::
-
-    code                      retryable   detected by
-    transport_error           yes         connection refused/reset, protocol error
-    timeout                   yes         client timeout, 408, 504, ``timeout_error``
-    rate_limited              yes         429 without a quota code; in-body code 429
-    quota_exhausted           no          402, ``billing_error``, quota/spend-limit codes
-    overloaded                yes         529, ``overloaded_error``, 503
-    server_error              yes         other 5xx; OpenRouter 200-with-error; ``finish_reason: error``
-    auth                      no          401, 403 permission
-    invalid_request           no          other 3xx/4xx
-    context_length_exceeded   no          context-length messages/codes; ``model_context_window_exceeded``
-    content_filtered          no          refusal, ``content_filter``, ``message.refusal``, 403 moderation
-    truncated                 no          text present but ``max_tokens`` / ``length``
-    reasoning_only            no          no text, but thinking/reasoning present
-    empty_response            yes (x1)    2xx, no text, normal stop
-    malformed_response        yes (x2)    non-JSON 2xx, missing ``content`` / ``choices``
-    over_max_tokens           no          a run with a budget: usage reports more output tokens
-                                          than the request's ``max_tokens`` (the provider worker)
-
-(``invalid_output`` — a usable text that does not match the step's output schema — is not a call
-failure: the provider worker finds it when it validates the answer, and records it as a retryable
-failed attempt.)
-
-``empty_response`` and ``malformed_response`` are marked ``retryable=True`` here; the *number* of
-retries they deserve ("at most once", "1-2 times") is a policy matter, enforced by
-:class:`orchestration.workers.retry.RetryPolicy` through its per-code caps. The client cannot know
-how many attempts came before.
-
-Secrets: a client holds its API key privately; no key, auth header or headers object ever reaches
-an exception message, a :class:`TypedError`, :class:`Telemetry` or a log line.
+A :class:`ProviderClient` makes exactly one HTTP attempt per :meth:`~ProviderClient.complete`: it
+never retries and never sleeps, since the durable step is the only retry layer. Every outcome that
+is not a usable text is a :class:`ProviderCallError` whose code is a :class:`ProviderErrorCode`
+(the table: docs/providers.md). No key or auth header ever reaches a message, a record or a log.
 """
 
 from __future__ import annotations
@@ -117,7 +84,8 @@ RETRYABLE_BY_CODE: MappingProxyType[ProviderErrorCode, bool] = MappingProxyType(
         ProviderErrorCode.CONTENT_FILTERED: False,
         ProviderErrorCode.TRUNCATED: False,
         ProviderErrorCode.REASONING_ONLY: False,
-        # Capped by the retry policy (see the module docstring).
+        # Retryable, but capped per code by the retry policy (DEFAULT_MAX_RETRIES_BY_CODE):
+        # the client cannot know how many attempts came before.
         ProviderErrorCode.EMPTY_RESPONSE: True,
         ProviderErrorCode.MALFORMED_RESPONSE: True,
         # The provider ignores the limit: the same request would overshoot again.

@@ -1,44 +1,10 @@
-"""The OpenAI-compatible Chat Completions adapter: ``POST {base}/v1/chat/completions``.
+"""The OpenAI-compatible Chat Completions adapter (``POST {base}/v1/chat/completions``): one adapter
+for OpenAI, OpenRouter, vLLM, llama.cpp and Ollama, one HTTP attempt per call, streamed or not.
 
-One adapter serves OpenAI, OpenRouter, vLLM, llama.cpp and Ollama; the base URL is everything before
-``/v1`` (see :func:`~orchestration.workers._http.normalize_base_url`)::
-
-    OpenAI       https://api.openai.com
-    OpenRouter   https://openrouter.ai/api          (the default)
-    vLLM         http://127.0.0.1:8000
-    llama.cpp    http://127.0.0.1:8080
-    Ollama       http://127.0.0.1:11434
-
-The output limit travels in exactly one body field, never both: OpenAI reads
-``max_completion_tokens`` (and refuses ``max_tokens`` for its reasoning models), while llama.cpp,
-vLLM, Ollama and OpenRouter read ``max_tokens`` (llama.cpp ignores the other one, so the limit would
-silently not apply). The field is ``max_tokens_field`` when given, else :func:`default_max_tokens_field`
-of the base URL: ``max_completion_tokens`` for ``api.openai.com``, ``max_tokens`` for any other host.
-
-Error bodies are ``{"error": {"message", "type", "param", "code"}}``; local servers vary (vLLM has
-used a flat ``{"object": "error", "message": ..., "code": 400}``, some send ``{"error": "text"}``),
-so the error object is looked up leniently. OpenRouter may answer **HTTP 200 with an ``error``
-object** when the upstream model fails mid-way: that is an error, classified by its in-body code.
-
-Typed answers (a request with an ``output_schema``) ask for JSON in one of three modes:
-``json_schema`` (``response_format: {"type": "json_schema", "json_schema": {"name": "answer",
-"schema": ..., "strict": false}}``; not strict, because strict mode refuses ordinary schemas
-without ``additionalProperties: false`` everywhere), ``json_object`` (``{"type": "json_object",
-"schema": ...}``: llama.cpp's servers refuse ``json_schema`` but constrain decoding with this) and
-``prompt`` (no ``response_format``: the prompt's "Answer format" section, then parsing). With
-``structured_output="auto"`` (the default) a 400/422 whose message names ``response_format``,
-``json_schema`` or ``json_object`` moves on to the next mode *within the same attempt*, and the
-client remembers (for the life of the process) the mode the endpoint took, so later calls start
-there. Another value pins one mode, without fallback.
-
-Streaming (``stream=True``, the default): the request adds ``"stream": true`` and
-``"stream_options": {"include_usage": true}``; the chunks (``choices[0].delta`` content, refusal
-and reasoning, the ``finish_reason``, the final usage chunk) are rebuilt into the completion the
-plain call would have returned and classified like it, each content delta (the JSON text of a
-typed answer) going to the request's ``on_delta`` on the way. An error object in a chunk is an
-in-body error; a stream that ends (or says ``[DONE]``) without a ``finish_reason`` is
-``truncated`` (retryable, possible duplicate). An endpoint that refuses ``stream`` or
-``stream_options`` is called plainly from then on (:class:`~orchestration.workers._http.StreamChoice`).
+The output limit travels in exactly one body field (:func:`default_max_tokens_field`); error bodies
+are read leniently, and an HTTP 200 carrying an ``error`` is an error. A typed answer is asked for
+as ``json_schema``, ``json_object`` or through the prompt; in ``auto`` mode a refused mode moves on
+to the next within the attempt, and the mode an endpoint took is remembered for the process.
 """
 
 from __future__ import annotations
@@ -265,6 +231,8 @@ class OpenAICompatClient:
         if schema is not None and mode == "json_schema":
             body["response_format"] = {
                 "type": "json_schema",
+                # Not strict: strict mode refuses ordinary schemas without
+                # ``additionalProperties: false`` everywhere.
                 "json_schema": {"name": ANSWER_TOOL, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "json_object":

@@ -1,28 +1,9 @@
 """The worker port: what the runtime needs from a backend that executes a task itself.
 
-The ``inline`` backend executes nothing (the host's own model does the work; see
-:mod:`orchestration.workers.host`). The ``provider`` backend implements :class:`TaskWorker`: one
-call per attempt, whose outcome is data (:class:`AttemptSucceeded` or :class:`AttemptFailedOutcome`),
-never an exception the runtime has to guess about.
-
-Who retries. A worker never retries and never sleeps: :meth:`TaskWorker.execute` makes one call.
-Whether another attempt follows is settled from recorded data, in two places:
-
-* the worker may fold a retry policy's verdict into a failed outcome. The provider worker does:
-  it asks :class:`~orchestration.workers.retry.RetryPolicy` with the errors of the earlier
-  attempts (read from the record by the runtime, ``previous_errors``) plus this one, clears
-  ``retryable`` on the error when the policy refuses another attempt, and sets ``not_before``
-  (now + backoff or retry-after) when it allows one;
-* the runtime records the outcome as an ``attempt_failed`` fact (error and ``not_before``), and the
-  pure ``decide`` step reads the record: a non-retryable error fails the task, the attempt budget
-  (``ExecutionContract.max_attempts``, counting every recorded attempt) ends it, and ``not_before``
-  is a durable wait before the next attempt. An attempt whose worker died (no outcome recorded) is
-  retried by ``decide`` alone, within the same budget, marked as a possible duplicate call.
-
-Output as it is written. A worker whose call streams hands each piece of output text to the
-``sink`` :meth:`TaskWorker.execute` is given (the run's, from
-:class:`orchestration.engine.deltas.OutputDeltas`), under the task id and attempt number. Nothing
-handed there is recorded: the outcome carries the whole output, as without streaming.
+A :class:`TaskWorker` makes one call per attempt and returns its outcome as data
+(:class:`AttemptSucceeded` or :class:`AttemptFailedOutcome`), never an exception the runtime has to
+guess about. It never retries or sleeps: whether another attempt follows is decided from the
+record by the pure ``decide``. Streamed text handed to the ``sink`` is never recorded.
 """
 
 from __future__ import annotations

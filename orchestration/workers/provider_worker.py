@@ -1,37 +1,10 @@
 """The ``provider`` worker backend: the server calls the model itself.
 
-Two pieces live here:
-
-* :class:`ProviderSettings` and :meth:`ProviderSettings.resolve_contract` — which provider and model a
-  run uses, resolved **once at start** and persisted on the run as its execution contract:
-  the ``provider``/``model`` given at start, else the chain step's, else the configured default
-  (``CONSTRUCT_PROVIDER`` / ``CONSTRUCT_MODEL``); when no provider is named it is inferred from the
-  model (``claude-*`` → ``anthropic``, anything else → the OpenAI-compatible endpoint: ``openai`` when
-  ``CONSTRUCT_OPENAI_BASE_URL`` points somewhere other than OpenRouter, else ``openrouter``). A run
-  whose provider needs a key that is missing fails at start, before anything is stored, with an
-  error naming the variable to set.
-* :class:`ProviderWorker` — one attempt at a task: the persona as system prompt, the shared
-  materialization as the user turn, one HTTP call through the adapter for the step's provider,
-  bounded per provider by a concurrency limit (``max_concurrency``, shared by every run of the
-  process: a parallel run's calls count against it too). A 429 with ``retry-after`` holds back
-  every call of the process to that provider, not just the task that got it: a call made before
-  that time waits for it in memory (up to ``hold_wait_cap_seconds``), or, for a longer wait, is
-  not made and fails as ``rate_limited`` with the remaining wait, which the runtime records as
-  the task's durable ``not_before``. A failure comes back as data, with the retry
-  policy's decision folded in (``retryable`` cleared when the policy refuses, ``not_before`` set
-  when it allows), so the pure ``decide`` step only has to read the record.
-
-Typed steps (an ``output_schema``): the request asks for structured output (see the adapters and
-``ProviderEndpoint.structured_output``), and the answer is validated here, at the boundary, with
-:func:`~orchestration.chains.schemas.validate_output`. An answer that does not match is a failed attempt
-with the retryable error ``invalid_output`` (what was wrong, where), bounded by the attempt budget
-like any other; the next attempt's user turn ends with a "Your previous answer was rejected"
-section quoting that error (built from the recorded errors, so a resumed run asks the same).
-
-In a run with a budget, a reply that reports more output tokens than the request's ``max_tokens``
-is the provider's error (:func:`_over_max_tokens`): the budget reserved that limit for the call.
-
-Keys are held only in :class:`ProviderEndpoint` (excluded from its repr) and in the HTTP adapters.
+:class:`ProviderSettings` resolves which provider and model a run uses, once, at start, into the
+run's execution contract. :class:`ProviderWorker` makes one attempt at a task, bounded per provider
+by ``max_concurrency`` and held back by a provider's ``retry-after``, validates a typed answer at
+the boundary, and returns a failure as data with the retry policy's verdict folded in. Keys are
+held only in :class:`ProviderEndpoint` (excluded from its repr) and in the HTTP adapters.
 """
 
 from __future__ import annotations
@@ -357,8 +330,11 @@ class ProviderWorker:
             self._held_until[provider] = until
 
     async def _wait_for_provider(self, provider: str) -> TypedError | None:
-        """Wait out a hold on ``provider`` (see the module's docstring); the error to record
-        instead of calling when the hold is longer than ``hold_wait_cap_seconds``."""
+        """Wait out a hold on ``provider``: a 429 with ``retry-after`` holds back every call of the
+        process to that provider, not just the task that got it. A call made before that time
+        waits for it in memory up to ``hold_wait_cap_seconds``; past that, the error to record
+        instead of calling (``rate_limited`` with the remaining wait, which the runtime records as
+        the task's durable ``not_before``)."""
         until = self._held_until.get(provider)
         if until is None:
             return None

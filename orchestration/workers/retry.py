@@ -1,29 +1,8 @@
 """The retry policy for provider calls: whether another attempt is allowed, and after what delay.
 
-Pure functions of their arguments (randomness is an injected ``rng``). Who asks, and what happens
-with the answer:
-
-* the provider worker (:class:`~orchestration.workers.provider_worker.ProviderWorker`), after a failed
-  call, asks :meth:`RetryPolicy.decide_after` with the errors of the earlier attempts as the run
-  records them plus the new one, and returns the verdict inside its outcome: the error as
-  :meth:`RetryDecision.error_to_record` gives it (``retryable`` cleared when the policy refuses),
-  and, when the policy allows another attempt, ``not_before = now + delay_seconds``;
-* the runtime records both in the ``attempt_failed`` fact, and the pure ``decide`` step acts on the
-  record alone: a non-retryable error fails the task, ``ExecutionContract.max_attempts`` bounds the
-  attempts (orphaned ones included), and the next attempt starts once ``not_before`` has passed. The
-  wait is durable either way (``not_before`` is recorded): a drive sleeps through it in memory when
-  it is at most ``Runtime.in_memory_wait_cap_seconds`` (``CONSTRUCT_RETRY_WAIT_CAP_SECONDS``, 30 s by
-  default), otherwise it stops and the dispatcher resumes the run once ``not_before`` has passed.
-
-Nothing else retries a provider call: the HTTP clients make one request per attempt, and a worker
-makes one call per :meth:`~orchestration.workers.port.TaskWorker.execute`.
-
-How the "at most once" rule for ``empty_response`` works: the client marks every
-``empty_response`` as ``retryable=True`` (it cannot know the history), and this policy caps the
-number of retries per code: ``empty_response`` 1, ``malformed_response`` 2
-(:data:`DEFAULT_MAX_RETRIES_BY_CODE`).
-The Anthropic docs advise against resending an empty ``end_turn`` unchanged; the cap bounds the cost
-of doing so anyway.
+Pure (randomness is an injected ``rng``). The provider worker folds its verdict into a failed
+outcome; the runtime records it, with ``not_before``, in ``attempt_failed``; the pure ``decide``
+acts on the record alone. Nothing else retries a provider call.
 """
 
 from __future__ import annotations
@@ -48,7 +27,9 @@ __all__ = [
 #: A source of uniform floats in [0, 1): ``random.Random(seed).random`` or ``random.random``.
 Rng = Callable[[], float]
 
-#: Retries allowed per code on top of the overall attempt budget (retries, not attempts).
+#: Retries allowed per code on top of the overall attempt budget (retries, not attempts). A client
+#: marks every ``empty_response`` retryable, not knowing the history; the cap makes it "at most
+#: once" (Anthropic's docs advise against resending an empty ``end_turn`` unchanged).
 DEFAULT_MAX_RETRIES_BY_CODE: Mapping[str, int] = MappingProxyType(
     {Code.EMPTY_RESPONSE.value: 1, Code.MALFORMED_RESPONSE.value: 2}
 )

@@ -1,28 +1,7 @@
-"""The ``[agents.NAME]`` tables of the config file: other MCP agents that chain steps delegate to.
-
-::
-
-    [agents.reviewer2]                      # another construct-mcp over Streamable HTTP
-    url = "https://review.example.com/mcp"
-    token_env = "REVIEWER2_TOKEN"           # the bearer token's variable, read at each call
-    call_timeout_seconds = 60               # one request's answer (default 60)
-    follow_wait_seconds = 30                # each run_status wait of a followed remote run (default 30)
-    paused_poll_seconds = 5                 # a paused remote run is polled this often (default 5)
-    poll_cap_seconds = 30                   # ... backing off up to this between polls (default 30)
-    unknown_status_seconds = 60             # an unknown remote status this long: agent_protocol
-
-    [agents.local]                          # any MCP server over stdio
-    command = ["construct-mcp", "serve"]
-    env = { CONSTRUCT_HOME = "/srv/local-agent" }   # set for it (not secrets: the file is plain text)
-    pass_env = ["ANTHROPIC_API_KEY"]        # passed through from this server's environment
-    cwd = "/srv/local-agent"
-
-A table has exactly one of ``url`` (``http`` or ``https``, without credentials in it: the token
-comes from ``token_env``) and ``command``; ``token_env`` goes with ``url``, ``env``, ``pass_env``
-and ``cwd`` with ``command``. The token is never read here: the agent worker reads the variable
-when it calls (:mod:`orchestration.workers.mcp_agents`), so it is never stored and a rotated token is
-used at the next call. A step names its agent (see :mod:`orchestration.core.agent_steps`); a name no
-table defines is refused when the chain is loaded.
+"""The ``[agents.NAME]`` tables of the config file: other MCP agents that chain steps delegate to
+(docs/chains.md, Agents). A table has exactly one of ``url`` and ``command``. The token is never
+read here: the agent worker reads ``token_env`` at each call, so it is never stored and a rotated
+token is used at the next call.
 """
 
 from __future__ import annotations
@@ -40,7 +19,8 @@ _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class AgentTable(BaseModel):
-    """One ``[agents.NAME]`` table (see the module's docstring)."""
+    """One ``[agents.NAME]`` table: ``url`` (``http`` or ``https``, no credentials in it) with
+    ``token_env``, or ``command`` with ``env``, ``pass_env`` and ``cwd``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

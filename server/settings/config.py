@@ -1,79 +1,10 @@
 """Server settings: command-line flags > the config file > environment variables > defaults.
 
-The config file is ``--config FILE``, else ``$CONSTRUCT_HOME/construct.toml`` when it exists. Its
-top-level keys configure the server; its ``[specialists]`` and ``[chains]`` tables extend the catalog
-and are validated by :meth:`orchestration.chains.catalog.Catalog.load`::
-
-    store = "filesystem"            # memory | filesystem | sqlite | postgres | a store URL
-    store_fallback = true           # an unreachable store falls back to filesystem, with a warning
-    deployment_mode = "solo"        # solo -> filesystem; team / enterprise -> postgres
-    database_url = "postgresql://..."
-    store_pool_size = 10            # postgres: connections per server (+1 listener); drives wait
-    worker_backend = "inline"       # inline | provider
-    lease_ttl_seconds = 30
-    dispatch_concurrency = 4
-    poll_seconds = 1.0
-    recover_on_start = true
-    store_outage_seconds = 30       # in-flight work waits this long for a store that went away
-    start_retry_window_seconds = 600  # an identical orchestrate_start (no key) within it: the same run
-    max_request_chars = 200000
-    max_output_chars = 1000000
-    max_answer_chars = 10000        # a tool answer's text at most; longer content comes in parts
-    log_level = "INFO"
-    auth_token = "..."              # HTTP transports: clients send 'Authorization: Bearer <token>'
-    max_subscriptions = 100         # resource subscriptions per session
-    http_max_sessions = 200         # Streamable HTTP: open sessions (the oldest idle one makes room)
-    http_session_idle_seconds = 600 # Streamable HTTP: a session idle this long is closed
-    provider = "anthropic"          # provider backend: anthropic | openrouter | openai (else inferred)
-    model = "claude-sonnet-4-5"     # provider backend: the default model
-    max_attempts = 3                # attempts per provider or agent task (recorded in a run at start)
-    max_tokens = 4096
-    provider_timeout_seconds = 300
-    retry_wait_cap_seconds = 30         # provider backend: longer retry waits are durable (not_before)
-
-    [providers.openai]              # also [providers.anthropic], [providers.openrouter]
-    base_url = "http://127.0.0.1:8080/v1"   # any OpenAI-compatible server (vLLM, llama.cpp, Ollama)
-    api_key = "..."                 # else the environment: ANTHROPIC_API_KEY, OPENROUTER_API_KEY,
-    max_concurrency = 4             #   OPENAI_API_KEY (keys never reach a log line or a stored record)
-    max_tokens_field = "max_tokens" # openai / openrouter only: the one body field that carries the
-                                    #   output limit; default max_completion_tokens for api.openai.com,
-                                    #   max_tokens for any other host (llama.cpp, vLLM, Ollama, OpenRouter)
-    structured_output = "auto"      # how typed steps ask for JSON: auto | json_schema | json_object |
-                                    #   prompt (anthropic: auto = a forced tool, or prompt); auto falls
-                                    #   back json_schema -> json_object -> prompt when refused
-    stream = true                   # stream answers (deltas to progress, run_events, the page);
-                                    #   an endpoint that refuses a stream is called plainly
-
-    [prices."claude-sonnet-4-5"]    # US dollars per million tokens; overrides the dated defaults
-    input_per_mtok = 3.0            #   of orchestration.core.pricing (a run records its prices at start)
-    output_per_mtok = 15.0
-
-    [budgets.default]               # the budget of every run of chain "default" that gives none
-    max_total_tokens = 200000       #   (see orchestration.core.budget); also max_cost_usd, and
-    on_budget = "ask"               #   steps = { engineer = { max_cost_usd = 0.5 } }
-
-    [agents.reviewer2]              # an MCP agent chain steps delegate to (see server.settings.agents)
-    url = "https://review.example.com/mcp"
-    token_env = "REVIEWER2_TOKEN"   # the bearer token's variable, read at each call, never stored
-
-    [tokens.alice]                  # HTTP transports: a bearer token for the identity "alice"
-    token_env = "ALICE_TOKEN"       # the variable holding it (or token = "..."; 16+ characters)
-    roles = ["read", "approve"]     # read | operate | approve, combined (see server.identity)
-    own_runs_only = false           # true: alice sees and acts on only the runs she started
-
-Every token must differ from the others and from ``auth_token`` (which stands for the identity
-``admin`` with every role). An unknown role or a short inline token is an error wherever the file is
-read; a duplicate token or a ``token_env`` that is not set (or too short) stops the HTTP transports
-at startup (stdio and the CLI do not use the tokens). Errors name the table, never the value.
-
-Environment variables: each field of :class:`Settings` names its own (see
-:mod:`server.settings.sources`), each overridden by the same key in the config file and by a flag.
-Their reference, ``docs/reference/configuration.md``, is rendered from the model by
-``docs/gen_config_reference.py`` (a test keeps the two the same).
-
-Any bad value is a :class:`~orchestration.errors.ConfigError` naming where it came from (the file
-path, ``environment`` or ``command line``), the field or variable, and what is wrong; the CLI prints
-it on stderr and exits with status 2.
+:func:`load_settings` resolves them once into :class:`Settings`; the config file's catalog tables
+(``[specialists]``, ``[chains]``) are validated by :meth:`orchestration.chains.catalog.Catalog.load`.
+Any bad value is a :class:`~orchestration.errors.ConfigError` naming where it came from, the field
+and what is wrong, never a secret's value. Every setting is in docs/reference/configuration.md,
+generated from this model by ``docs/gen_config_reference.py`` (a test keeps the two the same).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""What the stdio transport's early answers depend on, found without loading the settings.
-
-The ``instructions`` a host receives carry a warning only when the worker backend is ``provider``
-(:func:`server.settings.providers.missing_key_warning`), and the tools listed depend on the settings
-only through the size limits (``max_request_chars``, ``max_output_chars``). The stdio transport
-answers ``initialize`` and the first ``tools/list`` before anything heavy is imported
-(:mod:`server.transports.handshake`), and loading the settings imports the domain and, through it,
-the MCP SDK. So :func:`early_settings` reads those settings the way
-:func:`server.settings.config.load_settings` does (the config file over the environment over the
-defaults; ``serve`` has no flag for them), with the standard library alone, and says "surely" only
-when nothing is in doubt: a file it cannot read or parse, or any value but the default, leaves the
-answer to the server once its settings are loaded. ``tests/unit/server/test_early_initialize.py``
-holds it to :func:`~server.settings.config.load_settings`.
+"""What the stdio transport's early answers depend on (the size limits, whether the backend is
+``provider``), read with the standard library alone, before the settings (and through them the MCP
+SDK) are imported. :func:`early_settings` reads them as :func:`server.settings.config.load_settings`
+does and says "surely" only when nothing is in doubt; ``tests/unit/server/test_early_initialize.py``
+holds it to ``load_settings``.
 """
 
 from __future__ import annotations

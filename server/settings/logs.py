@@ -1,14 +1,7 @@
-"""Logging for the server and the CLI: standard ``logging``, to **stderr only**.
-
-Over stdio, stdout is the MCP transport: a single stray line there breaks the host's session, so no
-handler here ever writes to stdout. Every record is one line::
-
-    2026-01-01T12:00:00.123Z INFO construct.runtime action=facts_recorded run_id=run-1 version=3 recorded ...
-
-The ``action`` extra is the stable name of the event (``run_created``, ``facts_recorded``,
-``server_started``, ...); the other known extras (``run_id``, ``code``, ...) follow it. Log lines
-never carry secrets (store URLs are shown redacted by :func:`stores.redact_url`) nor
-whole prompts or outputs (only ids, sizes and hashes).
+"""Logging for the server and the CLI: standard ``logging``, to stderr only (over stdio, stdout is the
+MCP transport, and one stray line there breaks the host's session). Every record is one line with
+its stable ``action`` name first; log lines never carry secrets (URLs are redacted) nor whole
+prompts or outputs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The provider backend's settings, built from the server's settings (:mod:`server.settings.config`).
-
-For each provider (``anthropic``, ``openrouter``, ``openai``): the base URL is the config file's
-``[providers.<name>] base_url``, else ``CONSTRUCT_<NAME>_BASE_URL``, else the public endpoint; the API
-key is the table's ``api_key``, else ``ANTHROPIC_API_KEY`` / ``OPENROUTER_API_KEY`` / ``OPENAI_API_KEY``
-(read with the other settings). A model whose provider is not named goes to ``anthropic`` when it is
-``claude-*``, else to ``openai`` when an OpenAI-compatible base URL other than OpenRouter's is
-configured, else to ``openrouter``. The body field of the output limit (OpenAI-compatible providers) is
-the table's ``max_tokens_field``, else (``openai`` only) ``CONSTRUCT_OPENAI_MAX_TOKENS_FIELD``, else the
-adapter's choice from the base URL. How typed steps ask for structured output is the table's
-``structured_output``, else (``openai`` only) ``CONSTRUCT_OPENAI_STRUCTURED_OUTPUT``, else ``auto``.
-Keys live only in the returned endpoints (kept out of their repr); nothing here logs them.
+"""The provider backend's settings, built from the server's settings: for each provider its base URL,
+API key, output-limit field and structured-output mode, each the config table's, else the
+environment's, else the default (docs/providers.md). Keys live only in the returned endpoints (kept
+out of their repr); nothing here logs them.
 """
 
 from __future__ import annotations

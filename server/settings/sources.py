@@ -1,16 +1,8 @@
 """Where settings come from: the command line, the config file and the environment, as
-``pydantic-settings`` sources of one settings model (:class:`server.settings.config.Settings`).
-
-A field says where it may be set by its annotation's metadata: :class:`Env` names its environment
-variables (the first one set and not empty wins) and, for a field the file must not set, what to write
-instead; :class:`Table` marks a table of the config file. Every other field is resolved by
-:func:`server.settings.config.load_settings` (the state directory, the file, where each value came
-from).
-
-Each source validates its own values against the model before they are merged, so that a bad value is
-a :class:`~orchestration.errors.ConfigError` naming where it came from — the file's path,
-``environment`` or ``command line`` — the field, flag or variable, and what is wrong; and so that a
-bad value is refused even where a higher source overrides it.
+``pydantic-settings`` sources of one model (:class:`server.settings.config.Settings`); a field's
+:class:`Env` metadata names its variables, :class:`Table` marks a table of the file. Each source
+validates its own values before they are merged, so a bad value is refused, naming its source, even
+where a higher source overrides it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Open the store the settings ask for (the server's one door to :mod:`stores`).
-
-Which store: ``--store`` > the config file's ``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` (all one
-field of the settings, resolved once by :func:`server.settings.config.load_settings`) > the deployment
-mode (``solo`` → filesystem, ``team`` / ``enterprise`` → postgres; from the file or
-``CONSTRUCT_DEPLOYMENT_MODE``) > filesystem. The bare name ``postgres`` uses the settings'
-``database_url`` (the file's, else ``CONSTRUCT_DATABASE_URL``, else ``DATABASE_URL``). :mod:`stores`
-is given these values and opens the store: an unreachable backend falls back to the filesystem store
-with a warning unless ``store_fallback`` is false. When ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set
-the store is wrapped in :class:`stores.faults.CrashAfterWrites` (tests only).
+"""Open the store the settings ask for: the server's one door to :mod:`stores`. Which store is
+``--store`` > the file's ``store`` > ``CONSTRUCT_ORCHESTRATION_STORE`` > the deployment mode >
+filesystem (:func:`store_inputs`); :mod:`stores` is given the result and reads no environment.
 """
 
 from __future__ import annotations

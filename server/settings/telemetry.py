@@ -1,24 +1,7 @@
-"""Exporting traces: opt-in, with the ``otel`` extra and the standard ``OTEL_*`` variables.
-
-The spans themselves come from :mod:`orchestration.tracing` (and the MCP SDK's own server spans),
-through ``opentelemetry-api`` alone. Nothing leaves the process unless both hold:
-
-* the ``otel`` extra is installed (``pip install 'construct-mcp[otel]'``: the OpenTelemetry SDK
-  and the OTLP/HTTP exporter), and
-* the environment asks for traces: ``OTEL_TRACES_EXPORTER`` names exporters (``otlp``,
-  ``console``; ``none`` asks for nothing), or an OTLP endpoint is set
-  (``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, which imply ``otlp``).
-  ``OTEL_SDK_DISABLED=true`` switches everything off.
-
-Otherwise the global tracer provider stays the API's no-op one. The server and the ``runs`` commands
-pass the ``OTEL_*`` variables the settings read with the others (``Settings.otel``). The rest is the
-SDK's own reading of the standard variables: the endpoint, headers and timeout of the OTLP exporter
-(``OTEL_EXPORTER_OTLP_*``), the sampler (``OTEL_TRACES_SAMPLER``), the resource
-(``OTEL_SERVICE_NAME``, default ``construct-mcp``; ``OTEL_RESOURCE_ATTRIBUTES``), the batch
-processor's limits (``OTEL_BSP_*``). ``console`` writes to stderr: stdout is the stdio transport.
-
-A provider installed before the server configures one (``opentelemetry-instrument``, a test's
-wrapper) is left as it is.
+"""Exporting traces: opt-in. Nothing leaves the process unless the ``otel`` extra is installed and the
+standard ``OTEL_*`` variables ask for traces; otherwise the global tracer provider stays the API's
+no-op one, and one installed before the server (``opentelemetry-instrument``) is left as it is.
+``console`` writes to stderr: stdout is the stdio transport. The variables: docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Bearer-token protection of the HTTP transports (SSE and Streamable HTTP).
+"""Bearer-token protection of the HTTP transports (SSE and Streamable HTTP); stdio needs none.
 
-stdio needs none: only the host that started the process can talk to it. Over HTTP, anyone who can
-reach the port could start runs (and, with the provider backend, spend the provider account), so:
-
-* ``auth_token`` (``CONSTRUCT_AUTH_TOKEN``, at least 16 printable ASCII characters once surrounding
-  whitespace is trimmed; a blank, shorter or unprintable one is a startup error) makes every HTTP
-  request carry ``Authorization: Bearer <token>``; the scheme name is case-insensitive
-  (``bearer <token>`` works, as RFC 9110 says). A request without it, or with another token, gets
-  ``401`` with ``WWW-Authenticate: Bearer`` and reaches no tool. Tokens are compared in constant
-  time and never logged: the HTTP access log shows request paths without their query string (see
-  :class:`RedactQueryStrings`), since a client may put a token there.
-* Several named tokens (``[tokens.<identity>]`` in the config file), each standing for an
-  identity with roles, work the same way; see :mod:`server.identity` for who may do what.
-* Binding a host other than a loopback one (``127.0.0.1``, ``::1``, ``localhost``) without a token
-  is a startup error: the server would otherwise answer the whole network.
-
-These are shared secrets, not OAuth: the SDK's OAuth resource-server support needs an authorization
-server to point clients at, which configured tokens do not have.
+Every HTTP request carries a configured token or gets ``401`` and reaches no tool; tokens are
+compared in constant time and never logged (the access log drops query strings:
+:class:`RedactQueryStrings`). Binding beyond loopback without a token is a startup error. These are
+shared secrets, not OAuth: the SDK's resource-server support needs an authorization server to point
+clients at, which configured tokens do not have.
 """
 
 from __future__ import annotations

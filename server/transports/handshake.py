@@ -1,25 +1,10 @@
 """The stdio ``initialize`` (and the first ``tools/list``) answered before the MCP SDK is imported.
 
-A host such as Codex CLI starts its first model request about a second after it spawns its MCP
-servers, and leaves out the tools of a server that has not answered ``initialize`` by then; importing
-the SDK alone takes most of that second. So ``construct-mcp serve`` on stdio starts
-:class:`EarlyInput` first thing (see :mod:`server.__main__`), with only the standard library
-imported: a thread that reads the first message on stdin and, when it is an ``initialize`` request
-(checked strictly enough that the SDK is sure to accept it, see :func:`initialize_answer`), writes
-the answer the SDK would write to stdout at once: the protocol version negotiated as the SDK does
-(:data:`HANDSHAKE_PROTOCOL_VERSIONS`), the server's capabilities, its name, title and version, and
-its instructions, as the same compact JSON. When the card has the tools' list (the default size
-limits), the thread reads on past ``notifications/initialized`` and answers a ``tools/list`` request
-from it too, as the SDK would: a host such as Codex waits for that answer, not only for
-``initialize``, before its first model request. The first other message ends the thread's reading.
-
-The server meanwhile starts as it always has. Its stdin relay (:mod:`server.transports.stdio`)
-waits for the thread, passes on everything the thread read, the requests it answered included, then
-the rest of stdin: the SDK handles the same requests, so the session it serves is the one it would
-have served, and its own answers to those requests are dropped instead of written
-(:func:`server.sdk.run_stdio`, which logs an error if one ever differs from the early one). Any
-other first message is passed on unanswered. ``tests/unit/server/test_early_initialize.py``
-compares the early answers with the SDK's for every protocol version.
+A host such as Codex CLI leaves out the tools of a server that has not answered within about a
+second of its spawn, and importing the SDK takes most of that. :class:`EarlyInput` reads the first
+messages with the standard library alone and answers them exactly as the SDK would; the SDK then
+serves the same session from its first message, its own answers to those requests dropped.
+``tests/unit/server/test_early_initialize.py`` compares the two for every protocol version.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
-"""The HTTP transports' ASGI apps, with the limits that keep one client from hurting the others.
-
-* **Message size.** A request body may be as large as the biggest message the size limits allow,
-  JSON-escaped: :func:`max_message_bytes` counts 12 bytes per character (a character outside the
-  BMP escapes to ``\\ud83d\\ude00``; a control character to 6 bytes) of ``max_output_chars`` plus
-  ``max_request_chars`` plus the comment limit, and some slack for the envelope. So an output within
-  ``CONSTRUCT_MAX_OUTPUT_CHARS`` is accepted whatever its characters (and one over it is the
-  runtime's ``too_large``). A body over the bound is refused before it is parsed, with HTTP 413 and
-  a JSON-RPC error whose message starts with ``too_large`` (the SDK's client hands that error to the
-  caller). The bound is enforced while the body streams in: a client cannot make the server hold
-  more than that. (The rest of the body is read and dropped first, so that the client can read the
-  answer; a body more than twice the bound is answered at once and its connection closed.) The
-  SDK's transports bound their bodies themselves (``max_request_body_size``, answered with a bare
-  413): in front of them :class:`TypedBodyLimit` only counts the body and turns that 413 into the
-  typed answer, so a body is bounded and held once; the run pages' endpoints, which have no bound
-  of their own, are behind :class:`BodyLimitMiddleware`, which holds the body itself. Either limit
-  sits behind the bearer tokens (:mod:`server.transports.auth`): a request without a valid token is
-  answered ``401`` before its body is read.
-* **Streamable HTTP sessions.** At most ``http_max_sessions`` (``CONSTRUCT_HTTP_MAX_SESSIONS``,
-  default 200) are open at once, and a session with no request in flight for
-  ``http_session_idle_seconds`` (default 600) is closed. When a new client comes while the server is
-  full, the session idle the longest is closed to make room (its client gets 404 on its next request
-  and opens a new session, as the protocol prescribes for an expired session); only when every
-  session has a request in flight does the new client get ``503`` with a JSON-RPC error body. So
-  abandoned handshakes never lock new clients out. (The SDK's session manager only refuses: the
-  eviction is :class:`server.sdk.EvictingSessionManager`, which relies on its internals.)
-* **DNS-rebinding protection** for every loopback bind, IPv6 included (``--host ::1`` or
-  ``[::1]``): the ``Host`` header must be a loopback name with a port. Binding beyond loopback needs
-  the bearer token instead (see :mod:`server.transports.auth`).
+"""The HTTP transports' ASGI apps, with the limits that keep one client from hurting the others: a
+request body bounded while it streams in (:func:`max_message_bytes`: any output within the size
+limits fits, whatever its characters; over it, 413 with ``too_large``), at most
+``http_max_sessions`` Streamable HTTP sessions (the longest idle one makes room), and DNS-rebinding
+protection on every loopback bind. What clients see: docs/hosts.md (Transport limits).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""Answers for messages that are no JSON-RPC request the SDK can serve.
-
-The SDK reads a request whose ``id`` is an object, an array, a boolean, a fraction or null as a
-*notification* (it drops the id) and never answers it; over stdio it drops without a word a line
-that is not JSON, a batch, a bare value, or a request whose ``method`` is no string; over
-Streamable HTTP it answers those with its validator's raw text (the input quoted) and the wrong
-code. Both transports check each message first (:func:`refusals`) and answer such a one themselves,
-as JSON-RPC 2.0 §5 says, with the project code ``invalid_request`` at the start of the message and
-in ``data.code``:
-
-* not JSON: ``-32700`` (parse error), ``id: null``;
-* a batch (MCP has none since 2025-06-18): each request in it with a usable id gets its own
-  ``-32600`` (so a waiting client hears about every one), else one ``-32600`` with ``id: null``;
-* anything else that is no request, notification or response: ``-32600``, with the message's id
-  when it is a string or an integer, else ``id: null`` (an object id cannot be echoed).
-
-Responses (``result`` / ``error``) are never answered, whatever their shape. The check parses the
-message once more than the SDK does; a message is bounded (see :mod:`server.transports.http`).
+"""Answers for messages that are no JSON-RPC request the SDK can serve: the SDK drops some unanswered
+(a request whose ``id`` is an object, a line that is not JSON, a batch) and answers others with its
+validator's raw text. Both transports check each message first (:func:`refusals`) and answer such
+a one as JSON-RPC 2.0 §5 says, with ``invalid_request`` in its message and ``data.code``; a response
+is never answered.
 """
 
 from __future__ import annotations
@@ -43,7 +30,11 @@ JSONRPC = "2.0"
 
 def refusals(message: str | bytes) -> list[dict[str, Any]] | None:
     """None when ``message`` is a JSON-RPC message the SDK may take as it is; otherwise the error
-    answers to send instead of handing it on (see the module docstring)."""
+    answers to send instead of handing it on: for a line that is not JSON, ``-32700`` with
+    ``id: null``; for a batch (MCP has none since 2025-06-18), a ``-32600`` for each request in it
+    with a usable id, else one with ``id: null``; for anything else that is no request,
+    notification or response, ``-32600`` with the message's id when it is a string or an integer,
+    else ``id: null`` (an object id cannot be echoed)."""
     try:
         parsed = json.loads(message)
     except (ValueError, RecursionError) as exc:

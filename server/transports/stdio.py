@@ -1,34 +1,10 @@
-"""The stdio transport, with SIGTERM handled as the end of stdin.
+"""The stdio transport, with SIGTERM handled as the end of stdin, and each message bounded.
 
-An MCP host stops a stdio server by closing its stdin, and sends SIGTERM when the server does not
-exit. Both must lead to the same orderly shutdown: the SDK's transport ends at the end of its input,
-then the server's lifespan stops the dispatcher, lets the runs being driven reach their next step
-boundary (the write in progress completes), releases their leases, closes the store and removes the
-pid file (see :mod:`server.app`).
-
-Cancelling the transport on SIGTERM would not do that: the SDK reads stdin in a worker thread that
-cannot be interrupted, so the cancellation would wait for the next line of input, which may never
-come. Instead the transport never reads the real stdin: :class:`StdinRelay` puts a pipe in front of
-it (fd 0 becomes the pipe's read end; the transport reads a copy of it, fd 0 then the null device)
-and copies the real input into the pipe from a daemon thread.
-SIGTERM closes the pipe: the transport reads what was already copied, then sees the end of its
-input. The daemon thread may stay blocked on the real stdin; it does not keep the process alive.
-
-The relay also bounds each message. The SDK reads stdin line by line with no limit, so one huge line
-would be held whole in memory. The relay counts the bytes of the current line as it copies them; a
-line longer than ``max_line_bytes`` (the largest message the size limits allow, JSON-escaped: see
-:func:`server.transports.http.max_message_bytes`) is cut there: the part already copied is ended with a
-mark and a newline (dropped unanswered, see :data:`~server.transports.invalid_messages.CUT_MARK`),
-the rest of the line is read and dropped without being kept, and if the line's start named a
-request id, a stand-in request with that id is passed on instead, which the server answers with a
-``too_large`` error. So the server holds at most one bound's worth of a message. (Without a relay,
-when stdin cannot be duplicated, lines are unbounded, and unchecked: see
-:mod:`server.transports.invalid_messages`.)
-
-When the process answered ``initialize`` before the SDK was imported
-(:mod:`server.transports.handshake`), the relay first passes on what that early reader read, the
-``initialize`` request included, and the SDK's own answer to that request is dropped
-(:func:`server.sdk.run_stdio`): the SDK serves the session from its first message all the same.
+The SDK reads stdin in a thread that cannot be interrupted, with no bound on a line. So the
+transport never reads the real stdin: :class:`StdinRelay` copies it into a pipe the SDK reads.
+SIGTERM closes the pipe, so the server shuts down as at the end of its input; a line longer than
+``max_line_bytes`` is cut, and a request among it answered ``too_large``, so the server holds at
+most one bound's worth of a message. The relay first passes on what the early handshake read.
 """
 
 from __future__ import annotations
@@ -147,7 +123,10 @@ class StdinRelay:
             self.end()
 
     def _relay(self, chunk: bytes) -> bool:
-        """Copy ``chunk``, cutting lines over the bound (see the module docstring)."""
+        """Copy ``chunk``, cutting lines over the bound: the part of such a line already copied is
+        ended with :data:`~server.transports.invalid_messages.CUT_MARK` and a newline (dropped
+        unanswered), the rest is read and dropped unkept, and when the line's start named a request
+        id, a stand-in request with that id is passed on, which the server answers ``too_large``."""
         limit = self._max_line_bytes
         if limit is None:
             return self._send(chunk)

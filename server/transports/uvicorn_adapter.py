@@ -1,15 +1,7 @@
-"""uvicorn's internals this server relies on, in one place (uvicorn 0.54).
-
-:class:`GracefulServer` is uvicorn's ``Server`` minus one habit: after a graceful shutdown on
-SIGTERM/SIGINT, ``Server.capture_signals`` re-raises the signal it caught, which would kill the
-process before the SSE lifespan (held around the whole transport, see :mod:`server.app`) is closed
-and make a clean stop exit with -15. uvicorn has no setting for that; its ``capture_signals`` and
-``handle_exit`` are methods of no documented API, overridden here: the handlers are restored and the
-process exits normally (status 0).
-
-``tests/unit/server/test_uvicorn_adapter.py`` pins what this relies on (``serve`` enters
-``capture_signals``, the signal handler's signature, a SIGTERM ending ``serve`` without killing the
-process); ``pyproject.toml`` bounds ``uvicorn`` to the minor version those tests passed with.
+"""uvicorn's internals this server relies on, in one place: :class:`GracefulServer` keeps uvicorn
+from re-raising the signal it caught after a graceful shutdown, so a clean stop exits 0 after the
+SSE lifespan closes. ``tests/unit/server/test_uvicorn_adapter.py`` pins the reliance;
+``pyproject.toml`` bounds uvicorn to the minor version it passed with.
 """
 
 from __future__ import annotations
