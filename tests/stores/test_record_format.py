@@ -1,4 +1,4 @@
-"""Records that outlive a version (issue 9, §6), on every adapter: records written by a newer
+"""Records that outlive a version, on every adapter: records written by a newer
 version of the server are planted raw into each store's own storage, then read with this code.
 
 - A head or a fact of a newer record format is ``record_too_new`` (naming both formats and the run),
@@ -8,7 +8,7 @@ version of the server are planted raw into each store's own storage, then read w
 - The runtime leaves such a run alone: status and every call on it say ``record_too_new``, a drive
   sets it aside, and nothing stored for the run changes (compared byte for byte).
 
-The rules are in the docstring of :mod:`orchestration.core.facts` ("Record formats").
+The rules are in docs/development.md, "Record formats".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Record formats in the fold and the stored head (issue 9, §6; the rules are in the docstring of
-:mod:`orchestration.core.facts`). What each store does with a record of a newer format is in
+"""Record formats in the fold and the stored head (the rules are in docs/development.md, "Record
+formats"). What each store does with a record of a newer format is in
 ``tests/stores/test_record_format.py``."""
 
 from __future__ import annotations
