@@ -1,9 +1,6 @@
-"""``python -m server`` and the ``construct-mcp`` console script.
-
-``construct-mcp serve`` on stdio answers the host's ``initialize`` (and its first ``tools/list``)
-before it imports the server (:mod:`server.transports.handshake`): only the standard library and
-the modules named below are imported first, then the command line (:mod:`server.cli.main`) runs as
-for any other command.
+"""``python -m server`` and the ``construct-mcp`` console script. ``construct-mcp serve`` on stdio
+answers the host's ``initialize`` (and its first ``tools/list``) before it imports the server
+(:mod:`server.transports.handshake`), then runs the command line (:mod:`server.cli.main`).
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """The composition root: the one place that builds real objects and wires them together.
 
-:class:`ConstructApp` holds the settings and the catalog (both validated before anything starts, so
-a bad config file fails the process at once) and builds the :class:`~mcp.server.MCPServer`.
-:meth:`ConstructApp.serve_async` opens the store (wrapped in
-:class:`~stores.faults.CrashAfterWrites` when ``CONSTRUCT_FAULT_CRASH_AFTER_WRITES`` is set) before
-any transport starts, so an unusable store is a clean startup error; the server's ``lifespan`` (which
-opens the store itself when the server is run some other way, e.g. in process) builds
-the :class:`~orchestration.engine.runtime.Runtime` with an owner unique to this process
-(``host:pid:random``) and runs the :class:`~orchestration.engine.dispatcher.Dispatcher` in a task group
-for as long as the server runs, whatever the transport. On shutdown it gives runs being driven a
-short grace period, stops the dispatcher (a run interrupted mid-step is an orphan that the next
-process recovers from its facts), and closes the store.
-
-Shutdown is the same whatever stops the server: the end of stdin or SIGTERM for stdio (SIGTERM ends
-the transport's input, see :mod:`server.transports.stdio`), SIGTERM or SIGINT for the HTTP transports (open
-requests get :data:`HTTP_SHUTDOWN_TIMEOUT_SECONDS`). The dispatcher takes no new work, the write in
-progress completes, runs still being driven after :data:`SHUTDOWN_GRACE_SECONDS` are cancelled, and
-every lease is released on the way out, so another process can take the runs over at once instead
-of waiting for the leases to expire.
-
-The SSE transport enters the lifespan once per connection; the app therefore opens its services once
-per process and lets later entries share them (see :meth:`ConstructApp.lifespan`).
-
-The HTTP apps themselves (message size bound, Streamable HTTP session cap and idle timeout,
-DNS-rebinding protection on loopback, IPv6 included) are built by :mod:`server.transports.http`; the bearer
-token and the redaction of query strings from the access log are :mod:`server.transports.auth`'s. On stdio the
-same message size bound applies to each line of input (see :mod:`server.transports.stdio`).
+:class:`ConstructApp` validates the settings and the catalog before anything starts and opens the
+store before any transport does, so a bad config or an unusable store is a clean startup error.
+Whatever stops the server, shutdown is the same: no new work, the write in progress completes, runs
+still driven after :data:`SHUTDOWN_GRACE_SECONDS` are cancelled, and every lease is released, so
+another process takes the runs over at once.
 """
 
 from __future__ import annotations

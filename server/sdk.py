@@ -1,40 +1,22 @@
-"""The MCP SDK's internals this server relies on, in one place (mcp 2.3).
+"""The MCP SDK's internals this server relies on, in one place (mcp 2.3); everywhere else it uses the
+public API. None of these has a public form in mcp 2.3:
 
-Everywhere else the server uses the SDK's public API. What is here has no public form in mcp 2.3:
+* **Request handlers**: the low-level server's ``add_request_handler``, to add or replace a request
+  method (:func:`set_request_handler`).
+* **The Streamable HTTP session table**: the session manager's private table and each transport's
+  requests in flight, to evict the session idle the longest when full
+  (:class:`EvictingSessionManager`, put in the app by :func:`streamable_http_app`).
+* **Serving stdio from checked lines**: the SDK's stdio transport fed checked lines
+  (:func:`run_stdio`), less its answers to requests answered before it was imported
+  (:class:`DropsEarlyAnswers`).
+* **The connection behind a session**: the private per-client ``Connection`` behind each
+  ``ServerSession`` (:func:`connection_of`, :func:`on_connection_closed`).
+* **Arguments validated once**: ``Tool.run`` validates the dict it is given; it is handed what
+  :class:`~server.mcp.arguments.StrictTool` validated instead (:func:`validated_once`,
+  :func:`validated_before`).
 
-* **Request handlers.** :class:`~mcp.server.MCPServer` has no way to add a request method or to
-  replace one of its own (an :class:`~mcp.server.extension.Extension`'s methods may only add, and
-  the extension is advertised to clients); its low-level server has (``add_request_handler``).
-  :func:`set_request_handler` reaches it: the handshake-era ``resources/subscribe``, a
-  ``resources/list`` that lists the runs, the ``subscriptions/listen`` that knows which runs a stream
-  covers, the stdio transport's stand-in for an over-long message.
-* **The Streamable HTTP session table.** The SDK's session manager refuses a new session when it
-  is full; :class:`EvictingSessionManager` closes the session idle the longest instead, from the
-  manager's private table and each transport's count of requests in flight.
-  :func:`streamable_http_app` builds the app around it as ``MCPServer.streamable_http_app`` does
-  (the server's low-level server, its custom routes), which has no parameter for the manager.
-* **Serving stdio from checked lines.** ``MCPServer.run_stdio_async`` is the SDK's stdio
-  transport around the low-level server's ``run``; :func:`run_stdio` is the same with the lines the
-  transport reads given (:mod:`server.transports.invalid_messages` checks each first) and its write
-  stream handed out (to answer a line that never reaches the server); and, when requests were
-  answered before the SDK was imported (:mod:`server.transports.handshake`), the SDK's own answers
-  to them dropped on their way to stdout (:class:`DropsEarlyAnswers`), as the stdio transport
-  writes them (``model_dump_json(by_alias=True, exclude_unset=True)``, to compare).
-* **The connection behind a session.** ``ServerRequestContext`` gives handlers a per-request
-  ``ServerSession``; the per-client ``Connection`` behind it (to know that two requests come from
-  the same client, and to hook the end of that client) is private: :func:`connection_of`,
-  :func:`on_connection_closed`.
-
-* **Arguments validated once.** ``Tool.run`` validates the very dict it is given
-  (``self.fn_metadata.validate_arguments(arguments)``), with no way to hand it arguments validated
-  already. :class:`~server.mcp.arguments.StrictTool` checks a call's arguments before that (its own
-  validation, with coded refusals); :func:`validated_once` keeps what it gave for that dict while
-  ``Tool.run`` runs, and :func:`validated_before` hands it to the metadata's ``validate_arguments``
-  instead of validating the same dict a second time.
-
-``tests/unit/server/test_sdk_reliance.py`` pins each of these (the private names exist with the expected
-types, and behave as relied on), so an SDK upgrade that changes one fails there; ``pyproject.toml``
-bounds ``mcp`` to the minor version those tests passed with.
+``tests/unit/server/test_sdk_reliance.py`` pins each, and ``pyproject.toml`` bounds ``mcp`` to the
+minor version those tests passed with.
 """
 
 from __future__ import annotations

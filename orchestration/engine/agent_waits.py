@@ -1,57 +1,11 @@
-"""Runs ``awaiting_agent``: an agent step's remote run followed without a lease or a dispatcher
-slot.
+"""Runs ``awaiting_agent``: an agent step's remote run followed outside any drive, holding no lease
+and no dispatcher slot (what a user sees: docs/chains.md, Agents).
 
-**Why.** A drive that followed its remote run held a dispatcher slot and the run's lease for as
-long as the remote run lasted — hours when the remote waits for a person — so four such steps
-left every other run of the server ``queued``. Modelled on child runs
-(:mod:`orchestration.engine.children`): once an agent step's remote run is known and has not ended,
-the drive records it with ``waits`` (``remote_run_started``, or ``attempt_started`` of an attempt
-that follows a recorded remote run: :mod:`orchestration.engine.delegation`), the run is
-``awaiting_agent`` (a paused status: not runnable, no lease, no slot) and the drive ends. A remote
-run that had ended already when its id came back is finished in the drive, as before.
-
-**Following.** :class:`AgentWaits` follows each awaited remote run with one
-``run_status(wait_seconds=follow_wait_seconds)`` at a time (a long poll, a connection per poll),
-paced by :class:`~orchestration.workers.agent_polls.PollPacing`: an answer that comes back without
-the run having ended before its wait was over (a paused remote, an unknown status, a fast answer)
-is followed by a jittered exponential backoff from the agent's ``paused_poll_seconds`` up to its
-``poll_cap_seconds``; a status no construct-mcp has, or answers it cannot read, for longer than the
-agent's ``unknown_status_seconds`` fail the attempt with ``agent_protocol``. A poll that cannot
-reach the agent (``agent_unreachable``, ``timeout``, ``auth``...) fails the attempt with its typed
-error, as the in-drive follow did. When the remote run has ended, the step's outcome is read as the
-in-drive path reads it (:meth:`~orchestration.workers.agent_calls.AgentDelegate.delegate` following
-that run: ``run_status`` and ``run_status(detail="full")``, the output checked). Every failure goes
-through the retry policy, bounded by the run's ``max_attempts``; the next attempt follows the same
-remote run (:func:`~orchestration.core.agent_steps.agent_attempt`) and waits again.
-
-**Recording.** The outcome (``task_completed`` or ``attempt_failed``, exactly what the drive would
-record) is written in one compare-and-swap write, made only while the task is still in that attempt,
-waiting on that remote run; the run becomes runnable and the dispatcher drives its next step. A
-cancel, a deadline or a second follower that recorded first leaves nothing to write: the follower
-stops. Several processes on one store may follow the same run (reads only: the remote's
-``run_status``); only one of their writes can win, the others find the attempt ended.
-
-**Who follows.** The dispatcher runs :meth:`AgentWaits.run` beside its drives: a write of this
-process that makes a run await an agent starts its follower at once (:meth:`AgentWaits.changed`, a
-listener of every write), and :meth:`AgentWaits.sweep` — every ``child_poll_seconds`` with the
-child-run sweep, only when ``recover`` is on — starts followers for the runs awaiting agents that
-nobody here follows (after a restart: the process that followed them died). A server shutting down
-stops its followers; what they followed is picked up by the next sweep, here or elsewhere.
-
-**Cancel.** A write that ends the wait for remote runs — cancelling the run (``Runtime.cancel``;
-no drive runs then), rejecting a parallel run's gate, a deadline, a failing sibling — sends
-``orchestrate_cancel`` to each first (:func:`giving_up`: best effort, all at once, bounded by the
-runtime's ``remote_cancel_seconds``) and records each result as a ``remote_run_cancelled`` fact
-(``cancelled``, or the error code) in the same write (:func:`remote_cancel_facts`): facts cannot
-follow a terminal one, and so no crash can leave a cancelled run with a remote cancel nobody sent
-or recorded. A crash after the
-remote cancel and before that write leaves the run awaiting a remote run that ended cancelled: its
-follower records ``agent_run_failed`` (the caller's cancel got no answer and may be repeated).
-
-**Deadlines.** An awaited attempt's task is ``running``, so its step's ``timeout_seconds`` and the
-run's deadline are in the run's ``wake_at``: the stores hand out the run once it passed, and the
-drive records ``deadline_exceeded`` as for any task (the follower then finds the attempt ended).
-The drive cancels the remote runs it gives up so before it records that (see **Cancel**).
+A follower only reads the remote run; the step's outcome is recorded in one compare-and-swap write,
+made only while the task is still in that attempt waiting on that remote run, so of several
+followers (processes, the sweep) one write wins, and a cancel, a deadline or an earlier recorder
+leaves nothing to write. A write that ends the wait cancels the remote runs first and records each
+result in that same write (:func:`giving_up`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Riding out a store outage: jittered exponential backoff, and the clock of one outage.
-
-The dispatcher backs off between failed scans of the store (:class:`Backoff`); a drive in progress
-keeps going through a short outage — its provider call continues, its next write waits for the
-store — but stops cleanly once the store has been failing for longer than the configured
-``store_outage_seconds`` (:class:`Outage`). Both read time from ``anyio.current_time`` (a monotonic
-clock: an outage is measured, not dated) and draw jitter from an injected ``random.Random``.
+"""Riding out a store outage: jittered exponential backoff between the dispatcher's failed scans
+(:class:`Backoff`), and the clock of one outage a drive stops past (:class:`Outage`). Both read the
+monotonic ``anyio.current_time`` (an outage is measured, not dated) and an injected ``random.Random``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
-"""Watching the runs whose calls are in flight for a write by anyone else (a cancel from another
-process or client), with ONE watcher per runtime (upkeep per server, not per run).
+"""One watcher per runtime of the runs whose calls are in flight, so that a write by anyone else (a
+cancel from another process or client) stops those calls.
 
-Each call in flight — a linear drive's provider call, a parallel run's calls, an agent call — is
-watched by one :class:`Watched` entry of its runtime's :class:`RunWatch` for as long as it lasts:
-the version of the run its drive knows (its last read or write; the drive's own writes move it
-on) and what to do once the run moved past it. The runtime's watcher learns of moves in three
-ways, none of which reads a run record:
-
-* **one batched version check per interval** (:meth:`RunWatch.run`): every
-  ``cancel_poll_seconds`` (the drives' setting, 0.5 s by default) ONE
-  :meth:`~orchestration.store.RunStore.versions` read — one statement on SQLite and Postgres —
-  of the versions of every run with a call in flight, whatever their number; a run whose
-  version moved is reported to its entries. A call's first check comes at most one interval
-  after it began; a call that ends before it costs nothing;
-* **the store's change notification** (:meth:`RunWatch.notify`, fed by the dispatcher's
-  Postgres ``LISTEN``, which hears every write made without a lease — a cancel, an approval, a
-  host's output — from any process): a check of the notified runs at once, one statement;
-* **this process's own writes** (:meth:`RunWatch.changed`, fed by the runtime's change feed):
-  compared with the version the write made, no statement at all.
-
-So a cancel reaches a call in flight within one interval (plus one ``versions`` read) with the
-listener down, and within a notification's delivery and one read while it is up; the cost is one
-statement per server per interval, not one record read (~5 KB) per call per interval.
-
-A store error of the batched check is told to every entry it was for (``failed``: a drive counts
-it against its store outage and stops its calls past the limit); a store that answers again is
-told too (``answered``). An entry is told of each move once: its version is then the moved one.
+It reads versions, never records: one batched :meth:`~orchestration.store.RunStore.versions` read
+per ``cancel_poll_seconds`` for every watched run (one statement, whatever their number), at once for
+the runs a store notification names, and none for this process's own writes. So a cancel reaches a
+call within one interval, and the cost is one statement per server per interval.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
-"""Child runs: a step that runs another chain, and a host that splits its task into sub-chains.
+"""Child runs: a step that runs another chain, and a host that splits its task into sub-chains (what a
+user sees: docs/chains.md, Child runs).
 
-**A chain as a step.** A step with ``chain = "review-loop"`` (instead of a specialist) runs that
-chain as a *child run*: a run of its own, with its own id and record, linked both ways — the child's
-head names its parent run and task (``parent``), the parent's task lists its children
-(``children``, from ``child_started`` facts). The child's outcome becomes the step's: its output is
-the output of the child's step named by ``output_of``, else of the child's last done task; a child
-that fails, is rejected or is cancelled fails the step with ``child_failed``, ``child_rejected`` or
-``child_cancelled``, and the step's ``on_failure`` applies.
-
-**Crash safety.** :func:`~orchestration.core.decide.next_action` gives ``StartChild`` with the child's
-run id derived from the parent run and the task *instance* (not the attempt:
-:func:`~orchestration.core.decide.child_run_id`). The drive records ``child_started`` first, then
-creates the child with an idempotency key derived the same way (:func:`child_key`). A kill between
-the two leaves a parent that names a child that does not exist yet: whoever looks next
-(:meth:`ChildRuns.ensure`, from the drive or the dispatcher's sweep) creates it, and a second
-creation returns the first. So there is never a second child, and never none.
-
-**Waiting holds nothing.** Once ``child_started`` is recorded the parent is ``awaiting_children``
-(a paused status, :mod:`orchestration.core.vocabulary`): no lease, not runnable, no dispatcher slot. The
-process whose write ends the child records the child's end on the parent at once
-(:meth:`ChildRuns.changed`, a listener of every write): ``child_ended`` and the task's outcome in one
-compare-and-swap write, made only while the parent still lists the child as active, so a second
-recorder (another process, the sweep) writes nothing. The dispatcher's :meth:`ChildRuns.sweep` is
-the safety net: every ``child_poll_seconds`` it reads the runs awaiting children (or a host whose
-task has children) and records what it finds ended, or creates what is missing.
-
-**Bounds.** A run of depth ``d`` starts children of depth ``d + 1``; deeper than its chain's
-``max_depth`` (default 3) the step fails with ``child_depth_exceeded``. A chain may have at most
-``max_children`` live children (a step's child over it fails with ``too_many_children``, a host's
-start is refused). A chain that contains itself, directly or through others, is a configuration
-error unless a chain on the cycle sets ``max_depth``
-(:func:`~orchestration.chains.checks.check_child_chains`).
-
-**Ties.** A parent that ends (cancelled, failed, rejected, out of time) cancels its live children;
-a child's deadline is its parent's time limit (the run's deadline or the step's), or earlier.
-The child's chain is resolved from the catalog when the child is created, as a start resolves it.
+Never a second child and never none: the child's run id and idempotency key derive from the parent
+run and the task instance (:func:`child_key`), ``child_started`` is recorded before the child is
+created, and whoever looks next creates a child a crash left uncreated (:meth:`ChildRuns.ensure`).
+A child's end is recorded on its parent in one compare-and-swap made only while the parent still
+lists the child as active, so a second recorder (another process, :meth:`ChildRuns.sweep`) writes
+nothing.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
-"""The drive's part of an agent step (the step itself: :mod:`orchestration.core.agent_steps`; the MCP
-client: :mod:`orchestration.workers.mcp_agents`).
+"""The drive's part of an agent step (the step's rules: :mod:`orchestration.core.agent_steps`; the MCP
+client: :mod:`orchestration.workers.mcp_agents`): one attempt as decide → act → record, with
+``remote_run_started`` recorded as soon as the answer names a remote run, before it is followed.
 
-:func:`agent_attempt` does one attempt, as a provider attempt is done (decide → act → record),
-with one more write in the middle:
-
-1. ``attempt_started`` is recorded before anything is sent (with ``follows`` and
-   ``remote_run_id`` when the decision was to follow an earlier attempt's call);
-2. the call: its arguments are rendered from the record, its idempotency key is the one of the
-   attempt that made the first call (:func:`~orchestration.core.agent_steps.idempotency_key`);
-3. as soon as the answer names a remote run, ``remote_run_started`` is recorded — before the run
-   is followed, so that a process that dies from then on leaves a record from which the next one
-   follows the same remote run (a call stopped because the run was cancelled cancels the remote
-   run too, best effort: ``orchestrate_cancel`` there). **A remote run that has not ended** (what
-   the start's answer says) is recorded with ``waits``: the run becomes ``awaiting_agent``, the
-   call stops there, and the drive pauses (``AwaitAgent``), giving back its lease and its
-   dispatcher slot; the remote run is followed outside any drive and its end recorded by
-   :mod:`orchestration.engine.agent_waits`. So is an attempt that follows a recorded remote run
-   (``attempt_started`` with ``waits``: no call is made in the drive). Only a remote run that
-   ended already is finished in the drive;
-4. the outcome (``task_completed`` or ``attempt_failed``) is recorded against the head the last
-   write produced.
-
-Every write is fenced by the drive's lease, and a watcher aborts the call as soon as anyone else
-writes to the run (a cancel), as for a provider call. A crash anywhere leaves a ``running`` task:
-an orphan, whose next attempt :func:`~orchestration.core.agent_steps.agent_attempt` (the pure rule)
-turns into a follow-up of the same remote call. A call that outlives the task's or the run's
-deadline is cancelled, and the next decision records ``deadline_exceeded``.
+So a crash at any point leaves a ``running`` task whose next attempt follows the same remote run
+(never starts a second), and a remote run that has not ended is recorded with ``waits`` and left to
+:mod:`orchestration.engine.agent_waits`, the drive giving back its lease and its slot.
 """
 
 from __future__ import annotations

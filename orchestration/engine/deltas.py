@@ -1,27 +1,9 @@
-"""Output as it is written: a per-process, bounded buffer of the text of the calls in
-flight, for the readers that show it growing (progress notifications, the ``output_delta`` events,
-the page).
+"""Output as it is written: a per-process, bounded buffer of the text of the calls in flight, for the
+readers that show it growing (progress notifications, ``output_delta`` events, the page; what they
+show: docs/operations.md, Streamed output).
 
-**Never a fact.** Nothing here is recorded or decided on: the task's output is recorded once, whole,
-when its call ends (:mod:`orchestration.engine.drive`). A process that dies loses what it held; a
-server that did not make the call (another one sharing the store) holds nothing of it, and its
-readers see the stored events only.
-
-**The seam.** Each drive holds its run's :meth:`OutputDeltas.sink` and gives it to the worker with
-every call (``TaskWorker.execute``'s ``sink``, fan-out included); a worker whose call streams
-writes there (the provider worker does).
-
-**Bounds.** Per task, the text of its latest attempt only, at most ``max_task_chars`` characters:
-past that the oldest text is dropped, and :attr:`TaskText.start` says how many characters of the
-attempt's output are no longer held (a reader that comes late learns how much it missed). At most
-``max_tasks`` tasks are held per process; past that the one whose call ended first goes first,
-then the oldest at all.
-
-Text is measured in characters (``str`` indices). A reader follows a run with a **position**:
-each piece written gets one, larger than any given before in this process and, being at least
-the wall clock's microseconds, than any given by a process that ran before it on this machine
-(an opaque, growing number); :meth:`OutputDeltas.after` gives each call in flight's text after a
-position. A reader of one task can also follow ``(attempt, offset)`` (:meth:`TaskText.since`).
+Never a fact: nothing here is recorded or decided on (the output is recorded once, whole, when its
+call ends); a process that dies loses what it held, and another server sharing the store holds none.
 """
 
 from __future__ import annotations
@@ -157,7 +139,10 @@ class _RunSink:
 
 
 class OutputDeltas:
-    """The buffer (see the module docstring). One per :class:`~orchestration.engine.runtime.Runtime`;
+    """The buffer. Per task, the text of its latest attempt only, at most ``max_task_chars``
+    characters: past that the oldest text is dropped, and :attr:`TaskText.start` tells a late
+    reader how much it missed. At most ``max_tasks`` tasks: past that the one whose call ended
+    first goes first, then the oldest at all. One per :class:`~orchestration.engine.runtime.Runtime`;
     used from its event loop only."""
 
     def __init__(
@@ -183,7 +168,10 @@ class OutputDeltas:
 
     @property
     def position(self) -> int:
-        """The newest position given (see the module docstring)."""
+        """The newest position given. Each piece written gets one, larger than any given before in
+        this process and, being at least the wall clock's microseconds, than any given by a process
+        that ran before it on this machine (an opaque, growing number; :meth:`after` reads on from
+        one)."""
         return self._position
 
     def sink(self, run_id: str) -> DeltaSink:

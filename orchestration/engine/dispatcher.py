@@ -1,60 +1,13 @@
-"""The dispatcher: executes runnable runs in the background with bounded concurrency.
+"""The dispatcher: drives runnable runs in the background with bounded concurrency, inside the
+server's lifespan, looking for work at start, every ``poll_seconds`` and when woken.
 
-It runs inside the server's lifespan. On start (when ``recover`` is true, the default), then every
-``poll_seconds``, and at once when :meth:`Dispatcher.wake` is called, it looks for work. How depends
-on what the store can do:
-
-* **Batch claims** (sqlite, postgres: the store has ``claim_runnable``). The dispatcher claims as
-  many runnable runs as it has free slots, in one statement that hands each run to exactly one
-  claimer (postgres: ``FOR NO KEY UPDATE SKIP LOCKED``), and drives each with the lease it already
-  holds (:meth:`Runtime.drive` with ``lease=``). Several server processes on one database share
-  the work this way; a run claimed by one is never driven by another while the lease holds, and a
-  dead process's runs are claimed by the others once their leases expire. A drive's end frees a
-  slot, which claims at once only when the last claim filled every slot it had (more runs may be
-  waiting); after one that found fewer, new work wakes the dispatcher by itself (a run made
-  runnable here, a notification, the poll), and a run created here while a slot is free is
-  created leased to this process and driven at once, unannounced (``CreatesClaimed``: postgres),
-  with no claim at all. A claim's leases beyond the slots still free when it answers (runs
-  created claimed took them meanwhile) are given back: a lease never waits for a slot. When the
-  claim hands out a run this process is still driving (its drive stalled past the lease's expiry
-  without renewing), the new lease is handed over to that drive (:meth:`Runtime.hand_over`) rather
-  than starting a second one.
-* **Scans** (memory, filesystem; or ``recover=False``). It lists runnable runs and drives each
-  through :meth:`Runtime.drive`, which claims the lease first: a run another worker holds is
-  skipped. With ``recover=False`` it never scans: it drives only the runs it is woken for (the ones
-  this process starts or resumes) and leaves the rest to other processes or a later restart.
-
-When the store can notify (postgres ``listen``), the dispatcher subscribes at start, so a run made
-runnable by another process — an approval or host output given to another server, or the CLI —
-wakes it at once instead of at the next poll. Each notification, and each write of this process
-(the runtime's change feed), is also handed to the runtime's watcher of calls in flight
-(:mod:`orchestration.engine.call_watch`), so that a cancel made anywhere stops the call at once;
-its batched version check, once per interval, covers notifications that were lost. A dropped
-notification connection wakes the dispatcher too; it listens again (reconnecting) at its next
-pass, and scans, since notifications sent meanwhile are lost.
-
-**Store faults.** A scan, claim or listen that fails with a store error does not stop the
-dispatcher: it retries after a jittered exponential backoff (capped), and returns to its poll
-interval once the store answers. A drive interrupted by a store error (see :meth:`Runtime.drive`)
-stops cleanly; its lease could not be released while the store was away, so the dispatcher
-releases it once the store is back and the run is claimed again, by this process or another, and
-resumed from its facts.
-
-**Child runs.** A run awaiting its children (:mod:`orchestration.engine.children`) is not runnable: it
-takes no slot and no lease. The process that ends a child records that on the parent at once; as
-the safety net, every ``child_poll_seconds`` (default: 5 polls) a pass also sweeps the runs that
-wait for children (``ChildRuns.sweep``: creates a child a crash left uncreated, records an end
-nobody recorded). Only when ``recover`` is on, like the scans.
-
-**Agent waits.** A run awaiting an agent (:mod:`orchestration.engine.agent_waits`) is not runnable
-either. The dispatcher runs the runtime's followers beside its drives, in no slot: a write of this
-process that makes a run ``awaiting_agent`` starts its follower at once, and the same pass as the
-child-run sweep (``AgentWaits.sweep``, only when ``recover`` is on) starts followers for the runs
-awaiting agents that nobody here follows (after a restart).
-
-**Lost leases.** A drive that finds its lease taken by another worker (``LeaseLost``: this process
-stalled past the lease while another one claimed the run) has recorded nothing and stops; that is
-the lease doing its job, not a failure. The run is left to its holder (logged at INFO).
+Where the store can claim runs in a batch (``claim_runnable``), one statement hands each run to one
+claimer and a claimed lease never waits for a slot (the ones beyond the free slots are given back);
+otherwise it scans, and :meth:`Runtime.drive` claims each lease. Either way a run is driven by one
+drive at a time in this process, a store fault never stops the dispatcher (it backs off, then
+releases the leases a failed drive could not), and a lost lease is the fence doing its job, not a
+failure. With ``recover`` on, it also sweeps the runs awaiting children or agents, the safety net
+for a crash.
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
-"""The decide → act → record loop that advances a run (DESIGN §1): one :class:`Drive` per drive of
-one run, made by :meth:`Runtime.drive <orchestration.engine.runtime.Runtime.drive>` once it holds the
-run's lease.
-
-A drive reads the run, asks the pure :func:`~orchestration.core.decide.next_action`, does that one
-thing, records the resulting facts in one write, and decides again from the head that write
-recorded. Meanwhile it keeps its lease renewed and watches a provider call in flight for a write by
-anyone else (a cancel). The run under its lease — its reads, its fenced writes, the renewal, the
-outage clock — is a :class:`~orchestration.engine.leased_run.LeasedRun`, which the parallel loop
-(:mod:`orchestration.engine.fanout`) and agent calls (:mod:`orchestration.engine.delegation`) are
-handed too; they import neither this module nor each other's private names.
-
-**The lease is a fence.** Every write the drive makes carries its lease, and the store accepts it
-only while the run's lease still carries its token. When the run was claimed again meanwhile — by
-another worker, typically because this process stalled past the lease's expiry (a GC pause, a
-suspended VM) — the drive stops at its next write or at its next renewal (which also cancels a
-provider call in flight), whichever comes first, records nothing more, and raises ``LeaseLost``:
-the run belongs to the new holder. A lease that expired but that nobody claimed again still
-carries its token, so a slow drive goes on.
-
-**Store outages.** A drive rides out a short outage: a provider call in flight goes on, the write
-of its outcome waits for the store (an append whose commit status is unknown is reconciled by
-re-reading the run), the lease is renewed again once the store answers. When the store has been
-failing for ``store_outage_seconds``, the drive stops cleanly — a call in flight is cancelled
-rather than finished into a dead store — and raises ``StoreUnavailable``; its lease expires (or
-the dispatcher releases it) and the run is resumed later from its facts, the cancelled attempt as
-an orphan.
+"""The decide → act → record loop that advances a run (DESIGN §1): one :class:`Drive` per drive of one
+run, made by :meth:`Runtime.drive <orchestration.engine.runtime.Runtime.drive>` once it holds the
+run's lease; the run under that lease is a :class:`~orchestration.engine.leased_run.LeasedRun`.
 
 Every decision is made from the recorded state, so a restarted process makes exactly the decision
 the crashed one would have: after a successful compare-and-swap the head it wrote *is* the recorded
-state (the store accepted it on top of the version it was decided from), so the loop decides from
-it without reading the run back; after a failed one (``VersionConflict``: someone else wrote), a
-wait, or a call that ended without an outcome, it reads the run again.
+state, so the loop decides from it without reading back; after a failed one (``VersionConflict``), a
+wait, or a call that ended without an outcome, it reads the run again. Every write carries the
+lease: a run claimed again meanwhile stops the drive at its next write or renewal (``LeaseLost``,
+nothing more recorded); a store failing past ``store_outage_seconds`` stops it (``StoreUnavailable``).
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""The drive of a run of a parallel chain: several ready steps at the same time (fan-out, fan-in).
+"""The drive of a run of a parallel chain (:mod:`orchestration.core.graph`): several ready steps at once,
+still decide → act → record, with :func:`~orchestration.core.decide.next_actions`.
 
-:class:`~orchestration.engine.drive.Drive` hands a run whose chain is parallel (see
-:mod:`orchestration.core.graph`) to :class:`Fanout`. The loop is still *decide → act → record*, with
-:func:`~orchestration.core.decide.next_actions` giving every ready task's action:
-
-* Actions that only record something (request a gate, prepare a host task, fail a task, finish
-  the run) are recorded one per write, re-reading the run and deciding again after each.
-* A provider attempt is recorded (``attempt_started``) *before* its call, as always; the call then
-  runs in the background, beside the run's other calls, at most ``max_parallel`` (the chain's) at
-  a time. A task whose call is in flight in this drive is left out of the next decisions: in the
-  record it is ``running``, which to a restarted process means an orphan, to retry as a possible
-  duplicate call.
-* Every write of the drive goes through one lock (one writer at a time per run in the process)
-  and is fenced by the drive's lease. A call's outcome is recorded against the run as it is when
-  the call ends: re-read, fold, append, and again if someone else wrote meanwhile. It is decided
-  by the outcome, not by the head: it is dropped only when the run has ended or the task is no
-  longer in that attempt.
-* Siblings do not disturb each other: only a cancel (the run ended), a deadline or a lost lease
-  stops a call. While calls are in flight the run is watched by the runtime's one watcher
-  (:mod:`orchestration.engine.call_watch`: versions, not records); once someone else moved it the
-  run is read once, and the calls are all stopped if it has ended (cancelled from another
-  process, or failed by a sibling's required failure).
-* The drive pauses (returns the first pausing action) once nothing is in flight and nothing is
-  left to record: every branch waits for the host, a gate or a retry-after, or the run ended. A
-  runtime that is stopping starts nothing more and returns once the calls in flight have ended.
+``attempt_started`` is recorded before each call, and a call's outcome is recorded against the run
+as it is when the call ends (re-read, fold, append, again on a conflict), dropped only when the run
+ended or the task left that attempt. Writes go one at a time per run through one lock, each fenced
+by the lease; only a cancel, a deadline or a lost lease stops a call, never a sibling.
 """
 
 from __future__ import annotations

@@ -3,19 +3,12 @@ with everything that follows from it (the task completed, a route, the next host
 gate requested, the run's end) in ONE compare-and-swap, without a lease.
 
 The invariant: those facts are exactly the ones a drive would have recorded, one write each, in the
-same order — decided by the same pure :func:`~orchestration.core.decide.next_actions` on the head
-the call holds, each action turned into the fact a drive records for it. So a crash before the
-write leaves the run as it was (the host repeats its call), a crash after it as a drive would have
-left it (``tests/unit/engine/test_crash_prefixes.py`` checks every prefix). The compare-and-swap is
-the fence: a racing writer makes the call read again and decide again. Nothing that executes (a
-provider or agent attempt, a child run, a durable wait, any action on a ``running`` task) is taken
-here: that is left to a lease holder, whom the write wakes.
-
-What the process keeps of the runs it wrote (:class:`RunMemory`) lets the next call write on the
-head it wrote last without reading the run first (the compare-and-swap checks it), render the next
-prompt from the outputs it holds, and build the answer's view while the write flushes
-(:func:`while_writing`). A repeat (the same output for a done task, the same decision) records
-nothing.
+same order, decided by the same pure :func:`~orchestration.core.decide.next_actions` on the head the
+call holds. So a crash before the write leaves the run as it was (the host repeats its call), a
+crash after it as a drive would have left it (``tests/unit/engine/test_crash_prefixes.py`` checks
+every prefix). The compare-and-swap is the fence: a racing writer makes the call read and decide
+again. Nothing that executes (a provider or agent attempt, a child run, a durable wait, any action
+on a ``running`` task) is taken here: that is left to a lease holder, whom the write wakes.
 """
 
 from __future__ import annotations
@@ -116,7 +109,9 @@ class Written:
 class RunMemory(Protocol):
     """What a process keeps of the runs its host's calls wrote and showed, per run version (a
     version is one committed state: what is kept of it never changes, it is only evicted). The
-    runtime's host use cases consult it; the server keeps its answers' views in it.
+    runtime's host use cases consult it: the next call writes on the head it wrote last without
+    reading the run first (the compare-and-swap checks it) and renders the next prompt from the
+    outputs it holds. The server keeps its answers' views in it.
 
     ``builds``: whether :meth:`build` does anything (if not, a write is not watched for its flush)."""
 

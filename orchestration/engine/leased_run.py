@@ -1,27 +1,13 @@
-"""One leased run: what a drive holds while it advances a run (DESIGN §1), and what its parts —
-the linear loop (:mod:`orchestration.engine.drive`), the parallel one
-(:mod:`orchestration.engine.fanout`) and agent calls (:mod:`orchestration.engine.delegation`) —
-read and write the run through.
+"""One leased run: what a drive holds while it advances a run (DESIGN §1), and what the linear loop
+(:mod:`orchestration.engine.drive`), the parallel one (:mod:`orchestration.engine.fanout`) and agent
+calls (:mod:`orchestration.engine.delegation`) read and write the run through, importing none of
+each other.
 
-:class:`LeasedRun` is the run under its lease: it loads the run and appends to it through a short
-store outage (:meth:`~LeasedRun.load`, :meth:`~LeasedRun.append`), fences every write with the
-lease (``LeaseLost`` once another claim replaced it), keeps the lease renewed
-(:meth:`~LeasedRun.kept_renewed`) and counts the outage (:meth:`~LeasedRun.outage_over`). It also
-carries the runtime's :class:`CallControl`: the cancel scope of the run's calls in flight (the
-runtime's cancel stops them through it) and whether the runtime is stopping.
-
-:class:`DriveActions` is what those parts ask of the drive itself (act on an action, look after a
-step's child), declared here so that they need not import the drive. :class:`LeaseReleases` gives
-the leases back once a drive is done.
-
-Renewal is per runtime, not per run: the runtime's :class:`LeaseRenewer` renews the leases of all
-its drives in ONE store call every renewal interval (``lease_ttl_seconds / 3``;
-:meth:`RunStore.renew_leases`, one statement on SQLite and Postgres), so that the renewal writes of a
-server do not grow with its live runs. Each drive still learns of its own lease alone, as when it
-renewed it itself: a lease another claim replaced stops that drive (``LeaseLost``) and no other; a
-lease handed over (:meth:`LeasedRun.hand_over`) is renewed as the new one; a store error counts
-against every held run's outage, each drive stopping past ``store_outage_seconds``; the fencing
-token of appends is the lease's, unchanged by renewals.
+:class:`LeasedRun` fences every write with the lease (``LeaseLost`` once another claim replaced it)
+and rides out a short store outage. The runtime's :class:`LeaseRenewer` renews the leases of all its
+drives in ONE store call per interval, yet each drive learns of its own lease alone: a lease another
+claim replaced stops that drive and no other, a store error counts against every held run's outage,
+and the fencing token of appends is the lease's, unchanged by renewals.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""The runtime: start, resume, approve, cancel, status and list — and ``drive``, which advances
-a run with the decide → act → record loop of :mod:`orchestration.engine.drive` (DESIGN §1).
+"""The runtime: the use cases (start, hand in a host's output, decide a gate, cancel, status, list)
+and ``drive``, which advances a run under its lease (:mod:`orchestration.engine.drive`).
 
-Two kinds of writes happen here:
-
-* **external events** a caller brings (a new run, a host's output, an approval, a cancel),
-  recorded with a compare-and-swap on the run's version: a caller that loses the race re-reads and
-  re-checks, so one of two racing callers makes each transition, and a repeat returns the current
-  state without appending anything.
-* **what follows from an external event at once** — a host's output, a decision, an inline
-  start: the task completed, a route, the next host task prepared, a gate requested, the run's
-  end — recorded in the event's own write, decided by the same pure decision a drive makes, on
-  the head the call read (:mod:`orchestration.engine.host_writes`: the compare-and-swap is the
-  fence; anything that executes — a provider or agent call, a child run — is left to a drive);
-* **decisions that execute**, made only by :meth:`Runtime.drive` while it holds the run's lease: a
-  :class:`~orchestration.engine.drive.Drive` asks the pure
-  :func:`~orchestration.core.decide.next_action`, does
-  that one thing, records its facts in one write, and decides again from the head that write
-  recorded. A drive's every write is fenced by its lease (see :mod:`orchestration.engine.drive`).
-
-This module keeps what a runtime's drives share with its use cases: the runs it drives (one drive
-per run), the cancel scopes of calls in flight and the stopping flag
-(:class:`~orchestration.engine.leased_run.CallControl`), the runs whose record could not be read, the
-leases left unreleased, and the waiters and listeners woken by every write
-(:class:`~orchestration.engine.changes.ChangeFeed`). Operations on whole runs (fork, export,
-retention) are :mod:`orchestration.ops`, over the public methods here.
+A caller's event is recorded with a compare-and-swap on the run's version, together with what
+follows from it at once (:mod:`orchestration.engine.host_writes`): of two racing callers one makes
+each transition, and a repeat records nothing. Decisions that execute are made only by a drive.
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
-"""Which run an identical start already made: under the caller's idempotency key, or within the
-retry window of a start without one (:func:`start_once`, what ``Runtime.start`` creates through).
+"""Which run an identical start already made: under the caller's idempotency key, or within the retry
+window of a start without one (:func:`start_once`; what a caller sees: docs/tools.md, retries that
+never start a second run).
 
-A client that gives up on ``orchestrate_start`` (many do after 5 s) retries it, with no key, and the
-server must not start a second run. Within a window of ``W`` seconds (:class:`RetryWindow`), a start
-by the same identity with the same arguments returns the run the first one made.
-
-**Durable, through the store's keys.** The window is not a cache of this process: it must survive a
-restart and hold across servers sharing one store, on every adapter. So it rides on what every store
-already does atomically, create-or-return by idempotency key. A start in the window is created under
-an *implicit key*: ``retry:`` + sha256 of the start's :func:`fingerprint` and its time bucket
-``b = floor(now / W)``. Two identical starts at once therefore make one run (the store's create
-decides), and a later one finds it with :meth:`~orchestration.store.RunStore.find_by_idempotency_key`:
-it reads the key of the current bucket, then of the previous one (``b - 1``), and takes the newest
-run whose ``created_at`` is within ``W`` of now. The bucket is ``W`` wide, so every run made in the
-last ``W`` seconds is in one of the two.
-
-**Generations.** A bucket's key can be used more than once: ``new_run`` asks for another run although
-an identical one is recent, and a run pruned within the window keeps its key reserved (a tombstone,
-which a create under the key is refused with). Each bucket therefore has a sequence of keys
-(``retry:<hash>``, ``retry:<hash>.1``, ...): a look-up reads them in order up to the first that no run
-holds or held, skipping deleted runs' keys, and a new run takes that first free key. A start thus
-never fails because of an old pruned run, and the newest run of the window is what a retry finds
-(also the one ``new_run`` made).
-
-**What counts as the same arguments** (:func:`fingerprint`): every argument that shapes the run,
-the same ones as an explicit key's request hash (:meth:`StartRequest.request_hash`: request, chain,
-approve_before, backend, provider, model, the time limits, the budget), plus the parent task of a
-child run, the identity and ``W`` itself (so that a changed window never matches an older key). Not
-how long the call waits, and not its trace.
-
-**The known gap.** Two identical starts made *at the same instant* on either side of a bucket boundary
-(one in ``b - 1``, the other in ``b``, each looking before the other created) take two different keys
-and make two runs. A retry comes after the call it retries gave up, not at the same instant, so
-this needs two concurrent identical calls within the store's create latency of a boundary. Clocks
-that differ between servers sharing a store widen it by their skew.
+The window is durable: it rides on the stores' atomic create-or-return by idempotency key (an
+implicit key per time bucket: :func:`window_key`), so it holds across restarts and servers
+sharing a store, and two identical starts at once make one run.
 """
 
 from __future__ import annotations
@@ -58,7 +29,10 @@ KEY_PREFIX = "retry:"
 
 
 def fingerprint(request: StartRequest, window: RetryWindow) -> str:
-    """What makes two starts without a key the same start (see the module docstring)."""
+    """What makes two starts without a key the same start: every argument that shapes the run
+    (those of an explicit key's :meth:`StartRequest.request_hash`), the parent task of a child run,
+    the identity and the window itself (so that a changed window never matches an older key); not
+    how long the call waits, nor its trace."""
     parent = None if request.parent is None else [request.parent.run_id, request.parent.task_id]
     return canonical_hash(
         {
@@ -71,7 +45,13 @@ def fingerprint(request: StartRequest, window: RetryWindow) -> str:
 
 
 def window_key(print_: str, bucket: int, generation: int = 0) -> str:
-    """The implicit idempotency key of generation ``generation`` of ``bucket`` (71-75 characters)."""
+    """The implicit idempotency key of generation ``generation`` of ``bucket`` (71-75 characters).
+
+    A bucket is the window's width, so every run made within the window holds a key of the current
+    bucket or the previous one. A bucket's key can be used more than once (``new_run``; a pruned
+    run's key stays reserved), hence generations (``retry:<hash>``, ``retry:<hash>.1``, ...), taken
+    in order. Two identical starts at the same instant on either side of a bucket boundary take
+    different keys and make two runs: the known gap (a retry comes after the call it retries)."""
     digest = hashlib.sha256(f"{print_}:{bucket}".encode()).hexdigest()
     return f"{KEY_PREFIX}{digest}" if generation == 0 else f"{KEY_PREFIX}{digest}.{generation}"
 
@@ -98,7 +78,8 @@ async def look_up(
     store: RunStore, request: StartRequest, window: RetryWindow, now: datetime, *, guess: bool = False
 ) -> WindowLookup:
     """Read the window's keys (the current bucket's, then the previous one's when the current one
-    has no run): see the module docstring. Reads only; the caller creates under ``free_key``.
+    has no run), keeping the newest run made within the window. Reads only; the caller creates
+    under ``free_key``.
 
     ``guess``: most starts are the first of their kind, so read the previous bucket only, and when
     it holds no recent run, guess that the current one holds none either (``guessed``): the
@@ -147,7 +128,7 @@ async def start_once(
 ) -> tuple[RunHead, bool]:
     """A start made once: ``(run, False)`` for the run an earlier identical start made —
     under the caller's idempotency key (:func:`keyed_before_namespaces` too), or within the retry
-    window (the module docstring) — else what ``create(key)`` answers, ``key`` the idempotency key
+    window (:func:`look_up`) — else what ``create(key)`` answers, ``key`` the idempotency key
     the new run goes under (the caller's stored per identity, the window's first free key, or
     None without either). A window key whose run was deleted since the look-up, or that a
     concurrent start took, is looked up again."""

@@ -124,6 +124,8 @@ async def answer_or_ask(
         model = await work()
     except ConstructError as exc:
         log.info("%s refused: %s", tool, exc.code, extra={"action": "tool_error", "code": exc.code})
+        # A result, not a raised ToolError: the SDK would prefix its text with "Error executing tool
+        # <name>:" and hide the code from a caller that reads the start.
         return error_result(exc)
     return model if isinstance(model, InputRequiredResult) else _ok(model, services)
 

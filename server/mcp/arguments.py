@@ -1,11 +1,6 @@
-"""Strict tool arguments: every refusal of a call's arguments is an ``isError`` result that starts
-with its stable code and names the argument in plain words.
-
-:class:`StrictTool` checks a call's arguments before the SDK validates them (unknown names with the
-closest known one, schema violations without pydantic's raw text or the rejected value), and
-:func:`strict_schema` publishes what it enforces (``additionalProperties: false``, the configured size
-limits) in a form every function-calling dialect takes (:func:`portable_schema`).
-:class:`UnknownToolRefusal` does the same for a tool name this server does not have.
+"""Strict tool arguments: every refusal of a call's arguments (:class:`StrictTool`) or tool name
+(:class:`UnknownToolRefusal`) is an ``isError`` result that starts with its stable code and names the
+argument in plain words; :func:`strict_schema` publishes what is enforced in a portable form.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Each chain of the catalog as an MCP prompt, so hosts offer it as a command (a slash command in
-Claude Code and VS Code, the attachment menu in Claude Desktop).
-
-The prompt's name is the chain's name and its one argument, ``request``, is what the chain should
-work on. Its text tells the host model to start that chain with ``orchestrate_start`` and drive it
-to its end: run each host task with its own model and hand the output back with its ``task_id``,
-ask the user at each gate and pass the ``gate_id`` with their decision, never deciding for them.
-The text is built from the catalog alone (no run, no clock), so the same chain always renders the
-same prompt for the same request.
-
-A ``prompts/get`` the prompts cannot answer is refused before anything is rendered
-(:class:`PromptRefusal`), as the tools refuse their arguments: an unknown prompt name (with the
-closest one), an unknown or missing argument is ``invalid_argument``, a request over
-``CONSTRUCT_MAX_REQUEST_CHARS`` is ``too_large``, each a JSON-RPC invalid-params error whose
-message starts with the code (also in ``data.code``); nothing is logged as a failure.
+"""Each chain of the catalog as an MCP prompt, so hosts offer it as a command: its one argument,
+``request``; its text tells the host model to drive the chain with the tools, asking the user at each
+gate, never deciding for them. Built from the catalog alone (no run, no clock), so the same request
+always renders the same prompt; a ``prompts/get`` it cannot answer is refused with a coded error.
 """
 
 from __future__ import annotations
@@ -91,7 +80,11 @@ def register_chain_prompts(server: MCPServer[Any], catalog: Catalog) -> None:
 
 class PromptRefusal:
     """Server middleware: a ``prompts/get`` for no prompt of ``catalog``, or with arguments its
-    prompt does not take, is refused with a coded error (see the module docstring). Params of the
+    prompt does not take, is refused before anything is rendered, as the tools refuse their
+    arguments: an unknown prompt name (with the closest one), an unknown or missing argument is
+    ``invalid_argument``, a request over ``CONSTRUCT_MAX_REQUEST_CHARS`` is ``too_large``, each a
+    JSON-RPC invalid-params error whose message starts with the code; nothing is logged as a
+    failure. Params of the
     wrong shape are left to the SDK's validation, which :class:`~server.mcp.protocol_errors.CodedErrors`
     codes."""
 

@@ -1,58 +1,11 @@
-"""Ask the user at an approval gate, where the host can (MCP elicitation).
+"""Ask the user at an approval gate, where the host can (MCP elicitation; what the user sees:
+docs/approvals.md, the gate form).
 
-When a tool call that waits (``wait_seconds`` > 0: ``orchestrate_start``, ``orchestrate_resume``,
-``orchestrate_approve``, ``run_status``) finds the run settled at an approval gate, and the client
-declared form elicitation, the server asks the user itself: a form with the gate, what comes next,
-the output under review (a bounded preview: :data:`REVIEW_PREVIEW_CHARS`) and the fields of
-:class:`GateForm` — a ``decision`` (:data:`Choice`: approve, reject, and revise where the gate
-can be revised, :class:`RevisableGateForm`) and an optional ``comment``. A gate whose policy names
-``approvers`` is asked only of them (a verified identity in the list); a gate only the calling
-agent decides (``approvers = ["agent"]``) is asked of nobody: the agent decides it itself. A caller whose
-identity may not decide gates (over HTTP, a token without the ``approve`` role), or may not read the
-run's content (the form shows it: :meth:`~server.identity.Caller.sees_content`), is not asked, nor is
-a client without elicitation: they get the view with ``next_action`` ``approve``, as before.
-
-The answer is recorded through :meth:`~orchestration.engine.runtime.Runtime.approve`, the path
-``orchestrate_approve`` takes, with ``channel="elicitation"``: the approver is the verified identity
-of the HTTP token (``verified=True``), else nobody (claimed: the form names no one). A duplicated
-answer therefore records one decision. Declining or cancelling the form leaves the gate pending;
-the answer's ``warnings`` say so, as the host's refusal when it came sooner than anybody could
-have read the form (:data:`FORM_READ_SECONDS`: headless hosts refuse forms at once), else as the
-user's. When the gate was decided elsewhere while the form was open, an
-answer that agrees records nothing (a warning says who decided), and one that differs is not
-recorded: a warning starting ``conflict:`` says so. Those warnings start with a stable word:
-``elicitation:`` (declined, cancelled, unanswered, already decided the same way), ``conflict:``,
-``invalid_state:``. A task-aware client (:mod:`server.mcp.tasks`) gets the same form in a task's
-``inputRequests`` (:func:`gate_request`), and its ``tasks/update`` answer takes the same path
-(:func:`take_answer`).
-
-**Two protocol eras** (``ctx.protocol_version``):
-
-* Handshake-era connections (up to 2025-11-25): ``elicitation/create`` is sent in the middle of the
-  call (``ctx.elicit``). The whole call, forms included, answers within ``wait_seconds`` (3 s by
-  default: clients give up on longer calls): each form stays open for what is left of it, after
-  an answer the call waits for the run's next settled state with what is left, and asks again at
-  the next gate while time is left. A host that wants the user asked mid-call passes a longer
-  ``wait_seconds``; else the answer's ``next_action`` names the ``orchestrate_approve`` call.
-* 2026-07-28 connections have no server-to-client requests: the tool answers ``input_required``
-  with the form and a ``request_state``, and the client *retries the same* ``tools/call`` with the
-  user's answer. The retry runs the tool again from the start, so only calls that a retry cannot
-  repeat a side effect of ask there (``retry_safe``): ``run_status`` (reads), ``orchestrate_approve``
-  (the same decision again records nothing), ``orchestrate_resume`` *with output* (the same
-  ``task_id`` and output again records nothing) and ``orchestrate_start`` *with an*
-  ``idempotency_key`` (the same key and request returns the same run). A start without a key and a
-  resume without output (which, retried at a gate, is ``invalid_state``) do not ask on that era.
-  The ``request_state`` is this module's :class:`AskedGate` — run, gate, identity, and the
-  warnings of earlier rounds — as plain JSON (:meth:`AskedGate.to_state`). The SDK seals every
-  ``request_state`` a tool returns (``mcp.server.request_state``: AES-GCM under a key of this
-  process, bound to the tool, its arguments, the token's identity over HTTP and an expiry of
-  :data:`STATE_TTL_SECONDS`, the policy :mod:`server.app` gives the server) and hands the tool back
-  only a state it sealed, unchanged: a state that was tampered with, forged, issued to another
-  identity or for another call, or expired, is refused with the JSON-RPC error ``Invalid or expired
-  requestState`` before the tool runs, and nothing is recorded. The tool still checks that the
-  state names the run and the identity of the call (``invalid_argument`` otherwise). A retry that
-  reaches a restarted server or another process is refused the same way (the key is per
-  process): the user's answer is lost, the gate stays pending, and calling again asks again.
+Only a caller that may decide the gate and read the run is asked. The answer takes the path of
+``orchestrate_approve`` (:func:`take_answer`, channel ``elicitation``), so a duplicated answer
+records one decision and a declined form leaves the gate pending. On 2026-07-28 connections the user
+answers by a retry of the same call, so only calls whose retry records nothing new ask there; the
+retry's ``request_state`` (:class:`AskedGate`) is sealed by the SDK.
 """
 
 from __future__ import annotations
@@ -207,8 +160,11 @@ def _may_decide(head: RunHead, gate_id: str, caller: Caller) -> bool:
 @dataclass(frozen=True, slots=True)
 class AskedGate:
     """What a ``request_state`` says: the gate asked about, for whom, and the warnings of earlier
-    rounds of the same call (so they reach its final answer). Plain JSON: the SDK seals it (see the
-    module docstring)."""
+    rounds of the same call (so they reach its final answer). Plain JSON: the SDK seals it
+    (``mcp.server.request_state``: AES-GCM under a key of this process, bound to the tool, its
+    arguments, the token's identity and an expiry of :data:`STATE_TTL_SECONDS`) and hands back only
+    a state it sealed, unchanged; the tool still checks that it names the run and the identity of
+    the call. A retry that reaches another process, or this one restarted, is refused the same way."""
 
     run_id: str
     gate_id: str
@@ -344,8 +300,9 @@ async def take_answer(
     caller: Caller,
     notes: list[str],
 ) -> RunHead:
-    """Record the user's answer to the form for ``gate_id`` (see the module docstring); returns the
-    run as it is now."""
+    """Record the user's answer to the form for ``gate_id`` as ``orchestrate_approve`` records a
+    decision (channel ``elicitation``; the approver: the HTTP token's verified identity, else nobody,
+    claimed); returns the run as it is now."""
     form = _accepted_form(gate_id, response, notes)
     if form is None:
         return head

@@ -1,14 +1,7 @@
-"""The MCP tool ``orchestrate_fork``: a new run from another run's recorded work, redone from one
-of its tasks (the rule: :mod:`orchestration.ops.forking`). Published by
-:func:`server.mcp.publishing.build_tools`; it answers with the new run's
-:class:`~server.views.run_view.RunView` (``forked_from`` names the source,
-copied tasks carry ``copied_from``) and needs the ``operate`` role, like ``orchestrate_start``, and,
-since the fork copies the source's request and outputs, that the caller may read the source's content
-(:meth:`~server.identity.Caller.check_content`: the ``read`` role, or to have started it).
-
-Compact on purpose (``tools/list`` has a byte budget: ``tests/unit/server/test_answer_sizes.py``):
-``chain`` is a chain name only; a chain given as a list of specialists is kept by default, and
-another list can be given with the CLI (``runs fork --specialists``)."""
+"""The MCP tool ``orchestrate_fork``: a new run from another run's recorded work, redone from one of its
+tasks (the rule: :mod:`orchestration.ops.forking`). It needs the ``operate`` role and may copy only
+content the caller may read; its arguments are few because ``tools/list`` has a byte budget.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""How much of each long host task prompt this process handed out, for the record.
-
-A host task whose prompt does not fit in one answer is handed out in parts (``task_prompt``); the
-run does not depend on the host reading them all, but a host that skipped some must be visible in
-the run, not silently accepted. So this process counts, per task, the characters of the user
-prompt it served (each counted once, however often it was read), and ``orchestrate_resume`` records
-the count with the output (:class:`~orchestration.core.PromptRead` on ``host_output_submitted``).
-
-The count lives in the process that served the parts: a part served by another server process (or
-before a restart) is not counted, so a record can say less was read than was, never more. A task
-whose prompt was only ever shown whole has nothing recorded.
+"""How much of each long host task prompt this process handed out in parts (``task_prompt``), recorded
+with the host's output, so that a host that skipped parts is visible in the run. Counted in the
+process that served them: a record may say less was read than was, never more.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""Every JSON-RPC error this server answers carries a project code.
-
-The SDK answers some client mistakes in its own words: params that do not fit a method's schema
-(``Invalid request parameters``, with no hint which), a method it does not serve (``Method not
-found``), a resource URI that matches no template (``Unknown resource: <the whole URI>``), and an
-exception escaping a handler as code ``0`` with the exception's text (after logging a traceback).
-:class:`CodedErrors`, the outermost server middleware, answers each as the tools answer a mistake:
-the message starts with the stable code and says what to do, the code is also in ``data.code``
-(:func:`coded`), and nothing but a server bug logs a traceback.
-
-* params that do not fit the method: ``-32602`` ``invalid_argument``, naming the param;
-* a URI no resource template matches: ``-32602`` ``invalid_argument`` (as a malformed run id);
-* a method this server does not serve: ``-32601`` ``invalid_request``;
-* a request before the handshake: ``-32602`` ``invalid_state``;
-* an unexpected exception (a bug): ``-32603`` ``internal_error``, its traceback logged once.
-
-Errors that already start with a code (``run_not_found: ...``) get it in ``data.code`` too; those
-whose text a specification fixes (MCP Tasks' ``Failed to retrieve task``) pass unchanged. A message that is no
-JSON-RPC request at all (an object id, a batch) never reaches a handler: the transports answer it
-(:mod:`server.transports.invalid_messages`).
+"""Every JSON-RPC error this server answers carries a project code: the SDK's own words for a client's
+mistake (and an exception escaping a handler) become a message that starts with the stable code and
+says what to do, the code also in ``data.code`` (:class:`CodedErrors`); only a server bug logs a
+traceback.
 """
 
 from __future__ import annotations
@@ -57,7 +41,20 @@ def coded(exc: ConstructError, code: int = INVALID_PARAMS, **data: Any) -> MCPEr
 
 
 class CodedErrors:
-    """Server middleware (the outermost): the errors of the module docstring's table, coded."""
+    """Server middleware (the outermost): the SDK's own errors, coded.
+
+    * params that do not fit the method (the SDK: ``Invalid request parameters``, with no hint
+      which): ``-32602`` ``invalid_argument``, naming the param;
+    * a URI no resource template matches: ``-32602`` ``invalid_argument`` (as a malformed run id);
+    * a method this server does not serve: ``-32601`` ``invalid_request``;
+    * a request before the handshake: ``-32602`` ``invalid_state``;
+    * an exception escaping a handler (a bug; the SDK: code ``0``, the exception's text):
+      ``-32603`` ``internal_error``, its traceback logged once.
+
+    Errors that already start with a code (``run_not_found: ...``) get it in ``data.code`` too;
+    those whose text a specification fixes (MCP Tasks' ``Failed to retrieve task``) pass unchanged.
+    A message that is no JSON-RPC request at all never reaches a handler: the transports answer it
+    (:mod:`server.transports.invalid_messages`)."""
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         try:

@@ -1,34 +1,8 @@
-"""Runs as MCP resources: ``run://{run_id}`` is the run's :class:`~server.views.run_view.RunView` as JSON
-(the compact view the tools answer with), and ``run://{run_id}/tasks/{task_id}/output`` is one
-task's whole output, verbatim, as ``text/plain`` (the URI each view gives as ``output_uri``), and
-``run://{run_id}/events`` is the run's newest events (:mod:`server.views.events`; the ``run_events`` tool
-reads on from its ``next_after_seq``), and ``run://{run_id}/export`` the whole run as ``runs export``
-writes it (JSON Lines, :mod:`orchestration.ops.export`), which ``runs import`` restores in any store.
-An output never changes once recorded, so only ``run://{run_id}`` is worth subscribing to (it
-changes whenever an event is recorded).
-
-Subscribers hear about every change this process writes to the run (the runtime calls
-:meth:`~server.mcp.services.Services.publish_change` after each write):
-
-* 2026-07-28 clients open ``subscriptions/listen`` with the run's URI; the SDK serves it from the
-  subscription bus the app gives the server.
-* Handshake-era clients send ``resources/subscribe``; ``MCPServer`` has no handler for it, so one
-  is registered on its low-level server here, remembering the client's session so that
-  ``notifications/resources/updated`` can be sent on it (only ``run://<run id>``, at most
-  ``CONSTRUCT_MAX_SUBSCRIPTIONS`` per session, forgotten when the session ends: see
-  :mod:`server.mcp.subscriptions`).
-
-``resources/list`` lists the :data:`RECENT_RUNS` newest runs (the ones the caller may read),
-newest first, as ``run://{run_id}`` named by chain, status and the start of the request, so that a
-user can attach a run to a conversation in any host and pick it up there. The list is made at each
-request (the SDK's own list holds only resources registered up front, so its handler is replaced,
-keeping those first). Reading, listing and subscribing need the ``read`` role over HTTP with
-tokens (see :mod:`server.identity`); a caller without it is listed no runs. An identity limited to
-its own runs may subscribe only to those, and every update is delivered only to subscribers who may
-read the run (see :mod:`server.mcp.subscriptions`).
-
-Changes made by *other* processes on the same store (the CLI, another server) are announced too,
-within about one poll interval: :class:`~server.mcp.subscriptions.RunSubscriptions` polls the subscribed runs.
+"""Runs as MCP resources: ``run://{run_id}`` (the compact view as JSON, the one worth subscribing to),
+``run://{run_id}/tasks/{task_id}/output``, ``run://{run_id}/events``, ``run://{run_id}/export``, and a
+``resources/list`` of the :data:`RECENT_RUNS` newest runs the caller may read (docs/hosts.md). The
+handshake-era ``resources/subscribe`` is registered here, since ``MCPServer`` has no handler for it;
+who hears what is :mod:`server.mcp.subscriptions`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""What a host learns of this server when it connects: its name, title, version, instructions and
-the capabilities ``initialize`` announces.
-
-Only the standard library is imported here: the stdio transport answers ``initialize`` from these
-before the MCP SDK is imported (:mod:`server.transports.handshake`), and :mod:`server.app` builds
-the SDK server from the same values. ``tests/unit/server/test_early_initialize.py`` compares the
-early answer with the SDK's, :data:`CAPABILITIES` included.
-
-So that the first ``tools/list`` can be answered as early, ``tools_list.json`` beside this module
-holds the SDK's ``tools/list`` result for the default size limits (the tools depend on the settings
-only through those), as the stdio transport writes it; ``scripts/tools_list.py`` writes it, and the
-same test fails when it is not the SDK's answer any more.
+"""What a host learns of this server when it connects (name, title, version, instructions, capabilities),
+importing the standard library only: the stdio transport answers ``initialize`` and the first
+``tools/list`` (``tools_list.json`` beside this module) before the SDK is imported, and
+``tests/unit/server/test_early_initialize.py`` checks both against the SDK's own answers.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""What this server process keeps of the runs it showed, per run version: the run's snapshot, its
-compact view and that view's answer (text and structured content), and the last write its host's
-path made on each run (:class:`~orchestration.engine.RunMemory`, which the runtime consults).
-
-A version is one committed state of a run (every write is a compare-and-swap on it), so nothing
-kept of it ever changes: entries are only evicted, the least recently used first. What a host's
-call builds while its write flushes is kept only when the write succeeded.
+"""What this server process keeps of the runs it showed, per run version (its snapshot, compact view
+and answer, and its host's path's last write: :class:`~orchestration.engine.RunMemory`). A version
+never changes, so entries are only evicted, least recently used first; what a call builds while its
+write flushes is kept only when the write succeeded.
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
-"""Announcing changes that *other* processes make to runs someone subscribed to here.
+"""Announcing changes that *other* processes make to runs someone subscribed to here (this process
+announces its own writes at once): :class:`RunSubscriptions` polls the store for the subscribed runs
+only, every ``poll_seconds``, so a subscriber hears of such a change within about one interval.
 
-This process announces its own writes at once (the runtime's listener). A run can also change
-through another process on the same store: the CLI (``construct-mcp runs approve``), or another
-server that took the run's lease (scale-out on Postgres). :class:`RunSubscriptions` knows which run
-resources have subscribers in this process (``subscriptions/listen`` streams and handshake-era
-``resources/subscribe`` sessions) and the version each was last announced at; :meth:`run` polls the
-store for those runs only, every ``poll_seconds`` (``CONSTRUCT_POLL_SECONDS``, default 1 s), and
-announces a run whose stored version went past the last announced one. So a subscriber hears of a
-change written elsewhere within about one poll interval, and of a change written here once.
-
-Subscriptions are bounded, so that forgotten ones cannot pile up (each watched run is read from the
-store at every poll):
-
-* only runs are watched: ``run://<run id>`` with a valid run id. A ``run://`` URI whose id is not
-  valid is refused with ``invalid_argument``. A URI of any other scheme names nothing of this
-  server that can change, so a subscription to it is acknowledged and **not kept** (nothing is
-  stored, no store is read, it counts against no cap): this keeps generic clients (the official
-  MCP conformance suite subscribes to ``test://watched-resource``) working while costing nothing;
-* a handshake-era session holds at most ``max_subscriptions`` (``CONSTRUCT_MAX_SUBSCRIPTIONS``,
-  default 100) ``resources/subscribe`` entries, and a ``subscriptions/listen`` request names at most
-  as many URIs; more is refused with ``too_many_subscriptions``;
-* a session's ``resources/subscribe`` entries end with the session (:class:`LegacySubscribers`
-  registers their removal on the connection's exit stack, which the SDK unwinds when the stdio
-  input ends, a Streamable HTTP session is deleted or expires, or an SSE stream closes); a
-  listen stream's end with the stream.
-
-**Who hears what.** A subscription is checked like a read of the run (:meth:`check_subscriber`:
-the ``read`` role, and for an identity limited to its own runs, a run it started), when it is made
-and again at each update: :class:`LegacySubscribers` keeps each session's caller, and listen
-streams are served per caller (:class:`RunEventBus`: one bus and one SDK listen handler per
-caller), so an update of a run is delivered only to the callers that may read it
-(:meth:`~server.identity.Caller.may_read`) — never to another identity's subscription, even one
-made before the run existed.
+Subscriptions are bounded (only runs are kept, at most ``max_subscriptions`` per session, each ended
+with its session or stream), and an update reaches only the callers that may read the run
+(:meth:`~server.identity.Caller.may_read`), checked again at each update.
 """
 
 from __future__ import annotations
@@ -96,7 +69,9 @@ def run_id_of(uri: str) -> str | None:
 
 def check_subscribable(uri: str) -> bool:
     """True when ``uri`` is a run to watch (``run://<a valid run id>``); False for a URI of another
-    scheme, which is acknowledged and not kept (see the module docstring). Raises
+    scheme, which is acknowledged and not kept: it names nothing of this server that can change,
+    and generic clients subscribe to such URIs (the MCP conformance suite to
+    ``test://watched-resource``). Raises
     :class:`InvalidArgument` for a ``run://`` URI whose id is not a valid run id."""
     if not uri.startswith(RUN_URI_PREFIX):
         return False
@@ -144,7 +119,7 @@ class LegacySubscribers:
 
     Entries are keyed by the client's connection (the SDK builds a new ``ServerSession`` for every
     request, but one ``Connection`` per client), are dropped when that connection closes, and are
-    capped at ``max_per_session`` per connection (see the module docstring)."""
+    capped at ``max_per_session`` per connection (``CONSTRUCT_MAX_SUBSCRIPTIONS``)."""
 
     def __init__(self, max_per_session: int = DEFAULT_MAX_SUBSCRIPTIONS) -> None:
         self.max_per_session = max_per_session

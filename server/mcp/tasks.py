@@ -1,108 +1,11 @@
-"""MCP Tasks (``io.modelcontextprotocol/tasks``, SEP-2663) for task-aware clients.
+"""MCP Tasks (``io.modelcontextprotocol/tasks``, SEP-2663, read at ``b0f60ba5``) for task-aware
+clients, on the MCP SDK's extension framework (``mcp.server.extension``); what a host sees is in
+docs/hosts.md, MCP Tasks.
 
-What this follows: SEP-2663 "Tasks Extension" (status Final, in
-``modelcontextprotocol/modelcontextprotocol`` at ``seps/2663-tasks-extension.md``, read at commit
-``b0f60ba5``; its JSON Schema, ``schema/draft/schema.json`` of ``modelcontextprotocol/ext-tasks`` at
-``e4345978``, checks every answer in the tests) and the MCP SDK 2.3.0 extension framework
-(``mcp.server.extension``: ``Extension``, ``MethodBinding`` for new request methods,
-``intercept_tool_call`` around ``tools/call``), which the SDK offers for exactly this; it does not
-ship the extension itself.
-
-**Negotiation.** The server advertises the extension (``capabilities.extensions``); a client
-declares it in the per-request capabilities of a 2026-07-28 request
-(``_meta["io.modelcontextprotocol/clientCapabilities"].extensions``). The extension is not defined
-on handshake-era connections (up to 2025-11-25): there, and for any request that does not declare
-it, every tool answers as it always did. ``tasks/*`` from a client that does not declare it is the
-spec's ``-32021`` (missing required client capability); on a handshake-era connection the methods
-do not exist (``-32601``).
-
-**A task only where the client can carry it to its end.** A task-aware client follows a task
-with ``tasks/get`` and answers ``inputRequests`` with ``tasks/update``; it has no way to run a
-prompt with the host's own model, and it answers a gate only with a form, which a client that
-does not declare elicitation cannot fill. So:
-
-* a run whose tasks the host's model does (an ``inline`` contract: the ``worker_backend`` argument,
-  else the server's default; the child runs of a step share it) is never a task:
-  ``orchestrate_start`` answers exactly as it does for a client without the extension (the plain
-  ``CallToolResult``, whose ``next_action`` names the host task);
-* a run whose first need is a gate that no form of this client can answer (it does not declare
-  elicitation, or may not decide the gate) is not a task either, and answers the same way (the run
-  waits at the gate from its first write, so the answer is the one the plain call gives);
-* an ``input_required`` task always carries the forms it waits for in ``inputRequests``, never an
-  empty map (SEP-2663 requires them);
-* a task whose run later comes to need what the client cannot give (a host task, a gate it cannot
-  answer with a form) is handed over: it is ``completed`` with the run's view as its result, the
-  answer ``run_status`` gives, whose ``next_action`` says what to do next. The client thus always
-  gets a final result, and a final one: polled again after acting on it, the task is answered as
-  it was handed over (:class:`TasksExtension`; ``run_status`` follows the run).
-
-**Task = run.** Otherwise, for a declaring client, ``orchestrate_start`` answers with a
-``CreateTaskResult`` (``resultType: "task"``) whose ``taskId`` is the run id, once the run is
-stored (the runtime writes it before the tool answers; an ``idempotency_key`` that names an
-existing run gives that run's task). It answers at once: the call's ``wait_seconds`` is set to 0,
-so it neither waits nor asks a form mid-call (the task's ``input_required`` carries the form
-instead). A start the server refuses (a bad argument, an unknown chain) is the usual ``isError``
-tool result, not a task. The other tools answer as before for everyone: a run view is already a
-handle a client can poll.
-
-``tasks/get`` maps the run's status (:func:`detailed_task`, pure; "forms": the elicitation forms of
-the run's open gates that this caller may decide, given only to a client that declares
-elicitation):
-
-===================================  ====================================================================
-run status                           task
-===================================  ====================================================================
-``queued``, ``running``              ``working`` (the status message says which task runs, or until when
-                                     a retry waits)
-``awaiting_approval``                with forms: ``input_required``; ``inputRequests`` holds one form per
-                                     such gate (key ``gate:<gate_id>``; the form of
-                                     :mod:`server.mcp.elicit`: decision and comment). Without: handed
-                                     over (``completed``, see above)
-``awaiting_host``                    handed over: ``completed``; ``result`` is the run's view, whose
-                                     ``next_action`` names the host task and the ``orchestrate_resume``
-                                     call that continues it
-``completed``,                       ``completed``; ``result`` is the ``CallToolResult`` a ``run_status``
-``completed_with_failures``          call would give (the compact final view); the status message lists
-                                     the failed tasks with their error codes
-``failed``, ``rejected``             ``failed``; ``error`` is a JSON-RPC error object, code
-                                     :data:`RUN_ENDED_ERROR`, whose ``data.reason`` is the typed reason
-                                     (the run's error code, or ``rejected``) and ``data.run_id`` the run
-``cancelled``                        ``cancelled`` (the status message gives the reason)
-``awaiting_children``                handed over when a child run waits for a host task or a gate (the
-                                     view's actions name the call on the child's run id; a child's gate
-                                     is no ``inputRequests`` entry), else ``working``
-``awaiting_agent``                   ``working`` (the server follows an agent step's remote run)
-===================================  ====================================================================
-
-A gate id names one task instance (a revisit is ``step~2``), so a key is never reused within a
-task, as SEP-2663 requires of ``inputRequests`` keys. ``pollIntervalMs`` is :data:`POLL_WORKING_MS`
-while the server works and :data:`POLL_WAITING_MS` while the run waits for someone; ``ttlMs`` is
-null (runs are kept). A deliberate choice against the
-letter of the spec: SEP-2663 reserves ``failed`` for JSON-RPC errors, and a failed or rejected run
-is an ordinary tool result to ``run_status``; the issue this implements asks for ``failed`` so
-that a task-aware host shows the outcome as a failure, and the error object carries the typed
-reason. ``run_status`` shows the whole record either way.
-
-``tasks/update`` delivers answers: an accepted form for an open gate is decided through
-:func:`server.mcp.elicit.take_answer`, the path the interactive form takes (``Runtime.approve`` with
-channel ``elicitation``), so the same answer twice records one decision, and an answer for a gate
-decided elsewhere meanwhile records nothing. A declined or cancelled form leaves the gate pending;
-keys that are not open gates are ignored (as the spec says); an answer that does not fit the form
-is ``-32602``. ``tasks/cancel`` cancels the run (``Runtime.cancel``); a run that already ended is
-acknowledged and left as it is (cancellation is cooperative in the spec).
-
-Status notifications (``notifications/tasks``) are optional in the spec and not sent: a
-``subscriptions/listen`` that asks for them (``taskIds``) is acknowledged without them for a
-declaring client, and refused with ``-32021`` for any other (:func:`guard_task_notifications`).
-
-Every ``tasks/*`` request is checked like the tool it stands for (the roles of
-:data:`server.mcp.answering.ROLE_OF`): ``read`` for ``tasks/get``, ``approve`` for ``tasks/update``,
-``operate`` for ``tasks/cancel``, and an identity
-limited to its own runs sees other runs' tasks as unknown. The task id is checked as a run id
-(:func:`~orchestration.core.ids.validate_run_id`) before it reaches the store; a malformed or unknown id
-is ``-32602`` ("Task not found"), as the spec requires. Run ids carry 64 random bits
-(:mod:`orchestration.core.ids`), so a task id is as unguessable as the spec asks of it; each request is
-still checked as above.
+A task is a run (``taskId`` = the run id), and only where the client can carry it to its end: a run
+it cannot finish (an inline run, a gate it has no form for) is never a task, and a task whose run
+later needs such a thing is handed over, ``completed`` with the run's view. Every ``tasks/*``
+request is checked like the tool it stands for (:data:`~server.mcp.answering.ROLE_OF`).
 """
 
 from __future__ import annotations
@@ -149,7 +52,8 @@ RUN_ENDED_ERROR: Final = -32000
 MISSING_CAPABILITY: Final = -32021
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
-#: The prefix of a gate's key in ``inputRequests`` / ``inputResponses``.
+#: The prefix of a gate's key in ``inputRequests`` / ``inputResponses``. A gate id names one task
+#: instance (a revisit is ``step~2``), so a key is never reused within a task, as SEP-2663 requires.
 GATE_KEY: Final = "gate:"
 
 #: The text and structured content of the tools' answer that is a view.
@@ -180,7 +84,7 @@ def detailed_task(
     created: bool = False,
     answer_of: AnswerOf | None = None,
 ) -> dict[str, Any]:
-    """The task a run is, as ``tasks/get`` answers it (see the table in the module docstring).
+    """The task a run is, as ``tasks/get`` answers it (the table of docs/hosts.md, MCP Tasks).
     ``gate_requests``: the elicitation forms of the open gates the caller may answer, by key (none
     for a client that does not declare elicitation). ``created``: the seed ``CreateTaskResult``
     (``resultType: "task"``, neither ``result`` nor ``error``). ``answer_of``: how the tools answer
@@ -553,6 +457,8 @@ async def _open(ctx: RequestContext, task_id: str, role: Role) -> tuple[Services
     caller = caller_of(ctx.request)
     try:
         caller.require(role, ctx.method)
+        # Checked as a run id before it reaches the store. Run ids carry 64 random bits, so a task
+        # id is as unguessable as SEP-2663 asks; the caller is checked all the same.
         head = await services.runtime.status(validate_run_id(task_id))
         if not caller.may_see(head):
             raise RunNotFound(head.run_id)  # another identity's run: as if it did not exist

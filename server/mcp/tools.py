@@ -1,63 +1,8 @@
-"""The MCP tools: ``orchestrate_start``, ``orchestrate_resume``, ``task_prompt``,
-``orchestrate_approve``, ``run_status``, ``orchestrate_cancel``, ``runs_list`` and ``run_events`` (a
-run's event feed, see :mod:`server.views.events`: it answers with an
-:class:`~server.views.events.EventsPage`); how they are published is
-:mod:`server.mcp.publishing`.
-
-Each tool takes typed, described parameters (the host sees them as ``inputSchema``) and answers with
-a :class:`~server.views.run_view.RunView` or :class:`~server.views.listing.RunsPage` (``outputSchema`` and
-``structuredContent``). An error the caller can fix is an ``isError`` result whose text starts with
-its stable code — ``run_not_found: no run with id ...`` — followed by a sentence saying what to do.
-The result is built here rather than by raising ``ToolError``, because the SDK would prefix the
-text with ``Error executing tool <name>:`` and hide the code from a caller that reads the start.
-
-Arguments are strict (:class:`StrictTool`): every input schema says ``additionalProperties: false``
-and bounds every string; an unknown argument (``approve_befor``) is refused with a suggestion
-instead of being dropped, and a schema violation (a wrong type, a missing argument, a bad enum, an
-out-of-range or non-finite number) is ``invalid_argument: <argument>: <what is wrong>`` (over a
-length limit: ``too_large``), never the SDK's raw validation text. The schemas are portable (no
-``$ref``, type list, ``dependentRequired``, exclusive bound or open map), and an
-optional argument sent as ``null`` means the argument omitted (strict models send every key).
-
-A start that came through agent delegation names it in its ``_meta``
-(``"construct-mcp/delegation"``: :mod:`orchestration.core.hops`); one that loops back to this server or
-has more hops than the chain's ``max_depth`` is refused before anything is recorded.
-
-A call that records something names what it answers: ``orchestrate_resume`` with ``output`` needs
-``task_id`` and ``orchestrate_approve`` needs ``gate_id`` (both are in ``next_action``). A call
-retried after the run moved on then cannot land on the next task or gate; a missing id is
-``invalid_argument`` naming the value the run awaits (``invalid_state`` once the run has ended).
-
-Over HTTP with tokens, each tool needs a role of the token's identity (:data:`ROLE_OF`: ``read``,
-``operate`` or ``approve``) and, for an identity limited to its own runs, a run it started; anything
-else is ``forbidden`` (see :mod:`server.identity`). A decision records who made it and how:
-the token's identity, verified, over HTTP (an ``approver`` argument naming someone else is
-refused, but for ``"agent"``: the calling agent deciding a gate it may, recorded as claimed), the
-``approver`` argument, claimed, elsewhere.
-
-Repeating a call (the same host output, the same approval, a start with the same idempotency key)
-returns the current state and records nothing new; the runtime guarantees that. A start without a
-key is safe to retry too: the same caller (:func:`~server.identity.start_identity`) sending the same
-arguments within ``start_retry_window_seconds`` gets the run it started, marked ``existing_run``,
-unless it passes ``new_run: true`` (see :mod:`orchestration.engine.start_window`: the window is a
-look-up in the store, so it holds across restarts and servers sharing a store).
-
-``wait_seconds`` (bounded by :data:`MAX_WAIT_SECONDS`) blocks until the run settles — it needs the
-host or an approver, it ended, or it waits durably — and sends progress notifications meanwhile,
-at least every second, when the call carried a progress token. The default,
-:data:`~server.mcp.answering.DEFAULT_WAIT_SECONDS` (3 s), answers before clients that give up after
-5 s do, and still lets an inline run's first host task arrive in the ``orchestrate_start`` answer;
-a run still working then answers ``next_action`` wait (``run_status`` with its run id).
-``run_events`` waits instead until the run records its next event.
-
-A waiting call that finds the run at an approval gate asks the user with a form where the client
-declared elicitation (see :mod:`server.mcp.elicit`); on 2026-07-28 connections the answer is a retry of
-the same call, so only calls whose retry records nothing new ask there (``retry_safe``).
-
-A run view is compact (see :mod:`server.views.run_view`): each finished task's output is a preview, and the
-upstream outputs a host task needs appear once, in its prompts. ``run_status`` with
-``detail="full"`` or ``task_id`` shows whole outputs. An answer's text is the JSON of the same view
-as its structured content, without indentation: many hosts show their model only the text.
+"""The MCP tools (``orchestrate_start``, ``orchestrate_resume``, ``task_prompt``,
+``orchestrate_approve``, ``run_status``, ``orchestrate_cancel``, ``runs_list``, ``run_events``), each a
+use case of the runtime answered with a view; published by :mod:`server.mcp.publishing`, described
+for hosts in docs/tools.md. Each works inside :func:`~server.mcp.answering.answer`, so an error the
+caller can fix is an ``isError`` result starting with its stable code.
 """
 
 from __future__ import annotations
