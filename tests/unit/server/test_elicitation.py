@@ -330,7 +330,8 @@ async def test_a_retried_answer_records_one_decision_and_starts_no_second_run(
     assert runs is not None and len(runs["runs"]) == 1, "no second run"
     run_id = views[0]["run_id"]
     assert all(v["run_id"] == run_id and v["next_action"]["task_id"] == "writer" for v in views)
-    assert all("warnings" not in v for v in views)
+    # No note but the one every repeated keyed start carries (the run existed already).
+    assert all(w.startswith("existing_run:") for v in views for w in v.get("warnings", []))
     decided = await _decisions(tmp_path, store, run_id)
     assert [(d.decision, d.comment, d.channel) for d in decided] == [("approve", "go", "elicitation")]
 
