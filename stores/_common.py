@@ -16,6 +16,7 @@ from orchestration.core import (
     FACT_TYPES,
     RECORD_FORMAT,
     ChainSnapshot,
+    ChainUpgraded,
     Fact,
     RunHead,
     RunStatus,
@@ -74,6 +75,14 @@ def _tasks_json(run_id: str, tasks: tuple[TaskState, ...], ended: bool = False) 
             del _LAST_TASKS[next(iter(_LAST_TASKS))]
         _LAST_TASKS[run_id] = (tasks, texts)
     return ",".join(texts)
+
+
+def moved_chain(facts: Sequence[Fact]) -> str | None:
+    """The chain an append's ``chain_upgraded`` fact moves the run to, encoded as
+    :func:`encode_chain` (a store that keeps the chain apart from the head writes it with that
+    append); None for an append that moves nothing."""
+    moved = [f.chain for f in facts if isinstance(f, ChainUpgraded)]
+    return encode_chain(moved[-1]) if moved else None
 
 
 def encode_chain(chain: ChainSnapshot) -> str:

@@ -356,8 +356,9 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
         told: Callable[[], None] | None = None,
     ) -> None:
         run_dir = self._run_dir(run_id)
-        # A run keeps its layout: the chain apart (created by this version) or in its head.
-        chain_apart = os.path.exists(run_dir / CHAIN_FILE)
+        # A run keeps its layout: the chain apart (created by this version) or in its head; a run
+        # that moved to another chain keeps that one in its head (chain.json is its first chain).
+        chain_apart = not head.chain_moved and os.path.exists(run_dir / CHAIN_FILE)
         if not chain_apart:
             self._require_run(run_id)
         # Encode before taking the lock, which other writers wait for.

@@ -33,11 +33,12 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    moved_chain,
     not_continuing,
     sent,
     sortable_time,
 )
-from stores._jsonb import from_jsonb_text
+from stores._jsonb import from_jsonb_text, to_jsonb_text
 from stores._lease import lease_lost
 from stores._migrations import MigrationReport, check_schema, run_migrations
 from stores._postgres_pool import ConnectionPool, PooledConnection, translated
@@ -360,6 +361,7 @@ class PostgresStore(PostgresRetention):
                         *fact_columns(facts),
                         follows,
                         self.channel,
+                        None if (moved := moved_chain(facts)) is None else to_jsonb_text(moved),
                     ),
                     flushing,
                 )

@@ -37,6 +37,7 @@ from stores._common import (
     check_append,
     check_create,
     decode_cursor,
+    moved_chain,
     not_continuing,
     sortable_time,
 )
@@ -354,7 +355,11 @@ class SqliteStore(SqliteRetention):
         the ``COMMIT`` begins (see ``GroupCommit``). Only a refused update reads on, to tell which
         check refused it (in the order: lease, version, log)."""
         check_append(run_id, expected_version, facts, head, lease)
-        row = head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
+        row = head_row(head) | {
+            "expected_version": expected_version,
+            "previous_seq": facts[0].seq - 1,
+            "chain": moved_chain(facts),
+        }
         update = Q["update_head"]
         if lease is not None:
             row["token"] = lease.token

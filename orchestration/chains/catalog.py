@@ -342,6 +342,36 @@ class Catalog:
             self._resolved[key] = found
         return found
 
+    def resolve_again(
+        self,
+        old: ChainSnapshot,
+        chain: str | Sequence[str] | None = None,
+        approve_before: Sequence[str] | None = None,
+    ) -> ChainSnapshot:
+        """The chain a run started on ``old`` gets from the configuration as it is now: ``chain``
+        if given, else the same name (or the same specialists, for a chain given as a list; a
+        chain since removed is ``unknown_chain``), with ``old``'s start-time options: the steps it
+        gated at start when ``approve_before`` is None, and the task time limits set at start."""
+        spec: str | tuple[str, ...]
+        if chain is not None:
+            spec = chain if isinstance(chain, str) else tuple(chain)
+        elif old.name == "custom" and old.name not in self.chains:
+            spec = tuple(s.specialist for s in old.steps)
+        else:
+            spec = old.name
+        new = self.resolve(spec, approve_before or ())
+        before = {s.name: s for s in old.steps}
+        steps = []
+        for step in new.steps:
+            was = before.get(step.name)
+            update: dict[str, object] = {}
+            if was is not None and approve_before is None and was.approve_before:
+                update["approve_before"] = True
+            if was is not None and step.timeout_seconds is None and was.timeout_seconds is not None:
+                update["timeout_seconds"] = was.timeout_seconds
+            steps.append(step.model_copy(update=update) if update else step)
+        return new.model_copy(update={"steps": tuple(steps)})
+
     def _resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str]) -> ChainSnapshot:
         if chain is None or isinstance(chain, str):
             definition = self._named_chain(chain)

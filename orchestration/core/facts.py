@@ -318,6 +318,22 @@ class RunFinished(_Fact):
     error: TypedError | None = None
 
 
+class ChainUpgraded(_Fact):
+    """The run moved to another version of its chain (:mod:`orchestration.core.upgrades`): from
+    this fact on it folds and decides against ``chain``."""
+
+    type: Literal["chain_upgraded"] = "chain_upgraded"
+    format: int = Field(default=7, ge=1)
+    from_hash: str
+    to_hash: str
+    chain: ChainSnapshot
+    #: who asked for the move (a verified identity, a name claimed, or ``policy`` for a chain whose
+    #: runs move by themselves), and why
+    by: str | None = None
+    verified: bool = False
+    reason: str | None = None
+
+
 Fact = Annotated[
     RunCreated
     | ApprovalRequested
@@ -334,7 +350,8 @@ Fact = Annotated[
     | ChildStarted
     | ChildEnded
     | RunCancelled
-    | RunFinished,
+    | RunFinished
+    | ChainUpgraded,
     Field(discriminator="type"),
 ]
 

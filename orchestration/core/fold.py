@@ -15,6 +15,7 @@ from orchestration.core.facts import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
+    ChainUpgraded,
     ChildEnded,
     ChildStarted,
     Fact,
@@ -33,6 +34,7 @@ from orchestration.core.graph import is_parallel, summary_status
 from orchestration.core.models import (
     GATE_STATUS_OF,
     AttemptRecord,
+    ChainSnapshot,
     ChildRef,
     GateState,
     RunHead,
@@ -45,6 +47,7 @@ from orchestration.core.models import (
     task_position,
 )
 from orchestration.core.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
+from orchestration.core.upgrades import UpgradeBlocked, plan_upgrade, upgrade_effect
 from orchestration.core.vocabulary import (
     RunStatus,
     TaskStatus,
@@ -231,14 +234,15 @@ def _copy_head(head: RunHead, update: dict[str, object], version: int | None) ->
     """``head`` with ``update``, the status of a parallel run's branches, its ``wake_at`` when
     that changed, and ``version`` when not None: what ``model_copy`` made in up to four copies
     before (the same values and the same fields set), in one (two for a parallel chain)."""
-    if is_parallel(head.chain):
+    chain = cast(ChainSnapshot, update.get("chain", head.chain))
+    if is_parallel(chain):
         new_head = evolve(head, update)
         if not new_head.status.is_terminal:
             update["status"] = summary_status(new_head)
     status = cast(RunStatus, update.get("status", head.status))
     if not status.is_terminal or head.wake_at is not None:
         wake = wake_of(
-            head.chain,
+            chain,
             status,
             head.deadline_at,
             update.get("tasks", head.tasks),  # type: ignore[arg-type]
@@ -585,6 +589,39 @@ def _run_finished(head: RunHead, fact: RunFinished) -> _Change:
     return update, None
 
 
+def _chain_upgraded(head: RunHead, fact: ChainUpgraded) -> _Change:
+    """The run moves to ``fact.chain`` (:mod:`orchestration.core.upgrades`): its tasks and gates
+    as that chain has them, and a run parked at the host or a gate queued again, so that what it
+    waits for is decided anew on the new chain (a host task prepared again, a gate asked again)."""
+    if fact.from_hash != head.chain_hash:
+        raise IllegalTransition(
+            f"run {head.run_id} is on chain {head.chain_hash[:12]}, not {fact.from_hash[:12]}"
+        )
+    verdict = plan_upgrade(head, fact.chain)
+    if isinstance(verdict, UpgradeBlocked):
+        raise IllegalTransition(
+            f"run {head.run_id} cannot move to chain {fact.to_hash[:12]}: {verdict.reason}"
+        )
+    tasks, gates = upgrade_effect(head, fact.chain)
+    update: dict[str, object] = {
+        "chain": fact.chain,
+        "chain_hash": fact.to_hash,
+        "chain_moved": True,
+        "tasks": tasks,
+        "gates": gates,
+    }
+    if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+        # What it waits for now: a host task still handed out, a gate still asked, or (replaced,
+        # or to be asked again) a decision on the new chain.
+        if any(t.status == TaskStatus.AWAITING_HOST for t in tasks):
+            update |= _with_status(head, RunStatus.AWAITING_HOST)
+        elif any(g.status == "requested" for g in gates):
+            update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
+        else:
+            update |= _with_status(head, RunStatus.QUEUED)
+    return update, None
+
+
 #: the handler of each fact type after ``run_created`` (found by the fact's exact type: the facts are
 #: a closed union of final records; tests/unit/core/test_fold_handlers.py checks that every one is here)
 _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
@@ -603,6 +640,7 @@ _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
     ChildEnded: _child_ended,
     RunCancelled: _run_cancelled,
     RunFinished: _run_finished,
+    ChainUpgraded: _chain_upgraded,
 }
 
 

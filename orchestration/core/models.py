@@ -29,7 +29,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 #: Format 6: a run ``awaiting_agent`` (an agent step's remote run followed without a lease:
 #: :mod:`orchestration.engine.agent_waits`), ``waits`` on ``remote_run_started`` /
 #: ``attempt_started``, and ``remote_run_cancelled``.
-RECORD_FORMAT = 6
+RECORD_FORMAT = 7
 
 
 class Frozen(BaseModel):
@@ -410,6 +410,9 @@ class TaskState(Frozen):
     #: the gate whose ``revise`` created this instance, and the task whose output it sent back
     revised_by: str | None = None
     revision_of: str | None = None
+    #: the task a move to another chain version replaced with this instance (its step changed
+    #: while the task was handed to the host); left out of the record when None, so no new format
+    upgraded_from: str | None = Field(default=None, exclude_if=lambda v: v is None)
     #: a routing step's task: the value of the field it routes on, from its validated output
     route_value: str | None = None
     #: a routing step's task, once routed: the task the run went on with, or end, fail or ask
@@ -453,6 +456,7 @@ _SETTLED_FIELDS = (
     "sent_back_by",
     "revised_by",
     "revision_of",
+    "upgraded_from",
     "route_value",
     "routed_to",
     "status",
@@ -567,6 +571,10 @@ class RunHead(Frozen):
     #: :mod:`orchestration.core.costs`); kept in the head so that a budget check reads no fact. None:
     #: nothing spent yet (or a head written before spend was kept)
     spent: Spend | None = None
+    #: whether the run moved off the chain it was created with (``chain_upgraded``): a store that
+    #: keeps the creation chain apart from the head keeps this run's chain with its head. Left out
+    #: of the record when False
+    chain_moved: bool = Field(default=False, exclude_if=lambda v: not v)
     #: the record format a reader must understand to read this head: the highest ``format`` of the
     #: facts folded into it (see "Record formats" in docs/development.md). Declared last, so
     #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.

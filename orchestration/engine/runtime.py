@@ -90,6 +90,7 @@ from orchestration.engine.reading import (
     require_resumable,
 )
 from orchestration.engine.start_window import keyed_before_namespaces, repeated, start_once
+from orchestration.engine.upgrading import Upgrade, upgrade_run
 from orchestration.errors import (
     ConstructError,
     CorruptRecord,
@@ -444,6 +445,34 @@ class Runtime:
                 return (await write_with_follow_up(self, head, [fact], held)).head
             except VersionConflict:
                 shown = held
+
+    async def upgrade(
+        self,
+        run_id: str,
+        to: ChainSnapshot | None = None,
+        *,
+        dry_run: bool = True,
+        by: str | None = None,
+        verified: bool = False,
+        reason: str | None = None,
+    ) -> Upgrade:
+        """Move the run to the chain ``to`` (None: its chain as the configuration has it now, with
+        the options it was started with) where nothing recorded would be reinterpreted
+        (:mod:`orchestration.core.upgrades`), in one write with what follows at once; ``dry_run``:
+        only the verdict. ``by``, ``verified`` and ``reason`` are recorded with the move. A run
+        on that chain already is left as it is."""
+        run_id = validate_run_id(run_id)
+        if reason is not None and len(reason) > self.limits.max_comment_chars:
+            raise TooLarge(
+                f"reason is {len(reason)} characters; the limit is {self.limits.max_comment_chars}"
+            )
+
+        def chain_of(head: RunHead) -> ChainSnapshot:
+            return to if to is not None else self.catalog.resolve_again(head.chain)
+
+        return await upgrade_run(
+            self, run_id, chain_of, dry_run=dry_run, by=by, verified=verified, reason=reason
+        )
 
     async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision

@@ -23,11 +23,11 @@ from orchestration.core.facts import (
     RunCreated,
 )
 from orchestration.core.fold import apply
-from orchestration.core.graph import predecessors
 from orchestration.core.ids import validate_run_id
 from orchestration.core.inputs import StartRequest, check_id, check_start, stored_key
 from orchestration.core.models import ChainSnapshot, RunHead, canonical_hash
 from orchestration.core.routing import chain_format
+from orchestration.core.upgrades import step_changes
 from orchestration.core.vocabulary import TaskStatus
 from orchestration.engine import Runtime, repeated
 from orchestration.errors import ForkMismatch, IllegalTransition, InvalidArgument, quoted
@@ -77,7 +77,7 @@ async def fork_run(runtime: Runtime, fork: ForkRequest) -> tuple[RunHead, bool]:
             "it): there is nothing to redo from it; fork from a task that ran"
         )
     kept = _ended(prefix)
-    chain = _chain(runtime, source.chain, fork)
+    chain = runtime.catalog.resolve_again(source.chain, fork.chain, fork.approve_before)
     _check_steps(source.chain, chain, sorted({prefix.task(t).step_name for t in kept}))
     created = _run_created(runtime, source, start, chain, fork)
     copies = _copies([f for f in facts if 1 < f.seq < point], prefix, kept, created.at)
@@ -221,48 +221,15 @@ def _copies(facts: Sequence[Fact], prefix: RunHead, kept: set[str], now: datetim
     return out
 
 
-def _chain(runtime: Runtime, old: ChainSnapshot, fork: ForkRequest) -> ChainSnapshot:
-    """The new run's chain, resolved from the configuration as it is now, with the source's
-    start-time options (gates when ``approve_before`` is omitted, task time limits)."""
-    spec: str | tuple[str, ...]
-    if fork.chain is not None:
-        spec = fork.chain
-    elif old.name == "custom" and old.name not in runtime.catalog.chains:
-        spec = tuple(s.specialist for s in old.steps)  # a chain given as a list of specialists
-    else:
-        spec = old.name  # a chain since removed from the configuration is unknown_chain
-    chain = runtime.catalog.resolve(spec, fork.approve_before or ())
-    before = {s.name: s for s in old.steps}
-    steps = []
-    for step in chain.steps:
-        was = before.get(step.name)
-        update: dict[str, object] = {}
-        if was is not None and fork.approve_before is None and was.approve_before:
-            update["approve_before"] = True
-        if was is not None and step.timeout_seconds is None and was.timeout_seconds is not None:
-            update["timeout_seconds"] = was.timeout_seconds
-        steps.append(step.model_copy(update=update) if update else step)
-    return chain.model_copy(update={"steps": tuple(steps)})
-
-
 def _check_steps(old: ChainSnapshot, new: ChainSnapshot, copied: Sequence[str]) -> None:
     """Every step whose work is copied is in ``new``, defined as in ``old``, with the same persona."""
     for name in copied:
-        try:
-            step = new.step(name)
-        except KeyError:
+        if name not in {s.name for s in new.steps}:
             raise ForkMismatch(
                 f"chain {new.name!r} has no step {name!r}, whose recorded output the fork copies; "
                 f"its steps are: {', '.join(s.name for s in new.steps)}"
-            ) from None
-        was = old.step(name)
-        changed = [k for k in type(step).model_fields if getattr(step, k) != getattr(was, k)]
-        if predecessors(new, name) != predecessors(old, name):
-            changed.append("the steps it runs after")
-        if step.specialist == was.specialist and new.specialist(step.specialist) != old.specialist(
-            was.specialist
-        ):
-            changed.append(f"specialist {step.specialist!r}")
+            )
+        changed = step_changes(old, new, name)
         if changed:
             raise ForkMismatch(
                 f"step {name!r}, whose recorded output the fork copies, is defined differently in chain "

@@ -16,6 +16,7 @@ from orchestration.core import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
+    ChainUpgraded,
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
@@ -153,6 +154,12 @@ def _run_finished(fact: RunFinished) -> str:
     return f"{fact.status}{f': {fact.error.code}' if fact.error else ''}"
 
 
+def _chain_upgraded(fact: ChainUpgraded) -> str:
+    by = f" by {fact.by}{' (verified)' if fact.verified else ''}" if fact.by else ""
+    why = f": {fact.reason}" if fact.reason else ""
+    return f"moved to chain version {fact.to_hash[:12]} (from {fact.from_hash[:12]}){by}{why}"
+
+
 #: What :func:`describe_fact` says of each fact type (by its class: no fact type subclasses another).
 _DESCRIBERS: dict[type[Any], Callable[[Any], str]] = {
     RunCreated: _run_created,
@@ -167,6 +174,7 @@ _DESCRIBERS: dict[type[Any], Callable[[Any], str]] = {
     RouteDecided: _route_decided,
     RunCancelled: _run_cancelled,
     RunFinished: _run_finished,
+    ChainUpgraded: _chain_upgraded,
 }
 
 

@@ -119,6 +119,11 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     delegating.new_id = runtime.new_id  # the same sequence of run ids
     head, _ = await delegating.start(StartRequest("Delegated", chain="delegated"))
     runs["delegated"] = (await play(delegating, head.run_id)).run_id
+    # format 7: a run moved to another version of its chain (a step added) before it ran
+    head, _ = await runtime.start(StartRequest("Moved", chain=("architect", "engineer")))
+    longer = runtime.catalog.resolve(("architect", "engineer", "reviewer"))
+    assert (await runtime.upgrade(head.run_id, longer, dry_run=False)).moved
+    runs["moved"] = (await play(runtime, head.run_id)).run_id
     return runs
 
 
@@ -143,7 +148,7 @@ async def test_runs_of_every_record_format_move_to_another_store_unchanged(
         assert await target.load(run_id) == head
         assert await target.read_facts(run_id) == await source.read_facts(run_id)
         assert await view_of(target, run_id) == await view_of(source, run_id)
-    assert formats == {1, 2, 3, 4, 5, 6} and RECORD_FORMAT == 6
+    assert formats == {1, 2, 3, 4, 5, 6, 7} and RECORD_FORMAT == 7
     # The imported run's idempotency key is the run's in the target too.
     again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
     assert not created and again.run_id == runs["plain"]

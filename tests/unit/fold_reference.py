@@ -16,6 +16,7 @@ from orchestration.core.facts import (
     ApprovalRequested,
     AttemptFailed,
     AttemptStarted,
+    ChainUpgraded,
     ChildEnded,
     ChildStarted,
     Fact,
@@ -42,6 +43,7 @@ from orchestration.core.models import (
     gate_id_for,
 )
 from orchestration.core.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
+from orchestration.core.upgrades import upgrade_effect
 from orchestration.core.vocabulary import (
     RunStatus,
     TaskStatus,
@@ -365,6 +367,20 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
             # A run that completes with tasks not run (an exhausted loop's work accepted at its
             # gate) skips them, as a failed one does.
             update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
+    elif isinstance(fact, ChainUpgraded):
+        tasks, gates = upgrade_effect(head, fact.chain)
+        update |= {"chain": fact.chain, "chain_hash": fact.to_hash, "chain_moved": True}
+        update |= {"tasks": tasks, "gates": gates}
+        if head.status in (RunStatus.AWAITING_HOST, RunStatus.AWAITING_APPROVAL):
+            waits = [
+                status
+                for status, waiting in (
+                    (RunStatus.AWAITING_HOST, any(t.status == TaskStatus.AWAITING_HOST for t in tasks)),
+                    (RunStatus.AWAITING_APPROVAL, any(g.status == "requested" for g in gates)),
+                )
+                if waiting
+            ]
+            update |= _with_status(head, waits[0] if waits else RunStatus.QUEUED)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
     changed = update.get("tasks")

@@ -306,6 +306,7 @@ _SETTLED = (
     "sent_back_by",
     "revised_by",
     "revision_of",
+    "upgraded_from",
     "route_value",
     "routed_to",
     "status",

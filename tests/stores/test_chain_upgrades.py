@@ -1,0 +1,149 @@
+"""Runs moved to another version of their chain, on every store: a run parked at a gate or waiting
+for the host moves when nothing it recorded would be reinterpreted, and what it waits for is
+decided anew on the new chain (the gate asked again, the changed step's prompt handed out); a run
+whose finished step changed is refused (``upgrade_blocked``, naming it) and goes on as it was; a
+dry run changes nothing; a server that reads the run afterwards, whatever its configuration, folds
+and decides against the chain the run moved to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestration.chains.catalog import Catalog
+from orchestration.core import StartRequest
+from orchestration.core.clock import ManualClock
+from orchestration.core.facts import ChainUpgraded
+from orchestration.core.fold import fold
+from orchestration.core.upgrades import UpgradeBlocked, UpgradePlan
+from orchestration.core.vocabulary import RunStatus, TaskStatus
+from orchestration.engine import Runtime, RuntimeSettings
+from orchestration.engine.reading import read_snapshot
+from orchestration.errors import Conflict
+from orchestration.store import RunStore
+from tests.unit.fold_reference import fold as reference_fold
+from tests.unit.helpers import sequential_ids
+
+NEW_REVIEWER = "You are the reviewer. Check every change against the security checklist first."
+
+
+def catalog(*, reviewer: str | None = None, architect: str | None = None, extra: bool = False) -> Catalog:
+    """Chain ``review``: architect -> engineer -> reviewer (gated before), with the personas given
+    (None: the built-in ones) and, with ``extra``, a ``security`` step before the reviewer."""
+    specialists: dict[str, Any] = {}
+    if reviewer is not None:
+        specialists["reviewer"] = {"description": "Reviews", "persona": reviewer}
+    if architect is not None:
+        specialists["architect"] = {"description": "Designs", "persona": architect}
+    if extra:
+        specialists["security"] = {"description": "Audits", "persona": "You audit for security."}
+    steps: list[Any] = ["architect", "engineer", *(["security"] if extra else []), "reviewer"]
+    raw = {"specialists": specialists, "chains": {"review": {"steps": steps}}}
+    return Catalog.builtin().extended(raw, "upgrade-test", Path("."))
+
+
+def runtime(store: RunStore, chains: Catalog, clock: ManualClock) -> Runtime:
+    return Runtime(store, chains, clock=clock, new_id=sequential_ids(), settings=RuntimeSettings(owner="t"))
+
+
+async def parked_at_the_reviewers_gate(store: RunStore, clock: ManualClock) -> str:
+    old = runtime(store, catalog(), clock)
+    head, _ = await old.start(StartRequest("Build it", chain="review", approve_before=("reviewer",)))
+    await old.submit_host_output(head.run_id, "architect", "the design")
+    head = await old.submit_host_output(head.run_id, "engineer", "the code")
+    assert head.status == RunStatus.AWAITING_APPROVAL
+    return head.run_id
+
+
+async def test_a_run_at_a_gate_moves_and_the_changed_reviewer_is_what_the_host_receives(
+    store: RunStore,
+) -> None:
+    clock = ManualClock()
+    run_id = await parked_at_the_reviewers_gate(store, clock)
+    new = runtime(store, catalog(reviewer=NEW_REVIEWER), clock)  # the configuration changed
+    before = await store.load(run_id)
+    dry = await new.upgrade(run_id)  # dry_run by default: the verdict, nothing written
+    assert isinstance(dry.verdict, UpgradePlan) and dry.verdict.changed == ("reviewer",)
+    assert not dry.moved and await store.load(run_id) == before
+    moved = await new.upgrade(run_id, dry_run=False, by="ops", reason="the security checklist")
+    assert moved.moved and moved.head.chain_hash == moved.to_hash != before.chain_hash
+    # The gate on the changed step is asked again, in the move's own write.
+    assert moved.head.status == RunStatus.AWAITING_APPROVAL and moved.head.version == before.version + 1
+    facts = await store.read_facts(run_id, before.last_seq)
+    assert [f.type for f in facts] == ["chain_upgraded", "approval_requested"]
+    assert isinstance(facts[0], ChainUpgraded) and (facts[0].by, facts[0].reason) == (
+        "ops",
+        "the security checklist",
+    )
+    # A repeat records nothing.
+    again = await new.upgrade(run_id, dry_run=False)
+    assert not again.moved and again.current and again.head.version == moved.head.version
+    head = await new.approve(run_id, "approve", "before:reviewer")
+    snapshot = await read_snapshot(store, head)
+    assert snapshot.host_task is not None and snapshot.host_task.task_id == "reviewer"
+    assert NEW_REVIEWER in snapshot.host_task.system
+    # A server still configured with the old chain decides against the chain the run moved to.
+    old = runtime(store, catalog(), clock)
+    head = await old.submit_host_output(run_id, "reviewer", "approved")
+    assert head.status == RunStatus.COMPLETED and head.chain_hash == moved.to_hash
+    facts = await store.read_facts(run_id)
+    folded = fold(facts)
+    assert folded == reference_fold(facts)  # the frozen reference fold agrees
+    assert folded.model_dump(exclude={"version"}) == (await store.load(run_id)).model_dump(
+        exclude={"version"}
+    )
+
+
+async def test_a_run_whose_finished_step_changed_is_blocked_and_goes_on(store: RunStore) -> None:
+    clock = ManualClock()
+    run_id = await parked_at_the_reviewers_gate(store, clock)
+    new = runtime(store, catalog(architect="You design, tersely."), clock)
+    before = await store.load(run_id)
+    for dry_run in (True, False):
+        blocked = await new.upgrade(run_id, dry_run=dry_run)
+        assert isinstance(blocked.verdict, UpgradeBlocked) and not blocked.moved
+        assert blocked.verdict.code == "upgrade_blocked" and blocked.verdict.step == "architect"
+        assert "persona" not in blocked.verdict.reason and "specialist 'architect'" in blocked.verdict.reason
+    assert await store.load(run_id) == before
+    head = await new.approve(run_id, "approve", "before:reviewer")
+    head = await new.submit_host_output(run_id, "reviewer", "fine")
+    assert head.status == RunStatus.COMPLETED and head.chain_hash == before.chain_hash
+
+
+async def test_a_handed_out_task_whose_step_changed_is_replaced_and_its_old_output_refused(
+    store: RunStore,
+) -> None:
+    clock = ManualClock()
+    old = runtime(store, catalog(), clock)
+    head, _ = await old.start(StartRequest("Build it", chain="review"))
+    await old.submit_host_output(head.run_id, "architect", "the design")
+    head = await old.submit_host_output(head.run_id, "engineer", "the code")
+    assert head.task("reviewer").status == TaskStatus.AWAITING_HOST
+    new = runtime(store, catalog(reviewer=NEW_REVIEWER), clock)
+    moved = await new.upgrade(head.run_id, dry_run=False)
+    assert isinstance(moved.verdict, UpgradePlan) and moved.verdict.replaced == ("reviewer",)
+    assert moved.head.task("reviewer").status == TaskStatus.SKIPPED
+    replacement = moved.head.task("reviewer~2")
+    assert replacement.status == TaskStatus.AWAITING_HOST and replacement.upgraded_from == "reviewer"
+    snapshot = await read_snapshot(store, moved.head)
+    assert snapshot.host_task is not None and NEW_REVIEWER in snapshot.host_task.system
+    # The output written for the old prompt lands nowhere: the error names the task that awaits.
+    with pytest.raises(Conflict, match="reviewer~2"):
+        await old.submit_host_output(head.run_id, "reviewer", "reviewed against the old persona")
+    head = await old.submit_host_output(head.run_id, "reviewer~2", "reviewed")
+    assert head.status == RunStatus.COMPLETED
+
+
+async def test_a_step_added_before_the_run_gets_there_runs(store: RunStore) -> None:
+    clock = ManualClock()
+    old = runtime(store, catalog(), clock)
+    head, _ = await old.start(StartRequest("Build it", chain="review"))
+    new = runtime(store, catalog(extra=True), clock)
+    moved = await new.upgrade(head.run_id, dry_run=False)
+    assert isinstance(moved.verdict, UpgradePlan) and moved.verdict.added == ("security",)
+    assert [t.task_id for t in moved.head.tasks] == ["architect", "engineer", "security", "reviewer"]
+    for task in ("architect", "engineer", "security", "reviewer"):
+        head = await old.submit_host_output(head.run_id, task, f"the {task}'s work")
+    assert head.status == RunStatus.COMPLETED
