@@ -15,6 +15,7 @@ message that says what to do, its next steps as :class:`Hint` parts each channel
     │   └── RunMoved                    run_moved          moved to another store (runs import --move)
     ├── FactNotFound                    fact_not_found     the run's log has no fact with that seq
     ├── InvalidState                    invalid_state      the run's status does not allow this call
+    │   └── UpgradeBlocked              upgrade_blocked    moving would reinterpret recorded work
     ├── DelegationRefused               delegation_refused a start through agent delegation is refused:
     │   ├── DelegationLoop              delegation_loop    ... it passed through this server already
     │   └── DelegationDepthExceeded     delegation_depth_exceeded  ... it has more hops than max_depth
@@ -240,6 +241,13 @@ class FactNotFound(ConstructError):
 
 class InvalidState(ConstructError):
     code = "invalid_state"
+
+
+class UpgradeBlocked(InvalidState):
+    """A run cannot move to the chain asked for: a step with recorded work is not in it, or is
+    defined differently (see :mod:`orchestration.core.upgrades`). The run stays on its chain."""
+
+    code = "upgrade_blocked"
 
 
 class DelegationRefused(ConstructError):

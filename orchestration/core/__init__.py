@@ -58,6 +58,7 @@ from orchestration.core.models import (
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price, price_table
 from orchestration.core.routing import RevisePlan, revise_offered, revise_plan
+from orchestration.core.upgrades import CannotMove, UpgradePlan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "AttemptSucceeded",
     "Budget",
     "BudgetLimits",
+    "CannotMove",
     "ChainSnapshot",
     "ChainStep",
     "ChainUpgraded",
@@ -110,6 +112,7 @@ __all__ = [
     "TaskStatus",
     "Telemetry",
     "TypedError",
+    "UpgradePlan",
     "agent_may_decide",
     "apply_write",
     "budget_raise",

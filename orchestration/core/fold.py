@@ -47,7 +47,7 @@ from orchestration.core.models import (
     task_position,
 )
 from orchestration.core.routing import RevisePlan, revise_effect, revise_plan, route_effect, route_value_of
-from orchestration.core.upgrades import UpgradeBlocked, plan_upgrade, upgrade_effect
+from orchestration.core.upgrades import CannotMove, plan_upgrade, upgrade_effect
 from orchestration.core.vocabulary import (
     RunStatus,
     TaskStatus,
@@ -598,7 +598,7 @@ def _chain_upgraded(head: RunHead, fact: ChainUpgraded) -> _Change:
             f"run {head.run_id} is on chain {head.chain_hash[:12]}, not {fact.from_hash[:12]}"
         )
     verdict = plan_upgrade(head, fact.chain)
-    if isinstance(verdict, UpgradeBlocked):
+    if isinstance(verdict, CannotMove):
         raise IllegalTransition(
             f"run {head.run_id} cannot move to chain {fact.to_hash[:12]}: {verdict.reason}"
         )

@@ -25,7 +25,7 @@ _UNSTARTED = frozenset({TaskStatus.PENDING, TaskStatus.AWAITING_HOST})
 
 
 @dataclass(frozen=True, slots=True)
-class UpgradeBlocked:
+class CannotMove:
     """Why a run cannot move to the chain asked for: ``step`` (None: the run as a whole) and
     what stands in the way, in words. ``code``: ``upgrade_blocked`` (recorded work would be
     reinterpreted: it never will move there) or ``invalid_state`` (not now: an attempt is in
@@ -67,22 +67,22 @@ def step_changes(old: ChainSnapshot, new: ChainSnapshot, name: str) -> list[str]
     return changed
 
 
-def plan_upgrade(head: RunHead, new: ChainSnapshot) -> UpgradePlan | UpgradeBlocked:
+def plan_upgrade(head: RunHead, new: ChainSnapshot) -> UpgradePlan | CannotMove:
     """The verdict on moving ``head``'s run to ``new`` (see the module docstring)."""
     if head.status.is_terminal:
-        return UpgradeBlocked("invalid_state", None, f"the run is {head.status.value}")
+        return CannotMove("invalid_state", None, f"the run is {head.status.value}")
     old = head.chain
     names = {s.name for s in new.steps}
     changed = [s.name for s in new.steps if s.name in _names(old) and step_changes(old, new, s.name)]
     for task in head.tasks:
         if task.status == TaskStatus.RUNNING:
-            return UpgradeBlocked(
+            return CannotMove(
                 "invalid_state", task.step_name, f"task {task.task_id} has an attempt in flight"
             )
         if task.status in _UNSTARTED and not _acted_on(head, task):
             continue
         if task.step_name not in names:
-            return UpgradeBlocked(
+            return CannotMove(
                 "upgrade_blocked",
                 task.step_name,
                 f"step {task.step_name!r} has recorded work (task {task.task_id} is "
@@ -90,7 +90,7 @@ def plan_upgrade(head: RunHead, new: ChainSnapshot) -> UpgradePlan | UpgradeBloc
             )
         what = step_changes(old, new, task.step_name)
         if what and task.status != TaskStatus.SKIPPED:
-            return UpgradeBlocked(
+            return CannotMove(
                 "upgrade_blocked",
                 task.step_name,
                 f"step {task.step_name!r} has recorded work (task {task.task_id} is "
@@ -193,4 +193,4 @@ def _with_gates_of(gates: list[GateState], step: ChainStep, task_id: str) -> lis
     return kept + [g for gate_id, g in wanted.items() if gate_id not in have]
 
 
-__all__ = ["UpgradeBlocked", "UpgradePlan", "plan_upgrade", "step_changes", "upgrade_effect"]
+__all__ = ["CannotMove", "UpgradePlan", "plan_upgrade", "step_changes", "upgrade_effect"]

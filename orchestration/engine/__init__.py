@@ -31,6 +31,7 @@ from orchestration.engine.leased_run import RuntimeSettings
 from orchestration.engine.reading import RunSnapshot
 from orchestration.engine.runtime import Runtime
 from orchestration.engine.start_window import repeated
+from orchestration.engine.upgrading import Upgrade
 
 __all__ = [
     "Dispatcher",
@@ -42,6 +43,7 @@ __all__ = [
     "Runtime",
     "RuntimeSettings",
     "TaskText",
+    "Upgrade",
     "Written",
     "is_settled",
     "live_children",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from orchestration.core.facts import ChainUpgraded
 from orchestration.core.models import ChainSnapshot, RunHead
-from orchestration.core.upgrades import UpgradeBlocked, UpgradePlan, plan_upgrade
+from orchestration.core.upgrades import CannotMove, UpgradePlan, plan_upgrade
 from orchestration.engine.host_writes import HostServices, held_at, write_with_follow_up
 from orchestration.errors import VersionConflict
 
@@ -27,7 +27,7 @@ class Upgrade:
     head: RunHead
     from_hash: str
     to_hash: str
-    verdict: UpgradePlan | UpgradeBlocked
+    verdict: UpgradePlan | CannotMove
     moved: bool
 
     @property
@@ -55,7 +55,7 @@ async def upgrade_run(
         if to_hash == head.chain_hash:
             return Upgrade(head, head.chain_hash, to_hash, _unchanged(), False)
         verdict = plan_upgrade(head, new)
-        if dry_run or isinstance(verdict, UpgradeBlocked):
+        if dry_run or isinstance(verdict, CannotMove):
             return Upgrade(head, head.chain_hash, to_hash, verdict, False)
         fact = ChainUpgraded(
             seq=head.last_seq + 1,

@@ -71,6 +71,7 @@ def services_of(ctx: ToolContext) -> Services:
 ROLE_OF: dict[str, Role] = {
     "orchestrate_start": "operate",
     "orchestrate_fork": "operate",
+    "orchestrate_upgrade": "operate",
     "orchestrate_resume": "operate",
     "orchestrate_cancel": "operate",
     "orchestrate_approve": "approve",

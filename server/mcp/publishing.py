@@ -30,6 +30,7 @@ from server.mcp.tools import (
     runs_list,
     task_prompt,
 )
+from server.mcp.upgrade_tool import orchestrate_upgrade
 
 
 def build_tools(limits: Limits = LIMITS) -> list[Tool]:
@@ -133,6 +134,11 @@ _PUBLISHED = (
             idempotent_hint=True,
             open_world_hint=False,
         ),
+    ),
+    _Publish(
+        orchestrate_upgrade,
+        "Upgrade a run",
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     ),
     _Publish(runs_list, "List runs", ToolAnnotations(read_only_hint=True, open_world_hint=False)),
     _Publish(

@@ -66,7 +66,7 @@ WaitSeconds = Annotated[
         ge=0,
         le=MAX_WAIT_SECONDS,
         allow_inf_nan=False,
-        description="Seconds to wait for the run to need you (0: answer now).",
+        description="Seconds to wait for the run to need you.",
     ),
 ]
 
@@ -81,16 +81,13 @@ StartChain = Annotated[
     Annotated[str, Field(min_length=1, max_length=LIMITS.max_name_chars)]
     | Annotated[list[Name], Field(min_length=1, max_length=LIMITS.max_list_items)]
     | None,
-    Field(
-        description="A chain name (default: architect -> engineer -> reviewer) or specialists in order, "
-        "e.g. ['researcher', 'writer']."
-    ),
+    Field(description="A chain name (default: architect, engineer, reviewer) or specialists in order."),
 ]
 ApproveBefore = Annotated[
     list[Name] | None,
     Field(
         max_length=LIMITS.max_list_items,
-        description="Steps to pause before for approval (e.g. ['engineer']).",
+        description="Steps to pause before for approval.",
     ),
 ]
 IdempotencyKey = Annotated[
@@ -98,26 +95,26 @@ IdempotencyKey = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_idempotency_key_chars,
-        description="The same key and request return the existing run.",
+        description="The same key and request: the same run.",
     ),
 ]
 NewRun = Annotated[
     bool | None,
-    Field(description="true: start another run even if an identical start made one lately."),
+    Field(description="true: a new run even after an identical start."),
 ]
 WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
-    Field(description="'inline': you run each task with your model; 'provider': the server calls a model."),
+    Field(description="'inline': you run the tasks; 'provider': the server calls a model."),
 ]
 ProviderName = Annotated[
     Literal["anthropic", "openrouter", "openai"] | None,
-    Field(description="Provider backend: the provider (default: the server's)."),
+    Field(description="Default: the server's."),
 ]
 ModelName = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_name_chars,
-        description="Provider backend: the model (default: the server's).",
+        description="Default: the server's.",
     ),
 ]
 RunTimeout = Annotated[
@@ -125,7 +122,7 @@ RunTimeout = Annotated[
     Field(
         gt=0,
         allow_inf_nan=False,
-        description="Seconds the whole run may take (then deadline_exceeded).",
+        description="Seconds the run may take.",
     ),
 ]
 TaskTimeout = Annotated[
@@ -133,26 +130,23 @@ TaskTimeout = Annotated[
     Field(
         gt=0,
         allow_inf_nan=False,
-        description="Seconds each task may take, where its chain sets none.",
+        description="Seconds each task may take.",
     ),
 ]
 StartBudget = Annotated[
     BudgetArgument | None,
-    Field(
-        description="Hard limits for the run, and per step in steps; on_budget 'fail' (default) or 'ask' "
-        "(an approval may raise it)."
-    ),
+    Field(description="Hard limits, per run and per step; on_budget 'fail' (default) or 'ask'."),
 ]
 ParentRunId = Annotated[
     RunId | None,
-    Field(description="With parent_task_id: start this run as a child of that host task."),
+    Field(description="With parent_task_id: a child run of that host task."),
 ]
 ParentTaskId = Annotated[
     str | None,
     Field(
         min_length=1,
         max_length=LIMITS.max_id_chars,
-        description="The task of parent_run_id (awaiting your output) it belongs to.",
+        description="parent_run_id's task awaiting your output.",
     ),
 ]
 
@@ -174,8 +168,8 @@ async def orchestrate_start(
     parent_run_id: ParentRunId = None,
     parent_task_id: ParentTaskId = None,
 ) -> CallToolResult | InputRequiredResult:
-    """Start a durable specialist chain on a request. The answer's next_action is the next call
-    (tool, arguments); runs survive restarts."""
+    """Start a durable specialist chain; the answer's next_action is the next call (tool,
+    arguments)."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_start")
@@ -323,17 +317,17 @@ AnsweredTask = Annotated[
 HostOutput = Annotated[
     str | None,
     Field(
-        description="Your model's whole answer, verbatim (JSON matching output_schema if set); omit only "
-        "to continue an interrupted run."
+        description="Your model's whole answer, verbatim (JSON if output_schema is set); omit to continue "
+        "an interrupted run."
     ),
 ]
 OutputUsage = Annotated[
     HostUsage | None,
-    Field(description="With output: the tokens (and cost) your model spent on it."),
+    Field(description="With output: the tokens (and cost) it took."),
 ]
 DetachChildren = Annotated[
     bool,
-    Field(description="Complete the task although its child runs are live."),
+    Field(description="Complete it though its child runs are live."),
 ]
 
 
@@ -438,12 +432,12 @@ Approver = Annotated[
     str | None,
     Field(
         max_length=LIMITS.max_approver_chars,
-        description="Who decided (over HTTP with a token: omit); 'agent': you, where next_action says so.",
+        description="Who decided (omit with a token); 'agent': you, where next_action says so.",
     ),
 ]
 BudgetRaise = Annotated[
     BudgetLimits | None,
-    Field(description="Approving a budget gate: what to add (default: the budget again)."),
+    Field(description="Approving a budget gate: what to add (default: the budget)."),
 ]
 
 
@@ -457,8 +451,8 @@ async def orchestrate_approve(
     budget_raise: BudgetRaise = None,
     wait_seconds: WaitSeconds = DEFAULT_WAIT_SECONDS,
 ) -> CallToolResult | InputRequiredResult:
-    """Decide the gate a run waits at, as next_action's instruction says (a person's gate: ask the
-    user). Repeating a decision records nothing."""
+    """Decide the gate a run waits at, as next_action says (a person's gate: ask the user). A
+    repeat records nothing."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_approve", run_id)
@@ -506,7 +500,7 @@ async def run_status(
             ge=0,
             le=MAX_WAIT_SECONDS,
             allow_inf_nan=False,
-            description="Seconds to wait for the run to need you or end (default 0).",
+            description="Seconds to wait for the run to need you.",
         ),
     ] = 0.0,
     detail: Annotated[

@@ -89,6 +89,7 @@ async def test_tools_list_shows_input_and_output_schemas_and_annotations(client:
         "runs_list",
         "run_events",
         "task_prompt",
+        "orchestrate_upgrade",
     }
     # The reading tools publish an output schema (an outline); the tools that act answer with the
     # same compact run view, described once, in run_status's (issue 21 §3: tools/list bytes).

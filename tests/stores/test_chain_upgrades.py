@@ -17,7 +17,7 @@ from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.facts import ChainUpgraded
 from orchestration.core.fold import fold
-from orchestration.core.upgrades import UpgradeBlocked, UpgradePlan
+from orchestration.core.upgrades import CannotMove, UpgradePlan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine import Runtime, RuntimeSettings
 from orchestration.engine.reading import read_snapshot
@@ -103,7 +103,7 @@ async def test_a_run_whose_finished_step_changed_is_blocked_and_goes_on(store: R
     before = await store.load(run_id)
     for dry_run in (True, False):
         blocked = await new.upgrade(run_id, dry_run=dry_run)
-        assert isinstance(blocked.verdict, UpgradeBlocked) and not blocked.moved
+        assert isinstance(blocked.verdict, CannotMove) and not blocked.moved
         assert blocked.verdict.code == "upgrade_blocked" and blocked.verdict.step == "architect"
         assert "persona" not in blocked.verdict.reason and "specialist 'architect'" in blocked.verdict.reason
     assert await store.load(run_id) == before

@@ -72,7 +72,7 @@ def test_the_walk_sees_nested_keywords() -> None:
 
 async def test_every_schema_is_flat_and_closed(tmp_path: Path) -> None:
     schemas = await published(tmp_path)
-    assert len(schemas) == 9
+    assert len(schemas) == 10
     for name, (input_schema, output_schema) in schemas.items():
         for node in nodes(input_schema):
             assert not set(UNPORTABLE) & node.keys(), (name, node)
@@ -141,6 +141,7 @@ MEANT: dict[str, dict[str, Any]] = {
     "runs_list": {},
     "orchestrate_fork": {"run_id": "RUN", "from_task": "engineer"},
     "orchestrate_cancel": {"run_id": "RUN"},
+    "orchestrate_upgrade": {"run_id": "RUN"},
 }
 
 
@@ -197,6 +198,9 @@ async def test_a_strict_model_drives_every_tool(tmp_path: Path) -> None:
             assert await strictly(name, **arguments) == await call(client, name, **arguments), name
         fork = await strictly("orchestrate_fork", run_id=run_id, from_task="engineer")
         assert fork["run_id"] != run_id and fork["next_action"]["task_id"] == "engineer"
+        upgrade = await strictly("orchestrate_upgrade", run_id=fork["run_id"])
+        assert upgrade == await call(client, "orchestrate_upgrade", run_id=fork["run_id"])
+        assert upgrade["verdict"] == "current"  # the configuration did not change
         cancelled = await strictly("orchestrate_cancel", run_id=fork["run_id"])
         assert cancelled["status"] == "cancelled"
 
@@ -438,6 +442,8 @@ TABLE: list[tuple[str, dict[str, Any], bool | str]] = [
     ("run_status", {"run_id": RUN, "wait_seconds": -1}, False),
     ("run_status", {"run_id": RUN, "wait_seconds": "soon"}, False),
     ("run_status", {"wait_seconds": 0}, False),
+    ("orchestrate_upgrade", {"run_id": RUN, "dry_run": None}, True),
+    ("orchestrate_upgrade", {"run_id": RUN, "dry_run": "no"}, False),
     ("orchestrate_cancel", {"run_id": RUN, "reason": None}, True),
     ("orchestrate_cancel", {"run_id": RUN, "reason": 5}, False),
     ("orchestrate_cancel", {"run_id": RUN, "reason": "r" * 20_001}, False),

@@ -309,6 +309,7 @@ async def _a_call_for_every_tool(client: Client) -> dict[str, dict[str, Any]]:
         "orchestrate_approve": {"run_id": gated["run_id"], "gate_id": "before:writer", "decision": "approve"},
         "run_status": {"run_id": host["run_id"]},
         "task_prompt": {"run_id": host["run_id"], "task_id": "writer"},
+        "orchestrate_upgrade": {"run_id": host["run_id"]},
         "orchestrate_cancel": {"run_id": doomed["run_id"], "reason": "not needed"},
         "runs_list": {},
         "run_events": {"run_id": host["run_id"]},

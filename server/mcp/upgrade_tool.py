@@ -1,0 +1,91 @@
+"""The MCP tool ``orchestrate_upgrade``: move a live run to its chain as the configuration has it
+now, where nothing recorded would be reinterpreted (the rule: :mod:`orchestration.core.upgrades`).
+A dry run by default: the answer is the verdict and what would change."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from mcp.types import CallToolResult
+from pydantic import BaseModel, Field
+
+from orchestration.core import CannotMove
+from orchestration.engine import Upgrade
+from orchestration.errors import InvalidState, UpgradeBlocked
+from server.mcp.answering import ToolContext, answer, caller_for, services_of
+
+Verdict = Literal["moved", "would_move", "current", "blocked", "not_now"]
+
+
+class UpgradeAnswer(BaseModel):
+    """What ``orchestrate_upgrade`` found or did."""
+
+    run_id: str
+    #: ``moved``; ``would_move`` (a dry run); ``current`` (on that chain already); ``blocked``
+    #: (recorded work would be reinterpreted: ``blocked_step``, ``reason``); ``not_now`` (an attempt
+    #: is in flight, or the run ended)
+    verdict: Verdict
+    from_version: str
+    to_version: str
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+    replaced_tasks: list[str] = Field(default_factory=list)
+    gates_asked_again: list[str] = Field(default_factory=list)
+    blocked_step: str | None = None
+    reason: str | None = None
+    next: str
+
+
+async def orchestrate_upgrade(
+    ctx: ToolContext,
+    run_id: Annotated[str, Field(max_length=80)],
+    dry_run: Annotated[bool, Field(description="false: move it; true: say what would change.")] = True,
+) -> CallToolResult:
+    """Move a live run to its chain's current version, where nothing recorded changes meaning."""
+
+    async def work() -> UpgradeAnswer:
+        caller = await caller_for(ctx, "orchestrate_upgrade", run_id)
+        runtime = services_of(ctx).runtime
+        by = caller.identity if caller.verified else None
+        done = await runtime.upgrade(run_id, dry_run=dry_run, by=by, verified=caller.verified)
+        return _answer(run_id, done, dry_run)
+
+    return await answer("orchestrate_upgrade", work, services_of(ctx))
+
+
+def _answer(run_id: str, done: Upgrade, dry_run: bool) -> UpgradeAnswer:
+    """The answer for what ``runtime.upgrade`` found or did; a move refused for real is an error."""
+    verdict = done.verdict
+    versions = UpgradeAnswer(
+        run_id=done.head.run_id,
+        verdict="current",
+        from_version=done.from_hash[:12],
+        to_version=done.to_hash[:12],
+        next="nothing to do",
+    )
+    if isinstance(verdict, CannotMove):
+        if not dry_run:
+            error = UpgradeBlocked if verdict.code == "upgrade_blocked" else InvalidState
+            raise error(f"run {run_id} stays on its chain: {verdict.reason}")
+        kind: Verdict = "blocked" if verdict.code == "upgrade_blocked" else "not_now"
+        said = "it stays on its chain; fork it from an earlier task, or cancel it"
+        update = {"verdict": kind, "blocked_step": verdict.step, "reason": verdict.reason, "next": said}
+        return versions.model_copy(update=update)
+    if done.moved:
+        kind, said = "moved", f"run_status {{'run_id': '{run_id}'}} shows what it needs now"
+    elif done.from_hash == done.to_hash:
+        return versions
+    else:
+        kind, said = "would_move", "call again with dry_run false to move it"
+    return versions.model_copy(
+        update={
+            "verdict": kind,
+            "added": list(verdict.added),
+            "removed": list(verdict.removed),
+            "changed": list(verdict.changed),
+            "replaced_tasks": list(verdict.replaced),
+            "gates_asked_again": list(verdict.reasked),
+            "next": said,
+        }
+    )
