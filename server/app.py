@@ -26,6 +26,8 @@ from starlette.types import ASGIApp
 from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
+from orchestration.errors import ConstructError
+from orchestration.ops import at_startup
 from server.collector import tune_collector
 from server.mcp.arguments import UnknownToolRefusal
 from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
@@ -189,6 +191,7 @@ class ConstructApp:
         async with anyio.create_task_group() as tg:
             await tg.start(dispatcher.run)
             await tg.start(subscriptions.run, services.publish_change, settings.poll_seconds)
+            tg.start_soon(_report_behind, runtime)
             self._services = services
             _write_pid_file(settings.pid_file)
             log.info(
@@ -329,6 +332,25 @@ async def _close_store(opened: OpenedRunStore) -> None:
     with anyio.CancelScope(shield=True):
         await opened.store.close()
     log.info("store closed", extra={"action": "store_closed"})
+
+
+async def _report_behind(runtime: Runtime) -> None:
+    """Log how many live runs are behind their chain's current version, and how many cannot move,
+    having moved those of chains whose runs move by themselves (``at_boundary``)."""
+    try:
+        found = await at_startup(runtime)
+    except ConstructError as exc:
+        log.warning("live runs not checked against their chains: %s", exc, extra={"action": "rollout_failed"})
+        return
+    if found.behind:
+        blocked = "; ".join(f"{run_id}: {why}" for run_id, why in list(found.blocked.items())[:3])
+        log.warning(
+            "%d live run(s) are behind their chain's current version (%s)%s",
+            found.behind,
+            found.said(),
+            f"; cannot move: {blocked}" if blocked else "",
+            extra={"action": "runs_behind", "behind": found.behind},
+        )
 
 
 def _write_pid_file(path: Path | None) -> None:

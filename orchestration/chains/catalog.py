@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -71,6 +71,12 @@ class Specialist:
     persona: str
 
 
+#: What happens to a chain's live runs when the chain changes: ``pinned`` (they stay on the version
+#: they started with), ``manual`` (they move when someone asks: ``orchestrate_upgrade``),
+#: ``at_boundary`` (they move by themselves when they next pause, where the move is compatible).
+UpgradePolicy = Literal["pinned", "manual", "at_boundary"]
+
+
 @dataclass(frozen=True, slots=True)
 class ChainDefinition:
     name: str
@@ -83,6 +89,8 @@ class ChainDefinition:
     max_depth: int = 3
     #: the chain's gate policy (:attr:`~orchestration.core.models.ChainSnapshot.approvers`)
     approvers: tuple[str, ...] | None = None
+    #: what happens to its live runs when the chain changes (:data:`UpgradePolicy`)
+    upgrade: UpgradePolicy = "pinned"
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -180,6 +188,7 @@ class _ChainConfig(_Strict):
     #: the policy of every gate whose step sets none, and of the run's budget gates (docs/approvals.md)
     approvers: _Approvers = Field(default=None, min_length=1, max_length=100)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
+    upgrade: UpgradePolicy = "pinned"
 
     _approvers = field_validator("approvers")(_check_approvers)
 
@@ -341,6 +350,17 @@ class Catalog:
                 self._resolved.clear()
             self._resolved[key] = found
         return found
+
+    @property
+    def moves_at_boundary(self) -> bool:
+        """Whether any chain's runs move by themselves when it changes (``at_boundary``)."""
+        return any(c.upgrade == "at_boundary" for c in self.chains.values())
+
+    def upgrade_policy(self, chain: ChainSnapshot) -> UpgradePolicy:
+        """What happens to runs of ``chain`` when it changes: its ``upgrade`` in the configuration
+        (``pinned`` for a chain given as a list of specialists, or since removed)."""
+        definition = self.chains.get(chain.name)
+        return "pinned" if definition is None else definition.upgrade
 
     def resolve_again(
         self,
@@ -553,6 +573,7 @@ def _user_chain(name: str, chain: _ChainConfig, context: _StepContext) -> ChainD
         chain.max_children,
         chain.max_depth,
         None if chain.approvers is None else tuple(chain.approvers),
+        chain.upgrade,
     )
 
 

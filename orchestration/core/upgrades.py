@@ -31,6 +31,7 @@ class CannotMove:
     reinterpreted: it never will move there) or ``invalid_state`` (not now: an attempt is in
     flight, or the run has ended)."""
 
+    #: ``upgrade_blocked``, ``invalid_state`` or ``pinned`` (the chain's runs do not move)
     code: str
     step: str | None
     reason: str

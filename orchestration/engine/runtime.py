@@ -53,6 +53,7 @@ from orchestration.core.models import (
     RunHead,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
+from orchestration.core.upgrades import CannotMove
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.agent_waits import AgentWaits
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
@@ -116,6 +117,10 @@ ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 _DEFAULT_LIMITS = Limits()
 _DEFAULT_SETTINGS = RuntimeSettings()
+
+
+def _any_run(_: RunHead) -> CannotMove | None:
+    return None
 
 
 class DrivesNewRuns(Protocol):
@@ -394,7 +399,9 @@ class Runtime:
         ``output_schema`` takes JSON matching it, else ``InvalidOutput`` and nothing is recorded;
         the validated value is in ``task_completed``. A task with live host-started children is
         not complete unless ``detach_children``."""
-        return await hand_in(self, validate_run_id(run_id), task_id, output, usage, detach_children)
+        run_id = validate_run_id(run_id)
+        head = await hand_in(self, run_id, task_id, output, usage, detach_children)
+        return await self.upgrade_if_due(run_id, head) or head
 
     async def approve(
         self,
@@ -442,9 +449,11 @@ class Runtime:
                 continue
             held = await held_at(self, head, shown)
             try:
-                return (await write_with_follow_up(self, head, [fact], held)).head
+                written = await write_with_follow_up(self, head, [fact], held)
             except VersionConflict:
                 shown = held
+                continue
+            return await self.upgrade_if_due(run_id, written.head) or written.head
 
     async def upgrade(
         self,
@@ -458,9 +467,9 @@ class Runtime:
     ) -> Upgrade:
         """Move the run to the chain ``to`` (None: its chain as the configuration has it now, with
         the options it was started with) where nothing recorded would be reinterpreted
-        (:mod:`orchestration.core.upgrades`), in one write with what follows at once; ``dry_run``:
-        only the verdict. ``by``, ``verified`` and ``reason`` are recorded with the move. A run
-        on that chain already is left as it is."""
+        (:mod:`orchestration.core.upgrades`) and its chain's policy allows it (not ``pinned``), in
+        one write with what follows at once; ``dry_run``: only the verdict. ``by``, ``verified``
+        and ``reason`` are recorded with the move. A run on that chain already is left as it is."""
         run_id = validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(
@@ -470,9 +479,64 @@ class Runtime:
         def chain_of(head: RunHead) -> ChainSnapshot:
             return to if to is not None else self.catalog.resolve_again(head.chain)
 
+        def allowed(head: RunHead) -> CannotMove | None:
+            if self.catalog.upgrade_policy(head.chain) != "pinned":
+                return None
+            name = head.chain.name
+            return CannotMove(
+                "pinned",
+                None,
+                f"chain {name!r} is pinned: its runs stay on the version they started with (set upgrade = "
+                f'"manual" or "at_boundary" in [chains.{name}] to move them)',
+            )
+
         return await upgrade_run(
-            self, run_id, chain_of, dry_run=dry_run, by=by, verified=verified, reason=reason
+            self, run_id, chain_of, allowed, dry_run=dry_run, by=by, verified=verified, reason=reason
         )
+
+    async def upgrade_if_due(self, run_id: str, head: RunHead | None = None) -> RunHead | None:
+        """A run of an ``at_boundary`` chain that is not running and is behind its chain as the
+        configuration has it now, moved to it where the move is compatible (recorded ``by``
+        ``policy``); the run's head as it is then (None: not read, no chain moves by itself).
+        Never raises: a move that fails is logged, and tried again at the run's next pause."""
+        if not self.catalog.moves_at_boundary:
+            return head
+        try:
+            head = head or await self.store.load(run_id)
+            if (
+                head.status.is_terminal
+                or head.status == RunStatus.RUNNING
+                or self.catalog.upgrade_policy(head.chain) != "at_boundary"
+            ):
+                return head
+            current = self.catalog.resolve_again(head.chain)
+            if current.content_hash() == head.chain_hash:
+                return head
+            done = await upgrade_run(
+                self,
+                run_id,
+                lambda _: current,
+                lambda _: None,
+                dry_run=False,
+                by="policy",
+                reason="at_boundary",
+            )
+        except ConstructError as exc:
+            log.warning(
+                "run %s was not moved to its chain's current version: %s",
+                run_id,
+                exc,
+                extra={"action": "upgrade_failed", "run_id": run_id},
+            )
+            return head
+        if isinstance(done.verdict, CannotMove):
+            log.info(
+                "run %s stays on its chain: %s",
+                run_id,
+                done.verdict.reason,
+                extra={"action": "upgrade_blocked", "run_id": run_id},
+            )
+        return done.head
 
     async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision
@@ -690,6 +754,8 @@ class Runtime:
             self._unreadable.pop(run_id, None)
         finally:
             await self._releases.release(drive.lease)
+        if result is not None and not self.stopping:
+            await self.upgrade_if_due(run_id)  # it paused: where a run of an at_boundary chain moves
         return result
 
     def _new_drive(self, lease: Lease, head: RunHead | None = None) -> Drive:

@@ -40,6 +40,7 @@ async def upgrade_run(
     services: HostServices,
     run_id: str,
     chain_of: ChainOf,
+    allowed: Callable[[RunHead], CannotMove | None],
     *,
     dry_run: bool,
     by: str | None = None,
@@ -47,14 +48,15 @@ async def upgrade_run(
     reason: str | None = None,
 ) -> Upgrade:
     """Move ``run_id`` to ``chain_of(head)`` (the chain it is to run on, given the run as it is),
-    unless ``dry_run``; a run on that chain already is left as it is (a repeat records nothing)."""
+    unless ``dry_run`` or ``allowed(head)`` says why not (its chain's policy); a run on that chain
+    already is left as it is (a repeat records nothing)."""
     while True:
         head = await services.store.load(run_id)
         new = chain_of(head)
         to_hash = new.content_hash()
         if to_hash == head.chain_hash:
             return Upgrade(head, head.chain_hash, to_hash, _unchanged(), False)
-        verdict = plan_upgrade(head, new)
+        verdict = allowed(head) or plan_upgrade(head, new)
         if dry_run or isinstance(verdict, CannotMove):
             return Upgrade(head, head.chain_hash, to_hash, verdict, False)
         fact = ChainUpgraded(

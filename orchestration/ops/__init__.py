@@ -1,4 +1,5 @@
-"""Operations on whole runs: fork and rewind, export and import, retention (pruning ended runs).
+"""Operations on whole runs: fork and rewind, export and import, retention (pruning ended runs),
+a chain change rolled out to the live runs.
 Uses the engine; the engine never uses these."""
 
 from __future__ import annotations
@@ -6,11 +7,14 @@ from __future__ import annotations
 from orchestration.ops.export import RunExport, derive, export_lines, read_export, snapshot
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.ops.retention import PRUNABLE, import_export, parse_statuses, prune
+from orchestration.ops.rollout import Rollout, at_startup, roll_out
 
 __all__ = [
     "PRUNABLE",
     "ForkRequest",
+    "Rollout",
     "RunExport",
+    "at_startup",
     "derive",
     "export_lines",
     "fork_run",
@@ -18,5 +22,6 @@ __all__ = [
     "parse_statuses",
     "prune",
     "read_export",
+    "roll_out",
     "snapshot",
 ]

@@ -14,7 +14,11 @@ from orchestration.engine import Upgrade
 from orchestration.errors import InvalidState, UpgradeBlocked
 from server.mcp.answering import ToolContext, answer, caller_for, services_of
 
-Verdict = Literal["moved", "would_move", "current", "blocked", "not_now"]
+Verdict = Literal["moved", "would_move", "current", "blocked", "not_now", "pinned"]
+
+
+#: the verdict of each refusal's code (``invalid_state`` otherwise: ``not_now``)
+_REFUSED: dict[str, Verdict] = {"upgrade_blocked": "blocked", "pinned": "pinned"}
 
 
 class UpgradeAnswer(BaseModel):
@@ -23,7 +27,7 @@ class UpgradeAnswer(BaseModel):
     run_id: str
     #: ``moved``; ``would_move`` (a dry run); ``current`` (on that chain already); ``blocked``
     #: (recorded work would be reinterpreted: ``blocked_step``, ``reason``); ``not_now`` (an attempt
-    #: is in flight, or the run ended)
+    #: is in flight, or the run ended); ``pinned`` (its chain's runs stay on their version)
     verdict: Verdict
     from_version: str
     to_version: str
@@ -68,7 +72,7 @@ def _answer(run_id: str, done: Upgrade, dry_run: bool) -> UpgradeAnswer:
         if not dry_run:
             error = UpgradeBlocked if verdict.code == "upgrade_blocked" else InvalidState
             raise error(f"run {run_id} stays on its chain: {verdict.reason}")
-        kind: Verdict = "blocked" if verdict.code == "upgrade_blocked" else "not_now"
+        kind = _REFUSED.get(verdict.code, "not_now")
         said = "it stays on its chain; fork it from an earlier task, or cancel it"
         update = {"verdict": kind, "blocked_step": verdict.step, "reason": verdict.reason, "next": said}
         return versions.model_copy(update=update)

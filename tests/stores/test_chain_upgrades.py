@@ -22,6 +22,7 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine import Runtime, RuntimeSettings
 from orchestration.engine.reading import read_snapshot
 from orchestration.errors import Conflict
+from orchestration.ops import at_startup, roll_out
 from orchestration.store import RunStore
 from tests.unit.fold_reference import fold as reference_fold
 from tests.unit.helpers import sequential_ids
@@ -29,7 +30,9 @@ from tests.unit.helpers import sequential_ids
 NEW_REVIEWER = "You are the reviewer. Check every change against the security checklist first."
 
 
-def catalog(*, reviewer: str | None = None, architect: str | None = None, extra: bool = False) -> Catalog:
+def catalog(
+    *, reviewer: str | None = None, architect: str | None = None, extra: bool = False, policy: str = "manual"
+) -> Catalog:
     """Chain ``review``: architect -> engineer -> reviewer (gated before), with the personas given
     (None: the built-in ones) and, with ``extra``, a ``security`` step before the reviewer."""
     specialists: dict[str, Any] = {}
@@ -40,12 +43,16 @@ def catalog(*, reviewer: str | None = None, architect: str | None = None, extra:
     if extra:
         specialists["security"] = {"description": "Audits", "persona": "You audit for security."}
     steps: list[Any] = ["architect", "engineer", *(["security"] if extra else []), "reviewer"]
-    raw = {"specialists": specialists, "chains": {"review": {"steps": steps}}}
+    raw = {"specialists": specialists, "chains": {"review": {"steps": steps, "upgrade": policy}}}
     return Catalog.builtin().extended(raw, "upgrade-test", Path("."))
 
 
+#: one sequence of run ids for every runtime here: they share their stores
+RUN_IDS = sequential_ids()
+
+
 def runtime(store: RunStore, chains: Catalog, clock: ManualClock) -> Runtime:
-    return Runtime(store, chains, clock=clock, new_id=sequential_ids(), settings=RuntimeSettings(owner="t"))
+    return Runtime(store, chains, clock=clock, new_id=RUN_IDS, settings=RuntimeSettings(owner="t"))
 
 
 async def parked_at_the_reviewers_gate(store: RunStore, clock: ManualClock) -> str:
@@ -147,3 +154,54 @@ async def test_a_step_added_before_the_run_gets_there_runs(store: RunStore) -> N
     for task in ("architect", "engineer", "security", "reviewer"):
         head = await old.submit_host_output(head.run_id, task, f"the {task}'s work")
     assert head.status == RunStatus.COMPLETED
+
+
+async def test_a_pinned_chains_runs_stay_where_they_are(store: RunStore) -> None:
+    clock = ManualClock()
+    run_id = await parked_at_the_reviewers_gate(store, clock)
+    before = await store.load(run_id)
+    pinned = runtime(store, catalog(reviewer=NEW_REVIEWER, policy="pinned"), clock)
+    for dry_run in (True, False):
+        refused = await pinned.upgrade(run_id, dry_run=dry_run)
+        assert isinstance(refused.verdict, CannotMove) and not refused.moved
+        assert "is pinned" in refused.verdict.reason and 'upgrade = "manual"' in refused.verdict.reason
+    assert await store.load(run_id) == before
+
+
+async def test_an_at_boundary_run_moves_by_itself_where_it_pauses(store: RunStore) -> None:
+    clock = ManualClock()
+    old = runtime(store, catalog(policy="at_boundary"), clock)
+    head, _ = await old.start(StartRequest("Build it", chain="review", approve_before=("reviewer",)))
+    await old.submit_host_output(head.run_id, "architect", "the design")
+    # The configuration changes; the next pause of the run, here the engineer's answer parking it at
+    # the reviewer's gate, is where it moves: the gate is asked on the new definition.
+    new = runtime(store, catalog(reviewer=NEW_REVIEWER, policy="at_boundary"), clock)
+    head = await new.submit_host_output(head.run_id, "engineer", "the code")
+    assert head.chain_hash == catalog(reviewer=NEW_REVIEWER).resolve_again(head.chain).content_hash()
+    facts = await store.read_facts(head.run_id)
+    moved = [f for f in facts if isinstance(f, ChainUpgraded)]
+    assert len(moved) == 1 and (moved[0].by, moved[0].reason) == ("policy", "at_boundary")
+    assert head.status == RunStatus.AWAITING_APPROVAL
+    head = await new.approve(head.run_id, "approve", "before:reviewer")
+    snapshot = await read_snapshot(store, head)
+    assert snapshot.host_task is not None and NEW_REVIEWER in snapshot.host_task.system
+
+
+async def test_a_rollout_moves_what_can_move_and_says_why_the_rest_stays(store: RunStore) -> None:
+    clock = ManualClock()
+    old = runtime(store, catalog(), clock)
+    fresh, _ = await old.start(StartRequest("Just started", chain="review"))
+    parked = await parked_at_the_reviewers_gate(store, clock)
+    done, _ = await old.start(StartRequest("Finished", chain="review"))
+    for task in ("architect", "engineer", "reviewer"):
+        await old.submit_host_output(done.run_id, task, "work")
+    new = runtime(store, catalog(architect="You design, tersely."), clock)
+    dry = await roll_out(new, "review", dry_run=True)
+    assert dry.counts == {"would_move": 1, "blocked": 1} and list(dry.blocked) == [parked]
+    assert "architect" in dry.blocked[parked]
+    rolled = await roll_out(new, "review", dry_run=False, by="ops")
+    assert rolled.counts == {"moved": 1, "blocked": 1}
+    assert (await store.load(fresh.run_id)).chain_moved and not (await store.load(parked)).chain_moved
+    assert (await roll_out(new, "review", dry_run=True)).counts == {"current": 1, "blocked": 1}
+    started = await at_startup(new)
+    assert started.behind == 1 and started.blocked == {parked: dry.blocked[parked]}

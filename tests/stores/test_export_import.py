@@ -18,6 +18,7 @@ from typing import cast
 
 import pytest
 
+from orchestration.chains import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
 from orchestration.core.costs import Budget
@@ -120,11 +121,19 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     head, _ = await delegating.start(StartRequest("Delegated", chain="delegated"))
     runs["delegated"] = (await play(delegating, head.run_id)).run_id
     # format 7: a run moved to another version of its chain (a step added) before it ran
-    head, _ = await runtime.start(StartRequest("Moved", chain=("architect", "engineer")))
-    longer = runtime.catalog.resolve(("architect", "engineer", "reviewer"))
-    assert (await runtime.upgrade(head.run_id, longer, dry_run=False)).moved
+    shipped = runtime.catalog
+    runtime.catalog = movable(shipped, ["architect", "engineer"])
+    head, _ = await runtime.start(StartRequest("Moved", chain="movable"))
+    runtime.catalog = movable(shipped, ["architect", "engineer", "reviewer"])  # the config changed
+    assert (await runtime.upgrade(head.run_id, dry_run=False)).moved
     runs["moved"] = (await play(runtime, head.run_id)).run_id
+    runtime.catalog = shipped
     return runs
+
+
+def movable(catalog: Catalog, steps: list[str]) -> Catalog:
+    """``catalog`` with a chain ``movable`` of ``steps`` whose runs move when asked."""
+    return catalog.extended({"chains": {"movable": {"steps": steps, "upgrade": "manual"}}}, "t", Path("."))
 
 
 async def exported(store: RunStore, run_id: str) -> list[str]:

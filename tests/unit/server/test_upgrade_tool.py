@@ -16,7 +16,8 @@ from server.app import ConstructApp
 from server.settings.config import load_settings
 
 CHAIN = (
-    '[chains.review]\nsteps = ["architect", "engineer", { specialist = "reviewer", approve_before = true }]\n'
+    '[chains.review]\nupgrade = "manual"\n'
+    'steps = ["architect", "engineer", { specialist = "reviewer", approve_before = true }]\n'
 )
 CHECKLIST = "You review every change against the security checklist first."
 
