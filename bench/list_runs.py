@@ -15,6 +15,7 @@ import asyncio
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -82,13 +83,16 @@ async def main() -> int:
     p.add_argument("--stores", default="filesystem,sqlite,postgres")
     add_postgres_dsn(p)
     args = p.parse_args()
-    openers = {"filesystem": open_filesystem, "sqlite": open_sqlite}
+    openers: dict[str, Callable[[Path], AbstractAsyncContextManager[RunStore]]] = {
+        "filesystem": open_filesystem,
+        "sqlite": open_sqlite,
+    }
     wanted = names(args.stores)
     if "postgres" in wanted:
         if not args.postgres_dsn:
             print("postgres: skipped (no --postgres-dsn and no CONSTRUCT_TEST_POSTGRES_DSN)")
         elif await postgres_reachable(args.postgres_dsn):
-            openers["postgres"] = postgres_opener(args.postgres_dsn)  # type: ignore[assignment]
+            openers["postgres"] = postgres_opener(args.postgres_dsn)
     print(f"{args.runs} runs, {args.live_percent:g} % live; median of 7 calls after the first")
     print(f"{'store':<11}{'list_runs':>12}{'queued only':>13}{'runnable':>12}")
     now = T0 + timedelta(days=365)

@@ -27,7 +27,7 @@ import secrets
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -236,7 +236,7 @@ async def open_sqlite(tmp: Path) -> AsyncIterator[RunStore]:
         await store.close()
 
 
-def postgres_opener(dsn: str) -> Callable[[Path], AsyncIterator[RunStore]]:
+def postgres_opener(dsn: str) -> Callable[[Path], AbstractAsyncContextManager[RunStore]]:
     @asynccontextmanager
     async def open_postgres(tmp: Path) -> AsyncIterator[RunStore]:
         import asyncpg  # type: ignore[import-untyped]
@@ -258,7 +258,7 @@ def postgres_opener(dsn: str) -> Callable[[Path], AsyncIterator[RunStore]]:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
             await conn.close()
 
-    return open_postgres  # type: ignore[return-value]
+    return open_postgres
 
 
 async def postgres_reachable(dsn: str) -> bool:
@@ -280,10 +280,10 @@ async def main() -> int:
     add_postgres_dsn(p)
     args = p.parse_args()
 
-    openers: dict[str, Callable[[Path], AsyncIterator[RunStore]]] = {
-        "memory": open_memory,  # type: ignore[dict-item]
-        "filesystem": open_filesystem,  # type: ignore[dict-item]
-        "sqlite": open_sqlite,  # type: ignore[dict-item]
+    openers: dict[str, Callable[[Path], AbstractAsyncContextManager[RunStore]]] = {
+        "memory": open_memory,
+        "filesystem": open_filesystem,
+        "sqlite": open_sqlite,
     }
     wanted = names(args.stores)
     if "postgres" in wanted:
@@ -306,7 +306,7 @@ async def main() -> int:
             if name not in openers:
                 continue
             with tempfile.TemporaryDirectory(prefix="construct-bench-") as tmp:
-                async with openers[name](Path(tmp)) as store:  # type: ignore[attr-defined]
+                async with openers[name](Path(tmp)) as store:
                     measured = await measure(store, args.samples, pin_head)
             medians = {n: measured[n][0] for n in HISTORIES}
             sizes = {n: measured[n][1] for n in HISTORIES}
