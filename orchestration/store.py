@@ -32,6 +32,7 @@ __all__ = [
     "CreatesClaimed",
     "Lease",
     "NotifiesRunnable",
+    "ReadsLeases",
     "RunPage",
     "RunStore",
     "Tombstone",
@@ -331,6 +332,21 @@ class RunStore(Protocol):
 
     async def close(self) -> None:
         """Release connections and files. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ReadsLeases(Protocol):
+    """Optional ability (memory, filesystem, sqlite, postgres): read a run's lease without taking
+    it. What tells a reader (``runs status``, the page) whether anyone drives a run: a run whose
+    status is active and whose lease is absent or expired has no driver (see "Nobody driving" in
+    ``docs/cli.md``)."""
+
+    async def lease_of(self, run_id: str) -> Lease | None:
+        """The run's stored lease, expired or not, as the claim or renewal that wrote it left it;
+        None when nobody holds one (never claimed, released, or the run does not exist). A read:
+        it claims, renews and wakes nothing. Raises ``InvalidArgument`` for a malformed run id,
+        ``StoreError`` / ``StoreUnavailable`` as any read."""
         ...
 
 

@@ -616,6 +616,17 @@ class FilesystemStore(FilesystemListing, FilesystemRetention):
             return {}
         return await self._call(self._versions_sync, run_ids)
 
+    async def lease_of(self, run_id: str) -> Lease | None:
+        """``ReadsLeases`` (:mod:`orchestration.store`): ``lease.json`` as the last claim or renewal
+        replaced it (whole: written by rename), read without the run's lock."""
+        validate_run_id(run_id)
+        return await self._call(self._lease_sync, run_id)
+
+    def _lease_sync(self, run_id: str) -> Lease | None:
+        run_dir = self._run_dir(run_id)
+        record = read_lease(run_id, run_dir) if run_dir.is_dir() else None
+        return None if record is None else Lease(run_id, record.owner, record.expires_at, record.token)
+
     async def release_lease(self, lease: Lease) -> None:
         validate_run_id(lease.run_id)
         await self._call(self._release_sync, lease)

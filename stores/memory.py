@@ -203,6 +203,12 @@ class MemoryStore:
             await checkpoint()
         return {run_id: self._heads[run_id].version for run_id in run_ids if run_id in self._heads}
 
+    async def lease_of(self, run_id: str) -> Lease | None:
+        """``ReadsLeases`` (:mod:`orchestration.store`): the run's lease as stored, expired or not."""
+        validate_run_id(run_id)
+        await checkpoint()
+        return self._leases.get(run_id)
+
     async def release_lease(self, lease: Lease) -> None:
         async with self._lock:
             if self._holds(lease):

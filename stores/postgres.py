@@ -495,6 +495,15 @@ class PostgresStore(PostgresRetention):
             rows = await conn.fetch(Q["run_versions"], list(run_ids))
         return {str(row[0]): int(row[1]) for row in rows}
 
+    async def lease_of(self, run_id: str) -> Lease | None:
+        """``ReadsLeases`` (:mod:`orchestration.store`): one ``SELECT`` of the run's lease row."""
+        validate_run_id(run_id)
+        async with self._connection() as conn:
+            row = await conn.fetchrow(Q["lease_of"], run_id)
+        if row is None:
+            return None
+        return Lease(run_id, str(row[0]), row[1], str(row[2]))
+
     async def release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:
             await conn.execute(Q["release_lease"], lease.run_id, lease.token, self.channel)

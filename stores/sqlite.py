@@ -486,6 +486,15 @@ class SqliteStore(SqliteRetention):
         rows = await self._read(Q["run_versions"], {"run_ids": json.dumps(list(run_ids))})
         return {str(row[0]): int(row[1]) for row in rows}
 
+    async def lease_of(self, run_id: str) -> Lease | None:
+        """``ReadsLeases`` (:mod:`orchestration.store`): one ``SELECT`` of the run's lease row."""
+        validate_run_id(run_id)
+        rows = await self._read(Q["lease_of"], {"run_id": run_id})
+        if not rows:
+            return None
+        owner, expires_at, token = rows[0]
+        return Lease(run_id, str(owner), datetime.fromisoformat(str(expires_at)), str(token))
+
     async def release_lease(self, lease: Lease) -> None:
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(Q["release_lease"], {"run_id": lease.run_id, "token": lease.token})

@@ -165,6 +165,10 @@ SELECT pg_notify($1, $2)
 -- name: run_version
 SELECT version FROM runs WHERE run_id = $1
 
+-- name: lease_of
+-- The run's lease as stored, expired or not (ReadsLeases.lease_of): $1 the run id. A read.
+SELECT owner, expires_at, token FROM leases WHERE run_id = $1
+
 -- name: run_versions
 -- The versions of many runs in one statement (RunStore.versions): $1 the run ids.
 SELECT run_id, version FROM runs WHERE run_id = ANY ($1::text[])

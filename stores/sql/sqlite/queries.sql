@@ -39,6 +39,10 @@ SELECT run_id, CASE WHEN chain IS NULL THEN head ELSE substr(head, 1, length(hea
 -- name: run_version
 SELECT version FROM runs WHERE run_id = :run_id
 
+-- name: lease_of
+-- The run's lease as stored, expired or not (ReadsLeases.lease_of): a read, it claims nothing.
+SELECT owner, expires_at, token FROM leases WHERE run_id = :run_id
+
 -- name: run_versions
 -- The versions of many runs in one statement (RunStore.versions): :run_ids is a JSON array of ids.
 SELECT run_id, version FROM runs WHERE run_id IN (SELECT value FROM json_each(:run_ids))
