@@ -11,6 +11,7 @@ from pydantic import Field
 
 from orchestration.core import RunHead, RunStatus, TaskStatus
 from orchestration.store import RunPage
+from server.views.attendance import Unattended
 from server.views.outline import Outlined, View
 from server.views.run_view import request_preview, status_kind_of
 
@@ -27,6 +28,8 @@ class RunSummary(View):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
+    #: set by a reader that read the run's lease (server.views.attendance): nobody drives the run
+    unattended: Unattended | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class RunsPage(Outlined):

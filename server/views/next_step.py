@@ -71,7 +71,8 @@ class Approve(View):
 
 
 class Wait(View):
-    """The server is working on the run (or waits durably until ``not_before``)."""
+    """The run needs nothing from the caller: whoever holds its lease drives it (or it waits
+    durably until ``not_before``); see :mod:`server.views.attendance` for a run nobody drives."""
 
     kind: Literal["wait"] = "wait"
     tool: Literal["run_status"] = "run_status"
@@ -253,9 +254,10 @@ def next_step(
         arguments=wait_call(run_id),
         not_before=not_before,
         instruction=(
-            f"The server is working (status {head.status.value}"
+            f"Status {head.status.value}"
             + (f", next attempt not before {not_before.isoformat()}" if not_before else "")
-            + "): run_status with arguments waits."
+            + ": the process holding its lease drives it, or a server on its store once a stopped "
+            "driver's lease lapses: run_status with arguments waits."
         ),
     )
 

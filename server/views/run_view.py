@@ -57,6 +57,7 @@ from orchestration.core import (
 )
 from orchestration.engine import RunSnapshot
 from orchestration.errors import InvalidArgument
+from server.views.attendance import Unattended
 from server.views.budget_view import BudgetView, budget_view
 from server.views.graph_view import RouteView, loop_history, route_view, waits_for
 
@@ -321,6 +322,12 @@ class RunView(Outlined):
     )
     more_actions: list[RunHostTask | Approve] = Field(
         default_factory=list, description="Others waiting too (parallel steps)."
+    )
+    #: set by a reader that read the run's lease (server.views.attendance: the CLI, the page)
+    unattended: Unattended | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Nobody drives the run: since when, and the command that continues it.",
     )
     #: set by orchestrate_start (``model_copy``) when the start did not create the run
     existing_run: bool = Field(

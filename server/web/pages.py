@@ -64,6 +64,7 @@ from server.identity import SCOPE_KEY, UNAUTHENTICATED_HTTP, Caller, NamedToken
 from server.mcp.services import Services
 from server.transports.auth import BearerTokenMiddleware
 from server.transports.http import BodyLimitMiddleware, security_settings
+from server.views.attendance import attended
 from server.views.events import MAX_EVENTS_LIMIT, read_events
 from server.views.listing import runs_page
 from server.views.run_view import check_task_id
@@ -259,9 +260,15 @@ class RunPages:
             page_ = await self._running().runtime.list_runs(
                 statuses or None, int(limit_text), query.get("cursor") or None
             )
-            if caller.own_runs_only:
-                return runs_page([h for h in page_.runs if caller.may_see(h)], page_.next_cursor)
-            return runs_page(page_)
+            runtime = self._running().runtime
+            heads = [h for h in page_.runs if caller.may_see(h)] if caller.own_runs_only else page_.runs
+            listed = runs_page(heads, page_.next_cursor)
+            now = runtime.clock.now()
+            runs = [
+                await attended(run, head, runtime.store, now)
+                for run, head in zip(listed.runs, heads, strict=True)
+            ]
+            return listed.model_copy(update={"runs": runs})
 
         return await _answer(work)
 
@@ -280,7 +287,10 @@ class RunPages:
             task_id = request.query_params.get("task_id") or None
             if task_id is not None:
                 check_task_id(head, task_id)
-            return await services.view(head.run_id, head, "compact", task_id, caller=caller)
+            view = await services.view(head.run_id, head, "compact", task_id, caller=caller)
+            # Whether anyone drives it: read at each request (a view is kept per version, and a
+            # driver's death changes no version).
+            return await attended(view, head, services.runtime.store, services.runtime.clock.now())
 
         return await _answer(work)
 

@@ -77,6 +77,11 @@ async def test_the_page_shows_a_running_tasks_text_growing_then_its_output(tmp_p
             assert ANSWER.startswith(grown)
             note = await page.evaluate("document.querySelector('[data-live-note=\"writer\"]').textContent")
             assert note.startswith("Writing… ") and "recorded when the call ends" in note
+            # The answer is visibly coming in: the task is not said to wait for it.
+            task = await page.evaluate(
+                "document.querySelector('[data-live=\"writer\"]').parentElement.textContent"
+            )
+            assert "waits for" not in task, task
             await page.screenshot(screenshot_path(tmp_path, "run-page-streaming.png"))
             # The call ends: the recorded output is shown, the live box is gone.
             await page.wait_for(
