@@ -30,9 +30,10 @@ AddOptions = Callable[[argparse.ArgumentParser], None]
 def add_fork_parser(
     runs_sub: Subcommands,
     common: AddOptions,
-    json_flag: AddOptions,
+    output_flags: AddOptions,
 ) -> None:
-    """Add ``fork`` to the ``runs`` sub-commands."""
+    """Add ``fork`` to the ``runs`` sub-commands (``output_flags``: those of a command that drives
+    a run and prints it: ``--json``, ``--show-prompt``, ``--quiet``)."""
     fork = runs_sub.add_parser(
         "fork", help="start a new run that reuses a run's recorded work and redoes it from a task"
     )
@@ -51,7 +52,7 @@ def add_fork_parser(
     )
     fork.add_argument("--idempotency-key")
     common(fork)
-    json_flag(fork)
+    output_flags(fork)
 
 
 async def run_fork(runtime: Runtime, args: argparse.Namespace) -> RunHead:

@@ -19,8 +19,10 @@ one progress line each — chain, status, tasks finished of all, what the run wa
 every second; ``--once`` prints one snapshot and exits.
 
 Both only read: they follow the store through the runtime (woken at once by this process's writes,
-polling the store for the writes of servers and other CLI processes) and never drive a run, so a
-run nobody drives stays where it is while ``tail`` waits. Ctrl-C stops them (exit status 130).
+polling the store for the writes of servers and other CLI processes) and never drive a run. A run
+nobody drives (:mod:`server.views.attendance`: its driver stopped, and no server serves its store)
+would never move: ``tail`` says so, with the command that continues the run, and exits
+:data:`TAIL_UNATTENDED` instead of waiting. Ctrl-C stops them (exit status 130).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from orchestration.engine import Runtime
 from orchestration.errors import ConstructError, InvalidArgument
 from orchestration.workers import open_session
 from server.cli.subcommands import Subcommands
+from server.views.attendance import attendance, said
 from server.views.events import Event, read_events
 from server.views.listing import waiting_for
 
@@ -48,6 +51,11 @@ LIVE_COMMANDS = frozenset({"tail", "watch"})
 TAIL_BACKLOG = 10
 #: How long one wait of ``runs tail`` for the next event lasts before it asks again.
 TAIL_WAIT_SECONDS = 30.0
+#: How long one wait of ``runs tail`` on the store lasts: between two, it checks that someone
+#: drives the run.
+TAIL_STORE_WAIT_SECONDS = 5.0
+#: ``runs tail``'s exit status for a run nobody drives (it would wait forever).
+TAIL_UNATTENDED = 1
 #: How often ``runs watch`` redraws.
 WATCH_SECONDS = 1.0
 #: The statuses ``runs watch`` shows.
@@ -84,8 +92,9 @@ def add_live_parsers(
     common(watch)
 
 
-async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> int:
-    """``runs tail`` or ``runs watch``; returns the exit status."""
+async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO, where: str = "") -> int:
+    """``runs tail`` or ``runs watch``; returns the exit status. ``where``: the flags that name the
+    store in a command printed (``--home DIR``)."""
     if args.runs_command == "tail" and args.url:
         try:
             token = args.token_file.read_text().strip() if args.token_file else None
@@ -95,12 +104,16 @@ async def run_live(runtime: Runtime, args: argparse.Namespace, out: TextIO) -> i
             args.url, args.run_id, out, token=token, from_start=args.from_start, as_json=args.json
         )
     if args.runs_command == "tail":
-        return await tail(runtime, args.run_id, out, from_start=args.from_start, as_json=args.json)
+        return await tail(
+            runtime, args.run_id, out, from_start=args.from_start, as_json=args.json, where=where
+        )
     return await watch(runtime, out, once=args.once, limit=args.limit)
 
 
 #: One page of the feed: ``(after_seq, output_after, wait_seconds)`` -> the ``run_events`` page.
 PageReader = Callable[[int, int, float], Awaitable[dict[str, Any]]]
+#: Asked after a page with no event of a run not ended: what to say when nobody drives it, or None.
+StallCheck = Callable[[], Awaitable[str | None]]
 
 
 async def tail(
@@ -110,9 +123,11 @@ async def tail(
     *,
     from_start: bool = False,
     as_json: bool = False,
-    wait_seconds: float = TAIL_WAIT_SECONDS,
+    wait_seconds: float = TAIL_STORE_WAIT_SECONDS,
+    where: str = "",
 ) -> int:
-    """Print the run's events as they are recorded; return 0 once it has ended and all are out."""
+    """Print the run's events as they are recorded; return 0 once it has ended and all are out,
+    :data:`TAIL_UNATTENDED` when nobody drives it (it would not move)."""
     head = await runtime.status(run_id)
     after = 0 if from_start else max(0, head.last_seq - TAIL_BACKLOG)
     if not as_json:
@@ -122,7 +137,14 @@ async def tail(
         page = await read_events(runtime, head.run_id, after_seq, 100, wait, output_after=output_after)
         return page.model_dump(mode="json")
 
-    return await follow(read, run_id, out, after=after, as_json=as_json, wait_seconds=wait_seconds)
+    async def stalled() -> str | None:
+        now = await runtime.status(head.run_id)
+        nobody = await attendance(runtime.store, now, runtime.clock.now(), where)
+        return None if nobody is None else f"run {head.run_id}: {said(nobody)}"
+
+    return await follow(
+        read, run_id, out, after=after, as_json=as_json, wait_seconds=wait_seconds, stalled=stalled
+    )
 
 
 async def tail_server(
@@ -190,13 +212,27 @@ async def _tail_server(
 
 
 async def follow(
-    read: PageReader, run_id: str, out: TextIO, *, after: int, as_json: bool, wait_seconds: float
+    read: PageReader,
+    run_id: str,
+    out: TextIO,
+    *,
+    after: int,
+    as_json: bool,
+    wait_seconds: float,
+    stalled: StallCheck | None = None,
 ) -> int:
-    """Print the feed's pages from ``after`` until the run has ended and every event is out."""
+    """Print the feed's pages from ``after`` until the run has ended and every event is out
+    (``stalled``: asked after each page that brought nothing: a run nobody drives ends the tail
+    with what it says, exit status :data:`TAIL_UNATTENDED`)."""
     output_after = 0
     writing: str | None = None  # the task whose text the last line is, still open
     while True:
         page = await read(after, output_after, wait_seconds)
+        if stalled is not None and not page["events"] and not page["terminal"]:
+            nobody = await stalled()
+            if nobody is not None:
+                out.write(("\n" if writing else "") + nobody + "\n")
+                return TAIL_UNATTENDED
         for item in page["events"]:
             event = Event.model_validate(item)
             if not as_json and event.type == "output_delta":

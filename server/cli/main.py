@@ -4,7 +4,7 @@
 
     construct-mcp serve [--transport stdio|sse|streamable-http] [--host H] [--port P] [--store S] [--config F]
     construct-mcp runs start REQUEST [--chain NAME | --chain a,b,c | --specialists a[,b]]
-                             [--approve-before STEP]... [--idempotency-key K]
+                             [--approve-before STEP]... [--idempotency-key K] [--quiet] [--show-prompt]
     construct-mcp runs status RUN_ID [--full]
     construct-mcp runs resume RUN_ID [--task-id T (--output TEXT | --output-file FILE|-)]
     construct-mcp runs approve RUN_ID --gate-id G [--reject | --revise] [--comment C] [--approver A]
@@ -25,7 +25,12 @@ The ``runs`` commands work directly on the configured store, without a server: e
 event through the :class:`~orchestration.engine.runtime.Runtime` and then drives the run in this process
 until it settles (a host task, a gate, the end), so the CLI alone can run a chain (``tail`` and
 ``watch`` only follow runs: :mod:`server.cli.live`). If a server holds
-the run's lease, the CLI leaves the driving to it and waits briefly for it. Output is
+the run's lease, the CLI leaves the driving to it and waits briefly for it. While a command drives
+a run it prints the run id first, each task's start and end and the provider's streamed text
+(:mod:`server.cli.progress`; ``--quiet``: none of it); Ctrl-C then says the run, what was recorded
+and the command that continues it (exit 130). A run nobody drives is said so, with that command
+(:mod:`server.views.attendance`). A host task's prompt is written to a file whose path is printed
+(``--show-prompt`` prints it too); the ``next:`` command is the last line. Output is
 human-readable; ``--json`` prints the same run view the MCP tools return: compact, each task's output
 as a preview. ``runs status --full`` shows every task's whole output (``--json --full``: the view of
 ``run_status(detail="full")``). Like the tools, a command that records something names what it
@@ -51,15 +56,17 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, TypeVar
 
 import anyio
 
 from orchestration.chains import Catalog
-from orchestration.core import Fact, RunHead, RunStatus, StartRequest, budget_raise
+from orchestration.core import Fact, RunHead, RunStatus, StartRequest, TaskStatus, budget_raise
 from orchestration.engine import Runtime
 from orchestration.errors import (
     ConfigError,
@@ -73,18 +80,22 @@ from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
 from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
-from server.cli.printing import emit
+from server.cli.printing import HostPrompts, emit
+from server.cli.progress import Progress
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
 from server.cli.usage import UsageError
 from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_choice, store_url
 from server.settings.telemetry import configure_tracing
+from server.views.attendance import attended, continue_command
 from server.views.listing import RunsPage, runs_page
 from server.views.run_view import Detail, RunView, run_view
 from server.views.timeline import render_timeline
 from server.wiring import runtime_for
 from stores import parse_store_spec
+
+_T = TypeVar("_T")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -103,6 +114,9 @@ EXIT_STATUSES = f"""exit status:
   {EXIT_USAGE}  a usage or configuration error (a bad flag, or FILE: TABLE.FIELD: problem)
   {EXIT_RUN_ENDED_UNSUCCESSFULLY}  runs start|resume|approve|fork: the run ended failed, rejected or cancelled
 """
+
+#: Ctrl-C (128 + SIGINT), as a shell reports it.
+EXIT_INTERRUPTED = 130
 
 #: How long a ``runs`` command waits for a server that holds the run's lease to move it on.
 CLI_WAIT_SECONDS = 10.0
@@ -129,6 +143,27 @@ def _common(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _view_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that prints a run: ``--json``, and ``--show-prompt``."""
+    _json_flag(parser)
+    parser.add_argument(
+        "--show-prompt",
+        action="store_true",
+        help="print a host task's prompt here too (it is always written to a file whose path is printed)",
+    )
+
+
+def _advancing_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that drives a run here: those of :func:`_view_flags`, and ``--quiet``."""
+    _view_flags(parser)
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print no progress while the run is driven (the run id, each task's start and end, the "
+        "streamed text): only the run at the end",
+    )
 
 
 def version() -> str:
@@ -195,7 +230,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     status.add_argument("run_id")
     status.add_argument("--full", action="store_true", help="show every task's whole output")
     _common(status)
-    _json_flag(status)
+    _view_flags(status)
 
     _resume_arguments(
         actions.add_parser("resume", help="record a host task's output, or continue an interrupted run")
@@ -222,7 +257,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     _common(timeline)
     _json_flag(timeline)
     add_live_parsers(actions, _common, _json_flag)
-    add_fork_parser(actions, _common, _json_flag)
+    add_fork_parser(actions, _common, _advancing_flags)
     add_retention_parsers(actions, _common, _json_flag)
     return actions.choices
 
@@ -254,7 +289,7 @@ def _start_arguments(start: argparse.ArgumentParser) -> None:
     start.add_argument("--task-timeout-seconds", type=float, help="a time limit for each task")
     add_budget_flags(start)
     _common(start)
-    _json_flag(start)
+    _advancing_flags(start)
 
 
 def _resume_arguments(resume: argparse.ArgumentParser) -> None:
@@ -268,7 +303,7 @@ def _resume_arguments(resume: argparse.ArgumentParser) -> None:
     )
     add_usage_flags(resume)
     _common(resume)
-    _json_flag(resume)
+    _advancing_flags(resume)
 
 
 def _approve_arguments(approve: argparse.ArgumentParser) -> None:
@@ -288,7 +323,7 @@ def _approve_arguments(approve: argparse.ArgumentParser) -> None:
     approve.add_argument("--raise-tokens", type=int, metavar="N", help="a budget gate: add N tokens")
     approve.add_argument("--raise-usd", type=float, metavar="X", help="a budget gate: add X dollars")
     _common(approve)
-    _json_flag(approve)
+    _advancing_flags(approve)
 
 
 def _migrate_arguments(migrate: argparse.ArgumentParser) -> None:
@@ -332,19 +367,62 @@ def _settings(args: argparse.Namespace, *, default_log_level: str | None = None)
 # runs ...
 
 
-async def _advance(runtime: Runtime, head: RunHead) -> RunHead:
-    """Drive the run in this process until it settles; if another process holds its lease, give
-    that process a moment to move it on."""
+@dataclass
+class _Here:
+    """What a ``runs`` command knows of where it runs: the flags that name its store in a command
+    it prints (``--home DIR``, and ``--store``, ``--config`` as given), where a host task's
+    prompts go, whether it prints progress, and the run it advances once known (what Ctrl-C
+    reports: :func:`_interrupted`)."""
+
+    flags: str
+    prompts: HostPrompts
+    progress: bool
+    out: TextIO
+    run_id: str | None = None
+    #: said on stderr once the run is started (see :func:`_runs`)
+    note: str | None = None
+
+
+def _here(args: argparse.Namespace, settings: Settings, out: TextIO) -> _Here:
+    """What the ``runs`` command ``args`` knows of where it runs (see :class:`_Here`)."""
+    flags = [f"--home {shlex.quote(str(settings.home))}"]
+    for name in ("store", "config"):
+        value = getattr(args, name, None)
+        if value is not None:
+            flags.append(f"--{name} {shlex.quote(str(value))}")
+    show = getattr(args, "show_prompt", False)
+    quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
+    return _Here(" ".join(flags), HostPrompts(settings.home / "prompts", show), not quiet, out)
+
+
+#: what the progress's first line says a command did to the run
+_VERBS = {"start": "started", "resume": "resumed", "approve": "continues", "fork": "forked"}
+
+
+async def _advance(runtime: Runtime, head: RunHead, here: _Here, verb: str) -> RunHead:
+    """Drive the run in this process until it settles, printing its progress (:mod:`server.cli.progress`);
+    if another process holds its lease, give that process a moment to move it on."""
+    here.run_id = head.run_id
     if head.status.kind != "active":
         return head
-    try:
-        action = await runtime.drive(head.run_id)
-    except LeaseLost:
-        # Another process claimed the run while this one drove it: it is that process's now.
-        action = None
-    if action is None:
-        return await runtime.wait_settled(head.run_id, CLI_WAIT_SECONDS)
-    return await runtime.status(head.run_id)
+    progress = Progress(runtime, here.out) if here.progress else None
+    async with anyio.create_task_group() as group:
+        if progress is not None:
+            progress.begin(head, verb)
+            group.start_soon(progress.follow, head.run_id)
+        try:
+            action = await runtime.drive(head.run_id)
+        except LeaseLost:
+            # Another process claimed the run while this one drove it: it is that process's now.
+            action = None
+        if action is None:
+            head = await runtime.wait_settled(head.run_id, CLI_WAIT_SECONDS)
+        else:
+            head = await runtime.status(head.run_id)
+        group.cancel_scope.cancel()
+    if progress is not None:
+        await progress.catch_up(head.run_id)
+    return head
 
 
 def _read_text(value: str | None, file: str | None, what: str) -> str | None:
@@ -378,8 +456,9 @@ def _refuse_another_kind_of_store(settings: Settings) -> None:
         )
 
 
-async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+async def _runs(args: argparse.Namespace, settings: Settings, here: _Here) -> int:
     _refuse_another_kind_of_store(settings)
+    out = here.out
     if args.runs_command in RETENTION_COMMANDS:
         return await run_retention(args, settings, out)
     catalog = Catalog.load(settings.config_file)
@@ -392,14 +471,19 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
         if opened.created
         else None
     )
+    if args.runs_command == "start":
+        # A start prints its run with the next command last, where the eye lands: the note (where
+        # the new run went) is said once the run exists, before the run (an error still first).
+        here.note, note = note, None
     stop_tracing = configure_tracing(settings.otel)  # a run driven here is traced as by the server
     try:
         async with runtime_for(settings, opened.store, catalog, opened.warnings) as runtime:
-            code = await _runs_with(runtime, args, out, where=opened.description)
+            code = await _runs_with(runtime, args, out, where=opened.description, here=here)
         if note is not None:
             sys.stderr.write(note + "\n")
         return code
     except (ConstructError, UsageError) as exc:
+        note = note if note is not None else here.note  # a start's, if not said yet
         if note is not None:
             exc.add_note(note)
         raise
@@ -410,36 +494,51 @@ async def _runs(args: argparse.Namespace, settings: Settings, out: TextIO) -> in
 
 
 async def _runs_with(
-    runtime: Runtime, args: argparse.Namespace, out: TextIO, *, where: str | None = None
+    runtime: Runtime,
+    args: argparse.Namespace,
+    out: TextIO,
+    *,
+    where: str | None = None,
+    here: _Here | None = None,
 ) -> int:
     """Run the ``runs`` command ``args`` names on ``runtime``; ``where`` describes its store (an
-    empty ``runs list`` says which store it looked in)."""
+    empty ``runs list`` says which store it looked in); ``here``: what the command knows of where
+    it runs (None: no store flags to print, prompts printed whole, no progress). A run shown says
+    whether anyone drives it (:mod:`server.views.attendance`)."""
+    here = here if here is not None else _Here("", HostPrompts(show=True), False, out)
     command = args.runs_command
     model: RunView | RunsPage
     code = EXIT_OK
     if command in LIVE_COMMANDS:
-        return await run_live(runtime, args, out)
+        return await run_live(runtime, args, out, here.flags)
     if command == "list":
         page = await runtime.list_runs(
             frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
         )
-        model = runs_page(page)
+        now = runtime.clock.now()
+        listed = runs_page(page)
+        runs = [
+            await attended(summary, head, runtime.store, now, here.flags)
+            for summary, head in zip(listed.runs, page.runs, strict=True)
+        ]
+        model = listed.model_copy(update={"runs": runs})
     elif command == "timeline":
         head = await runtime.status(args.run_id)
         facts = await runtime.read_facts(head.run_id)
         _emit_timeline(head, facts, args.json, out)
         return EXIT_OK
     else:
-        head = await _run_command(command, args, runtime)
+        head = await _run_command(command, args, runtime, here)
         detail: Detail = "full" if getattr(args, "full", False) else "compact"
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
+        model = await attended(model, head, runtime.store, runtime.clock.now(), here.flags)
         if command in _ADVANCING and head.status in _UNSUCCESSFUL:
             code = EXIT_RUN_ENDED_UNSUCCESSFULLY
-    emit(model, args.json, out, where)
+    emit(model, args.json, out, where, here.prompts)
     return code
 
 
-async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime) -> RunHead:
+async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime, here: _Here) -> RunHead:
     if command == "start":
         request = sys.stdin.read() if args.request == "-" else args.request
         head, _created = await runtime.start(
@@ -456,9 +555,12 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
                 budget=budget_of(args),
             )
         )
-        return await _advance(runtime, head)
+        if here.note is not None:
+            sys.stderr.write(here.note + "\n")
+            here.note = None
+        return await _advance(runtime, head, here, _VERBS[command])
     if command == "fork":
-        return await _advance(runtime, await run_fork(runtime, args))
+        return await _advance(runtime, await run_fork(runtime, args), here, _VERBS[command])
     if command == "status":
         return await runtime.status(args.run_id)
     if command == "resume":
@@ -476,7 +578,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
             head = await runtime.submit_host_output(
                 args.run_id, args.task_id, output, usage, args.detach_children
             )
-        return await _advance(runtime, head)
+        return await _advance(runtime, head, here, _VERBS[command])
     if command == "approve":
         decision: Literal["approve", "reject", "revise"] = (
             "reject" if args.reject else "revise" if args.revise else "approve"
@@ -490,7 +592,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime)
         head = await runtime.approve(
             args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", budget_raise=raised
         )
-        return await _advance(runtime, head)
+        return await _advance(runtime, head, here, _VERBS[command])
     if command == "cancel":
         return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
     raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
@@ -521,6 +623,54 @@ def _emit_timeline(head: RunHead, facts: Sequence[Fact], as_json: bool, out: Tex
         out.write(json.dumps(data, indent=2) + "\n")
     else:
         out.write(render_timeline(head, facts))
+
+
+def _interrupted(settings: Settings, here: _Here) -> int:
+    """Ctrl-C while a command advanced a run: the run stays as recorded (a call cut off is made
+    again by whoever continues it). Say the run, what was recorded, and the command that continues
+    it; exit :data:`EXIT_INTERRUPTED`."""
+    run_id = here.run_id
+    assert run_id is not None
+
+    async def read() -> RunHead:
+        opened = await open_run_store(settings)
+        try:
+            return await opened.store.load(run_id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await opened.store.close()
+
+    try:
+        head: RunHead | None = _run_async(read)
+    except (ConstructError, OSError):
+        head = None
+    resume = continue_command(run_id, here.flags)
+    write = sys.stderr.write
+    if head is None or head.status.kind == "active":
+        status = head.status.value if head is not None else "as recorded"
+        write(f"\ninterrupted: run {run_id} is left {status}; nobody drives it now.\n")
+        if head is not None:
+            write(f"recorded: {_recorded(head)}\n")
+        write(f"continue it: {resume}\n")
+    else:
+        write(
+            f"\ninterrupted: run {run_id} is {head.status.value}; "
+            f"`construct-mcp runs status {run_id} {here.flags}` shows it.\n"
+        )
+    return EXIT_INTERRUPTED
+
+
+def _recorded(head: RunHead) -> str:
+    """What the run's record holds of its tasks, in a line (a call cut off is said as such)."""
+    said = []
+    for task in head.tasks:
+        if task.status == TaskStatus.DONE:
+            said.append(f"{task.task_id} done")
+        elif task.status == TaskStatus.RUNNING:
+            said.append(f"{task.task_id}'s call was cut off (it is made again when the run continues)")
+        elif task.status.is_terminal:
+            said.append(f"{task.task_id} {task.status.value}")
+    return "; ".join(said) or "the run's start, no task's output yet"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -558,8 +708,8 @@ async def _migrate(args: argparse.Namespace, settings: Settings, out: TextIO) ->
 # main
 
 
-def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
-    async def main() -> int:
+def _run_async(fn: Callable[[], Awaitable[_T]]) -> _T:
+    async def main() -> _T:
         return await fn()
 
     return anyio.run(main)
@@ -585,7 +735,13 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return EXIT_OK
         if args.command == "runs":
             settings = _settings(args, default_log_level="WARNING")
-            return _run_async(lambda: _runs(args, settings, out))
+            here = _here(args, settings, out)
+            try:
+                return _run_async(lambda: _runs(args, settings, here))
+            except KeyboardInterrupt:
+                if here.run_id is None:
+                    raise
+                return _interrupted(settings, here)
         if args.command == "migrate":
             settings = _settings(args, default_log_level="WARNING")
             return _run_async(lambda: _migrate(args, settings, out))
@@ -602,7 +758,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         _write_notes(exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BaseExceptionGroup as group:
         # A task group wrapped the error; the person at the terminal needs the error, not the group.
         leaf = _construct_error(group)

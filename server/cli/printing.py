@@ -1,11 +1,19 @@
 """What the ``runs`` commands print for a person: a run (its status, the next action with the one
-command that continues it, the gates' legend), a page of runs; or the JSON of either with ``--json``."""
+command that continues it, the gates' legend), a page of runs; or the JSON of either with ``--json``.
+
+The next action comes last, where the eye lands when the command returns. A host task's prompts
+(often 70 lines and more) are written to a file whose path is printed (:class:`HostPrompts`:
+``<home>/prompts/RUN_ID/TASK_ID.md``), not into the terminal; ``--show-prompt`` prints them too,
+before the ``next:`` line."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from orchestration.core import RunStatus
+from server.views.attendance import said
 from server.views.listing import RunsPage
 from server.views.next_step import Approve, Done, RunHostTask, Wait
 from server.views.run_view import GateView, RunView
@@ -15,7 +23,32 @@ from server.views.timeline import decided_by
 _ENDED = frozenset(s.value for s in RunStatus if s.is_terminal)
 
 
-def print_view(view: RunView, out: TextIO) -> None:
+@dataclass(frozen=True, slots=True)
+class HostPrompts:
+    """Where :func:`print_view` puts a host task's prompts: a file under ``directory`` (its path
+    printed; None: no file), and printed whole too when ``show`` (``--show-prompt``)."""
+
+    directory: Path | None = None
+    show: bool = False
+
+    def place(self, run_id: str, task_id: str, text: str) -> str:
+        """Write ``text`` to the task's prompt file; what to print about where it is."""
+        if self.directory is None:
+            return ""
+        path = self.directory / run_id / f"{task_id.replace('/', '_')}.md"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, "utf-8")
+        except OSError as exc:
+            return f"  (its prompt could not be written to {path}: {exc.strerror}; --show-prompt prints it)\n"
+        lines = text.count("\n")
+        return f"  its prompt ({lines} lines): {path}\n"
+
+
+def print_view(view: RunView, out: TextIO, prompts: HostPrompts | None = None) -> None:
+    """The run for a person, its next action last (``prompts``: where a host task's prompts go;
+    None: printed whole, before the next action)."""
+    prompts = prompts if prompts is not None else HostPrompts(show=True)
     parallel = any(s.after is not None for s in view.chain.steps)
     gated = any(s.approve_before or s.approve_after for s in view.chain.steps)
     steps = (", " if parallel else " -> ").join(
@@ -61,22 +94,30 @@ def print_view(view: RunView, out: TextIO) -> None:
         out.write(f"error: {view.error.code}: {view.error.message}\n")
     for warning in view.warnings:
         out.write(f"warning: {warning}\n")
-    action = view.next_action
-    _print_action(view, action, out)
-    if view.more_actions:
+    if view.more_actions:  # before the next action, which stays last
         out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
         for more in view.more_actions:
-            _print_action(view, more, out)
+            _print_action(view, more, out, prompts)
+    _print_action(view, view.next_action, out, prompts)
 
 
-def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, out: TextIO) -> None:
+def _print_action(
+    view: RunView, action: RunHostTask | Approve | Wait | Done, out: TextIO, prompts: HostPrompts
+) -> None:
     if action.kind == "run_host_task":
-        out.write(f"\nnext: run host task {action.task_id!r} ({action.specialist}) with your model, then\n")
+        text = (
+            "--- system prompt ---\n" + action.system_prompt.rstrip() + "\n"
+            "--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n"
+        )
+        where = prompts.place(view.run_id, action.task_id, text)
+        if prompts.show:
+            out.write("\n" + text)
+        out.write(f"\nnext: run host task {action.task_id!r} ({action.specialist}) with your model")
+        out.write(" on its prompt, then\n" if where else ", then\n")
+        out.write(where)
         out.write(
             f"  construct-mcp runs resume {view.run_id} --task-id {action.task_id} --output-file ANSWER.md\n"
         )
-        out.write("\n--- system prompt ---\n" + action.system_prompt.rstrip() + "\n")
-        out.write("--- user prompt ---\n" + action.user_prompt.rstrip() + "\n---\n")
     elif action.kind == "approve":
         gate = next((g for g in view.gates if g.gate_id == action.gate_id), None)
         out.write(f"\nnext: decide gate {action.gate_id}: {_guards(view, action, gate)}\n")
@@ -85,6 +126,8 @@ def _print_action(view: RunView, action: RunHostTask | Approve | Wait | Done, ou
             f"  construct-mcp runs approve {view.run_id} --gate-id {action.gate_id} {choices} "
             "[--comment TEXT]\n"
         )
+    elif action.kind == "wait" and view.unattended is not None:
+        out.write(f"\nnext: {said(view.unattended)}\n")
     elif action.kind == "wait":
         out.write(f"\nnext: wait — {_working(view, action)}\n")
     else:
@@ -121,7 +164,7 @@ def _working(view: RunView, action: Wait) -> str:
         doing = "its child runs are working" + (f" ({', '.join(live)})" if live else "")
     else:
         later = f", next attempt not before {action.not_before.isoformat()}" if action.not_before else ""
-        doing = f"the server is working on it (status {view.status.value}{later})"
+        doing = f"a process that holds its lease drives it (status {view.status.value}{later})"
     return f"{doing}; `construct-mcp runs tail {view.run_id}` follows it."
 
 
@@ -133,19 +176,29 @@ def _print_page(page: RunsPage, out: TextIO, where: str | None) -> None:
         out.write(f"{'RUN':<{width}}  {'STATUS':<18} {'CHAIN':<10} REQUEST\n")
     for run in page.runs:
         waiting = f"  waiting for {run.waiting_for}" if run.waiting_for else ""
+        if run.unattended is not None:
+            nobody = run.unattended
+            when = "lease expired" if nobody.lease_expired else "last write"
+            waiting = f"  nobody drives it ({when} {nobody.since:%H:%M:%S}Z): {nobody.continue_with}"
         preview = run.request_preview.replace("\n", " ")[:60]
         out.write(f"{run.run_id:<{width}}  {run.status.value:<18} {run.chain:<10} {preview}{waiting}\n")
     if page.next_cursor:
         out.write(f"more: --cursor {page.next_cursor}\n")
 
 
-def emit(model: RunView | RunsPage, as_json: bool, out: TextIO, where: str | None = None) -> None:
+def emit(
+    model: RunView | RunsPage,
+    as_json: bool,
+    out: TextIO,
+    where: str | None = None,
+    prompts: HostPrompts | None = None,
+) -> None:
     if as_json:
         out.write(model.model_dump_json(indent=2) + "\n")
     elif isinstance(model, RunView):
-        print_view(model, out)
+        print_view(model, out, prompts)
     else:
         _print_page(model, out, where)
 
 
-__all__ = ["emit", "print_view"]
+__all__ = ["HostPrompts", "emit", "print_view"]

@@ -98,12 +98,19 @@ def test_runs_commands_drive_a_gated_chain_to_completion(tmp_path: Path) -> None
     assert "--- engineer output (23 chars) ---\n[test host output] code\n" in human.stdout
 
 
-def test_human_output_shows_the_prompts_and_the_next_command(tmp_path: Path) -> None:
+def test_human_output_shows_where_the_prompts_are_and_the_next_command_last(tmp_path: Path) -> None:
     proc = cli(tmp_path, "runs", "start", "Summarize durable execution", "--chain", "researcher,writer")
     assert proc.returncode == 0, proc.stderr
     assert "next: run host task 'researcher'" in proc.stdout
-    assert "--- system prompt ---" in proc.stdout and "--- user prompt ---" in proc.stdout
-    assert "construct-mcp runs resume run-" in proc.stdout
+    # The prompts are in a file whose path is printed; --show-prompt prints them too.
+    assert "--- system prompt ---" not in proc.stdout
+    path = proc.stdout.split("its prompt (", 1)[1].split(": ", 1)[1].split("\n", 1)[0]
+    assert "--- user prompt ---" in Path(path).read_text()
+    assert proc.stdout.splitlines()[-1].lstrip().startswith("construct-mcp runs resume run-")
+    run_id = proc.stdout.split()[1].rstrip(":")
+    shown = cli(tmp_path, "runs", "status", run_id, "--show-prompt")
+    assert "--- system prompt ---" in shown.stdout and "--- user prompt ---" in shown.stdout
+    assert shown.stdout.splitlines()[-1].endswith("--output-file ANSWER.md")
     # Logs stay off stdout.
     assert "action=" not in proc.stdout
 

@@ -1,22 +1,28 @@
 """A run whose driver died is shown as what it is (server/views/attendance.py): the rule (active
 status, no unexpired lease, past the grace), and where it is shown — the page's run and list
-endpoints — while the MCP ``wait`` no longer says the server works on it."""
+endpoints, the CLI's run view and list — while the MCP ``wait`` no longer says the server works
+on it."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestration.core import RunStatus
 from orchestration.core.clock import ManualClock
 from orchestration.store import Lease
+from server.cli.main import _runs_with, build_parser
 from server.mcp.services import Services
 from server.views.attendance import GRACE_SECONDS, unattended
 from server.web.pages import with_run_pages
 from stores.memory import MemoryStore
 from tests.stores.builders import BASE_TIME, new_run, run_id, start_attempt
+from tests.unit.helpers import make_runtime
 from tests.unit.server.test_view_cache import services_on
 
 RUN = run_id(1)
@@ -118,3 +124,17 @@ async def test_the_page_says_nobody_drives_the_run_and_the_command_that_continue
     assert await store.claim_lease(RUN, "someone", 30, clock.now()) is not None
     assert "unattended" not in await get(services, f"/runs/api/runs/{RUN}")
     assert "unattended" not in (await get(services, "/runs/api/runs"))["runs"][0]
+
+
+@pytest.mark.parametrize("argv", [["status", RUN], ["list"]])
+async def test_the_cli_says_nobody_drives_the_run_never_that_a_server_works_on_it(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    store = MemoryStore()
+    await orphan(store)
+    runtime = make_runtime(store, clock=ManualClock(BASE_TIME + timedelta(minutes=5)))
+    out = io.StringIO()
+    assert await _runs_with(runtime, build_parser().parse_args(["runs", *argv]), out) == 0
+    printed = out.getvalue()
+    assert "nobody" in printed and f"construct-mcp runs resume {RUN}" in printed, printed
+    assert "working on it" not in printed
