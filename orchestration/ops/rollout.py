@@ -49,6 +49,24 @@ async def live_runs(runtime: Runtime, chain: str | None = None) -> AsyncIterator
         cursor = page.next_cursor
 
 
+async def behind(runtime: Runtime, limit: int | None = None) -> list[RunHead]:
+    """The live runs on another version than their chain's current one, newest first (at most
+    ``limit``); a run whose chain the configuration no longer has is behind too."""
+    found: list[RunHead] = []
+    current: dict[str, str | None] = {}
+    async for head in live_runs(runtime):
+        if head.chain_hash not in current:
+            try:
+                current[head.chain_hash] = runtime.catalog.resolve_again(head.chain).content_hash()
+            except ConstructError:
+                current[head.chain_hash] = None
+        if current[head.chain_hash] != head.chain_hash:
+            found.append(head)
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
 async def roll_out(
     runtime: Runtime, chain: str | None = None, *, dry_run: bool, by: str | None = None
 ) -> Rollout:
@@ -92,4 +110,4 @@ async def at_startup(runtime: Runtime) -> Rollout:
     return await roll_out(runtime, dry_run=True)
 
 
-__all__ = ["LIVE", "Rollout", "at_startup", "live_runs", "roll_out"]
+__all__ = ["LIVE", "Rollout", "at_startup", "behind", "live_runs", "roll_out"]

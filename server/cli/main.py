@@ -13,6 +13,7 @@
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
     construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli.fork)
+    construct-mcp runs upgrade RUN_ID | --chain NAME --all [--dry-run] (see server.cli.upgrade)
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
     construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
@@ -76,6 +77,8 @@ from orchestration.errors import (
     StoreUnavailable,
     did_you_mean,
 )
+from orchestration.ops import behind
+from orchestration.store import RunPage
 from server.cli.budget_flags import add_budget_flags, add_usage_flags, budget_of, usage_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import add_fork_parser, run_fork
@@ -83,6 +86,7 @@ from server.cli.live import LIVE_COMMANDS, add_live_parsers, run_live
 from server.cli.printing import HostPrompts, emit
 from server.cli.progress import Progress
 from server.cli.retention_commands import RETENTION_COMMANDS, add_retention_parsers, run_retention
+from server.cli.upgrade import add_upgrade_parser, run_upgrade
 from server.cli.usage import UsageError
 from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
@@ -249,6 +253,9 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     listing.add_argument("--status", action="append", choices=[s.value for s in RunStatus], default=[])
     listing.add_argument("--limit", type=_list_limit, default=20, help="runs per page, 1-500 (default 20)")
     listing.add_argument("--cursor")
+    listing.add_argument(
+        "--behind", action="store_true", help="only live runs on an older version of their chain"
+    )
     _common(listing)
     _json_flag(listing)
 
@@ -258,6 +265,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     _json_flag(timeline)
     add_live_parsers(actions, _common, _json_flag)
     add_fork_parser(actions, _common, _advancing_flags)
+    add_upgrade_parser(actions, _common)
     add_retention_parsers(actions, _common, _json_flag)
     return actions.choices
 
@@ -511,10 +519,18 @@ async def _runs_with(
     code = EXIT_OK
     if command in LIVE_COMMANDS:
         return await run_live(runtime, args, out, here.flags)
+    if command == "upgrade":
+        return await run_upgrade(runtime, args, out)
     if command == "list":
-        page = await runtime.list_runs(
-            frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
-        )
+        if args.behind:
+            page = RunPage(await behind(runtime, args.limit), None)
+            if not page.runs and not args.json:
+                out.write("no live run is on an older version of its chain\n")
+                return EXIT_OK
+        else:
+            page = await runtime.list_runs(
+                frozenset(RunStatus(s) for s in args.status) or None, args.limit, args.cursor
+            )
         now = runtime.clock.now()
         listed = runs_page(page)
         runs = [

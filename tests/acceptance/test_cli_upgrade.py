@@ -1,0 +1,67 @@
+"""``runs upgrade`` and ``runs list --behind`` as a person runs them, after editing
+``construct.toml``: the run behind is listed, a dry run says what would change and changes nothing,
+the move asks the gate again, a second move has nothing to do; a change to a finished step keeps
+the run where it is and says why (exit 1 for the run asked for; the reason per run for ``--all``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.test_cli import cli, ok_json
+
+pytestmark = pytest.mark.slow
+
+CHAIN = (
+    '[chains.review]\nupgrade = "manual"\n'
+    'steps = ["architect", "engineer", { specialist = "reviewer", approve_before = true }]\n'
+)
+
+
+def parked(home: Path) -> str:
+    (home / "construct.toml").write_text(CHAIN)
+    run_id = str(ok_json(home, "runs", "start", "Build it", "--chain", "review")["run_id"])
+    ok_json(home, "runs", "resume", run_id, "--task-id", "architect", "--output", "the design")
+    view = ok_json(home, "runs", "resume", run_id, "--task-id", "engineer", "--output", "the code")
+    assert view["next_action"]["kind"] == "approve"
+    return run_id
+
+
+def test_a_run_behind_its_edited_chain_is_listed_and_moved(tmp_path: Path) -> None:
+    run_id = parked(tmp_path)
+    assert cli(tmp_path, "runs", "list", "--behind").stdout.startswith("no live run is on an older version")
+    with (tmp_path / "construct.toml").open("a") as config:
+        config.write(
+            '[specialists.reviewer]\ndescription = "Reviews"\npersona = "You check security first."\n'
+        )
+    assert run_id in cli(tmp_path, "runs", "list", "--behind").stdout
+    before = ok_json(tmp_path, "runs", "status", run_id)
+    dry = cli(tmp_path, "runs", "upgrade", run_id, "--dry-run")
+    assert (
+        dry.returncode == 0
+        and "would move" in dry.stdout
+        and "gates asked again: before:reviewer" in dry.stdout
+    )
+    assert dry.stdout.rstrip().endswith(f"next: construct-mcp runs upgrade {run_id}")
+    assert ok_json(tmp_path, "runs", "status", run_id) == before
+    moved = json.loads(cli(tmp_path, "runs", "upgrade", run_id, "--json").stdout)
+    assert moved["moved"] and moved["changed"] == ["reviewer"]
+    again = cli(tmp_path, "runs", "upgrade", run_id)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert cli(tmp_path, "runs", "list", "--behind").stdout.startswith("no live run")
+    timeline = cli(tmp_path, "runs", "timeline", run_id).stdout
+    assert "moved to chain version" in timeline
+
+
+def test_a_change_to_a_finished_step_keeps_the_run_and_says_why(tmp_path: Path) -> None:
+    run_id = parked(tmp_path)
+    with (tmp_path / "construct.toml").open("a") as config:
+        config.write('[specialists.architect]\ndescription = "Designs"\npersona = "You design, tersely."\n')
+    one = cli(tmp_path, "runs", "upgrade", run_id)
+    assert one.returncode == 1 and "stays on its chain" in one.stdout and "architect" in one.stdout
+    every = cli(tmp_path, "runs", "upgrade", "--chain", "review", "--all")
+    assert every.returncode == 0 and "1 blocked" in every.stdout and f"{run_id} stays:" in every.stdout
+    usage = cli(tmp_path, "runs", "upgrade")
+    assert usage.returncode == 2 and "--chain NAME --all" in usage.stderr
