@@ -136,6 +136,7 @@ TOOLS: dict[str, tuple[Need, dict[str, Any]]] = {
         Need("approve"),
         {"run_id": "{run}", "gate_id": GATE, "decision": "approve", "wait_seconds": 5},
     ),
+    "orchestrate_upgrade": (Need("operate"), {"run_id": "{run}"}),  # a dry run: changes nothing
     "orchestrate_cancel": (Need("operate"), {"run_id": "{run}", "reason": "walked"}),
 }
 #: Each resource template, and what reading it needs.
