@@ -340,7 +340,10 @@ async def test_the_same_idempotency_key_returns_the_same_run(client: Client) -> 
     version = (await full_view(client, first["run_id"]))["version"]
     again = await start(client, request="only once", idempotency_key="key-123")
     assert again["run_id"] == first["run_id"]
-    assert again == first | {"existing_run": True}  # the same answer, marked as the run found
+    # The same answer, marked as the run found, and saying so in words.
+    [said] = again.pop("warnings")
+    assert said.startswith("existing_run: nothing new was started") and "idempotency_key" in said
+    assert again == first | {"existing_run": True}
     assert (await full_view(client, first["run_id"]))["version"] == version
     text = await call_error(client, "orchestrate_start", request="something else", idempotency_key="key-123")
     assert text.startswith("conflict: ") and "key-123" in text
