@@ -349,9 +349,11 @@ class PostgresStore(PostgresRetention):
         way."""
         check_append(run_id, expected_version, facts, head, lease)
         follows = facts[0].seq - 1
+        moved = moved_chain(facts)
         async with self._connection() as conn:
-            try:
-                row = await sent(
+
+            async def appended() -> Any:
+                return await sent(
                     conn.fetchrow(
                         Q["append"],
                         run_id,
@@ -361,10 +363,20 @@ class PostgresStore(PostgresRetention):
                         *fact_columns(facts),
                         follows,
                         self.channel,
-                        None if (moved := moved_chain(facts)) is None else to_jsonb_text(moved),
                     ),
                     flushing,
                 )
+
+            try:
+                if moved is None:
+                    row = await appended()
+                else:
+                    # An append that moves the run to another chain writes that chain too, in one
+                    # transaction with it (every other append leaves the chain column as it is).
+                    async with conn.transaction():
+                        row = await appended()
+                        if row[0] == len(facts):
+                            await conn.execute(Q["update_chain"], run_id, to_jsonb_text(moved))
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc

@@ -355,11 +355,8 @@ class SqliteStore(SqliteRetention):
         the ``COMMIT`` begins (see ``GroupCommit``). Only a refused update reads on, to tell which
         check refused it (in the order: lease, version, log)."""
         check_append(run_id, expected_version, facts, head, lease)
-        row = head_row(head) | {
-            "expected_version": expected_version,
-            "previous_seq": facts[0].seq - 1,
-            "chain": moved_chain(facts),
-        }
+        row = head_row(head) | {"expected_version": expected_version, "previous_seq": facts[0].seq - 1}
+        chain = moved_chain(facts)
         update = Q["update_head"]
         if lease is not None:
             row["token"] = lease.token
@@ -369,6 +366,8 @@ class SqliteStore(SqliteRetention):
         def work(conn: sqlite3.Connection) -> RunHead:
             if conn.execute(update, row).rowcount != 1:
                 raise _refused(conn, run_id, expected_version, facts[0].seq, lease)
+            if chain is not None:
+                conn.execute(Q["update_chain"], {"run_id": run_id, "chain": chain})
             try:
                 conn.executemany(Q["insert_fact"], fact_rows)
             except sqlite3.IntegrityError as exc:

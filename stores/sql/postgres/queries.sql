@@ -120,8 +120,7 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- notification woke every other server's dispatcher for a claim that found nothing, 6,592 claims
 -- in bench/scale.py's target scenario. Parameters: $1 run id, $2 expected version, $3-$8 the new head's columns,
 -- $9 the lease token (NULL: not fenced), $10-$12 the facts (seq, type, body), $13 the seq of the
--- fact the first one follows, $14 the NOTIFY channel, $15 the chain: NULL but for an append that
--- moves the run to another chain (chain_upgraded), which writes it.
+-- fact the first one follows, $14 the NOTIFY channel.
 --
 -- It locks one row, the run's, by updating it: the fence is the token on that row (migration
 -- 0009), which every claim writes in its own statement after locking the same row. An append that
@@ -131,8 +130,7 @@ FROM unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, type, body)
 -- facts inserted, and the adapter reads why (append_refused).
 WITH cas AS (
     UPDATE runs
-    SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7, wake_at = $8,
-        chain = COALESCE($15::jsonb, chain)
+    SET version = $3, status = $4, updated_at = $5, not_before = $6, head = $7, wake_at = $8
     WHERE run_id = $1 AND version = $2
       AND ($9::text IS NULL OR lease_token = $9)
       AND EXISTS (SELECT 1 FROM facts AS p WHERE p.run_id = $1 AND p.seq = $13)
@@ -150,6 +148,11 @@ notified AS (
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM notified) AS notified
+
+-- name: update_chain
+-- The chain of a run an append moves to another chain (chain_upgraded): in one transaction with that
+-- append, after it; no other append writes the chain. $1 run id, $2 the chain.
+UPDATE runs SET chain = $2::jsonb WHERE run_id = $1
 
 -- name: append_refused
 -- Why an append wrote nothing, read after it (the run's version and lease token now, whether its

@@ -56,11 +56,10 @@ INSERT INTO facts (run_id, seq, type, body) VALUES (:run_id, :seq, :type, :body)
 
 -- name: update_head
 -- An append's compare-and-swap: no row changes unless the stored version is the one the writer read
--- and the append's first fact follows the log's last one (the fact before it exists). :chain is NULL
--- but for an append that moves the run to another chain (chain_upgraded), which writes it.
+-- and the append's first fact follows the log's last one (the fact before it exists).
 UPDATE runs
 SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head,
-    wake_at = :wake_at, chain = COALESCE(:chain, chain)
+    wake_at = :wake_at
 WHERE run_id = :run_id AND version = :expected_version
   AND EXISTS (SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :previous_seq)
 
@@ -69,10 +68,15 @@ WHERE run_id = :run_id AND version = :expected_version
 -- writer's token.
 UPDATE runs
 SET version = :version, status = :status, updated_at = :updated_at, not_before = :not_before, head = :head,
-    wake_at = :wake_at, chain = COALESCE(:chain, chain)
+    wake_at = :wake_at
 WHERE run_id = :run_id AND version = :expected_version
   AND EXISTS (SELECT 1 FROM facts WHERE run_id = :run_id AND seq = :previous_seq)
   AND EXISTS (SELECT 1 FROM leases WHERE run_id = :run_id AND token = :token)
+
+-- name: update_chain
+-- The chain of a run an append moves to another chain (chain_upgraded), in that append's transaction
+-- after its compare-and-swap; no other append writes the chain.
+UPDATE runs SET chain = :chain WHERE run_id = :run_id
 
 -- name: load_head
 -- The head as written (a JSON object) with the chain snapshot written once at creation put back in
