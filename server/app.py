@@ -49,6 +49,7 @@ from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, ch
 from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
 from server.transports.stdio import serve_stdio
 from server.transports.uvicorn_adapter import GracefulServer
+from server.views.chain_behind import ChainNews
 from server.views.parts import check_room
 from server.web.pages import with_run_pages
 from server.web.panel import panel_extension
@@ -177,6 +178,7 @@ class ConstructApp:
             store_description=opened.description,
             warnings=tuple(opened.warnings),
             memory=memory,
+            chain_news=ChainNews(runtime.catalog),
         )
         subscriptions = self._subscriptions
         subscriptions.attach(runtime.status)

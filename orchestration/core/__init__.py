@@ -58,7 +58,7 @@ from orchestration.core.models import (
 from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.core.pricing import Price, price_table
 from orchestration.core.routing import RevisePlan, revise_offered, revise_plan
-from orchestration.core.upgrades import CannotMove, UpgradePlan
+from orchestration.core.upgrades import CannotMove, UpgradePlan, plan_upgrade
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 
 __all__ = [
@@ -128,6 +128,7 @@ __all__ = [
     "new_server_id",
     "parse_fact",
     "parse_head",
+    "plan_upgrade",
     "predecessors",
     "price_table",
     "priced",

@@ -93,6 +93,7 @@ from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_choice, store_url
 from server.settings.telemetry import configure_tracing
 from server.views.attendance import attended, continue_command
+from server.views.chain_behind import ChainNews
 from server.views.listing import RunsPage, runs_page
 from server.views.run_view import Detail, RunView, run_view
 from server.views.timeline import render_timeline
@@ -548,6 +549,7 @@ async def _runs_with(
         detail: Detail = "full" if getattr(args, "full", False) else "compact"
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
         model = await attended(model, head, runtime.store, runtime.clock.now(), here.flags)
+        model = ChainNews(runtime.catalog).shown(model, head)
         if command in _ADVANCING and head.status in _UNSUCCESSFUL:
             code = EXIT_RUN_ENDED_UNSUCCESSFULLY
     emit(model, args.json, out, where, here.prompts)

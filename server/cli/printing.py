@@ -16,7 +16,7 @@ from orchestration.core import RunStatus
 from server.views.attendance import said
 from server.views.listing import RunsPage
 from server.views.next_step import Approve, Done, RunHostTask, Wait
-from server.views.run_view import GateView, RunView
+from server.views.run_view import BehindView, GateView, RunView
 from server.views.timeline import decided_by
 
 #: the statuses of a run that has ended
@@ -94,11 +94,22 @@ def print_view(view: RunView, out: TextIO, prompts: HostPrompts | None = None) -
         out.write(f"error: {view.error.code}: {view.error.message}\n")
     for warning in view.warnings:
         out.write(f"warning: {warning}\n")
+    if view.behind is not None:
+        out.write(_behind(view.run_id, view.chain.hash[:12], view.behind) + "\n")
     if view.more_actions:  # before the next action, which stays last
         out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
         for more in view.more_actions:
             _print_action(view, more, out, prompts)
     _print_action(view, view.next_action, out, prompts)
+
+
+def _behind(run_id: str, version: str, behind: BehindView) -> str:
+    """The line that says the run's chain has a newer version, and what moving it would do."""
+    newer = f"{behind.current_version} (upgrade = {behind.upgrade})"
+    said = f"chain: version {version}; the configuration's is {newer}"
+    if behind.verdict == "would_move":
+        return f"{said}; `construct-mcp runs upgrade {run_id}` moves it"
+    return f"{said}; the run stays: {behind.reason}"
 
 
 def _print_action(

@@ -17,6 +17,7 @@ from server.identity import Caller
 from server.mcp.shown_runs import ShownRuns
 from server.mcp.subscriptions import LegacySubscribers, RunEventBus
 from server.settings.config import Settings
+from server.views.chain_behind import ChainNews
 from server.views.children_view import with_children, with_gone_links
 from server.views.compact import content_for
 from server.views.record_parts import RecordTexts
@@ -42,6 +43,8 @@ class Services:
     #: what this process keeps of the runs it showed (also the runtime's memory)
     memory: ShownRuns
     warnings: Sequence[str] = ()
+    #: whether a run's chain has a newer version in the configuration (None: not said)
+    chain_news: ChainNews | None = None
 
     #: the texts of the records ``run_status`` handed out in parts lately (see
     #: :class:`~server.views.record_parts.RecordTexts`)
@@ -62,8 +65,8 @@ class Services:
         run view goes through here."""
         if head is None:
             head = await self.runtime.status(run_id)
-        view = await self.whole_view(run_id, head, detail, full_task)
-        return content_for(view, caller.sees_content(head))
+        view = content_for(await self.whole_view(run_id, head, detail, full_task), caller.sees_content(head))
+        return view if self.chain_news is None else self.chain_news.shown(view, head)
 
     async def whole_view(
         self,

@@ -96,6 +96,7 @@ RUN_FIELDS = (
     "status",
     "status_kind",
     "existing_run",
+    "behind",
     "withheld",
     "error",
     "warnings",

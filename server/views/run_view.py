@@ -271,7 +271,7 @@ class ChainView(View):
     max_parallel: int = Field(
         default=4, description="How many ready steps the provider backend runs at once."
     )
-    hash: str = Field(description="Hash of the chain snapshot taken when the run started.")
+    hash: str = Field(description="Hash of the chain snapshot the run runs on (its version).")
 
 
 class ContractView(View):
@@ -290,6 +290,15 @@ class ForkView(View):
     gone: Literal["pruned", "moved"] | None = Field(
         default=None, exclude_if=lambda v: v is None, description="The linked run was pruned or moved away."
     )
+
+
+class BehindView(View):
+    """The configuration has a newer version of the run's chain (server.views.chain_behind)."""
+
+    current_version: str = Field(description="The configuration's version of the chain (its hash's start).")
+    upgrade: Literal["pinned", "manual", "at_boundary"] = Field(description="The chain's upgrade policy.")
+    verdict: Literal["would_move", "blocked", "not_now", "pinned"]
+    reason: str | None = Field(default=None, description="Why the run stays on its version.")
 
 
 class ChildView(View):
@@ -328,6 +337,13 @@ class RunView(Outlined):
         default=None,
         exclude_if=lambda v: v is None,
         description="Nobody drives the run: since when, and the command that continues it.",
+    )
+    #: set by a reader that knows the configuration (server.views.chain_behind) when the run's chain
+    #: has a newer version there
+    behind: BehindView | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The chain has a newer version: what moving the run would do (orchestrate_upgrade).",
     )
     #: set by orchestrate_start (``model_copy``) when the start did not create the run
     existing_run: bool = Field(

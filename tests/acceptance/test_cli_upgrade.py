@@ -37,6 +37,8 @@ def test_a_run_behind_its_edited_chain_is_listed_and_moved(tmp_path: Path) -> No
             '[specialists.reviewer]\ndescription = "Reviews"\npersona = "You check security first."\n'
         )
     assert run_id in cli(tmp_path, "runs", "list", "--behind").stdout
+    said = cli(tmp_path, "runs", "status", run_id).stdout
+    assert f"`construct-mcp runs upgrade {run_id}` moves it" in said and "(upgrade = manual)" in said
     before = ok_json(tmp_path, "runs", "status", run_id)
     dry = cli(tmp_path, "runs", "upgrade", run_id, "--dry-run")
     assert (

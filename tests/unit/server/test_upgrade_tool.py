@@ -60,12 +60,15 @@ async def test_a_dry_run_says_what_changes_and_the_move_asks_the_gate_again(tmp_
     changed = CHAIN + f'[specialists.reviewer]\ndescription = "Reviews"\npersona = "{CHECKLIST}"\n'
     async with served(tmp_path, changed) as client:
         before = await call(client, "run_status", run_id=run_id)
+        assert before["behind"]["verdict"] == "would_move" and before["behind"]["upgrade"] == "manual"
         dry = await call(client, "orchestrate_upgrade", run_id=run_id)
         assert dry["verdict"] == "would_move" and dry["changed"] == ["reviewer"]
+        assert dry["to_version"] == before["behind"]["current_version"]
         assert dry["gates_asked_again"] == ["before:reviewer"] and "dry_run false" in dry["next"]
         assert await call(client, "run_status", run_id=run_id) == before
         moved = await call(client, "orchestrate_upgrade", run_id=run_id, dry_run=False)
         assert moved["verdict"] == "moved" and moved["to_version"] == dry["to_version"]
+        assert "behind" not in await call(client, "run_status", run_id=run_id)
         again = await call(client, "orchestrate_upgrade", run_id=run_id, dry_run=False)
         assert again["verdict"] == "current"
         view = await call(
@@ -82,6 +85,8 @@ async def test_a_move_that_would_reinterpret_a_finished_step_is_refused(tmp_path
     changed = CHAIN + '[specialists.architect]\ndescription = "Designs"\npersona = "You design, tersely."\n'
     async with served(tmp_path, changed) as client:
         before = await call(client, "run_status", run_id=run_id)
+        # The run says why it stays on its version, where a host reads it.
+        assert before["behind"]["verdict"] == "blocked" and "architect" in before["behind"]["reason"]
         dry = await call(client, "orchestrate_upgrade", run_id=run_id)
         assert dry["verdict"] == "blocked" and dry["blocked_step"] == "architect"
         said = await error(client, "orchestrate_upgrade", run_id=run_id, dry_run=False)
