@@ -349,34 +349,9 @@ class PostgresStore(PostgresRetention):
         way."""
         check_append(run_id, expected_version, facts, head, lease)
         follows = facts[0].seq - 1
-        moved = moved_chain(facts)
         async with self._connection() as conn:
-
-            async def appended() -> Any:
-                return await sent(
-                    conn.fetchrow(
-                        Q["append"],
-                        run_id,
-                        expected_version,
-                        *head_values(head),
-                        lease.token if lease is not None else None,
-                        *fact_columns(facts),
-                        follows,
-                        self.channel,
-                    ),
-                    flushing,
-                )
-
             try:
-                if moved is None:
-                    row = await appended()
-                else:
-                    # An append that moves the run to another chain writes that chain too, in one
-                    # transaction with it (every other append leaves the chain column as it is).
-                    async with conn.transaction():
-                        row = await appended()
-                        if row[0] == len(facts):
-                            await conn.execute(Q["update_chain"], run_id, to_jsonb_text(moved))
+                row = await self._appended(conn, run_id, expected_version, facts, head, lease, flushing)
             except asyncpg.UniqueViolationError as exc:
                 seqs = ", ".join(str(f.seq) for f in facts)
                 raise InvalidArgument(f"run {run_id} already has a fact numbered one of {seqs}") from exc
@@ -398,6 +373,44 @@ class PostgresStore(PostgresRetention):
         # Refused, and yet every condition holds now: the run moved and came back to this version
         # between the two reads (only another writer's appends move it, and they raise it).
         raise VersionConflict(run_id, expected_version, actual)
+
+    async def _appended(
+        self,
+        conn: Any,
+        run_id: str,
+        expected_version: int,
+        facts: Sequence[Fact],
+        head: RunHead,
+        lease: Lease | None,
+        flushing: Callable[[], None] | None,
+    ) -> Any:
+        """The ``append`` query's row (how many facts it inserted). An append that moves the run
+        to another chain writes that chain too, in one transaction with it (every other append
+        leaves the chain column as it is, and is the one statement alone)."""
+
+        async def appended() -> Any:
+            return await sent(
+                conn.fetchrow(
+                    Q["append"],
+                    run_id,
+                    expected_version,
+                    *head_values(head),
+                    lease.token if lease is not None else None,
+                    *fact_columns(facts),
+                    facts[0].seq - 1,
+                    self.channel,
+                ),
+                flushing,
+            )
+
+        moved = moved_chain(facts)
+        if moved is None:
+            return await appended()
+        async with conn.transaction():
+            row = await appended()
+            if row[0] == len(facts):
+                await conn.execute(Q["update_chain"], run_id, to_jsonb_text(moved))
+            return row
 
     async def read_facts(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Fact]:
         validate_run_id(run_id)

@@ -516,7 +516,7 @@ class Runtime:
                 self,
                 run_id,
                 lambda _: current,
-                lambda _: None,
+                _any_run,
                 dry_run=False,
                 by="policy",
                 reason="at_boundary",

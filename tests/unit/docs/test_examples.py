@@ -30,7 +30,7 @@ from docs.fenced_blocks import SHELL, Block, all_blocks, construct_argv, constru
 from docs.run_quickstart import quickstart_script
 from orchestration.chains import Catalog
 from orchestration.errors import ConfigError
-from server.cli.main import build_parser
+from server.cli.grammar import build_parser
 from server.settings.config import ENV_VARS, load_settings
 
 ROOT = Path(__file__).resolve().parents[3]

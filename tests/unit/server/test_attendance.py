@@ -16,7 +16,8 @@ import pytest
 from orchestration.core import RunStatus
 from orchestration.core.clock import ManualClock
 from orchestration.store import Lease
-from server.cli.main import _runs_with, build_parser
+from server.cli.grammar import build_parser
+from server.cli.main import _runs_with
 from server.mcp.services import Services
 from server.views.attendance import GRACE_SECONDS, unattended
 from server.web.pages import with_run_pages

@@ -40,7 +40,8 @@ from orchestration.workers.provider_worker import (
     contract_resolver,
 )
 from orchestration.workers.retry import RetryPolicy
-from server.cli.main import _runs_with, build_parser
+from server.cli.grammar import build_parser
+from server.cli.main import _runs_with
 from server.mcp.elicit import gate_message
 from server.views.run_view import run_view
 from server.views.timeline import render_timeline

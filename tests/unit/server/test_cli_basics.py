@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestration.core import StartRequest
+from server.cli.grammar import version
 from server.cli.live import render_watch
-from server.cli.main import run, version
+from server.cli.main import run
 from tests.unit.helpers import make_runtime
 
 

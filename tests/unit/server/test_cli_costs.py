@@ -13,7 +13,8 @@ from orchestration.core.facts import HostOutputSubmitted
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
-from server.cli.main import _runs_with, build_parser
+from server.cli.grammar import build_parser
+from server.cli.main import _runs_with
 from server.cli.usage import UsageError
 from tests.unit.helpers import make_runtime
 

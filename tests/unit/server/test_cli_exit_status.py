@@ -9,7 +9,8 @@ import json
 
 from orchestration.core.models import TypedError
 from orchestration.engine.runtime import Runtime
-from server.cli.main import _runs_with, build_parser
+from server.cli.grammar import build_parser
+from server.cli.main import _runs_with
 from tests.unit.helpers import ScriptedWorker, make_runtime
 
 

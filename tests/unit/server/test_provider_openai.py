@@ -28,6 +28,7 @@ from orchestration.workers.openai_compat import OpenAICompatClient
 from orchestration.workers.provider_worker import ProviderWorker
 from server.app import ConstructApp
 from server.cli import main as cli
+from server.cli.grammar import EXIT_USAGE
 from server.settings.config import load_settings
 from server.settings.providers import provider_settings
 
@@ -339,7 +340,7 @@ def test_the_cli_refuses_to_start_with_a_bad_limit_field(
     monkeypatch.setenv("CONSTRUCT_OPENAI_MAX_TOKENS_FIELD", "both")
     # Were the value accepted, the server would start and serve: return at once instead of hanging.
     monkeypatch.setattr(ConstructApp, "serve", lambda *args: None)
-    assert cli.run(["serve", "--transport", "streamable-http"]) == cli.EXIT_USAGE
+    assert cli.run(["serve", "--transport", "streamable-http"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "configuration error: environment: CONSTRUCT_OPENAI_MAX_TOKENS_FIELD:" in err
 
