@@ -226,7 +226,7 @@ async def measure_construct(name: str, opener: Opener, runs: int, concurrent: bo
             runtime = new_runtime(store, worker)
             await provider_run(runtime, worker)  # warm-up
             # The two paths interleaved: a machine's load (fsync above all) weighs on both alike, so
-            # that their ratio (issue 23's target) is one of the same moment.
+            # that their ratio (a target) is one of the same moment.
             paths = await alternate(
                 {"provider": lambda: provider_run(runtime, worker), "inline": lambda: inline_run(runtime)},
                 runs,
@@ -607,7 +607,7 @@ async def main() -> int:
         check=args.check,
         counted=counted,
         scope=scope,
-        title="targets (issues 11 and 23)",
+        title="targets",
     )
 
 

@@ -149,7 +149,7 @@ def conclude(
 ) -> int:
     """Print every target under ``title``, and with ``check`` the verdict; the exit status: 1 when
     ``check`` and a target of ``counted`` (default: all of them) was missed, else 0. ``scope`` names
-    what is counted when it is not everything (``"of issue 23"``)."""
+    what is counted when it is not everything (``"of the host path"``)."""
     print()
     print(f"{title}:")
     for c in checks:

@@ -325,7 +325,7 @@ async def bench(args: argparse.Namespace) -> int:
 
 
 def options() -> argparse.ArgumentParser:
-    p = parser(__doc__, check="a target of issue 24 is missed")
+    p = parser(__doc__, check="a scale target is missed")
     p.add_argument("--scenario", choices=["target", "table", "planted", "all", "custom"], default=None)
     p.add_argument("--servers", type=int, default=None)
     p.add_argument("--concurrency", type=int, default=None, help="dispatch concurrency per server")

@@ -68,14 +68,14 @@ def test_a_target_not_measured_is_not_a_miss() -> None:
     [
         (False, None, 0, "  [not checked] unmeasured: 3"),
         (True, None, 1, "--check: 1 target(s) missed"),
-        (True, CHECKS[:1], 0, "--check: every target of issue 1 met"),
-        (True, CHECKS[::2], 0, "--check: no target of issue 1 missed (1 not checked)"),
+        (True, CHECKS[:1], 0, "--check: every target of the scope met"),
+        (True, CHECKS[::2], 0, "--check: no target of the scope missed (1 not checked)"),
     ],
 )
 def test_conclude_prints_every_target_and_with_check_decides(
     capsys: pytest.CaptureFixture[str], check: bool, counted: list[Check] | None, status: int, last: str
 ) -> None:
-    scope = "of issue 1" if counted else ""
+    scope = "of the scope" if counted else ""
     assert conclude(CHECKS, check=check, counted=counted, scope=scope) == status
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == ["", "targets:", "  [        met] met: 1"]
