@@ -22,14 +22,17 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestration.core.facts import Fact
-from orchestration.core.models import RunHead
+from orchestration.core.models import ChainSnapshot, RunHead
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import RunMoved, RunNotFound, RunPruned
 
 __all__ = [
+    "ChainSource",
+    "ChainVersion",
     "ClaimsRunnable",
     "CreateResult",
     "CreatesClaimed",
+    "KeepsChainVersions",
     "Lease",
     "NotifiesRunnable",
     "ReadsLeases",
@@ -70,6 +73,25 @@ class CreateResult:
 
 
 TombstoneReason = Literal["pruned", "moved"]
+
+#: Where a chain version was first seen: the configuration file (or the built-in chains), or a
+#: tool call's list of specialists.
+ChainSource = Literal["config", "call"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainVersion:
+    """One distinct snapshot of a chain name the server has seen (:class:`KeepsChainVersions`):
+    ``ordinal`` counts the name's versions from 1 in the order they were first seen; ``label`` is
+    the configuration's ``version`` for the chain when it was first seen (None: none given)."""
+
+    name: str
+    ordinal: int
+    chain_hash: str
+    first_seen: datetime
+    source: ChainSource
+    label: str | None
+    chain: ChainSnapshot
 
 
 class Tombstone(BaseModel):
@@ -413,4 +435,31 @@ class NotifiesRunnable(Protocol):
     async def unlisten(self, callback: Callable[[str], None]) -> None:
         """Stop calling ``callback`` (nothing happens when it was not registered); the listening
         connection closes with the last subscriber."""
+        ...
+
+
+@runtime_checkable
+class KeepsChainVersions(Protocol):
+    """Optional ability (memory, filesystem, sqlite, postgres): keep every distinct snapshot of a
+    chain name as a numbered version, so that a run can name its version and be moved to another
+    (``orchestrate_upgrade``'s ``to``). A version is data beside the runs: a run keeps its own copy
+    of its snapshot, so losing a version never changes what a run does."""
+
+    async def keep_chain_version(
+        self, chain: ChainSnapshot, source: ChainSource, label: str | None, now: datetime
+    ) -> ChainVersion:
+        """The version of ``chain`` (by name and content hash), kept now with the next ordinal of
+        its name when the store has not seen it; an existing version is returned as it was first
+        kept (its source, label and time). Atomic across processes: two concurrent keeps of new
+        snapshots of one name get different ordinals, two of the same snapshot one version."""
+        ...
+
+    async def chain_versions(self, name: str) -> list[ChainVersion]:
+        """Every kept version of chain ``name``, oldest (ordinal 1) first; empty when none."""
+        ...
+
+    async def forget_chain_versions(self, keep: Sequence[str]) -> int:
+        """Remove the versions whose hash is not in ``keep`` (the configuration's current ones) and
+        that no run in the store references (a run holds a snapshot with that hash); how many were
+        removed. The newest version of each name is never removed, so an ordinal is never reused."""
         ...

@@ -74,6 +74,7 @@ from stores._fs_files import (
 from stores._fs_index import chained, committed_end, rebuild, repair, unpack
 from stores._fs_listing import FilesystemListing
 from stores._fs_retention import TOMBSTONES_DIR, FilesystemRetention
+from stores._fs_versions import FilesystemChainVersions
 from stores._lease import check_aware, lease_lost
 
 logger = logging.getLogger("construct.stores")
@@ -105,7 +106,7 @@ _T = TypeVar("_T")
 # The adapter
 
 
-class FilesystemStore(FilesystemListing, FilesystemRetention):
+class FilesystemStore(FilesystemListing, FilesystemRetention, FilesystemChainVersions):
     """A :class:`~orchestration.store.RunStore` keeping each run in its own directory under
     ``root``. Several processes may share one ``root`` (compare-and-swap and leases are guarded by
     per-run ``flock`` locks); ``root`` must be on a local filesystem where ``flock`` and

@@ -10,9 +10,18 @@ from datetime import datetime, timedelta
 import anyio
 from anyio.lowlevel import checkpoint
 
-from orchestration.core import Fact, RunHead, RunStatus, validate_run_id
+from orchestration.core import ChainSnapshot, Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import Conflict, FactNotFound, RecordTooNew, RunNotFound, VersionConflict
-from orchestration.store import CreateResult, Lease, RunPage, Tombstone, new_lease_token
+from orchestration.store import (
+    ChainSource,
+    ChainVersion,
+    CreateResult,
+    Lease,
+    RunPage,
+    Tombstone,
+    new_lease_token,
+)
+from stores._chain_versions import forgettable, found_version, next_version
 from stores._common import (
     check_append,
     check_create,
@@ -38,6 +47,7 @@ class MemoryStore:
         self._keys: dict[str, str] = {}
         self._leases: dict[str, Lease] = {}
         self._tombstones: dict[str, Tombstone] = {}
+        self._chain_versions: dict[str, list[ChainVersion]] = {}
         self._lock = anyio.Lock()
 
     async def create(
@@ -246,6 +256,34 @@ class MemoryStore:
     async def tombstone(self, run_id: str) -> Tombstone | None:
         validate_run_id(run_id)
         return self._tombstones.get(run_id)
+
+    async def keep_chain_version(
+        self, chain: ChainSnapshot, source: ChainSource, label: str | None, now: datetime
+    ) -> ChainVersion:
+        """See ``KeepsChainVersions.keep_chain_version``."""
+        await checkpoint()
+        kept = self._chain_versions.setdefault(chain.name, [])
+        found = found_version(kept, chain.content_hash())
+        if found is not None:
+            return found
+        version = next_version(chain, source, label, now, after=kept[-1].ordinal if kept else 0)
+        kept.append(version)
+        return version
+
+    async def chain_versions(self, name: str) -> list[ChainVersion]:
+        """See ``KeepsChainVersions.chain_versions``."""
+        await checkpoint()
+        return list(self._chain_versions.get(name, ()))
+
+    async def forget_chain_versions(self, keep: Sequence[str]) -> int:
+        """See ``KeepsChainVersions.forget_chain_versions``."""
+        await checkpoint()
+        referenced = {h.chain_hash for h in self._heads.values()}
+        every = [v for kept in self._chain_versions.values() for v in kept]
+        gone = {id(v) for v in forgettable(every, referenced, keep)}
+        for name, kept in self._chain_versions.items():
+            self._chain_versions[name] = [v for v in kept if id(v) not in gone]
+        return len(gone)
 
     async def close(self) -> None:
         return None

@@ -55,6 +55,7 @@ from stores._sql import (
     parse_sortable_time,
     queries,
 )
+from stores._sql_versions import PostgresChainVersions
 from stores._urls import redact_url
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def _display(dsn: str, schema: str) -> str:
     return shown if schema == "public" else f"{shown} (schema {schema})"
 
 
-class PostgresStore(PostgresRetention):
+class PostgresStore(PostgresRetention, PostgresChainVersions):
     """A ``RunStore`` in a PostgreSQL database. Open with :meth:`open`; share one instance per
     process (it holds a pool) and any number of processes per database."""
 

@@ -54,6 +54,7 @@ from stores._sql import (
     queries,
     split_sqlite_script,
 )
+from stores._sql_versions import SqliteChainVersions
 from stores._sqlite_retention import SqliteRetention, check_key_free, missing
 from stores._sqlite_rows import fact_row, head_row, run_row
 from stores._sqlite_thread import GroupCommit, fetch_all, fetch_one, on_thread
@@ -210,7 +211,7 @@ async def migrate_sqlite(
             await conn.close()
 
 
-class SqliteStore(SqliteRetention):
+class SqliteStore(SqliteRetention, SqliteChainVersions):
     """A ``RunStore`` in one SQLite file. Open with :meth:`open`; safe to share between tasks and
     between processes that open the same file."""
 

@@ -212,6 +212,7 @@ async def test_postgres_fact_bodies_written_as_jsonb_read_back_after_the_text_mi
         "0010_head_as_text.sql",
         "0011_claim_candidates.sql",
         "0012_keyed_create_in_one_statement.sql",
+        "0013_chain_versions.sql",
     )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
@@ -273,6 +274,7 @@ async def test_postgres_leases_held_before_the_token_moved_to_the_run_row_still_
         "0010_head_as_text.sql",
         "0011_claim_candidates.sql",
         "0012_keyed_create_in_one_statement.sql",
+        "0013_chain_versions.sql",
     )
     store = await open_store(target.url, home=target.home)
     try:
@@ -329,6 +331,7 @@ async def test_postgres_heads_written_as_jsonb_read_back_after_the_text_migratio
         "0010_head_as_text.sql",
         "0011_claim_candidates.sql",
         "0012_keyed_create_in_one_statement.sql",
+        "0013_chain_versions.sql",
     )
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})
     try:
@@ -377,7 +380,11 @@ async def test_postgres_runs_in_flight_are_claimed_as_before_after_the_candidate
     report = await migrate(target.url, home=target.home)
     assert (report.from_version, report.applied) == (
         10,
-        ("0011_claim_candidates.sql", "0012_keyed_create_in_one_statement.sql"),
+        (
+            "0011_claim_candidates.sql",
+            "0012_keyed_create_in_one_statement.sql",
+            "0013_chain_versions.sql",
+        ),
     )
     spec = parse_store_spec(target.url, home=target.home)
     conn = await asyncpg.connect(spec.dsn, server_settings={"search_path": spec.schema})

@@ -377,3 +377,28 @@ DELETE FROM facts WHERE run_id = $1
 
 -- name: delete_run
 DELETE FROM runs WHERE run_id = $1
+
+-- name: chain_versions
+-- A chain name's kept versions, oldest first.
+SELECT body FROM chain_versions WHERE name = $1 ORDER BY ordinal
+
+-- name: insert_chain_version
+-- A new version, numbered by the caller after the name's newest while it holds lock_chain_name.
+INSERT INTO chain_versions (name, ordinal, chain_hash, body) VALUES ($1, $2, $3, $4)
+
+-- name: lock_chain_name
+-- Serializes the keeps of one chain name across servers until the transaction ends, so that two
+-- never number two versions alike (a concurrent keep of the same snapshot then finds the first).
+SELECT pg_advisory_xact_lock(hashtext('construct_chain_versions'), hashtext($1))
+
+-- name: every_chain_version
+SELECT body FROM chain_versions ORDER BY name, ordinal
+
+-- name: held_chain_hashes
+-- The chain hash of every run (a clean-up keeps the versions runs hold): a full scan, for a
+-- clean-up only. Read from the text (a head's first "chain_hash" key is its own: a string value
+-- cannot hold that sequence unescaped), since a head may hold what jsonb refuses (\u0000).
+SELECT DISTINCT substring(head from '"chain_hash":"([0-9a-f]+)"') FROM runs
+
+-- name: delete_chain_version
+DELETE FROM chain_versions WHERE name = $1 AND ordinal = $2

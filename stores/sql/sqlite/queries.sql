@@ -214,3 +214,22 @@ DELETE FROM facts WHERE run_id = :run_id
 
 -- name: delete_run
 DELETE FROM runs WHERE run_id = :run_id
+
+-- name: chain_versions
+-- A chain name's kept versions, oldest first.
+SELECT body FROM chain_versions WHERE name = :name ORDER BY ordinal
+
+-- name: insert_chain_version
+-- A new version, numbered after the name's newest, in the writer's BEGIN IMMEDIATE transaction
+-- (so no other process numbers one between the read and the insert).
+INSERT INTO chain_versions (name, ordinal, chain_hash, body) VALUES (:name, :ordinal, :chain_hash, :body)
+
+-- name: every_chain_version
+SELECT body FROM chain_versions ORDER BY name, ordinal
+
+-- name: held_chain_hashes
+-- The chain hash of every run (a clean-up keeps the versions runs hold).
+SELECT DISTINCT json_extract(head, '$.chain_hash') FROM runs WHERE json_valid(head)
+
+-- name: delete_chain_version
+DELETE FROM chain_versions WHERE name = :name AND ordinal = :ordinal
