@@ -91,6 +91,26 @@ class ChainDefinition:
     approvers: tuple[str, ...] | None = None
     #: what happens to its live runs when the chain changes (:data:`UpgradePolicy`)
     upgrade: UpgradePolicy = "pinned"
+    #: a label of the team's own for this definition (``version`` in the file), shown beside the
+    #: version's number and hash; not part of the snapshot, so changing it alone changes no version
+    label: str | None = None
+
+
+def carried(old: ChainSnapshot, new: ChainSnapshot, *, gates: bool = True) -> ChainSnapshot:
+    """Chain ``new`` (a version as configured) with the start-time options of a run started on
+    ``old``: the steps it gated at start (unless ``gates`` is False) and the task time limits set
+    at start, on the steps of ``new`` that ``old`` has too."""
+    before = {s.name: s for s in old.steps}
+    steps = []
+    for step in new.steps:
+        was = before.get(step.name)
+        update: dict[str, object] = {}
+        if was is not None and gates and was.approve_before:
+            update["approve_before"] = True
+        if was is not None and step.timeout_seconds is None and was.timeout_seconds is not None:
+            update["timeout_seconds"] = was.timeout_seconds
+        steps.append(step.model_copy(update=update) if update else step)
+    return new.model_copy(update={"steps": tuple(steps)})
 
 
 def _load_builtin_specialist(name: str) -> Specialist:
@@ -189,6 +209,7 @@ class _ChainConfig(_Strict):
     approvers: _Approvers = Field(default=None, min_length=1, max_length=100)
     steps: list[str | _StepConfig] = Field(min_length=1, max_length=50)
     upgrade: UpgradePolicy = "pinned"
+    version: str | None = Field(default=None, min_length=1, max_length=64)
 
     _approvers = field_validator("approvers")(_check_approvers)
 
@@ -356,6 +377,12 @@ class Catalog:
         """Whether any chain's runs move by themselves when it changes (``at_boundary``)."""
         return any(c.upgrade == "at_boundary" for c in self.chains.values())
 
+    def label(self, name: str) -> str | None:
+        """The ``version`` label the configuration gives chain ``name`` (None: none, or no such
+        chain)."""
+        definition = self.chains.get(name)
+        return None if definition is None else definition.label
+
     def upgrade_policy(self, chain: ChainSnapshot) -> UpgradePolicy:
         """What happens to runs of ``chain`` when it changes: its ``upgrade`` in the configuration
         (``pinned`` for a chain given as a list of specialists, or since removed)."""
@@ -372,25 +399,20 @@ class Catalog:
         if given, else the same name (or the same specialists, for a chain given as a list; a
         chain since removed is ``unknown_chain``), with ``old``'s start-time options: the steps it
         gated at start when ``approve_before`` is None, and the task time limits set at start."""
-        spec: str | tuple[str, ...]
-        if chain is not None:
-            spec = chain if isinstance(chain, str) else tuple(chain)
-        elif old.name == "custom" and old.name not in self.chains:
-            spec = tuple(s.specialist for s in old.steps)
-        else:
-            spec = old.name
-        new = self.resolve(spec, approve_before or ())
-        before = {s.name: s for s in old.steps}
-        steps = []
-        for step in new.steps:
-            was = before.get(step.name)
-            update: dict[str, object] = {}
-            if was is not None and approve_before is None and was.approve_before:
-                update["approve_before"] = True
-            if was is not None and step.timeout_seconds is None and was.timeout_seconds is not None:
-                update["timeout_seconds"] = was.timeout_seconds
-            steps.append(step.model_copy(update=update) if update else step)
-        return new.model_copy(update={"steps": tuple(steps)})
+        spec = self._spec_of(old) if chain is None else chain if isinstance(chain, str) else tuple(chain)
+        return carried(old, self.resolve(spec, approve_before or ()), gates=approve_before is None)
+
+    def configured(self, old: ChainSnapshot) -> ChainSnapshot:
+        """The current version of the chain a run started on ``old``, as configured (without the
+        run's start-time options): what :class:`~orchestration.store.KeepsChainVersions` keeps."""
+        return self.resolve(self._spec_of(old))
+
+    def _spec_of(self, old: ChainSnapshot) -> str | tuple[str, ...]:
+        """The chain name a run started on ``old`` gave, or its specialists for a chain given as a
+        list (``unknown_chain`` later when the name was since removed)."""
+        if old.name == "custom" and old.name not in self.chains:
+            return tuple(s.specialist for s in old.steps)
+        return old.name
 
     def _resolve(self, chain: str | Sequence[str] | None, approve_before: Sequence[str]) -> ChainSnapshot:
         if chain is None or isinstance(chain, str):
@@ -574,6 +596,7 @@ def _user_chain(name: str, chain: _ChainConfig, context: _StepContext) -> ChainD
         chain.max_depth,
         None if chain.approvers is None else tuple(chain.approvers),
         chain.upgrade,
+        chain.version,
     )
 
 

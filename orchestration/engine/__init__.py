@@ -22,6 +22,7 @@ Words used here with one meaning each:
 
 from __future__ import annotations
 
+from orchestration.engine.chain_versions import ChainVersions, named, parse_version
 from orchestration.engine.changes import is_settled
 from orchestration.engine.children import live_children
 from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
@@ -34,6 +35,7 @@ from orchestration.engine.start_window import repeated
 from orchestration.engine.upgrading import Upgrade
 
 __all__ = [
+    "ChainVersions",
     "Dispatcher",
     "Forgetful",
     "OutputDeltas",
@@ -47,5 +49,7 @@ __all__ = [
     "Written",
     "is_settled",
     "live_children",
+    "named",
+    "parse_version",
     "repeated",
 ]

@@ -53,9 +53,9 @@ from orchestration.core.models import (
     RunHead,
 )
 from orchestration.core.routing import RevisePlan, chain_format, revise_plan
-from orchestration.core.upgrades import CannotMove
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.agent_waits import AgentWaits
+from orchestration.engine.chain_versions import ChainVersions
 from orchestration.engine.changes import ChangeFeed, ChangeListener, is_settled, wait_until
 from orchestration.engine.children import ChildRuns
 from orchestration.engine.deltas import OutputDeltas
@@ -91,7 +91,7 @@ from orchestration.engine.reading import (
     require_resumable,
 )
 from orchestration.engine.start_window import keyed_before_namespaces, repeated, start_once
-from orchestration.engine.upgrading import Upgrade, upgrade_run
+from orchestration.engine.upgrading import Upgrade, chain_asked, move_if_due, policy_allows, upgrade_run
 from orchestration.errors import (
     ConstructError,
     CorruptRecord,
@@ -117,10 +117,6 @@ ProgressCallback = Callable[[RunHead], Awaitable[None]]
 
 _DEFAULT_LIMITS = Limits()
 _DEFAULT_SETTINGS = RuntimeSettings()
-
-
-def _any_run(_: RunHead) -> CannotMove | None:
-    return None
 
 
 class DrivesNewRuns(Protocol):
@@ -187,6 +183,8 @@ class Runtime:
         #: who drives a run this process creates leased to itself (see :meth:`drive_new_runs_with`)
         self._drives_new: DrivesNewRuns | None = None
         self._claimed = store if isinstance(store, CreatesClaimed) else None
+        #: the chain versions the store keeps (each configured snapshot a run starts on, numbered)
+        self.versions = ChainVersions(store, lambda: self.catalog, self.clock)
 
     def drive_new_runs_with(self, drives: DrivesNewRuns) -> None:
         """From now on, a run this runtime creates while ``drives`` has room is created leased to
@@ -303,6 +301,7 @@ class Runtime:
         )
         check_delegation(request.delegation, chain, self.server_id)
         contract = self.resolve_contract(request, chain)
+        await self.versions.seen_at_start(request.chain)
 
         async def create(key: str | None) -> tuple[RunHead, bool]:
             return await self._create_run(request, chain, contract, key)
@@ -458,40 +457,34 @@ class Runtime:
     async def upgrade(
         self,
         run_id: str,
-        to: ChainSnapshot | None = None,
+        to: ChainSnapshot | int | None = None,
         *,
         dry_run: bool = True,
         by: str | None = None,
         verified: bool = False,
         reason: str | None = None,
     ) -> Upgrade:
-        """Move the run to the chain ``to`` (None: its chain as the configuration has it now, with
-        the options it was started with) where nothing recorded would be reinterpreted
-        (:mod:`orchestration.core.upgrades`) and its chain's policy allows it (not ``pinned``), in
-        one write with what follows at once; ``dry_run``: only the verdict. ``by``, ``verified``
-        and ``reason`` are recorded with the move. A run on that chain already is left as it is."""
+        """Move the run to the chain ``to`` (None: its chain as the configuration has it now; a
+        number: that kept version of its chain; either with the options the run was started with)
+        where nothing recorded would be reinterpreted (:mod:`orchestration.core.upgrades`) and its
+        chain's policy allows it (not ``pinned``), in one write with what follows at once;
+        ``dry_run``: only the verdict. ``by``, ``verified`` and ``reason`` are recorded with the
+        move. A run on that chain already is left as it is."""
         run_id = validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(
                 f"reason is {len(reason)} characters; the limit is {self.limits.max_comment_chars}"
             )
-
-        def chain_of(head: RunHead) -> ChainSnapshot:
-            return to if to is not None else self.catalog.resolve_again(head.chain)
-
-        def allowed(head: RunHead) -> CannotMove | None:
-            if self.catalog.upgrade_policy(head.chain) != "pinned":
-                return None
-            name = head.chain.name
-            return CannotMove(
-                "pinned",
-                None,
-                f"chain {name!r} is pinned: its runs stay on the version they started with (set upgrade = "
-                f'"manual" or "at_boundary" in [chains.{name}] to move them)',
-            )
-
+        chain_of = await chain_asked(self, run_id, to)
         return await upgrade_run(
-            self, run_id, chain_of, allowed, dry_run=dry_run, by=by, verified=verified, reason=reason
+            self,
+            run_id,
+            chain_of,
+            policy_allows(self.catalog),
+            dry_run=dry_run,
+            by=by,
+            verified=verified,
+            reason=reason,
         )
 
     async def upgrade_if_due(self, run_id: str, head: RunHead | None = None) -> RunHead | None:
@@ -501,42 +494,7 @@ class Runtime:
         Never raises: a move that fails is logged, and tried again at the run's next pause."""
         if not self.catalog.moves_at_boundary:
             return head
-        try:
-            head = head or await self.store.load(run_id)
-            if (
-                head.status.is_terminal
-                or head.status == RunStatus.RUNNING
-                or self.catalog.upgrade_policy(head.chain) != "at_boundary"
-            ):
-                return head
-            current = self.catalog.resolve_again(head.chain)
-            if current.content_hash() == head.chain_hash:
-                return head
-            done = await upgrade_run(
-                self,
-                run_id,
-                lambda _: current,
-                _any_run,
-                dry_run=False,
-                by="policy",
-                reason="at_boundary",
-            )
-        except ConstructError as exc:
-            log.warning(
-                "run %s was not moved to its chain's current version: %s",
-                run_id,
-                exc,
-                extra={"action": "upgrade_failed", "run_id": run_id},
-            )
-            return head
-        if isinstance(done.verdict, CannotMove):
-            log.info(
-                "run %s stays on its chain: %s",
-                run_id,
-                done.verdict.reason,
-                extra={"action": "upgrade_blocked", "run_id": run_id},
-            )
-        return done.head
+        return await move_if_due(self, self.catalog, run_id, head)
 
     async def _check_repeat(self, head: RunHead, gate: GateState, asked: Decision) -> None:
         """``asked`` on ``gate``, decided already: nothing to record when it repeats the decision

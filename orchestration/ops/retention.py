@@ -11,14 +11,15 @@ its head is still the one read, judged by the store in the step that deletes it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from orchestration.chains.catalog import carried
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import Conflict, ConstructError, InvalidArgument, InvalidState, RunNotFound
 from orchestration.ops.export import RunExport, derive, snapshot
-from orchestration.store import RunStore, Tombstone
+from orchestration.store import ChainVersion, KeepsChainVersions, RunStore, Tombstone
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class PruneResult:
     archives: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    #: how many chain versions no run holds any more were removed with them
+    versions_removed: int = 0
 
 
 def parse_statuses(names: str) -> frozenset[RunStatus]:
@@ -113,10 +116,13 @@ async def prune(
     now: datetime,
     dry_run: bool = False,
     archive: Archive | None = None,
+    current: Sequence[str] = (),
 ) -> PruneResult:
     """Delete the runs of ``statuses`` (ended ones only) that ended more than ``older_than`` before
     ``now``, each after ``archive`` (when given) wrote its export; ``dry_run`` deletes nothing and
-    lists what would be. A run that moved on or went away meanwhile is skipped, never forced."""
+    lists what would be. A run that moved on or went away meanwhile is skipped, never forced. Then,
+    on a store that keeps chain versions, the versions no run holds any more are removed, but for
+    the configuration's ``current`` ones (their hashes) and each name's newest."""
     if not statuses <= PRUNABLE:
         raise InvalidArgument("only runs that have ended can be pruned")
     cutoff = now - older_than
@@ -148,4 +154,37 @@ async def prune(
             continue
         pruned.append(head.run_id)
         log.info("run pruned", extra={"action": "run_pruned", "run_id": head.run_id})
-    return PruneResult(tuple(pruned), archives, skipped, dry_run)
+    removed = 0
+    if not dry_run and isinstance(store, KeepsChainVersions):
+        removed = await store.forget_chain_versions([*current, *await versions_held(store)])
+    return PruneResult(tuple(pruned), archives, skipped, dry_run, removed)
+
+
+async def versions_held(store: RunStore) -> set[str]:
+    """The hashes of the kept chain versions some run in ``store`` is on: a run holds its version
+    with its start-time options applied (a gate asked for at start), so its own hash may differ
+    from its version's; each is matched as :class:`~orchestration.engine.ChainVersions` does."""
+    if not isinstance(store, KeepsChainVersions):
+        return set()
+    versions: dict[str, list[ChainVersion]] = {}
+    held: dict[str, str | None] = {}  # a run's chain hash -> its version's
+    cursor: str | None = None
+    while True:
+        page = await store.list_runs(None, _PAGE, cursor)
+        for head in page.runs:
+            if head.chain_hash in held:
+                continue
+            name = head.chain.name
+            if name not in versions:
+                versions[name] = await store.chain_versions(name)
+            held[head.chain_hash] = next(
+                (
+                    v.chain_hash
+                    for v in versions[name]
+                    if carried(head.chain, v.chain).content_hash() == head.chain_hash
+                ),
+                None,
+            )
+        cursor = page.next_cursor
+        if cursor is None:
+            return {h for h in held.values() if h is not None}

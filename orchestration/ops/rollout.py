@@ -68,21 +68,26 @@ async def behind(runtime: Runtime, limit: int | None = None) -> list[RunHead]:
 
 
 async def roll_out(
-    runtime: Runtime, chain: str | None = None, *, dry_run: bool, by: str | None = None
+    runtime: Runtime,
+    chain: str | None = None,
+    *,
+    dry_run: bool,
+    by: str | None = None,
+    to: int | None = None,
 ) -> Rollout:
-    """Move every live run (of ``chain``) to its chain's current version where it may move; with
-    ``dry_run``, only count what would happen."""
+    """Move every live run (of ``chain``) to its chain's current version (or to kept version
+    ``to`` of it) where it may move; with ``dry_run``, only count what would happen."""
     rollout = Rollout()
     started = runtime.clock.now()
     current: dict[str, str] = {}  # a run's chain version -> its chain's current version
     async for head in live_runs(runtime, chain):
         try:
-            if head.chain_hash not in current:
+            if to is None and head.chain_hash not in current:
                 current[head.chain_hash] = runtime.catalog.resolve_again(head.chain).content_hash()
-            if current[head.chain_hash] == head.chain_hash:
+            if to is None and current[head.chain_hash] == head.chain_hash:
                 rollout.counts["current"] += 1  # read nothing more
                 continue
-            done = await runtime.upgrade(head.run_id, dry_run=dry_run, by=by, reason="rollout")
+            done = await runtime.upgrade(head.run_id, to, dry_run=dry_run, by=by, reason="rollout")
         except ConstructError as exc:  # the chain was removed from the configuration, the run pruned
             rollout.counts[exc.code] += 1
             continue
@@ -103,7 +108,9 @@ async def roll_out(
 async def at_startup(runtime: Runtime) -> Rollout:
     """What a server finds when it starts: how many live runs are behind their chain's current
     version and how many cannot move (a dry run), having moved those of ``at_boundary`` chains
-    that can (:meth:`~orchestration.engine.runtime.Runtime.upgrade_if_due`)."""
+    that can (:meth:`~orchestration.engine.runtime.Runtime.upgrade_if_due`). The configuration's
+    chains are kept as versions first (on a store that keeps them)."""
+    await runtime.versions.seen_in_configuration()
     if runtime.catalog.moves_at_boundary:
         async for head in live_runs(runtime):
             await runtime.upgrade_if_due(head.run_id, head)
