@@ -178,7 +178,7 @@ class ConstructApp:
             store_description=opened.description,
             warnings=tuple(opened.warnings),
             memory=memory,
-            chain_news=ChainNews(runtime.catalog),
+            chain_news=ChainNews(runtime.catalog, runtime.versions),
         )
         subscriptions = self._subscriptions
         subscriptions.attach(runtime.status)

@@ -12,7 +12,7 @@ from server.cli.budget_flags import add_budget_flags, add_usage_flags
 from server.cli.fork import add_fork_parser
 from server.cli.live import add_live_parsers
 from server.cli.retention_commands import add_retention_parsers
-from server.cli.upgrade import add_upgrade_parser
+from server.cli.upgrade import add_upgrade_parser, add_versions_parser
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -172,6 +172,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     add_live_parsers(actions, _common, _json_flag)
     add_fork_parser(actions, _common, _advancing_flags)
     add_upgrade_parser(actions, _common)
+    add_versions_parser(actions, _common)
     add_retention_parsers(actions, _common, _json_flag)
     return actions.choices
 

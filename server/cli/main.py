@@ -13,7 +13,8 @@
     construct-mcp runs list [--status S]... [--limit N] [--cursor C]
     construct-mcp runs timeline RUN_ID
     construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli.fork)
-    construct-mcp runs upgrade RUN_ID | --chain NAME --all [--dry-run] (see server.cli.upgrade)
+    construct-mcp runs upgrade RUN_ID | --chain NAME --all [--to V] [--dry-run] (see server.cli.upgrade)
+    construct-mcp runs versions CHAIN (see server.cli.upgrade)
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
     construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
@@ -93,7 +94,7 @@ from server.cli.live import LIVE_COMMANDS, run_live
 from server.cli.printing import HostPrompts, emit
 from server.cli.progress import Progress
 from server.cli.retention_commands import RETENTION_COMMANDS, run_retention
-from server.cli.upgrade import run_upgrade
+from server.cli.upgrade import run_upgrade, run_versions
 from server.cli.usage import UsageError
 from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
@@ -292,6 +293,8 @@ async def _runs_with(
         return await run_live(runtime, args, out, here.flags)
     if command == "upgrade":
         return await run_upgrade(runtime, args, out)
+    if command == "versions":
+        return await run_versions(runtime, args, out)
     if command == "list":
         if args.behind:
             page = RunPage(await behind(runtime, args.limit), None)
@@ -319,7 +322,7 @@ async def _runs_with(
         detail: Detail = "full" if getattr(args, "full", False) else "compact"
         model = run_view(await runtime.snapshot(head.run_id, head), detail)
         model = await attended(model, head, runtime.store, runtime.clock.now(), here.flags)
-        model = ChainNews(runtime.catalog).shown(model, head)
+        model = await ChainNews(runtime.catalog, runtime.versions).shown(model, head)
         if command in _ADVANCING and head.status in _UNSUCCESSFUL:
             code = EXIT_RUN_ENDED_UNSUCCESSFULLY
     emit(model, args.json, out, where, here.prompts)

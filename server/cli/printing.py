@@ -16,7 +16,7 @@ from orchestration.core import RunStatus
 from server.views.attendance import said
 from server.views.listing import RunsPage
 from server.views.next_step import Approve, Done, RunHostTask, Wait
-from server.views.run_view import BehindView, GateView, RunView
+from server.views.run_view import BehindView, ChainView, GateView, RunView
 from server.views.timeline import decided_by
 
 #: the statuses of a run that has ended
@@ -60,7 +60,8 @@ def print_view(view: RunView, out: TextIO, prompts: HostPrompts | None = None) -
     )
     out.write(f"run {view.run_id}: {view.status.value} ({view.status_kind})\n")
     legend = "   (* = approval gate)" if gated else ""  # said only where a * is shown
-    out.write(f"chain {view.chain.name}: {steps}{legend}\n")
+    version = "" if view.chain.version is None else f" {_version(view.chain)}"
+    out.write(f"chain {view.chain.name}{version}: {steps}{legend}\n")
     request = view.request_preview.replace("\n", " ")
     out.write(f"request: {request}\n")
     if view.forked_from is not None:
@@ -95,12 +96,19 @@ def print_view(view: RunView, out: TextIO, prompts: HostPrompts | None = None) -
     for warning in view.warnings:
         out.write(f"warning: {warning}\n")
     if view.behind is not None:
-        out.write(_behind(view.run_id, view.chain.hash[:12], view.behind) + "\n")
+        out.write(_behind(view.run_id, _version(view.chain), view.behind) + "\n")
     if view.more_actions:  # before the next action, which stays last
         out.write(f"\nalso waiting now ({len(view.more_actions)} more, parallel steps; any order):\n")
         for more in view.more_actions:
             _print_action(view, more, out, prompts)
     _print_action(view, view.next_action, out, prompts)
+
+
+def _version(chain: ChainView) -> str:
+    """A chain version as a person reads it: ``v3 (2026.1)``, or the start of its hash."""
+    if chain.version is None:
+        return chain.hash[:12]
+    return f"v{chain.version}" + ("" if chain.label is None else f" ({chain.label})")
 
 
 def _behind(run_id: str, version: str, behind: BehindView) -> str:

@@ -43,6 +43,7 @@ from typing import TextIO
 
 import anyio
 
+from orchestration.chains import Catalog
 from orchestration.core import SystemClock
 from orchestration.errors import ExportCorrupt, InvalidArgument
 from orchestration.ops import (
@@ -166,7 +167,7 @@ async def run_retention(args: argparse.Namespace, settings: Settings, out: TextI
             return await _export(opened.store, args, out)
         if args.runs_command == "import":
             return await _import(opened.store, opened.requested, args, settings, out)
-        return await _prune(opened.store, args, out)
+        return await _prune(opened.store, args, out, _current_versions(settings))
     finally:
         with anyio.CancelScope(shield=True):
             await opened.store.close()
@@ -230,7 +231,13 @@ async def _import(
     return 0
 
 
-async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO) -> int:
+def _current_versions(settings: Settings) -> list[str]:
+    """The hashes of the configuration's chains as they are now (a prune keeps their versions)."""
+    catalog = Catalog.load(settings.config_file)
+    return [catalog.resolve(name).content_hash() for name in sorted(catalog.chains)]
+
+
+async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO, current: Sequence[str]) -> int:
     statuses = parse_statuses(args.status)
     age = parse_age(args.older_than)
     export_dir: Path | None = args.export_dir
@@ -254,6 +261,7 @@ async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO) -> int:
         now=SystemClock().now(),
         dry_run=args.dry_run,
         archive=archive if export_dir is not None else None,
+        current=current,
     )
     if args.json:
         answer = {
@@ -261,6 +269,7 @@ async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO) -> int:
             "pruned": list(result.pruned),
             "archives": result.archives,
             "skipped": result.skipped,
+            "versions_removed": result.versions_removed,
         }
         out.write(json.dumps(answer, indent=2) + "\n")
         return 0
@@ -271,4 +280,6 @@ async def _prune(store: RunStore, args: argparse.Namespace, out: TextIO) -> int:
     for run_id, why in result.skipped.items():
         out.write(f"left {run_id}: {why}\n")
     out.write(f"{verb} {len(result.pruned)} run(s) that ended more than {args.older_than} ago\n")
+    if result.versions_removed:
+        out.write(f"removed {result.versions_removed} chain version(s) that no run holds\n")
     return 0

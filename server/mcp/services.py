@@ -66,7 +66,7 @@ class Services:
         if head is None:
             head = await self.runtime.status(run_id)
         view = content_for(await self.whole_view(run_id, head, detail, full_task), caller.sees_content(head))
-        return view if self.chain_news is None else self.chain_news.shown(view, head)
+        return view if self.chain_news is None else await self.chain_news.shown(view, head)
 
     async def whole_view(
         self,

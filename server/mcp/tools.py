@@ -106,17 +106,9 @@ WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
     Field(description="'inline': you run the tasks; 'provider': the server calls a model."),
 ]
-ProviderName = Annotated[
-    Literal["anthropic", "openrouter", "openai"] | None,
-    Field(description="Default: the server's."),
-]
-ModelName = Annotated[
-    str | None,
-    Field(
-        max_length=LIMITS.max_name_chars,
-        description="Default: the server's.",
-    ),
-]
+#: None: the server's (said by the schema's null, not a description: tools/list has a budget)
+ProviderName = Annotated[Literal["anthropic", "openrouter", "openai"] | None, Field()]
+ModelName = Annotated[str | None, Field(max_length=LIMITS.max_name_chars)]
 RunTimeout = Annotated[
     float | None,
     Field(
@@ -518,7 +510,7 @@ async def run_status(
     version: Annotated[int | None, Field(ge=0, description="read_more's version (pins the parts).")] = None,
 ) -> Annotated[CallToolResult, StatusAnswer] | InputRequiredResult:
     """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs
-    (in parts when long)."""
+    (in parts)."""
 
     services = services_of(ctx)
 
@@ -547,7 +539,7 @@ async def orchestrate_cancel(
         Field(max_length=LIMITS.max_comment_chars, description="Why, for the record."),
     ] = None,
 ) -> CallToolResult:
-    """Cancel a run that has not ended; it never continues. Repeating it changes nothing."""
+    """Cancel a run that has not ended; it never continues. A repeat changes nothing."""
 
     async def work() -> RunView:
         caller = await caller_for(ctx, "orchestrate_cancel", run_id)

@@ -1,5 +1,6 @@
 """The MCP tool ``orchestrate_upgrade``: move a live run to its chain as the configuration has it
-now, where nothing recorded would be reinterpreted (the rule: :mod:`orchestration.core.upgrades`).
+now (or to another kept version of it, ``to``), where nothing recorded would be reinterpreted
+(the rule: :mod:`orchestration.core.upgrades`).
 A dry run by default: the answer is the verdict and what would change."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
 from orchestration.core import CannotMove
-from orchestration.engine import Upgrade
-from orchestration.errors import InvalidState, UpgradeBlocked
+from orchestration.engine import Upgrade, named, parse_version
+from orchestration.errors import InvalidArgument, InvalidState, UpgradeBlocked, quoted
 from server.mcp.answering import ToolContext, answer, caller_for, services_of
 
 Verdict = Literal["moved", "would_move", "current", "blocked", "not_now", "pinned"]
@@ -44,18 +45,32 @@ class UpgradeAnswer(BaseModel):
 async def orchestrate_upgrade(
     ctx: ToolContext,
     run_id: Annotated[str, Field(max_length=80)],
-    dry_run: Annotated[bool, Field(description="false: move it; true: say what would change.")] = True,
+    dry_run: Annotated[bool, Field(description="false: move it.")] = True,
+    to: Annotated[str, Field(max_length=12, description="current, or v3")] = "current",
 ) -> CallToolResult:
-    """Move a live run to its chain's current version, where nothing recorded changes meaning."""
+    """Move a live run to another version of its chain if nothing recorded changes meaning."""
 
     async def work() -> UpgradeAnswer:
         caller = await caller_for(ctx, "orchestrate_upgrade", run_id)
         runtime = services_of(ctx).runtime
         by = caller.identity if caller.verified else None
-        done = await runtime.upgrade(run_id, dry_run=dry_run, by=by, verified=caller.verified)
-        return _answer(run_id, done, dry_run)
+        number = _version_asked(to)
+        done = await runtime.upgrade(run_id, number, dry_run=dry_run, by=by, verified=caller.verified)
+        said = (await named(runtime.versions, done.from_chain), await named(runtime.versions, done.to_chain))
+        return _answer(run_id, done, dry_run).model_copy(update=dict(zip(_VERSIONS, said, strict=True)))
 
     return await answer("orchestrate_upgrade", work, services_of(ctx))
+
+
+_VERSIONS = ("from_version", "to_version")
+
+
+def _version_asked(to: str) -> int | None:
+    """``to`` as a version number (None: the current one); ``invalid_argument`` otherwise."""
+    try:
+        return parse_version(to)
+    except ValueError:
+        raise InvalidArgument(f"to is 'current' or a version such as 'v3', not {quoted(to)}") from None
 
 
 def _answer(run_id: str, done: Upgrade, dry_run: bool) -> UpgradeAnswer:

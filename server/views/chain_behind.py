@@ -1,6 +1,7 @@
 """Whether a run's chain has a newer version in the configuration than the one the run runs on,
 and what moving it would do (:mod:`orchestration.core.upgrades`): shown with the run, so that a
-run that stays on an older version says why."""
+run that stays on an older version says why; and the number (and label) of the version the run is
+on, where the store keeps chain versions."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TypeVar
 
 from orchestration.chains import Catalog
 from orchestration.core import CannotMove, ChainSnapshot, RunHead, plan_upgrade
+from orchestration.engine import ChainVersions
 from orchestration.errors import ConstructError
 from server.views.run_view import BehindView, RunView
 
@@ -18,8 +20,9 @@ class ChainNews:
     """The configuration's current version of each chain version runs were seen on (the catalog
     of a process does not change while it runs, so each is resolved once)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, versions: ChainVersions | None = None) -> None:
         self.catalog = catalog
+        self.versions = versions
         self._current: dict[str, ChainSnapshot | None] = {}
 
     def current(self, head: RunHead) -> ChainSnapshot | None:
@@ -52,9 +55,18 @@ class ChainNews:
             return view.model_copy(update={"verdict": kind, "reason": verdict.reason})
         return view
 
-    def shown(self, view: _Shown, head: RunHead) -> _Shown:
-        """``view`` saying whether its run is behind (a copy when it is; ``view`` itself when not)."""
+    async def shown(self, view: _Shown, head: RunHead) -> _Shown:
+        """``view`` saying whether its run is behind and which version it is on (a copy when it
+        says either; ``view`` itself when not)."""
         behind = self.behind(head)
+        if self.versions is not None and self.versions.kept:
+            on = await self.versions.of_run(head.chain)
+            if on is not None:
+                chain = view.chain.model_copy(update={"version": on.ordinal, "label": on.label})
+                view = view.model_copy(update={"chain": chain})
+            current = None if behind is None else await self.versions.current(head.chain)
+            if behind is not None and current is not None:
+                behind = behind.model_copy(update={"current_version": f"v{current.ordinal}"})
         return view if behind is None else view.model_copy(update={"behind": behind})
 
 

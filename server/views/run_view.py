@@ -272,6 +272,14 @@ class ChainView(View):
         default=4, description="How many ready steps the provider backend runs at once."
     )
     hash: str = Field(description="Hash of the chain snapshot the run runs on (its version).")
+    version: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The number of the chain's version the run is on (v3), where the store keeps them.",
+    )
+    label: str | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="That version's label in the configuration."
+    )
 
 
 class ContractView(View):
@@ -295,7 +303,9 @@ class ForkView(View):
 class BehindView(View):
     """The configuration has a newer version of the run's chain (server.views.chain_behind)."""
 
-    current_version: str = Field(description="The configuration's version of the chain (its hash's start).")
+    current_version: str = Field(
+        description="The configuration's version of the chain: v4, or its hash's start where none is kept."
+    )
     upgrade: Literal["pinned", "manual", "at_boundary"] = Field(description="The chain's upgrade policy.")
     verdict: Literal["would_move", "blocked", "not_now", "pinned"]
     reason: str | None = Field(default=None, description="Why the run stays on its version.")

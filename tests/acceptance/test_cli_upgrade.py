@@ -67,3 +67,35 @@ def test_a_change_to_a_finished_step_keeps_the_run_and_says_why(tmp_path: Path) 
     assert every.returncode == 0 and "1 blocked" in every.stdout and f"{run_id} stays:" in every.stdout
     usage = cli(tmp_path, "runs", "upgrade")
     assert usage.returncode == 2 and "--chain NAME --all" in usage.stderr
+
+
+def test_versions_are_numbered_shown_and_a_run_moves_back_by_number(tmp_path: Path) -> None:
+    (tmp_path / "construct.toml").write_text(
+        CHAIN.replace('upgrade = "manual"', 'upgrade = "manual"\nversion = "2026.1"')
+    )
+    run_id = str(ok_json(tmp_path, "runs", "start", "Build it", "--chain", "review")["run_id"])
+    assert ok_json(tmp_path, "runs", "status", run_id)["chain"]["version"] == 1
+    assert (
+        "chain review v1 (2026.1): architect -> engineer -> reviewer*"
+        in cli(tmp_path, "runs", "status", run_id).stdout
+    )
+    edited = CHAIN.replace('upgrade = "manual"', 'upgrade = "manual"\nversion = "2026.2"')
+    persona = '[specialists.reviewer]\ndescription = "Reviews"\npersona = "You check security first."\n'
+    (tmp_path / "construct.toml").write_text(edited + persona)
+    listed = cli(tmp_path, "runs", "versions", "review").stdout.splitlines()
+    assert [line.split()[0] for line in listed] == ["v1", "v2"], listed
+    assert "2026.1" in listed[0] and listed[1].endswith("2026.2  (current)"), listed
+    said = cli(tmp_path, "runs", "status", run_id).stdout
+    assert "chain: version v1 (2026.1); the configuration's is v2 (upgrade = manual)" in said, said
+    moved = json.loads(cli(tmp_path, "runs", "upgrade", run_id, "--json").stdout)
+    assert moved["moved"] and (moved["from_version"], moved["to_version"]) == ("v1", "v2")
+    dry = cli(tmp_path, "runs", "upgrade", run_id, "--to", "v1", "--dry-run")
+    assert dry.returncode == 0 and "would move to version v1 of its chain (from v2)" in dry.stdout, dry.stdout
+    assert dry.stdout.rstrip().endswith(f"next: construct-mcp runs upgrade {run_id} --to v1")
+    back = json.loads(cli(tmp_path, "runs", "upgrade", run_id, "--to", "1", "--json").stdout)
+    assert back["moved"] and back["to_version"] == "v1"
+    assert ok_json(tmp_path, "runs", "status", run_id)["chain"]["version"] == 1
+    unknown = cli(tmp_path, "runs", "upgrade", run_id, "--to", "v9")
+    assert unknown.returncode != 0 and "no version 9; its versions: v1, v2" in unknown.stderr
+    bad = cli(tmp_path, "runs", "upgrade", run_id, "--to", "latest")
+    assert bad.returncode == 2 and "--to is 'current' or a version such as v3" in bad.stderr

@@ -145,10 +145,10 @@ def test_the_gate_legend_is_shown_only_for_a_chain_with_a_gate(tmp_path: Path) -
     plain, gated = io.StringIO(), io.StringIO()
     home = ["--home", str(tmp_path)]
     assert run(["runs", "start", "x", "--specialists", "writer", *home], plain) == 0
-    assert "chain custom: writer\n" in plain.getvalue() and legend not in plain.getvalue()
+    assert "chain custom v1: writer\n" in plain.getvalue() and legend not in plain.getvalue()
     gate = ["--approve-before", "writer"]
     assert run(["runs", "start", "x", "--specialists", "writer", *gate, *home], gated) == 0
-    assert f"chain custom: writer*   {legend}\n" in gated.getvalue()
+    assert f"chain custom v1: writer*   {legend}\n" in gated.getvalue()
 
 
 async def test_watch_counts_one_live_run_in_the_singular() -> None:

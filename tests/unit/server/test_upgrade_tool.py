@@ -92,3 +92,21 @@ async def test_a_move_that_would_reinterpret_a_finished_step_is_refused(tmp_path
         said = await error(client, "orchestrate_upgrade", run_id=run_id, dry_run=False)
         assert said.startswith("upgrade_blocked:") and "architect" in said
         assert await call(client, "run_status", run_id=run_id) == before
+
+
+async def test_to_names_a_kept_version_and_the_run_view_names_its_own(tmp_path: Path) -> None:
+    run_id = await parked(tmp_path)
+    changed = CHAIN + f'[specialists.reviewer]\ndescription = "Reviews"\npersona = "{CHECKLIST}"\n'
+    async with served(tmp_path, changed) as client:
+        before = await call(client, "run_status", run_id=run_id, detail="full")
+        assert before["chain"]["version"] == 1 and before["behind"]["current_version"] == "v2"
+        moved = await call(client, "orchestrate_upgrade", run_id=run_id, to="v2", dry_run=False)
+        assert (moved["verdict"], moved["from_version"], moved["to_version"]) == ("moved", "v1", "v2")
+        back = await call(client, "orchestrate_upgrade", run_id=run_id, to="1", dry_run=False)
+        assert (back["verdict"], back["to_version"]) == ("moved", "v1")
+        after = await call(client, "run_status", run_id=run_id, detail="full")
+        assert after["chain"]["version"] == 1 and after["behind"]["current_version"] == "v2"
+        said = await error(client, "orchestrate_upgrade", run_id=run_id, to="v5")
+        assert said.startswith("unknown_chain:") and "its versions: v1, v2" in said
+        said = await error(client, "orchestrate_upgrade", run_id=run_id, to="newest")
+        assert said.startswith("invalid_argument:") and "'current' or a version" in said
