@@ -8,7 +8,10 @@ says what the block is:
 
 - ``<!-- fragment -->``: a piece of a file, not a whole one (a TOML fragment parses with tomllib, a
   Python excerpt compiles, instead of loading as a config file or running as a script);
-- ``<!-- quickstart -->``: the README's install-and-demo block, which CI runs verbatim.
+- ``<!-- quickstart -->``: the README's install-and-demo block, which CI runs verbatim;
+- ``<!-- session -->``: a step of a page's worked example, which
+  tests/acceptance/test_docs_sessions.py runs in order in a fresh home: a ``toml`` block is written as
+  its ``construct.toml``, a ``console`` block's ``$`` commands run and print what it shows.
 
 The languages checked are ``toml``, ``json``, ``python``, ``sh``, ``bash`` and ``console``. Blocks in
 any other language (``text``, ``mermaid``, ...) and fences without a language are allowed and
@@ -27,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-Marker = Literal["fragment", "quickstart"]
+Marker = Literal["fragment", "quickstart", "session"]
 
 #: The languages the tests check; every other one is ignored.
 CHECKED = frozenset({"toml", "json", "python", "sh", "bash", "console"})
 SHELL = frozenset({"sh", "bash", "console"})
 
 _OPEN = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})[ \t]*(?P<lang>[^\s`{]*)[^`]*$")
-_MARKER = re.compile(r"^<!--\s*(fragment|quickstart)\s*-->\s*$")
+_MARKER = re.compile(r"^<!--\s*(fragment|quickstart|session)\s*-->\s*$")
 #: Words that run the command after them: the construct-mcp word may follow (after ``--`` when given).
 _LAUNCHERS = frozenset({"uvx", "pipx", "claude", "env", "exec", "nohup", "time", "timeout", "sudo"})
 #: A launcher's options whose value names a package, not the command (``uvx --from construct-mcp ...``).
@@ -112,7 +115,8 @@ def _marker(line: str) -> Marker | None:
     found = _MARKER.match(line.strip())
     if found is None:
         return None
-    return "fragment" if found.group(1) == "fragment" else "quickstart"
+    marker: Marker = "session" if found.group(1) == "session" else "fragment"
+    return "quickstart" if found.group(1) == "quickstart" else marker
 
 
 def all_blocks(root: Path) -> list[Block]:

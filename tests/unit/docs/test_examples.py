@@ -60,7 +60,7 @@ def _parse_cli(argv: list[str], where: str) -> Any:
 # ------------------------------------------------------------------------------------------- toml
 
 
-@_blocks("toml")
+@_blocks("toml", markers=(None, "session"))
 def test_every_toml_example_loads_as_a_config_file(tmp_path: Path, block: Block) -> None:
     tomllib.loads(block.text)  # valid TOML first: the error then names the line a reader copied
     config = tmp_path / "construct.toml"
@@ -161,7 +161,7 @@ def test_every_python_fragment_compiles(block: Block) -> None:
 # ------------------------------------------------------------------------------------------- shell
 
 
-@_blocks(*SHELL, markers=(None, "quickstart"))
+@_blocks(*SHELL, markers=(None, "quickstart", "session"))
 def test_every_construct_mcp_command_of_a_shell_example_parses(block: Block) -> None:
     for line, argv in construct_commands(block):
         _parse_cli(argv, f"{block.path}:{line}")
