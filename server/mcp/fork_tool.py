@@ -56,7 +56,7 @@ async def orchestrate_fork(
         Field(
             min_length=1,
             max_length=LIMITS.max_idempotency_key_chars,
-            description="The same key returns the same fork.",
+            description="Same key: same fork.",
         ),
     ] = None,
     wait_seconds: Annotated[
@@ -65,7 +65,7 @@ async def orchestrate_fork(
     ] = DEFAULT_WAIT_SECONDS,
 ) -> CallToolResult | InputRequiredResult:
     """A new run that copies a run's outputs before from_task and runs from there (e.g. retry a
-    failed run from its failed task)."""
+    failed task)."""
 
     async def work() -> RunView | InputRequiredResult:
         caller = await caller_for(ctx, "orchestrate_fork", run_id)

@@ -95,7 +95,7 @@ IdempotencyKey = Annotated[
     Field(
         min_length=1,
         max_length=LIMITS.max_idempotency_key_chars,
-        description="The same key and request: the same run.",
+        description="Same key and request: same run.",
     ),
 ]
 NewRun = Annotated[
@@ -106,9 +106,12 @@ WorkerBackend = Annotated[
     Literal["inline", "provider"] | None,
     Field(description="'inline': you run the tasks; 'provider': the server calls a model."),
 ]
-#: None: the server's (said by the schema's null, not a description: tools/list has a budget)
-ProviderName = Annotated[Literal["anthropic", "openrouter", "openai"] | None, Field()]
-ModelName = Annotated[str | None, Field(max_length=LIMITS.max_name_chars)]
+ProviderName = Annotated[
+    Literal["anthropic", "openrouter", "openai"] | None, Field(description="Default: the server's.")
+]
+ModelName = Annotated[
+    str | None, Field(max_length=LIMITS.max_name_chars, description="Default: the server's.")
+]
 RunTimeout = Annotated[
     float | None,
     Field(
@@ -497,7 +500,7 @@ async def run_status(
     ] = 0.0,
     detail: Annotated[
         Detail,
-        Field(description="'full': the whole record, with every whole output."),
+        Field(description="'full': the whole record and outputs."),
     ] = "compact",
     task_id: Annotated[
         str | None,
@@ -506,7 +509,7 @@ async def run_status(
             description="A task whose whole output to show.",
         ),
     ] = None,
-    offset: Annotated[int, Field(ge=0, description="read_more's offset (a long record's part).")] = 0,
+    offset: Annotated[int, Field(ge=0, description="read_more's offset.")] = 0,
     version: Annotated[int | None, Field(ge=0, description="read_more's version (pins the parts).")] = None,
 ) -> Annotated[CallToolResult, StatusAnswer] | InputRequiredResult:
     """A run's status, next_action, tasks and gates; detail='full' or task_id for whole outputs
