@@ -82,29 +82,26 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
     return await services_of(ctx).runtime.missing_gate_id(run_id)
 
 
+# openWorldHint is true for a tool whose call can reach beyond this server and its store: a model
+# provider or a remote agent, either in the call itself (a cancel, and a rejection, cancel the remote
+# runs of agent steps) or by letting a run go on to a step that calls one (start, fork, resume,
+# approve, upgrade); false for the tools that only read the store (status, prompt, list, events).
 #: the tools :func:`build_tools` publishes, in this order
 _PUBLISHED = (
     _Publish(
         orchestrate_start,
         "Start a specialist chain",
-        ToolAnnotations(
-            destructive_hint=False,
-            open_world_hint=False,
-        ),
+        ToolAnnotations(destructive_hint=False, open_world_hint=True),
     ),
     _Publish(
         orchestrate_fork,
         "Fork a run from a task",
-        ToolAnnotations(destructive_hint=False, open_world_hint=False),
+        ToolAnnotations(destructive_hint=False, open_world_hint=True),
     ),
     _Publish(
         orchestrate_resume,
         "Hand in a task's output",
-        ToolAnnotations(
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
     ),
     _Publish(
         task_prompt,
@@ -114,11 +111,7 @@ _PUBLISHED = (
     _Publish(
         orchestrate_approve,
         "Decide a gate",
-        ToolAnnotations(
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
         missing={"gate_id": _missing_gate_id},
     ),
     _Publish(
@@ -129,16 +122,12 @@ _PUBLISHED = (
     _Publish(
         orchestrate_cancel,
         "Cancel a run",
-        ToolAnnotations(
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
+        ToolAnnotations(destructive_hint=True, idempotent_hint=True, open_world_hint=True),
     ),
     _Publish(
         orchestrate_upgrade,
         "Upgrade a run",
-        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
     ),
     _Publish(runs_list, "List runs", ToolAnnotations(read_only_hint=True, open_world_hint=False)),
     _Publish(
