@@ -12,6 +12,10 @@ reads back through the store (checked). Beside them, ``--planted-live`` runs are
 them leased by another owner for the whole measurement (runs being driven elsewhere), and then:
 
 * ``claim_runnable`` (the dispatcher's claim, up to 10 runs), each claim's leases released again;
+* the same claim by an older server (a store opened with ``reads_format`` one below this code's)
+  once every free run is of this code's record format: it leaves them all, reading each one's head
+  (printed, not held to the target: the worst case of a rolling deploy, with no newer server there
+  to take the runs);
 * ``list_runs`` first page (20 runs, as ``runs_list`` by default), and filtered on ``cancelled``
   (printed, not held to the target: the issue's target is the first page);
 * the ``runs_list`` tool over Streamable HTTP, on one server started on the schema afterwards (the
@@ -35,9 +39,10 @@ from bench.harness import repeat
 from bench.list_runs import T0, fill
 from bench.scale_figures import PlantedFigures, Timings
 from bench.scale_postgres import bench_database
-from orchestration.core import RunCancelled, RunStatus, apply_write
+from orchestration.core import RECORD_FORMAT, RunCancelled, RunStatus, apply_write
 from orchestration.store import ClaimsRunnable, Lease, RunStore
 from stores import parse_store_spec
+from stores.postgres import PostgresStore
 from tests.acceptance.cluster import clients, server
 from tests.acceptance.harness import call
 from tests.acceptance.store_targets import store_target
@@ -49,6 +54,11 @@ CHUNK = 100_000
 #: the JSON text of a whole-second UTC time, as the store writes it (checked against the template)
 JSON_TIME = 'YYYY-MM-DD"T"HH24:MI:SS"Z"'
 CLAIM_LIMIT = 10
+#: the free queued runs' heads, restated as of this code's record format (the last key of a head)
+RESTATE_FREE = (
+    "UPDATE runs SET head = regexp_replace(head, '\"format\":[0-9]+}$', '\"format\":' || $1 || '}') "
+    "WHERE status = 'queued' AND lease_token IS NULL"
+)
 
 T = TypeVar("T")
 
@@ -158,6 +168,30 @@ async def cancel(store: RunStore, run_id: str, at: datetime | None = None) -> No
     await store.append(run_id, head.version, [fact], apply_write(head, [fact]))
 
 
+async def older_claims(dsn: str, schema: str, repeats: int) -> Timings:
+    """The claim of an older server among free runs that are all of a newer format than it reads
+    (it claims none of them)."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        restated = await conn.execute(RESTATE_FREE, str(RECORD_FORMAT))
+        assert restated != "UPDATE 0", "no free run to restate"
+    finally:
+        await conn.close()
+    older = await PostgresStore.open(dsn, schema=schema, reads_format=RECORD_FORMAT - 1)
+    try:
+
+        async def claim() -> list[Lease]:
+            return await older.claim_runnable("bench-older", 30, datetime.now(UTC), limit=CLAIM_LIMIT)
+
+        async def none(leases: list[Lease]) -> None:
+            assert not leases, "an older server claimed a run of a newer format"
+
+        name = f"claim_runnable (up to {CLAIM_LIMIT}), older server, every free run newer"
+        return await timed(name, repeats, claim, none, targeted=False)
+    finally:
+        await older.close()
+
+
 async def measure_planted(admin_dsn: str, rows: int, *, live: int, repeats: int) -> PlantedFigures:
     with tempfile.TemporaryDirectory(prefix="construct-planted-") as tmp:
         workdir = Path(tmp)
@@ -186,6 +220,7 @@ async def measure_planted(admin_dsn: str, rows: int, *, live: int, repeats: int)
 
                 timings = [
                     await timed(f"claim_runnable (up to {CLAIM_LIMIT})", repeats, claim, release),
+                    await older_claims(db.dsn, schema, repeats),
                     await timed("list_runs first page (20)", repeats, lambda: store.list_runs(limit=20)),
                     await timed(
                         "list_runs first page, cancelled only",

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 
-from orchestration.core import Fact, RunHead, RunStatus, validate_run_id
+from orchestration.core import RECORD_FORMAT, Fact, RunHead, RunStatus, validate_run_id
 from orchestration.errors import (
     Conflict,
     CorruptRecord,
@@ -61,6 +61,9 @@ from stores._urls import redact_url
 log = logging.getLogger(__name__)
 
 Q = queries("postgres")
+
+#: The statuses of the runs not ended (the ones a server may yet drive).
+_LIVE_STATUSES = sorted(status.value for status in RunStatus if not status.is_terminal)
 
 #: The NOTIFY channel for the default schema; a store in schema ``s`` uses ``construct_runs_s`` so
 #: that stores sharing a database but not a schema do not wake each other.
@@ -167,6 +170,25 @@ async def _initialize_if_empty(conn: Any, schema: str, display: str) -> bool:
     return bool(report.applied)
 
 
+async def _say_runs_need_newer(conn: Any, where: str, reads_format: int) -> None:
+    """One warning when live runs state a record format newer than ``reads_format``: a store
+    opened with it leaves them to a newer server (:meth:`PostgresStore.open`)."""
+    newer = await conn.fetchval(Q["runs_need_newer"], _LIVE_STATUSES, reads_format)
+    if newer:
+        log.warning(
+            "live runs left to a newer server: %d (their record format is newer than %d, "
+            "the newest this server claims)",
+            newer,
+            reads_format,
+            extra={
+                "action": "store.runs_need_newer",
+                "store": where,
+                "count": newer,
+                "reads_format": reads_format,
+            },
+        )
+
+
 def _display(dsn: str, schema: str) -> str:
     shown = redact_url(dsn)
     return shown if schema == "public" else f"{shown} (schema {schema})"
@@ -178,9 +200,19 @@ class PostgresStore(PostgresRetention, PostgresChainVersions):
 
     name = "postgres"
 
-    def __init__(self, pool: Any, *, dsn: str, schema: str, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        dsn: str,
+        schema: str,
+        connect_timeout: float,
+        reads_format: int = RECORD_FORMAT,
+    ) -> None:
         """Use :meth:`open`."""
         self.schema = schema
+        #: the highest record format of the runs this store claims (see :meth:`open`)
+        self.reads_format = reads_format
         #: whether :meth:`open` found the schema empty and created it (``construct-mcp`` says so)
         self.created = False
         self.channel = channel_for(schema)
@@ -204,16 +236,30 @@ class PostgresStore(PostgresRetention, PostgresChainVersions):
         connect_timeout: float = 5.0,
         min_size: int = 1,
         max_size: int = 10,
+        reads_format: int = RECORD_FORMAT,
     ) -> PostgresStore:
         """Connect a pool to ``dsn`` (an asyncpg DSN without the ``schema`` parameter; see
         :func:`stores.parse_store_spec`) and check the schema.
 
+        ``reads_format``: the highest record format of the runs this store hands out to drive
+        (:meth:`runnable`, :meth:`claim_runnable`), by default the one this code reads. Servers of
+        two versions share the database during a rolling deploy: an older one leaves the runs that
+        need a newer one to the newer servers, and says at open, in one warning, how many live
+        runs it leaves so. Nothing else depends on it: what this store can read (list, load) is
+        what this code reads, ``RECORD_FORMAT``.
+
         Raises ``StoreUnavailable`` when the server cannot be reached within ``connect_timeout``
         seconds or refuses the login, :class:`stores.SchemaOutOfDate` when a migration is
-        pending (``construct-mcp migrate``)."""
+        pending (``construct-mcp migrate``), ``InvalidArgument`` for a ``reads_format`` outside
+        1..``RECORD_FORMAT``."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise InvalidArgument(
                 f"schema {schema[:70]!r} must be a lowercase SQL identifier of at most 48 characters"
+            )
+        if not 1 <= reads_format <= RECORD_FORMAT:
+            raise InvalidArgument(
+                f"reads_format {reads_format} must be between 1 and {RECORD_FORMAT}, "
+                "the newest record format this code reads"
             )
         where = f"postgres store {_display(dsn, schema)}"
         with translated(where, dsn):
@@ -227,10 +273,11 @@ class PostgresStore(PostgresRetention, PostgresChainVersions):
                 async with pool.acquire() as conn:
                     created = await _initialize_if_empty(conn, schema, _display(dsn, schema))
                     await check_schema(_PostgresTarget(conn, schema), f"the {where}")
+                    await _say_runs_need_newer(conn, where, reads_format)
             except BaseException:
                 await pool.close()
                 raise
-        store = cls(pool, dsn=dsn, schema=schema, connect_timeout=connect_timeout)
+        store = cls(pool, dsn=dsn, schema=schema, connect_timeout=connect_timeout, reads_format=reads_format)
         store.created = created
         return store
 
@@ -468,8 +515,9 @@ class PostgresStore(PostgresRetention, PostgresChainVersions):
         return RunPage(runs, next_cursor)
 
     async def runnable(self, now: datetime, limit: int = 100) -> list[str]:
+        """See ``RunStore.runnable``: of the runs this store reads (``reads_format``, :meth:`open`)."""
         async with self._connection() as conn:
-            rows = await conn.fetch(Q["runnable"], utc(now), limit)
+            rows = await conn.fetch(Q["runnable"], utc(now), limit, self.reads_format)
         return [str(row[0]) for row in rows]
 
     async def claim_lease(self, run_id: str, owner: str, ttl_seconds: float, now: datetime) -> Lease | None:
@@ -539,12 +587,15 @@ class PostgresStore(PostgresRetention, PostgresChainVersions):
     ) -> list[Lease]:
         """``ClaimsRunnable`` (:mod:`orchestration.store`): claim up to ``limit`` runnable runs (as
         :meth:`runnable` defines them) whose lease is free or expired, oldest first, in one
-        statement; runs ``owner`` already holds are not returned again. Each lease gets a new
+        statement; runs ``owner`` already holds are not returned again, nor runs of a record
+        format newer than ``reads_format`` (:meth:`open`). Each lease gets a new
         token (see ``RunStore.claim_lease``). Concurrent claimers in any number of processes skip
         the runs another is claiming (``SKIP LOCKED``) and never get the same run."""
         expires_at = now + timedelta(seconds=ttl_seconds)
         async with self._connection() as conn:
-            rows = await conn.fetch(Q["claim_runnable"], owner, utc(expires_at), utc(now), limit)
+            rows = await conn.fetch(
+                Q["claim_runnable"], owner, utc(expires_at), utc(now), limit, self.reads_format
+            )
         return [Lease(str(row[0]), owner, expires_at, str(row[1])) for row in rows]
 
     # ----------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from orchestration.core.models import RECORD_FORMAT
 from orchestration.store import ClaimsRunnable, RunStore
 from stores import migrate, parse_store_spec
 from stores._postgres_rows import utc
@@ -104,8 +105,8 @@ async def test_postgres_claim_reads_only_candidates(
                 renew = "UPDATE leases SET expires_at = expires_at + interval '1 hour'"
                 await conn.execute(f"{renew} WHERE owner = 'live-server'")
             now = BASE_TIME + timedelta(seconds=3610)
-            # As a dispatcher with 1,000 free slots asks.
-            args = ("me", utc(now + timedelta(seconds=30)), utc(now), 1000)
+            # As a dispatcher with 1,000 free slots asks, of the runs this code reads.
+            args = ("me", utc(now + timedelta(seconds=30)), utc(now), 1000, RECORD_FORMAT)
             sql = queries("postgres")["claim_runnable"]
             raw = await _explain(conn, f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)
             text = await _explain(conn, f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}", args)

@@ -15,6 +15,7 @@ import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from orchestration.core.models import RECORD_FORMAT
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import LeaseLost, StoreUnavailable
 from stores import migrate, parse_store_spec
@@ -460,7 +461,7 @@ async def test_lists_and_runnable_can_read_through_indexes(store: PostgresStore,
 
         listing = await plan("list_runs", BASE_TIME + timedelta(days=1), "", 5)
         assert "runs_created" in listing and "Sort" not in listing, listing
-        runnable = await plan("runnable", BASE_TIME, 5)
+        runnable = await plan("runnable", BASE_TIME, 5, RECORD_FORMAT)
         # Two limited index scans merged in order (Merge Append): no sort of the active runs.
         assert "runs_runnable" in runnable and "->  Sort" not in runnable, runnable
         assert "Seq Scan" not in runnable, runnable
