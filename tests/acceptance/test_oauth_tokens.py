@@ -1,0 +1,205 @@
+"""The server as an OAuth resource server: a real server subprocess over Streamable HTTP with an
+``[auth]`` issuer — the stand-in of tests/acceptance/oauth_issuer.py, a real HTTP server on 127.0.0.1
+serving its discovery document and key set — and a static token beside it. The refusal table (each
+a 401 or 403 with the RFC 6750 challenge, leaking no run content), rotated keys, the
+protected-resource metadata, and an issuer's identity doing what a static token's identity does
+(own runs only, decisions recorded as verified)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.acceptance.harness import call, call_error, free_port, full_view, play_host, read_log
+from tests.acceptance.oauth_issuer import Issuer, running_issuer
+from tests.acceptance.test_mcp_http import http_server_on
+
+pytestmark = pytest.mark.slow
+
+STATIC = "ci-token-" + "7d2f9a0c4e6b1835"
+REQUEST = "Secret plans: " + "the run content no refusal may show."
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "refusals", "version": "1"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture
+def issuer() -> Iterator[Issuer]:
+    with running_issuer() as running:
+        yield running
+
+
+def config(issuer: Issuer, port: int, *, own_runs_only: bool = False) -> str:
+    return f"""
+[tokens.ci]
+token = "{STATIC}"
+roles = ["read", "operate", "approve"]
+
+[auth]
+issuer = "{issuer.url}"
+audience = "http://127.0.0.1:{port}/mcp"
+identity_claim = "email"
+own_runs_only = {str(own_runs_only).lower()}
+keys_refresh_cooldown_seconds = 0
+"""
+
+
+@asynccontextmanager
+async def oauth_server(home: Path, issuer: Issuer, **options: Any) -> AsyncIterator[str]:
+    """The server on a free port with ``[auth]`` naming ``issuer``; yields its ``/mcp`` URL."""
+    port = free_port()
+    (home / "construct.toml").write_text(config(issuer, port, **options))
+    async with http_server_on(port, home, "streamable-http"):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@asynccontextmanager
+async def as_bearer(url: str, token: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as authed,
+        Client(streamable_http_client(url, http_client=authed)) as client,
+    ):
+        yield client
+
+
+async def post_initialize(url: str, token: str | None) -> httpx2.Response:
+    headers = dict(MCP_HEADERS) | ({} if token is None else {"Authorization": f"Bearer {token}"})
+    async with httpx2.AsyncClient() as http:
+        return await http.post(url, json=INITIALIZE, headers=headers)
+
+
+def challenge(response: httpx2.Response) -> str:
+    value = response.headers.get("www-authenticate")
+    assert value is not None and value.startswith("Bearer "), response.headers
+    return value
+
+
+async def test_the_refusal_table_rotation_and_metadata(tmp_path: Path, issuer: Issuer) -> None:
+    async with oauth_server(tmp_path, issuer) as url:
+        audience = url
+        metadata_url = url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+
+        # The protected-resource metadata, at its path form and at the root, without a token.
+        async with httpx2.AsyncClient() as http:
+            documents = [(await http.get(u)) for u in (metadata_url, metadata_url.removesuffix("/mcp"))]
+        for answer in documents:
+            assert answer.status_code == 200, answer.text
+            document = answer.json()
+            assert document["resource"] == audience
+            assert document["authorization_servers"] == [issuer.url]
+            scopes = ["construct:approve", "construct:operate", "construct:read"]
+            assert document["scopes_supported"] == scopes
+            assert document["bearer_methods_supported"] == ["header"]
+
+        # A valid token: a tool call works, and the run is the identity claim's.
+        async with as_bearer(url, issuer.token(audience)) as alice:
+            view = await call(alice, "orchestrate_start", request=REQUEST, approve_before=["engineer"])
+            run_id = view["run_id"]
+            assert (await full_view(alice, run_id))["started_by"] == "alice@example.com"
+        assert issuer.fetches == {"openid-configuration": 1, "jwks": 1}
+
+        # No token: 401 naming the metadata, no error code (RFC 6750 §3.1).
+        missing = await post_initialize(url, None)
+        assert missing.status_code == 401
+        assert challenge(missing) == f'Bearer resource_metadata="{metadata_url}"'
+
+        refusals = {
+            "expired": issuer.token(audience, iat=1_000_000, exp=1_000_300),
+            "not yet valid": issuer.token(audience, nbf=4_000_000_000),
+            "wrong audience": issuer.token("http://127.0.0.1:1/mcp"),
+            "wrong issuer": issuer.token(audience, iss="http://127.0.0.1:1"),
+            "bad signature": issuer.forged(audience),
+            "alg none": issuer.unsigned(audience),
+            "HS256 with the public key": issuer.hs256_with_public_key(audience),
+            "not a JWT": "x" * 40,
+        }
+        for name, token in refusals.items():
+            answer = await post_initialize(url, token)
+            assert answer.status_code == 401, (name, answer.status_code, answer.text)
+            value = challenge(answer)
+            assert f'resource_metadata="{metadata_url}"' in value, name
+            assert 'error="invalid_token"' in value, name
+            assert answer.json()["error"] == "invalid_token", name
+            assert run_id not in answer.text and "Secret plans" not in answer.text, name
+
+        # A token that gives no role: 403 insufficient_scope, naming the scopes.
+        answer = await post_initialize(url, issuer.token(audience, scope="openid profile"))
+        assert answer.status_code == 403
+        value = challenge(answer)
+        assert 'error="insufficient_scope"' in value
+        assert 'scope="construct:approve construct:operate construct:read"' in value
+        assert run_id not in answer.text
+
+        # A token with some roles but not the one a tool needs: the tool's coded error.
+        async with as_bearer(url, issuer.token(audience, scope="construct:read")) as reader:
+            assert (await call(reader, "run_status", run_id=run_id))["status"] == "awaiting_host"
+            text = await call_error(reader, "orchestrate_start", request="Not a reader's to start.")
+            assert text.startswith("forbidden: ") and "needs the role 'operate'" in text, text
+            assert "identity 'alice@example.com' has read" in text
+
+        # The static token still works, beside the issuer's.
+        async with as_bearer(url, STATIC) as ci:
+            assert (await full_view(ci, run_id))["started_by"] == "alice@example.com"
+
+        # Rotation: the new key (an unknown kid) is fetched and accepted; the old one, gone from the
+        # key set, is refused.
+        old = issuer.rotate()
+        async with as_bearer(url, issuer.token(audience)) as alice:
+            assert (await call(alice, "run_status", run_id=run_id))["run_id"] == run_id
+        answer = await post_initialize(url, issuer.token(audience, key=old))
+        assert answer.status_code == 401
+        assert 'error="invalid_token"' in challenge(answer)
+        assert issuer.fetches["openid-configuration"] == 1
+        assert issuer.fetches["jwks"] >= 2
+
+    log = read_log(tmp_path / "server.log")
+    assert "token_refused" in log
+    for token in refusals.values():
+        assert token not in log
+
+
+async def test_an_issuer_identity_does_what_a_token_identity_does(tmp_path: Path, issuer: Issuer) -> None:
+    """Own runs only, and a decision recorded with the verified identity of the token's claim."""
+    async with oauth_server(tmp_path, issuer, own_runs_only=True) as url:
+        alice_token = issuer.token(url, email="alice@example.com", sub="alice-1")
+        bob_token = issuer.token(url, email="bob@example.com", sub="bob-2")
+        async with as_bearer(url, alice_token) as alice, as_bearer(url, bob_token) as bob:
+            view = await call(alice, "orchestrate_start", request=REQUEST, approve_before=["engineer"])
+            run_id = view["run_id"]
+            view = await play_host(alice, view)
+            gate = view["next_action"]["gate_id"]
+
+            # bob, limited to his own runs, neither sees nor decides alice's.
+            text = await call_error(bob, "run_status", run_id=run_id)
+            assert text.startswith("forbidden: ") and "bob@example.com" in text, text
+            assert "Secret plans" not in text
+            assert (await call(bob, "runs_list"))["runs"] == []
+            approve = {"run_id": run_id, "decision": "approve", "gate_id": gate}
+            text = await call_error(bob, "orchestrate_approve", **approve)
+            assert text.startswith("forbidden: "), text
+
+            view = await call(
+                alice, "orchestrate_approve", run_id=run_id, decision="approve", gate_id=gate, wait_seconds=0
+            )
+            decided = next(g for g in view["gates"] if g["gate_id"] == gate)
+            assert (decided["approver"], decided["channel"], decided["verified"]) == (
+                "alice@example.com",
+                "http",
+                True,
+            )
+            assert [r["run_id"] for r in (await call(alice, "runs_list"))["runs"]] == [run_id]
