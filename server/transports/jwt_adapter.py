@@ -196,15 +196,15 @@ class JwtVerifier:
 
 
 def scopes_of(claims: dict[str, Any]) -> list[str]:
-    """The token's scopes: ``scope`` (a space-separated string, RFC 9068) or ``scp`` (a list, as
-    some providers write it)."""
-    scope = claims.get("scope")
-    if isinstance(scope, str):
-        return scope.split()
-    scp = claims.get("scp")
-    if isinstance(scp, list):
-        return [s for s in scp if isinstance(s, str)]
-    return scp.split() if isinstance(scp, str) else []
+    """The token's scopes: ``scope`` (a space-separated string, RFC 9068), else ``scp`` (as some
+    providers write them; either may also be a list of strings)."""
+    for name in ("scope", "scp"):
+        value = claims.get(name)
+        if isinstance(value, str):
+            return value.split()
+        if isinstance(value, list):
+            return [s for s in value if isinstance(s, str)]
+    return []
 
 
 def access_token(claims: dict[str, Any], *, client_id: str, scopes: list[str] | None = None) -> AccessToken:

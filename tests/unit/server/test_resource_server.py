@@ -5,11 +5,18 @@ real issuer."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from starlette.types import Message
 
 from orchestration.errors import ConfigError
@@ -118,6 +125,7 @@ def test_where_the_metadata_is_looked_for() -> None:
     [
         ({}, {"scope": "openid construct:read construct:approve"}, {"read", "approve"}),
         ({}, {"scp": ["construct:operate", "other"]}, {"operate"}),
+        ({}, {"scope": ["construct:read"], "scp": "construct:approve"}, {"read"}),
         ({}, {"scope": "read operate", "groups": ["approve"]}, set()),
         ({"roles_claim": "roles"}, {"roles": ["approve", "construct:read", "admin"]}, {"approve", "read"}),
         ({"roles_claim": "groups", "claim_roles": {"leads": ["operate"]}}, {"groups": "leads"}, {"operate"}),
@@ -224,3 +232,70 @@ async def test_the_protected_resource_metadata() -> None:
         assert document["resource"] == AUDIENCE
         assert document["authorization_servers"] == [ISSUER]  # exactly as configured, no slash added
         assert document["scopes_supported"] == ["construct:approve", "construct:operate", "construct:read"]
+
+
+class OneKey(IssuerKeys):
+    """The issuer's key set, held in memory: one RSA key, under ``kid``."""
+
+    def __init__(self, private: rsa.RSAPrivateKey, kid: str = "k1") -> None:
+        super().__init__(ISSUER, cache_seconds=1, cooldown_seconds=0)
+        public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
+        self.key = jwt.PyJWK({**public, "kid": kid, "alg": "RS256"})
+        self.kid = kid
+
+    async def signing_key(self, kid: str) -> jwt.PyJWK:
+        if kid != self.kid:
+            raise TokenRefused("unknown kid")
+        return self.key
+
+
+def _compact(header: dict[str, Any], claims: dict[str, Any], secret: bytes | None = None) -> str:
+    """A JWT made by hand: unsigned, or HMAC-SHA256 signed with ``secret``."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+    signature = b"" if secret is None else hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{b64(signature)}"
+
+
+async def test_the_verifier_checks_algorithm_signature_and_claims() -> None:
+    """The verifier's refusals, each with the reason the log shows (no network: the key set is
+    held in memory; the acceptance tests fetch it from a real issuer)."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    verifier = JwtVerifier(OneKey(private), audience=AUDIENCE, leeway_seconds=30)
+    now = int(time.time())
+    good = {"iss": ISSUER, "aud": AUDIENCE, "sub": "u", "exp": now + 60, "iat": now}
+
+    def signed(claims: dict[str, Any], key: Any = private, kid: str = "k1") -> str:
+        return jwt.encode(claims, key, "RS256", headers={"kid": kid})
+
+    assert (await verifier.claims(signed(good)))["sub"] == "u"
+    # Within the leeway: expired 10 s ago, valid from 10 s on.
+    assert await verifier.claims(signed(good | {"exp": now - 10, "nbf": now + 10}))
+    pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    refused = {
+        "the token has expired": signed(good | {"exp": now - 60}),
+        "the token is not valid yet": signed(good | {"nbf": now + 120}),
+        "the token is for another audience": signed(good | {"aud": "https://other.example/mcp"}),
+        "the token is from another issuer": signed(good | {"iss": "https://evil.example"}),
+        "the signature does not match": signed(good, key=stranger),
+        "the algorithm 'none' is not accepted": _compact({"alg": "none", "kid": "k1"}, good),
+        "the algorithm 'HS256' is not accepted": _compact({"alg": "HS256", "kid": "k1"}, good, pem),
+        "the token names no key id": jwt.encode(good, private, "RS256"),
+        "unknown kid": signed(good, kid="k2"),
+        "lacks a required claim": signed({k: v for k, v in good.items() if k != "exp"}),
+        "not a JWT": "not.a-jwt",
+    }
+    for reason, token in refused.items():
+        with pytest.raises(TokenRefused) as caught:
+            await verifier.claims(token)
+        assert caught.value.reason.startswith(reason) or reason in caught.value.reason, (reason, caught.value)
+        assert await verifier.verify_token(token) is None  # the SDK's interface: refused is None
+    access = await verifier.verify_token(signed(good | {"scope": "construct:read", "client_id": "host"}))
+    assert access is not None
+    assert (access.client_id, access.scopes, access.subject) == ("host", ["construct:read"], "u")
