@@ -44,12 +44,13 @@ def issuer() -> Iterator[Issuer]:
         yield running
 
 
-def config(issuer: Issuer, port: int, *, own_runs_only: bool = False) -> str:
-    return f"""
+def config(issuer: Issuer, port: int, *, own_runs_only: bool = False, static: bool = True) -> str:
+    tokens = f"""
 [tokens.ci]
 token = "{STATIC}"
 roles = ["read", "operate", "approve"]
-
+"""
+    return f"""{tokens if static else ""}
 [auth]
 issuer = "{issuer.url}"
 audience = "http://127.0.0.1:{port}/mcp"
@@ -203,3 +204,37 @@ async def test_an_issuer_identity_does_what_a_token_identity_does(tmp_path: Path
                 True,
             )
             assert [r["run_id"] for r in (await call(alice, "runs_list"))["runs"]] == [run_id]
+
+
+async def test_an_issuer_alone_guards_mcp_and_the_run_pages(tmp_path: Path, issuer: Issuer) -> None:
+    """Without static tokens, the issuer's tokens are the only way in: ``/mcp`` and the run pages'
+    API refuse a request without one, and the pages' session names the claim's identity."""
+    async with oauth_server(tmp_path, issuer, static=False) as url:
+        base = url.removesuffix("/mcp")
+        assert (await post_initialize(url, None)).status_code == 401
+        token = issuer.token(url, scope="construct:read")
+        async with httpx2.AsyncClient(base_url=base) as http:
+            refused = await http.get("/runs/api/runs")
+            assert refused.status_code == 401
+            assert "resource_metadata=" in challenge(refused)
+            bad = await http.get("/runs/api/runs", headers={"Authorization": f"Bearer {issuer.forged(url)}"})
+            assert bad.status_code == 401 and 'error="invalid_token"' in challenge(bad)
+            session = await http.get("/runs/api/session", headers={"Authorization": f"Bearer {token}"})
+            assert session.status_code == 200
+            assert session.json() == {
+                "auth_required": True,
+                "identity": "alice@example.com",
+                "roles": ["read"],
+                "own_runs_only": False,
+            }
+
+        # A Streamable HTTP session belongs to the identity that opened it.
+        opened = await post_initialize(url, token)
+        assert opened.status_code == 200, opened.text
+        session_id = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        async with httpx2.AsyncClient() as http:
+            for who, status in ((issuer.token(url, email="bob@example.com", sub="bob-2"), 404), (token, 200)):
+                headers = MCP_HEADERS | {"Authorization": f"Bearer {who}", "mcp-session-id": session_id}
+                answer = await http.post(url, json=listing, headers=headers)
+                assert answer.status_code == status, (status, answer.text)
