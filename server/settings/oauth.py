@@ -87,13 +87,14 @@ class AuthTable(BaseModel):
         gt=0,
         le=86400,
         description="how long the provider's key set (JWKS) is kept before it is fetched again; a token "
-        "with an unknown key id fetches it at once (at most every `keys_refresh_cooldown_seconds`)",
+        "with an unknown key id fetches it sooner (see `keys_refresh_cooldown_seconds`)",
     )
     keys_refresh_cooldown_seconds: float = Field(
         default=30.0,
         ge=0,
         le=3600,
-        description="the least time between two fetches of the key set caused by unknown key ids",
+        description="a token with a key id the key set lacks fetches the set again once this long has "
+        "passed since the last fetch (a rotated-in key is picked up then); 0: at once",
     )
 
     @field_validator("issuer")

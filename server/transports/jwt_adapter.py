@@ -4,10 +4,10 @@
 (``/.well-known/openid-configuration``), else RFC 8414 (``/.well-known/oauth-authorization-server``)
 — fetched once per process and kept, its ``issuer`` checked against the configured one. The key set
 itself is PyJWT's :class:`jwt.PyJWKClient`: cached for ``cache_seconds``; a token whose ``kid`` is not
-in it fetches it again at once (a rotated-in key), at most once per ``cooldown_seconds``; a key that
-left the set is refused from the next fetch on. PyJWT fetches with ``urllib`` (no redirects, http(s)
-only), so every fetch runs in a worker thread (:func:`anyio.to_thread.run_sync`), never on the event
-loop; the metadata document is fetched the same way.
+in it fetches it again (a rotated-in key) once ``cooldown_seconds`` have passed since the last fetch;
+a key that left the set is refused from the next fetch on. PyJWT fetches with ``urllib`` (no
+redirects, http(s) only), so every fetch runs in a worker thread (:func:`anyio.to_thread.run_sync`),
+never on the event loop; the metadata document is fetched the same way.
 
 :class:`JwtVerifier` checks a token: an asymmetric algorithm only (``none`` and the HMAC ones are
 refused before any key is looked up: a public key used as an HMAC secret proves nothing), the
