@@ -61,11 +61,13 @@ keys_refresh_cooldown_seconds = 0
 
 
 @asynccontextmanager
-async def oauth_server(home: Path, issuer: Issuer, **options: Any) -> AsyncIterator[str]:
+async def oauth_server(
+    home: Path, issuer: Issuer, transport: str = "streamable-http", **options: Any
+) -> AsyncIterator[str]:
     """The server on a free port with ``[auth]`` naming ``issuer``; yields its ``/mcp`` URL."""
     port = free_port()
     (home / "construct.toml").write_text(config(issuer, port, **options))
-    async with http_server_on(port, home, "streamable-http"):
+    async with http_server_on(port, home, transport):
         yield f"http://127.0.0.1:{port}/mcp"
 
 
@@ -238,3 +240,19 @@ async def test_an_issuer_alone_guards_mcp_and_the_run_pages(tmp_path: Path, issu
                 headers = MCP_HEADERS | {"Authorization": f"Bearer {who}", "mcp-session-id": session_id}
                 answer = await http.post(url, json=listing, headers=headers)
                 assert answer.status_code == status, (status, answer.text)
+
+
+async def test_the_sse_transport_takes_the_same_tokens(tmp_path: Path, issuer: Issuer) -> None:
+    async with oauth_server(tmp_path, issuer, "sse", static=False) as url:
+        base = url.removesuffix("/mcp")
+        async with httpx2.AsyncClient(base_url=base) as http:
+            assert (await http.get("/.well-known/oauth-protected-resource/mcp")).status_code == 200
+            refused = await http.get("/sse")
+            assert refused.status_code == 401 and "resource_metadata=" in challenge(refused)
+            expired = issuer.token(url, iat=1_000_000, exp=1_000_300)
+            refused = await http.get("/sse", headers={"Authorization": f"Bearer {expired}"})
+            assert refused.status_code == 401 and 'error="invalid_token"' in challenge(refused)
+            headers = {"Authorization": f"Bearer {issuer.token(url)}"}
+            async with http.stream("GET", "/sse", headers=headers) as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
