@@ -3,9 +3,12 @@ a thread) that serves its OpenID Connect discovery document and its key set (JWK
 tokens with PyJWT, signed by RSA keys that ``cryptography`` generates. It can rotate its key (the old
 one leaves the key set) and count what was fetched.
 
-It issues no token through an OAuth flow (no authorization endpoint): the tests mint tokens directly.
-The full flow a remote host does (authorization code with PKCE against a certified provider such as
-``oidc-provider``) is another test's to drive.
+It also runs the authorization-code grant with PKCE (S256) for one pre-registered public client,
+consent given at once: ``/authorize`` redirects with a code, ``/token`` exchanges it (checking the
+verifier, the redirect URI and the client) for an access token whose ``aud`` is the ``resource``
+the client asked for (RFC 8707) and whose ``scope`` is what it asked for. That is enough for the MCP
+SDK's OAuth client to sign in as a remote host does; it is no certified provider (no consent page,
+no refresh tokens, no client registration), which a test against ``oidc-provider`` would bring.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tests.acceptance.harness import free_port
@@ -61,6 +64,13 @@ class Issuer:
     url: str
     key: SigningKey = field(default_factory=SigningKey.new)
     fetches: dict[str, int] = field(default_factory=dict)
+    #: the one registered client (public: no secret) and its redirect URI
+    client_id: str = "test-host"
+    redirect_uri: str = "http://127.0.0.1:1/callback"
+    #: the subject a sign-in is for (the "person" who consents)
+    signs_in: dict[str, Any] = field(default_factory=lambda: {"sub": "user-9", "email": "erin@example.com"})
+    #: codes issued and not yet exchanged: code -> the authorization request
+    codes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.published = [self.key]
@@ -111,26 +121,71 @@ class Issuer:
         stranger = SigningKey.new()
         return jwt.encode(self.claims(audience), stranger.private, "RS256", headers={"kid": self.key.kid})
 
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "issuer": self.url,
+            "jwks_uri": f"{self.url}/jwks",
+            "authorization_endpoint": f"{self.url}/authorize",
+            "token_endpoint": f"{self.url}/token",
+            "response_types_supported": ["code"],
+            "grant_types_supported": ["authorization_code"],
+            "code_challenge_methods_supported": ["S256"],
+            "token_endpoint_auth_methods_supported": ["none"],
+            "id_token_signing_alg_values_supported": ["RS256"],
+            "subject_types_supported": ["public"],
+        }
+
     def app(self) -> Starlette:
-        async def discovery(_request: Request) -> JSONResponse:
-            self._count("openid-configuration")
-            return JSONResponse(
-                {
-                    "issuer": self.url,
-                    "jwks_uri": f"{self.url}/jwks",
-                    "authorization_endpoint": f"{self.url}/authorize",
-                    "token_endpoint": f"{self.url}/token",
-                    "response_types_supported": ["code"],
-                    "id_token_signing_alg_values_supported": ["RS256"],
-                    "subject_types_supported": ["public"],
-                }
-            )
+        async def discovery(request: Request) -> JSONResponse:
+            self._count(request.url.path.rsplit("/", 1)[-1])
+            return JSONResponse(self.metadata())
 
         async def jwks(_request: Request) -> JSONResponse:
             self._count("jwks")
             return JSONResponse({"keys": [k.jwk() for k in self.published]})
 
-        return Starlette(routes=[Route("/.well-known/openid-configuration", discovery), Route("/jwks", jwks)])
+        return Starlette(
+            routes=[
+                Route("/.well-known/openid-configuration", discovery),
+                Route("/.well-known/oauth-authorization-server", discovery),
+                Route("/jwks", jwks),
+                Route("/authorize", self._authorize),
+                Route("/token", self._token, methods=["POST"]),
+            ]
+        )
+
+    async def _authorize(self, request: Request) -> Response:
+        """Consent at once: redirect to the client with a code (or an error)."""
+        self._count("authorize")
+        asked = dict(request.query_params)
+        if asked.get("client_id") != self.client_id or asked.get("redirect_uri") != self.redirect_uri:
+            return JSONResponse({"error": "invalid_request"}, status_code=400)
+        if asked.get("response_type") != "code" or asked.get("code_challenge_method") != "S256":
+            return JSONResponse({"error": "invalid_request"}, status_code=400)
+        code = uuid.uuid4().hex
+        self.codes[code] = asked
+        return RedirectResponse(
+            f"{self.redirect_uri}?code={code}&state={asked.get('state', '')}", status_code=302
+        )
+
+    async def _token(self, request: Request) -> JSONResponse:
+        """The code for an access token, after the PKCE, client and redirect checks."""
+        self._count("token")
+        form = dict(await request.form())
+        asked = self.codes.pop(str(form.get("code", "")), None)
+        if asked is None or form.get("grant_type") != "authorization_code":
+            return JSONResponse({"error": "invalid_grant"}, status_code=400)
+        verifier = str(form.get("code_verifier", "")).encode()
+        challenge = _b64(hashlib.sha256(verifier).digest())
+        if challenge != asked["code_challenge"] or form.get("client_id") != self.client_id:
+            return JSONResponse({"error": "invalid_grant"}, status_code=400)
+        if form.get("redirect_uri") != self.redirect_uri or "resource" not in asked:
+            return JSONResponse({"error": "invalid_grant"}, status_code=400)
+        scope = asked.get("scope", "")
+        token = self.token(asked["resource"], scope=scope, client_id=self.client_id, **self.signs_in)
+        return JSONResponse(
+            {"access_token": token, "token_type": "Bearer", "expires_in": 300, "scope": scope}
+        )
 
     def _count(self, what: str) -> None:
         self.fetches[what] = self.fetches.get(what, 0) + 1

@@ -11,11 +11,21 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx2
+import jwt
 import pytest
 from mcp import Client
+from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthToken,
+)
+from pydantic import AnyUrl
 
 from tests.acceptance.harness import call, call_error, free_port, full_view, play_host, read_log
 from tests.acceptance.oauth_issuer import Issuer, running_issuer
@@ -256,3 +266,80 @@ async def test_the_sse_transport_takes_the_same_tokens(tmp_path: Path, issuer: I
             async with http.stream("GET", "/sse", headers=headers) as stream:
                 assert stream.status_code == 200
                 assert stream.headers["content-type"].startswith("text/event-stream")
+
+
+class MemoryStorage:
+    """The SDK client's token storage, in memory, holding the pre-registered client."""
+
+    def __init__(self, client: OAuthClientInformationFull) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+async def test_the_sdk_oauth_client_signs_in_and_runs_a_gated_chain(tmp_path: Path, issuer: Issuer) -> None:
+    """The flow a remote host does, with the MCP SDK's OAuth client: our 401, the protected-resource
+    metadata, the issuer's metadata, authorization code with PKCE and the resource indicator (the
+    person's consent automated by the stand-in), then a gated chain to its end as that person."""
+    async with oauth_server(tmp_path, issuer, static=False) as url:
+        redirected: list[str] = []
+
+        async def redirect_handler(authorization_url: str) -> None:
+            async with httpx2.AsyncClient() as http:  # the browser: follows to the redirect URI
+                answer = await http.get(authorization_url)
+            assert answer.status_code == 302, answer.text
+            redirected.append(answer.headers["location"])
+
+        async def callback_handler() -> AuthorizationCodeResult:
+            query = parse_qs(urlsplit(redirected[-1]).query)
+            return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0])
+
+        client_info = OAuthClientInformationFull(
+            client_id=issuer.client_id,
+            redirect_uris=[AnyUrl(issuer.redirect_uri)],
+            token_endpoint_auth_method="none",
+            grant_types=["authorization_code"],
+        )
+        storage = MemoryStorage(client_info)
+        auth = OAuthClientProvider(
+            server_url=url,
+            client_metadata=OAuthClientMetadata(redirect_uris=[AnyUrl(issuer.redirect_uri)]),
+            storage=storage,
+            redirect_handler=redirect_handler,
+            callback_handler=callback_handler,
+        )
+        async with (
+            httpx2.AsyncClient(auth=auth) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            view = await call(client, "orchestrate_start", request="Signed in.", approve_before=["engineer"])
+            view = await play_host(client, view)
+            gate = view["next_action"]["gate_id"]
+            view = await call(
+                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate
+            )
+            view = await play_host(client, view)
+            assert view["status"] == "completed"
+            record = await full_view(client, view["run_id"])
+            assert record["started_by"] == "erin@example.com"
+            decided = next(g for g in record["gates"] if g["gate_id"] == gate)
+            assert (decided["approver"], decided["verified"]) == ("erin@example.com", True)
+
+        # One sign-in: a token for this server (the resource the client asked for), every scope the
+        # metadata offered.
+        assert issuer.fetches["authorize"] == 1 and issuer.fetches["token"] == 1
+        assert storage.tokens is not None
+        claims = jwt.decode(storage.tokens.access_token, options={"verify_signature": False})
+        assert claims["aud"] == url
+        assert sorted(claims["scope"].split()) == ["construct:approve", "construct:operate", "construct:read"]
