@@ -7,7 +7,7 @@ without the page fails the tests).
 The page has every setting of :class:`server.settings.config.Settings` that a reader can set — its
 environment variables, its config-file key (top level, or under a table), its type, its default and
 its description — and every table of the config file (``[providers.NAME]``, ``[tokens.IDENTITY]``,
-``[agents.NAME]``, ``[prices."MODEL"]``, ``[budgets.CHAIN]``) with the keys of its model. Fields
+``[auth]``, ``[agents.NAME]``, ``[prices."MODEL"]``, ``[budgets.CHAIN]``) with the keys of its model. Fields
 the process sets for itself (the file read, where each value came from) are not settings and are
 left out; so are the catalog's ``[specialists]`` and ``[chains]`` tables, which the chains page
 describes.
@@ -152,8 +152,11 @@ def _settings_rows() -> Iterator[str]:
         )
 
 
-def _table_model(field: FieldInfo) -> tuple[str, type[BaseModel]]:
-    """A table field's key type (in words) and the model of one table."""
+def _table_model(field: FieldInfo) -> tuple[str | None, type[BaseModel]]:
+    """A table field's key type (in words; None for a single table such as ``[auth]``) and the model
+    of one table."""
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+        return None, field.annotation
     key, model = typing.get_args(field.annotation)
     assert isinstance(model, type) and issubclass(model, BaseModel), field
     return _type_text(key), model
@@ -161,11 +164,11 @@ def _table_model(field: FieldInfo) -> tuple[str, type[BaseModel]]:
 
 def _table_section(name: str, field: FieldInfo) -> Iterator[str]:
     key_type, model = _table_model(field)
-    header = f"[{name}.{_TABLE_NAMES.get(name, 'NAME')}]"
+    header = f"[{name}]" if key_type is None else f"[{name}.{_TABLE_NAMES.get(name, 'NAME')}]"
     yield f"### `{header}`"
     yield ""
     about = [_sentence(field.description or "")]
-    if key_type.startswith("one of"):
+    if key_type is not None and key_type.startswith("one of"):
         about.append(f"The table's name is {key_type}.")
     if not model.__module__.startswith("server.settings"):
         # a record of the runs (orchestration.core), described by its docstring, not field by field

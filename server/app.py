@@ -47,6 +47,7 @@ from server.settings.storage import OpenedRunStore, open_run_store
 from server.settings.telemetry import configure_tracing
 from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
 from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
+from server.transports.resource_server import OAuthResource, WithResourceMetadata
 from server.transports.stdio import serve_stdio
 from server.transports.uvicorn_adapter import GracefulServer
 from server.views.chain_behind import ChainNews
@@ -97,6 +98,8 @@ class ConstructApp:
         self._subscriptions = RunSubscriptions(lambda: list(self._legacy.by_uri))
         # The store serve_async opened before starting a transport (the lifespan then uses it).
         self._opened: OpenedRunStore | None = None
+        # The [auth] issuer's resource server, when one is configured (HTTP only).
+        self._oauth = OAuthResource(settings.auth) if settings.auth.enabled else None
 
     def build_server(self) -> MCPServer[Services]:
         limits = self.settings.limits()
@@ -229,7 +232,7 @@ class ConstructApp:
         self, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000
     ) -> None:
         if transport != "stdio":
-            check_exposure(host, self.settings.named_tokens())
+            check_exposure(host, self.settings.named_tokens(), issuer=self._oauth is not None)
             host = bind_host(host)  # "[::1]" binds as "::1"
         # Spans are exported only when the otel extra and OTEL_* ask for it (server.settings.telemetry).
         stop_tracing = configure_tracing(self.settings.otel)
@@ -264,8 +267,15 @@ class ConstructApp:
             )
             # ... and the run pages for a browser at /runs (see server.web.pages).
             app = with_run_pages(
-                self._guarded(app), lambda: self._services, self.settings.named_tokens(), host, max_bytes
+                self._guarded(app),
+                lambda: self._services,
+                self.settings.named_tokens(),
+                host,
+                max_bytes,
+                self._oauth,
             )
+            if self._oauth is not None:
+                app = WithResourceMetadata(app, self._oauth)
             base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
             log.info(
                 f"MCP at {base}/mcp; the runs page at {base}/runs",
@@ -276,8 +286,9 @@ class ConstructApp:
             # The SSE app enters the lifespan per connection; hold it for the whole process so the
             # store and dispatcher live (and recover runs) even before the first client connects.
             async with self.lifespan(server):
+                sse: ASGIApp = self._guarded(sse_app(server, host=host, max_body_bytes=max_bytes))
                 await _serve_http(
-                    self._guarded(sse_app(server, host=host, max_body_bytes=max_bytes)),
+                    sse if self._oauth is None else WithResourceMetadata(sse, self._oauth),
                     host,
                     port,
                     self.settings.log_level,
@@ -287,16 +298,18 @@ class ConstructApp:
             raise ValueError(f"unknown transport {transport!r}")
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
-        """``app`` behind the bearer tokens, when any is configured (see :mod:`server.transports.auth`)."""
+        """``app`` behind the bearer tokens and the ``[auth]`` issuer's access tokens, when any is
+        configured (see :mod:`server.transports.auth`)."""
         tokens = self.settings.named_tokens()
-        if not tokens:
+        if not tokens and self._oauth is None:
             return app
         log.info(
-            "HTTP requests need a bearer token; identities: %s",
-            ", ".join(t.identity for t in tokens),
+            "HTTP requests need a bearer token; identities: %s%s",
+            ", ".join(t.identity for t in tokens) or "none configured",
+            "" if self._oauth is None else f"; and access tokens of {self._oauth.issuer}",
             extra={"action": "auth_enabled"},
         )
-        return BearerTokenMiddleware(app, tokens)
+        return BearerTokenMiddleware(app, tokens, self._oauth)
 
     def _stop_work(self) -> None:
         """At SIGTERM/SIGINT on HTTP, before uvicorn waits for open requests: take no new work, and

@@ -22,6 +22,7 @@ from orchestration.errors import ConfigError
 from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
 from server.settings.agents import AgentTable, check_agent_names
+from server.settings.oauth import AuthTable
 from server.settings.sources import (
     NO_FILE_KEY,
     ConfigFileSource,
@@ -363,6 +364,13 @@ class Settings(BaseSettings):
         default_factory=dict,
         repr=False,
         description="the HTTP transports' bearer tokens besides `auth_token`, one identity each",
+    )
+    #: ``[auth]``: the identity provider whose JWT access tokens the HTTP transports accept
+    auth: Annotated[AuthTable, Table("the [auth] table")] = Field(
+        default_factory=AuthTable,
+        description="the identity provider (OAuth 2.1 / OpenID Connect) whose access tokens HTTP requests "
+        "may carry besides the static tokens (see 'Signing in with your identity provider' in "
+        "docs/deployment.md)",
     )
     #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
     prices: Annotated[

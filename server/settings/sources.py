@@ -106,8 +106,8 @@ def env_fields(settings_cls: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, 
 
 
 def _table_model(field: FieldInfo) -> type[BaseModel] | None:
-    """The model of one table of a ``dict[str, Model]`` field."""
-    model = (typing.get_args(field.annotation) or (None,))[-1]
+    """The model of one table of a ``dict[str, Model]`` field, or of a single-table field."""
+    model = (typing.get_args(field.annotation) or (field.annotation,))[-1]
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
@@ -149,7 +149,7 @@ def _unknown_setting(settings_cls: type[BaseModel], name: str) -> str:
         return f"unknown setting{hint}"
     return (
         f"unknown setting; the known settings are: {', '.join(keys)} "
-        "(and the tables specialists, chains, providers, tokens, agents)"
+        "(and the tables specialists, chains, providers, tokens, auth, agents)"
     )
 
 

@@ -1,10 +1,13 @@
 """Bearer-token protection of the HTTP transports (SSE and Streamable HTTP); stdio needs none.
 
-Every HTTP request carries a configured token or gets ``401`` and reaches no tool; tokens are
-compared in constant time and never logged (the access log drops query strings:
-:class:`RedactQueryStrings`). Binding beyond loopback without a token is a startup error. These are
-shared secrets, not OAuth: the SDK's resource-server support needs an authorization server to point
-clients at, which configured tokens do not have.
+Every HTTP request carries a configured token, or an access token of the ``[auth]`` issuer, or gets
+``401`` and reaches no tool; configured tokens are compared in constant time, and no token is ever
+logged (the access log drops query strings: :class:`RedactQueryStrings`). Binding beyond loopback
+without a way to authenticate is a startup error. A configured (static) token is looked for first;
+a token that is none of them goes to the issuer's verifier (:mod:`server.transports.resource_server`),
+when there is one. The refusals of an issuer's token follow RFC 6750: 401 ``invalid_token``, 403
+``insufficient_scope`` for a token that gives no role, each with a ``WWW-Authenticate`` challenge that
+names the protected-resource metadata; 503 when the issuer's keys cannot be fetched.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 from mcp.server.auth.middleware.auth_context import auth_context_var
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -23,6 +27,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestration.errors import ConfigError
 from server.identity import AUTH_TOKEN_IDENTITY, SCOPE_KEY, Caller, NamedToken, caller_for
+from server.transports.jwt_adapter import IssuerUnreachable, TokenRefused
+
+log = logging.getLogger("construct.auth")
 
 #: The smallest token accepted: a shorter one could be guessed.
 MIN_TOKEN_CHARS = 16
@@ -40,17 +47,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, token: str | Sequence[NamedToken] | None) -> None:
+def check_exposure(host: str, token: str | Sequence[NamedToken] | None, *, issuer: bool = False) -> None:
     """Refuse to serve HTTP beyond this machine without a token (a ``ConfigError`` naming the fix).
-    ``token``: the configured token, or the configured named tokens."""
-    if not token and not is_loopback(host):
+    ``token``: the configured token, or the configured named tokens; ``issuer``: whether an
+    ``[auth]`` issuer's tokens are accepted (then none need be configured)."""
+    if not token and not issuer and not is_loopback(host):
         raise ConfigError(
             "command line",
             "--host",
             f"{host} would serve runs to the network without authentication; set CONSTRUCT_AUTH_TOKEN "
             f"(or auth_token in the config file) to a secret of at least {MIN_TOKEN_CHARS} characters "
-            "that clients send as 'Authorization: Bearer <token>', or bind 127.0.0.1",
+            "that clients send as 'Authorization: Bearer <token>', or set [auth] issuer (your identity "
+            "provider), or bind 127.0.0.1",
         )
+
+
+class InsufficientScope(Exception):
+    """A valid access token that gives none of this server's roles."""
+
+
+class TokenAuthority(Protocol):
+    """Who checks a bearer token that is none of the configured ones: the ``[auth]`` issuer's
+    resource server (:class:`server.transports.resource_server.OAuthResource`)."""
+
+    async def identify(self, token: str) -> tuple[Caller, AuthenticatedUser]:
+        """The caller; raises TokenRefused, InsufficientScope or IssuerUnreachable."""
+        ...
+
+    def challenge(self, error: str | None = None, description: str | None = None) -> bytes:
+        """The ``WWW-Authenticate`` value of a refusal."""
+        ...
 
 
 class BearerTokenMiddleware:
@@ -66,11 +92,14 @@ class BearerTokenMiddleware:
     :func:`mcp.server.auth.middleware.auth_context.get_access_token`'s context) for the MCP SDK,
     which binds each Streamable HTTP session to the identity that opened it."""
 
-    def __init__(self, app: ASGIApp, tokens: str | Sequence[NamedToken]) -> None:
+    def __init__(
+        self, app: ASGIApp, tokens: str | Sequence[NamedToken], authority: TokenAuthority | None = None
+    ) -> None:
         named = [NamedToken(AUTH_TOKEN_IDENTITY, tokens)] if isinstance(tokens, str) else list(tokens)
-        if not named:
-            raise ValueError("at least one token is needed")
+        if not named and authority is None:
+            raise ValueError("at least one token, or an issuer, is needed")
         self._app = app
+        self._authority = authority
         self._digests: list[tuple[bytes, Caller, AuthenticatedUser]] = []
         for entry in named:
             token = entry.token.strip()
@@ -87,9 +116,14 @@ class BearerTokenMiddleware:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        found = self._identify(scope)
+        credentials = _credentials(scope)
+        found = None if credentials is None else self._identify(credentials)
+        if found is None and credentials is not None and self._authority is not None:
+            found = await self._ask_authority(self._authority, credentials, send)
+            if found is None:
+                return  # refused, answered
         if found is None:
-            await _unauthorized(send)
+            await self._unauthorized(send)
             return
         caller, user = found
         scope[SCOPE_KEY], scope["user"] = caller, user
@@ -100,21 +134,71 @@ class BearerTokenMiddleware:
         finally:
             auth_context_var.reset(reset)
 
-    def _identify(self, scope: Scope) -> tuple[Caller, AuthenticatedUser] | None:
-        values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
-        if len(values) != 1:
-            return None
-        # "Bearer" SP token; the scheme is case-insensitive (RFC 9110, 11.1).
-        scheme, _, credentials = values[0].strip().partition(b" ")
-        if scheme.lower() != b"bearer":
-            return None
-        presented = hashlib.sha256(credentials.strip()).digest()
+    def _identify(self, credentials: bytes) -> tuple[Caller, AuthenticatedUser] | None:
+        presented = hashlib.sha256(credentials).digest()
         found: tuple[Caller, AuthenticatedUser] | None = None
         for digest, caller, user in self._digests:
             # Every digest is compared, matched or not: the time taken does not depend on which.
             if hmac.compare_digest(presented, digest):
                 found = (caller, user)
         return found
+
+    async def _ask_authority(
+        self, authority: TokenAuthority, credentials: bytes, send: Send
+    ) -> tuple[Caller, AuthenticatedUser] | None:
+        """The issuer's caller for ``credentials``, or None after answering its refusal."""
+        try:
+            return await authority.identify(credentials.decode("ascii"))
+        except (UnicodeDecodeError, TokenRefused) as exc:
+            reason = exc.reason if isinstance(exc, TokenRefused) else "not ASCII"
+            log.warning("refused an access token: %s", reason, extra={"action": "token_refused"})
+            description = "The access token is not valid for this server"
+            challenge = authority.challenge("invalid_token", description)
+            await _refuse(send, 401, "invalid_token", description, challenge)
+        except InsufficientScope:
+            log.warning("refused an access token that gives no role", extra={"action": "token_no_role"})
+            description = "The access token gives no role on this server"
+            challenge = authority.challenge("insufficient_scope", description)
+            await _refuse(send, 403, "insufficient_scope", description, challenge)
+        except IssuerUnreachable as exc:
+            log.error("cannot check access tokens: %s", exc, extra={"action": "issuer_unreachable"})
+            description = "The identity provider's keys cannot be fetched now; try again shortly"
+            await _refuse(send, 503, "temporarily_unavailable", description, (b"retry-after", b"5"))
+        return None
+
+    async def _unauthorized(self, send: Send) -> None:
+        if self._authority is None:
+            await _unauthorized(send)
+            return
+        await _refuse(
+            send,
+            401,
+            "unauthorized",
+            "Send 'Authorization: Bearer <access token>' with a token of this server's identity provider "
+            "(its protected-resource metadata names it)",
+            self._authority.challenge(),
+        )
+
+
+def _credentials(scope: Scope) -> bytes | None:
+    """The token of the request's one ``Authorization: Bearer`` header, or None."""
+    values: list[bytes] = [v for name, v in scope.get("headers", ()) if name.lower() == b"authorization"]
+    if len(values) != 1:
+        return None
+    # "Bearer" SP token; the scheme is case-insensitive (RFC 9110, 11.1).
+    scheme, _, credentials = values[0].strip().partition(b" ")
+    if scheme.lower() != b"bearer" or not credentials.strip():
+        return None
+    return credentials.strip()
+
+
+async def _refuse(
+    send: Send, status: int, error: str, description: str, header: bytes | tuple[bytes, bytes]
+) -> None:
+    """An RFC 6750 refusal: ``{"error", "error_description"}`` and the challenge (a
+    ``WWW-Authenticate`` value) or another header."""
+    extra = header if isinstance(header, tuple) else (b"www-authenticate", header)
+    await send_json(send, status, {"error": error, "error_description": description}, extra)
 
 
 class RedactQueryStrings(logging.Filter):

@@ -19,7 +19,8 @@ themselves (so they need no token) and read small JSON endpoints of this server 
                                                     identity that may not read the run)
 =================================================== ==========================================
 
-**Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``), every
+**Who may do what.** When the server has tokens (``auth_token`` or ``[tokens.*]``, or an ``[auth]``
+issuer whose access tokens it accepts), every
 ``/runs/api/`` request needs ``Authorization: Bearer <token>`` (checked by the same
 :class:`~server.transports.auth.BearerTokenMiddleware` as ``/mcp``, before any of the request's body
 is read; the body bound applies after), and the token's identity needs the
@@ -62,7 +63,7 @@ from orchestration.core import RunHead, RunStatus, validate_run_id
 from orchestration.errors import ConstructError, InvalidArgument, quoted
 from server.identity import SCOPE_KEY, UNAUTHENTICATED_HTTP, Caller, NamedToken
 from server.mcp.services import Services
-from server.transports.auth import BearerTokenMiddleware
+from server.transports.auth import BearerTokenMiddleware, TokenAuthority
 from server.transports.http import BodyLimitMiddleware, security_settings
 from server.views.attendance import attended
 from server.views.events import MAX_EVENTS_LIMIT, read_events
@@ -168,9 +169,10 @@ class RunPages:
         tokens: Sequence[NamedToken],
         host: str,
         max_body_bytes: int,
+        authority: TokenAuthority | None = None,
     ) -> None:
         self._services = services
-        self.auth_required = bool(tokens)
+        self.auth_required = bool(tokens) or authority is not None
         self._security = TransportSecurityMiddleware(security_settings(host))
         api: ASGIApp = Starlette(
             routes=[
@@ -184,8 +186,8 @@ class RunPages:
             exception_handlers={405: _not_allowed},
         )
         api = BodyLimitMiddleware(api, max_body_bytes)
-        if tokens:
-            api = BearerTokenMiddleware(api, tokens)
+        if self.auth_required:
+            api = BearerTokenMiddleware(api, tokens, authority)
         self.app = Starlette(
             routes=[
                 Route(PREFIX, self.list_page, methods=["GET"]),
@@ -384,10 +386,12 @@ def with_run_pages(
     tokens: Sequence[NamedToken],
     host: str,
     max_body_bytes: int,
+    authority: TokenAuthority | None = None,
 ) -> ASGIApp:
     """``app`` (``/mcp``, already behind its tokens) with the run pages next to it (their endpoints'
-    bodies bounded at ``max_body_bytes``, behind their tokens: see :class:`RunPages`)."""
-    return WithRunPages(app, RunPages(services, tokens, host, max_body_bytes))
+    bodies bounded at ``max_body_bytes``, behind their tokens and the ``[auth]`` issuer's access
+    tokens: see :class:`RunPages`)."""
+    return WithRunPages(app, RunPages(services, tokens, host, max_body_bytes, authority))
 
 
 class WithRunPages:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -35,8 +35,16 @@ async def http_server(
 ) -> AsyncIterator[int]:
     """A server subprocess on a free port (bound to ``host``, reached on loopback); yields the port
     once it accepts connections, and stops it with SIGTERM (the way a service manager would)."""
-    port = free_port()
-    env = {**server_env(home), "PATH": os.environ.get("PATH", ""), **extra_env}
+    async with http_server_on(free_port(), home, transport, host=host, env=extra_env) as port:
+        yield port
+
+
+@asynccontextmanager
+async def http_server_on(
+    port: int, home: Path, transport: str, *, host: str = "127.0.0.1", env: Mapping[str, str] | None = None
+) -> AsyncIterator[int]:
+    """:func:`http_server` on a port chosen beforehand (one the config file names)."""
+    env = {**server_env(home), "PATH": os.environ.get("PATH", ""), **(env or {})}
     log_path = home / "server.log"
     with log_path.open("wb") as errlog:
         process = await anyio.open_process(

@@ -228,6 +228,20 @@ def http_clients_outside_workers(tree: Tree) -> list[str]:
     return bad
 
 
+#: a third-party library used through one adapter module only (its top-level name -> the module)
+LIBRARY_ADAPTERS: dict[str, str] = {"jwt": "server.transports.jwt_adapter"}
+
+
+def library_imports_outside_adapters(tree: Tree) -> list[str]:
+    """A library of :data:`LIBRARY_ADAPTERS` imported by a module other than its adapter."""
+    return [
+        f"{module}:{imp.line} imports {imp.target} (only {LIBRARY_ADAPTERS[imp.target.split('.')[0]]} may)"
+        for module in tree.modules
+        for imp in tree.imports(module)
+        if LIBRARY_ADAPTERS.get(imp.target.split(".")[0], module) != module
+    ]
+
+
 def repeated_names(tree: Tree) -> list[str]:
     """Two modules of one name in different packages (``prompts`` for task prompts and for MCP
     prompts): a name says one thing in the whole tree. Package ``__init__`` files are exempt."""
@@ -369,6 +383,7 @@ RULES = {
     "layers": layer_violations,
     "environment": environment_reads,
     "http_clients": http_clients_outside_workers,
+    "library_adapters": library_imports_outside_adapters,
     "repeated_names": repeated_names,
     "unreal_exports": unreal_exports,
     "long_functions": long_functions,
@@ -446,6 +461,7 @@ PLANTED = {
     },
     "environment": {"server/mcp/tools.py": "import os\nLEVEL = os.environ.get('LEVEL')\n"},
     "http_clients": {"server/views/page.py": "import httpx2\n"},
+    "library_adapters": {"server/transports/auth.py": "from jwt import decode\n"},
     "long_functions": {"orchestration/core/a.py": "def f():\n" + "    x = 1\n" * 60},
     "repeated_names": {"server/mcp/prompts.py": "", "orchestration/chains/prompts.py": ""},
     "unreal_exports": {
