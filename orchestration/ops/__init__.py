@@ -7,7 +7,7 @@ from __future__ import annotations
 from orchestration.ops.export import RunExport, derive, export_lines, read_export, snapshot
 from orchestration.ops.forking import ForkRequest, fork_run
 from orchestration.ops.retention import PRUNABLE, import_export, parse_statuses, prune
-from orchestration.ops.rollout import Rollout, at_startup, behind, roll_out
+from orchestration.ops.rollout import Rollout, at_startup, behind, live_runs, roll_out
 
 __all__ = [
     "PRUNABLE",
@@ -20,6 +20,7 @@ __all__ = [
     "export_lines",
     "fork_run",
     "import_export",
+    "live_runs",
     "parse_statuses",
     "prune",
     "read_export",

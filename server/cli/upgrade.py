@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from collections.abc import Callable
 from typing import TextIO
 
 from orchestration.core import CannotMove
 from orchestration.engine import Runtime, Upgrade, named, parse_version
-from orchestration.ops import roll_out
+from orchestration.ops import live_runs, roll_out
 from server.cli.subcommands import Subcommands
 from server.cli.usage import UsageError
 
@@ -65,6 +66,11 @@ async def run_versions(runtime: Runtime, args: argparse.Namespace, out: TextIO) 
     current = (
         runtime.catalog.resolve(args.chain).content_hash() if args.chain in runtime.catalog.chains else None
     )
+    on: Counter[int] = Counter()
+    async for head in live_runs(runtime, args.chain):
+        version = await kept.of_run(head.chain)
+        if version is not None:
+            on[version.ordinal] += 1
     if args.json:
         rows = [
             {
@@ -74,6 +80,7 @@ async def run_versions(runtime: Runtime, args: argparse.Namespace, out: TextIO) 
                 "source": v.source,
                 "first_seen": v.first_seen.isoformat(),
                 "current": v.chain_hash == current,
+                "live_runs": on[v.ordinal],
             }
             for v in found
         ]
@@ -85,7 +92,8 @@ async def run_versions(runtime: Runtime, args: argparse.Namespace, out: TextIO) 
         label = "" if v.label is None else f"  {v.label}"
         mark = "  (current)" if v.chain_hash == current else ""
         seen = f"{v.first_seen:%Y-%m-%d %H:%M}Z"
-        out.write(f"v{v.ordinal:<4} {v.chain_hash[:12]}  {seen}  from {v.source}{label}{mark}\n")
+        runs = f"{on[v.ordinal]} live run" + ("" if on[v.ordinal] == 1 else "s")
+        out.write(f"v{v.ordinal:<4} {v.chain_hash[:12]}  {seen}  {runs:<14} from {v.source}{label}{mark}\n")
     return 0
 
 

@@ -85,6 +85,7 @@ def test_versions_are_numbered_shown_and_a_run_moves_back_by_number(tmp_path: Pa
     listed = cli(tmp_path, "runs", "versions", "review").stdout.splitlines()
     assert [line.split()[0] for line in listed] == ["v1", "v2"], listed
     assert "2026.1" in listed[0] and listed[1].endswith("2026.2  (current)"), listed
+    assert "  1 live run  " in listed[0] and "  0 live runs  " in listed[1], listed
     said = cli(tmp_path, "runs", "status", run_id).stdout
     assert "chain: version v1 (2026.1); the configuration's is v2 (upgrade = manual)" in said, said
     moved = json.loads(cli(tmp_path, "runs", "upgrade", run_id, "--json").stdout)
@@ -95,6 +96,11 @@ def test_versions_are_numbered_shown_and_a_run_moves_back_by_number(tmp_path: Pa
     back = json.loads(cli(tmp_path, "runs", "upgrade", run_id, "--to", "1", "--json").stdout)
     assert back["moved"] and back["to_version"] == "v1"
     assert ok_json(tmp_path, "runs", "status", run_id)["chain"]["version"] == 1
+    on = {
+        row["version"]: row["live_runs"]
+        for row in json.loads(cli(tmp_path, "runs", "versions", "review", "--json").stdout)
+    }
+    assert on == {1: 1, 2: 0}, on
     unknown = cli(tmp_path, "runs", "upgrade", run_id, "--to", "v9")
     assert unknown.returncode != 0 and "no version 9; its versions: v1, v2" in unknown.stderr
     bad = cli(tmp_path, "runs", "upgrade", run_id, "--to", "latest")
