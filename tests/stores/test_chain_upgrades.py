@@ -7,6 +7,7 @@ and decides against the chain the run moved to."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ import pytest
 from orchestration.chains.catalog import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.clock import ManualClock
+from orchestration.core.decide import Action, AwaitApproval, PrepareHostTask, next_action
 from orchestration.core.facts import ChainUpgraded
 from orchestration.core.fold import fold
+from orchestration.core.models import RunHead
 from orchestration.core.upgrades import CannotMove, UpgradePlan
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine import Runtime, RuntimeSettings
@@ -24,6 +27,7 @@ from orchestration.engine.reading import read_snapshot
 from orchestration.errors import Conflict
 from orchestration.ops import at_startup, roll_out
 from orchestration.store import RunStore
+from tests.unit.engine.test_crash_prefixes import record_decisions
 from tests.unit.fold_reference import fold as reference_fold
 from tests.unit.helpers import sequential_ids
 
@@ -205,3 +209,54 @@ async def test_a_rollout_moves_what_can_move_and_says_why_the_rest_stays(store: 
     assert (await roll_out(new, "review", dry_run=True)).counts == {"current": 1, "blocked": 1}
     started = await at_startup(new)
     assert started.behind == 1 and started.blocked == {parked: dry.blocked[parked]}
+
+
+async def test_every_prefix_of_a_moved_run_decides_as_the_uninterrupted_run(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN §1 for a run that moves: the facts as this store gives them back, cut after any
+    durable write (the move's among them) or any decision taken inside one, fold into the head the
+    store held there, and decide what the uninterrupted run decided; a cut right after the move
+    decides against the new chain (its reviewer's gate asked again, then its new prompt)."""
+    decided: dict[int, tuple[datetime, Action]] = {}
+
+    def recording(head: RunHead, now: datetime) -> Action:
+        action = next_action(head, now)
+        decided.setdefault(head.last_seq, (now, action))
+        assert decided[head.last_seq][1] == action  # deciding twice on one record agrees
+        return action
+
+    record_decisions(monkeypatch, recording)
+    clock = ManualClock()
+    held: dict[int, RunHead] = {}
+    run_id = await parked_at_the_reviewers_gate(store, clock)
+    parked = await store.load(run_id)
+    held[parked.last_seq] = parked
+    new = runtime(store, catalog(reviewer=NEW_REVIEWER), clock)
+    moved = await new.upgrade(run_id, dry_run=False, by="ops")
+    assert moved.moved
+    held[moved.head.last_seq] = moved.head
+    moved_at = moved.head.last_seq
+    head = await new.approve(run_id, "approve", "before:reviewer")
+    held[head.last_seq] = head
+    head = await new.submit_host_output(run_id, "reviewer", "approved")
+    held[head.last_seq] = head
+    assert head.status == RunStatus.COMPLETED
+
+    facts = await store.read_facts(run_id)
+    assert any(isinstance(f, ChainUpgraded) for f in facts)
+    for cut in sorted({*held, *decided}):
+        folded = fold(facts[:cut])
+        if cut in held:
+            assert folded.model_dump(exclude={"version"}) == held[cut].model_dump(exclude={"version"}), cut
+        if cut in decided:
+            now, action = decided[cut]
+            assert next_action(folded, now) == action, f"cut after fact {cut}"
+    after_move = fold(facts[:moved_at])
+    assert after_move.chain_hash == moved.to_hash
+    action = next_action(after_move, clock.now())
+    assert isinstance(action, AwaitApproval) and action.gate_id == "before:reviewer", action
+    # The decision taken once the gate is approved hands out the new reviewer's prompt.
+    prepared = [n for n, (_, a) in decided.items() if n > moved_at and isinstance(a, PrepareHostTask)]
+    assert prepared, decided
+    assert len(decided) >= 6 and min(decided) < moved_at < max(decided), sorted(decided)
