@@ -170,3 +170,13 @@ def test_a_classified_message_does_not_show_the_token() -> None:
     )
     assert "s3cret-token-value" not in error.message
 
+
+def test_the_docs_example_loads_as_an_a2a_step(tmp_path: Path) -> None:
+    chains_md = (Path(__file__).resolve().parents[3] / "docs" / "chains.md").read_text("utf-8")
+    section = chains_md.split("#### An A2A agent", 1)[1]
+    (tmp_path / "construct.toml").write_text(section.split("```toml\n", 1)[1].split("```", 1)[0])
+    settings = load_settings(env={}, home=tmp_path)
+    assert agent_endpoints(settings.agents)["summarizer"].protocol == "a2a"
+    step = Catalog.load(settings.config_file).resolve("design-and-summarize").step("summary")
+    assert step.agent is not None and step.agent.sends_messages
+    assert "{outputs.architect}" in step.agent.arguments["message"]
