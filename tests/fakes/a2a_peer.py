@@ -7,6 +7,7 @@ What the agent does is chosen by the message's first word:
 - ``ask`` stops it at ``input-required`` with the question "Which branch?";
 - ``auth`` stops it at ``auth-required`` ("sign in at https://login.example");
 - ``data`` completes with a data artifact ``{"verdict": "approve", "score": 3}``;
+- ``hello`` answers at once with the message "hello back" (no task);
 - ``slow`` works for ``slow_seconds`` (cancellable) before it completes as below;
 - anything else works for ``work_seconds``, then completes with two text artifacts,
   ``reviewed:`` and the message's first line, and ``ok``.
@@ -64,6 +65,10 @@ class ScriptedExecutor(AgentExecutor):
         if self.log is not None:
             with self.log.open("a") as f:
                 f.write(context.message.message_id + "\n")
+        if context.get_user_input().startswith("hello"):
+            # answered at once with a message: no task to follow
+            await event_queue.enqueue_event(new_text_message("hello back", role=Role.ROLE_AGENT))
+            return
         task = context.current_task or new_task_from_user_message(context.message)
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)

@@ -263,3 +263,42 @@ async def test_cancelling_the_run_cancels_the_remote_task(
     facts = await store.read_facts(head.run_id, 0, cancelled.last_seq)
     [fact] = [f for f in facts if f.type == "remote_run_cancelled"]
     assert fact.model_dump()["cancelled"] is True
+
+
+async def test_an_agent_that_answers_with_a_message_completes_the_step_at_once(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("hello {request}"))
+    head, _ = await rt.start(StartRequest(request="the cache", chain="delegated"))
+    done = await play(rt, head.run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    snap = await rt.snapshot(head.run_id)
+    assert snap.outputs["review"] == "hello back"
+    [attempt] = snap.head.task("review").attempts
+    assert attempt.remote_run_id is None and len(executor.message_ids) == 1
+
+
+async def test_steps_that_send_messages_run_side_by_side_in_a_parallel_chain(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """Two A2A steps after the same step: both tasks started (and recorded) before either ended,
+    and the writer sees both outputs."""
+    steps = [
+        {"specialist": "architect", "after": []},
+        {"name": "left", "agent": "peer", "message": "left {outputs.architect}", "after": ["architect"]},
+        {"name": "right", "agent": "peer", "message": "right {outputs.architect}", "after": ["architect"]},
+        {"specialist": "writer", "after": ["left", "right"]},
+    ]
+    raw = {"agents": {"peer": {"protocol": "a2a", "url": peer}}, "chains": {"delegated": {"steps": steps}}}
+    rt, _, _ = runtime(store, peer, catalog_=Catalog.builtin().extended(raw, "construct.toml", Path(".")))
+    head, _ = await rt.start(StartRequest(request="the cache", chain="delegated"))
+    done = await play(rt, head.run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    snap = await rt.snapshot(head.run_id)
+    assert snap.outputs["left"].startswith("reviewed:\nleft ") and snap.outputs["right"].startswith(
+        "reviewed:\nright "
+    )
+    ids = {snap.head.task(t).attempts[0].remote_run_id for t in ("left", "right")}
+    assert None not in ids and len(ids) == 2 and len(executor.message_ids) == 2
+    prompt = (await rt.prompt_for(snap.head, "writer")).user
+    assert "### left (agent:peer)" in prompt and "### right (agent:peer)" in prompt
