@@ -5,7 +5,7 @@ lives here. Imports :mod:`orchestration.core` and :mod:`orchestration.chains`.""
 
 from __future__ import annotations
 
-from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.agent_calls import AgentEndpoint, AgentProtocol
 from orchestration.workers.agent_protocols import A2A_EXTRA, AgentsByProtocol, agent_workers
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, open_session
 from orchestration.workers.model_calls import StructuredOutputMode, make_http_client
@@ -27,6 +27,7 @@ __all__ = [
     "KEY_VARIABLES",
     "PROVIDERS",
     "AgentEndpoint",
+    "AgentProtocol",
     "AgentSession",
     "AgentWorker",
     "AgentsByProtocol",

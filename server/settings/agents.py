@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestration.chains import NAME_PATTERN
-from orchestration.workers import AgentEndpoint
+from orchestration.workers import AgentEndpoint, AgentProtocol
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -26,7 +25,7 @@ class AgentTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    protocol: Literal["mcp", "a2a"] = Field(
+    protocol: AgentProtocol = Field(
         default="mcp",
         description="`mcp`: a tool of another MCP server; `a2a`: an A2A agent at `url` (its agent card's "
         "base URL), to which steps send a `message`",

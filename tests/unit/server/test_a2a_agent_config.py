@@ -5,6 +5,7 @@ what the A2A client makes of a task without a peer (state names, outputs, error 
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,17 @@ def test_the_server_routes_each_agent_to_its_protocols_client() -> None:
     assert isinstance(agents, AgentsByProtocol)
     assert isinstance(agents._for("peer"), A2AWorker) and isinstance(agents._for("other"), AgentWorker)
     assert isinstance(agents._for("unknown"), AgentWorker)
+
+
+def test_a_server_without_the_a2a_sdk_refuses_an_a2a_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "orchestration.workers.a2a_agents", None)  # as if not installed
+    with pytest.raises(ConfigError) as caught:
+        agent_workers({"peer": AgentEndpoint(name="peer", url="http://h", protocol="a2a")})
+    assert caught.value.field == "agents.peer.protocol" and "construct-mcp[a2a]" in caught.value.problem
+    # a server without A2A agents does not need it
+    assert isinstance(
+        agent_workers({"other": AgentEndpoint(name="other", url="http://h/mcp")}), AgentsByProtocol
+    )
 
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
