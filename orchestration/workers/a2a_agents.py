@@ -19,7 +19,7 @@ followed outside the drive, through :meth:`A2AWorker.remote_status`.
   ``input-required`` fails the step with ``agent_input_required`` (the question quoted; the step
   cannot answer it), one at ``auth-required`` with ``auth`` (what it asks for quoted).
 - Errors are classified in one place (:func:`classify`); the token is read from ``token_env`` when
-  the call is made and lives only in that call's HTTP client headers.
+  the call is made and lives only in that call's requests to the configured URL's origin.
 """
 
 from __future__ import annotations
@@ -125,23 +125,31 @@ async def connect_a2a(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> AsyncIterator[Client]:
     """A client of the A2A agent at ``endpoint``: its card fetched, then the JSON-RPC binding it
-    names, through one HTTP client of this call's own (the token as its bearer header).
+    names, through one HTTP client of this call's own. The token goes, as a bearer header, only
+    to the origin of the configured ``url``: a card naming an endpoint elsewhere gets none.
     ``transport``: tests."""
     assert endpoint.url is not None
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    origin = _origin(httpx.URL(endpoint.url))
+
+    async def authorize(request: httpx.Request) -> None:
+        if token is not None and _origin(request.url) == origin:
+            request.headers["Authorization"] = f"Bearer {token}"
 
     async def seen(response: httpx.Response) -> None:
         statuses.append(response.status_code)
 
     timeout = httpx.Timeout(endpoint.call_timeout_seconds)
-    async with httpx.AsyncClient(
-        headers=headers, timeout=timeout, transport=transport, event_hooks={"response": [seen]}
-    ) as http:
+    hooks: dict[str, list[Callable[..., Any]]] = {"request": [authorize], "response": [seen]}
+    async with httpx.AsyncClient(timeout=timeout, transport=transport, event_hooks=hooks) as http:
         factory = ClientFactory(ClientConfig(streaming=False, polling=True, httpx_client=http))
         base, card_path = _card_location(endpoint.url)
         client = await factory.create_from_url(base, relative_card_path=card_path)
         async with client:
             yield client
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port or {"http": 80, "https": 443}.get(url.scheme)
 
 
 def classify(exc: BaseException, statuses: list[int], redact: Redactor, agent: str) -> TypedError:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from a2a.client import A2AClientError, A2AClientTimeoutError
 from a2a.helpers import new_data_part
-from a2a.types import Artifact, Part, Task, TaskNotFoundError, TaskState, TaskStatus
+from a2a.types import Artifact, GetTaskRequest, Part, Task, TaskNotFoundError, TaskState, TaskStatus
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.agent_steps import agent_attempt
@@ -23,7 +23,7 @@ from orchestration.core.models import TaskState as RunTaskState
 from orchestration.errors import ConfigError
 from orchestration.workers import AgentEndpoint, AgentsByProtocol, agent_workers
 from orchestration.workers._redact import Redactor
-from orchestration.workers.a2a_agents import A2AWorker, classify, message_id, output_text
+from orchestration.workers.a2a_agents import A2AWorker, classify, connect_a2a, message_id, output_text
 from orchestration.workers.agent_answers import AgentFailure
 from orchestration.workers.mcp_agents import AgentWorker
 from server.settings.agents import agent_endpoints
@@ -192,3 +192,37 @@ def test_the_docs_example_loads_as_an_a2a_step(tmp_path: Path) -> None:
     step = Catalog.load(settings.config_file).resolve("design-and-summarize").step("summary")
     assert step.agent is not None and step.agent.sends_messages
     assert "{outputs.architect}" in step.agent.arguments["message"]
+
+
+async def test_the_token_goes_only_to_the_configured_origin() -> None:
+    """A card that names a JSON-RPC endpoint on another host: the card request carries the token,
+    the request to the other host does not."""
+    seen: list[tuple[str, str | None]] = []
+    card = {
+        "name": "elsewhere",
+        "description": "d",
+        "version": "1",
+        "supportedInterfaces": [
+            {"protocolBinding": "JSONRPC", "protocolVersion": "1.0", "url": "http://other.example/rpc"}
+        ],
+        "capabilities": {},
+        "defaultInputModes": ["text/plain"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [],
+    }
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((str(request.url), request.headers.get("authorization")))
+        if request.url.path.endswith("agent-card.json"):
+            return httpx.Response(200, json=card)
+        task = {"id": "t-1", "status": {"state": "TASK_STATE_WORKING"}}
+        return httpx.Response(
+            200, json={"jsonrpc": "2.0", "id": json.loads(request.content)["id"], "result": task}
+        )
+
+    endpoint = AgentEndpoint(name="peer", url="https://agent.example/a", protocol="a2a", token_env="T")
+    statuses: list[int] = []
+    async with connect_a2a(endpoint, "tok-123456", statuses, transport=httpx.MockTransport(answer)) as client:
+        await client.get_task(GetTaskRequest(id="t-1"))
+    assert seen[0] == ("https://agent.example/a/.well-known/agent-card.json", "Bearer tok-123456")
+    assert seen[1][0] == "http://other.example/rpc" and seen[1][1] is None
