@@ -60,6 +60,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.errors import A2AError
+from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
 
 from orchestration.core.agent_steps import AGENT_ERROR_CODES
 from orchestration.core.clock import Clock, SystemClock
@@ -173,9 +174,10 @@ def classify(exc: BaseException, statuses: list[int], redact: Redactor, agent: s
         message = f"agent {agent} could not be reached or stopped answering{where}: {_detail(exc)}"
     elif isinstance(exc, A2AError):
         code, message = "agent_run_failed", f"agent {agent} refused the request: {_detail(exc)}"
-    elif isinstance(exc, ValueError):
-        # the SDK's own: a card naming no JSON-RPC interface, an answer with neither task nor message
-        code, message = "malformed_response", f"agent {agent}: {_detail(exc)}"
+    elif isinstance(exc, ValueError | ParseError):
+        # the SDK's own: a card naming no JSON-RPC interface, an answer with neither task nor
+        # message; or an answer that is no A2A 1.0 object (a field of the wrong shape)
+        code, message = "malformed_response", f"agent {agent} answered what cannot be read: {_detail(exc)}"
     else:
         code, message = "agent_unreachable", f"agent {agent} failed: {_detail(exc)}"
     return TypedError(

@@ -15,6 +15,7 @@ import pytest
 from a2a.client import A2AClientError, A2AClientTimeoutError
 from a2a.helpers import new_data_part
 from a2a.types import Artifact, GetTaskRequest, Part, Task, TaskNotFoundError, TaskState, TaskStatus
+from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
 
 from orchestration.chains.catalog import Catalog
 from orchestration.core.agent_steps import agent_attempt
@@ -168,6 +169,7 @@ def test_the_output_joins_text_parts_or_takes_the_last_data_part() -> None:
         (httpx.ConnectError("refused"), [], "agent_unreachable"),
         (TaskNotFoundError(), [200], "agent_run_failed"),
         (ValueError("no compatible transports found."), [200], "malformed_response"),
+        (ParseError("Failed to parse timestamp field"), [200], "malformed_response"),
         (AgentFailure("agent_protocol", "agent peer: odd"), [200], "agent_protocol"),
     ],
 )
