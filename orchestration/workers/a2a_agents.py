@@ -360,7 +360,9 @@ class A2AWorker:
         except Exception as exc:
             error = classify(exc, statuses, Redactor([token]), agent)
             return RemoteAnswer(None, error, time.monotonic() - started)
-        return RemoteAnswer(STATUSES.get(task.status.state), None, time.monotonic() - started)
+        # No long poll here: answered "at once" whatever it took, so that the follower's pacing
+        # always backs off between polls (never a hot loop, whatever follow_wait_seconds says).
+        return RemoteAnswer(STATUSES.get(task.status.state), None, 0.0)
 
     async def _call(
         self, client: Client, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown

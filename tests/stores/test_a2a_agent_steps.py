@@ -302,3 +302,21 @@ async def test_steps_that_send_messages_run_side_by_side_in_a_parallel_chain(
     assert None not in ids and len(ids) == 2 and len(executor.message_ids) == 2
     prompt = (await rt.prompt_for(snap.head, "writer")).user
     assert "### left (agent:peer)" in prompt and "### right (agent:peer)" in prompt
+
+
+async def test_a_poll_reads_as_answered_at_once_so_the_follower_backs_off(store: RunStore, peer: str) -> None:
+    """A2A has no long poll: a ``tasks/get`` answer reads as immediate, so the follower's pacing
+    sleeps between polls whatever ``follow_wait_seconds`` says (never a hot loop)."""
+    rt, worker, _ = runtime(store, peer, catalog_=catalog("slow review"))
+    head, _ = await rt.start(StartRequest(request="the cache", chain="delegated"))
+    await rt.drive(head.run_id)
+    await rt.submit_host_output(head.run_id, "architect", "the design")
+    await rt.drive(head.run_id)
+    waiting = await rt.status(head.run_id)
+    task_id = waiting.task("review").attempts[-1].remote_run_id
+    assert waiting.status == RunStatus.AWAITING_AGENT and task_id is not None
+    answer = await worker.remote_status("peer", task_id, 0.001)
+    assert (answer.status, answer.error, answer.answered_in) == ("running", None, 0.0)
+    unknown = await worker.remote_status("peer", "no-such-task", 0.001)
+    assert unknown.error is not None and unknown.error.code == "agent_run_failed"
+    await rt.cancel(head.run_id)
