@@ -16,7 +16,7 @@ from orchestration.chains import Catalog
 from orchestration.core import new_server_id, price_table, with_costs
 from orchestration.engine import RunMemory, Runtime, RuntimeSettings
 from orchestration.store import RunStore
-from orchestration.workers import AgentWorker, ProviderWorker, Workers, contract_resolver, make_http_client
+from orchestration.workers import ProviderWorker, Workers, agent_workers, contract_resolver, make_http_client
 from server.settings.agents import agent_endpoints
 from server.settings.config import Settings
 from server.settings.providers import provider_settings
@@ -43,7 +43,7 @@ async def runtime_for(
     # one identity for this process in agent delegations: the runtime refuses a start that lists
     # it, the agent worker adds it to what its calls send on (orchestration.core.hops)
     server_id = new_server_id()
-    agents = AgentWorker(agent_endpoints(settings.agents), limits=settings.limits(), server_id=server_id)
+    agents = agent_workers(agent_endpoints(settings.agents), limits=settings.limits(), server_id=server_id)
     async with make_http_client(max_connections=providers.max_connections) as http:
         yield Runtime(
             store,

@@ -193,6 +193,8 @@ class _StepConfig(_Strict):
     tool: str | None = Field(default=None, min_length=1, max_length=128)
     arguments: dict[str, Any] | None = None
     output_step: str | None = Field(default=None, min_length=1, max_length=100)
+    #: a step that sends a message to an A2A agent: the message, a template as ``arguments``' strings
+    message: str | None = Field(default=None, min_length=1, max_length=100_000)
 
     _names = field_validator("specialist", "name", "chain", "output_of")(
         lambda v: v if v is None else _check_name(v)
@@ -230,6 +232,7 @@ def _agent_step(step: _StepConfig, raw: Mapping[str, Any], source: str, where: s
         output_step=step.output_step,
         provider=step.provider or step.model,
         agents=raw.get("agents"),
+        message=step.message,
     )
     if isinstance(problem, tuple):
         raise ConfigError(source, f"{where}.{problem[0]}", problem[1])

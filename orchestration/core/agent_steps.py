@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from orchestration.core.models import AgentStep, ChainStep, TaskState
+from orchestration.core.models import A2A_SEND, AgentStep, ChainStep, TaskState
 
 #: Errors after which the agent may have acted although the attempt saw no answer: the next
 #: attempt follows this one's call instead of making another.
@@ -27,7 +27,8 @@ UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout", "agent_protoc
 #: variable not set), ``agent_not_configured`` (no such ``[agents]`` table here), ``tool_error``
 #: (the tool answered with an error), ``agent_run_failed`` (the remote run ended failed, rejected
 #: or cancelled), ``invalid_output``, ``malformed_response``, ``agent_answer_refused`` (an answer over a
-#: bound: :mod:`orchestration.workers.agent_answers`) and the refusals of a delegated start
+#: bound: :mod:`orchestration.workers.agent_answers`), ``agent_input_required`` (an A2A agent's task
+#: stopped to ask a question) and the refusals of a delegated start
 #: (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`) are not.
 AGENT_ERROR_CODES: Mapping[str, bool] = {
     "agent_unreachable": True,
@@ -40,6 +41,7 @@ AGENT_ERROR_CODES: Mapping[str, bool] = {
     "invalid_output": False,
     "malformed_response": False,
     "agent_answer_refused": False,
+    "agent_input_required": False,
     "delegation_loop": False,
     "delegation_depth_exceeded": False,
 }
@@ -151,12 +153,16 @@ def parse_agent_step(
     output_step: str | None,
     provider: str | None,
     agents: object,
+    message: str | None = None,
 ) -> AgentStep | tuple[str, str] | None:
     """A chain step's :class:`AgentStep` from its config keys (None: a specialist's step), or the
     ``(field, problem)`` that refuses it. ``agents``: the file's ``[agents]`` table, which must
-    define the agent (its keys are checked by the server's config, :mod:`server.settings.agents`)."""
+    define the agent (its keys are checked by the server's config, :mod:`server.settings.agents`).
+    A step of an A2A agent (``protocol = "a2a"``) gives ``message`` (a template) and no ``tool``:
+    it becomes tool ``message/send`` with ``arguments = {"message": message}``."""
     if agent is None:
-        for key, value in (("tool", tool), ("arguments", arguments), ("output_step", output_step)):
+        keys = (("tool", tool), ("arguments", arguments), ("output_step", output_step), ("message", message))
+        for key, value in keys:
             if value is not None:
                 return key, f"{key} belongs to a step that delegates: name its agent too"
         if specialist is None:
@@ -164,18 +170,41 @@ def parse_agent_step(
         return None
     if specialist is not None:
         return "agent", "a step runs a specialist or delegates to an agent, not both"
-    if tool is None:
-        return "tool", f"name the tool of agent {agent!r} to call (e.g. orchestrate_start)"
     if provider is not None:
         return "agent", "a step that delegates calls its agent, not a provider: drop provider and model"
     known = sorted(agents) if isinstance(agents, Mapping) else []
     if agent not in known:
         listed = f"; defined: {', '.join(known)}" if known else ""
         return "agent", f"no [agents.{agent}] table in this file{listed}"
+    assert isinstance(agents, Mapping)
+    table = agents[agent]
+    if isinstance(table, Mapping) and table.get("protocol") == "a2a":
+        return _a2a_step(agent, tool, arguments, output_step, message)
+    if message is not None:
+        return "message", f"message is for an A2A agent; {agent!r} is an MCP agent: give tool and arguments"
+    if tool is None:
+        return "tool", f"name the tool of agent {agent!r} to call (e.g. orchestrate_start)"
+    if tool == A2A_SEND:
+        return "tool", f"{A2A_SEND} is how A2A agents' steps are recorded, not an MCP tool's name"
     step = AgentStep(agent=agent, tool=tool, arguments=dict(arguments or {}), output_step=output_step)
     if output_step is not None and not step.follows_runs:
         return "output_step", "output_step applies to another construct-mcp (tool orchestrate_start)"
     return step
+
+
+def _a2a_step(
+    agent: str,
+    tool: str | None,
+    arguments: Mapping[str, Any] | None,
+    output_step: str | None,
+    message: str | None,
+) -> AgentStep | tuple[str, str]:
+    for key, value in (("tool", tool), ("arguments", arguments), ("output_step", output_step)):
+        if value is not None:
+            return key, f"agent {agent!r} is an A2A agent: its step gives message (a template), not {key}"
+    if message is None:
+        return "message", f'agent {agent!r} is an A2A agent: give the message to send (e.g. "{{request}}")'
+    return AgentStep(agent=agent, tool=A2A_SEND, arguments={"message": message})
 
 
 def check_agent_steps(steps: list[ChainStep]) -> tuple[str, str] | None:
@@ -188,7 +217,8 @@ def check_agent_steps(steps: list[ChainStep]) -> tuple[str, str] | None:
         try:
             check_arguments(step.agent.arguments, names, step.name)
         except ValueError as exc:
-            return f"steps[{i}].arguments", str(exc)
+            field = "message" if step.agent.sends_messages else "arguments"
+            return f"steps[{i}].{field}", str(exc)
     return None
 
 
@@ -206,9 +236,10 @@ def agent_attempt(agent: AgentStep, task: TaskState) -> tuple[int | None, str | 
     After an attempt whose outcome is unknown (still ``running``: the process died; or failed with
     one of :data:`UNKNOWN_OUTCOME_CODES`), the next attempt follows that attempt's call (or the one
     it followed in turn): the recorded remote run, else — for a construct-mcp, which takes
-    idempotency keys — the same key. A tool without keys is called again, a possible duplicate
-    call. After a first attempt, or one that failed with a known outcome, the attempt makes its own
-    call."""
+    idempotency keys — the same key (for an A2A agent the same message id, marked a possible
+    duplicate call: the protocol does not promise that an agent recognises a resent message). A
+    tool without keys is called again, a possible duplicate call. After a first attempt, or one
+    that failed with a known outcome, the attempt makes its own call."""
     if not task.attempts:
         return None, None, False
     last = task.attempts[-1]
@@ -221,7 +252,9 @@ def agent_attempt(agent: AgentStep, task: TaskState) -> tuple[int | None, str | 
     if last.remote_run_id is not None:
         return origin, last.remote_run_id, False
     if agent.follows_runs:
-        return origin, None, False
+        # The same key again: a construct-mcp answers it with the run it made; an A2A agent gets
+        # the same message id, which it need not recognise, so a second task may start.
+        return origin, None, agent.sends_messages
     return None, None, True
 
 

@@ -113,6 +113,10 @@ RESERVED_STEP_NAMES = frozenset({"end", "fail", "ask"})
 AGENT_APPROVER = "agent"
 
 
+#: the ``tool`` of a step that sends a message to an A2A agent (the A2A method it calls)
+A2A_SEND = "message/send"
+
+
 class AgentStep(Frozen):
     """What a step that delegates to another MCP agent calls (``agent = "..."`` in a chain step; the
     rule is in :mod:`orchestration.core.agent_steps`): the agent's name (an ``[agents.NAME]`` table of the
@@ -128,10 +132,18 @@ class AgentStep(Frozen):
     output_step: str | None = None
 
     @property
+    def sends_messages(self) -> bool:
+        """Whether the agent is an A2A agent (tool :data:`A2A_SEND`, the step's ``message``
+        template in ``arguments["message"]``): the message starts a remote task, followed with
+        ``tasks/get`` until it ends."""
+        return self.tool == A2A_SEND
+
+    @property
     def follows_runs(self) -> bool:
-        """Whether the tool starts a construct-mcp run: it takes an ``idempotency_key``, and its run
-        is followed with ``run_status`` until it ends."""
-        return self.tool == "orchestrate_start"
+        """Whether the call starts a remote run that is followed until it ends: a construct-mcp's
+        ``orchestrate_start`` (it takes an ``idempotency_key``; followed with ``run_status``) or an
+        A2A agent's message (:attr:`sends_messages`)."""
+        return self.tool == "orchestrate_start" or self.sends_messages
 
 
 class ChainStep(Frozen):

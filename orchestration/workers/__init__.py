@@ -1,11 +1,12 @@
 """Backends that execute a task: the :class:`TaskWorker` port, the ``inline`` host worker, the
-provider adapters (Anthropic Messages, OpenAI-compatible Chat Completions) and the MCP client of agent
-steps. All of the project's HTTP client code lives here. Imports :mod:`orchestration.core` and
-:mod:`orchestration.chains`."""
+provider adapters (Anthropic Messages, OpenAI-compatible Chat Completions) and the clients of agent
+steps (MCP; A2A, imported only when an agent speaks it). All of the project's HTTP client code
+lives here. Imports :mod:`orchestration.core` and :mod:`orchestration.chains`."""
 
 from __future__ import annotations
 
-from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.agent_calls import AgentEndpoint, AgentProtocol
+from orchestration.workers.agent_protocols import A2A_EXTRA, AgentsByProtocol, agent_workers
 from orchestration.workers.mcp_agents import AgentSession, AgentWorker, Workers, open_session
 from orchestration.workers.model_calls import StructuredOutputMode, make_http_client
 from orchestration.workers.openai_compat import MaxTokensField
@@ -21,12 +22,15 @@ from orchestration.workers.provider_worker import (
 )
 
 __all__ = [
+    "A2A_EXTRA",
     "DEFAULT_BASE_URLS",
     "KEY_VARIABLES",
     "PROVIDERS",
     "AgentEndpoint",
+    "AgentProtocol",
     "AgentSession",
     "AgentWorker",
+    "AgentsByProtocol",
     "MaxTokensField",
     "ProviderEndpoint",
     "ProviderName",
@@ -34,6 +38,7 @@ __all__ = [
     "ProviderWorker",
     "StructuredOutputMode",
     "Workers",
+    "agent_workers",
     "contract_resolver",
     "make_http_client",
     "open_session",

@@ -9,7 +9,11 @@ delegated start is read back as its own code (:func:`refusal_code`, :func:`ended
 
 from __future__ import annotations
 
+from typing import Any
+
+from orchestration.chains.schemas import validate_output
 from orchestration.core.ids import RUN_ID_PATTERN
+from orchestration.errors import InvalidOutput
 
 #: the code of an answer that breaks a bound this server holds remote answers to
 ANSWER_REFUSED = "agent_answer_refused"
@@ -51,6 +55,23 @@ def checked_output(text: str, max_chars: int, agent: str) -> str:
     return text
 
 
+def checked_answer(
+    text: str, output_schema: dict[str, Any] | None, max_chars: int, agent: str
+) -> tuple[str, dict[str, Any] | None]:
+    """An agent's answer as the step's output and, for a step with an ``output_schema``, its
+    validated value: ``agent_answer_refused`` over ``max_chars``, ``malformed_response`` when
+    empty, ``invalid_output`` when it does not match the schema."""
+    checked_output(text, max_chars, agent)
+    if output_schema is None:
+        if not text.strip():
+            raise AgentFailure("malformed_response", f"agent {agent}: the answer is empty")
+        return text, None
+    try:
+        return text, validate_output(output_schema, text)
+    except InvalidOutput as exc:
+        raise AgentFailure(InvalidOutput.code, exc.message) from None
+
+
 def ended_code(error: object) -> str:
     """The code a remote run that ended without completing fails the step with, given the run's
     ``error``: a refusal further down the delegation (a loop, too deep) is the step's own, anything
@@ -70,6 +91,7 @@ __all__ = [
     "ANSWER_REFUSED",
     "DELEGATION_REFUSALS",
     "AgentFailure",
+    "checked_answer",
     "checked_output",
     "ended_code",
     "refusal_code",

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from orchestration.core.models import AgentStep, Delegation, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome
+
+#: how an agent is spoken to: a tool of an MCP server, or an A2A agent
+AgentProtocol = Literal["mcp", "a2a"]
 
 
 class RemoteRunKnown(Protocol):
@@ -39,8 +42,11 @@ class AgentEndpoint:
     token's *variable name* only."""
 
     name: str
-    #: Streamable HTTP endpoint (``http(s)://host:port/mcp``), or None for a stdio agent
+    #: Streamable HTTP endpoint (``http(s)://host:port/mcp``), or None for a stdio agent; for an
+    #: A2A agent, the base URL its agent card is served under (or the card's own URL)
     url: str | None = None
+    #: ``mcp`` (a tool of an MCP server) or ``a2a`` (an A2A agent: :mod:`.a2a_agents`)
+    protocol: AgentProtocol = "mcp"
     #: the environment variable holding the bearer token for ``url`` (read at each call)
     token_env: str | None = None
     #: a stdio agent: the command and its arguments
@@ -84,10 +90,15 @@ class AgentDelegate(Protocol):
     ``awaiting_agent`` to follow its remote run (see
     :class:`~orchestration.workers.mcp_agents.AgentWorker`)."""
 
-    #: the configured agents, by name
-    endpoints: Mapping[str, AgentEndpoint]
-    #: draws the jitter of the follower's polls (uniform in [0, 1))
-    rng: Callable[[], float]
+    @property
+    def endpoints(self) -> Mapping[str, AgentEndpoint]:
+        """The configured agents, by name."""
+        ...
+
+    @property
+    def rng(self) -> Callable[[], float]:
+        """Draws the jitter of the follower's polls (uniform in [0, 1))."""
+        ...
 
     async def delegate(
         self,
@@ -121,4 +132,4 @@ class AgentDelegate(Protocol):
         ...
 
 
-__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "RemoteAnswer", "RemoteRunKnown"]
+__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "AgentProtocol", "RemoteAnswer", "RemoteRunKnown"]

@@ -29,23 +29,28 @@ from mcp.types import CallToolResult, TextContent
 from mcp_types import REQUEST_TIMEOUT, RequestParamsMeta
 
 from orchestration.chains.prompts import TaskPrompt
-from orchestration.chains.schemas import validate_output
 from orchestration.core.agent_steps import AGENT_ERROR_CODES
 from orchestration.core.clock import Clock, SystemClock
 from orchestration.core.hops import DELEGATION_META, new_server_id, onward
 from orchestration.core.inputs import Limits
 from orchestration.core.models import ChainStep, ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
-from orchestration.errors import ConstructError, InvalidOutput
+from orchestration.errors import ConstructError
 from orchestration.workers._redact import Redactor, check_api_key
 from orchestration.workers.agent_answers import (
     AgentFailure,
-    checked_output,
+    checked_answer,
     ended_code,
     refusal_code,
     remote_run_id,
 )
-from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteAnswer, RemoteRunKnown
+from orchestration.workers.agent_calls import (
+    AgentCall,
+    AgentDelegate,
+    AgentEndpoint,
+    RemoteAnswer,
+    RemoteRunKnown,
+)
 from orchestration.workers.agent_polls import TERMINAL_STATUSES, PollPacing, protocol_message, status_of
 from orchestration.workers.port import DeltaSink, TaskWorker
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
@@ -85,6 +90,35 @@ def token_from_environment(name: str) -> str | None:
     ``token_env`` at each call, and each variable a stdio agent's ``pass_env`` names. The one place
     this module reads the environment (everything else is in the server's settings)."""
     return os.environ.get(name)
+
+
+def endpoint_token(endpoint: AgentEndpoint, lookup: Callable[[str], str | None]) -> str | None:
+    """``endpoint``'s bearer token, read through ``lookup`` now (None: no ``token_env``, or not set)."""
+    if endpoint.token_env is None:
+        return None
+    return (lookup(endpoint.token_env) or "").strip() or None
+
+
+def call_token(
+    endpoint: AgentEndpoint, lookup: Callable[[str], str | None]
+) -> tuple[str | None, TypedError | None]:
+    """The token a call to ``endpoint`` sends, or the ``auth`` error that stops the call before
+    anything is sent: ``token_env`` not set, or a value no header can carry (refused without
+    quoting it: a header's own errors would)."""
+    token = endpoint_token(endpoint, lookup)
+    name = endpoint.name
+    if endpoint.token_env is not None and token is None:
+        message = (
+            f"agent {name} needs a token: the environment variable {endpoint.token_env} is not set on "
+            "this server"
+        )
+        return None, TypedError(code="auth", message=message)
+    if token is not None:
+        try:
+            check_api_key(token, what=f"the token in {endpoint.token_env}")
+        except ValueError as exc:
+            return None, TypedError(code="auth", message=f"agent {name}: {exc}")
+    return token, None
 
 
 @asynccontextmanager
@@ -233,21 +267,9 @@ class AgentWorker:
                 message=f"this server has no [agents.{name}] table; add it to construct.toml",
             )
             return self._failed(contract, call, previous_errors, error, Telemetry())
-        token = self._token(endpoint)
-        if endpoint.token_env is not None and token is None:
-            error = TypedError(
-                code="auth",
-                message=f"agent {name} needs a token: the environment variable {endpoint.token_env} "
-                "is not set on this server",
-            )
-            return self._failed(contract, call, previous_errors, error, Telemetry())
-        if token is not None:
-            try:
-                check_api_key(token, what=f"the token in {endpoint.token_env}")
-            except ValueError as exc:
-                # Refused before it reaches a header, whose errors would quote it.
-                error = TypedError(code="auth", message=f"agent {name}: {exc}")
-                return self._failed(contract, call, previous_errors, error, Telemetry())
+        token, refused = call_token(endpoint, self._lookup)
+        if refused is not None:
+            return self._failed(contract, call, previous_errors, refused, Telemetry())
         redact = Redactor([token])
         observed = _Observed()
         started = time.monotonic()
@@ -279,9 +301,7 @@ class AgentWorker:
 
     def _token(self, endpoint: AgentEndpoint) -> str | None:
         """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
-        if endpoint.token_env is None:
-            return None
-        return (self._lookup(endpoint.token_env) or "").strip() or None
+        return endpoint_token(endpoint, self._lookup)
 
     async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
         """``orchestrate_cancel`` the remote run (see
@@ -429,15 +449,7 @@ class AgentWorker:
         return str(done[-1]["task_id"]) if done else None
 
     def _checked(self, call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
-        checked_output(text, self.limits.max_output_chars, call.agent.agent)
-        if call.output_schema is None:
-            if not text.strip():
-                raise _Failure("malformed_response", f"agent {call.agent.agent}: the answer is empty")
-            return text, None
-        try:
-            return text, validate_output(call.output_schema, text)
-        except InvalidOutput as exc:
-            raise _Failure(InvalidOutput.code, exc.message) from None
+        return checked_answer(text, call.output_schema, self.limits.max_output_chars, call.agent.agent)
 
     def _failed(
         self,
@@ -461,7 +473,7 @@ class Workers:
     """The runtime's worker: provider steps go to ``provider`` (None: this server has no provider
     backend), agent steps to ``agents`` (:mod:`orchestration.engine.delegation` finds it here)."""
 
-    def __init__(self, provider: TaskWorker | None, agents: AgentWorker) -> None:
+    def __init__(self, provider: TaskWorker | None, agents: AgentDelegate) -> None:
         self.provider = provider
         self.agents = agents
 
@@ -485,7 +497,9 @@ __all__ = [
     "AgentWorker",
     "Connector",
     "Workers",
+    "call_token",
     "classify",
     "connect_mcp",
+    "endpoint_token",
     "token_from_environment",
 ]

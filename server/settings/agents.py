@@ -1,5 +1,6 @@
-"""The ``[agents.NAME]`` tables of the config file: other MCP agents that chain steps delegate to
-(docs/chains.md, Agents). A table has exactly one of ``url`` and ``command``. The token is never
+"""The ``[agents.NAME]`` tables of the config file: other MCP agents (or A2A agents, ``protocol =
+"a2a"``) that chain steps delegate to (docs/chains.md, Agents). A table has exactly one of ``url``
+and ``command``; an A2A agent has ``url``. The token is never
 read here: the agent worker reads ``token_env`` at each call, so it is never stored and a rotated
 token is used at the next call.
 """
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestration.chains import NAME_PATTERN
-from orchestration.workers import AgentEndpoint
+from orchestration.workers import AgentEndpoint, AgentProtocol
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -24,6 +25,11 @@ class AgentTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    protocol: AgentProtocol = Field(
+        default="mcp",
+        description="`mcp`: a tool of another MCP server; `a2a`: an A2A agent at `url` (its agent card's "
+        "base URL), to which steps send a `message`",
+    )
     url: str | None = Field(
         default=None,
         min_length=1,
@@ -102,6 +108,8 @@ class AgentTable(BaseModel):
             raise ValueError("give exactly one of url (Streamable HTTP) and command (stdio)")
         if self.url is not None and (self.env or self.pass_env or self.cwd):
             raise ValueError("env, pass_env and cwd apply to a stdio agent (command), not to url")
+        if self.protocol == "a2a" and self.url is None:
+            raise ValueError('an A2A agent (protocol = "a2a") needs url: its agent card\'s base URL')
         if self.command is not None and self.token_env is not None:
             raise ValueError("token_env applies to url; a stdio agent gets its secrets through pass_env")
         return self
@@ -124,6 +132,7 @@ def agent_endpoints(tables: Mapping[str, AgentTable]) -> dict[str, AgentEndpoint
         name: AgentEndpoint(
             name=name,
             url=t.url,
+            protocol=t.protocol,
             token_env=t.token_env,
             command=None if t.command is None else tuple(t.command),
             env=dict(t.env or {}),

@@ -228,8 +228,13 @@ def http_clients_outside_workers(tree: Tree) -> list[str]:
     return bad
 
 
-#: a third-party library used through one adapter module only (its top-level name -> the module)
-LIBRARY_ADAPTERS: dict[str, str] = {"jwt": "server.transports.jwt_adapter"}
+#: a third-party library used through one adapter module only (its top-level name -> the module);
+#: the optional A2A SDK too, so that a server without the ``a2a`` extra imports it only when an
+#: agent speaks A2A
+LIBRARY_ADAPTERS: dict[str, str] = {
+    "jwt": "server.transports.jwt_adapter",
+    "a2a": "orchestration.workers.a2a_agents",
+}
 
 
 def library_imports_outside_adapters(tree: Tree) -> list[str]:
@@ -496,6 +501,7 @@ ALSO_PLANTED = [
             ),
         },
     ),
+    ("library_adapters", {"orchestration/workers/mcp_agents.py": "from a2a.client import Client\n"}),
     ("layers", {"server/app.py": "from orchestration.engine.runtime import Runtime\n"}),
     ("layers", {"stores/memory.py": "from orchestration.engine import Runtime\n"}),
     ("layers", {"orchestration/engine/runtime.py": "from orchestration.ops.forking import fork_run\n"}),
