@@ -58,6 +58,12 @@ class Caller:
     #: True when ``identity`` comes from a token the server checked
     verified: bool
 
+    @property
+    def recorded(self) -> str | None:
+        """Who a fact records as having asked for what this caller does: the verified identity,
+        else None (a local or unauthenticated caller names nobody it could be held to)."""
+        return self.identity if self.verified else None
+
     def require(self, role: Role, action: str) -> None:
         """Raise ``forbidden`` unless this caller has ``role`` (``action`` names what was asked)."""
         if role in self.roles:

@@ -366,8 +366,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime,
         elif args.task_id is None:
             raise _missing_flag(await runtime.missing_task_id(args.run_id, "--task-id"))
         else:
+            # A local, trusted channel, as for approve: recorded as the OS user's, claimed.
             head = await runtime.submit_host_output(
-                args.run_id, args.task_id, output, usage, args.detach_children
+                args.run_id, args.task_id, output, usage, args.detach_children, by=_os_user(), channel="cli"
             )
         return await _advance(runtime, head, here, _VERBS[command])
     if command == "approve":
@@ -385,7 +386,7 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime,
         )
         return await _advance(runtime, head, here, _VERBS[command])
     if command == "cancel":
-        return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
+        return await runtime.cancel(args.run_id, reason=args.reason, by=_os_user(), channel="cli")
     raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
 
 
