@@ -15,6 +15,7 @@
     construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli.fork)
     construct-mcp runs upgrade RUN_ID | --chain NAME --all [--to V] [--dry-run] (see server.cli.upgrade)
     construct-mcp runs versions CHAIN (see server.cli.upgrade)
+    construct-mcp runs audit [RUN_ID] [--since ISO-8601] [--by IDENTITY] [--limit N] [--json]
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
     construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
@@ -79,6 +80,7 @@ from orchestration.errors import (
 )
 from orchestration.ops import behind
 from orchestration.store import RunPage
+from server.cli.audit_command import run_audit
 from server.cli.budget_flags import budget_of, usage_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import run_fork
@@ -295,6 +297,8 @@ async def _runs_with(
         return await run_upgrade(runtime, args, out)
     if command == "versions":
         return await run_versions(runtime, args, out)
+    if command == "audit":
+        return await run_audit(runtime, args, out)
     if command == "list":
         if args.behind:
             page = RunPage(await behind(runtime, args.limit), None)
