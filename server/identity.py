@@ -10,6 +10,7 @@ The rules as users see them: docs/approvals.md (Who may do what).
 from __future__ import annotations
 
 import functools
+import getpass
 import os
 import pwd
 import re
@@ -57,6 +58,12 @@ class Caller:
     channel: DecisionChannel
     #: True when ``identity`` comes from a token the server checked
     verified: bool
+
+    @property
+    def recorded(self) -> str | None:
+        """Who a fact records as having asked for what this caller does: the verified identity,
+        else None (a local or unauthenticated caller names nobody it could be held to)."""
+        return self.identity if self.verified else None
 
     def require(self, role: Role, action: str) -> None:
         """Raise ``forbidden`` unless this caller has ``role`` (``action`` names what was asked)."""
@@ -145,6 +152,16 @@ def local_user() -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid{uid}"
+
+
+def cli_user() -> str | None:
+    """The name the command line records for whoever runs it (an approver, who handed an output
+    in, cancelled or moved a run), claimed: ``getpass``'s (``LOGNAME``, ``USER``, ..., then the
+    password database), or None when the system cannot say."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        return None
 
 
 def start_identity(caller: Caller) -> str:

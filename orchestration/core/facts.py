@@ -151,6 +151,12 @@ class HostOutputSubmitted(_Fact):
     #: whole in one answer, or no part was handed out by the process that took the output).
     #: Informational, so no new record format: an older reader ignores it and decides the same.
     prompt_read: PromptRead | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: who handed the output in, as ``approval_decided`` records an approver: a verified identity
+    #: (an HTTP token's, ``verified``), a name claimed (the CLI's user), or None; and the channel
+    #: it came by. Informational and left out when absent, so no new record format.
+    by: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    channel: DecisionChannel | None = Field(default=None, exclude_if=lambda v: v is None)
+    verified: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class AttemptStarted(_Fact):
@@ -310,6 +316,11 @@ class RunCancelled(_Fact):
     type: Literal["run_cancelled"] = "run_cancelled"
     reason: str | None = None
     cancelled_by: str | None = None
+    #: how the cancel came in and whether ``cancelled_by`` was verified (an HTTP token's identity)
+    #: or only claimed, as ``approval_decided`` records them. Informational and left out when
+    #: absent, so no new record format: a fact without them reads as "channel unknown, claimed".
+    channel: DecisionChannel | None = Field(default=None, exclude_if=lambda v: v is None)
+    verified: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class RunFinished(_Fact):

@@ -39,7 +39,7 @@ from orchestration.core.facts import Fact, ForkOrigin, RouteDecided, TaskComplet
 from orchestration.core.fold import apply, apply_write
 from orchestration.core.graph import is_parallel
 from orchestration.core.inputs import Limits, check_id
-from orchestration.core.models import PromptRead, RunHead, TaskState, evolve, text_hash
+from orchestration.core.models import DecisionChannel, PromptRead, RunHead, TaskState, evolve, text_hash
 from orchestration.core.vocabulary import RunStatus, TaskStatus
 from orchestration.engine.agent_waits import giving_up
 from orchestration.engine.changes import ChangeFeed
@@ -477,10 +477,15 @@ async def hand_in(
     output: str,
     usage: HostUsage | None = None,
     detach_children: bool = False,
+    *,
+    by: str | None = None,
+    channel: DecisionChannel | None = None,
+    verified: bool = False,
 ) -> RunHead:
     """Record the host's ``output`` for ``task_id`` and what follows from it in one write (see
     :meth:`Runtime.submit_host_output <orchestration.engine.runtime.Runtime.submit_host_output>`
-    for the rules); the run's head after it."""
+    for the rules); the run's head after it. ``by``, ``channel`` and ``verified`` (who handed it
+    in) are recorded on the submission."""
     check_id("task_id", task_id, services.limits)
     check_output(output, services.limits)
     memory = services.memory
@@ -511,7 +516,9 @@ async def hand_in(
         # nothing is recorded: the host corrects it and calls again.
         value = None if schema is None else validate_output(schema, output)
         read = memory.prompt_read(run_id, task_id)
-        facts = host_output_facts(head, task_id, attempt, output, now, value, usage, read)
+        facts = host_output_facts(
+            head, task_id, attempt, output, now, value, usage, read, by=by, channel=channel, verified=verified
+        )
         held = await held_at(services, head, shown)
         try:
             return (await write_with_follow_up(services, head, facts, held)).head

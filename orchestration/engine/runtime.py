@@ -384,6 +384,10 @@ class Runtime:
         output: str,
         usage: HostUsage | None = None,
         detach_children: bool = False,
+        *,
+        by: str | None = None,
+        channel: DecisionChannel | None = None,
+        verified: bool = False,
     ) -> RunHead:
         """Record the host's output for ``task_id``, the task awaiting it, with the ``usage`` the
         host reports, if any, and what follows from it (the task's completion, the next host task
@@ -397,9 +401,15 @@ class Runtime:
         done task, or output for a task not awaiting it, is a ``Conflict``. A step with an
         ``output_schema`` takes JSON matching it, else ``InvalidOutput`` and nothing is recorded;
         the validated value is in ``task_completed``. A task with live host-started children is
-        not complete unless ``detach_children``."""
+        not complete unless ``detach_children``.
+
+        ``by`` (who handed the output in), ``channel`` (how it came in) and ``verified`` (whether
+        ``by`` is an identity the edge verified, or only claimed) are recorded with the submission,
+        as :meth:`approve` records its approver; a repeat records nothing, whoever sends it."""
         run_id = validate_run_id(run_id)
-        head = await hand_in(self, run_id, task_id, output, usage, detach_children)
+        head = await hand_in(
+            self, run_id, task_id, output, usage, detach_children, by=by, channel=channel, verified=verified
+        )
         return await self.upgrade_if_due(run_id, head) or head
 
     async def approve(
@@ -556,11 +566,20 @@ class Runtime:
         :func:`~orchestration.engine.reading.missing_gate_id_error`."""
         return missing_gate_id_error(await self.status(run_id), name)
 
-    async def cancel(self, run_id: str, reason: str | None = None, by: str | None = None) -> RunHead:
+    async def cancel(
+        self,
+        run_id: str,
+        reason: str | None = None,
+        by: str | None = None,
+        *,
+        channel: DecisionChannel | None = None,
+        verified: bool = False,
+    ) -> RunHead:
         """Cancel the run. Cancelling a cancelled run returns it unchanged; cancelling a run that
         ended otherwise is ``InvalidState``. A provider call in flight in this process is aborted.
         The remote runs of agent steps the run awaits are cancelled first, and the results
-        recorded with the cancel (:mod:`orchestration.engine.agent_waits`)."""
+        recorded with the cancel (:mod:`orchestration.engine.agent_waits`). ``by``, ``channel``
+        and ``verified`` (who asked, how, and whether ``by`` was verified) are recorded with it."""
         validate_run_id(run_id)
         if reason is not None and len(reason) > self.limits.max_comment_chars:
             raise TooLarge(f"reason is over {self.limits.max_comment_chars} characters")
@@ -570,7 +589,14 @@ class Runtime:
                 return head
             if head.status.is_terminal:
                 raise InvalidState(f"run {run_id} is already {head.status.value}; it cannot be cancelled")
-            fact = RunCancelled(seq=head.last_seq + 1, at=self.clock.now(), reason=reason, cancelled_by=by)
+            fact = RunCancelled(
+                seq=head.last_seq + 1,
+                at=self.clock.now(),
+                reason=reason,
+                cancelled_by=by,
+                channel=channel,
+                verified=verified,
+            )
             try:
                 stored = await self._append(head, [fact])
             except VersionConflict:

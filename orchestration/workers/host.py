@@ -14,7 +14,7 @@ from typing import Any
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.costs import HostUsage
 from orchestration.core.facts import HostOutputSubmitted, HostTaskPrepared, TaskCompleted
-from orchestration.core.models import PromptRead, RunHead, Telemetry, text_hash
+from orchestration.core.models import DecisionChannel, PromptRead, RunHead, Telemetry, text_hash
 
 HOST_EXECUTOR = "inline:host"
 
@@ -39,12 +39,18 @@ def host_output_facts(
     value: dict[str, Any] | None = None,
     usage: HostUsage | None = None,
     prompt_read: PromptRead | None = None,
+    *,
+    by: str | None = None,
+    channel: DecisionChannel | None = None,
+    verified: bool = False,
 ) -> list[HostOutputSubmitted | TaskCompleted]:
     """The facts of one host answer, written together: the submission and the task's completion.
     ``value``: the answer's validated value when the step has an output schema. ``usage``: what
     the host reported it spent, on both facts (the completion's telemetry says
     ``reported_by_host``; that is what the run's totals and budget count). ``prompt_read``: how
-    much of a prompt handed out in parts the host fetched, on the submission."""
+    much of a prompt handed out in parts the host fetched, on the submission. ``by``, ``channel``
+    and ``verified``: who handed the output in, on the submission (as a decision records its
+    approver)."""
     digest = text_hash(output)
     telemetry = Telemetry()
     if usage is not None:
@@ -64,6 +70,9 @@ def host_output_facts(
             output_chars=len(output),
             usage=usage,
             prompt_read=prompt_read,
+            by=by,
+            channel=channel,
+            verified=verified,
         ),
         TaskCompleted(
             seq=head.last_seq + 2,

@@ -8,6 +8,7 @@ import importlib.metadata
 from pathlib import Path
 
 from orchestration.core import RunStatus
+from server.cli.audit_command import add_audit_parser
 from server.cli.budget_flags import add_budget_flags, add_usage_flags
 from server.cli.fork import add_fork_parser
 from server.cli.live import add_live_parsers
@@ -130,7 +131,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``runs``' actions: a run's life (start, status, resume, approve, cancel), the listing and
-    the timeline here; following one live (``tail``, ``watch``), ``fork``, and ``export``,
+    the timeline here; following one live (``tail``, ``watch``), ``fork``, ``audit``, and ``export``,
     ``import`` and ``prune`` from their own modules. Returns the actions' parsers by name."""
     # Not required: `runs` alone prints its help (listing the actions), like the bare command.
     actions = runs.add_subparsers(dest="runs_command", metavar="ACTION")
@@ -173,6 +174,7 @@ def _runs_actions(runs: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     add_fork_parser(actions, _common, _advancing_flags)
     add_upgrade_parser(actions, _common)
     add_versions_parser(actions, _common)
+    add_audit_parser(actions, _common)
     add_retention_parsers(actions, _common, _json_flag)
     return actions.choices
 

@@ -15,6 +15,7 @@
     construct-mcp runs fork RUN_ID --from TASK [--request R] [--chain NAME] (see server.cli.fork)
     construct-mcp runs upgrade RUN_ID | --chain NAME --all [--to V] [--dry-run] (see server.cli.upgrade)
     construct-mcp runs versions CHAIN (see server.cli.upgrade)
+    construct-mcp runs audit [RUN_ID] [--since ISO-8601] [--by IDENTITY] [--limit N] [--json]
     construct-mcp runs tail RUN_ID [--from-start] [--json]
     construct-mcp runs watch [--once] [--limit N]
     construct-mcp runs export RUN_ID [--out FILE]  |  runs import FILE [--move --from SOURCE]
@@ -52,7 +53,6 @@ are rendered in the CLI's words (:mod:`server.cli.command_hints`), never as MCP 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import logging
 import os
@@ -79,6 +79,7 @@ from orchestration.errors import (
 )
 from orchestration.ops import behind
 from orchestration.store import RunPage
+from server.cli.audit_command import run_audit
 from server.cli.budget_flags import budget_of, usage_of
 from server.cli.command_hints import cli_message
 from server.cli.fork import run_fork
@@ -96,6 +97,7 @@ from server.cli.progress import Progress
 from server.cli.retention_commands import RETENTION_COMMANDS, run_retention
 from server.cli.upgrade import run_upgrade, run_versions
 from server.cli.usage import UsageError
+from server.identity import cli_user
 from server.settings.config import Settings, check_home, load_settings
 from server.settings.logs import configure_logging
 from server.settings.storage import open_run_store, store_choice, store_url
@@ -295,6 +297,8 @@ async def _runs_with(
         return await run_upgrade(runtime, args, out)
     if command == "versions":
         return await run_versions(runtime, args, out)
+    if command == "audit":
+        return await run_audit(runtime, args, out)
     if command == "list":
         if args.behind:
             page = RunPage(await behind(runtime, args.limit), None)
@@ -366,8 +370,9 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime,
         elif args.task_id is None:
             raise _missing_flag(await runtime.missing_task_id(args.run_id, "--task-id"))
         else:
+            # A local, trusted channel, as for approve: recorded as the OS user's, claimed.
             head = await runtime.submit_host_output(
-                args.run_id, args.task_id, output, usage, args.detach_children
+                args.run_id, args.task_id, output, usage, args.detach_children, by=cli_user(), channel="cli"
             )
         return await _advance(runtime, head, here, _VERBS[command])
     if command == "approve":
@@ -378,14 +383,14 @@ async def _run_command(command: str, args: argparse.Namespace, runtime: Runtime,
             raise _missing_flag(await runtime.missing_gate_id(args.run_id, "--gate-id"))
         # The CLI is a local, trusted channel: the approver is what it says (--approver, else the
         # OS user), recorded as claimed.
-        approver = args.approver if args.approver is not None else _os_user()
+        approver = args.approver if args.approver is not None else cli_user()
         raised = budget_raise(args.raise_tokens, args.raise_usd)
         head = await runtime.approve(
             args.run_id, decision, args.gate_id, args.comment, approver, channel="cli", budget_raise=raised
         )
         return await _advance(runtime, head, here, _VERBS[command])
     if command == "cancel":
-        return await runtime.cancel(args.run_id, reason=args.reason, by="cli")
+        return await runtime.cancel(args.run_id, reason=args.reason, by=cli_user(), channel="cli")
     raise UsageError(f"unknown runs command {command!r}")  # pragma: no cover - argparse restricts it
 
 
@@ -394,14 +399,6 @@ def _missing_flag(error: ConstructError) -> Exception:
     as argparse's for a required flag; but when the run has ended no flag would help, and the
     run's state is the error (``invalid_state``, exit 1)."""
     return UsageError(error=error) if isinstance(error, InvalidArgument) else error
-
-
-def _os_user() -> str | None:
-    """The name of the user running the CLI, or None when the system cannot say."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError, ImportError):
-        return None
 
 
 def _emit_timeline(head: RunHead, facts: Sequence[Fact], as_json: bool, out: TextIO) -> None:

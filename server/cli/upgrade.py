@@ -27,6 +27,7 @@ from orchestration.engine import Runtime, Upgrade, named, parse_version
 from orchestration.ops import live_runs, roll_out
 from server.cli.subcommands import Subcommands
 from server.cli.usage import UsageError
+from server.identity import cli_user
 
 AddOptions = Callable[[argparse.ArgumentParser], None]
 
@@ -108,7 +109,7 @@ async def run_upgrade(runtime: Runtime, args: argparse.Namespace, out: TextIO) -
     if args.run_id is None:
         if not (args.all and args.chain):
             raise UsageError("name a run (RUN_ID), or every live run of a chain (--chain NAME --all)")
-        rollout = await roll_out(runtime, args.chain, dry_run=args.dry_run, by=None, to=to)
+        rollout = await roll_out(runtime, args.chain, dry_run=args.dry_run, by=cli_user(), to=to)
         if args.json:
             data = {"counts": dict(rollout.counts), "blocked": rollout.blocked, "seconds": rollout.seconds}
             out.write(json.dumps(data, indent=2) + "\n")
@@ -120,7 +121,7 @@ async def run_upgrade(runtime: Runtime, args: argparse.Namespace, out: TextIO) -
             also = "" if to is None else f" --to v{to}"
             out.write(f"next: construct-mcp runs upgrade --chain {args.chain} --all{also}\n")
         return 0
-    done = await runtime.upgrade(args.run_id, to, dry_run=args.dry_run, reason="runs upgrade")
+    done = await runtime.upgrade(args.run_id, to, dry_run=args.dry_run, by=cli_user(), reason="runs upgrade")
     names = (await named(runtime.versions, done.from_chain), await named(runtime.versions, done.to_chain))
     if args.json:
         out.write(json.dumps(_data(done, names), indent=2) + "\n")

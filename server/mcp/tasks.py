@@ -361,7 +361,13 @@ class TasksExtension(Extension):
         services, caller, head = await _open(ctx, params.task_id, "operate")
         # A run that ended first stays as it is: cancellation is cooperative, the ack stands.
         with suppress(InvalidState):
-            await services.runtime.cancel(head.run_id, reason="tasks/cancel", by=caller.identity)
+            await services.runtime.cancel(
+                head.run_id,
+                reason="tasks/cancel",
+                by=caller.recorded,
+                channel=caller.channel,
+                verified=caller.verified,
+            )
         return {}
 
 

@@ -356,7 +356,16 @@ async def orchestrate_resume(
             raise await runtime.missing_task_id(run_id)
         else:
             # One write: the output and what follows from it (the next host task).
-            head = await runtime.submit_host_output(run_id, task_id, output, usage, detach_children)
+            head = await runtime.submit_host_output(
+                run_id,
+                task_id,
+                output,
+                usage,
+                detach_children,
+                by=caller.recorded,
+                channel=caller.channel,
+                verified=caller.verified,
+            )
         # Retried with the same task_id and output, the call records nothing; without output, a
         # retry at the gate would be invalid_state.
         return await settle_asking(ctx, caller, head, wait_seconds, retry_safe=output is not None)
@@ -547,7 +556,9 @@ async def orchestrate_cancel(
     async def work() -> RunView:
         caller = await caller_for(ctx, "orchestrate_cancel", run_id)
         services = services_of(ctx)
-        head = await services.runtime.cancel(run_id, reason=reason, by=caller.identity)
+        head = await services.runtime.cancel(
+            run_id, reason=reason, by=caller.recorded, channel=caller.channel, verified=caller.verified
+        )
         return await services.view(head.run_id, head, caller=caller)
 
     return await answer("orchestrate_cancel", work, services_of(ctx))

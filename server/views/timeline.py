@@ -97,7 +97,8 @@ def _host_output_submitted(fact: HostOutputSubmitted) -> str:
         else f"; it read {read.read:,} of the prompt's {read.chars:,} characters handed out in parts"
         + ("" if read.whole else f", SKIPPING {read.chars - read.read:,}")
     )
-    return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported}{parts})"
+    who = decided_by(fact.by, fact.channel, fact.verified)
+    return f"{fact.task_id}: host answered ({fact.output_chars} chars{reported}{parts}){who}"
 
 
 def _task_completed(fact: TaskCompleted) -> str:
@@ -146,7 +147,7 @@ def _route_decided(fact: RouteDecided) -> str:
 
 
 def _run_cancelled(fact: RunCancelled) -> str:
-    by = f" by {fact.cancelled_by}" if fact.cancelled_by else ""
+    by = decided_by(fact.cancelled_by, fact.channel, fact.verified)
     return f"cancelled{by}{f': {fact.reason}' if fact.reason else ''}"
 
 

@@ -55,6 +55,16 @@ def test_a_run_behind_its_edited_chain_is_listed_and_moved(tmp_path: Path) -> No
     assert cli(tmp_path, "runs", "list", "--behind").stdout.startswith("no live run")
     timeline = cli(tmp_path, "runs", "timeline", run_id).stdout
     assert "moved to chain version" in timeline
+    # The CLI's user asked for it: named, claimed, as for the outputs it handed in.
+    audited = json.loads(cli(tmp_path, "runs", "audit", run_id, "--json").stdout)
+    assert [e["action"] for e in audited[:3]] == [
+        "started (chain review)",
+        "output handed in for architect",
+        "output handed in for engineer",
+    ]
+    assert audited[3]["action"].startswith("moved to chain version ") and len(audited) == 4
+    user = audited[1]["by"]
+    assert user and [(e["by"], e["verified"]) for e in audited[1:]] == [(user, False)] * 3
 
 
 def test_a_change_to_a_finished_step_keeps_the_run_and_says_why(tmp_path: Path) -> None:

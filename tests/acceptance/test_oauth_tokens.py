@@ -7,6 +7,7 @@ protected-resource metadata, and an issuer's identity doing what a static token'
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ from pydantic import AnyUrl
 
 from tests.acceptance.harness import call, call_error, free_port, full_view, play_host, read_log
 from tests.acceptance.oauth_issuer import Issuer, running_issuer
+from tests.acceptance.test_cli import cli
 from tests.acceptance.test_mcp_http import http_server_on
 
 pytestmark = pytest.mark.slow
@@ -216,6 +218,16 @@ async def test_an_issuer_identity_does_what_a_token_identity_does(tmp_path: Path
                 True,
             )
             assert [r["run_id"] for r in (await call(alice, "runs_list"))["runs"]] == [run_id]
+    # runs audit names the claim's identity, verified, for each of her actions; never a token.
+    audited = cli(tmp_path, "runs", "audit", run_id, "--json")
+    assert audited.returncode == 0, audited.stderr
+    entries = json.loads(audited.stdout)
+    assert [(e["action"], e["by"], e["verified"]) for e in entries] == [
+        ("started (chain default)", "alice@example.com", True),
+        ("output handed in for architect", "alice@example.com", True),
+        (f"gate {gate} approved", "alice@example.com", True),
+    ]
+    assert alice_token not in audited.stdout and bob_token not in audited.stdout
 
 
 async def test_an_issuer_alone_guards_mcp_and_the_run_pages(tmp_path: Path, issuer: Issuer) -> None:

@@ -32,9 +32,11 @@ from mcp.types import (
     SubscriptionsListenRequestParams,
 )
 
+from orchestration.core.facts import RunCancelled
 from server.app import ConstructApp
 from server.mcp.tasks import EXTENSION_ID, MISSING_CAPABILITY, RUN_ENDED_ERROR, guard_task_notifications
 from server.settings.config import load_settings
+from stores.filesystem import FilesystemStore
 from tests.acceptance.harness import call
 from tests.acceptance.task_client import (
     CreatedTask,
@@ -316,6 +318,15 @@ async def test_tasks_cancel_cancels_the_run_and_is_an_ack_once_it_ended(tmp_path
         await until(aware, other, lambda t: t["status"] == "failed")
         await cancel_task(aware, other)
         assert (await get_task(aware, other))["status"] == "failed"
+    # Recorded as orchestrate_cancel records it: over stdio (in process), nobody named.
+    facts = await FilesystemStore(tmp_path).read_facts(task_id)
+    (cancel,) = [f for f in facts if isinstance(f, RunCancelled)]
+    assert (cancel.reason, cancel.cancelled_by, cancel.channel, cancel.verified) == (
+        "tasks/cancel",
+        None,
+        "stdio",
+        False,
+    )
 
 
 @pytest.mark.parametrize("task_id", ["run-doesnotexist0000", "../../etc/passwd", "x" * 200, "RUN-UPPER"])
