@@ -82,26 +82,28 @@ async def _missing_gate_id(ctx: ToolContext, arguments: Mapping[str, Any]) -> Co
     return await services_of(ctx).runtime.missing_gate_id(run_id)
 
 
-# openWorldHint is true for a tool whose call can reach beyond this server and its store: a model
-# provider or a remote agent, either in the call itself (a cancel, and a rejection, cancel the remote
-# runs of agent steps) or by letting a run go on to a step that calls one (start, fork, resume,
-# approve, upgrade); false for the tools that only read the store (status, prompt, list, events).
+# openWorldHint is false on every tool, though the tools that change a run can reach a model provider
+# or a remote agent (a start, fork, resume, approval or upgrade lets the run go on to such a step; a
+# cancel or a rejection cancels agent steps' remote runs): Codex CLI asks for approval before a
+# call of a tool that is open-world and not read-only, and under `codex exec`'s approval policy
+# `never` refuses it ("MCP tool call requires approval, but approval policy is never"), so a chain
+# could not even start there. What the hint would say is in each tool's description and the docs.
 #: the tools :func:`build_tools` publishes, in this order
 _PUBLISHED = (
     _Publish(
         orchestrate_start,
         "Start a specialist chain",
-        ToolAnnotations(destructive_hint=False, open_world_hint=True),
+        ToolAnnotations(destructive_hint=False, open_world_hint=False),
     ),
     _Publish(
         orchestrate_fork,
         "Fork a run from a task",
-        ToolAnnotations(destructive_hint=False, open_world_hint=True),
+        ToolAnnotations(destructive_hint=False, open_world_hint=False),
     ),
     _Publish(
         orchestrate_resume,
         "Hand in a task's output",
-        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     ),
     _Publish(
         task_prompt,
@@ -111,7 +113,7 @@ _PUBLISHED = (
     _Publish(
         orchestrate_approve,
         "Decide a gate",
-        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
         missing={"gate_id": _missing_gate_id},
     ),
     _Publish(
@@ -122,12 +124,12 @@ _PUBLISHED = (
     _Publish(
         orchestrate_cancel,
         "Cancel a run",
-        ToolAnnotations(destructive_hint=True, idempotent_hint=True, open_world_hint=True),
+        ToolAnnotations(destructive_hint=True, idempotent_hint=True, open_world_hint=False),
     ),
     _Publish(
         orchestrate_upgrade,
         "Upgrade a run",
-        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=True),
+        ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     ),
     _Publish(runs_list, "List runs", ToolAnnotations(read_only_hint=True, open_world_hint=False)),
     _Publish(

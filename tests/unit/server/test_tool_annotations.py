@@ -1,6 +1,6 @@
 """Every tool's hints, as hosts receive them in ``tools/list``, against one table: a host decides from
-them what to run without asking, and a registry shows them. ``openWorldHint`` is true exactly where a
-call can reach a model provider or a remote agent (the rule is written beside the tools, in
+them what to run without asking, and a registry shows them. ``openWorldHint`` is false on every
+tool, so that Codex CLI runs them headless (why is written beside the tools, in
 :mod:`server.mcp.publishing`); a hint at its default is left out unless it says something a host
 should not have to infer."""
 
@@ -15,19 +15,19 @@ from server.mcp.server_card import TOOLS_LIST_FILE
 #: tool -> its annotations, as published (camelCase, hints left out where not given)
 ANNOTATIONS: dict[str, dict[str, bool]] = {
     # starts a run: its steps may call a provider or delegate to a remote agent
-    "orchestrate_start": {"destructiveHint": False, "openWorldHint": True},
+    "orchestrate_start": {"destructiveHint": False, "openWorldHint": False},
     # a new run from a recorded task, driven like a started one
-    "orchestrate_fork": {"destructiveHint": False, "openWorldHint": True},
+    "orchestrate_fork": {"destructiveHint": False, "openWorldHint": False},
     # the run goes on to its next step, which may be a provider call or an agent step
-    "orchestrate_resume": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": True},
+    "orchestrate_resume": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
     "task_prompt": {"readOnlyHint": True, "openWorldHint": False},
     # an approval lets the run go on; a rejection cancels the remote runs it awaited
-    "orchestrate_approve": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": True},
+    "orchestrate_approve": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
     "run_status": {"readOnlyHint": True, "openWorldHint": False},
     # cancels the remote runs of the agent steps the run awaits, in the call
-    "orchestrate_cancel": {"destructiveHint": True, "idempotentHint": True, "openWorldHint": True},
+    "orchestrate_cancel": {"destructiveHint": True, "idempotentHint": True, "openWorldHint": False},
     # the moved run goes on under its new chain version
-    "orchestrate_upgrade": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": True},
+    "orchestrate_upgrade": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
     "runs_list": {"readOnlyHint": True, "openWorldHint": False},
     "run_events": {"readOnlyHint": True, "openWorldHint": False},
 }
@@ -53,8 +53,8 @@ def test_the_early_tools_list_carries_the_same_annotations() -> None:
     assert {tool["name"]: tool.get("annotations", {}) for tool in listed} == ANNOTATIONS
 
 
-def test_open_world_tools_are_exactly_those_that_change_a_run() -> None:
-    # A tool that only reads the store never reaches a provider or an agent; every tool that changes
-    # a run can (see the rule in server/mcp/publishing.py).
+def test_no_tool_is_open_world() -> None:
+    # Codex CLI refuses an open-world tool that is not read-only under `codex exec` (see
+    # server/mcp/publishing.py); tests/hosts runs the chain in Codex.
     for name, hints in ANNOTATIONS.items():
-        assert hints["openWorldHint"] is not hints.get("readOnlyHint", False), name
+        assert hints["openWorldHint"] is False, name
