@@ -13,11 +13,13 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from orchestration.core.models import RECORD_FORMAT
 from orchestration.store import RunStore
 from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
@@ -91,3 +93,23 @@ async def make_postgres(tmp_path: Path) -> AsyncIterator[RunStore]:
             yield store
         finally:
             await store.close()
+
+
+@dataclass
+class PostgresDatabase:
+    """A migrated schema of its own, opened as often as a test needs (each open a new pool)."""
+
+    dsn: str
+    schema: str
+
+    async def open(self, reads_format: int = RECORD_FORMAT) -> PostgresStore:
+        return await PostgresStore.open(self.dsn, schema=self.schema, reads_format=reads_format)
+
+
+@asynccontextmanager
+async def migrated_postgres(home: Path) -> AsyncIterator[PostgresDatabase]:
+    """A fresh schema migrated from empty, dropped afterwards."""
+    dsn = await postgres_dsn()
+    async with postgres_schema(dsn) as schema:
+        await migrate(schema_url(dsn, schema), home=home)
+        yield PostgresDatabase(parse_store_spec(dsn, home=home).dsn or dsn, schema)

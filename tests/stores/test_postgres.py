@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from orchestration.core.models import RECORD_FORMAT
 from orchestration.core.vocabulary import RunStatus
 from orchestration.errors import LeaseLost, StoreUnavailable
-from stores import migrate, parse_store_spec
+from stores import migrate
 from stores.postgres import CHANNEL, PostgresStore, channel_for
 from tests.stores.builders import (
     BASE_TIME,
@@ -29,30 +28,24 @@ from tests.stores.builders import (
     run_id,
     start_attempt,
 )
-from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+from tests.stores.sql_adapters import (
+    PostgresDatabase,
+    migrated_postgres,
+    postgres_schema,
+    schema_url,
+)
 
 pytestmark = pytest.mark.postgres
 
 
-@dataclass
-class Database:
-    dsn: str
-    schema: str
-
-    async def open(self) -> PostgresStore:
-        return await PostgresStore.open(self.dsn, schema=self.schema)
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[PostgresDatabase]:
+    async with migrated_postgres(tmp_path) as database:
+        yield database
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    dsn = await postgres_dsn()
-    async with postgres_schema(dsn) as schema:
-        await migrate(schema_url(dsn, schema), home=tmp_path)
-        yield Database(parse_store_spec(dsn, home=tmp_path).dsn or dsn, schema)
-
-
-@pytest.fixture
-async def store(db: Database) -> AsyncIterator[PostgresStore]:
+async def store(db: PostgresDatabase) -> AsyncIterator[PostgresStore]:
     opened = await db.open()
     try:
         yield opened
@@ -61,7 +54,7 @@ async def store(db: Database) -> AsyncIterator[PostgresStore]:
 
 
 @pytest.fixture
-async def other(db: Database) -> AsyncIterator[PostgresStore]:
+async def other(db: PostgresDatabase) -> AsyncIterator[PostgresStore]:
     """A second store with its own pool: another server process, as far as the database can tell."""
     opened = await db.open()
     try:
@@ -101,7 +94,7 @@ async def test_claim_runnable_claims_due_runs_oldest_first(store: PostgresStore)
 
 
 async def test_claim_runnable_skips_a_run_locked_by_another_transaction(
-    store: PostgresStore, db: Database
+    store: PostgresStore, db: PostgresDatabase
 ) -> None:
     await _create_runs(store, 2)
     conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
@@ -122,7 +115,7 @@ async def test_claim_runnable_skips_a_run_locked_by_another_transaction(
 # ------------------------------------------------------------------------------ the lease fence
 
 
-async def _blocked_on_a_lock(db: Database, fragment: str) -> None:
+async def _blocked_on_a_lock(db: PostgresDatabase, fragment: str) -> None:
     """Wait until a session of this database waits for a lock in a statement containing ``fragment``."""
     conn = await asyncpg.connect(db.dsn)
     try:
@@ -139,7 +132,7 @@ async def _blocked_on_a_lock(db: Database, fragment: str) -> None:
 
 
 async def test_a_claim_in_progress_makes_a_fenced_append_wait_and_then_refuses_it(
-    store: PostgresStore, db: Database
+    store: PostgresStore, db: PostgresDatabase
 ) -> None:
     """The fence is the token on the run row, which a claim writes: an append whose token a
     concurrent claim is replacing waits for that claim's lock on the run row and is then refused (a
@@ -335,7 +328,7 @@ async def test_unlisten_stops_the_callbacks(store: PostgresStore, other: Postgre
 
 
 async def test_stores_in_other_schemas_do_not_wake_each_other(
-    store: PostgresStore, db: Database, tmp_path: Path
+    store: PostgresStore, db: PostgresDatabase, tmp_path: Path
 ) -> None:
     assert store.channel == channel_for(db.schema) != CHANNEL
     heard = Heard()
@@ -353,7 +346,7 @@ async def test_stores_in_other_schemas_do_not_wake_each_other(
 # ----------------------------------------------------------------------------- errors, isolation
 
 
-async def test_schemas_isolate_stores(store: PostgresStore, db: Database, tmp_path: Path) -> None:
+async def test_schemas_isolate_stores(store: PostgresStore, db: PostgresDatabase, tmp_path: Path) -> None:
     await store.create(*new_run(run_id(1)))
     async with postgres_schema(db.dsn) as schema:
         await migrate(schema_url(db.dsn, schema), home=tmp_path)
@@ -374,13 +367,15 @@ async def test_an_unreachable_server_is_store_unavailable_without_the_password()
     assert isinstance(caught.value.__cause__, OSError)
 
 
-async def test_a_missing_database_is_store_unavailable(db: Database) -> None:
+async def test_a_missing_database_is_store_unavailable(db: PostgresDatabase) -> None:
     dsn = db.dsn.rsplit("/", 1)[0] + "/no_such_database_here"
     with pytest.raises(StoreUnavailable, match="no_such_database_here"):
         await PostgresStore.open(dsn)
 
 
-async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(store: PostgresStore, db: Database) -> None:
+async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(
+    store: PostgresStore, db: PostgresDatabase
+) -> None:
     """JSONB refuses U+0000: the adapter stores it as U+E000 '0' (and U+E000 as U+E000 twice), so the
     head stays JSONB and a fact body (text since migration 0008) casts to JSONB that SQL can query,
     and the text reads back exactly."""
@@ -405,7 +400,7 @@ async def test_nul_is_stored_escaped_in_jsonb_and_reads_back(store: PostgresStor
 
 
 async def test_migration_3_escapes_the_private_use_character_of_older_rows(
-    store: PostgresStore, db: Database, tmp_path: Path
+    store: PostgresStore, db: PostgresDatabase, tmp_path: Path
 ) -> None:
     text = "older \ue000 text, \ue0000 too"
     head, facts = new_run(run_id(1), request=text)
@@ -434,7 +429,7 @@ async def test_migration_3_escapes_the_private_use_character_of_older_rows(
     assert (await store.read_fact(run_id(1), 3)).output == text  # type: ignore[union-attr]
 
 
-async def test_a_closed_store_refuses_calls(db: Database) -> None:
+async def test_a_closed_store_refuses_calls(db: PostgresDatabase) -> None:
     opened = await db.open()
     await opened.close()
     await opened.close()
@@ -442,7 +437,9 @@ async def test_a_closed_store_refuses_calls(db: Database) -> None:
         await opened.load(run_id(1))
 
 
-async def test_lists_and_runnable_can_read_through_indexes(store: PostgresStore, db: Database) -> None:
+async def test_lists_and_runnable_can_read_through_indexes(
+    store: PostgresStore, db: PostgresDatabase
+) -> None:
     """With sequential and bitmap scans priced out (the test tables are tiny), each query has an index plan
     that needs no sort: a page costs ``limit`` rows, not the table."""
     from stores._sql import queries

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,10 +22,12 @@ from orchestration.core.fold import apply_write
 from orchestration.core.models import RECORD_FORMAT, ChainSnapshot, RunHead
 from orchestration.errors import InvalidArgument
 from orchestration.store import Lease
-from stores import migrate, parse_store_spec
 from stores.postgres import PostgresStore
 from tests.stores.builders import BASE_TIME, cancel, chain_snapshot, new_run, run_id
-from tests.stores.sql_adapters import postgres_dsn, postgres_schema, schema_url
+from tests.stores.sql_adapters import (
+    PostgresDatabase,
+    migrated_postgres,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -36,25 +37,14 @@ MOVED_TO: ChainSnapshot = chain_snapshot({"type": "object"})
 WARNING = "store.runs_need_newer"
 
 
-@dataclass
-class Database:
-    dsn: str
-    schema: str
-
-    async def open(self, reads_format: int = RECORD_FORMAT) -> PostgresStore:
-        return await PostgresStore.open(self.dsn, schema=self.schema, reads_format=reads_format)
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[PostgresDatabase]:
+    async with migrated_postgres(tmp_path) as database:
+        yield database
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    dsn = await postgres_dsn()
-    async with postgres_schema(dsn) as schema:
-        await migrate(schema_url(dsn, schema), home=tmp_path)
-        yield Database(parse_store_spec(dsn, home=tmp_path).dsn or dsn, schema)
-
-
-@pytest.fixture
-async def current(db: Database) -> AsyncIterator[PostgresStore]:
+async def current(db: PostgresDatabase) -> AsyncIterator[PostgresStore]:
     opened = await db.open()
     try:
         yield opened
@@ -83,7 +73,7 @@ async def create(store: PostgresStore, n: int, *, record_format: int = 1) -> Run
     return head
 
 
-async def stored_head_tail(db: Database, rid: str) -> str:
+async def stored_head_tail(db: PostgresDatabase, rid: str) -> str:
     conn = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
     try:
         return str(await conn.fetchval("SELECT right(head, 40) FROM runs WHERE run_id = $1", rid))
@@ -95,7 +85,7 @@ def claimed(leases: list[Lease]) -> list[str]:
     return [lease.run_id for lease in leases]
 
 
-async def test_the_stored_head_ends_with_its_format(current: PostgresStore, db: Database) -> None:
+async def test_the_stored_head_ends_with_its_format(current: PostgresStore, db: PostgresDatabase) -> None:
     """What the queries read: the head as the adapter stores it ends with ``"format":<n>}``."""
     await create(current, 1)
     await create(current, 2, record_format=RECORD_FORMAT)
@@ -104,7 +94,7 @@ async def test_the_stored_head_ends_with_its_format(current: PostgresStore, db: 
 
 
 async def test_an_older_server_leaves_the_runs_of_a_newer_format_to_a_newer_one(
-    current: PostgresStore, db: Database
+    current: PostgresStore, db: PostgresDatabase
 ) -> None:
     await create(current, 1, record_format=RECORD_FORMAT)
     await create(current, 2, record_format=OLDER)
@@ -124,7 +114,7 @@ async def test_an_older_server_leaves_the_runs_of_a_newer_format_to_a_newer_one(
         await older.close()
 
 
-async def test_the_older_formats_are_claimed_by_both(current: PostgresStore, db: Database) -> None:
+async def test_the_older_formats_are_claimed_by_both(current: PostgresStore, db: PostgresDatabase) -> None:
     await create(current, 1, record_format=OLDER)
     await create(current, 2, record_format=OLDER)
     older = await db.open(reads_format=OLDER)
@@ -136,7 +126,7 @@ async def test_the_older_formats_are_claimed_by_both(current: PostgresStore, db:
 
 
 async def test_an_expired_lease_on_a_newer_run_is_not_taken_over_by_an_older_server(
-    current: PostgresStore, db: Database
+    current: PostgresStore, db: PostgresDatabase
 ) -> None:
     """A newer server that died leaves its lease to expire: the claim reads such runs from the
     leases' side (another part of the query), and leaves them as well."""
@@ -153,7 +143,7 @@ async def test_an_expired_lease_on_a_newer_run_is_not_taken_over_by_an_older_ser
 
 
 async def test_the_older_server_warns_once_at_open_with_the_count_of_live_runs_it_leaves(
-    current: PostgresStore, db: Database, caplog: pytest.LogCaptureFixture
+    current: PostgresStore, db: PostgresDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
     for n in (1, 2, 3):
         await create(current, n, record_format=RECORD_FORMAT)
@@ -176,7 +166,9 @@ async def test_the_older_server_warns_once_at_open_with_the_count_of_live_runs_i
     assert "newer server: 3" in message and f"newer than {OLDER}" in message, message
 
 
-async def test_the_older_server_still_lists_the_runs_it_leaves(current: PostgresStore, db: Database) -> None:
+async def test_the_older_server_still_lists_the_runs_it_leaves(
+    current: PostgresStore, db: PostgresDatabase
+) -> None:
     """The filter is the claim's only: the run's status still shows on the older server."""
     left = await create(current, 1, record_format=RECORD_FORMAT)
     older = await db.open(reads_format=OLDER)
@@ -190,6 +182,8 @@ async def test_the_older_server_still_lists_the_runs_it_leaves(current: Postgres
 
 
 @pytest.mark.parametrize("reads_format", [0, RECORD_FORMAT + 1])
-async def test_a_store_cannot_claim_formats_this_code_does_not_read(db: Database, reads_format: int) -> None:
+async def test_a_store_cannot_claim_formats_this_code_does_not_read(
+    db: PostgresDatabase, reads_format: int
+) -> None:
     with pytest.raises(InvalidArgument, match="reads_format"):
         await db.open(reads_format=reads_format)
