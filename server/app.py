@@ -28,6 +28,7 @@ from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
 from orchestration.errors import ConstructError
 from orchestration.ops import at_startup
+from server.a2a.chain_agent import ChainAgent
 from server.collector import tune_collector
 from server.mcp.arguments import UnknownToolRefusal
 from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
@@ -46,7 +47,13 @@ from server.settings.providers import missing_key_warning
 from server.settings.storage import OpenedRunStore, open_run_store
 from server.settings.telemetry import configure_tracing
 from server.transports.auth import BearerTokenMiddleware, RedactQueryStrings, check_exposure
-from server.transports.http import bind_host, max_message_bytes, sse_app, streamable_http_app
+from server.transports.http import (
+    BodyLimitMiddleware,
+    bind_host,
+    max_message_bytes,
+    sse_app,
+    streamable_http_app,
+)
 from server.transports.resource_server import OAuthResource, WithResourceMetadata
 from server.transports.stdio import serve_stdio
 from server.transports.uvicorn_adapter import GracefulServer
@@ -274,11 +281,13 @@ class ConstructApp:
                 max_bytes,
                 self._oauth,
             )
+            app = self._with_a2a(app, host, max_bytes)
             if self._oauth is not None:
                 app = WithResourceMetadata(app, self._oauth)
             base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
             log.info(
-                f"MCP at {base}/mcp; the runs page at {base}/runs",
+                f"MCP at {base}/mcp; the runs page at {base}/runs; "
+                f"the A2A agent card at {base}/.well-known/agent-card.json",
                 extra={"action": "http_addresses", "transport": transport},
             )
             await _serve_http(app, host, port, self.settings.log_level, self._stop_work)
@@ -296,6 +305,23 @@ class ConstructApp:
                 )
         else:  # pragma: no cover - the CLI restricts the choices
             raise ValueError(f"unknown transport {transport!r}")
+
+    def _with_a2a(self, app: ASGIApp, host: str, max_bytes: int) -> ASGIApp:
+        """``app`` with every chain served as an A2A agent beside it (``/a2a`` and its agent card:
+        :mod:`server.a2a.sdk_face`), when the ``a2a`` extra is installed."""
+        try:
+            from server.a2a.sdk_face import WithA2A, a2a_app
+        except ImportError:
+            log.info("A2A is not served: install construct-mcp[a2a]", extra={"action": "a2a_off"})
+            return app
+        a2a = a2a_app(
+            ChainAgent(lambda: self._services),
+            self.catalog,
+            server_version(),
+            bearer=bool(self.settings.named_tokens()) or self._oauth is not None,
+            public_url=None if self._oauth is None else self._oauth.audience,
+        )
+        return WithA2A(app, a2a, lambda rpc: self._guarded(BodyLimitMiddleware(rpc, max_bytes)), host)
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
         """``app`` behind the bearer tokens and the ``[auth]`` issuer's access tokens, when any is

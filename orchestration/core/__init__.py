@@ -33,7 +33,7 @@ from orchestration.core.graph import is_parallel, latest, predecessors, settled
 from orchestration.core.hops import DELEGATION_META, new_server_id
 from orchestration.core.hops import from_meta as delegation_from_meta
 from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
-from orchestration.core.inputs import Limits, RetryWindow, StartRequest, shown_key, stored_key
+from orchestration.core.inputs import Limits, RetryWindow, StartRequest, shown_key, stored_key, whole_numbers
 from orchestration.core.memo import by_identity
 from orchestration.core.models import (
     AGENT_APPROVER,
@@ -139,5 +139,6 @@ __all__ = [
     "stored_key",
     "text_hash",
     "validate_run_id",
+    "whole_numbers",
     "with_costs",
 ]

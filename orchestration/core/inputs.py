@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from orchestration.core.costs import Budget
 from orchestration.core.models import (
@@ -213,3 +214,16 @@ def with_task_timeout(chain: ChainSnapshot, seconds: float | None) -> ChainSnaps
         for s in chain.steps
     )
     return chain.model_copy(update={"steps": steps})
+
+
+def whole_numbers(value: Any) -> Any:
+    """``value`` (JSON read back from a protobuf ``Struct`` or ``Value``, where every number is a
+    double: an A2A message's metadata, a data part) with whole numbers as ``int`` again, as the
+    JSON its sender wrote had them, so that a schema's ``integer`` (or a count) accepts them."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value

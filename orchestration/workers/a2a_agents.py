@@ -65,7 +65,7 @@ from google.protobuf.json_format import ParseError  # type: ignore[import-untype
 from orchestration.core.agent_steps import AGENT_ERROR_CODES
 from orchestration.core.clock import Clock, SystemClock
 from orchestration.core.hops import DELEGATION_META, new_server_id, onward
-from orchestration.core.inputs import Limits
+from orchestration.core.inputs import Limits, whole_numbers
 from orchestration.core.models import ExecutionContract, Telemetry, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
 from orchestration.errors import ConstructError
@@ -193,25 +193,13 @@ def _status_text(task: Task) -> str:
     return "\n".join(get_text_parts(task.status.message.parts)) if task.status.HasField("message") else ""
 
 
-def _integral(value: Any) -> Any:
-    """``value`` (a data part, read back from protobuf, where every number is a float) with whole
-    floats as ints, so that a schema's ``integer`` accepts them."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
-
-
 def output_text(task: Task, structured: bool) -> str:
     """A completed task's output (see the module's docstring): with ``structured`` (the step has
     an ``output_schema``), its last data part as JSON when it has one."""
     parts = [p for artifact in task.artifacts for p in artifact.parts]
     data = get_data_parts(parts)
     if structured and data:
-        return json.dumps(_integral(data[-1]), ensure_ascii=False)
+        return json.dumps(whole_numbers(data[-1]), ensure_ascii=False)
     if parts:
         return "\n".join(get_text_parts(parts))
     return _status_text(task)

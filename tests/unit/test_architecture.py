@@ -228,22 +228,27 @@ def http_clients_outside_workers(tree: Tree) -> list[str]:
     return bad
 
 
-#: a third-party library used through one adapter module only (its top-level name -> the module);
-#: the optional A2A SDK too, so that a server without the ``a2a`` extra imports it only when an
-#: agent speaks A2A
-LIBRARY_ADAPTERS: dict[str, str] = {
-    "jwt": "server.transports.jwt_adapter",
-    "a2a": "orchestration.workers.a2a_agents",
+#: a third-party library used through one adapter module only (its top-level name -> the module;
+#: one per layer that needs it); the optional A2A SDK too, so that a server without the ``a2a``
+#: extra imports it only when an agent speaks A2A (the client, in the workers) or when it serves
+#: its chains over A2A (the server face)
+LIBRARY_ADAPTERS: dict[str, tuple[str, ...]] = {
+    "jwt": ("server.transports.jwt_adapter",),
+    "a2a": ("orchestration.workers.a2a_agents", "server.a2a.sdk_face"),
 }
 
 
+def _adapters_of(target: str) -> str:
+    return " or ".join(LIBRARY_ADAPTERS[target.split(".")[0]])
+
+
 def library_imports_outside_adapters(tree: Tree) -> list[str]:
-    """A library of :data:`LIBRARY_ADAPTERS` imported by a module other than its adapter."""
+    """A library of :data:`LIBRARY_ADAPTERS` imported by a module other than its adapters."""
     return [
-        f"{module}:{imp.line} imports {imp.target} (only {LIBRARY_ADAPTERS[imp.target.split('.')[0]]} may)"
+        f"{module}:{imp.line} imports {imp.target} (only {_adapters_of(imp.target)} may)"
         for module in tree.modules
         for imp in tree.imports(module)
-        if LIBRARY_ADAPTERS.get(imp.target.split(".")[0], module) != module
+        if module not in LIBRARY_ADAPTERS.get(imp.target.split(".")[0], (module,))
     ]
 
 
