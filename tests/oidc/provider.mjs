@@ -1,0 +1,70 @@
+// The [auth] issuer of tests/acceptance/test_oidc_provider.py: the certified oidc-provider, as a
+// team would run it in front of a construct-mcp server, on 127.0.0.1.
+//
+//   node provider.mjs PORT RESOURCES REDIRECT_URI
+//
+// One public client ("construct-host", PKCE, no secret) whose redirect URI is REDIRECT_URI; each
+// resource indicator of RESOURCES (comma-separated; the first, the server's /mcp URL, is the
+// default) gets JWT access tokens (ES256) for the scopes construct:read, construct:operate and
+// construct:approve, with the resource as their audience; any other resource is invalid_target. A person signs in with the
+// provider's development forms (any login; the password is not checked) and consents: the test
+// fills both in as a browser would. Prints "listening" once it accepts connections.
+import { generateKeyPairSync, randomUUID } from "node:crypto";
+import Provider, { errors } from "oidc-provider";
+
+const [port, resourceList, redirectUri] = process.argv.slice(2);
+if (!port || !resourceList || !redirectUri) {
+  console.error("usage: node provider.mjs PORT RESOURCES REDIRECT_URI");
+  process.exit(2);
+}
+const SCOPES = "construct:read construct:operate construct:approve";
+const resources = resourceList.split(",");
+
+// new keys at every start, each with a key id of its own: a restart is a key rotation
+function signingKey(kid) {
+  const { privateKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
+  return { ...privateKey.export({ format: "jwk" }), kid: `${kid}-${randomUUID()}`, alg: "ES256", use: "sig" };
+}
+const rsa = generateKeyPairSync("rsa", { modulusLength: 2048 }).privateKey;
+
+const provider = new Provider(`http://127.0.0.1:${port}`, {
+  clients: [
+    {
+      client_id: "construct-host",
+      token_endpoint_auth_method: "none",
+      redirect_uris: [redirectUri],
+      grant_types: ["authorization_code", "refresh_token"],
+      response_types: ["code"],
+    },
+  ],
+  // id tokens are signed RS256 (the OIDC default); access tokens for the resource ES256
+  jwks: { keys: [{ ...rsa.export({ format: "jwk" }), kid: "rsa-1", alg: "RS256", use: "sig" }, signingKey("ec-1")] },
+  scopes: ["openid", "offline_access", ...SCOPES.split(" ")],
+  pkce: { required: () => true },
+  features: {
+    devInteractions: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => resources[0],
+      useGrantedResource: () => true,
+      getResourceServerInfo: (_ctx, indicator) => {
+        if (!resources.includes(indicator)) {
+          throw new errors.InvalidTarget();
+        }
+        return {
+          scope: SCOPES,
+          audience: indicator,
+          accessTokenTTL: 600,
+          accessTokenFormat: "jwt",
+          jwt: { sign: { alg: "ES256" } },
+        };
+      },
+    },
+  },
+  findAccount: (_ctx, sub) => ({
+    accountId: sub,
+    claims: () => ({ sub, email: `${sub}@example.com` }),
+  }),
+});
+provider.proxy = false;
+provider.listen(Number(port), "127.0.0.1", () => console.log("listening"));
