@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 import os
 import re
 import secrets
@@ -36,6 +37,8 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull,
 from pydantic import AnyUrl
 
 from tests.acceptance.harness import REPO, call, free_port, full_view, play_host, read_log
+from tests.acceptance.node_tools import BIN as CONFORMANCE_BIN
+from tests.acceptance.node_tools import require as require_node
 from tests.acceptance.test_mcp_http import http_server_on
 from tests.acceptance.test_oauth_tokens import MemoryStorage, post_initialize
 
@@ -294,3 +297,25 @@ async def _issuer(url: str) -> str:
     async with httpx2.AsyncClient() as http:
         resource = (await http.get(url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))).json()
     return str(resource["authorization_servers"][0]).rstrip("/")
+
+
+async def test_the_typescript_sdk_signs_in_the_same_way(tmp_path: Path) -> None:
+    """The TypeScript MCP SDK's OAuth client (tests/conformance/oauth_host.mjs): from our 401 to
+    the provider's pages (discovery, PKCE), one sign-in, then a gated chain to its end as the person."""
+    require_node("node", "the TypeScript MCP SDK")
+    async with team_server(tmp_path) as team:
+        done = await anyio.run_process(
+            [str(CONFORMANCE_BIN / "node"), "oauth_host.mjs", team.url, CLIENT_ID, team.redirect_uri, PERSON],
+            cwd=CONFORMANCE_BIN.parents[1],
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        assert summary["status"] == "completed" and summary["sign_ins"] == 1, summary
+        async with httpx2.AsyncClient() as http:
+            issued = await _token_for(await _issuer(team.url), team.url, team.redirect_uri)
+            http.headers["Authorization"] = f"Bearer {issued}"
+            async with Client(streamable_http_client(team.url, http_client=http)) as client:
+                record = await full_view(client, summary["run_id"])
+    assert record["started_by"] == PERSON
+    assert [(g["approver"], g["verified"]) for g in record["gates"]] == [(PERSON, True)]
