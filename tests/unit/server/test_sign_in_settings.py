@@ -1,5 +1,6 @@
 """The run pages' sign-in through the ``[auth]`` issuer, without a network: its settings (the page_
-keys of ``[auth]``, the client secret read from the environment and kept out of ``repr``).
+keys of ``[auth]``, the client secret read from the environment and kept out of ``repr``), the
+server-side sessions (expiry, sign-out, the bound) and where a sign-in may come back to.
 tests/acceptance/test_page_sign_in.py runs the whole flow against a real issuer."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestration.errors import ConfigError
+from server.identity import Caller
 from server.settings.config import load_settings
+from server.web.sign_in import PageSessions, return_path
 
 ISSUER = "https://idp.example"
 AUDIENCE = "https://construct.example/mcp"
@@ -63,3 +66,47 @@ def test_a_confidential_clients_secret_comes_from_the_environment_only(tmp_path:
         unset.page_secret()
     assert caught.value.field == "auth.page_client_secret_env"
     assert "PAGE_SECRET is not set" in caught.value.problem
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def caller(identity: str) -> Caller:
+    return Caller(
+        identity=identity, roles=frozenset({"read"}), own_runs_only=False, channel="http", verified=True
+    )
+
+
+def test_sessions_end_at_their_expiry_at_sign_out_and_past_the_bound() -> None:
+    clock = Clock()
+    sessions = PageSessions(clock, max_sessions=2)
+    erin = sessions.open(caller("erin"), expires_at=1060.0)
+    assert sessions.find(erin) == caller("erin") and sessions.find("x" * 43) is None
+    clock.now = 1060.0
+    assert sessions.find(erin) is None  # expired: gone
+    fred = sessions.open(caller("fred"), expires_at=2000.0)
+    assert sessions.close(fred) == caller("fred")
+    assert sessions.find(fred) is None and sessions.close(fred) is None  # signed out: a replay finds nothing
+    first, second = (sessions.open(caller(name), expires_at=2000.0) for name in ("g", "h"))
+    third = sessions.open(caller("i"), expires_at=2000.0)  # over the bound: the oldest makes room
+    assert sessions.find(first) is None
+    assert sessions.find(second) == caller("h") and sessions.find(third) == caller("i")
+
+
+def test_where_a_sign_in_comes_back_to() -> None:
+    assert return_path("/runs") == "/runs"
+    assert return_path("/runs/run_01J9ZX4") == "/runs/run_01J9ZX4"
+    for elsewhere in (
+        "",
+        "/mcp",
+        "//evil.example/runs",
+        "/runs/sign-in",
+        "/runs/a/b",
+        "https://evil.example",
+    ):
+        assert return_path(elsewhere) == "/runs", elsewhere
