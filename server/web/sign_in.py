@@ -203,9 +203,14 @@ class PageSignIn:
         if not 40 <= len(binding) <= 64:
             binding = secrets.token_urlsafe(32)
         state, verifier, nonce = (secrets.token_urlsafe(32) for _ in range(3))
-        if len(self._pending) >= MAX_PENDING:
+        now = self._clock()
+        # Oldest first (insertion order): the expired go, then the oldest if still full.
+        while self._pending and (
+            len(self._pending) >= MAX_PENDING
+            or now - next(iter(self._pending.values())).started > PENDING_SECONDS
+        ):
             del self._pending[next(iter(self._pending))]
-        self._pending[state] = Pending(verifier, nonce, _digest(binding), return_to, self._clock())
+        self._pending[state] = Pending(verifier, nonce, _digest(binding), return_to, now)
         query = {
             "response_type": "code",
             "client_id": self.client_id,

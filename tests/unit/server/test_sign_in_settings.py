@@ -1,18 +1,25 @@
 """The run pages' sign-in through the ``[auth]`` issuer, without a network: its settings (the page_
 keys of ``[auth]``, the client secret read from the environment and kept out of ``repr``), the
-server-side sessions (expiry, sign-out, the bound) and where a sign-in may come back to.
+server-side sessions (expiry, sign-out, the bound), where a sign-in may come back to, and a started
+sign-in (its redirect, its cookies on https, its pending state).
 tests/acceptance/test_page_sign_in.py runs the whole flow against a real issuer."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from starlette.requests import Request
 
 from orchestration.errors import ConfigError
 from server.identity import Caller
 from server.settings.config import load_settings
-from server.web.sign_in import PageSessions, return_path
+from server.settings.oauth import AuthTable
+from server.transports.jwt_adapter import IssuerKeys, JwtVerifier
+from server.transports.resource_server import OAuthResource
+from server.web.sign_in import PENDING_SECONDS, PageSessions, PageSignIn, return_path
 
 ISSUER = "https://idp.example"
 AUDIENCE = "https://construct.example/mcp"
@@ -110,3 +117,52 @@ def test_where_a_sign_in_comes_back_to() -> None:
         "https://evil.example",
     ):
         assert return_path(elsewhere) == "/runs", elsewhere
+
+
+class Metadata(IssuerKeys):
+    """The issuer's metadata without fetching it."""
+
+    def __init__(self) -> None:
+        super().__init__(ISSUER, cache_seconds=1, cooldown_seconds=0)
+
+    async def metadata(self) -> dict[str, Any]:
+        return {"authorization_endpoint": f"{ISSUER}/authorize?tenant=t", "token_endpoint": f"{ISSUER}/token"}
+
+
+def signing(clock: Clock) -> PageSignIn:
+    table = AuthTable.model_validate({"issuer": ISSUER, "audience": AUDIENCE, "page_client_id": "pages"})
+    verifier = JwtVerifier(Metadata(), audience=AUDIENCE, leeway_seconds=0)
+    return PageSignIn(OAuthResource(table, verifier), None, clock=clock)
+
+
+def get(path: str, cookies: dict[str, str] | None = None) -> Request:
+    cookie = "; ".join(f"{k}={v}" for k, v in (cookies or {}).items()).encode()
+    path, _, query = path.partition("?")
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query.encode()}
+    return Request({**scope, "headers": [(b"cookie", cookie)]})
+
+
+async def test_a_started_sign_in_on_https_and_its_pending_state() -> None:
+    clock = Clock()
+    sign_in = signing(clock)
+    started = await sign_in.start(get("/runs"), "/runs/run_1")
+    assert started.status_code == 303
+    location = urlsplit(started.headers["location"])
+    asked = {k: v[0] for k, v in parse_qs(location.query).items()}
+    # The endpoint's own query is kept; the redirect URI is the audience's origin.
+    assert asked["tenant"] == "t" and asked["redirect_uri"] == "https://construct.example/runs/callback"
+    assert asked["code_challenge_method"] == "S256" and asked["resource"] == AUDIENCE
+    # On https: the __Host- cookies, Secure.
+    (binding,) = started.headers.getlist("set-cookie")
+    assert binding.startswith("__Host-construct-sign-in=") and "Secure" in binding and "HttpOnly" in binding
+    assert "samesite=lax" in binding.lower() and "Path=/" in binding and "Domain" not in binding
+    assert sign_in.session_cookie == "__Host-construct-runs"
+    # A second sign-in in the same browser keeps its binding (two tabs may sign in at once).
+    value = binding.split(";", 1)[0].split("=", 1)[1]
+    again = await sign_in.start(get("/runs", {"__Host-construct-sign-in": value}), "/runs")
+    assert again.headers["set-cookie"].split(";", 1)[0].endswith("=" + value)
+    # A state older than PENDING_SECONDS is dropped when the next sign-in starts.
+    clock.now += PENDING_SECONDS + 1
+    await sign_in.start(get("/runs"), "/runs")
+    refused = await sign_in.callback(get(f"/runs/callback?code=c&state={asked['state']}", {}))
+    assert refused.status_code == 400 and b"unknown or was used" in refused.body
