@@ -235,9 +235,8 @@ class PageSignIn:
             caller, expires_at, return_to = await self._signed_in(request)
         except SignInRefused as exc:
             log.warning("refused a sign-in: %s", exc.reason, extra={"action": "page_sign_in_refused"})
-            refused = _refusal(exc.status, exc.message)
-            self._set_cookie(refused, self.binding_cookie, "", 0)
-            return refused
+            # The binding cookie stays: a forged callback must not spoil a sign-in under way.
+            return _refusal(exc.status, exc.message)
         session_id = self.sessions.open(caller, expires_at)
         log.info(
             "signed in on the run pages: %s",
@@ -264,10 +263,11 @@ class PageSignIn:
         if self._clock() - pending.started > PENDING_SECONDS:
             raise SignInRefused(400, "This sign-in took too long; open /runs again.", "sign-in expired")
         if "error" in query or not query.get("code"):
-            code = query.get("error", "no code")
-            shown = code[:40] if re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", code) else "unreadable"
+            error = query.get("error")
+            said = "no error and no code" if error is None else error
+            shown = said[:40] if re.fullmatch(r"[A-Za-z0-9_. -]{1,100}", said) else "unreadable"
             message = "The identity provider did not sign you in."
-            raise SignInRefused(401, message, f"the issuer said {shown!r}")
+            raise SignInRefused(401, message, f"the issuer sent {shown!r}")
         answer = await self._exchanged(query["code"], pending.verifier)
         caller, expires_at = await self._verified(answer, pending.nonce)
         return caller, expires_at, pending.return_to
