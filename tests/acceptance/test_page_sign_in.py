@@ -43,8 +43,11 @@ def issuer() -> Iterator[Issuer]:
 
 
 @asynccontextmanager
-async def signing_server(home: Path, issuer: Issuer, *, secret: bool = False) -> AsyncIterator[str]:
-    """The server with page sign-in through ``issuer`` (and a static token); yields its base URL."""
+async def signing_server(
+    home: Path, issuer: Issuer, *, secret: bool = False, extra: str = ""
+) -> AsyncIterator[str]:
+    """The server with page sign-in through ``issuer`` (and a static token; ``extra`` lines in
+    ``[auth]``); yields its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     issuer.client_id, issuer.redirect_uri = CLIENT_ID, f"{base}/runs/callback"
@@ -61,7 +64,7 @@ issuer = "{issuer.url}"
 audience = "{base}/mcp"
 identity_claim = "email"
 page_client_id = "{CLIENT_ID}"
-{confidential}"""
+{confidential}{extra}"""
     )
     async with http_server_on(port, home, "streamable-http", env={"PAGE_SECRET": SECRET} if secret else None):
         yield base
@@ -265,3 +268,18 @@ async def test_refused_sign_ins_and_an_expired_session(tmp_path: Path, issuer: I
     assert log.count("page_sign_in_refused") == len(refusals), log
     assert SECRET not in log
     assert issuer.fetches["token"] >= 4
+
+
+async def test_a_person_the_issuer_gives_no_role_is_not_signed_in(tmp_path: Path, issuer: Issuer) -> None:
+    """The pages ask for ``openid`` alone: the access token gives no role, and no session is made."""
+    openid_only = 'page_scopes = ["openid"]\n'
+    async with (
+        signing_server(tmp_path, issuer, extra=openid_only) as base,
+        httpx2.AsyncClient(base_url=base) as browser,
+    ):
+        started = await to_issuer(browser, "/runs")
+        answer = await browser.get(await consent(browser, started.headers["location"]))
+        assert answer.status_code == 403 and answer.json()["error"] == "sign_in_failed"
+        assert "no role" in answer.json()["message"] and COOKIE not in set_cookies(answer)
+        assert (await browser.get("/runs/api/runs")).status_code == 401
+    assert "the token gives no role" in read_log(tmp_path / "server.log")
