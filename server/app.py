@@ -61,6 +61,7 @@ from server.views.chain_behind import ChainNews
 from server.views.parts import check_room
 from server.web.pages import with_run_pages
 from server.web.panel import panel_extension
+from server.web.sign_in import page_sign_in
 from server.wiring import runtime_for
 
 log = logging.getLogger("construct.server")
@@ -280,6 +281,7 @@ class ConstructApp:
                 host,
                 max_bytes,
                 self._oauth,
+                page_sign_in(self._oauth, self.settings.page_secret()),
             )
             app = self._with_a2a(app, host, max_bytes)
             if self._oauth is not None:

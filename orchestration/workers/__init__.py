@@ -1,6 +1,7 @@
 """Backends that execute a task: the :class:`TaskWorker` port, the ``inline`` host worker, the
 provider adapters (Anthropic Messages, OpenAI-compatible Chat Completions) and the clients of agent
-steps (MCP; A2A, imported only when an agent speaks it). All of the project's HTTP client code
+steps (MCP; A2A, imported only when an agent speaks it), and the OAuth token endpoint's client of
+the run pages' sign-in. All of the project's HTTP client code
 lives here. Imports :mod:`orchestration.core` and :mod:`orchestration.chains`."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from orchestration.workers.provider_worker import (
     ProviderWorker,
     contract_resolver,
 )
+from orchestration.workers.token_endpoint import TokenEndpointError, exchange_code
 
 __all__ = [
     "A2A_EXTRA",
@@ -37,9 +39,11 @@ __all__ = [
     "ProviderSettings",
     "ProviderWorker",
     "StructuredOutputMode",
+    "TokenEndpointError",
     "Workers",
     "agent_workers",
     "contract_resolver",
+    "exchange_code",
     "make_http_client",
     "open_session",
 ]

@@ -394,6 +394,10 @@ class Settings(BaseSettings):
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = Field(default=None, repr=False)
+    #: The run pages' client secret, read from ``[auth] page_client_secret_env`` (kept out of ``repr``).
+    page_client_secret: str | None = Field(default=None, repr=False)
+    #: That variable not set, raised by :meth:`page_secret`.
+    page_secret_error: ConfigError | None = Field(default=None, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -485,6 +489,13 @@ class Settings(BaseSettings):
         single = () if self.auth_token is None else (NamedToken(AUTH_TOKEN_IDENTITY, self.auth_token),)
         return (*single, *self.bearer_tokens)
 
+    def page_secret(self) -> str | None:
+        """The run pages' client secret (None: a public client). Raises the ``ConfigError`` of a
+        ``page_client_secret_env`` that is not set: the HTTP transports call this before they start."""
+        if self.page_secret_error is not None:
+            raise self.page_secret_error
+        return self.page_client_secret
+
 
 #: Environment variable -> settings field (the prefix ``OTEL_`` stands for every variable it starts).
 ENV_VARS: dict[str, str] = {var: name for name, _, v in env_fields(Settings) for var in v.names}
@@ -562,6 +573,7 @@ def load_settings(
     # BaseSettings.__init__ takes the sources to merge as its documented _build_sources argument
     # (mypy sees only the signature made of the fields).
     settings = Settings(_build_sources=((resolved, *read), {}))  # type: ignore[call-arg]
+    settings = settings.model_copy(update=_page_secret(settings.auth.page_client_secret_env, env, str(file)))
     try:
         tokens = _named_tokens(settings.tokens, env, str(file), settings.auth_token)
     except ConfigError as exc:
@@ -569,6 +581,19 @@ def load_settings(
         # and need not see the HTTP server's token variables.
         return settings.model_copy(update={"tokens_error": exc})
     return settings.model_copy(update={"bearer_tokens": tokens})
+
+
+def _page_secret(name: str | None, env: Mapping[str, str], source: str) -> dict[str, object]:
+    """The update that puts the run pages' client secret (read from the variable ``name``) on the
+    settings, or the error of a variable that is not set. The error names the variable, never a value."""
+    if name is None:
+        return {}
+    secret = env.get(name, "").strip()
+    if not secret:
+        problem = f"the environment variable {name} is not set"
+        error = ConfigError(source, "auth.page_client_secret_env", problem)
+        return {"page_secret_error": error}
+    return {"page_client_secret": secret}
 
 
 def _named_tokens(

@@ -7,10 +7,18 @@ the server does not know the name it is reached by behind a proxy). The identity
 ``identity_claim`` of the token; roles come from its scopes (:data:`SCOPE_ROLES`) and, when
 ``roles_claim`` is set, from that claim's values (mapped by ``claim_roles``, else taken as role or
 scope names). Without ``issuer`` the table must be empty.
+
+With ``page_client_id`` set too, the run pages sign a person in through the same issuer
+(authorization code with PKCE; :mod:`server.web.sign_in`): the client is public, or confidential
+when ``page_client_secret_env`` names the environment variable that holds its secret (the secret
+itself is never in the file). The pages' redirect URI is the audience's origin followed by
+``page_redirect_path``; a session lasts ``page_session_seconds`` at most, and never longer than the
+access token it was made from.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Self
 from urllib.parse import urlsplit
 
@@ -21,6 +29,12 @@ from server.transports.auth import is_loopback
 
 #: The OAuth scope that grants each role.
 SCOPE_ROLES: dict[str, Role] = {f"construct:{role}": role for role in sorted(ROLES)}
+#: A redirect path the run pages can answer: under ``/runs/``, plain segments, not the API's.
+REDIRECT_PATH = re.compile(r"^/runs/(?!api(/|$)|sign-in$|sign-out$)[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*$")
+#: An environment variable's name.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: A scope as RFC 6749 §3.3 spells one.
+SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,200}$")
 
 
 def _url(value: str, what: str) -> str:
@@ -97,6 +111,43 @@ class AuthTable(BaseModel):
         "passed since the last fetch (a rotated-in key is picked up then); 0: at once",
     )
 
+    page_client_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="the OAuth client the run pages sign a person in as (authorization code with PKCE, "
+        "registered at the issuer with the redirect URI `<audience's origin><page_redirect_path>`); "
+        "unset: the pages ask for a token as before",
+    )
+    page_client_secret_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="with `page_client_id`, for a confidential client: the environment variable that "
+        "holds its secret (sent to the token endpoint with HTTP Basic; never in this file, a log or "
+        "an error); unset: a public client",
+    )
+    page_redirect_path: str = Field(
+        default="/runs/callback",
+        min_length=1,
+        max_length=200,
+        description="the path under `/runs/` the issuer sends the person back to after signing in",
+    )
+    page_session_seconds: int = Field(
+        default=900,
+        ge=60,
+        le=28800,
+        description="how long a sign-in on the run pages lasts (its cookie and its server-side session); "
+        "never longer than the access token it was made from",
+    )
+    page_scopes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=20,
+        description="the scopes the run pages ask for (default: `openid` and the three `construct:` "
+        "scopes); with `roles_claim`, the ones your provider needs to put that claim in the token",
+    )
+
     @field_validator("issuer")
     @classmethod
     def _issuer(cls, value: str | None) -> str | None:
@@ -106,6 +157,30 @@ class AuthTable(BaseModel):
     @classmethod
     def _audience(cls, value: str | None) -> str | None:
         return None if value is None else _url(value, "audience")
+
+    @field_validator("page_redirect_path")
+    @classmethod
+    def _redirect_path(cls, value: str) -> str:
+        if not REDIRECT_PATH.match(value):
+            raise ValueError(
+                "page_redirect_path must be a path under /runs/ (such as /runs/callback) of letters, "
+                "digits and ._~-, other than /runs/api, /runs/sign-in and /runs/sign-out"
+            )
+        return value
+
+    @field_validator("page_client_secret_env")
+    @classmethod
+    def _secret_env(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.match(value):
+            raise ValueError("page_client_secret_env must name an environment variable, such as PAGE_SECRET")
+        return value
+
+    @field_validator("page_scopes")
+    @classmethod
+    def _scopes(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not all(SCOPE_TOKEN.match(scope) for scope in value):
+            raise ValueError("page_scopes must be scopes without spaces, quotes or backslashes")
+        return value
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
@@ -121,11 +196,35 @@ class AuthTable(BaseModel):
             )
         if self.claim_roles is not None and self.roles_claim is None:
             raise ValueError("claim_roles maps the values of roles_claim: set roles_claim too")
+        page_keys = {"page_client_secret_env", "page_redirect_path", "page_session_seconds", "page_scopes"}
+        if self.page_client_id is None and self.model_fields_set & page_keys:
+            raise ValueError("set page_client_id (the run pages' client) for the other page_ keys of [auth]")
         return self
 
     @property
     def enabled(self) -> bool:
         return self.issuer is not None
+
+    @property
+    def page_sign_in(self) -> bool:
+        """Whether the run pages sign a person in through the issuer."""
+        return self.issuer is not None and self.page_client_id is not None
+
+    @property
+    def origin(self) -> str:
+        """This server's public origin: the audience's scheme, host and port."""
+        assert self.audience is not None, "an [auth] table with an audience"
+        parts = urlsplit(self.audience)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @property
+    def redirect_uri(self) -> str:
+        """The run pages' redirect URI, to register at the issuer."""
+        return self.origin + self.page_redirect_path
+
+    def scopes_asked(self) -> list[str]:
+        """The scopes the run pages ask for."""
+        return list(self.page_scopes) if self.page_scopes is not None else ["openid", *SCOPE_ROLES]
 
 
 __all__ = ["SCOPE_ROLES", "AuthTable"]

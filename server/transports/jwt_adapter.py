@@ -7,7 +7,9 @@ itself is PyJWT's :class:`jwt.PyJWKClient`: cached for ``cache_seconds``; a toke
 in it fetches it again (a rotated-in key) once ``cooldown_seconds`` have passed since the last fetch;
 a key that left the set is refused from the next fetch on. PyJWT fetches with ``urllib`` (no
 redirects, http(s) only), so every fetch runs in a worker thread (:func:`anyio.to_thread.run_sync`),
-never on the event loop; the metadata document is fetched the same way.
+never on the event loop; the metadata document is fetched the same way, and kept
+(:meth:`IssuerKeys.metadata`: the run pages' sign-in reads its ``authorization_endpoint`` and
+``token_endpoint`` there).
 
 :class:`JwtVerifier` checks a token: an asymmetric algorithm only (``none`` and the HMAC ones are
 refused before any key is looked up: a public key used as an HMAC secret proves nothing), the
@@ -89,6 +91,7 @@ class IssuerKeys:
         self._cache_seconds = cache_seconds
         self._cooldown_seconds = cooldown_seconds
         self._client: jwt.PyJWKClient | None = None
+        self._metadata: dict[str, Any] = {}
         self._failed_at: float | None = None
         self._lock = anyio.Lock()
 
@@ -104,6 +107,11 @@ class IssuerKeys:
             raise IssuerUnreachable(f"the key set at {client.uri} has no usable key: {exc}") from exc
         except jwt.PyJWKClientError as exc:
             raise TokenRefused(f"no key of the issuer has the key id {_short(kid)}") from exc
+
+    async def metadata(self) -> dict[str, Any]:
+        """The issuer's metadata document (found once, as for the keys); IssuerUnreachable."""
+        await self._jwks_client()
+        return self._metadata
 
     async def _jwks_client(self) -> jwt.PyJWKClient:
         if self._client is not None:
@@ -145,6 +153,7 @@ class IssuerKeys:
             jwks_uri = metadata.get("jwks_uri")
             if not isinstance(jwks_uri, str) or urlsplit(jwks_uri).scheme not in ("http", "https"):
                 raise IssuerUnreachable(f"{url} has no http(s) jwks_uri")
+            self._metadata = dict(metadata)
             return jwks_uri
         raise IssuerUnreachable(f"no metadata of {self.issuer}: " + "; ".join(problems))
 
@@ -153,7 +162,7 @@ class JwtVerifier:
     """Checks JWT access tokens of one issuer for one audience (see the module docstring)."""
 
     def __init__(self, keys: IssuerKeys, *, audience: str, leeway_seconds: float) -> None:
-        self._keys = keys
+        self.keys = keys
         self.issuer = keys.issuer
         self.audience = audience
         self._leeway = leeway_seconds
@@ -170,7 +179,7 @@ class JwtVerifier:
         kid = header.get("kid")
         if not isinstance(kid, str) or not kid:
             raise TokenRefused("the token names no key id (kid)")
-        key = await self._keys.signing_key(kid)
+        key = await self.keys.signing_key(kid)
         try:
             claims: dict[str, Any] = jwt.decode(
                 token,

@@ -28,11 +28,19 @@ same roles
 as the tools (:mod:`server.identity`): ``read`` to see runs, ``approve`` to decide gates; one limited
 to its own runs sees and decides only those. The page asks for the token in a login form and keeps
 it in the tab's ``sessionStorage`` — never a cookie — so a page of another site cannot make the
-browser send it: a state change cannot be forged cross-site. A decision also needs
+browser send it: a state change cannot be forged cross-site. (A sign-in through the issuer, below,
+does use a cookie: HttpOnly and SameSite=Lax, and a state change with it also needs this server's
+``Origin``.) A decision also needs
 ``Content-Type: application/json``, which a cross-site form cannot send. Without tokens
 (loopback only, see :mod:`server.transports.auth`) the page works without login, and, as for
 ``/mcp``, requests must name
 a loopback ``Host`` (and ``Origin``, when sent), so a DNS-rebinding site cannot reach them.
+
+**Signing in through the issuer.** With ``[auth] page_client_id`` set, a page opened without a
+session sends the browser to the ``[auth]`` issuer (authorization code with PKCE), and the
+endpoints take the session cookie that the sign-in sets as well as a bearer token
+(:mod:`server.web.sign_in`); ``POST /runs/sign-out`` ends the session. The pages themselves are
+unchanged: the same static page, the same policy.
 
 A decision made here is recorded with channel ``web``: the token's identity, verified; without
 tokens, no approver (nothing can be verified, and the page asks for no name).
@@ -70,6 +78,7 @@ from server.views.events import MAX_EVENTS_LIMIT, read_events
 from server.views.listing import runs_page
 from server.views.run_view import check_task_id
 from server.web.panel import content_security_policy, page
+from server.web.sign_in import SIGN_IN_PATH, SIGN_OUT_PATH, PageSignIn, SessionOrBearer, return_path
 
 log = logging.getLogger("construct.web")
 
@@ -170,8 +179,10 @@ class RunPages:
         host: str,
         max_body_bytes: int,
         authority: TokenAuthority | None = None,
+        sign_in: PageSignIn | None = None,
     ) -> None:
         self._services = services
+        self._sign_in = sign_in
         self.auth_required = bool(tokens) or authority is not None
         self._security = TransportSecurityMiddleware(security_settings(host))
         api: ASGIApp = Starlette(
@@ -186,10 +197,22 @@ class RunPages:
             exception_handlers={405: _not_allowed},
         )
         api = BodyLimitMiddleware(api, max_body_bytes)
-        if self.auth_required:
+        if sign_in is not None:
+            api = SessionOrBearer(api, BearerTokenMiddleware(api, tokens, authority), sign_in)
+        elif self.auth_required:
             api = BearerTokenMiddleware(api, tokens, authority)
+        signing = (
+            []
+            if sign_in is None
+            else [
+                Route(SIGN_IN_PATH, self.sign_in_page, methods=["GET"]),
+                Route(SIGN_OUT_PATH, sign_in.sign_out, methods=["POST"]),
+                Route(sign_in.redirect_path, sign_in.callback, methods=["GET"]),
+            ]
+        )
         self.app = Starlette(
             routes=[
+                *signing,
                 Route(PREFIX, self.list_page, methods=["GET"]),
                 Mount(PREFIX + "/api", app=api),
                 Route(PREFIX + "/{run_id}", self.run_page, methods=["GET"]),
@@ -216,14 +239,25 @@ class RunPages:
 
     # -- pages ---------------------------------------------------------------------------------
 
-    async def list_page(self, _request: Request) -> Response:
-        return _html()
+    async def list_page(self, request: Request) -> Response:
+        return await self._signed_in_html(request)
 
     async def run_page(self, request: Request) -> Response:
         try:
             validate_run_id(_path_id(request, "run_id"))
         except ConstructError as exc:
             return _error(exc.code, exc.message)
+        return await self._signed_in_html(request)
+
+    async def sign_in_page(self, request: Request) -> Response:
+        """Start a sign-in, to come back to ``?return=`` (a run page) or ``/runs``."""
+        assert self._sign_in is not None, "routed only with a sign-in"
+        return await self._sign_in.start(request, return_path(request.query_params.get("return", "")))
+
+    async def _signed_in_html(self, request: Request) -> Response:
+        """The page; with sign-in through the issuer, only for a live session (else the sign-in)."""
+        if self._sign_in is not None and self._sign_in.caller(request) is None:
+            return await self._sign_in.start(request, return_path(request.url.path))
         return _html()
 
     # -- endpoints -----------------------------------------------------------------------------
@@ -387,11 +421,12 @@ def with_run_pages(
     host: str,
     max_body_bytes: int,
     authority: TokenAuthority | None = None,
+    sign_in: PageSignIn | None = None,
 ) -> ASGIApp:
     """``app`` (``/mcp``, already behind its tokens) with the run pages next to it (their endpoints'
     bodies bounded at ``max_body_bytes``, behind their tokens and the ``[auth]`` issuer's access
-    tokens: see :class:`RunPages`)."""
-    return WithRunPages(app, RunPages(services, tokens, host, max_body_bytes, authority))
+    tokens, and its sign-in's session cookies with ``sign_in``: see :class:`RunPages`)."""
+    return WithRunPages(app, RunPages(services, tokens, host, max_body_bytes, authority, sign_in))
 
 
 class WithRunPages:

@@ -3,10 +3,12 @@ a thread) that serves its OpenID Connect discovery document and its key set (JWK
 tokens with PyJWT, signed by RSA keys that ``cryptography`` generates. It can rotate its key (the old
 one leaves the key set) and count what was fetched.
 
-It also runs the authorization-code grant with PKCE (S256) for one pre-registered public client,
-consent given at once: ``/authorize`` redirects with a code, ``/token`` exchanges it (checking the
+It also runs the authorization-code grant with PKCE (S256) for one pre-registered client (public,
+or confidential with ``client_secret``, sent with HTTP Basic), consent given at once:
+``/authorize`` redirects with a code, ``/token`` exchanges it (checking the
 verifier, the redirect URI and the client) for an access token whose ``aud`` is the ``resource``
-the client asked for (RFC 8707) and whose ``scope`` is what it asked for. That is enough for the MCP
+the client asked for (RFC 8707) and whose ``scope`` is what it asked for, with an ID token (for the
+client, carrying the request's ``nonce``) when the scope has ``openid``. That is enough for the MCP
 SDK's OAuth client to sign in as a remote host does; it is no certified provider (no consent page,
 no refresh tokens, no client registration), which a test against ``oidc-provider`` would bring.
 """
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import jwt
 import uvicorn
@@ -71,6 +74,14 @@ class Issuer:
     signs_in: dict[str, Any] = field(default_factory=lambda: {"sub": "user-9", "email": "erin@example.com"})
     #: codes issued and not yet exchanged: code -> the authorization request
     codes: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the registered client's secret (None: a public client)
+    client_secret: str | None = None
+    #: how long the access tokens of a sign-in last
+    token_seconds: int = 300
+    #: the nonce ID tokens carry instead of the request's (a replayed ID token), when set
+    id_token_nonce: str | None = None
+    #: the authorization requests received (their query parameters)
+    authorizations: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.published = [self.key]
@@ -130,7 +141,7 @@ class Issuer:
             "response_types_supported": ["code"],
             "grant_types_supported": ["authorization_code"],
             "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": ["none"],
+            "token_endpoint_auth_methods_supported": ["none", "client_secret_basic"],
             "id_token_signing_alg_values_supported": ["RS256"],
             "subject_types_supported": ["public"],
         }
@@ -158,6 +169,7 @@ class Issuer:
         """Consent at once: redirect to the client with a code (or an error)."""
         self._count("authorize")
         asked = dict(request.query_params)
+        self.authorizations.append(asked)
         if asked.get("client_id") != self.client_id or asked.get("redirect_uri") != self.redirect_uri:
             return JSONResponse({"error": "invalid_request"}, status_code=400)
         if asked.get("response_type") != "code" or asked.get("code_challenge_method") != "S256":
@@ -177,15 +189,44 @@ class Issuer:
             return JSONResponse({"error": "invalid_grant"}, status_code=400)
         verifier = str(form.get("code_verifier", "")).encode()
         challenge = _b64(hashlib.sha256(verifier).digest())
-        if challenge != asked["code_challenge"] or form.get("client_id") != self.client_id:
+        if challenge != asked["code_challenge"]:
             return JSONResponse({"error": "invalid_grant"}, status_code=400)
+        if self._client_of(request, form) != self.client_id:
+            return JSONResponse({"error": "invalid_client"}, status_code=401)
         if form.get("redirect_uri") != self.redirect_uri or "resource" not in asked:
             return JSONResponse({"error": "invalid_grant"}, status_code=400)
         scope = asked.get("scope", "")
-        token = self.token(asked["resource"], scope=scope, client_id=self.client_id, **self.signs_in)
-        return JSONResponse(
-            {"access_token": token, "token_type": "Bearer", "expires_in": 300, "scope": scope}
-        )
+        exp = int(time.time()) + self.token_seconds
+        token = self.token(asked["resource"], scope=scope, client_id=self.client_id, exp=exp, **self.signs_in)
+        answer = {
+            "access_token": token,
+            "token_type": "Bearer",
+            "expires_in": self.token_seconds,
+            "scope": scope,
+        }
+        if "openid" in scope.split():
+            answer["id_token"] = self.token(
+                self.client_id,
+                scope=None,
+                client_id=None,
+                exp=exp,
+                nonce=self.id_token_nonce or asked.get("nonce"),
+                **self.signs_in,
+            )
+        return JSONResponse(answer)
+
+    def _client_of(self, request: Request, form: dict[str, Any]) -> str | None:
+        """The authenticated client: HTTP Basic with the secret (confidential), else the form's
+        ``client_id`` (public)."""
+        if self.client_secret is None:
+            return str(form.get("client_id", "")) if "authorization" not in request.headers else None
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic" or "client_secret" in form:
+            return None
+        client, _, secret = base64.b64decode(encoded).decode().partition(":")
+        if not hmac.compare_digest(unquote(secret), self.client_secret):
+            return None
+        return unquote(client)
 
     def _count(self, what: str) -> None:
         self.fetches[what] = self.fetches.get(what, 0) + 1
