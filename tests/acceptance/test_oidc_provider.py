@@ -21,7 +21,7 @@ import re
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urljoin, urlsplit
@@ -41,6 +41,7 @@ from tests.acceptance.node_tools import BIN as CONFORMANCE_BIN
 from tests.acceptance.node_tools import require as require_node
 from tests.acceptance.test_mcp_http import http_server_on
 from tests.acceptance.test_oauth_tokens import MemoryStorage, post_initialize
+from tests.acceptance.test_page_sign_in import COOKIE
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,14 @@ def require_provider() -> None:
 
 
 @contextmanager
-def running_provider(port: int, resources: str, redirect_uri: str, log: Path) -> Iterator[str]:
-    """oidc-provider on ``port`` for ``resources`` (comma-separated); yields its issuer URL."""
+def running_provider(
+    port: int, resources: str, redirect_uri: str, log: Path, page_redirect_uri: str = ""
+) -> Iterator[str]:
+    """oidc-provider on ``port`` for ``resources`` (comma-separated), with the run pages' client
+    when ``page_redirect_uri`` is given; yields its issuer URL."""
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [str(NODE), "provider.mjs", str(port), resources, redirect_uri],
+            [str(NODE), "provider.mjs", str(port), resources, redirect_uri, page_redirect_uri],
             cwd=OIDC_DIR,
             stdout=subprocess.PIPE,
             stderr=out,
@@ -91,6 +95,7 @@ issuer = "{issuer}"
 audience = "{audience}"
 keys_refresh_cooldown_seconds = 0
 keys_cache_seconds = 1
+page_client_id = "construct-runs"
 """
 
 
@@ -105,12 +110,18 @@ class Team:
     log: Path
     stack: ExitStack
 
+    @property
+    def base(self) -> str:
+        return self.url.removesuffix("/mcp")
+
+    def provider(self) -> AbstractContextManager[str]:
+        page = f"{self.base}/runs/callback"
+        return running_provider(self.provider_port, self.resources, self.redirect_uri, self.log, page)
+
     def rotate(self) -> None:
         """Restart the provider on its port: new signing keys (and no memory of past tokens)."""
         self.stack.close()
-        self.stack.enter_context(
-            running_provider(self.provider_port, self.resources, self.redirect_uri, self.log)
-        )
+        self.stack.enter_context(self.provider())
 
 
 @asynccontextmanager
@@ -124,7 +135,7 @@ async def team_server(tmp_path: Path) -> AsyncIterator[Team]:
     resources = f"{audience},http://127.0.0.1:{server_port}/other"
     with ExitStack() as stack:
         team = Team(audience, redirect_uri, provider_port, resources, tmp_path / "provider.log", stack)
-        stack.enter_context(running_provider(provider_port, resources, redirect_uri, team.log))
+        stack.enter_context(team.provider())
         async with http_server_on(server_port, tmp_path, "streamable-http"):
             yield team
 
@@ -134,11 +145,16 @@ _INPUT = re.compile(r"<input[^>]*>")
 _ATTR = re.compile(r'(\w+)="([^"]*)"')
 
 
-async def sign_in(authorization_url: str, redirect_uri: str) -> str:
-    """What a person's browser does with ``authorization_url``: follow the provider's redirects,
-    sign in as :data:`PERSON` on its login page and consent on its consent page; returns the URL
-    the provider finally sends the browser to (``redirect_uri`` with the code)."""
-    async with httpx2.AsyncClient(follow_redirects=False) as browser:
+async def sign_in(
+    authorization_url: str, redirect_uri: str, browser: httpx2.AsyncClient | None = None
+) -> str:
+    """What a person's browser (``browser``, else a new one) does with ``authorization_url``:
+    follow the provider's redirects, sign in as :data:`PERSON` on its login page and consent on its
+    consent page; returns the URL the provider finally sends the browser to (``redirect_uri`` with
+    the code)."""
+    async with AsyncExitStack() as stack:
+        if browser is None:
+            browser = await stack.enter_async_context(httpx2.AsyncClient())
         response = await browser.get(authorization_url)
         for _ in range(12):
             if response.status_code in (302, 303):
@@ -319,3 +335,26 @@ async def test_the_typescript_sdk_signs_in_the_same_way(tmp_path: Path) -> None:
                 record = await full_view(client, summary["run_id"])
     assert record["started_by"] == PERSON
     assert [(g["approver"], g["verified"]) for g in record["gates"]] == [(PERSON, True)]
+
+
+async def test_the_run_pages_sign_a_person_in_through_the_provider(tmp_path: Path) -> None:
+    """The run pages' own sign-in (``page_client_id``) through the certified provider: the page
+    sends the browser to the provider (PKCE, nonce, the resource), the person signs in and
+    consents, the callback checks the access token and the ID token's nonce and opens a session;
+    after sign-out the same cookie opens nothing."""
+    async with team_server(tmp_path) as team, httpx2.AsyncClient(follow_redirects=False) as browser:
+        base = team.base
+        started = await browser.get(f"{base}/runs")
+        assert started.status_code == 303 and started.headers["location"].startswith(await _issuer(team.url))
+        callback = await sign_in(started.headers["location"], f"{base}/runs/callback", browser)
+        signed_in = await browser.get(callback)
+        assert signed_in.status_code == 303, signed_in.text
+        session = browser.cookies.get(COOKIE)
+        assert session
+        who = (await browser.get(f"{base}/runs/api/session")).json()
+        assert who["identity"] == PERSON and who["roles"] == ["approve", "operate", "read"]
+        assert (await browser.get(f"{base}/runs/api/runs")).status_code == 200
+        out = await browser.post(f"{base}/runs/sign-out", json={}, headers={"Origin": base})
+        assert out.status_code == 200
+        async with httpx2.AsyncClient(cookies={COOKIE: session}) as replay:
+            assert (await replay.get(f"{base}/runs/api/runs")).status_code == 401

@@ -1,18 +1,19 @@
 // The [auth] issuer of tests/acceptance/test_oidc_provider.py: the certified oidc-provider, as a
 // team would run it in front of a construct-mcp server, on 127.0.0.1.
 //
-//   node provider.mjs PORT RESOURCES REDIRECT_URI
+//   node provider.mjs PORT RESOURCES REDIRECT_URI [PAGE_REDIRECT_URI]
 //
 // One public client ("construct-host", PKCE, no secret) whose redirect URI is REDIRECT_URI; each
 // resource indicator of RESOURCES (comma-separated; the first, the server's /mcp URL, is the
 // default) gets JWT access tokens (ES256) for the scopes construct:read, construct:operate and
-// construct:approve, with the resource as their audience; any other resource is invalid_target. A person signs in with the
+// construct:approve, with the resource as their audience; any other resource is invalid_target.
+// With PAGE_REDIRECT_URI, a second public client ("construct-runs") for the server's run pages. A person signs in with the
 // provider's development forms (any login; the password is not checked) and consents: the test
 // fills both in as a browser would. Prints "listening" once it accepts connections.
 import { generateKeyPairSync, randomUUID } from "node:crypto";
 import Provider, { errors } from "oidc-provider";
 
-const [port, resourceList, redirectUri] = process.argv.slice(2);
+const [port, resourceList, redirectUri, pageRedirectUri] = process.argv.slice(2);
 if (!port || !resourceList || !redirectUri) {
   console.error("usage: node provider.mjs PORT RESOURCES REDIRECT_URI");
   process.exit(2);
@@ -36,6 +37,17 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
       grant_types: ["authorization_code", "refresh_token"],
       response_types: ["code"],
     },
+    ...(pageRedirectUri
+      ? [
+          {
+            client_id: "construct-runs",
+            token_endpoint_auth_method: "none",
+            redirect_uris: [pageRedirectUri],
+            grant_types: ["authorization_code"],
+            response_types: ["code"],
+          },
+        ]
+      : []),
   ],
   // id tokens are signed RS256 (the OIDC default); access tokens for the resource ES256
   jwks: { keys: [{ ...rsa.export({ format: "jwk" }), kid: "rsa-1", alg: "RS256", use: "sig" }, signingKey("ec-1")] },
