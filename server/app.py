@@ -241,6 +241,8 @@ class ConstructApp:
     ) -> None:
         if transport != "stdio":
             check_exposure(host, self.settings.named_tokens(), issuer=self._oauth is not None)
+            if self._oauth is not None and self.settings.auth.introspection_client_id is not None:
+                self._oauth.introspect_with(self.settings.introspection_secret())
             host = bind_host(host)  # "[::1]" binds as "::1"
         # Spans are exported only when the otel extra and OTEL_* ask for it (server.settings.telemetry).
         stop_tracing = configure_tracing(self.settings.otel)

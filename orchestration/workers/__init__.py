@@ -21,7 +21,7 @@ from orchestration.workers.provider_worker import (
     ProviderWorker,
     contract_resolver,
 )
-from orchestration.workers.token_endpoint import TokenEndpointError, exchange_code
+from orchestration.workers.token_endpoint import TokenEndpointError, exchange_code, introspect
 
 __all__ = [
     "A2A_EXTRA",
@@ -44,6 +44,7 @@ __all__ = [
     "agent_workers",
     "contract_resolver",
     "exchange_code",
+    "introspect",
     "make_http_client",
     "open_session",
 ]

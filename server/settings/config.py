@@ -394,10 +394,11 @@ class Settings(BaseSettings):
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = Field(default=None, repr=False)
-    #: The run pages' client secret, read from ``[auth] page_client_secret_env`` (kept out of ``repr``).
-    page_client_secret: str | None = Field(default=None, repr=False)
-    #: That variable not set, raised by :meth:`page_secret`.
-    page_secret_error: ConfigError | None = Field(default=None, repr=False)
+    #: The client secrets ``[auth]`` names by variable, read at load (kept out of ``repr``): ``page``
+    #: (``page_client_secret_env``), ``introspection`` (``introspection_client_secret_env``).
+    auth_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    #: Those variables not set, raised by :meth:`page_secret` and :meth:`introspection_secret`.
+    auth_secret_errors: dict[str, ConfigError] = Field(default_factory=dict, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -492,9 +493,18 @@ class Settings(BaseSettings):
     def page_secret(self) -> str | None:
         """The run pages' client secret (None: a public client). Raises the ``ConfigError`` of a
         ``page_client_secret_env`` that is not set: the HTTP transports call this before they start."""
-        if self.page_secret_error is not None:
-            raise self.page_secret_error
-        return self.page_client_secret
+        return self._auth_secret("page")
+
+    def introspection_secret(self) -> str | None:
+        """The secret of the client opaque tokens are introspected as (None: a public client);
+        raises as :meth:`page_secret` does."""
+        return self._auth_secret("introspection")
+
+    def _auth_secret(self, kind: str) -> str | None:
+        error = self.auth_secret_errors.get(kind)
+        if error is not None:
+            raise error
+        return self.auth_secrets.get(kind)
 
 
 #: Environment variable -> settings field (the prefix ``OTEL_`` stands for every variable it starts).
@@ -573,7 +583,7 @@ def load_settings(
     # BaseSettings.__init__ takes the sources to merge as its documented _build_sources argument
     # (mypy sees only the signature made of the fields).
     settings = Settings(_build_sources=((resolved, *read), {}))  # type: ignore[call-arg]
-    settings = settings.model_copy(update=_page_secret(settings.auth.page_client_secret_env, env, str(file)))
+    settings = settings.model_copy(update=_auth_secrets(settings.auth, env, str(file)))
     try:
         tokens = _named_tokens(settings.tokens, env, str(file), settings.auth_token)
     except ConfigError as exc:
@@ -583,17 +593,23 @@ def load_settings(
     return settings.model_copy(update={"bearer_tokens": tokens})
 
 
-def _page_secret(name: str | None, env: Mapping[str, str], source: str) -> dict[str, object]:
-    """The update that puts the run pages' client secret (read from the variable ``name``) on the
-    settings, or the error of a variable that is not set. The error names the variable, never a value."""
-    if name is None:
-        return {}
-    secret = env.get(name, "").strip()
-    if not secret:
-        problem = f"the environment variable {name} is not set"
-        error = ConfigError(source, "auth.page_client_secret_env", problem)
-        return {"page_secret_error": error}
-    return {"page_client_secret": secret}
+def _auth_secrets(auth: AuthTable, env: Mapping[str, str], source: str) -> dict[str, object]:
+    """The update that puts the client secrets ``auth`` names by variable on the settings, and the
+    errors of those variables that are not set (each naming the variable, never a value)."""
+    secrets: dict[str, str] = {}
+    errors: dict[str, ConfigError] = {}
+    for kind, key, name in (
+        ("page", "page_client_secret_env", auth.page_client_secret_env),
+        ("introspection", "introspection_client_secret_env", auth.introspection_client_secret_env),
+    ):
+        if name is None:
+            continue
+        secret = env.get(name, "").strip()
+        if secret:
+            secrets[kind] = secret
+        else:
+            errors[kind] = ConfigError(source, f"auth.{key}", f"the environment variable {name} is not set")
+    return {"auth_secrets": secrets, "auth_secret_errors": errors}
 
 
 def _named_tokens(

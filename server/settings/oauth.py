@@ -22,7 +22,7 @@ import re
 from typing import Self
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from server.identity import ROLES, Role
 from server.transports.auth import is_loopback
@@ -148,6 +148,29 @@ class AuthTable(BaseModel):
         "scopes); with `roles_claim`, the ones your provider needs to put that claim in the token",
     )
 
+    introspection_client_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="the OAuth client this server asks the issuer's `introspection_endpoint` (RFC 7662) "
+        "as, for access tokens that are not JWTs (opaque ones); unset: JWT access tokens only",
+    )
+    introspection_client_secret_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="with `introspection_client_id`: the environment variable that holds that client's "
+        "secret (HTTP Basic; never in this file, a log or an error); unset: a public client",
+    )
+    introspection_cache_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=300,
+        description="how long the issuer's answer for an opaque token is kept (never past the token's "
+        "`exp`): a token revoked at the issuer is refused at most this long after; 0: asked at every "
+        "request",
+    )
+
     @field_validator("issuer")
     @classmethod
     def _issuer(cls, value: str | None) -> str | None:
@@ -168,11 +191,11 @@ class AuthTable(BaseModel):
             )
         return value
 
-    @field_validator("page_client_secret_env")
+    @field_validator("page_client_secret_env", "introspection_client_secret_env")
     @classmethod
-    def _secret_env(cls, value: str | None) -> str | None:
+    def _secret_env(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and not ENV_NAME.match(value):
-            raise ValueError("page_client_secret_env must name an environment variable, such as PAGE_SECRET")
+            raise ValueError(f"{info.field_name} must name an environment variable, such as PAGE_SECRET")
         return value
 
     @field_validator("page_scopes")
@@ -199,6 +222,12 @@ class AuthTable(BaseModel):
         page_keys = {"page_client_secret_env", "page_redirect_path", "page_session_seconds", "page_scopes"}
         if self.page_client_id is None and self.model_fields_set & page_keys:
             raise ValueError("set page_client_id (the run pages' client) for the other page_ keys of [auth]")
+        introspection_keys = {"introspection_client_secret_env", "introspection_cache_seconds"}
+        if self.introspection_client_id is None and self.model_fields_set & introspection_keys:
+            raise ValueError(
+                "set introspection_client_id (the client this server introspects tokens as) for the other "
+                "introspection_ keys of [auth]"
+            )
         return self
 
     @property

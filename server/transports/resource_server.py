@@ -34,6 +34,7 @@ from orchestration.core import AGENT_APPROVER
 from server.identity import ROLES, Caller, Role
 from server.settings.oauth import SCOPE_ROLES, AuthTable
 from server.transports.auth import InsufficientScope
+from server.transports.introspection import Introspection, looks_like_jwt
 from server.transports.jwt_adapter import (
     IssuerKeys,
     JwtVerifier,
@@ -66,12 +67,24 @@ class OAuthResource:
             leeway_seconds=table.leeway_seconds,
         )
         self.metadata_url = str(build_resource_metadata_url(AnyHttpUrl(self.audience)))
+        #: opaque tokens' check, once :meth:`introspect_with` is called (``introspection_client_id``)
+        self.introspection: Introspection | None = None
+
+    def introspect_with(self, client_secret: str | None) -> None:
+        """Check opaque (non-JWT) tokens by introspection at the issuer, as the configured client
+        (:mod:`server.transports.introspection`); called by the HTTP transports, which read the
+        secret's variable."""
+        self.introspection = Introspection(self.table, self.verifier.keys, client_secret)
 
     async def identify(self, token: str) -> tuple[Caller, AuthenticatedUser]:
         """The caller ``token`` stands for, and the SDK's user; TokenRefused,
         :class:`~server.transports.auth.InsufficientScope` or
-        :class:`~server.transports.jwt_adapter.IssuerUnreachable`."""
-        claims = await self.verifier.claims(token)
+        :class:`~server.transports.jwt_adapter.IssuerUnreachable`. A JWT is verified with the
+        issuer's keys; another token is introspected when that is configured."""
+        if self.introspection is not None and not looks_like_jwt(token):
+            claims = await self.introspection.claims(token)
+        else:
+            claims = await self.verifier.claims(token)
         identity = claims.get(self.table.identity_claim)
         if not isinstance(identity, str) or not CLAIMED_IDENTITY.match(identity):
             raise TokenRefused(f"the claim {self.table.identity_claim!r} is missing or not a usable name")

@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +49,7 @@ OIDC_DIR = REPO / "tests" / "oidc"
 NODE = OIDC_DIR / "node_modules" / ".bin" / "node"
 CLIENT_ID = "construct-host"
 PERSON = "dana"
+ALL_SCOPES = "construct:read construct:operate construct:approve"
 REQUEST = "A feature only the signed-in may read about."
 
 
@@ -64,7 +65,12 @@ def require_provider() -> None:
 
 @contextmanager
 def running_provider(
-    port: int, resources: str, redirect_uri: str, log: Path, page_redirect_uri: str = ""
+    port: int,
+    resources: str,
+    redirect_uri: str,
+    log: Path,
+    page_redirect_uri: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """oidc-provider on ``port`` for ``resources`` (comma-separated), with the run pages' client
     when ``page_redirect_uri`` is given; yields its issuer URL."""
@@ -75,6 +81,7 @@ def running_provider(
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         try:
             assert process.stdout is not None
@@ -88,7 +95,16 @@ def running_provider(
                 process.stdout.close()
 
 
-def config(issuer: str, audience: str) -> str:
+INTROSPECTION_SECRET = "introspection-" + secrets.token_hex(12)
+OPAQUE_ENV = {"OPAQUE": "1", "INTROSPECTION_SECRET": INTROSPECTION_SECRET}
+INTROSPECTION = """
+introspection_client_id = "construct-server"
+introspection_client_secret_env = "INTROSPECTION_SECRET"
+introspection_cache_seconds = 1
+"""
+
+
+def config(issuer: str, audience: str, *, opaque: bool = False) -> str:
     return f"""
 [auth]
 issuer = "{issuer}"
@@ -96,7 +112,7 @@ audience = "{audience}"
 keys_refresh_cooldown_seconds = 0
 keys_cache_seconds = 1
 page_client_id = "construct-runs"
-"""
+{INTROSPECTION if opaque else ""}"""
 
 
 @dataclass
@@ -109,6 +125,7 @@ class Team:
     resources: str
     log: Path
     stack: ExitStack
+    env: dict[str, str]
 
     @property
     def base(self) -> str:
@@ -116,7 +133,9 @@ class Team:
 
     def provider(self) -> AbstractContextManager[str]:
         page = f"{self.base}/runs/callback"
-        return running_provider(self.provider_port, self.resources, self.redirect_uri, self.log, page)
+        return running_provider(
+            self.provider_port, self.resources, self.redirect_uri, self.log, page, self.env
+        )
 
     def rotate(self) -> None:
         """Restart the provider on its port: new signing keys (and no memory of past tokens)."""
@@ -125,18 +144,22 @@ class Team:
 
 
 @asynccontextmanager
-async def team_server(tmp_path: Path) -> AsyncIterator[Team]:
-    """The provider and the server in front of it."""
+async def team_server(tmp_path: Path, *, opaque: bool = False) -> AsyncIterator[Team]:
+    """The provider and the server in front of it; with ``opaque``, the provider's tokens for the
+    server are opaque and the server introspects them."""
     require_provider()
     server_port, provider_port = free_port(), free_port()
     audience = f"http://127.0.0.1:{server_port}/mcp"
-    (tmp_path / "construct.toml").write_text(config(f"http://127.0.0.1:{provider_port}", audience))
+    (tmp_path / "construct.toml").write_text(
+        config(f"http://127.0.0.1:{provider_port}", audience, opaque=opaque)
+    )
+    env = dict(OPAQUE_ENV) if opaque else {}
     redirect_uri = f"http://127.0.0.1:{free_port()}/callback"
     resources = f"{audience},http://127.0.0.1:{server_port}/other"
     with ExitStack() as stack:
-        team = Team(audience, redirect_uri, provider_port, resources, tmp_path / "provider.log", stack)
+        team = Team(audience, redirect_uri, provider_port, resources, tmp_path / "provider.log", stack, env)
         stack.enter_context(team.provider())
-        async with http_server_on(server_port, tmp_path, "streamable-http"):
+        async with http_server_on(server_port, tmp_path, "streamable-http", env=env):
             yield team
 
 
@@ -272,13 +295,15 @@ async def test_tokens_of_the_provider_this_server_must_refuse(tmp_path: Path) ->
         assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def _authorize_url(issuer: str, resource: str, redirect_uri: str, verifier: str) -> str:
+def _authorize_url(
+    issuer: str, resource: str, redirect_uri: str, verifier: str, scope: str = "construct:read"
+) -> str:
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     query = {
         "client_id": CLIENT_ID,
         "response_type": "code",
         "redirect_uri": redirect_uri,
-        "scope": "construct:read",
+        "scope": scope,
         "resource": resource,
         "code_challenge": challenge,
         "code_challenge_method": "S256",
@@ -287,10 +312,11 @@ def _authorize_url(issuer: str, resource: str, redirect_uri: str, verifier: str)
     return str(httpx2.URL(f"{issuer}/auth", params=query))
 
 
-async def _token_for(issuer: str, resource: str, redirect_uri: str) -> str:
-    """An access token of ``issuer`` for ``resource``: a person signs in, the code is exchanged."""
+async def _token_for(issuer: str, resource: str, redirect_uri: str, scope: str = "construct:read") -> str:
+    """An access token of ``issuer`` for ``resource`` and ``scope``: a person signs in, the code is
+    exchanged."""
     verifier = secrets.token_urlsafe(48)
-    landed = await sign_in(_authorize_url(issuer, resource, redirect_uri, verifier), redirect_uri)
+    landed = await sign_in(_authorize_url(issuer, resource, redirect_uri, verifier, scope), redirect_uri)
     code = parse_qs(urlsplit(landed).query)["code"][0]
     async with httpx2.AsyncClient() as http:
         answer = await http.post(
@@ -358,3 +384,42 @@ async def test_the_run_pages_sign_a_person_in_through_the_provider(tmp_path: Pat
         assert out.status_code == 200
         async with httpx2.AsyncClient(cookies={COOKIE: session}) as replay:
             assert (await replay.get(f"{base}/runs/api/runs")).status_code == 401
+
+
+async def test_opaque_tokens_are_introspected(tmp_path: Path) -> None:
+    """A provider whose tokens for this server are opaque: each is introspected (RFC 7662) as the
+    confidential client ``construct-server``, taken while the provider says it is active and names
+    this server in ``aud``; revoked at the provider, it is refused once the kept answer expires."""
+    async with team_server(tmp_path, opaque=True) as team:
+        issuer = await _issuer(team.url)
+        token = await _token_for(issuer, team.url, team.redirect_uri, ALL_SCOPES)
+        assert token.count(".") != 2, "an opaque token"
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
+            Client(streamable_http_client(team.url, http_client=http)) as client,
+        ):
+            view = await call(client, "orchestrate_start", request=REQUEST, approve_before=["engineer"])
+            view = await play_host(client, view)
+            gate = view["next_action"]["gate_id"]
+            view = await call(
+                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate
+            )
+            view = await play_host(client, view)
+            record = await full_view(client, view["run_id"])
+        assert view["status"] == "completed" and record["started_by"] == PERSON
+
+        # A JWT of the same provider for another resource is still checked as a JWT and refused.
+        other = await _token_for(issuer, team.url.replace("/mcp", "/other"), team.redirect_uri)
+        assert (await post_initialize(team.url, other)).status_code == 401
+
+        async with httpx2.AsyncClient() as http:
+            revoked = await http.post(
+                f"{issuer}/token/revocation", data={"token": token, "client_id": CLIENT_ID}
+            )
+        assert revoked.status_code == 200, revoked.text
+        await anyio.sleep(1.2)  # introspection_cache_seconds
+        refused = await post_initialize(team.url, token)
+        assert refused.status_code == 401 and REQUEST not in refused.text
+        log = read_log(tmp_path / "server.log")
+        assert token not in log and INTROSPECTION_SECRET not in log
+        assert "not active" in log

@@ -7,7 +7,10 @@
 // resource indicator of RESOURCES (comma-separated; the first, the server's /mcp URL, is the
 // default) gets JWT access tokens (ES256) for the scopes construct:read, construct:operate and
 // construct:approve, with the resource as their audience; any other resource is invalid_target.
-// With PAGE_REDIRECT_URI, a second public client ("construct-runs") for the server's run pages. A person signs in with the
+// With PAGE_REDIRECT_URI, a second public client ("construct-runs") for the server's run pages.
+// With OPAQUE=1 in the environment, the first resource's access tokens are opaque instead, and the
+// confidential client "construct-server" (secret INTROSPECTION_SECRET) may introspect any token
+// (RFC 7662); tokens can be revoked (RFC 7009) by the client they were issued to. A person signs in with the
 // provider's development forms (any login; the password is not checked) and consents: the test
 // fills both in as a browser would. Prints "listening" once it accepts connections.
 import { generateKeyPairSync, randomUUID } from "node:crypto";
@@ -20,6 +23,7 @@ if (!port || !resourceList || !redirectUri) {
 }
 const SCOPES = "construct:read construct:operate construct:approve";
 const resources = resourceList.split(",");
+const opaque = process.env.OPAQUE === "1";
 
 // new keys at every start, each with a key id of its own: a restart is a key rotation
 function signingKey(kid) {
@@ -37,6 +41,18 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
       grant_types: ["authorization_code", "refresh_token"],
       response_types: ["code"],
     },
+    ...(opaque
+      ? [
+          {
+            client_id: "construct-server",
+            client_secret: process.env.INTROSPECTION_SECRET,
+            token_endpoint_auth_method: "client_secret_basic",
+            redirect_uris: [],
+            grant_types: [],
+            response_types: [],
+          },
+        ]
+      : []),
     ...(pageRedirectUri
       ? [
           {
@@ -55,6 +71,8 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
   pkce: { required: () => true },
   features: {
     devInteractions: { enabled: true },
+    introspection: { enabled: opaque, allowedPolicy: () => true },
+    revocation: { enabled: opaque },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => resources[0],
@@ -67,7 +85,7 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
           scope: SCOPES,
           audience: indicator,
           accessTokenTTL: 600,
-          accessTokenFormat: "jwt",
+          accessTokenFormat: opaque && indicator === resources[0] ? "opaque" : "jwt",
           jwt: { sign: { alg: "ES256" } },
         };
       },
