@@ -19,7 +19,10 @@ the run needs its caller or ended, or after :data:`~server.a2a.chain_agent.BLOCK
 with the task still working. A stream sends the task, then each status change, each task's output
 as its text grows (an artifact per task, appended) and whole once recorded; it ends when the task
 needs its caller or ended. Push notifications are not offered (the card says so), nor the extended
-card. Errors: this server's codes, as the message's prefix and in ``data.code``.
+card (both unsupported operations). A message to a task that has ended is an unsupported operation
+too, unless it repeats a reply the task took; one whose ``contextId`` is not its task's is invalid
+params. Errors: this server's codes, as the message's prefix and in ``data.code`` (the error
+detail's metadata).
 """
 
 from __future__ import annotations
@@ -69,7 +72,6 @@ from a2a.types import (
 )
 from a2a.utils.errors import (
     A2AError,
-    ExtendedAgentCardNotConfiguredError,
     InternalError,
     InvalidParamsError,
     InvalidRequestError,
@@ -96,6 +98,7 @@ from server.a2a.chain_agent import (
     ChainAgent,
     Reply,
     RunState,
+    TaskEnded,
 )
 from server.identity import Caller, caller_of
 from server.transports.http import security_settings
@@ -222,6 +225,8 @@ def _a2a_error(exc: ConstructError) -> A2AError:
     data = {"code": exc.code}
     if isinstance(exc, RunNotFound):
         return TaskNotFoundError(message, data)
+    if isinstance(exc, TaskEnded):
+        return UnsupportedOperationError(message, data)
     if isinstance(exc, InvalidArgument):
         return InvalidParamsError(message, data)
     return InvalidRequestError(message, data)
@@ -290,7 +295,9 @@ class ChainHandler(RequestHandler):
         """The run a message starts, or the run it continues once the reply is handed in."""
         message = params.message
         if message.task_id:
-            return await self._agent.answer(caller, message.task_id, _reply(message))
+            return await self._agent.answer(
+                caller, message.task_id, _reply(message), message.context_id or None
+            )
         named = _metadata(message)
         text = "\n".join(p.text for p in message.parts if p.HasField("text"))
         return await self._agent.start(caller, text, named, message.context_id or None, message.message_id)
@@ -444,7 +451,9 @@ class ChainHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError()
+        # the card does not declare capabilities.extendedAgentCard: the operation is unsupported
+        # (ExtendedAgentCardNotConfigured is for an agent that declares it and has none)
+        raise UnsupportedOperationError("this agent has no extended agent card (see its card's capabilities)")
 
 
 class _CallerContext(DefaultServerCallContextBuilder):
