@@ -2,7 +2,7 @@
 // (@a2a-js/sdk, pinned in package.json beside this file), as a JS agent would, and prints what it
 // saw as one JSON object on stdout.
 //
-//   node a2a_client.mjs BASE_URL [--protocol 1.0|0.3]
+//   node a2a_client.mjs BASE_URL [--protocol 1.0|0.3] [--chain JSON]
 //
 // The client comes from the SDK's ClientFactory, built from the agent card at
 // BASE_URL/.well-known/agent-card.json. It starts a run of the chain "default" with a gate before
@@ -13,7 +13,8 @@
 // interceptor (the SDK's way to add headers). Every JSON-RPC request is recorded as it leaves
 // (method, A2A-Version header, whether it carried a token) through the transport's fetch.
 // `--protocol 0.3` takes the SDK's v0.3 compatibility transport instead (the card's interface read
-// as 0.3), to drive the server's 0.3 method names.
+// as 0.3), to drive the server's 0.3 method names. `--chain '["writer"]'` starts that chain (a
+// name or a list of specialists, as JSON) with no gate instead, and sends its request "Write it.".
 //
 // Exit status: 0 when the task completed, 1 when anything failed (the error on stderr, and in the
 // summary's "error" when the summary could still be printed).
@@ -30,9 +31,10 @@ import { Role, TaskState } from "@a2a-js/sdk";
 const MAX_REPLIES = 20;
 
 function parseArgs(argv) {
-  const args = { base: undefined, protocol: "1.0" };
+  const args = { base: undefined, protocol: "1.0", chain: undefined };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--protocol") args.protocol = argv[++i];
+    else if (argv[i] === "--chain") args.chain = JSON.parse(argv[++i]);
     else if (args.base === undefined) args.base = argv[i];
     else throw new Error(`unexpected argument ${argv[i]}`);
   }
@@ -130,6 +132,14 @@ async function sendStreaming(client, sent, counts) {
     const kind = event.payload?.$case ?? "none";
     counts.events[kind] = (counts.events[kind] ?? 0) + 1;
     const value = event.payload?.value;
+    if (kind === "artifactUpdate" && !value.lastChunk) {
+      // a piece of an output as it is written: appended to the pieces before, unless it starts anew
+      const id = value.artifact.artifactId;
+      const text = value.artifact.parts.map((p) => (p.content?.$case === "text" ? p.content.value : "")).join("");
+      counts.pieces = (counts.pieces ?? 0) + 1;
+      counts.streamed = counts.streamed ?? {};
+      counts.streamed[id] = (value.append ? (counts.streamed[id] ?? "") : "") + text;
+    }
     if (kind === "task") {
       task = { id: value.id, contextId: value.contextId, status: value.status, artifacts: value.artifacts };
       for (const artifact of value.artifacts) artifacts.set(artifact.artifactId, artifact);
@@ -200,9 +210,11 @@ async function drive(args, summary) {
   summary.counts = counts;
   const contextId = `js-ctx-${randomUUID()}`;
   summary.context_id_sent = contextId;
-  const first = message("Add a health endpoint.", {
+  const metadata =
+    args.chain === undefined ? { chain: "default", approve_before: ["engineer"] } : { chain: args.chain };
+  const first = message(args.chain === undefined ? "Add a health endpoint." : "Write it.", {
     contextId,
-    metadata: { chain: "default", approve_before: ["engineer"] },
+    metadata,
   });
   // The first step over the stream when the card offers it (the SDK falls back to SendMessage
   // by itself otherwise).

@@ -18,10 +18,12 @@ import anyio
 import pytest
 from mcp import Client as McpClient
 
-from tests.acceptance.harness import full_view, read_log
+from tests.acceptance.harness import free_port, full_view, read_log
 from tests.acceptance.node_tools import A2A_JS_DIR, node_path, require
-from tests.acceptance.test_a2a_face import ALICE, TOKENS, served
+from tests.acceptance.test_a2a_face import ALICE, TOKENS, provider_env, served
 from tests.acceptance.test_identities import as_identity
+from tests.acceptance.test_mcp_http import http_server_on
+from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +51,9 @@ def _js_sdk() -> None:
     require(SDK, "the A2A JavaScript SDK", A2A_JS_DIR)
 
 
-async def js_client(base: str, protocol: str = "1.0", token: str | None = None) -> tuple[int, dict[str, Any]]:
+async def js_client(
+    base: str, protocol: str = "1.0", token: str | None = None, chain: Any = None
+) -> tuple[int, dict[str, Any]]:
     """Run the JS SDK's client against ``base``; its exit status and its summary."""
     env = {"PATH": node_path(A2A_JS_DIR), "HOME": os.environ.get("HOME", "/tmp"), "NO_COLOR": "1"}
     if token is not None:
@@ -57,7 +61,17 @@ async def js_client(base: str, protocol: str = "1.0", token: str | None = None) 
     node = A2A_JS_DIR / "node_modules" / ".bin" / "node"
     with anyio.fail_after(180):
         done = await anyio.run_process(
-            [str(node), str(SCRIPT), base, "--protocol", protocol], env=env, cwd=A2A_JS_DIR, check=False
+            [
+                str(node),
+                str(SCRIPT),
+                base,
+                "--protocol",
+                protocol,
+                *([] if chain is None else ["--chain", json.dumps(chain)]),
+            ],
+            env=env,
+            cwd=A2A_JS_DIR,
+            check=False,
         )
     out, err = done.stdout.decode(), done.stderr.decode()
     try:
@@ -138,3 +152,22 @@ async def test_the_js_client_with_a_bearer_token(tmp_path: Path) -> None:
     assert record["started_by"] == "alice"
     assert record["gates"][0]["verified"] is True
     assert ALICE not in json.dumps(summary) and ALICE not in read_log(tmp_path / "server.log")
+
+
+async def test_the_js_client_reads_a_stream_as_it_is_written(tmp_path: Path) -> None:
+    """A provider step's output streamed to the JS client: its artifact updates in pieces, then
+    whole, and the status update that ends the stream, as the SDK parses them."""
+    text = "".join(f"line {i:02d} of the writer's answer\n" for i in range(60))
+    scenario = {"writer": [{"text": text, "chunk_chars": 60, "chunk_delay_seconds": 0.05}]}
+    with FakeProvider(scenario) as fake:
+        port = free_port()
+        async with http_server_on(port, tmp_path, "streamable-http", env=provider_env(fake)):
+            code, summary = await js_client(f"http://127.0.0.1:{port}", chain=["writer"])
+    assert code == 0 and "error" not in summary, summary
+    assert summary["state"] == "TASK_STATE_COMPLETED" and summary["replies"] == []
+    assert [w["method"] for w in summary["wire"]] == ["SendStreamingMessage", "GetTask", "ListTasks"]
+    counts = summary["counts"]
+    assert counts["events"]["task"] == 1 and counts["events"]["statusUpdate"] >= 1
+    assert counts["pieces"] >= 2, "the output arrives in pieces while the call runs"
+    assert text.startswith(counts["streamed"]["writer"])
+    assert summary["artifacts"] == {"writer": text} == summary["get_task"]["artifacts"]
