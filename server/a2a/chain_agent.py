@@ -12,7 +12,9 @@ same roles through :data:`~server.mcp.answering.ROLE_OF`, the same "own runs onl
 - A run that needs its caller (a host task, a gate) is ``input-required``: :class:`Question` says
   what is asked. The caller's next message names the task (``metadata.task_id``, its text the
   output: ``orchestrate_resume``) or the gate (``metadata.gate_id`` and ``metadata.decision``, its
-  text the comment: ``orchestrate_approve``); a repeat records nothing twice, as the tools'.
+  text the comment: ``orchestrate_approve``); a repeat records nothing twice, as the tools'. A
+  message that names a context other than the task's is refused, and so is one to a run that has
+  ended (:class:`TaskEnded`), unless it repeats a reply recorded before.
 - The outputs of done tasks are the task's artifacts, one per task.
 """
 
@@ -26,7 +28,15 @@ import anyio
 
 from orchestration.core import RunHead, RunStatus, StartRequest, TaskStatus, delegation_from_meta, shown_key
 from orchestration.engine import OutputPiece, is_settled
-from orchestration.errors import ConstructError, InvalidArgument, InvalidRequest, RunNotFound, quoted
+from orchestration.errors import (
+    Conflict,
+    ConstructError,
+    InvalidArgument,
+    InvalidRequest,
+    InvalidState,
+    RunNotFound,
+    quoted,
+)
 from server.identity import Caller
 from server.mcp.answering import ROLE_OF
 from server.mcp.services import Services
@@ -48,6 +58,11 @@ class ServerStarting(ConstructError):
     """The server's services are not up yet (or are shutting down)."""
 
     code = "unavailable"
+
+
+class TaskEnded(InvalidState):
+    """A message continues a task whose run has ended and repeats no reply recorded before: an
+    ended task takes no more messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,25 +230,57 @@ class ChainAgent:
         """The run ``run_id`` if ``caller`` may act on it as ``tool`` does (``task_not_found`` for
         no run, as for a run it may not see: which runs exist is not told)."""
         self.allow(caller, tool)
+        if not run_id:
+            raise InvalidArgument("the request names no task: its id is required")
         try:
             head = await self.services().runtime.status(run_id)
-        except InvalidArgument as exc:  # not a run id at all
-            raise RunNotFound(f"no task {quoted(run_id)}: {exc}") from exc
+        except InvalidArgument as exc:  # not a run id at all: no such task
+            raise RunNotFound(run_id) from exc
         if not caller.may_see(head):
-            raise RunNotFound(f"no task {quoted(run_id)}")
+            raise RunNotFound(run_id)
         return head
 
-    async def answer(self, caller: Caller, run_id: str, reply: Reply) -> RunHead:
-        """Hand ``reply`` to the run ``run_id`` (or its child run ``reply.run_id``)."""
-        services = self.services()
-        runtime = services.runtime
+    async def answer(
+        self, caller: Caller, run_id: str, reply: Reply, context_id: str | None = None
+    ) -> RunHead:
+        """Hand ``reply`` to the run ``run_id`` (or its child run ``reply.run_id``). ``context_id``:
+        the message's, refused (``invalid_argument``) when it is not the task's. A reply the run
+        cannot take once it has ended raises :class:`TaskEnded`; a repeat of one it took answers
+        as the first did."""
         if reply.task_id is not None and reply.gate_id is not None:
             raise InvalidArgument(
                 "a reply names a task_id (a host task's output) or a gate_id (a decision), not both"
             )
+        tool = "run_status"  # a reply that names nothing is told what the task waits for
+        if reply.gate_id is not None:
+            tool = "orchestrate_approve"
+        elif reply.task_id is not None:
+            tool = "orchestrate_resume"
+        head = await self.head(caller, run_id, tool)
+        if context_id and context_id != context_of(head):
+            raise InvalidArgument(
+                f"contextId {quoted(context_id)} is not the context of task {run_id} "
+                f"({context_of(head)}): send the task's contextId, or none"
+            )
+        try:
+            await self._hand_in(caller, head, reply)
+        except (InvalidArgument, InvalidRequest, InvalidState, Conflict) as exc:
+            now = await self.services().runtime.status(run_id)
+            if now.status.is_terminal:
+                raise TaskEnded(
+                    f"task {run_id} has ended ({now.status.value}) and takes no more messages "
+                    f"({exc.code}: {exc})"
+                ) from exc
+            raise
+        head = await self.services().runtime.status(run_id)
+        self.services().dispatcher.wake(run_id)
+        return head
+
+    async def _hand_in(self, caller: Caller, head: RunHead, reply: Reply) -> None:
+        runtime = self.services().runtime
+        run_id = head.run_id
         target = reply.run_id or run_id
         if reply.gate_id is not None:
-            head = await self.head(caller, run_id, "orchestrate_approve")
             if target != run_id:
                 await self._child_of(head, target)
             if reply.decision is None:
@@ -250,7 +297,6 @@ class ChainAgent:
                 verified=caller.verified,
             )
         elif reply.task_id is not None:
-            head = await self.head(caller, run_id, "orchestrate_resume")
             if target != run_id:
                 await self._child_of(head, target)
             await runtime.submit_host_output(
@@ -264,7 +310,6 @@ class ChainAgent:
                 verified=caller.verified,
             )
         else:
-            head = await self.head(caller, run_id)
             waits = await self.state(caller, head)
             asked = ", ".join(
                 f"task_id {q.task_id}" if q.kind == "host_task" else f"gate_id {q.gate_id}"
@@ -278,9 +323,6 @@ class ChainAgent:
                     else "; it waits for nothing"
                 )
             )
-        head = await runtime.status(run_id)
-        services.dispatcher.wake(run_id)
-        return head
 
     async def _child_of(self, head: RunHead, child_id: str) -> None:
         child = await self.services().runtime.status(child_id)

@@ -19,7 +19,10 @@ the run needs its caller or ended, or after :data:`~server.a2a.chain_agent.BLOCK
 with the task still working. A stream sends the task, then each status change, each task's output
 as its text grows (an artifact per task, appended) and whole once recorded; it ends when the task
 needs its caller or ended. Push notifications are not offered (the card says so), nor the extended
-card. Errors: this server's codes, as the message's prefix and in ``data.code``.
+card (both unsupported operations). A message to a task that has ended is an unsupported operation
+too, unless it repeats a reply the task took; one whose ``contextId`` is not its task's is invalid
+params. The ``A2A-Version`` may come as a query parameter instead of the header. Errors: this
+server's codes, as the message's prefix and in ``data.code`` (the error detail's metadata).
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event
@@ -69,7 +72,6 @@ from a2a.types import (
 )
 from a2a.utils.errors import (
     A2AError,
-    ExtendedAgentCardNotConfiguredError,
     InternalError,
     InvalidParamsError,
     InvalidRequestError,
@@ -96,6 +98,7 @@ from server.a2a.chain_agent import (
     ChainAgent,
     Reply,
     RunState,
+    TaskEnded,
 )
 from server.identity import Caller, caller_of
 from server.transports.http import security_settings
@@ -111,8 +114,9 @@ PROTOCOL_VERSION = "1.0"
 #: how long one wait of a stream lasts before it looks again (a stream lives as long as its task
 #: works; each wait is bounded so that a stopping server ends it)
 STREAM_WAIT_SECONDS = 15.0
-#: how many runs one ListTasks page holds at most
+#: how many runs one ListTasks page holds at most, and without a pageSize (A2A 1.0's bounds)
 MAX_PAGE_SIZE = 100
+DEFAULT_PAGE_SIZE = 50
 _CALLER = "construct.caller"
 
 STATES: dict[RunStatus, TaskState] = {
@@ -222,6 +226,8 @@ def _a2a_error(exc: ConstructError) -> A2AError:
     data = {"code": exc.code}
     if isinstance(exc, RunNotFound):
         return TaskNotFoundError(message, data)
+    if isinstance(exc, TaskEnded):
+        return UnsupportedOperationError(message, data)
     if isinstance(exc, InvalidArgument):
         return InvalidParamsError(message, data)
     return InvalidRequestError(message, data)
@@ -290,7 +296,9 @@ class ChainHandler(RequestHandler):
         """The run a message starts, or the run it continues once the reply is handed in."""
         message = params.message
         if message.task_id:
-            return await self._agent.answer(caller, message.task_id, _reply(message))
+            return await self._agent.answer(
+                caller, message.task_id, _reply(message), message.context_id or None
+            )
         named = _metadata(message)
         text = "\n".join(p.text for p in message.parts if p.HasField("text"))
         return await self._agent.start(caller, text, named, message.context_id or None, message.message_id)
@@ -385,8 +393,17 @@ class ChainHandler(RequestHandler):
 
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         caller = _caller(context)
-        size = min(params.page_size or 50, MAX_PAGE_SIZE)
+        if params.HasField("page_size") and not 1 <= params.page_size <= MAX_PAGE_SIZE:
+            raise InvalidParamsError(f"pageSize must be 1 to {MAX_PAGE_SIZE}, not {params.page_size}")
+        if params.HasField("history_length") and params.history_length < 0:
+            raise InvalidParamsError(f"historyLength must not be negative, not {params.history_length}")
+        size = params.page_size if params.HasField("page_size") else DEFAULT_PAGE_SIZE
         statuses = _STATUSES_OF.get(params.status) if params.status else None
+        since = (
+            params.status_timestamp_after.ToDatetime(tzinfo=UTC)
+            if params.HasField("status_timestamp_after")
+            else None
+        )
 
         async def listed() -> ListTasksResponse:
             self._agent.allow(caller, "runs_list")
@@ -394,7 +411,7 @@ class ChainHandler(RequestHandler):
             page = await runtime.list_runs(statuses, size, params.page_token or None)
             tasks = []
             for head in page.runs:
-                if not caller.may_read(head):
+                if not caller.may_read(head) or (since is not None and head.updated_at < since):
                     continue
                 run = await self._agent.state(caller, head)
                 if params.context_id and run.context_id != params.context_id:
@@ -444,7 +461,9 @@ class ChainHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError()
+        # the card does not declare capabilities.extendedAgentCard: the operation is unsupported
+        # (ExtendedAgentCardNotConfigured is for an agent that declares it and has none)
+        raise UnsupportedOperationError("this agent has no extended agent card (see its card's capabilities)")
 
 
 class _CallerContext(DefaultServerCallContextBuilder):
@@ -541,6 +560,18 @@ class LoopbackNames:
         await self._app(scope, receive, send)
 
 
+def _version_from_query(scope: Scope) -> Scope:
+    """``scope`` with the ``A2A-Version`` a client gave as a query parameter instead of the header
+    (A2A 1.0 allows either) as the header the SDK reads; a header, when sent, wins."""
+    headers = scope.get("headers", [])
+    if any(name == b"a2a-version" for name, _ in headers):
+        return scope
+    for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+        if key.lower() == "a2a-version":
+            return {**scope, "headers": [*headers, (b"a2a-version", value.encode("latin-1"))]}
+    return scope
+
+
 class WithA2A:
     """Sends the agent card's path to the A2A app without a token, ``/a2a`` to it behind
     ``guard`` (the tokens of ``/mcp``, the body limit), everything else to ``app``."""
@@ -555,6 +586,6 @@ class WithA2A:
         if path == CARD_PATH:
             await self._card(scope, receive, send)
         elif path == RPC_PATH:
-            await self._rpc(scope, receive, send)
+            await self._rpc(_version_from_query(scope), receive, send)
         else:
             await self._app(scope, receive, send)
