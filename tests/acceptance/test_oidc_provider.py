@@ -37,7 +37,7 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull,
 from pydantic import AnyUrl
 
 from tests.acceptance.harness import REPO, call, free_port, full_view, play_host, read_log
-from tests.acceptance.node_tools import BIN as CONFORMANCE_BIN
+from tests.acceptance.node_tools import SUITE_DIR
 from tests.acceptance.node_tools import require as require_node
 from tests.acceptance.test_mcp_http import http_server_on
 from tests.acceptance.test_oauth_tokens import MemoryStorage, post_initialize
@@ -55,12 +55,7 @@ REQUEST = "A feature only the signed-in may read about."
 
 def require_provider() -> None:
     """Skip locally, fail under ``CI=true``, without the pinned provider and Node."""
-    if NODE.exists() and (OIDC_DIR / "node_modules" / "oidc-provider").is_dir():
-        return
-    reason = f"oidc-provider is not installed: run `npm ci` in {OIDC_DIR.relative_to(REPO)}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the oidc-provider tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
+    require_node("oidc-provider", "oidc-provider", OIDC_DIR)
 
 
 @contextmanager
@@ -347,8 +342,15 @@ async def test_the_typescript_sdk_signs_in_the_same_way(tmp_path: Path) -> None:
     require_node("node", "the TypeScript MCP SDK")
     async with team_server(tmp_path) as team:
         done = await anyio.run_process(
-            [str(CONFORMANCE_BIN / "node"), "oauth_host.mjs", team.url, CLIENT_ID, team.redirect_uri, PERSON],
-            cwd=CONFORMANCE_BIN.parents[1],
+            [
+                str(SUITE_DIR / "node_modules" / ".bin" / "node"),
+                "oauth_host.mjs",
+                team.url,
+                CLIENT_ID,
+                team.redirect_uri,
+                PERSON,
+            ],
+            cwd=SUITE_DIR,
             check=False,
         )
         assert done.returncode == 0, done.stderr.decode()
