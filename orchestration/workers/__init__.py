@@ -20,6 +20,7 @@ from orchestration.workers.provider_worker import (
     ProviderWorker,
     contract_resolver,
 )
+from orchestration.workers.webhooks import Posted, post_notification, webhook_client
 
 __all__ = [
     "A2A_EXTRA",
@@ -32,6 +33,7 @@ __all__ = [
     "AgentWorker",
     "AgentsByProtocol",
     "MaxTokensField",
+    "Posted",
     "ProviderEndpoint",
     "ProviderName",
     "ProviderSettings",
@@ -42,4 +44,6 @@ __all__ = [
     "contract_resolver",
     "make_http_client",
     "open_session",
+    "post_notification",
+    "webhook_client",
 ]

@@ -21,6 +21,7 @@ from orchestration.core import AGENT_APPROVER, Budget, Limits, Price
 from orchestration.errors import ConfigError
 from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
+from server.settings.a2a_face import A2aTable
 from server.settings.agents import AgentTable, check_agent_names
 from server.settings.oauth import AuthTable
 from server.settings.sources import (
@@ -372,6 +373,12 @@ class Settings(BaseSettings):
         "may carry besides the static tokens (see 'Signing in with your identity provider' in "
         "docs/deployment.md)",
     )
+    #: ``[a2a]``: the A2A face's push notifications (:mod:`server.settings.a2a_face`)
+    a2a: Annotated[A2aTable, Table("the [a2a] table")] = Field(
+        default_factory=A2aTable,
+        description="the A2A face's push notifications: the key that signs them, and their limits (see "
+        "'Other agents: A2A' in docs/hosts.md)",
+    )
     #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
     prices: Annotated[
         dict[str, Price], Table("a prices table", "see 'Costs and budgets' in docs/operations.md")
@@ -394,6 +401,11 @@ class Settings(BaseSettings):
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = Field(default=None, repr=False)
+    #: The PEM text of ``[a2a] push_signing_key_env``, read from the environment (a secret).
+    push_key_env_pem: str | None = Field(default=None, repr=False)
+    #: What is wrong with ``[a2a] push_signing_key_env`` (the variable is not set), raised by
+    #: :meth:`push_signing_key`.
+    push_key_error: ConfigError | None = Field(default=None, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -474,6 +486,24 @@ class Settings(BaseSettings):
 
     def limits(self) -> Limits:
         return Limits(max_request_chars=self.max_request_chars, max_output_chars=self.max_output_chars)
+
+    def push_signing_key(self) -> bytes | None:
+        """The PEM key of ``[a2a]`` that signs push notifications (None: none configured, push
+        notifications are not offered). Raises ConfigError for a variable not set or a file that
+        cannot be read (never quoting the key)."""
+        if self.push_key_error is not None:
+            raise self.push_key_error
+        if self.push_key_env_pem is not None:
+            return self.push_key_env_pem.encode()
+        path = self.a2a.push_signing_key_file
+        if path is None:
+            return None
+        try:
+            return path.expanduser().read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                str(self.config_file), "a2a.push_signing_key_file", f"cannot read {path}: {exc.strerror}"
+            ) from None
 
     def named_tokens(self) -> tuple[NamedToken, ...]:
         """Every token HTTP requests may carry: ``auth_token`` as the identity
@@ -562,6 +592,16 @@ def load_settings(
     # BaseSettings.__init__ takes the sources to merge as its documented _build_sources argument
     # (mypy sees only the signature made of the fields).
     settings = Settings(_build_sources=((resolved, *read), {}))  # type: ignore[call-arg]
+    key_env = settings.a2a.push_signing_key_env
+    if key_env is not None:
+        pem = env.get(key_env)
+        if pem is None or not pem.strip():
+            error = ConfigError(
+                str(file), "a2a.push_signing_key_env", f"the environment variable {key_env} is not set"
+            )
+            settings = settings.model_copy(update={"push_key_error": error})
+        else:
+            settings = settings.model_copy(update={"push_key_env_pem": pem})
     try:
         tokens = _named_tokens(settings.tokens, env, str(file), settings.auth_token)
     except ConfigError as exc:
