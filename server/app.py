@@ -208,10 +208,10 @@ class ConstructApp:
             log.warning(warning, extra={"action": "startup_warning"})
         async with anyio.create_task_group() as tg:
             await tg.start(dispatcher.run)
-            await self._notify(tg, runtime)
             await tg.start(subscriptions.run, services.publish_change, settings.poll_seconds)
             tg.start_soon(_report_behind, runtime)
             self._services = services
+            await self._notify(tg, runtime)  # after the services: it renders tasks with them
             _write_pid_file(settings.pid_file)
             log.info(
                 "server started: %s",
@@ -236,7 +236,8 @@ class ConstructApp:
                 )
 
     async def _notify(self, tg: TaskGroup, runtime: Runtime) -> None:
-        """Start the A2A push notifier in ``tg``, told of every write, when push is offered."""
+        """Start the A2A push notifier in ``tg``, told of every write, when push is offered (a
+        write before it is covered by its startup scan, which follows its listening)."""
         if self._notifier is not None:
             notifier = self._notifier(runtime)
             runtime.add_listener(notifier.changed)

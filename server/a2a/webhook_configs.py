@@ -8,8 +8,9 @@
 - **Durable.** A config is a fact on its run (``push_configured``, removed by
   ``push_config_deleted``: :mod:`orchestration.engine.push_configs`); the client's ``token`` and
   ``authentication.credentials`` are recorded only sealed (:mod:`server.a2a.push_keys`). A config
-  without an id takes the task's id (as the A2A SDK's own server does): setting one again replaces
-  it, so a resent ``SendMessage`` sets nothing twice.
+  without an id takes the task's id (as the A2A SDK's own server does). Setting a config again as
+  it is records nothing (a resent ``SendMessage`` sets nothing twice); with another URL, token or
+  authentication it replaces the one of its id.
 - **Answers.** ``Get`` and ``List`` answer the id, the task, the URL and the authentication
   scheme; never the token nor the credentials (the client has them; the server hands no secret
   back).
@@ -32,7 +33,7 @@ from orchestration.core import PushConfigured, RunHead
 from orchestration.engine import delete_push_config, push_configs_in, set_push_config
 from orchestration.errors import InvalidArgument, RunNotFound, TooLarge, quoted
 from server.a2a.chain_agent import ChainAgent
-from server.a2a.push_keys import PushKeys, seal_context
+from server.a2a.push_keys import PushKeys, SealBroken, seal_context
 from server.identity import Caller
 from server.settings.a2a_face import MAX_URL_CHARS
 
@@ -139,6 +140,9 @@ class WebhookConfigs:
         def sealed(secret: str | None, field: str) -> str | None:
             return None if not secret else self._keys.seal(secret, seal_context(run_id, config_id, field))
 
+        for recorded in await self._in_force(head):
+            if recorded.config_id == config_id and self._same(run_id, recorded, config):
+                return shown(run_id, recorded)  # set again as it is: nothing recorded twice
         fact = PushConfigured(
             seq=0,
             at=head.updated_at,  # both set when it is recorded
@@ -152,13 +156,34 @@ class WebhookConfigs:
         _, recorded = await set_push_config(services.runtime, run_id, fact, settings.a2a.push_max_configs)
         return shown(run_id, recorded)
 
-    async def listed(self, caller: Caller, task_id: str) -> list[WebhookConfig]:
-        """The task's configs in force, in the order they were first set."""
-        head = await self._readable(caller, task_id)
+    async def _in_force(self, head: RunHead) -> list[PushConfigured]:
         if not head.push_configs:
             return []
         facts = await self._agent.services().runtime.read_facts(head.run_id)
-        return [shown(head.run_id, fact) for fact in push_configs_in(head, facts)]
+        return push_configs_in(head, facts)
+
+    def _same(self, run_id: str, recorded: PushConfigured, config: WebhookConfig) -> bool:
+        """Whether ``config`` is what ``recorded`` holds (its secrets opened to compare)."""
+
+        def opened(sealed: str | None, field: str) -> str | None:
+            if sealed is None:
+                return None
+            try:
+                return self._keys.open(sealed, seal_context(run_id, recorded.config_id, field))
+            except SealBroken:
+                return None
+
+        return (
+            recorded.url == config.url
+            and recorded.auth_scheme == (config.auth_scheme or None)
+            and opened(recorded.sealed_token, "token") == (config.token or None)
+            and opened(recorded.sealed_credentials, "credentials") == (config.credentials or None)
+        )
+
+    async def listed(self, caller: Caller, task_id: str) -> list[WebhookConfig]:
+        """The task's configs in force, in the order they were first set."""
+        head = await self._readable(caller, task_id)
+        return [shown(head.run_id, fact) for fact in await self._in_force(head)]
 
     async def get(self, caller: Caller, task_id: str, config_id: str) -> WebhookConfig:
         for config in await self.listed(caller, task_id):

@@ -33,7 +33,7 @@ from a2a.types import (
     TaskPushNotificationConfig,
     TaskState,
 )
-from a2a.utils.errors import A2AError
+from a2a.utils.errors import A2AError, PushNotificationNotSupportedError
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
@@ -172,6 +172,15 @@ def check_signed(note: Received, keys: jwt.PyJWKSet, hook: Webhook, task_id: str
     assert claims["request_body_sha256"] == hashlib.sha256(note.body).hexdigest()
 
 
+def recorded(home: Path, fact_type: str) -> int:
+    """How many facts of ``fact_type`` the filesystem store under ``home`` holds."""
+    return sum(
+        path.read_bytes().count(f'"type":"{fact_type}"'.encode())
+        for path in home.rglob("*")
+        if path.is_file()
+    )
+
+
 def no_secret_in(home: Path) -> None:
     """The client's token is in no file of the server's home: the store's records, the log."""
     for path in home.rglob("*"):
@@ -199,6 +208,8 @@ async def test_a_gated_chain_notifies_its_webhook_signed_with_the_token(tmp_path
         task = await start_with_push(client, hook, "m-1", chain="default", approve_before=["engineer"])
         first = (await hook.until("TASK_STATE_INPUT_REQUIRED"))[0]
         check_signed(first, keys, hook, task.id)
+        again = await start_with_push(client, hook, "m-1", chain="default", approve_before=["engineer"])
+        assert again.id == task.id and recorded(home, "push_configured") == 1, "a resend sets nothing twice"
 
         # the configs: read, listed (never with the token), a second one set and deleted
         got = await client.get_task_push_notification_config(
@@ -270,3 +281,29 @@ async def test_retries_and_a_restart_deliver_at_least_once(tmp_path: Path) -> No
         assert asked["kind"] == "gate", asked
         assert notes[-1].headers["x-a2a-notification-token"] == CLIENT_TOKEN
     no_secret_in(home)
+
+
+async def test_without_a_key_push_is_not_offered(tmp_path: Path) -> None:
+    async with push_server(tmp_path, free_port()) as (base, _), a2a_client(base) as client:
+        async with httpx.AsyncClient() as http:
+            card = (await http.get(f"{base}/.well-known/agent-card.json")).json()
+            assert card["capabilities"].get("pushNotifications", False) is False
+            assert (await http.get(f"{base}/.well-known/a2a-push-jwks.json")).status_code == 404
+        task = await send(client, message("Add a health endpoint.", "m-1"), at_once=True)
+        config = TaskPushNotificationConfig(task_id=task.id, id="hook-1", url="https://hooks.example/a2a")
+        with pytest.raises(PushNotificationNotSupportedError):
+            await client.create_task_push_notification_config(config)
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                f"{base}/a2a",
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "CreateTaskPushNotificationConfig",
+                    "params": {"taskId": task.id, "id": "hook-1", "url": "https://hooks.example/a2a"},
+                },
+                headers={"A2A-Version": "1.0"},
+            )
+        # the server's own answer, whatever the client checks before sending
+        assert answer.json()["error"]["code"] == -32003
+    assert "A2A push notifications are not offered" in read_log(tmp_path / "server.log")
