@@ -1,7 +1,8 @@
 """A2A push notifications: the state of a task, POSTed to each of its webhooks when it changes.
 
 **What is sent.** When a run with push configs (its head lists them: the notifier never reads the
-log of a run without) changes its A2A state or what it asks its caller (``submitted``,
+log of a run without; of a run with, the facts written since its last look, the whole log once)
+changes its A2A state or what it asks its caller (``submitted``,
 ``working``, ``input-required`` with a new question, ``completed``, ...), each of its configs is
 sent the task as ``GetTask`` shows it to its reader, as a ``StreamResponse`` (``{"task": ...}``,
 ``Content-Type: application/a2a+json``), first when the config is set. The headers:
@@ -41,7 +42,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -79,6 +80,8 @@ class Notice:
     body: bytes
 
 
+#: one POST: (url, body, headers) -> how it went
+Post = Callable[[str, bytes, Mapping[str, str]], Awaitable[Posted]]
 #: the notice of a run's head (the task as ``GetTask`` shows it), made by the wire
 #: (:func:`server.a2a.sdk_face.push_notice`)
 Render = Callable[[RunHead], Awaitable[Notice]]
@@ -131,13 +134,17 @@ class PushNotifier:
         render: Render,
         resend_window_seconds: float,
         rng: random.Random | None = None,
+        post: Post | None = None,
     ) -> None:
         self._runtime = runtime
         self._keys = keys
         self._render = render
         self._resend_window = timedelta(seconds=resend_window_seconds)
         self._rng = rng or random.Random()
-        self._http = webhook_client()
+        #: the POST of one notification (a test's fake, else :func:`post_notification` on a pooled
+        #: client of the notifier's own)
+        self._http = webhook_client() if post is None else None
+        self._post_one = post or self._post_http
         #: the runs changed and not yet looked at (newest head of each)
         self._dirty: dict[str, RunHead] = {}
         self._woken = anyio.Event()
@@ -166,8 +173,9 @@ class PushNotifier:
                     for head in dirty.values():
                         await self._look_at(head)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._http.aclose()
+            if self._http is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._http.aclose()
 
     async def _scan(self) -> None:
         """Note every run whose last state a killed process may not have delivered."""
@@ -305,9 +313,11 @@ class PushNotifier:
             )
 
     async def _post(self, run_id: str, config: PushConfigured, notice: Notice) -> Posted:
-        return await post_notification(
-            self._http, config.url, notice.body, self._headers(run_id, config, notice)
-        )
+        return await self._post_one(config.url, notice.body, self._headers(run_id, config, notice))
+
+    async def _post_http(self, url: str, body: bytes, headers: Mapping[str, str]) -> Posted:
+        assert self._http is not None
+        return await post_notification(self._http, url, body, headers)
 
     def _headers(self, run_id: str, config: PushConfigured, notice: Notice) -> dict[str, str]:
         now = int(time.time())
