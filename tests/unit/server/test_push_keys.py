@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from orchestration.errors import InvalidArgument, TooLarge
+from orchestration.errors import ConfigError, InvalidArgument, TooLarge
 from server.a2a.push_keys import PushKeyError, PushKeys, SealBroken, seal_context
 from server.a2a.push_notifier import MAX_RETRY_SECONDS, backoff_delay
 from server.a2a.webhook_configs import check_url
+from server.settings.config import load_settings
 
 
 def pem_of(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) -> bytes:
@@ -98,3 +100,26 @@ def test_the_backoff_doubles_to_its_cap_with_jitter_or_takes_retry_after() -> No
         delay = backoff_delay(attempt, rng, None)
         assert 0 <= delay <= min(MAX_RETRY_SECONDS, 2 ** (attempt - 1))
     assert backoff_delay(3, rng, 12.0) == 12.0
+
+
+def test_the_key_comes_from_a_file_or_a_variable_and_is_never_shown(tmp_path: Path) -> None:
+    pem = pem_of(ec.generate_private_key(ec.SECP256R1()))
+    (tmp_path / "key.pem").write_bytes(pem)
+    config = tmp_path / "construct.toml"
+
+    config.write_text(f'[a2a]\npush_signing_key_file = "{tmp_path / "key.pem"}"\n')
+    assert load_settings(env={}, home=tmp_path).push_signing_key() == pem
+
+    config.write_text('[a2a]\npush_signing_key_env = "PUSH_KEY"\n')
+    settings = load_settings(env={"PUSH_KEY": pem.decode()}, home=tmp_path)
+    assert settings.push_signing_key() == pem
+    assert pem.decode() not in repr(settings)
+    unset = load_settings(env={}, home=tmp_path)  # only a server that offers push needs it
+    with pytest.raises(ConfigError, match="PUSH_KEY is not set"):
+        unset.push_signing_key()
+
+    config.write_text("")
+    assert load_settings(env={}, home=tmp_path).push_signing_key() is None
+    config.write_text(f'[a2a]\npush_signing_key_env = "PUSH_KEY"\npush_signing_key_file = "{tmp_path}/k"\n')
+    with pytest.raises(ConfigError, match="not both"):
+        load_settings(env={}, home=tmp_path)
