@@ -42,6 +42,7 @@ import hashlib
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -66,6 +67,9 @@ MAX_RETRY_SECONDS = 60.0
 SIGNATURE_SECONDS = 300
 #: the heads read per page of the startup scan
 _SCAN_PAGE = 200
+#: how many ended runs the notifier remembers having looked at (an older one looked at again is
+#: sent its last state again: a duplicate, which at-least-once allows)
+_ENDED_KEPT = 10_000
 CONTENT_TYPE = "application/a2a+json"
 
 
@@ -149,6 +153,8 @@ class PushNotifier:
         self._dirty: dict[str, RunHead] = {}
         self._woken = anyio.Event()
         self._runs: dict[str, _Watched] = {}
+        #: the runs that ended since this process started (the newest, in the order they ended)
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self._tg: TaskGroup | None = None
 
     async def changed(self, head: RunHead) -> None:
@@ -206,18 +212,29 @@ class PushNotifier:
             extra={"action": "push_resend"},
         )
 
-    async def _look_at(self, head: RunHead) -> None:
+    async def _look_at(self, noted: RunHead) -> None:
         """Bring the run's lanes to its configs in force, and hand them its state when it changed.
-        The configs are read from the facts written since the last look (the whole log once)."""
+        The head is read again (a noted one may be older than one already looked at: a lane is never
+        handed an older state after a newer one); the configs from the facts written since the last
+        look (the whole log once). A run that ended is looked at once."""
+        if noted.run_id in self._finished:
+            return
+        try:
+            head = await self._runtime.status(noted.run_id)
+        except ConstructError as exc:
+            log.warning(
+                "push notification of task %s not made: %s",
+                noted.run_id,
+                exc,
+                extra={"action": "push_render_failed", "run_id": noted.run_id},
+            )
+            return
+        if not head.push_configs and head.run_id not in self._runs:
+            return
         watched = self._runs.setdefault(head.run_id, _Watched())
         try:
             if head.push_configs and head.last_seq > watched.loaded_seq:
-                for fact in await self._runtime.read_facts(head.run_id, watched.loaded_seq):
-                    if isinstance(fact, PushConfigured):
-                        watched.configs[fact.config_id] = fact
-                    elif isinstance(fact, PushConfigDeleted):
-                        watched.configs.pop(fact.config_id, None)
-                    watched.loaded_seq = max(watched.loaded_seq, fact.seq)
+                await self._read_configs(watched, head.run_id)
             notice = await self._render(head) if head.push_configs else None
         except ConstructError as exc:
             log.warning(
@@ -227,16 +244,7 @@ class PushNotifier:
                 extra={"action": "push_render_failed", "run_id": head.run_id},
             )
             return
-        for config_id, lane in list(watched.lanes.items()):
-            config = watched.configs.get(config_id)
-            if config_id not in head.push_configs or config is None or config.seq != lane.config.seq:
-                watched.lanes.pop(config_id).close()  # deleted or replaced: nothing more sent to it
-        for config_id in head.push_configs:
-            config = watched.configs.get(config_id)
-            if config is not None and config_id not in watched.lanes:
-                lane = watched.lanes[config_id] = _Lane(config)
-                assert self._tg is not None
-                self._tg.start_soon(self._deliver, head.run_id, lane)
+        self._reconcile(watched, head)
         if notice is not None:
             for lane in watched.lanes.values():
                 if lane.sent_key != notice.key:
@@ -247,6 +255,33 @@ class PushNotifier:
                 lane.last = True
                 lane.ready.set()
             del self._runs[head.run_id]
+        if head.status.is_terminal:
+            self._finished[head.run_id] = None
+            if len(self._finished) > _ENDED_KEPT:
+                self._finished.popitem(last=False)
+
+    async def _read_configs(self, watched: _Watched, run_id: str) -> None:
+        """The run's configs, from the facts written after ``watched.loaded_seq``."""
+        for fact in await self._runtime.read_facts(run_id, watched.loaded_seq):
+            if isinstance(fact, PushConfigured):
+                watched.configs[fact.config_id] = fact
+            elif isinstance(fact, PushConfigDeleted):
+                watched.configs.pop(fact.config_id, None)
+            watched.loaded_seq = max(watched.loaded_seq, fact.seq)
+
+    def _reconcile(self, watched: _Watched, head: RunHead) -> None:
+        """A lane for each config in force: a deleted or replaced config's lane closed (nothing
+        more is sent to it), a new config's started."""
+        for config_id, lane in list(watched.lanes.items()):
+            config = watched.configs.get(config_id)
+            if config_id not in head.push_configs or config is None or config.seq != lane.config.seq:
+                watched.lanes.pop(config_id).close()
+        for config_id in head.push_configs:
+            config = watched.configs.get(config_id)
+            if config is not None and config_id not in watched.lanes:
+                lane = watched.lanes[config_id] = _Lane(config)
+                assert self._tg is not None
+                self._tg.start_soon(self._deliver, head.run_id, lane)
 
     async def _deliver(self, run_id: str, lane: _Lane) -> None:
         """Send the lane's newest notice, then wait for the next, until the lane is closed (or its
