@@ -19,6 +19,7 @@ from typing import Literal
 import anyio
 import mcp_types
 import uvicorn
+from anyio.abc import TaskGroup
 from mcp.server import MCPServer
 from mcp.server.request_state import RequestStateSecurity
 from starlette.types import ASGIApp
@@ -26,9 +27,11 @@ from starlette.types import ASGIApp
 from orchestration.chains import Catalog
 from orchestration.core import RunHead
 from orchestration.engine import Dispatcher, Runtime
-from orchestration.errors import ConstructError
+from orchestration.errors import ConfigError, ConstructError
 from orchestration.ops import at_startup
 from server.a2a.chain_agent import ChainAgent
+from server.a2a.push_keys import PushKeyError, PushKeys
+from server.a2a.push_notifier import PushNotifier
 from server.collector import tune_collector
 from server.mcp.arguments import UnknownToolRefusal
 from server.mcp.chain_prompts import PromptRefusal, register_chain_prompts
@@ -108,6 +111,9 @@ class ConstructApp:
         self._opened: OpenedRunStore | None = None
         # The [auth] issuer's resource server, when one is configured (HTTP only).
         self._oauth = OAuthResource(settings.auth) if settings.auth.enabled else None
+        # The A2A push notifier, made with the A2A app when push notifications are offered (HTTP
+        # only) and run by the lifespan.
+        self._notifier: Callable[[Runtime], PushNotifier] | None = None
 
     def build_server(self) -> MCPServer[Services]:
         limits = self.settings.limits()
@@ -206,6 +212,7 @@ class ConstructApp:
             await tg.start(subscriptions.run, services.publish_change, settings.poll_seconds)
             tg.start_soon(_report_behind, runtime)
             self._services = services
+            await self._notify(tg, runtime)  # after the services: it renders tasks with them
             _write_pid_file(settings.pid_file)
             log.info(
                 "server started: %s",
@@ -228,6 +235,14 @@ class ConstructApp:
                 log.info(
                     "server stopping", extra={"action": "server_stopping", "owner": runtime.settings.owner}
                 )
+
+    async def _notify(self, tg: TaskGroup, runtime: Runtime) -> None:
+        """Start the A2A push notifier in ``tg``, told of every write, when push is offered (a
+        write before it is covered by its startup scan, which follows its listening)."""
+        if self._notifier is not None:
+            notifier = self._notifier(runtime)
+            runtime.add_listener(notifier.changed)
+            await tg.start(notifier.run)
 
     # -- transports ------------------------------------------------------------------------------
 
@@ -318,14 +333,46 @@ class ConstructApp:
         except ImportError:
             log.info("A2A is not served: install construct-mcp[a2a]", extra={"action": "a2a_off"})
             return app
+        agent = ChainAgent(lambda: self._services)
+        keys = self._push_keys()
         a2a = a2a_app(
-            ChainAgent(lambda: self._services),
+            agent,
             self.catalog,
             server_version(),
             bearer=bool(self.settings.named_tokens()) or self._oauth is not None,
             public_url=None if self._oauth is None else self._oauth.audience,
+            push_keys=keys,
         )
+        if keys is not None:
+            from server.a2a.sdk_face import push_notice
+
+            window = self.settings.a2a.push_resend_window_seconds
+            self._notifier = lambda runtime: PushNotifier(
+                runtime, keys, lambda head: push_notice(agent, head), window
+            )
         return WithA2A(app, a2a, lambda rpc: self._guarded(BodyLimitMiddleware(rpc, max_bytes)), host)
+
+    def _push_keys(self) -> PushKeys | None:
+        """The key of A2A push notifications (``[a2a]``), or None: not offered (the log says so).
+        A key that is not usable stops the server (a config error, never quoting the key)."""
+        pem = self.settings.push_signing_key()
+        if pem is None:
+            log.info(
+                "A2A push notifications are not offered: no [a2a] push_signing_key_file or "
+                "push_signing_key_env is configured",
+                extra={"action": "a2a_push_off"},
+            )
+            return None
+        try:
+            keys = PushKeys(pem)
+        except PushKeyError as exc:
+            raise ConfigError(str(self.settings.config_file), "a2a", str(exc)) from None
+        log.info(
+            "A2A push notifications are offered, signed with key %s",
+            keys.kid,
+            extra={"action": "a2a_push_on"},
+        )
+        return keys
 
     def _guarded(self, app: ASGIApp) -> ASGIApp:
         """``app`` behind the bearer tokens and the ``[auth]`` issuer's access tokens, when any is

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import Field, TypeAdapter
 
@@ -345,6 +346,46 @@ class ChainUpgraded(_Fact):
     reason: str | None = None
 
 
+# -- A2A push notification configs (record format 7) -----------------------------------------
+
+
+class PushConfigured(_Fact):
+    """A caller asked for the run's status changes at a webhook (an A2A push notification config,
+    :mod:`server.a2a.push_notifier`). The client's ``token`` and its ``authentication`` credentials
+    are secrets: recorded only sealed (``sealed_token``, ``sealed_credentials``: AES-GCM under a
+    key of the server's signing key, :mod:`server.a2a.push_keys`), never in clear. A config of the
+    same ``config_id`` replaces the one before. Record format 7: an older reader must refuse a run
+    that has one (its webhook would stop hearing from the run)."""
+
+    type: Literal["push_configured"] = "push_configured"
+    format: int = Field(default=7, ge=1)
+    config_id: str
+    url: str
+    sealed_token: str | None = None
+    #: the HTTP authentication scheme of ``authentication`` (``Bearer``, ...), in clear
+    auth_scheme: str | None = None
+    sealed_credentials: str | None = None
+    #: the verified identity that set it (None: a local or unauthenticated caller)
+    by: str | None = None
+
+    @property
+    def origin(self) -> str:
+        """The webhook's scheme, host and port: what a log line or a timeline shows of it (its
+        path or query may carry what its owner keeps to itself)."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}"
+
+
+class PushConfigDeleted(_Fact):
+    """The push notification config ``config_id`` is removed: nothing more is sent to it.
+    Record format 7."""
+
+    type: Literal["push_config_deleted"] = "push_config_deleted"
+    format: int = Field(default=7, ge=1)
+    config_id: str
+    by: str | None = None
+
+
 Fact = Annotated[
     RunCreated
     | ApprovalRequested
@@ -362,7 +403,9 @@ Fact = Annotated[
     | ChildEnded
     | RunCancelled
     | RunFinished
-    | ChainUpgraded,
+    | ChainUpgraded
+    | PushConfigured
+    | PushConfigDeleted,
     Field(discriminator="type"),
 ]
 

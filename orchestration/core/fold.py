@@ -21,6 +21,8 @@ from orchestration.core.facts import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    PushConfigDeleted,
+    PushConfigured,
     RemoteRunCancelled,
     RemoteRunStarted,
     RouteDecided,
@@ -622,6 +624,17 @@ def _chain_upgraded(head: RunHead, fact: ChainUpgraded) -> _Change:
     return update, None
 
 
+def _push_configured(head: RunHead, fact: PushConfigured) -> _Change:
+    """A push notification config is set (replacing one of the same id)."""
+    ids = head.push_configs
+    return {"push_configs": ids if fact.config_id in ids else (*ids, fact.config_id)}, None
+
+
+def _push_config_deleted(head: RunHead, fact: PushConfigDeleted) -> _Change:
+    """A push notification config is removed (one the run does not have: nothing changes)."""
+    return {"push_configs": tuple(i for i in head.push_configs if i != fact.config_id)}, None
+
+
 #: the handler of each fact type after ``run_created`` (found by the fact's exact type: the facts are
 #: a closed union of final records; tests/unit/core/test_fold_handlers.py checks that every one is here)
 _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
@@ -641,6 +654,8 @@ _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
     RunCancelled: _run_cancelled,
     RunFinished: _run_finished,
     ChainUpgraded: _chain_upgraded,
+    PushConfigured: _push_configured,
+    PushConfigDeleted: _push_config_deleted,
 }
 
 

@@ -587,6 +587,10 @@ class RunHead(Frozen):
     #: keeps the creation chain apart from the head keeps this run's chain with its head. Left out
     #: of the record when False
     chain_moved: bool = Field(default=False, exclude_if=lambda v: not v)
+    #: the ids of the run's A2A push notification configs (``push_configured`` less
+    #: ``push_config_deleted``; the configs themselves are in those facts): the notifier reads this
+    #: at each change, the log only for a run that has some. Left out of the record when empty
+    push_configs: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     #: the record format a reader must understand to read this head: the highest ``format`` of the
     #: facts folded into it (see "Record formats" in docs/development.md). Declared last, so
     #: that a stored head starts with ``run_id``, ``version`` and ``last_seq``.

@@ -29,6 +29,7 @@ from orchestration.engine.deltas import OutputDeltas, OutputPiece, TaskText
 from orchestration.engine.dispatcher import Dispatcher
 from orchestration.engine.host_writes import Forgetful, RunMemory, Written
 from orchestration.engine.leased_run import RuntimeSettings
+from orchestration.engine.push_configs import delete_push_config, push_configs_in, set_push_config
 from orchestration.engine.reading import RunSnapshot
 from orchestration.engine.runtime import Runtime
 from orchestration.engine.start_window import repeated
@@ -47,9 +48,12 @@ __all__ = [
     "TaskText",
     "Upgrade",
     "Written",
+    "delete_push_config",
     "is_settled",
     "live_children",
     "named",
     "parse_version",
+    "push_configs_in",
     "repeated",
+    "set_push_config",
 ]

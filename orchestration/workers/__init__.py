@@ -22,6 +22,7 @@ from orchestration.workers.provider_worker import (
     contract_resolver,
 )
 from orchestration.workers.token_endpoint import TokenEndpointError, exchange_code, introspect
+from orchestration.workers.webhooks import Posted, post_notification, webhook_client
 
 __all__ = [
     "A2A_EXTRA",
@@ -34,6 +35,7 @@ __all__ = [
     "AgentWorker",
     "AgentsByProtocol",
     "MaxTokensField",
+    "Posted",
     "ProviderEndpoint",
     "ProviderName",
     "ProviderSettings",
@@ -47,4 +49,6 @@ __all__ = [
     "introspect",
     "make_http_client",
     "open_session",
+    "post_notification",
+    "webhook_client",
 ]

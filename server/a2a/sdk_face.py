@@ -18,11 +18,14 @@ says what, as text and as a data part), ``completed`` (also with failed optional
 the run needs its caller or ended, or after :data:`~server.a2a.chain_agent.BLOCKING_WAIT_SECONDS`
 with the task still working. A stream sends the task, then each status change, each task's output
 as its text grows (an artifact per task, appended) and whole once recorded; it ends when the task
-needs its caller or ended. Push notifications are not offered (the card says so), nor the extended
-card (both unsupported operations). A message to a task that has ended is an unsupported operation
-too, unless it repeats a reply the task took; one whose ``contextId`` is not its task's is invalid
-params. The ``A2A-Version`` may come as a query parameter instead of the header. Errors: this
-server's codes, as the message's prefix and in ``data.code`` (the error detail's metadata).
+needs its caller or ended. Push notifications (``CreateTaskPushNotificationConfig``, ``Get``,
+``List``, ``Delete``, and ``configuration.taskPushNotificationConfig`` of ``SendMessage``) are
+offered when a signing key is configured (:mod:`server.a2a.push_notifier`; the card says whether),
+their key set at ``/.well-known/a2a-push-jwks.json`` (no token); the extended card is not (an
+unsupported operation). A message to a task that has ended is an unsupported operation too, unless
+it repeats a reply the task took; one whose ``contextId`` is not its task's is invalid params. The
+``A2A-Version`` may come as a query parameter instead of the header. Errors: this server's codes,
+as the message's prefix and in ``data.code`` (the error detail's metadata).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from a2a.types import (
     SecurityRequirement,
     SecurityScheme,
     SendMessageRequest,
+    StreamResponse,
     SubscribeToTaskRequest,
     Task,
     TaskArtifactUpdateEvent,
@@ -100,6 +104,9 @@ from server.a2a.chain_agent import (
     RunState,
     TaskEnded,
 )
+from server.a2a.push_keys import PushKeys
+from server.a2a.push_notifier import Notice
+from server.a2a.webhook_configs import WebhookConfig, WebhookConfigs
 from server.identity import Caller, caller_of
 from server.transports.http import security_settings
 
@@ -109,6 +116,8 @@ log = logging.getLogger("construct.a2a")
 CARD_PATH = "/.well-known/agent-card.json"
 #: the JSON-RPC endpoint
 RPC_PATH = "/a2a"
+#: the public key set that push notifications' signatures are checked with (no token needed)
+PUSH_JWKS_PATH = "/.well-known/a2a-push-jwks.json"
 #: the A2A protocol version served
 PROTOCOL_VERSION = "1.0"
 #: how long one wait of a stream lasts before it looks again (a stream lives as long as its task
@@ -118,6 +127,11 @@ STREAM_WAIT_SECONDS = 15.0
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
 _CALLER = "construct.caller"
+#: whom a push notification's task is shown as: a reader of every run (a config's creator needed
+#: what ``run_status`` needs, so it reads what its webhook receives)
+_NOTIFIED = Caller(
+    identity=None, roles=frozenset({"read"}), own_runs_only=False, channel="http", verified=False
+)
 
 STATES: dict[RunStatus, TaskState] = {
     RunStatus.QUEUED: TaskState.TASK_STATE_SUBMITTED,
@@ -219,6 +233,41 @@ def task_of(run: RunState) -> Task:
     )
 
 
+async def push_notice(agent: ChainAgent, head: RunHead) -> Notice:
+    """``head``'s task as a push notification carries it (a ``StreamResponse`` holding the task;
+    :mod:`server.a2a.push_notifier`), and what a webhook is told again only when it changes: the
+    A2A state and the questions asked."""
+    run = await agent.state(_NOTIFIED, head)
+    asked = ",".join(f"{q.run_id}/{q.gate_id or q.task_id}" for q in run.questions)
+    body = json.dumps(MessageToDict(StreamResponse(task=task_of(run))), separators=(",", ":")).encode()
+    return Notice(
+        run_id=head.run_id,
+        version=head.version,
+        key=f"{TaskState.Name(state_of(run))}[{asked}]",
+        body=body,
+    )
+
+
+def _webhook_config(task_id: str, config: TaskPushNotificationConfig) -> WebhookConfig:
+    auth = config.authentication if config.HasField("authentication") else None
+    return WebhookConfig(
+        config_id=config.id,
+        task_id=task_id,
+        url=config.url,
+        token=config.token or None,
+        auth_scheme=(auth.scheme or None) if auth is not None else None,
+        credentials=(auth.credentials or None) if auth is not None else None,
+    )
+
+
+def _push_config(config: WebhookConfig) -> TaskPushNotificationConfig:
+    """A config as an answer shows it: no token, no credentials."""
+    shown = TaskPushNotificationConfig(id=config.config_id, task_id=config.task_id, url=config.url)
+    if config.auth_scheme:
+        shown.authentication.scheme = config.auth_scheme
+    return shown
+
+
 def _a2a_error(exc: ConstructError) -> A2AError:
     """This server's error as the A2A error a client reads: its code first in the message and in
     ``data.code``."""
@@ -289,19 +338,39 @@ def _reply(message: Message) -> Reply:
 class ChainHandler(RequestHandler):
     """The A2A methods, answered from the runs (:class:`~server.a2a.chain_agent.ChainAgent`)."""
 
-    def __init__(self, agent: ChainAgent) -> None:
+    def __init__(self, agent: ChainAgent, configs: WebhookConfigs | None = None) -> None:
         self._agent = agent
+        #: the push notification configs; None: push notifications are not offered
+        self._configs = configs
 
     async def _sent(self, params: SendMessageRequest, caller: Caller) -> RunHead:
-        """The run a message starts, or the run it continues once the reply is handed in."""
+        """The run a message starts, or the run it continues once the reply is handed in; and the
+        push notification config the message's configuration gives, set on it."""
         message = params.message
+        pushed = params.configuration.HasField("task_push_notification_config")
+        if pushed and self._configs is None:
+            raise PushNotificationNotSupportedError()
+        if pushed and self._configs is not None:  # refused before a run is started with it
+            self._configs.check(_webhook_config("", params.configuration.task_push_notification_config))
         if message.task_id:
-            return await self._agent.answer(
+            head = await self._agent.answer(
                 caller, message.task_id, _reply(message), message.context_id or None
             )
-        named = _metadata(message)
-        text = "\n".join(p.text for p in message.parts if p.HasField("text"))
-        return await self._agent.start(caller, text, named, message.context_id or None, message.message_id)
+        else:
+            named = _metadata(message)
+            text = "\n".join(p.text for p in message.parts if p.HasField("text"))
+            head = await self._agent.start(
+                caller, text, named, message.context_id or None, message.message_id
+            )
+        if pushed and self._configs is not None:
+            config = params.configuration.task_push_notification_config
+            await self._configs.set(caller, _webhook_config(head.run_id, config))
+        return head
+
+    def _push(self) -> WebhookConfigs:
+        if self._configs is None:
+            raise PushNotificationNotSupportedError()
+        return self._configs
 
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         caller = _caller(context)
@@ -441,22 +510,28 @@ class ChainHandler(RequestHandler):
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        configs, caller = self._push(), _caller(context)
+        set_ = configs.set(caller, _webhook_config(params.task_id, params))
+        return _push_config(await _answered(set_))
 
     async def on_get_task_push_notification_config(
         self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        configs, caller = self._push(), _caller(context)
+        return _push_config(await _answered(configs.get(caller, params.task_id, params.id)))
 
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError()
+        configs, caller = self._push(), _caller(context)
+        listed = await _answered(configs.listed(caller, params.task_id))
+        return ListTaskPushNotificationConfigsResponse(configs=[_push_config(c) for c in listed])
 
     async def on_delete_task_push_notification_config(
         self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise PushNotificationNotSupportedError()
+        configs, caller = self._push(), _caller(context)
+        await _answered(configs.delete(caller, params.task_id, params.id))
 
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
@@ -476,7 +551,9 @@ class _CallerContext(DefaultServerCallContextBuilder):
         return context
 
 
-def agent_card(catalog: Catalog, base_url: str, version: str, bearer: bool) -> AgentCard:
+def agent_card(
+    catalog: Catalog, base_url: str, version: str, bearer: bool, *, push: bool = False
+) -> AgentCard:
     """The agent card: one skill per chain, the JSON-RPC interface at ``base_url`` + ``/a2a``."""
     skills = [
         AgentSkill(
@@ -505,7 +582,7 @@ def agent_card(catalog: Catalog, base_url: str, version: str, bearer: bool) -> A
                 protocol_version=PROTOCOL_VERSION,
             )
         ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=push),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain", "application/json"],
         skills=skills,
@@ -521,22 +598,41 @@ def agent_card(catalog: Catalog, base_url: str, version: str, bearer: bool) -> A
 
 
 def a2a_app(
-    agent: ChainAgent, catalog: Catalog, version: str, *, bearer: bool, public_url: str | None
+    agent: ChainAgent,
+    catalog: Catalog,
+    version: str,
+    *,
+    bearer: bool,
+    public_url: str | None,
+    push_keys: PushKeys | None = None,
 ) -> ASGIApp:
     """The A2A app: the card (``GET``, no token) and the JSON-RPC endpoint (``POST``, guarded by
     whoever mounts it). The card names the endpoint at ``public_url``'s origin (the ``[auth]``
-    audience, which clients reach), else at the origin the card was asked at."""
+    audience, which clients reach), else at the origin the card was asked at. With
+    ``push_keys``, push notifications are offered (the card says so) and their key set is served
+    at :data:`PUSH_JWKS_PATH` (``GET``, no token)."""
 
     public = None if public_url is None else urlsplit(public_url)
+    push = push_keys is not None
 
     async def card(request: Request) -> Response:
         base = str(request.base_url) if public is None else f"{public.scheme}://{public.netloc}"
-        return JSONResponse(agent_card_to_dict(agent_card(catalog, base, version, bearer)))
+        return JSONResponse(agent_card_to_dict(agent_card(catalog, base, version, bearer, push=push)))
 
+    configs = None if push_keys is None else WebhookConfigs(agent, push_keys)
     routes = [
         Route(CARD_PATH, card, methods=["GET"]),
-        *create_jsonrpc_routes(ChainHandler(agent), RPC_PATH, _CallerContext(), enable_v0_3_compat=True),
+        *create_jsonrpc_routes(
+            ChainHandler(agent, configs), RPC_PATH, _CallerContext(), enable_v0_3_compat=True
+        ),
     ]
+    if push_keys is not None:
+        key_set = push_keys.jwks()
+
+        async def jwks(_request: Request) -> Response:
+            return JSONResponse(key_set, headers={"Cache-Control": "max-age=300"})
+
+        routes.append(Route(PUSH_JWKS_PATH, jwks, methods=["GET"]))
     return Starlette(routes=routes)
 
 
@@ -573,8 +669,9 @@ def _version_from_query(scope: Scope) -> Scope:
 
 
 class WithA2A:
-    """Sends the agent card's path to the A2A app without a token, ``/a2a`` to it behind
-    ``guard`` (the tokens of ``/mcp``, the body limit), everything else to ``app``."""
+    """Sends the agent card's path (and the push key set's) to the A2A app without a token,
+    ``/a2a`` to it behind ``guard`` (the tokens of ``/mcp``, the body limit), everything else to
+    ``app``."""
 
     def __init__(self, app: ASGIApp, a2a: ASGIApp, guard: Callable[[ASGIApp], ASGIApp], host: str) -> None:
         self._app = app
@@ -583,7 +680,7 @@ class WithA2A:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path == CARD_PATH:
+        if path in (CARD_PATH, PUSH_JWKS_PATH):
             await self._card(scope, receive, send)
         elif path == RPC_PATH:
             await self._rpc(_version_from_query(scope), receive, send)

@@ -21,6 +21,7 @@ from orchestration.core import AGENT_APPROVER, Budget, Limits, Price
 from orchestration.errors import ConfigError
 from orchestration.workers import MaxTokensField, StructuredOutputMode
 from server.identity import AUTH_TOKEN_IDENTITY, IDENTITY_PATTERN, ROLES, NamedToken, Role
+from server.settings.a2a_face import A2aTable
 from server.settings.agents import AgentTable, check_agent_names
 from server.settings.oauth import AuthTable
 from server.settings.sources import (
@@ -372,6 +373,12 @@ class Settings(BaseSettings):
         "may carry besides the static tokens (see 'Signing in with your identity provider' in "
         "docs/deployment.md)",
     )
+    #: ``[a2a]``: the A2A face's push notifications (:mod:`server.settings.a2a_face`)
+    a2a: Annotated[A2aTable, Table("the [a2a] table")] = Field(
+        default_factory=A2aTable,
+        description="the A2A face's push notifications: the key that signs them, and their limits (see "
+        "'Other agents: A2A' in docs/hosts.md)",
+    )
     #: ``[prices."<model>"]``: over the dated defaults (see :func:`orchestration.core.pricing.price_table`)
     prices: Annotated[
         dict[str, Price], Table("a prices table", "see 'Costs and budgets' in docs/operations.md")
@@ -394,11 +401,12 @@ class Settings(BaseSettings):
     #: What is wrong with the ``[tokens]`` tables once the environment is read (a variable not set,
     #: a duplicate token), raised by :meth:`named_tokens`.
     tokens_error: ConfigError | None = Field(default=None, repr=False)
-    #: The client secrets ``[auth]`` names by variable, read at load (kept out of ``repr``): ``page``
-    #: (``page_client_secret_env``), ``introspection`` (``introspection_client_secret_env``).
-    auth_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
-    #: Those variables not set, raised by :meth:`page_secret` and :meth:`introspection_secret`.
-    auth_secret_errors: dict[str, ConfigError] = Field(default_factory=dict, repr=False)
+    #: The secrets the configuration names by environment variable, read at load (kept out of
+    #: ``repr``): ``page`` (``[auth] page_client_secret_env``), ``introspection``
+    #: (``[auth] introspection_client_secret_env``), ``push_key`` (``[a2a] push_signing_key_env``).
+    env_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    #: Those variables not set, raised when the secret is asked for (:meth:`page_secret`, ...).
+    env_secret_errors: dict[str, ConfigError] = Field(default_factory=dict, repr=False)
     #: Where each explicitly set field came from: ``--flag``, ``config`` or the variable's name.
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -480,6 +488,23 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         return Limits(max_request_chars=self.max_request_chars, max_output_chars=self.max_output_chars)
 
+    def push_signing_key(self) -> bytes | None:
+        """The PEM key of ``[a2a]`` that signs push notifications (None: none configured, push
+        notifications are not offered). Raises ConfigError for a variable not set or a file that
+        cannot be read (never quoting the key)."""
+        pem = self._env_secret("push_key")
+        if pem is not None:
+            return pem.encode()
+        path = self.a2a.push_signing_key_file
+        if path is None:
+            return None
+        try:
+            return path.expanduser().read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                str(self.config_file), "a2a.push_signing_key_file", f"cannot read {path}: {exc.strerror}"
+            ) from None
+
     def named_tokens(self) -> tuple[NamedToken, ...]:
         """Every token HTTP requests may carry: ``auth_token`` as the identity
         :data:`~server.identity.AUTH_TOKEN_IDENTITY` with every role, then ``[tokens]``. Raises
@@ -493,18 +518,18 @@ class Settings(BaseSettings):
     def page_secret(self) -> str | None:
         """The run pages' client secret (None: a public client). Raises the ``ConfigError`` of a
         ``page_client_secret_env`` that is not set: the HTTP transports call this before they start."""
-        return self._auth_secret("page")
+        return self._env_secret("page")
 
     def introspection_secret(self) -> str | None:
         """The secret of the client opaque tokens are introspected as (None: a public client);
         raises as :meth:`page_secret` does."""
-        return self._auth_secret("introspection")
+        return self._env_secret("introspection")
 
-    def _auth_secret(self, kind: str) -> str | None:
-        error = self.auth_secret_errors.get(kind)
+    def _env_secret(self, kind: str) -> str | None:
+        error = self.env_secret_errors.get(kind)
         if error is not None:
             raise error
-        return self.auth_secrets.get(kind)
+        return self.env_secrets.get(kind)
 
 
 #: Environment variable -> settings field (the prefix ``OTEL_`` stands for every variable it starts).
@@ -583,7 +608,7 @@ def load_settings(
     # BaseSettings.__init__ takes the sources to merge as its documented _build_sources argument
     # (mypy sees only the signature made of the fields).
     settings = Settings(_build_sources=((resolved, *read), {}))  # type: ignore[call-arg]
-    settings = settings.model_copy(update=_auth_secrets(settings.auth, env, str(file)))
+    settings = settings.model_copy(update=_env_secrets(settings, env, str(file)))
     try:
         tokens = _named_tokens(settings.tokens, env, str(file), settings.auth_token)
     except ConfigError as exc:
@@ -593,14 +618,16 @@ def load_settings(
     return settings.model_copy(update={"bearer_tokens": tokens})
 
 
-def _auth_secrets(auth: AuthTable, env: Mapping[str, str], source: str) -> dict[str, object]:
-    """The update that puts the client secrets ``auth`` names by variable on the settings, and the
-    errors of those variables that are not set (each naming the variable, never a value)."""
+def _env_secrets(settings: Settings, env: Mapping[str, str], source: str) -> dict[str, object]:
+    """The update that puts the secrets the configuration names by variable on the settings, and
+    the errors of those variables that are not set (each naming the variable, never a value)."""
     secrets: dict[str, str] = {}
     errors: dict[str, ConfigError] = {}
+    auth = settings.auth
     for kind, key, name in (
-        ("page", "page_client_secret_env", auth.page_client_secret_env),
-        ("introspection", "introspection_client_secret_env", auth.introspection_client_secret_env),
+        ("page", "auth.page_client_secret_env", auth.page_client_secret_env),
+        ("introspection", "auth.introspection_client_secret_env", auth.introspection_client_secret_env),
+        ("push_key", "a2a.push_signing_key_env", settings.a2a.push_signing_key_env),
     ):
         if name is None:
             continue
@@ -608,8 +635,8 @@ def _auth_secrets(auth: AuthTable, env: Mapping[str, str], source: str) -> dict[
         if secret:
             secrets[kind] = secret
         else:
-            errors[kind] = ConfigError(source, f"auth.{key}", f"the environment variable {name} is not set")
-    return {"auth_secrets": secrets, "auth_secret_errors": errors}
+            errors[kind] = ConfigError(source, key, f"the environment variable {name} is not set")
+    return {"env_secrets": secrets, "env_secret_errors": errors}
 
 
 def _named_tokens(

@@ -20,6 +20,8 @@ from orchestration.core import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    PushConfigDeleted,
+    PushConfigured,
     RouteDecided,
     RunCancelled,
     RunCreated,
@@ -161,6 +163,16 @@ def _chain_upgraded(fact: ChainUpgraded) -> str:
     return f"moved to chain version {fact.to_hash[:12]} (from {fact.from_hash[:12]}){by}{why}"
 
 
+def _push_configured(fact: PushConfigured) -> str:
+    # the webhook's origin only: its path or query may carry what its owner keeps to itself
+    by = f" by {fact.by}" if fact.by else ""
+    return f"push notifications to {fact.origin} (config {fact.config_id}){by}"
+
+
+def _push_config_deleted(fact: PushConfigDeleted) -> str:
+    return f"push notification config {fact.config_id} removed{f' by {fact.by}' if fact.by else ''}"
+
+
 #: What :func:`describe_fact` says of each fact type (by its class: no fact type subclasses another).
 _DESCRIBERS: dict[type[Any], Callable[[Any], str]] = {
     RunCreated: _run_created,
@@ -176,6 +188,8 @@ _DESCRIBERS: dict[type[Any], Callable[[Any], str]] = {
     RunCancelled: _run_cancelled,
     RunFinished: _run_finished,
     ChainUpgraded: _chain_upgraded,
+    PushConfigured: _push_configured,
+    PushConfigDeleted: _push_config_deleted,
 }
 
 

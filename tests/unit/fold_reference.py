@@ -22,6 +22,8 @@ from orchestration.core.facts import (
     Fact,
     HostOutputSubmitted,
     HostTaskPrepared,
+    PushConfigDeleted,
+    PushConfigured,
     RemoteRunStarted,
     RouteDecided,
     RunCancelled,
@@ -381,6 +383,11 @@ def apply(head: RunHead | None, fact: Fact, *, keep_history: bool = False) -> Ru
                 if waiting
             ]
             update |= _with_status(head, waits[0] if waits else RunStatus.QUEUED)
+    elif isinstance(fact, PushConfigured):
+        ids = head.push_configs
+        update["push_configs"] = ids if fact.config_id in ids else (*ids, fact.config_id)
+    elif isinstance(fact, PushConfigDeleted):
+        update["push_configs"] = tuple(i for i in head.push_configs if i != fact.config_id)
     else:  # pragma: no cover - the union is closed
         raise IllegalTransition(f"unknown fact {fact!r}")
     changed = update.get("tasks")
