@@ -149,7 +149,7 @@ def _unknown_setting(settings_cls: type[BaseModel], name: str) -> str:
         return f"unknown setting{hint}"
     return (
         f"unknown setting; the known settings are: {', '.join(keys)} "
-        "(and the tables specialists, chains, providers, tokens, auth, agents)"
+        "(and the tables specialists, chains, providers, tokens, auth, agents, a2a)"
     )
 
 

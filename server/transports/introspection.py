@@ -19,14 +19,22 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-import httpx2
 from cachetools import LRUCache
 
 from orchestration.workers import TokenEndpointError, introspect
 from server.settings.oauth import AuthTable
 from server.transports.jwt_adapter import IssuerKeys, IssuerUnreachable, TokenRefused
+
+
+class Asker(Protocol):
+    """How the issuer is asked (:func:`orchestration.workers.introspect`)."""
+
+    async def __call__(
+        self, endpoint: str, token: str, /, *, client_id: str, client_secret: str | None
+    ) -> dict[str, Any]: ...
+
 
 #: How many introspected tokens are kept at most.
 MAX_KEPT = 4096
@@ -48,7 +56,7 @@ class Introspection:
         client_secret: str | None,
         *,
         clock: Callable[[], float] = time.time,
-        transport: httpx2.AsyncBaseTransport | None = None,
+        ask: Asker = introspect,
     ) -> None:
         assert table.introspection_client_id is not None and table.audience is not None
         self._table = table
@@ -56,7 +64,7 @@ class Introspection:
         self._client_id = table.introspection_client_id
         self._secret = client_secret
         self._clock = clock
-        self._transport = transport
+        self._ask = ask
         self._kept: LRUCache[str, tuple[float, dict[str, Any]]] = LRUCache(maxsize=MAX_KEPT)
 
     async def claims(self, token: str) -> dict[str, Any]:
@@ -72,13 +80,7 @@ class Introspection:
                 "the token is not a JWT and the issuer's metadata names no introspection_endpoint"
             )
         try:
-            answer = await introspect(
-                endpoint,
-                token,
-                client_id=self._client_id,
-                client_secret=self._secret,
-                transport=self._transport,
-            )
+            answer = await self._ask(endpoint, token, client_id=self._client_id, client_secret=self._secret)
         except TokenEndpointError as exc:
             raise IssuerUnreachable(str(exc)) from exc
         claims = self._checked(answer, now)

@@ -3,12 +3,14 @@ be taken, how long an answer is kept, and that the token never reaches an error.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 import httpx2
 import pytest
 
+from orchestration.workers import introspect
 from server.settings.oauth import AuthTable
 from server.transports.introspection import Introspection, looks_like_jwt
 from server.transports.jwt_adapter import IssuerUnreachable, TokenRefused
@@ -63,7 +65,7 @@ def introspection(
         keys,  # type: ignore[arg-type]
         "the-secret",
         clock=lambda: clock[0],
-        transport=issuer.transport(),
+        ask=functools.partial(introspect, transport=issuer.transport()),
     )
 
 

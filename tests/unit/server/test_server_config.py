@@ -99,7 +99,7 @@ def test_a_bad_environment_variable_is_named(variable: str, value: str, problem:
         ("dispatch_concurrency = 'lots'\n", "dispatch_concurrency", "must be a whole number"),
         ("stoer = 'memory'\n", "stoer", "unknown setting (did you mean 'store'?)"),
         ("chians = 1\n", "chians", "unknown setting (did you mean 'chains'?)"),
-        ("zzzz = 1\n", "zzzz", "unknown setting; the known settings are: agents, auth, auth_token"),
+        ("zzzz = 1\n", "zzzz", "unknown setting; the known settings are: a2a, agents, auth, auth_token"),
         ("fault_crash_after_writes = 3\n", "fault_crash_after_writes", "only be set in the environment"),
         ("openai_base_url = 'http://x'\n", "openai_base_url", "[providers.openai]"),
         ("[providers.bogus]\napi_key = 'k'\n", "providers.bogus", "'anthropic'"),
