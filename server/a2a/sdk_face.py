@@ -92,6 +92,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 
 from orchestration.chains import Catalog
 from orchestration.core import RunHead, RunStatus, whole_numbers
@@ -668,6 +669,57 @@ def _version_from_query(scope: Scope) -> Scope:
     return scope
 
 
+class JsonRpcRefusals:
+    """The refusals made before the A2A app sees a request (no or a bad token: 401, 403; a body
+    over the limit: 413; 503 when the issuer cannot be asked) as JSON-RPC error responses, their
+    status and headers (``WWW-Authenticate``) kept: an A2A client reads the ``error`` member of the
+    body as a JSON-RPC error and would otherwise show none of what the refusal says. The message
+    starts with the refusal's code (``unauthorized``, ``invalid_token``, ``too_large``, ...)."""
+
+    REFUSALS = frozenset({401, 403, 413, 503})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        held: dict[str, Any] = {}
+
+        async def answered(message: ASGIMessage) -> None:
+            if message["type"] == "http.response.start" and message["status"] in self.REFUSALS:
+                held["start"] = message
+                return
+            if "start" not in held or message["type"] != "http.response.body":
+                await send(message)
+                return
+            held["body"] = held.get("body", b"") + message.get("body", b"")
+            if not message.get("more_body", False):
+                await self._send_rewritten(send, held["start"], held["body"])
+
+        await self._app(scope, receive, answered)
+
+    @staticmethod
+    async def _send_rewritten(send: Send, start: ASGIMessage, body: bytes) -> None:
+        try:
+            refusal = json.loads(body)
+        except ValueError:
+            refusal = None
+        if not isinstance(refusal, dict) or "jsonrpc" in refusal:
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+            return
+        code = refusal.get("error") if isinstance(refusal.get("error"), str) else "refused"
+        said = refusal.get("error_description") or refusal.get("message") or ""
+        error = {"code": -32600, "message": f"{code}: {said}".rstrip(": "), "data": {"code": code}}
+        rewritten = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(rewritten)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": rewritten})
+
+
 class WithA2A:
     """Sends the agent card's path (and the push key set's) to the A2A app without a token,
     ``/a2a`` to it behind ``guard`` (the tokens of ``/mcp``, the body limit), everything else to
@@ -676,7 +728,7 @@ class WithA2A:
     def __init__(self, app: ASGIApp, a2a: ASGIApp, guard: Callable[[ASGIApp], ASGIApp], host: str) -> None:
         self._app = app
         self._card = a2a
-        self._rpc = LoopbackNames(guard(a2a), host)
+        self._rpc = LoopbackNames(JsonRpcRefusals(guard(a2a)), host)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""

@@ -254,7 +254,15 @@ async def test_tokens_roles_and_own_runs_only(tmp_path: Path) -> None:
             bare = await http.post(
                 f"{base}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {}}
             )
-            assert bare.status_code == 401
+            assert bare.status_code == 401 and bare.headers["www-authenticate"].startswith("Bearer")
+            # a JSON-RPC error an A2A client can read, saying what is wrong
+            assert bare.json()["error"]["message"].startswith("unauthorized: send 'Authorization: Bearer")
+            wrong = await http.post(
+                f"{base}/a2a",
+                json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {}},
+                headers={"Authorization": "Bearer not-a-token-of-this-server"},
+            )
+            assert wrong.status_code == 401 and wrong.json()["error"]["data"]["code"] == "unauthorized"
         async with a2a_client(base, ALICE) as alice, a2a_client(base, BOB) as bob:
             secret = await send(alice, message("Alice's secret plan.", "a-1"), at_once=True)
             with pytest.raises(A2AError) as hidden:
