@@ -145,6 +145,24 @@ class Decision:
         )
 
 
+def check_answer(gate: GateState, asked: Decision) -> None:
+    """For a ``question`` gate (a remote A2A agent's question: see
+    :mod:`orchestration.engine.agent_questions`): ``InvalidArgument`` for ``revise`` (nothing of
+    this run to redo) and for ``approve`` without a comment (the comment is the answer sent)."""
+    if gate.position != "question":
+        return
+    if asked.decision == "revise":
+        raise InvalidArgument(
+            f"gate {gate.gate_id} is agent {gate.agent}'s question: approve with the answer as "
+            "comment, or reject to decline it (the step fails)"
+        )
+    if asked.decision == "approve" and not (asked.comment or "").strip():
+        raise InvalidArgument(
+            f"gate {gate.gate_id} is agent {gate.agent}'s question: approve it with the answer as "
+            "comment (sent to the agent as the next message), or reject to decline it"
+        )
+
+
 def check_decision(asked: Decision, limits: Limits) -> None:
     """Refuse a decision malformed whatever the run: an unknown verb, a bad gate id, text over
     the limits."""

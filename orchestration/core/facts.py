@@ -212,6 +212,55 @@ class RemoteRunCancelled(_Fact):
     error: str | None = None
 
 
+class AgentQuestionAsked(_Fact):
+    """An agent step's remote A2A task stopped at ``input-required``: its question becomes the
+    ``question`` gate ``gate_id`` of this run (requested at once), and the attempt is parked
+    there, nobody following the remote task, until the gate is decided (see
+    :mod:`orchestration.engine.agent_questions`). ``question``: the text parts of the task's
+    status message (a data part as JSON); ``context_id``: the task's, which the answer names;
+    ``asked_id``: the status message's id (or its time), so the same question read twice is
+    asked once. Record format 8."""
+
+    type: Literal["agent_question_asked"] = "agent_question_asked"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    agent: str
+    remote_run_id: str
+    context_id: str | None = None
+    gate_id: str
+    number: int
+    question: str
+    asked_id: str | None = None
+
+
+class AgentAnswerSending(_Fact):
+    """The answer decided at the ``question`` gate ``gate_id`` is about to be sent as
+    ``message_id`` (recorded *before* the send, as ``attempt_started`` before a call): a send
+    found recorded but not ended was perhaps made, so the next is ``possible_duplicate_call``.
+    Record format 8."""
+
+    type: Literal["agent_answer_sending"] = "agent_answer_sending"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    gate_id: str
+    message_id: str
+    possible_duplicate_call: bool = False
+
+
+class AgentAnswerSent(_Fact):
+    """The remote agent accepted the answer to the ``question`` gate ``gate_id``: the remote
+    task is followed again. Record format 8."""
+
+    type: Literal["agent_answer_sent"] = "agent_answer_sent"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    gate_id: str
+    message_id: str
+
+
 class AttemptFailed(_Fact):
     type: Literal["attempt_failed"] = "attempt_failed"
     task_id: str
@@ -354,6 +403,9 @@ Fact = Annotated[
     | AttemptStarted
     | RemoteRunStarted
     | RemoteRunCancelled
+    | AgentQuestionAsked
+    | AgentAnswerSending
+    | AgentAnswerSent
     | AttemptFailed
     | TaskCompleted
     | TaskFailed
