@@ -210,11 +210,17 @@ class TaskView(View):
 class GateView(View):
     gate_id: str
     task_id: str
-    position: Literal["before", "after", "exhausted", "budget"] = Field(
+    position: Literal["before", "after", "exhausted", "budget", "question"] = Field(
         description="exhausted: a loop reached its bound and a human decides (see description); "
-        "budget: the budget did not allow a call (see note)."
+        "budget: the budget did not allow a call (see note); question: an agent asks (see note)."
     )
-    note: str | None = Field(default=None, description="A budget gate: what was spent, what the call needs.")
+    note: str | None = Field(
+        default=None,
+        description="A budget gate: what was spent, what the call needs; a question gate: the question.",
+    )
+    agent: str | None = Field(
+        default=None, description="A question gate: the agent that asks.", exclude_if=lambda v: v is None
+    )
     budget_step: str | None = Field(
         default=None, description="A budget gate: the step whose budget; null: the run's."
     )
@@ -483,7 +489,7 @@ def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
     description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
     step = head.step_of(gate.task_id)
     return GateView.model_validate(
-        gate.model_dump()
+        gate.model_dump(exclude={"attempt", "number", "asked_id", "context_id"})
         | {
             "description": description,
             "decisions": gate_decisions(head, gate),
