@@ -1,0 +1,228 @@
+"""An A2A agent's question as a gate of the run, against a real peer (the a2a-sdk's own server
+around the scripted executor of :mod:`tests.fakes.a2a_peer`, which asks "Which branch?" and
+completes with the answer), on every store: the gate shows the question, naming the step and the
+agent; approving it with a comment records the answer first, then sends it once as the task's next
+message (its id derived from the run, the task, the attempt and the question), and the step
+completes with the remote's artifact; a second question is a second gate; a reject fails the step
+and cancels the remote task; so does a cancel at the gate; and a send cut short by a crash is made
+again on restart with the same message id (marked a possible duplicate only when it had begun)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from orchestration.core import StartRequest
+from orchestration.core.agent_steps import answer_message_id, message_id
+from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.agent_waits import awaited
+from orchestration.engine.runtime import Runtime
+from orchestration.errors import InvalidArgument
+from orchestration.store import RunStore
+from orchestration.workers.a2a_agents import A2AWorker
+from server.views.next_step import next_step
+from tests.fakes.a2a_peer import ScriptedExecutor, serving
+from tests.stores.test_a2a_agent_steps import TOKEN, catalog, runtime
+from tests.unit.helpers import play
+
+
+@pytest.fixture
+def executor() -> ScriptedExecutor:
+    return ScriptedExecutor(work_seconds=0.1, slow_seconds=30)
+
+
+@pytest.fixture
+def peer(executor: ScriptedExecutor) -> Iterator[str]:
+    with serving(executor, token=TOKEN) as url:
+        yield url
+
+
+async def follow_all(rt: Runtime, run_id: str) -> None:
+    """What the dispatcher's follower does: follow each remote task the run awaits."""
+    for wait in awaited(await rt.status(run_id)):
+        await rt.agent_waits.follow(run_id, wait)
+
+
+async def at_question(rt: Runtime, message: str = "ask me") -> str:
+    """A run of the delegated chain whose review step's remote task asks its question; its id."""
+    head, _ = await rt.start(StartRequest(request="the cache", chain="delegated"))
+    await rt.drive(head.run_id)
+    await rt.submit_host_output(head.run_id, "architect", "the design")
+    await rt.drive(head.run_id)
+    assert (await rt.status(head.run_id)).status == RunStatus.AWAITING_AGENT
+    await follow_all(rt, head.run_id)
+    return head.run_id
+
+
+async def fact_types(store: RunStore, run_id: str) -> list[str]:
+    head = await store.load(run_id)
+    return [f.type for f in await store.read_facts(run_id, 0, head.last_seq)]
+
+
+async def test_the_question_is_a_gate_whose_answer_is_sent_once_and_completes_the_step(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(rt)
+    waiting = await rt.status(run_id)
+    assert waiting.status == RunStatus.AWAITING_APPROVAL
+    gate = waiting.gate("question:review:1")
+    assert gate is not None and gate.status == "requested" and gate.note == "Which branch?"
+    assert gate.agent == "peer" and gate.task_id == "review"
+    remote = waiting.task("review").attempts[-1].remote_run_id
+    # the run's view asks the question, naming the step and the agent; nobody follows the task
+    action = next_step(await rt.snapshot(run_id))
+    assert action.kind == "approve" and action.gate_id == "question:review:1"
+    assert "Which branch?" in action.guards and "peer" in action.guards and "'review'" in action.guards
+    assert set(action.choices) == {"approve", "reject"}
+    assert awaited(waiting) == []
+    # an approval without the answer is refused, and so is a revise
+    with pytest.raises(InvalidArgument):
+        await rt.approve(run_id, "approve", "question:review:1", None, "ann")
+    with pytest.raises(InvalidArgument):
+        await rt.approve(run_id, "revise", "question:review:1", "main", "ann")
+    answered = await rt.approve(run_id, "approve", "question:review:1", "main", "ann", channel="stdio")
+    assert answered.status == RunStatus.AWAITING_AGENT
+    assert executor.answers == []  # recorded first; the follower sends it
+    await follow_all(rt, run_id)
+    done = await play(rt, run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert (await rt.snapshot(run_id)).outputs["review"] == "answered: main"
+    sent = answer_message_id(run_id, "review", 1, 1)
+    assert [(t, m, text) for t, _, m, text in executor.answers] == [(remote, sent, "main")]
+    assert executor.message_ids == [message_id(f"construct:{run_id}:review:1"), sent]
+    facts = await store.read_facts(run_id, 0, done.last_seq)
+    [decided] = [f for f in facts if f.type == "approval_decided"]
+    assert (decided.approver, decided.channel, decided.comment) == ("ann", "stdio", "main")
+    [sending] = [f for f in facts if f.type == "agent_answer_sending"]
+    assert sending.possible_duplicate_call is False
+    types = [f.type for f in facts]
+    asked = types.index("agent_question_asked")
+    assert types[asked : asked + 4] == [
+        "agent_question_asked",
+        "approval_decided",
+        "agent_answer_sending",
+        "agent_answer_sent",
+    ]
+    assert max(f.format for f in facts) == 8
+
+
+async def test_a_data_part_of_the_question_is_shown_as_json(store: RunStore, peer: str) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask data"))
+    run_id = await at_question(rt)
+    gate = (await rt.status(run_id)).gate("question:review:1")
+    assert gate is not None and gate.note is not None
+    text, data = gate.note.split("\n")
+    assert text == "Which branch?" and json.loads(data) == {"choices": ["main", "dev"]}
+    await rt.cancel(run_id)
+
+
+async def test_a_second_question_is_a_second_gate_each_answer_its_own_fact(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(rt)
+    await rt.approve(run_id, "approve", "question:review:1", "again: which one?", "ann")
+    await follow_all(rt, run_id)
+    waiting = await rt.status(run_id)
+    assert waiting.status == RunStatus.AWAITING_APPROVAL
+    second = waiting.gate("question:review:2")
+    assert second is not None and second.note == "Which file?" and second.status == "requested"
+    await rt.approve(run_id, "approve", "question:review:2", "src/app.py", "bob")
+    await follow_all(rt, run_id)
+    done = await play(rt, run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert (await rt.snapshot(run_id)).outputs["review"] == "answered: src/app.py"
+    assert [(m, text) for _, _, m, text in executor.answers] == [
+        (answer_message_id(run_id, "review", 1, 1), "again: which one?"),
+        (answer_message_id(run_id, "review", 1, 2), "src/app.py"),
+    ]
+    facts = await store.read_facts(run_id, 0, done.last_seq)
+    decided = [f for f in facts if f.type == "approval_decided" and f.gate_id.startswith("question:")]
+    assert [(f.gate_id, f.approver) for f in decided] == [
+        ("question:review:1", "ann"),
+        ("question:review:2", "bob"),
+    ]
+
+
+async def test_a_rejected_question_fails_the_step_and_cancels_the_remote_task(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(rt)
+    remote = (await rt.status(run_id)).task("review").attempts[-1].remote_run_id
+    await rt.approve(run_id, "reject", "question:review:1", "not telling", "ann")
+    done = await play(rt, run_id)
+    assert done.status == RunStatus.FAILED
+    review = (await rt.snapshot(run_id)).head.task("review")
+    assert review.error is not None and review.error.code == "agent_input_declined"
+    assert "not telling" in review.error.message and len(review.attempts) == 1  # not retried
+    assert executor.cancelled == [remote] and executor.answers == []
+    facts = await store.read_facts(run_id, 0, done.last_seq)
+    [cancel] = [f for f in facts if f.type == "remote_run_cancelled"]
+    assert cancel.cancelled is True
+
+
+async def test_cancelling_the_run_at_the_question_cancels_the_remote_task(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(rt)
+    remote = (await rt.status(run_id)).task("review").attempts[-1].remote_run_id
+    cancelled = await rt.cancel(run_id, reason="no time")
+    assert cancelled.status == RunStatus.CANCELLED
+    assert executor.cancelled == [remote]
+    assert "remote_run_cancelled" in await fact_types(store, run_id)
+
+
+class Crash(BaseException):
+    """Stands for SIGKILL: nothing of the process's own handles it."""
+
+
+async def test_a_crash_before_the_send_sends_the_same_message_once_on_restart(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """The answer is recorded and the process dies before sending it: the restarted follower
+    sends it (the same message id), not marked a duplicate: no send had begun."""
+    first, _, clock = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(first)
+    await first.approve(run_id, "approve", "question:review:1", "main", "ann")
+    second, _, _ = runtime(store, peer, owner="p2", clock=clock, catalog_=catalog("ask me"))
+    await follow_all(second, run_id)
+    done = await play(second, run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert [m for _, _, m, _ in executor.answers] == [answer_message_id(run_id, "review", 1, 1)]
+    facts = await store.read_facts(run_id, 0, done.last_seq)
+    assert [f.possible_duplicate_call for f in facts if f.type == "agent_answer_sending"] == [False]
+
+
+async def test_a_send_cut_short_is_made_again_with_the_same_id_marked_a_possible_duplicate(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """The process dies during the send (``agent_answer_sending`` recorded, nothing after): the
+    restarted follower sends the same message id, marked ``possible_duplicate_call``."""
+    first, worker, clock = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(first)
+    await first.approve(run_id, "approve", "question:review:1", "main", "ann")
+
+    async def crash(self: A2AWorker, *args: Any) -> Any:
+        raise Crash
+
+    worker.answer_question = partial(crash, worker)  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await follow_all(first, run_id)
+    assert (await fact_types(store, run_id))[-1] == "agent_answer_sending"
+    second, _, _ = runtime(store, peer, owner="p2", clock=clock, catalog_=catalog("ask me"))
+    await follow_all(second, run_id)
+    done = await play(second, run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    sent = answer_message_id(run_id, "review", 1, 1)
+    assert [m for _, _, m, _ in executor.answers] == [sent]
+    facts = await store.read_facts(run_id, 0, done.last_seq)
+    sending = [f for f in facts if f.type == "agent_answer_sending"]
+    assert [(f.message_id, f.possible_duplicate_call) for f in sending] == [(sent, False), (sent, True)]
+    assert (await second.snapshot(run_id)).head.task("review").attempts[0].telemetry.possible_duplicate_call
