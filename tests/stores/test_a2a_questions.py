@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 import pytest
 
+import orchestration.engine.drive as drive_module
 from orchestration.core import StartRequest
 from orchestration.core.agent_steps import answer_message_id, message_id
+from orchestration.core.decide import Action, AwaitAgent, AwaitApproval, next_action
+from orchestration.core.facts import AgentAnswerSending, AgentAnswerSent, AgentQuestionAsked, ApprovalDecided
+from orchestration.core.fold import fold
+from orchestration.core.models import RunHead
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.agent_questions import answer_to_send
 from orchestration.engine.agent_waits import awaited
 from orchestration.engine.runtime import Runtime
 from orchestration.errors import InvalidArgument
@@ -27,6 +34,7 @@ from orchestration.workers.a2a_agents import A2AWorker
 from server.views.next_step import next_step
 from tests.fakes.a2a_peer import ScriptedExecutor, serving
 from tests.stores.test_a2a_agent_steps import TOKEN, catalog, runtime
+from tests.unit.engine.test_crash_prefixes import BoundaryStore
 from tests.unit.helpers import play
 
 
@@ -226,3 +234,58 @@ async def test_a_send_cut_short_is_made_again_with_the_same_id_marked_a_possible
     sending = [f for f in facts if f.type == "agent_answer_sending"]
     assert [(f.message_id, f.possible_duplicate_call) for f in sending] == [(sent, False), (sent, True)]
     assert (await second.snapshot(run_id)).head.task("review").attempts[0].telemetry.possible_duplicate_call
+
+
+async def test_every_prefix_of_a_run_that_asks_decides_as_the_uninterrupted_run(
+    peer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one rule, for the question's facts: after every durable write of a run whose agent
+    asked twice, the fold of the log decides as the run did (the drive's decisions, recorded),
+    and a prefix that ends at a follower's write says what a follower does next: wait at the
+    question's gate, send the decided answer (a possible duplicate once its send had begun), or
+    follow the task."""
+    decided: dict[int, Action] = {}
+
+    def recording(head: RunHead, now: datetime) -> Action:
+        action = next_action(head, now)
+        decided.setdefault(head.last_seq, action)
+        return action
+
+    monkeypatch.setattr(drive_module, "next_action", recording)
+    store = BoundaryStore()
+    rt, _, _ = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(rt)
+    await rt.approve(run_id, "approve", "question:review:1", "again", "ann")
+    await follow_all(rt, run_id)
+    await rt.approve(run_id, "approve", "question:review:2", "src/app.py", "ann")
+    await follow_all(rt, run_id)
+    final = await play(rt, run_id)
+    assert final.status == RunStatus.COMPLETED, final.error
+    facts = await store.read_facts(run_id)
+    now = rt.clock.now()
+    seen: set[str] = set()
+    for prefix_len in store.boundaries:
+        folded = fold(facts[:prefix_len])
+        last = facts[prefix_len - 1]
+        action = next_action(folded, now)
+        attempt = folded.task("review").attempts[-1] if folded.task("review").attempts else None
+        wait = None if attempt is None else AwaitAgent("review", attempt.number, attempt.remote_run_id or "")
+        if isinstance(last, AgentQuestionAsked):
+            assert action == AwaitApproval(last.gate_id) and awaited(folded) == []
+        elif isinstance(last, ApprovalDecided) and last.gate_id.startswith("question:"):
+            assert action == wait and wait is not None
+            gate = answer_to_send(folded, wait)
+            assert gate is not None and gate.gate_id == last.gate_id and attempt is not None
+            assert not attempt.answer_sending  # a first send: not a duplicate
+        elif isinstance(last, AgentAnswerSending):
+            assert action == wait and wait is not None and attempt is not None
+            gate = answer_to_send(folded, wait)
+            assert gate is not None and attempt.answer_sending  # its resend would be marked
+        elif isinstance(last, AgentAnswerSent):
+            assert action == wait and wait is not None and answer_to_send(folded, wait) is None
+        else:
+            if prefix_len in decided:
+                assert action == decided[prefix_len], f"prefix {prefix_len}"
+            continue
+        seen.add(last.type)
+    assert seen == {"agent_question_asked", "approval_decided", "agent_answer_sending", "agent_answer_sent"}
