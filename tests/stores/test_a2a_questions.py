@@ -13,11 +13,13 @@ import json
 from collections.abc import Iterator
 from datetime import datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import orchestration.engine.drive as drive_module
+from orchestration.chains import Catalog
 from orchestration.core import StartRequest
 from orchestration.core.agent_steps import answer_message_id, message_id
 from orchestration.core.decide import Action, AwaitAgent, AwaitApproval, next_action
@@ -289,3 +291,37 @@ async def test_every_prefix_of_a_run_that_asks_decides_as_the_uninterrupted_run(
             continue
         seen.add(last.type)
     assert seen == {"agent_question_asked", "approval_decided", "agent_answer_sending", "agent_answer_sent"}
+
+
+async def test_a_question_in_a_parallel_chain_holds_only_its_branch(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """Two A2A steps side by side: the one whose agent asks waits at its gate while the other
+    completes; the run shows the gate (``awaiting_approval``), and once answered goes on to the
+    writer, which sees both outputs."""
+    steps = [
+        {"specialist": "architect", "after": []},
+        {"name": "left", "agent": "peer", "message": "ask {outputs.architect}", "after": ["architect"]},
+        {"name": "right", "agent": "peer", "message": "right {outputs.architect}", "after": ["architect"]},
+        {"specialist": "writer", "after": ["left", "right"]},
+    ]
+    raw = {"agents": {"peer": {"protocol": "a2a", "url": peer}}, "chains": {"delegated": {"steps": steps}}}
+    parallel = Catalog.builtin().extended(raw, "construct.toml", Path("."))
+    rt, _, _ = runtime(store, peer, catalog_=parallel)
+    head, _ = await rt.start(StartRequest(request="the cache", chain="delegated"))
+    await rt.drive(head.run_id)
+    await rt.submit_host_output(head.run_id, "architect", "the design")
+    await rt.drive(head.run_id)
+    await follow_all(rt, head.run_id)
+    waiting = await rt.status(head.run_id)
+    assert waiting.status == RunStatus.AWAITING_APPROVAL
+    assert waiting.task("right").status.value == "done"
+    gate = waiting.gate("question:left:1")
+    assert gate is not None and gate.status == "requested" and gate.note == "Which branch?"
+    await rt.approve(head.run_id, "approve", "question:left:1", "main", "ann")
+    await follow_all(rt, head.run_id)
+    done = await play(rt, head.run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    snap = await rt.snapshot(head.run_id)
+    assert snap.outputs["left"] == "answered: main" and snap.outputs["right"].startswith("reviewed:")
+    assert len(executor.answers) == 1
