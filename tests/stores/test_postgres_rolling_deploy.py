@@ -80,7 +80,7 @@ def asked_and_answered(head: RunHead) -> list[Fact]:
     answer sent, then the attempt failed (the run queued again): record format 8."""
     at = head.updated_at + timedelta(milliseconds=1)
     gate, remote = "question:architect:1", "remote-task-1"
-    common = {"task_id": "architect", "attempt": 1}
+    task, attempt = "architect", 1
     return [
         AttemptStarted(
             seq=0,
@@ -89,7 +89,8 @@ def asked_and_answered(head: RunHead) -> list[Fact]:
             remote_run_id=remote,
             waits=True,
             format=6,
-            **common,
+            task_id=task,
+            attempt=attempt,
         ),
         AgentQuestionAsked(
             seq=0,
@@ -99,12 +100,19 @@ def asked_and_answered(head: RunHead) -> list[Fact]:
             gate_id=gate,
             number=1,
             question="Which branch?",
-            **common,
+            task_id=task,
+            attempt=attempt,
         ),
         ApprovalDecided(seq=0, at=at, gate_id=gate, decision="approve", comment="main", approver="ann"),
-        AgentAnswerSending(seq=0, at=at, gate_id=gate, message_id="m-1", **common),
-        AgentAnswerSent(seq=0, at=at, gate_id=gate, message_id="m-1", **common),
-        AttemptFailed(seq=0, at=at, error=TypedError(code="agent_unreachable", message="gone"), **common),
+        AgentAnswerSending(seq=0, at=at, gate_id=gate, message_id="m-1", task_id=task, attempt=attempt),
+        AgentAnswerSent(seq=0, at=at, gate_id=gate, message_id="m-1", task_id=task, attempt=attempt),
+        AttemptFailed(
+            seq=0,
+            at=at,
+            error=TypedError(code="agent_unreachable", message="gone"),
+            task_id=task,
+            attempt=attempt,
+        ),
     ]
 
 
