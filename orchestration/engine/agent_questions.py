@@ -15,10 +15,12 @@ same approvers (the step's ``approvers``, else the chain's):
   message (the same ``taskId`` and ``contextId``), then follows the task on. The send is
   bracketed by two facts, as a provider call is: ``agent_answer_sending`` before it,
   ``agent_answer_sent`` after. The message id is derived from the run, the task, the attempt and
-  the question's number (:func:`~orchestration.workers.a2a_agents.answer_message_id`), so an
-  answer resent after a crash is the same message; a send found begun but not ended (the
-  process died during it) is made again marked ``possible_duplicate_call``; one never begun
-  (the process died between the decision and the send) is made as the first.
+  the question's number (:func:`~orchestration.core.agent_steps.answer_message_id`), so an
+  answer resent after a crash is the same message. A send never begun (the process died between
+  the decision and the send) is made as the first. A send found begun but not ended (the process
+  died during it) is first checked against the task: one that no longer asks that question took
+  the answer (``agent_answer_sent`` is recorded, nothing resent); one that still asks, or cannot
+  be read, gets the same message again, marked ``possible_duplicate_call``.
 - ``reject``: the step fails with ``agent_input_declined`` (not retried; the run then fails or
   goes on by the step's ``on_failure``), and the remote task is cancelled (``tasks/cancel``) in
   the write that records the decision, as a cancel of the run at the gate does.

@@ -270,6 +270,16 @@ class AgentWaits:
         assert gate.number is not None and gate.comment is not None
         sent_id = answer_message_id(run_id, wait.task_id, wait.attempt, gate.number)
 
+        def sent(head: RunHead) -> Fact | None:
+            if not _still_awaits(head, wait) or answer_to_send(head, wait) != gate:
+                return None
+            return answer_sent(head, wait, gate, sent_id, self.clock)
+
+        if await self._answer_taken(run_id, wait, gate, agent, delegate):
+            # A send begun before a crash reached the agent: the task moved on; nothing is resent.
+            await write_while(self.store, self.changes, run_id, sent)
+            return None
+
         def sending(head: RunHead) -> Fact | None:
             if not _still_awaits(head, wait) or answer_to_send(head, wait) != gate:
                 return None
@@ -284,14 +294,32 @@ class AgentWaits:
         error = await delegate.answer_question(agent, wait.remote_run_id, context, sent_id, gate.comment)
         if error is not None:
             return error
-
-        def sent(head: RunHead) -> Fact | None:
-            if not _still_awaits(head, wait) or answer_to_send(head, wait) != gate:
-                return None
-            return answer_sent(head, wait, gate, sent_id, self.clock)
-
         await write_while(self.store, self.changes, run_id, sent)
         return None
+
+    async def _answer_taken(
+        self, run_id: str, wait: AwaitAgent, gate: GateState, agent: str, delegate: AgentDelegate
+    ) -> bool:
+        """Whether a send of the answer at ``gate`` begun before (``agent_answer_sending``
+        recorded, not ``agent_answer_sent``: the process died during it) reached the agent: its
+        task no longer asks that question. False when no send had begun, or the task still asks,
+        or its state cannot be read (the answer is sent again, marked a possible duplicate)."""
+        head = await self.store.load(run_id)
+        if not _still_awaits(head, wait) or not head.task(wait.task_id).attempts[-1].answer_sending:
+            return False
+        answer = await delegate.remote_status(agent, wait.remote_run_id, 0.0)
+        if answer.error is not None or answer.status is None:
+            return False
+        asked = answer.question
+        if asked is not None and (asked.asked_id is None or asked.asked_id == gate.asked_id):
+            return False
+        log.info(
+            "remote task %s took the answer to %s before the crash: not sent again",
+            wait.remote_run_id,
+            gate.gate_id,
+            extra={"action": "remote_answer_taken", "run_id": run_id},
+        )
+        return True
 
     async def _record(self, run_id: str, wait: AwaitAgent, outcome: AttemptOutcome) -> bool:
         """Record ``outcome`` as the awaited attempt's, in one compare-and-swap write made only

@@ -238,6 +238,35 @@ async def test_a_send_cut_short_is_made_again_with_the_same_id_marked_a_possible
     assert (await second.snapshot(run_id)).head.task("review").attempts[0].telemetry.possible_duplicate_call
 
 
+async def test_a_send_that_reached_the_agent_before_a_crash_is_not_made_again(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """The process dies after the agent took the answer, before ``agent_answer_sent``: the
+    restarted follower sees the task no longer asks that question, records the answer as sent
+    and sends nothing more; the step completes with one answer at the agent."""
+    first, worker, clock = runtime(store, peer, catalog_=catalog("ask me"))
+    run_id = await at_question(first)
+    await first.approve(run_id, "approve", "question:review:1", "main", "ann")
+    original = A2AWorker.answer_question
+
+    async def send_then_crash(self: A2AWorker, *args: Any) -> Any:
+        await original(self, *args)
+        raise Crash
+
+    worker.answer_question = partial(send_then_crash, worker)  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await follow_all(first, run_id)
+    assert (await fact_types(store, run_id))[-1] == "agent_answer_sending"
+    second, _, _ = runtime(store, peer, owner="p2", clock=clock, catalog_=catalog("ask me"))
+    await follow_all(second, run_id)
+    done = await play(second, run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert [m for _, _, m, _ in executor.answers] == [answer_message_id(run_id, "review", 1, 1)]
+    types = await fact_types(store, run_id)
+    assert types.count("agent_answer_sending") == 1 and types.count("agent_answer_sent") == 1
+    assert (await second.snapshot(run_id)).outputs["review"] == "answered: main"
+
+
 async def test_every_prefix_of_a_run_that_asks_decides_as_the_uninterrupted_run(
     peer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
