@@ -18,7 +18,8 @@ What the agent does is chosen by the message's first word:
 Every message id received is kept in :attr:`ScriptedExecutor.message_ids` (and, when the agent
 runs as a process, appended to the file ``--log`` names), so a test can count the messages sent.
 
-Run as a process: ``python -m tests.fakes.a2a_peer --port N [--token T] [--log FILE]``.
+Run as a process: ``python -m tests.fakes.a2a_peer --port N [--token T] [--log FILE]
+[--answer-seconds S]`` (an answer waits ``S`` seconds before the task goes on).
 """
 
 from __future__ import annotations
@@ -61,10 +62,16 @@ class ScriptedExecutor(AgentExecutor):
     """The agent's logic (see the module's docstring)."""
 
     def __init__(
-        self, work_seconds: float = 0.2, slow_seconds: float = 30.0, log: Path | None = None
+        self,
+        work_seconds: float = 0.2,
+        slow_seconds: float = 30.0,
+        log: Path | None = None,
+        answer_seconds: float = 0.0,
     ) -> None:
         self.work_seconds = work_seconds
         self.slow_seconds = slow_seconds
+        #: how long an answer waits before the task goes on (its ``message/send`` waits as long)
+        self.answer_seconds = answer_seconds
         self.log = log
         self.message_ids: list[str] = []
         self.metadata: list[dict[str, Any]] = []
@@ -122,6 +129,7 @@ class ScriptedExecutor(AgentExecutor):
         assert context.message is not None
         text = context.get_user_input()
         self.answers.append((task.id, context.message.context_id, context.message.message_id, text))
+        await asyncio.sleep(self.answer_seconds)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
         if text.startswith("again"):
@@ -212,8 +220,11 @@ def main() -> None:
     parser.add_argument("--token")
     parser.add_argument("--log", type=Path)
     parser.add_argument("--work-seconds", type=float, default=0.2)
+    parser.add_argument("--answer-seconds", type=float, default=0.0)
     args = parser.parse_args()
-    executor = ScriptedExecutor(work_seconds=args.work_seconds, log=args.log)
+    executor = ScriptedExecutor(
+        work_seconds=args.work_seconds, log=args.log, answer_seconds=args.answer_seconds
+    )
     uvicorn.run(app(args.port, executor, args.token), host="127.0.0.1", port=args.port, log_level="warning")
 
 
