@@ -537,7 +537,7 @@ class Runtime:
         if gate.expires_at is not None and now >= gate.expires_at:
             await self._refuse_expired(head, gate, gate.expires_at, now)
         check_budget_raise(gate, asked.decision, asked.budget_raise)
-        check_answer(gate, asked)
+        check_answer(head, gate, asked)
         if asked.decision == "revise":
             plan = revise_plan(head, gate)
             if not isinstance(plan, RevisePlan):

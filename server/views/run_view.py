@@ -52,6 +52,7 @@ from orchestration.core import (
     TypedError,
     by_identity,
     gate_approvers,
+    parked_question,
     revise_offered,
     shown_key,
 )
@@ -481,6 +482,8 @@ def gate_decisions(head: RunHead, gate: GateState) -> list[Literal["approve", "r
     has a step to re-run and its bound allows it (:func:`~orchestration.core.routing.revise_offered`)."""
     if gate.status != "requested" or head.status.is_terminal:
         return []
+    if gate.position == "question" and parked_question(head.task(gate.task_id)) != gate.gate_id:
+        return []  # moot: its task ended meanwhile
     return ["approve", "reject", "revise"] if revise_offered(head, gate) else ["approve", "reject"]
 
 

@@ -30,10 +30,11 @@ from orchestration.core.vocabulary import RunStatus
 from orchestration.engine.agent_questions import answer_to_send
 from orchestration.engine.agent_waits import awaited
 from orchestration.engine.runtime import Runtime
-from orchestration.errors import InvalidArgument
+from orchestration.errors import InvalidArgument, InvalidState
 from orchestration.store import RunStore
 from orchestration.workers.a2a_agents import A2AWorker
 from server.views.next_step import next_step
+from server.views.run_view import run_view
 from tests.fakes.a2a_peer import ScriptedExecutor, serving
 from tests.stores.test_a2a_agent_steps import TOKEN, catalog, runtime
 from tests.unit.engine.test_crash_prefixes import BoundaryStore
@@ -354,3 +355,43 @@ async def test_a_question_in_a_parallel_chain_holds_only_its_branch(
     snap = await rt.snapshot(head.run_id)
     assert snap.outputs["left"] == "answered: main" and snap.outputs["right"].startswith("reviewed:")
     assert len(executor.answers) == 1
+
+
+async def test_a_question_whose_step_ran_out_of_time_is_moot(
+    store: RunStore, peer: str, executor: ScriptedExecutor
+) -> None:
+    """The step's time runs out while its agent's question waits: the drive fails the step with
+    ``deadline_exceeded`` and cancels the remote task; the gate, left undecided, takes no
+    decision (``invalid_state``) and is no longer offered, and the run goes on (the step's
+    ``on_failure = "continue"``)."""
+    step = {
+        "name": "review",
+        "agent": "peer",
+        "message": "ask me",
+        "timeout_seconds": 60,
+        "on_failure": "continue",
+    }
+    raw = {
+        "agents": {"peer": {"protocol": "a2a", "url": peer}},
+        "chains": {"delegated": {"steps": ["architect", step, "writer"]}},
+    }
+    timed = Catalog.builtin().extended(raw, "construct.toml", Path("."))
+    rt, _, clock = runtime(store, peer, catalog_=timed)
+    run_id = await at_question(rt)
+    remote = (await rt.status(run_id)).task("review").attempts[-1].remote_run_id
+    clock.advance(61)
+    await rt.drive(run_id)
+    head = await rt.status(run_id)
+    review = (await rt.snapshot(run_id)).head.task("review")
+    assert review.error is not None and review.error.code == "deadline_exceeded"
+    assert executor.cancelled == [remote]
+    with pytest.raises(InvalidState):
+        await rt.approve(run_id, "approve", "question:review:1", "main", "ann")
+    action = next_step(await rt.snapshot(run_id))
+    assert action.kind != "approve" or action.gate_id != "question:review:1"
+    view_gate = next(
+        g for g in run_view(await rt.snapshot(run_id), "full").gates if g.gate_id.startswith("q")
+    )
+    assert view_gate.decisions == []
+    done = await play(rt, run_id)
+    assert done.status == RunStatus.COMPLETED_WITH_FAILURES, (head.status, done.error)
