@@ -229,7 +229,9 @@ class GateView(View):
         description="revised: sent back (revise); failed: expired with on_expiry fail."
     )
     description: str | None = Field(
-        default=None, description="For an exhausted gate: the loop's rounds, each value and notes."
+        default=None,
+        description="For an exhausted gate: the loop's rounds, each value and notes; for a question "
+        "gate: the agent's question and how to answer it.",
     )
     decisions: list[Literal["approve", "reject", "revise"]] = Field(
         default_factory=list, description="The decisions a requested gate takes now."
@@ -489,8 +491,14 @@ def gate_decisions(head: RunHead, gate: GateState) -> list[Literal["approve", "r
 
 def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
     head = snapshot.head
-    description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
     step = head.step_of(gate.task_id)
+    description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
+    if gate.position == "question":
+        # What the page and every reader of the view shows: the question, and how it is answered.
+        description = (
+            f"Agent {gate.agent} (step {step.name!r}) asks:\n{gate.note}\n\nApprove with your answer "
+            "as the comment (sent to the agent); reject to decline (the step fails)."
+        )
     return GateView.model_validate(
         gate.model_dump(exclude={"attempt", "number", "asked_id", "context_id"})
         | {

@@ -91,6 +91,11 @@ async def test_the_question_is_a_gate_whose_answer_is_sent_once_and_completes_th
     assert "Which branch?" in action.guards and "peer" in action.guards and "'review'" in action.guards
     assert set(action.choices) == {"approve", "reject"}
     assert awaited(waiting) == []
+    # the run's gates (what the page shows) carry the question too, and its decisions
+    [shown] = run_view(await rt.snapshot(run_id), "full").gates
+    assert shown.agent == "peer" and shown.decisions == ["approve", "reject"]
+    assert shown.description is not None and "peer" in shown.description
+    assert "Which branch?" in shown.description
     # an approval without the answer is refused, and so is a revise
     with pytest.raises(InvalidArgument):
         await rt.approve(run_id, "approve", "question:review:1", None, "ann")
