@@ -88,8 +88,9 @@ from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 log = logging.getLogger("construct.agents")
 
-#: how an A2A task's state reads as a run status of this server. A task stopped for input or for
-#: authentication has ended for the step (the outcome read from it is a typed error).
+#: how an A2A task's state reads as a run status of this server. A task stopped for input waits
+#: at a gate (its question: :mod:`orchestration.engine.agent_questions`); one stopped for
+#: authentication has ended for the step (the outcome read from it is the typed error ``auth``).
 STATUSES: Mapping[int, str] = {
     TaskState.TASK_STATE_SUBMITTED: "queued",
     TaskState.TASK_STATE_WORKING: "running",
