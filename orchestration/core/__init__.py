@@ -10,6 +10,9 @@ from orchestration.core.clock import SystemClock
 from orchestration.core.costs import Budget, BudgetLimits, HostUsage, Spend, Tally
 from orchestration.core.facts import (
     FACT_TYPES,
+    AgentAnswerSending,
+    AgentAnswerSent,
+    AgentQuestionAsked,
     ApprovalDecided,
     ApprovalRequested,
     AttemptFailed,
@@ -31,7 +34,7 @@ from orchestration.core.facts import (
     parse_head,
 )
 from orchestration.core.fold import apply_write, head_from_creation
-from orchestration.core.graph import is_parallel, latest, predecessors, settled
+from orchestration.core.graph import is_parallel, latest, parked_question, predecessors, settled
 from orchestration.core.hops import DELEGATION_META, new_server_id
 from orchestration.core.hops import from_meta as delegation_from_meta
 from orchestration.core.ids import RUN_ID_PATTERN, validate_run_id
@@ -70,6 +73,9 @@ __all__ = [
     "GATE_STATUS_OF",
     "RECORD_FORMAT",
     "RUN_ID_PATTERN",
+    "AgentAnswerSending",
+    "AgentAnswerSent",
+    "AgentQuestionAsked",
     "ApprovalDecided",
     "ApprovalRequested",
     "AttemptFailed",
@@ -130,6 +136,7 @@ __all__ = [
     "latest",
     "limits",
     "new_server_id",
+    "parked_question",
     "parse_fact",
     "parse_head",
     "plan_upgrade",

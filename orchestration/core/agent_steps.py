@@ -10,6 +10,7 @@ remote run serves every attempt that follows it. The user's side is in docs/chai
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -28,7 +29,8 @@ UNKNOWN_OUTCOME_CODES = frozenset({"agent_unreachable", "timeout", "agent_protoc
 #: (the tool answered with an error), ``agent_run_failed`` (the remote run ended failed, rejected
 #: or cancelled), ``invalid_output``, ``malformed_response``, ``agent_answer_refused`` (an answer over a
 #: bound: :mod:`orchestration.workers.agent_answers`), ``agent_input_required`` (an A2A agent's task
-#: stopped to ask a question) and the refusals of a delegated start
+#: stopped to ask a question a call could not wait for), ``agent_input_declined`` (its question's
+#: gate was rejected: :mod:`orchestration.engine.agent_questions`) and the refusals of a delegated start
 #: (``delegation_loop``, ``delegation_depth_exceeded``: :mod:`orchestration.core.hops`) are not.
 AGENT_ERROR_CODES: Mapping[str, bool] = {
     "agent_unreachable": True,
@@ -42,6 +44,7 @@ AGENT_ERROR_CODES: Mapping[str, bool] = {
     "malformed_response": False,
     "agent_answer_refused": False,
     "agent_input_required": False,
+    "agent_input_declined": False,
     "delegation_loop": False,
     "delegation_depth_exceeded": False,
 }
@@ -229,6 +232,23 @@ def idempotency_key(run_id: str, task_id: str, attempt: int) -> str:
     return f"construct:{run_id}:{task_id}:{attempt}"[:200]
 
 
+#: the namespace of the A2A message ids derived from keys (:func:`message_id`)
+_MESSAGE_NAMESPACE = uuid.UUID("6f1d6c2e-3c1a-5d4e-9a57-2f0c9b8e7a11")
+
+
+def message_id(key: str) -> str:
+    """The A2A message id of a message with idempotency key ``key``: a UUID derived from it, so
+    that a resent message carries the same id."""
+    return str(uuid.uuid5(_MESSAGE_NAMESPACE, key))
+
+
+def answer_message_id(run_id: str, task_id: str, attempt: int, question: int) -> str:
+    """The A2A message id of the answer to the ``question``-th question (1, 2, ...) that the
+    remote task of ``attempt`` of task ``task_id`` of run ``run_id`` asked: derived from them
+    only, so that an answer resent after a crash is the same message."""
+    return message_id(f"{idempotency_key(run_id, task_id, attempt)}:answer:{question}")
+
+
 def agent_attempt(agent: AgentStep, task: TaskState) -> tuple[int | None, str | None, bool]:
     """What the next attempt of an agent step does, decided from the record alone (pure):
     ``(follows, remote_run_id, possible_duplicate_call)``.
@@ -262,10 +282,12 @@ __all__ = [
     "AGENT_ERROR_CODES",
     "UNKNOWN_OUTCOME_CODES",
     "agent_attempt",
+    "answer_message_id",
     "check_agent_steps",
     "check_arguments",
     "check_template",
     "idempotency_key",
+    "message_id",
     "parse_agent_step",
     "render",
     "render_arguments",

@@ -11,9 +11,10 @@ from typing import Literal
 
 from orchestration.core.costs import BudgetLimits
 from orchestration.core.facts import ApprovalDecided, decision_format
+from orchestration.core.graph import parked_question
 from orchestration.core.inputs import Limits, check_id
 from orchestration.core.models import AGENT_APPROVER, GATE_STATUS_OF, DecisionChannel, GateState, RunHead
-from orchestration.errors import Conflict, Forbidden, InvalidArgument, TooLarge, quoted
+from orchestration.errors import Conflict, Forbidden, InvalidArgument, InvalidState, TooLarge, quoted
 
 
 def gate_approvers(head: RunHead, gate: GateState) -> tuple[str, ...] | None:
@@ -142,6 +143,31 @@ class Decision:
             channel=self.channel,
             verified=self.verified,
             budget_raise=self.budget_raise,
+        )
+
+
+def check_answer(head: RunHead, gate: GateState, asked: Decision) -> None:
+    """For a ``question`` gate (a remote A2A agent's question: see
+    :mod:`orchestration.engine.agent_questions`): ``InvalidState`` when its task is no longer
+    parked at it (the step ended meanwhile, out of time: the question is moot);
+    ``InvalidArgument`` for ``revise`` (nothing of this run to redo) and for ``approve`` without
+    a comment (the comment is the answer sent)."""
+    if gate.position != "question":
+        return
+    if parked_question(head.task(gate.task_id)) != gate.gate_id:
+        raise InvalidState(
+            f"gate {gate.gate_id} of run {head.run_id} is moot: task {gate.task_id} no longer waits "
+            "for the answer (it ended meanwhile)"
+        )
+    if asked.decision == "revise":
+        raise InvalidArgument(
+            f"gate {gate.gate_id} is agent {gate.agent}'s question: approve with the answer as "
+            "comment, or reject to decline it (the step fails)"
+        )
+    if asked.decision == "approve" and not (asked.comment or "").strip():
+        raise InvalidArgument(
+            f"gate {gate.gate_id} is agent {gate.agent}'s question: approve it with the answer as "
+            "comment (sent to the agent as the next message), or reject to decline it"
         )
 
 

@@ -23,7 +23,7 @@ from orchestration.core.budget import (
     refusal,
 )
 from orchestration.core.costs import BudgetAsk
-from orchestration.core.graph import awaits_agent, is_parallel, preds_settled
+from orchestration.core.graph import awaits_agent, is_parallel, parked_question, preds_settled
 from orchestration.core.models import ChainStep, RunHead, TaskState, TypedError, gate_id_for, step_map
 from orchestration.core.routing import ASK, RoutePlan, plan_route
 from orchestration.core.settled_prefix import passed_prefix
@@ -343,6 +343,10 @@ def _task_action(head: RunHead, task: TaskState, now: datetime) -> Action | None
         )
     if step.chain is not None:
         return _child_action(head, task, step.chain)
+    question = parked_question(task)
+    if question is not None:
+        # A remote A2A task's question: a gate of this run, decided by a person (no expiry).
+        return _gate_action(head, question, now)
     if awaits_agent(task):
         last = task.attempts[-1]
         assert last.remote_run_id is not None

@@ -213,6 +213,55 @@ class RemoteRunCancelled(_Fact):
     error: str | None = None
 
 
+class AgentQuestionAsked(_Fact):
+    """An agent step's remote A2A task stopped at ``input-required``: its question becomes the
+    ``question`` gate ``gate_id`` of this run (requested at once), and the attempt is parked
+    there, nobody following the remote task, until the gate is decided (see
+    :mod:`orchestration.engine.agent_questions`). ``question``: the text parts of the task's
+    status message (a data part as JSON); ``context_id``: the task's, which the answer names;
+    ``asked_id``: the status message's id (or its time), so the same question read twice is
+    asked once. Record format 8."""
+
+    type: Literal["agent_question_asked"] = "agent_question_asked"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    agent: str
+    remote_run_id: str
+    context_id: str | None = None
+    gate_id: str
+    number: int
+    question: str
+    asked_id: str | None = None
+
+
+class AgentAnswerSending(_Fact):
+    """The answer decided at the ``question`` gate ``gate_id`` is about to be sent as
+    ``message_id`` (recorded *before* the send, as ``attempt_started`` before a call): a send
+    found recorded but not ended was perhaps made, so the next is ``possible_duplicate_call``.
+    Record format 8."""
+
+    type: Literal["agent_answer_sending"] = "agent_answer_sending"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    gate_id: str
+    message_id: str
+    possible_duplicate_call: bool = False
+
+
+class AgentAnswerSent(_Fact):
+    """The remote agent accepted the answer to the ``question`` gate ``gate_id``: the remote
+    task is followed again. Record format 8."""
+
+    type: Literal["agent_answer_sent"] = "agent_answer_sent"
+    format: int = Field(default=8, ge=1)
+    task_id: str
+    attempt: int
+    gate_id: str
+    message_id: str
+
+
 class AttemptFailed(_Fact):
     type: Literal["attempt_failed"] = "attempt_failed"
     task_id: str
@@ -346,7 +395,7 @@ class ChainUpgraded(_Fact):
     reason: str | None = None
 
 
-# -- A2A push notification configs (record format 7) -----------------------------------------
+# -- A2A push notification configs (record format 8) -----------------------------------------
 
 
 class PushConfigured(_Fact):
@@ -354,11 +403,11 @@ class PushConfigured(_Fact):
     :mod:`server.a2a.push_notifier`). The client's ``token`` and its ``authentication`` credentials
     are secrets: recorded only sealed (``sealed_token``, ``sealed_credentials``: AES-GCM under a
     key of the server's signing key, :mod:`server.a2a.push_keys`), never in clear. A config of the
-    same ``config_id`` replaces the one before. Record format 7: an older reader must refuse a run
+    same ``config_id`` replaces the one before. Record format 8: an older reader must refuse a run
     that has one (its webhook would stop hearing from the run)."""
 
     type: Literal["push_configured"] = "push_configured"
-    format: int = Field(default=7, ge=1)
+    format: int = Field(default=8, ge=1)
     config_id: str
     url: str
     sealed_token: str | None = None
@@ -378,10 +427,10 @@ class PushConfigured(_Fact):
 
 class PushConfigDeleted(_Fact):
     """The push notification config ``config_id`` is removed: nothing more is sent to it.
-    Record format 7."""
+    Record format 8."""
 
     type: Literal["push_config_deleted"] = "push_config_deleted"
-    format: int = Field(default=7, ge=1)
+    format: int = Field(default=8, ge=1)
     config_id: str
     by: str | None = None
 
@@ -395,6 +444,9 @@ Fact = Annotated[
     | AttemptStarted
     | RemoteRunStarted
     | RemoteRunCancelled
+    | AgentQuestionAsked
+    | AgentAnswerSending
+    | AgentAnswerSent
     | AttemptFailed
     | TaskCompleted
     | TaskFailed

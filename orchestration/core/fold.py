@@ -11,6 +11,9 @@ from typing import Any, cast
 
 from orchestration.core.budget import charge, charge_unmetered, priced, raise_budget
 from orchestration.core.facts import (
+    AgentAnswerSending,
+    AgentAnswerSent,
+    AgentQuestionAsked,
     ApprovalDecided,
     ApprovalRequested,
     AttemptFailed,
@@ -311,6 +314,8 @@ def _approval_decided(head: RunHead, fact: ApprovalDecided) -> _Change:
     )
     gates = tuple(new_gate if g.gate_id == gate.gate_id else g for g in head.gates)
     update: dict[str, object] = {"gates": gates}
+    if gate.position == "question":
+        return _question_decided(head, gate, fact, gates)
     if fact.decision == "approve":
         update |= _with_status(head, RunStatus.QUEUED)
         if gate.position == "budget":
@@ -331,6 +336,33 @@ def _approval_decided(head: RunHead, fact: ApprovalDecided) -> _Change:
         update["tasks"] = _close_open_tasks(head, TaskStatus.SKIPPED, fact.at)
         update["finished_at"] = fact.at
     return update, None
+
+
+def _question_decided(
+    head: RunHead, gate: GateState, fact: ApprovalDecided, gates: tuple[GateState, ...]
+) -> _Change:
+    """A remote agent's question answered: approve sends the comment back as the next message
+    (the remote task is followed again, the answer sent by its follower first); reject fails the
+    step with ``agent_input_declined`` (the remote task is cancelled by the write that records it)."""
+    task = head.task(gate.task_id)
+    last = task.attempts[-1] if task.attempts else None
+    if last is None or last.question != gate.gate_id or last.outcome != "running":
+        raise IllegalTransition(f"gate {gate.gate_id}: task {gate.task_id} is not parked at this question")
+    if fact.decision == "approve":
+        attempts = _replace_attempt(task, last.number, waits=True)
+        update: dict[str, object] = {"gates": gates} | _with_status(head, RunStatus.AWAITING_AGENT)
+        return update, evolve(task, {"attempts": attempts})
+    if fact.decision != "reject":
+        raise IllegalTransition(f"gate {gate.gate_id} is a question: it takes approve or reject")
+    who = f" by {fact.approver}" if fact.approver else ""
+    why = f": {fact.comment}" if fact.comment else ""
+    error = TypedError(
+        code="agent_input_declined",
+        message=f"agent {gate.agent}'s question at gate {gate.gate_id} was declined{who}{why}",
+    )
+    failed = TaskFailed(seq=fact.seq, at=fact.at, task_id=gate.task_id, error=error)
+    update, changed = _task_failed(evolve(head, {"gates": gates}), failed)
+    return {"gates": gates} | update, changed
 
 
 def _revised(head: RunHead, gate: GateState, gates: tuple[GateState, ...], at: datetime) -> dict[str, object]:
@@ -443,6 +475,70 @@ def _remote_run_cancelled(head: RunHead, fact: RemoteRunCancelled) -> _Change:
     if not any(a.number == fact.attempt and a.remote_run_id == fact.remote_run_id for a in task.attempts):
         raise IllegalTransition(f"task {fact.task_id} has no attempt {fact.attempt} on {fact.remote_run_id}")
     return {}, None
+
+
+def _parked_attempt(head: RunHead, task_id: str, attempt: int) -> tuple[TaskState, AttemptRecord]:
+    """The task and its attempt in flight ``attempt`` (IllegalTransition when it has none)."""
+    task = _found(head, task_id)
+    last = task.attempts[-1] if task.attempts else None
+    if (
+        task.status != TaskStatus.RUNNING
+        or last is None
+        or last.number != attempt
+        or last.outcome != "running"
+    ):
+        raise IllegalTransition(f"task {task_id} has no attempt {attempt} in flight")
+    return task, last
+
+
+def _agent_question_asked(head: RunHead, fact: AgentQuestionAsked) -> _Change:
+    """A remote A2A task asks a question: a ``question`` gate is requested and the attempt parks
+    there (nobody follows the remote task until the gate is decided)."""
+    task, last = _parked_attempt(head, fact.task_id, fact.attempt)
+    if last.remote_run_id != fact.remote_run_id or last.question is not None or head.gate(fact.gate_id):
+        raise IllegalTransition(f"task {fact.task_id} cannot ask {fact.gate_id}")
+    gate = GateState(
+        gate_id=fact.gate_id,
+        task_id=fact.task_id,
+        position="question",
+        status="requested",
+        requested_at=fact.at,
+        note=fact.question,
+        agent=fact.agent,
+        attempt=fact.attempt,
+        number=fact.number,
+        asked_id=fact.asked_id,
+        context_id=fact.context_id,
+    )
+    attempts = _replace_attempt(task, fact.attempt, waits=False, question=fact.gate_id)
+    update: dict[str, object] = {"gates": (*head.gates, gate)}
+    update |= _with_status(head, RunStatus.AWAITING_APPROVAL)
+    return update, evolve(task, {"attempts": attempts})
+
+
+def _answered(head: RunHead, task_id: str, attempt: int, gate_id: str) -> TaskState:
+    task, last = _parked_attempt(head, task_id, attempt)
+    gate = head.gate(gate_id)
+    if last.question != gate_id or gate is None or gate.status != "approved":
+        raise IllegalTransition(f"task {task_id} has no answer to {gate_id} to send")
+    return task
+
+
+def _agent_answer_sending(head: RunHead, fact: AgentAnswerSending) -> _Change:
+    """The answer to a question is about to be sent (so a send after a crash may be a duplicate)."""
+    task = _answered(head, fact.task_id, fact.attempt, fact.gate_id)
+    changes: dict[str, object] = {"answer_sending": True}
+    if fact.possible_duplicate_call:
+        last = task.attempts[-1]
+        changes["telemetry"] = evolve(last.telemetry, {"possible_duplicate_call": True})
+    return {}, evolve(task, {"attempts": _replace_attempt(task, fact.attempt, **changes)})
+
+
+def _agent_answer_sent(head: RunHead, fact: AgentAnswerSent) -> _Change:
+    """The answer reached the remote agent: the question is no longer in play."""
+    task = _answered(head, fact.task_id, fact.attempt, fact.gate_id)
+    attempts = _replace_attempt(task, fact.attempt, question=None, answer_sending=False)
+    return {}, evolve(task, {"attempts": attempts})
 
 
 def _attempt_failed(head: RunHead, fact: AttemptFailed) -> _Change:
@@ -645,6 +741,9 @@ _HANDLERS: dict[type[object], Callable[[RunHead, Any], _Change]] = {
     AttemptStarted: _attempt_started,
     RemoteRunStarted: _remote_run_started,
     RemoteRunCancelled: _remote_run_cancelled,
+    AgentQuestionAsked: _agent_question_asked,
+    AgentAnswerSending: _agent_answer_sending,
+    AgentAnswerSent: _agent_answer_sent,
     AttemptFailed: _attempt_failed,
     TaskCompleted: _task_completed,
     TaskFailed: _task_failed,

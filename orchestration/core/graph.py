@@ -137,10 +137,7 @@ def summary_status(head: RunHead) -> RunStatus:
     whose child run works (:mod:`orchestration.engine.children`) is not a call in flight: while only
     children work, the run is ``awaiting_children``; nor is a remote agent run followed outside the
     drive (:func:`awaits_agent`): while only those (and children) work, ``awaiting_agent``."""
-    if any(
-        t.status == TaskStatus.RUNNING and head.chain.step(t.step_name).chain is None and not awaits_agent(t)
-        for t in head.tasks
-    ):
+    if any(_in_flight(head, t) for t in head.tasks):
         return RunStatus.RUNNING
     host = gate = children = agent = False
     for task in head.tasks:
@@ -165,7 +162,7 @@ def summary_status(head: RunHead) -> RunStatus:
         status = _gate_status(head, "before", task) if step.approve_before else None
         if status == "pending":
             return RunStatus.QUEUED
-        if status == "requested" or open_budget_gate(head, task.task_id) is not None:
+        if status == "requested" or _asks(head, task):
             gate = True
         elif task.status == TaskStatus.AWAITING_HOST:
             host = True
@@ -186,11 +183,37 @@ def summary_status(head: RunHead) -> RunStatus:
     return RunStatus.QUEUED
 
 
+def _in_flight(head: RunHead, task: TaskState) -> bool:
+    """Whether ``task`` has a call in flight: running, and not a step's child run, nor a remote
+    agent run followed outside the drive or parked at its question."""
+    return (
+        task.status == TaskStatus.RUNNING
+        and head.chain.step(task.step_name).chain is None
+        and not awaits_agent(task)
+        and parked_question(task) is None
+    )
+
+
+def _asks(head: RunHead, task: TaskState) -> bool:
+    """Whether ``task`` waits at a gate of its own making: a budget gate, or its remote agent's
+    question."""
+    return open_budget_gate(head, task.task_id) is not None or parked_question(task) is not None
+
+
 def awaits_agent(task: TaskState) -> bool:
     """Whether the task's attempt in flight is an agent step's remote run followed outside any
     drive (:mod:`orchestration.engine.agent_waits`): no call is in flight, the run awaits it."""
     last = task.attempts[-1] if task.attempts else None
     return last is not None and last.waits and last.outcome == "running" and task.status == TaskStatus.RUNNING
+
+
+def parked_question(task: TaskState) -> str | None:
+    """The ``question`` gate the task's attempt in flight is parked at (its remote A2A task asks
+    a question nobody answered yet: :mod:`orchestration.engine.agent_questions`), or None."""
+    last = task.attempts[-1] if task.attempts else None
+    if last is None or last.question is None or last.waits or last.outcome != "running":
+        return None
+    return last.question if task.status == TaskStatus.RUNNING else None
 
 
 def settled_gate(head: RunHead, task: TaskState) -> bool:
@@ -270,6 +293,7 @@ __all__ = [
     "has_agent_steps",
     "is_parallel",
     "latest",
+    "parked_question",
     "predecessors",
     "predecessors_in",
     "preds_settled",

@@ -29,7 +29,11 @@ from orchestration.core.vocabulary import RunStatus, TaskStatus
 #: Format 6: a run ``awaiting_agent`` (an agent step's remote run followed without a lease:
 #: :mod:`orchestration.engine.agent_waits`), ``waits`` on ``remote_run_started`` /
 #: ``attempt_started``, and ``remote_run_cancelled``.
-RECORD_FORMAT = 7
+#: Format 7: a run moved to another version of its chain (``chain_upgraded``).
+#: Format 8: an A2A agent's question as a gate of the run (gate position ``question``,
+#: ``agent_question_asked``, ``agent_answer_sending``, ``agent_answer_sent``:
+#: :mod:`orchestration.engine.agent_questions`).
+RECORD_FORMAT = 8
 
 
 class Frozen(BaseModel):
@@ -359,6 +363,13 @@ class AttemptRecord(Frozen):
     #: a host task's attempt whose prompt was handed out in parts: how much of it the host read
     #: (left out when None, so older heads read the same)
     prompt_read: PromptRead | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: an A2A agent's question in play for this attempt (record format 8): the id of its
+    #: ``question`` gate, from the question until the answer was sent (while the gate is
+    #: requested the attempt is parked, ``waits`` False: nobody follows the remote task)
+    question: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: the answer to ``question`` is being sent (``agent_answer_sending`` recorded, no
+    #: ``agent_answer_sent`` yet): a send after a crash may be a duplicate
+    answer_sending: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class ChildRef(Frozen):
@@ -503,7 +514,10 @@ GATE_STATUS_OF: dict[str, GateStatus] = {
 #: ``exhausted:<task id>``)
 #: ``budget``: a provider call the run's budget did not allow, with ``on_budget = "ask"`` (gate id
 #: ``budget:<n>``, created when requested; record format 4: see :mod:`orchestration.core.budget`)
-GatePosition = Literal["before", "after", "exhausted", "budget"]
+#: ``question``: a remote A2A task of an agent step stopped at ``input-required``; the gate's
+#: ``note`` is its question, an approval's comment the answer sent back (gate id
+#: ``question:<task id>:<n>``, created when asked; record format 8)
+GatePosition = Literal["before", "after", "exhausted", "budget", "question"]
 #: How a decision reached the server: a tool call over HTTP or stdio, the CLI; ``elicitation``,
 #: ``web`` and ``expiry`` are reserved for the ways still to come (declared now, so that a fact
 #: recording one stays readable by this code without a new record format).
@@ -530,6 +544,16 @@ class GateState(Frozen):
     #: what the next call may need, in words
     budget_step: str | None = None
     note: str | None = None
+    #: a ``question`` gate: the agent that asks, the attempt whose remote task asks, and which
+    #: of the task's questions it is (1, 2, ...); left out when None
+    agent: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    attempt: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    number: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: a ``question`` gate: the remote task's id of that asking (its status message's), so that
+    #: the same question read again before the remote took the answer is not asked twice
+    asked_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: a ``question`` gate: the remote task's context id, which the answer names
+    context_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 def gate_id_for(position: GatePosition, task_id: str) -> str:

@@ -317,6 +317,8 @@ def revise_plan(head: RunHead, gate: GateState) -> RevisePlan | NoRevise:
     chain = head.chain
     if gate.position == "budget":
         return NoRevise("a budget gate raises the budget (approve) or ends the run (reject), not revised")
+    if gate.position == "question":
+        return NoRevise("a question gate sends its answer (approve with comment) or declines (reject)")
     if gate.position == "exhausted":
         return NoRevise(
             "an exhausted gate accepts or rejects a loop's work whose bound was reached; it cannot be revised"

@@ -103,14 +103,16 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
         {_R.QUEUED, _R.AWAITING_APPROVAL, _R.AWAITING_HOST, _R.AWAITING_CHILDREN, _R.AWAITING_AGENT}
     )
     | _NONTERMINAL_EXITS,
-    # An approval gate is left by a decision: approve -> queued, reject -> rejected.
-    _R.AWAITING_APPROVAL: frozenset({_R.QUEUED, _R.REJECTED}) | _NONTERMINAL_EXITS,
+    # An approval gate is left by a decision: approve -> queued, reject -> rejected; an A2A
+    # agent's question answered -> awaiting_agent (the remote task is followed again).
+    _R.AWAITING_APPROVAL: frozenset({_R.QUEUED, _R.REJECTED, _R.AWAITING_AGENT}) | _NONTERMINAL_EXITS,
     # A host task is left when the host's output is recorded (-> queued).
     _R.AWAITING_HOST: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
     # A child run's end is recorded on its parent (-> queued: the parent goes on).
     _R.AWAITING_CHILDREN: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
-    # A remote agent run's end (or a failure to follow it) is recorded on the run (-> queued).
-    _R.AWAITING_AGENT: frozenset({_R.QUEUED}) | _NONTERMINAL_EXITS,
+    # A remote agent run's end (or a failure to follow it) is recorded on the run (-> queued);
+    # a remote A2A task's question is a gate of the run (-> awaiting_approval).
+    _R.AWAITING_AGENT: frozenset({_R.QUEUED, _R.AWAITING_APPROVAL}) | _NONTERMINAL_EXITS,
     _R.COMPLETED: frozenset(),
     _R.COMPLETED_WITH_FAILURES: frozenset(),
     _R.FAILED: frozenset(),

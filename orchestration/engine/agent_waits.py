@@ -5,7 +5,9 @@ A follower only reads the remote run; the step's outcome is recorded in one comp
 made only while the task is still in that attempt waiting on that remote run, so of several
 followers (processes, the sweep) one write wins, and a cancel, a deadline or an earlier recorder
 leaves nothing to write. A write that ends the wait cancels the remote runs first and records each
-result in that same write (:func:`giving_up`).
+result in that same write (:func:`giving_up`). A remote A2A task that asks a question is recorded
+as a gate of the run and the follower stops; once the gate is answered, the follower sends the
+answer before it polls again (:mod:`orchestration.engine.agent_questions`).
 """
 
 from __future__ import annotations
@@ -19,19 +21,28 @@ import anyio
 from anyio.abc import TaskGroup
 
 from orchestration.core.action_facts import outcome_fact
+from orchestration.core.agent_steps import answer_message_id
 from orchestration.core.clock import Clock
 from orchestration.core.decide import AwaitAgent, StartAttempt
 from orchestration.core.facts import Fact, RemoteRunCancelled, RunCancelled
 from orchestration.core.fold import apply_write
-from orchestration.core.graph import awaits_agent, has_agent_steps
-from orchestration.core.models import RunHead, TypedError
+from orchestration.core.graph import awaits_agent, has_agent_steps, parked_question
+from orchestration.core.models import GateState, RunHead, TypedError
 from orchestration.core.outcomes import AttemptOutcome
 from orchestration.core.vocabulary import RunStatus
+from orchestration.engine.agent_questions import (
+    already_asked,
+    answer_sending,
+    answer_sent,
+    answer_to_send,
+    question_asked,
+    write_while,
+)
 from orchestration.engine.changes import ChangeFeed, ChangeListener
 from orchestration.engine.delegation import agent_worker, build_call
 from orchestration.errors import RunNotFound, VersionConflict
 from orchestration.store import RunStore
-from orchestration.workers.agent_calls import AgentEndpoint
+from orchestration.workers.agent_calls import AgentDelegate, AgentEndpoint, AnswersQuestions, RemoteQuestion
 from orchestration.workers.agent_polls import TERMINAL_STATUSES, PollPacing, protocol_message
 from orchestration.workers.port import TaskWorker
 
@@ -72,6 +83,21 @@ def awaited(head: RunHead) -> list[AwaitAgent]:
     out = []
     for task in head.tasks:
         if awaits_agent(task):
+            last = task.attempts[-1]
+            assert last.remote_run_id is not None
+            out.append(AwaitAgent(task.task_id, last.number, last.remote_run_id))
+    return out
+
+
+def held(head: RunHead) -> list[AwaitAgent]:
+    """The remote runs the run holds: those it awaits (:func:`awaited`), and those whose question
+    is a gate of the run (parked: :mod:`orchestration.engine.agent_questions`). A write that ends
+    the hold of one cancels it (:func:`giving_up`)."""
+    if head.status.is_terminal or not has_agent_steps(head.chain):
+        return []
+    out = []
+    for task in head.tasks:
+        if awaits_agent(task) or parked_question(task) is not None:
             last = task.attempts[-1]
             assert last.remote_run_id is not None
             out.append(AwaitAgent(task.task_id, last.number, last.remote_run_id))
@@ -178,6 +204,19 @@ class AgentWaits:
         endpoint = delegate.endpoints.get(call.agent.agent) or AgentEndpoint(name=call.agent.agent)
         pacing = PollPacing.for_endpoint(endpoint, delegate.rng)
         while not self._runtime.stopping:
+            gate = answer_to_send(head, wait)
+            if gate is not None:
+                # The question's answer was decided: send it before anything else.
+                error = await self._send_answer(run_id, wait, gate, call.agent.agent, delegate)
+                head = await self.store.load(run_id)
+                if not _still_awaits(head, wait):
+                    return False
+                if error is not None:
+                    previous = _previous_errors(head, wait.task_id)
+                    return await self._record(
+                        run_id, wait, delegate.failure(head.contract, call, previous, error)
+                    )
+                continue
             answer = await delegate.remote_status(
                 call.agent.agent, wait.remote_run_id, endpoint.follow_wait_seconds
             )
@@ -185,6 +224,10 @@ class AgentWaits:
             if not _still_awaits(head, wait):
                 return False
             previous = _previous_errors(head, wait.task_id)
+            asked = answer.question
+            if answer.error is None and asked is not None and not already_asked(head, wait, asked):
+                agent = call.agent.agent
+                return await self._ask(run_id, wait, agent, asked)
             if answer.error is not None and answer.error.code not in _UNREADABLE:
                 return await self._record(
                     run_id, wait, delegate.failure(head.contract, call, previous, answer.error)
@@ -205,6 +248,78 @@ class AgentWaits:
                 )
             await anyio.sleep(delay)
         return False
+
+    async def _ask(self, run_id: str, wait: AwaitAgent, agent: str, question: RemoteQuestion) -> bool:
+        """Record the remote task's ``question`` as the run's next question gate, while the
+        attempt still awaits that task (the follower stops: nobody follows a parked task)."""
+
+        def build(head: RunHead) -> Fact | None:
+            if not _still_awaits(head, wait) or already_asked(head, wait, question):
+                return None
+            return question_asked(head, wait, agent, question, self.clock)
+
+        return await write_while(self.store, self.changes, run_id, build) is not None
+
+    async def _send_answer(
+        self, run_id: str, wait: AwaitAgent, gate: GateState, agent: str, delegate: AgentDelegate
+    ) -> TypedError | None:
+        """Send the answer decided at ``gate`` as the remote task's next message, between
+        ``agent_answer_sending`` and ``agent_answer_sent`` (see
+        :mod:`orchestration.engine.agent_questions`); the send's typed error, or None (sent, or
+        the run moved on: nothing to send)."""
+        assert gate.number is not None and gate.comment is not None
+        sent_id = answer_message_id(run_id, wait.task_id, wait.attempt, gate.number)
+
+        def sent(head: RunHead) -> Fact | None:
+            if not _still_awaits(head, wait) or answer_to_send(head, wait) != gate:
+                return None
+            return answer_sent(head, wait, gate, sent_id, self.clock)
+
+        if await self._answer_taken(run_id, wait, gate, agent, delegate):
+            # A send begun before a crash reached the agent: the task moved on; nothing is resent.
+            await write_while(self.store, self.changes, run_id, sent)
+            return None
+
+        def sending(head: RunHead) -> Fact | None:
+            if not _still_awaits(head, wait) or answer_to_send(head, wait) != gate:
+                return None
+            return answer_sending(head, wait, gate, sent_id, self.clock)
+
+        begun = await write_while(self.store, self.changes, run_id, sending)
+        if begun is None:
+            return None
+        context = gate.context_id
+        if not isinstance(delegate, AnswersQuestions):
+            return TypedError(code="agent_protocol", message=f"agent {agent} cannot be sent an answer")
+        error = await delegate.answer_question(agent, wait.remote_run_id, context, sent_id, gate.comment)
+        if error is not None:
+            return error
+        await write_while(self.store, self.changes, run_id, sent)
+        return None
+
+    async def _answer_taken(
+        self, run_id: str, wait: AwaitAgent, gate: GateState, agent: str, delegate: AgentDelegate
+    ) -> bool:
+        """Whether a send of the answer at ``gate`` begun before (``agent_answer_sending``
+        recorded, not ``agent_answer_sent``: the process died during it) reached the agent: its
+        task no longer asks that question. False when no send had begun, or the task still asks,
+        or its state cannot be read (the answer is sent again, marked a possible duplicate)."""
+        head = await self.store.load(run_id)
+        if not _still_awaits(head, wait) or not head.task(wait.task_id).attempts[-1].answer_sending:
+            return False
+        answer = await delegate.remote_status(agent, wait.remote_run_id, 0.0)
+        if answer.error is not None or answer.status is None:
+            return False
+        asked = answer.question
+        if asked is not None and (asked.asked_id is None or asked.asked_id == gate.asked_id):
+            return False
+        log.info(
+            "remote task %s took the answer to %s before the crash: not sent again",
+            wait.remote_run_id,
+            gate.gate_id,
+            extra={"action": "remote_answer_taken", "run_id": run_id},
+        )
+        return True
 
     async def _record(self, run_id: str, wait: AwaitAgent, outcome: AttemptOutcome) -> bool:
         """Record ``outcome`` as the awaited attempt's, in one compare-and-swap write made only
@@ -243,13 +358,13 @@ async def cancel_remote_runs(
     only: list[AwaitAgent] | None = None,
 ) -> None:
     """Before ``head``'s run is cancelled (or stops waiting otherwise): ``orchestrate_cancel``
-    every remote run it awaits (of ``only``, when given) that ``done`` has no result for yet,
-    all at once, bounded by ``seconds`` in all, and put each result in ``done`` (None:
-    cancelled; else the error code: ``not_cancelled``, the remote refused or could not be
-    reached; ``timeout``, no answer within the bound). Best effort: never raises for the
-    agents' failures."""
+    every remote run it holds (:func:`held`: awaited, or parked at a question; of ``only``, when
+    given) that ``done`` has no result for yet, all at once, bounded by ``seconds`` in all, and
+    put each result in ``done`` (None: cancelled; else the error code: ``not_cancelled``, the
+    remote refused or could not be reached; ``timeout``, no answer within the bound). Best
+    effort: never raises for the agents' failures."""
     delegate = agent_worker(worker)
-    todo = [w for w in (awaited(head) if only is None else only) if w not in done]
+    todo = [w for w in (held(head) if only is None else only) if w not in done]
     if delegate is None or not todo:
         return
 
@@ -271,7 +386,7 @@ def remote_cancel_facts(head: RunHead, done: dict[AwaitAgent, str | None], at: d
     """The ``remote_run_cancelled`` facts of the results in ``done`` for the remote runs ``head``
     still awaits, numbered after its last fact."""
     facts: list[Fact] = []
-    for wait in awaited(head):
+    for wait in held(head):
         if wait not in done:
             continue
         agent = head.step_of(wait.task_id).agent
@@ -299,10 +414,10 @@ async def giving_up(
     remote runs of agent steps (a cancel, a deadline, the run failing or rejected), those runs are
     cancelled there first (:func:`cancel_remote_runs`, within ``seconds``) and a
     ``remote_run_cancelled`` fact for each goes first in the write (the others renumbered)."""
-    waits = awaited(head)
+    waits = held(head)
     if not waits:
         return list(facts)
-    after = set(awaited(apply_write(head, facts)))
+    after = set(held(apply_write(head, facts)))
     ended = [w for w in waits if w not in after]
     if not ended:
         return list(facts)
@@ -326,4 +441,12 @@ async def _already_recorded(remote_run_id: str, ended: bool = True) -> None:
     """The ``remember`` of a call that follows a recorded remote run (never called)."""
 
 
-__all__ = ["AgentRuntime", "AgentWaits", "awaited", "cancel_remote_runs", "giving_up", "remote_cancel_facts"]
+__all__ = [
+    "AgentRuntime",
+    "AgentWaits",
+    "awaited",
+    "cancel_remote_runs",
+    "giving_up",
+    "held",
+    "remote_cancel_facts",
+]

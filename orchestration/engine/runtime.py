@@ -17,6 +17,7 @@ from orchestration.chains.catalog import Catalog
 from orchestration.chains.prompts import TaskPrompt
 from orchestration.core.approvals import (
     Decision,
+    check_answer,
     check_approver,
     check_budget_raise,
     check_decision,
@@ -536,6 +537,7 @@ class Runtime:
         if gate.expires_at is not None and now >= gate.expires_at:
             await self._refuse_expired(head, gate, gate.expires_at, now)
         check_budget_raise(gate, asked.decision, asked.budget_raise)
+        check_answer(head, gate, asked)
         if asked.decision == "revise":
             plan = revise_plan(head, gate)
             if not isinstance(plan, RevisePlan):

@@ -16,8 +16,13 @@ followed outside the drive, through :meth:`A2AWorker.remote_status`.
   text of the task's last status message); for a step with an ``output_schema``, the last data part
   of the artifacts (as JSON) when there is one, validated as any agent's answer.
 - Task states read as this server's run statuses (:data:`STATUSES`); a task that stops at
-  ``input-required`` fails the step with ``agent_input_required`` (the question quoted; the step
-  cannot answer it), one at ``auth-required`` with ``auth`` (what it asks for quoted).
+  ``input-required`` reads as ``awaiting_approval``: :meth:`A2AWorker.remote_status` names its
+  question (:func:`question_text`), which the follower makes a gate of the run, and
+  :meth:`A2AWorker.answer_question` sends the answer decided there as the task's next message
+  (the same ``taskId`` and ``contextId``; its id derived from the run, the task, the attempt and
+  the question: :func:`~orchestration.core.agent_steps.answer_message_id`; see
+  :mod:`orchestration.engine.agent_questions`). A task at ``auth-required`` fails the step with
+  ``auth`` (what it asks for quoted).
 - Errors are classified in one place (:func:`classify`); the token is read from ``token_env`` when
   the call is made and lives only in that call's requests to the configured URL's origin.
 """
@@ -28,7 +33,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -62,7 +66,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
 
-from orchestration.core.agent_steps import AGENT_ERROR_CODES
+from orchestration.core.agent_steps import AGENT_ERROR_CODES, message_id
 from orchestration.core.clock import Clock, SystemClock
 from orchestration.core.hops import DELEGATION_META, new_server_id, onward
 from orchestration.core.inputs import Limits, whole_numbers
@@ -71,15 +75,22 @@ from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, At
 from orchestration.errors import ConstructError
 from orchestration.workers._redact import Redactor
 from orchestration.workers.agent_answers import AgentFailure, checked_answer, remote_run_id
-from orchestration.workers.agent_calls import AgentCall, AgentEndpoint, RemoteAnswer, RemoteRunKnown
+from orchestration.workers.agent_calls import (
+    AgentCall,
+    AgentEndpoint,
+    RemoteAnswer,
+    RemoteQuestion,
+    RemoteRunKnown,
+)
 from orchestration.workers.agent_polls import PollPacing, protocol_message
 from orchestration.workers.mcp_agents import call_token, endpoint_token, token_from_environment
 from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
 
 log = logging.getLogger("construct.agents")
 
-#: how an A2A task's state reads as a run status of this server. A task stopped for input or for
-#: authentication has ended for the step (the outcome read from it is a typed error).
+#: how an A2A task's state reads as a run status of this server. A task stopped for input waits
+#: at a gate (its question: :mod:`orchestration.engine.agent_questions`); one stopped for
+#: authentication has ended for the step (the outcome read from it is the typed error ``auth``).
 STATUSES: Mapping[int, str] = {
     TaskState.TASK_STATE_SUBMITTED: "queued",
     TaskState.TASK_STATE_WORKING: "running",
@@ -87,21 +98,42 @@ STATUSES: Mapping[int, str] = {
     TaskState.TASK_STATE_FAILED: "failed",
     TaskState.TASK_STATE_CANCELED: "cancelled",
     TaskState.TASK_STATE_REJECTED: "rejected",
-    TaskState.TASK_STATE_INPUT_REQUIRED: "failed",
+    TaskState.TASK_STATE_INPUT_REQUIRED: "awaiting_approval",
     TaskState.TASK_STATE_AUTH_REQUIRED: "failed",
 }
-_WORKING = frozenset({TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING})
-_NAMESPACE = uuid.UUID("6f1d6c2e-3c1a-5d4e-9a57-2f0c9b8e7a11")
-
-
-def message_id(idempotency_key: str) -> str:
-    """The A2A message id of a call with ``idempotency_key``: a UUID derived from it, so that a
-    resent message carries the same id."""
-    return str(uuid.uuid5(_NAMESPACE, idempotency_key))
+#: states in which the task goes on by itself, or waits for an answer (not ended for the step)
+_WORKING = frozenset(
+    {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_INPUT_REQUIRED}
+)
+#: the longest question kept (it is shown in the run's view and kept in its head)
+MAX_QUESTION_CHARS = 4000
 
 
 def _ended(state: int) -> bool:
     return state in STATUSES and state not in _WORKING
+
+
+def question_text(task: Task) -> str:
+    """The question of a task at ``input-required``: its status message's parts in order, text as
+    it is and a data part as JSON, one per line (at most :data:`MAX_QUESTION_CHARS`)."""
+    if not task.status.HasField("message"):
+        return "(the agent asks for input but gave no question)"
+    lines: list[str] = []
+    for part in task.status.message.parts:
+        if part.HasField("text"):
+            lines.append(part.text)
+        elif part.HasField("data"):
+            lines.extend(json.dumps(_integral(d), ensure_ascii=False) for d in get_data_parts([part]))
+    text = "\n".join(lines).strip() or "(the agent asks for input but gave no question)"
+    return text[:MAX_QUESTION_CHARS]
+
+
+def _question(task: Task) -> RemoteQuestion:
+    status = task.status
+    asked = status.message.message_id if status.HasField("message") else ""
+    if not asked and status.HasField("timestamp"):
+        asked = status.timestamp.ToJsonString()
+    return RemoteQuestion(question_text(task), task.context_id or None, asked or None)
 
 
 #: ``connect(endpoint, token, statuses)``: an open A2A client for the agent; every HTTP status
@@ -350,7 +382,46 @@ class A2AWorker:
             return RemoteAnswer(None, error, time.monotonic() - started)
         # No long poll here: answered "at once" whatever it took, so that the follower's pacing
         # always backs off between polls (never a hot loop, whatever follow_wait_seconds says).
-        return RemoteAnswer(STATUSES.get(task.status.state), None, 0.0)
+        asks = task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        return RemoteAnswer(STATUSES.get(task.status.state), None, 0.0, _question(task) if asks else None)
+
+    async def answer_question(
+        self, agent: str, remote_run_id: str, context_id: str | None, message_id: str, text: str
+    ) -> TypedError | None:
+        """Send ``text`` as the next message of the task ``remote_run_id`` (``message/send`` with
+        its ``taskId`` and ``contextId``, the id ``message_id``, answered at once); None when the
+        agent took it, else the typed error (classified as a call's, never raised)."""
+        endpoint = self._endpoints.get(agent)
+        if endpoint is None or endpoint.url is None:
+            message = f"this server has no A2A agent [agents.{agent}]; add it to construct.toml"
+            return TypedError(code="agent_not_configured", message=message)
+        token = endpoint_token(endpoint, self._lookup)
+        statuses: list[int] = []
+        message = Message(
+            message_id=message_id,
+            role=Role.ROLE_USER,
+            parts=[Part(text=text)],
+            task_id=remote_run_id,
+            context_id=context_id or "",
+        )
+        request = SendMessageRequest(
+            message=message, configuration=SendMessageConfiguration(return_immediately=True)
+        )
+        try:
+            with anyio.fail_after(endpoint.call_timeout_seconds * 2):
+                async with self._connect(endpoint, token, statuses) as client:
+                    async for _ in client.send_message(request):
+                        pass
+        except Exception as exc:
+            return classify(exc, statuses, Redactor([token]), agent)
+        log.info(
+            "answer %s sent to remote task %s on agent %s",
+            message_id,
+            remote_run_id,
+            agent,
+            extra={"action": "remote_answer_sent"},
+        )
+        return None
 
     async def _call(
         self, client: Client, endpoint: AgentEndpoint, call: AgentCall, remember: RemoteRunKnown
@@ -394,7 +465,7 @@ class A2AWorker:
         """``tasks/get`` until the task ends, paced as the follower's polls (an unknown state past
         ``unknown_status_seconds`` is ``agent_protocol``)."""
         pacing = PollPacing.for_endpoint(endpoint, self._rng)
-        while not _ended(task.status.state):
+        while not _ended(task.status.state) and task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED:
             now = time.monotonic()
             status = STATUSES.get(task.status.state)
             delay = pacing.after(status, endpoint.follow_wait_seconds, 0.0, now)
@@ -416,10 +487,12 @@ class A2AWorker:
             text = output_text(task, call.output_schema is not None)
             return checked_answer(text, call.output_schema, self.limits.max_output_chars, name)
         if state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            # Read by the follower, which makes the question a gate; met here only by a call
+            # that follows the task in the drive (it is never left waiting on a person there).
             raise AgentFailure(
                 "agent_input_required",
                 f"agent {name}: remote task {task.id} asks for input: {said or '(no question given)'}; "
-                "a step cannot answer an A2A agent's question yet: give the message what it asks for",
+                "the server that follows it makes the question a gate of the run",
             )
         if state == TaskState.TASK_STATE_AUTH_REQUIRED:
             raise AgentFailure(
@@ -437,4 +510,13 @@ def _ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-__all__ = ["STATUSES", "A2AWorker", "Connector", "classify", "connect_a2a", "message_id", "output_text"]
+__all__ = [
+    "MAX_QUESTION_CHARS",
+    "STATUSES",
+    "A2AWorker",
+    "Connector",
+    "classify",
+    "connect_a2a",
+    "output_text",
+    "question_text",
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from orchestration.core.models import AgentStep, Delegation, ExecutionContract, TypedError
 from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome
@@ -26,14 +26,27 @@ class RemoteRunKnown(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteQuestion:
+    """What a remote A2A task stopped at ``input-required`` asks: the question's text (its text
+    parts; a data part as JSON), the task's context id (an answer names it) and an id of the
+    asking (the status message's id, else its time), so that one question read twice is one."""
+
+    text: str
+    context_id: str | None = None
+    asked_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteAnswer:
     """One ``run_status`` answer about a followed remote run (:meth:`AgentDelegate.remote_status`):
     the status it names (None: none could be read), the typed error of a poll that failed (then
-    ``status`` is None), and how long it took to come (monotonic seconds)."""
+    ``status`` is None), and how long it took to come (monotonic seconds). ``question``: the
+    remote task waits for an answer to it (an A2A task at ``input-required``)."""
 
     status: str | None
     error: TypedError | None = None
     answered_in: float = 0.0
+    question: RemoteQuestion | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +145,27 @@ class AgentDelegate(Protocol):
         ...
 
 
-__all__ = ["AgentCall", "AgentDelegate", "AgentEndpoint", "AgentProtocol", "RemoteAnswer", "RemoteRunKnown"]
+@runtime_checkable
+class AnswersQuestions(Protocol):
+    """An :class:`AgentDelegate` whose remote runs may ask questions (A2A's ``input-required``):
+    it sends an answer back (see :mod:`orchestration.engine.agent_questions`)."""
+
+    async def answer_question(
+        self, agent: str, remote_run_id: str, context_id: str | None, message_id: str, text: str
+    ) -> TypedError | None:
+        """Send ``text`` as the next message of the remote task ``remote_run_id`` (in
+        ``context_id``), with the message id ``message_id`` (the same on a resend); None when
+        the agent took it, else the typed error (never raises for the agent's failures)."""
+        ...
+
+
+__all__ = [
+    "AgentCall",
+    "AgentDelegate",
+    "AgentEndpoint",
+    "AgentProtocol",
+    "AnswersQuestions",
+    "RemoteAnswer",
+    "RemoteQuestion",
+    "RemoteRunKnown",
+]

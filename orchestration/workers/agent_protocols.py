@@ -19,6 +19,7 @@ from orchestration.workers.agent_calls import (
     AgentCall,
     AgentDelegate,
     AgentEndpoint,
+    AnswersQuestions,
     RemoteAnswer,
     RemoteRunKnown,
 )
@@ -83,6 +84,17 @@ class AgentsByProtocol:
     async def remote_status(self, agent: str, remote_run_id: str, wait_seconds: float) -> RemoteAnswer:
         """One poll of the followed remote run (or A2A task) by its agent's client."""
         return await self._for(agent).remote_status(agent, remote_run_id, wait_seconds)
+
+    async def answer_question(
+        self, agent: str, remote_run_id: str, context_id: str | None, message_id: str, text: str
+    ) -> TypedError | None:
+        """The answer to a remote task's question, sent by its agent's client (only an A2A
+        agent's tasks ask: any other answers ``agent_protocol``)."""
+        client = self._for(agent)
+        if not isinstance(client, AnswersQuestions):
+            message = f"agent {agent} speaks no protocol whose runs ask questions; nothing was sent"
+            return TypedError(code="agent_protocol", message=message)
+        return await client.answer_question(agent, remote_run_id, context_id, message_id, text)
 
 
 def agent_workers(

@@ -171,6 +171,11 @@ def _guards(view: RunView, action: Approve, gate: GateView | None) -> str:
             f"the budget does not allow the next call: {note}Approving raises that budget by "
             "--raise-tokens N / --raise-usd X (default: the original budget again); --reject ends the run."
         )
+    if action.position == "question":
+        return (
+            f"{action.guards.split(' Approving ')[0]} Answer with --comment TEXT (sent to the agent); "
+            "--reject declines, and the step fails."
+        )
     return action.guards  # a loop's bound: its history, in no tool's words
 
 

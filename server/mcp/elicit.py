@@ -386,6 +386,12 @@ def gate_message(snapshot: RunSnapshot, gate_id: str) -> str:
         action = next_step(snapshot)
         lines.append(action.guards if action.kind == "approve" else "A loop reached its bound.")
         reviewed = gate.task_id
+    elif gate.position == "question":
+        lines.append(
+            f"Agent {gate.agent} (step {step.name!r}) asks: {gate.note}\nApprove with your answer as the "
+            "comment: it is sent to the agent. Reject: you decline, and the step fails."
+        )
+        reviewed = None
     elif gate.position == "budget":
         lines.append(
             f"The budget does not allow the next call: {gate.note} Approve: the budget is raised by its "

@@ -79,6 +79,7 @@ GATE_FIELDS = (
     "expires_at",
     "on_expiry",
     "note",
+    "agent",
     "budget_step",
     "description",
     "comment",

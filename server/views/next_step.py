@@ -18,7 +18,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from orchestration.chains import TaskPrompt
-from orchestration.core import AGENT_APPROVER, GateState, RunStatus, gate_approvers, revise_offered
+from orchestration.core import (
+    AGENT_APPROVER,
+    GateState,
+    RunHead,
+    RunStatus,
+    gate_approvers,
+    parked_question,
+    revise_offered,
+)
 from orchestration.engine import RunSnapshot
 from server.views.graph_view import loop_history
 from server.views.outline import View
@@ -60,7 +68,7 @@ class Approve(View):
     choices: dict[str, str] = Field(description="The decisions the gate takes now, each with what it does.")
     gate_id: str
     task_id: str
-    position: Literal["before", "after", "exhausted", "budget"]
+    position: Literal["before", "after", "exhausted", "budget", "question"]
     guards: str = Field(description="What the gate guards, in one sentence.")
     instruction: str
     run_id: str | None = Field(
@@ -103,6 +111,11 @@ def _gate_guards(gate: GateState, snapshot: RunSnapshot) -> str:
         return (
             f"The budget does not allow the next call: {gate.note} Approving raises that budget by "
             "budget_raise (default: the original budget again); rejecting ends the run."
+        )
+    if gate.position == "question":
+        return (
+            f"Agent {gate.agent} (step {step.name!r}) asks: {gate.note} Approving sends comment to "
+            "the agent as the answer (required); rejecting declines, and the step fails."
         )
     if gate.position == "before":
         return (
@@ -164,6 +177,11 @@ _CHOICES = {
     "reject": "end the run",
     "revise": "redo the work shown, with comment",
 }
+#: ... and at an agent's question
+_ANSWER_CHOICES = {
+    "approve": "send comment to the agent as the answer",
+    "reject": "decline to answer: the step fails",
+}
 
 
 def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
@@ -185,6 +203,11 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
         )
         if persons:
             instruction += f" So may {', '.join(persons)}."
+    elif gate.position == "question":
+        instruction = (
+            "Ask the user the agent's question (guards), then call tool with arguments, decision: "
+            "approve with comment: their answer, or reject if they decline. Never answer for them."
+        )
     else:
         instruction = (
             "Ask the user, then call tool with arguments, decision: their choice, comment: optional "
@@ -197,7 +220,7 @@ def _gate_item(snapshot: RunSnapshot, gate: GateState) -> Approve:
         instruction += f" Undecided at {expires}, it is decided by expiry ({step.on_expiry})."
     return Approve(
         arguments=arguments,
-        choices={d: _CHOICES[d] for d in decisions},
+        choices={d: (_ANSWER_CHOICES if gate.position == "question" else _CHOICES)[d] for d in decisions},
         gate_id=gate.gate_id,
         task_id=gate.task_id,
         position=gate.position,
@@ -215,8 +238,14 @@ def waiting_items(snapshot: RunSnapshot) -> list[RunHostTask | Approve]:
         return []
     prompts = snapshot.host_tasks or ((snapshot.host_task,) if snapshot.host_task is not None else ())
     items: list[RunHostTask | Approve] = [_host_item(snapshot, p) for p in prompts]
-    items += [_gate_item(snapshot, g) for g in head.gates if g.status == "requested"]
+    items += [_gate_item(snapshot, g) for g in head.gates if g.status == "requested" and _open(head, g)]
     return items
+
+
+def _open(head: RunHead, gate: GateState) -> bool:
+    """Whether a requested gate waits: a question waits while its task is parked at it (a task
+    that failed meanwhile, out of time, leaves it undecided and moot)."""
+    return gate.position != "question" or parked_question(head.task(gate.task_id)) == gate.gate_id
 
 
 def next_step(

@@ -52,6 +52,7 @@ from orchestration.core import (
     TypedError,
     by_identity,
     gate_approvers,
+    parked_question,
     revise_offered,
     shown_key,
 )
@@ -210,11 +211,17 @@ class TaskView(View):
 class GateView(View):
     gate_id: str
     task_id: str
-    position: Literal["before", "after", "exhausted", "budget"] = Field(
+    position: Literal["before", "after", "exhausted", "budget", "question"] = Field(
         description="exhausted: a loop reached its bound and a human decides (see description); "
-        "budget: the budget did not allow a call (see note)."
+        "budget: the budget did not allow a call (see note); question: an agent asks (see note)."
     )
-    note: str | None = Field(default=None, description="A budget gate: what was spent, what the call needs.")
+    note: str | None = Field(
+        default=None,
+        description="A budget gate: what was spent, what the call needs; a question gate: the question.",
+    )
+    agent: str | None = Field(
+        default=None, description="A question gate: the agent that asks.", exclude_if=lambda v: v is None
+    )
     budget_step: str | None = Field(
         default=None, description="A budget gate: the step whose budget; null: the run's."
     )
@@ -222,7 +229,9 @@ class GateView(View):
         description="revised: sent back (revise); failed: expired with on_expiry fail."
     )
     description: str | None = Field(
-        default=None, description="For an exhausted gate: the loop's rounds, each value and notes."
+        default=None,
+        description="For an exhausted gate: the loop's rounds, each value and notes; for a question "
+        "gate: the agent's question and how to answer it.",
     )
     decisions: list[Literal["approve", "reject", "revise"]] = Field(
         default_factory=list, description="The decisions a requested gate takes now."
@@ -475,15 +484,23 @@ def gate_decisions(head: RunHead, gate: GateState) -> list[Literal["approve", "r
     has a step to re-run and its bound allows it (:func:`~orchestration.core.routing.revise_offered`)."""
     if gate.status != "requested" or head.status.is_terminal:
         return []
+    if gate.position == "question" and parked_question(head.task(gate.task_id)) != gate.gate_id:
+        return []  # moot: its task ended meanwhile
     return ["approve", "reject", "revise"] if revise_offered(head, gate) else ["approve", "reject"]
 
 
 def _gate(gate: GateState, snapshot: RunSnapshot) -> GateView:
     head = snapshot.head
-    description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
     step = head.step_of(gate.task_id)
+    description = loop_history(snapshot, gate) if gate.position == "exhausted" else None
+    if gate.position == "question":
+        # What the page and every reader of the view shows: the question, and how it is answered.
+        description = (
+            f"Agent {gate.agent} (step {step.name!r}) asks:\n{gate.note}\n\nApprove with your answer "
+            "as the comment (sent to the agent); reject to decline (the step fails)."
+        )
     return GateView.model_validate(
-        gate.model_dump()
+        gate.model_dump(exclude={"attempt", "number", "asked_id", "context_id"})
         | {
             "description": description,
             "decisions": gate_decisions(head, gate),

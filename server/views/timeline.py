@@ -12,6 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestration.core import (
+    AgentAnswerSending,
+    AgentAnswerSent,
+    AgentQuestionAsked,
     ApprovalDecided,
     ApprovalRequested,
     AttemptFailed,
@@ -125,6 +128,19 @@ def _approval_decided(fact: ApprovalDecided) -> str:
     return f"{fact.gate_id}: {fact.decision}{who}{note}"
 
 
+def _agent_question_asked(fact: AgentQuestionAsked) -> str:
+    return f'{fact.gate_id}: agent {fact.agent} asks "{_preview(fact.question)}" (attempt {fact.attempt})'
+
+
+def _agent_answer_sending(fact: AgentAnswerSending) -> str:
+    dup = " (possible duplicate call)" if fact.possible_duplicate_call else ""
+    return f"{fact.gate_id}: sending the answer to {fact.task_id}'s agent as message {fact.message_id}{dup}"
+
+
+def _agent_answer_sent(fact: AgentAnswerSent) -> str:
+    return f"{fact.gate_id}: the agent took the answer (message {fact.message_id})"
+
+
 def _attempt_started(fact: AttemptStarted) -> str:
     dup = " (possible duplicate call)" if fact.possible_duplicate_call else ""
     return f"{fact.task_id}: attempt {fact.attempt} by {fact.executor}{dup}"
@@ -182,6 +198,9 @@ _DESCRIBERS: dict[type[Any], Callable[[Any], str]] = {
     ApprovalRequested: _approval_requested,
     ApprovalDecided: _approval_decided,
     AttemptStarted: _attempt_started,
+    AgentQuestionAsked: _agent_question_asked,
+    AgentAnswerSending: _agent_answer_sending,
+    AgentAnswerSent: _agent_answer_sent,
     AttemptFailed: _attempt_failed,
     TaskFailed: _task_failed,
     RouteDecided: _route_decided,

@@ -42,10 +42,11 @@ steps = ["architect", { name = "review", agent = "peer", message = "review {outp
 
 
 @asynccontextmanager
-async def peer(port: int, log: Path) -> AsyncIterator[None]:
-    """The A2A agent as a process on ``port``: 6 s of work per task, each message id logged."""
+async def peer(port: int, log: Path, *extra: str) -> AsyncIterator[None]:
+    """The A2A agent as a process on ``port``: 6 s of work per task, each message id logged;
+    ``extra``: more of its arguments."""
     command = [sys.executable, "-m", "tests.fakes.a2a_peer", "--port", str(port), "--token", TOKEN]
-    command += ["--log", str(log), "--work-seconds", "6"]
+    command += ["--log", str(log), "--work-seconds", "6", *extra]
     with (log.parent / "peer.err").open("ab") as err:
         process = await anyio.open_process(command, cwd=str(REPO), stdout=err, stderr=err)
         try:

@@ -4,7 +4,10 @@ agent-card routes, served by uvicorn) around a scripted :class:`ScriptedExecutor
 What the agent does is chosen by the message's first word:
 
 - ``fail`` ends the task ``failed`` (status message "the reviewer crashed");
-- ``ask`` stops it at ``input-required`` with the question "Which branch?";
+- ``ask`` stops it at ``input-required`` with the question "Which branch?" (``ask data``: with a
+  data part ``{"choices": ["main", "dev"]}`` after it); the next message on that task is the
+  answer: one starting ``again`` is asked "Which file?", any other completes the task with the
+  artifact ``answered: <answer>`` (each answer kept in :attr:`ScriptedExecutor.answers`);
 - ``auth`` stops it at ``auth-required`` ("sign in at https://login.example");
 - ``data`` completes with a data artifact ``{"verdict": "approve", "score": 3}``;
 - ``hello`` answers at once with the message "hello back" (no task);
@@ -15,7 +18,8 @@ What the agent does is chosen by the message's first word:
 Every message id received is kept in :attr:`ScriptedExecutor.message_ids` (and, when the agent
 runs as a process, appended to the file ``--log`` names), so a test can count the messages sent.
 
-Run as a process: ``python -m tests.fakes.a2a_peer --port N [--token T] [--log FILE]``.
+Run as a process: ``python -m tests.fakes.a2a_peer --port N [--token T] [--log FILE]
+[--answer-seconds S]`` (an answer waits ``S`` seconds before the task goes on).
 """
 
 from __future__ import annotations
@@ -37,7 +41,16 @@ from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Message, Role
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Message,
+    Role,
+    Task,
+    TaskState,
+)
 from starlette.applications import Starlette
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -49,14 +62,22 @@ class ScriptedExecutor(AgentExecutor):
     """The agent's logic (see the module's docstring)."""
 
     def __init__(
-        self, work_seconds: float = 0.2, slow_seconds: float = 30.0, log: Path | None = None
+        self,
+        work_seconds: float = 0.2,
+        slow_seconds: float = 30.0,
+        log: Path | None = None,
+        answer_seconds: float = 0.0,
     ) -> None:
         self.work_seconds = work_seconds
         self.slow_seconds = slow_seconds
+        #: how long an answer waits before the task goes on (its ``message/send`` waits as long)
+        self.answer_seconds = answer_seconds
         self.log = log
         self.message_ids: list[str] = []
         self.metadata: list[dict[str, Any]] = []
         self.cancelled: list[str] = []
+        #: ``(task id, context id, message id, text)`` of every answer to a question
+        self.answers: list[tuple[str, str, str, str]] = []
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None
@@ -69,7 +90,11 @@ class ScriptedExecutor(AgentExecutor):
             # answered at once with a message: no task to follow
             await event_queue.enqueue_event(new_text_message("hello back", role=Role.ROLE_AGENT))
             return
-        task = context.current_task or new_task_from_user_message(context.message)
+        current = context.current_task
+        if current is not None and current.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            await self._answered(context, current, event_queue)
+            return
+        task = current or new_task_from_user_message(context.message)
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         text = context.get_user_input()
@@ -82,7 +107,10 @@ class ScriptedExecutor(AgentExecutor):
         if word == "fail":
             await updater.failed(say("the reviewer crashed"))
         elif word == "ask":
-            await updater.requires_input(say("Which branch?"))
+            question = say("Which branch?")
+            if "data" in text.split()[1:2]:
+                question.parts.append(new_data_part({"choices": ["main", "dev"]}))
+            await updater.requires_input(question)
         elif word == "auth":
             await updater.requires_auth(say("sign in at https://login.example"))
         elif word == "data":
@@ -95,6 +123,24 @@ class ScriptedExecutor(AgentExecutor):
                 [new_text_part(text.splitlines()[0]), new_text_part("ok")], name="notes"
             )
             await updater.complete()
+
+    async def _answered(self, context: RequestContext, task: Task, event_queue: EventQueue) -> None:
+        """The next message of a task at ``input-required``: the answer to its question."""
+        assert context.message is not None
+        text = context.get_user_input()
+        self.answers.append((task.id, context.message.context_id, context.message.message_id, text))
+        await asyncio.sleep(self.answer_seconds)
+        updater = TaskUpdater(event_queue, task.id, task.context_id)
+        await updater.start_work()
+        if text.startswith("again"):
+            await updater.requires_input(
+                new_text_message(
+                    "Which file?", context_id=task.context_id, task_id=task.id, role=Role.ROLE_AGENT
+                )
+            )
+            return
+        await updater.add_artifact([new_text_part(f"answered: {text}")], name="answer")
+        await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
@@ -174,8 +220,11 @@ def main() -> None:
     parser.add_argument("--token")
     parser.add_argument("--log", type=Path)
     parser.add_argument("--work-seconds", type=float, default=0.2)
+    parser.add_argument("--answer-seconds", type=float, default=0.0)
     args = parser.parse_args()
-    executor = ScriptedExecutor(work_seconds=args.work_seconds, log=args.log)
+    executor = ScriptedExecutor(
+        work_seconds=args.work_seconds, log=args.log, answer_seconds=args.answer_seconds
+    )
     uvicorn.run(app(args.port, executor, args.token), host="127.0.0.1", port=args.port, log_level="warning")
 
 

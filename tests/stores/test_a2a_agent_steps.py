@@ -2,8 +2,9 @@
 around a scripted executor, :mod:`tests.fakes.a2a_peer`, on 127.0.0.1), on every store: the
 message is sent once, the task followed (outside the drive: the run is ``awaiting_agent``) to its
 end, and its artifacts' text becomes the step's output; the typed errors of an agent that cannot
-be reached, fails, asks a question or wants credentials; the same message id on a follow-up
-attempt; cancel reaching the remote task."""
+be reached, fails or wants credentials (a question is a gate of the run:
+tests/stores/test_a2a_questions.py); the same message id on a follow-up attempt; cancel reaching
+the remote task."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from orchestration.chains import Catalog
 from orchestration.core import StartRequest
+from orchestration.core.agent_steps import message_id
 from orchestration.core.clock import ManualClock
 from orchestration.core.models import ExecutionContract
 from orchestration.core.vocabulary import RunStatus
@@ -24,7 +26,7 @@ from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers import AgentEndpoint, Workers, agent_workers
-from orchestration.workers.a2a_agents import A2AWorker, message_id
+from orchestration.workers.a2a_agents import A2AWorker
 from orchestration.workers.retry import RetryPolicy
 from tests.fakes.a2a_peer import ScriptedExecutor, free_port, serving
 from tests.unit.helpers import play, sequential_ids
@@ -165,7 +167,6 @@ async def test_a_data_part_is_the_output_of_a_step_with_a_schema(store: RunStore
     ("message", "code", "said"),
     [
         ("fail now", "agent_run_failed", "the reviewer crashed"),
-        ("ask me", "agent_input_required", "Which branch?"),
         ("auth please", "auth", "sign in at https://login.example"),
     ],
 )

@@ -12,13 +12,13 @@ import pytest
 
 from orchestration.chains import Catalog
 from orchestration.core import StartRequest
+from orchestration.core.agent_steps import message_id
 from orchestration.core.models import ExecutionContract
 from orchestration.core.vocabulary import RunStatus
 from orchestration.engine import RuntimeSettings
 from orchestration.engine.runtime import Runtime
 from orchestration.store import RunStore
 from orchestration.workers import AgentEndpoint, Workers, agent_workers
-from orchestration.workers.a2a_agents import message_id
 from tests.unit.helpers import play, sequential_ids
 
 fasta2a_peer = pytest.importorskip("tests.fakes.fasta2a_peer", reason="needs fasta2a (the test extra)")

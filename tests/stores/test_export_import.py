@@ -1,6 +1,7 @@
 """Export and import across stores (issue 14, part 5): runs recorded by the real runtime on the
 filesystem store, in every record format (1: plain; 2: routed, ``route_decided``; 3: a gate's
-``revise``; 4: a budget; 5: a chain-level gate policy), exported to JSON Lines and imported into
+``revise``; 4: a budget; 5: a chain-level gate policy; 6: a remote run awaited; 7: a chain version
+moved to; 8: an A2A agent's question answered at its gate), exported to JSON Lines and imported into
 SQLite, PostgreSQL, memory and another filesystem store read back as the same run and the same
 view. A tampered export is refused, also with its hashes recomputed when its head and facts disagree
 (issue 22, finding 9); a live run is imported only when it is moved, and the store it left never
@@ -43,8 +44,11 @@ from orchestration.ops.retention import PRUNABLE, import_export, prune
 from orchestration.store import RunStore
 from server.views.run_view import run_view
 from stores.filesystem import FilesystemStore
+from tests.fakes.a2a_peer import ScriptedExecutor, serving
 from tests.stores.conftest import make_filesystem, make_memory
 from tests.stores.sql_adapters import make_postgres, make_sqlite
+from tests.stores.test_a2a_agent_steps import catalog as a2a_catalog
+from tests.stores.test_a2a_agent_steps import runtime as a2a_runtime
 from tests.unit.faulty import FaultyStore
 from tests.unit.helpers import Decision, ScriptedWorker, play, provider_contract, sequential_ids
 from tests.unit.routed import ROUTED_CATALOG, answer_for
@@ -128,6 +132,12 @@ async def runs_of_every_format(store: RunStore) -> dict[str, str]:
     assert (await runtime.upgrade(head.run_id, dry_run=False)).moved
     runs["moved"] = (await play(runtime, head.run_id)).run_id
     runtime.catalog = shipped
+    # format 8: a run whose A2A agent asked a question, answered at its gate
+    with serving(ScriptedExecutor(work_seconds=0.05)) as url:
+        asking, _, _ = a2a_runtime(store, url, catalog_=a2a_catalog("ask me"))
+        asking.new_id = runtime.new_id
+        head, _ = await asking.start(StartRequest("Asked", chain="delegated"))
+        runs["asked"] = (await play(asking, head.run_id)).run_id
     return runs
 
 
@@ -157,7 +167,7 @@ async def test_runs_of_every_record_format_move_to_another_store_unchanged(
         assert await target.load(run_id) == head
         assert await target.read_facts(run_id) == await source.read_facts(run_id)
         assert await view_of(target, run_id) == await view_of(source, run_id)
-    assert formats == {1, 2, 3, 4, 5, 6, 7} and RECORD_FORMAT == 7
+    assert formats == {1, 2, 3, 4, 5, 6, 7, 8} and RECORD_FORMAT == 8
     # The imported run's idempotency key is the run's in the target too.
     again, created = await runtime_on(target).start(StartRequest("Plain", idempotency_key="plain-key"))
     assert not created and again.run_id == runs["plain"]

@@ -4,8 +4,9 @@ of claiming them, failing to load them and claiming them again. It says at open,
 many live runs it leaves so; it still lists them.
 
 An older server is simulated by a store opened with ``reads_format=RECORD_FORMAT - 1``; the runs of
-the current format are genuine ones: moved to another chain version (``chain_upgraded``, the fact
-that needs the current format), by the store's own append."""
+the current format are genuine ones: a step's remote A2A task asked a question, which was answered
+and sent (``agent_question_asked`` and the answer's facts, those that need the current format),
+then the attempt failed and the run is queued again, by the store's own appends."""
 
 from __future__ import annotations
 
@@ -17,13 +18,21 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from orchestration.core.facts import ChainUpgraded
+from orchestration.core.facts import (
+    AgentAnswerSending,
+    AgentAnswerSent,
+    AgentQuestionAsked,
+    ApprovalDecided,
+    AttemptFailed,
+    AttemptStarted,
+    Fact,
+)
 from orchestration.core.fold import apply_write
-from orchestration.core.models import RECORD_FORMAT, ChainSnapshot, RunHead
+from orchestration.core.models import RECORD_FORMAT, RunHead, TypedError
 from orchestration.errors import InvalidArgument
 from orchestration.store import Lease
 from stores.postgres import PostgresStore
-from tests.stores.builders import BASE_TIME, cancel, chain_snapshot, new_run, run_id
+from tests.stores.builders import BASE_TIME, cancel, new_run, run_id
 from tests.stores.sql_adapters import (
     PostgresDatabase,
     migrated_postgres,
@@ -32,8 +41,6 @@ from tests.stores.sql_adapters import (
 pytestmark = pytest.mark.postgres
 
 OLDER = RECORD_FORMAT - 1
-#: another version of the builders' chain, for the runs moved to it
-MOVED_TO: ChainSnapshot = chain_snapshot({"type": "object"})
 WARNING = "store.runs_need_newer"
 
 
@@ -53,24 +60,60 @@ async def current(db: PostgresDatabase) -> AsyncIterator[PostgresStore]:
 
 
 async def create(store: PostgresStore, n: int, *, record_format: int = 1) -> RunHead:
-    """Run ``n``, queued: of format 1 as created, of ``RECORD_FORMAT`` once moved to another chain
-    version, or of another format as the facts of a server that writes it state it."""
+    """Run ``n``, queued: of format 1 as created, of ``RECORD_FORMAT`` once a remote agent's
+    question was answered, or of another format as the facts of a server that writes it state it."""
     head, facts = new_run(run_id(n), at=BASE_TIME + timedelta(seconds=n))
     if record_format not in (1, RECORD_FORMAT):
         facts = [fact.model_copy(update={"format": record_format}) for fact in facts]
         head = head.model_copy(update={"format": record_format})
     assert (await store.create(head, facts)).created
     if record_format == RECORD_FORMAT:
-        moved = ChainUpgraded(
-            seq=head.last_seq + 1,
-            at=head.updated_at + timedelta(milliseconds=1),
-            from_hash=head.chain_hash,
-            to_hash=MOVED_TO.content_hash(),
-            chain=MOVED_TO,
-        )
-        head = await store.append(head.run_id, head.version, [moved], apply_write(head, [moved]))
-    assert head.format == record_format
+        for unnumbered in asked_and_answered(head):
+            fact = unnumbered.model_copy(update={"seq": head.last_seq + 1})
+            head = await store.append(head.run_id, head.version, [fact], apply_write(head, [fact]))
+    assert head.format == record_format and head.status.value == "queued"
     return head
+
+
+def asked_and_answered(head: RunHead) -> list[Fact]:
+    """The facts of an attempt whose remote A2A task asked a question that was answered, the
+    answer sent, then the attempt failed (the run queued again): record format 8."""
+    at = head.updated_at + timedelta(milliseconds=1)
+    gate, remote = "question:architect:1", "remote-task-1"
+    task, attempt = "architect", 1
+    return [
+        AttemptStarted(
+            seq=0,
+            at=at,
+            executor="agent:peer:message/send",
+            remote_run_id=remote,
+            waits=True,
+            format=6,
+            task_id=task,
+            attempt=attempt,
+        ),
+        AgentQuestionAsked(
+            seq=0,
+            at=at,
+            agent="peer",
+            remote_run_id=remote,
+            gate_id=gate,
+            number=1,
+            question="Which branch?",
+            task_id=task,
+            attempt=attempt,
+        ),
+        ApprovalDecided(seq=0, at=at, gate_id=gate, decision="approve", comment="main", approver="ann"),
+        AgentAnswerSending(seq=0, at=at, gate_id=gate, message_id="m-1", task_id=task, attempt=attempt),
+        AgentAnswerSent(seq=0, at=at, gate_id=gate, message_id="m-1", task_id=task, attempt=attempt),
+        AttemptFailed(
+            seq=0,
+            at=at,
+            error=TypedError(code="agent_unreachable", message="gone"),
+            task_id=task,
+            attempt=attempt,
+        ),
+    ]
 
 
 async def stored_head_tail(db: PostgresDatabase, rid: str) -> str:

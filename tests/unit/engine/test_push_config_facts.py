@@ -1,6 +1,6 @@
 """A run's push notification configs as facts (:mod:`orchestration.engine.push_configs`): set,
 replaced, removed, bounded, refused on an ended run; the head lists the ids in force, a record of
-format 7, and decisions do not change."""
+format 8, and decisions do not change."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ async def test_configs_are_set_replaced_removed_and_bounded() -> None:
     head, _ = await runtime.start(StartRequest(request="Do it.", chain="default"))
     decided = next_actions(head, runtime.clock.now())
     head, fact = await set_push_config(runtime, head.run_id, config("a"), most=2)
-    assert head.push_configs == ("a",) and head.format == 7 and fact.seq == head.last_seq
+    assert head.push_configs == ("a",) and head.format == 8 and fact.seq == head.last_seq
     assert next_actions(head, runtime.clock.now()) == decided, "a config changes no decision"
     head, _ = await set_push_config(runtime, head.run_id, config("b"), most=2)
     head, _ = await set_push_config(runtime, head.run_id, config("a", "https://hooks.example/new"), most=2)

@@ -18,13 +18,13 @@ from a2a.types import Artifact, GetTaskRequest, Part, Task, TaskNotFoundError, T
 from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
 
 from orchestration.chains.catalog import Catalog
-from orchestration.core.agent_steps import agent_attempt
+from orchestration.core.agent_steps import agent_attempt, message_id
 from orchestration.core.models import AgentStep, AttemptRecord, TypedError
 from orchestration.core.models import TaskState as RunTaskState
 from orchestration.errors import ConfigError
 from orchestration.workers import AgentEndpoint, AgentsByProtocol, agent_workers
 from orchestration.workers._redact import Redactor
-from orchestration.workers.a2a_agents import A2AWorker, classify, connect_a2a, message_id, output_text
+from orchestration.workers.a2a_agents import A2AWorker, classify, connect_a2a, output_text
 from orchestration.workers.agent_answers import AgentFailure
 from orchestration.workers.mcp_agents import AgentWorker
 from server.settings.agents import agent_endpoints
