@@ -123,7 +123,7 @@ def question_text(task: Task) -> str:
         if part.HasField("text"):
             lines.append(part.text)
         elif part.HasField("data"):
-            lines.extend(json.dumps(_integral(d), ensure_ascii=False) for d in get_data_parts([part]))
+            lines.extend(json.dumps(whole_numbers(d), ensure_ascii=False) for d in get_data_parts([part]))
     text = "\n".join(lines).strip() or "(the agent asks for input but gave no question)"
     return text[:MAX_QUESTION_CHARS]
 
