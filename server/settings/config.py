@@ -631,9 +631,10 @@ def _env_secrets(settings: Settings, env: Mapping[str, str], source: str) -> dic
     ):
         if name is None:
             continue
-        secret = env.get(name, "").strip()
-        if secret:
-            secrets[kind] = secret
+        value = env.get(name, "")
+        if value.strip():
+            # a client secret as typed, without the blanks around it; a PEM key whole
+            secrets[kind] = value if kind == "push_key" else value.strip()
         else:
             errors[kind] = ConfigError(source, key, f"the environment variable {name} is not set")
     return {"env_secrets": secrets, "env_secret_errors": errors}
