@@ -128,6 +128,29 @@ def question_text(task: Task) -> str:
     return text[:MAX_QUESTION_CHARS]
 
 
+def reply_naming(task: Task) -> dict[str, str]:
+    """What an answer to ``task`` names in its metadata when the agent is another construct-mcp:
+    its status message's data part lists what its run waits for (``questions``, see
+    docs/hosts.md, Other agents: A2A), and with exactly one, the answer names it — a host task's
+    ``task_id`` (the answer is its output) or a gate's ``gate_id`` with the decision ``approve``
+    (the answer is the comment: the person approved at this run's question gate; a reject there
+    cancels the task instead). Any other agent's task: nothing (the answer is its text alone)."""
+    if not task.status.HasField("message"):
+        return {}
+    for data in get_data_parts([p for p in task.status.message.parts if p.HasField("data")]):
+        asked = data.get("questions") if isinstance(data, dict) else None
+        if not isinstance(asked, list) or len(asked) != 1 or not isinstance(asked[0], dict):
+            continue
+        question = asked[0]
+        child = question.get("run_id")
+        named = {"run_id": child} if isinstance(child, str) and child != task.id else {}
+        if question.get("kind") == "gate" and isinstance(question.get("gate_id"), str):
+            return {**named, "gate_id": question["gate_id"], "decision": "approve"}
+        if question.get("kind") == "host_task" and isinstance(question.get("task_id"), str):
+            return {**named, "task_id": question["task_id"]}
+    return {}
+
+
 def _question(task: Task) -> RemoteQuestion:
     status = task.status
     asked = status.message.message_id if status.HasField("message") else ""
@@ -410,6 +433,10 @@ class A2AWorker:
         try:
             with anyio.fail_after(endpoint.call_timeout_seconds * 2):
                 async with self._connect(endpoint, token, statuses) as client:
+                    asking = await client.get_task(GetTaskRequest(id=remote_run_id, history_length=0))
+                    named = reply_naming(asking)
+                    if named:
+                        request.message.metadata.update(named)
                     async for _ in client.send_message(request):
                         pass
         except Exception as exc:

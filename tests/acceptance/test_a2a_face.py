@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types import (
@@ -31,6 +32,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 from mcp import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.acceptance.harness import call, free_port, full_view, read_log
 from tests.acceptance.test_mcp_http import http_server_on
@@ -326,3 +328,71 @@ async def test_a_chain_step_delegates_to_a_chain_of_another_construct(tmp_path: 
     assert len(tasks) == 1 and tasks[0].id == ask["attempts"][0]["remote_run_id"]
     assert tasks[0].status.state == TaskState.TASK_STATE_COMPLETED
     assert ALICE not in read_log(parent_home / "server.log")
+
+
+CHILD_GATED = """
+[chains.default]
+steps = ["architect", { specialist = "engineer", approve_before = true }]
+"""
+
+
+async def test_a_gate_of_the_remote_chain_is_answered_through_the_parent(tmp_path: Path) -> None:
+    """construct to construct with a gate on the remote: the child's run stops at its gate, which
+    the parent's step shows as a question gate of the parent's run; approved there (the comment
+    the answer), the answer reaches the child as its gate's decision, by the parent's token's
+    identity, verified, and both runs complete."""
+    scenario = {t: [{"text": f"the child's {t}"}] for t in ("architect", "engineer")}
+    child_home, parent_home = tmp_path / "child", tmp_path / "parent"
+    child_home.mkdir()
+    parent_home.mkdir()
+    child_port, parent_port = free_port(), free_port()
+    with FakeProvider(scenario) as fake:
+        (child_home / "construct.toml").write_text(TOKENS + CHILD_GATED)
+        (parent_home / "construct.toml").write_text(PARENT.replace("CHILD_PORT", str(child_port)))
+        async with (
+            http_server_on(child_port, child_home, "streamable-http", env=provider_env(fake)),
+            http_server_on(parent_port, parent_home, "streamable-http", env={"CHILD_TOKEN": ALICE}),
+            McpClient(f"http://127.0.0.1:{parent_port}/mcp") as parent,
+        ):
+            view = await call(
+                parent, "orchestrate_start", chain="delegated", request="a cache", wait_seconds=0
+            )
+            with anyio.fail_after(60):
+                while view["next_action"]["kind"] != "approve":
+                    view = await call(parent, "run_status", run_id=view["run_id"], wait_seconds=2)
+            asked = view["next_action"]
+            assert (
+                asked["gate_id"].startswith("question:delegate") and "before:engineer" in asked["guards"]
+            ), asked
+            view = await call(
+                parent,
+                "orchestrate_approve",
+                run_id=view["run_id"],
+                gate_id=asked["gate_id"],
+                decision="approve",
+                comment="Go ahead, keep it small.",
+            )
+            with anyio.fail_after(60):
+                while view["status_kind"] != "terminal":
+                    view = await call(parent, "run_status", run_id=view["run_id"], wait_seconds=2)
+            record = await full_view(parent, view["run_id"])
+            async with a2a_client(f"http://127.0.0.1:{child_port}", ALICE) as child:
+                (task,) = (await child.list_tasks(ListTasksRequest())).tasks
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}) as authed,
+                McpClient(
+                    streamable_http_client(f"http://127.0.0.1:{child_port}/mcp", http_client=authed)
+                ) as mcp,
+            ):
+                child_record = await full_view(mcp, task.id)
+    assert view["status"] == "completed", record
+    delegate = next(t for t in record["tasks"] if t["task_id"] == "delegate")
+    assert delegate["output"] == "the child's architect\nthe child's engineer"
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    (gate,) = child_record["gates"]
+    assert (gate["gate_id"], gate["status"], gate["comment"]) == (
+        "before:engineer",
+        "approved",
+        "Go ahead, keep it small.",
+    )
+    assert (gate["approver"], gate["verified"]) == ("alice", True)
