@@ -42,9 +42,6 @@ from server.mcp.answering import ROLE_OF
 from server.mcp.services import Services
 from server.views.next_step import Approve, RunHostTask
 
-#: the longest a blocking ``message/send`` waits for the run to need its caller or end before it
-#: answers with the task still working (the caller then follows it with ``tasks/get``)
-BLOCKING_WAIT_SECONDS = 60.0
 #: the most text one streamed piece of a call's output carries (older text is counted as missed)
 STREAM_PIECE_CHARS = 16_000
 #: the prefix of the idempotency keys of runs started over A2A
@@ -335,9 +332,11 @@ class ChainAgent:
             run_id, "cancelled over A2A", caller.recorded, channel=caller.channel, verified=caller.verified
         )
 
-    async def settled(self, run_id: str, seconds: float) -> RunHead:
-        """The run once it needs its caller or ended (at most ``seconds``)."""
-        return await self.services().runtime.wait_settled(run_id, seconds)
+    async def settled(self, run_id: str) -> RunHead:
+        """The run once it needs its caller or ended, as a blocking ``SendMessage`` waits for it
+        (at most ``[a2a] blocking_wait_seconds``; a stopping server answers at once)."""
+        services = self.services()
+        return await services.runtime.wait_settled(run_id, services.settings.a2a.blocking_wait_seconds)
 
     async def changed(
         self, run_id: str, after_seq: int, position: int, seconds: float

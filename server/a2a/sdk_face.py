@@ -15,7 +15,7 @@ A task's states: ``submitted`` (queued), ``working`` (running, or waiting for ch
 remote agent), ``input-required`` (a host task to run or a gate to decide: the status message
 says what, as text and as a data part), ``completed`` (also with failed optional steps),
 ``failed``, ``canceled``, ``rejected`` (a gate's reject). A blocking ``SendMessage`` answers once
-the run needs its caller or ended, or after :data:`~server.a2a.chain_agent.BLOCKING_WAIT_SECONDS`
+the run needs its caller or ended, or after ``[a2a] blocking_wait_seconds`` (600)
 with the task still working. A stream sends the task, then each status change, each task's output
 as its text grows (an artifact per task, appended) and whole once recorded; it ends when the task
 needs its caller or ended. Push notifications (``CreateTaskPushNotificationConfig``, ``Get``,
@@ -98,7 +98,6 @@ from orchestration.chains import Catalog
 from orchestration.core import RunHead, RunStatus, whole_numbers
 from orchestration.errors import ConstructError, InvalidArgument, InvalidState, RunNotFound
 from server.a2a.chain_agent import (
-    BLOCKING_WAIT_SECONDS,
     DECISIONS,
     ChainAgent,
     Reply,
@@ -379,7 +378,7 @@ class ChainHandler(RequestHandler):
         async def send() -> Task:
             head = await self._sent(params, caller)
             if not params.configuration.return_immediately:
-                head = await self._agent.settled(head.run_id, BLOCKING_WAIT_SECONDS)
+                head = await self._agent.settled(head.run_id)
             return task_of(await self._agent.state(caller, head))
 
         return await _answered(send())

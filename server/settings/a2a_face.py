@@ -1,5 +1,6 @@
-"""The ``[a2a]`` table of the config file: how the A2A face (every chain served as an A2A agent,
-:mod:`server.a2a.sdk_face`) sends push notifications (:mod:`server.a2a.push_notifier`).
+"""The ``[a2a]`` table of the config file: how long the A2A face (every chain served as an A2A
+agent, :mod:`server.a2a.sdk_face`) holds a blocking ``SendMessage``, and how it sends push
+notifications (:mod:`server.a2a.push_notifier`).
 
 Push notifications are offered only with a signing key: ``push_signing_key_file`` (a PEM file) or
 ``push_signing_key_env`` (the environment variable that holds the PEM text, read once by
@@ -23,6 +24,15 @@ class A2aTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    blocking_wait_seconds: float = Field(
+        default=600.0,
+        ge=1,
+        le=3600,
+        allow_inf_nan=False,
+        description="the longest a blocking `SendMessage` (one without `returnImmediately`) waits for "
+        "its task to need its caller or end; past it the answer is the task still `working`, which "
+        "the caller follows with `GetTask` or a stream (a stopping server answers at once)",
+    )
     push_signing_key_file: Path | None = Field(
         default=None,
         description="a PEM file with the P-256 (ES256) private key that signs push notifications and "

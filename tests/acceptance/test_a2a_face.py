@@ -209,6 +209,42 @@ async def test_a_stream_carries_a_provider_call_as_it_is_written(tmp_path: Path)
     )
 
 
+async def test_a_blocking_send_waits_for_the_end_up_to_its_bound(tmp_path: Path) -> None:
+    """A blocking ``SendMessage`` answers once the task ended; past ``[a2a] blocking_wait_seconds``
+    it answers with the task still working, which ``GetTask`` then follows to its end."""
+    text = "".join(f"line {i:02d}\n" for i in range(40))
+    slow = {"writer": [{"text": text, "chunk_chars": 20, "chunk_delay_seconds": 0.1}]}  # about 2 s
+    with FakeProvider(slow) as fake:
+        (tmp_path / "construct.toml").write_text("[a2a]\nblocking_wait_seconds = 1\n")
+        port = free_port()
+        async with (
+            http_server_on(port, tmp_path, "streamable-http", env=provider_env(fake)),
+            a2a_client(f"http://127.0.0.1:{port}") as client,
+        ):
+            working = await send(client, message("Write it.", "b-1", chain=["writer"]))
+            assert working.status.state in (TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_SUBMITTED)
+            ended = (TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED)
+            done = working
+            with anyio.fail_after(30):
+                for _ in range(150):
+                    done = await client.get_task(GetTaskRequest(id=working.id))
+                    if done.status.state in ended:
+                        break
+                    await anyio.sleep(0.2)
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+            # another run, with a bound it fits in: the blocking send answers it completed
+    with FakeProvider(slow) as fake:
+        port = free_port()
+        (tmp_path / "construct.toml").write_text("[a2a]\nblocking_wait_seconds = 30\n")
+        async with (
+            http_server_on(port, tmp_path, "streamable-http", env=provider_env(fake)),
+            a2a_client(f"http://127.0.0.1:{port}") as client,
+        ):
+            ended = await send(client, message("Write it again.", "b-2", chain=["writer"]))
+            assert ended.status.state == TaskState.TASK_STATE_COMPLETED, ended.status
+            assert ended.artifacts[0].parts[0].text == text
+
+
 async def test_the_json_rpc_0_3_names_and_refusals(tmp_path: Path) -> None:
     async with served(tmp_path) as base, httpx.AsyncClient() as http:
         sent = {
