@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit
 
 import anyio
@@ -67,11 +66,10 @@ from a2a.utils.errors import A2AError
 from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
 
 from orchestration.core.agent_steps import AGENT_ERROR_CODES, message_id
-from orchestration.core.clock import Clock, SystemClock
-from orchestration.core.hops import DELEGATION_META, new_server_id, onward
-from orchestration.core.inputs import Limits, whole_numbers
+from orchestration.core.hops import DELEGATION_META, onward
+from orchestration.core.inputs import whole_numbers
 from orchestration.core.models import ExecutionContract, Telemetry, TypedError
-from orchestration.core.outcomes import AttemptFailedOutcome, AttemptOutcome, AttemptSucceeded
+from orchestration.core.outcomes import AttemptOutcome, AttemptSucceeded
 from orchestration.errors import ConstructError
 from orchestration.workers._redact import Redactor
 from orchestration.workers.agent_answers import AgentFailure, checked_answer, remote_run_id
@@ -83,8 +81,7 @@ from orchestration.workers.agent_calls import (
     RemoteRunKnown,
 )
 from orchestration.workers.agent_polls import PollPacing, protocol_message
-from orchestration.workers.mcp_agents import call_token, endpoint_token, token_from_environment
-from orchestration.workers.retry import RetryPolicy, Rng, failed_outcome
+from orchestration.workers.mcp_agents import AgentClient, ClientOptions, call_token, endpoint_token
 
 log = logging.getLogger("construct.agents")
 
@@ -268,40 +265,20 @@ def _state_name(state: int) -> str:
     return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
 
 
-class A2AWorker:
+class A2AWorker(AgentClient[Connector]):
     """Sends agent steps' messages to the configured A2A agents (see the module's docstring);
     what :class:`~orchestration.workers.agent_calls.AgentDelegate` asks, for A2A agents."""
+
+    MISSING = "this server has no A2A agent [agents.{agent}]; add it to construct.toml"
 
     def __init__(
         self,
         endpoints: Mapping[str, AgentEndpoint],
         *,
-        env: Mapping[str, str] | None = None,
         connect: Connector | None = None,
-        clock: Clock | None = None,
-        rng: Rng | None = None,
-        policy: RetryPolicy | None = None,
-        limits: Limits | None = None,
-        server_id: str | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
-        self._endpoints = dict(endpoints)
-        self.limits = limits or Limits()
-        self.server_id = server_id or new_server_id()
-        self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
-        self._connect: Connector = connect or connect_a2a
-        self.clock = clock or SystemClock()
-        self._rng: Rng = rng or random.random
-        self.policy = policy or RetryPolicy()
-
-    @property
-    def endpoints(self) -> Mapping[str, AgentEndpoint]:
-        """The configured agents, by name."""
-        return self._endpoints
-
-    @property
-    def rng(self) -> Callable[[], float]:
-        """Draws the jitter of the polls (uniform in [0, 1))."""
-        return self._rng
+        super().__init__(endpoints, connect or connect_a2a, **options)
 
     async def delegate(
         self,
@@ -314,13 +291,9 @@ class A2AWorker:
         never raises for the agent's failures. ``remember`` is awaited with the task's id as soon
         as the answer names it; what it raises ends the call and is raised as itself."""
         name = call.agent.agent
-        endpoint = self._endpoints.get(name)
+        endpoint = self.endpoints.get(name)
         if endpoint is None or endpoint.url is None:
-            error = TypedError(
-                code="agent_not_configured",
-                message=f"this server has no A2A agent [agents.{name}]; add it to construct.toml",
-            )
-            return self.failure(contract, call, previous_errors, error)
+            return self.failure(contract, call, previous_errors, self.not_configured(name))
         token, refused = call_token(endpoint, self._lookup)
         if refused is not None:
             return self.failure(contract, call, previous_errors, refused)
@@ -334,27 +307,13 @@ class A2AWorker:
         except Exception as exc:
             error = classify(exc, statuses, Redactor([token]), name)
             telemetry = Telemetry(latency_ms=_ms(started), http_status=error.http_status)
-            return failed_outcome(
-                self.policy, contract, call.attempt, previous_errors, error, telemetry, self._rng, self.clock
-            )
+            return self._failed(contract, call, previous_errors, error, telemetry)
         return AttemptSucceeded(output, Telemetry(latency_ms=_ms(started)), value)
-
-    def failure(
-        self,
-        contract: ExecutionContract,
-        call: AgentCall,
-        previous_errors: tuple[TypedError, ...],
-        error: TypedError,
-    ) -> AttemptFailedOutcome:
-        """``error`` as ``call``'s failed outcome, with the retry policy's verdict."""
-        return failed_outcome(
-            self.policy, contract, call.attempt, previous_errors, error, Telemetry(), self._rng, self.clock
-        )
 
     async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
         """``tasks/cancel`` the task; whether it ended cancelled. Bounded by the agent's
         ``call_timeout_seconds``, logged, never raised."""
-        endpoint = self._endpoints.get(agent)
+        endpoint = self.endpoints.get(agent)
         if endpoint is None or endpoint.url is None:
             return False
         token = endpoint_token(endpoint, self._lookup)
@@ -389,10 +348,9 @@ class A2AWorker:
         None for a state this code does not know), or the poll's typed error. A2A has no long
         poll: the answer comes at once, and the follower's pacing backs off between polls from
         the agent's ``paused_poll_seconds`` up to ``poll_cap_seconds``."""
-        endpoint = self._endpoints.get(agent)
+        endpoint = self.endpoints.get(agent)
         if endpoint is None or endpoint.url is None:
-            message = f"this server has no A2A agent [agents.{agent}]; add it to construct.toml"
-            return RemoteAnswer(None, TypedError(code="agent_not_configured", message=message))
+            return RemoteAnswer(None, self.not_configured(agent))
         token = endpoint_token(endpoint, self._lookup)
         statuses: list[int] = []
         started = time.monotonic()
@@ -414,10 +372,9 @@ class A2AWorker:
         """Send ``text`` as the next message of the task ``remote_run_id`` (``message/send`` with
         its ``taskId`` and ``contextId``, the id ``message_id``, answered at once); None when the
         agent took it, else the typed error (classified as a call's, never raised)."""
-        endpoint = self._endpoints.get(agent)
+        endpoint = self.endpoints.get(agent)
         if endpoint is None or endpoint.url is None:
-            message = f"this server has no A2A agent [agents.{agent}]; add it to construct.toml"
-            return TypedError(code="agent_not_configured", message=message)
+            return self.not_configured(agent)
         token = endpoint_token(endpoint, self._lookup)
         statuses: list[int] = []
         message = Message(
@@ -491,7 +448,7 @@ class A2AWorker:
     async def _follow(self, client: Client, endpoint: AgentEndpoint, task: Task, name: str) -> Task:
         """``tasks/get`` until the task ends, paced as the follower's polls (an unknown state past
         ``unknown_status_seconds`` is ``agent_protocol``)."""
-        pacing = PollPacing.for_endpoint(endpoint, self._rng)
+        pacing = PollPacing.for_endpoint(endpoint, self.rng)
         while not _ended(task.status.state) and task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED:
             now = time.monotonic()
             status = STATUSES.get(task.status.state)

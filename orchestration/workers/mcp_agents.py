@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
 
 import anyio
 import anyio.lowlevel
@@ -222,32 +222,90 @@ def _view(result: CallToolResult, tool: str, agent: str) -> dict[str, Any]:
     return view
 
 
-class AgentWorker:
+class ClientOptions(TypedDict, total=False):
+    """What an agent client may be given besides its agents and its connector: ``env`` (the
+    token lookup; the process environment at each call without it), ``clock``, ``rng``, ``policy``
+    (retries), ``limits``, ``server_id``."""
+
+    env: Mapping[str, str] | None
+    clock: Clock | None
+    rng: Rng | None
+    policy: RetryPolicy | None
+    limits: Limits | None
+    server_id: str | None
+
+
+#: how an agent client opens a connection to an agent (the MCP one, the A2A one)
+C = TypeVar("C")
+
+
+class AgentClient(Generic[C]):
+    """What the agent clients share (this module's :class:`AgentWorker`, and the A2A client
+    :class:`~orchestration.workers.a2a_agents.A2AWorker`): the configured agents, the token lookup
+    (from the environment at each call unless ``env`` is given), the retry policy with its clock and
+    jitter, and how a failure becomes an attempt's outcome."""
+
+    #: what an agent this server lacks is called in ``agent_not_configured`` (``{agent}``: its name)
+    MISSING = "this server has no [agents.{agent}] table; add it to construct.toml"
+
+    def __init__(
+        self, endpoints: Mapping[str, AgentEndpoint], connect: C, **options: Unpack[ClientOptions]
+    ) -> None:
+        env, server_id = options.get("env"), options.get("server_id")
+        self._connect = connect
+        self.endpoints = dict(endpoints)
+        #: ``max_output_chars`` bounds what an agent may answer (:mod:`.agent_answers`)
+        self.limits = options.get("limits") or Limits()
+        #: this server in the delegation a call sends on (:func:`orchestration.core.hops.onward`);
+        #: the runtime's ``server_id`` (the composition root gives both the same)
+        self.server_id = server_id or new_server_id()
+        self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
+        self.clock = options.get("clock") or SystemClock()
+        #: draws the jitter of the retries and of the follower's polls (uniform in [0, 1))
+        self.rng: Rng = options.get("rng") or random.random
+        self.policy = options.get("policy") or RetryPolicy()
+
+    def not_configured(self, agent: str) -> TypedError:
+        """``agent_not_configured`` for ``agent``."""
+        return TypedError(code="agent_not_configured", message=self.MISSING.format(agent=agent))
+
+    def failure(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+    ) -> AttemptFailedOutcome:
+        """``error`` as ``call``'s failed outcome, the retry policy's verdict folded in (what
+        ``delegate`` answers a failure with; the follower of runs ``awaiting_agent`` records its
+        polls' failures so)."""
+        return self._failed(contract, call, previous_errors, error, Telemetry())
+
+    def _failed(
+        self,
+        contract: ExecutionContract,
+        call: AgentCall,
+        previous_errors: tuple[TypedError, ...],
+        error: TypedError,
+        telemetry: Telemetry,
+    ) -> AttemptFailedOutcome:
+        """The failed outcome with the retry policy's verdict folded in (as the provider worker)."""
+        return failed_outcome(
+            self.policy, contract, call.attempt, previous_errors, error, telemetry, self.rng, self.clock
+        )
+
+
+class AgentWorker(AgentClient[Connector]):
     """Calls tools of the configured agents (see the module's docstring)."""
 
     def __init__(
         self,
         endpoints: Mapping[str, AgentEndpoint],
         *,
-        env: Mapping[str, str] | None = None,
         connect: Connector | None = None,
-        clock: Clock | None = None,
-        rng: Rng | None = None,
-        policy: RetryPolicy | None = None,
-        limits: Limits | None = None,
-        server_id: str | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
-        self.endpoints = dict(endpoints)
-        #: ``max_output_chars`` bounds what an agent may answer (:mod:`.agent_answers`)
-        self.limits = limits or Limits()
-        #: this server in the delegation a call sends on (:func:`orchestration.core.hops.onward`);
-        #: the runtime's ``server_id`` (the composition root gives both the same)
-        self.server_id = server_id or new_server_id()
-        self._lookup: Callable[[str], str | None] = token_from_environment if env is None else env.get
-        self._connect: Connector = connect or connect_mcp
-        self.clock = clock or SystemClock()
-        self.rng: Rng = rng or random.random
-        self.policy = policy or RetryPolicy()
+        super().__init__(endpoints, connect or connect_mcp, **options)
 
     async def delegate(
         self,
@@ -262,14 +320,10 @@ class AgentWorker:
         name = call.agent.agent
         endpoint = self.endpoints.get(name)
         if endpoint is None:
-            error = TypedError(
-                code="agent_not_configured",
-                message=f"this server has no [agents.{name}] table; add it to construct.toml",
-            )
-            return self._failed(contract, call, previous_errors, error, Telemetry())
+            return self.failure(contract, call, previous_errors, self.not_configured(name))
         token, refused = call_token(endpoint, self._lookup)
         if refused is not None:
-            return self._failed(contract, call, previous_errors, refused, Telemetry())
+            return self.failure(contract, call, previous_errors, refused)
         redact = Redactor([token])
         observed = _Observed()
         started = time.monotonic()
@@ -287,22 +341,6 @@ class AgentWorker:
         telemetry = Telemetry(latency_ms=_ms(started))
         return AttemptSucceeded(output, telemetry, value)
 
-    def failure(
-        self,
-        contract: ExecutionContract,
-        call: AgentCall,
-        previous_errors: tuple[TypedError, ...],
-        error: TypedError,
-    ) -> AttemptFailedOutcome:
-        """``error`` as ``call``'s failed outcome, the retry policy's verdict folded in (what
-        :meth:`delegate` answers a failure with; the follower of runs ``awaiting_agent`` records
-        its polls' failures so)."""
-        return self._failed(contract, call, previous_errors, error, Telemetry())
-
-    def _token(self, endpoint: AgentEndpoint) -> str | None:
-        """The bearer token, read from the environment now (None: no ``token_env``, or not set)."""
-        return endpoint_token(endpoint, self._lookup)
-
     async def cancel_remote(self, agent: str, remote_run_id: str, reason: str) -> bool:
         """``orchestrate_cancel`` the remote run (see
         :class:`~orchestration.workers.agent_calls.AgentDelegate`); bounded by the agent's
@@ -310,7 +348,7 @@ class AgentWorker:
         endpoint = self.endpoints.get(agent)
         if endpoint is None:
             return False
-        token = self._token(endpoint)
+        token = endpoint_token(endpoint, self._lookup)
         observed = _Observed()
         try:
             with anyio.fail_after(endpoint.call_timeout_seconds):
@@ -344,9 +382,8 @@ class AgentWorker:
         failures."""
         endpoint = self.endpoints.get(agent)
         if endpoint is None:
-            message = f"this server has no [agents.{agent}] table; add it to construct.toml"
-            return RemoteAnswer(None, TypedError(code="agent_not_configured", message=message))
-        token = self._token(endpoint)
+            return RemoteAnswer(None, self.not_configured(agent))
+        token = endpoint_token(endpoint, self._lookup)
         observed = _Observed()
         started = time.monotonic()
         try:
@@ -450,19 +487,6 @@ class AgentWorker:
 
     def _checked(self, call: AgentCall, text: str) -> tuple[str, dict[str, Any] | None]:
         return checked_answer(text, call.output_schema, self.limits.max_output_chars, call.agent.agent)
-
-    def _failed(
-        self,
-        contract: ExecutionContract,
-        call: AgentCall,
-        previous_errors: tuple[TypedError, ...],
-        error: TypedError,
-        telemetry: Telemetry,
-    ) -> AttemptFailedOutcome:
-        """The failed outcome with the retry policy's verdict folded in (as the provider worker)."""
-        return failed_outcome(
-            self.policy, contract, call.attempt, previous_errors, error, telemetry, self.rng, self.clock
-        )
 
 
 def _ms(started: float) -> float:
