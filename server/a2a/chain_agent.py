@@ -20,7 +20,7 @@ same roles through :data:`~server.mcp.answering.ROLE_OF`, the same "own runs onl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -307,7 +307,7 @@ class ChainAgent:
                 verified=caller.verified,
             )
         else:
-            waits = await self.state(caller, head)
+            waits = await self.state(caller, head, outputs_of=())
             asked = ", ".join(
                 f"task_id {q.task_id}" if q.kind == "host_task" else f"gate_id {q.gate_id}"
                 for q in waits.questions
@@ -362,17 +362,20 @@ class ChainAgent:
             pieces = runtime.deltas.after(run_id, position, STREAM_PIECE_CHARS)
         return await runtime.status(run_id), pieces
 
-    async def state(self, caller: Caller, head: RunHead) -> RunState:
-        """``head``'s run as a task: what it asks of its caller and its outputs (without the
-        content when ``caller`` may not see it)."""
+    async def state(
+        self, caller: Caller, head: RunHead, outputs_of: Collection[str] | None = None
+    ) -> RunState:
+        """``head``'s run as a task: what it asks of its caller and the outputs of its done tasks
+        (of those of ``outputs_of`` only, when given: each is read from the run's facts), without
+        the content when ``caller`` may not see it."""
         services = self.services()
         content = caller.sees_content(head)
         view = await services.view(head.run_id, head, caller=caller)
         actions = [view.next_action, *view.more_actions]
         questions = [await self._question(action, head, content) for action in actions]
         outputs: list[Output] = []
-        if content:
-            texts = await services.runtime.outputs(head)
+        if content and (outputs_of is None or outputs_of):
+            texts = await services.runtime.outputs(head, None if outputs_of is None else list(outputs_of))
             specialists = {t.task_id: t.specialist for t in head.tasks if t.status == TaskStatus.DONE}
             outputs = [
                 Output(task_id, specialists.get(task_id, task_id), text) for task_id, text in texts.items()

@@ -96,6 +96,7 @@ from starlette.types import Message as ASGIMessage
 
 from orchestration.chains import Catalog
 from orchestration.core import RunHead, RunStatus, whole_numbers
+from orchestration.core import TaskStatus as RunTaskStatus
 from orchestration.errors import ConstructError, InvalidArgument, InvalidState, RunNotFound
 from server.a2a.chain_agent import (
     DECISIONS,
@@ -103,6 +104,7 @@ from server.a2a.chain_agent import (
     Reply,
     RunState,
     TaskEnded,
+    context_of,
 )
 from server.a2a.push_keys import PushKeys
 from server.a2a.push_notifier import Notice
@@ -428,7 +430,8 @@ class ChainHandler(RequestHandler):
                     written.add(piece.task_id)
             if fresh.version == run.head.version:
                 continue
-            run = await _answered(self._agent.state(caller, fresh))
+            done = {t.task_id for t in fresh.tasks if t.status == RunTaskStatus.DONE} - shown_outputs
+            run = await _answered(self._agent.state(caller, fresh, outputs_of=done))  # new ones only
             for output in run.outputs:
                 if output.task_id not in shown_outputs:
                     shown_outputs.add(output.task_id)
@@ -482,13 +485,11 @@ class ChainHandler(RequestHandler):
             for head in page.runs:
                 if not caller.may_read(head) or (since is not None and head.updated_at < since):
                     continue
-                run = await self._agent.state(caller, head)
-                if params.context_id and run.context_id != params.context_id:
+                if params.context_id and context_of(head) != params.context_id:
                     continue
-                task = task_of(run)
-                if not params.include_artifacts:
-                    del task.artifacts[:]
-                tasks.append(task)
+                # the outputs are read only for a listing that shows them
+                outputs_of = None if params.include_artifacts else ()
+                tasks.append(task_of(await self._agent.state(caller, head, outputs_of=outputs_of)))
             return ListTasksResponse(
                 tasks=tasks, next_page_token=page.next_cursor or "", page_size=size, total_size=len(tasks)
             )
