@@ -142,6 +142,18 @@ async def play_host(client: Client, view: dict[str, Any], output_for: Any = None
     return view
 
 
+async def gated_chain_to_end(client: Client, request: str) -> tuple[dict[str, Any], str]:
+    """Run the default chain with a gate before the engineer to its end as a host does (host
+    tasks answered, the gate approved); the run's full record and the gate's id."""
+    view = await call(client, "orchestrate_start", request=request, approve_before=["engineer"])
+    view = await play_host(client, view)
+    gate = str(view["next_action"]["gate_id"])
+    view = await call(client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate)
+    view = await play_host(client, view)
+    assert view["status"] == "completed", view
+    return await full_view(client, view["run_id"]), gate
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

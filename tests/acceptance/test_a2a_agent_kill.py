@@ -20,7 +20,7 @@ from mcp import Client
 
 from tests.acceptance.harness import REPO, call, free_port, full_view, read_log
 from tests.acceptance.processes import http_server
-from tests.acceptance.store_targets import store_target
+from tests.acceptance.store_targets import StoreTarget, store_target
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -65,6 +65,20 @@ async def peer(port: int, log: Path, *extra: str) -> AsyncIterator[None]:
             await process.aclose()
 
 
+def peer_env(store: StoreTarget, home: Path, fake: FakeProvider) -> dict[str, str]:
+    """The server's environment: ``store``, the provider backend on ``fake``, short leases, and
+    the agent's token in ``PEER_TOKEN``."""
+    return store.env(
+        home,
+        CONSTRUCT_WORKER_BACKEND="provider",
+        CONSTRUCT_MODEL="open/test-model",
+        CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
+        OPENROUTER_API_KEY="sk-or-test",
+        CONSTRUCT_LEASE_TTL_SECONDS="2",
+        PEER_TOKEN=TOKEN,
+    )
+
+
 def review_of(view: dict[str, Any]) -> dict[str, Any]:
     return next(t for t in view["tasks"] if t["task_id"] == "review")
 
@@ -91,15 +105,7 @@ async def test_sigkill_of_the_server_while_the_a2a_task_works(tmp_path: Path, ba
     (home / "construct.toml").write_text(CONFIG.replace("PORT", str(port)))
     with FakeProvider(scenario) as fake:
         async with store_target(backend, tmp_path / "store") as store, peer(port, log):
-            env = store.env(
-                home,
-                CONSTRUCT_WORKER_BACKEND="provider",
-                CONSTRUCT_MODEL="open/test-model",
-                CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
-                OPENROUTER_API_KEY="sk-or-test",
-                CONSTRUCT_LEASE_TTL_SECONDS="2",
-                PEER_TOKEN=TOKEN,
-            )
+            env = peer_env(store, home, fake)
             async with http_server(env, home / "server.log") as (process, server_port):
                 async with Client(f"http://127.0.0.1:{server_port}/mcp") as client:
                     view = await call(

@@ -28,7 +28,7 @@ from orchestration.core.agent_steps import answer_message_id
 from tests.acceptance.harness import SERVER_COMMAND, call, free_port, full_view
 from tests.acceptance.processes import http_server
 from tests.acceptance.store_targets import store_target
-from tests.acceptance.test_a2a_agent_kill import TOKEN, peer, review_of, until
+from tests.acceptance.test_a2a_agent_kill import peer, peer_env, review_of, until
 from tests.fakes.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -78,15 +78,7 @@ async def test_sigkill_at_the_question_then_the_answer_is_sent_once_on_restart(
     (home / "construct.toml").write_text(CONFIG.replace("PORT", str(port)))
     with FakeProvider(scenario) as fake:
         async with store_target(backend, tmp_path / "store") as store, peer(port, log):
-            env = store.env(
-                home,
-                CONSTRUCT_WORKER_BACKEND="provider",
-                CONSTRUCT_MODEL="open/test-model",
-                CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
-                OPENROUTER_API_KEY="sk-or-test",
-                CONSTRUCT_LEASE_TTL_SECONDS="2",
-                PEER_TOKEN=TOKEN,
-            )
+            env = peer_env(store, home, fake)
             async with http_server(env, home / "server.log") as (process, server_port):
                 async with Client(f"http://127.0.0.1:{server_port}/mcp") as client:
                     view = await call(
@@ -146,15 +138,7 @@ async def test_sigkill_during_the_send_of_the_answer_then_nothing_is_sent_again(
             store_target(backend, tmp_path / "store") as store,
             peer(port, log, "--answer-seconds", "4"),
         ):
-            env = store.env(
-                home,
-                CONSTRUCT_WORKER_BACKEND="provider",
-                CONSTRUCT_MODEL="open/test-model",
-                CONSTRUCT_OPENROUTER_BASE_URL=f"{fake.base_url}/api",
-                OPENROUTER_API_KEY="sk-or-test",
-                CONSTRUCT_LEASE_TTL_SECONDS="2",
-                PEER_TOKEN=TOKEN,
-            )
+            env = peer_env(store, home, fake)
             async with http_server(env, home / "server.log") as (process, server_port):
                 async with Client(f"http://127.0.0.1:{server_port}/mcp") as client:
                     view = await call(

@@ -28,7 +28,15 @@ from mcp.shared.auth import (
 )
 from pydantic import AnyUrl
 
-from tests.acceptance.harness import call, call_error, free_port, full_view, play_host, read_log
+from tests.acceptance.harness import (
+    call,
+    call_error,
+    free_port,
+    full_view,
+    gated_chain_to_end,
+    play_host,
+    read_log,
+)
 from tests.acceptance.oauth_issuer import Issuer, running_issuer
 from tests.acceptance.test_cli import cli
 from tests.acceptance.test_mcp_http import http_server_on
@@ -335,15 +343,7 @@ async def test_the_sdk_oauth_client_signs_in_and_runs_a_gated_chain(tmp_path: Pa
             httpx2.AsyncClient(auth=auth) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
-            view = await call(client, "orchestrate_start", request="Signed in.", approve_before=["engineer"])
-            view = await play_host(client, view)
-            gate = view["next_action"]["gate_id"]
-            view = await call(
-                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate
-            )
-            view = await play_host(client, view)
-            assert view["status"] == "completed"
-            record = await full_view(client, view["run_id"])
+            record, gate = await gated_chain_to_end(client, "Signed in.")
             assert record["started_by"] == "erin@example.com"
             decided = next(g for g in record["gates"] if g["gate_id"] == gate)
             assert (decided["approver"], decided["verified"]) == ("erin@example.com", True)

@@ -36,7 +36,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 from pydantic import AnyUrl
 
-from tests.acceptance.harness import REPO, call, free_port, full_view, play_host, read_log
+from tests.acceptance.harness import REPO, free_port, full_view, gated_chain_to_end, read_log
 from tests.acceptance.node_tools import SUITE_DIR
 from tests.acceptance.node_tools import require as require_node
 from tests.acceptance.test_mcp_http import http_server_on
@@ -230,15 +230,7 @@ async def test_a_remote_host_signs_in_and_runs_a_gated_chain(tmp_path: Path) -> 
             httpx2.AsyncClient(auth=auth, timeout=60) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
-            view = await call(client, "orchestrate_start", request=REQUEST, approve_before=["engineer"])
-            view = await play_host(client, view)
-            gate = view["next_action"]["gate_id"]
-            view = await call(
-                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate
-            )
-            view = await play_host(client, view)
-            assert view["status"] == "completed"
-            record = await full_view(client, view["run_id"])
+            record, gate = await gated_chain_to_end(client, REQUEST)
         assert len(landed) == 1, "one sign-in"
         assert record["started_by"] == PERSON
         decided = next(g for g in record["gates"] if g["gate_id"] == gate)
@@ -400,15 +392,8 @@ async def test_opaque_tokens_are_introspected(tmp_path: Path) -> None:
             httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
             Client(streamable_http_client(team.url, http_client=http)) as client,
         ):
-            view = await call(client, "orchestrate_start", request=REQUEST, approve_before=["engineer"])
-            view = await play_host(client, view)
-            gate = view["next_action"]["gate_id"]
-            view = await call(
-                client, "orchestrate_approve", run_id=view["run_id"], decision="approve", gate_id=gate
-            )
-            view = await play_host(client, view)
-            record = await full_view(client, view["run_id"])
-        assert view["status"] == "completed" and record["started_by"] == PERSON
+            record, _ = await gated_chain_to_end(client, REQUEST)
+        assert record["status"] == "completed" and record["started_by"] == PERSON
 
         # A JWT of the same provider for another resource is still checked as a JWT and refused.
         other = await _token_for(issuer, team.url.replace("/mcp", "/other"), team.redirect_uri)
